@@ -1,0 +1,612 @@
+"""The sample state machine, event-sourced on the durable ledger.
+
+Every command (``admit``, ``start``, ``complete``, ``reward``, ``discard``,
+``lease``, ``commit``, ``release``, ``fence_worker``, ``shutdown``) validates,
+appends ONE event (sometimes a few) to the :class:`~freshroll.ledger.Ledger`
+and applies it through the same handler that replays the ledger after a crash.
+So the in-memory state is always a pure function of the event history, and
+recovery is replay plus a few recovery events.
+
+A request (``g17.3``) moves through::
+
+    queued --start--> running --complete--> generated --reward--> rewarded --(group ready)-->
+        leased --commit--> committed
+    any non-terminal state --discard(reason)--> discarded      (terminal)
+    running --fence/discard(fenced)--> queued                   (re-issued as a new attempt)
+
+A group (one prompt, ``group_size`` requests) becomes *ready* once each member
+is rewarded or terminally discarded; groups are leased whole, oldest first,
+and a group whose oldest member's lag exceeds ``max_staleness`` is discarded
+as ``stale`` instead of leased. Admission follows
+:func:`freshroll.freshness.admission_capacity`.
+
+Results from a fenced attempt, a superseded attempt, or a second completion of
+the same attempt are recorded as ``rejected`` events and never applied.
+Recovery (:meth:`SampleBuffer.open` on a ledger with history): leases of the
+dead trainer are released, every worker epoch still alive in the ledger is
+fenced (its running attempts re-issued), and completed groups whose ``ready``
+event was lost are made ready again. Generated samples whose reward was lost
+stay generated: :meth:`SampleBuffer.unrewarded` lists them for re-scoring.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from freshroll import events as ev
+from freshroll.clock import Clock
+from freshroll.errors import ConfigError, LeaseError, LedgerError, StateError, UnknownSampleError
+from freshroll.freshness import admission_capacity, is_stale
+from freshroll.ledger import Ledger
+from freshroll.lineage import (
+    GroupId,
+    PolicyVersion,
+    RequestId,
+    SampleId,
+    group_id,
+    request_id,
+    request_of,
+    sample_id,
+)
+
+QUEUED, RUNNING, GENERATED, REWARDED, COMMITTED, DISCARDED = range(6)
+G_RUNNING, G_READY, G_LEASED, G_DONE = range(4)
+
+
+class Outcome(Enum):
+    ACCEPTED = "accepted"
+    REJECTED = "rejected"
+
+
+@dataclass(frozen=True, slots=True)
+class KernelConfig:
+    max_staleness: int = 1
+    batch_groups: int = 4
+    group_size: int = 4
+    max_inflight_groups: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_staleness", "batch_groups", "group_size"):
+            value = getattr(self, name)
+            low = 0 if name == "max_staleness" else 1
+            if not isinstance(value, int) or value < low:
+                raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
+        if self.max_inflight_groups is not None and self.max_inflight_groups < 1:
+            raise ConfigError(f"max_inflight_groups must be >= 1, got {self.max_inflight_groups}")
+
+
+@dataclass(slots=True)
+class _Request:
+    id: RequestId
+    group: _Group
+    state: int = QUEUED
+    attempt: int = 0
+    sample: SampleId | None = None
+    worker: tuple[str, int] | None = None
+    step: int = -1  # policy step its current attempt was generated with
+
+
+@dataclass(slots=True)
+class _Group:
+    id: GroupId
+    prompt_id: str
+    members: list[_Request] = field(default_factory=list)
+    open: int = 0  # members not yet rewarded or terminally discarded
+    state: int = G_RUNNING
+    samples: list[SampleId] = field(default_factory=list)  # rewarded samples, in order
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    id: str
+    version: int
+    groups: tuple[GroupId, ...]
+    samples: tuple[SampleId, ...]
+
+
+def _step(version: str) -> int:
+    return int(version[1 : version.index("-")])
+
+
+class SampleBuffer:
+    """The lifecycle kernel. Not thread-safe: one owner (the orchestrator) calls it."""
+
+    def __init__(self, ledger: Ledger, config: KernelConfig, clock: Clock, run_id: str) -> None:
+        self.ledger, self.config, self.clock, self.run_id = ledger, config, clock, run_id
+        self.version: PolicyVersion | None = None
+        self.incarnation = -1
+        self._groups: dict[GroupId, _Group] = {}
+        self._requests: dict[RequestId, _Request] = {}
+        self._queue: deque[_Request] = deque()
+        self._ready: deque[_Group] = deque()
+        self._leases: dict[str, Lease] = {}
+        self._n_leases = 0
+        self._epochs: dict[str, int] = {}  # worker -> latest epoch
+        self._fenced: set[tuple[str, int]] = set()
+        self._inflight: dict[tuple[str, int], set[SampleId]] = {}
+        self._payloads: dict[SampleId, bytes] = {}
+        self.accepted = self.running = 0  # groups, for admission
+        self.counts: Counter[str] = Counter()  # accounting, recomputed by verify
+        self._handlers: dict[type, Callable[[Any], None]] = {
+            ev.Opened: self._on_opened, ev.PolicyPublished: self._on_published,
+            ev.Requested: self._on_requested, ev.WorkerStarted: self._on_worker_started,
+            ev.WorkerFenced: self._on_worker_fenced, ev.Started: self._on_started,
+            ev.Generated: self._on_generated, ev.Rewarded: self._on_rewarded,
+            ev.Ready: self._on_ready, ev.Leased: self._on_leased,
+            ev.LeaseReleased: self._on_released, ev.Committed: self._on_committed,
+            ev.Discarded: self._on_discarded, ev.Rejected: self._on_rejected,
+            ev.WeightsLoaded: _noop, ev.FaultInjected: _noop, ev.Closed: _noop,
+        }
+
+    # == opening and recovery ============================================================
+    @classmethod
+    def open(
+        cls,
+        ledger: Ledger,
+        config: KernelConfig,
+        clock: Clock,
+        *,
+        run_id: str,
+        initial_version: PolicyVersion,
+    ) -> SampleBuffer:
+        """A fresh buffer on an empty ledger, or the recovered state of an existing one."""
+        buf = cls(ledger, config, clock, run_id)
+        buf.replay()
+        fresh = buf.incarnation < 0
+        buf._emit(ev.Opened(
+            ts=clock.now(), run_id=run_id, incarnation=buf.incarnation + 1,
+            max_staleness=config.max_staleness, batch_groups=config.batch_groups,
+            group_size=config.group_size, max_inflight_groups=config.max_inflight_groups,
+        ))
+        if fresh:
+            buf._emit(ev.PolicyPublished(ts=clock.now(), version=str(initial_version)))
+        else:
+            buf._recover()
+        ledger.flush()
+        return buf
+
+    def replay(self) -> int:
+        """Apply every durable event of the ledger; returns how many."""
+        n = 0
+        for seq, event in self.ledger.events():
+            handler = self._handlers.get(type(event))
+            try:
+                if handler is not None:
+                    handler(event)
+            except (KeyError, StateError, AttributeError) as exc:
+                raise LedgerError(
+                    f"{self.ledger.path} seq {seq}: inconsistent {type(event).__name__}: {exc!r}"
+                ) from exc
+            n += 1
+        return n
+
+    def _recover(self) -> None:
+        now = self.clock.now()
+        for lease in list(self._leases.values()):
+            self._emit(ev.LeaseReleased(ts=now, lease=lease.id, reason="trainer_lost"))
+        for worker, epoch in self._epochs.items():
+            if (worker, epoch) not in self._fenced:
+                self.fence_worker(worker, epoch, "restart")
+        for group in self._groups.values():
+            if group.state == G_RUNNING and group.open == 0:
+                self._settle(group)
+
+    # == admission ===================================================================
+    def capacity(self) -> int:
+        """Groups that may be admitted now (see :mod:`freshroll.freshness`)."""
+        cfg = self.config
+        free = None if cfg.max_inflight_groups is None else cfg.max_inflight_groups - self.running
+        return admission_capacity(
+            max_staleness=cfg.max_staleness, version=self._require_version().step,
+            batch_groups=cfg.batch_groups, accepted=self.accepted, running=self.running,
+            free_slots=free,
+        )
+
+    def admit(self, prompt_id: str) -> GroupId:
+        """Admit one prompt as a group of ``group_size`` queued requests."""
+        if self.capacity() <= 0:
+            raise StateError("admission window is full: check capacity() before admit()")
+        gid = group_id(len(self._groups))
+        self._emit(ev.Requested(
+            ts=self.clock.now(), group=gid, prompt_id=prompt_id, size=self.config.group_size,
+            version=str(self.version),
+        ))
+        return gid
+
+    # == workers =====================================================================
+    def register_worker(self, worker: str) -> int:
+        """A new epoch for ``worker``; an older live epoch of it is fenced first."""
+        old = self._epochs.get(worker)
+        if old is not None and (worker, old) not in self._fenced:
+            self.fence_worker(worker, old, "restart")
+        epoch = 0 if old is None else old + 1
+        self._emit(ev.WorkerStarted(ts=self.clock.now(), worker=worker, epoch=epoch))
+        return epoch
+
+    def fence_worker(self, worker: str, epoch: int, reason: str) -> list[RequestId]:
+        """Fence an epoch: its running attempts are discarded (fenced) and re-issued."""
+        if self._epochs.get(worker, -1) < epoch:
+            raise UnknownSampleError(f"worker {worker!r} has no epoch {epoch}")
+        running = sorted(self._inflight.get((worker, epoch), ()))
+        self._emit(ev.WorkerFenced(ts=self.clock.now(), worker=worker, epoch=epoch, reason=reason))
+        reissued = []
+        for sid in running:
+            rid = request_of(sid)
+            self._emit(ev.Discarded(
+                ts=self.clock.now(), request=rid, sample=sid, reason="fenced",
+                detail=f"worker {worker} epoch {epoch} {reason}",
+            ))
+            reissued.append(RequestId(rid))
+        return reissued
+
+    def next_request(self) -> RequestId | None:
+        """The oldest queued request (re-issued ones first), or None."""
+        return self._queue[0].id if self._queue else None
+
+    def take_requests(self, n: int) -> list[RequestId]:
+        """Up to ``n`` queued requests, oldest first (they stay queued until started)."""
+        return [req.id for req, _ in zip(self._queue, range(n), strict=False)]
+
+    def start(
+        self, request: str, worker: str, epoch: int, version: PolicyVersion | str
+    ) -> SampleId:
+        """Start a new attempt of a queued request on a live worker epoch."""
+        req = self._request(request)
+        if req.state != QUEUED:
+            raise StateError(f"request {request} is not queued (state {_STATE_NAMES[req.state]})")
+        if (worker, epoch) in self._fenced or self._epochs.get(worker) != epoch:
+            raise StateError(f"worker {worker} epoch {epoch} is fenced or unknown")
+        sid = sample_id(req.id, req.attempt + 1)
+        self._emit(ev.Started(
+            ts=self.clock.now(), sample=sid, worker=worker, epoch=epoch, version=str(version)
+        ))
+        return sid
+
+    # == results =====================================================================
+    def complete(
+        self,
+        sample: str,
+        *,
+        tokens: int,
+        gen_s: float,
+        payload: bytes | None = None,
+        last_version: PolicyVersion | str | None = None,
+    ) -> Outcome:
+        """A worker returned the completion of ``sample``."""
+        req = self._live_result(sample, RUNNING)
+        if req is None:
+            return Outcome.REJECTED
+        if payload is not None:
+            self.ledger.put_payload(sample, payload)
+            self._payloads[SampleId(sample)] = payload
+        self._emit(ev.Generated(
+            ts=self.clock.now(), sample=sample, tokens=tokens, gen_s=gen_s,
+            last_version=None if last_version is None else str(last_version),
+        ))
+        return Outcome.ACCEPTED
+
+    def reward(
+        self, sample: str, value: float, reward_version: str, reward_s: float = 0.0
+    ) -> Outcome:
+        """Record the reward of a generated sample (NaN/inf discards it as reward_error)."""
+        req = self._live_result(sample, GENERATED)
+        if req is None:
+            return Outcome.REJECTED
+        if not math.isfinite(value):
+            self.discard(sample, "reward_error", f"reward is {value}")
+            return Outcome.ACCEPTED
+        self._emit(ev.Rewarded(
+            ts=self.clock.now(), sample=sample, reward=value, reward_version=reward_version,
+            reward_s=reward_s,
+        ))
+        self._settle(req.group)
+        return Outcome.ACCEPTED
+
+    def discard(self, target: str, reason: ev.DiscardReason, detail: str = "") -> None:
+        """End a request (given by request or current sample id) without consuming it.
+
+        ``fenced`` re-issues the request; every other reason is terminal.
+        """
+        if reason not in ev.DISCARD_REASONS:
+            raise StateError(f"unknown discard reason {reason!r}")
+        sid = SampleId(target) if "#" in target else None
+        req = self._request(request_of(target))
+        if sid is not None and sid != req.sample:
+            raise StateError(f"{sid} is not the current attempt of {req.id} ({req.sample})")
+        if req.state in (COMMITTED, DISCARDED) or req.group.state in (G_LEASED, G_DONE):
+            raise StateError(f"request {req.id} can no longer be discarded")
+        if reason in ev.RETRY_REASONS and req.state != RUNNING:
+            raise StateError(f"only a running attempt can be {reason}, {req.id} is not running")
+        if req.state == REWARDED:
+            raise StateError(f"request {req.id} is rewarded; its group is discarded at lease")
+        self._emit(ev.Discarded(
+            ts=self.clock.now(), request=req.id, sample=req.sample if req.state else None,
+            reason=reason, detail=detail,
+        ))
+        self._settle(req.group)
+
+    def _live_result(self, sample: str, expected: int) -> _Request | None:
+        req = self._request(request_of(sample))
+        reason: ev.RejectReason | None = None
+        fenced = expected == RUNNING and req.worker is not None and req.worker in self._fenced
+        if sample != req.sample or fenced:
+            reason = "fenced"
+        elif req.state > expected:
+            reason = "duplicate"
+        elif req.state != expected:
+            reason = "not_running"
+        if reason is None:
+            return req
+        self._emit(ev.Rejected(
+            ts=self.clock.now(), sample=sample, reason=reason,
+            detail=f"request {req.id} is {_STATE_NAMES[req.state]}, current attempt {req.sample}",
+        ))
+        return None
+
+    def _settle(self, group: _Group) -> None:
+        if group.state == G_RUNNING and group.open == 0 and group.samples:
+            self._emit(ev.Ready(ts=self.clock.now(), group=group.id, samples=list(group.samples)))
+
+    # == trainer =====================================================================
+    def ready_groups(self) -> int:
+        return len(self._ready)
+
+    def lease(self, n_groups: int | None = None, *, wait_s: float = 0.0) -> Lease | None:
+        """Lease the ``n_groups`` oldest ready groups, or None if there are fewer.
+
+        Every ready group whose lag now exceeds ``max_staleness`` is discarded
+        first (reason ``stale``), so a lease only ever holds fresh groups.
+        """
+        n = self.config.batch_groups if n_groups is None else n_groups
+        if self._leases:
+            raise LeaseError(f"lease {next(iter(self._leases))} is still open")
+        step, eta = self._require_version().step, self.config.max_staleness
+        for group in [g for g in self._ready if is_stale(step, self._oldest_step(g), eta)]:
+            self._discard_group(group, "stale", f"lag {step - self._oldest_step(group)} > {eta}")
+        if len(self._ready) < n:
+            return None
+        fresh = list(itertools.islice(self._ready, n))
+        lid = f"l{self._n_leases}"
+        self._emit(ev.Leased(
+            ts=self.clock.now(), lease=lid, version=str(self.version),
+            groups=[g.id for g in fresh], wait_s=wait_s,
+        ))
+        return self._leases[lid]
+
+    def commit(
+        self,
+        lease_id: str,
+        settings_digest: str,
+        *,
+        weights_digest: str | None = None,
+        train_s: float = 0.0,
+    ) -> PolicyVersion:
+        """Commit a trainer step on ``lease_id``; durable when this returns."""
+        lease = self._leases.get(lease_id)
+        if lease is None:
+            raise LeaseError(f"lease {lease_id!r} is not open")
+        parent = self._require_version()
+        child = parent.child(lease.samples, settings_digest, weights_digest)
+        self._emit(ev.Committed(
+            ts=self.clock.now(), lease=lease_id, version=str(child), parent=str(parent),
+            settings_digest=settings_digest, samples=list(lease.samples), train_s=train_s,
+        ))
+        self.ledger.flush()
+        return child
+
+    def release(self, lease_id: str, reason: str) -> None:
+        """Give a lease's groups back (its trainer failed); they are leased again first."""
+        if lease_id not in self._leases:
+            raise LeaseError(f"lease {lease_id!r} is not open")
+        self._emit(ev.LeaseReleased(ts=self.clock.now(), lease=lease_id, reason=reason))
+
+    def shutdown(self, reason: str = "done") -> None:
+        """Release leases, discard everything unfinished (``shutdown``), close durably."""
+        for lid in list(self._leases):
+            self.release(lid, "shutdown")
+        for req in list(self._requests.values()):
+            if req.state in (QUEUED, RUNNING, GENERATED):
+                self.discard(req.id, "shutdown", reason)
+        for group in list(self._ready):
+            self._discard_group(group, "shutdown", reason)
+        self._emit(ev.Closed(ts=self.clock.now(), reason=reason))
+        self.ledger.flush()
+
+    # == queries =====================================================================
+    def payload(self, sample: str) -> bytes | None:
+        data = self._payloads.get(SampleId(sample))
+        return data if data is not None else self.ledger.payload(sample)
+
+    def unrewarded(self) -> list[SampleId]:
+        """Generated samples still waiting for a reward (after recovery: re-score them)."""
+        return [r.sample for r in self._requests.values() if r.state == GENERATED and r.sample]
+
+    def group_of_sample(self, sample: str) -> tuple[GroupId, str]:
+        group = self._request(request_of(sample)).group
+        return group.id, group.prompt_id
+
+    def prompt_of(self, request: str) -> str:
+        return self._request(request_of(request)).group.prompt_id
+
+    def open_leases(self) -> list[Lease]:
+        return list(self._leases.values())
+
+    def in_flight(self) -> int:
+        """Requests queued, running or generated (not yet rewarded or ended)."""
+        return sum(1 for r in self._requests.values() if r.state in (QUEUED, RUNNING, GENERATED))
+
+    def stats(self) -> dict[str, Any]:
+        """A snapshot of the buffer's counters (JSON-ready)."""
+        states = Counter(_STATE_NAMES[r.state] for r in self._requests.values())
+        return {
+            "version": self.version.step if self.version else None,
+            "groups_admitted": len(self._groups), "groups_running": self.running,
+            "groups_accepted": self.accepted, "groups_ready": len(self._ready),
+            "capacity": self.capacity() if self.version else 0,
+            "requests": dict(states), "open_leases": len(self._leases),
+            "counts": dict(self.counts),
+        }
+
+    # == internals ===================================================================
+    def _emit(self, event: ev.Event) -> None:
+        self.ledger.append(event)
+        self._handlers[type(event)](event)
+
+    def _request(self, rid: str) -> _Request:
+        req = self._requests.get(RequestId(rid))
+        if req is None:
+            raise UnknownSampleError(f"unknown request {rid!r}")
+        return req
+
+    def _require_version(self) -> PolicyVersion:
+        if self.version is None:
+            raise StateError("no policy version published yet")
+        return self.version
+
+    def _oldest_step(self, group: _Group) -> int:
+        return min(self._requests[request_of(s)].step for s in group.samples)
+
+    def _discard_group(self, group: _Group, reason: ev.DiscardReason, detail: str) -> None:
+        for sid in list(group.samples):
+            self._emit(ev.Discarded(
+                ts=self.clock.now(), request=request_of(sid), sample=sid, reason=reason,
+                detail=detail,
+            ))
+
+    # == handlers: the only code that mutates state =======================================
+    def _on_opened(self, e: ev.Opened) -> None:
+        self.incarnation = e.incarnation
+
+    def _on_published(self, e: ev.PolicyPublished) -> None:
+        self.version = PolicyVersion.parse(e.version)
+
+    def _on_requested(self, e: ev.Requested) -> None:
+        group = _Group(GroupId(e.group), e.prompt_id, open=e.size)
+        if group.id in self._groups:
+            raise StateError(f"group {group.id} admitted twice")
+        self._groups[group.id] = group
+        for m in range(e.size):
+            req = _Request(request_id(group.id, m), group)
+            group.members.append(req)
+            self._requests[req.id] = req
+            self._queue.append(req)
+        self.running += 1
+        self.counts["requests"] += e.size
+
+    def _on_worker_started(self, e: ev.WorkerStarted) -> None:
+        self._epochs[e.worker] = e.epoch
+        self._inflight[(e.worker, e.epoch)] = set()
+
+    def _on_worker_fenced(self, e: ev.WorkerFenced) -> None:
+        self._fenced.add((e.worker, e.epoch))
+
+    def _on_started(self, e: ev.Started) -> None:
+        req = self._requests[request_of(e.sample)]
+        if req.state != QUEUED:
+            raise StateError(f"start of {e.sample}: request not queued")
+        if self._queue[0] is req:
+            self._queue.popleft()
+        else:
+            self._queue.remove(req)
+        req.state, req.attempt, req.sample = RUNNING, req.attempt + 1, SampleId(e.sample)
+        req.worker, req.step = (e.worker, e.epoch), _step(e.version)
+        self._inflight[req.worker].add(req.sample)
+        self.counts["started"] += 1
+
+    def _on_generated(self, e: ev.Generated) -> None:
+        req = self._requests[request_of(e.sample)]
+        req.state = GENERATED
+        self._inflight[req.worker].discard(req.sample)  # type: ignore[index]
+        self.counts["generated"] += 1
+
+    def _on_rewarded(self, e: ev.Rewarded) -> None:
+        req = self._requests[request_of(e.sample)]
+        req.state = REWARDED
+        req.group.open -= 1
+        req.group.samples.append(SampleId(e.sample))
+        self.counts["rewarded"] += 1
+
+    def _on_ready(self, e: ev.Ready) -> None:
+        group = self._groups[GroupId(e.group)]
+        group.state = G_READY
+        self._ready.append(group)
+        self.running -= 1
+        self.accepted += 1
+
+    def _on_leased(self, e: ev.Leased) -> None:
+        groups = [self._groups[GroupId(g)] for g in e.groups]
+        for group in groups:
+            self._ready.remove(group)
+            group.state = G_LEASED
+        samples = tuple(s for g in groups for s in g.samples)
+        gids = tuple(g.id for g in groups)
+        self._leases[e.lease] = Lease(e.lease, _step(e.version), gids, samples)
+        self._n_leases += 1
+
+    def _on_released(self, e: ev.LeaseReleased) -> None:
+        lease = self._leases.pop(e.lease)
+        for gid in reversed(lease.groups):
+            group = self._groups[gid]
+            group.state = G_READY
+            self._ready.appendleft(group)
+
+    def _on_committed(self, e: ev.Committed) -> None:
+        lease = self._leases.pop(e.lease)
+        for gid in lease.groups:
+            self._groups[gid].state = G_DONE
+        for sid in lease.samples:
+            self._requests[request_of(sid)].state = COMMITTED
+            self._payloads.pop(sid, None)
+        self.counts["committed"] += len(lease.samples)
+        self.counts["steps"] += 1
+        self.version = PolicyVersion.parse(e.version)
+
+    def _on_discarded(self, e: ev.Discarded) -> None:
+        req = self._requests[RequestId(e.request)]
+        group, was = req.group, req.state
+        if was == QUEUED:
+            self._queue.remove(req)
+        if req.worker is not None and was == RUNNING:
+            self._inflight[req.worker].discard(req.sample)
+        if req.sample is not None:
+            self._payloads.pop(req.sample, None)
+        self.counts[f"discarded_{e.reason}"] += 1
+        if e.reason in ev.RETRY_REASONS:
+            req.state = QUEUED
+            self._queue.appendleft(req)
+            return
+        req.state = DISCARDED
+        if was == REWARDED:  # a whole ready group discarded (stale / shutdown)
+            group.samples.remove(req.sample)  # type: ignore[arg-type]
+            if not group.samples:
+                self._ready.remove(group)
+                group.state = G_DONE
+                self.accepted -= 1
+            return
+        group.open -= 1
+        if group.open == 0 and not group.samples and group.state == G_RUNNING:
+            group.state = G_DONE
+            self.running -= 1
+
+    def _on_rejected(self, e: ev.Rejected) -> None:
+        self.counts[f"rejected_{e.reason}"] += 1
+
+
+def _noop(event: ev.Event) -> None:
+    """Events that are recorded for audit and timing but change no buffer state."""
+
+
+_STATE_NAMES = ("queued", "running", "generated", "rewarded", "committed", "discarded")
+
+
+def replay_ledger(ledger: Ledger, config: KernelConfig, clock: Clock) -> SampleBuffer:
+    """The state a ledger describes, without opening a new incarnation (read-only use)."""
+    buf = SampleBuffer(ledger, config, clock, run_id="replay")
+    buf.replay()
+    return buf

@@ -1,0 +1,117 @@
+"""The ``freshroll`` command line: parse, load, dispatch. No logic lives here."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from freshroll.errors import FreshrollError
+
+
+@click.group()
+@click.version_option(package_name="freshroll")
+def main() -> None:
+    """Fast and trustworthy asynchronous rollouts for RL post-training."""
+
+
+def _fail(exc: FreshrollError) -> None:
+    click.echo(f"error: {exc}", err=True)
+    sys.exit(2)
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def verify(run_dir: Path, as_json: bool) -> None:
+    """Check the lifecycle invariants of RUN_DIR on its ledger; exit 1 on any violation."""
+    from freshroll.harness.verify import verify_run
+
+    try:
+        report = verify_run(run_dir)
+    except FreshrollError as exc:
+        _fail(exc)
+        return
+    click.echo(json.dumps(report.to_json(), indent=1) if as_json else report.render())
+    sys.exit(0 if report.ok else 1)
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
+              help="Output file (default: RUN_DIR/ledger.jsonl; '-' for stdout).")
+def export(run_dir: Path, output: Path | None) -> None:
+    """Write the ledger of RUN_DIR as JSON lines (schema: docs/ledger.md)."""
+    from freshroll.ledger import LEDGER_FILE, Ledger
+
+    try:
+        with Ledger(run_dir / LEDGER_FILE, readonly=True) as ledger:
+            if str(output) == "-":
+                n = ledger.export_jsonl(sys.stdout.buffer)
+                return
+            out = output or run_dir / "ledger.jsonl"
+            with open(out, "wb") as fh:
+                n = ledger.export_jsonl(fh)
+    except FreshrollError as exc:
+        _fail(exc)
+        return
+    click.echo(f"wrote {n} events to {out}", err=True)
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(path_type=Path))
+def timing(run_dir: Path) -> None:
+    """Per-stage time decomposition and run rates of RUN_DIR, from its ledger."""
+    from freshroll.ledger import LEDGER_FILE, Ledger
+    from freshroll.timing import collect_spans, decompose, format_table, run_rates
+
+    try:
+        with Ledger(run_dir / LEDGER_FILE, readonly=True) as ledger:
+            events = [e for _, e in ledger.events()]
+    except FreshrollError as exc:
+        _fail(exc)
+        return
+    rates = run_rates(events)
+    click.echo(format_table(decompose(collect_spans(events))))
+    click.echo(
+        f"accepted rollouts/s {rates.accepted_per_s:.2f}  accepted {rates.accepted}  "
+        f"steps {rates.steps}  trainer idle {rates.trainer_idle_ratio:.1%}  "
+        f"discards {rates.discards}"
+    )
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("--steps", default=50, show_default=True, help="Trainer steps to commit.")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--faults/--no-faults", default=True, show_default=True,
+              help="Fence workers, duplicate results, NaN rewards, release leases.")
+@click.option("--max-staleness", default=1, show_default=True)
+@click.option("--batch-groups", default=4, show_default=True)
+@click.option("--group-size", default=4, show_default=True)
+def simulate(
+    run_dir: Path, steps: int, seed: int, faults: bool, max_staleness: int,
+    batch_groups: int, group_size: int,
+) -> None:
+    """Drive the lifecycle kernel with simulated workers (no model), then verify RUN_DIR."""
+    from freshroll.buffer import KernelConfig
+    from freshroll.harness.simulate import SimConfig
+    from freshroll.harness.simulate import simulate as run_sim
+    from freshroll.harness.verify import verify_run
+
+    try:
+        kernel = KernelConfig(max_staleness, batch_groups, group_size)
+        buf = run_sim(run_dir, kernel, SimConfig(steps=steps, seed=seed, faults=faults))
+    except FreshrollError as exc:
+        _fail(exc)
+        return
+    click.echo(json.dumps(buf.stats()["counts"]))
+    report = verify_run(run_dir)
+    click.echo(report.render())
+    sys.exit(0 if report.ok else 1)
+
+
+if __name__ == "__main__":
+    main()

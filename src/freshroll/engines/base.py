@@ -1,0 +1,63 @@
+"""The inference-engine protocol: what a rollout worker needs from a generator.
+
+An engine turns prompts into :class:`Completion` records and accepts new weights. It knows
+nothing about policy versions: the caller records which version's weights it loaded before a
+``generate`` call, so every completion can be attributed to exactly one set of weights.
+
+Guarantees every implementation must give:
+
+* ``generate`` returns one completion per prompt, in prompt order, and blocks until all are done.
+* ``Completion.logprobs[i]`` is the log-probability of ``token_ids[i]`` under the distribution it
+  was actually sampled from (the *behaviour* policy), so importance ratios can be computed later.
+* ``len(token_ids) == len(logprobs) <= max_new_tokens``; ``finish_reason`` is ``"stop"`` exactly
+  when the last token is the end-of-sequence token, else ``"length"``.
+* ``load_weights`` replaces the weights in place before it returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+FINISH_STOP = "stop"
+FINISH_LENGTH = "length"
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """One generated completion and how it was produced."""
+
+    prompt_token_ids: tuple[int, ...]
+    token_ids: tuple[int, ...]  # generated tokens, including the final eos if one was generated
+    logprobs: tuple[float, ...]  # behaviour log-prob of each generated token
+    text: str  # decoded completion, without special tokens (eos/pad stripped)
+    finish_reason: str  # "stop" (eos) or "length"
+    gen_s: float  # seconds this sequence's batch took to generate
+
+
+@runtime_checkable
+class InferenceEngine(Protocol):
+    """A blocking generator whose weights can be swapped in place."""
+
+    def generate(
+        self,
+        prompts: Sequence[str],
+        *,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+    ) -> list[Completion]:
+        """Sample one completion per prompt (blocking)."""
+        ...
+
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> float:
+        """Copy ``state_dict`` into the model in place; return the seconds it took."""
+        ...
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """A detached copy of the current weights."""
+        ...

@@ -1,0 +1,176 @@
+"""Ledger events: frozen, tagged records, one per lifecycle step.
+
+Every event is a ``msgspec.Struct`` with a ``kind`` tag and a ``ts`` (seconds,
+from the run's :class:`~freshroll.clock.Clock`). Its JSON form is exactly what
+``msgspec.json.encode`` writes, with the ledger's sequence number put first
+(``{"seq": 12, "kind": "started", "ts": ..., ...}``); docs/ledger.md documents
+every field. Events are decoded as a tagged union: an unknown ``kind`` is an
+error, never skipped.
+
+Ids inside events are strings in the canonical forms of :mod:`freshroll.lineage`.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+import msgspec
+
+DiscardReason = Literal[
+    "stale",             # lag exceeded max_staleness at lease time
+    "fenced",            # attempt of a fenced worker epoch; the request is re-issued
+    "reward_error",      # the reward function raised, returned NaN or the wrong length
+    "generation_error",  # the engine failed on this request
+    "invalid",           # malformed completion (e.g. empty, over length limits)
+    "filtered",          # a user filter dropped it (e.g. zero-variance group)
+    "shutdown",          # the run ended before the request finished
+]
+DISCARD_REASONS: Final = frozenset(DiscardReason.__args__)  # type: ignore[attr-defined]
+#: reasons after which the request is issued again (a new attempt); all others are terminal
+RETRY_REASONS: Final = frozenset({"fenced"})
+
+RejectReason = Literal["fenced", "duplicate", "not_running"]
+
+
+class Event(msgspec.Struct, frozen=True, tag_field="kind", kw_only=True):
+    ts: float
+
+
+class Opened(Event, frozen=True, tag="opened"):
+    """A process opened the ledger (incarnation 0 is the first; each resume adds one)."""
+
+    run_id: str
+    incarnation: int
+    max_staleness: int
+    batch_groups: int
+    group_size: int
+    max_inflight_groups: int | None = None
+
+
+class PolicyPublished(Event, frozen=True, tag="policy_published"):
+    """A policy version became current. ``parent`` is None only for step 0."""
+
+    version: str
+    parent: str | None = None
+    settings_digest: str = ""
+
+
+class Requested(Event, frozen=True, tag="requested"):
+    """Group ``group`` admitted: requests ``group.0`` .. ``group.{size-1}``."""
+
+    group: str
+    prompt_id: str
+    size: int
+    version: str  # trainer version at admission
+
+
+class WorkerStarted(Event, frozen=True, tag="worker_started"):
+    worker: str
+    epoch: int
+
+
+class WorkerFenced(Event, frozen=True, tag="worker_fenced"):
+    """Epoch ``epoch`` of ``worker`` is fenced: its in-flight attempts are re-issued."""
+
+    worker: str
+    epoch: int
+    reason: str  # "lost" | "timeout" | "restart" | "stopped"
+
+
+class Started(Event, frozen=True, tag="started"):
+    sample: str
+    worker: str
+    epoch: int
+    version: str  # policy version the worker generates with
+
+
+class Generated(Event, frozen=True, tag="generated"):
+    sample: str
+    tokens: int
+    gen_s: float  # generation time measured on the worker
+    last_version: str | None = None  # set when tokens span a weight update
+
+
+class Rewarded(Event, frozen=True, tag="rewarded"):
+    sample: str
+    reward: float
+    reward_version: str
+    reward_s: float = 0.0
+
+
+class Ready(Event, frozen=True, tag="ready"):
+    """Every member of ``group`` is rewarded or discarded; ``samples`` can be leased."""
+
+    group: str
+    samples: list[str]
+
+
+class Leased(Event, frozen=True, tag="leased"):
+    lease: str
+    version: str  # trainer version that will consume the batch
+    groups: list[str]
+    wait_s: float = 0.0  # time the trainer waited for this batch
+
+
+class LeaseReleased(Event, frozen=True, tag="lease_released"):
+    lease: str
+    reason: str
+
+
+class Committed(Event, frozen=True, tag="committed"):
+    """A trainer step consumed ``lease`` and produced ``version`` from ``parent``."""
+
+    lease: str
+    version: str
+    parent: str
+    settings_digest: str
+    samples: list[str]
+    train_s: float = 0.0
+
+
+class Discarded(Event, frozen=True, tag="discarded"):
+    """``request`` (attempt ``sample``, if one was started) ended without being consumed."""
+
+    request: str
+    reason: DiscardReason
+    sample: str | None = None
+    detail: str = ""
+
+
+class Rejected(Event, frozen=True, tag="rejected"):
+    """A result for ``sample`` arrived and was NOT applied (late, duplicate, ...)."""
+
+    sample: str
+    reason: RejectReason
+    detail: str = ""
+
+
+class WeightsLoaded(Event, frozen=True, tag="weights_loaded"):
+    worker: str
+    epoch: int
+    version: str
+    transfer_s: float
+
+
+class FaultInjected(Event, frozen=True, tag="fault_injected"):
+    fault: str
+    target: str
+    detail: str = ""
+
+
+class Closed(Event, frozen=True, tag="closed"):
+    """The run drained and closed cleanly."""
+
+    reason: str = "done"
+
+
+AnyEvent = (
+    Opened | PolicyPublished | Requested | WorkerStarted | WorkerFenced | Started | Generated
+    | Rewarded | Ready | Leased | LeaseReleased | Committed | Discarded | Rejected
+    | WeightsLoaded | FaultInjected | Closed
+)
+EVENT_TYPES: Final[tuple[type[Event], ...]] = AnyEvent.__args__
+EVENT_KINDS: Final = frozenset(t.__struct_config__.tag for t in EVENT_TYPES)
+
+ENCODER: Final = msgspec.json.Encoder()
+DECODER: Final = msgspec.json.Decoder(AnyEvent)

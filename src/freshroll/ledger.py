@@ -1,0 +1,213 @@
+"""The durable, append-only ledger of lifecycle events (SQLite, WAL).
+
+Guarantees:
+
+- Events get consecutive sequence numbers starting at 1 and are never updated
+  or deleted.
+- :meth:`Ledger.append` only buffers; :meth:`Ledger.flush` writes everything
+  buffered in ONE transaction. With ``sync="full"`` (the default) SQLite fsyncs
+  the WAL at that commit, so after ``flush()`` returns the events survive a
+  SIGKILL or a power cut. A crash loses at most the events appended since the
+  last flush, and what survives is always a *prefix* of the history: replaying
+  it gives a consistent state. Callers flush at every commit boundary (a
+  trainer step, a clean shutdown); the ledger also flushes by itself once
+  ``flush_every`` events are buffered.
+- Sample payloads (completion tokens and the like) are stored in the same
+  transaction as the event that produced them.
+- Reading an unreadable, truncated or foreign file, or an event this version
+  does not know, raises :class:`~freshroll.errors.LedgerError` naming the file
+  (and the sequence number), never a bare sqlite or decode error.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Literal
+
+import msgspec
+
+from freshroll.errors import LedgerError, UnknownEventError
+from freshroll.events import DECODER, ENCODER, EVENT_KINDS, AnyEvent, Event
+
+SCHEMA_VERSION = 1
+APPLICATION_ID = 0x46524C31  # "FRL1": marks a freshroll ledger file
+LEDGER_FILE = "ledger.sqlite"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS events (seq INTEGER PRIMARY KEY, kind TEXT NOT NULL, body BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS payloads (sample TEXT PRIMARY KEY, data BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+
+class Ledger:
+    """Append-only event store over one SQLite file."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        sync: Literal["full", "normal", "off"] = "full",
+        flush_every: int = 8192,
+        readonly: bool = False,
+    ) -> None:
+        self.path = Path(path)
+        self.flush_every = flush_every
+        self.readonly = readonly
+        self._pending: list[tuple[int, str, bytes]] = []
+        self._pending_payloads: list[tuple[str, bytes]] = []
+        self._db = self._connect(sync)
+        self._seq: int = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0]
+        self.flushes = 0
+
+    # -- opening --------------------------------------------------------------------
+    def _connect(self, sync: str) -> sqlite3.Connection:
+        if self.readonly and not self.path.is_file():
+            raise LedgerError(f"{self.path}: no such ledger file")
+        try:
+            if self.readonly:
+                db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, isolation_level=None)
+            else:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            app_id = db.execute("PRAGMA application_id").fetchone()[0]
+            tables = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+            if app_id not in (0, APPLICATION_ID) or (app_id == 0 and tables and not self.readonly):
+                raise LedgerError(f"{self.path}: not a freshroll ledger (application_id={app_id})")
+            if not self.readonly:
+                db.execute("PRAGMA journal_mode=WAL")
+                db.execute(f"PRAGMA synchronous={sync.upper()}")
+                db.executescript(_SCHEMA)
+                db.execute(f"PRAGMA application_id={APPLICATION_ID}")
+                db.execute(
+                    "INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)",
+                    (str(SCHEMA_VERSION),),
+                )
+            self._check_schema(db)
+        except sqlite3.DatabaseError as exc:
+            raise LedgerError(f"{self.path}: cannot open ledger: {exc}") from exc
+        return db
+
+    def _check_schema(self, db: sqlite3.Connection) -> None:
+        try:
+            row = db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        except sqlite3.OperationalError as exc:
+            raise LedgerError(f"{self.path}: not a freshroll ledger ({exc})") from exc
+        if row is None or int(row[0]) != SCHEMA_VERSION:
+            raise LedgerError(
+                f"{self.path}: ledger schema {row[0] if row else 'missing'}, "
+                f"this freshroll reads schema {SCHEMA_VERSION}"
+            )
+
+    # -- writing --------------------------------------------------------------------
+    @property
+    def last_seq(self) -> int:
+        """Sequence number of the last appended event (durable or not)."""
+        return self._seq
+
+    def append(self, event: Event) -> int:
+        """Buffer ``event``; returns its sequence number."""
+        self._seq += 1
+        kind: str = event.__struct_config__.tag  # type: ignore[assignment]
+        self._pending.append((self._seq, kind, ENCODER.encode(event)))
+        if len(self._pending) >= self.flush_every:
+            self.flush()
+        return self._seq
+
+    def put_payload(self, sample: str, data: bytes) -> None:
+        """Store ``data`` for ``sample`` with the next flush."""
+        self._pending_payloads.append((sample, data))
+
+    def flush(self) -> None:
+        """Write all buffered events and payloads in one durable transaction."""
+        if self.readonly:
+            raise LedgerError(f"{self.path}: opened read-only")
+        if not self._pending and not self._pending_payloads:
+            return
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.executemany("INSERT INTO events VALUES (?, ?, ?)", self._pending)
+            if self._pending_payloads:
+                self._db.executemany(
+                    "INSERT OR REPLACE INTO payloads VALUES (?, ?)", self._pending_payloads
+                )
+            self._db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            raise LedgerError(f"{self.path}: write failed: {exc}") from exc
+        self._pending.clear()
+        self._pending_payloads.clear()
+        self.flushes += 1
+
+    # -- reading --------------------------------------------------------------------
+    def rows(self, after: int = 0) -> Iterator[tuple[int, str, bytes]]:
+        """Durable ``(seq, kind, json body)`` rows with ``seq > after``, in order."""
+        try:
+            cur = self._db.execute(
+                "SELECT seq, kind, body FROM events WHERE seq > ? ORDER BY seq", (after,)
+            )
+            expected = after + 1
+            for seq, kind, body in cur:
+                if seq != expected:
+                    raise LedgerError(f"{self.path}: sequence gap: expected {expected}, got {seq}")
+                expected += 1
+                yield seq, kind, bytes(body)
+        except sqlite3.DatabaseError as exc:
+            raise LedgerError(f"{self.path}: read failed: {exc}") from exc
+
+    def events(self, after: int = 0) -> Iterator[tuple[int, AnyEvent]]:
+        """Durable events with ``seq > after``, decoded and validated, in order."""
+        for seq, kind, body in self.rows(after):
+            yield seq, decode_event(body, where=f"{self.path} seq {seq}", kind=kind)
+
+    def payload(self, sample: str) -> bytes | None:
+        row = self._db.execute("SELECT data FROM payloads WHERE sample=?", (sample,)).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def payloads(self) -> dict[str, bytes]:
+        return {s: bytes(d) for s, d in self._db.execute("SELECT sample, data FROM payloads")}
+
+    def export_jsonl(self, out: IO[bytes]) -> int:
+        """Write every durable event as one JSON line (``seq`` first); returns the count."""
+        n = 0
+        for seq, _kind, body in self.rows():
+            out.write(b'{"seq":%d,' % seq + body[1:] + b"\n")
+            n += 1
+        return n
+
+    def close(self) -> None:
+        if not self.readonly:
+            self.flush()
+        self._db.close()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def decode_event(body: bytes, *, where: str, kind: str | None = None) -> AnyEvent:
+    """Decode one JSON event; errors name ``where``."""
+    try:
+        event: AnyEvent = DECODER.decode(body)
+    except msgspec.ValidationError as exc:
+        if kind is not None and kind not in EVENT_KINDS:
+            raise UnknownEventError(f"{where}: unknown event kind {kind!r}") from exc
+        if "$.kind" in str(exc):
+            raise UnknownEventError(f"{where}: unknown event kind: {exc}") from exc
+        raise LedgerError(f"{where}: malformed event: {exc}") from exc
+    except msgspec.DecodeError as exc:
+        raise LedgerError(f"{where}: malformed event JSON: {exc}") from exc
+    return event
+
+
+def open_ledger(run_dir: str | Path, **kwargs: object) -> Ledger:
+    """The ledger of a run directory (``RUN_DIR/ledger.sqlite``)."""
+    return Ledger(Path(run_dir) / LEDGER_FILE, **kwargs)  # type: ignore[arg-type]

@@ -1,0 +1,191 @@
+"""Immutable identifiers that link every sample to what produced it.
+
+Ids are plain, hashable values with a canonical string form that parses back
+(``parse(str(x)) == x``):
+
+=================  ==========================  =====================================
+id                 string form                 meaning
+=================  ==========================  =====================================
+``GroupId``        ``g17``                     one admitted prompt (a GRPO group)
+``RequestId``      ``g17.3``                   member 3 of group 17: one completion
+``SampleId``       ``g17.3#2``                 attempt 2 of that request
+``PolicyVersion``  ``p4-<digest>[+w<digest>]`` one set of weights
+``RewardVersion``  ``r:<name>:<digest>[+w..]`` one reward function / model
+=================  ==========================  =====================================
+
+A :class:`PolicyVersion` digest is chained: ``sha256(parent digest, sorted
+sample ids of the batch it was trained on, trainer settings digest)``, so two
+runs that train on the same batches from the same parent get the same ids, and
+a replay can recompute the whole chain from the ledger.
+
+Group, request and sample ids are ``NewType`` strings (cheap on the hot path);
+build and take them apart only with the functions here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, NewType
+
+from freshroll.errors import LineageError
+
+GroupId = NewType("GroupId", str)
+RequestId = NewType("RequestId", str)
+SampleId = NewType("SampleId", str)
+
+DIGEST_LEN = 32  # hex chars kept from sha256 (128 bits)
+
+
+def digest_of(*parts: str | bytes) -> str:
+    """A short hex sha256 over length-prefixed parts (no ambiguity between splits)."""
+    h = hashlib.sha256()
+    for part in parts:
+        data = part.encode() if isinstance(part, str) else part
+        h.update(len(data).to_bytes(8, "little"))
+        h.update(data)
+    return h.hexdigest()[:DIGEST_LEN]
+
+
+def digest_json(obj: Any) -> str:
+    """Digest of the canonical JSON form of ``obj`` (sorted keys, no spaces)."""
+    return digest_of(json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str))
+
+
+def digest_callable(fn: Callable[..., Any]) -> str:
+    """Digest of a function's source (falls back to its qualified name)."""
+    target = getattr(fn, "func", fn)  # functools.partial
+    try:
+        src = inspect.getsource(target)
+    except (OSError, TypeError):
+        module = getattr(target, "__module__", "?")
+        src = f"{module}.{getattr(target, '__qualname__', repr(target))}"
+    return digest_of(src)
+
+
+# --- group / request / sample ids -------------------------------------------------
+
+def group_id(n: int) -> GroupId:
+    return GroupId(f"g{n}")
+
+
+def request_id(group: GroupId, member: int) -> RequestId:
+    return RequestId(f"{group}.{member}")
+
+
+def sample_id(request: RequestId, attempt: int) -> SampleId:
+    return SampleId(f"{request}#{attempt}")
+
+
+_REQ = re.compile(r"^(g\d+)\.(\d+)$")
+_SAMPLE = re.compile(r"^(g\d+\.\d+)#(\d+)$")
+
+
+def parse_request_id(text: str) -> tuple[GroupId, int]:
+    """``"g17.3"`` -> ``("g17", 3)``."""
+    m = _REQ.match(text)
+    if not m:
+        raise LineageError(f"not a request id: {text!r} (expected 'g<group>.<member>')")
+    return GroupId(m.group(1)), int(m.group(2))
+
+
+def parse_sample_id(text: str) -> tuple[RequestId, int]:
+    """``"g17.3#2"`` -> ``("g17.3", 2)``."""
+    m = _SAMPLE.match(text)
+    if not m:
+        raise LineageError(f"not a sample id: {text!r} (expected 'g<group>.<member>#<attempt>')")
+    return RequestId(m.group(1)), int(m.group(2))
+
+
+def group_of(request: str) -> GroupId:
+    """The group of a request or sample id (no validation, hot path)."""
+    return GroupId(request.partition(".")[0])
+
+
+def request_of(sample: str) -> RequestId:
+    """The request of a sample id (no validation, hot path)."""
+    return RequestId(sample.partition("#")[0])
+
+
+# --- versions ---------------------------------------------------------------------
+
+_POLICY = re.compile(r"^p(\d+)-([0-9a-f]+)(?:\+w([0-9a-f]+))?$")
+_REWARD = re.compile(r"^r:([A-Za-z0-9_.\-]+):([0-9a-f]+)(?:\+w([0-9a-f]+))?$")
+_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyVersion:
+    """One set of policy weights: a step number and a chained digest."""
+
+    step: int
+    digest: str
+    weights_digest: str | None = None
+
+    @classmethod
+    def initial(cls, model_digest: str, weights_digest: str | None = None) -> PolicyVersion:
+        """Step 0: the digest of the starting model (its config, weights or name)."""
+        return cls(0, digest_of("root", model_digest), weights_digest)
+
+    def child(
+        self,
+        sample_ids: Iterable[str],
+        settings_digest: str,
+        weights_digest: str | None = None,
+    ) -> PolicyVersion:
+        """The version trained from this one on exactly ``sample_ids``."""
+        batch = "\n".join(sorted(sample_ids))
+        return PolicyVersion(
+            self.step + 1, digest_of(self.digest, batch, settings_digest), weights_digest
+        )
+
+    def __str__(self) -> str:
+        base = f"p{self.step}-{self.digest}"
+        return f"{base}+w{self.weights_digest}" if self.weights_digest else base
+
+    @classmethod
+    def parse(cls, text: str) -> PolicyVersion:
+        m = _POLICY.match(text)
+        if not m:
+            raise LineageError(f"not a policy version: {text!r} (expected 'p<step>-<hex>')")
+        return cls(int(m.group(1)), m.group(2), m.group(3))
+
+
+@dataclass(frozen=True, slots=True)
+class RewardVersion:
+    """One reward: its name, a digest of its code and config, optional model weights."""
+
+    name: str
+    digest: str
+    weights_digest: str | None = None
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.name):
+            raise LineageError(f"reward name {self.name!r} must match [A-Za-z0-9_.-]+")
+
+    @classmethod
+    def of(
+        cls,
+        name: str,
+        fn: Callable[..., Any] | None = None,
+        config: Any = None,
+        weights_digest: str | None = None,
+    ) -> RewardVersion:
+        """The version of reward ``name`` computed by ``fn`` under ``config``."""
+        code = digest_callable(fn) if fn is not None else ""
+        return cls(name, digest_of(code, digest_json(config)), weights_digest)
+
+    def __str__(self) -> str:
+        base = f"r:{self.name}:{self.digest}"
+        return f"{base}+w{self.weights_digest}" if self.weights_digest else base
+
+    @classmethod
+    def parse(cls, text: str) -> RewardVersion:
+        m = _REWARD.match(text)
+        if not m:
+            raise LineageError(f"not a reward version: {text!r} (expected 'r:<name>:<hex>')")
+        return cls(m.group(1), m.group(2), m.group(3))

@@ -1,0 +1,1 @@
+"""freshroll.testing"""

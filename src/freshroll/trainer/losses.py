@@ -1,0 +1,294 @@
+"""GRPO / PPO policy losses with off-policy correction (pure torch, no model, no I/O).
+
+Notation: sequence ``i`` of a batch of ``B``, token ``t`` of ``T``; ``m_it`` the completion
+mask; ``A_i`` the sequence advantage; ``logp`` the trainer's log-probabilities (the only
+input that carries gradient), ``b`` the behaviour log-probabilities (the sampler's, at the
+policy version that generated the tokens), ``p`` the proximal log-probabilities (the
+trainer's policy at the start of the optimisation step; ``p = sg[logp]`` when not given),
+``ref`` a reference policy. ``sg`` is stop-gradient.
+
+Group advantages (GRPO / Dr. GRPO)::
+
+    A_i = (r_i - mean_g r) / (std_g r + eps)      scale=True  (GRPO)
+    A_i =  r_i - mean_g r                         scale=False (Dr. GRPO)
+
+where ``g`` is the group of ``i`` and ``std_g`` the *unbiased sample* standard deviation
+(``sum (r - mean)^2 / (n_g - 1)``, as ``torch.std`` and TRL use). A group of one sample
+gets ``A = 0``.
+
+Token log-probabilities and entropy (``z = logits / temperature``)::
+
+    logp_t = z_t[y_t] - logsumexp(z_t)
+    H_t    = -sum_v softmax(z_t)_v * log_softmax(z_t)_v,   entropy = sum(m H) / sum(m)
+
+PPO term with asymmetric clipping (``clip(r) = clamp(r, 1 - clip_low, 1 + clip_high)``)::
+
+    P_t(r) = -min(r A, clip(r) A)
+
+Off-policy correction (``LossConfig.correction``), with ``w = exp(p - b)`` and cap ``C``:
+
+* ``none``:      ``L_t = P_t(exp(logp - b))``  (plain PPO against the behaviour policy).
+* ``tis``:       ``L_t = sg[min(w, C)] * P_t(exp(logp - p))``  (truncated importance
+  sampling, verl's TIS / "Your efficient RL framework secretly brings you off-policy RL").
+* ``decoupled``: ``L_t = sg[w * 1{w <= C}] * P_t(exp(logp - p))`` (AReaL's decoupled PPO:
+  tokens with ``w > C`` are dropped, not truncated; as in AReaL they keep counting in the
+  ``grpo`` / ``dapo`` denominators, so dropping a token never rescales the others).
+
+Optional KL to a reference (k3 estimator of ``KL(pi || ref)``), added per token when
+``ref_logprobs`` is given and ``kl_coef > 0``::
+
+    L_t += kl_coef * (exp(ref - logp) - (ref - logp) - 1)
+
+Aggregation (``LossConfig.aggregation``)::
+
+    grpo:    (1/B) sum_i [ sum_t m_it L_it / max(1, sum_t m_it) ]
+    dapo:    sum_it m_it L_it / max(1, sum_it m_it)
+    dr_grpo: sum_it m_it L_it / (B * max_completion_len)     (default max_completion_len = T)
+
+Metrics (means over masked tokens; all python floats): ``clip_frac`` (the min picked the
+clipped term *strictly*, i.e. ``r`` left the clip range on the side that matters),
+``ratio_mean`` (of the PPO ratio ``r``), ``is_weight_mean/max/min`` (of the raw ``w``,
+before truncation; 1.0 on an empty mask), ``is_truncated_frac`` (fraction with ``w > C``:
+truncated for ``tis``, dropped for ``decoupled``, 0.0 for ``none``), ``mismatch_kl`` and
+``kl_ref`` (when ``ref_logprobs`` is given). ``mismatch_kl`` is the k3 estimator of
+``KL(behaviour || proximal)`` on tokens sampled from the behaviour policy::
+
+    mismatch_kl = mean_t [exp(p - b) - (p - b) - 1]
+
+(unbiased for that direction because the samples come from ``b``; 0 iff ``p == b``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+import torch
+from torch import Tensor
+
+from freshroll.errors import ConfigError
+
+Aggregation = Literal["grpo", "dr_grpo", "dapo"]
+Correction = Literal["none", "tis", "decoupled"]
+
+__all__ = [
+    "Aggregation",
+    "Correction",
+    "LossConfig",
+    "entropy_from_logits",
+    "group_advantages",
+    "policy_loss",
+    "token_logprobs",
+]
+
+
+def group_advantages(
+    rewards: Tensor, groups: Tensor, *, scale: bool = True, eps: float = 1e-6
+) -> Tensor:
+    """Group-relative advantages ``r_i - mean_g r`` (divided by ``std_g + eps`` if ``scale``).
+
+    ``std_g`` is the unbiased sample standard deviation (``torch.std``); size-1 groups get 0.
+    ``groups`` holds any integer label per sample; labels need not be contiguous or sorted.
+    """
+    if rewards.dim() != 1 or groups.shape != rewards.shape:
+        raise ValueError(
+            f"rewards and groups must be 1-D of equal shape, got {tuple(rewards.shape)} "
+            f"and {tuple(groups.shape)}"
+        )
+    out_dtype = rewards.dtype if rewards.is_floating_point() else torch.get_default_dtype()
+    if rewards.numel() == 0:
+        return torch.zeros(0, dtype=out_dtype, device=rewards.device)
+    r = rewards.detach().to(torch.float64)
+    _, inverse = torch.unique(groups, return_inverse=True)
+    n_groups = int(inverse.max().item()) + 1
+    zeros = torch.zeros(n_groups, dtype=r.dtype, device=r.device)
+    counts = zeros.index_add(0, inverse, torch.ones_like(r))
+    mean = zeros.index_add(0, inverse, r) / counts
+    centred = r - mean[inverse]
+    if not scale:
+        return centred.to(out_dtype)
+    sq = zeros.index_add(0, inverse, centred * centred)
+    std = (sq / (counts - 1).clamp(min=1)).sqrt()
+    return (centred / (std[inverse] + eps)).to(out_dtype)
+
+
+def token_logprobs(logits: Tensor, targets: Tensor, temperature: float = 1.0) -> Tensor:
+    """``log_softmax(logits / temperature)`` gathered at ``targets``; shape ``[B, T]``.
+
+    Callers pass logits already shifted so that ``logits[:, t]`` predicts ``targets[:, t]``.
+    Computed in float32 as ``z[y] - logsumexp(z)`` (stable; no full log-softmax tensor).
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if logits.shape[:-1] != targets.shape:
+        raise ValueError(
+            f"logits {tuple(logits.shape)} do not match targets {tuple(targets.shape)}"
+        )
+    z = logits.float() / temperature
+    picked = z.gather(-1, targets.long().unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(z, dim=-1)
+
+
+def _masked_mean(x: Tensor, mask: Tensor) -> Tensor:
+    """``sum(mask * x) / max(1, sum(mask))``; masked-out entries may hold anything finite."""
+    m = mask.to(x.dtype)
+    return torch.where(mask.bool(), x, torch.zeros_like(x)).sum() / m.sum().clamp(min=1.0)
+
+
+def entropy_from_logits(logits: Tensor, mask: Tensor, temperature: float = 1.0) -> Tensor:
+    """Mean over masked tokens of the entropy of ``softmax(logits / temperature)``."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    ent = -(logp.exp() * logp).sum(dim=-1)
+    return _masked_mean(ent, mask)
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """Policy-loss settings; see the module docstring for the formulas."""
+
+    aggregation: Aggregation = "grpo"
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    correction: Correction = "tis"
+    is_cap: float = 2.0
+    kl_coef: float = 0.0
+    max_completion_len: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.aggregation not in get_args(Aggregation):
+            raise ConfigError(f"loss.aggregation: unknown value {self.aggregation!r}")
+        if self.correction not in get_args(Correction):
+            raise ConfigError(f"loss.correction: unknown value {self.correction!r}")
+        if not 0.0 <= self.clip_low < 1.0:
+            raise ConfigError(f"loss.clip_low must be in [0, 1), got {self.clip_low}")
+        if self.clip_high < 0.0:
+            raise ConfigError(f"loss.clip_high must be >= 0, got {self.clip_high}")
+        if self.is_cap <= 0.0:
+            raise ConfigError(f"loss.is_cap must be > 0, got {self.is_cap}")
+        if self.kl_coef < 0.0:
+            raise ConfigError(f"loss.kl_coef must be >= 0, got {self.kl_coef}")
+        if self.max_completion_len is not None and self.max_completion_len <= 0:
+            raise ConfigError(f"loss.max_completion_len must be > 0, got {self.max_completion_len}")
+
+
+def _check_shapes(logprobs: Tensor, advantages: Tensor, **others: Tensor | None) -> None:
+    """Raise ``ValueError`` unless every ``[B, T]`` input matches and advantages is ``[B]``."""
+    if logprobs.dim() != 2:
+        raise ValueError(f"logprobs must be [B, T], got {tuple(logprobs.shape)}")
+    for name, value in others.items():
+        if value is not None and value.shape != logprobs.shape:
+            raise ValueError(f"{name} {tuple(value.shape)} != logprobs {tuple(logprobs.shape)}")
+    if advantages.shape != logprobs.shape[:1]:
+        raise ValueError(f"advantages must be [B]={logprobs.shape[0]}, got {advantages.shape}")
+
+
+def _importance_weights(
+    proximal: Tensor, behaviour: Tensor, mask: Tensor, cfg: LossConfig
+) -> tuple[Tensor, dict[str, float]]:
+    """Detached per-token weight applied to the PPO term, plus the ``is_*`` metrics."""
+    raw = torch.exp(proximal - behaviour)
+    over = raw > cfg.is_cap
+    if cfg.correction == "tis":
+        weight = raw.clamp(max=cfg.is_cap)
+    elif cfg.correction == "decoupled":
+        weight = torch.where(over, torch.zeros_like(raw), raw)
+    else:
+        weight = torch.ones_like(raw)
+    valid = raw[mask]
+    empty = valid.numel() == 0
+    metrics = {
+        "is_weight_mean": 1.0 if empty else float(valid.mean()),
+        "is_weight_max": 1.0 if empty else float(valid.max()),
+        "is_weight_min": 1.0 if empty else float(valid.min()),
+        "is_truncated_frac": 0.0
+        if cfg.correction == "none"
+        else float(_masked_mean(over.float(), mask)),
+    }
+    return weight, metrics
+
+
+def _ppo_term(
+    logprobs: Tensor, anchor: Tensor, adv: Tensor, cfg: LossConfig
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-token ``-min(r A, clip(r) A)`` with ``r = exp(logprobs - anchor)``.
+
+    Returns the term, the detached ratio and the bool "clipped branch strictly active" map.
+    """
+    ratio = torch.exp(logprobs - anchor)
+    clipped = ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
+    unclipped_loss = -ratio * adv
+    clipped_loss = -clipped * adv
+    active = clipped_loss.detach() > unclipped_loss.detach()
+    return torch.maximum(unclipped_loss, clipped_loss), ratio.detach(), active
+
+
+def _aggregate(per_token: Tensor, mask: Tensor, cfg: LossConfig) -> Tensor:
+    """Reduce ``[B, T]`` per-token losses to a scalar per ``cfg.aggregation``."""
+    m = mask.to(per_token.dtype)
+    masked = torch.where(mask, per_token, torch.zeros_like(per_token))
+    if cfg.aggregation == "grpo":
+        per_seq = masked.sum(dim=1) / m.sum(dim=1).clamp(min=1.0)
+        return per_seq.mean()
+    if cfg.aggregation == "dapo":
+        return masked.sum() / m.sum().clamp(min=1.0)
+    batch, width = per_token.shape
+    length = cfg.max_completion_len if cfg.max_completion_len is not None else width
+    return masked.sum() / float(batch * length)
+
+
+def policy_loss(
+    logprobs: Tensor,
+    behaviour_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    cfg: LossConfig,
+    *,
+    proximal_logprobs: Tensor | None = None,
+    ref_logprobs: Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """Clipped policy-gradient loss with off-policy correction; see the module docstring.
+
+    Shapes: ``logprobs``, ``behaviour_logprobs``, ``proximal_logprobs``, ``ref_logprobs`` and
+    ``mask`` are ``[B, T]``; ``advantages`` is ``[B]``. Gradient flows only through
+    ``logprobs``. ``proximal_logprobs`` defaults to ``sg[logprobs]``; with correction
+    ``none`` it only feeds the ``is_*`` / ``mismatch_kl`` metrics. Values at masked-out
+    positions of the non-differentiable inputs are ignored (replaced by ``sg[logprobs]``).
+    Returns ``(loss, metrics)`` with metrics as described in the module docstring.
+    """
+    _check_shapes(
+        logprobs,
+        advantages,
+        behaviour_logprobs=behaviour_logprobs,
+        mask=mask,
+        proximal_logprobs=proximal_logprobs,
+        ref_logprobs=ref_logprobs,
+    )
+    m = mask.bool()
+    logp = logprobs.float()
+    fill = logp.detach()
+    behaviour = torch.where(m, behaviour_logprobs.detach().float(), fill)
+    proximal = (
+        fill
+        if proximal_logprobs is None
+        else torch.where(m, proximal_logprobs.detach().float(), fill)
+    )
+    adv = advantages.detach().float().unsqueeze(1)
+    anchor = behaviour if cfg.correction == "none" else proximal
+    pg, ratio, active = _ppo_term(logp, anchor, adv, cfg)
+    weight, metrics = _importance_weights(proximal, behaviour, m, cfg)
+    per_token = weight * pg
+    log_mis = proximal - behaviour
+    metrics["mismatch_kl"] = float(_masked_mean(log_mis.exp() - log_mis - 1.0, m))
+    if ref_logprobs is not None:
+        ref = torch.where(m, ref_logprobs.detach().float(), fill)
+        kl = torch.exp(ref - logp) - (ref - logp) - 1.0
+        metrics["kl_ref"] = float(_masked_mean(kl.detach(), m))
+        if cfg.kl_coef > 0:
+            per_token = per_token + cfg.kl_coef * kl
+    loss = _aggregate(per_token, m, cfg)
+    metrics["loss"] = float(loss.detach())
+    metrics["clip_frac"] = float(_masked_mean(active.float(), m))
+    metrics["ratio_mean"] = float(_masked_mean(ratio, m))
+    return loss, metrics
