@@ -21,12 +21,20 @@ as ``stale`` instead of leased. Admission follows
 :func:`freshroll.freshness.admission_capacity`.
 
 Results from a fenced attempt, a superseded attempt, or a second completion of
-the same attempt are recorded as ``rejected`` events and never applied.
-Recovery (:meth:`SampleBuffer.open` on a ledger with history): leases of the
-dead trainer are released, every worker epoch still alive in the ledger is
-fenced (its running attempts re-issued), and completed groups whose ``ready``
-event was lost are made ready again. Generated samples whose reward was lost
-stay generated: :meth:`SampleBuffer.unrewarded` lists them for re-scoring.
+the same attempt are recorded as ``rejected`` events and never applied. An
+attempt can only start with a policy version the ledger has published, and
+``stale`` is decided by :meth:`SampleBuffer.lease` alone. After
+:meth:`SampleBuffer.shutdown` the buffer refuses every further command.
+
+Recovery (:meth:`SampleBuffer.open` on a ledger with history): the durable
+ledger is a *prefix* of the history, which may end inside any command. So:
+the initial version is published if it never was, leases of the dead trainer
+are released, every worker epoch still alive in the ledger is fenced and every
+attempt still running (on any epoch, also one whose fencing was cut short) is
+re-issued, a ready group whose whole-group discard (``stale``, ``shutdown``)
+was cut short is discarded whole, and completed groups whose ``ready`` event
+was lost are made ready again. Generated samples whose reward was lost stay
+generated: :meth:`SampleBuffer.unrewarded` lists them for re-scoring.
 """
 
 from __future__ import annotations
@@ -90,6 +98,7 @@ class _Request:
     sample: SampleId | None = None
     worker: tuple[str, int] | None = None
     step: int = -1  # policy step its current attempt was generated with
+    reward: float = math.nan
 
 
 @dataclass(slots=True)
@@ -100,6 +109,7 @@ class _Group:
     open: int = 0  # members not yet rewarded or terminally discarded
     state: int = G_RUNNING
     samples: list[SampleId] = field(default_factory=list)  # rewarded samples, in order
+    dropping: ev.DiscardReason | None = None  # set once a whole-group discard has begun
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +141,8 @@ class SampleBuffer:
         self._fenced: set[tuple[str, int]] = set()
         self._inflight: dict[tuple[str, int], set[SampleId]] = {}
         self._payloads: dict[SampleId, bytes] = {}
+        self._published: set[str] = set()  # every policy version the ledger has made current
+        self.closed = False  # a clean shutdown was recorded (until the next open)
         self.accepted = self.running = 0  # groups, for admission
         self.counts: Counter[str] = Counter()  # accounting, recomputed by verify
         self._handlers: dict[type, Callable[[Any], None]] = {
@@ -141,7 +153,7 @@ class SampleBuffer:
             ev.Ready: self._on_ready, ev.Leased: self._on_leased,
             ev.LeaseReleased: self._on_released, ev.Committed: self._on_committed,
             ev.Discarded: self._on_discarded, ev.Rejected: self._on_rejected,
-            ev.WeightsLoaded: _noop, ev.FaultInjected: _noop, ev.Closed: _noop,
+            ev.WeightsLoaded: _noop, ev.FaultInjected: _noop, ev.Closed: self._on_closed,
         }
 
     # == opening and recovery ============================================================
@@ -158,16 +170,14 @@ class SampleBuffer:
         """A fresh buffer on an empty ledger, or the recovered state of an existing one."""
         buf = cls(ledger, config, clock, run_id)
         buf.replay()
-        fresh = buf.incarnation < 0
         buf._emit(ev.Opened(
             ts=clock.now(), run_id=run_id, incarnation=buf.incarnation + 1,
             max_staleness=config.max_staleness, batch_groups=config.batch_groups,
             group_size=config.group_size, max_inflight_groups=config.max_inflight_groups,
         ))
-        if fresh:
+        if buf.version is None:  # a fresh ledger, or a crash before its first version was durable
             buf._emit(ev.PolicyPublished(ts=clock.now(), version=str(initial_version)))
-        else:
-            buf._recover()
+        buf._recover()
         ledger.flush()
         return buf
 
@@ -193,6 +203,15 @@ class SampleBuffer:
         for worker, epoch in self._epochs.items():
             if (worker, epoch) not in self._fenced:
                 self.fence_worker(worker, epoch, "restart")
+        for (worker, epoch), running in self._inflight.items():  # a fence cut by the crash
+            for sid in sorted(running):
+                self._emit(ev.Discarded(
+                    ts=now, request=request_of(sid), sample=sid, reason="fenced",
+                    detail=f"worker {worker} epoch {epoch} restart",
+                ))
+        for group in list(self._ready):  # a whole-group discard cut by the crash
+            if group.dropping is not None:
+                self._discard_group(group, group.dropping, "completed on recovery")
         for group in self._groups.values():
             if group.state == G_RUNNING and group.open == 0:
                 self._settle(group)
@@ -262,6 +281,8 @@ class SampleBuffer:
             raise StateError(f"request {request} is not queued (state {_STATE_NAMES[req.state]})")
         if (worker, epoch) in self._fenced or self._epochs.get(worker) != epoch:
             raise StateError(f"worker {worker} epoch {epoch} is fenced or unknown")
+        if str(version) not in self._published:
+            raise StateError(f"policy version {version} was never published in this run")
         sid = sample_id(req.id, req.attempt + 1)
         self._emit(ev.Started(
             ts=self.clock.now(), sample=sid, worker=worker, epoch=epoch, version=str(version)
@@ -315,6 +336,8 @@ class SampleBuffer:
         """
         if reason not in ev.DISCARD_REASONS:
             raise StateError(f"unknown discard reason {reason!r}")
+        if reason == "stale":
+            raise StateError("stale is decided at lease time, for whole groups: see lease()")
         sid = SampleId(target) if "#" in target else None
         req = self._request(request_of(target))
         if sid is not None and sid != req.sample:
@@ -364,6 +387,8 @@ class SampleBuffer:
         first (reason ``stale``), so a lease only ever holds fresh groups.
         """
         n = self.config.batch_groups if n_groups is None else n_groups
+        if n < 1:
+            raise StateError(f"a lease holds at least one group, not {n}")
         if self._leases:
             raise LeaseError(f"lease {next(iter(self._leases))} is still open")
         step, eta = self._require_version().step, self.config.max_staleness
@@ -407,7 +432,12 @@ class SampleBuffer:
         self._emit(ev.LeaseReleased(ts=self.clock.now(), lease=lease_id, reason=reason))
 
     def shutdown(self, reason: str = "done") -> None:
-        """Release leases, discard everything unfinished (``shutdown``), close durably."""
+        """Release leases, discard everything unfinished (``shutdown``), close durably.
+
+        Idempotent; afterwards every command raises :class:`StateError`.
+        """
+        if self.closed:
+            return
         for lid in list(self._leases):
             self.release(lid, "shutdown")
         for req in list(self._requests.values()):
@@ -426,6 +456,21 @@ class SampleBuffer:
     def unrewarded(self) -> list[SampleId]:
         """Generated samples still waiting for a reward (after recovery: re-score them)."""
         return [r.sample for r in self._requests.values() if r.state == GENERATED and r.sample]
+
+    @property
+    def groups_admitted(self) -> int:
+        return len(self._groups)
+
+    def sample_info(self, sample: str) -> tuple[float, int]:
+        """``(reward, policy step it was generated with)`` of a sample's current attempt."""
+        req = self._request(request_of(sample))
+        if req.sample != sample:
+            raise UnknownSampleError(f"{sample} is not the current attempt of {req.id}")
+        return req.reward, req.step
+
+    def record(self, event: ev.WeightsLoaded | ev.FaultInjected) -> None:
+        """Append an audit event that changes no buffer state (weights loaded, fault)."""
+        self._emit(event)
 
     def group_of_sample(self, sample: str) -> tuple[GroupId, str]:
         group = self._request(request_of(sample)).group
@@ -455,6 +500,8 @@ class SampleBuffer:
 
     # == internals ===================================================================
     def _emit(self, event: ev.Event) -> None:
+        if self.closed and not isinstance(event, ev.Opened):
+            raise StateError(f"the buffer was shut down: no {type(event).__name__} after it")
         self.ledger.append(event)
         self._handlers[type(event)](event)
 
@@ -482,9 +529,14 @@ class SampleBuffer:
     # == handlers: the only code that mutates state =======================================
     def _on_opened(self, e: ev.Opened) -> None:
         self.incarnation = e.incarnation
+        self.closed = False
+
+    def _on_closed(self, e: ev.Closed) -> None:
+        self.closed = True
 
     def _on_published(self, e: ev.PolicyPublished) -> None:
         self.version = PolicyVersion.parse(e.version)
+        self._published.add(e.version)
 
     def _on_requested(self, e: ev.Requested) -> None:
         group = _Group(GroupId(e.group), e.prompt_id, open=e.size)
@@ -527,7 +579,7 @@ class SampleBuffer:
 
     def _on_rewarded(self, e: ev.Rewarded) -> None:
         req = self._requests[request_of(e.sample)]
-        req.state = REWARDED
+        req.state, req.reward = REWARDED, e.reward
         req.group.open -= 1
         req.group.samples.append(SampleId(e.sample))
         self.counts["rewarded"] += 1
@@ -566,6 +618,7 @@ class SampleBuffer:
         self.counts["committed"] += len(lease.samples)
         self.counts["steps"] += 1
         self.version = PolicyVersion.parse(e.version)
+        self._published.add(e.version)
 
     def _on_discarded(self, e: ev.Discarded) -> None:
         req = self._requests[RequestId(e.request)]
@@ -583,6 +636,7 @@ class SampleBuffer:
             return
         req.state = DISCARDED
         if was == REWARDED:  # a whole ready group discarded (stale / shutdown)
+            group.dropping = e.reason
             group.samples.remove(req.sample)  # type: ignore[arg-type]
             if not group.samples:
                 self._ready.remove(group)

@@ -22,6 +22,44 @@ def _fail(exc: FreshrollError) -> None:
     sys.exit(2)
 
 
+@main.command(context_settings={"ignore_unknown_options": False})
+@click.argument("config", required=False, type=click.Path(path_type=Path))
+@click.argument("overrides", nargs=-1)
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Run directory (default: runs/<config name>).")
+@click.option("--resume", "resume_dir", type=click.Path(path_type=Path), default=None,
+              help="Continue the run in this directory from its last durable state.")
+def run(config: Path | None, overrides: tuple[str, ...], out: Path | None,
+        resume_dir: Path | None) -> None:
+    """Train with async GRPO: CONFIG.yaml [key=value ...] (no CONFIG: the embedded default)."""
+    from freshroll.config import load_config
+    from freshroll.runtime.run import run as run_training
+
+    if config is not None and "=" in str(config) and not config.exists():
+        overrides, config = (str(config), *overrides), None
+    try:
+        if resume_dir is not None:
+            cfg = load_config(None, overrides) if overrides else None
+            result = run_training(cfg, resume_dir, resume=True)
+        else:
+            cfg = load_config(config, overrides)
+            name = config.stem if config is not None else "default"
+            result = run_training(cfg, out or Path("runs") / name)
+    except FreshrollError as exc:
+        _fail(exc)
+        return
+    s = result.summary
+    click.echo(
+        f"run dir {result.run_dir}\n"
+        f"steps {s['steps']}  accepted rollouts/s {s['accepted_rollouts_per_s']:.1f}  "
+        f"reward {s['reward_first']:.3f} -> {s['reward_last']:.3f}  "
+        f"lag p50/p99/max {s['lag']['p50']:.0f}/{s['lag']['p99']:.0f}/{s['lag']['max']}  "
+        f"trainer idle {s['trainer_idle_ratio']:.1%}  discard rate {s['discard_rate']:.1%}\n"
+        f"verify: {'ok' if result.ok else 'FAILED'}  report: {result.run_dir / 'report.html'}"
+    )
+    sys.exit(0 if result.ok else 1)
+
+
 @main.command()
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")

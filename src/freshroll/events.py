@@ -171,6 +171,11 @@ AnyEvent = (
 )
 EVENT_TYPES: Final[tuple[type[Event], ...]] = AnyEvent.__args__
 EVENT_KINDS: Final = frozenset(t.__struct_config__.tag for t in EVENT_TYPES)
+#: event type -> its ``kind`` tag (``__struct_config__`` builds a new object on every access:
+#: the ledger's hot paths look the tag up here instead)
+KIND_OF: Final[dict[type[Event], str]] = {
+    t: str(t.__struct_config__.tag) for t in EVENT_TYPES
+}
 
 ENCODER: Final = msgspec.json.Encoder()
 DECODER: Final = msgspec.json.Decoder(AnyEvent)

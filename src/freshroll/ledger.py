@@ -30,7 +30,7 @@ from typing import IO, Literal
 import msgspec
 
 from freshroll.errors import LedgerError, UnknownEventError
-from freshroll.events import DECODER, ENCODER, EVENT_KINDS, AnyEvent, Event
+from freshroll.events import DECODER, ENCODER, EVENT_KINDS, KIND_OF, AnyEvent, Event
 
 SCHEMA_VERSION = 1
 APPLICATION_ID = 0x46524C31  # "FRL1": marks a freshroll ledger file
@@ -67,6 +67,7 @@ class Ledger:
     def _connect(self, sync: str) -> sqlite3.Connection:
         if self.readonly and not self.path.is_file():
             raise LedgerError(f"{self.path}: no such ledger file")
+        db: sqlite3.Connection | None = None
         try:
             if self.readonly:
                 db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, isolation_level=None)
@@ -80,14 +81,24 @@ class Ledger:
             if not self.readonly:
                 db.execute("PRAGMA journal_mode=WAL")
                 db.execute(f"PRAGMA synchronous={sync.upper()}")
-                db.executescript(_SCHEMA)
-                db.execute(f"PRAGMA application_id={APPLICATION_ID}")
-                db.execute(
-                    "INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)",
-                    (str(SCHEMA_VERSION),),
-                )
+                if app_id == 0:
+                    # Create tables, mark and version the file in ONE transaction: a crash
+                    # part-way leaves an empty file, never unmarked tables that a restart
+                    # would refuse as "not a freshroll ledger".
+                    db.executescript(
+                        f"BEGIN IMMEDIATE;{_SCHEMA}"
+                        f"PRAGMA application_id={APPLICATION_ID};"
+                        f"INSERT OR IGNORE INTO meta VALUES ('schema_version', '{SCHEMA_VERSION}');"
+                        "COMMIT;"
+                    )
             self._check_schema(db)
-        except sqlite3.DatabaseError as exc:
+        except (sqlite3.DatabaseError, LedgerError) as exc:
+            if db is not None:
+                if db.in_transaction:
+                    db.rollback()
+                db.close()
+            if isinstance(exc, LedgerError):
+                raise
             raise LedgerError(f"{self.path}: cannot open ledger: {exc}") from exc
         return db
 
@@ -111,8 +122,7 @@ class Ledger:
     def append(self, event: Event) -> int:
         """Buffer ``event``; returns its sequence number."""
         self._seq += 1
-        kind: str = event.__struct_config__.tag  # type: ignore[assignment]
-        self._pending.append((self._seq, kind, ENCODER.encode(event)))
+        self._pending.append((self._seq, KIND_OF[type(event)], ENCODER.encode(event)))
         if len(self._pending) >= self.flush_every:
             self.flush()
         return self._seq
@@ -161,8 +171,19 @@ class Ledger:
 
     def events(self, after: int = 0) -> Iterator[tuple[int, AnyEvent]]:
         """Durable events with ``seq > after``, decoded and validated, in order."""
+        decode, kind_of = DECODER.decode, KIND_OF
         for seq, kind, body in self.rows(after):
-            yield seq, decode_event(body, where=f"{self.path} seq {seq}", kind=kind)
+            try:  # fast path (replay is bound by this loop); errors are rebuilt below
+                event: AnyEvent = decode(body)
+            except msgspec.MsgspecError:
+                decode_event(body, where=f"{self.path} seq {seq}", kind=kind)  # raises
+                raise
+            if kind_of[type(event)] != kind:
+                raise LedgerError(
+                    f"{self.path} seq {seq}: kind column {kind!r} does not match the "
+                    f"event body ({kind_of[type(event)]!r})"
+                )
+            yield seq, event
 
     def payload(self, sample: str) -> bytes | None:
         row = self._db.execute("SELECT data FROM payloads WHERE sample=?", (sample,)).fetchone()

@@ -1,0 +1,646 @@
+"""``report.html``: one self-contained page per run directory, with plots.
+
+Reads only the run directory contract — ``ledger.sqlite``, ``metrics.jsonl``,
+``summary.json``, ``counts.json``, ``config.yaml`` — and writes a single HTML
+file with every plot inlined as a base64 PNG (no JavaScript, no external CSS,
+fonts or images, nothing fetched over a network). Sections:
+
+1. headline figures and the ``verify`` verdict (ok / FAIL with the invariants);
+2. reward vs trainer step and reward vs wall time, side by side, with the
+   baseline run overlaid on both (throughput is never shown as convergence);
+3. lag histogram of committed samples with the ``max_staleness`` bound;
+4. per-stage time decomposition (stacked bar of means + p50/p95/p99 table);
+5. trainer idle share and accepted rollouts/s over time (from the ledger);
+6. off-policy health: importance weights, mismatch KL, clip fraction;
+7. discards by reason; 8. the summary table and the resolved config.
+
+Every input may be missing or partial (a run that crashed early): the panel
+says "no data" and why, and the report is still written. The ledger is the
+source of truth for lags, stage times, idle, throughput and discards; the
+headline prefers ``summary.json`` and falls back to the ledger and metrics.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import os
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from html import escape
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from freshroll import events as ev
+from freshroll.harness.verify import INVARIANTS, verify_run
+from freshroll.ledger import LEDGER_FILE, Ledger
+from freshroll.report import plots
+from freshroll.timing import (
+    RunRates,
+    Spans,
+    StageRow,
+    collect_spans,
+    decompose,
+    percentile,
+    run_rates,
+)
+
+REPORT_FILE = "report.html"
+VERIFY_MESSAGES = 8  # violation messages shown per failing invariant
+
+SECTIONS = (
+    ("reward", "Reward"),
+    ("lag", "Lag of committed samples"),
+    ("stages", "Time per stage"),
+    ("trainer", "Trainer idle and throughput"),
+    ("offpolicy", "Off-policy health"),
+    ("discards", "Discards"),
+    ("summary", "Summary"),
+    ("config", "Config"),
+)
+
+
+# -- loading a run directory ------------------------------------------------------------
+@dataclass
+class StepPoint:
+    """One committed trainer step as seen in the ledger."""
+
+    t: float  # seconds since the first ``opened``
+    samples: int
+    interval: float  # seconds since the previous commit (or this incarnation's ``opened``)
+    wait_s: float
+    cum_accepted: int
+    cum_wait: float
+
+
+@dataclass
+class LedgerView:
+    spans: Spans
+    stages: list[StageRow]
+    rates: RunRates
+    steps: list[StepPoint]
+    max_staleness: int | None
+    requests: int
+    closed: bool
+
+
+@dataclass
+class RunData:
+    run_dir: Path
+    label: str = ""
+    summary: dict[str, Any] = field(default_factory=dict)
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+    config_text: str | None = None
+    ledger: LedgerView | None = None
+    notes: list[str] = field(default_factory=list)  # what could not be read, and why
+
+
+def _read_json(path: Path, notes: list[str]) -> dict[str, Any]:
+    if not path.is_file():
+        notes.append(f"{path.name} is missing")
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        notes.append(f"{path.name} is unreadable: {exc}")
+        return {}
+    if not isinstance(data, dict):
+        notes.append(f"{path.name} is not a JSON object")
+        return {}
+    return data
+
+
+def _read_metrics(path: Path, notes: list[str]) -> list[dict[str, Any]]:
+    """Parse metrics.jsonl, skipping blank and broken lines (a crash may truncate the last)."""
+    if not path.is_file():
+        notes.append(f"{path.name} is missing")
+        return []
+    rows, bad = [], 0
+    for line in path.read_text(errors="replace").splitlines():
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            bad += 1
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+        else:
+            bad += 1
+    if bad:
+        notes.append(f"{path.name}: skipped {bad} unparsable line(s)")
+    if not rows:
+        notes.append(f"{path.name} has no rows")
+    return rows
+
+
+def _ledger_steps(events: Iterable[ev.Event]) -> tuple[list[StepPoint], int | None, int, bool]:
+    """Per-commit points, the max_staleness in force, request count and whether closed."""
+    t0: float | None = None
+    prev: float | None = None
+    waits: dict[str, float] = {}
+    points: list[StepPoint] = []
+    eta: int | None = None
+    requests = accepted = 0
+    cum_wait = 0.0
+    closed = False
+    for e in events:
+        if isinstance(e, ev.Opened):
+            t0 = e.ts if t0 is None else t0
+            prev, eta, closed = e.ts, e.max_staleness, False
+        elif isinstance(e, ev.Requested):
+            requests += e.size
+        elif isinstance(e, ev.Leased):
+            waits[e.lease] = e.wait_s
+        elif isinstance(e, ev.Committed):
+            base = t0 if t0 is not None else e.ts
+            wait = waits.pop(e.lease, 0.0)
+            accepted += len(e.samples)
+            cum_wait += wait
+            interval = e.ts - prev if prev is not None else 0.0
+            points.append(StepPoint(e.ts - base, len(e.samples), interval, wait, accepted,
+                                    cum_wait))
+            prev = e.ts
+        elif isinstance(e, ev.Closed):
+            closed = True
+    return points, eta, requests, closed
+
+
+def _read_ledger(path: Path, notes: list[str]) -> LedgerView | None:
+    if not path.is_file():
+        notes.append(f"{path.name} is missing")
+        return None
+    try:
+        with Ledger(path, readonly=True) as ledger:
+            spans = collect_spans(e for _, e in ledger.events())
+            rates = run_rates(e for _, e in ledger.events())
+            steps, eta, requests, closed = _ledger_steps(e for _, e in ledger.events())
+    except Exception as exc:  # any unreadable ledger: the report still renders
+        notes.append(f"{path.name} is unreadable: {exc}")
+        return None
+    return LedgerView(spans, decompose(spans), rates, steps, eta, requests, closed)
+
+
+def load_run(run_dir: Path) -> RunData:
+    """Everything the report needs from one run directory; never raises for bad inputs."""
+    run = RunData(Path(run_dir))
+    run.summary = _read_json(run.run_dir / "summary.json", run.notes)
+    run.metrics = _read_metrics(run.run_dir / "metrics.jsonl", run.notes)
+    cfg = run.run_dir / "config.yaml"
+    if cfg.is_file():
+        run.config_text = cfg.read_text(errors="replace")
+    else:
+        run.notes.append("config.yaml is missing")
+    run.ledger = _read_ledger(run.run_dir / LEDGER_FILE, run.notes)
+    mode = run.summary.get("mode")
+    run.label = str(mode) if mode else run.run_dir.name
+    return run
+
+
+# -- small helpers ----------------------------------------------------------------------
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def fmt(value: Any) -> str:
+    """A number or value as short, escaped text ("—" for missing)."""
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return escape(str(value))
+        return f"{value:.4g}" if abs(value) >= 1e-3 or value == 0 else f"{value:.2e}"
+    if isinstance(value, dict | list):
+        return escape(json.dumps(value, sort_keys=True))
+    return escape(str(value))
+
+
+def _pct(value: Any) -> str:
+    v = _num(value)
+    return "—" if v is None else f"{v:.1%}"
+
+
+def _series(
+    rows: Sequence[dict[str, Any]], xkey: str, ykey: str
+) -> tuple[list[float], list[float]]:
+    xs, ys = [], []
+    for i, row in enumerate(rows):
+        x = _num(row.get(xkey, i if xkey == "step" else None))
+        y = _num(row.get(ykey))
+        if x is not None and y is not None:
+            xs.append(x)
+            ys.append(y)
+    return xs, ys
+
+
+def _img(png: bytes, alt: str) -> str:
+    data = base64.b64encode(png).decode("ascii")
+    return f'<img class="plot" alt="{escape(alt)}" src="data:image/png;base64,{data}">'
+
+
+def _nodata(what: str, why: str) -> str:
+    return (f'<div class="nodata"><b>no data</b> for {escape(what)}'
+            f'<br><span>{escape(why)}</span></div>')
+
+
+def _why(run: RunData, *files: str) -> str:
+    hits = [n for n in run.notes if any(n.startswith(f) for f in files)]
+    return "; ".join(hits) or f"{' / '.join(files)} has no such values"
+
+
+def _table(header: Sequence[str], rows: Iterable[Sequence[str]], cls: str = "") -> str:
+    """Cells are pre-escaped HTML; the header is escaped here."""
+    head = "".join(f"<th>{escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows)
+    return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def _labels(run: RunData, baseline: RunData | None) -> None:
+    """Label runs by mode; if both share one, add the directory names."""
+    if baseline is not None and run.label == baseline.label:
+        run.label = f"{run.label} ({run.run_dir.name})"
+        baseline.label = f"{baseline.label} ({baseline.run_dir.name})"
+        if run.label == baseline.label:
+            baseline.label += " [baseline]"
+
+
+# -- section 1: headline and verify -----------------------------------------------------
+def headline(run: RunData) -> dict[str, str]:
+    """The headline figures as display strings, from summary.json, else ledger/metrics."""
+    s, lv = run.summary, run.ledger
+    out: dict[str, str] = {}
+    aps = _num(s.get("accepted_rollouts_per_s"))
+    if aps is None and lv is not None:
+        aps = lv.rates.accepted_per_s
+    out["accepted rollouts/s"] = fmt(aps)
+    first, last = _num(s.get("reward_first")), _num(s.get("reward_last"))
+    rewards = _series(run.metrics, "step", "reward_mean")[1]
+    if first is None and rewards:
+        first = rewards[0]
+    if last is None and rewards:
+        last = rewards[-1]
+    out["reward first → last"] = f"{fmt(first)} → {fmt(last)}"
+    lag: dict[str, Any] = s["lag"] if isinstance(s.get("lag"), dict) else {}
+    lags = [float(x) for x in lv.spans.lags] if lv is not None else []
+    p50 = _num(lag.get("p50")) if lag.get("p50") is not None else (
+        percentile(lags, 50) if lags else None)
+    p99 = _num(lag.get("p99")) if lag.get("p99") is not None else (
+        percentile(lags, 99) if lags else None)
+    mx = lag.get("max") if lag.get("max") is not None else (max(lags) if lags else None)
+    out["lag p50 / p99 / max"] = f"{fmt(p50)} / {fmt(p99)} / {fmt(mx)}"
+    idle = _num(s.get("trainer_idle_ratio"))
+    if idle is None and lv is not None:
+        idle = lv.rates.trainer_idle_ratio
+    out["trainer idle ratio"] = _pct(idle)
+    rate = _num(s.get("discard_rate"))
+    if rate is None and lv is not None and lv.requests:
+        terminal = sum(n for r, n in lv.rates.discards.items() if r not in ev.RETRY_REASONS)
+        rate = terminal / lv.requests
+    out["discard rate"] = _pct(rate)
+    steps = s.get("steps", lv.rates.steps if lv is not None else None)
+    wall = _num(s.get("wall_s"))
+    if wall is None and lv is not None:
+        wall = lv.rates.wall_s
+    out["steps · wall"] = f"{fmt(steps)} · {fmt(wall)} s"
+    return out
+
+
+def _verify_html(run_dir: Path) -> str:
+    try:
+        rep = verify_run(run_dir)
+    except Exception as exc:  # an unreadable ledger or counts.json is itself a failure
+        return (f'<div class="verdict fail"><b>verify: FAIL</b> — could not verify: '
+                f"{escape(str(exc))}</div>")
+    st = rep.stats
+    facts = (f"{fmt(st.get('events'))} events, {fmt(st.get('requests'))} requests, "
+             f"{fmt(st.get('committed'))} committed samples, {fmt(st.get('steps'))} steps, "
+             + ("closed" if rep.closed else "NOT closed (run in progress or crashed)"))
+    if rep.ok:
+        names = ", ".join(INVARIANTS)
+        return (f'<div class="verdict ok"><b>verify: ok</b> — all {len(INVARIANTS)} invariants '
+                f"hold ({escape(names)})<br><span>{facts}</span></div>")
+    items = []
+    for name in INVARIANTS:
+        bad = rep.violations.get(name, [])
+        if not bad:
+            continue
+        msgs = "".join(f"<li><code>{escape(m)}</code></li>" for m in bad[:VERIFY_MESSAGES])
+        if len(bad) > VERIFY_MESSAGES:
+            msgs += f"<li>… and {len(bad) - VERIFY_MESSAGES} more</li>"
+        items.append(f"<li><b>{escape(name)}</b>: {len(bad)} violation(s)<ul>{msgs}</ul></li>")
+    failed = ", ".join(n for n in INVARIANTS if rep.violations.get(n))
+    return (f'<div class="verdict fail"><b>verify: FAIL</b> — {escape(failed)}'
+            f"<br><span>{facts}</span><ul>{''.join(items)}</ul></div>")
+
+
+def _header(run: RunData, baseline: RunData | None) -> str:
+    figs = headline(run)
+    base = headline(baseline) if baseline is not None else None
+    cards = []
+    for key, value in figs.items():
+        sub = (f'<div class="base">{escape(baseline.label)}: {base[key]}</div>'
+               if base is not None and baseline is not None else "")
+        cards.append(f'<div class="card"><div class="k">{escape(key)}</div>'
+                     f'<div class="v">{value}</div>{sub}</div>')
+    notes = ""
+    if run.notes:
+        notes = ('<div class="notes">inputs: '
+                 + "; ".join(escape(n) for n in run.notes) + "</div>")
+    return f'<div class="cards">{"".join(cards)}</div>{_verify_html(run.run_dir)}{notes}'
+
+
+# -- sections 2-8 -----------------------------------------------------------------------
+def _reward_section(run: RunData, baseline: RunData | None) -> str:
+    runs = [run] + ([baseline] if baseline is not None else [])
+    panels = []
+    for xkey, xlabel in (("step", "trainer step"), ("t", "wall time since run start (s)")):
+        lines = []
+        for r in runs:
+            xs, ys = _series(r.metrics, xkey, "reward_mean")
+            if xs:
+                lines.append(plots.Line(r.label, xs, ys, baseline=r is not run))
+        if lines:
+            panels.append(_img(plots.reward_curve(lines, xlabel=xlabel), f"reward vs {xkey}"))
+        else:
+            panels.append(_nodata(f"reward vs {xlabel}", _why(run, "metrics.jsonl")))
+    note = ("<p class='hint'>Reward per trainer step and per second of wall time, side by side"
+            + (f"; dashed: {escape(baseline.label)}" if baseline is not None else "")
+            + ". Throughput alone says nothing about convergence.</p>")
+    return note + f'<div class="grid">{"".join(panels)}</div>'
+
+
+def _lag_section(run: RunData) -> str:
+    lv = run.ledger
+    if lv is None or not lv.spans.lags:
+        return _nodata("lag", _why(run, LEDGER_FILE) if lv is None else "no committed samples")
+    eta = lv.max_staleness
+    if eta is None:
+        eta = _num(run.summary.get("max_staleness"))  # type: ignore[assignment]
+    eta_i = int(eta) if eta is not None else None
+    counts = Counter(lv.spans.lags)
+    n = len(lv.spans.lags)
+    rows = [(fmt(lag), fmt(counts[lag]), _pct(counts[lag] / n)
+             + (" <span class='tag'>over η</span>" if eta_i is not None and lag > eta_i else ""))
+            for lag in sorted(counts)]
+    table = _table(("lag", "samples", "share"), rows, "num")
+    hint = ("<p class='hint'>Lag = trainer version that consumed the sample minus the policy "
+            "version that generated it; the dashed line is the <code>max_staleness</code> "
+            "(η) bound.</p>")
+    return (hint + '<div class="row">'
+            + _img(plots.lag_histogram(lv.spans.lags, eta_i), "lag histogram")
+            + f"<div>{table}</div></div>")
+
+
+def _stage_section(run: RunData, baseline: RunData | None) -> str:
+    lv = run.ledger
+    if lv is None or not lv.spans.total:
+        return _nodata("stage times", _why(run, LEDGER_FILE) if lv is None
+                       else "no committed samples")
+    means = {run.label: {r.stage: r.mean for r in lv.stages}}
+    if baseline is not None and baseline.ledger is not None and baseline.ledger.spans.total:
+        means[baseline.label] = {r.stage: r.mean for r in baseline.ledger.stages}
+    rows = [(escape(r.stage), fmt(r.p50), fmt(r.p95), fmt(r.p99), fmt(r.mean), _pct(r.share))
+            for r in lv.stages]
+    total = lv.spans.total
+    rows.append(("<b>end to end</b>", fmt(percentile(total, 50)), fmt(percentile(total, 95)),
+                 fmt(percentile(total, 99)), fmt(sum(total) / len(total)), "100.0%"))
+    table = _table(("stage", "p50 s", "p95 s", "p99 s", "mean s", "share"), rows, "num")
+    hint = ("<p class='hint'>Per accepted sample: queue (admitted → started), generation, "
+            "transfer, reward, buffer (rewarded → leased), trainer (leased → committed), "
+            f"over {len(total):,} accepted samples of {escape(run.label)}.</p>")
+    return (hint + _img(plots.stage_bars(means), "per-stage time decomposition")
+            + f'<div class="tablewrap">{table}</div>')
+
+
+def _running(r: RunData) -> tuple[list[float], list[float], list[float], list[float]]:
+    """Per commit: t, wait share of that step, running idle ratio, running accepted/s."""
+    assert r.ledger is not None
+    t, share, idle, rate = [], [], [], []
+    for p in r.ledger.steps:
+        t.append(p.t)
+        share.append(min(1.0, p.wait_s / p.interval) if p.interval > 0 else 0.0)
+        idle.append(min(1.0, p.cum_wait / p.t) if p.t > 0 else 0.0)
+        rate.append(p.cum_accepted / p.t if p.t > 0 else 0.0)
+    return t, share, idle, rate
+
+
+def _rate_bins(steps: Sequence[StepPoint]) -> tuple[list[float], list[float]]:
+    """Accepted samples per second in equal wall-time bins (edges, rates)."""
+    end = max((p.t for p in steps), default=0.0)
+    if end <= 0:
+        return [], []
+    n = min(40, max(4, len(steps) // 2))
+    width = end / n
+    counts = [0] * n
+    for p in steps:
+        counts[min(n - 1, int(p.t / width))] += p.samples
+    return [i * width for i in range(n + 1)], [c / width for c in counts]
+
+
+def _trainer_section(run: RunData, baseline: RunData | None) -> str:
+    lv = run.ledger
+    if lv is None or not lv.steps:
+        why = _why(run, LEDGER_FILE) if lv is None else "no committed trainer steps"
+        return (f'<div class="grid">{_nodata("trainer idle", why)}'
+                f'{_nodata("throughput", why)}</div>')
+    t, share, idle, rate = _running(run)
+    base_idle = base_rate = None
+    if baseline is not None and baseline.ledger is not None and baseline.ledger.steps:
+        bt, _, bidle, brate = _running(baseline)
+        base_idle = plots.Line(f"{baseline.label}: running idle ratio", bt, bidle, True)
+        base_rate = plots.Line(f"{baseline.label}: running accepted/s", bt, brate, True)
+    idle_png = plots.per_step_chart(
+        plots.Line("wait share of each step", t, share),
+        plots.Line("running idle ratio", t, idle), base_idle,
+        title="Trainer idle over time", ylabel="waiting for data (share)", ratio=True)
+    edges, rates = _rate_bins(lv.steps)
+    tput_png = plots.rate_chart(
+        edges, rates, plots.Line("running accepted/s", t, rate), base_rate,
+        title="Throughput over time", ylabel="accepted rollouts / s")
+    hint = ("<p class='hint'>From the ledger. Idle: for each committed step, the trainer's wait "
+            "for its batch (<code>leased.wait_s</code>) as a share of the time since the "
+            "previous commit. Throughput: samples committed per second, in equal wall-time "
+            "bins and as a running average since the run started.</p>")
+    return (hint + f'<div class="grid">{_img(idle_png, "trainer idle over time")}'
+            f'{_img(tput_png, "throughput over time")}</div>')
+
+
+def _offpolicy_section(run: RunData) -> str:
+    wanted = (
+        ("importance weight", (("is_weight_mean", "mean"), ("is_weight_max", "max"))),
+        ("mismatch KL", (("mismatch_kl", "mismatch KL"),)),
+        ("clip fraction", (("clip_frac", "clip fraction"),)),
+        ("lag", (("lag_mean", "mean"), ("lag_max", "max"))),
+    )
+    panels = []
+    for ylabel, keys in wanted:
+        lines = []
+        for key, label in keys:
+            xs, ys = _series(run.metrics, "step", key)
+            if xs:
+                lines.append(plots.Line(label, xs, ys))
+        if lines:
+            panels.append((ylabel, lines))
+    if not panels:
+        return _nodata("off-policy health", _why(run, "metrics.jsonl"))
+    return _img(plots.off_policy_panels(panels), "off-policy health")
+
+
+def _discard_section(run: RunData) -> str:
+    lv = run.ledger
+    if lv is not None:
+        counts, source, requests = lv.rates.discards, "ledger", lv.requests
+    else:
+        raw = run.summary.get("discards")
+        counts = {str(k): int(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
+        source, requests = "summary.json", 0
+    if not counts:
+        if lv is not None or isinstance(run.summary.get("discards"), dict):
+            return "<p>No discards.</p>"
+        return _nodata("discards", _why(run, LEDGER_FILE, "summary.json"))
+    total = sum(counts.values())
+    rows = []
+    for reason, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
+        retry = " <span class='tag'>re-issued</span>" if reason in ev.RETRY_REASONS else ""
+        per_req = _pct(n / requests) if requests else "—"
+        rows.append((escape(reason) + retry, fmt(n), _pct(n / total), per_req))
+    rows.append(("<b>total</b>", fmt(total), "100.0%", _pct(total / requests) if requests else "—"))
+    hint = (f"<p class='hint'>Source: {source}. <i>re-issued</i> reasons start a new attempt of "
+            "the same request; all others end the request (when summary.json has no "
+            "<code>discard_rate</code>, the headline counts only those, per request).</p>")
+    header = ("reason", "count", "share of discards", "per request")
+    return hint + _table(header, rows, "num")
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v and prefix.count(".") < 2:
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def _summary_section(run: RunData, baseline: RunData | None) -> str:
+    mine = _flatten({k: v for k, v in run.summary.items() if k != "config"})
+    if not mine:
+        return _nodata("summary", _why(run, "summary.json"))
+    if baseline is None:
+        rows: list[tuple[str, ...]] = [(f"<code>{escape(k)}</code>", fmt(v))
+                                       for k, v in mine.items()]
+        return _table(("key", "value"), rows, "kv")
+    theirs = _flatten({k: v for k, v in baseline.summary.items() if k != "config"})
+    keys = list(dict.fromkeys([*mine, *theirs]))
+    rows = [(f"<code>{escape(k)}</code>", fmt(mine.get(k)), fmt(theirs.get(k))) for k in keys]
+    return _table(("key", run.label, baseline.label), rows, "kv")
+
+
+def _config_section(run: RunData) -> str:
+    if run.config_text is not None:
+        return f"<p class='hint'>config.yaml, verbatim</p><pre>{escape(run.config_text)}</pre>"
+    cfg = run.summary.get("config")
+    if isinstance(cfg, dict) and cfg:
+        text = yaml.safe_dump(cfg, sort_keys=False)
+        return f"<p class='hint'>from summary.json (no config.yaml)</p><pre>{escape(text)}</pre>"
+    return _nodata("config", _why(run, "config.yaml"))
+
+
+# -- assembly -----------------------------------------------------------------------------
+_CSS = """
+body{font:14px/1.45 -apple-system,'Segoe UI',Roboto,Helvetica,Arial,sans-serif;color:#222;
+  margin:0;background:#f6f7f9}
+main{max-width:1240px;margin:0 auto;padding:20px 28px 60px}
+h1{font-size:22px;margin:4px 0 2px}h1 small{font-weight:normal;color:#666;font-size:14px}
+h2{font-size:17px;margin:30px 0 8px;padding-bottom:4px;border-bottom:1px solid #dde}
+nav{font-size:13px;margin:6px 0 14px}nav a{margin-right:12px;color:#1f5fa8;text-decoration:none}
+.cards{display:flex;flex-wrap:wrap;gap:10px;margin:12px 0}
+.card{background:#fff;border:1px solid #e1e4e8;border-radius:6px;padding:8px 14px;min-width:150px}
+.card .k{font-size:12px;color:#666}.card .v{font-size:20px;font-weight:600;white-space:nowrap}
+.card .base{font-size:12px;color:#b35900;white-space:nowrap}
+.verdict{border-radius:6px;padding:10px 14px;margin:10px 0}
+.verdict span{font-size:12px;color:#444}
+.ok{background:#e8f6ec;border:1px solid #7cc48d;color:#155724}
+.fail{background:#fdecea;border:1px solid #e0837a;color:#8a1c12}
+.fail code{font-size:12px;color:#5a120b}
+.notes{font-size:12px;color:#8a6d00;margin:4px 0}
+.row{display:flex;gap:18px;align-items:flex-start;flex-wrap:wrap}
+.row img.plot{max-width:660px}
+.grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(460px,1fr));gap:14px}
+img.plot{max-width:100%;height:auto;background:#fff;border:1px solid #e1e4e8;border-radius:6px;
+  display:block}
+.nodata{background:#fff;border:1px dashed #bbb;border-radius:6px;padding:40px 16px;
+  text-align:center;color:#888}
+.nodata span{font-size:12px}
+.hint{font-size:12px;color:#666;margin:2px 0 8px}
+table{border-collapse:collapse;background:#fff;margin:10px 0;font-size:13px}
+th,td{border:1px solid #e1e4e8;padding:4px 10px;text-align:left}
+th{background:#f0f2f5}table.num td+td{text-align:right;font-variant-numeric:tabular-nums}
+table.kv td+td{font-variant-numeric:tabular-nums}
+.tag{font-size:11px;background:#eef;color:#335;border-radius:3px;padding:0 4px}
+pre{background:#fff;border:1px solid #e1e4e8;border-radius:6px;padding:10px 14px;
+  overflow-x:auto;font-size:12px}
+"""
+
+
+def render(run: RunData, baseline: RunData | None = None) -> str:
+    """The report page for ``run`` (and optionally ``baseline``) as an HTML string."""
+    _labels(run, baseline)
+    bodies = {
+        "reward": _reward_section(run, baseline),
+        "lag": _lag_section(run),
+        "stages": _stage_section(run, baseline),
+        "trainer": _trainer_section(run, baseline),
+        "offpolicy": _offpolicy_section(run),
+        "discards": _discard_section(run),
+        "summary": _summary_section(run, baseline),
+        "config": _config_section(run),
+    }
+    nav = "".join(f'<a href="#{key}">{escape(title)}</a>' for key, title in SECTIONS)
+    sections = "".join(f'<section id="{key}"><h2>{escape(title)}</h2>{bodies[key]}</section>'
+                       for key, title in SECTIONS)
+    versus = (f" <small>vs baseline {escape(baseline.label)} "
+              f"(<code>{escape(str(baseline.run_dir))}</code>)</small>" if baseline else "")
+    title = f"freshroll report: {run.run_dir.name}"
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        f"<title>{escape(title)}</title><style>{_CSS}</style></head><body><main>"
+        f"<h1>{escape(title)} <small>{escape(run.label)}</small>{versus}</h1>"
+        f"<div class=\"hint\"><code>{escape(str(run.run_dir))}</code></div>"
+        f"<nav>{nav}</nav>{_header(run, baseline)}{sections}</main></body></html>\n"
+    )
+
+
+def write_report(run_dir: Path, *, baseline: Path | None = None, out: Path | None = None) -> Path:
+    """Write the self-contained HTML report of ``run_dir``; returns its path.
+
+    ``baseline`` (e.g. the synchronous run of the same config) is overlaid on the
+    reward plots and shown next to the headline figures. ``out`` defaults to
+    ``run_dir/report.html``. The file is written atomically (temp file + rename).
+    """
+    run_dir = Path(run_dir)
+    run = load_run(run_dir)
+    base = load_run(Path(baseline)) if baseline is not None else None
+    page = render(run, base)
+    target = Path(out) if out is not None else run_dir / REPORT_FILE
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp.write_text(page, encoding="utf-8")
+    tmp.replace(target)
+    return target
+
+
+__all__ = ["REPORT_FILE", "SECTIONS", "RunData", "headline", "load_run", "render",
+           "write_report"]

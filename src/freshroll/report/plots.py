@@ -1,0 +1,259 @@
+"""Small matplotlib figures for the HTML run report, each rendered to PNG bytes.
+
+One function per figure. Each takes plain data (sequences, mappings, :class:`Line`)
+and returns the PNG bytes of one figure, drawn with the Agg backend on a fresh
+:class:`~matplotlib.figure.Figure` (no pyplot global state: nothing leaks between
+calls and nothing opens a window). :mod:`freshroll.report.html` decides what to
+plot and embeds the bytes; these functions only draw.
+
+Conventions shared by every figure: the run under report is drawn in solid
+colour, a baseline (e.g. the synchronous run) dashed in grey-orange; short
+series get point markers so that a 3-step run is still visible.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ParamSpec
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+P = ParamSpec("P")
+RUN_COLOR = "#1f77b4"
+BASELINE_COLOR = "#ff7f0e"
+LIMIT_COLOR = "#d62728"
+STAGE_COLORS = ("#8c8c8c", "#1f77b4", "#17becf", "#2ca02c", "#ff7f0e", "#9467bd")
+WIDTH, HEIGHT, WIDE, DPI = 6.0, 3.3, 11.0, 110
+_RC: dict[str, Any] = {
+    "font.size": 9,
+    "axes.titlesize": 10,
+    "axes.labelsize": 9,
+    "legend.fontsize": 8,
+    "xtick.labelsize": 8,
+    "ytick.labelsize": 8,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+}
+
+
+@dataclass(frozen=True)
+class Line:
+    """One labelled series; ``baseline`` lines are drawn dashed in the baseline colour."""
+
+    label: str
+    x: Sequence[float]
+    y: Sequence[float]
+    baseline: bool = False
+    style: dict[str, object] = field(default_factory=dict)
+
+
+def _styled(fn: Callable[P, bytes]) -> Callable[P, bytes]:
+    """Draw the whole figure under the report's rc style (fonts, grid, spines)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> bytes:
+        with matplotlib.rc_context(_RC):  # type: ignore[arg-type]
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def _figure(height: float = HEIGHT, width: float = WIDTH) -> Figure:
+    return Figure(figsize=(width, height), dpi=DPI, layout="constrained")
+
+
+def _png(fig: Figure) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI)
+    return buf.getvalue()
+
+
+def _axes(fig: Figure, *args: int) -> Axes:
+    return fig.add_subplot(*args)
+
+
+def _draw(ax: Axes, line: Line, color: str | None = None) -> None:
+    few = len(line.x) <= 40
+    style: dict[str, object] = {
+        "color": color or (BASELINE_COLOR if line.baseline else RUN_COLOR),
+        "linestyle": "--" if line.baseline else "-",
+        "linewidth": 1.6,
+        "marker": "o" if few else None,
+        "markersize": 3,
+    }
+    style.update(line.style)
+    ax.plot(list(line.x), list(line.y), label=line.label, **style)  # type: ignore[arg-type]
+
+
+@_styled
+def line_chart(
+    lines: Sequence[Line], *, title: str, xlabel: str, ylabel: str,
+    ylim: tuple[float | None, float | None] | None = None,
+) -> bytes:
+    """Generic line chart (reward vs step, reward vs wall time, ...); legend if >1 line."""
+    fig = _figure()
+    ax = _axes(fig)
+    for line in lines:
+        _draw(ax, line)
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if ylim is not None:
+        ax.set_ylim(*ylim)
+    if len(lines) > 1:
+        ax.legend(loc="best", frameon=False)
+    return _png(fig)
+
+
+@_styled
+def reward_curve(lines: Sequence[Line], *, xlabel: str) -> bytes:
+    """Mean reward per trainer step against ``xlabel`` (step or wall time)."""
+    by = "step" if "step" in xlabel else "wall time"
+    return line_chart(lines, title=f"Reward vs {by}", xlabel=xlabel, ylabel="mean reward")
+
+
+@_styled
+def lag_histogram(lags: Sequence[int], max_staleness: int | None) -> bytes:
+    """Committed samples per integer lag, with the ``max_staleness`` bound marked."""
+    fig = _figure()
+    ax = _axes(fig)
+    top = max([*lags, -1 if max_staleness is None else max_staleness + 1, 0]) + 1
+    counts = [0] * top
+    for lag in lags:
+        if 0 <= lag < top:
+            counts[lag] += 1
+    over = [max_staleness is not None and lag > max_staleness for lag in range(top)]
+    colors = [LIMIT_COLOR if o else RUN_COLOR for o in over]
+    ax.bar(range(top), counts, width=0.8, color=colors, zorder=2)
+    for x, n in enumerate(counts):
+        if n:
+            ax.annotate(f"{n}", (x, n), ha="center", va="bottom", fontsize=8,
+                        xytext=(0, 2), textcoords="offset points")
+    if max_staleness is not None:
+        ax.axvline(max_staleness + 0.5, color=LIMIT_COLOR, linestyle="--", linewidth=1.5,
+                   label=f"max_staleness η = {max_staleness} (allowed: lag ≤ η)")
+        fig.legend(loc="outside lower center", frameon=False)
+    ax.set_xticks(range(top))
+    ax.set_xlim(-0.6, top - 0.4)
+    ax.set_ylim(0, max([*counts, 1]) * 1.15)
+    ax.set_title(f"Lag of committed samples (n = {len(lags)})")
+    ax.set_xlabel("lag (trainer steps)")
+    ax.set_ylabel("samples")
+    ax.grid(axis="x", visible=False)
+    return _png(fig)
+
+
+@_styled
+def stage_bars(means: Mapping[str, Mapping[str, float]]) -> bytes:
+    """Horizontal stacked bar per run: mean seconds per stage of an accepted sample."""
+    runs = list(means)
+    stages = list(dict.fromkeys(s for run in runs for s in means[run]))
+    fig = _figure(height=1.6 + 0.5 * len(runs), width=WIDE)
+    ax = _axes(fig)
+    left = [0.0] * len(runs)
+    total = max((sum(means[r].values()) for r in runs), default=0.0) or 1.0
+    for i, stage in enumerate(stages):
+        widths = [means[r].get(stage, 0.0) for r in runs]
+        bars = ax.barh(runs, widths, left=left, height=0.6, label=stage,
+                       color=STAGE_COLORS[i % len(STAGE_COLORS)], zorder=2)
+        for bar, w in zip(bars, widths, strict=True):
+            if w / total > 0.05:
+                ax.text(bar.get_x() + w / 2, bar.get_y() + bar.get_height() / 2, f"{w:.3g}",
+                        ha="center", va="center", fontsize=8, color="white")
+        left = [a + w for a, w in zip(left, widths, strict=True)]
+    ax.invert_yaxis()
+    ax.set_xlabel("mean seconds per accepted sample (request → commit)")
+    ax.set_title("Where an accepted sample's time goes")
+    ax.grid(axis="y", visible=False)
+    fig.legend(loc="outside lower center", ncol=len(stages), frameon=False, handlelength=1.2)
+    return _png(fig)
+
+
+@_styled
+def per_step_chart(
+    per_step: Line, cumulative: Line | None, baseline: Line | None, *,
+    title: str, ylabel: str, ratio: bool = False,
+) -> bytes:
+    """Per-step values as faint points, the running (cumulative) value as a solid line."""
+    fig = _figure()
+    ax = _axes(fig)
+    ax.plot(list(per_step.x), list(per_step.y), color=RUN_COLOR, alpha=0.45, linewidth=1,
+            marker="o", markersize=3, label=per_step.label)
+    _finish_over_time(ax, cumulative, baseline, title, ylabel, ratio)
+    return _png(fig)
+
+
+@_styled
+def rate_chart(
+    edges: Sequence[float], rates: Sequence[float], cumulative: Line | None,
+    baseline: Line | None, *, title: str, ylabel: str,
+) -> bytes:
+    """A rate per time bin (``edges`` has one more entry than ``rates``) as a filled step plot,
+    with the running rate as a solid line; robust to bursts of commits at one instant."""
+    fig = _figure()
+    ax = _axes(fig)
+    if rates:
+        ax.stairs(list(rates), list(edges), fill=True, color=RUN_COLOR, alpha=0.25,
+                  label=f"per {edges[1] - edges[0]:.3g} s bin", zorder=2)
+    _finish_over_time(ax, cumulative, baseline, title, ylabel, ratio=False)
+    return _png(fig)
+
+
+def _finish_over_time(
+    ax: Axes, cumulative: Line | None, baseline: Line | None, title: str, ylabel: str,
+    ratio: bool,
+) -> None:
+    if cumulative is not None:
+        ax.plot(list(cumulative.x), list(cumulative.y), color=RUN_COLOR, linewidth=2,
+                label=cumulative.label)
+    if baseline is not None:
+        ax.plot(list(baseline.x), list(baseline.y), color=BASELINE_COLOR, linestyle="--",
+                linewidth=2, label=baseline.label)
+    ax.set_title(title)
+    ax.set_xlabel("wall time since run start (s)")
+    ax.set_ylabel(ylabel)
+    if ratio:
+        ax.set_ylim(-0.02, 1.05)
+    else:
+        ax.set_ylim(bottom=0, top=max(ax.get_ylim()[1], 1e-9) * 1.12)
+    ax.set_xlim(left=0)
+    handles, labels = ax.get_legend_handles_labels()
+    ax.figure.legend(handles, labels, loc="outside lower center", ncol=min(3, len(labels)),
+                     frameon=False, fontsize=7.5, handlelength=1.6)
+
+
+@_styled
+def off_policy_panels(panels: Sequence[tuple[str, Sequence[Line]]]) -> bytes:
+    """Stacked panels sharing the step axis (IS weights, mismatch KL, clip fraction, ...)."""
+    fig = _figure(height=1.0 + 1.55 * len(panels), width=WIDE)
+    axes = [_axes(fig, len(panels), 1, i + 1) for i in range(len(panels))]
+    for i, (ax, (ylabel, lines)) in enumerate(zip(axes, panels, strict=True)):
+        palette = (RUN_COLOR, "#d62728", "#2ca02c", "#9467bd")
+        for j, line in enumerate(lines):
+            _draw(ax, line, None if line.baseline else palette[j % len(palette)])
+        ax.set_ylabel(ylabel)
+        if len(lines) > 1:
+            ax.legend(loc="upper left", frameon=False, ncol=len(lines), bbox_to_anchor=(1.0, 1.0))
+        if i > 0:
+            ax.sharex(axes[0])
+        if i < len(panels) - 1:
+            ax.tick_params(labelbottom=False)
+    axes[0].set_title("Off-policy health per trainer step")
+    axes[-1].set_xlabel("trainer step")
+    return _png(fig)
+
+
+__all__ = [
+    "Line", "lag_histogram", "line_chart", "off_policy_panels", "per_step_chart",
+    "rate_chart", "reward_curve", "stage_bars",
+]

@@ -1,0 +1,239 @@
+"""The inline orchestrator: one asyncio pipeline that owns every task of a run.
+
+Tasks (all children of one ``asyncio.TaskGroup``; none is fire-and-forget)::
+
+    feeder      admits prompts while the freshness window has capacity
+    worker i    takes queued requests, loads the newest published weights,
+                generates (in its own thread), reports completions
+    rewarder    scores completions with the RewardSet (in a thread), records
+                rewards or ``reward_error`` discards
+    trainer     waits for a lease of ``batch_groups`` fresh groups (the wait is
+                the trainer's idle time), runs one GRPO step (in its thread),
+                checkpoints, commits durably, publishes the new weights
+
+Blocking compute never runs on the event loop. The only queue (completions
+waiting for a reward) is bounded. Every state change goes through the
+:class:`~freshroll.buffer.SampleBuffer`, so the ledger sees it.
+
+``max_staleness = 0`` gives the synchronous baseline with the same code: the
+window admits one batch per policy version, so generation, scoring and
+training run in lockstep. ``max_staleness >= 1`` lets workers generate the
+next batches while the trainer trains.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import torch
+
+from freshroll import events as ev
+from freshroll.buffer import Outcome, SampleBuffer
+from freshroll.config import Config
+from freshroll.engines.base import Completion, InferenceEngine
+from freshroll.lineage import PolicyVersion, SampleId
+from freshroll.rewards.scoring import RewardSet
+from freshroll.rewards.tasks import Prompt
+from freshroll.runtime import payload as pl
+from freshroll.trainer.grpo import GRPOLearner, TrainSample
+
+
+class _Stop(Exception):
+    """Raised by the trainer task when the run has committed its steps."""
+
+
+@dataclass
+class StepReport:
+    step: int
+    version: PolicyVersion
+    metrics: dict[str, float]
+    wait_s: float
+    train_s: float
+
+
+@dataclass
+class Published:
+    version: PolicyVersion
+    weights: dict[str, torch.Tensor] | None  # None: the engines' initial weights
+
+
+@dataclass
+class Pipeline:
+    buf: SampleBuffer
+    engines: Sequence[InferenceEngine]
+    learner: GRPOLearner
+    rewards: RewardSet
+    prompts: dict[str, Prompt]
+    prompt_order: list[str]
+    cfg: Config
+    on_step: Callable[[StepReport], None]
+    before_commit: Callable[[PolicyVersion, GRPOLearner], None]
+    published: Published | None = None
+    _changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    # -- plumbing ----------------------------------------------------------------
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def run(self) -> None:
+        """Run until ``cfg.run.steps`` steps are committed in total."""
+        if self.published is None:
+            self.published = Published(self.buf.version, None)  # type: ignore[arg-type]
+        self._reward_q: asyncio.Queue[tuple[SampleId, Completion]] = asyncio.Queue(
+            maxsize=max(64, 4 * self.cfg.rollout.worker_batch)
+        )
+        self._trainer_pool = ThreadPoolExecutor(1, thread_name_prefix="trainer")
+        self._pools = [
+            ThreadPoolExecutor(1, thread_name_prefix=f"worker{i}") for i in range(len(self.engines))
+        ]
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(self._feeder(), name="feeder")
+                for i, engine in enumerate(self.engines):
+                    tg.create_task(self._worker(i, engine), name=f"worker{i}")
+                tg.create_task(self._rewarder(), name="rewarder")
+                tg.create_task(self._trainer(), name="trainer")
+        except* _Stop:
+            pass
+        finally:
+            for pool in (*self._pools, self._trainer_pool):
+                pool.shutdown(wait=True, cancel_futures=True)
+
+    # -- feeder ------------------------------------------------------------------
+    async def _feeder(self) -> None:
+        buf = self.buf
+        while True:
+            changed = self._changed
+            n = buf.capacity()
+            for _ in range(n):
+                buf.admit(self.prompt_order[buf.groups_admitted % len(self.prompt_order)])
+            if n:
+                self._notify()
+            await changed.wait()
+
+    # -- inference workers --------------------------------------------------------
+    async def _worker(self, i: int, engine: InferenceEngine) -> None:
+        buf, ro, loop = self.buf, self.cfg.rollout, asyncio.get_running_loop()
+        name = f"w{i}"
+        epoch = buf.register_worker(name)
+        loaded: PolicyVersion | None = None
+        while True:
+            changed = self._changed
+            pub = self.published
+            assert pub is not None
+            if loaded != pub.version:
+                if pub.weights is not None:
+                    secs = await loop.run_in_executor(
+                        self._pools[i], engine.load_weights, pub.weights
+                    )
+                    buf.record(ev.WeightsLoaded(
+                        ts=buf.clock.now(), worker=name, epoch=epoch, version=str(pub.version),
+                        transfer_s=secs,
+                    ))
+                loaded = pub.version
+                continue
+            rids = buf.take_requests(ro.worker_batch)
+            if not rids:
+                await changed.wait()
+                continue
+            sids = [buf.start(r, name, epoch, loaded) for r in rids]
+            texts = [self.prompts[buf.prompt_of(r)].text for r in rids]
+            try:
+                comps = await loop.run_in_executor(self._pools[i], self._generate, engine, texts)
+            except Exception as exc:  # engine failure: these requests end, the run goes on
+                for sid in sids:
+                    buf.discard(sid, "generation_error", f"{type(exc).__name__}: {exc}"[:300])
+                self._notify()
+                continue
+            for sid, comp in zip(sids, comps, strict=True):
+                out = buf.complete(
+                    sid, tokens=len(comp.token_ids), gen_s=comp.gen_s, payload=pl.encode(comp)
+                )
+                if out is Outcome.ACCEPTED:
+                    await self._reward_q.put((sid, comp))
+
+    def _generate(self, engine: InferenceEngine, texts: list[str]) -> list[Completion]:
+        ro = self.cfg.rollout
+        return engine.generate(
+            texts, max_new_tokens=ro.max_new_tokens, temperature=ro.temperature, top_p=ro.top_p
+        )
+
+    # -- rewards -----------------------------------------------------------------
+    async def _rewarder(self) -> None:
+        buf, version = self.buf, str(self.rewards.version)
+        for sid in buf.unrewarded():  # recovered: generated before a crash, never scored
+            data = buf.payload(sid)
+            if data is None:
+                buf.discard(sid, "invalid", "payload lost")
+                continue
+            p = pl.decode(data)
+            await self._reward_q.put((sid, Completion(
+                tuple(p.prompt_ids), tuple(p.token_ids), tuple(p.logprobs), p.text,
+                p.finish_reason, 0.0,
+            )))
+        while True:
+            items = [await self._reward_q.get()]
+            while not self._reward_q.empty() and len(items) < 256:
+                items.append(self._reward_q.get_nowait())
+            prompts = [self.prompts[buf.prompt_of(sid)] for sid, _ in items]
+            t0 = time.perf_counter()
+            scores = await asyncio.to_thread(
+                self.rewards.score, [p.text for p in prompts], [c.text for _, c in items],
+                answer=[p.answer for p in prompts],
+            )
+            per_sample = (time.perf_counter() - t0) / len(items)
+            for (sid, _), score in zip(items, scores, strict=True):
+                if score.value is None:
+                    buf.discard(sid, "reward_error", score.error or "reward_error")
+                else:
+                    buf.reward(sid, score.value, version, per_sample)
+            self._notify()
+
+    # -- trainer -----------------------------------------------------------------
+    async def _trainer(self) -> None:
+        buf, loop = self.buf, asyncio.get_running_loop()
+        while buf.counts["steps"] < self.cfg.run.steps:
+            t0 = buf.clock.now()
+            while True:
+                changed = self._changed
+                wait_s = buf.clock.now() - t0
+                lease = buf.lease(wait_s=wait_s)
+                if lease is not None:
+                    break
+                await changed.wait()
+            self._notify()  # stale discards free admission capacity
+            samples = self._train_samples(lease.samples, lease.version)
+            metrics = await loop.run_in_executor(self._trainer_pool, self.learner.step, samples)
+            parent = buf.version
+            assert parent is not None
+            child = parent.child(lease.samples, self.learner.settings_digest)
+            await loop.run_in_executor(self._trainer_pool, self.before_commit, child, self.learner)
+            version = buf.commit(lease.id, self.learner.settings_digest, train_s=metrics["train_s"])
+            self.published = Published(version, self.learner.weights())
+            self.on_step(StepReport(version.step, version, metrics, wait_s, metrics["train_s"]))
+            self._notify()
+        raise _Stop
+
+    def _train_samples(self, samples: Sequence[str], consumer: int) -> list[TrainSample]:
+        out, groups = [], {}
+        for sid in samples:
+            reward, step = self.buf.sample_info(sid)
+            data = self.buf.payload(sid)
+            assert data is not None, f"payload of {sid} missing"
+            p = pl.decode(data)
+            gid = sid.partition(".")[0]
+            out.append(TrainSample(
+                p.prompt_ids, p.token_ids, p.logprobs, reward,
+                groups.setdefault(gid, len(groups)), consumer - step,
+            ))
+        return out
+
+
+def run_pipeline(pipeline: Pipeline) -> None:
+    asyncio.run(pipeline.run())
+

@@ -1,0 +1,241 @@
+"""``freshroll run``: build a run's components from its config and drive them.
+
+A recipe of plain components (torchtune style)::
+
+    config -> run dir (config.yaml) -> model (tiny, or a local from_pretrained path)
+           -> prompts + rewards -> ledger + sample buffer (fresh, or recovered on --resume)
+           -> learner (+ checkpoint matching the ledger's version on resume)
+           -> engines -> pipeline.run() -> drain -> counts, summary, report, verify
+
+Exactly-once across crashes: a step's checkpoint is written (atomically) BEFORE
+its ``committed`` event is made durable. On resume, the ledger's current policy
+version picks the checkpoint; a checkpoint newer than the ledger (crash between
+the two) is ignored, and its lease, released by recovery, is trained again.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import sys
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+
+from freshroll.buffer import KernelConfig, SampleBuffer
+from freshroll.clock import RealClock
+from freshroll.config import Config, load_config, read_yaml, validate
+from freshroll.engines.hf import HFEngine
+from freshroll.engines.tiny import model_digest, save_tiny
+from freshroll.errors import ConfigError
+from freshroll.ledger import LEDGER_FILE, open_ledger
+from freshroll.lineage import PolicyVersion
+from freshroll.rewards.scoring import build_reward_set
+from freshroll.rewards.tasks import Prompt, load_prompts, make_prompts
+from freshroll.runtime.pipeline import Pipeline, StepReport, run_pipeline
+from freshroll.runtime.summary import write_summary
+from freshroll.trainer.checkpoint import (
+    checkpoint_dir,
+    load_checkpoint,
+    save_checkpoint,
+)
+from freshroll.trainer.grpo import GRPOLearner
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    summary: dict[str, Any]
+    ok: bool
+
+
+def prepare_run_dir(cfg: Config | None, out: Path, resume: bool) -> Config:
+    """Create ``out`` (or check it for ``--resume``) and return the config in force."""
+    if resume:
+        if not (out / LEDGER_FILE).is_file():
+            raise ConfigError(f"{out}: nothing to resume (no {LEDGER_FILE})")
+        saved = validate(read_yaml(out / "config.yaml"), str(out / "config.yaml"))
+        if cfg is not None and cfg.run.steps != saved.run.steps:
+            saved = saved.model_copy(update={"run": saved.run.model_copy(
+                update={"steps": cfg.run.steps})})
+        (out / "config.yaml").write_text(saved.to_yaml())
+        return saved
+    assert cfg is not None
+    if (out / LEDGER_FILE).exists():
+        raise ConfigError(f"{out}: already holds a run; use --resume or another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(cfg.to_yaml())
+    return cfg
+
+
+def model_path(cfg: Config, run_dir: Path) -> Path:
+    """The initial model: the user's local path, or the embedded tiny model saved in the run."""
+    if cfg.model.path is not None:
+        path = Path(cfg.model.path)
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"model.path: {path} has no config.json (a local model dir)")
+        return path
+    path = run_dir / "model"
+    if not (path / "config.json").is_file():
+        save_tiny(path, seed=cfg.model.tiny_seed, **cfg.model.tiny)
+    return path
+
+
+def load_task_prompts(cfg: Config) -> list[Prompt]:
+    t = cfg.task
+    if t.file is not None:
+        return load_prompts(t.file, t.prompt_field, t.answer_field)
+    return make_prompts(t.name, t.n_prompts, cfg.run.seed, **t.params)
+
+
+class Recorder:
+    """metrics.jsonl, the live progress line, and checkpoints (write-ahead of commits)."""
+
+    def __init__(self, run_dir: Path, cfg: Config, buf: SampleBuffer, stream: TextIO) -> None:
+        self.run_dir, self.cfg, self.buf, self.stream = run_dir, cfg, buf, stream
+        self.t0 = time.time()
+        self.accepted0 = buf.counts["committed"]
+        self.wait_total = 0.0
+        self.metrics = (run_dir / "metrics.jsonl").open("a")
+
+    def before_commit(self, version: PolicyVersion, learner: GRPOLearner) -> None:
+        root = self.run_dir / "checkpoints"
+        save_checkpoint(
+            checkpoint_dir(root, version.step), model_state=learner.model.state_dict(),
+            optimizer=learner.optimizer, meta={"step": version.step, "version": str(version)},
+        )
+        keep = self.cfg.trainer.keep_checkpoints
+        for old in sorted(root.glob("step-*"))[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def on_step(self, r: StepReport) -> None:
+        elapsed = time.time() - self.t0
+        self.wait_total += r.wait_s
+        accepted = self.buf.counts["committed"] - self.accepted0
+        row = {
+            "step": r.step, "t": elapsed, "version": str(r.version), **r.metrics,
+            "trainer_wait_s": r.wait_s, "accepted_total": self.buf.counts["committed"],
+            "accepted_per_s": accepted / elapsed if elapsed > 0 else 0.0,
+            "trainer_idle_ratio": self.wait_total / elapsed if elapsed > 0 else 0.0,
+        }
+        self.metrics.write(json.dumps(row) + "\n")
+        self.metrics.flush()
+        if self.cfg.run.progress:
+            c = self.buf.counts
+            discards = sum(v for k, v in c.items() if k.startswith("discarded_"))
+            self.stream.write(
+                f"step {r.step:>4}/{self.cfg.run.steps}  reward {row['reward_mean']:.3f}  "
+                f"accepted/s {row['accepted_per_s']:7.1f}  lag {row['lag_mean']:.2f} "
+                f"(max {row['lag_max']:.0f}/{self.cfg.run.max_staleness})  "
+                f"idle {row['trainer_idle_ratio']:5.1%}  discards {discards}  "
+                f"t {elapsed:6.1f}s\n"
+            )
+            self.stream.flush()
+
+    def close(self) -> None:
+        self.metrics.close()
+
+
+def _checkpoint_for(run_dir: Path, version: PolicyVersion) -> Path | None:
+    for path in sorted((run_dir / "checkpoints").glob("step-*"), reverse=True):
+        meta = path / "meta.json"
+        if meta.is_file() and json.loads(meta.read_text()).get("version") == str(version):
+            return path
+    return None
+
+
+def build_learner(cfg: Config, path: Path, buf: SampleBuffer, run_dir: Path) -> GRPOLearner:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
+    tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    learner = GRPOLearner(
+        model, cfg.trainer, temperature=cfg.rollout.temperature, pad_id=int(pad),
+        max_new_tokens=cfg.rollout.max_new_tokens,
+    )
+    assert buf.version is not None
+    if buf.version.step > 0:
+        ckpt_path = _checkpoint_for(run_dir, buf.version)
+        if ckpt_path is None:
+            raise ConfigError(f"{run_dir}: no checkpoint holds policy {buf.version}")
+        ckpt = load_checkpoint(ckpt_path)
+        model.load_state_dict(ckpt.model_state)
+        if ckpt.optimizer_state is not None:
+            learner.optimizer.load_state_dict(ckpt.optimizer_state)
+    return learner
+
+
+def run(
+    cfg: Config | None, out: Path, *, resume: bool = False, stream: TextIO = sys.stderr
+) -> RunResult:
+    """Run (or resume) a training run in ``out``; returns the summary and verify result."""
+    from freshroll.harness.verify import verify_run
+
+    cfg = prepare_run_dir(cfg, out, resume)
+    _quiet_transformers()
+    torch.set_num_threads(cfg.run.torch_threads)
+    torch.manual_seed(cfg.run.seed)
+    random.seed(cfg.run.seed)
+    path = model_path(cfg, out)
+    prompts = load_task_prompts(cfg)
+    rewards = build_reward_set([e.model_dump(exclude_none=True) for e in cfg.rewards])
+    kernel = KernelConfig(
+        cfg.run.max_staleness, cfg.rollout.batch_groups, cfg.rollout.group_size,
+        cfg.rollout.max_inflight_groups,
+    )
+    buf = SampleBuffer.open(
+        open_ledger(out), kernel, RealClock(), run_id=out.name,
+        initial_version=PolicyVersion.initial(model_digest(path)),
+    )
+    learner = build_learner(cfg, path, buf, out)
+    engines = [HFEngine.from_pretrained(path) for _ in range(cfg.rollout.workers)]
+    if buf.version is not None and buf.version.step > 0:
+        for engine in engines:
+            engine.load_weights(learner.weights())
+    order = [p.prompt_id for p in prompts]
+    random.Random(cfg.run.seed).shuffle(order)
+    rec = Recorder(out, cfg, buf, stream)
+    pipe = Pipeline(
+        buf, engines, learner, rewards, {p.prompt_id: p for p in prompts}, order, cfg,
+        on_step=rec.on_step, before_commit=rec.before_commit,
+    )
+    try:
+        run_pipeline(pipe)
+        buf.shutdown("done")
+    finally:
+        rec.close()
+        buf.ledger.close()
+    (out / "counts.json").write_text(json.dumps(dict(buf.counts), sort_keys=True, indent=1))
+    summary = write_summary(out)
+    _write_report(out)
+    report = verify_run(out)
+    return RunResult(out, summary, report.ok)
+
+
+def _write_report(run_dir: Path) -> None:
+    try:
+        from freshroll.report.html import write_report
+    except ImportError:  # pragma: no cover - report module optional during development
+        return
+    write_report(run_dir)
+
+
+def _quiet_transformers() -> None:
+    """No download/loading progress bars: our own progress line is the display."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
+def generation_seed(run_seed: int, first_sample: str) -> int:
+    return (run_seed * 1_000_003) ^ zlib.crc32(first_sample.encode())
+
+
+__all__ = ["RunResult", "load_config", "run"]

@@ -1,0 +1,79 @@
+"""``summary.json``: the run's headline figures, recomputed from the run directory.
+
+Reads only ``ledger.sqlite``, ``metrics.jsonl`` and ``config.yaml`` (the run
+directory is the report contract), so a summary can be rebuilt on a saved run.
+
+Figures: accepted rollouts/s (committed samples / wall from first ``opened`` to
+last ``committed``), generated rollouts/s (for contrast: generation is not
+acceptance), discard rate overall and by reason (``shutdown`` discards at the
+end of a run are reported but left out of ``discard_rate``), lag p50/p99/max and
+its histogram, trainer idle ratio, reward at the first and last steps (mean of
+the first/last ``min(3, steps)`` steps), and the per-stage time decomposition.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from freshroll.ledger import LEDGER_FILE, Ledger
+from freshroll.timing import collect_spans, decompose, percentile, run_rates
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            rows.append(json.loads(line))
+    return rows
+
+
+def summarize(run_dir: Path) -> dict[str, Any]:
+    with Ledger(run_dir / LEDGER_FILE, readonly=True) as ledger:
+        events = [e for _, e in ledger.events()]
+    rates, spans = run_rates(events), collect_spans(events)
+    metrics = read_metrics(run_dir)
+    cfg_file = run_dir / "config.yaml"
+    config = yaml.safe_load(cfg_file.read_text()) if cfg_file.is_file() else {}
+    k = min(3, len(metrics))
+    rewards = [m["reward_mean"] for m in metrics if "reward_mean" in m]
+    non_shutdown = sum(n for r, n in rates.discards.items() if r not in ("shutdown", "fenced"))
+    finished = rates.accepted + non_shutdown
+    eta = config.get("run", {}).get("max_staleness")
+    return {
+        "mode": "sync" if eta == 0 else "async",
+        "max_staleness": eta,
+        "steps": rates.steps,
+        "wall_s": rates.wall_s,
+        "accepted_rollouts": rates.accepted,
+        "accepted_rollouts_per_s": rates.accepted_per_s,
+        "generated_rollouts": rates.generated,
+        "generated_rollouts_per_s": rates.generated / rates.wall_s if rates.wall_s else 0.0,
+        "discard_rate": non_shutdown / finished if finished else 0.0,
+        "discards": rates.discards,
+        "lag": {
+            "p50": percentile([float(x) for x in spans.lags], 50),
+            "p99": percentile([float(x) for x in spans.lags], 99),
+            "max": max(spans.lags, default=0),
+            "mean": sum(spans.lags) / len(spans.lags) if spans.lags else 0.0,
+            "histogram": {str(k): v for k, v in sorted(Counter(spans.lags).items())},
+        },
+        "trainer_idle_ratio": rates.trainer_idle_ratio,
+        "trainer_wait_s": rates.trainer_wait_s,
+        "reward_first": sum(rewards[:k]) / k if k else None,
+        "reward_last": sum(rewards[-k:]) / k if k else None,
+        "stages": [row.__dict__ for row in decompose(spans)],
+    }
+
+
+def write_summary(run_dir: Path) -> dict[str, Any]:
+    summary = summarize(run_dir)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return summary

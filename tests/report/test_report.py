@@ -1,0 +1,197 @@
+"""Tests for freshroll.report.html: the self-contained report.html of a run directory.
+
+Run directories come from the kernel simulator (ledger.sqlite + counts.json);
+metrics.jsonl, summary.json and config.yaml are synthesised here from the
+ledger's commit times, the way a real run would write them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import re
+from pathlib import Path
+
+import pytest
+
+from freshroll import events as ev
+from freshroll.buffer import KernelConfig
+from freshroll.harness.simulate import SimConfig, simulate
+from freshroll.ledger import Ledger
+from freshroll.report import plots
+from freshroll.report.html import SECTIONS, load_run, write_report
+from freshroll.timing import collect_spans, percentile, run_rates
+
+FULL_IMAGES = 7  # reward x2, lag, stages, idle, throughput, off-policy
+
+
+def make_run(run_dir: Path, *, max_staleness: int = 1, seed: int = 0, mode: str = "async",
+             steps: int = 10, metrics: bool = True) -> Path:
+    """A simulated run directory with synthetic metrics/summary/config next to the ledger."""
+    sim = SimConfig(steps=steps, seed=seed, faults=True)
+    simulate(run_dir, KernelConfig(max_staleness, 4, 4), sim).ledger.close()
+    with Ledger(run_dir / "ledger.sqlite", readonly=True) as ledger:
+        events = [e for _, e in ledger.events()]
+    rates, spans = run_rates(events), collect_spans(events)
+    t0 = next(e.ts for e in events if isinstance(e, ev.Opened))
+    commits = [e for e in events if isinstance(e, ev.Committed)]
+    rng = random.Random(seed)
+    rows, accepted = [], 0
+    for i, c in enumerate(commits, start=1):
+        accepted += len(c.samples)
+        t = c.ts - t0
+        rows.append({
+            "step": i, "t": t,
+            "reward_mean": 0.2 + 0.5 * (1 - math.exp(-i / 4)) + rng.gauss(0, 0.03),
+            "loss": 1 / i, "clip_frac": rng.uniform(0, 0.1), "is_weight_mean": rng.gauss(1, .02),
+            "is_weight_max": rng.uniform(1.1, 2.5), "mismatch_kl": rng.uniform(0, 0.01),
+            "entropy": 2.0 - i / 20, "lag_mean": rng.uniform(0, max_staleness),
+            "lag_max": max_staleness, "accepted_total": accepted,
+            "accepted_per_s": accepted / t if t else 0.0, "trainer_wait_s": 0.0,
+            "train_s": c.train_s, "trainer_idle_ratio": 0.0,
+        })
+    if metrics:
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    lags = [float(x) for x in spans.lags]
+    summary = {
+        "accepted_rollouts_per_s": rates.accepted_per_s,
+        "discard_rate": sum(rates.discards.values()) / max(1, rates.generated),
+        "discards": rates.discards,
+        "lag": {"p50": percentile(lags, 50), "p99": percentile(lags, 99), "max": max(lags)},
+        "trainer_idle_ratio": rates.trainer_idle_ratio,
+        "reward_first": rows[0]["reward_mean"], "reward_last": rows[-1]["reward_mean"],
+        "steps": rates.steps, "wall_s": rates.wall_s, "mode": mode,
+        "max_staleness": max_staleness, "config": {"model": "sim", "max_staleness": max_staleness},
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    (run_dir / "config.yaml").write_text(
+        f"# resolved config\nmodel: sim-model\nmode: {mode}\nmax_staleness: {max_staleness}\n"
+        "batch_groups: 4\ngroup_size: 4\nnote: '<script>alert(1)</script>'\n")
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    base = tmp_path_factory.mktemp("runs")
+    return (make_run(base / "async_run", max_staleness=1, mode="async"),
+            make_run(base / "sync_run", max_staleness=0, seed=1, mode="sync"))
+
+
+def _images(html: str) -> list[str]:
+    return re.findall(r'<img [^>]*src="data:image/png;base64,[A-Za-z0-9+/=]+"', html)
+
+
+def _assert_self_contained(html: str) -> None:
+    assert not re.search(r'(src|href)\s*=\s*["\']?\s*(https?:)?//', html, re.I)
+    assert "<script" not in html.lower()
+    assert "<link" not in html.lower()
+    assert "@import" not in html and "url(" not in html
+
+
+def test_report_has_every_section_and_plot(runs: tuple[Path, Path]) -> None:
+    run, _ = runs
+    path = write_report(run)
+    assert path == run / "report.html" and path.is_file()
+    html = path.read_text()
+    _assert_self_contained(html)
+    for key, title in SECTIONS:
+        assert f'<section id="{key}"><h2>{title}</h2>' in html
+    assert len(_images(html)) == FULL_IMAGES
+    assert "no data" not in html
+    assert "verify: ok" in html and "verify: FAIL" not in html
+    for figure in ("accepted rollouts/s", "reward first → last", "lag p50 / p99 / max",
+                   "trainer idle ratio", "discard rate"):
+        assert figure in html
+    assert "max_staleness: 1" in html  # config verbatim
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html  # and escaped
+    assert "stale" in html and "fenced" in html  # discard reasons from the ledger
+    for stage in ("queue", "generation", "transfer", "reward", "buffer", "trainer"):
+        assert f"<td>{stage}</td>" in html
+
+
+def test_report_with_baseline_overlays_and_labels(runs: tuple[Path, Path],
+                                                  tmp_path: Path) -> None:
+    run, base = runs
+    out = tmp_path / "nested" / "cmp.html"
+    assert write_report(run, baseline=base, out=out) == out
+    html = out.read_text()
+    _assert_self_contained(html)
+    assert len(_images(html)) == FULL_IMAGES
+    assert "vs baseline sync" in html
+    assert "<th>async</th><th>sync</th>" in html  # summary table side by side
+    assert "dashed: sync" in html
+
+
+def test_same_mode_labels_fall_back_to_dir_names(runs: tuple[Path, Path], tmp_path: Path) -> None:
+    run, _ = runs
+    html = write_report(run, baseline=run, out=tmp_path / "r.html").read_text()
+    assert "async (async_run)" in html and "[baseline]" in html
+
+
+def test_report_without_metrics_shows_no_data(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "crashed", metrics=False, steps=3)
+    (run / "summary.json").unlink()
+    html = write_report(run).read_text()
+    _assert_self_contained(html)
+    assert "no data" in html and "metrics.jsonl is missing" in html
+    assert len(_images(html)) == FULL_IMAGES - 3  # ledger-based plots still render
+    for _, title in SECTIONS:
+        assert f"<h2>{title}</h2>" in html
+    assert "verify: ok" in html
+
+
+def test_report_with_empty_metrics_and_truncated_line(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "r", steps=3)
+    (run / "metrics.jsonl").write_text("")
+    assert "metrics.jsonl has no rows" in write_report(run).read_text()
+    good = '{"step": 1, "t": 0.5, "reward_mean": 0.3}\n{"step": 2, "t": 1.0, "rew'
+    (run / "metrics.jsonl").write_text(good)
+    html = write_report(run).read_text()
+    assert "skipped 1 unparsable line" in html
+    assert len(_images(html)) == FULL_IMAGES - 1  # reward plots yes, off-policy panel no
+
+
+def test_report_of_an_empty_directory(tmp_path: Path) -> None:
+    html = write_report(tmp_path).read_text()
+    assert html.count("no data") >= 8
+    assert "verify: FAIL" in html and "could not verify" in html
+    assert not _images(html)
+
+
+def test_counts_disagreeing_with_ledger_fail_accounting(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "bad", steps=3)
+    counts = json.loads((run / "counts.json").read_text())
+    counts["committed"] += 1
+    (run / "counts.json").write_text(json.dumps(counts))
+    html = write_report(run).read_text()
+    assert "verify: FAIL" in html and "verify: ok" not in html
+    assert "<b>accounting</b>: 1 violation(s)" in html
+    assert "committed: reported" in html
+
+
+def test_corrupt_ledger_still_renders(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "corrupt", steps=3)
+    (run / "ledger.sqlite").write_bytes(b"this is not sqlite" * 100)
+    for extra in ("ledger.sqlite-wal", "ledger.sqlite-shm"):
+        (run / extra).unlink(missing_ok=True)
+    html = write_report(run).read_text()
+    assert "verify: FAIL" in html and "ledger.sqlite is unreadable" in html
+    assert len(_images(html)) == 3  # reward x2 and off-policy from metrics.jsonl
+
+
+def test_load_run_reads_everything(runs: tuple[Path, Path]) -> None:
+    data = load_run(runs[0])
+    assert data.label == "async" and data.ledger is not None
+    assert data.ledger.max_staleness == 1 and len(data.ledger.steps) == 10
+    assert len(data.metrics) == 10 and not data.notes
+
+
+def test_plot_functions_return_png() -> None:
+    png = plots.lag_histogram([0, 0, 1, 2], max_staleness=1)
+    assert png.startswith(b"\x89PNG")
+    line = plots.Line("a", [1, 2, 3], [0.1, 0.2, 0.3])
+    assert plots.reward_curve([line], xlabel="trainer step").startswith(b"\x89PNG")
+    assert plots.stage_bars({"a": {"queue": 1.0, "generation": 2.0}}).startswith(b"\x89PNG")
+    assert plots.off_policy_panels([("kl", [line])]).startswith(b"\x89PNG")
+    assert plots.per_step_chart(line, None, None, title="t", ylabel="y").startswith(b"\x89PNG")
