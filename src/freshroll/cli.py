@@ -5,10 +5,14 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from freshroll.errors import FreshrollError
+
+if TYPE_CHECKING:
+    from freshroll.runtime.run import RunResult
 
 
 @click.group()
@@ -29,11 +33,15 @@ def _fail(exc: FreshrollError) -> None:
               help="Run directory (default: runs/<config name>).")
 @click.option("--resume", "resume_dir", type=click.Path(path_type=Path), default=None,
               help="Continue the run in this directory from its last durable state.")
+@click.option("--baseline", is_flag=True,
+              help="Also run the synchronous baseline (max_staleness=0) into OUT/baseline "
+                   "and compare both in report.html.")
 def run(config: Path | None, overrides: tuple[str, ...], out: Path | None,
-        resume_dir: Path | None) -> None:
+        resume_dir: Path | None, baseline: bool) -> None:
     """Train with async GRPO: CONFIG.yaml [key=value ...] (no CONFIG: the embedded default)."""
     from freshroll.config import load_config
     from freshroll.runtime.run import run as run_training
+    from freshroll.runtime.run import run_baseline
 
     if config is not None and "=" in str(config) and not config.exists():
         overrides, config = (str(config), *overrides), None
@@ -45,9 +53,19 @@ def run(config: Path | None, overrides: tuple[str, ...], out: Path | None,
             cfg = load_config(config, overrides)
             name = config.stem if config is not None else "default"
             result = run_training(cfg, out or Path("runs") / name)
+        base = run_baseline(result.run_dir) if baseline else None
     except FreshrollError as exc:
         _fail(exc)
         return
+    _print_result(result)
+    if base is not None:
+        click.echo("synchronous baseline:")
+        _print_result(base)
+    ok = result.ok and (base is None or base.ok)
+    sys.exit(0 if ok else 1)
+
+
+def _print_result(result: RunResult) -> None:
     s = result.summary
     click.echo(
         f"run dir {result.run_dir}\n"
@@ -57,7 +75,24 @@ def run(config: Path | None, overrides: tuple[str, ...], out: Path | None,
         f"trainer idle {s['trainer_idle_ratio']:.1%}  discard rate {s['discard_rate']:.1%}\n"
         f"verify: {'ok' if result.ok else 'FAILED'}  report: {result.run_dir / 'report.html'}"
     )
-    sys.exit(0 if result.ok else 1)
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("--baseline", type=click.Path(path_type=Path), default=None,
+              help="A run to overlay (e.g. the synchronous baseline).")
+def report(run_dir: Path, baseline: Path | None) -> None:
+    """(Re)build RUN_DIR/summary.json and RUN_DIR/report.html from the run directory."""
+    from freshroll.report.html import write_report
+    from freshroll.runtime.summary import write_summary
+
+    try:
+        write_summary(run_dir)
+        path = write_report(run_dir, baseline=baseline)
+    except FreshrollError as exc:
+        _fail(exc)
+        return
+    click.echo(str(path))
 
 
 @main.command()

@@ -25,7 +25,7 @@ class _Section(BaseModel):
 
 class RunSection(_Section):
     seed: int = 0
-    steps: int = Field(60, ge=1, description="trainer steps to commit")
+    steps: int = Field(400, ge=1, description="trainer steps to commit")
     max_staleness: int = Field(1, ge=0, description="eta: 0 = synchronous baseline")
     torch_threads: int = Field(1, ge=1, description="intra-op threads per compute thread")
     progress: bool = True
@@ -40,7 +40,7 @@ class ModelSection(_Section):
 class TaskSection(_Section):
     name: str = "reverse"
     n_prompts: int = Field(4096, ge=1)
-    params: dict[str, Any] = Field(default_factory=dict)
+    params: dict[str, Any] = Field(default_factory=lambda: {"min_len": 3, "max_len": 3})
     file: str | None = Field(None, description="JSONL/Parquet prompt file instead of a task")
     prompt_field: str = "prompt"
     answer_field: str = "answer"
@@ -53,18 +53,18 @@ class RewardEntry(_Section):
 
 
 class RolloutSection(_Section):
-    group_size: int = Field(8, ge=1)
+    group_size: int = Field(16, ge=1)
     batch_groups: int = Field(8, ge=1, description="groups per trainer step")
     workers: int = Field(1, ge=1)
     worker_batch: int = Field(64, ge=1, description="max requests per generate call")
-    max_new_tokens: int = Field(8, ge=1)
+    max_new_tokens: int = Field(4, ge=1)
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     max_inflight_groups: int | None = Field(None, ge=1)
 
 
 class TrainerSection(_Section):
-    lr: float = Field(3e-3, gt=0)
+    lr: float = Field(1e-3, gt=0)
     weight_decay: float = 0.0
     max_grad_norm: float = Field(1.0, gt=0)
     aggregation: Literal["grpo", "dr_grpo", "dapo"] = "grpo"
@@ -73,7 +73,7 @@ class TrainerSection(_Section):
     clip_high: float = 0.28
     is_cap: float = 2.0
     kl_coef: float = Field(0.0, ge=0)
-    keep_checkpoints: int = Field(2, ge=1)
+    keep_checkpoints: int = Field(2, ge=2)
 
 
 class Config(_Section):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -143,8 +144,11 @@ class Pipeline:
                 continue
             sids = [buf.start(r, name, epoch, loaded) for r in rids]
             texts = [self.prompts[buf.prompt_of(r)].text for r in rids]
+            seed = generation_seed(self.cfg.run.seed, sids[0])
             try:
-                comps = await loop.run_in_executor(self._pools[i], self._generate, engine, texts)
+                comps = await loop.run_in_executor(
+                    self._pools[i], self._generate, engine, texts, seed
+                )
             except Exception as exc:  # engine failure: these requests end, the run goes on
                 for sid in sids:
                     buf.discard(sid, "generation_error", f"{type(exc).__name__}: {exc}"[:300])
@@ -157,10 +161,11 @@ class Pipeline:
                 if out is Outcome.ACCEPTED:
                     await self._reward_q.put((sid, comp))
 
-    def _generate(self, engine: InferenceEngine, texts: list[str]) -> list[Completion]:
+    def _generate(self, engine: InferenceEngine, texts: list[str], seed: int) -> list[Completion]:
         ro = self.cfg.rollout
         return engine.generate(
-            texts, max_new_tokens=ro.max_new_tokens, temperature=ro.temperature, top_p=ro.top_p
+            texts, max_new_tokens=ro.max_new_tokens, temperature=ro.temperature, top_p=ro.top_p,
+            seed=seed,
         )
 
     # -- rewards -----------------------------------------------------------------
@@ -232,6 +237,11 @@ class Pipeline:
                 groups.setdefault(gid, len(groups)), consumer - step,
             ))
         return out
+
+
+def generation_seed(run_seed: int, first_sample: str) -> int:
+    """A sampling seed fixed by the run seed and the batch's first sample id (replayable)."""
+    return (run_seed * 1_000_003) ^ zlib.crc32(first_sample.encode())
 
 
 def run_pipeline(pipeline: Pipeline) -> None:

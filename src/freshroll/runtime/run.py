@@ -20,7 +20,6 @@ import random
 import shutil
 import sys
 import time
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -218,12 +217,24 @@ def run(
     return RunResult(out, summary, report.ok)
 
 
-def _write_report(run_dir: Path) -> None:
-    try:
-        from freshroll.report.html import write_report
-    except ImportError:  # pragma: no cover - report module optional during development
-        return
-    write_report(run_dir)
+def _write_report(run_dir: Path, baseline: Path | None = None) -> None:
+    from freshroll.report.html import write_report
+
+    write_report(run_dir, baseline=baseline)
+
+
+def run_baseline(run_dir: Path, *, stream: TextIO = sys.stderr) -> RunResult:
+    """The synchronous baseline of a finished run: same config, max_staleness 0.
+
+    Written to ``RUN_DIR/baseline``; the run's report is rebuilt with it overlaid,
+    so reward per step and per second are always shown beside the baseline.
+    """
+    cfg = validate(read_yaml(run_dir / "config.yaml"), str(run_dir / "config.yaml"))
+    sync = cfg.model_copy(update={"run": cfg.run.model_copy(update={"max_staleness": 0})})
+    stream.write("synchronous baseline (max_staleness=0):\n")
+    result = run(sync, run_dir / "baseline", stream=stream)
+    _write_report(run_dir, baseline=run_dir / "baseline")
+    return result
 
 
 def _quiet_transformers() -> None:
@@ -232,10 +243,6 @@ def _quiet_transformers() -> None:
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-
-
-def generation_seed(run_seed: int, first_sample: str) -> int:
-    return (run_seed * 1_000_003) ^ zlib.crc32(first_sample.encode())
 
 
 __all__ = ["RunResult", "load_config", "run"]

@@ -1,0 +1,37 @@
+# freshroll: two commands on a fresh machine.
+#   make demo   set up .venv, train the embedded default (async) and its synchronous baseline
+#   make test   set up .venv, run lint, type checks and the whole test suite
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+
+.PHONY: setup demo test lint typecheck bench clean
+
+setup: $(VENV)/.installed
+
+# torch is installed first and pinned to the CPU wheel (an unpinned torch pulls a multi-GB
+# CUDA build); the package then requires a range that this wheel satisfies.
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@
+
+demo: setup
+	$(BIN)/freshroll run configs/default.yaml --out runs/default --baseline
+
+lint: setup
+	$(BIN)/ruff check src tests benchmarks
+
+typecheck: setup
+	$(BIN)/mypy
+
+test: lint typecheck
+	$(BIN)/python -m pytest -q
+
+bench: setup
+	$(BIN)/python benchmarks/kernel_throughput.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,472 @@
+"""freshroll (sync and async) against TRL's ``GRPOTrainer``, side by side in one process.
+
+The same tiny Llama (``save_tiny(dir, seed=0)``, loaded with ``from_pretrained``), the
+same digit-reversal prompts in the same order, the same reward function
+(:func:`freshroll.rewards.functions.reverse_reward`, passed to TRL as ``reward_funcs``),
+the same group size, prompts per optimizer step, completion length, temperature,
+learning rate, optimizer (AdamW, constant LR, grad-norm clip 1.0), clip range, loss
+aggregation and advantage scaling, no KL (beta 0), one optimizer step per generation
+batch. Every TRL setting is derived from the freshroll config (the embedded default,
+plus any ``key=value`` overrides given on the command line), so the two cannot drift.
+
+Systems, interleaved seed by seed (the order rotates with the seed) so that noise on a
+shared machine hits them alike:
+
+- ``trl-1t``:       TRL ``GRPOTrainer``, ``torch.set_num_threads(1)``;
+- ``trl-2t``:       the same with 2 intra-op threads (``--trl-threads 1 2``, the default);
+- ``freshroll-sync``:  ``freshroll.runtime.run.run`` with ``run.max_staleness=0``;
+- ``freshroll-async``: the same with ``run.max_staleness=1``.
+
+freshroll runs with ``run.torch_threads=1`` (one intra-op thread per compute thread;
+the async pipeline overlaps a generation thread with the trainer thread, so it can
+keep both cores of a 2-core machine busy: compare it with ``trl-2t`` as well).
+
+Figures per run:
+
+- wall s: TRL: ``trainer.train()`` (model building excluded); freshroll: the run's
+  ``summary.json`` ``wall_s`` (first ``opened`` event to last ``committed``: includes the
+  run's own model loading, the per-step checkpoint and the durable ledger commits);
+- accepted rollouts/s: completions consumed by committed optimizer steps / wall s
+  (TRL: ``global_step * per_device_train_batch_size``; freshroll: its summary's figure);
+- reward first / last: mean batch reward over the first and last 10% of steps
+  (TRL: ``trainer.state.log_history`` ``reward`` with ``logging_steps=1``; freshroll:
+  ``metrics.jsonl`` ``reward_mean``), and the mean over all steps.
+
+Goal (from the issue): freshroll async >= 1.5x TRL's accepted rollouts/s (TRL at 1
+thread), with reward at equal steps within noise (the last-10% reward of freshroll
+async not below TRL's by more than 2 standard errors of the difference across seeds).
+The script prints PASS/MISS and always the figures it measured.
+
+Usage::
+
+    .venv/bin/pip install -e '.[bench]'          # TRL
+    .venv/bin/python benchmarks/vs_trl.py                      # 100 steps x 3 seeds
+    .venv/bin/python benchmarks/vs_trl.py --quick              # smoke run (seconds)
+    .venv/bin/python benchmarks/vs_trl.py --steps 200 --seeds 0 1 2 3 --json out.json
+    .venv/bin/python benchmarks/vs_trl.py trainer.lr=5e-4      # freshroll config overrides
+
+Nothing is downloaded: ``HF_HUB_OFFLINE=1`` is set before any Hugging Face import.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import itertools
+import json
+import math
+import os
+import platform
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+GOAL_SPEEDUP = 1.5
+FRESHROLL_SYSTEMS = {"freshroll-sync": 0, "freshroll-async": 1}
+
+
+def _offline() -> None:
+    """Never reach the hub; must run before anything imports huggingface_hub."""
+    for key in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
+        os.environ[key] = "1"
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("WANDB_DISABLED", "true")
+
+
+@dataclass
+class Result:
+    system: str
+    seed: int
+    threads: int
+    steps: int
+    wall_s: float
+    rollouts: int
+    rollouts_per_s: float
+    reward_first: float
+    reward_last: float
+    reward_all: float
+    outer_s: float  # the whole call, model building and (freshroll) report/verify included
+    rewards: list[float] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def edge_means(rewards: list[float], frac: float = 0.1) -> tuple[float, float, float]:
+    """Mean of the first and last ``frac`` of the steps (at least one), and of all steps."""
+    if not rewards:
+        return math.nan, math.nan, math.nan
+    k = max(1, round(frac * len(rewards)))
+    return (
+        statistics.fmean(rewards[:k]), statistics.fmean(rewards[-k:]), statistics.fmean(rewards)
+    )
+
+
+# --- the shared setup -------------------------------------------------------------------
+
+
+def freshroll_config(steps: int, seed: int, staleness: int, model_dir: Path, overrides: list[str]):
+    from freshroll.config import load_config
+
+    return load_config(None, [
+        *overrides, f"run.steps={steps}", f"run.seed={seed}", f"run.max_staleness={staleness}",
+        "run.progress=false", "run.torch_threads=1", f"model.path={model_dir}",
+    ])
+
+
+def prompt_rows(cfg) -> tuple[list[str], list[str]]:
+    """The run's prompts in the exact order freshroll admits them (see ``runtime.run``)."""
+    from freshroll.runtime.run import load_task_prompts
+
+    prompts = load_task_prompts(cfg)
+    by_id = {p.prompt_id: p for p in prompts}
+    order = [p.prompt_id for p in prompts]
+    random.Random(cfg.run.seed).shuffle(order)
+    return [by_id[i].text for i in order], [by_id[i].answer for i in order]
+
+
+def trl_args(cfg, out_dir: Path):
+    """A ``GRPOConfig`` equal to the freshroll config in every setting that has a match."""
+    from trl import GRPOConfig
+
+    r, t = cfg.rollout, cfg.trainer
+    return GRPOConfig(
+        output_dir=str(out_dir),
+        # one optimizer step = batch_groups prompts x group_size completions; in TRL >= 0.18
+        # per_device_train_batch_size counts completions, and with gradient_accumulation_steps=1
+        # and steps_per_generation=1 each generation batch feeds exactly one optimizer step
+        per_device_train_batch_size=r.batch_groups * r.group_size,
+        gradient_accumulation_steps=1,
+        steps_per_generation=1,
+        num_generations=r.group_size,
+        num_iterations=1,
+        max_completion_length=r.max_new_tokens,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        top_k=0,
+        learning_rate=t.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        optim="adamw_torch",
+        weight_decay=t.weight_decay,
+        max_grad_norm=t.max_grad_norm,
+        beta=t.kl_coef,
+        epsilon=t.clip_low,
+        epsilon_high=t.clip_high,
+        loss_type=t.aggregation,  # grpo | dr_grpo | dapo: same formulas as freshroll's
+        scale_rewards="none" if t.aggregation == "dr_grpo" else "group",
+        max_steps=cfg.run.steps,
+        seed=cfg.run.seed,
+        shuffle_dataset=False,  # the dataset is already in freshroll's admission order
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        push_to_hub=False,
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        log_completions=False,
+    )
+
+
+# --- the systems ------------------------------------------------------------------------
+
+
+def run_trl(cfg, model_dir: Path, out_dir: Path, threads: int) -> Result:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers.trainer_callback import PrinterCallback
+    from trl import GRPOTrainer
+
+    from freshroll.rewards.functions import reverse_reward
+
+    class Clock(TrainerCallback):
+        def __init__(self) -> None:
+            self.begin = self.end = 0.0
+            self.threads: set[int] = set()
+
+        def on_train_begin(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
+            self.begin = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
+            self.end = time.perf_counter()
+            self.threads.add(torch.get_num_threads())
+
+    t_outer = time.perf_counter()
+    torch.manual_seed(cfg.run.seed)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True)
+    tok = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    texts, answers = prompt_rows(cfg)
+    args = trl_args(cfg, out_dir)
+    clock = Clock()
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=[reverse_reward], args=args,
+        train_dataset=Dataset.from_dict({"prompt": texts, "answer": answers}),
+        processing_class=tok, callbacks=[clock],
+    )
+    trainer.remove_callback(PrinterCallback)
+    torch.set_num_threads(threads)
+    t0 = time.perf_counter()
+    trainer.train()
+    wall = time.perf_counter() - t0
+    outer = time.perf_counter() - t_outer
+    steps = trainer.state.global_step
+    rollouts = steps * args.per_device_train_batch_size
+    logged = {e["step"]: e["reward"] for e in trainer.state.log_history if "reward" in e}
+    rewards = [logged[s] for s in sorted(logged)]
+    first, last, mean_all = edge_means(rewards)
+    step_times = [e["step_time"] for e in trainer.state.log_history if "step_time" in e]
+    extra = {
+        "loop_s": clock.end - clock.begin,
+        "step_time_mean": statistics.fmean(step_times) if step_times else math.nan,
+        "threads_seen": sorted(clock.threads),
+        "generation_batch_size": args.generation_batch_size,
+        "steps_per_generation": args.steps_per_generation,
+    }
+    del trainer, model
+    gc.collect()
+    return Result(
+        f"trl-{threads}t", cfg.run.seed, threads, steps, wall, rollouts, rollouts / wall,
+        first, last, mean_all, outer, rewards, extra,
+    )
+
+
+def run_freshroll(cfg, out_dir: Path) -> Result:
+    from freshroll.runtime.run import run
+
+    t0 = time.perf_counter()
+    result = run(cfg, out_dir, stream=sys.stderr)
+    outer = time.perf_counter() - t0
+    s = result.summary
+    rows = [
+        json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()
+        if line.strip()
+    ]
+    rewards = [r["reward_mean"] for r in sorted(rows, key=lambda r: r["step"])]
+    first, last, mean_all = edge_means(rewards)
+    periods = [b["t"] - a["t"] for a, b in itertools.pairwise(rows)]
+    extra = {
+        "verify_ok": result.ok,
+        "train_s_mean": statistics.fmean(r["train_s"] for r in rows),
+        "step_period_mean": statistics.fmean(periods) if periods else math.nan,
+        "trainer_idle_ratio": s.get("trainer_idle_ratio"),
+        "lag_mean": s.get("lag", {}).get("mean"),
+        "generated_rollouts_per_s": s.get("generated_rollouts_per_s"),
+        "stages": {row["stage"]: row["share"] for row in s.get("stages", [])},
+    }
+    name = "freshroll-async" if cfg.run.max_staleness > 0 else "freshroll-sync"
+    return Result(
+        name, cfg.run.seed, cfg.run.torch_threads, int(s["steps"]), float(s["wall_s"]),
+        int(s["accepted_rollouts"]), float(s["accepted_rollouts_per_s"]),
+        first, last, mean_all, outer, rewards, extra,
+    )
+
+
+# --- report -----------------------------------------------------------------------------
+
+
+def mean_sd(xs: list[float]) -> tuple[float, float]:
+    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
+
+
+def aggregate(results: list[Result]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for name in dict.fromkeys(r.system for r in results):
+        rows = [r for r in results if r.system == name]
+        agg: dict[str, Any] = {"n": len(rows)}
+        for key in ("wall_s", "rollouts_per_s", "reward_first", "reward_last", "reward_all"):
+            agg[key], agg[key + "_sd"] = mean_sd([getattr(r, key) for r in rows])
+        out[name] = agg
+    return out
+
+
+def ratios(results: list[Result], agg: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """freshroll / TRL rollouts/s: ratio of the means, and per-seed min/max."""
+    out = {}
+    for fr in FRESHROLL_SYSTEMS:
+        for trl in (s for s in agg if s.startswith("trl-")):
+            if fr not in agg:
+                continue
+            paired = [
+                a.rollouts_per_s / b.rollouts_per_s
+                for a in results if a.system == fr
+                for b in results if b.system == trl and b.seed == a.seed
+            ]
+            out[f"{fr} / {trl}"] = {
+                "ratio_of_means": agg[fr]["rollouts_per_s"] / agg[trl]["rollouts_per_s"],
+                "per_seed_min": min(paired), "per_seed_max": max(paired),
+            }
+    return out
+
+
+def reward_check(agg: dict[str, dict[str, Any]], a: str, b: str) -> dict[str, Any]:
+    """Last-10% reward of ``a`` minus ``b``, against 2 standard errors of the difference.
+
+    ``not_worse`` (the goal) is None with fewer than 2 seeds: there is no noise estimate.
+    """
+    da, db = agg[a], agg[b]
+    diff = da["reward_last"] - db["reward_last"]
+    se = math.sqrt(da["reward_last_sd"] ** 2 / da["n"] + db["reward_last_sd"] ** 2 / db["n"])
+    enough = min(da["n"], db["n"]) >= 2
+    return {"diff": diff, "two_se": 2 * se,
+            "within_noise": abs(diff) <= 2 * se if enough else None,
+            "not_worse": diff >= -2 * se if enough else None}
+
+
+def print_report(results: list[Result], agg, rat, goal) -> None:
+    print()
+    print(f"{'system':<17}{'seed':>5}{'steps':>6}{'wall s':>9}{'rollouts/s':>12}"
+          f"{'reward first -> last':>24}{'mean':>8}")
+    for r in results:
+        print(f"{r.system:<17}{r.seed:>5}{r.steps:>6}{r.wall_s:>9.2f}{r.rollouts_per_s:>12.1f}"
+              f"{r.reward_first:>13.3f} -> {r.reward_last:.3f}{r.reward_all:>10.3f}")
+    print()
+    print("means over seeds (± sample std):")
+    print(f"{'system':<17}{'n':>3}{'wall s':>15}{'rollouts/s':>17}{'reward first':>17}"
+          f"{'reward last':>17}")
+    for name, a in agg.items():
+        print(f"{name:<17}{a['n']:>3}{a['wall_s']:>9.2f} ± {a['wall_s_sd']:<4.2f}"
+              f"{a['rollouts_per_s']:>9.1f} ± {a['rollouts_per_s_sd']:<5.1f}"
+              f"{a['reward_first']:>9.3f} ± {a['reward_first_sd']:<5.3f}"
+              f"{a['reward_last']:>9.3f} ± {a['reward_last_sd']:<5.3f}")
+    print()
+    print("accepted rollouts/s ratios (ratio of means; per-seed range):")
+    for k, v in rat.items():
+        print(f"  {k:<34}{v['ratio_of_means']:6.2f}x  "
+              f"[{v['per_seed_min']:.2f}, {v['per_seed_max']:.2f}]")
+    if goal:
+        print()
+        sp, rw = goal["speedup"], goal["reward"]
+        print(f"goal: freshroll-async >= {GOAL_SPEEDUP}x trl-1t rollouts/s: "
+              f"{sp['value']:.2f}x  {'PASS' if sp['pass'] else 'MISS'}")
+        if rw["not_worse"] is None:
+            verdict = "n/a (needs >= 2 seeds)"
+        else:
+            verdict = "PASS" if rw["not_worse"] else "MISS"
+            verdict += "" if rw["within_noise"] else " (outside noise: better)"
+        print(f"goal: reward at equal steps (last 10%) within noise of trl-1t: diff "
+              f"{rw['diff']:+.3f}, 2 SE {rw['two_se']:.3f}  {verdict}")
+
+
+# --- main -------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("overrides", nargs="*", help="freshroll config overrides (key=value)")
+    ap.add_argument("--steps", type=int, default=100, help="optimizer steps per run")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--trl-threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--warmup", type=int, default=2, help="untimed steps per system first")
+    ap.add_argument("--quick", action="store_true", help="5 steps, seed 0, TRL at 1 thread")
+    ap.add_argument("--json", type=Path, help="write every figure to this file")
+    ap.add_argument("--workdir", type=Path, help="keep run dirs here (default: a temp dir)")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.steps, args.seeds, args.trl_threads = 5, [0], [1]
+
+    _offline()
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=UserWarning)
+    import torch
+    import transformers
+    import trl
+    from transformers.utils import logging as hf_logging
+
+    from freshroll.engines.tiny import save_tiny
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="freshroll-vs-trl-"))
+    work.mkdir(parents=True, exist_ok=True)
+    model_dir = save_tiny(work / "tiny", seed=0)
+    systems = [f"trl-{t}t" for t in args.trl_threads] + list(FRESHROLL_SYSTEMS)
+    print(f"trl {trl.__version__}, transformers {transformers.__version__}, "
+          f"torch {torch.__version__}, {os.cpu_count()} cpus, python {platform.python_version()}")
+    print(f"steps {args.steps}, seeds {args.seeds}, systems {systems}, work dir {work}")
+    base = freshroll_config(args.steps, args.seeds[0], 0, model_dir, args.overrides)
+    trl_config = {
+        k: v for k, v in trl_args(base, work / "trl-config").to_dict().items()
+        if k in TRL_REPORT_KEYS
+    }
+    print("TRL GRPOConfig:", ", ".join(f"{k}={v}" for k, v in trl_config.items()))
+
+    results: list[Result] = []
+    t_all = time.perf_counter()
+    try:
+        if args.warmup:  # first-call costs (lazy imports, allocator, kernels) hit no system
+            for name in systems:
+                cfg = freshroll_config(args.warmup, 0, FRESHROLL_SYSTEMS.get(name, 0),
+                                       model_dir, args.overrides)
+                out = work / f"warmup-{name}"
+                if name.startswith("trl-"):
+                    run_trl(cfg, model_dir, out, int(name[4:-1]))
+                else:
+                    run_freshroll(cfg, out)
+            print(f"warmed up ({args.warmup} untimed steps per system)", flush=True)
+        for i, seed in enumerate(args.seeds):
+            rot = i % len(systems)
+            for name in systems[rot:] + systems[:rot]:
+                staleness = FRESHROLL_SYSTEMS.get(name, 0)
+                cfg = freshroll_config(args.steps, seed, staleness, model_dir, args.overrides)
+                out = work / f"{name}-s{seed}"
+                shutil.rmtree(out, ignore_errors=True)
+                if name.startswith("trl-"):
+                    r = run_trl(cfg, model_dir, out, int(name[4:-1]))
+                else:
+                    r = run_freshroll(cfg, out)
+                results.append(r)
+                print(f"  {name:<16} seed {seed}: {r.steps} steps in {r.wall_s:6.2f}s "
+                      f"({r.rollouts_per_s:7.1f} rollouts/s), reward "
+                      f"{r.reward_first:.3f} -> {r.reward_last:.3f}", flush=True)
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(work, ignore_errors=True)
+    total = time.perf_counter() - t_all
+
+    agg = aggregate(results)
+    rat = ratios(results, agg)
+    goal: dict[str, Any] = {}
+    if "trl-1t" in agg:
+        value = rat["freshroll-async / trl-1t"]["ratio_of_means"]
+        goal = {
+            "speedup": {"value": value, "goal": GOAL_SPEEDUP, "pass": value >= GOAL_SPEEDUP},
+            "reward": reward_check(agg, "freshroll-async", "trl-1t"),
+        }
+    print_report(results, agg, rat, goal)
+    print(f"\nbenchmark wall time {total:.0f}s")
+    if args.json:
+        args.json.write_text(json.dumps({
+            "versions": {"trl": trl.__version__, "transformers": transformers.__version__,
+                         "torch": torch.__version__, "python": platform.python_version()},
+            "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+            "steps": args.steps, "seeds": args.seeds, "overrides": args.overrides,
+            "trl_config": trl_config,
+            "results": [asdict(r) for r in results],
+            "means": agg, "ratios": rat, "goal": goal, "benchmark_s": total,
+        }, indent=1, default=str))
+        print(f"wrote {args.json}")
+    return 0
+
+
+TRL_REPORT_KEYS = (
+    "per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation",
+    "generation_batch_size", "num_generations", "num_iterations", "max_completion_length",
+    "temperature", "top_p", "top_k", "learning_rate", "lr_scheduler_type", "optim",
+    "weight_decay", "max_grad_norm", "beta", "epsilon", "epsilon_high", "loss_type",
+    "scale_rewards", "max_steps", "seed", "shuffle_dataset", "use_cpu", "bf16",
+)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
