@@ -230,7 +230,26 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(), "platform": platform.platform(),
         "cpus": os.cpu_count(), "sqlite": sqlite3.sqlite_version,
         "msgspec": msgspec.__version__,
+        "loadavg_1m": round(os.getloadavg()[0], 2),
     }
+
+
+def fsync_latency(root: Path, n: int = 50) -> float:
+    """Median seconds of one fsync after a 64 KiB write in ``root``: the price of a durable
+    commit on this disk, paid once per trainer step."""
+    path = root / "fsync-probe"
+    times = []
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        for _ in range(n):
+            os.write(fd, b"x" * 65536)
+            t0 = time.perf_counter()
+            os.fsync(fd)
+            times.append(time.perf_counter() - t0)
+    finally:
+        os.close(fd)
+        path.unlink()
+    return statistics.median(times)
 
 
 def summarize(results: list[RunResult]) -> dict[str, Any]:
@@ -293,7 +312,10 @@ def main(argv: list[str] | None = None) -> int:
               f"({w.samples_per_step} samples/step) max_staleness={w.max_staleness} "
               f"payload={w.payload_bytes} B/sample, {a.samples:,} samples x {a.repeats} "
               f"rounds per mode; ledgers in {root}")
-        print("machine:", ", ".join(f"{k}={v}" for k, v in machine().items()))
+        host = machine()
+        print("machine:", ", ".join(f"{k}={v}" for k, v in host.items()))
+        fsync_s = fsync_latency(root)
+        print(f"fsync latency (64 KiB write, median of 50): {fsync_s * 1e3:.2f} ms")
         results: dict[str, list[RunResult]] = {m: [] for m in modes}
         for _round in range(a.repeats):
             for m in modes:
@@ -301,6 +323,10 @@ def main(argv: list[str] | None = None) -> int:
         summary = {m: summarize(rs) for m, rs in results.items()}
         print()
         print_table(summary)
+        if "durable" in summary and "off" in summary:
+            extra = summary["durable"]["us_per_sample"] - summary["off"]["us_per_sample"]
+            print(f"durability costs {extra:.1f} us/sample = {extra * w.samples_per_step / 1e3:.2f}"
+                  f" ms per trainer commit ({w.samples_per_step} samples/commit)")
 
         print(f"\nrebuild: ledger of {a.rebuild_events:,} events, cut mid-flight; "
               f"open = connect + replay + recovery, {a.rebuild_repeats} runs")
@@ -337,7 +363,9 @@ def main(argv: list[str] | None = None) -> int:
         if a.json:
             a.json.write_text(json.dumps({
                 "workload": asdict(w), "samples_per_run": a.samples, "repeats": a.repeats,
-                "machine": machine(), "throughput": summary, "rebuild": rebuild,
+                "machine": host, "loadavg_1m_end": round(os.getloadavg()[0], 2),
+                "fsync_median_s": fsync_s, "throughput": summary,
+                "rebuild": rebuild,
                 "goals": goals, "argv": sys.argv[1:],
             }, indent=1))
             print(f"\nwrote {a.json}")

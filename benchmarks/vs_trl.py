@@ -94,6 +94,7 @@ class Result:
     reward_last: float
     reward_all: float
     outer_s: float  # the whole call, model building and (freshroll) report/verify included
+    cpu_s: float  # process CPU time (all threads) over the timed span; see ``cpu_ratio``
     rewards: list[float] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -215,9 +216,10 @@ def run_trl(cfg, model_dir: Path, out_dir: Path, threads: int) -> Result:
     )
     trainer.remove_callback(PrinterCallback)
     torch.set_num_threads(threads)
-    t0 = time.perf_counter()
+    c0, t0 = time.process_time(), time.perf_counter()
     trainer.train()
     wall = time.perf_counter() - t0
+    cpu = time.process_time() - c0
     outer = time.perf_counter() - t_outer
     steps = trainer.state.global_step
     rollouts = steps * args.per_device_train_batch_size
@@ -225,8 +227,10 @@ def run_trl(cfg, model_dir: Path, out_dir: Path, threads: int) -> Result:
     rewards = [logged[s] for s in sorted(logged)]
     first, last, mean_all = edge_means(rewards)
     step_times = [e["step_time"] for e in trainer.state.log_history if "step_time" in e]
+    loop = clock.end - clock.begin
     extra = {
-        "loop_s": clock.end - clock.begin,
+        "loop_s": loop,
+        "loop_rollouts_per_s": rollouts / loop if loop > 0 else math.nan,
         "step_time_mean": statistics.fmean(step_times) if step_times else math.nan,
         "threads_seen": sorted(clock.threads),
         "generation_batch_size": args.generation_batch_size,
@@ -236,16 +240,17 @@ def run_trl(cfg, model_dir: Path, out_dir: Path, threads: int) -> Result:
     gc.collect()
     return Result(
         f"trl-{threads}t", cfg.run.seed, threads, steps, wall, rollouts, rollouts / wall,
-        first, last, mean_all, outer, rewards, extra,
+        first, last, mean_all, outer, cpu, rewards, extra,
     )
 
 
 def run_freshroll(cfg, out_dir: Path) -> Result:
     from freshroll.runtime.run import run
 
-    t0 = time.perf_counter()
+    c0, t0 = time.process_time(), time.perf_counter()
     result = run(cfg, out_dir, stream=sys.stderr)
     outer = time.perf_counter() - t0
+    cpu = time.process_time() - c0
     s = result.summary
     rows = [
         json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()
@@ -267,8 +272,20 @@ def run_freshroll(cfg, out_dir: Path) -> Result:
     return Result(
         name, cfg.run.seed, cfg.run.torch_threads, int(s["steps"]), float(s["wall_s"]),
         int(s["accepted_rollouts"]), float(s["accepted_rollouts_per_s"]),
-        first, last, mean_all, outer, rewards, extra,
+        first, last, mean_all, outer, cpu, rewards, extra,
     )
+
+
+def cpu_ratio(r: Result) -> float:
+    """Process CPU seconds per wall second over the timed span: a contention gauge.
+
+    A run that can use one core (TRL at 1 thread, freshroll sync) shows ~1.0 on a quiet
+    machine; freshroll async and TRL at 2 threads up to ~2.0. Much lower means the run was
+    starved of CPU by other processes. freshroll's CPU time covers the whole ``run()`` call
+    (report and verify included), so its ratio uses ``outer_s``.
+    """
+    span = r.wall_s if r.system.startswith("trl-") else r.outer_s
+    return r.cpu_s / span if span > 0 else math.nan
 
 
 # --- report -----------------------------------------------------------------------------
@@ -325,10 +342,11 @@ def reward_check(agg: dict[str, dict[str, Any]], a: str, b: str) -> dict[str, An
 def print_report(results: list[Result], agg, rat, goal) -> None:
     print()
     print(f"{'system':<17}{'seed':>5}{'steps':>6}{'wall s':>9}{'rollouts/s':>12}"
-          f"{'reward first -> last':>24}{'mean':>8}")
+          f"{'reward first -> last':>24}{'mean':>8}{'cpu/wall':>10}")
     for r in results:
         print(f"{r.system:<17}{r.seed:>5}{r.steps:>6}{r.wall_s:>9.2f}{r.rollouts_per_s:>12.1f}"
-              f"{r.reward_first:>13.3f} -> {r.reward_last:.3f}{r.reward_all:>10.3f}")
+              f"{r.reward_first:>13.3f} -> {r.reward_last:.3f}{r.reward_all:>10.3f}"
+              f"{cpu_ratio(r):>10.2f}")
     print()
     print("means over seeds (± sample std):")
     print(f"{'system':<17}{'n':>3}{'wall s':>15}{'rollouts/s':>17}{'reward first':>17}"
@@ -444,7 +462,9 @@ def main(argv: list[str] | None = None) -> int:
             "reward": reward_check(agg, "freshroll-async", "trl-1t"),
         }
     print_report(results, agg, rat, goal)
-    print(f"\nbenchmark wall time {total:.0f}s")
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (math.nan,) * 3
+    print(f"\nbenchmark wall time {total:.0f}s; load average now {load[0]:.1f} "
+          f"(1 min) {load[2]:.1f} (15 min) on {os.cpu_count()} cpus")
     if args.json:
         args.json.write_text(json.dumps({
             "versions": {"trl": trl.__version__, "transformers": transformers.__version__,
@@ -452,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
             "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
             "steps": args.steps, "seeds": args.seeds, "overrides": args.overrides,
             "trl_config": trl_config,
-            "results": [asdict(r) for r in results],
+            "results": [{**asdict(r), "cpu_ratio": cpu_ratio(r)} for r in results],
             "means": agg, "ratios": rat, "goal": goal, "benchmark_s": total,
         }, indent=1, default=str))
         print(f"wrote {args.json}")

@@ -3,9 +3,9 @@
 Every event is a ``msgspec.Struct`` with a ``kind`` tag and a ``ts`` (seconds,
 from the run's :class:`~freshroll.clock.Clock`). Its JSON form is exactly what
 ``msgspec.json.encode`` writes, with the ledger's sequence number put first
-(``{"seq": 12, "kind": "started", "ts": ..., ...}``); docs/ledger.md documents
-every field. Events are decoded as a tagged union: an unknown ``kind`` is an
-error, never skipped.
+(``{"seq":12,"kind":"started",<fields in declaration order>,"ts":...}``: ``ts``, a
+field of the base class, comes last); docs/ledger.md documents every field. Events
+are decoded as a tagged union: an unknown ``kind`` is an error, never skipped.
 
 Ids inside events are strings in the canonical forms of :mod:`freshroll.lineage`.
 """

@@ -24,6 +24,7 @@ build and take them apart only with the functions here.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import json
@@ -57,13 +58,24 @@ def digest_json(obj: Any) -> str:
 
 
 def digest_callable(fn: Callable[..., Any]) -> str:
-    """Digest of a function's source (falls back to its qualified name)."""
-    target = getattr(fn, "func", fn)  # functools.partial
+    """Digest of a function's source (falls back to its qualified name).
+
+    A ``functools.partial`` also digests its bound arguments; a callable object
+    (e.g. a reward model wrapper) digests its class, never its ``repr`` (which
+    usually holds a memory address and would change the version on every run).
+    """
+    if isinstance(fn, functools.partial):
+        bound = digest_json({"args": list(fn.args), "keywords": fn.keywords})
+        return digest_of("partial", digest_callable(fn.func), bound)
+    target: Any = fn
+    if not (inspect.isfunction(fn) or inspect.ismethod(fn) or inspect.isclass(fn)
+            or inspect.isbuiltin(fn)):
+        target = type(fn)
     try:
         src = inspect.getsource(target)
     except (OSError, TypeError):
         module = getattr(target, "__module__", "?")
-        src = f"{module}.{getattr(target, '__qualname__', repr(target))}"
+        src = f"{module}.{getattr(target, '__qualname__', type(target).__qualname__)}"
     return digest_of(src)
 
 
@@ -81,13 +93,16 @@ def sample_id(request: RequestId, attempt: int) -> SampleId:
     return SampleId(f"{request}#{attempt}")
 
 
-_REQ = re.compile(r"^(g\d+)\.(\d+)$")
-_SAMPLE = re.compile(r"^(g\d+\.\d+)#(\d+)$")
+# Ids parse only in their canonical form (``str(parse(t)) == t``): ASCII digits without
+# leading zeros, and fullmatch (a bare ``$`` would also accept a trailing newline).
+_NUM = r"(?:0|[1-9][0-9]*)"
+_REQ = re.compile(rf"(g{_NUM})\.({_NUM})")
+_SAMPLE = re.compile(rf"(g{_NUM}\.{_NUM})#({_NUM})")
 
 
 def parse_request_id(text: str) -> tuple[GroupId, int]:
     """``"g17.3"`` -> ``("g17", 3)``."""
-    m = _REQ.match(text)
+    m = _REQ.fullmatch(text)
     if not m:
         raise LineageError(f"not a request id: {text!r} (expected 'g<group>.<member>')")
     return GroupId(m.group(1)), int(m.group(2))
@@ -95,7 +110,7 @@ def parse_request_id(text: str) -> tuple[GroupId, int]:
 
 def parse_sample_id(text: str) -> tuple[RequestId, int]:
     """``"g17.3#2"`` -> ``("g17.3", 2)``."""
-    m = _SAMPLE.match(text)
+    m = _SAMPLE.fullmatch(text)
     if not m:
         raise LineageError(f"not a sample id: {text!r} (expected 'g<group>.<member>#<attempt>')")
     return RequestId(m.group(1)), int(m.group(2))
@@ -113,9 +128,9 @@ def request_of(sample: str) -> RequestId:
 
 # --- versions ---------------------------------------------------------------------
 
-_POLICY = re.compile(r"^p(\d+)-([0-9a-f]+)(?:\+w([0-9a-f]+))?$")
-_REWARD = re.compile(r"^r:([A-Za-z0-9_.\-]+):([0-9a-f]+)(?:\+w([0-9a-f]+))?$")
-_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
+_POLICY = re.compile(rf"p({_NUM})-([0-9a-f]+)(?:\+w([0-9a-f]+))?")
+_REWARD = re.compile(r"r:([A-Za-z0-9_.\-]+):([0-9a-f]+)(?:\+w([0-9a-f]+))?")
+_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +164,7 @@ class PolicyVersion:
 
     @classmethod
     def parse(cls, text: str) -> PolicyVersion:
-        m = _POLICY.match(text)
+        m = _POLICY.fullmatch(text)
         if not m:
             raise LineageError(f"not a policy version: {text!r} (expected 'p<step>-<hex>')")
         return cls(int(m.group(1)), m.group(2), m.group(3))
@@ -164,7 +179,7 @@ class RewardVersion:
     weights_digest: str | None = None
 
     def __post_init__(self) -> None:
-        if not _NAME.match(self.name):
+        if not _NAME.fullmatch(self.name):
             raise LineageError(f"reward name {self.name!r} must match [A-Za-z0-9_.-]+")
 
     @classmethod
@@ -185,7 +200,7 @@ class RewardVersion:
 
     @classmethod
     def parse(cls, text: str) -> RewardVersion:
-        m = _REWARD.match(text)
+        m = _REWARD.fullmatch(text)
         if not m:
             raise LineageError(f"not a reward version: {text!r} (expected 'r:<name>:<hex>')")
         return cls(m.group(1), m.group(2), m.group(3))

@@ -3,7 +3,7 @@
 For every *accepted* (committed) sample, with ``t(x)`` the timestamp of event x::
 
     queue      = t(started of the committed attempt) - t(requested)   # incl. failed attempts
-    generation = gen_s                                                # measured on the worker
+    generation = min(gen_s, t(generated) - t(started))                # measured on the worker
     transfer   = max(0, t(generated) - t(started) - gen_s)            # dispatch + result transfer
     reward     = t(rewarded) - t(generated)                           # reward queue + scoring
     buffer     = t(leased) - t(rewarded)                              # waiting for the trainer
@@ -13,10 +13,10 @@ The six stages add up to ``t(committed) - t(requested)``. :func:`decompose`
 gives p50/p95/p99, the mean and each stage's share of the summed total.
 
 Run-level figures (:func:`run_rates`): accepted rollouts per second (committed
-samples / wall time from the first ``opened`` to the last ``committed``), the
-trainer idle ratio (sum of ``leased.wait_s`` / trainer wall time, where each
-incarnation's trainer wall runs from its ``opened`` to its last ``committed``),
-the lag of every committed sample, and the discard counts by reason.
+samples / trainer wall time), the trainer idle ratio (sum of ``leased.wait_s`` /
+trainer wall time), and the discard counts by reason. The trainer wall time of
+an incarnation runs from its trainer's first wait for data to its last commit
+(setup and crash downtime excluded); incarnations add up.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from freshroll import events as ev
+from freshroll.errors import LedgerError
 
 STAGES = ("queue", "generation", "transfer", "reward", "buffer", "trainer")
 
@@ -86,20 +87,29 @@ def collect_spans(events: Iterable[ev.Event]) -> Spans:
         elif isinstance(e, ev.Leased):
             lease_ts[e.lease] = (e.ts, _step(e.version))
         elif isinstance(e, ev.Committed):
-            t_lease, consumer = lease_ts[e.lease]
-            for sid in e.samples:
-                t_req = requested[sid.partition(".")[0]]
-                t_start, gen_step = started[sid]
-                t_gen, gen_s = generated[sid]
-                t_rew = rewarded[sid]
-                values = (
-                    t_start - t_req, gen_s, max(0.0, t_gen - t_start - gen_s),
-                    t_rew - t_gen, t_lease - t_rew, e.ts - t_lease,
-                )
-                for name, value in zip(STAGES, values, strict=True):
-                    spans.stages[name].append(value)
-                spans.total.append(e.ts - t_req)
-                spans.lags.append(consumer - gen_step)
+            try:
+                t_lease, consumer = lease_ts[e.lease]
+                for sid in e.samples:
+                    t_req = requested[sid.partition(".")[0]]
+                    t_start, gen_step = started[sid]
+                    t_gen, gen_s = generated[sid]
+                    t_rew = rewarded[sid]
+                    # the worker's own measure is capped at the span it was measured in, so
+                    # the six stages always add up to the end-to-end time
+                    gen = min(gen_s, max(0.0, t_gen - t_start))
+                    values = (
+                        t_start - t_req, gen, max(0.0, t_gen - t_start - gen_s),
+                        t_rew - t_gen, t_lease - t_rew, e.ts - t_lease,
+                    )
+                    for name, value in zip(STAGES, values, strict=True):
+                        spans.stages[name].append(value)
+                    spans.total.append(e.ts - t_req)
+                    spans.lags.append(consumer - gen_step)
+            except KeyError as exc:
+                raise LedgerError(
+                    f"committed lease {e.lease} names {exc.args[0]!r}, which has no "
+                    "requested/started/generated/rewarded/leased event (run `freshroll verify`)"
+                ) from exc
     return spans
 
 
@@ -136,35 +146,38 @@ def format_table(rows: list[StageRow]) -> str:
 
 
 def run_rates(events: Iterable[ev.Event]) -> RunRates:
-    first = last_commit = None
+    """Run-level rates. Each incarnation (``opened``) contributes the span from its trainer's
+    first wait for data (first ``leased.ts - leased.wait_s``) to its last ``committed``: model
+    loading before the trainer starts and the downtime between a crash and ``--resume`` are not
+    counted; everything the trainer waited for or trained on is."""
     accepted = generated = steps = 0
-    wait = trainer_wall = 0.0
-    inc_open: float | None = None
-    inc_last: float | None = None
+    wait = wall = 0.0
+    start: float | None = None
+    last: float | None = None
     discards: Counter[str] = Counter()
     for e in events:
         if isinstance(e, ev.Opened):
-            if inc_open is not None and inc_last is not None:
-                trainer_wall += inc_last - inc_open
-            inc_open, inc_last = e.ts, None
-            first = e.ts if first is None else first
+            if start is not None and last is not None:
+                wall += last - start
+            start = last = None
+        elif isinstance(e, ev.Leased):
+            wait += e.wait_s
+            if start is None:
+                start = e.ts - e.wait_s
         elif isinstance(e, ev.Committed):
             accepted += len(e.samples)
             steps += 1
-            last_commit = inc_last = e.ts
-        elif isinstance(e, ev.Leased):
-            wait += e.wait_s
+            last = e.ts
         elif isinstance(e, ev.Generated):
             generated += 1
         elif isinstance(e, ev.Discarded):
             discards[e.reason] += 1
-    if inc_open is not None and inc_last is not None:
-        trainer_wall += inc_last - inc_open
-    wall = (last_commit - first) if (first is not None and last_commit is not None) else 0.0
+    if start is not None and last is not None:
+        wall += last - start
     return RunRates(
         accepted=accepted, generated=generated, wall_s=wall,
         accepted_per_s=accepted / wall if wall > 0 else 0.0,
-        trainer_wait_s=wait, trainer_wall_s=trainer_wall,
-        trainer_idle_ratio=min(1.0, wait / trainer_wall) if trainer_wall > 0 else 0.0,
+        trainer_wait_s=wait, trainer_wall_s=wall,
+        trainer_idle_ratio=min(1.0, wait / wall) if wall > 0 else 0.0,
         steps=steps, discards=dict(discards),
     )

@@ -69,6 +69,22 @@ def test_failing_reward_discards_with_reason_and_run_goes_on(tmp_path: Path, sma
     assert any("nan" in d for d in details)
 
 
+def test_prompts_from_a_user_jsonl_file(tmp_path: Path, small: list[str]):
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(
+        f'{{"question": "rev {n:03d}=", "solution": "{str(n).zfill(3)[::-1]}"}}\n'
+        for n in range(40)
+    ))
+    out = tmp_path / "jsonl"
+    proc = freshroll("run", *small, "run.steps=2", f"task.file={data}",
+                     "task.prompt_field=question", "task.answer_field=solution", "--out", str(out))
+    assert "verify: ok" in proc.stdout
+    assert summary(out)["steps"] == 2
+    bad = freshroll("run", *small, f"task.file={data}", "task.prompt_field=nope",
+                    "--out", str(tmp_path / "bad"), check=False)
+    assert bad.returncode == 2 and "nope" in bad.stderr and "prompts.jsonl" in bad.stderr
+
+
 def test_bad_config_is_a_clear_error(tmp_path: Path):
     proc = freshroll("run", "trainer.lr_rate=1", "--out", str(tmp_path / "x"), check=False)
     assert proc.returncode == 2

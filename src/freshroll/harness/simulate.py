@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
 
 from freshroll.buffer import KernelConfig, Outcome, SampleBuffer
 from freshroll.clock import Clock, RealClock, VirtualClock
+from freshroll.errors import StateError
 from freshroll.ledger import Ledger, open_ledger
 from freshroll.lineage import PolicyVersion, RewardVersion, SampleId
 
@@ -64,10 +66,18 @@ class Simulator:
         for sid in buf.unrewarded():  # a crash lost their rewards: score again
             self._score(sid)
         while buf.counts["steps"] < self.sim.steps:
+            before = buf.ledger.last_seq
             self._admit()
             running = self._start_all()
             self._finish(running)
             self._train()
+            if buf.ledger.last_seq == before:
+                # A round that changed nothing changes nothing next time either (the rng is
+                # only drawn for running work): fail loudly instead of spinning forever.
+                raise StateError(
+                    f"simulation stalled at step {buf.counts['steps']}/{self.sim.steps}: "
+                    f"no admission, start, result or lease is possible ({buf.stats()})"
+                )
         return buf.counts["steps"]
 
     def _admit(self) -> None:
@@ -139,7 +149,9 @@ def simulate(
 
 def write_counts(run_dir: Path, buf: SampleBuffer) -> None:
     """The live counters, which ``verify`` recomputes from the ledger (accounting)."""
-    (run_dir / "counts.json").write_text(json.dumps(dict(buf.counts), sort_keys=True, indent=1))
+    tmp = run_dir / "counts.json.tmp"  # write + rename: a crash never leaves half a file
+    tmp.write_text(json.dumps(dict(buf.counts), sort_keys=True, indent=1))
+    os.replace(tmp, run_dir / "counts.json")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -7,11 +7,13 @@ machine code with :mod:`freshroll.buffer`, so a bug there shows up here.
 invariant      what is checked
 =============  =====================================================================
 conservation   every request ends in exactly one terminal state (committed once, or
-               discarded once with a terminal reason); none in flight once closed
+               discarded once with a terminal reason); none in flight once closed; no
+               retry (``fenced`` discard) of a request that already ended
 duplicates     no sample and no request is committed twice, across incarnations
 loss           every accepted completion (``generated``) is committed or discarded
 unexpected     every committed sample was started, generated, rewarded, made ready
-               and leased in the batch that committed it
+               and leased in the batch that committed it (a lease not released since);
+               only an open lease is released
 freshness      committed lag <= max_staleness in force; every ``stale`` discard
                really exceeded it
 fencing        no attempt starts on, and no result is applied from, a fenced epoch
@@ -30,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from freshroll import events as ev
-from freshroll.errors import LineageError
+from freshroll.errors import LedgerError, LineageError
 from freshroll.ledger import LEDGER_FILE, Ledger
 from freshroll.lineage import PolicyVersion, RewardVersion
 
@@ -81,7 +83,7 @@ class _Checker:
         self.started: dict[str, tuple[str, int, int]] = {}  # sample -> worker, epoch, step
         self.generated: set[str] = set()
         self.rewarded: dict[str, str] = {}  # sample -> reward version
-        self.ready: set[str] = set()
+        self.ready: dict[str, set[str]] = defaultdict(set)  # group -> every sample made ready
         self.group_samples: dict[str, list[str]] = {}  # group -> its samples when ready
         self.leases: dict[str, tuple[int, set[str]]] = {}  # lease -> step, samples
         self.fenced: set[tuple[str, int]] = set()
@@ -150,18 +152,23 @@ class _Checker:
         for s in e.samples:
             if s not in self.rewarded:
                 self.r.add("unexpected", f"seq {seq}: {s} ready but never rewarded")
-        self.ready.update(e.samples)
+        self.ready[e.group].update(e.samples)
         self.group_samples[e.group] = list(e.samples)
 
     def _leased(self, seq: int, e: ev.Leased) -> None:
-        samples = {s for s in self.ready if s.partition(".")[0] in set(e.groups)}
+        samples = {s for g in e.groups for s in self.ready.get(g, ())}
         self.leases[e.lease] = (_step(e.version), samples)
+
+    def _lease_released(self, seq: int, e: ev.LeaseReleased) -> None:
+        if self.leases.pop(e.lease, None) is None:
+            self.r.add("unexpected", f"seq {seq}: lease {e.lease} released but not open")
 
     def _committed(self, seq: int, e: ev.Committed) -> None:
         step, leased = self.leases.get(e.lease, (-1, set()))
         parent = self._parse_policy(e.parent, seq)
         if self.version is not None and e.parent != str(self.version):
-            self.r.add("lineage", f"seq {seq}: step parent {e.parent} is not current {self.version}")
+            self.r.add("lineage",
+                       f"seq {seq}: step parent {e.parent} is not current {self.version}")
         if parent is not None:
             expected = parent.child(e.samples, e.settings_digest)
             got = self._parse_policy(e.version, seq)
@@ -178,7 +185,8 @@ class _Checker:
     def _commit_sample(self, seq: int, s: str, step: int, leased: set[str], lease: str) -> None:
         req = s.partition("#")[0]
         if req in self.terminal:
-            self.r.add("duplicates", f"seq {seq}: {s} committed, request already {self.terminal[req]}")
+            self.r.add("duplicates",
+                       f"seq {seq}: {s} committed, request already {self.terminal[req]}")
         self.terminal[req] = f"committed as {s}"
         self.sample_end[s] = "committed"
         if s not in leased:
@@ -196,6 +204,10 @@ class _Checker:
         if e.reason in ev.RETRY_REASONS:
             if e.sample:
                 self.fenced_samples.add(e.sample)
+            if e.request in self.terminal:  # a retry re-issues: only a live request has one
+                self.r.add("conservation",
+                           f"seq {seq}: {e.request} discarded ({e.reason}) for a retry but "
+                           f"already {self.terminal[e.request]}")
             return
         if e.request in self.terminal:
             self.r.add("conservation",
@@ -260,6 +272,15 @@ def verify_run(run_dir: str | Path) -> Report:
     """Check a run directory: its ledger, and its reported counters if present."""
     run_dir = Path(run_dir)
     counts_file = run_dir / "counts.json"
-    counts = json.loads(counts_file.read_text()) if counts_file.is_file() else None
+    counts = None
+    if counts_file.is_file():
+        try:
+            counts = json.loads(counts_file.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise LedgerError(f"{counts_file}: unreadable counters: {exc}") from exc
+        if not isinstance(counts, dict) or not all(
+            isinstance(k, str) and isinstance(v, int) for k, v in counts.items()
+        ):
+            raise LedgerError(f"{counts_file}: expected a JSON object of integer counters")
     with Ledger(run_dir / LEDGER_FILE, readonly=True) as ledger:
         return verify_ledger(ledger, counts)

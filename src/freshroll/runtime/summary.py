@@ -7,8 +7,9 @@ Figures: accepted rollouts/s (committed samples / wall from first ``opened`` to
 last ``committed``), generated rollouts/s (for contrast: generation is not
 acceptance), discard rate overall and by reason (``shutdown`` discards at the
 end of a run are reported but left out of ``discard_rate``), lag p50/p99/max and
-its histogram, trainer idle ratio, reward at the first and last steps (mean of
-the first/last ``min(3, steps)`` steps), and the per-stage time decomposition.
+its histogram, trainer idle ratio, weight loads and their mean transfer time,
+reward at the first and last steps (mean of the first/last ``min(3, steps)``
+steps), and the per-stage time decomposition.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from freshroll.events import WeightsLoaded
 from freshroll.ledger import LEDGER_FILE, Ledger
 from freshroll.timing import collect_spans, decompose, percentile, run_rates
 
@@ -39,6 +41,7 @@ def summarize(run_dir: Path) -> dict[str, Any]:
     with Ledger(run_dir / LEDGER_FILE, readonly=True) as ledger:
         events = [e for _, e in ledger.events()]
     rates, spans = run_rates(events), collect_spans(events)
+    transfers = [e.transfer_s for e in events if isinstance(e, WeightsLoaded)]
     metrics = read_metrics(run_dir)
     cfg_file = run_dir / "config.yaml"
     config = yaml.safe_load(cfg_file.read_text()) if cfg_file.is_file() else {}
@@ -66,6 +69,8 @@ def summarize(run_dir: Path) -> dict[str, Any]:
             "histogram": {str(k): v for k, v in sorted(Counter(spans.lags).items())},
         },
         "trainer_idle_ratio": rates.trainer_idle_ratio,
+        "weight_loads": len(transfers),
+        "weight_transfer_s_mean": sum(transfers) / len(transfers) if transfers else 0.0,
         "trainer_wait_s": rates.trainer_wait_s,
         "reward_first": sum(rewards[:k]) / k if k else None,
         "reward_last": sum(rewards[-k:]) / k if k else None,

@@ -1,0 +1,233 @@
+"""The sample buffer's state, and the event handlers that are the only code changing it.
+
+:class:`BufferState` is a pure reducer over ledger events: ``apply(event)``
+moves requests, groups, leases and worker epochs from one state to the next,
+with no validation beyond what replay needs, no clock and no I/O. The
+commands that validate input and emit events live in
+:class:`freshroll.buffer.SampleBuffer`, which applies every event it appends
+through the same handlers that replay a ledger after a crash.
+
+Request states: ``queued -> running -> generated -> rewarded -> committed``,
+or ``discarded`` (terminal); a ``fenced`` discard sends a running request back
+to ``queued``. Group states: ``running -> ready -> leased -> done``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from freshroll import events as ev
+from freshroll.errors import StateError, UnknownSampleError
+from freshroll.lineage import GroupId, PolicyVersion, RequestId, SampleId, request_id, request_of
+
+QUEUED, RUNNING, GENERATED, REWARDED, COMMITTED, DISCARDED = range(6)
+G_RUNNING, G_READY, G_LEASED, G_DONE = range(4)
+_STATE_NAMES = ("queued", "running", "generated", "rewarded", "committed", "discarded")
+
+@dataclass(slots=True)
+class _Request:
+    id: RequestId
+    group: _Group
+    state: int = QUEUED
+    attempt: int = 0
+    sample: SampleId | None = None
+    worker: tuple[str, int] | None = None
+    step: int = -1  # policy step its current attempt was generated with
+    reward: float = math.nan
+
+
+@dataclass(slots=True)
+class _Group:
+    id: GroupId
+    prompt_id: str
+    members: list[_Request] = field(default_factory=list)
+    open: int = 0  # members not yet rewarded or terminally discarded
+    state: int = G_RUNNING
+    samples: list[SampleId] = field(default_factory=list)  # rewarded samples, in order
+    dropping: ev.DiscardReason | None = None  # set once a whole-group discard has begun
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    id: str
+    version: int
+    groups: tuple[GroupId, ...]
+    samples: tuple[SampleId, ...]
+
+
+def _step(version: str) -> int:
+    return int(version[1 : version.index("-")])
+
+
+class BufferState:
+    """Everything the ledger says about live requests, groups, leases and workers."""
+
+    def __init__(self) -> None:
+        self.version: PolicyVersion | None = None
+        self.incarnation = -1
+        self._groups: dict[GroupId, _Group] = {}
+        self._requests: dict[RequestId, _Request] = {}
+        self._queue: deque[_Request] = deque()
+        self._ready: deque[_Group] = deque()
+        self._leases: dict[str, Lease] = {}
+        self._n_leases = 0
+        self._epochs: dict[str, int] = {}  # worker -> latest epoch
+        self._fenced: set[tuple[str, int]] = set()
+        self._inflight: dict[tuple[str, int], set[SampleId]] = {}
+        self._payloads: dict[SampleId, bytes] = {}
+        self._published: set[str] = set()  # every policy version the ledger has made current
+        self.closed = False  # a clean shutdown was recorded (until the next open)
+        self.accepted = self.running = 0  # groups, for admission
+        self.counts: Counter[str] = Counter()  # accounting, recomputed by verify
+        self._handlers: dict[type, Callable[[Any], None]] = {
+            ev.Opened: self._on_opened, ev.PolicyPublished: self._on_published,
+            ev.Requested: self._on_requested, ev.WorkerStarted: self._on_worker_started,
+            ev.WorkerFenced: self._on_worker_fenced, ev.Started: self._on_started,
+            ev.Generated: self._on_generated, ev.Rewarded: self._on_rewarded,
+            ev.Ready: self._on_ready, ev.Leased: self._on_leased,
+            ev.LeaseReleased: self._on_released, ev.Committed: self._on_committed,
+            ev.Discarded: self._on_discarded, ev.Rejected: self._on_rejected,
+            ev.WeightsLoaded: _noop, ev.FaultInjected: _noop, ev.Closed: self._on_closed,
+        }
+
+    def apply(self, event: ev.Event) -> None:
+        self._handlers[type(event)](event)
+
+    def _request(self, rid: str) -> _Request:
+        req = self._requests.get(RequestId(rid))
+        if req is None:
+            raise UnknownSampleError(f"unknown request {rid!r}")
+        return req
+
+    # == handlers: the only code that mutates state =======================================
+    def _on_opened(self, e: ev.Opened) -> None:
+        self.incarnation = e.incarnation
+        self.closed = False
+
+    def _on_closed(self, e: ev.Closed) -> None:
+        self.closed = True
+
+    def _on_published(self, e: ev.PolicyPublished) -> None:
+        self.version = PolicyVersion.parse(e.version)
+        self._published.add(e.version)
+
+    def _on_requested(self, e: ev.Requested) -> None:
+        group = _Group(GroupId(e.group), e.prompt_id, open=e.size)
+        if group.id in self._groups:
+            raise StateError(f"group {group.id} admitted twice")
+        self._groups[group.id] = group
+        for m in range(e.size):
+            req = _Request(request_id(group.id, m), group)
+            group.members.append(req)
+            self._requests[req.id] = req
+            self._queue.append(req)
+        self.running += 1
+        self.counts["requests"] += e.size
+
+    def _on_worker_started(self, e: ev.WorkerStarted) -> None:
+        self._epochs[e.worker] = e.epoch
+        self._inflight[(e.worker, e.epoch)] = set()
+
+    def _on_worker_fenced(self, e: ev.WorkerFenced) -> None:
+        self._fenced.add((e.worker, e.epoch))
+
+    def _on_started(self, e: ev.Started) -> None:
+        req = self._requests[request_of(e.sample)]
+        if req.state != QUEUED:
+            raise StateError(f"start of {e.sample}: request not queued")
+        if self._queue[0] is req:
+            self._queue.popleft()
+        else:
+            self._queue.remove(req)
+        req.state, req.attempt, req.sample = RUNNING, req.attempt + 1, SampleId(e.sample)
+        req.worker, req.step = (e.worker, e.epoch), _step(e.version)
+        self._inflight[req.worker].add(req.sample)
+        self.counts["started"] += 1
+
+    def _on_generated(self, e: ev.Generated) -> None:
+        req = self._requests[request_of(e.sample)]
+        req.state = GENERATED
+        self._inflight[req.worker].discard(req.sample)  # type: ignore[index]
+        self.counts["generated"] += 1
+
+    def _on_rewarded(self, e: ev.Rewarded) -> None:
+        req = self._requests[request_of(e.sample)]
+        req.state, req.reward = REWARDED, e.reward
+        req.group.open -= 1
+        req.group.samples.append(SampleId(e.sample))
+        self.counts["rewarded"] += 1
+
+    def _on_ready(self, e: ev.Ready) -> None:
+        group = self._groups[GroupId(e.group)]
+        group.state = G_READY
+        self._ready.append(group)
+        self.running -= 1
+        self.accepted += 1
+
+    def _on_leased(self, e: ev.Leased) -> None:
+        groups = [self._groups[GroupId(g)] for g in e.groups]
+        for group in groups:
+            self._ready.remove(group)
+            group.state = G_LEASED
+        samples = tuple(s for g in groups for s in g.samples)
+        gids = tuple(g.id for g in groups)
+        self._leases[e.lease] = Lease(e.lease, _step(e.version), gids, samples)
+        self._n_leases += 1
+
+    def _on_released(self, e: ev.LeaseReleased) -> None:
+        lease = self._leases.pop(e.lease)
+        for gid in reversed(lease.groups):
+            group = self._groups[gid]
+            group.state = G_READY
+            self._ready.appendleft(group)
+
+    def _on_committed(self, e: ev.Committed) -> None:
+        lease = self._leases.pop(e.lease)
+        for gid in lease.groups:
+            self._groups[gid].state = G_DONE
+        for sid in lease.samples:
+            self._requests[request_of(sid)].state = COMMITTED
+            self._payloads.pop(sid, None)
+        self.counts["committed"] += len(lease.samples)
+        self.counts["steps"] += 1
+        self.version = PolicyVersion.parse(e.version)
+        self._published.add(e.version)
+
+    def _on_discarded(self, e: ev.Discarded) -> None:
+        req = self._requests[RequestId(e.request)]
+        group, was = req.group, req.state
+        if was == QUEUED:
+            self._queue.remove(req)
+        if req.worker is not None and was == RUNNING:
+            self._inflight[req.worker].discard(req.sample)
+        if req.sample is not None:
+            self._payloads.pop(req.sample, None)
+        self.counts[f"discarded_{e.reason}"] += 1
+        if e.reason in ev.RETRY_REASONS:
+            req.state = QUEUED
+            self._queue.appendleft(req)
+            return
+        req.state = DISCARDED
+        if was == REWARDED:  # a whole ready group discarded (stale / shutdown)
+            group.dropping = e.reason
+            group.samples.remove(req.sample)  # type: ignore[arg-type]
+            if not group.samples:
+                self._ready.remove(group)
+                group.state = G_DONE
+                self.accepted -= 1
+            return
+        group.open -= 1
+        if group.open == 0 and not group.samples and group.state == G_RUNNING:
+            group.state = G_DONE
+            self.running -= 1
+
+    def _on_rejected(self, e: ev.Rejected) -> None:
+        self.counts[f"rejected_{e.reason}"] += 1
+
+
+def _noop(event: ev.Event) -> None:
+    """Events that are recorded for audit and timing but change no buffer state."""
