@@ -250,9 +250,16 @@ class SampleBuffer(BufferState):
         gen_s: float,
         payload: bytes | None = None,
         last_version: PolicyVersion | str | None = None,
+        worker: tuple[str, int] | None = None,
     ) -> Outcome:
-        """A worker returned the completion of ``sample``."""
-        req = self._live_result(sample, RUNNING)
+        """A worker returned the completion of ``sample``.
+
+        ``worker`` (name, epoch) names who produced it; when given, a result from any
+        other worker epoch than the one the attempt was started on is rejected as
+        ``fenced``. (A sample id can be issued again after a crash lost its ``started``
+        event, so a worker that outlived the crash must not complete the new attempt.)
+        """
+        req = self._live_result(sample, RUNNING, worker)
         if req is None:
             return Outcome.REJECTED
         if payload is not None:
@@ -306,10 +313,14 @@ class SampleBuffer(BufferState):
         ))
         self._settle(req.group)
 
-    def _live_result(self, sample: str, expected: int) -> _Request | None:
+    def _live_result(
+        self, sample: str, expected: int, worker: tuple[str, int] | None = None
+    ) -> _Request | None:
         req = self._request(request_of(sample))
         reason: ev.RejectReason | None = None
-        fenced = expected == RUNNING and req.worker is not None and req.worker in self._fenced
+        fenced = expected == RUNNING and req.worker is not None and (
+            req.worker in self._fenced or (worker is not None and worker != req.worker)
+        )
         if sample != req.sample or fenced:
             reason = "fenced"
         elif req.state > expected:

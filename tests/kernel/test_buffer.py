@@ -991,3 +991,23 @@ def test_commands_after_shutdown_are_refused(path):
     assert buf.ledger.last_seq == n
     assert buf.stats()["groups_admitted"] == 0
     assert_verified(buf, closed=True)
+
+
+def test_result_from_another_worker_epoch_is_rejected(tmp_path):
+    """A re-issued sample id must not be completed by a worker that outlived a crash."""
+    from freshroll.buffer import KernelConfig, Outcome, SampleBuffer
+    from freshroll.clock import VirtualClock
+    from freshroll.ledger import Ledger
+    from freshroll.lineage import PolicyVersion
+
+    buf = SampleBuffer.open(
+        Ledger(tmp_path / "l.sqlite", sync="off"), KernelConfig(1, 1, 1), VirtualClock(),
+        run_id="t", initial_version=PolicyVersion.initial("m"),
+    )
+    e0 = buf.register_worker("w0")
+    e1 = buf.register_worker("w1")
+    buf.admit("p")
+    sid = buf.start(buf.next_request(), "w0", e0, buf.version)
+    assert buf.complete(sid, tokens=1, gen_s=0.0, worker=("w1", e1)) is Outcome.REJECTED
+    assert buf.counts["rejected_fenced"] == 1
+    assert buf.complete(sid, tokens=1, gen_s=0.0, worker=("w0", e0)) is Outcome.ACCEPTED

@@ -33,7 +33,7 @@ from freshroll.clock import VirtualClock
 from freshroll.errors import LedgerError, StateError
 from freshroll.harness.simulate import SimConfig, Simulator, open_buffer, simulate
 from freshroll.harness.verify import verify_run
-from freshroll.ledger import LEDGER_FILE, Ledger
+from freshroll.ledger import LEDGER_FILE, Ledger, decode_event
 from freshroll.lineage import PolicyVersion, SampleId, request_of
 
 STEPS = 12
@@ -51,6 +51,10 @@ def _cmd(run: Path, seed: int, flush_every: int) -> list[str]:
 def _events(run: Path) -> list[ev.Event]:
     """The durable events of a run (as a second reader: the run may be live)."""
     return [e for _, e in _events_of_rows(_rows(run))]
+
+
+def _events_of_rows(rows: list[tuple[int, str, bytes]]) -> list[tuple[int, ev.Event]]:
+    return [(seq, decode_event(body, where=f"seq {seq}")) for seq, _, body in rows]
 
 
 def _rows(run: Path) -> list[tuple[int, str, bytes]]:
@@ -144,6 +148,7 @@ def _timeline(flush_every: int, scratch: Path) -> tuple[float, float, float]:
 class KillResult:
     seed: int
     flush_every: int
+    anchor: str | None
     delay: float
     phase: str
     killed_rc: int
@@ -151,8 +156,14 @@ class KillResult:
     resumed_stderr: str
 
 
-def _kill_at(cmd: list[str], delay: float) -> int:
+def _kill_at(cmd: list[str], delay: float, run: Path, anchor: str | None) -> int:
+    """SIGKILL ``delay`` seconds after the spawn, or after the first ``anchor`` event."""
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    if anchor is not None:
+        deadline = time.monotonic() + TIMEOUT
+        while (proc.poll() is None and time.monotonic() < deadline
+               and not _durable_kinds(run / LEDGER_FILE)[anchor]):
+            time.sleep(0.0005)
     time.sleep(delay)
     proc.kill()  # SIGKILL: no cleanup, no flush, no atexit
     _, err = proc.communicate(timeout=TIMEOUT)
@@ -183,13 +194,20 @@ def test_sigkill_then_resume(
     rng = random.Random(seed)
     flush_every = rng.choice(FLUSH_EVERY)
     t_open, t_commit, t_end = _timeline(flush_every, scratch)
-    # a quarter of the kills aim at the start-up (no ledger yet), a quarter between the
-    # first event and the first commit, half at the rest of the run
-    lo, hi = [(0.0, t_open), (t_open, t_commit), (t_commit, t_end), (t_commit, t_end)][seed % 4]
+    # A quarter of the kills aim at the start-up (no ledger yet: a delay after the spawn),
+    # a quarter between the first event and the first commit (a delay after ``opened`` is
+    # durable), half at the rest of the run (a delay after the first ``committed``).
+    # Anchoring on the run's own progress keeps the spread when start-up time varies.
+    anchor, lo, hi = [
+        (None, 0.0, t_open),
+        ("opened", 0.0, t_commit - t_open),
+        ("committed", 0.0, 0.8 * (t_end - t_commit)),
+        ("committed", 0.0, t_end - t_commit),
+    ][seed % 4]
     delay = rng.uniform(lo, hi)
     run = tmp_path / "run"
     cmd = _cmd(run, seed, flush_every)
-    rc = _kill_at(cmd, delay)
+    rc = _kill_at(cmd, delay, run, anchor)
     before = _rows(run)
     phase = _phase([e for _, e in _events_of_rows(before)])
     proc = _resume(cmd, run)
@@ -198,7 +216,7 @@ def test_sigkill_then_resume(
     assert after[: len(before)] == before, "the resume rewrote durable history"
     events = _events(run)
     opened = _count(events, ev.Opened)
-    kill_results[seed] = KillResult(seed, flush_every, delay, phase, rc, opened,
+    kill_results[seed] = KillResult(seed, flush_every, anchor, delay, phase, rc, opened,
                                     proc.stderr.decode())
     _assert_clean(run, events)
     if phase in ("before_first_commit", "mid_run", "finished"):
@@ -209,19 +227,14 @@ def test_sigkill_then_resume(
         assert opened == 1  # nothing was durable: the resume started afresh
 
 
-def _events_of_rows(rows: list[tuple[int, str, bytes]]) -> list[tuple[int, ev.Event]]:
-    from freshroll.ledger import decode_event
-
-    return [(seq, decode_event(body, where=f"seq {seq}")) for seq, _, body in rows]
-
-
 def test_kills_landed_in_every_phase(kill_results: dict[int, KillResult]) -> None:
     """The seeded delays really exercise crashes before the first commit and mid-run."""
     if len(kill_results) < len(SEEDS):
         pytest.skip("run together with test_sigkill_then_resume")
     phases = Counter(r.phase for r in kill_results.values())
     for r in sorted(kill_results.values(), key=lambda r: r.seed):
-        print(f"seed {r.seed:2d} flush_every {r.flush_every:2d} delay {r.delay:.3f}s "
+        print(f"seed {r.seed:2d} flush_every {r.flush_every:2d} "
+              f"{r.delay:.3f}s after {r.anchor or 'spawn'} "
               f"-> {r.phase} (rc {r.killed_rc}, {r.opened} opened)")
     print("kill phases:", dict(phases))
     assert phases["before_open"] + phases["before_first_commit"] >= 2, phases

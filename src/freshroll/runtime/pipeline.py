@@ -156,7 +156,8 @@ class Pipeline:
                 continue
             for sid, comp in zip(sids, comps, strict=True):
                 out = buf.complete(
-                    sid, tokens=len(comp.token_ids), gen_s=comp.gen_s, payload=pl.encode(comp)
+                    sid, tokens=len(comp.token_ids), gen_s=comp.gen_s, payload=pl.encode(comp),
+                    worker=(name, epoch),
                 )
                 if out is Outcome.ACCEPTED:
                     await self._reward_q.put((sid, comp))
