@@ -14,14 +14,18 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-def freshroll(*args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess[str]:
+def freshroll(
+    *args: str, timeout: float = 300, check: bool = True
+) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     proc = subprocess.run(
         [sys.executable, "-m", "freshroll.cli", *args], cwd=REPO, env=env, text=True,
         capture_output=True, timeout=timeout,
     )
     if check and proc.returncode != 0:
-        raise AssertionError(f"freshroll {args} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+        raise AssertionError(
+            f"freshroll {args} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+        )
     return proc
 
 

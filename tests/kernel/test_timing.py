@@ -15,6 +15,7 @@ from freshroll.buffer import KernelConfig
 from freshroll.clock import VirtualClock
 from freshroll.errors import LedgerError
 from freshroll.harness.simulate import SimConfig, simulate
+from freshroll.ledger import Ledger
 from freshroll.timing import (
     STAGES,
     collect_spans,
@@ -118,10 +119,10 @@ def test_missing_events_give_a_ledger_error_not_a_key_error() -> None:
 
 
 def test_simulated_run_stages_add_up(tmp_path: Path) -> None:
-    buf = simulate(tmp_path / "run", KernelConfig(1, 2, 4),
-                   SimConfig(steps=8, seed=3, faults=True, sync="off"), VirtualClock())
-    events = [e for _, e in buf.ledger.events()]
-    buf.ledger.close()
+    simulate(tmp_path / "run", KernelConfig(1, 2, 4),
+             SimConfig(steps=8, seed=3, faults=True, sync="off"), VirtualClock())
+    with Ledger(tmp_path / "run" / "ledger.sqlite", readonly=True) as ledger:
+        events = [e for _, e in ledger.events()]
     spans = collect_spans(events)
     committed = sum(len(e.samples) for e in events if isinstance(e, ev.Committed))
     assert len(spans.total) == committed > 0

@@ -143,6 +143,7 @@ def simulate(
     buf = open_buffer(run_dir, kernel, sim, clock or VirtualClock(start=0.0))
     Simulator(buf, sim).run()
     buf.shutdown("done")
+    buf.ledger.close()
     write_counts(run_dir, buf)
     return buf
 
