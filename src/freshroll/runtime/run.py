@@ -125,16 +125,24 @@ class Recorder:
         self.metrics.write(json.dumps(row) + "\n")
         self.metrics.flush()
         if self.cfg.run.progress:
-            c = self.buf.counts
-            discards = sum(v for k, v in c.items() if k.startswith("discarded_"))
-            self.stream.write(
-                f"step {r.step:>4}/{self.cfg.run.steps}  reward {row['reward_mean']:.3f}  "
-                f"accepted/s {row['accepted_per_s']:7.1f}  lag {row['lag_mean']:.2f} "
-                f"(max {row['lag_max']:.0f}/{self.cfg.run.max_staleness})  "
-                f"idle {row['trainer_idle_ratio']:5.1%}  discards {discards}  "
-                f"t {elapsed:6.1f}s\n"
-            )
-            self.stream.flush()
+            self._progress(r.step, row, elapsed)
+
+    def _progress(self, step: int, row: dict[str, Any], elapsed: float) -> None:
+        """One line per step on a terminal (redrawn in place); every ~2.5% of the run in logs."""
+        total = self.cfg.run.steps
+        tty = self.stream.isatty()
+        if not tty and step % max(1, total // 40) and step != total:
+            return
+        discards = sum(v for k, v in self.buf.counts.items() if k.startswith("discarded_"))
+        line = (
+            f"step {step:>4}/{total}  reward {row['reward_mean']:.3f}  "
+            f"accepted/s {row['accepted_per_s']:7.1f}  lag {row['lag_mean']:.2f} "
+            f"(max {row['lag_max']:.0f}/{self.cfg.run.max_staleness})  "
+            f"idle {row['trainer_idle_ratio']:5.1%}  discards {discards}  t {elapsed:6.1f}s"
+        )
+        end = "\n" if not tty or step == total else ""
+        self.stream.write(("\r" if tty else "") + line + end)
+        self.stream.flush()
 
     def close(self) -> None:
         self.metrics.close()
