@@ -16,6 +16,7 @@ shared machine hits them alike:
 - ``trl-2t``:       the same with 2 intra-op threads (``--trl-threads 1 2``, the default);
 - ``freshroll-sync``:  ``freshroll.runtime.run.run`` with ``run.max_staleness=0``;
 - ``freshroll-async``: the same with ``run.max_staleness=1``.
+- ``freshroll-async-ray``: async with ``run.runtime=ray`` (the inference engine in a Ray actor process).
 
 freshroll runs with ``run.torch_threads=1`` (one intra-op thread per compute thread;
 the async pipeline overlaps a generation thread with the trainer thread, so it can
@@ -69,7 +70,12 @@ from pathlib import Path
 from typing import Any
 
 GOAL_SPEEDUP = 1.5
-FRESHROLL_SYSTEMS = {"freshroll-sync": 0, "freshroll-async": 1}
+# name -> (max_staleness, runtime)
+FRESHROLL_SYSTEMS = {
+    "freshroll-sync": (0, "inline"),
+    "freshroll-async": (1, "inline"),
+    "freshroll-async-ray": (1, "ray"),
+}
 
 
 def _offline() -> None:
@@ -112,11 +118,15 @@ def edge_means(rewards: list[float], frac: float = 0.1) -> tuple[float, float, f
 # --- the shared setup -------------------------------------------------------------------
 
 
-def freshroll_config(steps: int, seed: int, staleness: int, model_dir: Path, overrides: list[str]):
+def freshroll_config(
+    steps: int, seed: int, system: tuple[int, str], model_dir: Path, overrides: list[str]
+):
     from freshroll.config import load_config
 
+    staleness, runtime = system
     return load_config(None, [
         *overrides, f"run.steps={steps}", f"run.seed={seed}", f"run.max_staleness={staleness}",
+        f"run.runtime={runtime}",
         "run.progress=false", "run.torch_threads=1", f"model.path={model_dir}",
     ])
 
@@ -268,7 +278,8 @@ def run_freshroll(cfg, out_dir: Path) -> Result:
         "generated_rollouts_per_s": s.get("generated_rollouts_per_s"),
         "stages": {row["stage"]: row["share"] for row in s.get("stages", [])},
     }
-    name = "freshroll-async" if cfg.run.max_staleness > 0 else "freshroll-sync"
+    name = next(n for n, (eta, rt) in FRESHROLL_SYSTEMS.items()
+                if (eta, rt) == (cfg.run.max_staleness, cfg.run.runtime))
     return Result(
         name, cfg.run.seed, cfg.run.torch_threads, int(s["steps"]), float(s["wall_s"]),
         int(s["accepted_rollouts"]), float(s["accepted_rollouts_per_s"]),
@@ -412,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"trl {trl.__version__}, transformers {transformers.__version__}, "
           f"torch {torch.__version__}, {os.cpu_count()} cpus, python {platform.python_version()}")
     print(f"steps {args.steps}, seeds {args.seeds}, systems {systems}, work dir {work}")
-    base = freshroll_config(args.steps, args.seeds[0], 0, model_dir, args.overrides)
+    base = freshroll_config(args.steps, args.seeds[0], (0, "inline"), model_dir, args.overrides)
     trl_config = {
         k: v for k, v in trl_args(base, work / "trl-config").to_dict().items()
         if k in TRL_REPORT_KEYS
@@ -424,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.warmup:  # first-call costs (lazy imports, allocator, kernels) hit no system
             for name in systems:
-                cfg = freshroll_config(args.warmup, 0, FRESHROLL_SYSTEMS.get(name, 0),
+                cfg = freshroll_config(args.warmup, 0, FRESHROLL_SYSTEMS.get(name, (0, "inline")),
                                        model_dir, args.overrides)
                 out = work / f"warmup-{name}"
                 if name.startswith("trl-"):
@@ -435,8 +446,8 @@ def main(argv: list[str] | None = None) -> int:
         for i, seed in enumerate(args.seeds):
             rot = i % len(systems)
             for name in systems[rot:] + systems[:rot]:
-                staleness = FRESHROLL_SYSTEMS.get(name, 0)
-                cfg = freshroll_config(args.steps, seed, staleness, model_dir, args.overrides)
+                system = FRESHROLL_SYSTEMS.get(name, (0, "inline"))
+                cfg = freshroll_config(args.steps, seed, system, model_dir, args.overrides)
                 out = work / f"{name}-s{seed}"
                 shutil.rmtree(out, ignore_errors=True)
                 if name.startswith("trl-"):

@@ -28,6 +28,9 @@ class RunSection(_Section):
     steps: int = Field(400, ge=1, description="trainer steps to commit")
     max_staleness: int = Field(1, ge=0, description="eta: 0 = synchronous baseline")
     torch_threads: int = Field(1, ge=1, description="intra-op threads per compute thread")
+    runtime: Literal["inline", "ray"] = Field(
+        "inline", description="inline: workers are threads; ray: each worker is a Ray actor"
+    )
     progress: bool = True
 
 

@@ -29,6 +29,7 @@ import torch
 from freshroll.buffer import KernelConfig, SampleBuffer
 from freshroll.clock import RealClock
 from freshroll.config import Config, load_config, read_yaml, validate
+from freshroll.engines.base import InferenceEngine
 from freshroll.engines.hf import HFEngine
 from freshroll.engines.tiny import model_digest, save_tiny
 from freshroll.errors import ConfigError
@@ -148,6 +149,20 @@ class Recorder:
         self.metrics.close()
 
 
+def build_engines(cfg: Config, path: Path) -> list[InferenceEngine]:
+    """One engine per worker: in this process (inline) or each in a Ray actor (ray)."""
+    if cfg.run.runtime == "ray":
+        from freshroll.runtime.ray_engine import RayEngine, start_ray
+
+        start_ray(num_cpus=max(2, cfg.rollout.workers))
+        actors = [RayEngine(path, torch_threads=cfg.run.torch_threads)
+                  for _ in range(cfg.rollout.workers)]
+        for actor in actors:  # they start in parallel; wait for all before the clock runs
+            actor.wait_ready()
+        return list(actors)
+    return [HFEngine.from_pretrained(path) for _ in range(cfg.rollout.workers)]
+
+
 def _checkpoint_for(run_dir: Path, version: PolicyVersion) -> Path | None:
     for path in sorted((run_dir / "checkpoints").glob("step-*"), reverse=True):
         meta = path / "meta.json"
@@ -201,7 +216,7 @@ def run(
         initial_version=PolicyVersion.initial(model_digest(path)),
     )
     learner = build_learner(cfg, path, buf, out)
-    engines = [HFEngine.from_pretrained(path) for _ in range(cfg.rollout.workers)]
+    engines = build_engines(cfg, path)
     if buf.version is not None and buf.version.step > 0:
         for engine in engines:
             engine.load_weights(learner.weights())
@@ -218,6 +233,10 @@ def run(
     finally:
         rec.close()
         buf.ledger.close()
+        if cfg.run.runtime == "ray":
+            from freshroll.runtime.ray_engine import stop_ray
+
+            stop_ray()
     (out / "counts.json").write_text(json.dumps(dict(buf.counts), sort_keys=True, indent=1))
     summary = write_summary(out)
     _write_report(out)

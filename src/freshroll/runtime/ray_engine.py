@@ -1,0 +1,107 @@
+"""``run.runtime: ray``: inference engines as Ray actors, one process each.
+
+:class:`RayEngine` is a blocking proxy with the same methods as
+:class:`~freshroll.engines.base.InferenceEngine`, so the orchestrator does not
+care where a worker runs: its worker thread calls ``generate`` and waits on
+``ray.get`` (the GIL is released while it waits), and the actor generates in
+its own process. This matters on small models, where generation is mostly
+Python overhead: threads in one process take turns on the GIL, processes run
+side by side with the trainer.
+
+Weights travel through Ray's object store; ``load_weights`` returns the
+caller-side wall time (serialisation + transfer + copy), which the pipeline
+records as ``weights_loaded.transfer_s``. Ray is started locally, bound to
+127.0.0.1, without its dashboard. Ray's own transport serialises with pickle
+between Ray processes; freshroll opens no socket of its own.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from freshroll.engines.base import Completion
+
+
+def start_ray(num_cpus: int | None = None) -> None:
+    """Start (or join) a local Ray instance on 127.0.0.1, quietly."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(
+            num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+            _node_ip_address="127.0.0.1", configure_logging=False,
+        )
+
+
+def stop_ray() -> None:
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+class _EngineActor:
+    """Lives in a Ray worker process: one HFEngine on a local model directory."""
+
+    def __init__(self, path: str, torch_threads: int) -> None:
+        torch.set_num_threads(torch_threads)
+        from transformers.utils import logging as hf_logging
+
+        from freshroll.engines.hf import HFEngine
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+        self.engine = HFEngine.from_pretrained(path)
+
+    def generate(self, prompts: Sequence[str], kwargs: dict[str, Any]) -> list[Completion]:
+        return self.engine.generate(prompts, **kwargs)
+
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> float:
+        return self.engine.load_weights(state_dict)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self.engine.state_dict()
+
+    def ready(self) -> bool:
+        return True
+
+
+class RayEngine:
+    """A blocking proxy to an engine in a Ray actor (see module docstring)."""
+
+    def __init__(self, path: Path, *, torch_threads: int = 1) -> None:
+        import ray
+
+        actor_cls = ray.remote(num_cpus=1)(_EngineActor)
+        self._ray = ray
+        self._actor = actor_cls.remote(str(path), torch_threads)
+
+    def generate(
+        self, prompts: Sequence[str], *, max_new_tokens: int, temperature: float = 1.0,
+        top_p: float = 1.0, seed: int | None = None,
+    ) -> list[Completion]:
+        kwargs = {"max_new_tokens": max_new_tokens, "temperature": temperature,
+                  "top_p": top_p, "seed": seed}
+        result: list[Completion] = self._ray.get(self._actor.generate.remote(list(prompts), kwargs))
+        return result
+
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> float:
+        t0 = time.perf_counter()
+        self._ray.get(self._actor.load_weights.remote(dict(state_dict)))
+        return time.perf_counter() - t0
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        result: dict[str, torch.Tensor] = self._ray.get(self._actor.state_dict.remote())
+        return result
+
+    def wait_ready(self) -> None:
+        """Block until the actor has started and loaded its model (setup is not run time)."""
+        self._ray.get(self._actor.ready.remote())
+
+    def stop(self) -> None:
+        self._ray.kill(self._actor)
