@@ -16,7 +16,7 @@ shared machine hits them alike:
 - ``trl-2t``:       the same with 2 intra-op threads (``--trl-threads 1 2``, the default);
 - ``freshroll-sync``:  ``freshroll.runtime.run.run`` with ``run.max_staleness=0``;
 - ``freshroll-async``: the same with ``run.max_staleness=1``.
-- ``freshroll-async-ray``: async with ``run.runtime=ray`` (the inference engine in a Ray actor process).
+- ``freshroll-async-ray``: async with ``run.runtime=ray`` (engine in a Ray actor process).
 
 freshroll runs with ``run.torch_threads=1`` (one intra-op thread per compute thread;
 the async pipeline overlaps a generation thread with the trainer thread, so it can

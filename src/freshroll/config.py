@@ -76,7 +76,10 @@ class TrainerSection(_Section):
     clip_high: float = 0.28
     is_cap: float = 2.0
     kl_coef: float = Field(0.0, ge=0)
-    keep_checkpoints: int = Field(2, ge=2)
+    checkpoint_every: int = Field(
+        10, ge=1, description="steps between checkpoints; resume replays the rest from the ledger"
+    )
+    keep_checkpoints: int = Field(2, ge=1)
 
 
 class Config(_Section):

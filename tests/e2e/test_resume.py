@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,15 +22,15 @@ def _opened(out: Path) -> int:
     return db.execute("SELECT count(*) FROM events WHERE kind='opened'").fetchone()[0]
 
 
-@pytest.mark.parametrize("eta,kill_after", [(1, 3), (0, 5)])
+@pytest.mark.parametrize("eta,kill_after,every", [(1, 3, 10), (0, 5, 10), (1, 6, 4)])
 def test_sigkill_then_resume_keeps_every_invariant(
-    tmp_path: Path, small: list[str], eta: int, kill_after: int
+    tmp_path: Path, small: list[str], eta: int, kill_after: int, every: int
 ):
     out = tmp_path / "run"
     steps = 14
     proc = subprocess.Popen(
         [sys.executable, "-m", "freshroll.cli", "run", *small, f"run.steps={steps}",
-         f"run.max_staleness={eta}", "--out", str(out)],
+         f"run.max_staleness={eta}", f"trainer.checkpoint_every={every}", "--out", str(out)],
         cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"},
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
@@ -50,6 +51,8 @@ def test_sigkill_then_resume_keeps_every_invariant(
 
     res = freshroll("run", "--resume", str(out))
     assert "verify: ok" in res.stdout
+    # the trainer state came back from the newest checkpoint plus a digest-checked replay
+    assert "weights digests match" in res.stderr
     s = summary(out)
     assert s["steps"] == steps
     assert s["lag"]["max"] <= eta
@@ -61,6 +64,19 @@ def test_sigkill_then_resume_keeps_every_invariant(
     steps_logged = [r["step"] for r in metrics(out)]
     assert len(steps_logged) == len(set(steps_logged)) >= steps - 1
     assert set(steps_logged) <= set(range(1, steps + 1))
+
+
+def test_replay_refuses_weights_that_do_not_match_the_ledger(tmp_path: Path, small: list[str]):
+    """A resume whose replayed weights differ from the committed digest stops with an error."""
+    out = tmp_path / "run"
+    freshroll("run", *small, "run.steps=3", "trainer.checkpoint_every=10", "--out", str(out))
+    for ckpt in (out / "checkpoints").iterdir():  # force a replay from the initial model...
+        shutil.rmtree(ckpt)
+    cfg = out / "config.yaml"  # ...under different trainer settings: other weights
+    cfg.write_text(cfg.read_text().replace("lr: 0.001", "lr: 0.002"))
+    res = freshroll("run", "--resume", str(out), "run.steps=4", check=False)
+    assert res.returncode == 2
+    assert "replaying step 1" in res.stderr and "checkpoint_every=1" in res.stderr
 
 
 def test_resume_of_nothing_is_a_clear_error(tmp_path: Path):

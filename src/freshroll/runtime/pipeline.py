@@ -41,6 +41,7 @@ from freshroll.rewards.scoring import RewardSet
 from freshroll.rewards.tasks import Prompt
 from freshroll.runtime import payload as pl
 from freshroll.trainer.grpo import GRPOLearner, TrainSample
+from freshroll.trainer.replay import train_samples, weights_digest
 
 
 class _Stop(Exception):
@@ -201,6 +202,11 @@ class Pipeline:
             self._notify()
 
     # -- trainer -----------------------------------------------------------------
+    def _train_step(self, samples: list[TrainSample]) -> tuple[dict[str, float], str]:
+        """One optimizer step and the digest of the weights it produced (trainer thread)."""
+        metrics = self.learner.step(samples)
+        return metrics, weights_digest(self.learner.model)
+
     async def _trainer(self) -> None:
         buf, loop = self.buf, asyncio.get_running_loop()
         while buf.counts["steps"] < self.cfg.run.steps:
@@ -213,31 +219,22 @@ class Pipeline:
                     break
                 await changed.wait()
             self._notify()  # stale discards free admission capacity
-            samples = self._train_samples(lease.samples, lease.version)
-            metrics = await loop.run_in_executor(self._trainer_pool, self.learner.step, samples)
+            samples = train_samples(buf, lease.samples, lease.version)
+            metrics, digest = await loop.run_in_executor(
+                self._trainer_pool, self._train_step, samples
+            )
             parent = buf.version
             assert parent is not None
-            child = parent.child(lease.samples, self.learner.settings_digest)
+            child = parent.child(lease.samples, self.learner.settings_digest, digest)
             await loop.run_in_executor(self._trainer_pool, self.before_commit, child, self.learner)
-            version = buf.commit(lease.id, self.learner.settings_digest, train_s=metrics["train_s"])
+            version = buf.commit(
+                lease.id, self.learner.settings_digest, weights_digest=digest,
+                train_s=metrics["train_s"],
+            )
             self.published = Published(version, self.learner.weights())
             self.on_step(StepReport(version.step, version, metrics, wait_s, metrics["train_s"]))
             self._notify()
         raise _Stop
-
-    def _train_samples(self, samples: Sequence[str], consumer: int) -> list[TrainSample]:
-        out, groups = [], {}
-        for sid in samples:
-            reward, step = self.buf.sample_info(sid)
-            data = self.buf.payload(sid)
-            assert data is not None, f"payload of {sid} missing"
-            p = pl.decode(data)
-            gid = sid.partition(".")[0]
-            out.append(TrainSample(
-                p.prompt_ids, p.token_ids, p.logprobs, reward,
-                groups.setdefault(gid, len(groups)), consumer - step,
-            ))
-        return out
 
 
 def generation_seed(run_seed: int, first_sample: str) -> int:

@@ -7,10 +7,14 @@ A recipe of plain components (torchtune style)::
            -> learner (+ checkpoint matching the ledger's version on resume)
            -> engines -> pipeline.run() -> drain -> counts, summary, report, verify
 
-Exactly-once across crashes: a step's checkpoint is written (atomically) BEFORE
-its ``committed`` event is made durable. On resume, the ledger's current policy
-version picks the checkpoint; a checkpoint newer than the ledger (crash between
-the two) is ignored, and its lease, released by recovery, is trained again.
+Exactly-once across crashes: the ledger is the truth. Every ``committed`` event
+names its batch and the digest of the weights it produced; a checkpoint is
+written (atomically, before that step's commit) every ``checkpoint_every`` steps
+and at the last step. On resume, the newest checkpoint on the committed chain is
+loaded and the later committed steps are trained again from the ledger, each
+checked against its committed weights digest (:mod:`freshroll.trainer.replay`).
+A checkpoint newer than the ledger (crash between the two) is ignored, and its
+lease, released by recovery, is trained again.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from freshroll.trainer.checkpoint import (
     save_checkpoint,
 )
 from freshroll.trainer.grpo import GRPOLearner
+from freshroll.trainer.replay import CommittedStep, committed_chain, replay
 
 
 @dataclass
@@ -104,6 +109,10 @@ class Recorder:
         self.metrics = (run_dir / "metrics.jsonl").open("a")
 
     def before_commit(self, version: PolicyVersion, learner: GRPOLearner) -> None:
+        """Every ``checkpoint_every`` steps and at the last step (resume replays the rest)."""
+        every = self.cfg.trainer.checkpoint_every
+        if version.step % every and version.step < self.cfg.run.steps:
+            return
         root = self.run_dir / "checkpoints"
         save_checkpoint(
             checkpoint_dir(root, version.step), model_state=learner.model.state_dict(),
@@ -163,12 +172,17 @@ def build_engines(cfg: Config, path: Path) -> list[InferenceEngine]:
     return [HFEngine.from_pretrained(path) for _ in range(cfg.rollout.workers)]
 
 
-def _checkpoint_for(run_dir: Path, version: PolicyVersion) -> Path | None:
+def _resume_point(run_dir: Path, chain: dict[int, CommittedStep], step: int) -> tuple[Path, int]:
+    """The newest checkpoint on the committed chain at or before ``step``, and its step."""
     for path in sorted((run_dir / "checkpoints").glob("step-*"), reverse=True):
-        meta = path / "meta.json"
-        if meta.is_file() and json.loads(meta.read_text()).get("version") == str(version):
-            return path
-    return None
+        meta_file = path / "meta.json"
+        if not meta_file.is_file():
+            continue
+        meta = json.loads(meta_file.read_text())
+        s = int(meta.get("step", -1))
+        if 0 < s <= step and str(chain[s].version) == meta.get("version"):
+            return path, s
+    return Path(), 0
 
 
 def build_learner(cfg: Config, path: Path, buf: SampleBuffer, run_dir: Path) -> GRPOLearner:
@@ -183,13 +197,17 @@ def build_learner(cfg: Config, path: Path, buf: SampleBuffer, run_dir: Path) -> 
     )
     assert buf.version is not None
     if buf.version.step > 0:
-        ckpt_path = _checkpoint_for(run_dir, buf.version)
-        if ckpt_path is None:
-            raise ConfigError(f"{run_dir}: no checkpoint holds policy {buf.version}")
-        ckpt = load_checkpoint(ckpt_path)
-        model.load_state_dict(ckpt.model_state)
-        if ckpt.optimizer_state is not None:
-            learner.optimizer.load_state_dict(ckpt.optimizer_state)
+        chain = committed_chain(buf.ledger)
+        ckpt_path, ckpt_step = _resume_point(run_dir, chain, buf.version.step)
+        if ckpt_step > 0:
+            ckpt = load_checkpoint(ckpt_path)
+            model.load_state_dict(ckpt.model_state)
+            if ckpt.optimizer_state is not None:
+                learner.optimizer.load_state_dict(ckpt.optimizer_state)
+        n = replay(learner, buf, chain, ckpt_step)
+        if n:
+            sys.stderr.write(f"resume: checkpoint at step {ckpt_step}, replayed {n} committed "
+                             f"steps from the ledger; weights digests match\n")
     return learner
 
 

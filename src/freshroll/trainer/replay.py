@@ -1,0 +1,94 @@
+"""Rebuild the trainer's exact state from a checkpoint plus the ledger.
+
+Every ``committed`` event names the batch a step trained on (its sample ids,
+whose tokens, behaviour log-probs and rewards are in the ledger) and the digest
+of the weights the step produced (``PolicyVersion.weights_digest``). So a
+checkpoint every ``k`` steps is enough: on resume, the newest checkpoint on the
+committed chain is loaded and the steps after it are trained again, in the same
+order, on the same batches. Training on CPU with a fixed thread count is
+deterministic, and each replayed step's weights digest must equal the one
+committed, or :class:`~freshroll.errors.LineageError` stops the run. The
+replay doubles as a lineage check: the weights are proven to be the ones that
+the ledger says generated later samples.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from freshroll import events as ev
+from freshroll.buffer import SampleBuffer
+from freshroll.errors import LineageError
+from freshroll.ledger import Ledger
+from freshroll.lineage import PolicyVersion
+from freshroll.runtime import payload as pl
+from freshroll.trainer.grpo import GRPOLearner, TrainSample
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    """sha256 over every parameter and buffer (name, dtype, shape, bytes), sorted by name."""
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        data = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(data)
+    return h.hexdigest()[:32]
+
+
+def train_samples(buf: SampleBuffer, samples: Sequence[str], consumer: int) -> list[TrainSample]:
+    """The trainer's view of a batch: tokens and behaviour log-probs from the payloads,
+    rewards and generating steps from the ledger; groups numbered in order of appearance."""
+    out, groups = [], {}
+    for sid in samples:
+        reward, step = buf.sample_info(sid)
+        data = buf.payload(sid)
+        if data is None:
+            raise LineageError(f"payload of {sid} is missing from the ledger")
+        p = pl.decode(data)
+        gid = sid.partition(".")[0]
+        out.append(TrainSample(
+            p.prompt_ids, p.token_ids, p.logprobs, reward, groups.setdefault(gid, len(groups)),
+            consumer - step,
+        ))
+    return out
+
+
+@dataclass(frozen=True)
+class CommittedStep:
+    version: PolicyVersion
+    parent: PolicyVersion
+    samples: list[str]
+
+
+def committed_chain(ledger: Ledger) -> dict[int, CommittedStep]:
+    """Committed steps by step number, as the durable ledger records them."""
+    chain: dict[int, CommittedStep] = {}
+    for _, e in ledger.events():
+        if isinstance(e, ev.Committed):
+            v = PolicyVersion.parse(e.version)
+            chain[v.step] = CommittedStep(v, PolicyVersion.parse(e.parent), list(e.samples))
+    return chain
+
+
+def replay(
+    learner: GRPOLearner, buf: SampleBuffer, chain: dict[int, CommittedStep], from_step: int
+) -> int:
+    """Train steps ``from_step + 1 .. buf.version.step`` again; returns how many."""
+    assert buf.version is not None
+    n = 0
+    for step in range(from_step + 1, buf.version.step + 1):
+        c = chain[step]
+        learner.step(train_samples(buf, c.samples, c.parent.step))
+        got = weights_digest(learner.model)
+        if c.version.weights_digest is not None and got != c.version.weights_digest:
+            raise LineageError(
+                f"replaying step {step} gave weights {got}, but the ledger committed "
+                f"{c.version.weights_digest}: training is not deterministic here "
+                "(different torch threads or build?); set trainer.checkpoint_every=1"
+            )
+        n += 1
+    return n
