@@ -474,7 +474,7 @@ class SampleBuffer(BufferState):
         return self.version
 
     def _oldest_step(self, group: _Group) -> int:
-        return min(self._requests[request_of(s)].step for s in group.samples)
+        return group.oldest
 
     def _discard_group(self, group: _Group, reason: ev.DiscardReason, detail: str) -> None:
         for sid in list(group.samples):

@@ -49,6 +49,7 @@ class _Group:
     state: int = G_RUNNING
     samples: list[SampleId] = field(default_factory=list)  # rewarded samples, in order
     dropping: ev.DiscardReason | None = None  # set once a whole-group discard has begun
+    oldest: int = 2**62  # oldest policy step among its rewarded samples (its staleness)
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +160,7 @@ class BufferState:
         req.state, req.reward = REWARDED, e.reward
         req.group.open -= 1
         req.group.samples.append(SampleId(e.sample))
+        req.group.oldest = min(req.group.oldest, req.step)
         self.counts["rewarded"] += 1
 
     def _on_ready(self, e: ev.Ready) -> None:

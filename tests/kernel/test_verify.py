@@ -362,3 +362,29 @@ def test_cli_verify_exit_2_on_unreadable_input(case: str, run: Path, tmp_path: P
     assert "error:" in result.stderr
     assert str(culprit) in result.stderr
     assert "Traceback" not in result.output
+
+
+def test_result_applied_after_its_attempt_was_discarded_is_unexpected(tmp_path):
+    """A `generated` for an attempt already discarded (not fenced) must be flagged."""
+    from freshroll import events as ev
+    from freshroll.harness.verify import verify_ledger
+    from freshroll.ledger import Ledger
+    from freshroll.lineage import PolicyVersion
+
+    v = str(PolicyVersion.initial("m"))
+    with Ledger(tmp_path / "l.sqlite", sync="off") as led:
+        for e in (
+            ev.Opened(ts=0, run_id="r", incarnation=0, max_staleness=1, batch_groups=1,
+                      group_size=1),
+            ev.PolicyPublished(ts=0, version=v),
+            ev.Requested(ts=0, group="g0", prompt_id="p", size=1, version=v),
+            ev.WorkerStarted(ts=0, worker="w0", epoch=0),
+            ev.Started(ts=0, sample="g0.0#1", worker="w0", epoch=0, version=v),
+            ev.Discarded(ts=0, request="g0.0", sample="g0.0#1", reason="invalid"),
+            ev.Generated(ts=0, sample="g0.0#1", tokens=1, gen_s=0.0),
+        ):
+            led.append(e)
+        led.flush()
+        report = verify_ledger(led)
+    assert report.violations["unexpected"]
+    assert "g0.0#1" in report.violations["unexpected"][0]

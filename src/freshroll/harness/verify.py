@@ -133,6 +133,9 @@ class _Checker:
             self.r.add("unexpected", f"seq {seq}: {e.sample} generated but never started")
         elif (start[0], start[1]) in self.fenced or e.sample in self.fenced_samples:
             self.r.add("fencing", f"seq {seq}: result of fenced attempt {e.sample} applied")
+        elif e.sample in self.sample_end:
+            self.r.add("unexpected", f"seq {seq}: {e.sample} generated after it ended "
+                                     f"({self.sample_end[e.sample]})")
         if e.sample in self.generated:
             self.r.add("duplicates", f"seq {seq}: {e.sample} generated twice")
         self.generated.add(e.sample)
