@@ -28,7 +28,6 @@ import math
 import os
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from html import escape
 from pathlib import Path
 from typing import Any
@@ -37,16 +36,12 @@ import yaml
 
 from freshroll import events as ev
 from freshroll.harness.verify import INVARIANTS, verify_run
-from freshroll.ledger import LEDGER_FILE, Ledger
+from freshroll.ledger import LEDGER_FILE
 from freshroll.report import plots
+from freshroll.report.rundata import RunData, StepPoint, load_run
+from freshroll.report.style import CSS
 from freshroll.timing import (
-    RunRates,
-    Spans,
-    StageRow,
-    collect_spans,
-    decompose,
     percentile,
-    run_rates,
 )
 
 REPORT_FILE = "report.html"
@@ -62,144 +57,6 @@ SECTIONS = (
     ("summary", "Summary"),
     ("config", "Config"),
 )
-
-
-# -- loading a run directory ------------------------------------------------------------
-@dataclass
-class StepPoint:
-    """One committed trainer step as seen in the ledger."""
-
-    t: float  # seconds since the first ``opened``
-    samples: int
-    interval: float  # seconds since the previous commit (or this incarnation's ``opened``)
-    wait_s: float
-    cum_accepted: int
-    cum_wait: float
-
-
-@dataclass
-class LedgerView:
-    spans: Spans
-    stages: list[StageRow]
-    rates: RunRates
-    steps: list[StepPoint]
-    max_staleness: int | None
-    requests: int
-    closed: bool
-
-
-@dataclass
-class RunData:
-    run_dir: Path
-    label: str = ""
-    summary: dict[str, Any] = field(default_factory=dict)
-    metrics: list[dict[str, Any]] = field(default_factory=list)
-    config_text: str | None = None
-    ledger: LedgerView | None = None
-    notes: list[str] = field(default_factory=list)  # what could not be read, and why
-
-
-def _read_json(path: Path, notes: list[str]) -> dict[str, Any]:
-    if not path.is_file():
-        notes.append(f"{path.name} is missing")
-        return {}
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        notes.append(f"{path.name} is unreadable: {exc}")
-        return {}
-    if not isinstance(data, dict):
-        notes.append(f"{path.name} is not a JSON object")
-        return {}
-    return data
-
-
-def _read_metrics(path: Path, notes: list[str]) -> list[dict[str, Any]]:
-    """Parse metrics.jsonl, skipping blank and broken lines (a crash may truncate the last)."""
-    if not path.is_file():
-        notes.append(f"{path.name} is missing")
-        return []
-    rows, bad = [], 0
-    for line in path.read_text(errors="replace").splitlines():
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError:
-            bad += 1
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-        else:
-            bad += 1
-    if bad:
-        notes.append(f"{path.name}: skipped {bad} unparsable line(s)")
-    if not rows:
-        notes.append(f"{path.name} has no rows")
-    return rows
-
-
-def _ledger_steps(events: Iterable[ev.Event]) -> tuple[list[StepPoint], int | None, int, bool]:
-    """Per-commit points, the max_staleness in force, request count and whether closed."""
-    t0: float | None = None
-    prev: float | None = None
-    waits: dict[str, float] = {}
-    points: list[StepPoint] = []
-    eta: int | None = None
-    requests = accepted = 0
-    cum_wait = 0.0
-    closed = False
-    for e in events:
-        if isinstance(e, ev.Opened):
-            t0 = e.ts if t0 is None else t0
-            prev, eta, closed = e.ts, e.max_staleness, False
-        elif isinstance(e, ev.Requested):
-            requests += e.size
-        elif isinstance(e, ev.Leased):
-            waits[e.lease] = e.wait_s
-        elif isinstance(e, ev.Committed):
-            base = t0 if t0 is not None else e.ts
-            wait = waits.pop(e.lease, 0.0)
-            accepted += len(e.samples)
-            cum_wait += wait
-            interval = e.ts - prev if prev is not None else 0.0
-            points.append(StepPoint(e.ts - base, len(e.samples), interval, wait, accepted,
-                                    cum_wait))
-            prev = e.ts
-        elif isinstance(e, ev.Closed):
-            closed = True
-    return points, eta, requests, closed
-
-
-def _read_ledger(path: Path, notes: list[str]) -> LedgerView | None:
-    if not path.is_file():
-        notes.append(f"{path.name} is missing")
-        return None
-    try:
-        with Ledger(path, readonly=True) as ledger:
-            spans = collect_spans(e for _, e in ledger.events())
-            rates = run_rates(e for _, e in ledger.events())
-            steps, eta, requests, closed = _ledger_steps(e for _, e in ledger.events())
-    except Exception as exc:  # any unreadable ledger: the report still renders
-        notes.append(f"{path.name} is unreadable: {exc}")
-        return None
-    return LedgerView(spans, decompose(spans), rates, steps, eta, requests, closed)
-
-
-def load_run(run_dir: Path) -> RunData:
-    """Everything the report needs from one run directory; never raises for bad inputs."""
-    run = RunData(Path(run_dir))
-    run.summary = _read_json(run.run_dir / "summary.json", run.notes)
-    run.metrics = _read_metrics(run.run_dir / "metrics.jsonl", run.notes)
-    cfg = run.run_dir / "config.yaml"
-    if cfg.is_file():
-        run.config_text = cfg.read_text(errors="replace")
-    else:
-        run.notes.append("config.yaml is missing")
-    run.ledger = _read_ledger(run.run_dir / LEDGER_FILE, run.notes)
-    mode = run.summary.get("mode")
-    run.label = str(mode) if mode else run.run_dir.name
-    return run
 
 
 # -- small helpers ----------------------------------------------------------------------
@@ -559,42 +416,6 @@ def _config_section(run: RunData) -> str:
 
 
 # -- assembly -----------------------------------------------------------------------------
-_CSS = """
-body{font:14px/1.45 -apple-system,'Segoe UI',Roboto,Helvetica,Arial,sans-serif;color:#222;
-  margin:0;background:#f6f7f9}
-main{max-width:1240px;margin:0 auto;padding:20px 28px 60px}
-h1{font-size:22px;margin:4px 0 2px}h1 small{font-weight:normal;color:#666;font-size:14px}
-h2{font-size:17px;margin:30px 0 8px;padding-bottom:4px;border-bottom:1px solid #dde}
-nav{font-size:13px;margin:6px 0 14px}nav a{margin-right:12px;color:#1f5fa8;text-decoration:none}
-.cards{display:flex;flex-wrap:wrap;gap:10px;margin:12px 0}
-.card{background:#fff;border:1px solid #e1e4e8;border-radius:6px;padding:8px 14px;min-width:150px}
-.card .k{font-size:12px;color:#666}.card .v{font-size:20px;font-weight:600;white-space:nowrap}
-.card .base{font-size:12px;color:#b35900;white-space:nowrap}
-.verdict{border-radius:6px;padding:10px 14px;margin:10px 0}
-.verdict span{font-size:12px;color:#444}
-.ok{background:#e8f6ec;border:1px solid #7cc48d;color:#155724}
-.fail{background:#fdecea;border:1px solid #e0837a;color:#8a1c12}
-.fail code{font-size:12px;color:#5a120b}
-.notes{font-size:12px;color:#8a6d00;margin:4px 0}
-.row{display:flex;gap:18px;align-items:flex-start;flex-wrap:wrap}
-.row img.plot{max-width:660px}
-.grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(460px,1fr));gap:14px}
-img.plot{max-width:100%;height:auto;background:#fff;border:1px solid #e1e4e8;border-radius:6px;
-  display:block}
-.nodata{background:#fff;border:1px dashed #bbb;border-radius:6px;padding:40px 16px;
-  text-align:center;color:#888}
-.nodata span{font-size:12px}
-.hint{font-size:12px;color:#666;margin:2px 0 8px}
-table{border-collapse:collapse;background:#fff;margin:10px 0;font-size:13px}
-th,td{border:1px solid #e1e4e8;padding:4px 10px;text-align:left}
-th{background:#f0f2f5}table.num td+td{text-align:right;font-variant-numeric:tabular-nums}
-table.kv td+td{font-variant-numeric:tabular-nums}
-.tag{font-size:11px;background:#eef;color:#335;border-radius:3px;padding:0 4px}
-pre{background:#fff;border:1px solid #e1e4e8;border-radius:6px;padding:10px 14px;
-  overflow-x:auto;font-size:12px}
-"""
-
-
 def render(run: RunData, baseline: RunData | None = None) -> str:
     """The report page for ``run`` (and optionally ``baseline``) as an HTML string."""
     _labels(run, baseline)
@@ -616,7 +437,7 @@ def render(run: RunData, baseline: RunData | None = None) -> str:
     title = f"freshroll report: {run.run_dir.name}"
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-        f"<title>{escape(title)}</title><style>{_CSS}</style></head><body><main>"
+        f"<title>{escape(title)}</title><style>{CSS}</style></head><body><main>"
         f"<h1>{escape(title)} <small>{escape(run.label)}</small>{versus}</h1>"
         f"<div class=\"hint\"><code>{escape(str(run.run_dir))}</code></div>"
         f"<nav>{nav}</nav>{_header(run, baseline)}{sections}</main></body></html>\n"
