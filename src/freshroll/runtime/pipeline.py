@@ -36,12 +36,15 @@ from freshroll import events as ev
 from freshroll.buffer import Outcome, SampleBuffer
 from freshroll.config import Config
 from freshroll.engines.base import Completion, InferenceEngine
+from freshroll.errors import WorkerLost
 from freshroll.lineage import PolicyVersion, SampleId
 from freshroll.rewards.scoring import RewardSet
 from freshroll.rewards.tasks import Prompt
 from freshroll.runtime import payload as pl
 from freshroll.trainer.grpo import GRPOLearner, TrainSample
 from freshroll.trainer.replay import train_samples, weights_digest
+
+MAX_RESTARTS = 3  # per worker, per run
 
 
 class _Stop(Exception):
@@ -76,6 +79,7 @@ class Pipeline:
     before_commit: Callable[[PolicyVersion, GRPOLearner], None]
     published: Published | None = None
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
+    _restarts: dict[str, int] = field(default_factory=dict)
 
     # -- plumbing ----------------------------------------------------------------
     def _notify(self) -> None:
@@ -130,9 +134,13 @@ class Pipeline:
             assert pub is not None
             if loaded != pub.version:
                 if pub.weights is not None:
-                    secs = await loop.run_in_executor(
-                        self._pools[i], engine.load_weights, pub.weights
-                    )
+                    try:
+                        secs = await loop.run_in_executor(
+                            self._pools[i], engine.load_weights, pub.weights
+                        )
+                    except WorkerLost as exc:
+                        epoch, loaded = await self._replace(i, engine, name, epoch, exc), None
+                        continue
                     buf.record(ev.WeightsLoaded(
                         ts=buf.clock.now(), worker=name, epoch=epoch, version=str(pub.version),
                         transfer_s=secs,
@@ -150,6 +158,9 @@ class Pipeline:
                 comps = await loop.run_in_executor(
                     self._pools[i], self._generate, engine, texts, seed
                 )
+            except WorkerLost as exc:  # its running attempts are fenced and re-issued
+                epoch, loaded = await self._replace(i, engine, name, epoch, exc), None
+                continue
             except Exception as exc:  # engine failure: these requests end, the run goes on
                 for sid in sids:
                     buf.discard(sid, "generation_error", f"{type(exc).__name__}: {exc}"[:300])
@@ -162,6 +173,23 @@ class Pipeline:
                 )
                 if out is Outcome.ACCEPTED:
                     await self._reward_q.put((sid, comp))
+
+    async def _replace(
+        self, i: int, engine: InferenceEngine, name: str, epoch: int, exc: WorkerLost
+    ) -> int:
+        """A worker died: fence its epoch (running attempts re-issued), restart it, new epoch.
+
+        Gives up (re-raises, ending the run) after ``MAX_RESTARTS`` restarts of one worker,
+        or at once for an engine that cannot restart.
+        """
+        self.buf.fence_worker(name, epoch, "lost")
+        self._notify()
+        restart = getattr(engine, "restart", None)
+        self._restarts[name] = self._restarts.get(name, 0) + 1
+        if restart is None or self._restarts[name] > MAX_RESTARTS:
+            raise exc
+        await asyncio.get_running_loop().run_in_executor(self._pools[i], restart)
+        return self.buf.register_worker(name)
 
     def _generate(self, engine: InferenceEngine, texts: list[str], seed: int) -> list[Completion]:
         ro = self.cfg.rollout

@@ -8,6 +8,10 @@ its own process. This matters on small models, where generation is mostly
 Python overhead: threads in one process take turns on the GIL, processes run
 side by side with the trainer.
 
+A dead actor surfaces as :class:`~freshroll.errors.WorkerLost`: the pipeline
+fences that worker epoch (its running attempts are re-issued, late results
+rejected), calls :meth:`RayEngine.restart` and re-sends the current weights.
+
 Weights travel through Ray's object store; ``load_weights`` returns the
 caller-side wall time (serialisation + transfer + copy), which the pipeline
 records as ``weights_loaded.transfer_s``. Ray is started locally, bound to
@@ -25,6 +29,7 @@ from typing import Any
 import torch
 
 from freshroll.engines.base import Completion
+from freshroll.errors import WorkerLost
 
 
 def start_ray(num_cpus: int | None = None) -> None:
@@ -77,9 +82,25 @@ class RayEngine:
     def __init__(self, path: Path, *, torch_threads: int = 1) -> None:
         import ray
 
-        actor_cls = ray.remote(num_cpus=1)(_EngineActor)
-        self._ray = ray
-        self._actor = actor_cls.remote(str(path), torch_threads)
+        self._ray, self._path, self._threads = ray, str(path), torch_threads
+        self._actor = self._spawn()
+
+    def _spawn(self) -> Any:
+        actor_cls = self._ray.remote(num_cpus=1, max_restarts=0)(_EngineActor)
+        return actor_cls.remote(self._path, self._threads)
+
+    def _get(self, ref: Any) -> Any:
+        """``ray.get``, with a dead actor reported as :class:`WorkerLost` (retryable)."""
+        try:
+            return self._ray.get(ref)
+        except self._ray.exceptions.RayActorError as exc:
+            raise WorkerLost(f"inference actor died: {exc}"[:500]) from exc
+
+    def restart(self) -> None:
+        """A fresh actor on the initial model (the caller re-sends the current weights)."""
+        self._ray.kill(self._actor, no_restart=True)
+        self._actor = self._spawn()
+        self.wait_ready()
 
     def generate(
         self, prompts: Sequence[str], *, max_new_tokens: int, temperature: float = 1.0,
@@ -87,21 +108,21 @@ class RayEngine:
     ) -> list[Completion]:
         kwargs = {"max_new_tokens": max_new_tokens, "temperature": temperature,
                   "top_p": top_p, "seed": seed}
-        result: list[Completion] = self._ray.get(self._actor.generate.remote(list(prompts), kwargs))
+        result: list[Completion] = self._get(self._actor.generate.remote(list(prompts), kwargs))
         return result
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> float:
         t0 = time.perf_counter()
-        self._ray.get(self._actor.load_weights.remote(dict(state_dict)))
+        self._get(self._actor.load_weights.remote(dict(state_dict)))
         return time.perf_counter() - t0
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        result: dict[str, torch.Tensor] = self._ray.get(self._actor.state_dict.remote())
+        result: dict[str, torch.Tensor] = self._get(self._actor.state_dict.remote())
         return result
 
     def wait_ready(self) -> None:
         """Block until the actor has started and loaded its model (setup is not run time)."""
-        self._ray.get(self._actor.ready.remote())
+        self._get(self._actor.ready.remote())
 
     def stop(self) -> None:
         self._ray.kill(self._actor)
