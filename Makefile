@@ -18,8 +18,10 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $@
 
+# runs/demo is a scratch directory: each `make demo` starts it afresh
 demo: setup
-	$(BIN)/freshroll run configs/default.yaml --out runs/default --baseline
+	rm -rf runs/demo
+	$(BIN)/freshroll run configs/default.yaml --out runs/demo --baseline
 
 lint: setup
 	$(BIN)/ruff check src tests benchmarks
