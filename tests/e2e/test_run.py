@@ -16,11 +16,14 @@ RUN_FILES = ("config.yaml", "ledger.sqlite", "metrics.jsonl", "summary.json", "c
 @pytest.mark.parametrize("eta", [0, 1, 2])
 def test_run_dir_complete_verified_and_lag_bounded(tmp_path: Path, small: list[str], eta: int):
     out = tmp_path / f"eta{eta}"
-    proc = freshroll("run", *small, "run.steps=5", f"run.max_staleness={eta}", "--out", str(out))
+    proc = freshroll("run", *small, "run.steps=5", f"run.max_staleness={eta}",
+                     "trainer.checkpoint_every=2", "--out", str(out))
     assert "verify: ok" in proc.stdout
     for name in RUN_FILES:
         assert (out / name).is_file(), name
-    assert len(list((out / "checkpoints").glob("step-*"))) == 2  # keep_checkpoints
+    # every 2nd step and the last one; the newest keep_checkpoints (2) are kept
+    ckpts = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert ckpts == ["step-000004", "step-000005"]
     s = summary(out)
     assert s["steps"] == 5 and s["accepted_rollouts"] == 5 * 16
     assert s["lag"]["max"] <= eta
