@@ -14,9 +14,15 @@ rejected), calls :meth:`RayEngine.restart` and re-sends the current weights.
 
 Weights travel through Ray's object store; ``load_weights`` returns the
 caller-side wall time (serialisation + transfer + copy), which the pipeline
-records as ``weights_loaded.transfer_s``. Ray is started locally, bound to
-127.0.0.1, without its dashboard. Ray's own transport serialises with pickle
-between Ray processes; freshroll opens no socket of its own.
+records as ``weights_loaded.transfer_s``.
+
+Network: freshroll itself opens no socket. Ray is started locally without its
+dashboard, but Ray's own gRPC servers (GCS, raylet, workers) listen on ports
+Ray chooses on the node's address or all interfaces (Ray 2.60 turns a
+requested 127.0.0.1 into the node's reachable IP), protected by Ray's token
+authentication, and Ray serialises with pickle between its processes. That is
+why ``runtime: ray`` is opt-in: the default ``inline`` runtime listens on
+nothing. On a shared network, firewall the node or stay inline.
 """
 
 from __future__ import annotations
@@ -33,13 +39,13 @@ from freshroll.errors import WorkerLost
 
 
 def start_ray(num_cpus: int | None = None) -> None:
-    """Start (or join) a local Ray instance on 127.0.0.1, quietly."""
+    """Start (or join) a local Ray instance, quietly and without its dashboard."""
     import ray
 
     if not ray.is_initialized():
         ray.init(
             num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
-            _node_ip_address="127.0.0.1", configure_logging=False,
+            configure_logging=False,
         )
 
 
