@@ -9,7 +9,8 @@ acceptance), discard rate overall and by reason (``shutdown`` discards at the
 end of a run are reported but left out of ``discard_rate``), lag p50/p99/max and
 its histogram, trainer idle ratio, weight loads and their mean transfer time,
 reward at the first and last steps (mean of the first/last ``min(3, steps)``
-steps), and the per-stage time decomposition.
+steps), the discard-bias check (committed vs discarded completions' reward and
+length, by reason) and the per-stage time decomposition.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from freshroll.events import WeightsLoaded
+from freshroll.events import Committed, Discarded, Generated, Rewarded, WeightsLoaded
 from freshroll.ledger import LEDGER_FILE, Ledger
 from freshroll.timing import collect_spans, decompose, percentile, run_rates
 
@@ -35,6 +36,40 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
         if line.strip():
             rows.append(json.loads(line))
     return rows
+
+
+def _stats(rewards: list[float], tokens: list[int]) -> dict[str, Any]:
+    n = len(tokens)
+    return {
+        "n": n,
+        "reward_mean": sum(rewards) / len(rewards) if rewards else None,
+        "tokens_mean": sum(tokens) / n if n else None,
+    }
+
+
+def discard_bias(events: list[Any]) -> dict[str, Any]:
+    """Do discards skew what the trainer sees? Committed vs discarded completions, by reason.
+
+    Compares the mean reward (where one was computed) and mean completion length of the
+    committed samples with those of each discard reason's generated samples. A stale discard
+    that prefers long or low-reward completions biases training even at a small rate.
+    """
+    reward: dict[str, float] = {}
+    tokens: dict[str, int] = {}
+    groups: dict[str, list[str]] = {"committed": []}
+    for e in events:
+        if isinstance(e, Generated):
+            tokens[e.sample] = e.tokens
+        elif isinstance(e, Rewarded):
+            reward[e.sample] = e.reward
+        elif isinstance(e, Committed):
+            groups["committed"].extend(e.samples)
+        elif isinstance(e, Discarded) and e.sample in tokens and e.reason != "fenced":
+            groups.setdefault(e.reason, []).append(e.sample)
+    return {
+        name: _stats([reward[s] for s in ss if s in reward], [tokens[s] for s in ss])
+        for name, ss in groups.items()
+    }
 
 
 def summarize(run_dir: Path) -> dict[str, Any]:
@@ -74,6 +109,7 @@ def summarize(run_dir: Path) -> dict[str, Any]:
         "trainer_wait_s": rates.trainer_wait_s,
         "reward_first": sum(rewards[:k]) / k if k else None,
         "reward_last": sum(rewards[-k:]) / k if k else None,
+        "discard_bias": discard_bias(events),
         "stages": [row.__dict__ for row in decompose(spans)],
     }
 

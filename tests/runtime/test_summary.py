@@ -1,0 +1,31 @@
+"""summary.json figures that guard the product boundaries (discard bias)."""
+
+from __future__ import annotations
+
+from freshroll import events as ev
+from freshroll.runtime.summary import discard_bias
+
+
+def test_discard_bias_compares_committed_and_discarded_completions():
+    events = [
+        ev.Generated(ts=0, sample="g0.0#1", tokens=4, gen_s=0),
+        ev.Generated(ts=0, sample="g0.1#1", tokens=2, gen_s=0),
+        ev.Generated(ts=0, sample="g1.0#1", tokens=8, gen_s=0),
+        ev.Generated(ts=0, sample="g1.1#1", tokens=6, gen_s=0),
+        ev.Generated(ts=0, sample="g2.0#1", tokens=3, gen_s=0),
+        ev.Rewarded(ts=0, sample="g0.0#1", reward=1.0, reward_version="r:x:00"),
+        ev.Rewarded(ts=0, sample="g0.1#1", reward=0.5, reward_version="r:x:00"),
+        ev.Rewarded(ts=0, sample="g1.0#1", reward=0.0, reward_version="r:x:00"),
+        ev.Rewarded(ts=0, sample="g1.1#1", reward=0.2, reward_version="r:x:00"),
+        ev.Committed(ts=0, lease="l0", version="p1-aa", parent="p0-bb", settings_digest="s",
+                     samples=["g0.0#1", "g0.1#1"]),
+        ev.Discarded(ts=0, request="g1.0", sample="g1.0#1", reason="stale"),
+        ev.Discarded(ts=0, request="g1.1", sample="g1.1#1", reason="stale"),
+        ev.Discarded(ts=0, request="g2.0", sample="g2.0#1", reason="reward_error"),
+        ev.Discarded(ts=0, request="g3.0", sample="g3.0#1", reason="fenced"),  # never generated
+    ]
+    bias = discard_bias(events)
+    assert bias["committed"] == {"n": 2, "reward_mean": 0.75, "tokens_mean": 3.0}
+    assert bias["stale"] == {"n": 2, "reward_mean": 0.1, "tokens_mean": 7.0}
+    assert bias["reward_error"] == {"n": 1, "reward_mean": None, "tokens_mean": 3.0}
+    assert "fenced" not in bias
