@@ -27,7 +27,7 @@ def test_sigkill_then_resume_keeps_every_invariant(
     tmp_path: Path, small: list[str], eta: int, kill_after: int, every: int
 ):
     out = tmp_path / "run"
-    steps = 14
+    steps = 30  # long enough that the kill lands mid-run even on a fast machine
     proc = subprocess.Popen(
         [sys.executable, "-m", "freshroll.cli", "run", *small, f"run.steps={steps}",
          f"run.max_staleness={eta}", f"trainer.checkpoint_every={every}", "--out", str(out)],

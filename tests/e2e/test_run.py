@@ -120,7 +120,7 @@ def test_ray_runtime_runs_workers_as_actors(tmp_path: Path, small: list[str]):
     """runtime: ray places each inference engine in a Ray actor; the invariants still hold."""
     out = tmp_path / "ray"
     proc = freshroll("run", *small, "run.steps=4", "run.runtime=ray", "rollout.workers=2",
-                     "--out", str(out))
+                     "rollout.worker_batch=4", "--out", str(out))  # small batches: both work
     assert "verify: ok" in proc.stdout
     s = summary(out)
     assert s["steps"] == 4 and s["lag"]["max"] <= 1
