@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, freshroll, metrics, summary
+from e2e_helpers import REPO, freshroll, metrics, summary
 
 
 def _opened(out: Path) -> int:

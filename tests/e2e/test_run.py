@@ -7,7 +7,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import freshroll, metrics, summary
+from e2e_helpers import freshroll, metrics, summary
 
 RUN_FILES = ("config.yaml", "ledger.sqlite", "metrics.jsonl", "summary.json", "counts.json",
              "report.html")
