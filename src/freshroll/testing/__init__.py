@@ -1,1 +1,0 @@
-"""freshroll.testing"""
