@@ -993,19 +993,10 @@ def test_commands_after_shutdown_are_refused(path):
     assert_verified(buf, closed=True)
 
 
-def test_result_from_another_worker_epoch_is_rejected(tmp_path):
+def test_result_from_another_worker_epoch_is_rejected(path):
     """A re-issued sample id must not be completed by a worker that outlived a crash."""
-    from freshroll.buffer import KernelConfig, Outcome, SampleBuffer
-    from freshroll.clock import VirtualClock
-    from freshroll.ledger import Ledger
-    from freshroll.lineage import PolicyVersion
-
-    buf = SampleBuffer.open(
-        Ledger(tmp_path / "l.sqlite", sync="off"), KernelConfig(1, 1, 1), VirtualClock(),
-        run_id="t", initial_version=PolicyVersion.initial("m"),
-    )
-    e0 = buf.register_worker("w0")
-    e1 = buf.register_worker("w1")
+    buf = new_buffer(path, max_staleness=1, batch_groups=1, group_size=1)
+    e0, e1 = buf.register_worker("w0"), buf.register_worker("w1")
     buf.admit("p")
     sid = buf.start(buf.next_request(), "w0", e0, buf.version)
     assert buf.complete(sid, tokens=1, gen_s=0.0, worker=("w1", e1)) is Outcome.REJECTED
