@@ -128,6 +128,12 @@ def request_of(sample: str) -> RequestId:
 
 # --- versions ---------------------------------------------------------------------
 
+def policy_step(version: str) -> int:
+    """The step of a canonical policy version string (``"p4-ab.."`` -> 4); no validation,
+    for hot paths over ledger events that :meth:`PolicyVersion.parse` already vetted."""
+    return int(version[1 : version.index("-")])
+
+
 _POLICY = re.compile(rf"p({_NUM})-([0-9a-f]+)(?:\+w([0-9a-f]+))?")
 _REWARD = re.compile(r"r:([A-Za-z0-9_.\-]+):([0-9a-f]+)(?:\+w([0-9a-f]+))?")
 _NAME = re.compile(r"[A-Za-z0-9_.\-]+")

@@ -22,7 +22,15 @@ from typing import Any
 
 from freshroll import events as ev
 from freshroll.errors import StateError, UnknownSampleError
-from freshroll.lineage import GroupId, PolicyVersion, RequestId, SampleId, request_id, request_of
+from freshroll.lineage import (
+    GroupId,
+    PolicyVersion,
+    RequestId,
+    SampleId,
+    policy_step,
+    request_id,
+    request_of,
+)
 
 QUEUED, RUNNING, GENERATED, REWARDED, COMMITTED, DISCARDED = range(6)
 G_RUNNING, G_READY, G_LEASED, G_DONE = range(4)
@@ -59,9 +67,6 @@ class Lease:
     groups: tuple[GroupId, ...]
     samples: tuple[SampleId, ...]
 
-
-def _step(version: str) -> int:
-    return int(version[1 : version.index("-")])
 
 
 class BufferState:
@@ -145,7 +150,7 @@ class BufferState:
         else:
             self._queue.remove(req)
         req.state, req.attempt, req.sample = RUNNING, req.attempt + 1, SampleId(e.sample)
-        req.worker, req.step = (e.worker, e.epoch), _step(e.version)
+        req.worker, req.step = (e.worker, e.epoch), policy_step(e.version)
         self._inflight[req.worker].add(req.sample)
         self.counts["started"] += 1
 
@@ -177,7 +182,7 @@ class BufferState:
             group.state = G_LEASED
         samples = tuple(s for g in groups for s in g.samples)
         gids = tuple(g.id for g in groups)
-        self._leases[e.lease] = Lease(e.lease, _step(e.version), gids, samples)
+        self._leases[e.lease] = Lease(e.lease, policy_step(e.version), gids, samples)
         self._n_leases += 1
 
     def _on_released(self, e: ev.LeaseReleased) -> None:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from freshroll import events as ev
 from freshroll.errors import LedgerError
+from freshroll.lineage import policy_step
 
 STAGES = ("queue", "generation", "transfer", "reward", "buffer", "trainer")
 
@@ -63,9 +64,6 @@ class RunRates:
     discards: dict[str, int]
 
 
-def _step(version: str) -> int:
-    return int(version[1 : version.index("-")])
-
 
 def collect_spans(events: Iterable[ev.Event]) -> Spans:
     """One pass over the events; only committed samples get spans."""
@@ -79,13 +77,13 @@ def collect_spans(events: Iterable[ev.Event]) -> Spans:
         if isinstance(e, ev.Requested):
             requested[e.group] = e.ts
         elif isinstance(e, ev.Started):
-            started[e.sample] = (e.ts, _step(e.version))
+            started[e.sample] = (e.ts, policy_step(e.version))
         elif isinstance(e, ev.Generated):
             generated[e.sample] = (e.ts, e.gen_s)
         elif isinstance(e, ev.Rewarded):
             rewarded[e.sample] = e.ts
         elif isinstance(e, ev.Leased):
-            lease_ts[e.lease] = (e.ts, _step(e.version))
+            lease_ts[e.lease] = (e.ts, policy_step(e.version))
         elif isinstance(e, ev.Committed):
             try:
                 t_lease, consumer = lease_ts[e.lease]

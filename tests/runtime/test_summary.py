@@ -29,3 +29,16 @@ def test_discard_bias_compares_committed_and_discarded_completions():
     assert bias["stale"] == {"n": 2, "reward_mean": 0.1, "tokens_mean": 7.0}
     assert bias["reward_error"] == {"n": 1, "reward_mean": None, "tokens_mean": 3.0}
     assert "fenced" not in bias
+
+
+def test_torn_metrics_line_is_skipped_and_cut_before_appending(tmp_path):
+    """A kill mid-write leaves half a row; reading skips it, resuming cuts it first."""
+    from freshroll.runtime.run import _open_for_append
+    from freshroll.runtime.summary import read_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1}\n{"step": 2}\n{"step": 3, "rew')
+    assert read_metrics(path) == ([{"step": 1}, {"step": 2}], 1)
+    with _open_for_append(path) as fh:
+        fh.write('{"step": 3}\n')
+    assert read_metrics(path) == ([{"step": 1}, {"step": 2}, {"step": 3}], 0)

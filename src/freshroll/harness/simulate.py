@@ -23,7 +23,7 @@ from pathlib import Path
 from freshroll.buffer import KernelConfig, Outcome, SampleBuffer
 from freshroll.clock import Clock, RealClock, VirtualClock
 from freshroll.errors import StateError
-from freshroll.ledger import Ledger, open_ledger
+from freshroll.ledger import open_ledger
 from freshroll.lineage import PolicyVersion, RewardVersion, SampleId
 
 REWARD = str(RewardVersion.of("sim_length", config={"target": 8}))
@@ -176,4 +176,4 @@ if __name__ == "__main__":
     main()
 
 
-__all__ = ["Ledger", "SimConfig", "Simulator", "open_buffer", "simulate"]
+__all__ = ["SimConfig", "Simulator", "open_buffer", "simulate"]

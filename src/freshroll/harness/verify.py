@@ -34,7 +34,7 @@ from pathlib import Path
 from freshroll import events as ev
 from freshroll.errors import LedgerError, LineageError
 from freshroll.ledger import LEDGER_FILE, Ledger
-from freshroll.lineage import PolicyVersion, RewardVersion
+from freshroll.lineage import PolicyVersion, RewardVersion, policy_step
 
 INVARIANTS = (
     "conservation", "duplicates", "loss", "unexpected", "freshness", "fencing", "lineage",
@@ -124,7 +124,7 @@ class _Checker:
             self.r.add("fencing", f"seq {seq}: {e.sample} started on fenced {e.worker}/{e.epoch}")
         if e.version not in self.published:
             self.r.add("lineage", f"seq {seq}: {e.sample} started on unknown policy {e.version}")
-        self.started[e.sample] = (e.worker, e.epoch, _step(e.version))
+        self.started[e.sample] = (e.worker, e.epoch, policy_step(e.version))
         self.counts["started"] += 1
 
     def _generated(self, seq: int, e: ev.Generated) -> None:
@@ -160,7 +160,7 @@ class _Checker:
 
     def _leased(self, seq: int, e: ev.Leased) -> None:
         samples = {s for g in e.groups for s in self.ready.get(g, ())}
-        self.leases[e.lease] = (_step(e.version), samples)
+        self.leases[e.lease] = (policy_step(e.version), samples)
 
     def _lease_released(self, seq: int, e: ev.LeaseReleased) -> None:
         if self.leases.pop(e.lease, None) is None:
@@ -250,9 +250,6 @@ class _Checker:
         )
         return self.r
 
-
-def _step(version: str) -> int:
-    return int(version[1 : version.index("-")])
 
 
 def verify_ledger(ledger: Ledger, counts: dict[str, int] | None = None) -> Report:

@@ -17,6 +17,7 @@ from typing import Any
 
 from freshroll import events as ev
 from freshroll.ledger import LEDGER_FILE, Ledger
+from freshroll.runtime.summary import read_metrics
 from freshroll.timing import RunRates, Spans, StageRow, collect_spans, decompose, run_rates
 
 
@@ -70,23 +71,11 @@ def _read_json(path: Path, notes: list[str]) -> dict[str, Any]:
 
 
 def _read_metrics(path: Path, notes: list[str]) -> list[dict[str, Any]]:
-    """Parse metrics.jsonl, skipping blank and broken lines (a crash may truncate the last)."""
+    """Parse metrics.jsonl, noting a missing file, skipped broken lines and no rows."""
     if not path.is_file():
         notes.append(f"{path.name} is missing")
         return []
-    rows, bad = [], 0
-    for line in path.read_text(errors="replace").splitlines():
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError:
-            bad += 1
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-        else:
-            bad += 1
+    rows, bad = read_metrics(path)
     if bad:
         notes.append(f"{path.name}: skipped {bad} unparsable line(s)")
     if not rows:

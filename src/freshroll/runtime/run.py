@@ -32,7 +32,7 @@ import torch
 
 from freshroll.buffer import KernelConfig, SampleBuffer
 from freshroll.clock import RealClock
-from freshroll.config import Config, load_config, read_yaml, validate
+from freshroll.config import Config, read_yaml, validate
 from freshroll.engines.base import InferenceEngine
 from freshroll.engines.hf import HFEngine
 from freshroll.engines.tiny import model_digest, save_tiny
@@ -106,7 +106,7 @@ class Recorder:
         self.t0 = time.time()
         self.accepted0 = buf.counts["committed"]
         self.wait_total = 0.0
-        self.metrics = (run_dir / "metrics.jsonl").open("a")
+        self.metrics = _open_for_append(run_dir / "metrics.jsonl")
 
     def before_commit(self, version: PolicyVersion, learner: GRPOLearner) -> None:
         """Every ``checkpoint_every`` steps and at the last step (resume replays the rest)."""
@@ -170,6 +170,16 @@ def build_engines(cfg: Config, path: Path) -> list[InferenceEngine]:
             actor.wait_ready()
         return list(actors)
     return [HFEngine.from_pretrained(path) for _ in range(cfg.rollout.workers)]
+
+
+def _open_for_append(path: Path) -> TextIO:
+    """Open a JSON-lines file for appending, first cutting a torn last line (a kill can
+    interrupt a write), so that the next row starts on a line of its own."""
+    if path.is_file():
+        data = path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            path.write_bytes(data[: data.rfind(b"\n") + 1])
+    return path.open("a")
 
 
 def _resume_point(run_dir: Path, chain: dict[int, CommittedStep], step: int) -> tuple[Path, int]:
@@ -290,4 +300,4 @@ def _quiet_transformers() -> None:
     hf_logging.disable_progress_bar()
 
 
-__all__ = ["RunResult", "load_config", "run"]
+__all__ = ["RunResult", "run", "run_baseline"]

@@ -27,15 +27,27 @@ from freshroll.ledger import LEDGER_FILE, Ledger
 from freshroll.timing import collect_spans, decompose, percentile, run_rates
 
 
-def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "metrics.jsonl"
+def read_metrics(path: Path) -> tuple[list[dict[str, Any]], int]:
+    """The rows of a ``metrics.jsonl`` and the number of unparsable lines skipped.
+
+    A kill can tear the last line in half; such lines are skipped, never fatal.
+    """
     if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            rows.append(json.loads(line))
-    return rows
+        return [], 0
+    rows, bad = [], 0
+    for line in path.read_text(errors="replace").splitlines():
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            bad += 1
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+        else:
+            bad += 1
+    return rows, bad
 
 
 def _stats(rewards: list[float], tokens: list[int]) -> dict[str, Any]:
@@ -77,7 +89,7 @@ def summarize(run_dir: Path) -> dict[str, Any]:
         events = [e for _, e in ledger.events()]
     rates, spans = run_rates(events), collect_spans(events)
     transfers = [e.transfer_s for e in events if isinstance(e, WeightsLoaded)]
-    metrics = read_metrics(run_dir)
+    metrics, _ = read_metrics(run_dir / "metrics.jsonl")
     cfg_file = run_dir / "config.yaml"
     config = yaml.safe_load(cfg_file.read_text()) if cfg_file.is_file() else {}
     k = min(3, len(metrics))
