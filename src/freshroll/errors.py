@@ -4,13 +4,23 @@
 
     FreshrollError                 root: every error freshroll raises on purpose
     ├── FatalError                 never retried: the run stops with a clear message
-    │   ├── ConfigError            bad config value or unknown key (names the field)
+    │   ├── ConfigError            bad config value or unknown key (names the field)   exit 2
+    │   │   ├── ResumeError        --resume refused: settings or model differ from the
+    │   │   │                      ledger, or an override cannot be honoured (names keys)
+    │   │   └── RunDirError        the run directory is unusable: a file, read-only,
+    │   │                          already holds a run, or is locked by another process
     │   ├── LedgerError            unreadable, truncated or inconsistent ledger (names the file)
     │   │   └── UnknownEventError  an event kind this version does not know
     │   ├── LineageError           an id that does not parse, or a broken version chain
-    │   └── StateError             an operation that the sample state machine forbids
-    │       ├── UnknownSampleError a sample / request / lease id that was never issued
-    │       └── LeaseError         commit or release of a lease that is not open
+    │   ├── StateError             an operation that the sample state machine forbids
+    │   │   ├── UnknownSampleError a sample / request / lease id that was never issued
+    │   │   └── LeaseError         commit or release of a lease that is not open
+    │   └── RunFailed              the run stopped on a failure it cannot get past     exit 3
+    │       ├── FailureBudgetExceeded  a stage (reward fn, engine) failed too often; names
+    │       │                      the stage and quotes its first error
+    │       ├── NonFiniteStep      a step's loss or gradients were not finite (on_nonfinite: stop)
+    │       └── StorageError       a checkpoint or run-directory write failed (disk full, ...)
+    ├── Interrupted                the operator stopped the run (SIGINT/SIGTERM)        exit 130
     └── RetryableError             worth another try, with capped backoff
         ├── WorkerTimeout          a worker did not answer in time
         └── WorkerLost             a worker died; its attempts are fenced and re-issued
@@ -18,6 +28,12 @@
 Only :class:`RetryableError` is ever retried. Results from fenced attempts and
 duplicate completions are *not* errors: they are expected in a distributed
 run, so the buffer records them as ``rejected`` events and reports an outcome.
+
+Exit statuses of the ``freshroll`` command (documented in the README), from
+:func:`exit_status`: 0 ok; 1 ``verify`` found a violation; 2 usage or config
+error (nothing was run, or nothing was changed); 3 the run failed (the ledger is
+closed and verifiable, ``--resume`` may continue once the cause is fixed); 130
+interrupted (``--resume`` continues).
 """
 
 from __future__ import annotations
@@ -69,3 +85,47 @@ class WorkerTimeout(RetryableError):
 
 class WorkerLost(RetryableError):
     """A worker died; its in-flight attempts are fenced and re-issued."""
+
+
+class ResumeError(ConfigError):
+    """``--resume`` cannot honour the request: names the differing keys or the override."""
+
+
+class RunDirError(ConfigError):
+    """The run directory cannot be used (a file, read-only, holds a run, locked)."""
+
+
+class RunFailed(FatalError):
+    """The run stopped on a failure it cannot get past; the message quotes the first one."""
+
+
+class FailureBudgetExceeded(RunFailed):
+    """A stage failed more often than its budget allows; names the stage, quotes the first error."""
+
+
+class NonFiniteStep(RunFailed):
+    """A trainer step's loss or gradients were not finite and the config says stop."""
+
+
+class StorageError(RunFailed):
+    """A write to the run directory failed (disk full, read-only, ...)."""
+
+
+class Interrupted(FreshrollError):
+    """The operator stopped the run (SIGINT / SIGTERM); ``--resume`` continues it."""
+
+
+EXIT_OK = 0
+EXIT_VERIFY = 1
+EXIT_CONFIG = 2
+EXIT_RUN_FAILED = 3
+EXIT_INTERRUPTED = 130
+
+
+def exit_status(exc: BaseException) -> int:
+    """The ``freshroll`` exit status for an error that ended a command."""
+    if isinstance(exc, Interrupted | KeyboardInterrupt):
+        return EXIT_INTERRUPTED
+    if isinstance(exc, ConfigError):
+        return EXIT_CONFIG
+    return EXIT_RUN_FAILED
