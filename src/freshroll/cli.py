@@ -12,6 +12,7 @@ import click
 from freshroll.errors import FreshrollError
 
 if TYPE_CHECKING:
+    from freshroll.config import Config
     from freshroll.runtime.run import RunResult
 
 
@@ -40,17 +41,20 @@ def run(config: Path | None, overrides: tuple[str, ...], out: Path | None,
         resume_dir: Path | None, baseline: bool) -> None:
     """Train with async GRPO: CONFIG.yaml [key=value ...] (no CONFIG: the embedded default)."""
     from freshroll.config import load_config
-    from freshroll.runtime.run import run as run_training
-    from freshroll.runtime.run import run_baseline
 
     if config is not None and "=" in str(config) and not config.exists():
         overrides, config = (str(config), *overrides), None
     try:
+        # the config is checked before the heavy imports (torch, transformers) of a run
+        cfg = load_config(None, overrides) if resume_dir is not None and overrides else None
+        if resume_dir is None:
+            cfg = load_config(config, overrides)
+        from freshroll.runtime.run import run as run_training
+        from freshroll.runtime.run import run_baseline
+
         if resume_dir is not None:
-            cfg = load_config(None, overrides) if overrides else None
             result = run_training(cfg, resume_dir, resume=True)
         else:
-            cfg = load_config(config, overrides)
             name = config.stem if config is not None else "default"
             result = run_training(cfg, out or Path("runs") / name)
         base = run_baseline(result.run_dir) if baseline else None
@@ -184,6 +188,73 @@ def simulate(
     report = verify_run(run_dir)
     click.echo(report.render())
     sys.exit(0 if report.ok else 1)
+
+
+@main.command("export-model")
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option("--step", type=int, default=None,
+              help="Committed step to export (default: the last).")
+def export_model(run_dir: Path, out: Path, step: int | None) -> None:
+    """Write the policy of RUN_DIR at a committed step to OUT (a from_pretrained directory)."""
+    from freshroll.runtime.export import export_model as do_export
+
+    try:
+        done = do_export(run_dir, out, step)
+    except FreshrollError as exc:
+        _fail(exc)
+        return
+    how = f", {done.replayed} steps replayed from the ledger" if done.replayed else ""
+    click.echo(f"exported step {done.step} ({done.version}{how}) to {done.out}")
+
+
+@main.group()
+def config() -> None:
+    """Inspect configs: show the resolved config, check one, print the key reference."""
+
+
+@config.command("show")
+@click.argument("config_file", required=False, type=click.Path(path_type=Path))
+@click.argument("overrides", nargs=-1)
+def config_show(config_file: Path | None, overrides: tuple[str, ...]) -> None:
+    """Print CONFIG [key=value ...] resolved, each key with its default and meaning."""
+    from freshroll.config_doc import show
+
+    try:
+        cfg = _load(config_file, overrides)
+    except FreshrollError as exc:
+        _fail(exc)
+        return
+    click.echo(show(cfg), nl=False)
+
+
+@config.command("check")
+@click.argument("config_file", required=False, type=click.Path(path_type=Path))
+@click.argument("overrides", nargs=-1)
+def config_check(config_file: Path | None, overrides: tuple[str, ...]) -> None:
+    """Validate CONFIG [key=value ...] without running anything (exit 2 on an error)."""
+    try:
+        _load(config_file, overrides)
+    except FreshrollError as exc:
+        _fail(exc)
+        return
+    click.echo(f"{config_file or 'the embedded default'}: ok")
+
+
+@config.command("reference")
+def config_reference() -> None:
+    """Print the reference of every config key (docs/config.md) as markdown."""
+    from freshroll.config_doc import reference
+
+    click.echo(reference(), nl=False)
+
+
+def _load(config_file: Path | None, overrides: tuple[str, ...]) -> Config:
+    from freshroll.config import load_config
+
+    if config_file is not None and "=" in str(config_file) and not config_file.exists():
+        overrides, config_file = (str(config_file), *overrides), None
+    return load_config(config_file, overrides)
 
 
 if __name__ == "__main__":

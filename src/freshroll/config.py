@@ -10,6 +10,7 @@ run directory stores its fully resolved form (``config.yaml``), which is what
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import Any, Literal
 
@@ -34,10 +35,47 @@ class RunSection(_Section):
     progress: bool = True
 
 
+class TinySection(_Section):
+    """The embedded tiny Llama's shape; an unset key keeps the built-in default."""
+
+    hidden_size: int | None = Field(None, ge=1, description="width (default 64)")
+    intermediate_size: int | None = Field(None, ge=1, description="MLP width (default 128)")
+    num_hidden_layers: int | None = Field(None, ge=1, description="layers (default 2)")
+    num_attention_heads: int | None = Field(None, ge=1, description="heads (default 4)")
+    num_key_value_heads: int | None = Field(None, ge=1, description="KV heads (default 4)")
+    max_position_embeddings: int | None = Field(
+        None, ge=8, description="longest prompt + completion in tokens (default 128)"
+    )
+    rms_norm_eps: float | None = Field(None, gt=0, description="RMSNorm epsilon (default 1e-6)")
+    tie_word_embeddings: bool | None = Field(
+        None, description="share input and output embeddings (default true)"
+    )
+
+    def overrides(self) -> dict[str, Any]:
+        """Only the keys the user set: the unset ones keep the tiny defaults (and digest)."""
+        return self.model_dump(exclude_none=True)
+
+    @model_validator(mode="after")
+    def _heads(self) -> TinySection:
+        width = self.hidden_size or 64
+        heads = self.num_attention_heads or 4
+        kv = self.num_key_value_heads or heads
+        if width % heads:
+            raise ValueError(f"hidden_size {width} is not divisible by num_attention_heads {heads}")
+        if heads % kv:
+            raise ValueError(f"num_attention_heads {heads} is not divisible by "
+                             f"num_key_value_heads {kv}")
+        return self
+
+
 class ModelSection(_Section):
-    path: str | None = Field(None, description="local transformers model dir; None = tiny")
-    tiny_seed: int = 0
-    tiny: dict[str, Any] = Field(default_factory=dict, description="tiny config overrides")
+    path: str | None = Field(
+        None, description="local transformers model dir (from_pretrained); unset = embedded tiny"
+    )
+    tiny_seed: int = Field(0, description="seed of the embedded tiny model's random init")
+    tiny: TinySection = Field(
+        default_factory=TinySection, description="the embedded tiny model's shape"
+    )
 
 
 class TaskSection(_Section):
@@ -94,6 +132,15 @@ class Config(_Section):
     def _check(self) -> Config:
         if not self.rewards:
             raise ValueError("rewards: at least one reward is needed")
+        # GRPO's advantage is a reward minus its group's mean: with one completion per prompt,
+        # or greedy decoding (every completion of a group identical), it is zero for every
+        # sample and the run would train on nothing.
+        if self.rollout.group_size < 2:
+            raise ValueError("rollout.group_size: must be >= 2 for GRPO (the advantage of a "
+                             "group of one is always zero, so nothing would be learned)")
+        if self.rollout.temperature == 0:
+            raise ValueError("rollout.temperature: 0 (greedy) makes every completion of a group "
+                             "identical, so every GRPO advantage is zero; use e.g. 1.0")
         return self
 
     def to_yaml(self) -> str:
@@ -133,6 +180,32 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def _known_keys(loc: tuple[int | str, ...]) -> list[str]:
+    """The keys a section at ``loc`` accepts (for "did you mean"), [] if unknown."""
+    model: Any = Config
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        ann = field.annotation
+        args = getattr(ann, "__args__", None)
+        if args:  # list[RewardEntry], X | None
+            ann = next((a for a in args if isinstance(a, type) and issubclass(a, BaseModel)), ann)
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return []
+        model = ann
+    return list(getattr(model, "model_fields", {}))
+
+
+def _unknown_key(loc: tuple[int | str, ...]) -> str:
+    known = _known_keys(loc[:-1])
+    close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"unknown key{hint} (known: {', '.join(known)})" if known else f"unknown key{hint}"
+
+
 def validate(data: dict[str, Any], source: str = "config") -> Config:
     try:
         return Config.model_validate(data)
@@ -140,8 +213,11 @@ def validate(data: dict[str, Any], source: str = "config") -> Config:
         problems = []
         for err in exc.errors():
             where = ".".join(str(x) for x in err["loc"]) or "(top level)"
-            msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
-            problems.append(f"{where}: {msg}")
+            if err["type"] == "extra_forbidden":
+                msg = _unknown_key(tuple(err["loc"]))
+            else:
+                msg = err["msg"].removeprefix("Value error, ")
+            problems.append(f"{where}: {msg}" if err["loc"] else msg)
         raise ConfigError(f"{source}: " + "; ".join(problems)) from None
 
 

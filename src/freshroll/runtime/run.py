@@ -81,13 +81,14 @@ def prepare_run_dir(cfg: Config | None, out: Path, resume: bool) -> Config:
 def model_path(cfg: Config, run_dir: Path) -> Path:
     """The initial model: the user's local path, or the embedded tiny model saved in the run."""
     if cfg.model.path is not None:
+        from freshroll.engines.model_dir import check_model_dir
+
         path = Path(cfg.model.path)
-        if not (path / "config.json").is_file():
-            raise ConfigError(f"model.path: {path} has no config.json (a local model dir)")
+        check_model_dir(path)
         return path
     path = run_dir / "model"
     if not (path / "config.json").is_file():
-        save_tiny(path, seed=cfg.model.tiny_seed, **cfg.model.tiny)
+        save_tiny(path, seed=cfg.model.tiny_seed, **cfg.model.tiny.overrides())
     return path
 
 
@@ -195,7 +196,8 @@ def _resume_point(run_dir: Path, chain: dict[int, CommittedStep], step: int) -> 
     return Path(), 0
 
 
-def build_learner(cfg: Config, path: Path, buf: SampleBuffer, run_dir: Path) -> GRPOLearner:
+def new_learner(cfg: Config, path: Path) -> tuple[GRPOLearner, Any]:
+    """A learner on the initial model at ``path``, and that model's tokenizer."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
@@ -205,6 +207,12 @@ def build_learner(cfg: Config, path: Path, buf: SampleBuffer, run_dir: Path) -> 
         model, cfg.trainer, temperature=cfg.rollout.temperature, pad_id=int(pad),
         max_new_tokens=cfg.rollout.max_new_tokens,
     )
+    return learner, tok
+
+
+def build_learner(cfg: Config, path: Path, buf: SampleBuffer, run_dir: Path) -> GRPOLearner:
+    learner, _ = new_learner(cfg, path)
+    model = learner.model
     assert buf.version is not None
     if buf.version.step > 0:
         chain = committed_chain(buf.ledger)

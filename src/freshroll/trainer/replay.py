@@ -75,12 +75,15 @@ def committed_chain(ledger: Ledger) -> dict[int, CommittedStep]:
 
 
 def replay(
-    learner: GRPOLearner, buf: SampleBuffer, chain: dict[int, CommittedStep], from_step: int
+    learner: GRPOLearner, buf: SampleBuffer, chain: dict[int, CommittedStep], from_step: int,
+    to_step: int | None = None,
 ) -> int:
-    """Train steps ``from_step + 1 .. buf.version.step`` again; returns how many."""
+    """Train steps ``from_step + 1 .. to_step`` again (default: to ``buf.version.step``);
+    returns how many."""
     assert buf.version is not None
     n = 0
-    for step in range(from_step + 1, buf.version.step + 1):
+    last = buf.version.step if to_step is None else to_step
+    for step in range(from_step + 1, last + 1):
         c = chain[step]
         learner.step(train_samples(buf, c.samples, c.parent.step))
         got = weights_digest(learner.model)

@@ -1,0 +1,69 @@
+"""Checks of a user's model directory before a run writes anything (``model.path``).
+
+A model directory must hold what both ``AutoModelForCausalLM.from_pretrained`` and
+``AutoTokenizer.from_pretrained`` need; otherwise the first thing a user sees is a long
+traceback from deep inside transformers. :func:`check_model_dir` turns each first mistake into
+one :class:`~freshroll.errors.ConfigError` naming the directory and what to change:
+
+* no directory, or no ``config.json``, or one that is not JSON;
+* no tokenizer files (``tokenizer.json``, ``tokenizer_config.json``, or a vocabulary file);
+* a tokenizer with more tokens than the model's vocabulary (``vocab_size``): ids past the
+  embedding would be generated or fed, which fails at the first step or, worse, reads garbage.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from freshroll.errors import ConfigError
+
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "tokenizer.model",
+    "spiece.model",
+)
+
+
+def read_model_config(path: Path) -> dict[str, Any]:
+    """``config.json`` of ``path`` as a dict, or a ConfigError naming the file."""
+    if not path.is_dir():
+        raise ConfigError(f"model.path: {path} is not a directory")
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise ConfigError(f"model.path: {path} has no config.json (a local transformers "
+                          "model directory, as save_pretrained writes it)")
+    try:
+        data = json.loads(cfg_file.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"model.path: {cfg_file} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"model.path: {cfg_file} must hold a JSON object")
+    return data
+
+
+def check_model_dir(path: Path) -> None:
+    """Raise ConfigError naming ``path`` if it cannot serve as a freshroll policy."""
+    config = read_model_config(path)
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise ConfigError(
+            f"model.path: {path} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); "
+            "save it beside the model with tokenizer.save_pretrained(path)"
+        )
+    vocab = config.get("vocab_size") or config.get("text_config", {}).get("vocab_size")
+    if not isinstance(vocab, int):
+        return  # an architecture that names it differently: transformers will check
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception as exc:  # any failure of a third-party loader becomes one line
+        raise ConfigError(f"model.path: the tokenizer in {path} does not load: "
+                          f"{type(exc).__name__}: {exc}"[:500]) from None
+    if len(tok) > vocab:
+        raise ConfigError(
+            f"model.path: the tokenizer in {path} has {len(tok)} tokens but the model's "
+            f"vocabulary (config.json vocab_size) holds {vocab}: token ids >= {vocab} have no "
+            "embedding. Use the tokenizer the model was trained with, or resize the model's "
+            "embeddings (model.resize_token_embeddings(len(tokenizer))) and save it again"
+        )

@@ -1,0 +1,97 @@
+"""``freshroll export-model``: a trained policy as an ordinary Hugging Face model directory.
+
+The weights of committed step ``N`` are rebuilt the way ``--resume`` rebuilds them: the
+newest checkpoint on the committed chain at or before ``N`` (or the initial model for
+``N = 0``), then the committed steps after it trained again from the ledger, each checked
+against its committed weights digest. The result is written with ``save_pretrained`` beside
+the initial model's config and tokenizer, so ``AutoModelForCausalLM.from_pretrained`` and
+``AutoTokenizer.from_pretrained`` load it, plus ``freshroll_export.json`` naming the run, the
+step, its policy version and weights digest (the lineage of the exported weights).
+
+Where a checkpoint's config and tokenizer live (the documented pointer): checkpoints hold
+weights and optimizer state only; the config and tokenizer are those of the run's initial
+model, ``RUN_DIR/model`` for the embedded tiny model, or ``model.path`` of the run's
+``config.yaml`` for a user's model (training changes neither).
+
+The output directory is written atomically (a temp directory, then a rename) and never
+replaces an existing one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from freshroll.errors import ConfigError, LineageError, RunDirError
+
+
+@dataclass(frozen=True)
+class Exported:
+    out: Path
+    step: int
+    version: str
+    weights_digest: str
+    replayed: int
+
+
+def export_model(run_dir: Path, out: Path, step: int | None = None) -> Exported:
+    """Write the policy of committed ``step`` (default: the last) of ``run_dir`` to ``out``."""
+    from freshroll.buffer import KernelConfig, replay_ledger
+    from freshroll.clock import RealClock
+    from freshroll.config import read_yaml, validate
+    from freshroll.engines.tiny import model_digest
+    from freshroll.ledger import LEDGER_FILE, Ledger
+    from freshroll.lineage import PolicyVersion
+    from freshroll.runtime.run import _quiet_transformers, _resume_point, new_learner
+    from freshroll.trainer.checkpoint import load_checkpoint
+    from freshroll.trainer.replay import committed_chain, replay, weights_digest
+
+    if not (run_dir / LEDGER_FILE).is_file():
+        raise RunDirError(f"{run_dir}: not a run directory (no {LEDGER_FILE})")
+    if out.exists():
+        raise RunDirError(f"{out}: already exists; choose a new output directory")
+    cfg = validate(read_yaml(run_dir / "config.yaml"), str(run_dir / "config.yaml"))
+    _quiet_transformers()
+    source = Path(cfg.model.path) if cfg.model.path is not None else run_dir / "model"
+    if not (source / "config.json").is_file():
+        raise RunDirError(f"{source}: the run's initial model is missing (no config.json)")
+    kernel = KernelConfig(cfg.run.max_staleness, cfg.rollout.batch_groups, cfg.rollout.group_size)
+    with Ledger(run_dir / LEDGER_FILE, readonly=True) as ledger:
+        buf = replay_ledger(ledger, kernel, RealClock())
+        assert buf.version is not None
+        last = buf.version.step
+        want = last if step is None else step
+        if not 0 <= want <= last:
+            raise ConfigError(f"--step {want}: the run committed steps 0..{last}")
+        chain = committed_chain(ledger)
+        learner, tokenizer = new_learner(cfg, source)
+        from_step, replayed = 0, 0
+        if want > 0:
+            ckpt_path, from_step = _resume_point(run_dir, chain, want)
+            if from_step > 0:
+                ckpt = load_checkpoint(ckpt_path)
+                learner.model.load_state_dict(ckpt.model_state)
+                if ckpt.optimizer_state is not None:
+                    learner.optimizer.load_state_dict(ckpt.optimizer_state)
+            replayed = replay(learner, buf, chain, from_step, to_step=want)
+        version = chain[want].version if want > 0 else PolicyVersion.initial(model_digest(source))
+    digest = weights_digest(learner.model)
+    committed = version.weights_digest
+    if committed is not None and digest != committed:
+        raise LineageError(f"step {want}: rebuilt weights {digest} differ from the committed "
+                           f"{committed}")
+    tmp = out.with_name(f".{out.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    learner.model.eval()
+    learner.model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "freshroll_export.json").write_text(json.dumps({
+        "run_dir": str(run_dir.resolve()), "step": want, "policy_version": str(version),
+        "weights_digest": digest, "source_model": str(source.resolve()),
+    }, indent=1) + "\n")
+    os.replace(tmp, out)
+    return Exported(out, want, str(version), digest, replayed)

@@ -1,0 +1,106 @@
+"""The config schema, its reference page and the ``freshroll config`` commands.
+
+Every example config in the repo validates (torchtune's habit); docs/config.md is exactly what
+the schema generates, every key has a description; unknown keys get a "did you mean"; settings
+that make GRPO learn nothing are refused with the reason; ``config check`` answers before any
+heavy import.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from freshroll.cli import main
+from freshroll.config import load_config
+from freshroll.config_doc import keys, reference
+from freshroll.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_example_config_validates(path: Path) -> None:
+    load_config(path)
+
+
+def test_docs_config_md_is_generated_from_the_schema() -> None:
+    doc = (REPO / "docs" / "config.md").read_text()
+    assert doc == reference(), "docs/config.md is stale: run `freshroll config reference`"
+
+
+def test_every_key_has_a_description() -> None:
+    missing = [k.path for k in keys() if not k.description.strip()]
+    assert not missing, f"config keys without a description: {missing}"
+
+
+@pytest.mark.parametrize(("override", "hint"), [
+    ("model.tiny.hiden_size=8", "did you mean 'hidden_size'"),
+    ("rollout.group_sise=4", "did you mean 'group_size'"),
+    ("trainr.lr=1", "did you mean 'trainer'"),
+    ("rewards=[{fn: reverse, wieght: 2}]", "did you mean 'weight'"),
+])
+def test_unknown_keys_get_a_did_you_mean(override: str, hint: str) -> None:
+    with pytest.raises(ConfigError, match=hint):
+        load_config(None, [override])
+
+
+@pytest.mark.parametrize(("override", "reason"), [
+    ("rollout.group_size=1", "group_size: must be >= 2"),
+    ("rollout.temperature=0", "every GRPO advantage is zero"),
+    ("model.tiny.hidden_size=30", "not divisible by num_attention_heads"),
+])
+def test_settings_that_learn_nothing_are_refused(override: str, reason: str) -> None:
+    with pytest.raises(ConfigError, match=reason):
+        load_config(None, [override])
+
+
+def test_typed_tiny_section_keeps_only_the_keys_set() -> None:
+    assert load_config(None, []).model.tiny.overrides() == {}
+    assert load_config(None, ["model.tiny.hidden_size=32"]).model.tiny.overrides() == {
+        "hidden_size": 32}
+
+
+def test_config_show_resolves_overrides_and_annotates_defaults() -> None:
+    res = CliRunner().invoke(main, ["config", "show", "configs/smoke.yaml", "trainer.lr=0.01"])
+    assert res.exit_code == 0, res.output
+    assert "lr: 0.01  # default 0.001" in res.output
+    assert "steps: 4  # default 400" in res.output
+
+
+def test_config_check_exit_statuses(tmp_path: Path) -> None:
+    runner = CliRunner()
+    ok = runner.invoke(main, ["config", "check", "configs/default.yaml"])
+    assert ok.exit_code == 0 and "ok" in ok.output
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("trainer: {lr_rate: 1}\n")
+    res = runner.invoke(main, ["config", "check", str(bad)])
+    assert res.exit_code == 2
+    assert "trainer.lr_rate: unknown key" in res.output
+
+
+def test_config_errors_come_before_heavy_imports(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rollout: {group_size: 1}\n")
+    code = (
+        "import sys\n"
+        "from freshroll.cli import main\n"
+        "try:\n"
+        f"    main(['run', {str(bad)!r}, '--out', {str(tmp_path / 'r')!r}])\n"
+        "except SystemExit as e:\n"
+        "    print('exit', e.code, 'torch' in sys.modules, 'transformers' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert "exit 2 False False" in out.stdout, out.stdout + out.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_python_dash_m_freshroll() -> None:
+    out = subprocess.run([sys.executable, "-m", "freshroll", "config", "check"],
+                         capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert out.returncode == 0 and "embedded default: ok" in out.stdout
