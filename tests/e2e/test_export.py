@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from e2e_helpers import freshroll
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from freshroll.errors import ConfigError, RunDirError
 from freshroll.runtime.export import export_model
 from freshroll.trainer.replay import weights_digest
-from e2e_helpers import freshroll
 
 pytestmark = pytest.mark.slow
 
@@ -66,7 +66,7 @@ def test_export_step_zero_is_the_initial_model(run_dir: Path, tmp_path: Path) ->
 
 
 def test_export_refuses_bad_input(run_dir: Path, tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="committed steps 0..5"):
+    with pytest.raises(ConfigError, match=r"committed steps 0\.\.5"):
         export_model(run_dir, tmp_path / "x", step=9)
     (tmp_path / "taken").mkdir()
     with pytest.raises(RunDirError, match="already exists"):

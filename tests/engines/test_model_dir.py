@@ -24,7 +24,7 @@ def test_a_saved_tiny_model_passes(model: Path) -> None:
 def test_missing_dir_and_config(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="is not a directory"):
         check_model_dir(tmp_path / "nope")
-    with pytest.raises(ConfigError, match="has no config.json"):
+    with pytest.raises(ConfigError, match=r"has no config\.json"):
         check_model_dir(tmp_path)
 
 
