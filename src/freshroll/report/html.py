@@ -214,7 +214,22 @@ def _header(run: RunData, baseline: RunData | None) -> str:
     if run.notes:
         notes = ('<div class="notes">inputs: '
                  + "; ".join(escape(n) for n in run.notes) + "</div>")
-    return f'<div class="cards">{"".join(cards)}</div>{_verify_html(run.run_dir)}{notes}'
+    return (f'<div class="cards">{"".join(cards)}</div>{_verdict_html(run)}'
+            f"{_verify_html(run.run_dir)}{notes}")
+
+
+def _verdict_html(run: RunData) -> str:
+    """A red banner when the run did not train what was asked (fewer steps, none, open)."""
+    from freshroll.runtime.verdict import render
+
+    v = run.summary.get("verdict")
+    text = render(v) if isinstance(v, dict) else ""
+    if not text:
+        return ""
+    cls = "fail" if v["status"] != "complete" else "warn"
+    lines = "<br>".join(escape(x) for x in text.splitlines())
+    return (f'<div class="verdict {cls}"><b>training verdict: {escape(v["status"])}</b><br>'
+            f"{lines}</div>")
 
 
 # -- sections 2-8 -----------------------------------------------------------------------

@@ -16,6 +16,7 @@ nav{font-size:13px;margin:6px 0 14px}nav a{margin-right:12px;color:#1f5fa8;text-
 .ok{background:#e8f6ec;border:1px solid #7cc48d;color:#155724}
 .fail{background:#fdecea;border:1px solid #e0837a;color:#8a1c12}
 .fail code{font-size:12px;color:#5a120b}
+.warn{background:#fff8e1;border:1px solid #e0c060;color:#6d5200}
 .notes{font-size:12px;color:#8a6d00;margin:4px 0}
 .row{display:flex;gap:18px;align-items:flex-start;flex-wrap:wrap}
 .row img.plot{max-width:660px}

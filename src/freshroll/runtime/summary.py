@@ -24,6 +24,7 @@ import yaml
 
 from freshroll.events import Committed, Discarded, Generated, Rewarded, WeightsLoaded
 from freshroll.ledger import LEDGER_FILE, Ledger
+from freshroll.runtime.verdict import verdict
 from freshroll.timing import collect_spans, decompose, percentile, run_rates
 
 
@@ -123,6 +124,7 @@ def summarize(run_dir: Path) -> dict[str, Any]:
         "reward_last": sum(rewards[-k:]) / k if k else None,
         "discard_bias": discard_bias(events),
         "stages": [row.__dict__ for row in decompose(spans)],
+        "verdict": verdict(events, config.get("run", {}).get("steps")),
     }
 
 

@@ -1,0 +1,71 @@
+"""The end-of-run verdict: did the run train what was asked, and if not, why not.
+
+A run that committed no step, or fewer steps than ``run.steps``, must say so plainly in the
+terminal, ``summary.json`` and the report — never a green line over a run that trained
+nothing. The verdict is a pure function of the ledger events and the run's config (the run
+directory is the report contract), so it can be rebuilt on a saved run::
+
+    status = "complete"     steps committed >= steps asked, ledger closed
+             "incomplete"   fewer steps than asked, ledger closed (stopped by a failure, ...)
+             "no steps"     closed without a single committed step
+             "open"         the ledger never closed (killed, or still running): resume it
+
+``first_failure`` maps every discard reason that ends a request for a cause (not the
+bookkeeping reasons ``fenced`` and ``shutdown``) to its count and the FIRST such discard's
+detail, the message a user acts on (e.g. a reward's first ``KeyError``). ``stopped`` is the
+reason of the last ``closed`` event (``done``, or the failure that ended the run).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from freshroll import events as ev
+
+BOOKKEEPING_REASONS = frozenset({"fenced", "shutdown"})
+#: discards an asynchronous run makes by design (freshness enforced): not shown as failures of a
+#: complete run (they are in the discard figures)
+EXPECTED_REASONS = frozenset({"stale"})
+
+
+def verdict(events: Iterable[ev.Event], steps_asked: int | None) -> dict[str, Any]:
+    """``{"status", "steps_asked", "steps_committed", "stopped", "first_failure"}``."""
+    committed, closed, stopped = 0, False, None
+    failures: dict[str, dict[str, Any]] = {}
+    for e in events:
+        if isinstance(e, ev.Committed):
+            committed += 1
+        elif isinstance(e, ev.Closed):
+            closed, stopped = True, e.reason
+        elif isinstance(e, ev.Opened):
+            closed = False
+        elif isinstance(e, ev.Discarded) and e.reason not in BOOKKEEPING_REASONS:
+            slot = failures.setdefault(e.reason, {"count": 0, "first": e.detail})
+            slot["count"] += 1
+    if not closed:
+        status = "open"
+    elif committed == 0:
+        status = "no steps"
+    elif steps_asked is not None and committed < steps_asked:
+        status = "incomplete"
+    else:
+        status = "complete"
+    return {"status": status, "steps_asked": steps_asked, "steps_committed": committed,
+            "stopped": stopped, "first_failure": failures}
+
+
+def render(v: dict[str, Any]) -> str:
+    """One or more plain lines for the terminal; empty for a complete run without failures."""
+    lines = []
+    asked = v.get("steps_asked")
+    if v["status"] == "open":
+        lines.append(f"run NOT closed after {v['steps_committed']} committed steps: it was "
+                     "killed or is still running; `freshroll run --resume DIR` continues it")
+    elif v["status"] != "complete":
+        lines.append(f"run INCOMPLETE: committed {v['steps_committed']} of {asked} steps asked"
+                     f" (stopped: {v.get('stopped')})")
+    for reason, info in v.get("first_failure", {}).items():
+        if v["status"] != "complete" or reason not in EXPECTED_REASONS:
+            lines.append(f"  {info['count']} {reason} discards; first: {info['first']}")
+    return "\n".join(lines)
