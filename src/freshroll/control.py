@@ -22,13 +22,15 @@ The decision says so and leaves the worker count alone.
 **Workers** (asymmetric hysteresis, benefit against the measured switch cost)::
 
     n* = ceil(D × (1 + headroom) / p)                               target, clamped [min, max]
-    up   : producer-bound, waited_samples > 0, n* > n, up cooldown passed
+    up   : producer-bound, waited_samples > 0, n* > n, up cooldown passed since the last up
            k = min(n* − n, max_up_step)    (no D yet: k = max(1, ceil(n / 2)))
+           gain = D(1+headroom)/p − n      (workers' worth of production the trainer lacks)
     down : trainer-bound, surplus s = n×p − D×(1+headroom), spare = s/p − down_margin ≥ 1,
-           k = max(1, floor(spare × down_gain)) ≤ max_down_step, n − k ≥ min_workers,
-           down cooldown passed since the last switch either way (down_cooldown_s ≥ up_cooldown_s)
-    (up closes the whole deficit at once; down removes a share of the surplus per cooldown)
-    only if   H × min(k, gain_in_workers) > k × switch_cost_s
+           k = min(floor(spare), ceil(spare × down_gain), max_down_step, n − min_workers),
+           gain = k; the down cooldown passed since the last switch either way
+    (up closes the whole deficit at once, even right after a down; down removes a share
+    of the surplus per longer cooldown: down_cooldown_s ≥ up_cooldown_s, idle_low < idle_high)
+    only if   H × min(k, gain) > k × switch_cost_s           (worker-seconds)
               H = min(horizon_s, now − last switch): a regime is expected to last as
               long as the last one did, so flip-flopping makes every switch dearer.
 
@@ -39,8 +41,9 @@ rule fires: the dead band is one worker plus ``down_margin`` wide.
 since the last one)::
 
     hard cut   : stale discards in the window  -> c = max(c_min, floor(c × hard_factor)),
-                 latched (no change at all) until in_flight <= n × c: the stale
-                 samples seen after a cut were started before it, so they must not cut again
+                 ceiling = c − 1, latched (no change at all) until in_flight <= n × c:
+                 the stale samples seen after a cut were started before it, so they must
+                 not cut again; after the drain the next decision waits a full turnover
     probe check: after c0 -> c1, p1/p0 − 1 < gain_min × (c1/c0 − 1)  -> back to c0,
                  ceiling = c0 (the engine is saturated; decode t0 + t1×active has its
                  knee at a fixed concurrency, independent of response length)
@@ -220,9 +223,9 @@ class Decision:
 
     def record(self) -> dict[str, Any]:
         """JSON-ready form (the body of a future ``controller_decided`` ledger event)."""
-        out = asdict(self)
-        out["inputs"]["discards"] = dict(self.inputs.discards)
-        return out
+        rates = tuple(r if math.isfinite(r) else 0.0 for r in self.inputs.worker_rates)
+        inputs = replace(self.inputs, discards=dict(self.inputs.discards), worker_rates=rates)
+        return asdict(replace(self, inputs=inputs))
 
 
 def admission_budget(snap: Snapshot, settings: Settings) -> int:
@@ -296,8 +299,8 @@ def _workers(
             return n, st, "scale-down cooling down"
         surplus = n * p - demand * (1 + cfg.headroom)
         spare = min(surplus / p - cfg.down_margin, float(n))
-        k = min(max(1, math.floor(spare * cfg.down_gain)) if spare >= 1 else 0,
-                cfg.max_down_step, n - cfg.min_workers)
+        k = min(math.floor(spare), math.ceil(spare * cfg.down_gain), cfg.max_down_step,
+                n - cfg.min_workers) if spare >= 1 else 0
         if k <= 0:
             return n, st, "surplus below one worker" if n > cfg.min_workers else "at min_workers"
         if horizon <= cost:
