@@ -47,11 +47,19 @@ since the last one)::
     probe check: after c0 -> c1, p1/p0 − 1 < gain_min × (c1/c0 − 1)  -> back to c0,
                  ceiling = c0 (the engine is saturated; decode t0 + t1×active has its
                  knee at a fixed concurrency, independent of response length)
-    soft trim  : trainer-bound (β or lag high, trainer fed) ->
-                 c = max(c_min, c − ceil(c × soft_trim), ceil(c × D(1+headroom) / (n' × p)))
-                 n' the new worker count; the last term assumes p ∝ c (the pessimistic
-                 case), so a trim never starves the trainer
-    increase   : producer-bound and in_flight >= n × c (slots full) and c < ceiling -> c + 1
+    soft trim  : trainer-bound at min_workers (no worker left to remove) ->
+                 c = max(c_min, c − ceil(c × soft_trim), ceil(c × D(1+headroom) / (n × p)))
+                 the last term assumes p ∝ c (the pessimistic case), so a trim never
+                 starves the trainer
+    increase   : slots full (in_flight >= n × c), c < ceiling, and producer-bound, or
+                 balanced / trainer-bound with n' > min_workers and lag below lag_soft × η
+                 -> c + 1   (n' the new worker count)
+
+Cost is worker-seconds, and a worker costs the same at any concurrency, so each
+worker should run at the knee: below it, surplus production is shed by removing
+workers, and concurrency keeps probing up while workers can still be consolidated;
+lowering c only pays where no worker can go (min_workers) or freshness demands it
+(the hard cut).
 
 **Admission.** ``admission_limit`` caps the groups in flight (the buffer's
 ``free_slots``): ``ceil(n × c × (1 + admission_slack) / group_size)``, enough to
@@ -335,15 +343,19 @@ def _concurrency(
         gain = p / p0 - 1 if p0 > 0 else 0.0
         if c > c0 and gain < cfg.gain_min * (c / c0 - 1):
             return c0, replace(st, ceiling=c0), f"concurrency {c}->{c0}: gain {gain:+.1%} too small"
-    demand = _demand(snap)
-    if side == "trainer" and demand is not None and p > 0:
+    demand, eta = _demand(snap), snap.max_staleness
+    if side == "trainer" and workers <= cfg.min_workers and demand is not None and p > 0:
         keep = math.ceil(min(c * demand * (1 + cfg.headroom) / (workers * p), c))  # p ~ c
         trim = max(cfg.min_concurrency, keep, c - math.ceil(c * cfg.soft_trim))
         if trim < c:
-            return trim, st, f"soft trim {c}->{trim}: production ahead of the trainer"
+            return trim, st, f"soft trim {c}->{trim}: production ahead, at min_workers"
     top = cfg.max_concurrency if st.ceiling is None else min(cfg.max_concurrency, st.ceiling)
-    if side == "producer" and snap.in_flight >= pool and c < top:
-        return c + 1, replace(st, probe=(c, p)), f"concurrency {c}->{c + 1}: slots full"
+    laggy = eta > 0 and snap.lag_mean > cfg.lag_soft * eta
+    grow = side == "producer" or (side in ("balanced", "trainer") and workers > cfg.min_workers
+                                  and not laggy)
+    if grow and snap.in_flight >= pool and c < top:
+        why = "slots full" if side == "producer" else "consolidate onto fewer workers"
+        return c + 1, replace(st, probe=(c, p)), f"concurrency {c}->{c + 1}: {why}"
     return c, st, "concurrency kept"
 
 

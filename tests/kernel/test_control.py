@@ -253,6 +253,21 @@ def test_aimd_finds_the_knee_and_stays_there():
     assert len(set(cs[-100:])) == 1
 
 
+def test_both_levers_settle_and_consolidate_onto_fewer_workers():
+    # start far below the knee: the trainer starves, workers jump up; then concurrency keeps
+    # probing while workers can be removed, so the run ends on fewer, fuller workers
+    config = cfg(max_workers=64)
+    plant = Plant(trainer=300.0, scale=1.0, t0=1.0, t1=0.1, noise=0.01, seed=3)
+    ds, _ = run_loop(plant, config, s(1, 1), 300)
+    assert ds[0].settings.workers == 64  # the starving trainer is served first
+    last = [(d.settings.workers, d.settings.concurrency) for d in ds[-150:]]
+    assert len(set(last)) == 1, last[:5]
+    n, c = last[-1]
+    assert n <= 0.8 * 64 and c > 10
+    assert n * c / (1 + 0.1 * c) >= 300  # still feeds the trainer
+    assert max(bottleneck(d.inputs, config)[1] for d in ds[-150:]) < config.idle_high
+
+
 def test_concurrency_waits_for_a_pool_turnover():
     config = cfg()
     snap = Plant(trainer=1e9).window(W, s(2, 4))  # producer-bound, slots full
@@ -284,13 +299,12 @@ def test_hard_cut_latches_until_drained():
     assert nxt.state.ceiling == 7
 
 
-def test_soft_trim_when_production_is_ahead_never_below_what_feeds_the_trainer():
-    config = cfg()
+def test_soft_trim_only_at_min_workers_and_never_below_what_feeds_the_trainer():
+    config = cfg(min_workers=10)
     plant = Plant(trainer=60.0, scale=10.0, t0=16.0, t1=1e-12)  # rate ∝ c: 10/s at c = 16
     cur, state, cs = s(10, 16), ControllerState(), []
     for i in range(30):
-        snap = replace(plant.window(W * (i + 1), cur), switch_cost_s=1e9)  # workers stay
-        d = decide(snap, state, config)
+        d = decide(plant.window(W * (i + 1), cur), state, config)
         assert d.settings.workers == 10
         if i == 0:
             assert d.settings.concurrency == 14 and "soft trim" in d.reason  # 16 - ceil(16/8)
@@ -299,6 +313,9 @@ def test_soft_trim_when_production_is_ahead_never_below_what_feeds_the_trainer()
     # the floor: 10 workers × 10 c / 16 >= 60 × 1.05  <=>  c >= 10.08
     assert cs[-1] == 11 and min(cs) == 11 and len(set(cs[-10:])) == 1
     assert bottleneck(plant.window(400.0, cur), config)[1] < config.idle_high  # still fed
+    # above min_workers the surplus goes by removing workers, concurrency is not trimmed
+    d = decide(plant.window(W, s(10, 16)), ControllerState(), cfg(min_workers=1))
+    assert d.settings.workers < 10 and d.settings.concurrency >= 16
 
 
 # == admission and resume ====================================================================
