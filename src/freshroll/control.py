@@ -44,9 +44,11 @@ since the last one)::
                  ceiling = c − 1, latched (no change at all) until in_flight <= n × c:
                  the stale samples seen after a cut were started before it, so they must
                  not cut again; after the drain the next decision waits a full turnover
-    probe check: after c0 -> c1, p1/p0 − 1 < gain_min × (c1/c0 − 1)  -> back to c0,
-                 ceiling = c0 (the engine is saturated; decode t0 + t1×active has its
-                 knee at a fixed concurrency, independent of response length)
+    probe check: after c0 -> c1, p1/p0 − 1 + 2√2 × se < gain_min × (c1/c0 − 1)
+                 -> back to c0, ceiling = c0 (the engine is saturated; decode t0 + t1×active
+                 has its knee at a fixed concurrency, independent of response length);
+                 se = 1.2533 σ(rates) / (√n × p), the median's relative standard error, so
+                 a probe is only judged a failure when the measurement can tell
     soft trim  : trainer-bound at min_workers (no worker left to remove) ->
                  c = max(c_min, c − ceil(c × soft_trim), ceil(c × D(1+headroom) / (n × p)))
                  the last term assumes p ∝ c (the pessimistic case), so a trim never
@@ -73,6 +75,10 @@ budget is neither reset to ``(η + v + 1) × B`` nor counts re-issued work twice
 record (:meth:`Decision.record`, :meth:`ControllerState.from_record`), so a
 resumed run keeps its cooldowns, latch and ceiling. A clock that went back
 (a virtual clock restarted on resume) restarts the cooldowns, never blocks them.
+
+Recorded for the reader but read by no rule: ``ready_samples`` (a deep buffer is
+what β already measures: producers blocked by the budget) and ``lag_max`` (a
+committed sample never exceeds η; what would have is a ``stale`` discard).
 
 :class:`StaticController` never changes a setting (for comparison); it still
 reports the bottleneck. Long tails (group deadline, over-provisioning) are in
@@ -245,9 +251,21 @@ def admission_budget(snap: Snapshot, settings: Settings) -> int:
     )
 
 
+def _rates(snap: Snapshot) -> list[float]:
+    return [r for r in snap.worker_rates if r > 0 and math.isfinite(r)]
+
+
 def _rate(snap: Snapshot) -> float:
-    rates = [r for r in snap.worker_rates if r > 0 and math.isfinite(r)]
+    rates = _rates(snap)
     return statistics.median(rates) if rates else 0.0
+
+
+def _rate_error(snap: Snapshot) -> float:
+    """Relative standard error of the median rate (1.2533 σ / √n; 0 with one worker)."""
+    rates = _rates(snap)
+    if len(rates) < 2:
+        return 0.0
+    return 1.2533 * statistics.stdev(rates) / math.sqrt(len(rates)) / statistics.median(rates)
 
 
 def _demand(snap: Snapshot) -> float | None:
@@ -341,8 +359,10 @@ def _concurrency(
         c0, p0 = st.probe
         st = replace(st, probe=None)
         gain = p / p0 - 1 if p0 > 0 else 0.0
-        if c > c0 and gain < cfg.gain_min * (c / c0 - 1):
-            return c0, replace(st, ceiling=c0), f"concurrency {c}->{c0}: gain {gain:+.1%} too small"
+        noise = 2 * math.sqrt(2) * _rate_error(snap)  # two standard errors of a difference
+        if c > c0 and gain + noise < cfg.gain_min * (c / c0 - 1):
+            why = f"gain {gain:+.1%} too small"
+            return c0, replace(st, ceiling=c0), f"concurrency {c}->{c0}: {why}"
     demand, eta = _demand(snap), snap.max_staleness
     if side == "trainer" and workers <= cfg.min_workers and demand is not None and p > 0:
         keep = math.ceil(min(c * demand * (1 + cfg.headroom) / (workers * p), c))  # p ~ c

@@ -268,6 +268,18 @@ def test_both_levers_settle_and_consolidate_onto_fewer_workers():
     assert max(bottleneck(d.inputs, config)[1] for d in ds[-150:]) < config.idle_high
 
 
+def test_a_probe_is_judged_a_failure_only_when_the_measurement_can_tell():
+    config = cfg(min_workers=4, max_workers=4)
+    probe = ControllerState(probe=(10, 10.0))  # c 10 -> 11 expects +10 %, needs > +2.5 %
+    base = Snapshot(now=W, window_s=W, settings=s(4, 11), completed=10**6, in_flight=44,
+                    trainer_wait_s=5.0, waited_samples=100, consumed_samples=100)
+    flat = decide(replace(base, worker_rates=(10.1,) * 4), probe, config)  # +1 %, exact
+    assert flat.settings.concurrency == 10 and flat.state.ceiling == 10
+    noisy = (8.1, 9.1, 11.1, 12.1)  # median +1 %, but its standard error is ~ 10 %
+    kept = decide(replace(base, worker_rates=noisy), probe, config)
+    assert kept.settings.concurrency >= 11 and kept.state.ceiling is None
+
+
 def test_concurrency_waits_for_a_pool_turnover():
     config = cfg()
     snap = Plant(trainer=1e9).window(W, s(2, 4))  # producer-bound, slots full
