@@ -144,6 +144,30 @@ def test_rebalances_when_the_trainer_doubles_then_halves():
     assert all(b.settings.workers <= a.settings.workers for a, b in itertools.pairwise(down))
 
 
+def _trace(controller_config: ControlConfig, n0: int, static: bool) -> tuple[float, float]:
+    """(worker-seconds, trainer idle ratio) over a trace whose trainer doubles, then halves."""
+    plant, cur, st_ = Plant(trainer=100.0, noise=0.01, seed=4), s(n0), ControllerState()
+    worker_s = wait_s = 0.0
+    for i, trainer in enumerate([100.0] * 30 + [200.0] * 30 + [100.0] * 30):
+        plant.trainer = trainer
+        snap = plant.window((i + 1) * W, cur)
+        worker_s, wait_s = worker_s + cur.workers * W, wait_s + snap.trainer_wait_s
+        if not static:
+            d = decide(snap, st_, controller_config)
+            cur, st_ = d.settings, d.state
+    return worker_s, wait_s / (90 * W)
+
+
+def test_elastic_trace_uses_fewer_worker_seconds_than_the_best_static_setting():
+    config = cfg()
+    worker_s, idle = _trace(config, 11, static=False)
+    static = [(ws, n) for n in range(1, 65) for ws, i in [_trace(config, n, static=True)]
+              if i <= idle]
+    best_ws, best_n = min(static)
+    assert best_n >= 20  # a static setting must provision for the fast phase
+    assert worker_s <= 0.85 * best_ws, (worker_s, best_ws)
+
+
 def test_scales_up_when_the_trainer_starves():
     d = decide(Plant(trainer=100.0).window(W, s(2)), ControllerState(), cfg())
     assert d.bottleneck == "producer"
