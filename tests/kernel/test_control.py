@@ -175,6 +175,20 @@ def test_scales_up_when_the_trainer_starves():
     assert d.state.last_up_at == W
 
 
+def test_never_past_the_worker_bounds():
+    config = cfg(min_workers=3, max_workers=6)
+    up = decide(Plant(trainer=1000.0).window(W, s(5)), ControllerState(), config)
+    assert up.settings.workers == 6
+    held = decide(Plant(trainer=1000.0).window(100.0, s(6)), up.state, config)
+    assert held.settings.workers == 6 and "at max_workers" in held.reason
+    down = decide(Plant(trainer=1.0).window(W, s(4)), ControllerState(), config)
+    assert down.settings.workers == 3
+    floor = decide(Plant(trainer=1.0).window(100.0, s(3)), ControllerState(), config)
+    assert floor.settings.workers == 3 and "at min_workers" in floor.reason
+    outside = decide(Plant(trainer=60.0).window(W, s(99, 999)), ControllerState(), config)
+    assert outside.settings.workers <= 6 and outside.settings.concurrency <= 64
+
+
 def test_no_scale_up_when_the_trainer_waited_on_no_samples():
     snap = replace(Plant(trainer=100.0).window(W, s(2)), waited_samples=0)  # e.g. weight sync
     d = decide(snap, ControllerState(), cfg())
