@@ -1,0 +1,430 @@
+"""The controller: admission, per-worker concurrency and worker count from a measured snapshot.
+
+Pure, like :mod:`freshroll.freshness`: a :class:`Snapshot` of one measuring
+window, the previous :class:`ControllerState` and a :class:`ControlConfig` in,
+a :class:`Decision` out (new :class:`Settings`, new state, the inputs used and
+a reason a person can read). No I/O, no clock: ``Snapshot.now`` is the time.
+
+Signals of one window of length ``W`` (``n`` active workers, ``c`` requests per worker)::
+
+    ω = trainer_wait_s / W                      trainer idle ratio (wait ÷ wall)
+    β = blocked_s / (n × W)                     producer backpressure: worker time blocked
+                                                by admission (no request to start)
+    p = median(worker_rates)                    samples/s of one worker while not blocked
+    D = consumed / (W − trainer_wait_s)         trainer demand: what it eats when fed
+
+**Bottleneck.** producer-bound if ω ≥ idle_high; trainer-bound if β ≥ blocked_high
+or (η > 0 and lag_mean > lag_soft × η), and ω < idle_low; both ω ≥ idle_high and
+β ≥ blocked_high at once is a *conflict*: a measurement fault, or an admission
+window that serializes the pipeline (η too small, stragglers holding groups).
+The decision says so and leaves the worker count alone.
+
+**Workers** (asymmetric hysteresis, benefit against the measured switch cost)::
+
+    n* = ceil(D × (1 + headroom) / p)                               target, clamped [min, max]
+    up   : producer-bound, waited_samples > 0, n* > n, up cooldown passed since the last up
+           k = min(n* − n, max_up_step)    (no D yet: k = max(1, ceil(n / 2)))
+           gain = D(1+headroom)/p − n      (workers' worth of production the trainer lacks)
+    down : trainer-bound, surplus s = n×p − D×(1+headroom), spare = s/p − down_margin ≥ 1,
+           k = min(floor(spare), ceil(spare × down_gain), max_down_step, n − min_workers),
+           gain = k; the down cooldown passed since the last switch either way
+    (up closes the whole deficit at once, even right after a down; down removes a share
+    of the surplus per longer cooldown: down_cooldown_s ≥ up_cooldown_s, idle_low < idle_high)
+    only if   H × min(k, gain) > k × switch_cost_s           (worker-seconds)
+              H = min(horizon_s, now − last switch): a regime is expected to last as
+              long as the last one did, so flip-flopping makes every switch dearer.
+
+At the settled ``n = ceil(D(1+h)/p)`` the surplus is below one worker, so neither
+rule fires: the dead band is one worker plus ``down_margin`` wide.
+
+**Concurrency** (AIMD, one decision per pool turnover: ``n × c`` completions
+since the last one)::
+
+    hard cut   : stale discards in the window  -> c = max(c_min, floor(c × hard_factor)),
+                 ceiling = c − 1, latched (no change at all) until in_flight <= n × c:
+                 the stale samples seen after a cut were started before it, so they must
+                 not cut again; after the drain the next decision waits a full turnover
+    probe check: after c0 -> c1, p1/p0 − 1 + 2√2 × se < gain_min × (c1/c0 − 1)
+                 -> back to c0, ceiling = c0 (the engine is saturated; decode t0 + t1×active
+                 has its knee at a fixed concurrency, independent of response length);
+                 se = 1.2533 σ(rates) / (√n × p), the median's relative standard error, so
+                 a probe is only judged a failure when the measurement can tell
+    soft trim  : trainer-bound at min_workers (no worker left to remove) ->
+                 c = max(c_min, c − ceil(c × soft_trim), ceil(c × D(1+headroom) / (n × p)))
+                 the last term assumes p ∝ c (the pessimistic case), so a trim never
+                 starves the trainer
+    increase   : slots full (in_flight >= n × c), c < ceiling, and producer-bound, or
+                 balanced / trainer-bound with n' > min_workers and lag below lag_soft × η
+                 -> c + 1   (n' the new worker count)
+
+Cost is worker-seconds, and a worker costs the same at any concurrency, so each
+worker should run at the knee: below it, surplus production is shed by removing
+workers, and concurrency keeps probing up while workers can still be consolidated;
+lowering c only pays where no worker can go (min_workers) or freshness demands it
+(the hard cut).
+
+**Admission.** ``admission_limit`` caps the groups in flight (the buffer's
+``free_slots``): ``ceil(n × c × (1 + admission_slack) / group_size)``, enough to
+keep every slot fed while stragglers still hold their group. It never widens
+the freshness bound: :func:`admission_budget` is
+:func:`freshroll.freshness.admission_capacity` with ``free_slots = limit − running``.
+The budget is recomputed from the snapshot's counts each time, never kept as a
+counter here; after a resume those counts come from the replayed ledger, so the
+budget is neither reset to ``(η + v + 1) × B`` nor counts re-issued work twice
+(AReaL issue #1388). The controller's own state travels in every decision
+record (:meth:`Decision.record`, :meth:`ControllerState.from_record`), so a
+resumed run keeps its cooldowns, latch and ceiling. A clock that went back
+(a virtual clock restarted on resume) restarts the cooldowns, never blocks them.
+
+Recorded for the reader but read by no rule: ``ready_samples`` (a deep buffer is
+what β already measures: producers blocked by the budget) and ``lag_max`` (a
+committed sample never exceeds η; what would have is a ``stale`` discard).
+
+:class:`StaticController` never changes a setting (for comparison); it still
+reports the bottleneck. Long tails (group deadline, over-provisioning) are in
+:mod:`freshroll.control_tail`.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Literal, Protocol
+
+from freshroll.errors import ConfigError
+from freshroll.freshness import admission_capacity
+
+Bottleneck = Literal["producer", "trainer", "balanced", "conflict", "unknown"]
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """What the controller sets: groups in flight, requests per worker, active workers."""
+
+    admission_limit: int
+    concurrency: int
+    workers: int
+
+
+@dataclass(frozen=True, slots=True)
+class ControlConfig:
+    """Bounds and gains (validated; every bound is inclusive)."""
+
+    group_size: int
+    min_workers: int = 1
+    max_workers: int = 1
+    min_concurrency: int = 1
+    max_concurrency: int = 64
+    idle_high: float = 0.03
+    idle_low: float = 0.01
+    blocked_high: float = 0.10
+    lag_soft: float = 0.5
+    headroom: float = 0.05
+    down_margin: float = 0.25
+    max_up_step: int = 1 << 30
+    max_down_step: int = 1 << 30
+    down_gain: float = 0.5
+    up_cooldown_s: float = 5.0
+    down_cooldown_s: float = 30.0
+    horizon_s: float = 120.0
+    gain_min: float = 0.25
+    soft_trim: float = 0.125
+    hard_factor: float = 0.5
+    admission_slack: float = 0.5
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, what: str) -> None:
+            if not ok:
+                raise ConfigError(f"control: {what}")
+        need(self.group_size >= 1, f"group_size must be >= 1, got {self.group_size}")
+        need(1 <= self.min_workers <= self.max_workers,
+             f"need 1 <= min_workers <= max_workers, got {self.min_workers}, {self.max_workers}")
+        need(1 <= self.min_concurrency <= self.max_concurrency,
+             "need 1 <= min_concurrency <= max_concurrency, "
+             f"got {self.min_concurrency}, {self.max_concurrency}")
+        need(0.0 <= self.idle_low < self.idle_high <= 1.0,
+             f"need 0 <= idle_low < idle_high <= 1, got {self.idle_low}, {self.idle_high}")
+        need(0.0 < self.blocked_high <= 1.0,
+             f"blocked_high must be in (0, 1], got {self.blocked_high}")
+        need(self.max_up_step >= 1 and self.max_down_step >= 1, "max_up_step, max_down_step >= 1")
+        need(0.0 <= self.up_cooldown_s <= self.down_cooldown_s,
+             f"need 0 <= up_cooldown_s <= down_cooldown_s, got {self.up_cooldown_s}, "
+             f"{self.down_cooldown_s}")
+        need(0.0 < self.hard_factor < 1.0, f"hard_factor must be in (0, 1), got {self.hard_factor}")
+        need(0.0 < self.soft_trim < 1.0, f"soft_trim must be in (0, 1), got {self.soft_trim}")
+        need(0.0 < self.down_gain <= 1.0, f"down_gain must be in (0, 1], got {self.down_gain}")
+        for name in ("lag_soft", "headroom", "down_margin", "horizon_s", "gain_min",
+                     "admission_slack"):
+            need(getattr(self, name) >= 0.0, f"{name} must be >= 0, got {getattr(self, name)}")
+
+    def clamp(self, s: Settings) -> Settings:
+        """``s`` with workers and concurrency inside their bounds and the matching limit."""
+        n = min(max(s.workers, self.min_workers), self.max_workers)
+        c = min(max(s.concurrency, self.min_concurrency), self.max_concurrency)
+        return Settings(admission_limit=self.limit_for(n, c), concurrency=c, workers=n)
+
+    def limit_for(self, workers: int, concurrency: int) -> int:
+        slots = workers * concurrency * (1 + self.admission_slack)
+        return max(1, math.ceil(slots / self.group_size))
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """What the orchestrator measured over the last window (counts in the window
+    unless named cumulative)."""
+
+    now: float
+    window_s: float
+    settings: Settings
+    consumed_samples: int = 0          # committed by the trainer
+    trainer_wait_s: float = 0.0        # the trainer waited for a batch
+    waited_samples: int = 0            # samples missing when the trainer asked (sum over steps)
+    blocked_s: float = 0.0             # worker-seconds blocked by admission
+    worker_rates: tuple[float, ...] = ()  # per active worker: samples / unblocked second
+    switch_cost_s: float = 0.0         # measured worker-seconds lost per worker switch
+    completed: int = 0                 # cumulative requests completed (pool turnover)
+    in_flight: int = 0                 # requests queued, running or generated
+    ready_samples: int = 0             # buffer depth
+    version: int = 0                   # trainer policy step v
+    max_staleness: int = 0             # η
+    batch_groups: int = 1              # B
+    groups_accepted: int = 0           # cumulative, from the (replayed) buffer
+    groups_running: int = 0
+    lag_mean: float = 0.0
+    lag_max: int = 0
+    discards: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerState:
+    """What the controller remembers between decisions (JSON-ready; resumes from a record)."""
+
+    last_up_at: float | None = None
+    last_down_at: float | None = None
+    turnover_mark: int = 0                 # Snapshot.completed at the last concurrency decision
+    probe: tuple[int, float] | None = None  # (c0, p0) before the last additive increase
+    ceiling: int | None = None
+    latched: bool = False
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> ControllerState:
+        probe = record.get("probe")
+        return cls(
+            last_up_at=record.get("last_up_at"), last_down_at=record.get("last_down_at"),
+            turnover_mark=int(record.get("turnover_mark", 0)),
+            probe=None if probe is None else (int(probe[0]), float(probe[1])),
+            ceiling=record.get("ceiling"), latched=bool(record.get("latched", False)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """One decision: the settings before and after, why, and everything it read."""
+
+    at: float
+    previous: Settings
+    settings: Settings
+    state: ControllerState
+    bottleneck: Bottleneck
+    reason: str
+    inputs: Snapshot
+
+    @property
+    def changed(self) -> bool:
+        return self.settings != self.previous
+
+    def record(self) -> dict[str, Any]:
+        """JSON-ready form (the body of a future ``controller_decided`` ledger event)."""
+        rates = tuple(r if math.isfinite(r) else 0.0 for r in self.inputs.worker_rates)
+        inputs = replace(self.inputs, discards=dict(self.inputs.discards), worker_rates=rates)
+        return asdict(replace(self, inputs=inputs))
+
+
+def admission_budget(snap: Snapshot, settings: Settings) -> int:
+    """Groups that may be admitted now: the freshness budget under the controller's cap."""
+    return admission_capacity(
+        max_staleness=snap.max_staleness, version=snap.version, batch_groups=snap.batch_groups,
+        accepted=snap.groups_accepted, running=snap.groups_running,
+        free_slots=settings.admission_limit - snap.groups_running,
+    )
+
+
+def _rates(snap: Snapshot) -> list[float]:
+    return [r for r in snap.worker_rates if r > 0 and math.isfinite(r)]
+
+
+def _rate(snap: Snapshot) -> float:
+    rates = _rates(snap)
+    return statistics.median(rates) if rates else 0.0
+
+
+def _rate_error(snap: Snapshot) -> float:
+    """Relative standard error of the median rate (1.2533 σ / √n; 0 with one worker)."""
+    rates = _rates(snap)
+    if len(rates) < 2:
+        return 0.0
+    return 1.2533 * statistics.stdev(rates) / math.sqrt(len(rates)) / statistics.median(rates)
+
+
+def _demand(snap: Snapshot) -> float | None:
+    busy = snap.window_s - snap.trainer_wait_s
+    if snap.consumed_samples <= 0 or busy <= 0:
+        return None
+    return snap.consumed_samples / busy
+
+
+def bottleneck(snap: Snapshot, cfg: ControlConfig) -> tuple[Bottleneck, float, float]:
+    """``(which side limits, ω, β)`` for one window."""
+    if snap.window_s <= 0 or snap.settings.workers <= 0:
+        return "unknown", 0.0, 0.0
+    omega = min(1.0, max(0.0, snap.trainer_wait_s / snap.window_s))
+    beta = min(1.0, max(0.0, snap.blocked_s / (snap.settings.workers * snap.window_s)))
+    eta = snap.max_staleness
+    laggy = eta > 0 and snap.lag_mean > cfg.lag_soft * eta
+    if omega >= cfg.idle_high and beta >= cfg.blocked_high:
+        return "conflict", omega, beta
+    if omega >= cfg.idle_high:
+        return "producer", omega, beta
+    if omega < cfg.idle_low and (beta >= cfg.blocked_high or laggy):
+        return "trainer", omega, beta
+    return "balanced", omega, beta
+
+
+def _since(now: float, t: float | None) -> float:
+    return math.inf if t is None else now - t
+
+
+def _workers(
+    snap: Snapshot, st: ControllerState, cfg: ControlConfig, side: Bottleneck,
+) -> tuple[int, ControllerState, str]:
+    n, now, p, demand = snap.settings.workers, snap.now, _rate(snap), _demand(snap)
+    last = max((t for t in (st.last_up_at, st.last_down_at) if t is not None), default=None)
+    horizon, cost = min(cfg.horizon_s, _since(now, last)), snap.switch_cost_s
+    if side == "producer":
+        if snap.waited_samples <= 0:
+            return n, st, "the trainer waited, but on no samples: workers kept"
+        if _since(now, st.last_up_at) < cfg.up_cooldown_s:
+            return n, st, "scale-up cooling down"
+        if demand is None or p <= 0:  # nothing consumed yet: grow by half
+            target, gain = n + max(1, math.ceil(n / 2)), math.inf
+        else:
+            need = min(demand * (1 + cfg.headroom) / p, float(cfg.max_workers))
+            target, gain = math.ceil(need), need - n
+        k = min(min(target, cfg.max_workers) - n, cfg.max_up_step)
+        if k <= 0:
+            return n, st, "at max_workers" if n >= cfg.max_workers else "enough workers"
+        benefit = horizon * min(k, gain)
+        if benefit <= k * cost:
+            return n, st, f"+{k} not worth it: benefit {benefit:.1f} <= cost {k * cost:.1f} w-s"
+        why = f"+{k} workers: the trainer waited on {snap.waited_samples} samples"
+        return n + k, replace(st, last_up_at=now), why
+    if side == "trainer" and demand is not None and p > 0:
+        if min(_since(now, st.last_down_at), _since(now, st.last_up_at)) < cfg.down_cooldown_s:
+            return n, st, "scale-down cooling down"
+        surplus = n * p - demand * (1 + cfg.headroom)
+        spare = min(surplus / p - cfg.down_margin, float(n))
+        k = min(math.floor(spare), math.ceil(spare * cfg.down_gain), cfg.max_down_step,
+                n - cfg.min_workers) if spare >= 1 else 0
+        if k <= 0:
+            return n, st, "surplus below one worker" if n > cfg.min_workers else "at min_workers"
+        if horizon <= cost:
+            return n, st, f"-{k} not worth it: benefit {horizon * k:.1f} <= cost {k * cost:.1f} w-s"
+        why = f"-{k} workers: surplus {surplus:.2f} samples/s"
+        return n - k, replace(st, last_down_at=now), why
+    return n, st, "workers kept"
+
+
+def _concurrency(
+    snap: Snapshot, st: ControllerState, cfg: ControlConfig, side: Bottleneck, workers: int,
+) -> tuple[int, ControllerState, str]:
+    s = snap.settings
+    c, pool = s.concurrency, s.workers * s.concurrency
+    if st.latched:
+        if snap.in_flight > pool:
+            return c, st, f"hard cut latched: {snap.in_flight} in flight > {pool}"
+        return c, replace(st, latched=False, turnover_mark=snap.completed), "hard cut drained"
+    if snap.completed - st.turnover_mark < max(1, pool):
+        return c, st, "concurrency: pool not turned over"
+    st = replace(st, turnover_mark=snap.completed)
+    stale = snap.discards.get("stale", 0)
+    if stale > 0:
+        cut = max(cfg.min_concurrency, math.floor(c * cfg.hard_factor))
+        st = replace(st, probe=None, ceiling=max(cfg.min_concurrency, c - 1),
+                     latched=snap.in_flight > s.workers * cut)
+        return cut, st, f"hard cut {c}->{cut}: {stale} stale discards"
+    p = _rate(snap)
+    if st.probe is not None:
+        c0, p0 = st.probe
+        st = replace(st, probe=None)
+        gain = p / p0 - 1 if p0 > 0 else 0.0
+        noise = 2 * math.sqrt(2) * _rate_error(snap)  # two standard errors of a difference
+        if c > c0 and gain + noise < cfg.gain_min * (c / c0 - 1):
+            why = f"gain {gain:+.1%} too small"
+            return c0, replace(st, ceiling=c0), f"concurrency {c}->{c0}: {why}"
+    demand, eta = _demand(snap), snap.max_staleness
+    if side == "trainer" and workers <= cfg.min_workers and demand is not None and p > 0:
+        keep = math.ceil(min(c * demand * (1 + cfg.headroom) / (workers * p), c))  # p ~ c
+        trim = max(cfg.min_concurrency, keep, c - math.ceil(c * cfg.soft_trim))
+        if trim < c:
+            return trim, st, f"soft trim {c}->{trim}: production ahead, at min_workers"
+    top = cfg.max_concurrency if st.ceiling is None else min(cfg.max_concurrency, st.ceiling)
+    laggy = eta > 0 and snap.lag_mean > cfg.lag_soft * eta
+    grow = side == "producer" or (side in ("balanced", "trainer") and workers > cfg.min_workers
+                                  and not laggy)
+    if grow and snap.in_flight >= pool and c < top:
+        why = "slots full" if side == "producer" else "consolidate onto fewer workers"
+        return c + 1, replace(st, probe=(c, p)), f"concurrency {c}->{c + 1}: {why}"
+    return c, st, "concurrency kept"
+
+
+def _rewind(t: float | None, now: float) -> float | None:
+    return None if t is None else min(t, now)
+
+
+def decide(snap: Snapshot, state: ControllerState, cfg: ControlConfig) -> Decision:
+    """The controller's rules (module docstring) applied to one snapshot."""
+    now = snap.now  # a clock that went back restarts the cooldowns, never blocks them
+    state = replace(state, last_up_at=_rewind(state.last_up_at, now),
+                    last_down_at=_rewind(state.last_down_at, now))
+    cur = replace(snap, settings=cfg.clamp(snap.settings))
+    side, omega, beta = bottleneck(cur, cfg)
+    head = f"{side}-bound" if side in ("producer", "trainer") else side
+    if side == "conflict":
+        head = ("conflict: the trainer waits AND producers are blocked: a measurement fault, or "
+                "admission serializes the pipeline (eta too small, stragglers holding groups)")
+    n, state, why_n = _workers(cur, state, cfg, side)
+    c, state, why_c = _concurrency(cur, state, cfg, side, n)
+    new = cfg.clamp(Settings(admission_limit=0, concurrency=c, workers=n))
+    reason = f"{head} (idle {omega:.1%}, blocked {beta:.1%}); {why_n}; {why_c}"
+    return Decision(at=now, previous=snap.settings, settings=new, state=state,
+                    bottleneck=side, reason=reason, inputs=snap)
+
+
+class Controller(Protocol):
+    def decide(self, snap: Snapshot, state: ControllerState) -> Decision: ...
+
+
+@dataclass(frozen=True, slots=True)
+class AdaptiveController:
+    """:func:`decide` with a fixed config."""
+
+    config: ControlConfig
+
+    def decide(self, snap: Snapshot, state: ControllerState) -> Decision:
+        return decide(snap, state, self.config)
+
+
+@dataclass(frozen=True, slots=True)
+class StaticController:
+    """Keeps the settings it is given, exactly (a hand-tuned admission limit too): the
+    baseline the controller is compared to. It still reads the bottleneck."""
+
+    config: ControlConfig
+
+    def decide(self, snap: Snapshot, state: ControllerState) -> Decision:
+        side, omega, beta = bottleneck(snap, self.config)
+        reason = f"static ({side}; idle {omega:.1%}, blocked {beta:.1%})"
+        return Decision(at=snap.now, previous=snap.settings, settings=snap.settings, state=state,
+                        bottleneck=side, reason=reason, inputs=snap)
