@@ -72,7 +72,8 @@ def test_a_sample_no_reward_applies_to_is_discarded_with_the_reason() -> None:
     scores = rs.score(["p"] * 4, ["c"] * 4)
     assert [s.value for s in scores] == [1.0, None, None, 0.5]
     assert scores[1].error == scores[2].error == (
-        "reward_error: every reward returned None (not applicable) for this sample: flaky"
+        "reward_error: no reward applies to this sample (every reward returned None or nan): "
+        "flaky"
     )
     assert scores[1].components == {}
 

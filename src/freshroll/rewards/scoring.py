@@ -17,7 +17,7 @@ Guarantees:
 * ``None`` (or NaN) from a reward means "not applicable to this sample", as in TRL:
   it is left out of the sum and of ``components``. A sample for which *every*
   reward returned None is unscorable: TRL keeps it with zero advantage, freshroll
-  discards it (``Score(None, "reward_error: every reward returned None ...")``),
+  discards it (``Score(None, "reward_error: no reward applies to this sample ...")``),
   which likewise leaves it out of its group's baseline and of the update.
 * ``components`` holds each applicable reward's raw (unweighted) value by name;
   ``extras`` the values a reward gave ``log_extra`` for that sample.
@@ -194,8 +194,8 @@ class RewardSet:
             return Score(None, "reward_error: " + "; ".join(errors), {})
         components = {name: v for name, values in raws.items() if (v := values[i]) is not None}
         if not components:
-            return Score(None, "reward_error: every reward returned None (not applicable) for "
-                         f"this sample: {', '.join(raws)}", {})
+            return Score(None, "reward_error: no reward applies to this sample (every reward "
+                         f"returned None or nan): {', '.join(raws)}", {})
         total = sum(s.weight * components[s.name] for s in self.specs if s.name in components)
         if not math.isfinite(total):
             return Score(None, f"reward_error: weighted total {total} is not finite", {})
