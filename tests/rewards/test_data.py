@@ -60,7 +60,8 @@ def test_load_parquet_custom_fields_ids_and_answer_alias(tmp_path: Path) -> None
     path = tmp_path / "data.parquet"
     pq.write_table(pa.table({"q": ["1+1=", "2+3="], "a": ["2", "5"], "uid": ["x", "y"]}), path)
     got = load_prompts(str(path), prompt_field="q", answer_field="a", id_field="uid")
-    assert [(p.prompt_id, p.text, p.answer) for p in got] == [("x", "1+1=", "2"), ("y", "2+3=", "5")]
+    assert [(p.prompt_id, p.text, p.answer) for p in got] == [
+        ("x", "1+1=", "2"), ("y", "2+3=", "5")]
     assert got[0].columns == {"q": "1+1=", "a": "2", "uid": "x", "answer": "2"}
 
 
@@ -205,7 +206,7 @@ def test_chat_without_a_template_is_refused_unless_the_fallback_is_allowed(tmp_p
 @pytest.mark.parametrize(
     ("rows", "fragment"),
     [
-        ([{"prompt": _chat("a")}, {"prompt": "b"}], r"row 1: column 'prompt' must be chat messages"),
+        ([{"prompt": _chat("a")}, {"prompt": "b"}], r"row 1: column 'prompt' must be chat"),
         ([{"prompt": "a"}, {"prompt": _chat("b")}], r"row 1: .*string.*got chat messages"),
         ([{"prompt": [{"role": "user"}]}], r"row 0: .*message 0 needs a string 'role'"),
         ([{"prompt": []}], r"row 0: .*non-empty list"),

@@ -10,8 +10,8 @@ import pytest
 
 from freshroll.errors import ConfigError
 from freshroll.lineage import RewardVersion
-from freshroll.rewards.functions import length_penalty, reverse_reward
 from freshroll.rewards.calling import RewardState
+from freshroll.rewards.functions import length_penalty, reverse_reward
 from freshroll.rewards.scoring import (
     RewardSet,
     RewardSpec,
@@ -353,3 +353,11 @@ def test_the_version_tracks_factory_args_and_is_stable() -> None:
 def test_factory_mistakes_name_the_entry(entry: dict[str, Any], fragment: str) -> None:
     with pytest.raises(ConfigError, match=fragment):
         build_reward_set([entry])
+
+
+def test_an_async_reward_is_awaited() -> None:
+    async def remote(completions: list[str], **kwargs: Any) -> list[float | None]:
+        return [None if c == "skip" else 0.5 for c in completions]
+
+    scores = RewardSet([RewardSpec("remote", remote)]).score(["p", "q"], ["a", "skip"])
+    assert scores[0].value == 0.5 and scores[1].value is None

@@ -116,5 +116,6 @@ def test_a_math_verify_reward_without_the_package_fails_with_its_message() -> No
 def test_accuracy_reward_with_math_verify() -> None:
     rs = build_reward_set([CONFIGURED["accuracy_reward"][0]])
     prompts = _chat_prompts(2, solution=["$\\frac{1}{3}$", "$\\frac{1}{3}$"])
-    scores = rs.score_prompts(prompts, ["\\boxed{\\frac{1}{3}}", "\\boxed{\\frac{1}{2}}"], [[1]] * 2)
+    texts = ["\\boxed{\\frac{1}{3}}", "\\boxed{\\frac{1}{2}}"]
+    scores = rs.score_prompts(prompts, texts, [[1]] * 2)
     assert [s.value for s in scores] == [1.0, 0.0]

@@ -17,11 +17,12 @@ Every reward is called as (TRL 1.16, ``GRPOTrainer._calculate_rewards``)::
   ``log_metric(name, value)`` are accepted and kept by the
   :class:`~freshroll.rewards.scoring.RewardSet`.
 
-A function that takes ``**kwargs`` (TRL requires it) gets all of these. A function
-without ``**kwargs`` gets only the keywords it names, so an older freshroll reward
-``fn(prompts, completions, answer)`` keeps working; one that names none of
-``prompts``/``completions``/``completion_ids`` is a factory given without its
-arguments, and is refused when the reward set is built.
+An ``async def`` reward is awaited (in the reward thread, one at a time; TRL
+gathers them concurrently). A function that takes ``**kwargs`` (TRL requires it)
+gets all of these. A function without ``**kwargs`` gets only the keywords it
+names, so an older freshroll reward ``fn(prompts, completions, answer)`` keeps
+working; one that names none of ``prompts``/``completions``/``completion_ids`` is
+a factory given without its arguments, and is refused when the set is built.
 """
 
 from __future__ import annotations

@@ -30,14 +30,16 @@ Guarantees:
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import importlib.util
+import inspect
 import json
 import math
 import numbers
 import re
 import sys
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -241,6 +243,8 @@ def _call(
     """
     try:
         out = spec.fn(**select(kwargs, spec.signature))
+        if inspect.isawaitable(out):  # an async reward (TRL gathers them; here: one by one)
+            out = asyncio.run(_awaited(out))
     except (Exception, SystemExit) as exc:  # the user's code: anything may go wrong
         hint = explain(exc, columns, conversational)
         return _fail_all(errors, f"{spec.name} raised {type(exc).__name__}: {_short(exc)}{hint}")
@@ -257,6 +261,10 @@ def _call(
         else:
             values.append(float(v))
     return values
+
+
+async def _awaited(awaitable: Awaitable[Any]) -> Any:
+    return await awaitable
 
 
 def _shape_problem(out: Any, n: int) -> str | None:
