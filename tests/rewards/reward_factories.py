@@ -17,3 +17,17 @@ def make_threshold(at: int) -> Callable[..., list[float]]:
 
 def make_number() -> int:
     return 3
+
+
+class Penalty:
+    """A callable reward object; its attributes are part of its reward version."""
+
+    def __init__(self, scale: float) -> None:
+        self.scale = scale
+
+    def __call__(self, completions: list[str], **kwargs: Any) -> list[float]:
+        return [-self.scale * len(c) for c in completions]
+
+
+small_penalty = Penalty(0.1)
+big_penalty = Penalty(1.0)

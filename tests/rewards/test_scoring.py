@@ -361,3 +361,11 @@ def test_an_async_reward_is_awaited() -> None:
 
     scores = RewardSet([RewardSpec("remote", remote)]).score(["p", "q"], ["a", "skip"])
     assert scores[0].value == 0.5 and scores[1].value is None
+
+
+def test_a_callable_objects_attributes_enter_its_version() -> None:
+    def version(attr: str) -> RewardVersion:
+        return build_reward_set([{"fn": f"{FACTORIES}:{attr}", "name": "p"}]).version
+
+    assert version("small_penalty") != version("big_penalty")
+    assert version("small_penalty") == version("small_penalty")

@@ -22,7 +22,8 @@ Guarantees:
 * ``components`` holds each applicable reward's raw (unweighted) value by name;
   ``extras`` the values a reward gave ``log_extra`` for that sample.
 * :attr:`RewardSet.version` depends only on each reward's name, code digest,
-  config (a factory's digest and arguments) and weight; it is independent of spec
+  config (a factory's digest and arguments; a callable object's JSON-plain
+  attributes) and weight; it is independent of spec
   order, so two identical sets built anywhere get the same version.
 * Reward references that cannot be loaded and bad entries raise
   :class:`~freshroll.errors.ConfigError` naming the reference or the field.
@@ -381,6 +382,8 @@ def _entry_spec(i: int, entry: Mapping[str, Any]) -> RewardSpec:
         fn, config = _from_factory(where, ref, fn, dict(args))
         made = getattr(fn, "__name__", None)
         default_name = made if isinstance(made, str) and _NAME.match(made) else default_name
+    elif (state := _instance_state(fn)) is not None:
+        config = {"state": state}  # e.g. a module-level get_repetition_penalty_reward(4)
     name = entry.get("name", default_name)
     if not isinstance(name, str) or not _NAME.match(name):
         raise ConfigError(f"{where}.name: {name!r} must match [A-Za-z0-9_.-]+")
@@ -388,6 +391,20 @@ def _entry_spec(i: int, entry: Mapping[str, Any]) -> RewardSpec:
         return RewardSpec(name, fn, float(weight), config)
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from exc
+
+
+def _instance_state(fn: Any) -> dict[str, Any] | None:
+    """A callable object's attributes, when they are plain JSON values (else None)."""
+    if inspect.isfunction(fn) or inspect.ismethod(fn) or inspect.isclass(fn):
+        return None
+    state = getattr(fn, "__dict__", None)
+    if not state:
+        return None
+    try:
+        json.dumps(state, sort_keys=True)
+    except (TypeError, ValueError):
+        return None
+    return dict(state)
 
 
 def _from_factory(
