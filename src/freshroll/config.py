@@ -177,10 +177,11 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
 
 
 def resolve_paths(data: dict[str, Any], base: Path) -> None:
-    """Make ``task.file`` and file-path reward references absolute, against ``base``."""
-    task = data.get("task")
-    if isinstance(task, dict) and isinstance(task.get("file"), str):
-        task["file"] = str(_absolute(task["file"], base))
+    """Make ``task.file``, ``model.path`` and file-path reward references absolute."""
+    for section, key in (("task", "file"), ("model", "path")):
+        node = data.get(section)
+        if isinstance(node, dict) and isinstance(node.get(key), str):
+            node[key] = str(_absolute(node[key], base))
     for entry in data.get("rewards") or []:
         ref = entry.get("fn") if isinstance(entry, dict) else None
         if isinstance(ref, str) and ":" in ref:

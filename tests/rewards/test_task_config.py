@@ -18,6 +18,7 @@ def test_paths_in_a_config_file_resolve_from_its_folder(
     cfg_file = folder / "run.yaml"
     cfg_file.write_text(
         "task: {file: data/prompts.jsonl, id_field: uid, split: train}\n"
+        "model: {path: ../models/mine}\n"
         "rewards:\n"
         "  - {fn: my_rewards.py:score}\n"
         "  - {fn: trl.rewards:get_soft_overlong_punishment,"
@@ -28,6 +29,7 @@ def test_paths_in_a_config_file_resolve_from_its_folder(
     cfg = load_config(cfg_file)
     assert cfg.task.file == str(folder / "data" / "prompts.jsonl")
     assert (cfg.task.id_field, cfg.task.split) == ("uid", "train")
+    assert cfg.model.path == str(tmp_path / "models" / "mine")
     assert [r.fn for r in cfg.rewards] == [
         f"{folder / 'my_rewards.py'}:score", "trl.rewards:get_soft_overlong_punishment", "reverse"]
     assert cfg.rewards[1].args == {"max_completion_len": 16, "soft_punish_cache": 4}
