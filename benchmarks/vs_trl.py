@@ -135,7 +135,7 @@ def prompt_rows(cfg) -> tuple[list[str], list[str]]:
     """The run's prompts in the exact order freshroll admits them (see ``runtime.run``)."""
     from freshroll.runtime.run import load_task_prompts
 
-    prompts = load_task_prompts(cfg)
+    prompts = load_task_prompts(cfg, Path(cfg.model.path))
     by_id = {p.prompt_id: p for p in prompts}
     order = [p.prompt_id for p in prompts]
     random.Random(cfg.run.seed).shuffle(order)

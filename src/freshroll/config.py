@@ -82,15 +82,30 @@ class TaskSection(_Section):
     name: str = "reverse"
     n_prompts: int = Field(4096, ge=1)
     params: dict[str, Any] = Field(default_factory=lambda: {"min_len": 3, "max_len": 3})
-    file: str | None = Field(None, description="JSONL/Parquet prompt file instead of a task")
-    prompt_field: str = "prompt"
-    answer_field: str = "answer"
+    file: str | None = Field(
+        None, description="dataset instead of a task: a JSONL/JSON/Parquet/CSV file or a "
+        "datasets save_to_disk directory; relative to the config file's folder",
+    )
+    prompt_field: str = Field(
+        "prompt", description="column of prompts: strings or chat messages [{role, content}]"
+    )
+    answer_field: str = Field(
+        "answer", description="column the built-in rewards read as 'answer' (optional if "
+        "'answer'; any other name must exist)",
+    )
+    id_field: str | None = Field(None, description="column of unique prompt ids (str or int)")
+    split: str | None = Field(
+        None, description="split of a saved DatasetDict (default: train, or its only split)"
+    )
 
 
 class RewardEntry(_Section):
-    fn: str
+    fn: str = Field(description="built-in name, module.path:function or path/file.py:function")
     weight: float = 1.0
-    name: str | None = None
+    name: str | None = Field(None, description="name in metrics and the reward version")
+    args: dict[str, Any] | None = Field(
+        None, description="fn is a factory: called as fn(**args) to make the reward"
+    )
 
 
 class RolloutSection(_Section):
@@ -222,8 +237,35 @@ def validate(data: dict[str, Any], source: str = "config") -> Config:
 
 
 def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Read ``path`` (or the defaults), apply overrides, validate."""
+    """Read ``path`` (or the defaults), apply overrides, validate.
+
+    Relative paths written in the file resolve from the file's folder; relative paths
+    given as overrides, from the current directory. Either way the config holds them
+    absolute, so the run directory's saved ``config.yaml`` resolves on ``--resume``.
+    """
     data = read_yaml(path) if path is not None else {}
+    if path is not None:
+        resolve_paths(data, Path(path).resolve().parent)
     for item in overrides:
         apply_override(data, item)
+    resolve_paths(data, Path.cwd())
     return validate(data, str(path) if path else "config")
+
+
+def resolve_paths(data: dict[str, Any], base: Path) -> None:
+    """Make ``task.file``, ``model.path`` and file-path reward references absolute."""
+    for section, key in (("task", "file"), ("model", "path")):
+        node = data.get(section)
+        if isinstance(node, dict) and isinstance(node.get(key), str):
+            node[key] = str(_absolute(node[key], base))
+    for entry in data.get("rewards") or []:
+        ref = entry.get("fn") if isinstance(entry, dict) else None
+        if isinstance(ref, str) and ":" in ref:
+            target, _, attr = ref.rpartition(":")
+            if target.endswith(".py") or "/" in target or "\\" in target:
+                entry["fn"] = f"{_absolute(target, base)}:{attr}"
+
+
+def _absolute(path: str, base: Path) -> Path:
+    p = Path(path).expanduser()
+    return p if p.is_absolute() else (base / p).resolve()

@@ -10,6 +10,7 @@ import pytest
 
 from freshroll.errors import ConfigError
 from freshroll.lineage import RewardVersion
+from freshroll.rewards.calling import RewardState
 from freshroll.rewards.functions import length_penalty, reverse_reward
 from freshroll.rewards.scoring import (
     RewardSet,
@@ -18,6 +19,7 @@ from freshroll.rewards.scoring import (
     build_reward_set,
     load_reward_fn,
 )
+from freshroll.rewards.tasks import Prompt
 
 PROMPTS = ["rev 1234=", "rev 567="]
 COMPLETIONS = ["4301", "765"]
@@ -32,7 +34,7 @@ def _constant(values: Any) -> Any:
 
 
 def _raising(prompts: list[str], completions: list[str], **kwargs: Any) -> list[float]:
-    raise KeyError("boom")
+    raise RuntimeError("boom")
 
 
 def test_weighted_combination_arithmetic() -> None:
@@ -50,15 +52,29 @@ def test_weighted_combination_arithmetic() -> None:
 def test_raising_reward_fails_every_sample_without_raising() -> None:
     rs = RewardSet([RewardSpec("reverse", reverse_reward), RewardSpec("bad", _raising)])
     scores = rs.score(PROMPTS, COMPLETIONS, answer=ANSWERS)
-    assert scores == [Score(None, "reward_error: bad raised KeyError: 'boom'", {})] * 2
+    assert scores == [Score(None, "reward_error: bad raised RuntimeError: boom", {})] * 2
 
 
-def test_nan_fails_only_that_sample() -> None:
+def test_none_or_nan_is_not_applicable_and_left_out_of_the_sum() -> None:
+    """TRL: None -> NaN, and the weighted sum over rewards is a nansum."""
+    rs = RewardSet([
+        RewardSpec("a", _constant([None, 1.0, 0.25]), weight=2.0),
+        RewardSpec("b", _constant([0.5, math.nan, 1.0]), weight=3.0),
+    ])
+    scores = rs.score(["p"] * 3, ["c"] * 3)
+    assert [s.value for s in scores] == [1.5, 2.0, 3.5]
+    assert [s.components for s in scores] == [{"b": 0.5}, {"a": 1.0}, {"a": 0.25, "b": 1.0}]
+    assert all(s.error is None for s in scores)
+
+
+def test_a_sample_no_reward_applies_to_is_discarded_with_the_reason() -> None:
     rs = RewardSet([RewardSpec("flaky", _constant([1.0, math.nan, None, 0.5]))])
     scores = rs.score(["p"] * 4, ["c"] * 4)
     assert [s.value for s in scores] == [1.0, None, None, 0.5]
-    assert scores[1].error == "reward_error: flaky returned nan at index 1"
-    assert scores[2].error is not None and "index 2" in scores[2].error
+    assert scores[1].error == scores[2].error == (
+        "reward_error: no reward applies to this sample (every reward returned None or nan): "
+        "flaky"
+    )
     assert scores[1].components == {}
 
 
@@ -187,3 +203,169 @@ def test_build_reward_set_from_entries() -> None:
 def test_build_reward_set_errors_name_the_field(entry: dict[str, Any], field: str) -> None:
     with pytest.raises(ConfigError, match=field):
         build_reward_set([entry])
+
+
+# --- TRL's calling convention ------------------------------------------------------------
+
+
+def _prompts(*rows: dict[str, Any], chat: bool = False) -> list[Prompt]:
+    out = []
+    for i, row in enumerate(rows):
+        messages = [{"role": "user", "content": row["prompt"]}] if chat else None
+        columns = {**row, "prompt": messages or row["prompt"]}
+        out.append(Prompt(f"p{i}", str(row["prompt"]), columns, messages))
+    return out
+
+
+def test_rewards_are_called_by_keyword_with_every_column_ids_and_hooks() -> None:
+    seen: dict[str, Any] = {}
+
+    def spy(**kwargs: Any) -> list[float]:
+        seen.update(kwargs)
+        return [0.0] * len(kwargs["completions"])
+
+    rs = RewardSet([RewardSpec("spy", spy)])
+    prompts = _prompts({"prompt": "rev 1=", "answer": "1", "level": 3})
+    rs.score_prompts(prompts, ["1"], [(5, 2)], RewardState(global_step=7, max_steps=9))
+    assert set(seen) == {"prompts", "completions", "completion_ids", "answer", "level",
+                         "trainer_state", "log_extra", "log_metric"}  # 'prompt' is prompts=
+    assert (seen["prompts"], seen["completions"], seen["completion_ids"]) == (
+        ["rev 1="], ["1"], [[5, 2]])
+    assert (seen["answer"], seen["level"]) == (["1"], [3])
+    assert seen["trainer_state"] == RewardState(7, 9)
+
+
+def test_chat_prompts_give_messages_and_assistant_completions() -> None:
+    seen: dict[str, Any] = {}
+
+    def spy(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float]:
+        seen.update(prompts=prompts, completions=completions)
+        return [1.0]
+
+    RewardSet([RewardSpec("spy", spy)]).score_prompts(
+        _prompts({"prompt": "hi"}, chat=True), ["yo"], [[1]])
+    assert seen["prompts"] == [[{"role": "user", "content": "hi"}]]
+    assert seen["completions"] == [[{"role": "assistant", "content": "yo"}]]
+
+
+def test_a_reward_without_kwargs_gets_only_the_keywords_it_names() -> None:
+    def old_style(prompts: list[str], completions: list[str], answer: list[str]) -> list[float]:
+        return [float(c == a) for c, a in zip(completions, answer, strict=True)]
+
+    rs = RewardSet([RewardSpec("old", old_style)])
+    scores = rs.score_prompts(_prompts({"prompt": "p", "answer": "x", "other": 1}), ["x"], [[1]])
+    assert scores[0].value == 1.0
+
+
+def test_log_extra_and_log_metric_are_kept() -> None:
+    def logging_reward(completions: list[str], log_extra: Any, log_metric: Any,
+                       **kwargs: Any) -> list[float]:
+        log_extra("parsed", [c.upper() for c in completions])
+        log_metric("parse_rate", 0.5)
+        return [1.0] * len(completions)
+
+    rs = RewardSet([RewardSpec("logs", logging_reward)])
+    scores = rs.score(["p", "q"], ["a", "b"])
+    assert [s.extras for s in scores] == [{"parsed": "A"}, {"parsed": "B"}]
+    assert rs.logged_metrics == {"parse_rate": 0.5}
+
+
+def test_a_key_error_on_a_column_names_asked_and_available_columns() -> None:
+    def wants_solution(completions: list[str], **kwargs: Any) -> list[float]:
+        return [float(c == s) for c, s in zip(completions, kwargs["solution"], strict=True)]
+
+    (score,) = RewardSet([RewardSpec("acc", wants_solution)]).score(["p"], ["c"], answer=["a"])
+    assert score.error == (
+        "reward_error: acc raised KeyError: 'solution' (the reward asked for column "
+        "'solution'; the dataset has columns ['answer'])"
+    )
+
+
+def test_a_missing_required_column_is_refused_before_the_run_and_explained_during_it() -> None:
+    def needs(prompts: list[str], completions: list[str], solution: list[str],
+              **kwargs: Any) -> list[float]:
+        return [0.0] * len(completions)
+
+    rs = RewardSet([RewardSpec("needs", needs)])
+    with pytest.raises(ConfigError, match=r"'needs' needs dataset column\(s\) \['solution'\].*"
+                                          r"columns: \['answer', 'question'\]"):
+        rs.check_columns(["answer", "question"])
+    rs.check_columns(["solution"])
+    (score,) = rs.score(["p"], ["c"], answer=["a"])
+    assert score.error is not None and "needs column(s) ['solution']" in score.error
+    assert "the dataset has columns ['answer']" in score.error
+
+
+def test_builtin_rewards_need_answer_and_columns_may_not_shadow_keywords() -> None:
+    rs = build_reward_set([{"fn": "reverse"}, {"fn": "length_penalty"}])
+    with pytest.raises(ConfigError, match=r"'reverse' needs .*\['answer'\].*task\.answer_field"):
+        rs.check_columns(["prompt", "solution"])
+    rs.check_columns(["answer"])
+    with pytest.raises(ConfigError, match=r"\['trainer_state'\] clash"):
+        rs.check_columns(["answer", "trainer_state"])
+
+
+def test_string_completions_given_to_a_chat_reward_get_a_hint() -> None:
+    def chat_only(completions: list[Any], **kwargs: Any) -> list[float]:
+        return [float(c[0]["content"] == "x") for c in completions]
+
+    (score,) = RewardSet([RewardSpec("chat_only", chat_only)]).score(["p"], ["x"])
+    assert score.error is not None and "conversational completions" in score.error
+
+
+# --- factories ---------------------------------------------------------------------------
+
+FACTORIES = Path(__file__).with_name("reward_factories.py")
+FACTORY = f"{FACTORIES}:make_threshold"
+
+
+def test_a_factory_is_called_with_its_args() -> None:
+    rs = build_reward_set([{"fn": FACTORY, "args": {"at": 2}}])
+    (spec,) = rs.specs
+    assert spec.name == "threshold_reward"  # the made function's __name__, as TRL logs it
+    assert [s.value for s in rs.score(["p", "q"], ["a", "abc"])] == [0.0, 1.0]
+    named = build_reward_set([{"fn": FACTORY, "args": {"at": 2}, "name": "short"}])
+    assert named.specs[0].name == "short"
+
+
+def test_the_version_tracks_factory_args_and_is_stable() -> None:
+    def version(args: dict[str, Any]) -> RewardVersion:
+        return build_reward_set([{"fn": FACTORY, "args": args}]).version
+
+    assert version({"at": 2}) == version({"at": 2})
+    assert version({"at": 2}) != version({"at": 3})
+    plain = build_reward_set([{"fn": "reverse"}]).version
+    assert plain == RewardSet([RewardSpec("reverse", reverse_reward)]).version  # unchanged
+
+
+@pytest.mark.parametrize(
+    ("entry", "fragment"),
+    [
+        ({"fn": FACTORY}, r"rewards\[0\]: .*make_threshold.*reward factory.*args"),
+        ({"fn": FACTORY, "args": {"nope": 1}}, r"rewards\[0\]: .*make_threshold.*TypeError"),
+        ({"fn": FACTORY, "args": [1]}, r"rewards\[0\]\.args: expected a mapping"),
+        ({"fn": "freshroll.rewards.functions:numeric_score", "args": {}},
+         r"rewards\[0\]: .*TypeError"),
+        ({"fn": f"{FACTORIES}:make_number", "args": {}},
+         r"returned int, not a reward function"),
+    ],
+)
+def test_factory_mistakes_name_the_entry(entry: dict[str, Any], fragment: str) -> None:
+    with pytest.raises(ConfigError, match=fragment):
+        build_reward_set([entry])
+
+
+def test_an_async_reward_is_awaited() -> None:
+    async def remote(completions: list[str], **kwargs: Any) -> list[float | None]:
+        return [None if c == "skip" else 0.5 for c in completions]
+
+    scores = RewardSet([RewardSpec("remote", remote)]).score(["p", "q"], ["a", "skip"])
+    assert scores[0].value == 0.5 and scores[1].value is None
+
+
+def test_a_callable_objects_attributes_enter_its_version() -> None:
+    def version(attr: str) -> RewardVersion:
+        return build_reward_set([{"fn": f"{FACTORIES}:{attr}", "name": "p"}]).version
+
+    assert version("small_penalty") != version("big_penalty")
+    assert version("small_penalty") == version("small_penalty")

@@ -1,13 +1,9 @@
-"""Tests for freshroll.rewards.tasks: deterministic generation and prompt-file loading."""
+"""Tests for freshroll.rewards.tasks: deterministic generation and the Prompt record."""
 
 from __future__ import annotations
 
-import json
 import random
-from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from freshroll.errors import ConfigError
@@ -16,7 +12,6 @@ from freshroll.rewards.tasks import (
     TASKS,
     VOCAB,
     Prompt,
-    load_prompts,
     make_prompts,
     task_params,
 )
@@ -97,85 +92,18 @@ def test_bad_n_is_rejected() -> None:
         make_prompts("add", -1, seed=0)
 
 
-# --- load_prompts ------------------------------------------------------------------------
+def test_generated_prompts_carry_answer_as_their_only_column() -> None:
+    (p,) = make_prompts("add", 1, seed=0)
+    assert list(p.columns) == ["answer"] and p.answer == p.columns["answer"]
+    assert not p.is_chat and p.reward_prompt() == p.text
 
 
-def _jsonl(path: Path, rows: list[dict[str, object]]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
-def test_load_jsonl_default_ids(tmp_path: Path) -> None:
-    path = _jsonl(tmp_path / "mine.jsonl", [
-        {"prompt": "rev 12=", "answer": "21", "extra": 1},
-        {"prompt": "rev 345=", "answer": "543", "extra": 2},
-    ])
-    assert load_prompts(path) == [
-        Prompt("mine-0", "rev 12=", "21"),
-        Prompt("mine-1", "rev 345=", "543"),
-    ]
-
-
-def test_load_parquet_custom_fields_and_ids(tmp_path: Path) -> None:
-    path = tmp_path / "data.parquet"
-    table = pa.table({"q": ["1+1=", "2+3="], "a": ["2", "5"], "uid": ["x", "y"]})
-    pq.write_table(table, path)
-    got = load_prompts(str(path), prompt_field="q", answer_field="a", id_field="uid")
-    assert got == [Prompt("x", "1+1=", "2"), Prompt("y", "2+3=", "5")]
-
-
-def test_missing_file_names_it(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"nope\.jsonl"):
-        load_prompts(tmp_path / "nope.jsonl")
-
-
-def test_unsupported_extension_names_file(tmp_path: Path) -> None:
-    path = tmp_path / "p.csv"
-    path.write_text("prompt,answer\na,b\n")
-    with pytest.raises(ConfigError, match=r"p\.csv.*unsupported"):
-        load_prompts(path)
-
-
-def test_missing_column_names_column_and_file(tmp_path: Path) -> None:
-    path = _jsonl(tmp_path / "cols.jsonl", [{"prompt": "a", "solution": "b"}])
-    with pytest.raises(ConfigError, match=r"cols\.jsonl.*'answer'"):
-        load_prompts(path)
-
-
-def test_empty_file_names_it(tmp_path: Path) -> None:
-    path = tmp_path / "empty.jsonl"
-    path.write_text("")
-    with pytest.raises(ConfigError, match=r"empty\.jsonl is empty"):
-        load_prompts(path)
-
-
-def test_non_string_value_names_file_row_and_column(tmp_path: Path) -> None:
-    path = _jsonl(tmp_path / "bad.jsonl", [
-        {"prompt": "a", "answer": "1"},
-        {"prompt": "b", "answer": None},
-    ])
-    with pytest.raises(ConfigError, match=r"bad\.jsonl, row 1: column 'answer'"):
-        load_prompts(path)
-
-
-def test_duplicate_ids_are_rejected(tmp_path: Path) -> None:
-    path = _jsonl(tmp_path / "dup.jsonl", [
-        {"prompt": "a", "answer": "1", "id": "k"},
-        {"prompt": "b", "answer": "2", "id": "k"},
-    ])
-    with pytest.raises(ConfigError, match=r"dup\.jsonl, row 1: duplicate"):
-        load_prompts(path, id_field="id")
-
-
-def test_unparseable_file_names_it(tmp_path: Path) -> None:
-    path = tmp_path / "garbage.jsonl"
-    path.write_text("{not json\n")
-    with pytest.raises(ConfigError, match=r"garbage\.jsonl: cannot read it"):
-        load_prompts(path)
-
-
-def test_parquet_without_rows_names_it(tmp_path: Path) -> None:
-    path = tmp_path / "none.parquet"
-    pq.write_table(pa.table({"prompt": pa.array([], pa.string())}), path)
-    with pytest.raises(ConfigError, match=r"none\.parquet is empty"):
-        load_prompts(path)
+def test_chat_prompt_hands_rewards_a_copy_of_its_messages() -> None:
+    messages = ({"role": "user", "content": "hi"},)
+    p = Prompt("c-0", "rendered", {"prompt": list(messages)}, messages)
+    given = p.reward_prompt()
+    assert p.is_chat and given == [{"role": "user", "content": "hi"}]
+    assert isinstance(given, list)
+    given[0]["content"] = "changed"  # a reward mutating its input cannot change the prompt
+    assert p.messages is not None and p.messages[0]["content"] == "hi"
+    assert Prompt("x", "t").answer is None

@@ -1,9 +1,10 @@
 """Built-in reward functions with TRL's reward-function signature.
 
-Every function here is called as ``fn(prompts, completions, **kwargs) -> list[float]``,
-exactly like TRL's ``GRPOTrainer`` calls ``reward_funcs``: extra dataset columns
-arrive as keyword lists (the verifiable tasks pass ``answer: list[str]``), and
-unknown keywords (``completion_ids``, ``trainer_state``, ...) are ignored.
+Every function here is called by keyword, exactly like TRL's ``GRPOTrainer`` calls
+``reward_funcs`` (see :mod:`freshroll.rewards.calling`): ``prompts=``, ``completions=``,
+every dataset column as a keyword list (the task rewards read ``answer``; non-string
+answers are compared as ``str(answer)``), and the rest (``completion_ids``,
+``trainer_state``, ...) is taken by ``**kwargs`` and ignored.
 
 Guarantees:
 

@@ -1,4 +1,6 @@
-"""Verifiable tasks: prompts with ground-truth answers, generated or loaded from a file.
+"""Verifiable tasks: prompts with ground-truth answers, and the :class:`Prompt` record.
+
+Prompts from a user's dataset are loaded by :mod:`freshroll.rewards.data`.
 
 Guarantees:
 
@@ -7,8 +9,8 @@ Guarantees:
   same prompts, in the same order, and global random state is never touched.
 * Generated texts and answers use only :data:`VOCAB` (digits, ``+-*=<>|:,``,
   space and lowercase ``a-z``), the vocabulary of the embedded tokenizer.
-* Generated prompt ids are ``"{task}-s{seed}-{index:06d}"``; loaded ones are the
-  id column's value or ``"{file stem}-{row index}"``; ids within a list are unique.
+* Generated prompt ids are ``"{task}-s{seed}-{index:06d}"``, unique within a list;
+  each generated prompt has one column, ``answer`` (a string).
 * Every bad input raises :class:`~freshroll.errors.ConfigError` naming the task,
   parameter, file, column or row at fault.
 """
@@ -18,9 +20,8 @@ from __future__ import annotations
 import inspect
 import random
 import string
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from freshroll.errors import ConfigError
@@ -31,13 +32,40 @@ VOCAB: frozenset[str] = frozenset("0123456789+-*=<>|:, " + string.ascii_lowercas
 Generator = Callable[..., tuple[str, str]]
 
 
+Message = Mapping[str, Any]
+"""One chat message: ``{"role": str, "content": str}`` (TRL's conversational format)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Prompt:
-    """One verifiable prompt: what the policy sees and the answer it is checked against."""
+    """One prompt: what the policy is given, and the dataset row rewards are given.
+
+    ``text`` is what the engine tokenizes (for a chat prompt, the chat template's
+    rendering of ``messages``). ``columns`` holds every column of the dataset row by
+    its own name (generated tasks: ``answer``); rewards receive them as keyword lists.
+    ``messages`` is set for a chat-format prompt: rewards then get it as ``prompts``
+    and their completions as ``[{"role": "assistant", "content": text}]``, as in TRL.
+    """
 
     prompt_id: str
     text: str
-    answer: str
+    columns: Mapping[str, Any] = field(default_factory=dict)
+    messages: Sequence[Message] | None = None
+
+    @property
+    def answer(self) -> Any:
+        """The ``answer`` column (None if the dataset has none)."""
+        return self.columns.get("answer")
+
+    @property
+    def is_chat(self) -> bool:
+        return self.messages is not None
+
+    def reward_prompt(self) -> str | list[dict[str, Any]]:
+        """The prompt as TRL hands it to rewards: the text, or a copy of the messages."""
+        if self.messages is None:
+            return self.text
+        return [dict(m) for m in self.messages]
 
 
 class Task(NamedTuple):
@@ -108,7 +136,7 @@ def make_prompts(task: str, n: int, seed: int, **params: Any) -> list[Prompt]:
     prompts = []
     for i in range(n):
         text, answer = generate(rng, **params)
-        prompts.append(Prompt(f"{task}-s{seed}-{i:06d}", text, answer))
+        prompts.append(Prompt(f"{task}-s{seed}-{i:06d}", text, {"answer": answer}))
     return prompts
 
 
@@ -127,105 +155,3 @@ def _check_params(task: str, params: Mapping[str, Any]) -> None:
             )
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"task {task!r}: param {name} must be an int, got {value!r}")
-
-
-# --- loading from a file ---------------------------------------------------------------
-
-_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
-
-
-def load_prompts(
-    path: str | Path,
-    prompt_field: str = "prompt",
-    answer_field: str = "answer",
-    id_field: str | None = None,
-) -> list[Prompt]:
-    """Prompts from a local JSONL/JSON or Parquet file, one per row, in file order.
-
-    ``prompt_field`` and ``answer_field`` must hold strings; ``id_field`` (if given)
-    strings or ints, unique. Without it, ids are ``"{file stem}-{row index}"``.
-    """
-    path = Path(path)
-    rows = _read_rows(path)
-    for column in (prompt_field, answer_field, id_field):
-        if column is not None and column not in rows[0]:
-            raise ConfigError(
-                f"prompt file {path}: missing column {column!r}; columns: {sorted(rows[0])}"
-            )
-    prompts = [
-        _row_prompt(path, i, row, prompt_field, answer_field, id_field)
-        for i, row in enumerate(rows)
-    ]
-    _check_unique_ids(path, prompts)
-    return prompts
-
-
-def _read_rows(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        raise ConfigError(f"prompt file {path} does not exist")
-    builder = _FORMATS.get(path.suffix.lower())
-    if builder is None:
-        raise ConfigError(
-            f"prompt file {path}: unsupported extension {path.suffix!r}; "
-            f"use one of {', '.join(_FORMATS)}"
-        )
-    if path.stat().st_size == 0 or (builder == "parquet" and _parquet_rows(path) == 0):
-        raise ConfigError(f"prompt file {path} is empty")
-    import datasets  # heavy import, only needed here
-
-    try:
-        ds = datasets.load_dataset(builder, data_files=str(path), split="train")
-    except Exception as exc:  # datasets raises many types for unreadable files
-        cause = exc.__cause__ or exc
-        raise ConfigError(
-            f"prompt file {path}: cannot read it ({type(cause).__name__}: {cause})"
-        ) from exc
-    if len(ds) == 0:
-        raise ConfigError(f"prompt file {path} has no rows")
-    return list(ds.to_list())
-
-
-def _parquet_rows(path: Path) -> int | None:
-    """Row count from the Parquet footer; None if unreadable (load_dataset will say why)."""
-    import pyarrow.parquet as pq
-
-    try:
-        return int(pq.ParquetFile(path).metadata.num_rows)
-    except Exception:
-        return None
-
-
-def _row_prompt(
-    path: Path,
-    index: int,
-    row: Mapping[str, Any],
-    prompt_field: str,
-    answer_field: str,
-    id_field: str | None,
-) -> Prompt:
-    for column in (prompt_field, answer_field):
-        if not isinstance(row[column], str):
-            raise ConfigError(
-                f"prompt file {path}, row {index}: column {column!r} must be a string, "
-                f"got {type(row[column]).__name__} {row[column]!r} (quote values in the file)"
-            )
-    if id_field is None:
-        return Prompt(f"{path.stem}-{index}", row[prompt_field], row[answer_field])
-    raw_id = row[id_field]
-    if isinstance(raw_id, bool) or not isinstance(raw_id, str | int):
-        raise ConfigError(
-            f"prompt file {path}, row {index}: column {id_field!r} must be a string or int, "
-            f"got {raw_id!r}"
-        )
-    return Prompt(str(raw_id), row[prompt_field], row[answer_field])
-
-
-def _check_unique_ids(path: Path, prompts: list[Prompt]) -> None:
-    seen: dict[str, int] = {}
-    for i, p in enumerate(prompts):
-        if p.prompt_id in seen:
-            raise ConfigError(
-                f"prompt file {path}, row {i}: duplicate prompt id {p.prompt_id!r} "
-                f"(first at row {seen[p.prompt_id]})"
-            )
-        seen[p.prompt_id] = i

@@ -38,6 +38,7 @@ from freshroll.config import Config
 from freshroll.engines.base import Completion, InferenceEngine
 from freshroll.errors import WorkerLost
 from freshroll.lineage import PolicyVersion, SampleId
+from freshroll.rewards.calling import RewardState
 from freshroll.rewards.scoring import RewardSet
 from freshroll.rewards.tasks import Prompt
 from freshroll.runtime import payload as pl
@@ -218,8 +219,9 @@ class Pipeline:
             prompts = [self.prompts[buf.prompt_of(sid)] for sid, _ in items]
             t0 = time.perf_counter()
             scores = await asyncio.to_thread(
-                self.rewards.score, [p.text for p in prompts], [c.text for _, c in items],
-                answer=[p.answer for p in prompts],
+                self.rewards.score_prompts, prompts, [c.text for _, c in items],
+                [c.token_ids for _, c in items],
+                RewardState(buf.version.step if buf.version else 0, self.cfg.run.steps),
             )
             per_sample = (time.perf_counter() - t0) / len(items)
             for (sid, _), score in zip(items, scores, strict=True):

@@ -39,8 +39,10 @@ from freshroll.engines.tiny import model_digest, save_tiny
 from freshroll.errors import ConfigError
 from freshroll.ledger import LEDGER_FILE, open_ledger
 from freshroll.lineage import PolicyVersion
+from freshroll.rewards.calling import reward_columns
+from freshroll.rewards.data import chat_renderer, check_vocabulary, load_prompts
 from freshroll.rewards.scoring import build_reward_set
-from freshroll.rewards.tasks import Prompt, load_prompts, make_prompts
+from freshroll.rewards.tasks import Prompt, make_prompts
 from freshroll.runtime.pipeline import Pipeline, StepReport, run_pipeline
 from freshroll.runtime.summary import write_summary
 from freshroll.trainer.checkpoint import (
@@ -92,11 +94,28 @@ def model_path(cfg: Config, run_dir: Path) -> Path:
     return path
 
 
-def load_task_prompts(cfg: Config) -> list[Prompt]:
+def load_task_prompts(cfg: Config, model: Path) -> list[Prompt]:
+    """The run's prompts, chat prompts rendered and all checked against ``model``'s tokenizer.
+
+    The embedded tiny model has no chat template: its chat prompts are the messages'
+    contents joined by a space (:func:`~freshroll.rewards.data.plain_chat_text`).
+    """
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(model, local_files_only=True)
+    except Exception as exc:  # transformers raises many types for a folder without one
+        raise ConfigError(f"model {model}: cannot load its tokenizer ({type(exc).__name__}: "
+                          f"{str(exc)[:300]})") from exc
     t = cfg.task
     if t.file is not None:
-        return load_prompts(t.file, t.prompt_field, t.answer_field)
-    return make_prompts(t.name, t.n_prompts, cfg.run.seed, **t.params)
+        render = chat_renderer(tok, model=str(model), plain_fallback=cfg.model.path is None)
+        prompts = load_prompts(t.file, t.prompt_field, t.answer_field, t.id_field,
+                               split=t.split, render=render)
+    else:
+        prompts = make_prompts(t.name, t.n_prompts, cfg.run.seed, **t.params)
+    check_vocabulary(prompts, tok, model=str(model))
+    return prompts
 
 
 class Recorder:
@@ -241,8 +260,9 @@ def run(
     torch.manual_seed(cfg.run.seed)
     random.seed(cfg.run.seed)
     path = model_path(cfg, out)
-    prompts = load_task_prompts(cfg)
+    prompts = load_task_prompts(cfg, path)
     rewards = build_reward_set([e.model_dump(exclude_none=True) for e in cfg.rewards])
+    rewards.check_columns(reward_columns(prompts[:1]))
     kernel = KernelConfig(
         cfg.run.max_staleness, cfg.rollout.batch_groups, cfg.rollout.group_size,
         cfg.rollout.max_inflight_groups,

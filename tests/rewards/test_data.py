@@ -1,0 +1,240 @@
+"""Tests for freshroll.rewards.data: datasets in every supported form, chat prompts, vocabulary."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import datasets
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from freshroll.engines.tiny import build_tokenizer
+from freshroll.errors import ConfigError
+from freshroll.rewards.data import (
+    chat_renderer,
+    check_vocabulary,
+    load_prompts,
+    plain_chat_text,
+)
+from freshroll.rewards.tasks import Prompt
+
+TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }} {% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
+
+
+def _jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _templated() -> Any:
+    tok = build_tokenizer()
+    tok.chat_template = TEMPLATE
+    return tok
+
+
+def _chat(content: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": content}]
+
+
+# --- files and directories -------------------------------------------------------------------
+
+
+def test_load_jsonl_keeps_every_column_with_its_type(tmp_path: Path) -> None:
+    path = _jsonl(tmp_path / "mine.jsonl", [
+        {"prompt": "rev 12=", "answer": "21", "extra": 1},
+        {"prompt": "rev 345=", "answer": "543", "extra": 2},
+    ])
+    assert load_prompts(path) == [
+        Prompt("mine-0", "rev 12=", {"prompt": "rev 12=", "answer": "21", "extra": 1}),
+        Prompt("mine-1", "rev 345=", {"prompt": "rev 345=", "answer": "543", "extra": 2}),
+    ]
+
+
+def test_load_parquet_custom_fields_ids_and_answer_alias(tmp_path: Path) -> None:
+    path = tmp_path / "data.parquet"
+    pq.write_table(pa.table({"q": ["1+1=", "2+3="], "a": ["2", "5"], "uid": ["x", "y"]}), path)
+    got = load_prompts(str(path), prompt_field="q", answer_field="a", id_field="uid")
+    assert [(p.prompt_id, p.text, p.answer) for p in got] == [
+        ("x", "1+1=", "2"), ("y", "2+3=", "5")]
+    assert got[0].columns == {"q": "1+1=", "a": "2", "uid": "x", "answer": "2"}
+
+
+def test_load_csv(tmp_path: Path) -> None:
+    path = tmp_path / "p.csv"
+    path.write_text("prompt,answer,n\nrev 1=,1,7\n")
+    (p,) = load_prompts(path)
+    assert p.text == "rev 1=" and p.columns["n"] == 7
+
+
+def test_load_from_disk_dataset_and_dataset_dict(tmp_path: Path) -> None:
+    rows = [{"prompt": "a", "solution": 1}, {"prompt": "b", "solution": 2}]
+    datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "single"))
+    got = load_prompts(tmp_path / "single")
+    assert [p.columns for p in got] == rows and got[1].prompt_id == "single-1"
+    dd = datasets.DatasetDict({
+        "train": datasets.Dataset.from_list(rows),
+        "test": datasets.Dataset.from_list([{"prompt": "t", "solution": 3}]),
+    })
+    dd.save_to_disk(str(tmp_path / "dict"))
+    assert [p.text for p in load_prompts(tmp_path / "dict")] == ["a", "b"]
+    assert [p.text for p in load_prompts(tmp_path / "dict", split="test")] == ["t"]
+    with pytest.raises(ConfigError, match=r"no split 'dev'.*\['test', 'train'\].*task\.split"):
+        load_prompts(tmp_path / "dict", split="dev")
+
+
+def test_a_folder_that_is_no_dataset_names_it(tmp_path: Path) -> None:
+    (tmp_path / "junk").mkdir()
+    with pytest.raises(ConfigError, match=r"junk: not a dataset written by save_to_disk"):
+        load_prompts(tmp_path / "junk")
+
+
+def test_missing_file_names_it(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"nope\.jsonl"):
+        load_prompts(tmp_path / "nope.jsonl")
+
+
+def test_unsupported_extension_names_file(tmp_path: Path) -> None:
+    path = tmp_path / "p.txt"
+    path.write_text("prompt,answer\na,b\n")
+    with pytest.raises(ConfigError, match=r"p\.txt.*unsupported"):
+        load_prompts(path)
+
+
+def test_empty_file_names_it(tmp_path: Path) -> None:
+    path = tmp_path / "empty.jsonl"
+    path.write_text("")
+    with pytest.raises(ConfigError, match=r"empty\.jsonl is empty"):
+        load_prompts(path)
+
+
+def test_unparseable_file_names_it(tmp_path: Path) -> None:
+    path = tmp_path / "garbage.jsonl"
+    path.write_text("{not json\n")
+    with pytest.raises(ConfigError, match=r"garbage\.jsonl: cannot read it"):
+        load_prompts(path)
+
+
+def test_parquet_without_rows_names_it(tmp_path: Path) -> None:
+    path = tmp_path / "none.parquet"
+    pq.write_table(pa.table({"prompt": pa.array([], pa.string())}), path)
+    with pytest.raises(ConfigError, match=r"none\.parquet is empty"):
+        load_prompts(path)
+
+
+# --- columns -----------------------------------------------------------------------------------
+
+
+def test_answer_is_optional_and_may_be_any_type(tmp_path: Path) -> None:
+    path = _jsonl(tmp_path / "free.jsonl", [{"prompt": "a", "solution": [1, 2]}])
+    (p,) = load_prompts(path)
+    assert p.answer is None and p.columns == {"prompt": "a", "solution": [1, 2]}
+    path = _jsonl(tmp_path / "typed.jsonl", [{"prompt": "a", "answer": 4}, {"prompt": "b"}])
+    assert [p.answer for p in load_prompts(path)] == [4, None]
+
+
+def test_missing_prompt_or_named_answer_column_names_column_and_file(tmp_path: Path) -> None:
+    path = _jsonl(tmp_path / "cols.jsonl", [{"question": "a", "solution": "b"}])
+    with pytest.raises(ConfigError, match=r"cols\.jsonl.*'prompt'.*\['question', 'solution'\]"):
+        load_prompts(path)
+    with pytest.raises(ConfigError, match=r"answer_field='sol'.*\['question', 'solution'\]"):
+        load_prompts(path, prompt_field="question", answer_field="sol")
+
+
+def test_answer_alias_clashing_with_an_answer_column_is_refused(tmp_path: Path) -> None:
+    path = _jsonl(tmp_path / "two.jsonl", [{"prompt": "a", "answer": "1", "gold": "2"}])
+    with pytest.raises(ConfigError, match="own 'answer' column"):
+        load_prompts(path, answer_field="gold")
+
+
+def test_non_string_prompt_names_file_row_and_column(tmp_path: Path) -> None:
+    path = _jsonl(tmp_path / "bad.jsonl", [{"prompt": "a"}, {"prompt": None}])
+    with pytest.raises(ConfigError, match=r"bad\.jsonl, row 1: column 'prompt' must be a string"):
+        load_prompts(path)
+
+
+def test_duplicate_ids_are_rejected_and_int_ids_allowed(tmp_path: Path) -> None:
+    path = _jsonl(tmp_path / "dup.jsonl", [
+        {"prompt": "a", "id": "k"},
+        {"prompt": "b", "id": "k"},
+    ])
+    with pytest.raises(ConfigError, match=r"dup\.jsonl, row 1: duplicate"):
+        load_prompts(path, id_field="id")
+    path = _jsonl(tmp_path / "ints.jsonl", [{"prompt": "a", "id": 7}])
+    assert load_prompts(path, id_field="id")[0].prompt_id == "7"
+
+
+# --- chat prompts ------------------------------------------------------------------------------
+
+
+def test_chat_prompts_are_rendered_with_the_chat_template(tmp_path: Path) -> None:
+    path = _jsonl(tmp_path / "chat.jsonl", [
+        {"prompt": _chat("rev 12="), "answer": "21"},
+        {"prompt": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]},
+    ])
+    render = chat_renderer(_templated(), model="m")
+    first, second = load_prompts(path, render=render)
+    assert first.text == "user: rev 12= assistant:"  # add_generation_prompt
+    assert second.text == "user: hi assistant: ok"  # continue_final_message
+    assert first.messages == _chat("rev 12=") and first.reward_prompt() == _chat("rev 12=")
+
+
+def test_chat_fields_that_datasets_fills_with_none_are_dropped(tmp_path: Path) -> None:
+    path = _jsonl(tmp_path / "names.jsonl", [
+        {"prompt": [{"role": "user", "content": "a", "name": "x"}]},
+        {"prompt": _chat("b")},
+    ])
+    _, second = load_prompts(path, render=plain_chat_text)
+    assert second.messages == _chat("b")
+
+
+def test_chat_without_a_template_is_refused_unless_the_fallback_is_allowed(tmp_path: Path) -> None:
+    path = _jsonl(tmp_path / "chat.jsonl", [{"prompt": [*_chat("rev"), *_chat("12=")]}])
+    with pytest.raises(ConfigError, match="tokenizer of m-dir has none"):
+        load_prompts(path, render=chat_renderer(build_tokenizer(), model="m-dir"))
+    render = chat_renderer(build_tokenizer(), model="m", plain_fallback=True)
+    assert load_prompts(path, render=render)[0].text == "rev 12="
+    with pytest.raises(ConfigError, match="need a tokenizer"):
+        load_prompts(path)
+
+
+@pytest.mark.parametrize(
+    ("rows", "fragment"),
+    [
+        ([{"prompt": _chat("a")}, {"prompt": "b"}], r"row 1: column 'prompt' must be chat"),
+        ([{"prompt": "a"}, {"prompt": _chat("b")}], r"row 1: .*string.*got chat messages"),
+        ([{"prompt": [{"role": "user"}]}], r"row 0: .*message 0 needs a string 'role'"),
+        ([{"prompt": []}], r"row 0: .*non-empty list"),
+    ],
+)
+def test_malformed_chat_rows_are_named(tmp_path: Path, rows: list[Any], fragment: str) -> None:
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(ConfigError, match=fragment):
+        load_prompts(path, render=plain_chat_text)
+
+
+# --- vocabulary --------------------------------------------------------------------------------
+
+
+def test_text_outside_the_vocabulary_is_refused_with_count_and_characters() -> None:
+    tok = build_tokenizer()
+    good = Prompt("ok", "rev 12=")
+    check_vocabulary([good], tok, model="tiny")  # nothing to refuse
+    bad = [good, Prompt("p1", "Rev 12=\n"), Prompt("p2", "Ä")]
+    with pytest.raises(ConfigError) as info:
+        check_vocabulary(bad, tok, model="tiny")
+    msg = str(info.value)
+    assert "2 of 3 prompts" in msg and "'p1'" in msg and "'R', '\\n'" in msg and "<unk>" in msg
+
+
+def test_a_tokenizer_without_unknown_token_accepts_everything() -> None:
+    class ByteLevel:
+        unk_token_id = None
+
+    check_vocabulary([Prompt("p", "ÄÖ\n")], ByteLevel(), model="bpe")
