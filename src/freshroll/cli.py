@@ -98,12 +98,15 @@ def report(run_dir: Path, baseline: Path | None) -> None:
 @main.command()
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def verify(run_dir: Path, as_json: bool) -> None:
+@click.option("--allow-open", is_flag=True,
+              help="Accept a ledger that never closed (a live run, or one that crashed and "
+                   "was not resumed): check what it holds so far.")
+def verify(run_dir: Path, as_json: bool, allow_open: bool) -> None:
     """Check the lifecycle invariants of RUN_DIR on its ledger; exit 1 on any violation."""
     from freshroll.harness.verify import verify_run
 
     try:
-        report = verify_run(run_dir)
+        report = verify_run(run_dir, allow_open=allow_open)
     except FreshrollError as exc:
         _fail(exc)
         return
@@ -137,21 +140,24 @@ def export(run_dir: Path, output: Path | None) -> None:
 @click.argument("run_dir", type=click.Path(path_type=Path))
 def timing(run_dir: Path) -> None:
     """Per-stage time decomposition and run rates of RUN_DIR, from its ledger."""
+    from freshroll import metrics as m
     from freshroll.ledger import LEDGER_FILE, Ledger
-    from freshroll.timing import collect_spans, decompose, format_table, run_rates
+    from freshroll.timing import collect_spans, decompose, format_table
 
     try:
         with Ledger(run_dir / LEDGER_FILE, readonly=True) as ledger:
             events = [e for _, e in ledger.events()]
+        table = format_table(decompose(collect_spans(events)))
     except FreshrollError as exc:
         _fail(exc)
         return
-    rates = run_rates(events)
-    click.echo(format_table(decompose(collect_spans(events))))
+    t = m.tally(events)
+    click.echo(table)
     click.echo(
-        f"accepted rollouts/s {rates.accepted_per_s:.2f}  accepted {rates.accepted}  "
-        f"steps {rates.steps}  trainer idle {rates.trainer_idle_ratio:.1%}  "
-        f"discards {rates.discards}"
+        f"accepted rollouts/s {m.accepted_rollouts_per_s(t):.2f}  "
+        f"accepted {m.accepted_rollouts(t)}  steps {m.steps(t)}  "
+        f"trainer idle {m.trainer_idle_ratio(t):.1%}  discard rate {m.discard_rate(t):.1%}  "
+        f"discards {m.discards_by_reason(t)}"
     )
 
 
