@@ -36,7 +36,7 @@ def test_every_row_column_is_documented(sim_events: list[ev.Event]) -> None:
     columns = dict(re.findall(r"^\| `([a-z_]+)` \| (.+) \|$", table, flags=re.M))
     row = m.rows(sim_events)[0]
     assert set(row) == set(columns)  # the simulator records no trainer metrics
-    for column, fig in columns.items():
+    for fig in columns.values():
         name = fig.strip("`")
         if name in m.FIGURES:
             assert m.FIGURES[name].__name__ == name

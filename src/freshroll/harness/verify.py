@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -413,7 +413,7 @@ def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix.rstrip("."): value}
 
 
-def _check_summary(report: Report, path: Path, events: list[ev.Event]) -> None:
+def _check_summary(report: Report, path: Path, events: Sequence[ev.Event]) -> None:
     """``summary.json`` equals the summary recomputed from the ledger, figure by figure."""
     from freshroll.runtime.summary import summarize_events
 
@@ -441,7 +441,7 @@ def _check_summary(report: Report, path: Path, events: list[ev.Event]) -> None:
                        f"{path.name} {key}: reported {have[key]!r}, ledger says {value!r}")
 
 
-def _check_rows(report: Report, path: Path, events: list[ev.Event]) -> None:
+def _check_rows(report: Report, path: Path, events: Sequence[ev.Event]) -> None:
     """One ``metrics.jsonl`` row per committed step, in order, each the row the ledger implies."""
     from freshroll.metrics import rows
     from freshroll.runtime.metrics_log import encode_row, read_rows

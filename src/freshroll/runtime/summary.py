@@ -12,6 +12,7 @@ value as ``null``), atomically.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ def _stats(rewards: list[float], tokens: list[int]) -> dict[str, Any]:
     }
 
 
-def discard_bias(events: list[Any]) -> dict[str, Any]:
+def discard_bias(events: Iterable[Any]) -> dict[str, Any]:
     """Do discards skew what the trainer sees? Committed vs discarded completions, by reason.
 
     Compares the mean reward (where one was computed) and mean completion length of the
@@ -60,13 +61,14 @@ def discard_bias(events: list[Any]) -> dict[str, Any]:
     }
 
 
-def summarize_events(events: list[Any]) -> dict[str, Any]:
+def summarize_events(events: Sequence[Any]) -> dict[str, Any]:
     """The summary of an event history (JSON-ready: non-finite floats are ``None``)."""
-    return jsonable({
+    summary: dict[str, Any] = jsonable({
         **summary_figures(tally(events)),
         "discard_bias": discard_bias(events),
         "stages": [row.__dict__ for row in decompose(collect_spans(events))],
     })
+    return summary
 
 
 def summarize(run_dir: Path) -> dict[str, Any]:
