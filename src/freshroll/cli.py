@@ -70,11 +70,16 @@ def _print_result(result: RunResult) -> None:
     click.echo(
         f"run dir {result.run_dir}\n"
         f"steps {s['steps']}  accepted rollouts/s {s['accepted_rollouts_per_s']:.1f}  "
-        f"reward {s['reward_first']:.3f} -> {s['reward_last']:.3f}  "
+        f"reward {_num(s['reward_first'], '.3f')} -> {_num(s['reward_last'], '.3f')}  "
         f"lag p50/p99/max {s['lag']['p50']:.0f}/{s['lag']['p99']:.0f}/{s['lag']['max']}  "
         f"trainer idle {s['trainer_idle_ratio']:.1%}  discard rate {s['discard_rate']:.1%}\n"
         f"verify: {'ok' if result.ok else 'FAILED'}  report: {result.run_dir / 'report.html'}"
     )
+
+
+def _num(value: object, spec: str) -> str:
+    """A summary figure for the final line; ``null`` (none recorded) as ``-``."""
+    return format(value, spec) if isinstance(value, int | float) else "-"
 
 
 @main.command()

@@ -265,3 +265,20 @@ def test_recorder_writes_the_ledgers_rows_and_the_progress_line(tmp_path: Path) 
     t = m.tally(events)
     assert f"discards {m.counted_discards(t)} " in out.getvalue().splitlines()[-1]
     buf.ledger.close()
+
+
+def test_final_line_prints_the_summary_figures(sim_events: list[ev.Event], tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """The final line of ``freshroll run`` reads summary.json's figures; a run whose steps
+    recorded no reward (here: the simulator's) prints ``-`` instead of crashing."""
+    from freshroll.cli import _print_result
+    from freshroll.runtime.run import RunResult
+
+    s = summarize_events(sim_events)
+    assert s["reward_first"] is None
+    _print_result(RunResult(tmp_path, s, True))
+    out = capsys.readouterr().out
+    t = m.tally(sim_events)
+    assert "reward - -> -" in out
+    assert f"discard rate {m.discard_rate(t):.1%}" in out
+    assert f"trainer idle {m.trainer_idle_ratio(t):.1%}" in out
