@@ -70,3 +70,25 @@ def test_resume_reconciles_rows_with_the_ledger(finished: Path, tmp_path: Path,
     if damage == "rows_twice":  # nothing lost silently: the previous file is kept
         assert (run / "metrics.jsonl.prev").read_text() == "".join(lines) * 2
     assert freshroll("verify", str(run)).returncode == 0
+
+
+def test_resume_on_an_empty_ledger_never_leaves_two_sets_of_rows(finished: Path,
+                                                                 tmp_path: Path) -> None:
+    """A zero-byte ledger (or a copy taken without its -wal) holds no steps: a resume that
+    goes ahead trains from step 0 and rows 1..N must then appear once, the old ones kept
+    aside in metrics.jsonl.prev; a resume that refuses must leave metrics.jsonl alone."""
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    before = (run / "metrics.jsonl").read_text()
+    (run / LEDGER_FILE).write_bytes(b"")
+    for side in ("-wal", "-shm"):
+        (run / f"{LEDGER_FILE}{side}").unlink(missing_ok=True)
+    res = freshroll("run", "--resume", str(run), check=False)
+    if res.returncode != 0:  # refused (by name): nothing half-applied
+        assert res.returncode == 2, res.stderr
+        assert (run / "metrics.jsonl").read_text() == before
+        return
+    assert "verify: ok" in res.stdout
+    assert [r["step"] for r in metrics(run)] == [1, 2, 3]
+    assert metrics(run) == _ledger_rows(run)
+    assert (run / "metrics.jsonl.prev").read_text() == before
