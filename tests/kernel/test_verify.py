@@ -505,6 +505,8 @@ FILE_TAMPERS: dict[str, tuple[Callable[[Path], None], str]] = {
     "summary_lag": (lambda r: _edit_summary(r, "lag.p99", 0.25), "summary.json lag.p99"),
     "summary_discards": (lambda r: _edit_summary(r, "discards.stale", 0),
                          "summary.json discards.stale"),
+    "summary_invented_reason": (lambda r: _edit_summary(r, "discards.invalid", 3),
+                                "summary.json discards.invalid"),
     "summary_missing_figure": (lambda r: _edit_summary(r, "discard_rate", None),
                                "summary.json discard_rate"),
     "row_value": (lambda r: _edit_row(r, 2, "trainer_idle_ratio", 0.5),

@@ -404,12 +404,13 @@ def _read_counts(path: Path) -> dict[str, int] | None:
 
 
 def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(value, dict):
-        return {k: v for key, item in value.items() for k, v in _flat(item, f"{prefix}{key}.")
-                .items()}
-    if isinstance(value, list):
-        return {k: v for i, item in enumerate(value) for k, v in _flat(item, f"{prefix}{i}.")
-                .items()}
+    """Nested JSON as ``{"lag.p99": ..., "stages.0.mean": ...}``."""
+    if isinstance(value, dict | list):
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        out: dict[str, Any] = {}
+        for key, item in items:
+            out.update(_flat(item, f"{prefix}{key}."))
+        return out
     return {prefix.rstrip("."): value}
 
 
@@ -432,13 +433,17 @@ def _check_summary(report: Report, path: Path, events: Sequence[ev.Event]) -> No
     except LedgerError as exc:  # a damaged ledger: its own invariants say what is wrong
         report.notes.append(f"{path.name} not checked: the ledger cannot be summarised: {exc}")
         return
-    have = _flat(reported)
-    for key, value in _flat(want).items():
+    have, flat = _flat(reported), _flat(want)
+    for key, value in flat.items():
         if key not in have:
             report.add("accounting", f"{path.name} {key}: missing, ledger says {value!r}")
         elif have[key] != value:
             report.add("accounting",
                        f"{path.name} {key}: reported {have[key]!r}, ledger says {value!r}")
+    for key in sorted(set(have) - set(flat)):  # inside a figure the ledger computes
+        if key.partition(".")[0] in want:
+            report.add("accounting", f"{path.name} {key}: reported {have[key]!r}, "
+                                     "the ledger has no such entry")
 
 
 def _check_rows(report: Report, path: Path, events: Sequence[ev.Event]) -> None:
