@@ -42,6 +42,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -374,8 +375,13 @@ class SampleBuffer(BufferState):
         *,
         weights_digest: str | None = None,
         train_s: float = 0.0,
+        metrics: Mapping[str, float] | None = None,
     ) -> PolicyVersion:
-        """Commit a trainer step on ``lease_id``; durable when this returns."""
+        """Commit a trainer step on ``lease_id``; durable when this returns.
+
+        ``metrics`` (the step's trainer metrics) are recorded in the ``committed`` event, a
+        non-finite value as ``None``: ``metrics.jsonl`` rows are derived from them.
+        """
         lease = self._leases.get(lease_id)
         if lease is None:
             raise LeaseError(f"lease {lease_id!r} is not open")
@@ -384,6 +390,8 @@ class SampleBuffer(BufferState):
         self._emit(ev.Committed(
             ts=self.clock.now(), lease=lease_id, version=str(child), parent=str(parent),
             settings_digest=settings_digest, samples=list(lease.samples), train_s=train_s,
+            metrics={k: float(v) if math.isfinite(v) else None
+                     for k, v in (metrics or {}).items()},
         ))
         self.ledger.flush()
         return child

@@ -79,11 +79,16 @@ def _print_result(result: RunResult) -> None:
     click.echo(
         f"run dir {result.run_dir}\n"
         f"steps {s['steps']}  accepted rollouts/s {s['accepted_rollouts_per_s']:.1f}  "
-        f"reward {s['reward_first']:.3f} -> {s['reward_last']:.3f}  "
+        f"reward {_num(s['reward_first'], '.3f')} -> {_num(s['reward_last'], '.3f')}  "
         f"lag p50/p99/max {s['lag']['p50']:.0f}/{s['lag']['p99']:.0f}/{s['lag']['max']}  "
         f"trainer idle {s['trainer_idle_ratio']:.1%}  discard rate {s['discard_rate']:.1%}\n"
         f"verify: {'ok' if result.ok else 'FAILED'}  report: {result.run_dir / 'report.html'}"
     )
+
+
+def _num(value: object, spec: str) -> str:
+    """A summary figure for the final line; ``null`` (none recorded) as ``-``."""
+    return format(value, spec) if isinstance(value, int | float) else "-"
 
 
 @main.command()
@@ -107,12 +112,15 @@ def report(run_dir: Path, baseline: Path | None) -> None:
 @main.command()
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def verify(run_dir: Path, as_json: bool) -> None:
+@click.option("--allow-open", is_flag=True,
+              help="Accept a ledger that never closed (a live run, or one that crashed and "
+                   "was not resumed): check what it holds so far.")
+def verify(run_dir: Path, as_json: bool, allow_open: bool) -> None:
     """Check the lifecycle invariants of RUN_DIR on its ledger; exit 1 on any violation."""
     from freshroll.harness.verify import verify_run
 
     try:
-        report = verify_run(run_dir)
+        report = verify_run(run_dir, allow_open=allow_open)
     except FreshrollError as exc:
         _fail(exc)
         return
@@ -146,21 +154,24 @@ def export(run_dir: Path, output: Path | None) -> None:
 @click.argument("run_dir", type=click.Path(path_type=Path))
 def timing(run_dir: Path) -> None:
     """Per-stage time decomposition and run rates of RUN_DIR, from its ledger."""
+    from freshroll import metrics as m
     from freshroll.ledger import LEDGER_FILE, Ledger
-    from freshroll.timing import collect_spans, decompose, format_table, run_rates
+    from freshroll.timing import collect_spans, decompose, format_table
 
     try:
         with Ledger(run_dir / LEDGER_FILE, readonly=True) as ledger:
             events = [e for _, e in ledger.events()]
+        table = format_table(decompose(collect_spans(events)))
     except FreshrollError as exc:
         _fail(exc)
         return
-    rates = run_rates(events)
-    click.echo(format_table(decompose(collect_spans(events))))
+    t = m.tally(events)
+    click.echo(table)
     click.echo(
-        f"accepted rollouts/s {rates.accepted_per_s:.2f}  accepted {rates.accepted}  "
-        f"steps {rates.steps}  trainer idle {rates.trainer_idle_ratio:.1%}  "
-        f"discards {rates.discards}"
+        f"accepted rollouts/s {m.accepted_rollouts_per_s(t):.2f}  "
+        f"accepted {m.accepted_rollouts(t)}  steps {m.steps(t)}  "
+        f"trainer idle {m.trainer_idle_ratio(t):.1%}  discard rate {m.discard_rate(t):.1%}  "
+        f"discards {m.discards_by_reason(t)}"
     )
 
 

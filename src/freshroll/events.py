@@ -126,6 +126,8 @@ class Committed(Event, frozen=True, tag="committed"):
     settings_digest: str
     samples: list[str]
     train_s: float = 0.0
+    #: the step's trainer metrics (loss, reward_mean, ...); a non-finite value is ``None``
+    metrics: dict[str, float | None] = {}
 
 
 class Discarded(Event, frozen=True, tag="discarded"):

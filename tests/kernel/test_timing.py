@@ -1,4 +1,4 @@
-"""Timing from ledger events: six stages per accepted sample, percentiles, run rates."""
+"""Timing from ledger events: six stages per accepted sample, percentiles."""
 
 from __future__ import annotations
 
@@ -22,7 +22,6 @@ from freshroll.timing import (
     decompose,
     format_table,
     percentile,
-    run_rates,
 )
 
 P0, P1, P2 = "p0-aa", "p1-bb", "p2-cc"
@@ -70,7 +69,10 @@ def test_six_stages_match_hand_computed_values() -> None:
     assert spans.total == [7.0, 7.0]  # committed - requested
     for i, total in enumerate(spans.total):
         assert sum(spans.stages[s][i] for s in STAGES) == total
-    assert spans.lags == [1, 0]  # lease version p1 minus the generating version
+    # lease version p1 minus the generating version: one lag definition, in freshroll.metrics
+    from freshroll.metrics import lag_histogram, tally
+
+    assert lag_histogram(tally(_one_group())) == {"0": 1, "1": 1}
 
 
 def test_decompose_percentiles_means_and_shares() -> None:
@@ -130,7 +132,10 @@ def test_simulated_run_stages_add_up(tmp_path: Path) -> None:
         parts = [spans.stages[s][i] for s in STAGES]
         assert all(p >= 0 for p in parts)
         assert math.isclose(sum(parts), total, rel_tol=1e-9, abs_tol=1e-9)
-    assert all(0 <= lag <= 1 for lag in spans.lags)  # max_staleness 1
+    from freshroll.metrics import lag_histogram, tally
+
+    lags = lag_histogram(tally(events))
+    assert sum(lags.values()) == committed and set(lags) <= {"0", "1"}  # max_staleness 1
 
 
 # -- percentile --------------------------------------------------------------------------
@@ -162,69 +167,3 @@ def test_percentile_does_not_mutate_its_input() -> None:
     values = [3.0, 1.0, 2.0]
     percentile(values, 50)
     assert values == [3.0, 1.0, 2.0]
-
-
-# -- run rates ---------------------------------------------------------------------------
-def _two_incarnations() -> list[ev.Event]:
-    def opened(ts: float, inc: int) -> ev.Opened:
-        return ev.Opened(ts=ts, run_id="t", incarnation=inc, max_staleness=1,
-                         batch_groups=1, group_size=2)
-
-    def committed(ts: float, lease: str) -> ev.Committed:
-        return ev.Committed(ts=ts, lease=lease, version=P1, parent=P0, settings_digest="s",
-                            samples=[f"{lease}.0#1", f"{lease}.1#1"])
-
-    return [
-        # incarnation 0: the trainer first waits at 10 - 4 = 6; last commit at 20
-        opened(0.0, 0),
-        ev.Generated(ts=5.0, sample="a", tokens=1, gen_s=0.1),
-        ev.Generated(ts=5.0, sample="b", tokens=1, gen_s=0.1),
-        ev.Generated(ts=5.0, sample="c", tokens=1, gen_s=0.1),
-        ev.Leased(ts=10.0, lease="l0", version=P0, groups=["g0"], wait_s=4.0),
-        committed(12.0, "l0"),
-        ev.Discarded(ts=13.0, request="g5.0", reason="stale", sample="g5.0#1"),
-        ev.Leased(ts=15.0, lease="l1", version=P0, groups=["g1"], wait_s=1.0),
-        committed(20.0, "l1"),
-        # crash; 80 s of downtime are not trainer time
-        opened(100.0, 1),
-        ev.Discarded(ts=100.0, request="g6.0", reason="fenced", sample="g6.0#1"),
-        ev.Discarded(ts=101.0, request="g7.0", reason="stale", sample="g7.0#1"),
-        ev.Generated(ts=101.0, sample="d", tokens=1, gen_s=0.1),
-        ev.Leased(ts=105.0, lease="l2", version=P0, groups=["g2"], wait_s=3.0),
-        committed(110.0, "l2"),
-        ev.Closed(ts=111.0),
-    ]
-
-
-def test_run_rates_across_two_incarnations() -> None:
-    r = run_rates(_two_incarnations())
-    # trainer wall: (20 - 6) + (110 - 102) = 22 s; waited 4 + 1 + 3 = 8 s
-    assert r.trainer_wall_s == 22.0
-    assert r.wall_s == 22.0
-    assert r.trainer_wait_s == 8.0
-    assert r.trainer_idle_ratio == pytest.approx(8.0 / 22.0)
-    assert r.accepted == 6 and r.steps == 3
-    assert r.accepted_per_s == pytest.approx(6.0 / 22.0)
-    assert r.generated == 4
-    assert r.discards == {"stale": 2, "fenced": 1}
-
-
-def test_run_rates_of_a_run_without_commits() -> None:
-    r = run_rates(_two_incarnations()[:4])
-    assert (r.accepted, r.steps, r.wall_s, r.accepted_per_s, r.trainer_idle_ratio) == (
-        0, 0, 0.0, 0.0, 0.0)
-    assert r.generated == 3
-    assert run_rates([]).steps == 0
-
-
-def test_idle_ratio_is_capped_at_one() -> None:
-    events: list[ev.Event] = [
-        ev.Leased(ts=10.0, lease="l0", version=P0, groups=["g0"], wait_s=1.0),
-        ev.LeaseReleased(ts=10.5, lease="l0", reason="trainer_error"),
-        ev.Leased(ts=11.0, lease="l1", version=P0, groups=["g0"], wait_s=5.0),
-        ev.Committed(ts=11.5, lease="l1", version=P1, parent=P0, settings_digest="s",
-                     samples=["g0.0#1"]),
-    ]
-    r = run_rates(events)
-    assert r.trainer_wall_s == 2.5 and r.trainer_wait_s == 6.0
-    assert r.trainer_idle_ratio == 1.0

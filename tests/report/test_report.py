@@ -11,60 +11,56 @@ import json
 import math
 import random
 import re
+import shutil
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from freshroll import events as ev
 from freshroll.buffer import KernelConfig
 from freshroll.harness.simulate import SimConfig, simulate
 from freshroll.ledger import Ledger
+from freshroll.metrics import rows
 from freshroll.report import plots
 from freshroll.report.html import SECTIONS, load_run, write_report
-from freshroll.timing import collect_spans, percentile, run_rates
+from freshroll.runtime.metrics_log import reconcile
+from freshroll.runtime.summary import write_summary
 
 FULL_IMAGES = 7  # reward x2, lag, stages, idle, throughput, off-policy
 
 
 def make_run(run_dir: Path, *, max_staleness: int = 1, seed: int = 0, mode: str = "async",
              steps: int = 10, metrics: bool = True) -> Path:
-    """A simulated run directory with synthetic metrics/summary/config next to the ledger."""
+    """A simulated run directory written the way a real run writes it: the simulator's
+    ledger, its commits given synthetic trainer metrics (the simulator trains nothing),
+    then metrics.jsonl and summary.json derived from that ledger, and a config."""
     sim = SimConfig(steps=steps, seed=seed, faults=True)
-    simulate(run_dir, KernelConfig(max_staleness, 4, 4), sim).ledger.close()
+    simulate(run_dir / "sim", KernelConfig(max_staleness, 4, 4), sim).ledger.close()
+    with Ledger(run_dir / "sim" / "ledger.sqlite", readonly=True) as ledger:
+        events = [e for _, e in ledger.events()]
+    rng = random.Random(seed)
+    with Ledger(run_dir / "ledger.sqlite", sync="off") as ledger:
+        i = 0
+        for e in events:
+            if isinstance(e, ev.Committed):
+                i += 1
+                e = msgspec.structs.replace(e, metrics={
+                    "reward_mean": 0.2 + 0.5 * (1 - math.exp(-i / 4)) + rng.gauss(0, 0.03),
+                    "loss": 1 / i, "clip_frac": rng.uniform(0, 0.1),
+                    "is_weight_mean": rng.gauss(1, .02), "is_weight_max": rng.uniform(1.1, 2.5),
+                    "mismatch_kl": rng.uniform(0, 0.01), "entropy": 2.0 - i / 20,
+                    "lag_mean": rng.uniform(0, max_staleness), "lag_max": max_staleness,
+                    "train_s": e.train_s,
+                })
+            ledger.append(e)
+    shutil.copy(run_dir / "sim" / "counts.json", run_dir / "counts.json")
+    shutil.rmtree(run_dir / "sim")
     with Ledger(run_dir / "ledger.sqlite", readonly=True) as ledger:
         events = [e for _, e in ledger.events()]
-    rates, spans = run_rates(events), collect_spans(events)
-    t0 = next(e.ts for e in events if isinstance(e, ev.Opened))
-    commits = [e for e in events if isinstance(e, ev.Committed)]
-    rng = random.Random(seed)
-    rows, accepted = [], 0
-    for i, c in enumerate(commits, start=1):
-        accepted += len(c.samples)
-        t = c.ts - t0
-        rows.append({
-            "step": i, "t": t,
-            "reward_mean": 0.2 + 0.5 * (1 - math.exp(-i / 4)) + rng.gauss(0, 0.03),
-            "loss": 1 / i, "clip_frac": rng.uniform(0, 0.1), "is_weight_mean": rng.gauss(1, .02),
-            "is_weight_max": rng.uniform(1.1, 2.5), "mismatch_kl": rng.uniform(0, 0.01),
-            "entropy": 2.0 - i / 20, "lag_mean": rng.uniform(0, max_staleness),
-            "lag_max": max_staleness, "accepted_total": accepted,
-            "accepted_per_s": accepted / t if t else 0.0, "trainer_wait_s": 0.0,
-            "train_s": c.train_s, "trainer_idle_ratio": 0.0,
-        })
     if metrics:
-        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    lags = [float(x) for x in spans.lags]
-    summary = {
-        "accepted_rollouts_per_s": rates.accepted_per_s,
-        "discard_rate": sum(rates.discards.values()) / max(1, rates.generated),
-        "discards": rates.discards,
-        "lag": {"p50": percentile(lags, 50), "p99": percentile(lags, 99), "max": max(lags)},
-        "trainer_idle_ratio": rates.trainer_idle_ratio,
-        "reward_first": rows[0]["reward_mean"], "reward_last": rows[-1]["reward_mean"],
-        "steps": rates.steps, "wall_s": rates.wall_s, "mode": mode,
-        "max_staleness": max_staleness, "config": {"model": "sim", "max_staleness": max_staleness},
-    }
-    (run_dir / "summary.json").write_text(json.dumps(summary))
+        reconcile(run_dir / "metrics.jsonl", rows(events))
+    write_summary(run_dir)
     (run_dir / "config.yaml").write_text(
         f"# resolved config\nmodel: sim-model\nmode: {mode}\nmax_staleness: {max_staleness}\n"
         "batch_groups: 4\ngroup_size: 4\nnote: '<script>alert(1)</script>'\n")
@@ -183,8 +179,23 @@ def test_corrupt_ledger_still_renders(tmp_path: Path) -> None:
 def test_load_run_reads_everything(runs: tuple[Path, Path]) -> None:
     data = load_run(runs[0])
     assert data.label == "async" and data.ledger is not None
-    assert data.ledger.max_staleness == 1 and len(data.ledger.steps) == 10
+    assert data.ledger.tally.max_staleness == 1 and len(data.ledger.rows) == 10
     assert len(data.metrics) == 10 and not data.notes
+    assert data.metrics == json.loads(json.dumps(data.ledger.rows))  # the file is the ledger's
+
+
+def test_headline_shows_the_figures_of_summary_json(runs: tuple[Path, Path]) -> None:
+    """One definition per figure: the report's headline and summary.json agree."""
+    from freshroll.report.html import _pct, fmt, headline
+
+    data = load_run(runs[0])
+    s = json.loads((runs[0] / "summary.json").read_text())
+    head = headline(data)
+    assert head["discard rate"] == _pct(s["discard_rate"])
+    assert head["trainer idle ratio"] == _pct(s["trainer_idle_ratio"])
+    assert head["accepted rollouts/s"] == fmt(s["accepted_rollouts_per_s"])
+    data.ledger = None  # without a ledger: the same strings from summary.json
+    assert headline(data) == head
 
 
 def test_plot_functions_return_png() -> None:

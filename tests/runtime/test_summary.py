@@ -31,14 +31,16 @@ def test_discard_bias_compares_committed_and_discarded_completions():
     assert "fenced" not in bias
 
 
-def test_torn_metrics_line_is_skipped_and_cut_before_appending(tmp_path):
-    """A kill mid-write leaves half a row; reading skips it, resuming cuts it first."""
-    from freshroll.runtime.run import _open_for_append
+def test_torn_metrics_line_is_skipped_and_cut_on_reconcile(tmp_path):
+    """A kill mid-write leaves half a row; reading skips it, the next start's reconcile
+    (with the ledger's rows) removes it and writes the rows that are missing."""
+    from freshroll.runtime.metrics_log import reconcile
     from freshroll.runtime.summary import read_metrics
 
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1}\n{"step": 2}\n{"step": 3, "rew')
     assert read_metrics(path) == ([{"step": 1}, {"step": 2}], 1)
-    with _open_for_append(path) as fh:
-        fh.write('{"step": 3}\n')
+    done = reconcile(path, [{"step": 1}, {"step": 2}, {"step": 3}])
+    assert (done.written, done.bad_lines) == (1, 1)
     assert read_metrics(path) == ([{"step": 1}, {"step": 2}, {"step": 3}], 0)
+    assert path.read_text().endswith('{"step": 3}\n')

@@ -6,35 +6,59 @@ machine code with :mod:`freshroll.buffer`, so a bug there shows up here.
 =============  =====================================================================
 invariant      what is checked
 =============  =====================================================================
-conservation   every request ends in exactly one terminal state (committed once, or
-               discarded once with a terminal reason); none in flight once closed; no
-               retry (``fenced`` discard) of a request that already ended
-duplicates     no sample and no request is committed twice, across incarnations
+conservation   the ledger ends ``closed`` (unless ``allow_open``: a live run, or a crash
+               not resumed yet); every request ends in exactly one terminal state
+               (committed once, or discarded once with a terminal reason); none in
+               flight once closed; no retry (``fenced`` discard) of a request that
+               already ended
+duplicates     no sample and no request is committed twice, across incarnations; no
+               attempt is rewarded twice
 loss           every accepted completion (``generated``) is committed or discarded
-unexpected     every committed sample was started, generated, rewarded, made ready
-               and leased in the batch that committed it (a lease not released since);
+unexpected     every event names requests and groups that were admitted; every
+               committed sample was started, generated, rewarded, made ready and
+               leased in the batch that committed it (a lease not released since);
                only an open lease is released
-freshness      committed lag <= max_staleness in force; every ``stale`` discard
-               really exceeded it
-fencing        no attempt starts on, and no result is applied from, a fenced epoch
+freshness      every lease is taken at the current policy version; committed lag is
+               >= 0 and <= max_staleness in force; every ``stale`` discard really
+               exceeded it
+fencing        every attempt starts on a registered epoch that is not fenced, and no
+               result is applied from a fenced one; a worker's new epoch is registered
+               only after its previous epoch was fenced, and is newer
 lineage        every committed sample names a policy and a reward version that
                parse; every committed version's digest recomputes from its parent,
                its batch and its settings digest
-accounting     ``counts.json`` in the run directory equals the recount
+accounting     ``counts.json`` equals the recount; ``summary.json`` equals the summary
+               recomputed from the ledger (:mod:`freshroll.runtime.summary`, figures of
+               :mod:`freshroll.metrics`); ``metrics.jsonl`` holds exactly one row per
+               committed step, in order, each equal to the row the ledger implies
+               (:func:`freshroll.metrics.row`). A file that is absent is not checked;
+               with an open ledger ``counts.json`` and ``summary.json`` (written at
+               the end of a run) are not checked, and ``metrics.jsonl`` may lack the
+               row of the last commit (a kill between the commit and the row's write)
 =============  =====================================================================
+
+The legal orders of worker epochs: :meth:`~freshroll.buffer.SampleBuffer.register_worker`
+fences a live previous epoch before it registers the next, and every ``opened`` of a
+resume fences each epoch still live in the ledger before anything else runs; so an
+epoch is always fenced before its successor's ``worker_started``.
 """
 
 from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from freshroll import events as ev
 from freshroll.errors import LedgerError, LineageError
 from freshroll.ledger import LEDGER_FILE, Ledger
 from freshroll.lineage import PolicyVersion, RewardVersion, policy_step
+
+SUMMARY_FILE = "summary.json"
+METRICS_FILE = "metrics.jsonl"
 
 INVARIANTS = (
     "conservation", "duplicates", "loss", "unexpected", "freshness", "fencing", "lineage",
@@ -47,6 +71,7 @@ class Report:
     violations: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
     stats: dict[str, int] = field(default_factory=dict)
     closed: bool = False
+    notes: list[str] = field(default_factory=list)  # what was not checked, and why
 
     @property
     def ok(self) -> bool:
@@ -67,11 +92,13 @@ class Report:
             lines.extend(f"     {msg}" for msg in bad[:limit])
             if len(bad) > limit:
                 lines.append(f"     ... and {len(bad) - limit} more")
+        lines.extend(f"note: {n}" for n in self.notes)
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, object]:
         return {"ok": self.ok, "closed": self.closed, "stats": self.stats,
-                "violations": {k: v for k, v in self.violations.items() if v}}
+                "violations": {k: v for k, v in self.violations.items() if v},
+                "notes": self.notes}
 
 
 class _Checker:
@@ -92,6 +119,9 @@ class _Checker:
         self.sample_end: dict[str, str] = {}  # generated sample -> how it ended
         self.counts: Counter[str] = Counter()
         self.published: set[str] = set()
+        self.epochs: dict[str, int] = {}  # worker -> its newest registered epoch
+        self.registered: set[tuple[str, int]] = set()
+        self.opened_at: tuple[int, int] | None = None  # seq, incarnation of the last open
 
     # -- one pass -----------------------------------------------------------------
     def feed(self, seq: int, e: ev.Event) -> None:
@@ -102,6 +132,7 @@ class _Checker:
     def _opened(self, seq: int, e: ev.Opened) -> None:
         self.eta = e.max_staleness
         self.r.closed = False
+        self.opened_at = (seq, e.incarnation)
 
     def _closed(self, seq: int, e: ev.Closed) -> None:
         self.r.closed = True
@@ -116,11 +147,40 @@ class _Checker:
         self.group_size[e.group] = e.size
         self.counts["requests"] += e.size
 
+    def _admitted(self, seq: int, what: str, request: str) -> bool:
+        """Does ``request`` (or a sample of it) belong to an admitted group? Else say so."""
+        group, _, member = request.partition("#")[0].partition(".")
+        size = self.group_size.get(group)
+        if size is not None and member.isdigit() and int(member) < size:
+            return True
+        self.r.add("unexpected", f"seq {seq}: {what} names {request}, whose request was "
+                                 "never admitted")
+        return False
+
+    def _group_admitted(self, seq: int, what: str, group: str) -> None:
+        if group not in self.group_size:
+            self.r.add("unexpected", f"seq {seq}: {what} names group {group}, never admitted")
+
+    def _worker_started(self, seq: int, e: ev.WorkerStarted) -> None:
+        old = self.epochs.get(e.worker)
+        if old is not None and e.epoch <= old:
+            self.r.add("fencing", f"seq {seq}: {e.worker} epoch {e.epoch} registered after "
+                                  f"epoch {old}: epochs must grow")
+        elif old is not None and (e.worker, old) not in self.fenced:
+            self.r.add("fencing", f"seq {seq}: {e.worker} epoch {e.epoch} registered while "
+                                  f"epoch {old} was not fenced")
+        self.epochs[e.worker] = max(e.epoch, old if old is not None else e.epoch)
+        self.registered.add((e.worker, e.epoch))
+
     def _worker_fenced(self, seq: int, e: ev.WorkerFenced) -> None:
         self.fenced.add((e.worker, e.epoch))
 
     def _started(self, seq: int, e: ev.Started) -> None:
-        if (e.worker, e.epoch) in self.fenced:
+        self._admitted(seq, f"started {e.sample}", e.sample)
+        if (e.worker, e.epoch) not in self.registered:
+            self.r.add("fencing", f"seq {seq}: {e.sample} started on {e.worker}/{e.epoch}, "
+                                  "an epoch never registered")
+        elif (e.worker, e.epoch) in self.fenced:
             self.r.add("fencing", f"seq {seq}: {e.sample} started on fenced {e.worker}/{e.epoch}")
         if e.version not in self.published:
             self.r.add("lineage", f"seq {seq}: {e.sample} started on unknown policy {e.version}")
@@ -144,6 +204,8 @@ class _Checker:
     def _rewarded(self, seq: int, e: ev.Rewarded) -> None:
         if e.sample not in self.generated:
             self.r.add("unexpected", f"seq {seq}: {e.sample} rewarded but never generated")
+        if e.sample in self.rewarded:
+            self.r.add("duplicates", f"seq {seq}: {e.sample} rewarded a second time")
         try:
             RewardVersion.parse(e.reward_version)
         except LineageError as exc:
@@ -152,6 +214,7 @@ class _Checker:
         self.counts["rewarded"] += 1
 
     def _ready(self, seq: int, e: ev.Ready) -> None:
+        self._group_admitted(seq, "ready", e.group)
         for s in e.samples:
             if s not in self.rewarded:
                 self.r.add("unexpected", f"seq {seq}: {s} ready but never rewarded")
@@ -159,6 +222,11 @@ class _Checker:
         self.group_samples[e.group] = list(e.samples)
 
     def _leased(self, seq: int, e: ev.Leased) -> None:
+        for g in e.groups:
+            self._group_admitted(seq, f"lease {e.lease}", g)
+        if self.version is not None and e.version != str(self.version):
+            self.r.add("freshness", f"seq {seq}: lease {e.lease} taken at version {e.version}, "
+                                    f"the current version is {self.version}")
         samples = {s for g in e.groups for s in self.ready.get(g, ())}
         self.leases[e.lease] = (policy_step(e.version), samples)
 
@@ -181,7 +249,8 @@ class _Checker:
             self.version = got
             self.published.add(e.version)
         for s in e.samples:
-            self._commit_sample(seq, s, step, leased, e.lease)
+            if self._admitted(seq, f"commit of lease {e.lease}", s):
+                self._commit_sample(seq, s, step, leased, e.lease)
         self.counts["committed"] += len(e.samples)
         self.counts["steps"] += 1
 
@@ -197,11 +266,18 @@ class _Checker:
         start = self.started.get(s)
         if start is None or s not in self.rewarded:
             self.r.add("unexpected", f"seq {seq}: {s} committed without start/reward")
+        elif step < 0:  # not leased (flagged above): no consuming version to measure lag by
+            return
         elif step - start[2] > self.eta:
             self.r.add("freshness", f"seq {seq}: {s} lag {step - start[2]} > {self.eta}")
+        elif step - start[2] < 0:
+            self.r.add("freshness", f"seq {seq}: {s} lag {step - start[2]} < 0: generated by "
+                                    "a newer version than the one that consumed it")
 
     def _discarded(self, seq: int, e: ev.Discarded) -> None:
         self.counts[f"discarded_{e.reason}"] += 1
+        if not self._admitted(seq, f"discard ({e.reason})", e.request):
+            return
         if e.sample is not None:
             self.sample_end.setdefault(e.sample, f"discarded {e.reason}")
         if e.reason in ev.RETRY_REASONS:
@@ -236,7 +312,7 @@ class _Checker:
             return None
 
     # -- after the pass ----------------------------------------------------------
-    def finish(self) -> Report:
+    def finish(self, allow_open: bool) -> Report:
         requests = [f"{g}.{m}" for g, n in self.group_size.items() for m in range(n)]
         open_requests = [q for q in requests if q not in self.terminal]
         if self.r.closed:
@@ -244,6 +320,13 @@ class _Checker:
                 self.r.add("conservation", f"{q} never reached a terminal state")
             for s in sorted(self.generated - set(self.sample_end)):
                 self.r.add("loss", f"{s} was generated but neither committed nor discarded")
+        elif not allow_open:
+            seq, inc = self.opened_at if self.opened_at is not None else (0, -1)
+            where = f"incarnation {inc} (opened at seq {seq})" if inc >= 0 else "the ledger"
+            self.r.add("conservation",
+                       f"{where} never closed: the run crashed or is still running, "
+                       f"{len(open_requests)} request(s) unfinished (resume it, or verify "
+                       "with --allow-open to check it as it stands)")
         self.r.stats.update(
             requests=len(requests), committed=self.counts["committed"],
             steps=self.counts["steps"], open_requests=len(open_requests),
@@ -251,36 +334,150 @@ class _Checker:
         return self.r
 
 
-
-def verify_ledger(ledger: Ledger, counts: dict[str, int] | None = None) -> Report:
+def verify_events(
+    events: Iterable[tuple[int, ev.Event]], counts: dict[str, int] | None = None, *,
+    allow_open: bool = False,
+) -> tuple[Report, Counter[str]]:
+    """Check ``(seq, event)`` pairs; also returns the recount (for the run-directory checks)."""
     checker = _Checker()
     n = 0
-    for seq, event in ledger.events():
+    for seq, event in events:
         checker.feed(seq, event)
         n += 1
-    report = checker.finish()
+    report = checker.finish(allow_open)
     report.stats["events"] = n
     if counts is not None:
-        for key in sorted(set(counts) | set(checker.counts)):
-            if counts.get(key, 0) != checker.counts.get(key, 0):
-                report.add("accounting", f"{key}: reported {counts.get(key, 0)}, "
-                                         f"ledger says {checker.counts.get(key, 0)}")
+        _compare_counts(report, counts, checker.counts)
+    return report, checker.counts
+
+
+def verify_ledger(
+    ledger: Ledger, counts: dict[str, int] | None = None, *, allow_open: bool = False
+) -> Report:
+    """Check a ledger (and ``counts``, the counters a component reported, if given)."""
+    return verify_events(ledger.events(), counts, allow_open=allow_open)[0]
+
+
+def _compare_counts(report: Report, counts: dict[str, int], recount: Counter[str]) -> None:
+    for key in sorted(set(counts) | set(recount)):
+        if counts.get(key, 0) != recount.get(key, 0):
+            report.add("accounting", f"{key}: reported {counts.get(key, 0)}, "
+                                     f"ledger says {recount.get(key, 0)}")
+
+
+def verify_run(run_dir: str | Path, *, allow_open: bool = False) -> Report:
+    """Check a run directory: its ledger, and the figures it reports where present.
+
+    ``allow_open``: a ledger that never closed is checked as it stands instead of failing.
+    """
+    run_dir = Path(run_dir)
+    counts = _read_counts(run_dir / "counts.json")
+    with Ledger(run_dir / LEDGER_FILE, readonly=True) as ledger:
+        history = list(ledger.events())
+    report, recount = verify_events(history, allow_open=allow_open)
+    events = [e for _, e in history]
+    if not report.closed:
+        skipped = [f for f in ("counts.json", SUMMARY_FILE) if (run_dir / f).is_file()]
+        if skipped:
+            report.notes.append(f"{', '.join(skipped)} not checked: written when a run "
+                                "closes, and the ledger is open")
+    else:
+        if counts is not None:
+            _compare_counts(report, counts, recount)
+        _check_summary(report, run_dir / SUMMARY_FILE, events)
+    _check_rows(report, run_dir / METRICS_FILE, events)
     return report
 
 
-def verify_run(run_dir: str | Path) -> Report:
-    """Check a run directory: its ledger, and its reported counters if present."""
-    run_dir = Path(run_dir)
-    counts_file = run_dir / "counts.json"
-    counts = None
-    if counts_file.is_file():
-        try:
-            counts = json.loads(counts_file.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise LedgerError(f"{counts_file}: unreadable counters: {exc}") from exc
-        if not isinstance(counts, dict) or not all(
-            isinstance(k, str) and isinstance(v, int) for k, v in counts.items()
-        ):
-            raise LedgerError(f"{counts_file}: expected a JSON object of integer counters")
-    with Ledger(run_dir / LEDGER_FILE, readonly=True) as ledger:
-        return verify_ledger(ledger, counts)
+def _read_counts(path: Path) -> dict[str, int] | None:
+    if not path.is_file():
+        return None
+    try:
+        counts = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise LedgerError(f"{path}: unreadable counters: {exc}") from exc
+    if not isinstance(counts, dict) or not all(
+        isinstance(k, str) and isinstance(v, int) for k, v in counts.items()
+    ):
+        raise LedgerError(f"{path}: expected a JSON object of integer counters")
+    return counts
+
+
+def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested JSON as ``{"lag.p99": ..., "stages.0.mean": ...}``."""
+    if isinstance(value, dict | list):
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        out: dict[str, Any] = {}
+        for key, item in items:
+            out.update(_flat(item, f"{prefix}{key}."))
+        return out
+    return {prefix.rstrip("."): value}
+
+
+def _check_summary(report: Report, path: Path, events: Sequence[ev.Event]) -> None:
+    """``summary.json`` equals the summary recomputed from the ledger, figure by figure."""
+    from freshroll.runtime.summary import summarize_events
+
+    if not path.is_file():
+        return
+    try:
+        reported = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        report.add("accounting", f"{path.name}: unreadable: {exc}")
+        return
+    if not isinstance(reported, dict):
+        report.add("accounting", f"{path.name}: not a JSON object")
+        return
+    try:
+        want = json.loads(json.dumps(summarize_events(events)))
+    except LedgerError as exc:  # a damaged ledger: its own invariants say what is wrong
+        report.notes.append(f"{path.name} not checked: the ledger cannot be summarised: {exc}")
+        return
+    have, flat = _flat(reported), _flat(want)
+    for key, value in flat.items():
+        if key not in have:
+            report.add("accounting", f"{path.name} {key}: missing, ledger says {value!r}")
+        elif have[key] != value:
+            report.add("accounting",
+                       f"{path.name} {key}: reported {have[key]!r}, ledger says {value!r}")
+    for key in sorted(set(have) - set(flat)):  # inside a figure the ledger computes
+        if key.partition(".")[0] in want:
+            report.add("accounting", f"{path.name} {key}: reported {have[key]!r}, "
+                                     "the ledger has no such entry")
+
+
+def _check_rows(report: Report, path: Path, events: Sequence[ev.Event]) -> None:
+    """One ``metrics.jsonl`` row per committed step, in order, each the row the ledger implies."""
+    from freshroll.metrics import rows
+    from freshroll.runtime.metrics_log import encode_row, read_rows
+
+    if not path.is_file():
+        return
+    have, bad = read_rows(path)
+    want = [json.loads(encode_row(r)) for r in rows(events)]
+    torn_ok = 0 if report.closed else 1  # a live or killed run may be mid-write
+    if bad > torn_ok:
+        report.add("accounting", f"{path.name}: {bad} unparsable line(s)")
+    for i, (h, w) in enumerate(zip(have, want, strict=False)):
+        if h == w:
+            continue
+        keys = sorted(k for k in set(h) | set(w) if h.get(k, _MISSING) != w.get(k, _MISSING))
+        for k in keys[:5]:
+            report.add("accounting", f"{path.name} row {i + 1} (step {w['step']}): {k} "
+                                     f"reported {h.get(k, _MISSING)!r}, ledger says "
+                                     f"{w.get(k, _MISSING)!r}")
+    missing = want[len(have):]
+    if len(missing) > (0 if report.closed else 1):
+        for w in missing:
+            report.add("accounting", f"{path.name}: no row for committed step {w['step']}")
+    for i, h in enumerate(have[len(want):], start=len(want) + 1):
+        report.add("accounting", f"{path.name} row {i} (step {h.get('step')!r}): the ledger "
+                                 "holds no such committed step")
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "<missing>"
+
+
+_MISSING = _Missing()

@@ -16,8 +16,8 @@ fonts or images, nothing fetched over a network). Sections:
 
 Every input may be missing or partial (a run that crashed early): the panel
 says "no data" and why, and the report is still written. The ledger is the
-source of truth for lags, stage times, idle, throughput and discards; the
-headline prefers ``summary.json`` and falls back to the ledger and metrics.
+source of truth: every figure is the one function of :mod:`freshroll.metrics` applied to
+it (``summary.json`` is the fallback when the ledger cannot be read).
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import base64
 import json
 import math
 import os
-from collections import Counter
 from collections.abc import Iterable, Sequence
 from html import escape
 from pathlib import Path
@@ -37,12 +36,11 @@ import yaml
 from freshroll import events as ev
 from freshroll.harness.verify import INVARIANTS, verify_run
 from freshroll.ledger import LEDGER_FILE
+from freshroll.metrics import UNCOUNTED_DISCARD_REASONS, discard_rate, discards_by_reason
 from freshroll.report import plots
-from freshroll.report.rundata import RunData, StepPoint, load_run
+from freshroll.report.rundata import RunData, load_run
 from freshroll.report.style import CSS
-from freshroll.timing import (
-    percentile,
-)
+from freshroll.timing import percentile
 
 REPORT_FILE = "report.html"
 VERIFY_MESSAGES = 8  # violation messages shown per failing invariant
@@ -134,43 +132,19 @@ def _labels(run: RunData, baseline: RunData | None) -> None:
 
 # -- section 1: headline and verify -----------------------------------------------------
 def headline(run: RunData) -> dict[str, str]:
-    """The headline figures as display strings, from summary.json, else ledger/metrics."""
-    s, lv = run.summary, run.ledger
-    out: dict[str, str] = {}
-    aps = _num(s.get("accepted_rollouts_per_s"))
-    if aps is None and lv is not None:
-        aps = lv.rates.accepted_per_s
-    out["accepted rollouts/s"] = fmt(aps)
-    first, last = _num(s.get("reward_first")), _num(s.get("reward_last"))
-    rewards = _series(run.metrics, "step", "reward_mean")[1]
-    if first is None and rewards:
-        first = rewards[0]
-    if last is None and rewards:
-        last = rewards[-1]
-    out["reward first → last"] = f"{fmt(first)} → {fmt(last)}"
+    """The headline figures as display strings: :mod:`freshroll.metrics` of the ledger, or
+    ``summary.json`` (the same figures, written at the end of the run) without a ledger."""
+    s = run.ledger.figures if run.ledger is not None else run.summary
     lag: dict[str, Any] = s["lag"] if isinstance(s.get("lag"), dict) else {}
-    lags = [float(x) for x in lv.spans.lags] if lv is not None else []
-    p50 = _num(lag.get("p50")) if lag.get("p50") is not None else (
-        percentile(lags, 50) if lags else None)
-    p99 = _num(lag.get("p99")) if lag.get("p99") is not None else (
-        percentile(lags, 99) if lags else None)
-    mx = lag.get("max") if lag.get("max") is not None else (max(lags) if lags else None)
-    out["lag p50 / p99 / max"] = f"{fmt(p50)} / {fmt(p99)} / {fmt(mx)}"
-    idle = _num(s.get("trainer_idle_ratio"))
-    if idle is None and lv is not None:
-        idle = lv.rates.trainer_idle_ratio
-    out["trainer idle ratio"] = _pct(idle)
-    rate = _num(s.get("discard_rate"))
-    if rate is None and lv is not None and lv.requests:
-        terminal = sum(n for r, n in lv.rates.discards.items() if r not in ev.RETRY_REASONS)
-        rate = terminal / lv.requests
-    out["discard rate"] = _pct(rate)
-    steps = s.get("steps", lv.rates.steps if lv is not None else None)
-    wall = _num(s.get("wall_s"))
-    if wall is None and lv is not None:
-        wall = lv.rates.wall_s
-    out["steps · wall"] = f"{fmt(steps)} · {fmt(wall)} s"
-    return out
+    return {
+        "accepted rollouts/s": fmt(_num(s.get("accepted_rollouts_per_s"))),
+        "reward first → last": f"{fmt(_num(s.get('reward_first')))} → "
+                               f"{fmt(_num(s.get('reward_last')))}",
+        "lag p50 / p99 / max": " / ".join(fmt(_num(lag.get(k))) for k in ("p50", "p99", "max")),
+        "trainer idle ratio": _pct(_num(s.get("trainer_idle_ratio"))),
+        "discard rate": _pct(_num(s.get("discard_rate"))),
+        "steps · wall": f"{fmt(s.get('steps'))} · {fmt(_num(s.get('wall_s')))} s",
+    }
 
 
 def _verify_html(run_dir: Path) -> str:
@@ -236,7 +210,7 @@ def _verdict_html(run: RunData) -> str:
 def _reward_section(run: RunData, baseline: RunData | None) -> str:
     runs = [run] + ([baseline] if baseline is not None else [])
     panels = []
-    for xkey, xlabel in (("step", "trainer step"), ("t", "wall time since run start (s)")):
+    for xkey, xlabel in (("step", "trainer step"), ("t", "trainer wall time (s)")):
         lines = []
         for r in runs:
             xs, ys = _series(r.metrics, xkey, "reward_mean")
@@ -254,14 +228,15 @@ def _reward_section(run: RunData, baseline: RunData | None) -> str:
 
 def _lag_section(run: RunData) -> str:
     lv = run.ledger
-    if lv is None or not lv.spans.lags:
+    if lv is None or not lv.tally.lags:
         return _nodata("lag", _why(run, LEDGER_FILE) if lv is None else "no committed samples")
-    eta = lv.max_staleness
+    eta = lv.tally.max_staleness
     if eta is None:
         eta = _num(run.summary.get("max_staleness"))  # type: ignore[assignment]
     eta_i = int(eta) if eta is not None else None
-    counts = Counter(lv.spans.lags)
-    n = len(lv.spans.lags)
+    counts = lv.tally.lags
+    n = sum(counts.values())
+    lags = sorted(counts.elements())
     rows = [(fmt(lag), fmt(counts[lag]), _pct(counts[lag] / n)
              + (" <span class='tag'>over η</span>" if eta_i is not None and lag > eta_i else ""))
             for lag in sorted(counts)]
@@ -270,7 +245,7 @@ def _lag_section(run: RunData) -> str:
             "version that generated it; the dashed line is the <code>max_staleness</code> "
             "(η) bound.</p>")
     return (hint + '<div class="row">'
-            + _img(plots.lag_histogram(lv.spans.lags, eta_i), "lag histogram")
+            + _img(plots.lag_histogram(lags, eta_i), "lag histogram")
             + f"<div>{table}</div></div>")
 
 
@@ -296,39 +271,38 @@ def _stage_section(run: RunData, baseline: RunData | None) -> str:
 
 
 def _running(r: RunData) -> tuple[list[float], list[float], list[float], list[float]]:
-    """Per commit: t, wait share of that step, running idle ratio, running accepted/s."""
+    """Per commit (the ledger's metrics rows): t, step idle ratio, running idle ratio,
+    running accepted/s."""
     assert r.ledger is not None
-    t, share, idle, rate = [], [], [], []
-    for p in r.ledger.steps:
-        t.append(p.t)
-        share.append(min(1.0, p.wait_s / p.interval) if p.interval > 0 else 0.0)
-        idle.append(min(1.0, p.cum_wait / p.t) if p.t > 0 else 0.0)
-        rate.append(p.cum_accepted / p.t if p.t > 0 else 0.0)
-    return t, share, idle, rate
+    rows = r.ledger.rows
+    return ([x["t"] for x in rows], [x["step_idle_ratio"] for x in rows],
+            [x["trainer_idle_ratio"] for x in rows], [x["accepted_per_s"] for x in rows])
 
 
-def _rate_bins(steps: Sequence[StepPoint]) -> tuple[list[float], list[float]]:
-    """Accepted samples per second in equal wall-time bins (edges, rates)."""
-    end = max((p.t for p in steps), default=0.0)
+def _rate_bins(rows: Sequence[dict[str, Any]]) -> tuple[list[float], list[float]]:
+    """Accepted samples per second in equal bins of trainer wall time (edges, rates)."""
+    end = max((x["t"] for x in rows), default=0.0)
     if end <= 0:
         return [], []
-    n = min(40, max(4, len(steps) // 2))
+    n = min(40, max(4, len(rows) // 2))
     width = end / n
     counts = [0] * n
-    for p in steps:
-        counts[min(n - 1, int(p.t / width))] += p.samples
+    before = 0
+    for x in rows:
+        counts[min(n - 1, int(x["t"] / width))] += x["accepted_total"] - before
+        before = x["accepted_total"]
     return [i * width for i in range(n + 1)], [c / width for c in counts]
 
 
 def _trainer_section(run: RunData, baseline: RunData | None) -> str:
     lv = run.ledger
-    if lv is None or not lv.steps:
+    if lv is None or not lv.rows:
         why = _why(run, LEDGER_FILE) if lv is None else "no committed trainer steps"
         return (f'<div class="grid">{_nodata("trainer idle", why)}'
                 f'{_nodata("throughput", why)}</div>')
     t, share, idle, rate = _running(run)
     base_idle = base_rate = None
-    if baseline is not None and baseline.ledger is not None and baseline.ledger.steps:
+    if baseline is not None and baseline.ledger is not None and baseline.ledger.rows:
         bt, _, bidle, brate = _running(baseline)
         base_idle = plots.Line(f"{baseline.label}: running idle ratio", bt, bidle, True)
         base_rate = plots.Line(f"{baseline.label}: running accepted/s", bt, brate, True)
@@ -336,14 +310,16 @@ def _trainer_section(run: RunData, baseline: RunData | None) -> str:
         plots.Line("wait share of each step", t, share),
         plots.Line("running idle ratio", t, idle), base_idle,
         title="Trainer idle over time", ylabel="waiting for data (share)", ratio=True)
-    edges, rates = _rate_bins(lv.steps)
+    edges, rates = _rate_bins(lv.rows)
     tput_png = plots.rate_chart(
         edges, rates, plots.Line("running accepted/s", t, rate), base_rate,
         title="Throughput over time", ylabel="accepted rollouts / s")
-    hint = ("<p class='hint'>From the ledger. Idle: for each committed step, the trainer's wait "
-            "for its batch (<code>leased.wait_s</code>) as a share of the time since the "
-            "previous commit. Throughput: samples committed per second, in equal wall-time "
-            "bins and as a running average since the run started.</p>")
+    hint = ("<p class='hint'>From the ledger (definitions: docs/metrics.md). Idle: for each "
+            "committed step, the trainer's wait for its batch as a share of the time since the "
+            "previous commit (<code>step_idle_ratio</code>), and the running "
+            "<code>trainer_idle_ratio</code>. Throughput: samples committed per second of "
+            "trainer wall time, in equal bins and as the running "
+            "<code>accepted_rollouts_per_s</code>.</p>")
     return (hint + f'<div class="grid">{_img(idle_png, "trainer idle over time")}'
             f'{_img(tput_png, "throughput over time")}</div>')
 
@@ -372,11 +348,12 @@ def _offpolicy_section(run: RunData) -> str:
 def _discard_section(run: RunData) -> str:
     lv = run.ledger
     if lv is not None:
-        counts, source, requests = lv.rates.discards, "ledger", lv.requests
+        counts, source = discards_by_reason(lv.tally), "ledger"
+        rate = _num(discard_rate(lv.tally))
     else:
         raw = run.summary.get("discards")
         counts = {str(k): int(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
-        source, requests = "summary.json", 0
+        source, rate = "summary.json", _num(run.summary.get("discard_rate"))
     if not counts:
         if lv is not None or isinstance(run.summary.get("discards"), dict):
             return "<p>No discards.</p>"
@@ -385,13 +362,14 @@ def _discard_section(run: RunData) -> str:
     rows = []
     for reason, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
         retry = " <span class='tag'>re-issued</span>" if reason in ev.RETRY_REASONS else ""
-        per_req = _pct(n / requests) if requests else "—"
-        rows.append((escape(reason) + retry, fmt(n), _pct(n / total), per_req))
-    rows.append(("<b>total</b>", fmt(total), "100.0%", _pct(total / requests) if requests else "—"))
+        counted = "no" if reason in UNCOUNTED_DISCARD_REASONS else "yes"
+        rows.append((escape(reason) + retry, fmt(n), _pct(n / total), counted))
+    rows.append(("<b>total</b>", fmt(total), "100.0%", ""))
     hint = (f"<p class='hint'>Source: {source}. <i>re-issued</i> reasons start a new attempt of "
-            "the same request; all others end the request (when summary.json has no "
-            "<code>discard_rate</code>, the headline counts only those, per request).</p>")
-    header = ("reason", "count", "share of discards", "per request")
+            "the same request; all others end the request. The discard rate "
+            f"({_pct(rate)}) is the counted discards over the accepted rollouts plus the "
+            "counted discards (docs/metrics.md).</p>")
+    header = ("reason", "count", "share of discards", "in discard rate")
     return hint + _table(header, rows, "num")
 
 

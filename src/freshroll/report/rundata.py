@@ -1,10 +1,10 @@
 """Loading a run directory for the report: every input optional, every problem noted.
 
 :func:`load_run` reads ``metrics.jsonl``, ``summary.json``, ``counts.json``,
-``config.yaml`` and the ledger (stage spans, rates, lags, per-step wait and
-throughput points). A missing, empty or broken input never raises: it is left
-empty and a human-readable note says what was wrong, so a report can still be
-written for a run that crashed early.
+``config.yaml`` and the ledger (stage spans; the figures of :mod:`freshroll.metrics`
+and the per-step rows they imply, the same rows ``metrics.jsonl`` holds). A
+missing, empty or broken input never raises: it is left empty and a human-readable
+note says what was wrong, so a report can still be written for a run that crashed early.
 """
 
 from __future__ import annotations
@@ -17,31 +17,24 @@ from typing import Any
 
 from freshroll import events as ev
 from freshroll.ledger import LEDGER_FILE, Ledger
-from freshroll.runtime.summary import read_metrics
-from freshroll.timing import RunRates, Spans, StageRow, collect_spans, decompose, run_rates
-
-
-@dataclass
-class StepPoint:
-    """One committed trainer step as seen in the ledger."""
-
-    t: float  # seconds since the first ``opened``
-    samples: int
-    interval: float  # seconds since the previous commit (or this incarnation's ``opened``)
-    wait_s: float
-    cum_accepted: int
-    cum_wait: float
+from freshroll.metrics import Tally, summary_figures
+from freshroll.runtime.metrics_log import read_rows
+from freshroll.timing import Spans, StageRow, collect_spans, decompose
 
 
 @dataclass
 class LedgerView:
     spans: Spans
     stages: list[StageRow]
-    rates: RunRates
-    steps: list[StepPoint]
-    max_staleness: int | None
+    tally: Tally  # every figure of freshroll.metrics is a function of it
+    rows: list[dict[str, Any]]  # one per committed step (metrics.row), in order
     requests: int
     closed: bool
+
+    @property
+    def figures(self) -> dict[str, Any]:
+        """The summary figures (same layout as ``summary.json``), from the ledger."""
+        return summary_figures(self.tally)
 
 
 @dataclass
@@ -75,7 +68,7 @@ def _read_metrics(path: Path, notes: list[str]) -> list[dict[str, Any]]:
     if not path.is_file():
         notes.append(f"{path.name} is missing")
         return []
-    rows, bad = read_metrics(path)
+    rows, bad = read_rows(path)
     if bad:
         notes.append(f"{path.name}: skipped {bad} unparsable line(s)")
     if not rows:
@@ -83,36 +76,17 @@ def _read_metrics(path: Path, notes: list[str]) -> list[dict[str, Any]]:
     return rows
 
 
-def _ledger_steps(events: Iterable[ev.Event]) -> tuple[list[StepPoint], int | None, int, bool]:
-    """Per-commit points, the max_staleness in force, request count and whether closed."""
-    t0: float | None = None
-    prev: float | None = None
-    waits: dict[str, float] = {}
-    points: list[StepPoint] = []
-    eta: int | None = None
-    requests = accepted = 0
-    cum_wait = 0.0
-    closed = False
+def _requests_closed(events: Iterable[ev.Event]) -> tuple[int, bool]:
+    """How many requests were admitted, and whether the ledger ends closed."""
+    requests, closed = 0, False
     for e in events:
         if isinstance(e, ev.Opened):
-            t0 = e.ts if t0 is None else t0
-            prev, eta, closed = e.ts, e.max_staleness, False
+            closed = False
         elif isinstance(e, ev.Requested):
             requests += e.size
-        elif isinstance(e, ev.Leased):
-            waits[e.lease] = e.wait_s
-        elif isinstance(e, ev.Committed):
-            base = t0 if t0 is not None else e.ts
-            wait = waits.pop(e.lease, 0.0)
-            accepted += len(e.samples)
-            cum_wait += wait
-            interval = e.ts - prev if prev is not None else 0.0
-            points.append(StepPoint(e.ts - base, len(e.samples), interval, wait, accepted,
-                                    cum_wait))
-            prev = e.ts
         elif isinstance(e, ev.Closed):
             closed = True
-    return points, eta, requests, closed
+    return requests, closed
 
 
 def _read_ledger(path: Path, notes: list[str]) -> LedgerView | None:
@@ -121,13 +95,15 @@ def _read_ledger(path: Path, notes: list[str]) -> LedgerView | None:
         return None
     try:
         with Ledger(path, readonly=True) as ledger:
-            spans = collect_spans(e for _, e in ledger.events())
-            rates = run_rates(e for _, e in ledger.events())
-            steps, eta, requests, closed = _ledger_steps(e for _, e in ledger.events())
+            events = [e for _, e in ledger.events()]
+        spans = collect_spans(events)
     except Exception as exc:  # any unreadable ledger: the report still renders
         notes.append(f"{path.name} is unreadable: {exc}")
         return None
-    return LedgerView(spans, decompose(spans), rates, steps, eta, requests, closed)
+    tally = Tally()
+    rows = [r for e in events if (r := tally.feed(e)) is not None]
+    requests, closed = _requests_closed(events)
+    return LedgerView(spans, decompose(spans), tally, rows, requests, closed)
 
 
 def load_run(run_dir: Path) -> RunData:

@@ -259,7 +259,7 @@ class Pipeline:
             await loop.run_in_executor(self._trainer_pool, self.before_commit, child, self.learner)
             version = buf.commit(
                 lease.id, self.learner.settings_digest, weights_digest=digest,
-                train_s=metrics["train_s"],
+                train_s=metrics["train_s"], metrics=metrics,
             )
             self.published = Published(version, self.learner.weights())
             self.on_step(StepReport(version.step, version, metrics, wait_s, metrics["train_s"]))

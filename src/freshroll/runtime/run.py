@@ -23,7 +23,6 @@ import json
 import random
 import shutil
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -39,10 +38,12 @@ from freshroll.engines.tiny import model_digest, save_tiny
 from freshroll.errors import ConfigError
 from freshroll.ledger import LEDGER_FILE, open_ledger
 from freshroll.lineage import PolicyVersion
+from freshroll.metrics import Tally
 from freshroll.rewards.calling import reward_columns
 from freshroll.rewards.data import chat_renderer, check_vocabulary, load_prompts
 from freshroll.rewards.scoring import build_reward_set
 from freshroll.rewards.tasks import Prompt, make_prompts
+from freshroll.runtime.metrics_log import METRICS_FILE, RowLog, reconcile
 from freshroll.runtime.pipeline import Pipeline, StepReport, run_pipeline
 from freshroll.runtime.summary import write_summary
 from freshroll.trainer.checkpoint import (
@@ -119,14 +120,35 @@ def load_task_prompts(cfg: Config, model: Path) -> list[Prompt]:
 
 
 class Recorder:
-    """metrics.jsonl, the live progress line, and checkpoints (write-ahead of commits)."""
+    """metrics.jsonl, the live progress line, and checkpoints (write-ahead of commits).
+
+    Rows are derived from the ledger, never from in-memory state: at start (and on
+    ``--resume``) the file is reconciled with the ledger (:mod:`freshroll.runtime.metrics_log`),
+    and after each commit the events the ledger made durable since are folded into a
+    :class:`freshroll.metrics.Tally`, whose row for the ``committed`` event is written. So a
+    kill between the durable commit and the row's write costs nothing: the next start
+    writes the row.
+    """
 
     def __init__(self, run_dir: Path, cfg: Config, buf: SampleBuffer, stream: TextIO) -> None:
         self.run_dir, self.cfg, self.buf, self.stream = run_dir, cfg, buf, stream
-        self.t0 = time.time()
-        self.accepted0 = buf.counts["committed"]
-        self.wait_total = 0.0
-        self.metrics = _open_for_append(run_dir / "metrics.jsonl")
+        self.tally, self.seq = Tally(), 0
+        expected = self._fold()
+        path = run_dir / METRICS_FILE
+        done = reconcile(path, expected)
+        if done.changed:
+            stream.write(f"{path}: {done.describe()}\n")
+        self.metrics = RowLog(path)
+
+    def _fold(self) -> list[dict[str, Any]]:
+        """Fold the ledger's durable events since the last fold; the rows of its commits."""
+        out = []
+        for seq, event in self.buf.ledger.events(after=self.seq):
+            self.seq = seq
+            row = self.tally.feed(event)
+            if row is not None:
+                out.append(row)
+        return out
 
     def before_commit(self, version: PolicyVersion, learner: GRPOLearner) -> None:
         """Every ``checkpoint_every`` steps and at the last step (resume replays the rest)."""
@@ -143,32 +165,25 @@ class Recorder:
             shutil.rmtree(old, ignore_errors=True)
 
     def on_step(self, r: StepReport) -> None:
-        elapsed = time.time() - self.t0
-        self.wait_total += r.wait_s
-        accepted = self.buf.counts["committed"] - self.accepted0
-        row = {
-            "step": r.step, "t": elapsed, "version": str(r.version), **r.metrics,
-            "trainer_wait_s": r.wait_s, "accepted_total": self.buf.counts["committed"],
-            "accepted_per_s": accepted / elapsed if elapsed > 0 else 0.0,
-            "trainer_idle_ratio": self.wait_total / elapsed if elapsed > 0 else 0.0,
-        }
-        self.metrics.write(json.dumps(row) + "\n")
-        self.metrics.flush()
-        if self.cfg.run.progress:
-            self._progress(r.step, row, elapsed)
+        for row in self._fold():
+            self.metrics.write(row)
+            if self.cfg.run.progress:
+                self._progress(row)
 
-    def _progress(self, step: int, row: dict[str, Any], elapsed: float) -> None:
+    def _progress(self, row: dict[str, Any]) -> None:
         """One line per step on a terminal (redrawn in place); every ~2.5% of the run in logs."""
-        total = self.cfg.run.steps
+        step, total = row["step"], self.cfg.run.steps
         tty = self.stream.isatty()
         if not tty and step % max(1, total // 40) and step != total:
             return
-        discards = sum(v for k, v in self.buf.counts.items() if k.startswith("discarded_"))
         line = (
-            f"step {step:>4}/{total}  reward {row['reward_mean']:.3f}  "
-            f"accepted/s {row['accepted_per_s']:7.1f}  lag {row['lag_mean']:.2f} "
-            f"(max {row['lag_max']:.0f}/{self.cfg.run.max_staleness})  "
-            f"idle {row['trainer_idle_ratio']:5.1%}  discards {discards}  t {elapsed:6.1f}s"
+            f"step {step:>4}/{total}  reward {_fmt(row.get('reward_mean'), '.3f')}  "
+            f"accepted/s {_fmt(row['accepted_per_s'], '7.1f')}  "
+            f"lag {_fmt(row.get('lag_mean'), '.2f')} "
+            f"(max {_fmt(row.get('lag_max'), '.0f')}/{self.cfg.run.max_staleness})  "
+            f"idle {_fmt(row['trainer_idle_ratio'], '5.1%')}  "
+            f"discards {row['discards']} ({_fmt(row['discard_rate'], '.1%')})  "
+            f"t {_fmt(row['t'], '6.1f')}s"
         )
         end = "\n" if not tty or step == total else ""
         self.stream.write(("\r" if tty else "") + line + end)
@@ -176,6 +191,11 @@ class Recorder:
 
     def close(self) -> None:
         self.metrics.close()
+
+
+def _fmt(value: Any, spec: str) -> str:
+    """A row value for the progress line; a missing or non-finite one as ``-``."""
+    return format(value, spec) if isinstance(value, int | float) else "-"
 
 
 def build_engines(cfg: Config, path: Path) -> list[InferenceEngine]:
@@ -190,16 +210,6 @@ def build_engines(cfg: Config, path: Path) -> list[InferenceEngine]:
             actor.wait_ready()
         return list(actors)
     return [HFEngine.from_pretrained(path) for _ in range(cfg.rollout.workers)]
-
-
-def _open_for_append(path: Path) -> TextIO:
-    """Open a JSON-lines file for appending, first cutting a torn last line (a kill can
-    interrupt a write), so that the next row starts on a line of its own."""
-    if path.is_file():
-        data = path.read_bytes()
-        if data and not data.endswith(b"\n"):
-            path.write_bytes(data[: data.rfind(b"\n") + 1])
-    return path.open("a")
 
 
 def _resume_point(run_dir: Path, chain: dict[int, CommittedStep], step: int) -> tuple[Path, int]:

@@ -1,0 +1,314 @@
+"""One function per reported figure, computed from ledger events alone.
+
+Every number freshroll reports about a run — a ``metrics.jsonl`` row, ``summary.json``,
+the progress line and the final line on the terminal, ``report.html`` and ``freshroll
+timing`` — is one of the figures below, computed by its function here and nowhere else.
+docs/metrics.md defines each figure once; a test holds that page and :data:`FIGURES`
+to each other.
+
+The ledger is folded once by a :class:`Tally` (``feed(event)``, one event at a time), and
+each figure is a function of a tally. Folding is incremental, so a live run (which feeds
+the events it reads back from its ledger after each commit) and any later reader of the
+same ledger compute the same numbers, bit for bit.
+
+Two rules used by several figures, stated once:
+
+- **trainer wall time**: each incarnation (``opened``) contributes the span from its
+  trainer's first wait for data (its first ``leased.ts - leased.wait_s``) to its last
+  ``committed``; incarnations add up. Model loading before the trainer starts and the
+  downtime between a crash and ``--resume`` are not counted.
+- **counted discards**: terminal discards whose reason is not in
+  :data:`UNCOUNTED_DISCARD_REASONS` (``fenced``: the request is re-issued, so it is not an
+  outcome; ``shutdown``: the run ended first, which says nothing about the samples). Every
+  other reason counts, including ones added later.
+
+A ``metrics.jsonl`` row (:func:`row`) is built when the fold reaches a ``committed``
+event: the step's trainer metrics as the event records them, plus the run figures of
+the ledger up to and including that event. So row ``k`` is a pure function of the ledger
+up to commit ``k``, and the file can be rebuilt from the ledger at any time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Final, TypeVar
+
+from freshroll import events as ev
+from freshroll.lineage import policy_step
+from freshroll.timing import percentile
+
+#: discard reasons left out of the discard rate and the counted discards (see the module doc)
+UNCOUNTED_DISCARD_REASONS: Final = frozenset(ev.RETRY_REASONS | {"shutdown"})
+#: how many steps the reward at the start / end of a run is averaged over (at most)
+REWARD_WINDOW: Final = 3
+
+
+@dataclass
+class Tally:
+    """What every figure is computed from: the ledger folded one event at a time."""
+
+    steps: int = 0
+    accepted: int = 0
+    generated: int = 0
+    discards: Counter[str] = field(default_factory=Counter)
+    wait_s: float = 0.0  # sum of every leased.wait_s
+    lags: Counter[int] = field(default_factory=Counter)  # lag -> committed samples
+    transfers: list[float] = field(default_factory=list)
+    rewards_first: list[float] = field(default_factory=list)
+    rewards_last: deque[float] = field(default_factory=lambda: deque(maxlen=REWARD_WINDOW))
+    max_staleness: int | None = None
+    step_wait_s: float = 0.0  # wait of the lease the last commit consumed
+    step_interval_s: float = 0.0  # trainer wall time between the last two commits
+    _wall_done: float = 0.0  # trainer wall time of the incarnations before the current one
+    _start: float | None = None  # the current incarnation's trainer start
+    _last: float | None = None  # the current incarnation's last commit
+    _started: dict[str, int] = field(default_factory=dict)  # attempt -> policy step
+    _leases: dict[str, tuple[int, float]] = field(default_factory=dict)  # -> step, wait
+
+    def feed(self, e: ev.Event) -> dict[str, Any] | None:
+        """Fold one event; for a ``committed`` event, return its ``metrics.jsonl`` row."""
+        if isinstance(e, ev.Opened):
+            self._wall_done = wall_s(self)
+            self._start = self._last = None
+            self.max_staleness = e.max_staleness
+        elif isinstance(e, ev.Started):
+            self._started[e.sample] = policy_step(e.version)
+        elif isinstance(e, ev.Generated):
+            self.generated += 1
+        elif isinstance(e, ev.Leased):
+            self.wait_s += e.wait_s
+            if self._start is None:
+                self._start = e.ts - e.wait_s
+            self._leases[e.lease] = (policy_step(e.version), e.wait_s)
+        elif isinstance(e, ev.LeaseReleased):
+            self._leases.pop(e.lease, None)
+        elif isinstance(e, ev.Committed):
+            return self._committed(e)
+        elif isinstance(e, ev.Discarded):
+            self.discards[e.reason] += 1
+            if e.sample is not None:
+                self._started.pop(e.sample, None)
+        elif isinstance(e, ev.WeightsLoaded):
+            self.transfers.append(e.transfer_s)
+        return None
+
+    def _committed(self, e: ev.Committed) -> dict[str, Any]:
+        lease = self._leases.pop(e.lease, None)
+        self.step_wait_s = lease[1] if lease is not None else 0.0
+        for s in e.samples:
+            gen = self._started.pop(s, None)
+            if lease is not None and gen is not None:  # else a damaged ledger: verify says so
+                self.lags[lease[0] - gen] += 1
+        previous = self._last if self._last is not None else self._start
+        self.step_interval_s = e.ts - previous if previous is not None else 0.0
+        self._last = e.ts
+        if self._start is None:  # a commit without a lease: a damaged ledger, still counted
+            self._start = e.ts
+        self.steps += 1
+        self.accepted += len(e.samples)
+        reward = e.metrics.get("reward_mean")
+        if reward is not None and math.isfinite(reward):
+            if len(self.rewards_first) < REWARD_WINDOW:
+                self.rewards_first.append(reward)
+            self.rewards_last.append(reward)
+        return row(self, e)
+
+
+def tally(events: Iterable[ev.Event]) -> Tally:
+    """The fold of a whole event history."""
+    t = Tally()
+    for e in events:
+        t.feed(e)
+    return t
+
+
+def rows(events: Iterable[ev.Event]) -> list[dict[str, Any]]:
+    """Every ``metrics.jsonl`` row the history implies: one per ``committed``, in order."""
+    t = Tally()
+    return [r for e in events if (r := t.feed(e)) is not None]
+
+
+# == the figures ======================================================================
+Figure = Callable[[Tally], Any]
+F = TypeVar("F", bound=Figure)
+#: every reported figure by name (the names docs/metrics.md documents)
+FIGURES: dict[str, Figure] = {}
+
+
+def figure(fn: F) -> F:
+    FIGURES[fn.__name__] = fn
+    return fn
+
+
+@figure
+def steps(t: Tally) -> int:
+    return t.steps
+
+
+@figure
+def wall_s(t: Tally) -> float:
+    current = t._last - t._start if t._start is not None and t._last is not None else 0.0
+    return t._wall_done + current
+
+
+@figure
+def accepted_rollouts(t: Tally) -> int:
+    return t.accepted
+
+
+@figure
+def accepted_rollouts_per_s(t: Tally) -> float:
+    wall = wall_s(t)
+    return t.accepted / wall if wall > 0 else 0.0
+
+
+@figure
+def generated_rollouts(t: Tally) -> int:
+    return t.generated
+
+
+@figure
+def generated_rollouts_per_s(t: Tally) -> float:
+    wall = wall_s(t)
+    return t.generated / wall if wall > 0 else 0.0
+
+
+@figure
+def trainer_wait_s(t: Tally) -> float:
+    return t.wait_s
+
+
+@figure
+def trainer_idle_ratio(t: Tally) -> float:
+    wall = wall_s(t)
+    return min(1.0, t.wait_s / wall) if wall > 0 else 0.0
+
+
+@figure
+def step_wait_s(t: Tally) -> float:
+    return t.step_wait_s
+
+
+@figure
+def step_idle_ratio(t: Tally) -> float:
+    return min(1.0, t.step_wait_s / t.step_interval_s) if t.step_interval_s > 0 else 0.0
+
+
+@figure
+def discards_by_reason(t: Tally) -> dict[str, int]:
+    return dict(sorted(t.discards.items()))
+
+
+@figure
+def counted_discards(t: Tally) -> int:
+    return sum(n for r, n in t.discards.items() if r not in UNCOUNTED_DISCARD_REASONS)
+
+
+@figure
+def discard_rate(t: Tally) -> float:
+    counted = counted_discards(t)
+    return counted / (t.accepted + counted) if t.accepted + counted else 0.0
+
+
+def _lags(t: Tally) -> list[float]:
+    return [float(lag) for lag, n in sorted(t.lags.items()) for _ in range(n)]
+
+
+@figure
+def lag_p50(t: Tally) -> float:
+    return percentile(_lags(t), 50)
+
+
+@figure
+def lag_p99(t: Tally) -> float:
+    return percentile(_lags(t), 99)
+
+
+@figure
+def lag_max(t: Tally) -> int:
+    return max(t.lags, default=0)
+
+
+@figure
+def lag_mean(t: Tally) -> float:
+    n = sum(t.lags.values())
+    return sum(lag * k for lag, k in t.lags.items()) / n if n else 0.0
+
+
+@figure
+def lag_histogram(t: Tally) -> dict[str, int]:
+    return {str(lag): n for lag, n in sorted(t.lags.items())}
+
+
+@figure
+def weight_loads(t: Tally) -> int:
+    return len(t.transfers)
+
+
+@figure
+def weight_transfer_s_mean(t: Tally) -> float:
+    return sum(t.transfers) / len(t.transfers) if t.transfers else 0.0
+
+
+@figure
+def reward_first(t: Tally) -> float | None:
+    return sum(t.rewards_first) / len(t.rewards_first) if t.rewards_first else None
+
+
+@figure
+def reward_last(t: Tally) -> float | None:
+    return sum(t.rewards_last) / len(t.rewards_last) if t.rewards_last else None
+
+
+@figure
+def max_staleness(t: Tally) -> int | None:
+    return t.max_staleness
+
+
+@figure
+def mode(t: Tally) -> str | None:
+    return None if t.max_staleness is None else "sync" if t.max_staleness == 0 else "async"
+
+
+# == the outputs built from figures ===================================================
+def row(t: Tally, e: ev.Committed) -> dict[str, Any]:
+    """The ``metrics.jsonl`` row of the commit ``e`` that ``t`` has just folded."""
+    return {
+        "step": steps(t), "t": wall_s(t), "version": e.version, **e.metrics,
+        "trainer_wait_s": step_wait_s(t), "step_idle_ratio": step_idle_ratio(t),
+        "accepted_total": accepted_rollouts(t), "accepted_per_s": accepted_rollouts_per_s(t),
+        "trainer_idle_ratio": trainer_idle_ratio(t), "discards": counted_discards(t),
+        "discard_rate": discard_rate(t),
+    }
+
+
+def summary_figures(t: Tally) -> dict[str, Any]:
+    """The figures of ``summary.json``, in its layout."""
+    return {
+        "mode": mode(t), "max_staleness": max_staleness(t), "steps": steps(t),
+        "wall_s": wall_s(t), "accepted_rollouts": accepted_rollouts(t),
+        "accepted_rollouts_per_s": accepted_rollouts_per_s(t),
+        "generated_rollouts": generated_rollouts(t),
+        "generated_rollouts_per_s": generated_rollouts_per_s(t),
+        "discard_rate": discard_rate(t), "counted_discards": counted_discards(t),
+        "discards": discards_by_reason(t),
+        "lag": {"p50": lag_p50(t), "p99": lag_p99(t), "max": lag_max(t), "mean": lag_mean(t),
+                "histogram": lag_histogram(t)},
+        "trainer_idle_ratio": trainer_idle_ratio(t), "trainer_wait_s": trainer_wait_s(t),
+        "weight_loads": weight_loads(t), "weight_transfer_s_mean": weight_transfer_s_mean(t),
+        "reward_first": reward_first(t), "reward_last": reward_last(t),
+    }
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by ``None`` (JSON has no NaN/inf)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    return value

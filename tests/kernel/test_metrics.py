@@ -1,0 +1,284 @@
+"""freshroll.metrics: one function per reported figure, from ledger events; metrics.jsonl rows."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+from freshroll import events as ev
+from freshroll import metrics as m
+from freshroll.buffer import KernelConfig
+from freshroll.clock import VirtualClock
+from freshroll.harness.simulate import SimConfig, simulate
+from freshroll.ledger import LEDGER_FILE, Ledger
+from freshroll.runtime.metrics_log import encode_row, read_rows, reconcile
+from freshroll.runtime.summary import summarize_events
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
+P0, P1 = "p0-aa", "p1-bb"
+
+
+# -- docs/metrics.md and metrics.py hold each other -------------------------------------------
+def test_every_documented_figure_has_its_function_and_vice_versa() -> None:
+    headings = set(re.findall(r"^### `([a-z_0-9]+)`", DOC.read_text(), flags=re.M))
+    assert headings == set(m.FIGURES)
+    for name, fn in m.FIGURES.items():
+        assert fn.__name__ == name and getattr(m, name) is fn
+
+
+def test_every_row_column_is_documented(sim_events: list[ev.Event]) -> None:
+    table = DOC.read_text().split("## `metrics.jsonl`", 1)[1].split("\n## ", 1)[0]
+    columns = dict(re.findall(r"^\| `([a-z_]+)` \| (.+) \|$", table, flags=re.M))
+    row = m.rows(sim_events)[0]
+    assert set(row) == set(columns)  # the simulator records no trainer metrics
+    for fig in columns.values():
+        name = fig.strip("`")
+        if name in m.FIGURES:
+            assert m.FIGURES[name].__name__ == name
+
+
+# -- the figures ------------------------------------------------------------------------------
+def _two_incarnations() -> list[ev.Event]:
+    def opened(ts: float, inc: int) -> ev.Opened:
+        return ev.Opened(ts=ts, run_id="t", incarnation=inc, max_staleness=1,
+                         batch_groups=1, group_size=2)
+
+    def committed(ts: float, lease: str, reward: float | None) -> ev.Committed:
+        return ev.Committed(ts=ts, lease=lease, version=P1, parent=P0, settings_digest="s",
+                            samples=[f"{lease}.0#1", f"{lease}.1#1"],
+                            metrics={"reward_mean": reward, "loss": 0.5})
+
+    return [
+        # incarnation 0: the trainer first waits at 10 - 4 = 6; last commit at 20
+        opened(0.0, 0),
+        ev.Started(ts=1.0, sample="l0.0#1", worker="w", epoch=0, version=P0),
+        ev.Started(ts=1.0, sample="l0.1#1", worker="w", epoch=0, version=P0),
+        ev.Generated(ts=5.0, sample="a", tokens=1, gen_s=0.1),
+        ev.Generated(ts=5.0, sample="b", tokens=1, gen_s=0.1),
+        ev.Generated(ts=5.0, sample="c", tokens=1, gen_s=0.1),
+        ev.Leased(ts=10.0, lease="l0", version=P0, groups=["g0"], wait_s=4.0),
+        committed(12.0, "l0", 0.25),
+        ev.Discarded(ts=13.0, request="g5.0", reason="stale", sample="g5.0#1"),
+        ev.Started(ts=13.0, sample="l1.0#1", worker="w", epoch=0, version=P0),
+        ev.Leased(ts=15.0, lease="l1", version=P1, groups=["g1"], wait_s=1.0),
+        committed(20.0, "l1", None),  # a non-finite reward_mean is recorded as null
+        # crash; 80 s of downtime are not trainer time
+        opened(100.0, 1),
+        ev.Discarded(ts=100.0, request="g6.0", reason="fenced", sample="g6.0#1"),
+        ev.Discarded(ts=101.0, request="g7.0", reason="stale", sample="g7.0#1"),
+        ev.Discarded(ts=101.0, request="g8.0", reason="reward_timeout", sample="g8.0#1"),
+        ev.Generated(ts=101.0, sample="d", tokens=1, gen_s=0.1),
+        ev.WeightsLoaded(ts=102.0, worker="w", epoch=1, version=P1, transfer_s=0.5),
+        ev.WeightsLoaded(ts=102.0, worker="v", epoch=0, version=P1, transfer_s=1.5),
+        ev.Leased(ts=105.0, lease="l2", version=P1, groups=["g2"], wait_s=3.0),
+        committed(110.0, "l2", 0.75),
+        ev.Discarded(ts=111.0, request="g9.0", reason="shutdown"),
+        ev.Closed(ts=111.0),
+    ]
+
+
+def test_figures_across_two_incarnations() -> None:
+    t = m.tally(_two_incarnations())
+    # trainer wall: (20 - 6) + (110 - 102) = 22 s; waited 4 + 1 + 3 = 8 s
+    assert m.wall_s(t) == 22.0
+    assert m.trainer_wait_s(t) == 8.0
+    assert m.trainer_idle_ratio(t) == pytest.approx(8.0 / 22.0)
+    assert m.accepted_rollouts(t) == 6 and m.steps(t) == 3
+    assert m.accepted_rollouts_per_s(t) == pytest.approx(6.0 / 22.0)
+    assert m.generated_rollouts(t) == 4
+    assert m.generated_rollouts_per_s(t) == pytest.approx(4.0 / 22.0)
+    assert m.discards_by_reason(t) == {"fenced": 1, "reward_timeout": 1, "shutdown": 1,
+                                       "stale": 2}
+    # fenced (re-issued) and shutdown (the run ended) do not count; a new reason does
+    assert m.counted_discards(t) == 3
+    assert m.discard_rate(t) == pytest.approx(3 / (6 + 3))
+    # lags: l0 consumed at step 0 what step 0 generated (0, 0); l1 at step 1 from step 0
+    # (1; its second sample has no start: no lag); l2 samples have no start events
+    assert m.lag_histogram(t) == {"0": 2, "1": 1}
+    assert (m.lag_max(t), m.lag_mean(t), m.lag_p50(t)) == (1, pytest.approx(1 / 3), 0.0)
+    assert m.lag_p99(t) == pytest.approx(0.98)
+    assert m.weight_loads(t) == 2 and m.weight_transfer_s_mean(t) == 1.0
+    assert m.reward_first(t) == 0.5 and m.reward_last(t) == 0.5  # mean of 0.25 and 0.75
+    assert m.max_staleness(t) == 1 and m.mode(t) == "async"
+    assert m.step_wait_s(t) == 3.0
+    assert m.step_idle_ratio(t) == pytest.approx(3.0 / (110 - 102))
+
+
+def test_figures_of_a_run_without_commits() -> None:
+    t = m.tally(_two_incarnations()[:6])
+    assert (m.accepted_rollouts(t), m.steps(t), m.wall_s(t), m.accepted_rollouts_per_s(t),
+            m.trainer_idle_ratio(t), m.discard_rate(t)) == (0, 0, 0.0, 0.0, 0.0, 0.0)
+    assert m.generated_rollouts(t) == 3
+    assert (m.reward_first(t), m.reward_last(t), m.lag_p99(t)) == (None, None, 0.0)
+    empty = m.tally([])
+    assert m.steps(empty) == 0 and m.mode(empty) is None
+
+
+def test_idle_ratio_is_capped_at_one() -> None:
+    events: list[ev.Event] = [
+        ev.Leased(ts=10.0, lease="l0", version=P0, groups=["g0"], wait_s=1.0),
+        ev.LeaseReleased(ts=10.5, lease="l0", reason="trainer_error"),
+        ev.Leased(ts=11.0, lease="l1", version=P0, groups=["g0"], wait_s=5.0),
+        ev.Committed(ts=11.5, lease="l1", version=P1, parent=P0, settings_digest="s",
+                     samples=["g0.0#1"]),
+    ]
+    t = m.tally(events)
+    assert m.wall_s(t) == 2.5 and m.trainer_wait_s(t) == 6.0
+    assert m.trainer_idle_ratio(t) == 1.0
+
+
+def test_reward_window_is_the_first_and_last_three_steps() -> None:
+    events = [ev.Committed(ts=float(i), lease=f"l{i}", version=P1, parent=P0,
+                           settings_digest="s", samples=[], metrics={"reward_mean": float(i)})
+              for i in range(10)]
+    t = m.tally(events)
+    assert m.reward_first(t) == 1.0 and m.reward_last(t) == 8.0
+
+
+# -- rows -------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def sim_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run = tmp_path_factory.mktemp("metrics") / "run"
+    simulate(run, KernelConfig(1, 2, 3), SimConfig(steps=6, seed=5, faults=True, sync="off"),
+             VirtualClock()).ledger.close()
+    return run
+
+
+@pytest.fixture(scope="module")
+def sim_events(sim_run: Path) -> list[ev.Event]:
+    with Ledger(sim_run / LEDGER_FILE, readonly=True) as ledger:
+        return [e for _, e in ledger.events()]
+
+
+def test_row_k_depends_only_on_the_ledger_up_to_commit_k(sim_events: list[ev.Event]) -> None:
+    full = m.rows(sim_events)
+    assert [r["step"] for r in full] == list(range(1, 7))
+    commits = [i for i, e in enumerate(sim_events) if isinstance(e, ev.Committed)]
+    for k, i in enumerate(commits):
+        assert m.rows(sim_events[: i + 1]) == full[: k + 1]
+        assert full[k]["version"] == sim_events[i].version  # type: ignore[attr-defined]
+
+
+def test_live_fold_in_chunks_equals_one_pass(sim_events: list[ev.Event]) -> None:
+    t, got = m.Tally(), []
+    for start in range(0, len(sim_events), 7):  # what the Recorder does after each commit
+        got.extend(r for e in sim_events[start:start + 7] if (r := t.feed(e)) is not None)
+    assert got == m.rows(sim_events)
+    assert m.summary_figures(t) == m.summary_figures(m.tally(sim_events))
+
+
+def test_last_row_and_summary_agree(sim_events: list[ev.Event]) -> None:
+    """One definition per figure: the final row, summary.json and the final line match."""
+    last, summary = m.rows(sim_events)[-1], summarize_events(sim_events)
+    assert last["t"] == summary["wall_s"]
+    assert last["accepted_total"] == summary["accepted_rollouts"]
+    assert last["accepted_per_s"] == summary["accepted_rollouts_per_s"]
+    assert last["trainer_idle_ratio"] == summary["trainer_idle_ratio"]
+    # the simulator's run closes after its last commit: shutdown discards come later and
+    # are not counted, so the rate is the same
+    assert last["discard_rate"] == summary["discard_rate"]
+    assert last["discards"] == summary["counted_discards"]
+
+
+def test_non_finite_values_are_written_as_null() -> None:
+    line = encode_row({"step": 1, "loss": math.nan, "kl": math.inf, "x": [-math.inf, 1.0],
+                       "d": {"y": math.nan}})
+    assert "NaN" not in line and "Infinity" not in line
+    assert json.loads(line) == {"step": 1, "loss": None, "kl": None, "x": [None, 1.0],
+                                "d": {"y": None}}
+
+
+def test_commit_records_non_finite_trainer_metrics_as_null(tmp_path: Path) -> None:
+    from freshroll.buffer import SampleBuffer
+    from freshroll.lineage import PolicyVersion
+
+    buf = SampleBuffer.open(Ledger(tmp_path / "l.sqlite", sync="off"), KernelConfig(1, 1, 1),
+                            VirtualClock(), run_id="r", initial_version=PolicyVersion.initial("m"))
+    buf.admit("p")
+    epoch = buf.register_worker("w")
+    sid = buf.start(buf.take_requests(1)[0], "w", epoch, buf.version)  # type: ignore[arg-type]
+    buf.complete(sid, tokens=1, gen_s=0.0)
+    buf.reward(sid, 1.0, "r:x:00")
+    lease = buf.lease()
+    assert lease is not None
+    buf.commit(lease.id, "s", metrics={"loss": math.nan, "reward_mean": 1.0, "kl": math.inf})
+    commits = [e for _, e in buf.ledger.events() if isinstance(e, ev.Committed)]
+    assert commits[0].metrics == {"loss": None, "reward_mean": 1.0, "kl": None}
+    row = m.rows(e for _, e in buf.ledger.events())[0]
+    assert row["loss"] is None and json.loads(encode_row(row))["reward_mean"] == 1.0
+    buf.ledger.close()
+
+
+# -- reconciliation ---------------------------------------------------------------------------
+def test_reconcile_writes_missing_rows_and_trims_extra_ones(tmp_path: Path,
+                                                            sim_events: list[ev.Event]) -> None:
+    path = tmp_path / "metrics.jsonl"
+    want = m.rows(sim_events)
+    lines = [encode_row(r) for r in want]
+
+    first = reconcile(path, want)  # no file yet
+    assert first.written == 6 and not (tmp_path / "metrics.jsonl.prev").exists()
+    assert read_rows(path) == ([json.loads(x) for x in lines], 0)
+    assert not reconcile(path, want).changed  # already in agreement: untouched
+
+    path.write_text("".join(lines[:4]) + lines[4][:9])  # a kill after commit 5 and 6
+    lost = reconcile(path, want)
+    assert (lost.written, lost.dropped, lost.bad_lines) == (2, 0, 1)
+    assert path.read_text() == "".join(lines)
+
+    path.write_text("".join(lines) * 2)  # an empty ledger resumed: rows 1..N again
+    twice = reconcile(path, want)
+    assert twice.dropped == 6 and "dropped" in twice.describe()
+    assert path.read_text() == "".join(lines)
+    assert (tmp_path / "metrics.jsonl.prev").read_text() == "".join(lines) * 2  # kept
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_recorder_writes_the_ledgers_rows_and_the_progress_line(tmp_path: Path) -> None:
+    """The Recorder reconciles on start, then writes each commit's row from the ledger;
+    the progress line's ``discards`` are the counted discards (not shutdown or fenced)."""
+    from freshroll.config import validate
+    from freshroll.harness.simulate import Simulator, open_buffer
+    from freshroll.runtime.run import Recorder
+
+    run = tmp_path / "run"
+    sim = SimConfig(steps=3, seed=2, faults=True, sync="off")
+    buf = open_buffer(run, KernelConfig(1, 2, 3), sim, VirtualClock())
+    Simulator(buf, sim).run()  # three steps before the Recorder starts: a resume
+    (run / "metrics.jsonl").write_text(encode_row({"step": 1, "stray": True}) * 2)
+    cfg = validate({"run": {"steps": 6, "max_staleness": 1}})
+    out = io.StringIO()
+    rec = Recorder(run, cfg, buf, out)
+    assert "rebuilt from the ledger" in out.getvalue()
+    Simulator(buf, SimConfig(steps=6, seed=3, faults=True, sync="off")).run()
+    rec.on_step(None)  # type: ignore[arg-type]  # the row comes from the ledger, not the report
+    rec.close()
+    events = [e for _, e in buf.ledger.events()]
+    want = [json.loads(encode_row(r)) for r in m.rows(events)]
+    assert read_rows(run / "metrics.jsonl") == (want, 0)
+    assert len(want) == 6
+    t = m.tally(events)
+    assert f"discards {m.counted_discards(t)} " in out.getvalue().splitlines()[-1]
+    buf.ledger.close()
+
+
+def test_final_line_prints_the_summary_figures(sim_events: list[ev.Event], tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """The final line of ``freshroll run`` reads summary.json's figures; a run whose steps
+    recorded no reward (here: the simulator's) prints ``-`` instead of crashing."""
+    from freshroll.cli import _print_result
+    from freshroll.runtime.run import RunResult
+
+    s = summarize_events(sim_events)
+    assert s["reward_first"] is None
+    _print_result(RunResult(tmp_path, s, True))
+    out = capsys.readouterr().out
+    t = m.tally(sim_events)
+    assert "reward - -> -" in out
+    assert f"discard rate {m.discard_rate(t):.1%}" in out
+    assert f"trainer idle {m.trainer_idle_ratio(t):.1%}" in out
