@@ -89,3 +89,12 @@ def test_split_turns(length, turns):
     seg = draws.split_turns(length, turns)
     assert sum(seg) == length and len(seg) == min(length, turns)
     assert min(seg) >= 1 and max(seg) - min(seg) <= 1
+
+
+def test_lengths_from_normals_is_the_formula():
+    lm = LengthModel(median_tokens=100.0, sigma=1.0, prompt_share=0.36, cap_multiple=4.0,
+                     drift=0.5, drift_steps=10)
+    z_g, z_gi = np.array([0.0, 1.0]), np.array([[0.0, 1.0], [-1.0, 10.0]])
+    # sigma_p = 0.6, sigma_s = 0.8; median at step 5 = 125; cap = 400
+    expected = [[125, round(125 * np.exp(0.8))], [round(125 * np.exp(0.6 - 0.8)), 400]]
+    assert draws.lengths_from_normals(lm, z_g, z_gi, step=5).tolist() == expected

@@ -26,6 +26,7 @@ profile at policy step ``step`` and measures, each figure computed here only:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -136,3 +137,19 @@ def calibrate(
         tail_share=tail_share(latency), phase_tail=float(np.mean(tails)),
         tool_timeout_rate=timeouts / calls if calls else 0.0,
     )
+
+
+def markdown_table(calibrations: Sequence[Calibration]) -> str:
+    """The calibration figures as the Markdown table in docs/simulation.md."""
+    head = (
+        "| profile | step | samples | length p50 | length p99/p50 | cap hit | latency p50 (s) "
+        "| latency p99/p50 | tail share | phase tail | tool timeouts |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    )
+    rows = [
+        f"| {c.profile} | {c.step} | {c.samples} | {c.length_p50:.0f} | {c.length_p99_p50:.2f} "
+        f"| {c.cap_hit_rate:.2%} | {c.latency_p50:.1f} | {c.latency_p99_p50:.2f} "
+        f"| {c.tail_share:.3f} | {c.phase_tail:.3f} | {c.tool_timeout_rate:.2%} |"
+        for c in calibrations
+    ]
+    return "\n".join([head, *rows])

@@ -65,11 +65,24 @@ def completion_lengths(
     """Lengths of ``groups x group_size`` completions, shape ``(groups, group_size)``."""
     if groups < 0 or group_size < 1:
         raise ValueError(f"need groups >= 0 and group_size >= 1, got {groups}, {group_size}")
+    z_g = rng.standard_normal(groups)
+    z_gi = rng.standard_normal((groups, group_size))
+    return lengths_from_normals(lengths, z_g, z_gi, step)
+
+
+def lengths_from_normals(
+    lengths: LengthModel, z_g: FloatArray, z_gi: FloatArray, step: int = 0
+) -> IntArray:
+    """The length formula applied to given standard normals: ``z_g`` of shape ``(groups,)``,
+    ``z_gi`` of shape ``(groups, group_size)``.
+
+    An engine draws a group's normals when the group is created (keyed by its
+    index, so they do not depend on scheduling) and applies the step of the
+    policy that generates it.
+    """
     sigma_p = lengths.sigma * np.sqrt(lengths.prompt_share)
     sigma_s = lengths.sigma * np.sqrt(1.0 - lengths.prompt_share)
-    z_g = rng.standard_normal(groups)[:, None]
-    z_gi = rng.standard_normal((groups, group_size))
-    raw = median_tokens(lengths, step) * np.exp(sigma_p * z_g + sigma_s * z_gi)
+    raw = median_tokens(lengths, step) * np.exp(sigma_p * z_g[:, None] + sigma_s * z_gi)
     out: IntArray = np.clip(np.rint(raw), 1, length_cap(lengths)).astype(np.int64)
     return out
 
