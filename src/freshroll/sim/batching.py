@@ -42,6 +42,7 @@ import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -51,9 +52,8 @@ from freshroll.sim.profiles import ServerModel
 FloatArray = npt.NDArray[np.float64]
 
 
-@dataclass(frozen=True, slots=True)
-class Finished:
-    """One finished request and its timeline (seconds)."""
+class Finished(NamedTuple):
+    """One finished request and its timeline (seconds); a NamedTuple, cheap to make."""
 
     request: int  # the id :meth:`ContinuousBatcher.submit` returned
     arrival: float
@@ -71,6 +71,7 @@ class ContinuousBatcher:
         self._t1 = server.step_s_per_seq
         self._prefill_s = server.prefill_s_per_token
         self._cap = server.max_concurrent
+        self._held = 0  # slots held: prefilling + decoding
         self._boundary = 0.0  # time of the last decode-step boundary applied
         self._steps = 0  # decode steps run so far (all decoding sequences advance together)
         self._now = -math.inf  # every event at or before this time has been applied
@@ -155,9 +156,6 @@ class ContinuousBatcher:
 
     # -- the event loop --------------------------------------------------------------------
 
-    def _free(self) -> int:
-        return self._cap - len(self._decoding) - len(self._prefilling)
-
     def _next_event(self) -> tuple[float, int] | None:
         """``(time, steps)``: a step boundary after ``steps`` steps (0: decoder starts), or a
         slot grant (``steps = -1``). At equal times the boundary comes first."""
@@ -170,7 +168,7 @@ class ContinuousBatcher:
             event = (self._boundary + steps * d, steps)
         elif self._prefilling:
             event = (self._prefilling[0][0], 0)
-        if self._waiting and self._free() > 0:
+        if self._waiting and self._held < self._cap:
             arrival = self._arrival[self._waiting[0]]
             if event is None or arrival < event[0]:
                 event = (arrival, -1)
@@ -188,22 +186,27 @@ class ContinuousBatcher:
     def _step_boundary(self, t: float, steps: int, done: list[Finished]) -> None:
         self._steps += steps
         self._boundary = t
-        while self._decoding and self._decoding[0][0] <= self._steps:
-            _, rid = heapq.heappop(self._decoding)
+        decoding, steps_now = self._decoding, self._steps
+        while decoding and decoding[0][0] <= steps_now:
+            _, rid = heapq.heappop(decoding)
+            self._held -= 1
             done.append(Finished(
                 rid, self._arrival[rid], self._start[rid], self._decode_start[rid], t,
                 self._tokens[rid],
             ))
-        while self._waiting and self._free() > 0 and self._arrival[self._waiting[0]] <= t:
-            self._take_slot(self._waiting.popleft(), t)
-        while self._prefilling and self._prefilling[0][0] <= t:
-            _, rid = heapq.heappop(self._prefilling)
+        waiting = self._waiting
+        while waiting and self._held < self._cap and self._arrival[waiting[0]] <= t:
+            self._take_slot(waiting.popleft(), t)
+        prefilling = self._prefilling
+        while prefilling and prefilling[0][0] <= t:
+            _, rid = heapq.heappop(prefilling)
             self._join(rid, t)
 
     def _grant(self, t: float) -> None:
         self._take_slot(self._waiting.popleft(), t)
 
     def _take_slot(self, rid: int, t: float) -> None:
+        self._held += 1
         self._start[rid] = t
         ready = t + self._prefill_s * self._prompt[rid]
         if self._decoding and ready <= self._boundary:  # at a boundary, no prefill: this step
