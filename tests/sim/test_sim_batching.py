@@ -213,3 +213,21 @@ def test_an_engine_on_a_virtual_clock_sees_the_same_timeline():
     assert np.allclose([done[i] for i in range(n)], expected, rtol=1e-9, atol=1e-9)
     assert clock.now() == pytest.approx(expected.max(), abs=1e-6)
     assert math.isfinite(clock.now())
+
+
+def test_stats_snapshot_and_incremental_advance():
+    b = ContinuousBatcher(server(t0=1.0, prefill=0.5, cap=1))
+    b.submit(0.0, 2, 3)  # prefill [0, 1), decode [1, 4)
+    b.submit(0.5, 0, 1)  # waits for the slot, decodes [4, 5)
+    assert b.advance(0.9) == [] and b.stats() == {
+        "submitted": 2, "finished": 0, "decoding": 0, "prefilling": 1, "waiting": 1,
+        "slots": 1, "decode_steps": 0, "now": 0.9,
+    }
+    assert b.next_event_time() == 1.0
+    assert b.advance(3.99) == [] and b.decoding == 1 and b.waiting == 1
+    (first,) = b.advance(4.0)
+    assert (first.request, first.start, first.decode_start, first.finish) == (0, 0.0, 1.0, 4.0)
+    assert b.decoding == 1 and b.waiting == 0 and b.busy
+    (second,) = b.advance(10.0)
+    assert (second.start, second.finish) == (4.0, 5.0) and not b.busy
+    assert b.next_event_time() is None and b.stats()["finished"] == 2

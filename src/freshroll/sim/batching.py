@@ -109,6 +109,18 @@ class ContinuousBatcher:
         """True while any submitted request has not finished."""
         return bool(self._decoding or self._prefilling or self._waiting)
 
+    def stats(self) -> dict[str, float | int]:
+        """A snapshot: requests submitted, finished, decoding, prefilling, waiting; steps run."""
+        finished = len(self._arrival) - len(self._decoding) - len(self._prefilling) - len(
+            self._waiting
+        )
+        return {
+            "submitted": len(self._arrival), "finished": finished,
+            "decoding": len(self._decoding), "prefilling": len(self._prefilling),
+            "waiting": len(self._waiting), "slots": self._cap, "decode_steps": self._steps,
+            "now": self._now,
+        }
+
     def next_event_time(self) -> float | None:
         """When the next grant, join or finish happens given what was submitted (None: idle).
 
