@@ -231,3 +231,26 @@ def test_stats_snapshot_and_incremental_advance():
     (second,) = b.advance(10.0)
     assert (second.start, second.finish) == (4.0, 5.0) and not b.busy
     assert b.next_event_time() is None and b.stats()["finished"] == 2
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    rollouts=st.lists(
+        st.tuples(
+            st.floats(0, 20), st.lists(st.tuples(st.integers(0, 20), st.integers(1, 15)),
+                                       min_size=1, max_size=4),
+            st.floats(0, 5),
+        ),
+        min_size=1, max_size=8,
+    ),
+    t0=st.floats(0.01, 1.0), prefill=st.floats(0.0, 0.05), cap=st.integers(1, 40),
+)
+def test_property_multi_turn(rollouts, t0, prefill, cap):
+    rs = [Rollout(a, tuple(turns), (tool,) * (len(turns) - 1)) for a, turns, tool in rollouts]
+    r = simulate_rollouts(server(t0, 0.0, prefill, cap), rs)
+    eps = 1e-9 * (1 + r.finish.max())
+    for x, s, f in zip(rs, r.start, r.finish, strict=True):
+        alone = sum(prefill * p + k * t0 for p, k in x.turns) + sum(x.tool_s)
+        assert s >= x.arrival and f - x.arrival >= alone - eps
+        if cap >= len(rs):  # never a wait for a slot: at most one boundary wait per turn
+            assert s == x.arrival and f - x.arrival < alone + len(x.turns) * t0 + eps
