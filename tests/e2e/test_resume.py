@@ -76,7 +76,7 @@ def test_replay_refuses_weights_that_do_not_match_the_ledger(tmp_path: Path, sma
     for ckpt in (out / "checkpoints").iterdir():  # force a replay from the initial model...
         shutil.rmtree(ckpt)
     # ...against a ledger whose step 1 names other weights. (An edited trainer.lr no longer
-    # gets this far: the resume rules refuse it by name, tests/e2e/test_resume_rules.py.)
+    # gets this far: the resume rules refuse it by name, tests/e2e/test_resume_rules_cli.py.)
     db = sqlite3.connect(out / "ledger.sqlite")
     seq, body = db.execute(
         "SELECT seq, body FROM events WHERE kind='committed' ORDER BY seq LIMIT 1").fetchone()
