@@ -97,6 +97,7 @@ def test_check_refuses_never_keys_even_when_allowed():
     ("trainer.lr_rate", "not a config key"),
     ("run.steps", "may change on resume without it"),
     ("trainer.lr", "trainer.lr is unchanged"),
+    ("rollout.group_size", "can never change within a run"),
 ])
 def test_allow_change_must_name_a_key_that_needs_it(allow: str, msg: str):
     with pytest.raises(ResumeError, match=msg):

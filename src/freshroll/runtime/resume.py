@@ -147,6 +147,10 @@ def check(
             raise ResumeError(
                 f"{where}: --allow-change {key}: {key} may change on resume without it"
             )
+        if rule_of(key) == "never" and key not in changed:
+            raise ResumeError(
+                f"{where}: --allow-change {key}: {key} can never change within a run"
+            )
         if rule_of(key) == "explicit" and key not in changed:
             raise ResumeError(f"{where}: --allow-change {key}: {key} is unchanged")
     never = [c for c in changes if c.rule == "never"]

@@ -45,7 +45,7 @@ from freshroll.engines.hf import HFEngine
 from freshroll.engines.tiny import build_tiny, model_digest, save_model_dir
 from freshroll.errors import ConfigError, LineageError
 from freshroll.ledger import LEDGER_FILE, Ledger, open_ledger
-from freshroll.lineage import PolicyVersion, digest_json
+from freshroll.lineage import PolicyVersion
 from freshroll.rewards.scoring import RewardSet, build_reward_set
 from freshroll.rewards.tasks import Prompt, load_prompts, make_prompts
 from freshroll.runtime.pipeline import Pipeline, StepReport, run_pipeline
@@ -74,7 +74,6 @@ from freshroll.trainer.checkpoint import (
     save_checkpoint,
 )
 from freshroll.trainer.grpo import GRPOLearner
-from freshroll.trainer.losses import LossConfig
 from freshroll.trainer.replay import CommittedStep, committed_chain, replay
 
 
@@ -361,20 +360,17 @@ def _recorded_configs(hist: History | None) -> dict[str, Config]:
 
 
 def apply_settings(learner: GRPOLearner, cfg: Config) -> None:
-    """Put ``cfg``'s trainer settings in force on ``learner`` (as a fresh learner built
-    with them would have): loss, temperature, settings digest, and the optimizer's
-    param groups, which a loaded checkpoint set to the values of its own step."""
+    """Put ``cfg``'s trainer settings in force on ``learner``, as a learner built with them
+    would have them: its settings, loss config, temperature and settings digest (taken from
+    such a learner, built on a stand-in module), and the optimizer's lr and weight decay,
+    which a loaded checkpoint set to the values of its own step."""
     t = cfg.trainer
-    learner.cfg = t
-    learner.temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
-    learner.loss_cfg = LossConfig(
-        aggregation=t.aggregation, clip_low=t.clip_low, clip_high=t.clip_high,
-        correction=t.correction, is_cap=t.is_cap, kl_coef=t.kl_coef,
-        max_completion_len=cfg.rollout.max_new_tokens,
+    fresh = GRPOLearner(
+        torch.nn.Linear(1, 1), t, temperature=cfg.rollout.temperature, pad_id=learner.pad_id,
+        max_new_tokens=cfg.rollout.max_new_tokens,
     )
-    learner.settings_digest = digest_json(
-        {"trainer": t.model_dump(mode="json"), "temperature": cfg.rollout.temperature}
-    )
+    learner.cfg, learner.loss_cfg = fresh.cfg, fresh.loss_cfg
+    learner.temperature, learner.settings_digest = fresh.temperature, fresh.settings_digest
     for group in learner.optimizer.param_groups:
         group["lr"], group["weight_decay"] = t.lr, t.weight_decay
 
