@@ -42,7 +42,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -119,8 +119,13 @@ class SampleBuffer(BufferState):
         *,
         run_id: str,
         initial_version: PolicyVersion,
+        announce: Sequence[ev.RunConfig | ev.SettingsChanged] = (),
     ) -> SampleBuffer:
-        """A fresh buffer on an empty ledger, or the recovered state of an existing one."""
+        """A fresh buffer on an empty ledger, or the recovered state of an existing one.
+
+        ``announce``: audit events (the config in force, a settings change) written right
+        after ``opened``, durable in the same transaction.
+        """
         buf = cls(ledger, config, clock, run_id)
         buf.replay()
         buf._emit(ev.Opened(
@@ -130,6 +135,8 @@ class SampleBuffer(BufferState):
         ))
         if buf.version is None:  # a fresh ledger, or a crash before its first version was durable
             buf._emit(ev.PolicyPublished(ts=clock.now(), version=str(initial_version)))
+        for event in announce:
+            buf._emit(event)
         buf._recover()
         ledger.flush()
         return buf

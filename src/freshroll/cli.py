@@ -34,26 +34,41 @@ def _fail(exc: FreshrollError) -> None:
               help="Run directory (default: runs/<config name>).")
 @click.option("--resume", "resume_dir", type=click.Path(path_type=Path), default=None,
               help="Continue the run in this directory from its last durable state.")
+@click.option("--allow-change", "allow_change", multiple=True, metavar="KEY",
+              help="With --resume: apply a change of KEY (e.g. trainer.lr) that changes "
+                   "training, and record it in the ledger (repeat per key; README: Resume "
+                   "rules).")
 @click.option("--baseline", is_flag=True,
               help="Also run the synchronous baseline (max_staleness=0) into OUT/baseline "
                    "and compare both in report.html.")
 def run(config: Path | None, overrides: tuple[str, ...], out: Path | None,
-        resume_dir: Path | None, baseline: bool) -> None:
-    """Train with async GRPO: CONFIG.yaml [key=value ...] (no CONFIG: the embedded default)."""
+        resume_dir: Path | None, allow_change: tuple[str, ...], baseline: bool) -> None:
+    """Train with async GRPO: CONFIG.yaml [key=value ...] (no CONFIG: the embedded default).
+
+    With --resume DIR the config in force is DIR/config.yaml (or CONFIG, when given) with
+    the overrides on top; it is compared with the config the run's ledger recorded.
+    """
     from freshroll.config import load_config
+    from freshroll.errors import ConfigError
+    from freshroll.runtime.rundir import resume_config
 
     if config is not None and "=" in str(config) and not config.exists():
         overrides, config = (str(config), *overrides), None
     try:
         # the config is checked before the heavy imports (torch, transformers) of a run
-        cfg = load_config(None, overrides) if resume_dir is not None and overrides else None
-        if resume_dir is None:
+        if resume_dir is not None:
+            if out is not None:
+                raise ConfigError("--resume names the run directory: drop --out")
+            cfg = resume_config(resume_dir, config, overrides)
+        else:
+            if allow_change:
+                raise ConfigError("--allow-change applies only with --resume")
             cfg = load_config(config, overrides)
         from freshroll.runtime.run import run as run_training
         from freshroll.runtime.run import run_baseline
 
         if resume_dir is not None:
-            result = run_training(cfg, resume_dir, resume=True)
+            result = run_training(cfg, resume_dir, resume=True, allow_change=allow_change)
         else:
             name = config.stem if config is not None else "default"
             result = run_training(cfg, out or Path("runs") / name)

@@ -19,16 +19,22 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from freshroll.errors import ConfigError
 
+#: bounds shared by several fields: a seed torch, numpy and ``random`` all accept
+SEED_MAX = 2**32 - 1
+
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: no float setting may be NaN or infinite (``lr: .inf`` passes gt=0)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class RunSection(_Section):
-    seed: int = 0
-    steps: int = Field(400, ge=1, description="trainer steps to commit")
-    max_staleness: int = Field(1, ge=0, description="eta: 0 = synchronous baseline")
-    torch_threads: int = Field(1, ge=1, description="intra-op threads per compute thread")
+    seed: int = Field(0, ge=0, le=SEED_MAX)
+    steps: int = Field(400, ge=1, le=10_000_000, description="trainer steps to commit")
+    max_staleness: int = Field(1, ge=0, le=1_000, description="eta: 0 = synchronous baseline")
+    torch_threads: int = Field(
+        1, ge=1, le=1_024, description="intra-op threads per compute thread"
+    )
     runtime: Literal["inline", "ray"] = Field(
         "inline", description="inline: workers are threads; ray: each worker is a Ray actor"
     )
@@ -72,7 +78,9 @@ class ModelSection(_Section):
     path: str | None = Field(
         None, description="local transformers model dir (from_pretrained); unset = embedded tiny"
     )
-    tiny_seed: int = Field(0, description="seed of the embedded tiny model's random init")
+    tiny_seed: int = Field(
+        0, ge=0, le=SEED_MAX, description="seed of the embedded tiny model's random init"
+    )
     tiny: TinySection = Field(
         default_factory=TinySection, description="the embedded tiny model's shape"
     )
@@ -80,7 +88,7 @@ class ModelSection(_Section):
 
 class TaskSection(_Section):
     name: str = "reverse"
-    n_prompts: int = Field(4096, ge=1)
+    n_prompts: int = Field(4096, ge=1, le=100_000_000)
     params: dict[str, Any] = Field(default_factory=lambda: {"min_len": 3, "max_len": 3})
     file: str | None = Field(
         None, description="dataset instead of a task: a JSONL/JSON/Parquet/CSV file or a "
@@ -101,7 +109,9 @@ class TaskSection(_Section):
 
 class RewardEntry(_Section):
     fn: str = Field(description="built-in name, module.path:function or path/file.py:function")
-    weight: float = 1.0
+    weight: float = Field(
+        1.0, ge=-1e6, le=1e6, description="weight in the reward sum; negative: a penalty"
+    )
     name: str | None = Field(None, description="name in metrics and the reward version")
     args: dict[str, Any] | None = Field(
         None, description="fn is a factory: called as fn(**args) to make the reward"
@@ -109,30 +119,31 @@ class RewardEntry(_Section):
 
 
 class RolloutSection(_Section):
-    group_size: int = Field(16, ge=1)
-    batch_groups: int = Field(8, ge=1, description="groups per trainer step")
-    workers: int = Field(1, ge=1)
-    worker_batch: int = Field(64, ge=1, description="max requests per generate call")
-    max_new_tokens: int = Field(4, ge=1)
-    temperature: float = Field(1.0, ge=0.0)
+    group_size: int = Field(16, ge=1, le=4_096)
+    batch_groups: int = Field(8, ge=1, le=4_096, description="groups per trainer step")
+    workers: int = Field(1, ge=1, le=256)
+    worker_batch: int = Field(64, ge=1, le=65_536, description="max requests per generate call")
+    max_new_tokens: int = Field(4, ge=1, le=131_072)
+    temperature: float = Field(1.0, ge=0.0, le=100.0, description="0: greedy")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    max_inflight_groups: int | None = Field(None, ge=1)
+    max_inflight_groups: int | None = Field(None, ge=1, le=1_000_000)
 
 
 class TrainerSection(_Section):
-    lr: float = Field(1e-3, gt=0)
-    weight_decay: float = 0.0
-    max_grad_norm: float = Field(1.0, gt=0)
+    lr: float = Field(1e-3, gt=0, le=1.0)
+    weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="AdamW (decoupled) decay")
+    max_grad_norm: float = Field(1.0, gt=0, le=1e6)
     aggregation: Literal["grpo", "dr_grpo", "dapo"] = "grpo"
     correction: Literal["none", "tis", "decoupled"] = "tis"
-    clip_low: float = 0.2
-    clip_high: float = 0.28
-    is_cap: float = 2.0
-    kl_coef: float = Field(0.0, ge=0)
+    clip_low: float = Field(0.2, ge=0.0, lt=1.0, description="ratio floor is 1 - clip_low")
+    clip_high: float = Field(0.28, ge=0.0, le=10.0, description="ratio ceiling is 1 + clip_high")
+    is_cap: float = Field(2.0, ge=1.0, le=1e6, description="cap on the importance weight")
+    kl_coef: float = Field(0.0, ge=0, le=1e3)
     checkpoint_every: int = Field(
-        10, ge=1, description="steps between checkpoints; resume replays the rest from the ledger"
+        10, ge=1, le=10_000_000,
+        description="steps between checkpoints; resume replays the rest from the ledger",
     )
-    keep_checkpoints: int = Field(2, ge=1)
+    keep_checkpoints: int = Field(2, ge=1, le=1_000)
 
 
 class Config(_Section):

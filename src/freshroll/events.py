@@ -166,10 +166,29 @@ class Closed(Event, frozen=True, tag="closed"):
     reason: str = "done"
 
 
+class RunConfig(Event, frozen=True, tag="run_config"):
+    """The resolved config in force from policy step ``step`` on (every start and resume)."""
+
+    step: int
+    config: str  # canonical JSON of the resolved config
+    config_digest: str
+    model_digest: str
+
+
+class SettingsChanged(Event, frozen=True, tag="settings_changed"):
+    """A resume changed settings of the run from policy step ``step`` on."""
+
+    step: int
+    keys: list[str]
+    old: str  # JSON object: key -> value before
+    new: str  # JSON object: key -> value from now on
+    allowed: list[str]  # the keys changed with --allow-change
+
+
 AnyEvent = (
     Opened | PolicyPublished | Requested | WorkerStarted | WorkerFenced | Started | Generated
     | Rewarded | Ready | Leased | LeaseReleased | Committed | Discarded | Rejected
-    | WeightsLoaded | FaultInjected | Closed
+    | WeightsLoaded | FaultInjected | Closed | RunConfig | SettingsChanged
 )
 EVENT_TYPES: Final[tuple[type[Event], ...]] = AnyEvent.__args__
 EVENT_KINDS: Final = frozenset(t.__struct_config__.tag for t in EVENT_TYPES)

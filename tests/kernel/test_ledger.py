@@ -105,6 +105,9 @@ def test_every_event_kind_round_trips(tmp_path: Path) -> None:
         ev.Rejected(ts=1, sample="g0.0#1", reason="duplicate"),
         ev.WeightsLoaded(ts=1, worker="w0", epoch=1, version="p1-cd", transfer_s=0.01),
         ev.FaultInjected(ts=1, fault="kill", target="w0", detail="x"),
+        ev.RunConfig(ts=1, step=0, config='{"run":{}}', config_digest="ab", model_digest="cd"),
+        ev.SettingsChanged(ts=1, step=3, keys=["trainer.lr"], old='{"trainer.lr":0.1}',
+                           new='{"trainer.lr":0.2}', allowed=["trainer.lr"]),
         ev.Closed(ts=2, reason="done"),
     ]
     assert {type(e) for e in samples} == set(ev.EVENT_TYPES)

@@ -5,7 +5,8 @@ A model directory must hold what both ``AutoModelForCausalLM.from_pretrained`` a
 traceback from deep inside transformers. :func:`check_model_dir` turns each first mistake into
 one :class:`~freshroll.errors.ConfigError` naming the directory and what to change:
 
-* no directory, or no ``config.json``, or one that is not JSON;
+* no directory, or no ``config.json``, or one that is not JSON, names no ``model_type`` or
+  does not load with ``AutoConfig``;
 * no tokenizer files (``tokenizer.json``, ``tokenizer_config.json``, or a vocabulary file);
 * a tokenizer with more tokens than the model's vocabulary (``vocab_size``): ids past the
   embedding would be generated or fed, which fails at the first step or, worse, reads garbage.
@@ -37,8 +38,15 @@ def read_model_config(path: Path) -> dict[str, Any]:
         data = json.loads(cfg_file.read_text())
     except (ValueError, UnicodeDecodeError) as exc:
         raise ConfigError(f"model.path: {cfg_file} is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"model.path: {cfg_file} must hold a JSON object")
+    if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
+        raise ConfigError(f"model.path: {cfg_file} has no model_type (not a transformers "
+                          "config)")
+    from transformers import AutoConfig
+
+    try:
+        AutoConfig.from_pretrained(path, local_files_only=True)
+    except Exception as exc:  # transformers raises ValueError, KeyError, OSError, ...
+        raise ConfigError(f"model.path: {cfg_file} does not load: {exc}"[:500]) from None
     return data
 
 

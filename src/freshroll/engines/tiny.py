@@ -16,8 +16,8 @@ Guarantees:
   ``decode(encode(text)) == text`` for any text over :data:`CHARS`.
 * :func:`build_tiny` with the same seed and overrides gives bit-identical weights, and
   :func:`model_digest` of such models (or of their saved directories) is identical.
-* :func:`ensure_tiny` writes its directory atomically (temp dir, then rename), so a reader never
-  sees a half-written model.
+* :func:`save_tiny` and :func:`ensure_tiny` write their directory atomically (temp dir, then
+  rename), so a reader never sees a half-written model, also after a kill mid-save.
 """
 
 from __future__ import annotations
@@ -113,13 +113,53 @@ def build_tiny(
 
 
 def save_tiny(path: str | os.PathLike[str], seed: int = 0, **overrides: Any) -> Path:
-    """Build the tiny model and save it (safetensors) with its tokenizer into ``path``."""
-    out = Path(path)
-    out.mkdir(parents=True, exist_ok=True)
+    """Build the tiny model and save it (safetensors) with its tokenizer into ``path``.
+
+    Atomic (see :func:`save_model_dir`): a kill mid-save never leaves a half-written ``path``.
+    """
     model, tokenizer = build_tiny(seed, **overrides)
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
+    return save_model_dir(model, tokenizer, path)
+
+
+def save_model_dir(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, path: str | os.PathLike[str]
+) -> Path:
+    """``save_pretrained`` of ``model`` and ``tokenizer`` into ``path``, atomically.
+
+    Everything is written into ``<path>.tmp`` beside it (a stale one, left by a kill, is
+    removed first), fsynced, and renamed into place; an existing ``path`` is moved aside
+    first and deleted after the swap. A reader sees no ``path``, the old one or the new one.
+    """
+    out = Path(path)
+    tmp, old = out.with_name(out.name + ".tmp"), out.with_name(out.name + ".old")
+    for stale in (tmp, old):
+        if stale.exists():
+            shutil.rmtree(stale)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp.mkdir()
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        for file in tmp.iterdir():
+            _fsync(file)
+        _fsync(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if out.exists():
+        os.replace(out, old)
+    os.replace(tmp, out)
+    _fsync(out.parent)
+    shutil.rmtree(old, ignore_errors=True)
     return out
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def ensure_tiny(cache_dir: str | os.PathLike[str], seed: int = 0) -> Path:

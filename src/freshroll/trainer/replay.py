@@ -15,7 +15,7 @@ the ledger says generated later samples.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -76,15 +76,21 @@ def committed_chain(ledger: Ledger) -> dict[int, CommittedStep]:
 
 def replay(
     learner: GRPOLearner, buf: SampleBuffer, chain: dict[int, CommittedStep], from_step: int,
-    to_step: int | None = None,
+    to_step: int | None = None, before_step: Callable[[int], None] | None = None,
 ) -> int:
     """Train steps ``from_step + 1 .. to_step`` again (default: to ``buf.version.step``);
-    returns how many."""
+    returns how many.
+
+    ``before_step(step)`` runs before each step (the caller sets the settings that step
+    was trained under).
+    """
     assert buf.version is not None
     n = 0
     last = buf.version.step if to_step is None else to_step
     for step in range(from_step + 1, last + 1):
         c = chain[step]
+        if before_step is not None:
+            before_step(step)
         learner.step(train_samples(buf, c.samples, c.parent.step))
         got = weights_digest(learner.model)
         if c.version.weights_digest is not None and got != c.version.weights_digest:

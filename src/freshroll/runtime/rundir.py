@@ -1,0 +1,119 @@
+"""The run directory: one process at a time, checks before any write, atomic files.
+
+Guarantees:
+
+* :func:`lock_run_dir` takes an exclusive ``flock`` on ``RUN_DIR/run.lock`` and writes the
+  holder's pid into it. A second process fails at once with
+  :class:`~freshroll.errors.RunDirError` naming that pid. The lock is held until
+  :meth:`RunDirLock.release` or the end of the process, however it ends: the kernel drops
+  the locks of a dead process, also after SIGKILL. The file itself stays (deleting a locked
+  file would let a third process lock a new one beside the holder).
+* :func:`check_out_dir` only reads: ``freshroll run`` calls it (and checks the model with
+  :func:`freshroll.engines.model_dir.check_model_dir`, loads prompts and rewards) before it
+  writes anything, so a bad input leaves no half-made run directory behind.
+* :func:`write_text_atomic` writes a file under a temporary name, fsyncs it and renames it
+  into place: a reader sees the old file or the new one, never a torn one.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+from typing import IO
+
+from freshroll.config import Config, apply_override, read_yaml, validate
+from freshroll.errors import RunDirError
+from freshroll.ledger import LEDGER_FILE
+
+LOCK_FILE = "run.lock"
+
+
+class RunDirLock:
+    """An exclusive lock on a run directory, held by this process (see module docstring)."""
+
+    def __init__(self, path: Path, handle: IO[str]) -> None:
+        self.path, self._handle = path, handle
+
+    def release(self) -> None:
+        if not self._handle.closed:
+            fcntl.flock(self._handle, fcntl.LOCK_UN)
+            self._handle.close()
+
+    def __enter__(self) -> RunDirLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def lock_run_dir(run_dir: Path) -> RunDirLock:
+    """Create ``run_dir`` if needed and lock it for this process, or raise RunDirError."""
+    path = run_dir / LOCK_FILE
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        handle = path.open("a+")  # never truncates: a holder's pid stays readable
+    except OSError as exc:
+        raise RunDirError(f"{run_dir}: cannot use it as a run directory: {exc.strerror}") from exc
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.seek(0)
+        holder = handle.read().strip() or "unknown"
+        handle.close()
+        raise RunDirError(
+            f"{run_dir}: in use by another freshroll process (pid {holder}); wait for it to "
+            "end or stop it, then try again"
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    return RunDirLock(path, handle)
+
+
+def check_out_dir(run_dir: Path, *, resume: bool) -> None:
+    """A run directory that can be used: a new one, or (``resume``) one that holds a run."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunDirError(f"{run_dir}: not a directory (--out and --resume name a run directory)")
+    has_ledger = (run_dir / LEDGER_FILE).is_file()
+    if resume and not has_ledger:
+        raise RunDirError(f"{run_dir}: nothing to resume (no {LEDGER_FILE})")
+    if not resume and (run_dir / LEDGER_FILE).exists():
+        raise RunDirError(
+            f"{run_dir}: already holds a run; use --resume {run_dir} or another --out"
+        )
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (temporary file, fsync, rename, fsync dir)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def resume_config(
+    run_dir: Path, config: Path | None = None, overrides: tuple[str, ...] | list[str] = ()
+) -> Config:
+    """The config in force for ``--resume``: the run's saved ``config.yaml`` (or ``config``,
+    when given), with ``overrides`` applied on top, validated (unknown keys rejected)."""
+    check_out_dir(run_dir, resume=True)
+    source = config if config is not None else run_dir / "config.yaml"
+    data = read_yaml(source)
+    for item in overrides:
+        apply_override(data, item)
+    return validate(data, str(source))
+
+
+__all__ = [
+    "LOCK_FILE", "RunDirLock", "check_out_dir", "lock_run_dir", "resume_config",
+    "write_text_atomic",
+]
