@@ -1,9 +1,10 @@
 """``freshroll export-model``: a trained policy as an ordinary Hugging Face model directory.
 
-The weights of committed step ``N`` are rebuilt the way ``--resume`` rebuilds them: the
-newest checkpoint on the committed chain at or before ``N`` (or the initial model for
-``N = 0``), then the committed steps after it trained again from the ledger, each checked
-against its committed weights digest. The result is written with ``save_pretrained`` beside
+The weights of committed step ``N`` are rebuilt the way ``--resume`` rebuilds them
+(:func:`freshroll.runtime.run.build_learner`): the newest checkpoint on the committed chain
+at or before ``N`` (or the initial model for ``N = 0``), then the committed steps after it
+trained again from the ledger under the settings recorded for each, each checked against its
+committed weights digest. The result is written with ``save_pretrained`` beside
 the initial model's config and tokenizer, so ``AutoModelForCausalLM.from_pretrained`` and
 ``AutoTokenizer.from_pretrained`` load it, plus ``freshroll_export.json`` naming the run, the
 step, its policy version and weights digest (the lineage of the exported weights).
@@ -39,15 +40,17 @@ class Exported:
 
 def export_model(run_dir: Path, out: Path, step: int | None = None) -> Exported:
     """Write the policy of committed ``step`` (default: the last) of ``run_dir`` to ``out``."""
+    from transformers import AutoTokenizer
+
     from freshroll.buffer import KernelConfig, replay_ledger
     from freshroll.clock import RealClock
     from freshroll.config import read_yaml, validate
     from freshroll.engines.tiny import model_digest
     from freshroll.ledger import LEDGER_FILE, Ledger
     from freshroll.lineage import PolicyVersion
-    from freshroll.runtime.run import _quiet_transformers, _resume_point, new_learner
-    from freshroll.trainer.checkpoint import load_checkpoint
-    from freshroll.trainer.replay import committed_chain, replay, weights_digest
+    from freshroll.runtime.resume import history
+    from freshroll.runtime.run import _quiet_transformers, _resume_point, build_learner
+    from freshroll.trainer.replay import committed_chain, weights_digest
 
     if not (run_dir / LEDGER_FILE).is_file():
         raise RunDirError(f"{run_dir}: not a run directory (no {LEDGER_FILE})")
@@ -67,17 +70,11 @@ def export_model(run_dir: Path, out: Path, step: int | None = None) -> Exported:
         if not 0 <= want <= last:
             raise ConfigError(f"--step {want}: the run committed steps 0..{last}")
         chain = committed_chain(ledger)
-        learner, tokenizer = new_learner(cfg, source)
-        from_step, replayed = 0, 0
-        if want > 0:
-            ckpt_path, from_step = _resume_point(run_dir, chain, want)
-            if from_step > 0:
-                ckpt = load_checkpoint(ckpt_path)
-                learner.model.load_state_dict(ckpt.model_state)
-                if ckpt.optimizer_state is not None:
-                    learner.optimizer.load_state_dict(ckpt.optimizer_state)
-            replayed = replay(learner, buf, chain, from_step, to_step=want)
+        hist = history(e for _, e in ledger.events())
+        learner = build_learner(cfg, source, buf, run_dir, hist, to_step=want, quiet=True)
+        replayed = want - _resume_point(run_dir, chain, want)[1] if want > 0 else 0
         version = chain[want].version if want > 0 else PolicyVersion.initial(model_digest(source))
+    tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
     digest = weights_digest(learner.model)
     committed = version.weights_digest
     if committed is not None and digest != committed:

@@ -334,9 +334,11 @@ def new_learner(cfg: Config, path: Path) -> tuple[GRPOLearner, Any]:
 
 
 def build_learner(
-    cfg: Config, path: Path, buf: SampleBuffer, run_dir: Path, hist: History | None = None
+    cfg: Config, path: Path, buf: SampleBuffer, run_dir: Path, hist: History | None = None,
+    *, to_step: int | None = None, quiet: bool = False,
 ) -> GRPOLearner:
-    """The learner at the ledger's version: checkpoint, then a digest-checked replay.
+    """The learner at the ledger's version (or committed step ``to_step``): checkpoint, then
+    a digest-checked replay.
 
     Each replayed step is trained under the settings the ledger recorded for it (the last
     ``run_config`` before its ``committed`` event; without one, the config in force), and
@@ -345,13 +347,14 @@ def build_learner(
     learner, _ = new_learner(cfg, path)
     model = learner.model
     assert buf.version is not None
-    if buf.version.step == 0:
+    target = buf.version.step if to_step is None else to_step
+    if target == 0:
         return learner
     recorded = _recorded_configs(hist)
     if learner.ref is None and any(c.trainer.kl_coef > 0 for c in recorded.values()):
         learner.ref = copy.deepcopy(model).eval()  # type: ignore[no-untyped-call]  # initial model
     chain = committed_chain(buf.ledger)
-    ckpt_path, ckpt_step = _resume_point(run_dir, chain, buf.version.step)
+    ckpt_path, ckpt_step = _resume_point(run_dir, chain, target)
     if ckpt_step > 0:
         ckpt = load_checkpoint(ckpt_path)
         model.load_state_dict(ckpt.model_state)
@@ -367,9 +370,9 @@ def build_learner(
                 f"ledger recorded for it gives {learner.settings_digest}"
             )
 
-    n = replay(learner, buf, chain, ckpt_step, before_step=before_step)
+    n = replay(learner, buf, chain, ckpt_step, to_step=target, before_step=before_step)
     apply_settings(learner, cfg)
-    if n:
+    if n and not quiet:
         sys.stderr.write(f"resume: checkpoint at step {ckpt_step}, replayed {n} committed "
                          f"steps from the ledger; weights digests match\n")
     return learner
