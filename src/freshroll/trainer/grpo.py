@@ -150,14 +150,16 @@ class GRPOLearner:
         loss, metrics = policy_loss(
             logp, batch.behaviour, adv, batch.mask, self.loss_cfg, ref_logprobs=ref
         )
+        self.optimizer.zero_grad(set_to_none=True)
         if not torch.isfinite(loss.detach()):
             raise NonFiniteStep(f"loss is {float(loss.detach())} ({_nonfinite_inputs(batch)})")
-        self.optimizer.zero_grad(set_to_none=True)
         loss.backward()  # type: ignore[no-untyped-call]
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
         if not torch.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
-            raise NonFiniteStep(f"gradient norm is {float(grad_norm)} (loss {float(loss):.4g})")
+            raise NonFiniteStep(
+                f"gradient norm is {float(grad_norm)} (loss {float(loss.detach()):.4g})"
+            )
         self.optimizer.step()
         if not all(bool(torch.isfinite(p).all()) for p in self.model.parameters()):
             raise NonFiniteStep(
