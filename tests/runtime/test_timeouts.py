@@ -6,6 +6,7 @@ Before the limits, each of these runs waited forever on the stuck call.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from pathlib import Path
@@ -190,3 +191,45 @@ def test_limits_reject_unknown_keys_and_out_of_bounds_values():
         load_config(None, ["limits.generate_timeout_s=0"])
     with pytest.raises(ConfigError, match=r"limits.max_failure_ratio"):
         load_config(None, ["limits.max_failure_ratio=1.5"])
+
+
+# -- Ray: a stopped actor process ---------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_stopped_ray_actor_times_out_and_restarts(tmp_path: Path):
+    import os
+    import signal
+
+    import ray
+
+    from freshroll.engines.tiny import save_tiny
+    from freshroll.runtime.ray_engine import RayEngine, start_ray, stop_ray
+
+    path = save_tiny(tmp_path / "tiny", seed=0)
+    start_ray(num_cpus=2)
+    pid = None
+    try:
+        engine = RayEngine(path, generate_timeout_s=3.0, weights_timeout_s=3.0)
+        engine.wait_ready()
+        pid = ray.get(engine._actor.__ray_call__.remote(lambda actor: os.getpid()))
+        os.kill(pid, signal.SIGSTOP)  # as `kill -STOP`: alive, never answers
+        t0 = time.monotonic()
+        with pytest.raises(WorkerTimeout, match="did not answer generate within 3 s"):
+            engine.generate(["rev 123="], max_new_tokens=3, seed=1)
+        assert time.monotonic() - t0 < 30
+        with pytest.raises(WorkerTimeout, match="load_weights"):
+            engine.load_weights(engine_state(path))
+        engine.restart()  # kills the stopped actor, starts a fresh one
+        assert len(engine.generate(["rev 123="], max_new_tokens=3, seed=1)) == 1
+    finally:
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        stop_ray()
+
+
+def engine_state(path: Path) -> dict[str, Any]:
+    from freshroll.engines.hf import HFEngine
+
+    return HFEngine.from_pretrained(path).state_dict()
