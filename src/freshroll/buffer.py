@@ -31,9 +31,9 @@ ledger is a *prefix* of the history, which may end inside any command. So:
 the initial version is published if it never was, leases of the dead trainer
 are released, every worker epoch still alive in the ledger is fenced and every
 attempt still running (on any epoch, also one whose fencing was cut short) is
-re-issued, a ready group whose whole-group discard (``stale``, ``shutdown``, ``nonfinite_step``)
-was cut short is discarded whole, and completed groups whose ``ready`` event
-was lost are made ready again. Generated samples whose reward was lost stay
+re-issued, a ready group whose whole-group discard (``stale``, ``shutdown``,
+``nonfinite_step``) was cut short is discarded whole, and completed groups
+whose ``ready`` event was lost are made ready again. Generated samples whose reward was lost stay
 generated: :meth:`SampleBuffer.unrewarded` lists them for re-scoring.
 """
 
