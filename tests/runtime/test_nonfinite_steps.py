@@ -65,3 +65,58 @@ def test_repeated_skips_end_the_run_on_the_trainer_budget(tmp_path: Path):
                                "(limits.max_consecutive_skipped_steps=3)")
     assert len(h.events(ev.StepSkipped)) == 3 and h.steps == []
     assert h.verify().ok
+
+
+# -- the kernel command: skip_step, and every crash prefix of it ---------------------------
+
+
+def _history_with_a_skipped_step(path: Path) -> list[ev.Event]:
+    from freshroll.buffer import KernelConfig, SampleBuffer
+    from freshroll.clock import VirtualClock
+    from freshroll.ledger import Ledger
+    from freshroll.lineage import PolicyVersion
+
+    buf = SampleBuffer.open(Ledger(path, sync="off"), KernelConfig(1, 2, 2), VirtualClock(),
+                            run_id="t", initial_version=PolicyVersion.initial("m"))
+    epoch = buf.register_worker("w0")
+    for _ in range(buf.capacity()):
+        buf.admit("p")
+    for rid in buf.take_requests(100):
+        sid = buf.start(rid, "w0", epoch, buf.version)  # type: ignore[arg-type]
+        buf.complete(sid, tokens=1, gen_s=0.0)
+        buf.reward(sid, 0.5, "r:x:0123456789abcdef0123456789abcdef")
+    lease = buf.lease()
+    assert lease is not None
+    buf.skip_step(lease.id, "step 1: loss is nan")
+    assert buf.version is not None and buf.version.step == 0
+    assert buf.counts["discarded_nonfinite_step"] == len(lease.samples) == 4
+    again = buf.lease()
+    assert again is not None and not set(again.samples) & set(lease.samples)
+    buf.commit(again.id, "s")
+    buf.shutdown("done")
+    return [e for _, e in buf.ledger.events()]
+
+
+def test_skip_step_survives_a_crash_at_every_point(tmp_path: Path):
+    from freshroll.buffer import KernelConfig, SampleBuffer
+    from freshroll.clock import VirtualClock
+    from freshroll.harness.verify import verify_ledger
+    from freshroll.ledger import Ledger
+    from freshroll.lineage import PolicyVersion
+
+    history = _history_with_a_skipped_step(tmp_path / "full.sqlite")
+    for k in range(1, len(history) + 1):
+        path = tmp_path / f"prefix{k}.sqlite"
+        with Ledger(path, sync="off") as ledger:
+            for e in history[:k]:
+                ledger.append(e)
+        buf = SampleBuffer.open(Ledger(path, sync="off"), KernelConfig(1, 2, 2), VirtualClock(),
+                                run_id="t", initial_version=PolicyVersion.initial("m"))
+        skipped = {e.sample for e in history[:k]
+                   if isinstance(e, ev.Discarded) and e.reason == "nonfinite_step"}
+        while (lease := buf.lease(1)) is not None:
+            assert not set(lease.samples) & skipped, k  # a skipped sample is never trained on
+            buf.commit(lease.id, "s")
+        buf.shutdown("drained")
+        report = verify_ledger(buf.ledger, counts=dict(buf.counts))
+        assert report.ok, (k, report.render())
