@@ -166,7 +166,8 @@ def test_an_always_failing_engine_ends_the_run_naming_the_worker(tmp_path: Path)
         raise RuntimeError("CUDA error: device-side assert")
 
     h = Harness(tmp_path, engines=[FakeEngine(), FakeEngine(fail)],
-                overrides=["limits.max_consecutive_failures=16", "rollout.workers=2"])
+                overrides=["limits.max_consecutive_failures=16", "rollout.workers=2",
+                           "run.steps=100000"])  # ends on the budget, not on steps
     err = h.run()
     assert isinstance(err, FailureBudgetExceeded)
     assert str(err).startswith("inference worker 'w1' failed")
