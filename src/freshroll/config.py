@@ -104,8 +104,12 @@ class LimitsSection(_Section):
         "discarded as reward_timeout and the stuck thread is abandoned"
     )
     max_consecutive_failures: int = Field(
-        256, ge=1, le=10**9, description="failed samples in a row that stop the run, per reward "
-        "function and per worker (FailureBudgetExceeded)"
+        32, ge=1, le=10**9, description="failed samples in a row that stop the run, per reward "
+        "function and per worker, once max_consecutive_failed_calls is reached too"
+    )
+    max_consecutive_failed_calls: int = Field(
+        8, ge=1, le=10**9, description="reward or generate calls in a row whose every sample "
+        "failed that stop the run, once max_consecutive_failures is reached too"
     )
     failure_window: int = Field(
         1024, ge=0, le=10**7, description="samples in the sliding window of the failure-ratio "

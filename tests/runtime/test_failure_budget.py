@@ -19,63 +19,85 @@ from freshroll.errors import FailureBudgetExceeded, FreshrollError
 # -- the policy, against nothing but itself ------------------------------------------------
 
 
-def test_always_failing_stage_trips_at_max_consecutive_with_one_line_naming_it():
-    b = Breaker("reward function 'raises'", Rule(5))
-    for _ in range(4):
-        b.record(False, error="raises raised RuntimeError: boom\nsecond line")
+def test_always_failing_stage_trips_on_calls_and_samples_with_one_line_naming_it():
+    b = Breaker("reward function 'raises'", Rule(max_calls=3, max_units=10))
+    b.record(4, 4, "raises raised RuntimeError: boom\nsecond line")
+    b.record(4, 4, "a later error")
     with pytest.raises(FailureBudgetExceeded) as info:
-        b.record(False, error="a later error")
+        b.record(4, 4, "a later error")
     msg = str(info.value)
     assert "\n" not in msg
-    assert msg.startswith("reward function 'raises' failed 5 samples in a row")
-    assert "limits.max_consecutive_failures=5" in msg
+    assert msg.startswith("reward function 'raises' failed 12 samples in 3 calls in a row")
+    assert "limits.max_consecutive_failures=10" in msg
+    assert "limits.max_consecutive_failed_calls=3" in msg
     assert 'first error: "raises raised RuntimeError: boom second line"' in msg
 
 
-def test_a_success_resets_the_consecutive_count_so_rare_failures_never_trip():
-    b = Breaker("s", Rule(5, window=100, max_ratio=0.9))
+def test_both_counts_must_be_reached():
+    many_small = Breaker("s", Rule(max_calls=3, max_units=10))
+    for _ in range(9):
+        many_small.record(1, 1, "e")  # 9 calls but 9 samples: not yet
+    with pytest.raises(FailureBudgetExceeded, match="failed 10 samples in 10 calls"):
+        many_small.record(1, 1, "e")
+    few_big = Breaker("s", Rule(max_calls=3, max_units=10))
+    few_big.record(256, 256, "e")
+    few_big.record(256, 256, "e")  # 512 samples but 2 calls: not yet
+    with pytest.raises(FailureBudgetExceeded, match="failed 768 samples in 3 calls"):
+        few_big.record(256, 256, "e")
+
+
+def test_a_call_with_any_success_resets_so_rare_failures_never_trip():
+    b = Breaker("s", Rule(max_calls=2, max_units=2))  # the ratio rule is off here
     for _ in range(1000):
-        b.record(False, 4, "e")
-        b.record(True)
-    assert b.failures == 4000 and b.consecutive == 0
-
-
-def test_units_are_counted_not_calls():
-    b = Breaker("s", Rule(10))
-    b.record(False, 6, "e")
-    with pytest.raises(FailureBudgetExceeded, match="failed 12 samples in a row"):
-        b.record(False, 6, "e")
+        b.record(256, 256, "whole call failed")
+        b.record(3, 4, "three of four failed")
+    assert b.failures == 1000 * 259 and b.calls == 0 and b.units == 0
 
 
 def test_the_ratio_rule_trips_only_on_a_full_window_above_the_ratio():
     b = Breaker("w", Rule(10**6, window=10, max_ratio=0.5))
-    pattern = [False, False, True]  # 2/3 failures, never many in a row
-    for i in range(9):
-        b.record(pattern[i % 3], error="e")  # the window is not full yet
+    for _ in range(3):
+        b.record(2, 3, "e")  # 6 of 9 failed, but the window is not full yet
     with pytest.raises(FailureBudgetExceeded, match=r"failed 7 of its last 10 samples "
                                                     r"\(limits.max_failure_ratio=0.5\)"):
-        b.record(False, error="e")
+        b.record(1, 1, "e")
 
 
 def test_window_zero_turns_the_ratio_rule_off():
     b = Breaker("w", Rule(10**6, window=0))
-    for i in range(1000):
-        b.record(i % 10 == 0, error="e")
+    for _ in range(1000):
+        b.record(9, 10, "e")
 
 
-def test_rule_bounds_are_checked():
+def test_one_unit_stages_count_calls():
+    b = Breaker("trainer", Rule(3, unit="steps", calls_key="limits.max_consecutive_skipped_steps"))
+    b.record(1, 1, "step 4: loss is nan")
+    b.record(0, 1)
+    b.record(1, 1, "step 6: loss is nan")
+    b.record(1, 1, "e")
+    with pytest.raises(FailureBudgetExceeded) as info:
+        b.record(1, 1, "e")
+    assert str(info.value) == ('trainer failed 3 steps in a row '
+                               '(limits.max_consecutive_skipped_steps=3); '
+                               'first error: "step 4: loss is nan"')
+
+
+def test_rule_and_record_bounds_are_checked():
     with pytest.raises(ValueError):
         Rule(0)
     with pytest.raises(ValueError):
         Rule(1, window=5, max_ratio=0.0)
+    with pytest.raises(ValueError):
+        Breaker("s", Rule(1)).record(2, 1)
 
 
 def test_budget_keeps_one_breaker_per_stage():
     budget = FailureBudget()
-    budget.record("a", Rule(3), False, 2, "first a")
-    budget.record("b", Rule(3), False, 2, "first b")
+    budget.record("a", Rule(3), 1, 1, "first a")
+    budget.record("b", Rule(3), 1, 1, "first b")
+    budget.record("a", Rule(3), 1, 1, "later")
     with pytest.raises(FailureBudgetExceeded, match=r'^a failed 3 .*"first a"'):
-        budget.record("a", Rule(3), False, 1, "later")
+        budget.record("a", Rule(3), 1, 1, "later")
 
 
 # -- the pipeline: always-failing stages end the run, closed and verifiable ------------------
@@ -124,7 +146,7 @@ BAD_REWARDS = {
 @pytest.mark.parametrize("kind", sorted(BAD_REWARDS))
 def test_an_always_failing_reward_ends_the_run_naming_it(tmp_path: Path, kind: str):
     fn, quoted = BAD_REWARDS[kind]
-    h = Harness(tmp_path, rewards=[(kind, fn)], overrides=["limits.max_consecutive_failures=32"])
+    h = Harness(tmp_path, rewards=[(kind, fn)])
     err = h.run()
     assert type(err) is FailureBudgetExceeded, repr(err)  # plain, not an ExceptionGroup
     msg = str(err)
@@ -137,8 +159,7 @@ def test_an_always_failing_reward_ends_the_run_naming_it(tmp_path: Path, kind: s
 
 
 def test_the_failing_function_of_a_set_is_the_one_named(tmp_path: Path):
-    h = Harness(tmp_path, rewards=[("fine", ok_reward), ("broken", _raises)],
-                overrides=["limits.max_consecutive_failures=32"])
+    h = Harness(tmp_path, rewards=[("fine", ok_reward), ("broken", _raises)])
     err = h.run()
     assert isinstance(err, FailureBudgetExceeded)
     assert str(err).startswith("reward function 'broken' failed")

@@ -254,9 +254,9 @@ class Pipeline:
                 for sid in sids:
                     buf.discard(sid, "generation_error", error)
                 self._notify()
-                self.budget.record(stage, rule, False, len(sids), error)
+                self.budget.record(stage, rule, len(sids), len(sids), error)
                 continue
-            self.budget.record(stage, rule, True, len(sids))
+            self.budget.record(stage, rule, 0, len(sids))
             for sid, comp in zip(sids, comps, strict=True):
                 out = buf.complete(
                     sid, tokens=len(comp.token_ids), gen_s=comp.gen_s, payload=pl.encode(comp),
@@ -331,7 +331,8 @@ class Pipeline:
     # -- rewards -----------------------------------------------------------------
     def _sample_rule(self) -> Rule:
         lim = self.cfg.limits
-        return Rule(lim.max_consecutive_failures, lim.failure_window, lim.max_failure_ratio)
+        return Rule(lim.max_consecutive_failed_calls, lim.max_consecutive_failures,
+                    lim.failure_window, lim.max_failure_ratio)
 
     async def _rewarder(self) -> None:
         buf, version = self.buf, str(self.rewards.version)
@@ -357,7 +358,7 @@ class Pipeline:
                     buf.discard(sid, "reward_timeout", self._timeout_error())
                 self._notify()
                 self.budget.record(self._reward_label() + " (timeouts)", self._timeout_rule(),
-                                   False, 1, self._timeout_error())
+                                   1, 1, self._timeout_error())
                 continue
             per_sample = (time.perf_counter() - t0) / len(items)
             errors: list[str | None] = []
@@ -397,7 +398,7 @@ class Pipeline:
         except Exception as exc:
             error = f"reward_error: {self._reward_label()} raised {type(exc).__name__}: {exc}"
             scores = [Score(None, error, {})] * len(comps)
-        self.budget.record(self._reward_label() + " (timeouts)", self._timeout_rule(), True)
+        self.budget.record(self._reward_label() + " (timeouts)", self._timeout_rule(), 0)
         if len(scores) != len(comps):
             error = f"reward_error: the reward set returned {len(scores)} scores for {len(comps)}"
             scores = [Score(None, error, {})] * len(comps)
@@ -412,30 +413,32 @@ class Pipeline:
     def _timeout_rule(self) -> Rule:
         lim = self.cfg.limits
         return Rule(lim.max_consecutive_timeouts, unit="calls",
-                    consecutive_key="limits.max_consecutive_timeouts")
+                    calls_key="limits.max_consecutive_timeouts")
 
     def _timeout_error(self) -> str:
         return (f"reward call did not return within {self.cfg.limits.reward_timeout_s:g} s "
                 "(limits.reward_timeout_s); its thread was abandoned")
 
     def _record_rewards(self, errors: list[str | None]) -> None:
-        """Each sample's outcome, per reward function (a function named in a sample's error
-        failed it, the others did not); a failure naming no function counts for the set."""
+        """One reward call's outcome, per reward function: a function named in a sample's
+        error failed that sample, the others did not; a failure naming no function (e.g. a
+        total beyond float32) counts for the set."""
         names = [s.name for s in self.rewards.specs]
-        rule = self._sample_rule()
         stages = {n: f"reward function {n!r}" for n in names}
         set_stage = self._reward_label()
+        failed: dict[str, int] = dict.fromkeys([*stages.values(), set_stage], 0)
+        first: dict[str, str] = {}
         for error in errors:
-            failed: dict[str, str] = {}
-            if error is not None:
-                for part in error.removeprefix("reward_error: ").split("; "):
-                    for n in names:
-                        if part.startswith(n + " "):
-                            failed.setdefault(stages[n], part)
-                if not failed:
-                    failed[set_stage] = error.removeprefix("reward_error: ")
-            for stage in dict.fromkeys([*stages.values(), set_stage]):
-                self.budget.record(stage, rule, stage not in failed, 1, failed.get(stage, ""))
+            if error is None:
+                continue
+            parts = error.removeprefix("reward_error: ").split("; ")
+            named = {stages[n]: p for p in parts for n in names if p.startswith(n + " ")}
+            for stage, part in (named or {set_stage: "; ".join(parts)}).items():
+                failed[stage] += 1
+                first.setdefault(stage, part)
+        rule = self._sample_rule()
+        for stage, n in failed.items():
+            self.budget.record(stage, rule, n, len(errors), first.get(stage, ""))
 
     # -- trainer -----------------------------------------------------------------
     def _train_step(self, samples: list[TrainSample]) -> tuple[dict[str, float], str]:
@@ -447,7 +450,7 @@ class Pipeline:
         buf, loop = self.buf, asyncio.get_running_loop()
         lim = self.cfg.limits
         skip_rule = Rule(lim.max_consecutive_skipped_steps, unit="steps",
-                         consecutive_key="limits.max_consecutive_skipped_steps")
+                         calls_key="limits.max_consecutive_skipped_steps")
         while buf.counts["steps"] < self.cfg.run.steps:
             t0 = buf.clock.now()
             while True:
@@ -470,7 +473,7 @@ class Pipeline:
             except NonFiniteStep as exc:
                 self._skip(lease.id, exc, skip_rule)
                 continue
-            self.budget.record("trainer", skip_rule, True)
+            self.budget.record("trainer", skip_rule, 0)
             parent = buf.version
             assert parent is not None
             child = parent.child(lease.samples, self.learner.settings_digest, digest)
@@ -496,7 +499,7 @@ class Pipeline:
         self.buf.skip_step(lease_id, detail)
         self._notify()
         self.on_skip(step, str(exc))
-        self.budget.record("trainer", rule, False, 1, detail)
+        self.budget.record("trainer", rule, 1, 1, detail)
 
 
 def first_failure(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
