@@ -363,15 +363,12 @@ class Pipeline:
             per_sample = (time.perf_counter() - t0) / len(items)
             errors: list[str | None] = []
             for (sid, _), score in zip(items, scores, strict=True):
-                error = score.error or "reward_error" if score.value is None else None
-                if error is None and abs(score.value) > FLOAT32_MAX:  # type: ignore[arg-type]
-                    error = (f"reward {score.value!r} is not finite in float32 (the trainer's "
-                             "precision)")
-                if error is None:
-                    buf.reward(sid, score.value, version, per_sample)  # type: ignore[arg-type]
+                value, error = _recordable(score)
+                if value is not None:
+                    buf.reward(sid, value, version, per_sample)
                 else:
                     buf.discard(sid, "reward_error", error)
-                errors.append(error)
+                errors.append(None if value is not None else error)
             self._notify()
             self._record_rewards(errors)
 
@@ -500,6 +497,15 @@ class Pipeline:
         self._notify()
         self.on_skip(step, str(exc))
         self.budget.record("trainer", rule, 1, 1, detail)
+
+
+def _recordable(score: Score) -> tuple[float | None, str]:
+    """``(value, "")`` for a reward the trainer can use, else ``(None, why not)``."""
+    if score.value is None:
+        return None, score.error or "reward_error"
+    if abs(score.value) > FLOAT32_MAX:  # finite in float64, inf in the trainer's float32
+        return None, f"reward {score.value!r} is not finite in float32 (the trainer's precision)"
+    return score.value, ""
 
 
 def first_failure(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
