@@ -1,7 +1,7 @@
 """The sample state machine, event-sourced on the durable ledger.
 
 Every command (``admit``, ``start``, ``complete``, ``reward``, ``discard``,
-``lease``, ``commit``, ``release``, ``fence_worker``, ``shutdown``) validates,
+``lease``, ``commit``, ``skip_step``, ``release``, ``fence_worker``, ``shutdown``) validates,
 appends ONE event (sometimes a few) to the :class:`~freshroll.ledger.Ledger`
 and applies it through the same handler that replays the ledger after a crash.
 So the in-memory state is always a pure function of the event history, and
@@ -31,9 +31,9 @@ ledger is a *prefix* of the history, which may end inside any command. So:
 the initial version is published if it never was, leases of the dead trainer
 are released, every worker epoch still alive in the ledger is fenced and every
 attempt still running (on any epoch, also one whose fencing was cut short) is
-re-issued, a ready group whose whole-group discard (``stale``, ``shutdown``)
-was cut short is discarded whole, and completed groups whose ``ready`` event
-was lost are made ready again. Generated samples whose reward was lost stay
+re-issued, a ready group whose whole-group discard (``stale``, ``shutdown``,
+``nonfinite_step``) was cut short is discarded whole, and completed groups
+whose ``ready`` event was lost are made ready again. Generated samples whose reward was lost stay
 generated: :meth:`SampleBuffer.unrewarded` lists them for re-scoring.
 """
 
@@ -402,6 +402,22 @@ class SampleBuffer(BufferState):
         ))
         self.ledger.flush()
         return child
+
+    def skip_step(self, lease_id: str, detail: str, reason: str = "nonfinite") -> None:
+        """A trainer step on ``lease_id`` was not applied (its loss or gradients were not
+        finite): record ``step_skipped``, give the lease back and discard its groups whole
+        (``nonfinite_step``), so the batch is never trained on. Durable when this returns."""
+        lease = self._leases.get(lease_id)
+        if lease is None:
+            raise LeaseError(f"lease {lease_id!r} is not open")
+        now = self.clock.now()
+        self._emit(ev.StepSkipped(
+            ts=now, lease=lease_id, version=str(self.version), reason=reason, detail=detail,
+        ))
+        self._emit(ev.LeaseReleased(ts=now, lease=lease_id, reason="step_skipped"))
+        for gid in lease.groups:
+            self._discard_group(self._groups[gid], "nonfinite_step", detail)
+        self.ledger.flush()
 
     def release(self, lease_id: str, reason: str) -> None:
         """Give a lease's groups back (its trainer failed); they are leased again first."""

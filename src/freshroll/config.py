@@ -144,6 +144,51 @@ class TrainerSection(_Section):
         description="steps between checkpoints; resume replays the rest from the ledger",
     )
     keep_checkpoints: int = Field(2, ge=1, le=1_000)
+    on_nonfinite: Literal["skip", "stop"] = Field(
+        "skip", description="a step whose loss or gradients are not finite is never applied: "
+        "skip discards its batch (nonfinite_step) and goes on, stop ends the run (NonFiniteStep)"
+    )
+
+
+class LimitsSection(_Section):
+    """Timeouts on every hand-off and the failure budget (rules in freshroll.breaker)."""
+
+    generate_timeout_s: float = Field(
+        600.0, gt=0, le=86_400, description="max seconds of one generate call; then the worker "
+        "is fenced, its attempts re-issued and it is restarted (WorkerTimeout)"
+    )
+    weights_timeout_s: float = Field(
+        300.0, gt=0, le=86_400, description="max seconds for a worker to load published weights"
+    )
+    worker_start_timeout_s: float = Field(
+        300.0, gt=0, le=86_400, description="max seconds for a (re)started Ray worker to be ready"
+    )
+    reward_timeout_s: float = Field(
+        300.0, gt=0, le=86_400, description="max seconds of one reward call; its samples are "
+        "discarded as reward_timeout and the stuck thread is abandoned"
+    )
+    max_consecutive_failures: int = Field(
+        32, ge=1, le=10**9, description="failed samples in a row that stop the run, per reward "
+        "function and per worker, once max_consecutive_failed_calls is reached too"
+    )
+    max_consecutive_failed_calls: int = Field(
+        8, ge=1, le=10**9, description="reward or generate calls in a row whose every sample "
+        "failed that stop the run, once max_consecutive_failures is reached too"
+    )
+    failure_window: int = Field(
+        1024, ge=0, le=10**7, description="samples in the sliding window of the failure-ratio "
+        "rule, per reward function and per worker; 0 turns the rule off"
+    )
+    max_failure_ratio: float = Field(
+        0.9, gt=0, le=1.0, description="failure ratio over failure_window above which the run stops"
+    )
+    max_consecutive_timeouts: int = Field(
+        3, ge=1, le=10**6, description="reward calls in a row that time out before the run stops"
+    )
+    max_consecutive_skipped_steps: int = Field(
+        3, ge=1, le=10**6, description="non-finite trainer steps in a row skipped before the run "
+        "stops (trainer.on_nonfinite: skip)"
+    )
 
 
 class Config(_Section):
@@ -153,6 +198,7 @@ class Config(_Section):
     rewards: list[RewardEntry] = Field(default_factory=lambda: [RewardEntry(fn="reverse")])
     rollout: RolloutSection = RolloutSection()
     trainer: TrainerSection = TrainerSection()
+    limits: LimitsSection = LimitsSection()
 
     @model_validator(mode="after")
     def _check(self) -> Config:

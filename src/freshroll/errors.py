@@ -104,7 +104,15 @@ class FailureBudgetExceeded(RunFailed):
 
 
 class NonFiniteStep(RunFailed):
-    """A trainer step's loss or gradients were not finite and the config says stop."""
+    """A trainer step's loss or gradients were not finite and the config says stop.
+
+    ``recoverable`` is False when the learner could not be left as before the step
+    (then the run stops whatever ``trainer.on_nonfinite`` says).
+    """
+
+    def __init__(self, message: str, *, recoverable: bool = True) -> None:
+        super().__init__(message)
+        self.recoverable = recoverable
 
 
 class StorageError(RunFailed):

@@ -21,6 +21,8 @@ DiscardReason = Literal[
     "fenced",            # attempt of a fenced worker epoch; the request is re-issued
     "reward_error",      # the reward function raised, returned NaN or the wrong length
     "generation_error",  # the engine failed on this request
+    "reward_timeout",    # the reward call did not return within limits.reward_timeout_s
+    "nonfinite_step",    # its batch gave a non-finite loss or gradients; the step was skipped
     "invalid",           # malformed completion (e.g. empty, over length limits)
     "filtered",          # a user filter dropped it (e.g. zero-variance group)
     "shutdown",          # the run ended before the request finished
@@ -139,6 +141,15 @@ class Discarded(Event, frozen=True, tag="discarded"):
     detail: str = ""
 
 
+class StepSkipped(Event, frozen=True, tag="step_skipped"):
+    """A trainer step on ``lease`` was not applied; its samples follow as discards."""
+
+    lease: str
+    version: str  # trainer version the step would have trained from (still current)
+    reason: str  # "nonfinite"
+    detail: str = ""
+
+
 class Rejected(Event, frozen=True, tag="rejected"):
     """A result for ``sample`` arrived and was NOT applied (late, duplicate, ...)."""
 
@@ -161,7 +172,7 @@ class FaultInjected(Event, frozen=True, tag="fault_injected"):
 
 
 class Closed(Event, frozen=True, tag="closed"):
-    """The run drained and closed cleanly."""
+    """The run drained and closed (reason "done", or "failed" when a failure ended it)."""
 
     reason: str = "done"
 
@@ -187,7 +198,7 @@ class SettingsChanged(Event, frozen=True, tag="settings_changed"):
 
 AnyEvent = (
     Opened | PolicyPublished | Requested | WorkerStarted | WorkerFenced | Started | Generated
-    | Rewarded | Ready | Leased | LeaseReleased | Committed | Discarded | Rejected
+    | Rewarded | Ready | Leased | LeaseReleased | Committed | StepSkipped | Discarded | Rejected
     | WeightsLoaded | FaultInjected | Closed | RunConfig | SettingsChanged
 )
 EVENT_TYPES: Final[tuple[type[Event], ...]] = AnyEvent.__args__

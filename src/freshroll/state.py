@@ -97,8 +97,8 @@ class BufferState:
             ev.Ready: self._on_ready, ev.Leased: self._on_leased,
             ev.LeaseReleased: self._on_released, ev.Committed: self._on_committed,
             ev.Discarded: self._on_discarded, ev.Rejected: self._on_rejected,
-            ev.WeightsLoaded: _noop, ev.FaultInjected: _noop, ev.Closed: self._on_closed,
-            ev.RunConfig: _noop, ev.SettingsChanged: _noop,
+            ev.WeightsLoaded: _noop, ev.FaultInjected: _noop, ev.StepSkipped: _noop,
+            ev.Closed: self._on_closed, ev.RunConfig: _noop, ev.SettingsChanged: _noop,
         }
 
     def apply(self, event: ev.Event) -> None:

@@ -101,6 +101,7 @@ def test_every_event_kind_round_trips(tmp_path: Path) -> None:
         ev.LeaseReleased(ts=1, lease="l0", reason="trainer_error"),
         ev.Committed(ts=1, lease="l0", version="p1-cd", parent="p0-ab", settings_digest="s",
                      samples=["g0.0#1"], train_s=1.5),
+        ev.StepSkipped(ts=1, lease="l1", version="p1-cd", reason="nonfinite", detail="loss nan"),
         ev.Discarded(ts=1, request="g0.1", reason="stale", sample="g0.1#1", detail="lag 3"),
         ev.Rejected(ts=1, sample="g0.0#1", reason="duplicate"),
         ev.WeightsLoaded(ts=1, worker="w0", epoch=1, version="p1-cd", transfer_s=0.01),

@@ -8,9 +8,14 @@ its own process. This matters on small models, where generation is mostly
 Python overhead: threads in one process take turns on the GIL, processes run
 side by side with the trainer.
 
-A dead actor surfaces as :class:`~freshroll.errors.WorkerLost`: the pipeline
-fences that worker epoch (its running attempts are re-issued, late results
-rejected), calls :meth:`RayEngine.restart` and re-sends the current weights.
+A dead actor surfaces as :class:`~freshroll.errors.WorkerLost`, an actor that
+does not answer in time (stopped, hung, swapping) as
+:class:`~freshroll.errors.WorkerTimeout`: every ``ray.get`` has a timeout
+(``generate_timeout_s``, ``weights_timeout_s``, ``start_timeout_s``, from the
+config's ``limits``). Either way the pipeline fences that worker epoch (its
+running attempts are re-issued, late results rejected), calls
+:meth:`RayEngine.restart` (which kills the old actor, stuck or not) and
+re-sends the current weights.
 
 Weights travel through Ray's object store; ``load_weights`` returns the
 caller-side wall time (serialisation + transfer + copy), which the pipeline
@@ -35,7 +40,7 @@ from typing import Any
 import torch
 
 from freshroll.engines.base import Completion
-from freshroll.errors import WorkerLost
+from freshroll.errors import WorkerLost, WorkerTimeout
 
 
 def start_ray(num_cpus: int | None = None) -> None:
@@ -85,20 +90,30 @@ class _EngineActor:
 class RayEngine:
     """A blocking proxy to an engine in a Ray actor (see module docstring)."""
 
-    def __init__(self, path: Path, *, torch_threads: int = 1) -> None:
+    def __init__(
+        self, path: Path, *, torch_threads: int = 1, generate_timeout_s: float = 600.0,
+        weights_timeout_s: float = 300.0, start_timeout_s: float = 300.0,
+    ) -> None:
         import ray
 
         self._ray, self._path, self._threads = ray, str(path), torch_threads
+        self.generate_timeout_s, self.weights_timeout_s = generate_timeout_s, weights_timeout_s
+        self.start_timeout_s = start_timeout_s
         self._actor = self._spawn()
 
     def _spawn(self) -> Any:
         actor_cls = self._ray.remote(num_cpus=1, max_restarts=0)(_EngineActor)
         return actor_cls.remote(self._path, self._threads)
 
-    def _get(self, ref: Any) -> Any:
-        """``ray.get``, with a dead actor reported as :class:`WorkerLost` (retryable)."""
+    def _get(self, ref: Any, timeout_s: float, what: str) -> Any:
+        """``ray.get`` with a timeout: a dead actor is :class:`WorkerLost`, one that does not
+        answer within ``timeout_s`` is :class:`WorkerTimeout` (both retryable)."""
         try:
-            return self._ray.get(ref)
+            return self._ray.get(ref, timeout=timeout_s)
+        except self._ray.exceptions.GetTimeoutError as exc:
+            raise WorkerTimeout(
+                f"inference actor did not answer {what} within {timeout_s:g} s"
+            ) from exc
         except self._ray.exceptions.RayActorError as exc:
             raise WorkerLost(f"inference actor died: {exc}"[:500]) from exc
 
@@ -114,21 +129,26 @@ class RayEngine:
     ) -> list[Completion]:
         kwargs = {"max_new_tokens": max_new_tokens, "temperature": temperature,
                   "top_p": top_p, "seed": seed}
-        result: list[Completion] = self._get(self._actor.generate.remote(list(prompts), kwargs))
+        result: list[Completion] = self._get(
+            self._actor.generate.remote(list(prompts), kwargs), self.generate_timeout_s, "generate"
+        )
         return result
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> float:
         t0 = time.perf_counter()
-        self._get(self._actor.load_weights.remote(dict(state_dict)))
+        self._get(self._actor.load_weights.remote(dict(state_dict)), self.weights_timeout_s,
+                  "load_weights")
         return time.perf_counter() - t0
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        result: dict[str, torch.Tensor] = self._get(self._actor.state_dict.remote())
+        result: dict[str, torch.Tensor] = self._get(
+            self._actor.state_dict.remote(), self.weights_timeout_s, "state_dict"
+        )
         return result
 
     def wait_ready(self) -> None:
         """Block until the actor has started and loaded its model (setup is not run time)."""
-        self._get(self._actor.ready.remote())
+        self._get(self._actor.ready.remote(), self.start_timeout_s, "ready (model load)")
 
     def stop(self) -> None:
         self._ray.kill(self._actor)

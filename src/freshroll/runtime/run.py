@@ -298,7 +298,11 @@ def build_engines(cfg: Config, path: Path) -> list[InferenceEngine]:
         from freshroll.runtime.ray_engine import RayEngine, start_ray
 
         start_ray(num_cpus=max(2, cfg.rollout.workers))
-        actors = [RayEngine(path, torch_threads=cfg.run.torch_threads)
+        lim = cfg.limits
+        actors = [RayEngine(path, torch_threads=cfg.run.torch_threads,
+                            generate_timeout_s=lim.generate_timeout_s,
+                            weights_timeout_s=lim.weights_timeout_s,
+                            start_timeout_s=lim.worker_start_timeout_s)
                   for _ in range(cfg.rollout.workers)]
         for actor in actors:  # they start in parallel; wait for all before the clock runs
             actor.wait_ready()

@@ -15,6 +15,16 @@ index and the lag). :meth:`GRPOLearner.step`:
 4. clips the gradient norm and steps AdamW.
 
 It returns the loss metrics plus entropy, gradient norm, reward and lag stats.
+
+A step is applied only if it is finite. The loss is checked before the backward
+pass and the gradient norm before the optimizer step; if either is NaN/inf the
+step raises :class:`~freshroll.errors.NonFiniteStep` having changed neither the
+weights nor the optimizer state (the gradients are cleared), so the learner is
+exactly as before the step. What to do then (skip the batch or stop) is the
+caller's policy (``trainer.on_nonfinite``, applied by the pipeline). Weights that
+are not finite after an optimizer step on finite gradients (an extreme learning
+rate) cannot be taken back: that raises ``NonFiniteStep`` with ``recoverable =
+False`` and the run must stop (``--resume`` goes back to the last checkpoint).
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ from typing import Any
 import torch
 
 from freshroll.config import TrainerSection
+from freshroll.errors import NonFiniteStep
 from freshroll.lineage import digest_json
 from freshroll.trainer.losses import (
     LossConfig,
@@ -81,6 +92,19 @@ def collate(samples: Sequence[TrainSample], pad_id: int) -> Batch:
     )
 
 
+_NOT_TRAINING_MATH = {"on_nonfinite"}
+
+
+def _nonfinite_inputs(batch: Batch) -> str:
+    """Where a non-finite loss came from, for the message."""
+    r32 = batch.rewards
+    if not bool(torch.isfinite(r32).all()):
+        return "rewards not finite in float32"
+    if not bool(torch.isfinite(batch.behaviour).all()):
+        return "behaviour log-probs not finite"
+    return "rewards and behaviour log-probs finite: the model's output is not"
+
+
 class GRPOLearner:
     """Owns the training copy of the policy, its optimizer and the loss settings."""
 
@@ -104,9 +128,12 @@ class GRPOLearner:
             model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay
         )
         self.ref = copy.deepcopy(model).eval() if cfg.kl_coef > 0 else None
-        self.settings_digest = digest_json(
-            {"trainer": cfg.model_dump(mode="json"), "temperature": temperature}
-        )
+        # on_nonfinite decides what happens to a step that is never applied: not a setting
+        # of the training math, so not part of the digest that versions every commit
+        self.settings_digest = digest_json({
+            "trainer": cfg.model_dump(mode="json", exclude=_NOT_TRAINING_MATH),
+            "temperature": temperature,
+        })
         model.train()
 
     def step(self, samples: Sequence[TrainSample]) -> dict[str, float]:
@@ -124,9 +151,22 @@ class GRPOLearner:
             logp, batch.behaviour, adv, batch.mask, self.loss_cfg, ref_logprobs=ref
         )
         self.optimizer.zero_grad(set_to_none=True)
+        if not torch.isfinite(loss.detach()):
+            raise NonFiniteStep(f"loss is {float(loss.detach())} ({_nonfinite_inputs(batch)})")
         loss.backward()  # type: ignore[no-untyped-call]
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
+        if not torch.isfinite(grad_norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteStep(
+                f"gradient norm is {float(grad_norm)} (loss {float(loss.detach()):.4g})"
+            )
         self.optimizer.step()
+        if not all(bool(torch.isfinite(p).all()) for p in self.model.parameters()):
+            raise NonFiniteStep(
+                "weights are not finite after an optimizer step on finite gradients "
+                f"(trainer.lr={self.cfg.lr}?); the learner cannot be restored: resume from "
+                "the last checkpoint", recoverable=False,
+            )
         with torch.no_grad():
             entropy = entropy_from_logits(logits.detach(), batch.mask, self.temperature)
         lags = [s.lag for s in samples]

@@ -1,0 +1,113 @@
+"""A one-thread executor that can walk away from a stuck call.
+
+A Python thread cannot be killed. A reward function stuck in ``time.sleep(10**6)``
+or an engine call that never returns would hold a ``ThreadPoolExecutor`` (and,
+through its exit hook, the whole process) forever. :class:`AbandonableExecutor`
+runs submitted calls one at a time, in order, on a *daemon* thread; after a
+timeout the caller calls :meth:`~AbandonableExecutor.abandon`: the stuck thread
+is left to finish (or not) on its own, its eventual result goes nowhere the run
+still listens to, and the next call runs on a fresh thread. Daemon threads never
+keep the process from exiting.
+
+Calls that raise ``KeyboardInterrupt`` or ``SystemExit`` (user code can) deliver
+them as :class:`CallAborted`, an ordinary exception: a ``BaseException`` set on a
+future would escape the asyncio task that awaits it and tear down the event loop.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+_STOP = None
+
+
+class CallAborted(Exception):
+    """The call raised ``KeyboardInterrupt``/``SystemExit`` (or another non-``Exception``)."""
+
+
+class AbandonableExecutor(Executor):
+    """Runs calls in order on one daemon thread; :meth:`abandon` replaces a stuck thread."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._queue: queue.SimpleQueue[Any] | None = None
+        self._thread: threading.Thread | None = None
+        self._generation = 0
+        self._closed = False
+        self.abandoned = 0  # threads left behind so far
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        if self._closed:
+            raise RuntimeError(f"executor {self.name} is shut down")
+        if self._queue is None:
+            self._start()
+        assert self._queue is not None
+        fut: Future[T] = Future()
+        self._queue.put((fut, fn, args, kwargs))
+        return fut
+
+    def _start(self) -> None:
+        self._generation += 1
+        q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        t = threading.Thread(
+            target=_work, args=(q,), name=f"{self.name}-{self._generation}", daemon=True
+        )
+        self._queue, self._thread = q, t
+        t.start()
+
+    def abandon(self) -> None:
+        """Leave the current thread behind (it may be stuck); the next call gets a new one."""
+        if self._queue is not None:
+            self._queue.put(_STOP)  # if it ever comes back, it ends instead of taking work
+            self.abandoned += 1
+        self._queue = self._thread = None
+
+    def shutdown(
+        self, wait: bool = True, *, cancel_futures: bool = False, timeout: float | None = None
+    ) -> None:
+        """Stop taking calls; with ``wait``, join the current thread (for at most ``timeout``
+        seconds: a thread still busy after that is abandoned)."""
+        self._closed = True
+        q, t = self._queue, self._thread
+        if q is None or t is None:
+            return
+        if cancel_futures:
+            while True:
+                try:
+                    item = q.get_nowait()
+                except queue.Empty:
+                    break
+                if item is not _STOP:
+                    item[0].cancel()
+        q.put(_STOP)
+        if wait:
+            t.join(timeout)
+        self._queue = self._thread = None
+
+
+def _work(q: queue.SimpleQueue[Any]) -> None:
+    while True:
+        item = q.get()
+        if item is _STOP:
+            return
+        fut, fn, args, kwargs = item
+        if not fut.set_running_or_notify_cancel():
+            continue
+        try:
+            result = fn(*args, **kwargs)
+        except Exception as exc:
+            fut.set_exception(exc)
+        except BaseException as exc:  # user code raised SystemExit, KeyboardInterrupt, ...
+            fut.set_exception(CallAborted(f"raised {type(exc).__name__}: {exc}"))
+        else:
+            fut.set_result(result)
+        del item, fut, fn, args, kwargs
+
+
+__all__ = ["AbandonableExecutor", "CallAborted"]

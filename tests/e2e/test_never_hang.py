@@ -1,0 +1,121 @@
+"""The real CLI never hangs: failing rewards, stuck rewards, non-finite rewards and a resume
+with a smaller max_staleness all end, with one line and a ledger that verifies.
+
+Before: each of these ran until killed (`timeout 90 freshroll run` exited 124, silent).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from e2e_helpers import REPO, freshroll, metrics, summary
+
+REPRO = ["run.steps=3", "task.n_prompts=64", "rollout.group_size=4", "rollout.batch_groups=2",
+         "run.progress=false"]
+
+
+def _reward_config(tmp_path: Path, body: str, name: str) -> Path:
+    reward_file = tmp_path / f"{name}.py"
+    reward_file.write_text(textwrap.dedent(body))
+    cfg = tmp_path / f"{name}.yaml"
+    cfg.write_text(f"rewards:\n  - fn: {reward_file}:{name}\n")
+    return cfg
+
+
+def _failed_run(proc: subprocess.CompletedProcess[str], out: Path) -> str:
+    assert proc.returncode not in (0, 124), (proc.returncode, proc.stderr)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    verified = freshroll("verify", str(out))
+    assert verified.returncode == 0 and "closed" in verified.stdout
+    return errors[0]
+
+
+@pytest.mark.slow
+def test_an_always_raising_reward_ends_the_run_with_one_line(tmp_path: Path):
+    cfg = _reward_config(tmp_path, """
+        def raises(prompts, completions, **kw):
+            raise RuntimeError("boom")
+    """, "raises")
+    out = tmp_path / "run"
+    proc = freshroll("run", str(cfg), *REPRO, "--out", str(out), timeout=90, check=False)
+    line = _failed_run(proc, out)
+    assert "reward function 'raises'" in line and '"raises raised RuntimeError: boom"' in line
+    db = sqlite3.connect(out / "ledger.sqlite")
+    assert db.execute("SELECT json_extract(body, '$.reason') FROM events "
+                      "WHERE kind='closed'").fetchall() == [("failed",)]
+
+
+@pytest.mark.slow
+def test_a_reward_beyond_float32_never_commits_a_nan_step(tmp_path: Path):
+    cfg = _reward_config(tmp_path, """
+        def huge(prompts, completions, **kw):
+            return [1e308] * len(completions)
+    """, "huge")
+    out = tmp_path / "run"
+    proc = freshroll("run", str(cfg), *REPRO, "--out", str(out), timeout=90, check=False)
+    line = _failed_run(proc, out)
+    assert "reward function 'huge'" in line and "not finite in float32" in line
+    db = sqlite3.connect(out / "ledger.sqlite")
+    assert db.execute("SELECT count(*) FROM events WHERE kind='committed'").fetchone() == (0,)
+
+
+@pytest.mark.slow
+def test_a_reward_that_sleeps_forever_times_out_and_the_process_exits(tmp_path: Path):
+    cfg = _reward_config(tmp_path, """
+        import time
+        def sleeps(prompts, completions, **kw):
+            time.sleep(10**6)
+    """, "sleeps")
+    out = tmp_path / "run"
+    proc = freshroll("run", str(cfg), *REPRO, "limits.reward_timeout_s=1", "--out", str(out),
+                     timeout=90, check=False)
+    line = _failed_run(proc, out)
+    assert "reward function 'sleeps' (timeouts) failed 3 calls in a row" in line
+    db = sqlite3.connect(out / "ledger.sqlite")
+    n = db.execute("SELECT count(*) FROM events WHERE kind='discarded' "
+                   "AND json_extract(body, '$.reason')='reward_timeout'").fetchone()[0]
+    assert n > 0
+
+
+@pytest.mark.slow
+def test_resume_with_max_staleness_zero_does_not_hang(tmp_path: Path):
+    """The issue's repro: kill a smoke run mid-way, set max_staleness 0, resume."""
+    out = tmp_path / "run"
+    steps = 80
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "freshroll.cli", "run", "configs/smoke.yaml", f"run.steps={steps}",
+         "run.progress=false", "--out", str(out)],
+        cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    deadline = time.time() + 120
+    try:
+        while time.time() < deadline:
+            rows = out / "metrics.jsonl"
+            if rows.is_file() and len(rows.read_text().splitlines()) >= 10:
+                break
+            if proc.poll() is not None:
+                pytest.fail("run finished before it could be killed")
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait(timeout=30)
+    assert len(metrics(out)) < steps
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    saved["run"]["max_staleness"] = 0
+    (out / "config.yaml").write_text(yaml.safe_dump(saved, sort_keys=False))
+
+    res = freshroll("run", "--resume", str(out), timeout=240)
+    assert "verify: ok" in res.stdout
+    assert summary(out)["steps"] == steps

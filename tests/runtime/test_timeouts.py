@@ -1,0 +1,235 @@
+"""Every hand-off has a timeout: a stuck engine is fenced and restarted, its late results are
+rejected; a stuck reward discards as reward_timeout; repeated timeouts end the run.
+
+Before the limits, each of these runs waited forever on the stuck call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pipeline_fakes import FakeEngine, Harness, blocker, ok_reward
+
+from freshroll import events as ev
+from freshroll.errors import FailureBudgetExceeded, RunFailed, WorkerTimeout
+from freshroll.runtime.pipeline import MAX_RESTARTS
+from freshroll.runtime.threads import AbandonableExecutor, CallAborted
+
+# -- the executor that can walk away ------------------------------------------------------
+
+
+def test_abandoned_call_does_not_block_the_next_one_and_threads_are_daemons():
+    gate = threading.Event()
+    pool = AbandonableExecutor("t")
+    stuck = pool.submit(gate.wait, 30)
+    time.sleep(0.05)
+    assert not stuck.done()
+    pool.abandon()
+    assert pool.submit(lambda: 42).result(timeout=5) == 42
+    assert all(t.daemon for t in threading.enumerate() if t.name.startswith("t-"))
+    gate.set()
+    assert stuck.result(timeout=5) is True
+    pool.shutdown(wait=True, timeout=5)
+
+
+def test_keyboard_interrupt_and_system_exit_arrive_as_ordinary_exceptions():
+    pool = AbandonableExecutor("t")
+
+    def ctrl_c() -> None:
+        raise KeyboardInterrupt("inside user code")
+
+    with pytest.raises(CallAborted, match="raised KeyboardInterrupt: inside user code"):
+        pool.submit(ctrl_c).result(timeout=5)
+    with pytest.raises(CallAborted, match="SystemExit"):
+        pool.submit(lambda: exit(2)).result(timeout=5)
+    assert pool.submit(lambda: "still works").result(timeout=5) == "still works"
+    pool.shutdown()
+
+
+# -- inference workers --------------------------------------------------------------------
+
+
+def test_a_stuck_generate_is_fenced_reissued_restarted_and_its_late_results_rejected(
+    tmp_path: Path,
+):
+    gate, behaviour = blocker()
+    engine = FakeEngine(behaviour)
+    engine.restart = lambda: (setattr(engine, "restarts", engine.restarts + 1), gate.set())
+    h = Harness(tmp_path, engines=[engine], overrides=["limits.generate_timeout_s=0.3",
+                                                       "run.steps=4"])
+    t0 = time.monotonic()
+    assert h.run() is None
+    assert time.monotonic() - t0 < 30
+    assert len(h.steps) == 4 and engine.restarts == 1
+    fenced = h.events(ev.WorkerFenced)
+    assert [(f.worker, f.epoch, f.reason) for f in fenced] == [("w0", 0, "timeout")]
+    first_batch = [s.sample for s in h.events(ev.Started) if s.epoch == 0]
+    assert first_batch  # the stuck call's attempts
+    reissued = {d.sample for d in h.events(ev.Discarded) if d.reason == "fenced"}
+    assert reissued == set(first_batch)
+    # the abandoned call returned once the gate opened: each result was offered, none applied
+    rejected = {r.sample: r.reason for r in h.events(ev.Rejected)}
+    assert rejected == {s: "fenced" for s in first_batch}
+    generated = {g.sample for g in h.events(ev.Generated)}
+    assert not generated & set(first_batch)
+    h.buf.shutdown("done")
+    report = h.verify()
+    assert report.ok, report.render()
+
+
+def test_a_stuck_weight_load_is_a_timeout_too(tmp_path: Path):
+    gate = threading.Event()
+
+    class SlowLoad(FakeEngine):
+        def load_weights(self, state: Any) -> float:
+            self.loads += 1
+            if self.loads == 1:
+                gate.wait(30)
+            return 0.0
+
+        def restart(self) -> None:
+            self.restarts += 1
+            gate.set()
+
+    engine = SlowLoad()
+    h = Harness(tmp_path, engines=[engine], overrides=["limits.weights_timeout_s=0.3"])
+    assert h.run() is None
+    assert len(h.steps) == 3 and engine.restarts == 1
+    assert [f.reason for f in h.events(ev.WorkerFenced)] == ["timeout"]
+
+
+def test_a_stuck_engine_that_cannot_restart_ends_the_run_naming_the_worker(tmp_path: Path):
+    gate, behaviour = blocker()
+    h = Harness(tmp_path, engines=[FakeEngine(behaviour, can_restart=False)],
+                overrides=["limits.generate_timeout_s=0.3"])
+    err = h.run()
+    gate.set()
+    assert type(err) is RunFailed
+    assert "inference worker 'w0' timeout" in str(err)
+    assert "did not return within 0.3 s" in str(err) and "cannot be restarted" in str(err)
+    assert isinstance(err.__cause__, WorkerTimeout)
+    assert h.buf.closed and h.verify().ok
+
+
+def test_restarts_are_capped_per_worker(tmp_path: Path):
+    def always_stuck(call: int) -> None:
+        time.sleep(2)
+
+    engine = FakeEngine(always_stuck)
+    h = Harness(tmp_path, engines=[engine], overrides=["limits.generate_timeout_s=0.1"])
+    err = h.run()
+    assert type(err) is RunFailed and f"restarted {MAX_RESTARTS} times" in str(err)
+    assert engine.restarts == MAX_RESTARTS
+    assert [f.reason for f in h.events(ev.WorkerFenced)] == ["timeout"] * (MAX_RESTARTS + 1)
+    assert h.verify().ok
+
+
+# -- rewards ------------------------------------------------------------------------------
+
+
+def test_a_reward_stuck_once_discards_its_batch_as_reward_timeout_and_the_run_goes_on(
+    tmp_path: Path,
+):
+    gate = threading.Event()
+    calls = 0
+
+    def stuck_once(p: Any, c: list[str], **kw: Any) -> list[float]:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            gate.wait(30)  # time.sleep(10**6) in real life; the gate lets the test clean up
+        return ok_reward(p, c)
+
+    h = Harness(tmp_path, rewards=[("stuck_once", stuck_once)],
+                overrides=["limits.reward_timeout_s=0.3"])
+    try:
+        assert h.run() is None
+    finally:
+        gate.set()
+    assert len(h.steps) == 3
+    timeouts = [d for d in h.events(ev.Discarded) if d.reason == "reward_timeout"]
+    assert timeouts and all("limits.reward_timeout_s" in d.detail for d in timeouts)
+    h.buf.shutdown("done")
+    assert h.verify().ok
+
+
+def test_a_reward_that_always_hangs_ends_the_run_after_max_consecutive_timeouts(
+    tmp_path: Path,
+):
+    gate = threading.Event()
+
+    def sleeps(p: Any, c: list[str], **kw: Any) -> list[float]:
+        gate.wait(60)
+        return ok_reward(p, c)
+
+    h = Harness(tmp_path, rewards=[("sleeps", sleeps)],
+                overrides=["limits.reward_timeout_s=0.2", "limits.max_consecutive_timeouts=3"])
+    t0 = time.monotonic()
+    err = h.run()
+    elapsed = time.monotonic() - t0
+    gate.set()
+    assert type(err) is FailureBudgetExceeded
+    assert str(err).startswith("reward function 'sleeps' (timeouts) failed 3 calls in a row")
+    assert "did not return within 0.2 s" in str(err)
+    assert elapsed < 30  # the stuck threads were abandoned, not joined
+    assert h.buf.counts["discarded_reward_timeout"] > 0
+    assert h.verify().ok
+
+
+def test_limits_reject_unknown_keys_and_out_of_bounds_values():
+    from freshroll.config import load_config
+    from freshroll.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"limits.reward_timeout: unknown key"):
+        load_config(None, ["limits.reward_timeout=3"])
+    with pytest.raises(ConfigError, match=r"limits.generate_timeout_s"):
+        load_config(None, ["limits.generate_timeout_s=0"])
+    with pytest.raises(ConfigError, match=r"limits.max_failure_ratio"):
+        load_config(None, ["limits.max_failure_ratio=1.5"])
+
+
+# -- Ray: a stopped actor process ---------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_stopped_ray_actor_times_out_and_restarts(tmp_path: Path):
+    import os
+    import signal
+
+    import ray
+
+    from freshroll.engines.tiny import save_tiny
+    from freshroll.runtime.ray_engine import RayEngine, start_ray, stop_ray
+
+    path = save_tiny(tmp_path / "tiny", seed=0)
+    start_ray(num_cpus=2)
+    pid = None
+    try:
+        engine = RayEngine(path, generate_timeout_s=3.0, weights_timeout_s=3.0)
+        engine.wait_ready()
+        pid = ray.get(engine._actor.__ray_call__.remote(lambda actor: os.getpid()))
+        os.kill(pid, signal.SIGSTOP)  # as `kill -STOP`: alive, never answers
+        t0 = time.monotonic()
+        with pytest.raises(WorkerTimeout, match="did not answer generate within 3 s"):
+            engine.generate(["rev 123="], max_new_tokens=3, seed=1)
+        assert time.monotonic() - t0 < 30
+        with pytest.raises(WorkerTimeout, match="load_weights"):
+            engine.load_weights(engine_state(path))
+        engine.restart()  # kills the stopped actor, starts a fresh one
+        assert len(engine.generate(["rev 123="], max_new_tokens=3, seed=1)) == 1
+    finally:
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        stop_ray()
+
+
+def engine_state(path: Path) -> dict[str, Any]:
+    from freshroll.engines.hf import HFEngine
+
+    return HFEngine.from_pretrained(path).state_dict()
