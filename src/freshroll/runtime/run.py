@@ -163,13 +163,17 @@ def build_engines(cfg: Config, path: Path) -> list[InferenceEngine]:
     if cfg.run.runtime == "ray":
         from freshroll.runtime.ray_engine import RayEngine, start_ray
 
-        start_ray(num_cpus=max(2, cfg.rollout.workers))
+        start_ray(num_cpus=ray_cpus(cfg))  # a no-op when run() started it for its run dir
         actors = [RayEngine(path, torch_threads=cfg.run.torch_threads)
                   for _ in range(cfg.rollout.workers)]
         for actor in actors:  # they start in parallel; wait for all before the clock runs
             actor.wait_ready()
         return list(actors)
     return [HFEngine.from_pretrained(path) for _ in range(cfg.rollout.workers)]
+
+
+def ray_cpus(cfg: Config) -> int:
+    return max(2, cfg.rollout.workers)
 
 
 def _open_for_append(path: Path) -> TextIO:
@@ -244,6 +248,10 @@ def run(
         initial_version=PolicyVersion.initial(model_digest(path)),
     )
     learner = build_learner(cfg, path, buf, out)
+    if cfg.run.runtime == "ray":  # recorded in RUN_DIR/ray.json: never outlives the run
+        from freshroll.runtime.ray_engine import start_ray
+
+        start_ray(num_cpus=ray_cpus(cfg), run_dir=out)
     engines = build_engines(cfg, path)
     if buf.version is not None and buf.version.step > 0:
         for engine in engines:
