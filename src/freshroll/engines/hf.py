@@ -37,7 +37,8 @@ from __future__ import annotations
 import inspect
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -88,8 +89,9 @@ class HFEngine:
         kwargs: dict[str, Any] = {"local_files_only": True}
         if dtype is not None:
             kwargs["dtype" if _TRANSFORMERS_MAJOR >= 5 else "torch_dtype"] = dtype
-        model = AutoModelForCausalLM.from_pretrained(root, **kwargs)
-        tokenizer = AutoTokenizer.from_pretrained(root, local_files_only=True)
+        with loading_model(root):
+            model = AutoModelForCausalLM.from_pretrained(root, **kwargs)
+            tokenizer = AutoTokenizer.from_pretrained(root, local_files_only=True)
         return cls(model, tokenizer, device=device)
 
     # --- InferenceEngine ----------------------------------------------------------------
@@ -224,6 +226,43 @@ class HFEngine:
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+
+def check_model_dir(root: Path) -> None:
+    """Cheap checks of a local model directory, each failure a :class:`ConfigError` naming the
+    file: ``config.json`` is a JSON object; every ``*.safetensors`` file has a valid header
+    (a garbage or truncated weights file fails here, before anything is written)."""
+    import json
+
+    from safetensors import safe_open
+
+    config = root / "config.json"
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, UnicodeError, ValueError) as exc:
+        raise ConfigError(f"model: {config} is not a readable JSON file: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"model: {config} is not a JSON object")
+    for weights in sorted(root.glob("*.safetensors")):
+        try:
+            with safe_open(str(weights), framework="pt"):
+                pass
+        except Exception as exc:  # safetensors raises its own error types
+            raise ConfigError(f"model: {weights} is not a valid safetensors file: "
+                              f"{type(exc).__name__}: {exc}") from exc
+
+
+@contextmanager
+def loading_model(root: Path) -> Iterator[None]:
+    """``from_pretrained`` failures (garbage config, weights, tokenizer) as a
+    :class:`ConfigError` naming the directory, instead of a transformers traceback."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise ConfigError(f"model: cannot load {root}: {type(exc).__name__}: "
+                          f"{str(exc).strip()[:300]}") from exc
 
 
 def sample_next(

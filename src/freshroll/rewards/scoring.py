@@ -30,7 +30,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from freshroll.errors import ConfigError
+from freshroll.errors import ConfigError, Interrupted
 from freshroll.lineage import RewardVersion, digest_of
 from freshroll.rewards.functions import REWARDS
 
@@ -131,6 +131,8 @@ def _call(
     """Call one reward fn; record failures in ``errors``; return its per-sample values."""
     try:
         out = spec.fn(list(prompts), list(completions), **{k: list(v) for k, v in kwargs.items()})
+    except KeyboardInterrupt as exc:  # not a failure of this sample: the run stops (resumable)
+        raise Interrupted(f"reward {spec.name} raised KeyboardInterrupt") from exc
     except (Exception, SystemExit) as exc:  # the user's code: anything may go wrong
         return _fail_all(errors, f"{spec.name} raised {type(exc).__name__}: {_short(exc)}")
     problem = _shape_problem(out, n)

@@ -19,6 +19,7 @@ lease, released by recovery, is trained again.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import shutil
@@ -34,9 +35,9 @@ from freshroll.buffer import KernelConfig, SampleBuffer
 from freshroll.clock import RealClock
 from freshroll.config import Config, read_yaml, validate
 from freshroll.engines.base import InferenceEngine
-from freshroll.engines.hf import HFEngine
+from freshroll.engines.hf import HFEngine, check_model_dir, loading_model
 from freshroll.engines.tiny import model_digest, save_tiny
-from freshroll.errors import ConfigError
+from freshroll.errors import ConfigError, Interrupted, StorageError
 from freshroll.ledger import LEDGER_FILE, open_ledger
 from freshroll.lineage import PolicyVersion
 from freshroll.rewards.scoring import build_reward_set
@@ -84,6 +85,7 @@ def model_path(cfg: Config, run_dir: Path) -> Path:
         path = Path(cfg.model.path)
         if not (path / "config.json").is_file():
             raise ConfigError(f"model.path: {path} has no config.json (a local model dir)")
+        check_model_dir(path)
         return path
     path = run_dir / "model"
     if not (path / "config.json").is_file():
@@ -114,10 +116,14 @@ class Recorder:
         if version.step % every and version.step < self.cfg.run.steps:
             return
         root = self.run_dir / "checkpoints"
-        save_checkpoint(
-            checkpoint_dir(root, version.step), model_state=learner.model.state_dict(),
-            optimizer=learner.optimizer, meta={"step": version.step, "version": str(version)},
-        )
+        target = checkpoint_dir(root, version.step)
+        try:
+            save_checkpoint(
+                target, model_state=learner.model.state_dict(),
+                optimizer=learner.optimizer, meta={"step": version.step, "version": str(version)},
+            )
+        except OSError as exc:  # disk full, read-only, ...: the step is not committed
+            raise StorageError(f"checkpoint {target}: {exc.strerror or exc}") from exc
         keep = self.cfg.trainer.keep_checkpoints
         for old in sorted(root.glob("step-*"))[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
@@ -202,8 +208,9 @@ def _resume_point(run_dir: Path, chain: dict[int, CommittedStep], step: int) -> 
 def build_learner(cfg: Config, path: Path, buf: SampleBuffer, run_dir: Path) -> GRPOLearner:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
-    tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    with loading_model(path):
+        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     learner = GRPOLearner(
         model, cfg.trainer, temperature=cfg.rollout.temperature, pad_id=int(pad),
@@ -266,6 +273,11 @@ def run(
     try:
         run_pipeline(pipe)
         buf.shutdown("done")
+    except BaseException as exc:  # one typed error; the ledger closed first (resumable)
+        stopped = _stopped(exc, buf, cfg, out)
+        if stopped is exc:
+            raise
+        raise stopped from exc
     finally:
         rec.close()
         buf.ledger.close()
@@ -278,6 +290,27 @@ def run(
     _write_report(out)
     report = verify_run(out)
     return RunResult(out, summary, report.ok)
+
+
+def _stopped(exc: BaseException, buf: SampleBuffer, cfg: Config, out: Path) -> BaseException:
+    """What a run that did not finish raises, after closing its ledger (verifiable).
+
+    An operator's interrupt (SIGINT, SIGTERM, or ``KeyboardInterrupt`` from the run's own
+    code) becomes :class:`Interrupted` naming the resume command; any other error is typed
+    by :func:`freshroll.boundary.typed` (an exception group's leaf, ``OSError`` by errno).
+    """
+    from freshroll import boundary
+
+    exc = boundary.typed(exc)
+    interrupted = isinstance(exc, KeyboardInterrupt | Interrupted)
+    with contextlib.suppress(Exception):  # disk full...: the ledger keeps its durable prefix
+        buf.shutdown("interrupted" if interrupted else "failed")
+    if not interrupted:
+        return exc
+    step = buf.version.step if buf.version is not None else 0
+    why = f" ({exc})" if isinstance(exc, Interrupted) and str(exc) else ""
+    return Interrupted(f"run stopped at step {step} of {cfg.run.steps}{why}; "
+                       f"resume with: freshroll run --resume {out}")
 
 
 def _write_report(run_dir: Path, baseline: Path | None = None) -> None:
