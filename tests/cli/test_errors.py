@@ -217,6 +217,9 @@ def test_a_config_transformers_cannot_load_is_a_config_error(tmp_path: Path):
     model = save_tiny(tmp_path / "m", seed=0)
     cfg = json.loads((model / "config.json").read_text())
     (model / "config.json").write_text(json.dumps({**cfg, "model_type": "no-such-model"}))
+    result = _cli("run", *SMALL, f"model.path={model}", "--out", str(tmp_path / "r"))
+    assert result.exit_code == 2
+    assert f"error: model: cannot load {model}: ValueError" in _one_line(result)
     with pytest.raises(ConfigError, match=f"model: cannot load {model}"):
         HFEngine.from_pretrained(model)
     with pytest.raises(ConfigError, match=f"model: cannot load {model}"):

@@ -230,8 +230,8 @@ class HFEngine:
 
 def check_model_dir(root: Path) -> None:
     """Cheap checks of a local model directory, each failure a :class:`ConfigError` naming the
-    file: ``config.json`` is a JSON object; every ``*.safetensors`` file has a valid header
-    (a garbage or truncated weights file fails here, before anything is written)."""
+    file: ``config.json`` is a JSON object that transformers can load; every ``*.safetensors``
+    file has a valid header (a garbage or truncated weights file fails here)."""
     import json
 
     from safetensors import safe_open
@@ -243,6 +243,8 @@ def check_model_dir(root: Path) -> None:
         raise ConfigError(f"model: {config} is not a readable JSON file: {exc}") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"model: {config} is not a JSON object")
+    with loading_model(root):  # e.g. an unknown model_type
+        transformers.AutoConfig.from_pretrained(root, local_files_only=True)
     for weights in sorted(root.glob("*.safetensors")):
         try:
             with safe_open(str(weights), framework="pt"):
