@@ -21,9 +21,10 @@ directory that exists, otherwise to ``$TMPDIR/freshroll-error-<pid>.log``; with
 ``FRESHROLL_DEBUG=1`` it is also printed to stderr. Exit statuses:
 :func:`freshroll.errors.exit_status`.
 
-``SIGTERM`` is handled like ``SIGINT`` (:func:`sigterm_as_sigint`): it is re-raised as
-``SIGINT``, so whichever ``SIGINT`` handler is in force (asyncio's graceful cancellation of
-the pipeline, or Python's ``KeyboardInterrupt``) stops the run the same way.
+``SIGTERM`` is handled like ``SIGINT`` (:func:`sigterm_as_sigint`): it calls whichever
+``SIGINT`` handler is in force (asyncio's graceful cancellation of the pipeline, or
+Python's ``KeyboardInterrupt``), so both stop the run the same way — also when ``SIGINT``
+is ignored, as in a background job.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from freshroll.errors import (
     StorageError,
     exit_status,
 )
+from freshroll.ledger import LEDGER_FILE
 
 DEBUG_ENV = "FRESHROLL_DEBUG"
 ERROR_LOG = "error.log"
@@ -137,7 +139,7 @@ def outcome(exc: BaseException, *, run_dir: Path | None = None,
 def _interrupted_line(exc: BaseException, run_dir: Path | None, resumable: bool) -> str:
     msg = str(exc) if isinstance(exc, Interrupted) and str(exc) else "stopped by the operator"
     if resumable and "--resume" not in msg:
-        if run_dir is not None and (run_dir / "ledger.sqlite").is_file():
+        if run_dir is not None and (run_dir / LEDGER_FILE).is_file():
             msg += f"; resume with: freshroll run --resume {run_dir}"
         else:
             msg += "; the run had not started: nothing to resume"
@@ -172,7 +174,11 @@ def write_traceback(exc: BaseException, run_dir: Path | None) -> Path:
 def sigterm_as_sigint() -> Iterator[None]:
     """While inside, ``SIGTERM`` stops the process as ``SIGINT`` would (graceful)."""
     def on_term(signum: int, frame: FrameType | None) -> None:
-        signal.raise_signal(signal.SIGINT)
+        handler = signal.getsignal(signal.SIGINT)
+        if callable(handler):  # asyncio's graceful one in a run, else KeyboardInterrupt
+            handler(signal.SIGINT, frame)
+        else:  # SIGINT ignored (a background job): SIGTERM must still stop the run
+            raise KeyboardInterrupt
 
     try:
         previous = signal.signal(signal.SIGTERM, on_term)

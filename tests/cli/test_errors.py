@@ -278,3 +278,34 @@ def test_keyboard_interrupt_raised_by_a_reward(tmp_path: Path):
     line = _one_line(result, "interrupted: ")
     assert line.endswith(f"resume with: freshroll run --resume {out}")
     assert verify_run(out).ok
+
+
+# -- SIGTERM is SIGINT ------------------------------------------------------------------
+
+_SLEEPER = """
+import signal, sys, time
+from freshroll.boundary import sigterm_as_sigint
+if sys.argv[1] == "ignored":
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as in a background job
+with sigterm_as_sigint():
+    print("ready", flush=True)
+    try:
+        time.sleep(60)
+    except KeyboardInterrupt:
+        sys.exit(130)
+sys.exit(1)
+"""
+
+
+@pytest.mark.parametrize("sigint", ["default", "ignored"])
+def test_sigterm_stops_like_sigint_even_when_sigint_is_ignored(sigint: str):
+    import signal
+    import subprocess
+    import sys
+
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    proc = subprocess.Popen([sys.executable, "-c", _SLEEPER, sigint], stdout=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": src})
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 130
