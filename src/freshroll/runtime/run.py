@@ -37,7 +37,13 @@ from freshroll.config import Config, read_yaml, validate
 from freshroll.engines.base import InferenceEngine
 from freshroll.engines.hf import HFEngine, check_model_dir, loading_model
 from freshroll.engines.tiny import model_digest, save_tiny
-from freshroll.errors import ConfigError, Interrupted, StorageError
+from freshroll.errors import (
+    ConfigError,
+    Interrupted,
+    LineageError,
+    ResumeError,
+    StorageError,
+)
 from freshroll.ledger import LEDGER_FILE, open_ledger
 from freshroll.lineage import PolicyVersion
 from freshroll.rewards.scoring import build_reward_set
@@ -225,7 +231,10 @@ def build_learner(cfg: Config, path: Path, buf: SampleBuffer, run_dir: Path) -> 
             model.load_state_dict(ckpt.model_state)
             if ckpt.optimizer_state is not None:
                 learner.optimizer.load_state_dict(ckpt.optimizer_state)
-        n = replay(learner, buf, chain, ckpt_step)
+        try:
+            n = replay(learner, buf, chain, ckpt_step)
+        except LineageError as exc:  # the ledger's steps cannot be rebuilt: resume refused
+            raise ResumeError(str(exc)) from exc
         if n:
             sys.stderr.write(f"resume: checkpoint at step {ckpt_step}, replayed {n} committed "
                              f"steps from the ledger; weights digests match\n")
