@@ -13,6 +13,8 @@ What reaches the top of a command, and what the user sees (on stderr)::
                                       (3); read-only, permission, not a directory, a file
                                       in the way -> RunDirError (2); names the file
     RetryableError escaping a run     RunFailed: the retries are spent (3)
+    (before ``run`` loads anything)   --out naming a file, a read-only run directory:
+                                      RunDirError (2), from :func:`check_run_dir`
     anything else (a bug)             error: internal error: <type>: <message> (a bug;
                                       traceback in <file>)                      exit 3
 
@@ -168,6 +170,27 @@ def write_traceback(exc: BaseException, run_dir: Path | None) -> Path:
     with os.fdopen(fd, "w") as fh:
         fh.write(text)
     return Path(name)
+
+
+def check_run_dir(path: Path, flag: str) -> None:
+    """Refuse (:class:`RunDirError`) a run directory that is a file, or that is (or would be
+    created in) a directory where no file can be created; ``flag`` names the option."""
+    if path.exists() and not path.is_dir():
+        raise RunDirError(f"{flag} {path}: is a file, not a run directory")
+    probe = path if path.exists() else next((a for a in path.parents if a.exists()), None)
+    if probe is not None and probe.is_dir() and not writable(probe):
+        raise RunDirError(f"{flag} {path}: {probe} is read-only (a run writes its ledger, "
+                          "metrics and checkpoints there)")
+
+
+def writable(directory: Path) -> bool:
+    """A file can be created in ``directory`` (tried: ``os.access`` tells root yes where
+    permissions forbid writing, and cannot tell a read-only mount from a full one)."""
+    try:
+        with tempfile.TemporaryFile(dir=directory):
+            return True
+    except OSError:
+        return False
 
 
 @contextmanager

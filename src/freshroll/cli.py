@@ -73,32 +73,13 @@ def _run_dir(ctx: click.Context) -> Path | None:
 
 
 def _check_run_dir(ctx: click.Context) -> None:
-    """``run``: refuse a run directory that cannot be used before anything is loaded."""
-    from freshroll.errors import RunDirError
+    """``run``: refuse a run directory that cannot be used, before anything is loaded."""
+    from freshroll.boundary import check_run_dir
 
     resume = ctx.params.get("resume_dir")
     path = resume if isinstance(resume, Path) else ctx.params.get("out")
-    if not isinstance(path, Path):
-        return
-    flag = "--resume" if resume is not None else "--out"
-    if path.exists() and not path.is_dir():
-        raise RunDirError(f"{flag} {path}: is a file, not a run directory")
-    probe = path if path.exists() else next((a for a in path.parents if a.exists()), None)
-    if probe is not None and probe.is_dir() and not _writable(probe):
-        raise RunDirError(f"{flag} {path}: {probe} is read-only (a run writes its ledger, "
-                          "metrics and checkpoints there)")
-
-
-def _writable(directory: Path) -> bool:
-    """A file can be created in ``directory`` (``os.access`` says yes to root on a read-only
-    mount's permissions, so try it)."""
-    import tempfile
-
-    try:
-        with tempfile.TemporaryFile(dir=directory):
-            return True
-    except OSError:
-        return False
+    if isinstance(path, Path):
+        check_run_dir(path, "--resume" if resume is not None else "--out")
 
 
 @click.group(cls=_Freshroll, epilog=EXIT_STATUSES)

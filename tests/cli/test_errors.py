@@ -163,20 +163,16 @@ def test_out_naming_a_file_is_a_run_dir_error(tmp_path: Path):
 def test_resume_on_a_read_only_directory_is_a_run_dir_error(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ):
-    import freshroll.cli as cli
-
-    monkeypatch.setattr(cli, "_writable", lambda d: False)  # root ignores chmod; see below
+    monkeypatch.setattr(boundary, "writable", lambda d: False)  # root ignores chmod; see below
     result = _cli("run", "--resume", str(tmp_path))
     assert result.exit_code == 2
     assert _one_line(result) == (f"error: --resume {tmp_path}: {tmp_path} is read-only (a run "
                                  "writes its ledger, metrics and checkpoints there)")
 
 
-def test_writable_probe_detects_a_directory_that_refuses_files():
-    import freshroll.cli as cli
-
-    assert not cli._writable(Path("/proc"))
-    assert cli._writable(Path(os.environ.get("TMPDIR", "/tmp")))
+def test_writable_probe_detects_a_directory_that_refuses_files(tmp_path: Path):
+    assert not boundary.writable(Path("/proc"))
+    assert boundary.writable(tmp_path)
 
 
 def test_a_read_only_error_while_writing_the_run_dir_is_a_run_dir_error(
@@ -287,12 +283,12 @@ import signal, sys, time
 from freshroll.boundary import sigterm_as_sigint
 if sys.argv[1] == "ignored":
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # as in a background job
-with sigterm_as_sigint():
-    print("ready", flush=True)
-    try:
+try:
+    with sigterm_as_sigint():
+        print("ready", flush=True)
         time.sleep(60)
-    except KeyboardInterrupt:
-        sys.exit(130)
+except KeyboardInterrupt:
+    sys.exit(130)
 sys.exit(1)
 """
 
