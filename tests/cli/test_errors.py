@@ -264,6 +264,45 @@ def test_worker_lost_more_than_max_restarts(monkeypatch: pytest.MonkeyPatch, tmp
     assert verify_run(out).ok
 
 
+_ENGINE_INTERRUPTS = """
+import sys
+from freshroll.engines.hf import HFEngine
+from freshroll.runtime import run as run_mod
+
+class Interrupts:
+    def __init__(self, path):
+        self.engine = HFEngine.from_pretrained(path)
+    def generate(self, *a, **kw):
+        raise KeyboardInterrupt
+    def load_weights(self, state):
+        return 0.0
+    def state_dict(self):
+        return {}
+
+run_mod.build_engines = lambda cfg, path: [Interrupts(path)]
+from freshroll.cli import main
+sys.argv = ["freshroll", "run", *sys.argv[1:]]
+main()
+"""
+
+
+def test_keyboard_interrupt_raised_in_a_worker_thread_is_one_line(tmp_path: Path):
+    """The abandoned pipeline task is not logged with a traceback at exit."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "r"
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    proc = subprocess.run(
+        [sys.executable, "-c", _ENGINE_INTERRUPTS, *SMALL, "run.steps=2", "rollout.workers=1",
+         "--out", str(out)], capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": src, "HF_HUB_OFFLINE": "1"},
+    )
+    assert proc.returncode == 130, proc.stderr
+    assert "Traceback" not in proc.stderr and "never retrieved" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].endswith(f"freshroll run --resume {out}")
+
+
 def test_keyboard_interrupt_raised_by_a_reward(tmp_path: Path):
     fn = tmp_path / "rewards.py"
     fn.write_text("def stop(prompts, completions, **kw):\n    raise KeyboardInterrupt\n")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import random
 import shutil
 import sys
@@ -316,10 +317,27 @@ def _stopped(exc: BaseException, buf: SampleBuffer, cfg: Config, out: Path) -> B
         buf.shutdown("interrupted" if interrupted else "failed")
     if not interrupted:
         return exc
+    _drop_abandoned_interrupt_logs()
     step = buf.version.step if buf.version is not None else 0
     why = f" ({exc})" if isinstance(exc, Interrupted) and str(exc) else ""
     return Interrupted(f"run stopped at step {step} of {cfg.run.steps}{why}; "
                        f"resume with: freshroll run --resume {out}")
+
+
+class _AbandonedInterrupt(logging.Filter):
+    """A KeyboardInterrupt raised in a worker thread ends ``asyncio.run`` without the
+    pipeline task's exception being retrieved; asyncio then logs it with a traceback when
+    the task is collected. The run has already reported it as :class:`Interrupted`."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, KeyboardInterrupt)
+
+
+def _drop_abandoned_interrupt_logs() -> None:
+    log = logging.getLogger("asyncio")
+    if not any(isinstance(f, _AbandonedInterrupt) for f in log.filters):
+        log.addFilter(_AbandonedInterrupt())
 
 
 def _write_report(run_dir: Path, baseline: Path | None = None) -> None:
