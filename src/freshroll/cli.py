@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
@@ -16,18 +16,85 @@ if TYPE_CHECKING:
     from freshroll.runtime.run import RunResult
 
 
-@click.group()
+EXIT_STATUSES = """\b
+Exit statuses:
+  0    ok
+  1    verify found a violation (run: the finished run failed verify)
+  2    usage or config error: nothing was run or changed (a bad value or key,
+       --resume refused, an unusable run directory; any error of verify,
+       export, timing or report)
+  3    the run failed (retries or failure budget spent, disk full, a bug);
+       the ledger is closed and verifiable; --resume continues once fixed
+  130  interrupted (Ctrl-C or SIGTERM); freshroll run --resume DIR continues
+Every failure is one line on stderr; a bug's traceback goes to RUN_DIR/error.log
+(or a temp file), and also to stderr with FRESHROLL_DEBUG=1."""
+
+
+class _Guarded(click.Command):
+    """A command inside the error boundary (:mod:`freshroll.boundary`): one line, one status."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        from freshroll import boundary
+
+        run_dir = _run_dir(ctx)
+        with boundary.sigterm_as_sigint():
+            try:
+                if self.name == "run":
+                    _check_run_dir(ctx)
+                return super().invoke(ctx)
+            except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit):
+                raise
+            except BaseException as exc:  # the boundary: nothing else escapes as a traceback
+                out = boundary.outcome(exc, run_dir=run_dir, resumable=self.name == "run",
+                                       reads_only=self.name in _READS_ONLY)
+        click.echo(out.line, err=True)
+        ctx.exit(out.status)
+
+
+_READS_ONLY = frozenset({"verify", "export", "timing", "report"})
+
+
+class _Freshroll(click.Group):
+    command_class = _Guarded
+
+
+def _run_dir(ctx: click.Context) -> Path | None:
+    """The command's run directory, from its arguments (``run``: as its body resolves it)."""
+    p = ctx.params
+    if ctx.command.name != "run":
+        value = p.get("run_dir")
+        return value if isinstance(value, Path) else None
+    for key in ("resume_dir", "out"):
+        if isinstance(p.get(key), Path):
+            return Path(p[key])
+    config = p.get("config")
+    if isinstance(config, Path) and not ("=" in str(config) and not config.exists()):
+        return Path("runs") / config.stem
+    return Path("runs") / "default"
+
+
+def _check_run_dir(ctx: click.Context) -> None:
+    """``run``: refuse a run directory that cannot be used, before anything is loaded."""
+    from freshroll.boundary import check_run_dir
+
+    resume = ctx.params.get("resume_dir")
+    path = resume if isinstance(resume, Path) else ctx.params.get("out")
+    if isinstance(path, Path):
+        check_run_dir(path, "--resume" if resume is not None else "--out")
+
+
+@click.group(cls=_Freshroll, epilog=EXIT_STATUSES)
 @click.version_option(package_name="freshroll")
 def main() -> None:
     """Fast and trustworthy asynchronous rollouts for RL post-training."""
 
 
-def _fail(exc: FreshrollError) -> None:
-    click.echo(f"error: {exc}", err=True)
-    sys.exit(2)
+def _fail(exc: FreshrollError) -> NoReturn:
+    """Hand a command's error to the boundary (:class:`_Guarded`): one line, its status."""
+    raise exc
 
 
-@main.command(context_settings={"ignore_unknown_options": False})
+@main.command(context_settings={"ignore_unknown_options": False}, epilog=EXIT_STATUSES)
 @click.argument("config", required=False, type=click.Path(path_type=Path))
 @click.argument("overrides", nargs=-1)
 @click.option("--out", type=click.Path(path_type=Path), default=None,

@@ -46,6 +46,7 @@ import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from freshroll.engines.base import FINISH_LENGTH, FINISH_STOP, Completion
+from freshroll.engines.model_dir import loading_model
 from freshroll.errors import ConfigError
 
 _TRANSFORMERS_MAJOR = int(transformers.__version__.split(".")[0])
@@ -88,8 +89,9 @@ class HFEngine:
         kwargs: dict[str, Any] = {"local_files_only": True}
         if dtype is not None:
             kwargs["dtype" if _TRANSFORMERS_MAJOR >= 5 else "torch_dtype"] = dtype
-        model = AutoModelForCausalLM.from_pretrained(root, **kwargs)
-        tokenizer = AutoTokenizer.from_pretrained(root, local_files_only=True)
+        with loading_model(root):
+            model = AutoModelForCausalLM.from_pretrained(root, **kwargs)
+            tokenizer = AutoTokenizer.from_pretrained(root, local_files_only=True)
         return cls(model, tokenizer, device=device)
 
     # --- InferenceEngine ----------------------------------------------------------------

@@ -8,6 +8,7 @@ one :class:`~freshroll.errors.ConfigError` naming the directory and what to chan
 * no directory, or no ``config.json``, or one that is not JSON, names no ``model_type`` or
   does not load with ``AutoConfig``;
 * no tokenizer files (``tokenizer.json``, ``tokenizer_config.json``, or a vocabulary file);
+* a ``*.safetensors`` file whose header does not parse (garbage or truncated weights);
 * a tokenizer with more tokens than the model's vocabulary (``vocab_size``): ids past the
   embedding would be generated or fed, which fails at the first step or, worse, reads garbage.
 """
@@ -15,6 +16,8 @@ one :class:`~freshroll.errors.ConfigError` naming the directory and what to chan
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +53,31 @@ def read_model_config(path: Path) -> dict[str, Any]:
     return data
 
 
+@contextmanager
+def loading_model(root: Path) -> Iterator[None]:
+    """``from_pretrained`` failures (garbage config, weights, tokenizer) as a
+    :class:`ConfigError` naming the directory, instead of a transformers traceback."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except Exception as exc:  # any failure of a third-party loader becomes one line
+        raise ConfigError(f"model: cannot load {root}: {type(exc).__name__}: "
+                          f"{str(exc).strip()[:300]}") from exc
+
+
 def check_model_dir(path: Path) -> None:
     """Raise ConfigError naming ``path`` if it cannot serve as a freshroll policy."""
     config = read_model_config(path)
+    from safetensors import safe_open
+
+    for weights in sorted(path.glob("*.safetensors")):
+        try:
+            with safe_open(str(weights), framework="pt"):
+                pass
+        except Exception as exc:  # safetensors raises its own error types
+            raise ConfigError(f"model.path: {weights} is not a valid safetensors file: "
+                              f"{type(exc).__name__}: {exc}"[:500]) from None
     if not any((path / name).is_file() for name in TOKENIZER_FILES):
         raise ConfigError(
             f"model.path: {path} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); "

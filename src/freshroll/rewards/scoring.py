@@ -46,7 +46,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from freshroll.errors import ConfigError
+from freshroll.errors import ConfigError, Interrupted
 from freshroll.lineage import RewardVersion, digest_callable, digest_of
 from freshroll.rewards.calling import (
     RESERVED,
@@ -246,6 +246,8 @@ def _call(
         out = spec.fn(**select(kwargs, spec.signature))
         if inspect.isawaitable(out):  # an async reward (TRL gathers them; here: one by one)
             out = asyncio.run(_awaited(out))
+    except KeyboardInterrupt as exc:  # not a failure of this sample: the run stops (resumable)
+        raise Interrupted(f"reward {spec.name} raised KeyboardInterrupt") from exc
     except (Exception, SystemExit) as exc:  # the user's code: anything may go wrong
         hint = explain(exc, columns, conversational)
         return _fail_all(errors, f"{spec.name} raised {type(exc).__name__}: {_short(exc)}{hint}")

@@ -21,6 +21,13 @@ Weights travel through Ray's object store; ``load_weights`` returns the
 caller-side wall time (serialisation + transfer + copy), which the pipeline
 records as ``weights_loaded.transfer_s``.
 
+Lifetime: the Ray instance is freshroll's own (``address="local"``, never a cluster
+found through ``RAY_ADDRESS``) and never outlives its run: ``stop_ray`` stops every one
+of its processes, a watchdog does the same when the driver is killed (even by
+``SIGKILL``), and a resume reaps what a previous incarnation recorded in
+``RUN_DIR/ray.json`` left behind (:mod:`freshroll.runtime.ray_reaper`). Only processes
+carrying that instance's token are ever signalled.
+
 Network: freshroll itself opens no socket. Ray is started locally without its
 dashboard, but Ray's own gRPC servers (GCS, raylet, workers) listen on ports
 Ray chooses on the node's address or all interfaces (Ray 2.60 turns a
@@ -32,8 +39,11 @@ nothing. On a shared network, firewall the node or stay inline.
 
 from __future__ import annotations
 
+import os
+import subprocess
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,24 +51,68 @@ import torch
 
 from freshroll.engines.base import Completion
 from freshroll.errors import WorkerLost, WorkerTimeout
+from freshroll.runtime import ray_reaper
 
 
-def start_ray(num_cpus: int | None = None) -> None:
-    """Start (or join) a local Ray instance, quietly and without its dashboard."""
+def start_ray(num_cpus: int | None = None, run_dir: Path | None = None) -> None:
+    """Start freshroll's private local Ray instance, quietly and without its dashboard.
+
+    Always a new instance (``address="local"``: never one found through ``RAY_ADDRESS``
+    or a ``ray start`` on this machine), tagged with a token that a watchdog uses to stop
+    every process of it when this process dies in any way (:mod:`.ray_reaper`). With
+    ``run_dir``, a previous incarnation's leftovers are reaped first and this one is
+    recorded in ``RUN_DIR/ray.json``. A no-op when Ray is already initialised.
+    """
     import ray
 
-    if not ray.is_initialized():
+    global _session
+    if ray.is_initialized():
+        return
+    if run_dir is not None:
+        ray_reaper.reap_previous(run_dir)
+    token = ray_reaper.new_token()
+    watchdog = ray_reaper.start_watchdog(token)  # before any Ray process exists
+    _session = _RaySession(token, watchdog, run_dir)
+    if run_dir is not None:
+        ray_reaper.write_record(run_dir, token, watchdog.pid)
+    os.environ[ray_reaper.TOKEN_ENV] = token  # inherited by every process of the instance
+    try:
         ray.init(
-            num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+            address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
             configure_logging=False,
         )
+    except BaseException:
+        stop_ray()
+        raise
+    finally:
+        os.environ.pop(ray_reaper.TOKEN_ENV, None)
 
 
 def stop_ray() -> None:
+    """Shut the instance down and make sure none of its processes outlive this call."""
     import ray
 
+    global _session
     if ray.is_initialized():
         ray.shutdown()
+    session, _session = _session, None
+    if session is not None:
+        ray_reaper.reap(session.token)
+        ray_reaper.stop_watchdog(session.watchdog)
+        if session.run_dir is not None:
+            ray_reaper.remove_record(session.run_dir, session.token)
+
+
+@dataclass
+class _RaySession:
+    """The Ray instance this process started: its token, watchdog and run directory."""
+
+    token: str
+    watchdog: subprocess.Popen[bytes]
+    run_dir: Path | None
+
+
+_session: _RaySession | None = None
 
 
 class _EngineActor:

@@ -25,8 +25,10 @@ config in the ledger (``run_config``, and ``settings_changed`` on a change).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
+import logging
 import random
 import shutil
 import sys
@@ -41,9 +43,15 @@ from freshroll.clock import RealClock
 from freshroll.config import Config, read_yaml, validate
 from freshroll.engines.base import InferenceEngine
 from freshroll.engines.hf import HFEngine
-from freshroll.engines.model_dir import check_model_dir
+from freshroll.engines.model_dir import check_model_dir, loading_model
 from freshroll.engines.tiny import build_tiny, model_digest, save_model_dir
-from freshroll.errors import ConfigError, LineageError
+from freshroll.errors import (
+    ConfigError,
+    Interrupted,
+    LineageError,
+    ResumeError,
+    StorageError,
+)
 from freshroll.ledger import LEDGER_FILE, Ledger, open_ledger
 from freshroll.lineage import PolicyVersion
 from freshroll.metrics import Tally
@@ -250,10 +258,14 @@ class Recorder:
         if version.step % every and version.step < self.cfg.run.steps:
             return
         root = self.run_dir / "checkpoints"
-        save_checkpoint(
-            checkpoint_dir(root, version.step), model_state=learner.model.state_dict(),
-            optimizer=learner.optimizer, meta={"step": version.step, "version": str(version)},
-        )
+        target = checkpoint_dir(root, version.step)
+        try:
+            save_checkpoint(
+                target, model_state=learner.model.state_dict(),
+                optimizer=learner.optimizer, meta={"step": version.step, "version": str(version)},
+            )
+        except OSError as exc:  # disk full, read-only, ...: the step is not committed
+            raise StorageError(f"checkpoint {target}: {exc.strerror or exc}") from exc
         keep = self.cfg.trainer.keep_checkpoints
         for old in sorted(root.glob("step-*"))[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
@@ -297,7 +309,7 @@ def build_engines(cfg: Config, path: Path) -> list[InferenceEngine]:
     if cfg.run.runtime == "ray":
         from freshroll.runtime.ray_engine import RayEngine, start_ray
 
-        start_ray(num_cpus=max(2, cfg.rollout.workers))
+        start_ray(num_cpus=ray_cpus(cfg))  # a no-op when run() started it for its run dir
         lim = cfg.limits
         actors = [RayEngine(path, torch_threads=cfg.run.torch_threads,
                             generate_timeout_s=lim.generate_timeout_s,
@@ -309,6 +321,9 @@ def build_engines(cfg: Config, path: Path) -> list[InferenceEngine]:
         return list(actors)
     return [HFEngine.from_pretrained(path) for _ in range(cfg.rollout.workers)]
 
+
+def ray_cpus(cfg: Config) -> int:
+    return max(2, cfg.rollout.workers)
 
 def _resume_point(run_dir: Path, chain: dict[int, CommittedStep], step: int) -> tuple[Path, int]:
     """The newest checkpoint on the committed chain at or before ``step``, and its step."""
@@ -327,8 +342,9 @@ def new_learner(cfg: Config, path: Path) -> tuple[GRPOLearner, Any]:
     """A learner on the initial model at ``path``, and that model's tokenizer."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
-    tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    with loading_model(path):
+        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     learner = GRPOLearner(
         model, cfg.trainer, temperature=cfg.rollout.temperature, pad_id=int(pad),
@@ -374,7 +390,10 @@ def build_learner(
                 f"ledger recorded for it gives {learner.settings_digest}"
             )
 
-    n = replay(learner, buf, chain, ckpt_step, to_step=target, before_step=before_step)
+    try:
+        n = replay(learner, buf, chain, ckpt_step, to_step=target, before_step=before_step)
+    except LineageError as exc:  # the ledger's steps cannot be rebuilt: resume refused
+        raise ResumeError(str(exc)) from exc
     apply_settings(learner, cfg)
     if n and not quiet:
         sys.stderr.write(f"resume: checkpoint at step {ckpt_step}, replayed {n} committed "
@@ -451,6 +470,10 @@ def _run(prep: Prepared, out: Path, stream: TextIO) -> RunResult:
         ),
     )
     learner = build_learner(cfg, path, buf, out, prep.history)
+    if cfg.run.runtime == "ray":  # recorded in RUN_DIR/ray.json: never outlives the run
+        from freshroll.runtime.ray_engine import start_ray
+
+        start_ray(num_cpus=ray_cpus(cfg), run_dir=out)
     engines = build_engines(cfg, path)
     if buf.version is not None and buf.version.step > 0:
         for engine in engines:
@@ -465,6 +488,11 @@ def _run(prep: Prepared, out: Path, stream: TextIO) -> RunResult:
     try:
         run_pipeline(pipe)
         buf.shutdown("done")
+    except BaseException as exc:  # one typed error; the ledger closed first (resumable)
+        stopped = _stopped(exc, buf, cfg, out)
+        if stopped is exc:
+            raise
+        raise stopped from exc
     finally:
         rec.close()
         buf.ledger.close()
@@ -477,6 +505,44 @@ def _run(prep: Prepared, out: Path, stream: TextIO) -> RunResult:
     _write_report(out)
     report = verify_run(out)
     return RunResult(out, summary, report.ok)
+
+
+def _stopped(exc: BaseException, buf: SampleBuffer, cfg: Config, out: Path) -> BaseException:
+    """What a run that did not finish raises, after closing its ledger (verifiable).
+
+    An operator's interrupt (SIGINT, SIGTERM, or ``KeyboardInterrupt`` from the run's own
+    code) becomes :class:`Interrupted` naming the resume command; any other error is typed
+    by :func:`freshroll.boundary.typed` (an exception group's leaf, ``OSError`` by errno).
+    """
+    from freshroll import boundary
+
+    exc = boundary.typed(exc)
+    interrupted = isinstance(exc, KeyboardInterrupt | Interrupted)
+    with contextlib.suppress(Exception):  # disk full...: the ledger keeps its durable prefix
+        buf.shutdown("interrupted" if interrupted else "failed")
+    if not interrupted:
+        return exc
+    _drop_abandoned_interrupt_logs()
+    step = buf.version.step if buf.version is not None else 0
+    why = f" ({exc})" if isinstance(exc, Interrupted) and str(exc) else ""
+    return Interrupted(f"run stopped at step {step} of {cfg.run.steps}{why}; "
+                       f"resume with: freshroll run --resume {out}")
+
+
+class _AbandonedInterrupt(logging.Filter):
+    """A KeyboardInterrupt raised in a worker thread ends ``asyncio.run`` without the
+    pipeline task's exception being retrieved; asyncio then logs it with a traceback when
+    the task is collected. The run has already reported it as :class:`Interrupted`."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, KeyboardInterrupt)
+
+
+def _drop_abandoned_interrupt_logs() -> None:
+    log = logging.getLogger("asyncio")
+    if not any(isinstance(f, _AbandonedInterrupt) for f in log.filters):
+        log.addFilter(_AbandonedInterrupt())
 
 
 def _write_report(run_dir: Path, baseline: Path | None = None) -> None:

@@ -1,0 +1,170 @@
+"""freshroll's private Ray instance must not outlive its run: a token, a watchdog, a reaper.
+
+Stdlib only (this file also runs as the watchdog script, without importing freshroll).
+
+Which processes are ours: :func:`freshroll.runtime.ray_engine.start_ray` puts a fresh
+random token in the environment (``FRESHROLL_RAY_SESSION=<token>``) only while
+``ray.init`` starts the instance. Every process of that instance inherits it — GCS,
+raylet, dashboard and runtime-env agents, log monitor, workers and actors — and no
+other process has it, so a Ray instance that freshroll did not start is never touched.
+They are found by reading ``/proc/<pid>/environ`` (Linux; processes of the same user).
+
+Three guards, each enough on its own for the case it covers:
+
+1. ``stop_ray`` (a run that ends, however it ends, in-process): ``ray.shutdown()``, then
+   :func:`reap` of the token (Ray's agents otherwise linger).
+2. The driver dies without running ``stop_ray`` (``SIGKILL``, OOM kill): a watchdog
+   process (:func:`start_watchdog`, this file as a script, in its own session) holds the
+   read end of a pipe whose only write end the driver holds. When the driver dies in any
+   way, the read returns end-of-file and the watchdog reaps the token.
+3. Both were killed: ``RUN_DIR/ray.json`` records the token and the driver's pid and start
+   time; the next ``start_ray`` in that run directory (``--resume``) first reaps a previous
+   incarnation whose driver is gone (:func:`reap_previous`).
+
+Reaping sends ``SIGTERM``, waits up to ``grace`` seconds, then ``SIGKILL`` to what is left,
+and repeats the scan until nothing with the token is alive.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+TOKEN_ENV = "FRESHROLL_RAY_SESSION"
+RECORD_FILE = "ray.json"
+
+
+def new_token() -> str:
+    return secrets.token_hex(12)
+
+
+def session_pids(token: str) -> list[int]:
+    """Live (non-zombie) processes whose environment carries ``token``, except this one."""
+    entry_wanted = f"{TOKEN_ENV}={token}".encode()
+    found = []
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                env = fh.read()
+        except OSError:  # gone, or not ours to read
+            continue
+        if entry_wanted in env.split(b"\0"):
+            found.append(int(entry))
+    return found
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2:][:1] not in (b"Z", b"X")
+
+
+def start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (tells a reused pid apart)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return None
+    return int(stat[stat.rfind(b")") + 2:].split()[19])
+
+
+def reap(token: str, grace: float = 3.0) -> list[int]:
+    """Stop every process of the Ray instance that carries ``token``; returns their pids."""
+    seen: list[int] = []
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0), (signal.SIGKILL, 5.0)):
+        pids = session_pids(token)
+        if not pids:
+            break
+        seen.extend(p for p in pids if p not in seen)
+        for pid in pids:
+            with contextlib.suppress(OSError):  # already gone
+                os.kill(pid, sig)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and any(alive(p) for p in pids):
+            time.sleep(0.05)
+    return seen
+
+
+def write_record(run_dir: Path, token: str, watchdog_pid: int | None) -> None:
+    """``RUN_DIR/ray.json``: which Ray instance this run's driver started (atomically)."""
+    me = os.getpid()
+    record = {"token": token, "driver_pid": me, "driver_start": start_time(me),
+              "watchdog_pid": watchdog_pid}
+    tmp = run_dir / (RECORD_FILE + ".tmp")
+    tmp.write_text(json.dumps(record) + "\n")
+    os.replace(tmp, run_dir / RECORD_FILE)
+
+
+def read_record(run_dir: Path) -> dict[str, Any] | None:
+    try:
+        record = json.loads((run_dir / RECORD_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("token"), str) else None
+
+
+def remove_record(run_dir: Path, token: str) -> None:
+    record = read_record(run_dir)
+    if record is not None and record["token"] == token:
+        (run_dir / RECORD_FILE).unlink(missing_ok=True)
+
+
+def reap_previous(run_dir: Path) -> list[int]:
+    """Reap the Ray instance a previous, dead driver of ``run_dir`` left behind."""
+    record = read_record(run_dir)
+    if record is None:
+        return []
+    pid, started = record.get("driver_pid"), record.get("driver_start")
+    if isinstance(pid, int) and pid != os.getpid() and alive(pid) and start_time(pid) == started:
+        return []  # that driver still runs: its instance is not ours to stop
+    pids = reap(record["token"])
+    (run_dir / RECORD_FILE).unlink(missing_ok=True)
+    return pids
+
+
+def start_watchdog(token: str) -> subprocess.Popen[bytes]:
+    """A process that reaps ``token`` once this process (the driver) is gone."""
+    env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
+    return subprocess.Popen(
+        [sys.executable, "-S", "-u", str(Path(__file__).resolve()), token],
+        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env=env, start_new_session=True, close_fds=True,
+    )
+
+
+def stop_watchdog(proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
+    """Close the pipe (the watchdog reaps, then exits) and wait for it."""
+    if proc.stdin is not None:
+        proc.stdin.close()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _watch(token: str) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # only the driver's death ends the watch
+    while sys.stdin.buffer.read(4096):
+        pass
+    reap(token)
+
+
+if __name__ == "__main__":
+    _watch(sys.argv[1])

@@ -1,0 +1,76 @@
+"""Stopping a real run from outside: SIGINT and SIGTERM end it gracefully (issue 6, item 10).
+
+The run stops with exit status 130 and one line that names the resume command; the
+ledger is closed (verifiable as it stands); ``--resume`` then finishes the run and
+``verify`` passes. Plus the real CLI's one-line errors for a bad run directory.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from e2e_helpers import REPO, freshroll, metrics, summary
+
+
+def _last_event(out: Path) -> tuple[str, str | None]:
+    db = sqlite3.connect(out / "ledger.sqlite")
+    kind, reason = db.execute(
+        "SELECT kind, json_extract(body, '$.reason') FROM events ORDER BY seq DESC LIMIT 1"
+    ).fetchone()
+    return kind, reason
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signalled_run_stops_cleanly_and_resumes(tmp_path: Path, small: list[str], sig: int):
+    out = tmp_path / "run"
+    steps = 30
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "freshroll.cli", "run", *small, f"run.steps={steps}",
+         "trainer.checkpoint_every=5", "--out", str(out)],
+        cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.time() + 120
+    try:
+        while time.time() < deadline:
+            if (out / "metrics.jsonl").is_file() and metrics(out):
+                break
+            if proc.poll() is not None:
+                pytest.fail("run finished before it could be signalled")
+            time.sleep(0.01)
+        proc.send_signal(sig)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    lines = [x for x in stderr.splitlines() if x.strip()]
+    assert lines[-1].startswith("interrupted: run stopped at step ")
+    assert lines[-1].endswith(f"resume with: freshroll run --resume {out}")
+    assert _last_event(out) == ("closed", "interrupted")  # flushed and closed
+    assert len(metrics(out)) < steps
+
+    res = freshroll("run", "--resume", str(out))
+    assert "verify: ok" in res.stdout
+    assert summary(out)["steps"] == steps
+    assert freshroll("verify", str(out)).returncode == 0
+
+
+@pytest.mark.slow
+def test_real_cli_refuses_an_unusable_run_dir_in_one_line(tmp_path: Path, small: list[str]):
+    file = tmp_path / "file"
+    file.write_text("x")
+    proc = freshroll("run", *small, "--out", str(file), check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"error: --out {file}: is a file, not a run directory"
+    proc = freshroll("run", "--resume", str(tmp_path / "nothing-here"), check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: ")

@@ -1,0 +1,188 @@
+"""freshroll's private Ray instance never outlives its run (issue 6, item 11).
+
+Fast tests drive the reaper and its watchdog with stand-in processes (no Ray); the slow
+ones SIGKILL the driver of a real ``run.runtime: ray`` run and check, by pid, that no
+process of that Ray instance survives.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from e2e_helpers import REPO, freshroll, metrics, summary
+
+from freshroll.runtime import ray_reaper
+from freshroll.runtime.ray_reaper import TOKEN_ENV, alive, session_pids
+
+
+def _tagged_sleeper(token: str) -> subprocess.Popen[bytes]:
+    """A stand-in for a Ray process: carries the token, in a session of its own."""
+    return subprocess.Popen(["sleep", "300"], env={**os.environ, TOKEN_ENV: token},
+                            start_new_session=True)
+
+
+def _gone(pids: list[int], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not any(alive(p) for p in pids):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_session_pids_finds_exactly_the_token():
+    ours, other = ray_reaper.new_token(), ray_reaper.new_token()
+    a, b = _tagged_sleeper(ours), _tagged_sleeper(other)
+    try:
+        assert session_pids(ours) == [a.pid]
+        assert session_pids(other) == [b.pid]
+    finally:
+        for p in (a, b):
+            p.kill()
+            p.wait()
+
+
+_DRIVER = """
+import subprocess, sys, time, os
+from freshroll.runtime import ray_reaper
+token = sys.argv[1]
+dog = ray_reaper.start_watchdog(token)
+child = subprocess.Popen(["sleep", "300"], env={**os.environ, ray_reaper.TOKEN_ENV: token},
+                         start_new_session=True)
+print(child.pid, dog.pid, flush=True)
+time.sleep(300)
+"""
+
+
+def test_watchdog_reaps_the_session_when_the_driver_is_sigkilled():
+    token, bystander_token = ray_reaper.new_token(), ray_reaper.new_token()
+    bystander = _tagged_sleeper(bystander_token)  # another instance: never touched
+    driver = subprocess.Popen([sys.executable, "-c", _DRIVER, token], stdout=subprocess.PIPE,
+                              text=True, env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    try:
+        assert driver.stdout is not None
+        child, dog = map(int, driver.stdout.readline().split())
+        assert alive(child) and alive(dog)
+        time.sleep(0.5)
+        assert alive(child)  # the watchdog waits while the driver lives
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+        assert _gone([child, dog], timeout=20), "the watchdog did not reap the session"
+        assert alive(bystander.pid)
+    finally:
+        driver.kill()
+        bystander.kill()
+        bystander.wait()
+
+
+def test_reap_previous_stops_a_dead_drivers_leftovers(tmp_path: Path):
+    token = ray_reaper.new_token()
+    leftover = _tagged_sleeper(token)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (tmp_path / "ray.json").write_text(json.dumps(
+        {"token": token, "driver_pid": dead.pid, "driver_start": 0, "watchdog_pid": None}))
+    try:
+        assert ray_reaper.reap_previous(tmp_path) == [leftover.pid]
+        leftover.wait(timeout=10)
+        assert not (tmp_path / "ray.json").exists()
+    finally:
+        leftover.kill()
+
+
+def test_reap_previous_leaves_a_live_drivers_instance_alone(tmp_path: Path):
+    token = ray_reaper.new_token()
+    process = _tagged_sleeper(token)
+    driver = subprocess.Popen(["sleep", "300"])
+    try:
+        (tmp_path / "ray.json").write_text(json.dumps(
+            {"token": token, "driver_pid": driver.pid,
+             "driver_start": ray_reaper.start_time(driver.pid)}))
+        assert ray_reaper.reap_previous(tmp_path) == []
+        assert alive(process.pid)
+    finally:
+        for p in (process, driver):
+            p.kill()
+            p.wait()
+
+
+# -- real ray runs ------------------------------------------------------------------------
+
+
+def _all_tokens() -> set[str]:
+    """Tokens of every freshroll Ray instance alive on this machine."""
+    key = f"{TOKEN_ENV}=".encode()
+    tokens = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            env = Path(f"/proc/{entry}/environ").read_bytes()
+        except OSError:
+            continue
+        tokens.update(e[len(key):].decode() for e in env.split(b"\0") if e.startswith(key))
+    return tokens
+
+
+def _start_ray_run(out: Path, small: list[str]) -> tuple[subprocess.Popen[bytes], str]:
+    """A ray-runtime run in a subprocess, returned once its first step is committed."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "freshroll.cli", "run", *small, "run.steps=40",
+         "run.runtime=ray", "rollout.workers=2", "rollout.worker_batch=4",
+         "trainer.checkpoint_every=5", "--out", str(out)],
+        cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        if (out / "metrics.jsonl").is_file() and metrics(out):
+            break
+        if proc.poll() is not None:
+            pytest.fail("the ray run ended before it could be killed")
+        time.sleep(0.05)
+    else:
+        proc.kill()
+        pytest.fail("the ray run committed no step in time")
+    record = json.loads((out / "ray.json").read_text())
+    assert record["driver_pid"] == proc.pid
+    return proc, record["token"]
+
+
+@pytest.mark.slow
+def test_driver_sigkill_leaves_no_ray_process(tmp_path: Path, small: list[str]):
+    """Guard 2: the watchdog stops the instance of a SIGKILLed driver."""
+    out = tmp_path / "ray"
+    proc, token = _start_ray_run(out, small)
+    pids = session_pids(token)
+    assert len(pids) >= 5  # gcs, raylet, agents, two actors...
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert _gone(pids, timeout=30), f"still alive: {[p for p in pids if alive(p)]}"
+    assert session_pids(token) == []
+
+
+@pytest.mark.slow
+def test_resume_reaps_what_a_killed_driver_and_watchdog_left(tmp_path: Path, small: list[str]):
+    """Guard 3: driver and watchdog both SIGKILLed; the resume stops the leftovers, then
+    finishes the run, and its own instance is gone when it exits."""
+    before = _all_tokens()
+    out = tmp_path / "ray"
+    proc, token = _start_ray_run(out, small)
+    record = json.loads((out / "ray.json").read_text())
+    pids = session_pids(token)
+    os.kill(record["watchdog_pid"], signal.SIGKILL)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    res = freshroll("run", "--resume", str(out), timeout=400)
+    assert "verify: ok" in res.stdout
+    assert summary(out)["steps"] == 40
+    assert not any(alive(p) for p in pids), f"still alive: {[p for p in pids if alive(p)]}"
+    assert _all_tokens() <= before  # neither the old nor the resumed instance remains
+    assert not (out / "ray.json").exists()
