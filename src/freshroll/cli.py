@@ -297,16 +297,12 @@ def export_model(run_dir: Path, out: Path, step: int | None) -> None:
     """Write the policy of RUN_DIR at a committed step to OUT (a from_pretrained directory)."""
     from freshroll.runtime.export import export_model as do_export
 
-    try:
-        done = do_export(run_dir, out, step)
-    except FreshrollError as exc:
-        _fail(exc)
-        return
+    done = do_export(run_dir, out, step)
     how = f", {done.replayed} steps replayed from the ledger" if done.replayed else ""
     click.echo(f"exported step {done.step} ({done.version}{how}) to {done.out}")
 
 
-@main.group()
+@main.group(cls=_Freshroll)
 def config() -> None:
     """Inspect configs: show the resolved config, check one, print the key reference."""
 
@@ -318,12 +314,7 @@ def config_show(config_file: Path | None, overrides: tuple[str, ...]) -> None:
     """Print CONFIG [key=value ...] resolved, each key with its default and meaning."""
     from freshroll.config_doc import show
 
-    try:
-        cfg = _load(config_file, overrides)
-    except FreshrollError as exc:
-        _fail(exc)
-        return
-    click.echo(show(cfg), nl=False)
+    click.echo(show(_load(config_file, overrides)), nl=False)
 
 
 @config.command("check")
@@ -331,11 +322,7 @@ def config_show(config_file: Path | None, overrides: tuple[str, ...]) -> None:
 @click.argument("overrides", nargs=-1)
 def config_check(config_file: Path | None, overrides: tuple[str, ...]) -> None:
     """Validate CONFIG [key=value ...] without running anything (exit 2 on an error)."""
-    try:
-        _load(config_file, overrides)
-    except FreshrollError as exc:
-        _fail(exc)
-        return
+    _load(config_file, overrides)
     click.echo(f"{config_file or 'the embedded default'}: ok")
 
 

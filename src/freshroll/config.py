@@ -29,7 +29,9 @@ class _Section(BaseModel):
 
 
 class RunSection(_Section):
-    seed: int = Field(0, ge=0, le=SEED_MAX)
+    seed: int = Field(
+        0, ge=0, le=SEED_MAX, description="seed of prompt order, sampling and training"
+    )
     steps: int = Field(400, ge=1, le=10_000_000, description="trainer steps to commit")
     max_staleness: int = Field(1, ge=0, le=1_000, description="eta: 0 = synchronous baseline")
     torch_threads: int = Field(
@@ -38,21 +40,28 @@ class RunSection(_Section):
     runtime: Literal["inline", "ray"] = Field(
         "inline", description="inline: workers are threads; ray: each worker is a Ray actor"
     )
-    progress: bool = True
+    progress: bool = Field(True, description="print the progress line (stderr)")
 
 
 class TinySection(_Section):
     """The embedded tiny Llama's shape; an unset key keeps the built-in default."""
 
-    hidden_size: int | None = Field(None, ge=1, description="width (default 64)")
-    intermediate_size: int | None = Field(None, ge=1, description="MLP width (default 128)")
-    num_hidden_layers: int | None = Field(None, ge=1, description="layers (default 2)")
-    num_attention_heads: int | None = Field(None, ge=1, description="heads (default 4)")
-    num_key_value_heads: int | None = Field(None, ge=1, description="KV heads (default 4)")
-    max_position_embeddings: int | None = Field(
-        None, ge=8, description="longest prompt + completion in tokens (default 128)"
+    hidden_size: int | None = Field(None, ge=1, le=65_536, description="width (default 64)")
+    intermediate_size: int | None = Field(
+        None, ge=1, le=262_144, description="MLP width (default 128)"
     )
-    rms_norm_eps: float | None = Field(None, gt=0, description="RMSNorm epsilon (default 1e-6)")
+    num_hidden_layers: int | None = Field(None, ge=1, le=256, description="layers (default 2)")
+    num_attention_heads: int | None = Field(None, ge=1, le=1_024, description="heads (default 4)")
+    num_key_value_heads: int | None = Field(
+        None, ge=1, le=1_024, description="KV heads (default 4)"
+    )
+    max_position_embeddings: int | None = Field(
+        None, ge=8, le=1_048_576,
+        description="longest prompt + completion in tokens (default 128)",
+    )
+    rms_norm_eps: float | None = Field(
+        None, gt=0, le=1.0, description="RMSNorm epsilon (default 1e-6)"
+    )
     tie_word_embeddings: bool | None = Field(
         None, description="share input and output embeddings (default true)"
     )
@@ -87,9 +96,16 @@ class ModelSection(_Section):
 
 
 class TaskSection(_Section):
-    name: str = "reverse"
-    n_prompts: int = Field(4096, ge=1, le=100_000_000)
-    params: dict[str, Any] = Field(default_factory=lambda: {"min_len": 3, "max_len": 3})
+    name: str = Field(
+        "reverse", description="built-in task when no task.file: reverse, sort or add"
+    )
+    n_prompts: int = Field(
+        4096, ge=1, le=100_000_000, description="prompts the built-in task generates"
+    )
+    params: dict[str, Any] = Field(
+        default_factory=lambda: {"min_len": 3, "max_len": 3},
+        description="the built-in task's parameters (e.g. digit-string lengths)",
+    )
     file: str | None = Field(
         None, description="dataset instead of a task: a JSONL/JSON/Parquet/CSV file or a "
         "datasets save_to_disk directory; relative to the config file's folder",
@@ -119,31 +135,50 @@ class RewardEntry(_Section):
 
 
 class RolloutSection(_Section):
-    group_size: int = Field(16, ge=1, le=4_096)
+    group_size: int = Field(
+        16, ge=1, le=4_096, description="completions per prompt (the GRPO group); >= 2"
+    )
     batch_groups: int = Field(8, ge=1, le=4_096, description="groups per trainer step")
-    workers: int = Field(1, ge=1, le=256)
+    workers: int = Field(1, ge=1, le=256, description="inference workers (engines)")
     worker_batch: int = Field(64, ge=1, le=65_536, description="max requests per generate call")
-    max_new_tokens: int = Field(4, ge=1, le=131_072)
+    max_new_tokens: int = Field(
+        4, ge=1, le=131_072, description="longest completion in tokens"
+    )
     temperature: float = Field(1.0, ge=0.0, le=100.0, description="0: greedy")
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    max_inflight_groups: int | None = Field(None, ge=1, le=1_000_000)
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling mass; 1: off")
+    max_inflight_groups: int | None = Field(
+        None, ge=1, le=1_000_000,
+        description="cap on groups admitted but not yet ready, below the freshness window",
+    )
 
 
 class TrainerSection(_Section):
-    lr: float = Field(1e-3, gt=0, le=1.0)
+    lr: float = Field(1e-3, gt=0, le=1.0, description="AdamW learning rate")
     weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="AdamW (decoupled) decay")
-    max_grad_norm: float = Field(1.0, gt=0, le=1e6)
-    aggregation: Literal["grpo", "dr_grpo", "dapo"] = "grpo"
-    correction: Literal["none", "tis", "decoupled"] = "tis"
+    max_grad_norm: float = Field(
+        1.0, gt=0, le=1e6, description="gradient clipping (global L2 norm)"
+    )
+    aggregation: Literal["grpo", "dr_grpo", "dapo"] = Field(
+        "grpo", description="loss aggregation: per-sequence mean (grpo), "
+        "sum / (B x max tokens) (dr_grpo), token mean (dapo)"
+    )
+    correction: Literal["none", "tis", "decoupled"] = Field(
+        "tis", description="off-policy correction: none, truncated importance sampling (tis), "
+        "AReaL decoupled (masks weights above is_cap)"
+    )
     clip_low: float = Field(0.2, ge=0.0, lt=1.0, description="ratio floor is 1 - clip_low")
     clip_high: float = Field(0.28, ge=0.0, le=10.0, description="ratio ceiling is 1 + clip_high")
     is_cap: float = Field(2.0, ge=1.0, le=1e6, description="cap on the importance weight")
-    kl_coef: float = Field(0.0, ge=0, le=1e3)
+    kl_coef: float = Field(
+        0.0, ge=0, le=1e3, description="KL penalty to the initial policy (k3); 0: off"
+    )
     checkpoint_every: int = Field(
         10, ge=1, le=10_000_000,
         description="steps between checkpoints; resume replays the rest from the ledger",
     )
-    keep_checkpoints: int = Field(2, ge=1, le=1_000)
+    keep_checkpoints: int = Field(
+        2, ge=1, le=1_000, description="newest checkpoints kept on disk"
+    )
     on_nonfinite: Literal["skip", "stop"] = Field(
         "skip", description="a step whose loss or gradients are not finite is never applied: "
         "skip discards its batch (nonfinite_step) and goes on, stop ends the run (NonFiniteStep)"
@@ -192,13 +227,37 @@ class LimitsSection(_Section):
 
 
 class Config(_Section):
-    run: RunSection = RunSection()
-    model: ModelSection = ModelSection()
-    task: TaskSection = TaskSection()
-    rewards: list[RewardEntry] = Field(default_factory=lambda: [RewardEntry(fn="reverse")])
-    rollout: RolloutSection = RolloutSection()
-    trainer: TrainerSection = TrainerSection()
-    limits: LimitsSection = LimitsSection()
+    run: RunSection = Field(
+        default_factory=RunSection,
+        description="The run as a whole: steps, freshness bound, placement, seed.",
+    )
+    model: ModelSection = Field(
+        default_factory=ModelSection,
+        description="The initial policy: your local model directory, or the embedded tiny Llama.",
+    )
+    task: TaskSection = Field(
+        default_factory=TaskSection,
+        description="The prompts: a built-in task, or your dataset (every column is handed to "
+        "the rewards by its own name; see docs/rewards.md).",
+    )
+    rewards: list[RewardEntry] = Field(
+        default_factory=lambda: [RewardEntry(fn="reverse")],
+        description="Reward functions, called as TRL calls them; the total is their weighted "
+        "sum (None = not applicable). A list of entries:",
+    )
+    rollout: RolloutSection = Field(
+        default_factory=RolloutSection,
+        description="Generation: group size, batch, workers, sampling.",
+    )
+    trainer: TrainerSection = Field(
+        default_factory=TrainerSection,
+        description="The GRPO/PPO step, off-policy correction and checkpoints.",
+    )
+    limits: LimitsSection = Field(
+        default_factory=LimitsSection,
+        description="Timeouts on every hand-off and the failure budgets that stop a run which "
+        "would otherwise fail forever (rules in freshroll/breaker.py).",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Config:
