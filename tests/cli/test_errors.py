@@ -179,10 +179,12 @@ def test_a_read_only_error_while_writing_the_run_dir_is_a_run_dir_error(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ):
     """The probe passed but a write failed later (EROFS): typed where it escapes."""
-    def read_only(self: Path, *a: Any, **kw: Any) -> int:
-        raise OSError(errno.EROFS, "Read-only file system", str(self))
+    import freshroll.runtime.run as run_module
 
-    monkeypatch.setattr(Path, "write_text", read_only)
+    def read_only(path: Path, text: str) -> None:  # the first file a run writes
+        raise OSError(errno.EROFS, "Read-only file system", str(path))
+
+    monkeypatch.setattr(run_module, "write_text_atomic", read_only)
     result = _cli("run", *SMALL, "--out", str(tmp_path / "r"))
     assert result.exit_code == 2
     line = _one_line(result)
@@ -215,7 +217,7 @@ def test_a_config_transformers_cannot_load_is_a_config_error(tmp_path: Path):
     (model / "config.json").write_text(json.dumps({**cfg, "model_type": "no-such-model"}))
     result = _cli("run", *SMALL, f"model.path={model}", "--out", str(tmp_path / "r"))
     assert result.exit_code == 2
-    assert f"error: model: cannot load {model}: ValueError" in _one_line(result)
+    assert f"error: model.path: {model}/config.json does not load" in _one_line(result)
     with pytest.raises(ConfigError, match=f"model: cannot load {model}"):
         HFEngine.from_pretrained(model)
     with pytest.raises(ConfigError, match=f"model: cannot load {model}"):

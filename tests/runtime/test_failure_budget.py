@@ -14,7 +14,7 @@ from pipeline_fakes import FakeEngine, Harness, ok_reward
 
 from freshroll import events as ev
 from freshroll.breaker import Breaker, FailureBudget, Rule
-from freshroll.errors import FailureBudgetExceeded, FreshrollError
+from freshroll.errors import FailureBudgetExceeded, FreshrollError, Interrupted
 
 # -- the policy, against nothing but itself ------------------------------------------------
 
@@ -103,43 +103,43 @@ def test_budget_keeps_one_breaker_per_stage():
 # -- the pipeline: always-failing stages end the run, closed and verifiable ------------------
 
 
-def _raises(p: Any, c: list[str], **kw: Any) -> Any:
+def _raises(prompts: Any, completions: list[str], **kw: Any) -> Any:
     raise RuntimeError("boom")
 
 
-def _nan(p: Any, c: list[str], **kw: Any) -> Any:
-    return [math.nan] * len(c)
+def _nan(prompts: Any, completions: list[str], **kw: Any) -> Any:
+    return [math.nan] * len(completions)
 
 
-def _short(p: Any, c: list[str], **kw: Any) -> Any:
+def _short(prompts: Any, completions: list[str], **kw: Any) -> Any:
     return [1.0]
 
 
-def _none(p: Any, c: list[str], **kw: Any) -> Any:
+def _none(prompts: Any, completions: list[str], **kw: Any) -> Any:
     return None
 
 
-def _strings(p: Any, c: list[str], **kw: Any) -> Any:
-    return ["good"] * len(c)
+def _strings(prompts: Any, completions: list[str], **kw: Any) -> Any:
+    return ["good"] * len(completions)
 
 
-def _exit(p: Any, c: list[str], **kw: Any) -> Any:
+def _exit(prompts: Any, completions: list[str], **kw: Any) -> Any:
     raise SystemExit(3)
 
 
-def _ctrl_c(p: Any, c: list[str], **kw: Any) -> Any:
+def _ctrl_c(prompts: Any, completions: list[str], **kw: Any) -> Any:
     raise KeyboardInterrupt("from the reward")
 
 
-def _huge(p: Any, c: list[str], **kw: Any) -> Any:
-    return [1e308] * len(c)  # finite in float64, infinite in the trainer's float32
+def _huge(prompts: Any, completions: list[str], **kw: Any) -> Any:
+    return [1e308] * len(completions)  # finite in float64, infinite in the trainer's float32
 
 
 BAD_REWARDS = {
-    "raises": (_raises, "RuntimeError: boom"), "nan": (_nan, "returned nan"),
+    "raises": (_raises, "RuntimeError: boom"), "nan": (_nan, "no reward applies to this sample"),
     "short": (_short, "returned 1 values"), "none": (_none, "returned NoneType"),
     "strings": (_strings, "non-numeric str"), "exit": (_exit, "SystemExit"),
-    "ctrl_c": (_ctrl_c, "KeyboardInterrupt"), "huge": (_huge, "not finite in float32"),
+    "huge": (_huge, "not finite in float32"),
 }
 
 
@@ -158,6 +158,18 @@ def test_an_always_failing_reward_ends_the_run_naming_it(tmp_path: Path, kind: s
     assert report.ok and report.closed, report.render()
 
 
+def test_a_keyboard_interrupt_in_a_reward_stops_the_run_as_interrupted(tmp_path: Path):
+    """Not a failure of the reward (the budget does not count it): the run stops as if the
+    operator pressed Ctrl-C, closed and verifiable, so --resume continues it."""
+    h = Harness(tmp_path, rewards=[("ctrl_c", _ctrl_c)])
+    err = h.run()
+    assert isinstance(err, Interrupted), repr(err)
+    assert "KeyboardInterrupt" in str(err)
+    assert [e.reason for e in h.events(ev.Closed)] == ["interrupted"]
+    report = h.verify()
+    assert report.ok and report.closed, report.render()
+
+
 def test_the_failing_function_of_a_set_is_the_one_named(tmp_path: Path):
     h = Harness(tmp_path, rewards=[("fine", ok_reward), ("broken", _raises)])
     err = h.run()
@@ -168,12 +180,12 @@ def test_the_failing_function_of_a_set_is_the_one_named(tmp_path: Path):
 def test_rare_reward_failures_never_stop_a_run(tmp_path: Path):
     calls = 0
 
-    def flaky(p: Any, c: list[str], **kw: Any) -> list[float]:
+    def flaky(prompts: Any, completions: list[str], **kw: Any) -> list[float]:
         nonlocal calls
         calls += 1
         if calls % 2 == 0:
             raise RuntimeError("reward server down")
-        return [math.nan if i == 0 else 0.5 * (i % 2) for i in range(len(c))]
+        return [math.nan if i == 0 else 0.5 * (i % 2) for i in range(len(completions))]
 
     h = Harness(tmp_path, rewards=[("flaky", flaky)], overrides=["run.steps=4"])
     assert h.run() is None

@@ -16,7 +16,7 @@ import pytest
 from pipeline_fakes import FakeEngine, Harness, blocker, ok_reward
 
 from freshroll import events as ev
-from freshroll.errors import FailureBudgetExceeded, RunFailed, WorkerTimeout
+from freshroll.errors import FailureBudgetExceeded, Interrupted, RunFailed, WorkerTimeout
 from freshroll.runtime.pipeline import MAX_RESTARTS
 from freshroll.runtime.threads import AbandonableExecutor, CallAborted
 
@@ -37,14 +37,14 @@ def test_abandoned_call_does_not_block_the_next_one_and_threads_are_daemons():
     pool.shutdown(wait=True, timeout=5)
 
 
-def test_keyboard_interrupt_and_system_exit_arrive_as_ordinary_exceptions():
+def test_keyboard_interrupt_and_system_exit_arrive_as_exceptions():
     pool = AbandonableExecutor("t")
 
     def ctrl_c() -> None:
         raise KeyboardInterrupt("inside user code")
 
-    with pytest.raises(CallAborted, match="raised KeyboardInterrupt: inside user code"):
-        pool.submit(ctrl_c).result(timeout=5)
+    with pytest.raises(Interrupted, match="KeyboardInterrupt inside user code"):
+        pool.submit(ctrl_c).result(timeout=5)  # the operator's stop: the run stops, resumable
     with pytest.raises(CallAborted, match="SystemExit"):
         pool.submit(lambda: exit(2)).result(timeout=5)
     assert pool.submit(lambda: "still works").result(timeout=5) == "still works"
@@ -138,12 +138,12 @@ def test_a_reward_stuck_once_discards_its_batch_as_reward_timeout_and_the_run_go
     gate = threading.Event()
     calls = 0
 
-    def stuck_once(p: Any, c: list[str], **kw: Any) -> list[float]:
+    def stuck_once(prompts: Any, completions: list[str], **kw: Any) -> list[float]:
         nonlocal calls
         calls += 1
         if calls == 1:
             gate.wait(30)  # time.sleep(10**6) in real life; the gate lets the test clean up
-        return ok_reward(p, c)
+        return ok_reward(prompts, completions)
 
     h = Harness(tmp_path, rewards=[("stuck_once", stuck_once)],
                 overrides=["limits.reward_timeout_s=0.3"])
@@ -163,9 +163,9 @@ def test_a_reward_that_always_hangs_ends_the_run_after_max_consecutive_timeouts(
 ):
     gate = threading.Event()
 
-    def sleeps(p: Any, c: list[str], **kw: Any) -> list[float]:
+    def sleeps(prompts: Any, completions: list[str], **kw: Any) -> list[float]:
         gate.wait(60)
-        return ok_reward(p, c)
+        return ok_reward(prompts, completions)
 
     h = Harness(tmp_path, rewards=[("sleeps", sleeps)],
                 overrides=["limits.reward_timeout_s=0.2", "limits.max_consecutive_timeouts=3"])

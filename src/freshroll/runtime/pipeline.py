@@ -72,7 +72,14 @@ from freshroll.breaker import FailureBudget, Rule
 from freshroll.buffer import Outcome, SampleBuffer
 from freshroll.config import Config
 from freshroll.engines.base import Completion, InferenceEngine
-from freshroll.errors import FreshrollError, NonFiniteStep, RunFailed, WorkerLost, WorkerTimeout
+from freshroll.errors import (
+    FreshrollError,
+    Interrupted,
+    NonFiniteStep,
+    RunFailed,
+    WorkerLost,
+    WorkerTimeout,
+)
 from freshroll.lineage import PolicyVersion, SampleId
 from freshroll.rewards.calling import RewardState
 from freshroll.rewards.scoring import RewardSet, Score
@@ -170,8 +177,9 @@ class Pipeline:
 
     def _close_failed(self, failure: BaseException) -> None:
         """End the ledger closed and verifiable: everything unfinished is discarded."""
+        reason = "interrupted" if isinstance(failure, Interrupted | KeyboardInterrupt) else "failed"
         try:
-            self.buf.shutdown("failed")
+            self.buf.shutdown(reason)
         except Exception as exc:  # e.g. the disk is full: the original error says why
             failure.add_note(f"the ledger could not be closed: {type(exc).__name__}: {exc}")
 
@@ -250,6 +258,8 @@ class Pipeline:
             except (WorkerLost, WorkerTimeout) as exc:  # fenced, re-issued, restarted
                 epoch, loaded = await self._replace(i, engine, name, epoch, exc), None
                 continue
+            except Interrupted:  # the operator's stop: not a failure of this worker
+                raise
             except Exception as exc:  # engine failure: these requests end, the run goes on
                 error = f"{type(exc).__name__}: {exc}"[:300]
                 for sid in sids:
@@ -393,6 +403,8 @@ class Pipeline:
             )
         except WorkerTimeout:
             return None
+        except Interrupted:  # KeyboardInterrupt in a reward: the run stops (resumable)
+            raise
         except CallAborted as exc:  # KeyboardInterrupt, SystemExit, ... from user code
             scores = [Score(None, f"reward_error: {self._reward_label()} {exc}", {})] * len(comps)
         except Exception as exc:

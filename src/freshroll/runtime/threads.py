@@ -9,9 +9,11 @@ is left to finish (or not) on its own, its eventual result goes nowhere the run
 still listens to, and the next call runs on a fresh thread. Daemon threads never
 keep the process from exiting.
 
-Calls that raise ``KeyboardInterrupt`` or ``SystemExit`` (user code can) deliver
-them as :class:`CallAborted`, an ordinary exception: a ``BaseException`` set on a
-future would escape the asyncio task that awaits it and tear down the event loop.
+Calls that raise ``SystemExit`` (user code can) deliver it as :class:`CallAborted`, an
+ordinary exception: a ``BaseException`` set on a future would escape the asyncio task that
+awaits it and tear down the event loop. ``KeyboardInterrupt`` is delivered as
+:class:`~freshroll.errors.Interrupted`: the run stops as if the operator pressed Ctrl-C
+(resumable), and is not counted as a failure of the stage.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from typing import Any, TypeVar
+
+from freshroll.errors import Interrupted
 
 T = TypeVar("T")
 
@@ -103,7 +107,10 @@ def _work(q: queue.SimpleQueue[Any]) -> None:
             result = fn(*args, **kwargs)
         except Exception as exc:
             fut.set_exception(exc)
-        except BaseException as exc:  # user code raised SystemExit, KeyboardInterrupt, ...
+        except KeyboardInterrupt as exc:  # the operator's stop, whoever raised it: resumable
+            fut.set_exception(Interrupted(f"{threading.current_thread().name}: "
+                                          f"KeyboardInterrupt {exc}".strip()))
+        except BaseException as exc:  # user code raised SystemExit, ...
             fut.set_exception(CallAborted(f"raised {type(exc).__name__}: {exc}"))
         else:
             fut.set_result(result)
