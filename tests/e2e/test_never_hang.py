@@ -54,6 +54,14 @@ def test_an_always_raising_reward_ends_the_run_with_one_line(tmp_path: Path):
     db = sqlite3.connect(out / "ledger.sqlite")
     assert db.execute("SELECT json_extract(body, '$.reason') FROM events "
                       "WHERE kind='closed'").fetchall() == [("failed",)]
+    assert proc.returncode == 3
+    # the verdict says plainly that nothing was trained, and quotes the first failure
+    assert "run INCOMPLETE" not in proc.stderr  # one line: the error is the message
+    verdict = summary(out)["verdict"]
+    assert verdict["status"] == "no steps" and verdict["steps_asked"] == 3
+    assert "RuntimeError: boom" in verdict["first_failure"]["reward_error"]["first"]
+    html = (out / "report.html").read_text()
+    assert "training verdict: no steps" in html and "RuntimeError: boom" in html
 
 
 @pytest.mark.slow

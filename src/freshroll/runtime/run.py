@@ -485,14 +485,12 @@ def _run(prep: Prepared, out: Path, stream: TextIO) -> RunResult:
         buf, engines, learner, rewards, {p.prompt_id: p for p in prompts}, order, cfg,
         on_step=rec.on_step, before_commit=rec.before_commit,
     )
+    failure: BaseException | None = None
     try:
         run_pipeline(pipe)
         buf.shutdown("done")
     except BaseException as exc:  # one typed error; the ledger closed first (resumable)
-        stopped = _stopped(exc, buf, cfg, out)
-        if stopped is exc:
-            raise
-        raise stopped from exc
+        failure, stopped = exc, _stopped(exc, buf, cfg, out)
     finally:
         rec.close()
         buf.ledger.close()
@@ -500,11 +498,25 @@ def _run(prep: Prepared, out: Path, stream: TextIO) -> RunResult:
             from freshroll.runtime.ray_engine import stop_ray
 
             stop_ray()
-    (out / "counts.json").write_text(json.dumps(dict(buf.counts), sort_keys=True, indent=1))
-    summary = write_summary(out)
-    _write_report(out)
+    if failure is not None:
+        # a run that stopped still says what it trained and why it stopped (summary.json's
+        # verdict, the report's banner); best effort: the error that stopped it comes first
+        with contextlib.suppress(Exception):
+            _write_end_files(out, buf)
+        if stopped is failure:
+            raise failure
+        raise stopped from failure
+    summary = _write_end_files(out, buf)
     report = verify_run(out)
     return RunResult(out, summary, report.ok)
+
+
+def _write_end_files(out: Path, buf: SampleBuffer) -> dict[str, Any]:
+    """``counts.json``, ``summary.json`` and ``report.html`` of a closed run."""
+    write_text_atomic(out / "counts.json", json.dumps(dict(buf.counts), sort_keys=True, indent=1))
+    summary = write_summary(out)
+    _write_report(out)
+    return summary
 
 
 def _stopped(exc: BaseException, buf: SampleBuffer, cfg: Config, out: Path) -> BaseException:

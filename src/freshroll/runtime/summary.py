@@ -68,28 +68,14 @@ def summarize_events(events: Sequence[Any]) -> dict[str, Any]:
         **summary_figures(tally(events)),
         "discard_bias": discard_bias(events),
         "stages": [row.__dict__ for row in decompose(collect_spans(events))],
+        "verdict": verdict(events),
     })
     return summary
 
 
 def summarize(run_dir: Path) -> dict[str, Any]:
     with Ledger(run_dir / LEDGER_FILE, readonly=True) as ledger:
-        events = [e for _, e in ledger.events()]
-    summary = summarize_events(events)
-    summary["verdict"] = verdict(events, _steps_asked(run_dir))
-    return summary
-
-
-def _steps_asked(run_dir: Path) -> int | None:
-    """``run.steps`` of the run's saved config, if it can be read."""
-    import yaml
-
-    try:
-        data = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
-        steps = data.get("run", {}).get("steps")
-    except (OSError, yaml.YAMLError, AttributeError):
-        return None
-    return steps if isinstance(steps, int) else None
+        return summarize_events([e for _, e in ledger.events()])
 
 
 def write_summary(run_dir: Path) -> dict[str, Any]:

@@ -2,8 +2,8 @@
 
 A run that committed no step, or fewer steps than ``run.steps``, must say so plainly in the
 terminal, ``summary.json`` and the report — never a green line over a run that trained
-nothing. The verdict is a pure function of the ledger events and the run's config (the run
-directory is the report contract), so it can be rebuilt on a saved run::
+nothing. The verdict is a pure function of the ledger events (the steps asked are those of
+the last ``run_config`` event), so ``verify`` recomputes it and a saved run rebuilds it::
 
     status = "complete"     steps committed >= steps asked, ledger closed
              "incomplete"   fewer steps than asked, ledger closed (stopped by a failure, ...)
@@ -18,6 +18,7 @@ reason of the last ``closed`` event (``done``, or the failure that ended the run
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -29,12 +30,17 @@ BOOKKEEPING_REASONS = frozenset({"fenced", "shutdown"})
 EXPECTED_REASONS = frozenset({"stale"})
 
 
-def verdict(events: Iterable[ev.Event], steps_asked: int | None) -> dict[str, Any]:
-    """``{"status", "steps_asked", "steps_committed", "stopped", "first_failure"}``."""
-    committed, closed, stopped = 0, False, None
+def verdict(events: Iterable[ev.Event], steps_asked: int | None = None) -> dict[str, Any]:
+    """``{"status", "steps_asked", "steps_committed", "stopped", "first_failure"}``.
+
+    ``steps_asked``: ``run.steps`` of the last ``run_config`` event unless given.
+    """
+    committed, closed, stopped, asked = 0, False, None, None
     failures: dict[str, dict[str, Any]] = {}
     for e in events:
-        if isinstance(e, ev.Committed):
+        if isinstance(e, ev.RunConfig):
+            asked = _steps_of(e.config)
+        elif isinstance(e, ev.Committed):
             committed += 1
         elif isinstance(e, ev.Closed):
             closed, stopped = True, e.reason
@@ -43,6 +49,8 @@ def verdict(events: Iterable[ev.Event], steps_asked: int | None) -> dict[str, An
         elif isinstance(e, ev.Discarded) and e.reason not in BOOKKEEPING_REASONS:
             slot = failures.setdefault(e.reason, {"count": 0, "first": e.detail})
             slot["count"] += 1
+    if steps_asked is None:
+        steps_asked = asked
     if not closed:
         status = "open"
     elif committed == 0:
@@ -53,6 +61,14 @@ def verdict(events: Iterable[ev.Event], steps_asked: int | None) -> dict[str, An
         status = "complete"
     return {"status": status, "steps_asked": steps_asked, "steps_committed": committed,
             "stopped": stopped, "first_failure": failures}
+
+
+def _steps_of(config_json: str) -> int | None:
+    try:
+        steps = json.loads(config_json).get("run", {}).get("steps")
+    except (ValueError, AttributeError):
+        return None
+    return steps if isinstance(steps, int) else None
 
 
 def render(v: dict[str, Any]) -> str:
