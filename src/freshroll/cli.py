@@ -131,6 +131,8 @@ def run(config: Path | None, overrides: tuple[str, ...], out: Path | None,
             if allow_change:
                 raise ConfigError("--allow-change applies only with --resume")
             cfg = load_config(config, overrides)
+        if cfg.run.progress:  # the imports and checks below take seconds: say so at once
+            click.echo("freshroll: config ok; loading the model, data and rewards ...", err=True)
         from freshroll.runtime.run import run as run_training
         from freshroll.runtime.run import run_baseline
 

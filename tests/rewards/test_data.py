@@ -238,3 +238,26 @@ def test_a_tokenizer_without_unknown_token_accepts_everything() -> None:
         unk_token_id = None
 
     check_vocabulary([Prompt("p", "ÄÖ\n")], ByteLevel(), model="bpe")
+
+
+def test_a_template_bos_is_not_doubled_by_a_tokenizer_that_adds_one(tmp_path: Path) -> None:
+    """A template that writes BOS, with a tokenizer that also adds BOS on encoding, would give
+    the engine two BOS tokens; the rendered text drops the template's."""
+    from tokenizers import processors
+
+    tok = build_tokenizer()
+    bos_id = tok.bos_token_id
+    tok.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{tok.bos_token} $A", special_tokens=[(tok.bos_token, bos_id)],
+    )
+    tok.chat_template = "{{ bos_token }}" + TEMPLATE
+    assert tok("x").input_ids[0] == bos_id  # this tokenizer adds BOS by itself
+    path = _jsonl(tmp_path / "chat.jsonl", [{"prompt": _chat("rev 12=")}])
+    (prompt,) = load_prompts(path, render=chat_renderer(tok, model="m"))
+    ids = tok(prompt.text).input_ids
+    assert ids[0] == bos_id and ids[1] != bos_id
+    # a tokenizer that adds nothing keeps the template's BOS: still exactly one
+    plain = _templated()
+    plain.chat_template = "{{ bos_token }}" + TEMPLATE
+    (kept,) = load_prompts(path, render=chat_renderer(plain, model="m"))
+    assert kept.text.startswith(plain.bos_token)

@@ -82,21 +82,26 @@ def chat_renderer(tokenizer: Any, *, model: str, plain_fallback: bool = False) -
 
     The template is applied with ``add_generation_prompt=True``, or, when the last
     message is the assistant's, ``continue_final_message=True`` (the policy continues
-    it). A tokenizer without a chat template is refused (naming ``model``), unless
-    ``plain_fallback``: then the text is the messages' contents joined by one space,
-    without role markers (freshroll's choice for its embedded tiny model, whose
+    it). A BOS the template writes is dropped when the tokenizer adds one on encoding, so
+    the engine's prompt holds exactly one. A tokenizer without a chat template is refused
+    (naming ``model``), unless ``plain_fallback``: then the text is the messages' contents
+    joined by one space, without role markers (freshroll's choice for its embedded tiny model, whose
     character vocabulary could not spell a template's markers anyway).
     """
     if getattr(tokenizer, "chat_template", None):
+        bos = _added_bos(tokenizer)
 
         def render(messages: Sequence[Message]) -> str:
             last_is_assistant = messages[-1]["role"] == "assistant"
-            text = tokenizer.apply_chat_template(
+            text = str(tokenizer.apply_chat_template(
                 [dict(m) for m in messages], tokenize=False,
                 add_generation_prompt=not last_is_assistant,
                 continue_final_message=last_is_assistant,
-            )
-            return str(text)
+            ))
+            # the engines encode prompts with the tokenizer's special tokens: a template that
+            # writes the BOS itself would otherwise start with two (TRL encodes templated
+            # prompts with add_special_tokens=False for the same reason)
+            return text.removeprefix(bos) if bos else text
 
         return render
     if plain_fallback:
@@ -109,6 +114,18 @@ def chat_renderer(tokenizer: Any, *, model: str, plain_fallback: bool = False) -
         )
 
     return refuse
+
+
+def _added_bos(tokenizer: Any) -> str:
+    """The BOS token text that encoding adds by itself, or "" if it adds none."""
+    bos_id = getattr(tokenizer, "bos_token_id", None)
+    if bos_id is None or not getattr(tokenizer, "bos_token", None):
+        return ""
+    try:
+        ids = tokenizer("x").input_ids
+    except Exception:  # a tokenizer that cannot encode here: leave the text as rendered
+        return ""
+    return str(tokenizer.bos_token) if ids and ids[0] == bos_id else ""
 
 
 def plain_chat_text(messages: Sequence[Message]) -> str:

@@ -480,6 +480,9 @@ def _run(prep: Prepared, out: Path, stream: TextIO) -> RunResult:
             engine.load_weights(learner.weights())
     order = [p.prompt_id for p in prompts]
     random.Random(cfg.run.seed).shuffle(order)
+    if cfg.run.progress:
+        stream.write(_start_line(cfg, out, path, len(prompts), buf) + "\n")
+        stream.flush()
     rec = Recorder(out, cfg, buf, stream)
     pipe = Pipeline(
         buf, engines, learner, rewards, {p.prompt_id: p for p in prompts}, order, cfg,
@@ -509,6 +512,18 @@ def _run(prep: Prepared, out: Path, stream: TextIO) -> RunResult:
     summary = _write_end_files(out, buf)
     report = verify_run(out)
     return RunResult(out, summary, report.ok)
+
+
+def _start_line(cfg: Config, out: Path, model: Path, n_prompts: int, buf: SampleBuffer) -> str:
+    """What is about to run, printed once before the first step."""
+    step = buf.version.step if buf.version is not None else 0
+    where = f"from step {step} to {cfg.run.steps}" if step else f"{cfg.run.steps} steps"
+    eta = cfg.run.max_staleness
+    mode = "sync" if eta == 0 else f"async (max_staleness {eta})"
+    return (f"freshroll: {out}: {where}, {mode}, model {model}, {n_prompts} prompts, "
+            f"{cfg.rollout.workers} worker(s) ({cfg.run.runtime}), "
+            f"{cfg.rollout.batch_groups}x{cfg.rollout.group_size} rollouts per step, "
+            f"torch threads {torch.get_num_threads()}")
 
 
 def _write_end_files(out: Path, buf: SampleBuffer) -> dict[str, Any]:
