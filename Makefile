@@ -1,11 +1,12 @@
 # freshroll: two commands on a fresh machine.
 #   make demo   set up .venv, train the embedded default (async) and its synchronous baseline
 #   make test   set up .venv, run lint, type checks and the whole test suite
+#   (make test-fast: the unit tests only, for your own loop)
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup demo test lint typecheck bench clean
+.PHONY: setup demo test test-fast lint typecheck bench clean
 
 setup: $(VENV)/.installed
 
@@ -31,6 +32,10 @@ typecheck: setup
 
 test: lint typecheck
 	$(BIN)/python -m pytest -q
+
+# the inner loop: unit and fast tests only (no end-to-end runs of the real CLI)
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not slow" -x
 
 bench: setup
 	$(BIN)/python benchmarks/kernel_throughput.py
