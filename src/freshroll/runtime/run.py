@@ -48,6 +48,7 @@ from freshroll.engines.tiny import build_tiny, model_digest, save_model_dir
 from freshroll.errors import (
     ConfigError,
     Interrupted,
+    LedgerError,
     LineageError,
     ResumeError,
     StorageError,
@@ -183,8 +184,11 @@ def _check_resume(
     cfg: Config, out: Path, digest: str, allow: tuple[str, ...]
 ) -> tuple[History, list[Change]]:
     """Compare the config in force and the model with what the ledger recorded."""
-    with Ledger(out / LEDGER_FILE, readonly=True) as ledger:
-        hist = history(e for _, e in ledger.events())
+    try:
+        with Ledger(out / LEDGER_FILE, readonly=True) as ledger:
+            hist = history(e for _, e in ledger.events())
+    except LedgerError as exc:  # nothing recoverable to continue: refused, nothing written
+        raise ResumeError(f"{out}: cannot resume: {exc}") from exc
     now = flatten(cfg.model_dump(mode="json"))
     recorded = hist.recorded()
     compared = now if hist.config is not None else {k: now[k] for k in recorded}
