@@ -66,7 +66,9 @@ def _rows(run: Path) -> list[tuple[int, str, bytes]]:
         with Ledger(path, readonly=True) as ledger:
             return list(ledger.rows())
     except LedgerError:
-        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        # read-write: a read-only connection cannot recover a hot WAL that a kill left
+        # ("attempt to write a readonly database"); recovery changes no committed content
+        db = sqlite3.connect(path)
         tables = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
         db.close()
         if tables == 0:  # created, not yet initialised (initialisation is one transaction)
