@@ -42,6 +42,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from freshroll.atomic import replace_dir
 from freshroll.errors import ConfigError
 from freshroll.lineage import digest_of
 
@@ -130,36 +131,11 @@ def save_model_dir(
     removed first), fsynced, and renamed into place; an existing ``path`` is moved aside
     first and deleted after the swap. A reader sees no ``path``, the old one or the new one.
     """
-    out = Path(path)
-    tmp, old = out.with_name(out.name + ".tmp"), out.with_name(out.name + ".old")
-    for stale in (tmp, old):
-        if stale.exists():
-            shutil.rmtree(stale)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp.mkdir()
-    try:
+    def fill(tmp: Path) -> None:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        for file in tmp.iterdir():
-            _fsync(file)
-        _fsync(tmp)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if out.exists():
-        os.replace(out, old)
-    os.replace(tmp, out)
-    _fsync(out.parent)
-    shutil.rmtree(old, ignore_errors=True)
-    return out
 
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    return replace_dir(Path(path), fill)
 
 
 def ensure_tiny(cache_dir: str | os.PathLike[str], seed: int = 0) -> Path:

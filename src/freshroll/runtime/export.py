@@ -14,18 +14,17 @@ weights and optimizer state only; the config and tokenizer are those of the run'
 model, ``RUN_DIR/model`` for the embedded tiny model, or ``model.path`` of the run's
 ``config.yaml`` for a user's model (training changes neither).
 
-The output directory is written atomically (a temp directory, then a rename) and never
-replaces an existing one.
+The output directory is written atomically (:func:`freshroll.atomic.replace_dir`) and an
+existing one is never replaced.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from freshroll.atomic import replace_dir
 from freshroll.errors import ConfigError, LineageError, RunDirError
 
 
@@ -80,15 +79,16 @@ def export_model(run_dir: Path, out: Path, step: int | None = None) -> Exported:
     if committed is not None and digest != committed:
         raise LineageError(f"step {want}: rebuilt weights {digest} differ from the committed "
                            f"{committed}")
-    tmp = out.with_name(f".{out.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     learner.model.eval()
-    learner.model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    (tmp / "freshroll_export.json").write_text(json.dumps({
+    record = {
         "run_dir": str(run_dir.resolve()), "step": want, "policy_version": str(version),
         "weights_digest": digest, "source_model": str(source.resolve()),
-    }, indent=1) + "\n")
-    os.replace(tmp, out)
+    }
+
+    def fill(tmp: Path) -> None:
+        learner.model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "freshroll_export.json").write_text(json.dumps(record, indent=1) + "\n")
+
+    replace_dir(out, fill)
     return Exported(out, want, str(version), digest, replayed)

@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +33,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
+from freshroll.atomic import fsync_path, replace_dir
 from freshroll.errors import ConfigError
 
 __all__ = [
@@ -144,15 +144,6 @@ def _join_optimizer(tensors: Mapping[str, Tensor], doc: Mapping[str, Any]) -> di
     return {"state": state, "param_groups": groups}
 
 
-def _fsync_path(path: Path) -> None:
-    """fsync a file or directory by path."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_json(path: Path, doc: Any) -> None:
     """Write ``doc`` as indented, key-sorted JSON and fsync it."""
     with path.open("w", encoding="utf-8") as fh:
@@ -171,16 +162,16 @@ def _write_all(
     """Write every checkpoint file into ``tmp`` (manifest last) and fsync them."""
     files = [MODEL_FILE, META_FILE]
     save_file(_plain_tensors(model_state), str(tmp / MODEL_FILE))
-    _fsync_path(tmp / MODEL_FILE)
+    fsync_path(tmp / MODEL_FILE)
     if optimizer is not None:
         tensors, doc = _split_optimizer(optimizer.state_dict())
         save_file(_plain_tensors(tensors), str(tmp / OPTIM_TENSORS_FILE))
-        _fsync_path(tmp / OPTIM_TENSORS_FILE)
+        fsync_path(tmp / OPTIM_TENSORS_FILE)
         _write_json(tmp / OPTIM_JSON_FILE, doc)
         files += [OPTIM_TENSORS_FILE, OPTIM_JSON_FILE]
     _write_json(tmp / META_FILE, _to_json(dict(meta)))
     _write_json(tmp / MANIFEST_FILE, {"format": FORMAT_VERSION, "files": sorted(files)})
-    _fsync_path(tmp)
+    fsync_path(tmp)
 
 
 def save_checkpoint(
@@ -195,25 +186,9 @@ def save_checkpoint(
     ``meta`` must be JSON-serialisable (tuples are tagged and restored). Returns
     ``directory``. An existing checkpoint at ``directory`` is replaced.
     """
-    directory = Path(directory)
-    tmp = directory.with_name(directory.name + ".tmp")
-    old = directory.with_name(directory.name + ".old")
-    for stale in (tmp, old):
-        if stale.exists():
-            shutil.rmtree(stale)
-    tmp.mkdir(parents=True)
-    try:
-        _write_all(tmp, model_state, optimizer, meta)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if directory.exists():
-        os.replace(directory, old)
-    os.replace(tmp, directory)
-    _fsync_path(directory.parent)
-    if old.exists():
-        shutil.rmtree(old)
-    return directory
+    return replace_dir(
+        Path(directory), lambda tmp: _write_all(tmp, model_state, optimizer, meta)
+    )
 
 
 def _read_json(path: Path) -> Any:

@@ -1,0 +1,51 @@
+"""Atomic directories: a reader sees no directory, the old one or the new one, never a mix.
+
+:func:`replace_dir` lets ``fill`` write everything into ``<dir>.tmp`` beside the target (a
+stale one, left by a kill, is removed first), fsyncs every file in it and the directory
+itself, then renames it into place; an existing ``<dir>`` is first renamed to ``<dir>.old``
+and deleted after the swap, and the parent directory is fsynced so the rename is durable.
+A failure inside ``fill`` removes the temp directory and leaves the target untouched.
+Used for checkpoints, the embedded model's directory and exported models.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+
+def fsync_path(path: Path) -> None:
+    """fsync a file or directory by path."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def replace_dir(directory: Path, fill: Callable[[Path], None]) -> Path:
+    """Write ``directory`` atomically with ``fill(tmp)``; returns ``directory``."""
+    directory = Path(directory)
+    tmp = directory.with_name(directory.name + ".tmp")
+    old = directory.with_name(directory.name + ".old")
+    for stale in (tmp, old):
+        if stale.exists():
+            shutil.rmtree(stale)
+    tmp.mkdir(parents=True)
+    try:
+        fill(tmp)
+        for file in tmp.iterdir():
+            if file.is_file():
+                fsync_path(file)
+        fsync_path(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if directory.exists():
+        os.replace(directory, old)
+    os.replace(tmp, directory)
+    fsync_path(directory.parent)
+    shutil.rmtree(old, ignore_errors=True)
+    return directory
