@@ -47,3 +47,22 @@ def test_vocabulary_smaller_than_the_tokenizer(model: Path) -> None:
     (model / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ConfigError, match=r"has \d+ tokens but the model's vocabulary .* 10"):
         check_model_dir(model)
+
+
+def test_the_cli_stops_on_a_vocabulary_mismatch_before_writing_anything(
+    model: Path, tmp_path: Path
+) -> None:
+    """The first mistake ends at once with what to change, not a silent endless run."""
+    from click.testing import CliRunner
+
+    from freshroll.cli import main
+
+    cfg = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**cfg, "vocab_size": 10}))
+    out = tmp_path / "run"
+    res = CliRunner().invoke(main, ["run", f"model.path={model}", "run.progress=false",
+                                    "--out", str(out)])
+    assert res.exit_code == 2, res.output
+    assert "vocabulary (config.json vocab_size) holds 10" in res.output
+    assert "resize_token_embeddings" in res.output
+    assert not (out / "ledger.sqlite").exists()
