@@ -133,7 +133,7 @@ def freshroll_config(
 
 def prompt_rows(cfg) -> tuple[list[str], list[str]]:
     """The run's prompts in the exact order freshroll admits them (see ``runtime.run``)."""
-    from freshroll.runtime.run import load_task_prompts
+    from freshroll.runtime.prepare import load_task_prompts
 
     prompts = load_task_prompts(cfg, Path(cfg.model.path))
     by_id = {p.prompt_id: p for p in prompts}

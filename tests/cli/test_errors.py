@@ -179,7 +179,7 @@ def test_a_read_only_error_while_writing_the_run_dir_is_a_run_dir_error(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ):
     """The probe passed but a write failed later (EROFS): typed where it escapes."""
-    import freshroll.runtime.run as run_module
+    import freshroll.runtime.prepare as run_module
 
     def read_only(path: Path, text: str) -> None:  # the first file a run writes
         raise OSError(errno.EROFS, "Read-only file system", str(path))

@@ -157,7 +157,7 @@ def test_announce_writes_the_changes_then_the_config():
 
 def test_apply_settings_puts_a_config_in_force_as_a_fresh_learner_would():
     """Before: a resumed learner kept the lr its checkpoint's optimizer was saved with."""
-    from freshroll.runtime.run import apply_settings
+    from freshroll.runtime.learner import apply_settings
     from freshroll.trainer.grpo import GRPOLearner
 
     old = validate({})

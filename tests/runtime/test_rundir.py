@@ -120,7 +120,7 @@ def test_a_broken_model_path_is_named(tmp_path: Path, content: str | None, msg: 
 def test_nothing_is_written_before_every_input_is_checked(tmp_path: Path, overrides, msg):
     """Before: config.yaml, model/ and ledger.sqlite were written first, and the directory
     could then neither be rerun ("already holds a run") nor resumed."""
-    from freshroll.runtime.run import prepare_run_dir
+    from freshroll.runtime.prepare import prepare_run_dir
 
     out = tmp_path / "run"
     with pytest.raises(ConfigError, match=msg):
@@ -129,7 +129,7 @@ def test_nothing_is_written_before_every_input_is_checked(tmp_path: Path, overri
 
 
 def test_prepare_writes_config_and_model_then_holds_the_lock(tmp_path: Path):
-    from freshroll.runtime.run import prepare_run_dir
+    from freshroll.runtime.prepare import prepare_run_dir
 
     out = tmp_path / "run"
     (out / "model").mkdir(parents=True)  # half-written by a kill during an older save

@@ -62,6 +62,8 @@ from freshroll.rewards.calling import (
 from freshroll.rewards.functions import REWARDS
 from freshroll.rewards.tasks import Prompt
 
+#: the largest float32: a total beyond it is finite here but infinite in the trainer's loss
+FLOAT32_MAX = 3.4028234663852886e38
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 _MAX_MSG = 300  # characters of an exception message kept in a reward error
 _ENTRY_KEYS = frozenset({"fn", "weight", "name", "args"})
@@ -200,8 +202,9 @@ class RewardSet:
             return Score(None, "reward_error: no reward applies to this sample (every reward "
                          f"returned None or nan): {', '.join(raws)}", {})
         total = sum(s.weight * components[s.name] for s in self.specs if s.name in components)
-        if not math.isfinite(total):
-            return Score(None, f"reward_error: weighted total {total} is not finite", {})
+        if not math.isfinite(total) or abs(total) > FLOAT32_MAX:
+            return Score(None, f"reward_error: weighted total {total!r} is not finite in "
+                         "float32 (the trainer's precision)", {})
         return Score(total, None, components, {k: v[i] for k, v in extras.items()})
 
 

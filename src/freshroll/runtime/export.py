@@ -47,8 +47,9 @@ def export_model(run_dir: Path, out: Path, step: int | None = None) -> Exported:
     from freshroll.engines.tiny import model_digest
     from freshroll.ledger import LEDGER_FILE, Ledger
     from freshroll.lineage import PolicyVersion
+    from freshroll.runtime.learner import build_learner, resume_point
+    from freshroll.runtime.prepare import _quiet_transformers
     from freshroll.runtime.resume import history
-    from freshroll.runtime.run import _quiet_transformers, _resume_point, build_learner
     from freshroll.trainer.replay import committed_chain, weights_digest
 
     if not (run_dir / LEDGER_FILE).is_file():
@@ -71,7 +72,7 @@ def export_model(run_dir: Path, out: Path, step: int | None = None) -> Exported:
         chain = committed_chain(ledger)
         hist = history(e for _, e in ledger.events())
         learner = build_learner(cfg, source, buf, run_dir, hist, to_step=want, quiet=True)
-        replayed = want - _resume_point(run_dir, chain, want)[1] if want > 0 else 0
+        replayed = want - resume_point(run_dir, chain, want)[1] if want > 0 else 0
         version = chain[want].version if want > 0 else PolicyVersion.initial(model_digest(source))
     tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
     digest = weights_digest(learner.model)

@@ -90,7 +90,6 @@ from freshroll.trainer.grpo import GRPOLearner, TrainSample
 from freshroll.trainer.replay import train_samples, weights_digest
 
 MAX_RESTARTS = 3  # per worker, per run (lost or timed out)
-FLOAT32_MAX = float(torch.finfo(torch.float32).max)  # the trainer computes in float32
 T = TypeVar("T")
 
 
@@ -374,12 +373,11 @@ class Pipeline:
             per_sample = (time.perf_counter() - t0) / len(items)
             errors: list[str | None] = []
             for (sid, _), score in zip(items, scores, strict=True):
-                value, error = _recordable(score)
-                if value is not None:
-                    buf.reward(sid, value, version, per_sample)
+                if score.value is not None:
+                    buf.reward(sid, score.value, version, per_sample)
                 else:
-                    buf.discard(sid, "reward_error", error)
-                errors.append(None if value is not None else error)
+                    buf.discard(sid, "reward_error", score.error or "reward_error")
+                errors.append(None if score.value is not None else score.error or "")
             self._notify()
             self._record_rewards(errors)
 
@@ -512,15 +510,6 @@ class Pipeline:
         self._notify()
         self.on_skip(step, str(exc))
         self.budget.record("trainer", rule, 1, 1, detail)
-
-
-def _recordable(score: Score) -> tuple[float | None, str]:
-    """``(value, "")`` for a reward the trainer can use, else ``(None, why not)``."""
-    if score.value is None:
-        return None, score.error or "reward_error"
-    if abs(score.value) > FLOAT32_MAX:  # finite in float64, inf in the trainer's float32
-        return None, f"reward {score.value!r} is not finite in float32 (the trainer's precision)"
-    return score.value, ""
 
 
 def first_failure(group: BaseExceptionGroup[BaseException]) -> BaseException | None:

@@ -1,0 +1,127 @@
+"""The learner at a committed step: the newest checkpoint on the committed chain, then the
+later committed steps trained again from the ledger, each under the settings the ledger
+recorded for it and checked against its committed weights digest
+(:mod:`freshroll.trainer.replay`). Used by ``--resume`` and ``export-model``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from freshroll.buffer import SampleBuffer
+from freshroll.config import Config, validate
+from freshroll.engines.model_dir import loading_model
+from freshroll.errors import LineageError, ResumeError
+from freshroll.runtime.resume import History, canonical
+from freshroll.trainer.checkpoint import load_checkpoint
+from freshroll.trainer.grpo import GRPOLearner
+from freshroll.trainer.replay import CommittedStep, committed_chain, replay
+
+
+def resume_point(run_dir: Path, chain: dict[int, CommittedStep], step: int) -> tuple[Path, int]:
+    """The newest checkpoint on the committed chain at or before ``step``, and its step."""
+    for path in sorted((run_dir / "checkpoints").glob("step-*"), reverse=True):
+        meta_file = path / "meta.json"
+        if not meta_file.is_file():
+            continue
+        meta = json.loads(meta_file.read_text())
+        s = int(meta.get("step", -1))
+        if 0 < s <= step and str(chain[s].version) == meta.get("version"):
+            return path, s
+    return Path(), 0
+
+
+def new_learner(cfg: Config, path: Path) -> tuple[GRPOLearner, Any]:
+    """A learner on the initial model at ``path``, and that model's tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    with loading_model(path):
+        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    learner = GRPOLearner(
+        model, cfg.trainer, temperature=cfg.rollout.temperature, pad_id=int(pad),
+        max_new_tokens=cfg.rollout.max_new_tokens,
+    )
+    return learner, tok
+
+
+def build_learner(
+    cfg: Config, path: Path, buf: SampleBuffer, run_dir: Path, hist: History | None = None,
+    *, to_step: int | None = None, quiet: bool = False,
+) -> GRPOLearner:
+    """The learner at the ledger's version (or committed step ``to_step``): checkpoint, then
+    a digest-checked replay.
+
+    Each replayed step is trained under the settings the ledger recorded for it (the last
+    ``run_config`` before its ``committed`` event; without one, the config in force), and
+    its settings digest must be the one committed. Afterwards the config in force applies.
+    """
+    learner, _ = new_learner(cfg, path)
+    model = learner.model
+    assert buf.version is not None
+    target = buf.version.step if to_step is None else to_step
+    if target == 0:
+        return learner
+    recorded = _recorded_configs(hist)
+    if learner.ref is None and any(c.trainer.kl_coef > 0 for c in recorded.values()):
+        learner.ref = copy.deepcopy(model).eval()  # type: ignore[no-untyped-call]  # initial model
+    chain = committed_chain(buf.ledger)
+    ckpt_path, ckpt_step = resume_point(run_dir, chain, target)
+    if ckpt_step > 0:
+        ckpt = load_checkpoint(ckpt_path)
+        model.load_state_dict(ckpt.model_state)
+        if ckpt.optimizer_state is not None:
+            learner.optimizer.load_state_dict(ckpt.optimizer_state)
+
+    def before_step(step: int) -> None:
+        config, committed = hist.steps.get(step, (None, "")) if hist else (None, "")
+        apply_settings(learner, recorded[canonical(config)] if config is not None else cfg)
+        if config is not None and learner.settings_digest != committed:
+            raise LineageError(
+                f"step {step} was committed under settings {committed}, but the config the "
+                f"ledger recorded for it gives {learner.settings_digest}"
+            )
+
+    try:
+        n = replay(learner, buf, chain, ckpt_step, to_step=target, before_step=before_step)
+    except LineageError as exc:  # the ledger's steps cannot be rebuilt: resume refused
+        raise ResumeError(str(exc)) from exc
+    apply_settings(learner, cfg)
+    if n and not quiet:
+        sys.stderr.write(f"resume: checkpoint at step {ckpt_step}, replayed {n} committed "
+                         f"steps from the ledger; weights digests match\n")
+    return learner
+
+
+def _recorded_configs(hist: History | None) -> dict[str, Config]:
+    """Every config the ledger recorded for a committed step, by its canonical JSON."""
+    out: dict[str, Config] = {}
+    for config, _ in (hist.steps.values() if hist else ()):
+        if config is not None:
+            text = canonical(config)
+            if text not in out:
+                out[text] = validate(config, "the ledger's run_config")
+    return out
+
+
+def apply_settings(learner: GRPOLearner, cfg: Config) -> None:
+    """Put ``cfg``'s trainer settings in force on ``learner``, as a learner built with them
+    would have them: its settings, loss config, temperature and settings digest (taken from
+    such a learner, built on a stand-in module), and the optimizer's lr and weight decay,
+    which a loaded checkpoint set to the values of its own step."""
+    t = cfg.trainer
+    fresh = GRPOLearner(
+        torch.nn.Linear(1, 1), t, temperature=cfg.rollout.temperature, pad_id=learner.pad_id,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+    )
+    learner.cfg, learner.loss_cfg = fresh.cfg, fresh.loss_cfg
+    learner.temperature, learner.settings_digest = fresh.temperature, fresh.settings_digest
+    for group in learner.optimizer.param_groups:
+        group["lr"], group["weight_decay"] = t.lr, t.weight_decay

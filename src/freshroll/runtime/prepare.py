@@ -1,0 +1,170 @@
+"""Checks and writes before a run starts: every input first, then the run directory.
+
+Before any write: the directory (new, or holding a run to resume), the rewards
+(importable), the prompts (loadable, checked against the tokenizer), the model
+(``model.path`` checked by :func:`freshroll.engines.model_dir.check_model_dir`, or the embedded
+model built in memory) and, on resume, the config in force against the ledger's
+(:mod:`freshroll.runtime.resume`). Only then ``config.yaml`` and ``model/`` are written, each
+atomically, and the directory is locked (:mod:`freshroll.runtime.rundir`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from freshroll.config import Config
+from freshroll.engines.model_dir import check_model_dir
+from freshroll.engines.tiny import build_tiny, model_digest, save_model_dir
+from freshroll.errors import ConfigError, LedgerError, ResumeError
+from freshroll.ledger import LEDGER_FILE, Ledger
+from freshroll.lineage import PolicyVersion
+from freshroll.rewards.calling import reward_columns
+from freshroll.rewards.data import chat_renderer, check_vocabulary, load_prompts
+from freshroll.rewards.scoring import RewardSet, build_reward_set
+from freshroll.rewards.tasks import Prompt, make_prompts
+from freshroll.runtime.resume import Change, History, check, check_model, diff, flatten, history
+from freshroll.runtime.rundir import (
+    RunDirLock,
+    check_out_dir,
+    lock_run_dir,
+    resume_config,
+    write_text_atomic,
+)
+
+
+@dataclass
+class Prepared:
+    """A run directory checked, locked and written (config.yaml, model/), ready to open."""
+
+    cfg: Config
+    lock: RunDirLock
+    prompts: list[Prompt]
+    rewards: RewardSet
+    model_path: Path
+    model_digest: str
+    history: History | None = None  # what the ledger recorded (on resume)
+    changes: list[Change] = field(default_factory=list)  # accepted on resume
+    allow_change: tuple[str, ...] = ()
+
+
+def prepare_run_dir(
+    cfg: Config | None, out: Path, resume: bool, allow_change: tuple[str, ...] = ()
+) -> Prepared:
+    """Check everything that can be checked, lock ``out``, then write its first files.
+
+    Before any write: the directory (new, or holding a run to resume), the rewards
+    (importable), the prompts (loadable), the model (``model.path``'s config.json and
+    weights, or the embedded model built in memory) and, on resume, the config in force
+    against the ledger's (:mod:`freshroll.runtime.resume`). Only then ``config.yaml`` and
+    ``model/`` are written, each atomically. A resume locks the directory first (it
+    reads the ledger); a new run locks it once every check passed.
+    """
+    if allow_change and not resume:
+        raise ConfigError("--allow-change applies only with --resume")
+    check_out_dir(out, resume=resume)
+    lock = lock_run_dir(out) if resume else None
+    try:
+        if cfg is None:
+            cfg = resume_config(out)
+        _quiet_transformers()
+        rewards = build_reward_set([e.model_dump(exclude_none=True) for e in cfg.rewards])
+        path, digest, pending = _initial_model(cfg, out, resume)
+        prompts = load_task_prompts(cfg, path, pending[1] if pending is not None else None)
+        rewards.check_columns(reward_columns(prompts[:1]))
+        hist: History | None = None
+        changes: list[Change] = []
+        if resume:
+            hist, changes = _check_resume(cfg, out, digest, allow_change)
+        if lock is None:
+            lock = lock_run_dir(out)
+            check_out_dir(out, resume=False)  # another process may have started it meanwhile
+        write_text_atomic(out / "config.yaml", cfg.to_yaml())
+        if pending is not None:
+            save_model_dir(*pending, path)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+    return Prepared(cfg, lock, prompts, rewards, path, digest, hist, changes, allow_change)
+
+
+def _initial_model(
+    cfg: Config, run_dir: Path, resume: bool
+) -> tuple[Path, str, tuple[Any, Any] | None]:
+    """The initial model's dir, its digest, and the embedded model still to save there.
+
+    A user's ``model.path`` is read in place; the embedded tiny model is built in memory
+    (a new run always builds it; a resume reuses the run's ``model/`` when present).
+    """
+    if cfg.model.path is not None:
+        path = Path(cfg.model.path)
+        check_model_dir(path)
+        try:
+            return path, model_digest(path), None
+        except ConfigError:
+            raise
+        except Exception as exc:  # safetensors raises its own errors for garbage weights
+            raise ConfigError(f"model.path: {path}: weights do not load: {exc}"[:500]) from None
+    path = run_dir / "model"
+    if resume and (path / "config.json").is_file():
+        return path, model_digest(path), None
+    try:
+        model, tokenizer = build_tiny(cfg.model.tiny_seed, **cfg.model.tiny.overrides())
+    except Exception as exc:  # a bad override of the tiny config
+        raise ConfigError(f"model.tiny: {exc}"[:500]) from None
+    return path, model_digest(model), (model, tokenizer)
+
+
+def _check_resume(
+    cfg: Config, out: Path, digest: str, allow: tuple[str, ...]
+) -> tuple[History, list[Change]]:
+    """Compare the config in force and the model with what the ledger recorded."""
+    try:
+        with Ledger(out / LEDGER_FILE, readonly=True) as ledger:
+            hist = history(e for _, e in ledger.events())
+    except LedgerError as exc:  # nothing recoverable to continue: refused, nothing written
+        raise ResumeError(f"{out}: cannot resume: {exc}") from exc
+    now = flatten(cfg.model_dump(mode="json"))
+    recorded = hist.recorded()
+    compared = now if hist.config is not None else {k: now[k] for k in recorded}
+    changes = diff(recorded, compared, flatten(Config().model_dump(mode="json")))
+    accepted = check(changes, set(allow), known=set(now), step=hist.step, where=str(out))
+    model = cfg.model.path or str(out / "model")
+    check_model(hist.initial_version, str(PolicyVersion.initial(digest)), model, str(out))
+    return hist, accepted
+
+
+def load_task_prompts(cfg: Config, model: Path, tok: Any = None) -> list[Prompt]:
+    """The run's prompts, chat prompts rendered and all checked against ``model``'s tokenizer
+    (``tok``, when it is already in memory: the embedded model before it is saved).
+
+    The embedded tiny model has no chat template: its chat prompts are the messages'
+    contents joined by a space (:func:`~freshroll.rewards.data.plain_chat_text`).
+    """
+    from transformers import AutoTokenizer
+
+    if tok is None:
+        try:
+            tok = AutoTokenizer.from_pretrained(model, local_files_only=True)
+        except Exception as exc:  # transformers raises many types for a folder without one
+            raise ConfigError(f"model {model}: cannot load its tokenizer "
+                              f"({type(exc).__name__}: {str(exc)[:300]})") from exc
+    t = cfg.task
+    if t.file is not None:
+        render = chat_renderer(tok, model=str(model), plain_fallback=cfg.model.path is None)
+        prompts = load_prompts(t.file, t.prompt_field, t.answer_field, t.id_field,
+                               split=t.split, render=render)
+    else:
+        prompts = make_prompts(t.name, t.n_prompts, cfg.run.seed, **t.params)
+    check_vocabulary(prompts, tok, model=str(model))
+    return prompts
+
+
+def _quiet_transformers() -> None:
+    """No download/loading progress bars: our own progress line is the display."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
