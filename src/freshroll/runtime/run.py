@@ -177,7 +177,8 @@ def run(
 
     ``cfg``: the config in force (on resume, None: the run's saved config.yaml; see
     :func:`freshroll.runtime.rundir.resume_config`). ``allow_change``: keys a resume may
-    change that change training (README, "Resume rules"). The run directory is locked for the whole call.
+    change that change training (README, "Resume rules"). The run directory is locked for
+    the whole call.
     """
     prep = prepare_run_dir(cfg, out, resume, allow_change)
     try:
