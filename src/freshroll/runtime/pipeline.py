@@ -513,19 +513,13 @@ class Pipeline:
 
 
 def first_failure(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
-    """The error that ended a task group: its first :class:`FreshrollError` leaf, else its
-    first leaf that is not the trainer's normal stop; None if the run just finished."""
-    leaves = [e for e in _leaves(group) if not isinstance(e, _Stop)]
-    for exc in leaves:
-        if isinstance(exc, FreshrollError):
-            return exc
-    return leaves[0] if leaves else None
+    """The error that ended a task group (:func:`freshroll.boundary.leaf`: an interrupt,
+    else its first :class:`FreshrollError`, else its first leaf), leaving out the trainer's
+    normal stop; None if the run just finished."""
+    from freshroll.boundary import leaf
 
-
-def _leaves(exc: BaseException) -> list[BaseException]:
-    if isinstance(exc, BaseExceptionGroup):
-        return [leaf for sub in exc.exceptions for leaf in _leaves(sub)]
-    return [exc]
+    _, rest = group.split(_Stop)
+    return None if rest is None else leaf(rest)
 
 
 def generation_seed(run_seed: int, first_sample: str) -> int:
