@@ -148,7 +148,12 @@ class RolloutSection(_Section):
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling mass; 1: off")
     max_inflight_groups: int | None = Field(
         None, ge=1, le=1_000_000,
-        description="cap on groups admitted but not yet ready, below the freshness window",
+        description="cap on groups admitted but not yet ready, below the freshness window "
+        "(the initial admission limit; control.mode adaptive then sets it live)",
+    )
+    engine: Literal["hf", "sim"] = Field(
+        "hf", description="hf: the transformers model (model section); sim: the latency model "
+        "of an LLM cluster (sim section), no model is loaded"
     )
 
 
@@ -226,6 +231,99 @@ class LimitsSection(_Section):
     )
 
 
+class ControlSection(_Section):
+    """Live settings: admission limit, per-worker concurrency, active workers (control.py)."""
+
+    mode: Literal["static", "adaptive"] = Field(
+        "static", description="static: the initial settings all run long (rollout.workers, "
+        "rollout.worker_batch, rollout.max_inflight_groups); adaptive: the controller steers them"
+    )
+    interval_s: float = Field(
+        5.0, gt=0, le=86_400, description="seconds (of the run's clock) between decisions"
+    )
+    min_workers: int = Field(1, ge=1, le=4_096, description="fewest active inference workers")
+    max_workers: int | None = Field(
+        None, ge=1, le=4_096, description="most active inference workers (unset: rollout.workers)"
+    )
+    min_concurrency: int = Field(1, ge=1, le=65_536, description="fewest requests per worker")
+    max_concurrency: int | None = Field(
+        None, ge=1, le=65_536,
+        description="most requests in flight per worker (unset: 4 x rollout.worker_batch)",
+    )
+    up_cooldown_s: float = Field(5.0, ge=0, le=86_400, description="seconds between scale-ups")
+    down_cooldown_s: float = Field(
+        30.0, ge=0, le=86_400, description="seconds after any switch before a scale-down"
+    )
+    idle_high: float = Field(
+        0.03, gt=0, le=1, description="trainer idle ratio above which production is short"
+    )
+    idle_low: float = Field(
+        0.01, ge=0, lt=1, description="trainer idle ratio below which production may shrink"
+    )
+    blocked_high: float = Field(
+        0.10, gt=0, le=1, description="worker backpressure ratio that marks the trainer the "
+        "bottleneck"
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> ControlSection:
+        if self.max_workers is not None and self.max_workers < self.min_workers:
+            raise ValueError(f"max_workers {self.max_workers} < min_workers {self.min_workers}")
+        if self.max_concurrency is not None and self.max_concurrency < self.min_concurrency:
+            raise ValueError(f"max_concurrency {self.max_concurrency} < min_concurrency "
+                             f"{self.min_concurrency}")
+        if self.idle_low >= self.idle_high:
+            raise ValueError(f"idle_low {self.idle_low} must be < idle_high {self.idle_high}")
+        if self.up_cooldown_s > self.down_cooldown_s:
+            raise ValueError("up_cooldown_s must be <= down_cooldown_s")
+        return self
+
+
+class TailSection(_Section):
+    """Long tails: a deadline per group (freshroll.control_tail); off by default."""
+
+    deadline: bool = Field(
+        False, description="cancel a group's stragglers past deadline_factor x the median "
+        "request latency once min_keep members are done (discard reason deadline)"
+    )
+    deadline_factor: float = Field(
+        3.0, gt=0, le=1e4, description="group deadline in medians of request latency"
+    )
+    drop_factor: float = Field(
+        6.0, gt=0, le=1e4, description="a group with fewer than min_keep done by then is dropped"
+    )
+    min_keep: int = Field(2, ge=2, le=4_096, description="members a cut group keeps at least")
+
+
+class SimSection(_Section):
+    """The simulated cluster of rollout.engine: sim (freshroll.sim; docs/simulation.md)."""
+
+    profile: str = Field("P2", description="workload: P1 (low tail), P2 (reasoning), P3 (agentic)")
+    params: dict[str, Any] = Field(
+        default_factory=dict, description="overrides of the profile's sections (lengths, server, "
+        "reward, tools, trainer), unknown keys rejected; e.g. {lengths: {median_tokens: 500}}"
+    )
+    clock: Literal["virtual", "real"] = Field(
+        "virtual", description="virtual: the run jumps through time (no real waiting); real: "
+        "the simulated engines sleep on the wall clock"
+    )
+    time_scale: float = Field(
+        1.0, gt=0, le=1e3, description="every simulated duration is multiplied by this "
+        "(e.g. 0.01 runs a real-clock simulation 100x faster than the cluster it models)"
+    )
+    worker_start_s: float = Field(
+        10.0, ge=0, le=86_400, description="seconds for a new inference worker to be ready "
+        "(the cost of a scale-up)"
+    )
+    transfer_s: float = Field(
+        0.5, ge=0, le=86_400, description="seconds for a worker to load a new policy version"
+    )
+    trainer_speed: list[tuple[int, float]] = Field(
+        default_factory=list, description="[[step, factor], ...]: from that step on the "
+        "trainer's step time is divided by factor (elasticity tests: 2 doubles its speed)"
+    )
+
+
 class Config(_Section):
     run: RunSection = Field(
         default_factory=RunSection,
@@ -257,6 +355,19 @@ class Config(_Section):
         default_factory=LimitsSection,
         description="Timeouts on every hand-off and the failure budgets that stop a run which "
         "would otherwise fail forever (rules in freshroll/breaker.py).",
+    )
+    control: ControlSection = Field(
+        default_factory=ControlSection,
+        description="Who sets admission, per-worker concurrency and the worker count during a "
+        "run: the initial settings (static) or the controller (adaptive; docs/control.md).",
+    )
+    tail: TailSection = Field(
+        default_factory=TailSection,
+        description="Long-tail handling: group deadlines (off by default).",
+    )
+    sim: SimSection = Field(
+        default_factory=SimSection,
+        description="The simulated cluster used with rollout.engine: sim (freshroll simulate).",
     )
 
     @model_validator(mode="after")

@@ -62,6 +62,13 @@ RULES: Final[Mapping[str, Rule]] = {
     "rollout.max_new_tokens": "explicit",
     "rollout.temperature": "explicit",
     "rollout.top_p": "explicit",
+    "rollout.engine": "never",       # the samples of a simulated run are not a model's
+    # who sets the live settings, and how: they change speed, never what a sample is
+    "control": "free",
+    "tail": "explicit",              # a deadline changes which samples a group keeps
+    "sim": "explicit",               # the workload itself
+    "sim.clock": "free",
+    "sim.time_scale": "free",
     # trainer: what a step computes is explicit; where and how often it is saved is free
     "trainer": "explicit",
     "trainer.checkpoint_every": "free",
