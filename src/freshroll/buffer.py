@@ -108,6 +108,7 @@ class SampleBuffer(BufferState):
     def __init__(self, ledger: Ledger, config: KernelConfig, clock: Clock, run_id: str) -> None:
         super().__init__()
         self.ledger, self.config, self.clock, self.run_id = ledger, config, clock, run_id
+        self._admission_limit = config.max_inflight_groups
 
     # == opening and recovery ============================================================
     @classmethod
@@ -177,10 +178,26 @@ class SampleBuffer(BufferState):
                 self._settle(group)
 
     # == admission ===================================================================
+    @property
+    def admission_limit(self) -> int | None:
+        """Cap on groups in flight (admitted, not yet ready); None: the freshness window only.
+
+        Starts as ``config.max_inflight_groups``; the orchestrator's live settings change it
+        during a run (each change is a ledger event of its own). Lowering it never drops
+        admitted groups: admission just pauses until enough of them are ready.
+        """
+        return self._admission_limit
+
+    @admission_limit.setter
+    def admission_limit(self, limit: int | None) -> None:
+        if limit is not None and (not isinstance(limit, int) or limit < 1):
+            raise StateError(f"admission limit must be an integer >= 1 or None, got {limit!r}")
+        self._admission_limit = limit
+
     def capacity(self) -> int:
         """Groups that may be admitted now (see :mod:`freshroll.freshness`)."""
-        cfg = self.config
-        free = None if cfg.max_inflight_groups is None else cfg.max_inflight_groups - self.running
+        cfg, limit = self.config, self.admission_limit
+        free = None if limit is None else limit - self.running
         return admission_capacity(
             max_staleness=cfg.max_staleness, version=self._require_version().step,
             batch_groups=cfg.batch_groups, accepted=self.accepted, running=self.running,

@@ -24,6 +24,8 @@ DiscardReason = Literal[
     "reward_timeout",    # the reward call did not return within limits.reward_timeout_s
     "nonfinite_step",    # its batch gave a non-finite loss or gradients; the step was skipped
     "invalid",           # malformed completion (e.g. empty, over length limits)
+    "deadline",          # a straggler cancelled at its group's deadline (tail.deadline)
+    "cancelled",         # its group was dropped, or reached its target without it
     "filtered",          # a user filter dropped it (e.g. zero-variance group)
     "shutdown",          # the run ended before the request finished
 ]

@@ -36,6 +36,13 @@ class Completion:
     text: str  # decoded completion, without special tokens (eos/pad stripped)
     finish_reason: str  # "stop" (eos) or "length"
     gen_s: float  # seconds this sequence's batch took to generate
+    #: token count when ``token_ids`` is not materialized (the simulated engine); else None
+    n_tokens: int | None = None
+
+    @property
+    def tokens(self) -> int:
+        """Generated tokens: ``n_tokens`` if set, else ``len(token_ids)``."""
+        return len(self.token_ids) if self.n_tokens is None else self.n_tokens
 
 
 @runtime_checkable
