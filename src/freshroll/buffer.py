@@ -479,8 +479,11 @@ class SampleBuffer(BufferState):
             raise UnknownSampleError(f"{sample} is not the current attempt of {req.id}")
         return req.reward, req.step
 
-    def record(self, event: ev.WeightsLoaded | ev.FaultInjected) -> None:
-        """Append an audit event that changes no buffer state (weights loaded, fault)."""
+    def record(
+        self, event: ev.WeightsLoaded | ev.FaultInjected | ev.WorkerReady | ev.ControllerDecided
+    ) -> None:
+        """Append an audit event (weights loaded, fault, worker ready, controller decision);
+        only a decision is kept, as :attr:`decision` (a resume restores its settings)."""
         self._emit(event)
 
     def group_of_sample(self, sample: str) -> tuple[GroupId, str]:

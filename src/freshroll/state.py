@@ -86,6 +86,8 @@ class BufferState:
         self._inflight: dict[tuple[str, int], set[SampleId]] = {}
         self._payloads: dict[SampleId, bytes] = {}
         self._published: set[str] = set()  # every policy version the ledger has made current
+        self.retired: set[str] = set()  # workers retired or stopped: their names never return
+        self.decision: ev.ControllerDecided | None = None  # the last live-settings decision
         self.closed = False  # a clean shutdown was recorded (until the next open)
         self.accepted = self.running = 0  # groups, for admission
         self.counts: Counter[str] = Counter()  # accounting, recomputed by verify
@@ -99,6 +101,7 @@ class BufferState:
             ev.Discarded: self._on_discarded, ev.Rejected: self._on_rejected,
             ev.WeightsLoaded: _noop, ev.FaultInjected: _noop, ev.StepSkipped: _noop,
             ev.Closed: self._on_closed, ev.RunConfig: _noop, ev.SettingsChanged: _noop,
+            ev.WorkerReady: _noop, ev.ControllerDecided: self._on_decided,
         }
 
     def apply(self, event: ev.Event) -> None:
@@ -141,6 +144,15 @@ class BufferState:
 
     def _on_worker_fenced(self, e: ev.WorkerFenced) -> None:
         self._fenced.add((e.worker, e.epoch))
+        if e.reason in ("retired", "stopped"):
+            self.retired.add(e.worker)
+
+    def _on_decided(self, e: ev.ControllerDecided) -> None:
+        self.decision = e
+
+    def worker_names(self) -> list[str]:
+        """Every worker the ledger has registered, in order of first registration."""
+        return list(self._epochs)
 
     def _on_started(self, e: ev.Started) -> None:
         req = self._requests[request_of(e.sample)]
