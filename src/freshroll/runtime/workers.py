@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import zlib
+from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -71,6 +72,7 @@ class Worker:
     retiring: bool = False
     fenced: bool = False  # its current epoch is fenced (stopped): nothing more to start
     inflight: int = 0  # requests of live calls not yet emitted
+    calls: int = 0  # live generate calls
     loaded: PolicyVersion | None = None
     failure: BaseException | None = None  # a call's WorkerLost / WorkerTimeout
     # measured (read by the steering meter)
@@ -89,6 +91,8 @@ class _Call:
     emitted: list[bool]
     over: bool = False
     task: asyncio.Task[None] | None = None
+    started: float = 0.0  # loop time: its deadline is started + limits.generate_timeout_s
+    expired: bool = False  # cancelled by the watchdog: a WorkerTimeout
 
 
 class WorkerPool:
@@ -246,15 +250,44 @@ class WorkerPool:
         """Serve until retired (None) or lost/timed out (the error, to replace it)."""
         assert w.engine is not None
         if not w.engine.continuous:
-            return await self._dispatch(w, w.engine, None)
+            return await self._dispatch(w, w.engine, None, deque(), asyncio.Event())
+        order: deque[_Call] = deque()  # live calls in start order (the watchdog's queue)
+        watch = asyncio.Event()
         async with asyncio.TaskGroup() as calls:
-            return await self._dispatch(w, w.engine, calls)
+            dog = calls.create_task(self._watchdog(order, watch), name=f"watchdog {w.name}")
+            try:
+                return await self._dispatch(w, w.engine, calls, order, watch)
+            finally:
+                dog.cancel()
+
+    async def _watchdog(self, order: deque[_Call], watch: asyncio.Event) -> None:
+        """Continuous calls: one timer for all of a worker's calls (not one per call). The
+        oldest live call past ``limits.generate_timeout_s`` is cancelled as a timeout."""
+        loop, timeout = asyncio.get_running_loop(), self.pipe.cfg.limits.generate_timeout_s
+        while True:
+            while order and order[0].over:
+                order.popleft()
+            if not order:
+                watch.clear()
+                await watch.wait()
+                continue
+            head = order[0]
+            delay = head.started + timeout - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+                continue
+            head.expired = True
+            assert head.task is not None
+            head.task.cancel()
+            return
 
     async def _dispatch(
         self, w: Worker, engine: AsyncEngine, calls: asyncio.TaskGroup | None,
+        order: deque[_Call], watch: asyncio.Event,
     ) -> BaseException | None:
         buf, pipe = self.buf, self.pipe
-        live: set[_Call] = set()
+        loop = asyncio.get_running_loop()
+        w.calls = 0
         while True:
             w.wake.clear()
             self._idle.pop(w.name, None)
@@ -262,9 +295,9 @@ class WorkerPool:
                 w.blocked_s += buf.clock.now() - w.blocked_since
                 w.blocked_since = None
             if w.failure is not None:
-                return self._end_calls(w, live)
+                return self._end_calls(w, order)
             if w.retiring:
-                if w.inflight == 0 and not live:
+                if w.inflight == 0 and w.calls == 0:
                     w.fenced = True
                     buf.fence_worker(w.name, w.epoch, "retired")
                     pipe.notify()
@@ -273,11 +306,11 @@ class WorkerPool:
                 continue
             pub = pipe.published
             assert pub is not None
-            if w.loaded != pub.version and (not live or engine.continuous):
+            if w.loaded is not pub.version and (w.calls == 0 or engine.continuous):
                 if pub.weights is not None:
                     exc = await self._load(w, engine, pub.version, pub.weights)
                     if exc is not None:
-                        return self._end_calls(w, live, exc)
+                        return self._end_calls(w, order, exc)
                 w.loaded = pub.version
                 continue
             free = self.concurrency - w.inflight
@@ -296,23 +329,29 @@ class WorkerPool:
             if buf.next_request() is not None:
                 self.requests_queued()
             call = _Call(sids, w.epoch, w.loaded, len(sids), [False] * len(sids))
+            w.inflight += call.pending
             if calls is None:
                 exc = await self._generate(w, engine, call)
                 if exc is not None:
                     return exc
             else:
-                live.add(call)
-                call.task = calls.create_task(self._call_task(w, engine, call, live))
+                while order and order[0].over:
+                    order.popleft()
+                call.started = loop.time()
+                order.append(call)
+                watch.set()
+                w.calls += 1
+                call.task = calls.create_task(self._call_task(w, engine, call))
 
-    def _end_calls(self, w: Worker, live: set[_Call],
+    def _end_calls(self, w: Worker, order: deque[_Call],
                    exc: BaseException | None = None) -> BaseException:
         """The worker is lost: its live calls end (their results will be rejected)."""
         failure = exc if exc is not None else w.failure
         w.failure = None
-        for call in live:
-            if call.task is not None:
+        for call in order:
+            if not call.over and call.task is not None:
                 call.task.cancel()
-        live.clear()
+        order.clear()
         assert failure is not None
         return failure
 
@@ -333,12 +372,11 @@ class WorkerPool:
                                          version=str(version), transfer_s=secs))
         return None
 
-    async def _call_task(self, w: Worker, engine: AsyncEngine, call: _Call,
-                         live: set[_Call]) -> None:
+    async def _call_task(self, w: Worker, engine: AsyncEngine, call: _Call) -> None:
         try:
             exc = await self._generate(w, engine, call)
         finally:
-            live.discard(call)
+            w.calls -= 1
         if exc is not None and w.failure is None:
             w.failure = exc
         w.wake.set()
@@ -352,18 +390,25 @@ class WorkerPool:
         for sid in call.sids:
             pid = prompt_of(sid)
             reqs.append(GenRequest(sid, sid.partition(".")[0], pid, prompts[pid].text, step))
-        w.inflight += call.pending
         stage = f"inference worker {w.name!r}"
+        seed, emit = generation_seed(self.pipe.cfg.run.seed, call.sids[0]), self._emitter(w, call)
         try:
-            async with asyncio.timeout(lim.generate_timeout_s) as cm:
-                await engine.generate(reqs, self.params,
-                                      generation_seed(self.pipe.cfg.run.seed, call.sids[0]),
-                                      self._emitter(w, call))
-        except TimeoutError:
-            if not cm.expired():
+            if engine.continuous:  # the worker's watchdog times it
+                await engine.generate(reqs, self.params, seed, emit)
+            else:
+                async with asyncio.timeout(lim.generate_timeout_s) as cm:
+                    await engine.generate(reqs, self.params, seed, emit)
+        except asyncio.CancelledError:
+            if not call.expired:
                 raise
-            return WorkerTimeout(f"worker {w.name} generate did not return within "
-                                 f"{lim.generate_timeout_s:g} s")
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            return self._timed_out(w)
+        except TimeoutError:
+            if engine.continuous or not cm.expired():
+                raise
+            return self._timed_out(w)
         except (WorkerLost, WorkerTimeout) as exc:
             return exc
         except Interrupted:  # the operator's stop: not a failure of this worker
@@ -385,19 +430,22 @@ class WorkerPool:
         self.pipe.budget.record(stage, self._rule, 0, len(call.sids))
         return None
 
+    def _timed_out(self, w: Worker) -> WorkerTimeout:
+        return WorkerTimeout(f"worker {w.name} generate did not return within "
+                             f"{self.pipe.cfg.limits.generate_timeout_s:g} s")
+
     def _emitter(self, w: Worker, call: _Call) -> Emit:
         buf, put, worker = self.buf, self.pipe.rewarder.put, (w.name, call.epoch)
-        encode = pl.encode
+        encode, complete, sids, version = pl.encode, buf.complete, call.sids, call.version
 
         def emit(i: int, comp: Any) -> None:
             if buf.closed:
                 return
-            last = w.loaded if (w.loaded != call.version and w.epoch == call.epoch) else None
-            out = buf.complete(
-                call.sids[i], tokens=comp.tokens, gen_s=comp.gen_s,
-                payload=encode(comp) if comp.token_ids else None, last_version=last,
-                worker=worker,
-            )
+            loaded = w.loaded  # tokens that span a weight update name the newest version too
+            last = loaded if loaded is not version and w.epoch == call.epoch else None
+            out = complete(sids[i], tokens=comp.tokens, gen_s=comp.gen_s,
+                           payload=encode(comp) if comp.token_ids else None, last_version=last,
+                           worker=worker)
             if not call.over and not call.emitted[i]:
                 call.emitted[i] = True
                 call.pending -= 1
@@ -405,7 +453,7 @@ class WorkerPool:
                 w.done += 1
                 w.wake.set()
             if out is Outcome.ACCEPTED:
-                put(call.sids[i], comp)
+                put(sids[i], comp)
 
         return emit
 
