@@ -46,13 +46,16 @@ class RewardStage:
         self.pipe, self.buf = pipe, pipe.buf
         self._queue: deque[tuple[SampleId, Completion]] = deque()
         self._wake = asyncio.Event()
+        self.scoring = 0  # completions in the reward call under way
 
     def put(self, sid: SampleId, comp: Completion) -> None:
         self._queue.append((sid, comp))
         self._wake.set()
 
-    def __len__(self) -> int:
-        return len(self._queue)
+    @property
+    def pending(self) -> int:
+        """Generated completions not yet rewarded: queued, or in the call under way."""
+        return len(self._queue) + self.scoring
 
     async def run(self) -> None:
         buf, pipe, scorer = self.buf, self.pipe, self.pipe.scorer
@@ -74,7 +77,11 @@ class RewardStage:
             items = [queue.popleft() for _ in range(n)]
             prompts = [pipe.prompts[buf.prompt_of(sid)] for sid, _ in items]
             t0 = clock.now()
-            scores = await self._score_batch(prompts, [c for _, c in items])
+            self.scoring = n
+            try:
+                scores = await self._score_batch(prompts, [c for _, c in items])
+            finally:
+                self.scoring = 0
             if scores is None:  # timed out: discarded as reward_timeout
                 for sid, _ in items:
                     buf.discard(sid, "reward_timeout", self._timeout_error())

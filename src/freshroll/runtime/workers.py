@@ -79,7 +79,8 @@ class Worker:
     ready_at: float | None = None
     done: int = 0  # completions emitted by live calls
     blocked_since: float | None = None  # waiting with free slots while admission is full
-    blocked_s: float = 0.0
+    blocked_share: float = 1.0  # the share of its slots that were free then
+    blocked_s: float = 0.0  # worker-seconds blocked (each weighted by its free share)
 
 
 @dataclass(eq=False)
@@ -292,7 +293,7 @@ class WorkerPool:
             w.wake.clear()
             self._idle.pop(w.name, None)
             if w.blocked_since is not None:
-                w.blocked_s += buf.clock.now() - w.blocked_since
+                w.blocked_s += (buf.clock.now() - w.blocked_since) * w.blocked_share
                 w.blocked_since = None
             if w.failure is not None:
                 return self._end_calls(w, order)
@@ -320,6 +321,7 @@ class WorkerPool:
                     self._idle[w.name] = w
                     if buf.capacity() <= 0:
                         w.blocked_since = buf.clock.now()
+                        w.blocked_share = free / self.concurrency
                 elif buf.next_request() is not None:
                     self.requests_queued()  # pass the wake-up on: this one has no free slot
                 await w.wake.wait()
