@@ -5,6 +5,7 @@ admission budget from the replayed buffer (never reset). All in virtual time."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,7 @@ def test_static_mode_records_a_decision_every_interval_and_changes_nothing(tmp_p
     assert h.run() is None
     decided = h.events(ev.ControllerDecided)
     assert len(decided) >= 4
-    gaps = {round(b.ts - a.ts, 6) for a, b in zip(decided, decided[1:], strict=False)}
+    gaps = {round(b.ts - a.ts, 6) for a, b in itertools.pairwise(decided)}
     assert gaps == {5.0}
     assert {d.mode for d in decided} == {"static"}
     initial = ev.LiveSettings(admission_limit=0, concurrency=8, workers=2)
