@@ -28,8 +28,8 @@ What the meter measures in a window of length ``W``:
 * ``consumed_samples``, ``completed`` (cumulative generated), ``in_flight`` (started and not
   yet rewarded: in a worker's slots or waiting for a reward; requests still queued are not
   counted, so "slots full" and the hard cut's drain read the slots), ``ready_samples``,
-  ``version``, ``groups_accepted`` and ``groups_running`` (from the replayed buffer on resume), lag mean/max of the samples
-  committed, and the discards by reason.
+  ``version``, ``groups_accepted`` and ``groups_running`` (from the replayed buffer on
+  resume), lag mean/max of the samples committed, and the discards by reason.
 
 Resume (``control.mode: adaptive``): the ledger's last ``controller_decided`` (replayed into
 :attr:`~freshroll.state.BufferState.decision`) gives the settings and the controller state
