@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import zlib
 from collections import deque
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +45,7 @@ from freshroll import events as ev
 from freshroll.buffer import Outcome
 from freshroll.errors import Interrupted, RunFailed, WorkerLost, WorkerTimeout
 from freshroll.lineage import PolicyVersion, SampleId
+from freshroll.rewards.tasks import Prompt
 from freshroll.runtime import payload as pl
 from freshroll.runtime.seams import (
     AsyncEngine,
@@ -75,6 +77,7 @@ class Worker:
     calls: int = 0  # live generate calls
     loaded: PolicyVersion | None = None
     failure: BaseException | None = None  # a call's WorkerLost / WorkerTimeout
+    ok_units: int = 0  # successful requests not yet recorded in the failure budget
     # measured (read by the steering meter)
     ready_at: float | None = None
     done: int = 0  # completions emitted by live calls
@@ -92,6 +95,7 @@ class _Call:
     emitted: list[bool]
     over: bool = False
     task: asyncio.Task[None] | None = None
+    prompts: list[Prompt] = field(default_factory=list)
     started: float = 0.0  # loop time: its deadline is started + limits.generate_timeout_s
     expired: bool = False  # cancelled by the watchdog: a WorkerTimeout
 
@@ -254,12 +258,12 @@ class WorkerPool:
             return await self._dispatch(w, w.engine, None, deque(), asyncio.Event())
         order: deque[_Call] = deque()  # live calls in start order (the watchdog's queue)
         watch = asyncio.Event()
-        async with asyncio.TaskGroup() as calls:
-            dog = calls.create_task(self._watchdog(order, watch), name=f"watchdog {w.name}")
-            try:
-                return await self._dispatch(w, w.engine, calls, order, watch)
-            finally:
-                dog.cancel()
+        calls = _Calls(w)
+        calls.spawn(self._watchdog(order, watch))
+        try:
+            return await self._dispatch(w, w.engine, calls, order, watch)
+        finally:
+            await calls.close()
 
     async def _watchdog(self, order: deque[_Call], watch: asyncio.Event) -> None:
         """Continuous calls: one timer for all of a worker's calls (not one per call). The
@@ -283,7 +287,7 @@ class WorkerPool:
             return
 
     async def _dispatch(
-        self, w: Worker, engine: AsyncEngine, calls: asyncio.TaskGroup | None,
+        self, w: Worker, engine: AsyncEngine, calls: _Calls | None,
         order: deque[_Call], watch: asyncio.Event,
     ) -> BaseException | None:
         buf, pipe = self.buf, self.pipe
@@ -295,6 +299,8 @@ class WorkerPool:
             if w.blocked_since is not None:
                 w.blocked_s += (buf.clock.now() - w.blocked_since) * w.blocked_share
                 w.blocked_since = None
+            if calls is not None and calls.crashed is not None:
+                raise calls.crashed  # a call task failed unexpectedly (a bug, an interrupt)
             if w.failure is not None:
                 return self._end_calls(w, order)
             if w.retiring:
@@ -343,7 +349,7 @@ class WorkerPool:
                 order.append(call)
                 watch.set()
                 w.calls += 1
-                call.task = calls.create_task(self._call_task(w, engine, call))
+                call.task = calls.spawn(self._call_task(w, engine, call))
 
     def _end_calls(self, w: Worker, order: deque[_Call],
                    exc: BaseException | None = None) -> BaseException:
@@ -391,7 +397,9 @@ class WorkerPool:
         reqs = []
         for sid in call.sids:
             pid = prompt_of(sid)
-            reqs.append(GenRequest(sid, sid.partition(".")[0], pid, prompts[pid].text, step))
+            prompt = prompts[pid]
+            call.prompts.append(prompt)
+            reqs.append(GenRequest(sid, sid.partition(".")[0], pid, prompt.text, step))
         stage = f"inference worker {w.name!r}"
         seed, emit = generation_seed(self.pipe.cfg.run.seed, call.sids[0]), self._emitter(w, call)
         try:
@@ -424,13 +432,24 @@ class WorkerPool:
                         buf.discard(sid, "generation_error", error)
                         failed += 1
                 self.pipe.notify()
+            self._budget_ok(w, stage)
             self.pipe.budget.record(stage, self._rule, failed, len(call.sids), error)
             return None
         finally:
             call.over = True
             w.inflight -= call.pending
-        self.pipe.budget.record(stage, self._rule, 0, len(call.sids))
+        w.ok_units += len(call.sids)
+        if w.ok_units >= 1024:
+            self._budget_ok(w, stage)
         return None
+
+    def _budget_ok(self, w: Worker, stage: str) -> None:
+        """Successful calls are recorded in the budget together, before the next failure (a
+        success only resets the consecutive-failure counts and fills the ratio window, so
+        the budget's verdicts are the same)."""
+        if w.ok_units:
+            self.pipe.budget.record(stage, self._rule, 0, w.ok_units)
+            w.ok_units = 0
 
     def _timed_out(self, w: Worker) -> WorkerTimeout:
         return WorkerTimeout(f"worker {w.name} generate did not return within "
@@ -439,6 +458,7 @@ class WorkerPool:
     def _emitter(self, w: Worker, call: _Call) -> Emit:
         buf, put, worker = self.buf, self.pipe.rewarder.put, (w.name, call.epoch)
         encode, complete, sids, version = pl.encode, buf.complete, call.sids, call.version
+        prompts = call.prompts
 
         def emit(i: int, comp: Any) -> None:
             if buf.closed:
@@ -455,9 +475,39 @@ class WorkerPool:
                 w.done += 1
                 w.wake.set()
             if out is Outcome.ACCEPTED:
-                put(sids[i], comp)
+                put(sids[i], comp, prompts[i])
 
         return emit
+
+
+class _Calls:
+    """The tasks of one worker epoch's overlapping generate calls (and its watchdog): owned
+    here, cancelled and awaited when the epoch ends; one that fails unexpectedly is raised
+    by the dispatcher. (A task group's bookkeeping costs more per call.)"""
+
+    def __init__(self, w: Worker) -> None:
+        self.w, self.tasks = w, set[asyncio.Task[None]]()
+        self.crashed: BaseException | None = None
+        self._loop = asyncio.get_running_loop()
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = self._loop.create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self._done)
+        return task
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self.tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None and self.crashed is None:
+            self.crashed = task.exception()
+            self.w.wake.set()
+
+    async def close(self) -> None:
+        tasks = list(self.tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def generation_seed(run_seed: int, first_sample: str) -> int:
