@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 from freshroll import events as ev
 from freshroll.buffer import Outcome
 from freshroll.errors import Interrupted, RunFailed, WorkerLost, WorkerTimeout
-from freshroll.lineage import PolicyVersion, SampleId
+from freshroll.lineage import PolicyVersion, RequestId, SampleId
 from freshroll.rewards.tasks import Prompt
 from freshroll.runtime import payload as pl
 from freshroll.runtime.seams import (
@@ -332,24 +332,68 @@ class WorkerPool:
                     self.requests_queued()  # pass the wake-up on: this one has no free slot
                 await w.wake.wait()
                 continue
-            assert w.loaded is not None
-            sids = [buf.start(r, w.name, w.epoch, w.loaded) for r in rids]
-            if buf.next_request() is not None:
-                self.requests_queued()
-            call = _Call(sids, w.epoch, w.loaded, len(sids), [False] * len(sids))
-            w.inflight += call.pending
+            call = self._begin(w, rids)
             if calls is None:
                 exc = await self._generate(w, engine, call)
                 if exc is not None:
                     return exc
             else:
-                while order and order[0].over:
-                    order.popleft()
-                call.started = loop.time()
-                order.append(call)
-                watch.set()
+                self._track(call, order, watch, loop)
                 w.calls += 1
-                call.task = calls.spawn(self._call_task(w, engine, call))
+                call.task = calls.spawn(self._lane(w, engine, call, order, watch))
+
+    def _begin(self, w: Worker, rids: list[RequestId]) -> _Call:
+        """Start attempts of ``rids`` on the worker's epoch: one call's worth."""
+        buf = self.buf
+        assert w.loaded is not None
+        sids = [buf.start(r, w.name, w.epoch, w.loaded) for r in rids]
+        if buf.next_request() is not None:
+            self.requests_queued()
+        call = _Call(sids, w.epoch, w.loaded, len(sids), [False] * len(sids))
+        w.inflight += call.pending
+        return call
+
+    @staticmethod
+    def _track(call: _Call, order: deque[_Call], watch: asyncio.Event,
+               loop: asyncio.AbstractEventLoop) -> None:
+        while order and order[0].over:
+            order.popleft()
+        call.started = loop.time()
+        order.append(call)
+        watch.set()
+
+    async def _lane(self, w: Worker, engine: AsyncEngine, call: _Call, order: deque[_Call],
+                    watch: asyncio.Event) -> None:
+        """Runs calls one after another: when its call ends, it starts the next one itself
+        if it may (a free slot, a queued request, nothing else to do first), so a busy
+        continuous worker needs no new task and no dispatcher wake-up per call."""
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                exc = await self._generate(w, engine, call)
+                if exc is not None:
+                    if w.failure is None:
+                        w.failure = exc
+                    break
+                nxt = self._refill(w)
+                if nxt is None:
+                    break
+                call = nxt
+                call.task = asyncio.current_task()
+                self._track(call, order, watch, loop)
+        finally:
+            w.calls -= 1
+        w.wake.set()
+
+    def _refill(self, w: Worker) -> _Call | None:
+        """The next call a lane may start now, or None (the dispatcher decides)."""
+        pub = self.pipe.published
+        if w.retiring or w.fenced or w.failure is not None or pub is None \
+                or w.loaded is not pub.version:
+            return None
+        free = self.concurrency - w.inflight
+        rids = self.buf.take_requests(free) if free > 0 else []
+        return self._begin(w, rids) if rids else None
 
     def _end_calls(self, w: Worker, order: deque[_Call],
                    exc: BaseException | None = None) -> BaseException:
@@ -379,15 +423,6 @@ class WorkerPool:
         self.buf.record(ev.WeightsLoaded(ts=self.buf.clock.now(), worker=w.name, epoch=w.epoch,
                                          version=str(version), transfer_s=secs))
         return None
-
-    async def _call_task(self, w: Worker, engine: AsyncEngine, call: _Call) -> None:
-        try:
-            exc = await self._generate(w, engine, call)
-        finally:
-            w.calls -= 1
-        if exc is not None and w.failure is None:
-            w.failure = exc
-        w.wake.set()
 
     async def _generate(self, w: Worker, engine: AsyncEngine, call: _Call) -> BaseException | None:
         """One generate call; returns a WorkerLost/WorkerTimeout (replace the worker) or None."""
@@ -451,6 +486,22 @@ class WorkerPool:
             self.pipe.budget.record(stage, self._rule, 0, w.ok_units)
             w.ok_units = 0
 
+    def _slot_freed(self, w: Worker) -> None:
+        """A slot freed mid-call: with queued requests, the dispatcher starts one; without,
+        the worker just becomes idle (woken when requests are queued), not woken for nothing."""
+        buf = self.buf
+        if buf.next_request() is not None or w.retiring:
+            w.wake.set()
+            return
+        self._idle[w.name] = w
+        now = buf.clock.now()
+        if w.blocked_since is not None:  # still blocked, with one more free slot
+            w.blocked_s += (now - w.blocked_since) * w.blocked_share
+        elif buf.capacity() > 0:
+            return
+        w.blocked_since = now
+        w.blocked_share = (self.concurrency - w.inflight) / self.concurrency
+
     def _timed_out(self, w: Worker) -> WorkerTimeout:
         return WorkerTimeout(f"worker {w.name} generate did not return within "
                              f"{self.pipe.cfg.limits.generate_timeout_s:g} s")
@@ -458,6 +509,7 @@ class WorkerPool:
     def _emitter(self, w: Worker, call: _Call) -> Emit:
         buf, put, worker = self.buf, self.pipe.rewarder.put, (w.name, call.epoch)
         encode, complete, sids, version = pl.encode, buf.complete, call.sids, call.version
+        slot_freed = self._slot_freed
         prompts = call.prompts
 
         def emit(i: int, comp: Any) -> None:
@@ -473,7 +525,8 @@ class WorkerPool:
                 call.pending -= 1
                 w.inflight -= 1
                 w.done += 1
-                w.wake.set()
+                if call.pending:  # a slot freed mid-call (at the call's end its lane refills)
+                    slot_freed(w)
             if out is Outcome.ACCEPTED:
                 put(sids[i], comp, prompts[i])
 
