@@ -96,11 +96,18 @@ def prepare_run_dir(
 
 
 def sim_model_digest(cfg: Config) -> str:
-    """The simulated cluster's stand-in for a model digest: its profile and parameters."""
-    import json
+    """The simulated cluster's stand-in for a model digest (the lineage root, needed before
+    the buffer exists): ``freshroll.sim.components.sim_model_digest``, which also checks
+    ``sim.params``; without that module, a digest of the profile and its parameters."""
+    try:
+        from freshroll.sim.components import sim_model_digest as of_sim
+    except ImportError:
+        import json
 
-    params = json.dumps(cfg.sim.params, sort_keys=True, default=str)
-    return digest_of("sim", cfg.sim.profile, params)
+        params = json.dumps(cfg.sim.params, sort_keys=True, default=str)
+        return digest_of("sim", cfg.sim.profile, params)
+    digest: str = of_sim(cfg)
+    return digest
 
 
 def _initial_model(
