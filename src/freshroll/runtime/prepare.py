@@ -32,6 +32,7 @@ from freshroll.runtime.rundir import (
     resume_config,
     write_text_atomic,
 )
+from freshroll.runtime.steering import control_config
 
 
 @dataclass
@@ -70,6 +71,7 @@ def prepare_run_dir(
             cfg = resume_config(out)
         _quiet_transformers()
         rewards = build_reward_set([e.model_dump(exclude_none=True) for e in cfg.rewards])
+        control_config(cfg)  # the controller's bounds (control vs rollout), before any write
         if cfg.rollout.engine == "sim":  # no model: the built-in task's prompts as they are
             path, digest, pending = Path(), sim_model_digest(cfg), None
             prompts = make_prompts(cfg.task.name, cfg.task.n_prompts, cfg.run.seed,
