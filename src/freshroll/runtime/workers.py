@@ -84,6 +84,9 @@ class Worker:
     blocked_since: float | None = None  # waiting with free slots while admission is full
     blocked_share: float = 1.0  # the share of its slots that were free then
     blocked_s: float = 0.0  # worker-seconds blocked (each weighted by its free share)
+    mark_epoch: int = -1  # the steering meter's marks at its last window (done, blocked_s)
+    mark_done: int = 0
+    mark_blocked: float = 0.0
 
 
 @dataclass(eq=False)
@@ -203,6 +206,7 @@ class WorkerPool:
         buf, lim = self.buf, self.pipe.cfg.limits
         w.epoch, w.fenced, w.inflight, w.loaded, w.failure = (
             buf.register_worker(w.name), False, 0, None, None)
+        w.done, w.blocked_s, w.blocked_since, w.ready_at = 0, 0.0, None, None  # per epoch
         t0 = buf.clock.now()
         try:
             async with asyncio.timeout(lim.worker_start_timeout_s) as cm:
