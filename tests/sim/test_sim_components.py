@@ -68,7 +68,7 @@ def test_model_digest_follows_the_profile_and_the_sim_settings_but_not_the_clock
 
 @pytest.mark.parametrize(("params", "named"), [
     ({"lengths": {"bogus": 1}}, "sim.params.lengths: unknown key(s) bogus"),
-    ({"bogus": {}}, "bogus"),
+    ({"bogus": {}, "description": "x"}, "sim.params: unknown key(s) bogus, description"),
     ({"lengths": {"sigma": 9.0}}, "sim.params.lengths.sigma"),
     ({"base": "P1"}, "sim.params.base"),
     ({"server": 3}, "sim.params.server"),

@@ -5,6 +5,7 @@ calls with timeouts, determinism, close."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import replace
@@ -343,3 +344,45 @@ def test_length_model_bounds_hold_for_keyed_draws():
         x = draws.shape("g0", f"g0.{i}#0", 0)
         assert 1 <= x.length <= 6 and sum(x.segments) == x.length
         assert len(x.tool_s) == len(x.segments) - 1
+
+
+def test_engines_sharing_a_loop_emit_on_time_and_keep_exact_timelines():
+    """Callers that submit a group when the previous one is emitted: each next group arrives
+    exactly when the last member of the previous one finished (no wakeup is late or lost
+    among engines sharing the loop), and every engine's timeline is simulate_batch's."""
+    profile = small()
+    draws = KeyedDraws(profile, seed=3)
+    engines = [SimEngine(f"w{i}", draws) for i in range(5)]
+    for e in engines:
+        e.timeline = {}
+    lanes: dict[str, list[list[str]]] = {}
+
+    async def lane(engine: SimEngine, name: str) -> None:
+        lanes[name] = []
+        for k in range(6):
+            group = [GenRequest(f"g{name}{k}.{m}#0", f"g{name}{k}", "p", "", 0) for m in range(3)]
+            lanes[name].append([r.sample for r in group])
+            await engine.generate(group, PARAMS, 0, lambda i, c: None)
+
+    async def main() -> None:
+        async with asyncio.TaskGroup() as tg:
+            for w, e in enumerate(engines):
+                for j in range(2):
+                    tg.create_task(lane(e, f"{w}0{j}"))
+
+    VirtualClock().run(main())
+    timeline = {k: v for e in engines for k, v in e.timeline.items()}
+    for groups in lanes.values():
+        for before, after in itertools.pairwise(groups):
+            last = max(timeline[s][2] for s in before)
+            assert all(timeline[s][0] == last for s in after)
+    for e in engines:
+        samples = sorted(e.timeline, key=lambda s: (e.timeline[s][0], s))
+        arrival = [e.timeline[s][0] for s in samples]
+        shapes = [draws.shape(s.partition(".")[0], s, 0) for s in samples]
+        order = sorted(range(len(samples)), key=lambda i: arrival[i])
+        assert order == list(range(len(samples)))
+        expected = simulate_batch(
+            profile.server, arrival, [x.prompt_tokens for x in shapes], [x.length for x in shapes]
+        )
+        assert [e.timeline[s][2] for s in samples] == expected.finish.tolist()

@@ -88,6 +88,8 @@ class ContinuousBatcher:
         self._leaving: set[int] = set()  # cancelled while decoding: out at the next boundary
         self._purge_steps = -1  # step count of that boundary (-1: none pending)
         self._cancelled = 0
+        self._event: tuple[float, int] | None = None  # the next event, valid unless _dirty
+        self._dirty = False
         self._arrival: list[float] = []
         self._prompt: list[int] = []
         self._tokens: list[int] = []
@@ -161,7 +163,13 @@ class ContinuousBatcher:
         self._start.append(math.nan)
         self._decode_start.append(math.nan)
         self._last_arrival = arrival
-        self._waiting.append(rid)
+        self._dirty = True
+        if arrival == self._now and not self._waiting and self._held < self._cap:
+            # every event up to now is applied and a slot is free: the grant is due now
+            # and comes first (what advance would do, without the event round trip)
+            self._take_slot(rid, arrival)
+        else:
+            self._waiting.append(rid)
         return rid
 
     def cancel(self, request: int, at: float) -> bool:
@@ -180,6 +188,7 @@ class ContinuousBatcher:
         self.advance(at)
         if request in self._leaving:
             return False
+        self._dirty = True
         if request in self._waiting:
             self._waiting.remove(request)
         elif any(rid == request for _, rid in self._prefilling):
@@ -208,6 +217,7 @@ class ContinuousBatcher:
         done: list[Finished] = []
         while (event := self._next_event()) is not None and event[0] <= until:
             t, steps = event
+            self._dirty = True
             if steps < 0:
                 self._grant(t)
             else:
@@ -228,6 +238,7 @@ class ContinuousBatcher:
             return None
         t, steps = event
         done: list[Finished] = []
+        self._dirty = True
         if steps < 0:
             self._grant(t)
         else:
@@ -238,6 +249,13 @@ class ContinuousBatcher:
     # -- the event loop --------------------------------------------------------------------
 
     def _next_event(self) -> tuple[float, int] | None:
+        """:meth:`_compute_next_event`, cached until the state changes."""
+        if self._dirty:
+            self._event = self._compute_next_event()
+            self._dirty = False
+        return self._event
+
+    def _compute_next_event(self) -> tuple[float, int] | None:
         """``(time, steps)``: a step boundary after ``steps`` steps (0: decoder starts), or a
         slot grant (``steps = -1``). At equal times the boundary comes first."""
         event: tuple[float, int] | None = None

@@ -31,6 +31,9 @@ from freshroll.sim.profiles import Profile, get_profile, profile_from_dict
 from freshroll.sim.scorer import SimScorer
 from freshroll.sim.trainer import SimTrainer, check_speed
 
+#: the profile sections ``sim.params`` may override
+SECTIONS = ("lengths", "server", "reward", "tools", "trainer")
+
 #: a hung reward call sleeps this many times limits.reward_timeout_s (the pipeline's
 #: timeout fires long before)
 HANG_FACTOR = 100.0
@@ -55,6 +58,12 @@ def resolve_profile(sim: SimSection) -> Profile:
     for key in ("base", "name"):
         if key in params:
             raise ConfigError(f"sim.params.{key}: not an override (set sim.profile instead)")
+    unknown = sorted(set(params) - set(SECTIONS))
+    if unknown:
+        raise ConfigError(
+            f"sim.params: unknown key(s) {', '.join(map(str, unknown))} "
+            f"(allowed: {', '.join(SECTIONS)})"
+        )
     try:
         return profile_from_dict({"base": sim.profile, **params})
     except ConfigError as exc:

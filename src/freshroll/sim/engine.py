@@ -23,7 +23,8 @@ How a request goes through it::
     emit                 Completion((), (), (), sample id, "length" at the cap else "stop",
                          gen_s = (finish - arrival) x time_scale, n_tokens = L)
 
-The driver is a loop timer (``loop.call_at``), not a task that sleeps: on a
+The driver is a loop timer, not a task that sleeps: every engine of a loop sets
+its next wakeup in one shared heap, served by one ``loop.call_at`` timer. On a
 :class:`~freshroll.clock.VirtualClock` the loop jumps to it exactly as to an
 ``asyncio.sleep``, and an event costs a callback instead of a task switch.
 
@@ -44,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import math
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -82,6 +84,63 @@ class _Job:
     start: float = math.nan  # its first turn got a slot (model seconds)
 
 
+class _Wakeups:
+    """One loop timer for every simulated engine of a loop: a heap of ``(loop time, seq,
+    engine)``. An entry is live while the engine's ``_wake_seq`` is its seq (re-arming
+    pushes a new entry, the old one is skipped when it comes up)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._heap: list[tuple[float, int, SimEngine]] = []
+        self._seq = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf
+        self._firing = False
+
+    def schedule(self, engine: SimEngine, when: float) -> int:
+        """Wake ``engine`` at loop time ``when``; the entry's seq."""
+        self._seq += 1
+        heapq.heappush(self._heap, (when, self._seq, engine))
+        if when < self._timer_at and not self._firing:
+            self._arm(when)
+        return self._seq
+
+    def _arm(self, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = when
+        self._timer = self._loop.call_at(when, self._fire)
+
+    def _fire(self) -> None:
+        heap = self._heap
+        limit = max(self._timer_at, self._loop.time())  # the loop may fire a hair early
+        self._timer, self._timer_at = None, math.inf
+        self._firing = True  # wakeups set meanwhile only join the heap
+        try:
+            while heap and heap[0][0] <= limit:
+                when, seq, engine = heapq.heappop(heap)
+                if engine._wake_seq == seq:
+                    engine._on_timer(when)
+        finally:
+            self._firing = False
+            while heap and heap[0][2]._wake_seq != heap[0][1]:  # drop dead entries on top
+                heapq.heappop(heap)
+            if heap:
+                self._arm(heap[0][0])
+
+
+_WAKEUPS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Wakeups] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _wakeups(loop: asyncio.AbstractEventLoop) -> _Wakeups:
+    w = _WAKEUPS.get(loop)
+    if w is None:
+        w = _WAKEUPS[loop] = _Wakeups(loop)
+    return w
+
+
 class SimEngine:
     """One simulated inference worker (see the module docstring)."""
 
@@ -101,8 +160,9 @@ class SimEngine:
         self._single_turn = draws.profile.tools.turns == 1
         self._batcher = ContinuousBatcher(draws.profile.server)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = math.inf  # model time the timer is set for
+        self._wakeups: _Wakeups | None = None
+        self._wake_seq = -1  # the live entry in the loop's wakeups (-1: none)
+        self._timer_at = math.inf  # model time the wakeup is set for
         self._jobs: dict[str, _Job] = {}  # open requests by sample id
         self._running: dict[int, _Job] = {}  # batcher request id -> job
         self._tools: list[tuple[float, int, _Job]] = []  # heap: (tool returns at, seq, job)
@@ -176,9 +236,7 @@ class SimEngine:
         if self._closed:
             return
         self._closed = True
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._wake_seq = -1
         calls = {id(j.call): j.call for j in self._jobs.values()}
         self._jobs.clear()
         self._running.clear()
@@ -203,6 +261,7 @@ class SimEngine:
         loop = asyncio.get_running_loop()
         if self._loop is None:
             self._loop = loop
+            self._wakeups = _wakeups(loop)
         elif loop is not self._loop:
             raise RuntimeError(f"{self.name}: used from two event loops")
         return loop
@@ -251,17 +310,18 @@ class SimEngine:
             t = self._tools[0][0]
         if t == self._timer_at:
             return
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
         self._timer_at = t
         if t < math.inf:
-            assert self._loop is not None
-            self._timer = self._loop.call_at(t * self._scale, self._on_timer)
+            assert self._wakeups is not None
+            self._wake_seq = self._wakeups.schedule(self, t * self._scale)
+        else:
+            self._wake_seq = -1
 
-    def _on_timer(self) -> None:
-        self._timer = None
-        t = max(self._timer_at, self._model_now())  # the loop may fire a hair early or late
+    def _on_timer(self, when: float) -> None:
+        """The wakeup set for ``when`` (loop time) came (the loop may be a hair early or late:
+        the engine applies what is due at the later of the two)."""
+        self._wake_seq = -1
+        t = max(self._timer_at, self._model_now())
         self._timer_at = math.inf
         try:
             self._run_until(t)
