@@ -50,6 +50,9 @@ class SimParts:
     profile: Profile
     draws: KeyedDraws
 
+    def close(self) -> None:
+        """Nothing to release (no threads, no files); for symmetry with the real parts."""
+
 
 def resolve_profile(sim: SimSection) -> Profile:
     """``sim.profile`` with ``sim.params`` applied; a ConfigError names ``sim.params.<key>``."""
