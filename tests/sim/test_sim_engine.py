@@ -386,3 +386,42 @@ def test_engines_sharing_a_loop_emit_on_time_and_keep_exact_timelines():
             profile.server, arrival, [x.prompt_tokens for x in shapes], [x.length for x in shapes]
         )
         assert [e.timeline[s][2] for s in samples] == expected.finish.tolist()
+
+
+def test_the_same_engine_runs_on_the_real_clock():
+    """asyncio.run (wall time) with a small time_scale: every request is emitted, in the
+    order the virtual run finishes them, and gen_s is the simulated time x time_scale (the
+    simulated timeline does not depend on how late the loop wakes the engine)."""
+    import time
+
+    profile = small(P3, median_s=0.05, timeout_p=0.0)
+    arrivals = [(0.0, [req(g, m) for g in range(3) for m in range(4)])]  # one call: one arrival
+    virtual = run(SimEngine("w0", KeyedDraws(profile, seed=1)), arrivals)
+    scale = 0.01
+    engine = SimEngine("w0", KeyedDraws(profile, seed=1), time_scale=scale)
+    order: list[str] = []
+    out: dict[str, Completion] = {}
+
+    async def main() -> None:
+        async def call(requests: Sequence[GenRequest]) -> None:
+            def emit(i: int, c: Completion) -> None:
+                order.append(requests[i].sample)
+                out[requests[i].sample] = c
+
+            await engine.generate(requests, PARAMS, 0, emit)
+
+        async with asyncio.TaskGroup() as tg:
+            for _, requests in arrivals:
+                tg.create_task(call(requests))
+        await engine.close()
+
+    t = time.perf_counter()
+    asyncio.run(main())
+    wall = time.perf_counter() - t
+    expected = sorted(virtual, key=lambda s: (virtual[s].gen_s, s))
+    assert order == expected
+    longest = max(c.gen_s for c in virtual.values())
+    assert longest * scale <= wall < longest * scale + 2.0
+    for s, c in out.items():
+        assert c.n_tokens == virtual[s].n_tokens
+        assert c.gen_s == pytest.approx(virtual[s].gen_s * scale, abs=1e-6)
