@@ -84,6 +84,12 @@ def model_digest(profile: Profile, sim: SimSection) -> str:
     return "sim-" + digest_json({"profile": asdict(profile), "sim": settings})
 
 
+def sim_model_digest(cfg: Config) -> str:
+    """:func:`model_digest` of ``cfg`` (what :func:`build_sim` puts in ``SimParts``), for a
+    caller that needs the root of the lineage before the buffer exists."""
+    return model_digest(resolve_profile(cfg.sim), cfg.sim)
+
+
 def build_sim(cfg: Config, clock: Clock, buf: SampleBuffer) -> SimParts:
     """The simulated engines, scorer and trainer of ``cfg`` (``clock`` is the run's: the
     parts time themselves by the running loop, which that clock drives)."""
@@ -105,4 +111,7 @@ def build_sim(cfg: Config, clock: Clock, buf: SampleBuffer) -> SimParts:
     return SimParts(engine_factory, scorer, trainer, digest, profile, draws)
 
 
-__all__ = ["HANG_FACTOR", "SimParts", "build_sim", "model_digest", "resolve_profile"]
+__all__ = [
+    "HANG_FACTOR", "SECTIONS", "SimParts", "build_sim", "model_digest", "resolve_profile",
+    "sim_model_digest",
+]
