@@ -346,11 +346,16 @@ def test_length_model_bounds_hold_for_keyed_draws():
         assert len(x.tool_s) == len(x.segments) - 1
 
 
-def test_engines_sharing_a_loop_emit_on_time_and_keep_exact_timelines():
+@pytest.mark.parametrize("turns", [1, 4])
+def test_engines_sharing_a_loop_emit_on_time_and_keep_exact_timelines(turns):
     """Callers that submit a group when the previous one is emitted: each next group arrives
     exactly when the last member of the previous one finished (no wakeup is late or lost
-    among engines sharing the loop), and every engine's timeline is simulate_batch's."""
-    profile = small()
+    among engines sharing the loop, and skipping the wakeups of joins, earlier turns and tool
+    returns never delays an emission), and every engine's timeline is simulate_batch's or
+    simulate_rollouts'."""
+    profile = small() if turns == 1 else small(
+        P3, median_s=0.02, sigma=1.5, timeout_p=0.1, timeout_s=0.2, output_tokens=5,
+    )
     draws = KeyedDraws(profile, seed=3)
     engines = [SimEngine(f"w{i}", draws) for i in range(5)]
     for e in engines:
@@ -372,6 +377,7 @@ def test_engines_sharing_a_loop_emit_on_time_and_keep_exact_timelines():
 
     VirtualClock().run(main())
     timeline = {k: v for e in engines for k, v in e.timeline.items()}
+    assert len(timeline) == 5 * 2 * 6 * 3
     for groups in lanes.values():
         for before, after in itertools.pairwise(groups):
             last = max(timeline[s][2] for s in before)
@@ -380,12 +386,18 @@ def test_engines_sharing_a_loop_emit_on_time_and_keep_exact_timelines():
         samples = sorted(e.timeline, key=lambda s: (e.timeline[s][0], s))
         arrival = [e.timeline[s][0] for s in samples]
         shapes = [draws.shape(s.partition(".")[0], s, 0) for s in samples]
-        order = sorted(range(len(samples)), key=lambda i: arrival[i])
-        assert order == list(range(len(samples)))
-        expected = simulate_batch(
-            profile.server, arrival, [x.prompt_tokens for x in shapes], [x.length for x in shapes]
-        )
-        assert [e.timeline[s][2] for s in samples] == expected.finish.tolist()
+        if turns == 1:
+            finish = simulate_batch(
+                profile.server, arrival, [x.prompt_tokens for x in shapes],
+                [x.length for x in shapes],
+            ).finish
+        else:
+            finish = simulate_rollouts(profile.server, [
+                Rollout(a, tuple((x.prompt_tokens if k == 0 else 5, seg)
+                                 for k, seg in enumerate(x.segments)), x.tool_s)
+                for a, x in zip(arrival, shapes, strict=True)
+            ]).finish
+        assert [e.timeline[s][2] for s in samples] == finish.tolist()
 
 
 def test_the_same_engine_runs_on_the_real_clock():

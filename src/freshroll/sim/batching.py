@@ -57,6 +57,10 @@ from freshroll.sim.profiles import ServerModel
 
 FloatArray = npt.NDArray[np.float64]
 
+#: a bound computed another way than the batcher's own arithmetic is scaled by this, so that
+#: rounding never puts it above the time it bounds
+_BELOW = 1.0 - 1e-12
+
 
 class Finished(NamedTuple):
     """One finished request and its timeline (seconds); a NamedTuple, cheap to make."""
@@ -141,6 +145,32 @@ class ContinuousBatcher:
         """
         event = self._next_event()
         return None if event is None else event[0]
+
+    def finish_bound(self) -> float | None:
+        """A lower bound on the next finish, given what was submitted and that nothing is
+        cancelled meanwhile (None: nothing is prefilling or decoding).
+
+        Joins and new arrivals only add sequences, which only lengthen steps, so the
+        decoding set's next finish at today's step time is a lower bound, and the exact
+        time :meth:`advance` will report when nobody joins before it; a prefilling request
+        finishes no earlier than ``ready + L x (t0 + t1)``. While a cancelled sequence
+        is still leaving (steps are about to get shorter) or a free slot waits for a
+        future arrival, the bound is the next event.
+        """
+        if self._purge_steps >= 0 or (self._waiting and self._held < self._cap):
+            return self.next_event_time()
+        bound = math.inf
+        if self._decoding:
+            d = self._t0 + self._t1 * len(self._decoding)
+            bound = self._boundary + (self._decoding[0][0] - self._steps) * d
+        if self._prefilling:
+            per_token = self._t0 + self._t1
+            tokens = self._tokens
+            for ready, rid in self._prefilling:
+                b = (ready + tokens[rid] * per_token) * _BELOW  # rounding: stay below
+                if b < bound:
+                    bound = b
+        return None if bound == math.inf else bound
 
     # -- commands --------------------------------------------------------------------------
 

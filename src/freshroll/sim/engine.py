@@ -53,7 +53,7 @@ from typing import Any
 from freshroll.engines.base import FINISH_LENGTH, FINISH_STOP, Completion
 from freshroll.errors import WorkerLost
 from freshroll.runtime.seams import Emit, GenRequest, SamplingParams
-from freshroll.sim.batching import ContinuousBatcher, Finished
+from freshroll.sim.batching import _BELOW, ContinuousBatcher, Finished
 from freshroll.sim.keyed import KeyedDraws
 
 
@@ -166,6 +166,8 @@ class SimEngine:
         self._jobs: dict[str, _Job] = {}  # open requests by sample id
         self._running: dict[int, _Job] = {}  # batcher request id -> job
         self._tools: list[tuple[float, int, _Job]] = []  # heap: (tool returns at, seq, job)
+        #: heap: (lower bound on the job's last finish, seq, job, turn after the tool call)
+        self._tool_bounds: list[tuple[float, int, _Job, int]] = []
         self._seq = 0
         self._closed = False
         self._emitted = 0
@@ -241,6 +243,7 @@ class SimEngine:
         self._jobs.clear()
         self._running.clear()
         self._tools.clear()
+        self._tool_bounds.clear()
         for call in calls.values():
             if not call.done.done():
                 call.done.set_exception(WorkerLost(f"simulated engine {self.name} closed"))
@@ -303,11 +306,30 @@ class SimEngine:
                 self._submit(job, ts, self._output_tokens)
 
     def _rearm(self) -> None:
-        """Set the timer to the next batcher event or tool return (no-op if already there)."""
+        """Set the wakeup to the next time a request may be emitted (no-op if already there).
+
+        That is ``max(the next event, a lower bound on the next final finish)``: joins,
+        tool returns and earlier turns change nothing outside the engine, so they are
+        applied when the engine next wakes (or at the next generate / cancel), in time
+        order, exactly as if it had woken for each. The bound is the batcher's
+        (:meth:`~ContinuousBatcher.finish_bound`) or, for a request in a tool call, the
+        tool's return plus the least its remaining turns can take.
+        """
         te = self._batcher.next_event_time()
         t = math.inf if te is None else te
-        if self._tools and self._tools[0][0] < t:
-            t = self._tools[0][0]
+        tools = self._tools
+        if tools and tools[0][0] < t:
+            t = tools[0][0]
+        if t < math.inf:
+            fb = self._batcher.finish_bound()
+            bound = math.inf if fb is None else fb
+            pending = self._tool_bounds
+            while pending and (pending[0][2].rid != -1 or pending[0][2].turn != pending[0][3]
+                               or pending[0][2].cancelled):
+                heapq.heappop(pending)  # submitted or cancelled since
+            if pending and pending[0][0] < bound:
+                bound = pending[0][0]
+            t = max(t, bound)  # inf: nothing can be emitted without a new call
         if t == self._timer_at:
             return
         self._timer_at = t
@@ -336,9 +358,13 @@ class SimEngine:
         if job.turn == 0:
             job.start = f.start
         if job.turn + 1 < len(job.segments):  # a tool call, then the next turn
-            heapq.heappush(self._tools, (f.finish + job.tool_s[job.turn], self._seq, job))
-            self._seq += 1
+            back = f.finish + job.tool_s[job.turn]
+            heapq.heappush(self._tools, (back, self._seq, job))
             job.turn += 1
+            heapq.heappush(self._tool_bounds, (
+                (back + self._rest(job)) * _BELOW, self._seq, job, job.turn,
+            ))
+            self._seq += 1
             return
         del self._jobs[job.sample]
         if self.timeline is not None:
@@ -356,6 +382,17 @@ class SimEngine:
                 call.done.set_exception(exc)
         self._close_one(call)
 
+    def _rest(self, job: _Job) -> float:
+        """The least time from the tool's return to the end of the job's last turn: each
+        turn prefills the tool output and decodes at no less than ``t0 + t1`` per token."""
+        server = self.draws.profile.server
+        per_token = server.step_s + server.step_s_per_seq
+        prefill = self._output_tokens * server.prefill_s_per_token
+        k = job.turn
+        return (len(job.segments) - k) * prefill + sum(job.segments[k:]) * per_token + sum(
+            job.tool_s[k:]
+        )
+
     @staticmethod
     def _close_one(call: _Call) -> None:
         call.open -= 1
@@ -369,6 +406,7 @@ class SimEngine:
         self._jobs.clear()
         self._running.clear()
         self._tools.clear()
+        self._tool_bounds.clear()
         self._closed = True
 
 
