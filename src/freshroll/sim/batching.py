@@ -46,7 +46,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -146,30 +146,50 @@ class ContinuousBatcher:
         event = self._next_event()
         return None if event is None else event[0]
 
-    def finish_bound(self) -> float | None:
-        """A lower bound on the next finish, given what was submitted and that nothing is
-        cancelled meanwhile (None: nothing is prefilling or decoding).
+    def finish_bound(self, rest: Mapping[int, float] | None = None) -> float | None:
+        """A lower bound on when the next request ends, given what was submitted and that
+        nothing is cancelled meanwhile (None: nothing is prefilling or decoding).
 
-        Joins and new arrivals only add sequences, which only lengthen steps, so the
-        decoding set's next finish at today's step time is a lower bound, and the exact
-        time :meth:`advance` will report when nobody joins before it; a prefilling request
-        finishes no earlier than ``ready + L x (t0 + t1)``. While a cancelled sequence
-        is still leaving (steps are about to get shorter) or a free slot waits for a
-        future arrival, the bound is the next event.
+        ``rest[rid]``: the least time a request still needs after it finishes here (a
+        later turn of a multi-turn rollout; 0 when absent): the bound is then on the end
+        of the whole rollout. Joins and new arrivals only add sequences, which only
+        lengthen steps, so the decoding set's finishes at today's step times (shorter as
+        members finish) are lower bounds, and exactly the times :meth:`advance` will
+        report when nobody joins before them; a prefilling request finishes no earlier
+        than ``ready + L x (t0 + t1)``. While a cancelled sequence is still leaving
+        (steps are about to get shorter) or a free slot waits for a future arrival, the
+        bound is the next event.
         """
         if self._purge_steps >= 0 or (self._waiting and self._held < self._cap):
             return self.next_event_time()
         bound = math.inf
-        if self._decoding:
-            d = self._t0 + self._t1 * len(self._decoding)
-            bound = self._boundary + (self._decoding[0][0] - self._steps) * d
+        t0, t1, decoding = self._t0, self._t1, self._decoding
+        if decoding and rest is None:  # every request ends with this finish
+            bound = self._boundary + (decoding[0][0] - self._steps) * (t0 + t1 * len(decoding))
+        elif decoding and rest is not None:
+            heap = decoding.copy()
+            b, s, n = self._boundary, self._steps, len(heap)
+            while heap:
+                steps = heap[0][0]
+                t = b + (steps - s) * (t0 + t1 * n)  # the batcher's own arithmetic
+                if t >= bound:
+                    break
+                while heap and heap[0][0] == steps:
+                    _, rid = heapq.heappop(heap)
+                    n -= 1
+                    more = rest.get(rid, 0.0)
+                    end = t if more == 0.0 else (t + more) * _BELOW
+                    if end < bound:
+                        bound = end
+                b, s = t, steps
         if self._prefilling:
-            per_token = self._t0 + self._t1
+            per_token = t0 + t1
             tokens = self._tokens
             for ready, rid in self._prefilling:
-                b = (ready + tokens[rid] * per_token) * _BELOW  # rounding: stay below
-                if b < bound:
-                    bound = b
+                more = 0.0 if rest is None else rest.get(rid, 0.0)
+                end = (ready + tokens[rid] * per_token + more) * _BELOW  # rounding: stay below
+                if end < bound:
+                    bound = end
         return None if bound == math.inf else bound
 
     # -- commands --------------------------------------------------------------------------

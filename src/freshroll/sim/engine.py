@@ -166,6 +166,7 @@ class SimEngine:
         self._jobs: dict[str, _Job] = {}  # open requests by sample id
         self._running: dict[int, _Job] = {}  # batcher request id -> job
         self._tools: list[tuple[float, int, _Job]] = []  # heap: (tool returns at, seq, job)
+        self._rest_of: dict[int, float] = {}  # batcher id of a turn but the last -> least after
         #: heap: (lower bound on the job's last finish, seq, job, turn after the tool call)
         self._tool_bounds: list[tuple[float, int, _Job, int]] = []
         self._seq = 0
@@ -227,6 +228,7 @@ class SimEngine:
             job.cancelled = True
             if job.rid >= 0:
                 del self._running[job.rid]
+                self._rest_of.pop(job.rid, None)
                 self._batcher.cancel(job.rid, now)
             self._cancelled += 1
             self._close_one(job.call)
@@ -244,6 +246,7 @@ class SimEngine:
         self._running.clear()
         self._tools.clear()
         self._tool_bounds.clear()
+        self._rest_of.clear()
         for call in calls.values():
             if not call.done.done():
                 call.done.set_exception(WorkerLost(f"simulated engine {self.name} closed"))
@@ -283,6 +286,8 @@ class SimEngine:
     def _submit(self, job: _Job, at: float, prefill: int) -> None:
         job.rid = rid = self._batcher.submit(at, prefill, job.segments[job.turn])
         self._running[rid] = job
+        if job.turn + 1 < len(job.segments):  # not the last turn: what it still needs after
+            self._rest_of[rid] = job.tool_s[job.turn] + self._least_from(job, job.turn + 1)
 
     def _run_until(self, t: float) -> None:
         """Apply batcher events and tool returns at or before ``t``, in time order (a batcher
@@ -321,7 +326,7 @@ class SimEngine:
         if tools and tools[0][0] < t:
             t = tools[0][0]
         if t < math.inf:
-            fb = self._batcher.finish_bound()
+            fb = self._batcher.finish_bound(None if self._single_turn else self._rest_of)
             bound = math.inf if fb is None else fb
             pending = self._tool_bounds
             while pending and (pending[0][2].rid != -1 or pending[0][2].turn != pending[0][3]
@@ -355,6 +360,7 @@ class SimEngine:
     def _finished(self, f: Finished) -> None:
         job = self._running.pop(f.request)
         job.rid = -1
+        self._rest_of.pop(f.request, None)
         if job.turn == 0:
             job.start = f.start
         if job.turn + 1 < len(job.segments):  # a tool call, then the next turn
@@ -362,7 +368,7 @@ class SimEngine:
             heapq.heappush(self._tools, (back, self._seq, job))
             job.turn += 1
             heapq.heappush(self._tool_bounds, (
-                (back + self._rest(job)) * _BELOW, self._seq, job, job.turn,
+                (back + self._least_from(job, job.turn)) * _BELOW, self._seq, job, job.turn,
             ))
             self._seq += 1
             return
@@ -382,15 +388,15 @@ class SimEngine:
                 call.done.set_exception(exc)
         self._close_one(call)
 
-    def _rest(self, job: _Job) -> float:
-        """The least time from the tool's return to the end of the job's last turn: each
-        turn prefills the tool output and decodes at no less than ``t0 + t1`` per token."""
+    def _least_from(self, job: _Job, turn: int) -> float:
+        """The least time from the submission of ``turn`` to the end of the job's last turn:
+        each later turn prefills the tool output, every token takes at least ``t0 + t1``,
+        and the tool calls between take their latency."""
         server = self.draws.profile.server
         per_token = server.step_s + server.step_s_per_seq
         prefill = self._output_tokens * server.prefill_s_per_token
-        k = job.turn
-        return (len(job.segments) - k) * prefill + sum(job.segments[k:]) * per_token + sum(
-            job.tool_s[k:]
+        return (len(job.segments) - turn) * prefill + sum(job.segments[turn:]) * per_token + sum(
+            job.tool_s[turn:]
         )
 
     @staticmethod
@@ -407,6 +413,7 @@ class SimEngine:
         self._running.clear()
         self._tools.clear()
         self._tool_bounds.clear()
+        self._rest_of.clear()
         self._closed = True
 
 
