@@ -259,37 +259,6 @@ def timing(run_dir: Path) -> None:
     )
 
 
-@main.command()
-@click.argument("run_dir", type=click.Path(path_type=Path))
-@click.option("--steps", default=50, show_default=True, help="Trainer steps to commit.")
-@click.option("--seed", default=0, show_default=True)
-@click.option("--faults/--no-faults", default=True, show_default=True,
-              help="Fence workers, duplicate results, NaN rewards, release leases.")
-@click.option("--max-staleness", default=1, show_default=True)
-@click.option("--batch-groups", default=4, show_default=True)
-@click.option("--group-size", default=4, show_default=True)
-def simulate(
-    run_dir: Path, steps: int, seed: int, faults: bool, max_staleness: int,
-    batch_groups: int, group_size: int,
-) -> None:
-    """Drive the lifecycle kernel with simulated workers (no model), then verify RUN_DIR."""
-    from freshroll.buffer import KernelConfig
-    from freshroll.harness.simulate import SimConfig
-    from freshroll.harness.simulate import simulate as run_sim
-    from freshroll.harness.verify import verify_run
-
-    try:
-        kernel = KernelConfig(max_staleness, batch_groups, group_size)
-        buf = run_sim(run_dir, kernel, SimConfig(steps=steps, seed=seed, faults=faults))
-    except FreshrollError as exc:
-        _fail(exc)
-        return
-    click.echo(json.dumps(buf.stats()["counts"]))
-    report = verify_run(run_dir)
-    click.echo(report.render())
-    sys.exit(0 if report.ok else 1)
-
-
 @main.command("export-model")
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.argument("out", type=click.Path(path_type=Path))
