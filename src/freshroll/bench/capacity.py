@@ -160,9 +160,10 @@ Payload = Callable[[Completion], bytes | None]
 
 async def measure_trainer(
     trainer: AsyncTrainer, buf: SampleBuffer, gen: Generated, rewards: dict[str, float],
-    w: Workload, steps: int, payload: Payload, reward_version: str = "bench",
+    w: Workload, steps: int, payload: Payload, reward_version: str = "bench", warmup: int = 0,
 ) -> float:
-    """Train ``steps`` steps, each on a batch made ready before it starts; samples/s."""
+    """Train ``warmup + steps`` steps, each on a batch made ready before it starts; samples/s
+    over the last ``steps``."""
     groups = gen.complete_groups(w.group_size)
     if len(groups) < w.batch_groups:
         raise ValueError(f"{len(groups)} complete groups generated, a batch needs "
@@ -170,7 +171,7 @@ async def measure_trainer(
     epoch = buf.register_worker("bench")
     busy = 0.0
     pool = itertools.cycle(groups)
-    for _ in range(steps):
+    for k in range(warmup + steps):
         batch = [next(pool) for _ in range(w.batch_groups)]
         for members in batch:
             buf.admit(members[0][0].prompt_id)
@@ -184,7 +185,8 @@ async def measure_trainer(
             raise RuntimeError(f"no full batch ready in the scratch buffer ({buf.stats()})")
         t0 = _now()
         metrics, digest = await trainer.step(lease)
-        busy += _now() - t0
+        if k >= warmup:
+            busy += _now() - t0
         buf.commit(lease.id, trainer.settings_digest, weights_digest=digest,
                    train_s=float(metrics.get("train_s", 0.0)))
     return w.batch * steps / busy if busy > 0 else 0.0
@@ -205,6 +207,7 @@ class Plan:
     gen_samples: int
     train_steps: int
     transfers: int = 3
+    train_warmup: int = 0  # first trainer steps not timed (a real model's lazy set-up)
 
 
 async def measure(
@@ -218,7 +221,7 @@ async def measure(
         by_id = {p.prompt_id: p for p in w.prompts}
         reward_per_s, rewards = await measure_reward(scorer, gen, w, by_id)
         train_per_s = await measure_trainer(trainer, buf, gen, rewards, w, plan.train_steps,
-                                            payload, scorer.version)
+                                            payload, scorer.version, plan.train_warmup)
         transfer_s = await measure_transfer(engines[0], trainer, plan.transfers)
     finally:
         for e in engines:
