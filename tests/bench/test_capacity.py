@@ -56,7 +56,7 @@ class FakeScorer:
 
     async def score(self, prompts: Sequence[Prompt], completions: Sequence[Completion],
                     state: RewardState) -> list[Score]:
-        await asyncio.sleep(0.1)  # per call (one group)
+        await asyncio.sleep(0.1)  # per call
         return [Score(float(i), None, {}) for i, _ in enumerate(completions)]
 
 
@@ -84,7 +84,7 @@ PROMPTS = [Prompt(f"p{i}", f"prompt {i}") for i in range(5)]
 
 def _workload(**kw: Any) -> Workload:
     base = dict(prompts=PROMPTS, group_size=4, batch_groups=2, workers=2, concurrency=4,
-                params=SamplingParams(max_new_tokens=16))
+                params=SamplingParams(max_new_tokens=16), reward_batch=16, reward_timeout_s=5.0)
     return Workload(**{**base, **kw})
 
 
@@ -110,6 +110,36 @@ def test_lock_step_pool_capacity() -> None:
     assert gen.per_s == pytest.approx(3 * 4 / 2.0)  # calls of 4 requests, 2 s each
 
 
+class HangingScorer(FakeScorer):
+    """Every other call hangs past the timeout."""
+
+    calls = 0
+
+    async def score(self, prompts: Sequence[Prompt], completions: Sequence[Completion],
+                    state: RewardState) -> list[Score]:
+        self.calls += 1
+        if self.calls % 2 == 0:
+            await asyncio.sleep(1e6)
+        return await super().score(prompts, completions, state)
+
+
+def test_a_reward_call_that_times_out_scores_nothing() -> None:
+    from freshroll.bench.capacity import measure_reward
+
+    async def go() -> float:
+        async def factory(name: str) -> FakeEngine:
+            return FakeEngine(True, 1.0)
+
+        gen, _ = await measure_generation(factory, _workload(), 64)
+        per_s, rewards = await measure_reward(HangingScorer(), gen, _workload(),
+                                              {p.prompt_id: p for p in PROMPTS})
+        assert len(rewards) == 32  # the scored half (the rest: reward 0 for the trainer)
+        return per_s
+
+    # 4 calls of 16: two answer in 0.1 s, two time out at 5 s: 32 samples in 10.2 s
+    assert VirtualClock().run(go()) == pytest.approx(32 / 10.2)
+
+
 def test_every_stage_in_isolation(tmp_path: Path) -> None:
     clock = VirtualClock()
     w = _workload()
@@ -129,7 +159,7 @@ def test_every_stage_in_isolation(tmp_path: Path) -> None:
     assert caps.batch == 8
     assert caps.gen_per_s == pytest.approx(8.0)
     assert caps.gen_per_worker_per_s == pytest.approx(4.0)
-    assert caps.reward_per_s == pytest.approx(4 / 0.1)  # one group of 4 per 0.1 s call
+    assert caps.reward_per_s == pytest.approx(16 / 0.1)  # calls of 16 (reward_batch), 0.1 s
     assert caps.train_per_s == pytest.approx(8 / 2.0)  # B = 8 per 2 s step
     assert caps.transfer_s == pytest.approx(0.25)
     assert (trainer.steps, trainer.seen) == (3, 24)

@@ -24,7 +24,7 @@ CAPS = f.Capacities(batch=512, gen_per_s=1280.0, reward_per_s=1e4, train_per_s=2
 def test_the_plan_has_sync_three_statics_and_the_controller() -> None:
     plan = plan_runs(_cfg(), CAPS)
     labels = [s.label for s in plan]
-    assert labels[0] == "sync" and labels[-1] == "adaptive"
+    assert labels[0] == "sync" and labels[-2:] == ["adaptive", "adaptive-deadline"]
     statics = [s for s in plan if s.label.startswith("static")]
     assert len(statics) >= 3
     assert plan[0].overrides["run.max_staleness"] == 0
@@ -38,6 +38,7 @@ def test_the_plan_has_sync_three_statics_and_the_controller() -> None:
     assert by["static-lean"]["rollout.workers"] == 6
     assert by["adaptive"]["control.mode"] == "adaptive"
     assert by["adaptive"]["control.max_workers"] == 64
+    assert by["adaptive-deadline"] == {**by["adaptive"], "tail.deadline": True}
     for spec in plan:  # every run's settings make a valid config
         with_overrides(_cfg(), spec.overrides)
 
@@ -53,7 +54,7 @@ def test_a_pool_of_one_varies_batch_and_admission() -> None:
     cfg = validate({"rollout": {"workers": 1, "worker_batch": 64, "batch_groups": 8}})
     plan = plan_runs(cfg, CAPS)
     statics = [s for s in plan if s.label.startswith("static")]
-    assert len(statics) >= 3
+    assert len(statics) >= 3 and plan[-1].label == "adaptive"  # hf: no deadline row
     assert len({tuple(sorted(s.overrides.items(), key=str)) for s in statics}) == len(statics)
     by = {s.label: s.overrides for s in statics}
     assert by["static-halfbatch"]["rollout.worker_batch"] == 32

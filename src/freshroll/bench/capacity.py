@@ -11,8 +11,10 @@ seams of :mod:`freshroll.runtime.seams`. Every duration is the event loop's time
   lock-step engine gets back-to-back calls of ``concurrency`` requests — with no trainer;
   ``c_gen = n / (time of the n-th completion)`` for the whole pool (the calls still in
   flight then are let finish, uncounted);
-- **reward** (:func:`measure_reward`): the scorer on the stream of those completions,
-  one group per call, ``reward_concurrency`` calls in flight; ``c_reward = samples / elapsed``;
+- **reward** (:func:`measure_reward`): the scorer on the stream of those completions, as the
+  pipeline's reward stage calls it (one call at a time, up to ``reward_batch`` completions
+  per call, each under ``limits.reward_timeout_s``: a call that times out scores nothing);
+  ``c_reward = samples scored / elapsed``;
 - **trainer** (:func:`measure_trainer`): fed from a full buffer — each step's batch is
   made ready in a scratch ledger before the step starts, so the trainer never waits;
   ``c_train = B x steps / (time inside trainer.step)``;
@@ -58,7 +60,8 @@ class Workload:
     seed: int = 0
     policy_step: int = 0  # the policy step the engines generate at (length drift)
     max_steps: int = 0  # run.steps (what rewards see as max_steps)
-    reward_concurrency: int = 1
+    reward_batch: int = 256  # completions per reward call (the pipeline's reward stage)
+    reward_timeout_s: float = 300.0  # limits.reward_timeout_s
 
     @property
     def batch(self) -> int:
@@ -132,26 +135,30 @@ async def measure_generation(
 async def measure_reward(
     scorer: AsyncScorer, gen: Generated, w: Workload, by_id: dict[str, Prompt],
 ) -> tuple[float, dict[str, float]]:
-    """Score the complete generated groups; samples/s and each sample's reward (for the
-    trainer)."""
-    groups = gen.complete_groups(w.group_size)
+    """Score the complete generated groups as the pipeline's reward stage does (one call at a
+    time over up to ``reward_batch`` completions, each under ``reward_timeout_s``);
+    samples scored per second, and each sample's reward (for the trainer)."""
+    pairs = [m for g in gen.complete_groups(w.group_size) for m in g]
+    if len(pairs) >= w.reward_batch:  # whole calls only, as on a full stream
+        pairs = pairs[:len(pairs) // w.reward_batch * w.reward_batch]
     rewards: dict[str, float] = {}
-    queue = iter(groups)
+    scored = 0
     t0 = _now()
-
-    async def caller() -> None:
-        for group in queue:
-            prompts = [by_id[req.prompt_id] for req, _ in group]
-            scores = await scorer.score(prompts, [c for _, c in group],
-                                        RewardState(w.policy_step, w.max_steps))
-            for (req, _), s in zip(group, scores, strict=True):
-                rewards[req.sample] = s.value if s.value is not None else 0.0
-
-    async with asyncio.TaskGroup() as tg:
-        for _ in range(w.reward_concurrency):
-            tg.create_task(caller())
+    for i in range(0, len(pairs), w.reward_batch):
+        chunk = pairs[i:i + w.reward_batch]
+        prompts = [by_id[req.prompt_id] for req, _ in chunk]
+        try:
+            async with asyncio.timeout(w.reward_timeout_s):
+                scores = await scorer.score(prompts, [c for _, c in chunk],
+                                            RewardState(w.policy_step, w.max_steps))
+        except TimeoutError:  # the pipeline discards the call's samples (reward_timeout)
+            continue
+        for (req, _), sc in zip(chunk, scores, strict=True):
+            if sc.value is not None:
+                scored += 1
+            rewards[req.sample] = sc.value if sc.value is not None else 0.0
     elapsed = _now() - t0
-    return (len(rewards) / elapsed if elapsed > 0 else 0.0), rewards
+    return (scored / elapsed if elapsed > 0 else 0.0), rewards
 
 
 #: completion -> the ``payload`` the pipeline stores with its ``generated`` event

@@ -11,7 +11,9 @@ One workload (a config) and one seed; per clock, in one invocation:
    ``static-lean`` (half of matched); on a pool of one worker (the embedded default) the
    settings vary the per-worker batch and the admission limit instead;
 4. ``adaptive``: the controller (``control.mode: adaptive``) within the pool, starting
-   from the config's ``rollout.workers``.
+   from the config's ``rollout.workers``; on simulated engines also ``adaptive-deadline``,
+   the same with group deadlines (``tail.deadline: true``, long-tail handling) when the
+   config does not already set them.
 
 The pool is ``control.max_workers`` (or ``rollout.workers`` when unset); the synchronous
 baseline runs on the whole pool.
@@ -41,10 +43,10 @@ from freshroll.config import Config, validate
 #: --quick: a CI smoke run of seconds
 QUICK_STEPS = 4
 #: steps of a real-clock run of a simulated workload (its virtual twin runs run.steps)
-REAL_STEPS = 30
+REAL_STEPS = 12
 #: a real-clock step should not be shorter than this (seconds), or the orchestrator's own
 #: per-sample work on a shared CPU, not the modelled cluster, sets the pace
-MIN_REAL_STEP_S = 0.25
+MIN_REAL_STEP_S = 0.2
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,10 +112,12 @@ def plan_runs(cfg: Config, caps: f.Capacities) -> list[RunSpec]:
         add("static-admit1", rollout__workers=pool,
             rollout__max_inflight_groups=cfg.rollout.batch_groups)
         add("static-doublebatch", rollout__workers=pool, rollout__worker_batch=2 * batch)
-    adaptive = RunSpec("adaptive", {"control.mode": "adaptive", "run.max_staleness": eta,
-                                    "rollout.max_inflight_groups": None,
-                                    "control.max_workers": pool})
-    return [*specs, *statics, adaptive]
+    ctl = {"control.mode": "adaptive", "run.max_staleness": eta,
+           "rollout.max_inflight_groups": None, "control.max_workers": pool}
+    adaptive = [RunSpec("adaptive", ctl)]
+    if cfg.rollout.engine == "sim" and not cfg.tail.deadline:  # long-tail handling vs none
+        adaptive.append(RunSpec("adaptive-deadline", {**ctl, "tail.deadline": True}))
+    return [*specs, *statics, *adaptive]
 
 
 def real_time_scale(caps_virtual: f.Capacities, steps: int, target_s: float,
