@@ -89,3 +89,12 @@ def test_real_time_scale() -> None:
     # but no async step shorter than min_step_s: max t = 2 s -> scale >= 0.25 / 2
     assert real_time_scale(CAPS, 100, target_s=10.0, min_step_s=0.25) == pytest.approx(0.125)
     assert real_time_scale(CAPS, 1, target_s=1e6) == 1.0
+
+
+def test_real_time_scale_from_the_measured_sync_step() -> None:
+    # a tail-bound sync step of 300 virtual seconds: 10 steps scaled to 6 s
+    assert real_time_scale(CAPS, 10, 6.0, min_step_s=0.001, sync_step_s=300.0) == \
+        pytest.approx(0.002)
+    # the async floor still holds: max t = 2 s, 0.2 s of wall time at least
+    assert real_time_scale(CAPS, 10, 6.0, min_step_s=0.2, sync_step_s=300.0) == \
+        pytest.approx(0.1)
