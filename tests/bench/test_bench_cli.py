@@ -105,3 +105,12 @@ def test_bench_quick_on_the_real_embedded_default(tmp_path: Path) -> None:
     _table_checks(out, tables, ["real"])  # a real model: the real clock only
     caps = tables[0]["capacities_per_s"]
     assert all(caps[s] > 0 for s in ("gen", "reward", "train"))
+
+
+def test_simulate_refuses_an_unusable_out_before_loading(tmp_path: Path) -> None:
+    target = tmp_path / "a-file"
+    target.write_text("x")
+    result = CliRunner().invoke(main, ["simulate", str(REPO / "configs" / "sim-p1.yaml"),
+                                       "--out", str(target)])
+    assert result.exit_code == 2
+    assert f"--out {target}: is a file" in result.stderr
