@@ -98,3 +98,15 @@ def test_real_time_scale_from_the_measured_sync_step() -> None:
     # the async floor still holds: max t = 2 s, 0.2 s of wall time at least
     assert real_time_scale(CAPS, 10, 6.0, min_step_s=0.2, sync_step_s=300.0) == \
         pytest.approx(0.1)
+
+
+def test_a_real_clock_run_scales_the_model_time_settings() -> None:
+    from freshroll.bench.runner import MODEL_TIME_KEYS, scaled_settings
+
+    cfg = _cfg(limits={"reward_timeout_s": 30.0}, control={"interval_s": 4.0})
+    over = scaled_settings(cfg, 0.01)
+    assert set(over) == set(MODEL_TIME_KEYS)
+    assert over["limits.reward_timeout_s"] == pytest.approx(0.3)
+    assert over["control.interval_s"] == pytest.approx(0.04)
+    scaled = with_overrides(cfg, over)  # still a valid config (cooldown order kept)
+    assert scaled.control.up_cooldown_s <= scaled.control.down_cooldown_s

@@ -22,7 +22,9 @@ Every run goes through :func:`freshroll.runtime.run.run` (the real pipeline, ker
 controller), writes its own run directory under ``OUT/<clock>/<run>`` and is verified.
 The real clock of a simulated workload runs with a small ``sim.time_scale``
 (:func:`real_time_scale`), so that it takes seconds; its capacities are the virtual ones
-scaled by the same factor (every simulated duration is multiplied by it).
+scaled by the same factor (every simulated duration is multiplied by it), and so are the
+timeouts and the controller's intervals (:data:`MODEL_TIME_KEYS`): they are the modelled
+cluster's seconds.
 """
 
 from __future__ import annotations
@@ -136,6 +138,25 @@ def real_time_scale(caps_virtual: f.Capacities, steps: int, target_s: float,
     return min(1.0, scale)
 
 
+#: settings in seconds of the run's clock that model the cluster's time (a real-clock run of
+#: a simulated workload multiplies them by sim.time_scale, as every simulated duration)
+MODEL_TIME_KEYS = (
+    "limits.generate_timeout_s", "limits.weights_timeout_s", "limits.worker_start_timeout_s",
+    "limits.reward_timeout_s", "control.interval_s", "control.up_cooldown_s",
+    "control.down_cooldown_s",
+)
+
+
+def scaled_settings(cfg: Config, scale: float) -> dict[str, Any]:
+    """The :data:`MODEL_TIME_KEYS` of ``cfg`` multiplied by ``scale``."""
+    data = cfg.model_dump(mode="json")
+    out = {}
+    for key in MODEL_TIME_KEYS:
+        section, name = key.split(".")
+        out[key] = data[section][name] * scale
+    return out
+
+
 @dataclass
 class BenchResult:
     tables: list[dict[str, Any]]
@@ -183,7 +204,8 @@ def bench(cfg: Config, out: Path, *, workload: str, quick: bool = False,
         scale = real_time_scale(caps0, steps, 1.0 if quick else 10.0,
                                 0.02 if quick else MIN_REAL_STEP_S, sync_step_s)
         real_cfg = with_overrides(run_cfg, {"run.steps": steps,
-                                            "sim.time_scale": scale * cfg.sim.time_scale})
+                                            "sim.time_scale": scale * cfg.sim.time_scale,
+                                            **scaled_settings(run_cfg, scale)})
         stream.write(f"  real clock: {steps} steps at sim.time_scale {scale:.4g}\n")
         tables.append(_table(real_cfg, caps0.scaled(scale), workload, clock, out, stream)[0])
     (out / "bench.md").write_text("".join(render_markdown(t) for t in tables))
