@@ -253,17 +253,20 @@ class SampleBuffer(BufferState):
         self, request: str, worker: str, epoch: int, version: PolicyVersion | str
     ) -> SampleId:
         """Start a new attempt of a queued request on a live worker epoch."""
-        req = self._request(request)
+        req = self._requests.get(request)  # type: ignore[call-overload]
+        if req is None:
+            raise UnknownSampleError(f"unknown request {request!r}")
         if req.state != QUEUED:
             raise StateError(f"request {request} is not queued (state {_STATE_NAMES[req.state]})")
-        if (worker, epoch) in self._fenced or self._epochs.get(worker) != epoch:
+        if self._epochs.get(worker) != epoch or (worker, epoch) in self._fenced:
             raise StateError(f"worker {worker} epoch {epoch} is fenced or unknown")
-        if str(version) not in self._published:
+        v = version if type(version) is str else str(version)
+        if v not in self._published:
             raise StateError(f"policy version {version} was never published in this run")
         sid = sample_id(req.id, req.attempt + 1)
-        self._emit(ev.Started(
-            ts=self.clock.now(), sample=sid, worker=worker, epoch=epoch, version=str(version)
-        ))
+        event = ev.Started(ts=self.clock.now(), sample=sid, worker=worker, epoch=epoch, version=v)
+        self._log(event)
+        self._started(req, event)
         return sid
 
     # == results =====================================================================
@@ -284,32 +287,41 @@ class SampleBuffer(BufferState):
         ``fenced``. (A sample id can be issued again after a crash lost its ``started``
         event, so a worker that outlived the crash must not complete the new attempt.)
         """
-        req = self._live_result(sample, RUNNING, worker)
-        if req is None:
-            return Outcome.REJECTED
+        req = self._requests.get(request_of(sample))
+        if (req is None or req.state != RUNNING or req.sample != sample
+                or req.worker in self._fenced or (worker is not None and worker != req.worker)):
+            req = self._live_result(sample, RUNNING, worker)  # rejects (or raises)
+            if req is None:
+                return Outcome.REJECTED
         if payload is not None:
             self.ledger.put_payload(sample, payload)
-            self._payloads[SampleId(sample)] = payload
-        self._emit(ev.Generated(
+            self._payloads[req.sample] = payload  # type: ignore[index]
+        event = ev.Generated(
             ts=self.clock.now(), sample=sample, tokens=tokens, gen_s=gen_s,
             last_version=None if last_version is None else str(last_version),
-        ))
+        )
+        self._log(event)
+        self._generated(req)
         return Outcome.ACCEPTED
 
     def reward(
         self, sample: str, value: float, reward_version: str, reward_s: float = 0.0
     ) -> Outcome:
         """Record the reward of a generated sample (NaN/inf discards it as reward_error)."""
-        req = self._live_result(sample, GENERATED)
-        if req is None:
-            return Outcome.REJECTED
+        req = self._requests.get(request_of(sample))
+        if req is None or req.state != GENERATED or req.sample != sample:
+            req = self._live_result(sample, GENERATED)  # rejects (or raises)
+            if req is None:
+                return Outcome.REJECTED
         if not math.isfinite(value):
             self.discard(sample, "reward_error", f"reward is {value}")
             return Outcome.ACCEPTED
-        self._emit(ev.Rewarded(
+        event = ev.Rewarded(
             ts=self.clock.now(), sample=sample, reward=value, reward_version=reward_version,
             reward_s=reward_s,
-        ))
+        )
+        self._log(event)
+        self._rewarded(req, event)
         self._settle(req.group)
         return Outcome.ACCEPTED
 
@@ -511,10 +523,18 @@ class SampleBuffer(BufferState):
 
     # == internals ===================================================================
     def _emit(self, event: ev.Event) -> None:
+        """Append ``event`` and apply it through the handler that also replays it."""
         if self.closed and not isinstance(event, ev.Opened):
             raise StateError(f"the buffer was shut down: no {type(event).__name__} after it")
         self.ledger.append(event)
-        self.apply(event)
+        self._handlers[type(event)](event)
+
+    def _log(self, event: ev.Event) -> None:
+        """Append ``event``; the caller applies it at once with the handler's second half
+        (``_started(req, event)``: the request is already found). The hot commands only."""
+        if self.closed:
+            raise StateError(f"the buffer was shut down: no {type(event).__name__} after it")
+        self.ledger.append(event)
 
     def _require_version(self) -> PolicyVersion:
         if self.version is None:

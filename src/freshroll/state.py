@@ -85,7 +85,8 @@ class BufferState:
         self._fenced: set[tuple[str, int]] = set()
         self._inflight: dict[tuple[str, int], set[SampleId]] = {}
         self._payloads: dict[SampleId, bytes] = {}
-        self._published: set[str] = set()  # every policy version the ledger has made current
+        #: every policy version the ledger has made current -> its step
+        self._published: dict[str, int] = {}
         self.closed = False  # a clean shutdown was recorded (until the next open)
         self.accepted = self.running = 0  # groups, for admission
         self.counts: Counter[str] = Counter()  # accounting, recomputed by verify
@@ -120,7 +121,7 @@ class BufferState:
 
     def _on_published(self, e: ev.PolicyPublished) -> None:
         self.version = PolicyVersion.parse(e.version)
-        self._published.add(e.version)
+        self._published[e.version] = self.version.step
 
     def _on_requested(self, e: ev.Requested) -> None:
         group = _Group(GroupId(e.group), e.prompt_id, open=e.size)
@@ -142,31 +143,45 @@ class BufferState:
     def _on_worker_fenced(self, e: ev.WorkerFenced) -> None:
         self._fenced.add((e.worker, e.epoch))
 
+    # The per-sample handlers come in two halves: ``_on_x(event)`` finds the request (replay),
+    # ``_x(req, event)`` changes state. A command that has already found the request calls
+    # the second half directly: the same code runs live and on replay.
     def _on_started(self, e: ev.Started) -> None:
-        req = self._requests[request_of(e.sample)]
+        self._started(self._requests[request_of(e.sample)], e)
+
+    def _started(self, req: _Request, e: ev.Started) -> None:
         if req.state != QUEUED:
             raise StateError(f"start of {e.sample}: request not queued")
-        if self._queue[0] is req:
-            self._queue.popleft()
+        queue = self._queue
+        if queue[0] is req:
+            queue.popleft()
         else:
-            self._queue.remove(req)
-        req.state, req.attempt, req.sample = RUNNING, req.attempt + 1, SampleId(e.sample)
-        req.worker, req.step = (e.worker, e.epoch), policy_step(e.version)
-        self._inflight[req.worker].add(req.sample)
+            queue.remove(req)
+        step = self._published.get(e.version)
+        req.state, req.attempt, req.sample = RUNNING, req.attempt + 1, e.sample  # type: ignore[assignment]
+        req.worker = worker = (e.worker, e.epoch)
+        req.step = policy_step(e.version) if step is None else step
+        self._inflight[worker].add(e.sample)  # type: ignore[arg-type]
         self.counts["started"] += 1
 
     def _on_generated(self, e: ev.Generated) -> None:
-        req = self._requests[request_of(e.sample)]
+        self._generated(self._requests[request_of(e.sample)])
+
+    def _generated(self, req: _Request) -> None:
         req.state = GENERATED
         self._inflight[req.worker].discard(req.sample)  # type: ignore[index]
         self.counts["generated"] += 1
 
     def _on_rewarded(self, e: ev.Rewarded) -> None:
-        req = self._requests[request_of(e.sample)]
+        self._rewarded(self._requests[request_of(e.sample)], e)
+
+    def _rewarded(self, req: _Request, e: ev.Rewarded) -> None:
         req.state, req.reward = REWARDED, e.reward
-        req.group.open -= 1
-        req.group.samples.append(SampleId(e.sample))
-        req.group.oldest = min(req.group.oldest, req.step)
+        group = req.group
+        group.open -= 1
+        group.samples.append(e.sample)  # type: ignore[arg-type]
+        if req.step < group.oldest:
+            group.oldest = req.step
         self.counts["rewarded"] += 1
 
     def _on_ready(self, e: ev.Ready) -> None:
@@ -203,7 +218,7 @@ class BufferState:
         self.counts["committed"] += len(lease.samples)
         self.counts["steps"] += 1
         self.version = PolicyVersion.parse(e.version)
-        self._published.add(e.version)
+        self._published[e.version] = self.version.step
 
     def _on_discarded(self, e: ev.Discarded) -> None:
         req = self._requests[RequestId(e.request)]
