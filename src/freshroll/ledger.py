@@ -22,7 +22,6 @@ Guarantees:
 from __future__ import annotations
 
 import functools
-import itertools
 import sqlite3
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -45,7 +44,7 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
 
-_encode = ENCODER.encode
+_encode_lines = ENCODER.encode_lines
 #: rows per INSERT statement: one multi-row ``INSERT .. VALUES (..), (..)`` binds and steps
 #: far faster than ``executemany`` row by row (the same rows, the same file). 256 x 3
 #: parameters stay under SQLite's oldest limit of 999 bound parameters per statement.
@@ -60,15 +59,28 @@ def _insert_sql(head: str, width: int, n: int) -> str:
     return head + ",".join([row] * n)
 
 
-def _insert(db: sqlite3.Connection, head: str, rows: Sequence[tuple[Any, ...]]) -> None:
-    """Insert ``rows`` in order, ``_ROWS_PER_INSERT`` per statement; the tail is split into
-    powers of two so that only a few distinct statements are ever prepared (and cached)."""
-    if not rows:
-        return
-    width, chain, i, n = len(rows[0]), itertools.chain.from_iterable, 0, len(rows)
+def _event_rows(events: list[Event], first_seq: int) -> list[Any]:
+    """The ``(seq, kind, body)`` rows of ``events``, flattened. Bodies are encoded in one
+    call (``encode_lines``: exactly ``encode(event)`` per line; JSON escapes every newline
+    inside strings, so splitting on ``\n`` is exact)."""
+    n = len(events)
+    bodies = _encode_lines(events).split(b"\n")
+    bodies.pop()  # after the last newline
+    flat: list[Any] = [None] * (3 * n)
+    flat[0::3] = range(first_seq, first_seq + n)
+    flat[1::3] = [KIND_OF[type(e)] for e in events]
+    flat[2::3] = bodies
+    return flat
+
+
+def _insert(db: sqlite3.Connection, head: str, width: int, flat: Sequence[Any]) -> None:
+    """Insert the rows of ``width`` values in ``flat`` in order, ``_ROWS_PER_INSERT`` per
+    statement; the tail is split into powers of two so that only a few distinct statements
+    are ever prepared (and cached)."""
+    i, n = 0, len(flat) // width
     while i < n:
         k = min(_ROWS_PER_INSERT, 1 << ((n - i).bit_length() - 1))
-        db.execute(_insert_sql(head, width, k), list(chain(rows[i : i + k])))
+        db.execute(_insert_sql(head, width, k), flat[i * width : (i + k) * width])
         i += k
 
 
@@ -86,7 +98,7 @@ class Ledger:
         self.path = Path(path)
         self.flush_every = flush_every
         self.readonly = readonly
-        self._pending: list[tuple[int, str, bytes]] = []
+        self._pending: list[Event] = []  # appended, not yet written: seqs _seq-len+1 .. _seq
         self._pending_payloads: list[tuple[str, bytes]] = []
         self._db = self._connect(sync)
         self._seq: int = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0]
@@ -152,7 +164,7 @@ class Ledger:
         """Buffer ``event``; returns its sequence number."""
         self._seq = seq = self._seq + 1
         pending = self._pending
-        pending.append((seq, KIND_OF[type(event)], _encode(event)))
+        pending.append(event)
         if len(pending) >= self.flush_every:
             self.flush()
         return seq
@@ -168,9 +180,11 @@ class Ledger:
         if not self._pending and not self._pending_payloads:
             return
         try:
+            rows = _event_rows(self._pending, self._seq - len(self._pending) + 1)
+            payloads = [x for row in self._pending_payloads for x in row]
             self._db.execute("BEGIN IMMEDIATE")
-            _insert(self._db, _INSERT_EVENT, self._pending)
-            _insert(self._db, _INSERT_PAYLOAD, self._pending_payloads)
+            _insert(self._db, _INSERT_EVENT, 3, rows)
+            _insert(self._db, _INSERT_PAYLOAD, 2, payloads)
             self._db.execute("COMMIT")
         except sqlite3.Error as exc:
             if self._db.in_transaction:
