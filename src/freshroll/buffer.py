@@ -67,6 +67,7 @@ from freshroll.state import (
     DISCARDED,
     G_DONE,
     G_LEASED,
+    G_READY,
     G_RUNNING,
     GENERATED,
     QUEUED,
@@ -77,6 +78,24 @@ from freshroll.state import (
     _Group,
     _Request,
 )
+
+
+@dataclass(frozen=True, slots=True)
+class GroupStatus:
+    """A running group (admitted, not yet ready or ended), as :meth:`SampleBuffer.running_groups`
+    reports it: what a tail rule (:mod:`freshroll.control_tail`) needs."""
+
+    group: GroupId
+    size: int
+    started_at: float | None  # ts of the first attempt of any member; None: none started yet
+    done: int  # members generated or rewarded
+    running: tuple[tuple[SampleId, str, int], ...]  # (sample, worker, epoch), running attempts
+    queued: tuple[RequestId, ...]  # members waiting for a (new) attempt
+
+    @property
+    def open(self) -> int:
+        """Members still to finish: running or queued."""
+        return len(self.running) + len(self.queued)
 
 
 class Outcome(Enum):
@@ -301,7 +320,7 @@ class SampleBuffer(BufferState):
             last_version=None if last_version is None else str(last_version),
         )
         self._log(event)
-        self._generated(req)
+        self._generated(req, event)
         return Outcome.ACCEPTED
 
     def reward(
@@ -494,6 +513,58 @@ class SampleBuffer(BufferState):
     def record(self, event: ev.WeightsLoaded | ev.FaultInjected) -> None:
         """Append an audit event that changes no buffer state (weights loaded, fault)."""
         self._emit(event)
+
+    def running_groups(self) -> list[GroupStatus]:
+        """Every running group (admitted, not yet ready or ended), oldest first.
+
+        Costs O(running groups x group size), not O(groups ever admitted).
+        """
+        out = []
+        for group in self._live.values():
+            done, running, queued = 0, [], []
+            for req in group.members:
+                if req.state == GENERATED or req.state == REWARDED:
+                    done += 1
+                elif req.state == RUNNING:
+                    running.append((req.sample, *req.worker))  # type: ignore[misc]
+                elif req.state == QUEUED:
+                    queued.append(req.id)
+            out.append(GroupStatus(group.id, len(group.members), group.started_at, done,
+                                   tuple(running), tuple(queued)))
+        return out
+
+    def request_state(self, request: str) -> str:
+        """``queued``, ``running``, ``generated``, ``rewarded``, ``committed`` or ``discarded``."""
+        return _STATE_NAMES[self._request(request_of(request)).state]
+
+    def recent_latencies(self) -> list[float]:
+        """Seconds from start to generated of the latest attempts (at most
+        :data:`freshroll.state.LATENCY_WINDOW`), by the events' timestamps, oldest first."""
+        return list(self.latencies)
+
+    def drop_group(self, group: str, reason: ev.DiscardReason, detail: str = "") -> int:
+        """End a running group whole: every member not yet ended is discarded with ``reason``
+        (terminal), the rewarded ones too. Returns how many requests this ended.
+
+        Unfinished members first, one by one; if rewarded members are left, their group is
+        then ready and is discarded whole, as a stale group is (a crash in between: recovery
+        completes the whole-group discard)."""
+        if reason in ev.RETRY_REASONS or reason == "stale":
+            raise StateError(f"a group cannot be dropped as {reason!r}")
+        g = self._groups.get(GroupId(group))
+        if g is None:
+            raise UnknownSampleError(f"unknown group {group!r}")
+        if g.state != G_RUNNING:
+            raise StateError(f"group {group} is not running (it is ready, leased or ended)")
+        ended = 0
+        for req in g.members:
+            if req.state in (QUEUED, RUNNING, GENERATED):
+                self.discard(req.id, reason, detail)
+                ended += 1
+        if g.state == G_READY:
+            ended += len(g.samples)
+            self._discard_group(g, reason, detail)
+        return ended
 
     def group_of_sample(self, sample: str) -> tuple[GroupId, str]:
         group = self._request(request_of(sample)).group

@@ -35,6 +35,7 @@ from freshroll.lineage import (
 QUEUED, RUNNING, GENERATED, REWARDED, COMMITTED, DISCARDED = range(6)
 G_RUNNING, G_READY, G_LEASED, G_DONE = range(4)
 _STATE_NAMES = ("queued", "running", "generated", "rewarded", "committed", "discarded")
+LATENCY_WINDOW = 512  # latencies kept in BufferState.latencies
 
 @dataclass(slots=True)
 class _Request:
@@ -46,6 +47,7 @@ class _Request:
     worker: tuple[str, int] | None = None
     step: int = -1  # policy step its current attempt was generated with
     reward: float = math.nan
+    started_at: float = math.nan  # ts of its current attempt's start
 
 
 @dataclass(slots=True)
@@ -58,6 +60,7 @@ class _Group:
     samples: list[SampleId] = field(default_factory=list)  # rewarded samples, in order
     dropping: ev.DiscardReason | None = None  # set once a whole-group discard has begun
     oldest: int = 2**62  # oldest policy step among its rewarded samples (its staleness)
+    started_at: float | None = None  # ts of the first attempt of any member
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +93,9 @@ class BufferState:
         self.closed = False  # a clean shutdown was recorded (until the next open)
         self.accepted = self.running = 0  # groups, for admission
         self.counts: Counter[str] = Counter()  # accounting, recomputed by verify
+        self._live: dict[GroupId, _Group] = {}  # groups running (admitted, not ready or ended)
+        #: started -> generated seconds of the latest attempts, by event ts (tail deadlines)
+        self.latencies: deque[float] = deque(maxlen=LATENCY_WINDOW)
         self._handlers: dict[type, Callable[[Any], None]] = {
             ev.Opened: self._on_opened, ev.PolicyPublished: self._on_published,
             ev.Requested: self._on_requested, ev.WorkerStarted: self._on_worker_started,
@@ -128,6 +134,7 @@ class BufferState:
         if group.id in self._groups:
             raise StateError(f"group {group.id} admitted twice")
         self._groups[group.id] = group
+        self._live[group.id] = group
         for m in range(e.size):
             req = _Request(request_id(group.id, m), group)
             group.members.append(req)
@@ -161,14 +168,18 @@ class BufferState:
         req.state, req.attempt, req.sample = RUNNING, req.attempt + 1, e.sample  # type: ignore[assignment]
         req.worker = worker = (e.worker, e.epoch)
         req.step = policy_step(e.version) if step is None else step
+        req.started_at = e.ts
+        if req.group.started_at is None:
+            req.group.started_at = e.ts
         self._inflight[worker].add(e.sample)  # type: ignore[arg-type]
         self.counts["started"] += 1
 
     def _on_generated(self, e: ev.Generated) -> None:
-        self._generated(self._requests[request_of(e.sample)])
+        self._generated(self._requests[request_of(e.sample)], e)
 
-    def _generated(self, req: _Request) -> None:
+    def _generated(self, req: _Request, e: ev.Generated) -> None:
         req.state = GENERATED
+        self.latencies.append(e.ts - req.started_at)
         self._inflight[req.worker].discard(req.sample)  # type: ignore[index]
         self.counts["generated"] += 1
 
@@ -188,6 +199,7 @@ class BufferState:
         group = self._groups[GroupId(e.group)]
         group.state = G_READY
         self._ready.append(group)
+        self._live.pop(group.id, None)
         self.running -= 1
         self.accepted += 1
 
@@ -246,6 +258,7 @@ class BufferState:
         group.open -= 1
         if group.open == 0 and not group.samples and group.state == G_RUNNING:
             group.state = G_DONE
+            self._live.pop(group.id, None)
             self.running -= 1
 
     def _on_rejected(self, e: ev.Rejected) -> None:
