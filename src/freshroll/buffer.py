@@ -45,7 +45,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, NoReturn
 
 from freshroll import events as ev
 from freshroll.clock import Clock
@@ -230,7 +230,7 @@ class SampleBuffer(BufferState):
         gid = group_id(len(self._groups))
         self._emit(ev.Requested(
             ts=self.clock.now(), group=gid, prompt_id=prompt_id, size=self.config.group_size,
-            version=str(self.version),
+            version=self._version_str,
         ))
         return gid
 
@@ -284,7 +284,9 @@ class SampleBuffer(BufferState):
             raise StateError(f"policy version {version} was never published in this run")
         sid = sample_id(req.id, req.attempt + 1)
         event = ev.Started(ts=self.clock.now(), sample=sid, worker=worker, epoch=epoch, version=v)
-        self._log(event)
+        if self.closed:
+            self._refuse(event)
+        self.ledger.append(event)
         self._started(req, event)
         return sid
 
@@ -319,7 +321,9 @@ class SampleBuffer(BufferState):
             ts=self.clock.now(), sample=sample, tokens=tokens, gen_s=gen_s,
             last_version=None if last_version is None else str(last_version),
         )
-        self._log(event)
+        if self.closed:
+            self._refuse(event)
+        self.ledger.append(event)
         self._generated(req, event)
         return Outcome.ACCEPTED
 
@@ -339,7 +343,9 @@ class SampleBuffer(BufferState):
             ts=self.clock.now(), sample=sample, reward=value, reward_version=reward_version,
             reward_s=reward_s,
         )
-        self._log(event)
+        if self.closed:
+            self._refuse(event)
+        self.ledger.append(event)
         self._rewarded(req, event)
         self._settle(req.group)
         return Outcome.ACCEPTED
@@ -596,16 +602,15 @@ class SampleBuffer(BufferState):
     def _emit(self, event: ev.Event) -> None:
         """Append ``event`` and apply it through the handler that also replays it."""
         if self.closed and not isinstance(event, ev.Opened):
-            raise StateError(f"the buffer was shut down: no {type(event).__name__} after it")
+            self._refuse(event)
         self.ledger.append(event)
         self._handlers[type(event)](event)
 
-    def _log(self, event: ev.Event) -> None:
-        """Append ``event``; the caller applies it at once with the handler's second half
-        (``_started(req, event)``: the request is already found). The hot commands only."""
-        if self.closed:
-            raise StateError(f"the buffer was shut down: no {type(event).__name__} after it")
-        self.ledger.append(event)
+    # The hot commands (start, complete, reward) append their event themselves, refuse it
+    # here when the buffer is closed, and apply it at once with the second half of its
+    # handler (``_started(req, event)``: the request is already found).
+    def _refuse(self, event: ev.Event) -> NoReturn:
+        raise StateError(f"the buffer was shut down: no {type(event).__name__} after it")
 
     def _require_version(self) -> PolicyVersion:
         if self.version is None:

@@ -28,7 +28,7 @@ from freshroll.lineage import (
     RequestId,
     SampleId,
     policy_step,
-    request_id,
+    request_ids,
     request_of,
 )
 
@@ -77,6 +77,7 @@ class BufferState:
 
     def __init__(self) -> None:
         self.version: PolicyVersion | None = None
+        self._version_str = ""  # str(self.version), as the ledger wrote it (canonical)
         self.incarnation = -1
         self._groups: dict[GroupId, _Group] = {}
         self._requests: dict[RequestId, _Request] = {}
@@ -127,6 +128,7 @@ class BufferState:
 
     def _on_published(self, e: ev.PolicyPublished) -> None:
         self.version = PolicyVersion.parse(e.version)
+        self._version_str = e.version
         self._published[e.version] = self.version.step
 
     def _on_requested(self, e: ev.Requested) -> None:
@@ -135,11 +137,12 @@ class BufferState:
             raise StateError(f"group {group.id} admitted twice")
         self._groups[group.id] = group
         self._live[group.id] = group
-        for m in range(e.size):
-            req = _Request(request_id(group.id, m), group)
-            group.members.append(req)
-            self._requests[req.id] = req
-            self._queue.append(req)
+        members, requests = group.members, self._requests
+        for rid in request_ids(group.id, e.size):
+            req = _Request(rid, group)
+            members.append(req)
+            requests[rid] = req
+        self._queue.extend(members)
         self.running += 1
         self.counts["requests"] += e.size
 
@@ -230,6 +233,7 @@ class BufferState:
         self.counts["committed"] += len(lease.samples)
         self.counts["steps"] += 1
         self.version = PolicyVersion.parse(e.version)
+        self._version_str = e.version
         self._published[e.version] = self.version.step
 
     def _on_discarded(self, e: ev.Discarded) -> None:
