@@ -17,10 +17,10 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from kernel_driver import SimConfig, simulate
 
 from freshroll import events as ev
 from freshroll.errors import LedgerError, UnknownEventError
-from freshroll.harness.simulate import SimConfig, simulate
 from freshroll.ledger import APPLICATION_ID, LEDGER_FILE, Ledger, decode_event, open_ledger
 
 
