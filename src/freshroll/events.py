@@ -12,7 +12,7 @@ Ids inside events are strings in the canonical forms of :mod:`freshroll.lineage`
 
 from __future__ import annotations
 
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 import msgspec
 
@@ -78,7 +78,15 @@ class WorkerFenced(Event, frozen=True, tag="worker_fenced"):
 
     worker: str
     epoch: int
-    reason: str  # "lost" | "timeout" | "restart" | "stopped"
+    reason: str  # "lost" | "timeout" | "restart" | "retired" | "stopped"
+
+
+class WorkerReady(Event, frozen=True, tag="worker_ready"):
+    """The engine of ``worker``/``epoch`` is up: the factory took ``startup_s`` seconds."""
+
+    worker: str
+    epoch: int
+    startup_s: float
 
 
 class Started(Event, frozen=True, tag="started"):
@@ -198,10 +206,31 @@ class SettingsChanged(Event, frozen=True, tag="settings_changed"):
     allowed: list[str]  # the keys changed with --allow-change
 
 
+class LiveSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """The live settings of the orchestrator (:class:`freshroll.control.Settings`)."""
+
+    admission_limit: int  # groups in flight at most; 0: no cap beyond the freshness window
+    concurrency: int  # requests in flight per worker
+    workers: int  # active inference workers
+
+
+class ControllerDecided(Event, frozen=True, tag="controller_decided"):
+    """One decision of the steering task (every ``control.interval_s``), applied at once."""
+
+    mode: str  # "adaptive" | "static"
+    previous: LiveSettings
+    settings: LiveSettings
+    bottleneck: str  # "producer" | "trainer" | "balanced" | "conflict" | "unknown"
+    reason: str
+    inputs: dict[str, Any]  # the measured snapshot (control.Snapshot)
+    state: dict[str, Any]  # the controller's state after the decision (control.ControllerState)
+
+
 AnyEvent = (
     Opened | PolicyPublished | Requested | WorkerStarted | WorkerFenced | Started | Generated
     | Rewarded | Ready | Leased | LeaseReleased | Committed | StepSkipped | Discarded | Rejected
-    | WeightsLoaded | FaultInjected | Closed | RunConfig | SettingsChanged
+    | WeightsLoaded | FaultInjected | Closed | RunConfig | SettingsChanged | WorkerReady
+    | ControllerDecided
 )
 EVENT_TYPES: Final[tuple[type[Event], ...]] = AnyEvent.__args__
 EVENT_KINDS: Final = frozenset(t.__struct_config__.tag for t in EVENT_TYPES)

@@ -31,7 +31,7 @@ import json
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, NewType
+from typing import Any, NewType, cast
 
 from freshroll.errors import LineageError
 
@@ -87,6 +87,11 @@ def group_id(n: int) -> GroupId:
 
 def request_id(group: GroupId, member: int) -> RequestId:
     return RequestId(f"{group}.{member}")
+
+
+def request_ids(group: GroupId, size: int) -> list[RequestId]:
+    """``[request_id(group, 0), ..., request_id(group, size - 1)]``."""
+    return cast("list[RequestId]", [f"{group}.{m}" for m in range(size)])
 
 
 def sample_id(request: RequestId, attempt: int) -> SampleId:

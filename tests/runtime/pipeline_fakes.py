@@ -1,7 +1,10 @@
 """Fakes to drive the real :class:`~freshroll.runtime.pipeline.Pipeline` in about a second.
 
-The buffer, ledger, reward set and pipeline are real; the engines and (by default) the
-learner are scripted fakes, so a test can make a stage fail, hang or return late.
+The buffer, ledger, reward set, pipeline and thread adapters are real; the blocking engines
+and (by default) the learner are scripted fakes, so a test can make a stage fail, hang or
+return late. The engines reach the pipeline the way real ones do: through a
+:class:`~freshroll.runtime.adapters.ThreadEngineFactory` (worker ``w<i>`` gets ``engines[i]``;
+a replacement restarts it).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from freshroll.ledger import Ledger
 from freshroll.lineage import PolicyVersion
 from freshroll.rewards.scoring import RewardSet, RewardSpec
 from freshroll.rewards.tasks import make_prompts
+from freshroll.runtime.adapters import ThreadEngineFactory, ThreadScorer, ThreadTrainer
 from freshroll.runtime.pipeline import Pipeline, StepReport
 
 BASE = ["run.progress=false", "task.n_prompts=64", "rollout.group_size=2",
@@ -85,7 +89,8 @@ class Harness:
                  engines: Sequence[Any] | None = None, learner: Any = None,
                  rewards: Sequence[tuple[str, Callable[..., Any]]] = (("ok", ok_reward),),
                  ledger_path: Path | None = None) -> None:
-        self.cfg: Config = load_config(None, [*BASE, *overrides])
+        n = len(engines) if engines is not None else 1
+        self.cfg: Config = load_config(None, [*BASE, f"rollout.workers={n}", *overrides])
         c = self.cfg
         self.kernel = KernelConfig(c.run.max_staleness, c.rollout.batch_groups,
                                    c.rollout.group_size, c.rollout.max_inflight_groups)
@@ -99,11 +104,13 @@ class Harness:
         prompts = make_prompts("reverse", c.task.n_prompts, 0, min_len=3, max_len=3)
         self.steps: list[StepReport] = []
         self.skips: list[tuple[int, str]] = []
+        self.factory = ThreadEngineFactory(lambda name: self.engines[int(name[1:])], c.limits)
+        self.scorer = ThreadScorer(RewardSet([RewardSpec(n, f) for n, f in rewards]))
+        self.trainer = ThreadTrainer(self.learner, self.buf)  # type: ignore[arg-type]
         self.pipe = Pipeline(
-            self.buf, self.engines, self.learner,
-            RewardSet([RewardSpec(n, f) for n, f in rewards]),
+            self.buf, self.factory, self.scorer, self.trainer,
             {p.prompt_id: p for p in prompts}, [p.prompt_id for p in prompts], c,
-            on_step=self.steps.append, before_commit=lambda v, lr: None,
+            on_step=self.steps.append,
             on_skip=lambda step, detail: self.skips.append((step, detail)),
         )
 
@@ -118,6 +125,9 @@ class Harness:
             raise AssertionError(f"the pipeline did not end within {timeout_s} s") from exc
         except BaseException as exc:
             return exc
+        finally:
+            self.scorer.close()
+            self.trainer.close()
         return None
 
     def verify(self) -> Report:

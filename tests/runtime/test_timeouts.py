@@ -17,8 +17,8 @@ from pipeline_fakes import FakeEngine, Harness, blocker, ok_reward
 
 from freshroll import events as ev
 from freshroll.errors import FailureBudgetExceeded, Interrupted, RunFailed, WorkerTimeout
-from freshroll.runtime.pipeline import MAX_RESTARTS
 from freshroll.runtime.threads import AbandonableExecutor, CallAborted
+from freshroll.runtime.workers import MAX_RESTARTS
 
 # -- the executor that can walk away ------------------------------------------------------
 

@@ -65,19 +65,18 @@ class _LosesOnce:
         self.restarts += 1
 
 
-def test_pipeline_fences_and_reissues_a_lost_worker(tmp_path: Path, monkeypatch):
+def test_pipeline_fences_and_reissues_a_lost_worker(tmp_path: Path):
     wrappers: list[_LosesOnce] = []
 
-    def engines(cfg: Any, path: Path) -> list[Any]:
-        wrappers.extend(_LosesOnce(HFEngine.from_pretrained(path), 2) for _ in range(2))
-        return list(wrappers)
+    def engine(cfg: Any, path: Path, name: str) -> Any:  # the hf factory's blocking engine
+        wrappers.append(_LosesOnce(HFEngine.from_pretrained(path), 2))
+        return wrappers[-1]
 
-    monkeypatch.setattr(run_mod, "build_engines", engines)
     cfg = load_config(None, ["run.steps=4", "run.progress=false", "task.n_prompts=64",
                              "rollout.group_size=4", "rollout.batch_groups=2",
                              "rollout.workers=2", "rollout.worker_batch=4"])
     out = tmp_path / "run"
-    result = run_mod.run(cfg, out)
+    result = run_mod.run(cfg, out, make_engine=engine)
     assert result.ok, verify_run(out).render()
     lost = sum(w.restarts for w in wrappers)
     assert lost >= 1 and all(w.restarts <= 1 for w in wrappers)

@@ -19,7 +19,7 @@ from freshroll.engines.model_dir import check_model_dir
 from freshroll.engines.tiny import build_tiny, model_digest, save_model_dir
 from freshroll.errors import ConfigError, LedgerError, ResumeError
 from freshroll.ledger import LEDGER_FILE, Ledger
-from freshroll.lineage import PolicyVersion
+from freshroll.lineage import PolicyVersion, digest_of
 from freshroll.rewards.calling import reward_columns
 from freshroll.rewards.data import chat_renderer, check_vocabulary, load_prompts
 from freshroll.rewards.scoring import RewardSet, build_reward_set
@@ -70,8 +70,13 @@ def prepare_run_dir(
             cfg = resume_config(out)
         _quiet_transformers()
         rewards = build_reward_set([e.model_dump(exclude_none=True) for e in cfg.rewards])
-        path, digest, pending = _initial_model(cfg, out, resume)
-        prompts = load_task_prompts(cfg, path, pending[1] if pending is not None else None)
+        if cfg.rollout.engine == "sim":  # no model: the built-in task's prompts as they are
+            path, digest, pending = Path(), sim_model_digest(cfg), None
+            prompts = make_prompts(cfg.task.name, cfg.task.n_prompts, cfg.run.seed,
+                                   **cfg.task.params)
+        else:
+            path, digest, pending = _initial_model(cfg, out, resume)
+            prompts = load_task_prompts(cfg, path, pending[1] if pending is not None else None)
         rewards.check_columns(reward_columns(prompts[:1]))
         hist: History | None = None
         changes: list[Change] = []
@@ -88,6 +93,14 @@ def prepare_run_dir(
             lock.release()
         raise
     return Prepared(cfg, lock, prompts, rewards, path, digest, hist, changes, allow_change)
+
+
+def sim_model_digest(cfg: Config) -> str:
+    """The simulated cluster's stand-in for a model digest: its profile and parameters."""
+    import json
+
+    params = json.dumps(cfg.sim.params, sort_keys=True, default=str)
+    return digest_of("sim", cfg.sim.profile, params)
 
 
 def _initial_model(

@@ -4,8 +4,14 @@ A recipe of plain components (torchtune style)::
 
     config -> run dir (config.yaml) -> model (tiny, or a local from_pretrained path)
            -> prompts + rewards -> ledger + sample buffer (fresh, or recovered on --resume)
-           -> learner (+ checkpoint matching the ledger's version on resume)
-           -> engines -> pipeline.run() -> drain -> counts, summary, report, verify
+           -> components (rollout.engine): hf: learner (+ checkpoint matching the ledger's
+              version on resume), an engine factory (inline HF or Ray), the reward set, all
+              behind thread adapters; sim: freshroll.sim's latency model (no model)
+           -> pipeline.run() on the run's clock -> drain -> counts, summary, report, verify
+
+The clock: ``rollout.engine: sim`` with ``sim.clock: virtual`` runs the pipeline on a
+:class:`~freshroll.clock.VirtualClock` started at the ledger's last timestamp (time never goes
+back on resume); everything else runs in real time.
 
 Exactly-once across crashes: the ledger is the truth. Every ``committed`` event
 names its batch and the digest of the weights it produced; a checkpoint is
@@ -32,6 +38,7 @@ import logging
 import random
 import shutil
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -39,20 +46,22 @@ from typing import Any, TextIO
 import torch
 
 from freshroll.buffer import KernelConfig, SampleBuffer
-from freshroll.clock import RealClock
+from freshroll.clock import Clock, RealClock, VirtualClock
 from freshroll.config import Config, read_yaml, validate
 from freshroll.engines.base import InferenceEngine
 from freshroll.engines.hf import HFEngine
 from freshroll.errors import Interrupted, StorageError
-from freshroll.ledger import open_ledger
+from freshroll.ledger import Ledger, open_ledger
 from freshroll.lineage import PolicyVersion
 from freshroll.metrics import Tally
+from freshroll.runtime.adapters import ThreadEngineFactory, ThreadScorer, ThreadTrainer
 from freshroll.runtime.learner import build_learner
 from freshroll.runtime.metrics_log import METRICS_FILE, RowLog, reconcile
 from freshroll.runtime.pipeline import Pipeline, StepReport, run_pipeline
 from freshroll.runtime.prepare import Prepared, prepare_run_dir
 from freshroll.runtime.resume import announce
 from freshroll.runtime.rundir import write_text_atomic
+from freshroll.runtime.seams import AsyncScorer, AsyncTrainer, EngineFactory
 from freshroll.runtime.summary import write_summary
 from freshroll.trainer.checkpoint import checkpoint_dir, save_checkpoint
 from freshroll.trainer.grpo import GRPOLearner
@@ -148,95 +157,163 @@ def _fmt(value: Any, spec: str) -> str:
     return format(value, spec) if isinstance(value, int | float) else "-"
 
 
-def build_engines(cfg: Config, path: Path) -> list[InferenceEngine]:
-    """One engine per worker: in this process (inline) or each in a Ray actor (ray)."""
+def build_engine(cfg: Config, path: Path, name: str) -> InferenceEngine:
+    """The blocking engine of worker ``name``: in this process (inline) or in a Ray actor
+    (ray). Called on a thread by the engine factory, once per worker (a replacement restarts
+    it instead)."""
     if cfg.run.runtime == "ray":
         from freshroll.runtime.ray_engine import RayEngine, start_ray
 
         start_ray(num_cpus=ray_cpus(cfg))  # a no-op when run() started it for its run dir
         lim = cfg.limits
-        actors = [RayEngine(path, torch_threads=cfg.run.torch_threads,
-                            generate_timeout_s=lim.generate_timeout_s,
-                            weights_timeout_s=lim.weights_timeout_s,
-                            start_timeout_s=lim.worker_start_timeout_s)
-                  for _ in range(cfg.rollout.workers)]
-        for actor in actors:  # they start in parallel; wait for all before the clock runs
-            actor.wait_ready()
-        return list(actors)
-    return [HFEngine.from_pretrained(path) for _ in range(cfg.rollout.workers)]
+        actor = RayEngine(path, torch_threads=cfg.run.torch_threads,
+                          generate_timeout_s=lim.generate_timeout_s,
+                          weights_timeout_s=lim.weights_timeout_s,
+                          start_timeout_s=lim.worker_start_timeout_s)
+        actor.wait_ready()
+        return actor
+    return HFEngine.from_pretrained(path)
+
+
+#: ``(cfg, model path, worker name) -> engine``: what the hf engine factory calls on a thread
+MakeEngine = Callable[[Config, Path, str], InferenceEngine]
 
 
 def ray_cpus(cfg: Config) -> int:
-    return max(2, cfg.rollout.workers)
+    return max(2, cfg.rollout.workers, cfg.control.max_workers or 0)
+
+
+@dataclass
+class Components:
+    """What the pipeline awaits (:mod:`freshroll.runtime.seams`), and how to release it."""
+
+    engine_factory: EngineFactory
+    scorer: AsyncScorer
+    trainer: AsyncTrainer
+    close: Callable[[], None]
+
+
+def build_components(
+    prep: Prepared, buf: SampleBuffer, out: Path,
+    before_commit: Callable[[PolicyVersion, GRPOLearner], None], clock: Clock,
+    make_engine: MakeEngine | None = None,
+) -> Components:
+    """``rollout.engine: hf``: the model's engines (inline or Ray), the RewardSet and the GRPO
+    learner (at the ledger's version: checkpoint + replay) behind thread adapters;
+    ``sim``: the latency model of :mod:`freshroll.sim` (no model, no checkpoints)."""
+    cfg = prep.cfg
+    if cfg.rollout.engine == "sim":
+        from freshroll.sim.components import build_sim
+
+        parts = build_sim(cfg, clock, buf)
+        return Components(parts.engine_factory, parts.scorer, parts.trainer,
+                          getattr(parts, "close", _nothing))
+    learner = build_learner(cfg, prep.model_path, buf, out, prep.history)
+    if cfg.run.runtime == "ray":  # recorded in RUN_DIR/ray.json: never outlives the run
+        from freshroll.runtime.ray_engine import start_ray
+
+        start_ray(num_cpus=ray_cpus(cfg), run_dir=out)
+    path = prep.model_path
+    make = make_engine or (lambda c, p, n: build_engine(c, p, n))  # looked up at call time
+    factory = ThreadEngineFactory(lambda name: make(cfg, path, name), cfg.limits)
+    scorer = ThreadScorer(prep.rewards)
+    trainer = ThreadTrainer(learner, buf, lambda v: before_commit(v, learner))
+
+    def close() -> None:
+        scorer.close()
+        trainer.close()
+
+    return Components(factory, scorer, trainer, close)
+
+
+def _nothing() -> None:
+    pass
+
+
+def run_clock(cfg: Config, ledger: Ledger) -> Clock:
+    """``sim.clock: virtual`` (with ``rollout.engine: sim``): a virtual clock that starts where
+    the ledger ends (time never goes back on resume); otherwise the real clock."""
+    if cfg.rollout.engine != "sim" or cfg.sim.clock == "real":
+        return RealClock()
+    last = 0.0
+    if ledger.last_seq > 0:
+        for _, event in ledger.events(after=ledger.last_seq - 1):
+            last = event.ts
+    return VirtualClock(start=last)
+
+
+def drive(pipe: Pipeline, clock: Clock) -> None:
+    """Run the pipeline on its clock's event loop."""
+    if isinstance(clock, VirtualClock):
+        clock.run(pipe.run())
+    else:
+        run_pipeline(pipe)
+
 
 def run(
     cfg: Config | None, out: Path, *, resume: bool = False, allow_change: tuple[str, ...] = (),
-    stream: TextIO = sys.stderr,
+    stream: TextIO = sys.stderr, make_engine: MakeEngine | None = None,
 ) -> RunResult:
     """Run (or resume) a training run in ``out``; returns the summary and verify result.
 
     ``cfg``: the config in force (on resume, None: the run's saved config.yaml; see
     :func:`freshroll.runtime.rundir.resume_config`). ``allow_change``: keys a resume may
-    change that change training (README, "Resume rules"). The run directory is locked for
-    the whole call.
+    change that change training (README, "Resume rules"). ``make_engine``: the blocking
+    engine of a worker for ``rollout.engine: hf`` (default :func:`build_engine`). The run
+    directory is locked for the whole call.
     """
     prep = prepare_run_dir(cfg, out, resume, allow_change)
     try:
-        return _run(prep, out, stream)
+        return _run(prep, out, stream, make_engine)
     finally:
         prep.lock.release()
 
 
-def _run(prep: Prepared, out: Path, stream: TextIO) -> RunResult:
+def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | None) -> RunResult:
     from freshroll.harness.verify import verify_run
 
     cfg = prep.cfg
     torch.set_num_threads(cfg.run.torch_threads)
     torch.manual_seed(cfg.run.seed)
     random.seed(cfg.run.seed)
-    path, prompts, rewards = prep.model_path, prep.prompts, prep.rewards
+    prompts = prep.prompts
     kernel = KernelConfig(
         cfg.run.max_staleness, cfg.rollout.batch_groups, cfg.rollout.group_size,
         cfg.rollout.max_inflight_groups,
     )
-    clock = RealClock()
+    ledger = open_ledger(out)
+    clock = run_clock(cfg, ledger)
     step = prep.history.step if prep.history else 0
     for change in prep.changes:
         stream.write(f"resume: {change.render()} from step {step} on (recorded in the ledger)\n")
     buf = SampleBuffer.open(
-        open_ledger(out), kernel, clock, run_id=out.name,
+        ledger, kernel, clock, run_id=out.name,
         initial_version=PolicyVersion.initial(prep.model_digest),
         announce=announce(
             cfg.model_dump(mode="json"), prep.changes, prep.allow_change, step=step,
             model_digest=prep.model_digest, ts=clock.now(),
         ),
     )
-    learner = build_learner(cfg, path, buf, out, prep.history)
-    if cfg.run.runtime == "ray":  # recorded in RUN_DIR/ray.json: never outlives the run
-        from freshroll.runtime.ray_engine import start_ray
-
-        start_ray(num_cpus=ray_cpus(cfg), run_dir=out)
-    engines = build_engines(cfg, path)
-    if buf.version is not None and buf.version.step > 0:
-        for engine in engines:
-            engine.load_weights(learner.weights())
     order = [p.prompt_id for p in prompts]
     random.Random(cfg.run.seed).shuffle(order)
+    parts = build_components(prep, buf, out, lambda v, lr: rec.before_commit(v, lr), clock,
+                             make_engine)
     if cfg.run.progress:
-        stream.write(_start_line(cfg, out, path, len(prompts), buf) + "\n")
+        stream.write(_start_line(cfg, out, prep.model_path, len(prompts), buf) + "\n")
         stream.flush()
     rec = Recorder(out, cfg, buf, stream)
-    pipe = Pipeline(
-        buf, engines, learner, rewards, {p.prompt_id: p for p in prompts}, order, cfg,
-        on_step=rec.on_step, before_commit=rec.before_commit,
-    )
     failure: BaseException | None = None
     try:
-        run_pipeline(pipe)
+        pipe = Pipeline(
+            buf, parts.engine_factory, parts.scorer, parts.trainer,
+            {p.prompt_id: p for p in prompts}, order, cfg, on_step=rec.on_step,
+        )
+        drive(pipe, clock)
         buf.shutdown("done")
     except BaseException as exc:  # one typed error; the ledger closed first (resumable)
         failure, stopped = exc, _stopped(exc, buf, cfg, out)
     finally:
+        parts.close()
         rec.close()
         buf.ledger.close()
         if cfg.run.runtime == "ray":

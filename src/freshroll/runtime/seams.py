@@ -88,8 +88,14 @@ class AsyncEngine(Protocol):
 
 
 #: makes (and starts) the engine of worker ``name``; the pool calls it to add or replace a
-#: worker. A restart after a loss is a new engine from the factory.
+#: worker. A restart after a loss is a new engine from the factory (called again with the
+#: same name); a factory that cannot replace an engine raises :class:`EngineNotRestartable`.
 EngineFactory = Callable[[str], Awaitable[AsyncEngine]]
+
+
+class EngineNotRestartable(Exception):
+    """Raised by an :data:`EngineFactory` asked to replace an engine it cannot restart
+    (an inline HF engine); the pool then ends the run naming the worker."""
 
 
 @runtime_checkable
@@ -132,6 +138,7 @@ __all__ = [
     "AsyncTrainer",
     "Emit",
     "EngineFactory",
+    "EngineNotRestartable",
     "GenRequest",
     "SamplingParams",
 ]

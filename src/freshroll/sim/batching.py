@@ -26,6 +26,12 @@ so the step time do not change, so the simulation jumps over all the steps in
 between at once. Sequences are kept in a heap keyed by the global step count at
 which they finish; an event costs O(log n). Nothing reads a clock.
 
+Cancelling (a group deadline): :meth:`ContinuousBatcher.cancel` withdraws a
+request; a waiting one leaves the queue, a prefilling or decoding one frees its
+slot at once (waiting requests take it at that instant), and a decoding one
+leaves the decode batch at the next step boundary (the step under way was
+computed with it). A cancelled request is never reported finished.
+
 Driving it from a clock (the simulated engine): :meth:`ContinuousBatcher.submit`
 a request when it arrives at ``clock.now()``, sleep until
 :meth:`~ContinuousBatcher.next_event_time` (or until another request arrives,
@@ -79,6 +85,9 @@ class ContinuousBatcher:
         self._decoding: list[tuple[int, int]] = []  # heap of (step count at finish, request)
         self._prefilling: list[tuple[float, int]] = []  # heap of (ready time, request)
         self._waiting: deque[int] = deque()
+        self._leaving: set[int] = set()  # cancelled while decoding: out at the next boundary
+        self._purge_steps = -1  # step count of that boundary (-1: none pending)
+        self._cancelled = 0
         self._arrival: list[float] = []
         self._prompt: list[int] = []
         self._tokens: list[int] = []
@@ -111,11 +120,12 @@ class ContinuousBatcher:
 
     def stats(self) -> dict[str, float | int]:
         """A snapshot: requests submitted, finished, decoding, prefilling, waiting; steps run."""
-        finished = len(self._arrival) - len(self._decoding) - len(self._prefilling) - len(
+        live = len(self._decoding) - len(self._leaving) + len(self._prefilling) + len(
             self._waiting
         )
+        finished = len(self._arrival) - live - self._cancelled
         return {
-            "submitted": len(self._arrival), "finished": finished,
+            "submitted": len(self._arrival), "finished": finished, "cancelled": self._cancelled,
             "decoding": len(self._decoding), "prefilling": len(self._prefilling),
             "waiting": len(self._waiting), "slots": self._cap, "decode_steps": self._steps,
             "now": self._now,
@@ -154,6 +164,45 @@ class ContinuousBatcher:
         self._waiting.append(rid)
         return rid
 
+    def cancel(self, request: int, at: float) -> bool:
+        """Withdraw ``request`` at time ``at`` (not before :attr:`now`); it is never reported.
+
+        A waiting request leaves the queue; a prefilling one frees its slot; a decoding
+        one frees its slot at once and leaves the decode batch at the next step boundary
+        (the step under way was computed with it, so its time does not change). Waiting
+        requests take the freed slot at ``at``. False: it had already finished or been
+        cancelled (nothing changes).
+        """
+        if not math.isfinite(at) or at < self._now:
+            raise ValueError(f"cancel at {at} is before the simulated time {self._now}")
+        if not 0 <= request < len(self._arrival):
+            raise ValueError(f"unknown request {request}")
+        self.advance(at)
+        if request in self._leaving:
+            return False
+        if request in self._waiting:
+            self._waiting.remove(request)
+        elif any(rid == request for _, rid in self._prefilling):
+            self._prefilling = [e for e in self._prefilling if e[1] != request]
+            heapq.heapify(self._prefilling)
+            self._held -= 1
+        elif any(rid == request for _, rid in self._decoding):
+            self._held -= 1
+            if self._boundary >= at:  # cancelled at a step boundary: no step under way
+                self._decoding = [e for e in self._decoding if e[1] != request]
+                heapq.heapify(self._decoding)
+            else:
+                self._leaving.add(request)
+                d = self._t0 + self._t1 * len(self._decoding)
+                self._purge_steps = self._steps + self._steps_until(at, d)
+        else:
+            return False
+        self._cancelled += 1
+        waiting = self._waiting
+        while waiting and self._held < self._cap and self._arrival[waiting[0]] <= at:
+            self._take_slot(waiting.popleft(), at)
+        return True
+
     def advance(self, until: float) -> list[Finished]:
         """Apply every event at or before ``until``; return the requests that finished."""
         done: list[Finished] = []
@@ -166,6 +215,26 @@ class ContinuousBatcher:
         self._now = max(self._now, until)
         return done
 
+    def advance_one(self, until: float) -> list[Finished] | None:
+        """Apply the next event if it is at or before ``until``; return who finished then
+        (often nobody), or None when no event is due (then :attr:`now` is ``until``).
+
+        A driver that must react between events (a finished turn's tool call may return
+        before the next event) calls this in a loop instead of :meth:`advance`.
+        """
+        event = self._next_event()
+        if event is None or event[0] > until:
+            self._now = max(self._now, until)
+            return None
+        t, steps = event
+        done: list[Finished] = []
+        if steps < 0:
+            self._grant(t)
+        else:
+            self._step_boundary(t, steps, done)
+        self._now = max(self._now, t)
+        return done
+
     # -- the event loop --------------------------------------------------------------------
 
     def _next_event(self) -> tuple[float, int] | None:
@@ -175,6 +244,8 @@ class ContinuousBatcher:
         if self._decoding:
             d = self._t0 + self._t1 * len(self._decoding)
             steps = self._decoding[0][0] - self._steps
+            if self._purge_steps >= 0:
+                steps = min(steps, self._purge_steps - self._steps)
             if self._prefilling:
                 steps = min(steps, self._steps_until(self._prefilling[0][0], d))
             event = (self._boundary + steps * d, steps)
@@ -201,11 +272,20 @@ class ContinuousBatcher:
         decoding, steps_now = self._decoding, self._steps
         while decoding and decoding[0][0] <= steps_now:
             _, rid = heapq.heappop(decoding)
+            if rid in self._leaving:  # cancelled: its slot was freed then
+                self._leaving.discard(rid)
+                continue
             self._held -= 1
             done.append(Finished(
                 rid, self._arrival[rid], self._start[rid], self._decode_start[rid], t,
                 self._tokens[rid],
             ))
+        if 0 <= self._purge_steps <= steps_now:
+            if self._leaving:
+                self._decoding = [e for e in decoding if e[1] not in self._leaving]
+                heapq.heapify(self._decoding)
+                self._leaving.clear()
+            self._purge_steps = -1
         waiting = self._waiting
         while waiting and self._held < self._cap and self._arrival[waiting[0]] <= t:
             self._take_slot(waiting.popleft(), t)

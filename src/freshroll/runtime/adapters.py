@@ -1,0 +1,208 @@
+"""Thread adapters: the blocking real components behind the async seams.
+
+The pipeline awaits :mod:`freshroll.runtime.seams`; the real components block (torch, user
+reward code, Ray ``get``). Each adapter runs its component on a thread of its own and awaits
+the result, so the event loop never blocks:
+
+* :class:`ThreadEngine` wraps one :class:`~freshroll.engines.base.InferenceEngine` (HF, Ray):
+  ``continuous = False`` (one lock-step call at a time). Its calls run on an
+  :class:`~freshroll.runtime.threads.AbandonableExecutor`. A Python thread cannot be
+  cancelled: when the pipeline's timeout (or the run's end) cancels an awaited call, the
+  adapter walks away from the thread (the next call gets a fresh one) and keeps the call's
+  ``emit``: if the abandoned call returns after all, its completions are emitted on the loop,
+  where the buffer records them ``rejected`` under the fenced epoch. :meth:`ThreadEngine.close`
+  waits for a call cancelled by the run's end until that call's own timeout, never longer
+  (a call that timed out is not waited for).
+* :class:`ThreadEngineFactory` makes the engine of a new worker on a thread (model load,
+  Ray actor start); asked again for the same name (a replacement after a loss or a timeout)
+  it restarts the worker's blocking engine (``restart()``, e.g. a new Ray actor), or raises
+  :class:`~freshroll.runtime.seams.EngineNotRestartable` for an engine that has none.
+* :class:`ThreadScorer` wraps the :class:`~freshroll.rewards.scoring.RewardSet`; a reward call
+  stuck past ``limits.reward_timeout_s`` is abandoned the same way.
+* :class:`ThreadTrainer` wraps the :class:`~freshroll.trainer.grpo.GRPOLearner`: the batch is
+  read from the buffer on the loop (:func:`~freshroll.trainer.replay.train_samples`), the
+  step and the weights digest run on the trainer thread, and ``before_commit`` (the
+  Recorder's checkpoint) runs there too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from freshroll.buffer import SampleBuffer
+from freshroll.config import LimitsSection
+from freshroll.engines.base import Completion, InferenceEngine
+from freshroll.lineage import PolicyVersion
+from freshroll.rewards.calling import RewardState
+from freshroll.rewards.scoring import RewardSet, Score
+from freshroll.rewards.tasks import Prompt
+from freshroll.runtime.seams import Emit, EngineNotRestartable, GenRequest, SamplingParams
+from freshroll.runtime.threads import AbandonableExecutor
+from freshroll.state import Lease
+from freshroll.trainer.grpo import GRPOLearner, TrainSample
+from freshroll.trainer.replay import train_samples, weights_digest
+
+T = TypeVar("T")
+
+
+class ThreadEngine:
+    """One blocking engine as an :class:`~freshroll.runtime.seams.AsyncEngine`."""
+
+    continuous = False
+
+    def __init__(self, engine: InferenceEngine, name: str, limits: LimitsSection) -> None:
+        self.engine, self.name, self.limits = engine, name, limits
+        self._pool = AbandonableExecutor(f"worker-{name}")
+        self._orphans: list[tuple[Future[Any], float]] = []  # (abandoned call, its deadline)
+
+    async def _run(self, timeout_s: float, fn: Callable[..., T], *args: Any,
+                   late: Callable[[Future[T]], None] | None = None) -> T:
+        loop = asyncio.get_running_loop()
+        fut = self._pool.submit(fn, *args)
+        try:
+            return await asyncio.wrap_future(fut)
+        except asyncio.CancelledError:
+            self._pool.abandon()  # a thread cannot be cancelled: the next call gets a new one
+            self._orphans.append((fut, loop.time() + timeout_s))
+            if late is not None:
+                fut.add_done_callback(late)
+            raise
+
+    async def generate(
+        self, requests: Sequence[GenRequest], params: SamplingParams, seed: int, emit: Emit,
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        texts = [r.text for r in requests]
+
+        def deliver(comps: list[Completion]) -> None:
+            for i, comp in enumerate(comps[:len(texts)]):
+                emit(i, comp)
+
+        def late(fut: Future[list[Completion]]) -> None:  # runs on the abandoned thread
+            if fut.cancelled() or fut.exception() is not None:
+                return
+            with contextlib.suppress(RuntimeError):  # a closed loop: the run is over
+                loop.call_soon_threadsafe(deliver, fut.result())
+
+        comps = await self._run(self.limits.generate_timeout_s, self._generate, texts, params,
+                                seed, late=late)
+        deliver(comps)
+
+    def _generate(self, texts: list[str], params: SamplingParams, seed: int) -> list[Completion]:
+        comps = self.engine.generate(
+            texts, max_new_tokens=params.max_new_tokens, temperature=params.temperature,
+            top_p=params.top_p, seed=seed,
+        )
+        if len(comps) != len(texts):
+            raise ValueError(f"engine returned {len(comps)} completions for {len(texts)} prompts")
+        return comps
+
+    async def load_weights(self, weights: Any) -> float:
+        return float(await self._run(self.limits.weights_timeout_s, self.engine.load_weights,
+                                     weights))
+
+    async def cancel(self, samples: Sequence[str]) -> None:
+        """A lock-step batch cannot drop members: they are emitted with the batch."""
+
+    async def close(self) -> None:
+        """Stop the executor; a call cancelled by the run's end is waited for until its own
+        deadline (its thread may still hold the model), a timed-out one not at all."""
+        loop = asyncio.get_running_loop()
+        orphans, self._orphans = self._orphans, []
+        for fut, deadline in orphans:
+            remaining = deadline - loop.time()
+            if remaining > 0 and not fut.done():
+                await asyncio.wait([asyncio.wrap_future(fut)], timeout=remaining)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class ThreadEngineFactory:
+    """Makes workers' blocking engines on a thread; a second call for a name restarts it."""
+
+    def __init__(self, make: Callable[[str], InferenceEngine], limits: LimitsSection) -> None:
+        self.make, self.limits = make, limits
+        self.engines: dict[str, InferenceEngine] = {}
+
+    async def __call__(self, name: str) -> ThreadEngine:
+        old = self.engines.get(name)
+        if old is None:
+            def start() -> InferenceEngine:
+                return self.make(name)
+        else:
+            restart = getattr(old, "restart", None)
+            if restart is None:
+                raise EngineNotRestartable(f"the engine of worker {name!r} cannot be restarted")
+
+            def start() -> InferenceEngine:
+                restart()
+                return old
+        pool = AbandonableExecutor(f"start-{name}")
+        try:
+            engine = await asyncio.wrap_future(pool.submit(start))
+        except asyncio.CancelledError:
+            pool.abandon()
+            raise
+        finally:
+            pool.shutdown(wait=False)
+        self.engines[name] = engine
+        return ThreadEngine(engine, name, self.limits)
+
+
+class ThreadScorer:
+    """The :class:`RewardSet` as an :class:`~freshroll.runtime.seams.AsyncScorer`."""
+
+    def __init__(self, rewards: RewardSet) -> None:
+        self.rewards = rewards
+        self.version = str(rewards.version)
+        self.names = tuple(s.name for s in rewards.specs)
+        self._pool = AbandonableExecutor("rewards")
+
+    async def score(
+        self, prompts: Sequence[Prompt], completions: Sequence[Completion], state: RewardState,
+    ) -> list[Score]:
+        fut = self._pool.submit(
+            self.rewards.score_prompts, list(prompts), [c.text for c in completions],
+            [c.token_ids for c in completions], state,
+        )
+        try:
+            return await asyncio.wrap_future(fut)
+        except asyncio.CancelledError:  # timed out (or the run ended): walk away from it
+            self._pool.abandon()
+            raise
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class ThreadTrainer:
+    """The :class:`GRPOLearner` as an :class:`~freshroll.runtime.seams.AsyncTrainer`."""
+
+    def __init__(self, learner: GRPOLearner, buf: SampleBuffer,
+                 before_commit: Callable[[PolicyVersion], None] = lambda v: None) -> None:
+        self.learner, self.buf, self._before_commit = learner, buf, before_commit
+        self.settings_digest = learner.settings_digest
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="trainer")
+
+    def _step(self, samples: list[TrainSample]) -> tuple[dict[str, float], str]:
+        metrics = self.learner.step(samples)
+        return metrics, weights_digest(self.learner.model)
+
+    async def step(self, lease: Lease) -> tuple[dict[str, float], str]:
+        samples = train_samples(self.buf, lease.samples, lease.version)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self._step, samples)
+
+    async def before_commit(self, version: PolicyVersion) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._pool, self._before_commit, version)
+
+    def weights(self) -> Any:
+        return self.learner.weights()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+__all__ = ["ThreadEngine", "ThreadEngineFactory", "ThreadScorer", "ThreadTrainer"]

@@ -1,0 +1,162 @@
+"""The reward stage: completions in, rewards (or reward discards) out, failures budgeted.
+
+Completions the workers emit are queued here (:meth:`RewardStage.put`, called on the loop by
+an engine's ``emit``; the queue holds only admitted, generated requests, so the admission
+window bounds it). One task scores them in batches of up to ``MAX_BATCH`` through the run's
+:class:`~freshroll.runtime.seams.AsyncScorer`, under ``limits.reward_timeout_s``:
+
+* a batch that times out is discarded ``reward_timeout`` (a thread adapter abandons the stuck
+  call; the next one runs on a fresh thread); timeouts in a row are budgeted
+  (``limits.max_consecutive_timeouts``);
+* a call that fails as a whole (the scorer raised, or returned the wrong number of scores)
+  fails every sample of the batch as ``reward_error``; a ``KeyboardInterrupt`` in a reward
+  stops the run as :class:`~freshroll.errors.Interrupted` (resumable, not a failure);
+* failures are attributed per reward function: a function named in a sample's error failed
+  that sample, the others did not; a failure naming no function counts for the set.
+
+The time per sample recorded with a reward is the batch's time on the run's clock divided by
+its size. Generated samples recovered without a reward (a crash between the two) are scored
+first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import TYPE_CHECKING
+
+from freshroll.breaker import Rule
+from freshroll.engines.base import Completion
+from freshroll.errors import Interrupted, WorkerTimeout
+from freshroll.lineage import SampleId
+from freshroll.rewards.calling import RewardState
+from freshroll.rewards.scoring import Score
+from freshroll.rewards.tasks import Prompt
+from freshroll.runtime import payload as pl
+from freshroll.runtime.threads import CallAborted
+
+if TYPE_CHECKING:
+    from freshroll.runtime.pipeline import Pipeline
+
+MAX_BATCH = 256  # completions per reward call
+
+
+class RewardStage:
+    def __init__(self, pipe: Pipeline) -> None:
+        self.pipe, self.buf = pipe, pipe.buf
+        self._queue: deque[tuple[SampleId, Completion]] = deque()
+        self._wake = asyncio.Event()
+
+    def put(self, sid: SampleId, comp: Completion) -> None:
+        self._queue.append((sid, comp))
+        self._wake.set()
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    async def run(self) -> None:
+        buf, pipe, scorer = self.buf, self.pipe, self.pipe.scorer
+        for sid in buf.unrewarded():  # recovered: generated before a crash, never scored
+            data = buf.payload(sid)
+            if data is None:
+                buf.discard(sid, "invalid", "payload lost")
+                continue
+            p = pl.decode(data)
+            self.put(sid, Completion(tuple(p.prompt_ids), tuple(p.token_ids), tuple(p.logprobs),
+                                     p.text, p.finish_reason, 0.0))
+        queue, clock = self._queue, buf.clock
+        while True:
+            self._wake.clear()
+            if not queue:
+                await self._wake.wait()
+                continue
+            n = min(len(queue), MAX_BATCH)
+            items = [queue.popleft() for _ in range(n)]
+            prompts = [pipe.prompts[buf.prompt_of(sid)] for sid, _ in items]
+            t0 = clock.now()
+            scores = await self._score_batch(prompts, [c for _, c in items])
+            if scores is None:  # timed out: discarded as reward_timeout
+                for sid, _ in items:
+                    buf.discard(sid, "reward_timeout", self._timeout_error())
+                pipe.notify()
+                pipe.budget.record(self._label() + " (timeouts)", self._timeout_rule(),
+                                   1, 1, self._timeout_error())
+                continue
+            per_sample = (clock.now() - t0) / n
+            errors: list[str | None] = []
+            version = scorer.version
+            for (sid, _), score in zip(items, scores, strict=True):
+                if score.value is not None:
+                    buf.reward(sid, score.value, version, per_sample)
+                    errors.append(None)
+                else:
+                    buf.discard(sid, "reward_error", score.error or "reward_error")
+                    errors.append(score.error or "")
+            pipe.notify()
+            self._record(errors)
+
+    async def _score_batch(
+        self, prompts: list[Prompt], comps: list[Completion]
+    ) -> list[Score] | None:
+        """The batch's scores; None if the call timed out. A call that fails as a whole
+        (the scorer raised, e.g. KeyboardInterrupt in a reward) fails every sample."""
+        buf, timeout_s = self.buf, self.pipe.cfg.limits.reward_timeout_s
+        state = RewardState(buf.version.step if buf.version else 0, self.pipe.cfg.run.steps)
+        try:
+            async with asyncio.timeout(timeout_s) as cm:
+                scores = await self.pipe.scorer.score(prompts, comps, state)
+        except TimeoutError:
+            if not cm.expired():
+                raise
+            return None
+        except WorkerTimeout:
+            return None
+        except Interrupted:  # KeyboardInterrupt in a reward: the run stops (resumable)
+            raise
+        except CallAborted as exc:  # KeyboardInterrupt, SystemExit, ... from user code
+            scores = [Score(None, f"reward_error: {self._label()} {exc}", {})] * len(comps)
+        except Exception as exc:
+            error = f"reward_error: {self._label()} raised {type(exc).__name__}: {exc}"
+            scores = [Score(None, error, {})] * len(comps)
+        self.pipe.budget.record(self._label() + " (timeouts)", self._timeout_rule(), 0)
+        if len(scores) != len(comps):
+            error = f"reward_error: the reward set returned {len(scores)} scores for {len(comps)}"
+            scores = [Score(None, error, {})] * len(comps)
+        return scores
+
+    def _label(self) -> str:
+        names = self.pipe.scorer.names
+        if len(names) == 1:
+            return f"reward function {names[0]!r}"
+        return f"reward set ({', '.join(names)})"
+
+    def _timeout_rule(self) -> Rule:
+        lim = self.pipe.cfg.limits
+        return Rule(lim.max_consecutive_timeouts, unit="calls",
+                    calls_key="limits.max_consecutive_timeouts")
+
+    def _timeout_error(self) -> str:
+        return (f"reward call did not return within {self.pipe.cfg.limits.reward_timeout_s:g} s "
+                "(limits.reward_timeout_s); its thread was abandoned")
+
+    def _record(self, errors: list[str | None]) -> None:
+        """One reward call's outcome, per reward function (module docstring)."""
+        names = self.pipe.scorer.names
+        stages = {n: f"reward function {n!r}" for n in names}
+        set_stage = self._label()
+        failed: dict[str, int] = dict.fromkeys([*stages.values(), set_stage], 0)
+        first: dict[str, str] = {}
+        for error in errors:
+            if error is None:
+                continue
+            parts = error.removeprefix("reward_error: ").split("; ")
+            named = {stages[n]: p for p in parts for n in names if p.startswith(n + " ")}
+            for stage, part in (named or {set_stage: "; ".join(parts)}).items():
+                failed[stage] += 1
+                first.setdefault(stage, part)
+        rule = self.pipe.sample_rule()
+        for stage, n in failed.items():
+            self.pipe.budget.record(stage, rule, n, len(errors), first.get(stage, ""))
+
+
+__all__ = ["MAX_BATCH", "RewardStage"]

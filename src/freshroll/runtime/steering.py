@@ -1,0 +1,239 @@
+"""Live settings: the meter, the steering task, and their resume.
+
+The orchestrator's live :class:`~freshroll.control.Settings` are the admission limit (groups in
+flight, the buffer's :attr:`~freshroll.buffer.SampleBuffer.admission_limit`; 0: none beyond
+the freshness window), the requests each worker keeps in flight (``concurrency``) and the
+number of active workers. Initially::
+
+    static:    (rollout.max_inflight_groups or 0, rollout.worker_batch, rollout.workers)
+    adaptive:  (rollout.max_inflight_groups or limit_for(workers, concurrency), ...)  clamped
+
+Every ``control.interval_s`` of the run's clock the steering task measures the window just
+ended (:class:`Meter` -> :class:`~freshroll.control.Snapshot`), asks the controller
+(``control.mode``: :class:`~freshroll.control.AdaptiveController` or
+:class:`~freshroll.control.StaticController`), writes the decision to the ledger
+(``controller_decided``: settings before and after, bottleneck, reason, the inputs and the
+controller's state) and applies a change: pool resize (new workers added, the newest retired
+gracefully), per-worker concurrency, admission limit.
+
+What the meter measures in a window of length ``W``:
+
+* ``trainer_wait_s``: time the trainer waited for a batch (a wait still going counts up to now);
+  ``waited_samples``: for each step that had to wait, the samples missing when it first asked;
+* ``blocked_s``: worker-seconds during which a worker had free slots and no queued request
+  because admission was full (capacity 0);
+* ``worker_rates``: per active worker, completions per second it was up and not blocked;
+* ``switch_cost_s``: the measured start-up time of the last workers (factory call);
+* ``consumed_samples``, ``completed`` (cumulative generated), ``in_flight`` (queued, running or
+  generated, from the buffer's counts), ``ready_samples``, ``version``, ``groups_accepted`` and
+  ``groups_running`` (from the replayed buffer on resume), lag mean/max of the samples
+  committed, and the discards by reason.
+
+Resume (``control.mode: adaptive``): the ledger's last ``controller_decided`` (replayed into
+:attr:`~freshroll.state.BufferState.decision`) gives the settings and the controller state
+to start from; the admission budget is recomputed from the replayed buffer's counts, never
+reset. Static mode starts from the config in force.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
+
+from freshroll import events as ev
+from freshroll.config import Config
+from freshroll.control import (
+    AdaptiveController,
+    ControlConfig,
+    Controller,
+    ControllerState,
+    Decision,
+    Settings,
+    Snapshot,
+    StaticController,
+)
+from freshroll.state import Lease
+
+if TYPE_CHECKING:
+    from freshroll.runtime.pipeline import Pipeline
+    from freshroll.runtime.workers import Worker
+
+#: discard reasons that end a request before it is rewarded (so it leaves "in flight")
+_UNREWARDED_ENDS = ("generation_error", "reward_error", "reward_timeout", "invalid", "deadline",
+                    "cancelled", "filtered", "shutdown")
+
+
+def control_config(cfg: Config) -> ControlConfig:
+    """The controller's bounds from the ``control`` section (defaults from ``rollout``)."""
+    c, ro = cfg.control, cfg.rollout
+    return ControlConfig(
+        group_size=ro.group_size, min_workers=c.min_workers,
+        max_workers=c.max_workers if c.max_workers is not None else max(ro.workers, c.min_workers),
+        min_concurrency=c.min_concurrency,
+        max_concurrency=(c.max_concurrency if c.max_concurrency is not None
+                         else max(4 * ro.worker_batch, c.min_concurrency)),
+        idle_high=c.idle_high, idle_low=c.idle_low, blocked_high=c.blocked_high,
+        up_cooldown_s=c.up_cooldown_s, down_cooldown_s=c.down_cooldown_s,
+    )
+
+
+@dataclass
+class _Mark:
+    t: float
+    wait_s: float
+    waited: int
+    committed: int
+    discards: dict[str, int]
+
+
+class Meter:
+    """Cumulative counters the steering task reads a window from."""
+
+    def __init__(self, pipe: Pipeline) -> None:
+        self.pipe, self.buf = pipe, pipe.buf
+        self.wait_total = 0.0
+        self.waiting_since: float | None = None
+        self.waited_samples = 0
+        self.lags: list[int] = []
+        self._worker_marks: dict[tuple[str, int], tuple[int, float]] = {}
+        self._mark = self._now_mark(self.buf.clock.now())
+
+    # -- fed by the trainer task -------------------------------------------------------------
+    def trainer_waits(self, since: float, missing: int) -> None:
+        self.waiting_since = since
+        self.waited_samples += max(0, missing)
+
+    def trainer_fed(self, wait_s: float) -> None:
+        self.wait_total += wait_s
+        self.waiting_since = None
+
+    def committed(self, lease: Lease) -> None:
+        info = self.buf.sample_info
+        self.lags.extend(lease.version - info(s)[1] for s in lease.samples)
+
+    # -- a window ----------------------------------------------------------------------------
+    def _wait(self, now: float) -> float:
+        since = self.waiting_since
+        return self.wait_total + (0.0 if since is None else now - since)
+
+    def _now_mark(self, now: float) -> _Mark:
+        counts = self.buf.counts
+        discards = {k[10:]: v for k, v in counts.items() if k.startswith("discarded_")}
+        return _Mark(now, self._wait(now), self.waited_samples, counts["committed"], discards)
+
+    @staticmethod
+    def _blocked(w: Worker, now: float) -> float:
+        return w.blocked_s + (0.0 if w.blocked_since is None else now - w.blocked_since)
+
+    def snapshot(self, now: float, settings: Settings) -> Snapshot:
+        """The window since the last snapshot; starts the next one."""
+        buf, pool, cfg = self.buf, self.pipe.pool, self.pipe.cfg
+        last, mark = self._mark, self._now_mark(now)
+        window = max(0.0, now - last.t)
+        blocked, rates = 0.0, []
+        marks: dict[tuple[str, int], tuple[int, float]] = {}
+        for w in [*pool.active.values(), *pool.leaving.values()]:
+            if w.ready_at is None:
+                continue
+            key, b = (w.name, w.epoch), self._blocked(w, now)
+            done0, b0 = self._worker_marks.get(key, (0, 0.0))
+            marks[key] = (w.done, b)
+            blocked += b - b0
+            if w.name in pool.active:
+                up = now - max(last.t, w.ready_at) - (b - b0)
+                if up > 0:
+                    rates.append((w.done - done0) / up)
+        self._worker_marks, self._mark = marks, mark
+        counts = buf.counts
+        in_flight = counts["requests"] - counts["rewarded"] - sum(
+            counts[f"discarded_{r}"] for r in _UNREWARDED_ENDS)
+        lags, self.lags = self.lags, []
+        startups = pool.startups[-8:]
+        assert buf.version is not None
+        return Snapshot(
+            now=now, window_s=window, settings=settings,
+            consumed_samples=mark.committed - last.committed,
+            trainer_wait_s=min(window, mark.wait_s - last.wait_s),
+            waited_samples=mark.waited - last.waited, blocked_s=blocked,
+            worker_rates=tuple(rates),
+            switch_cost_s=sum(startups) / len(startups) if startups else 0.0,
+            completed=counts["generated"], in_flight=in_flight,
+            ready_samples=buf.ready_groups() * cfg.rollout.group_size,
+            version=buf.version.step, max_staleness=cfg.run.max_staleness,
+            batch_groups=cfg.rollout.batch_groups, groups_accepted=buf.accepted,
+            groups_running=buf.running,
+            lag_mean=sum(lags) / len(lags) if lags else 0.0, lag_max=max(lags, default=0),
+            discards={k: v - last.discards.get(k, 0) for k, v in mark.discards.items()
+                      if v - last.discards.get(k, 0)},
+        )
+
+
+class Steering:
+    """The live settings of one pipeline and the task that steers them."""
+
+    def __init__(self, pipe: Pipeline) -> None:
+        self.pipe, self.buf, cfg = pipe, pipe.buf, pipe.cfg
+        self.config = control_config(cfg)
+        self.mode = cfg.control.mode
+        self.controller: Controller = pipe.controller or (
+            AdaptiveController(self.config) if self.mode == "adaptive"
+            else StaticController(self.config))
+        self.state = ControllerState()
+        self.meter = Meter(pipe)
+        self.settings = Settings(0, cfg.rollout.worker_batch, cfg.rollout.workers)
+        self.decisions: list[Decision] = []
+
+    def initial(self) -> Settings:
+        """The settings to start from (module docstring); on resume, the last decision's."""
+        ro = self.pipe.cfg.rollout
+        if self.mode != "adaptive":
+            return Settings(ro.max_inflight_groups or 0, ro.worker_batch, ro.workers)
+        last = self.buf.decision
+        if last is not None and last.mode == "adaptive":
+            was = last.settings
+            self.state = ControllerState.from_record(last.state)
+            kept = self.config.clamp(Settings(was.admission_limit, was.concurrency, was.workers))
+            return Settings(was.admission_limit, kept.concurrency, kept.workers)
+        s = self.config.clamp(Settings(0, ro.worker_batch, ro.workers))
+        return Settings(ro.max_inflight_groups or s.admission_limit, s.concurrency, s.workers)
+
+    def apply(self, s: Settings) -> None:
+        """Make ``s`` the live settings: admission limit, per-worker concurrency, pool size."""
+        pool = self.pipe.pool
+        self.buf.admission_limit = s.admission_limit or None
+        pool.set_concurrency(s.concurrency)
+        pool.resize(s.workers)
+        self.settings = s
+        self.pipe.notify()
+
+    async def run(self) -> None:
+        interval = self.pipe.cfg.control.interval_s
+        while True:
+            await asyncio.sleep(interval)
+            self.step()
+
+    def step(self) -> Decision:
+        """Measure the window, decide, record, apply."""
+        now = self.buf.clock.now()
+        d = self.controller.decide(self.meter.snapshot(now, self.settings), self.state)
+        rec = d.record()
+        rec["inputs"]["lag_mean"] = _finite(rec["inputs"]["lag_mean"])
+        self.buf.record(ev.ControllerDecided(
+            ts=now, mode=self.mode, previous=ev.LiveSettings(**asdict(d.previous)),
+            settings=ev.LiveSettings(**asdict(d.settings)), bottleneck=d.bottleneck,
+            reason=d.reason, inputs=rec["inputs"], state=rec["state"],
+        ))
+        self.state = d.state
+        self.decisions.append(d)
+        if d.settings != self.settings:
+            self.apply(d.settings)
+        return d
+
+
+def _finite(x: float) -> float:
+    return x if math.isfinite(x) else 0.0
+
+
+__all__ = ["Meter", "Steering", "control_config"]

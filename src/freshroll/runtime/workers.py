@@ -1,0 +1,466 @@
+"""The worker pool: inference workers that are added, retired, stopped and replaced mid-run.
+
+Each worker is one task of the pipeline's task group, running an engine made by the run's
+:data:`~freshroll.runtime.seams.EngineFactory`. Its life::
+
+    worker_started (epoch e)  ->  factory(name)  ->  worker_ready  ->  serve  ->  ...
+        ... retire:  takes no new request, finishes what it runs, worker_fenced "retired"
+        ... stop:    worker_fenced "stopped" at once: its running attempts are re-issued
+        ... lost / timed out: worker_fenced "lost"/"timeout" (attempts re-issued), then a new
+                     epoch and a new engine from the factory (at most MAX_RESTARTS per worker)
+
+``worker_started`` is written when the pool asks for the worker, so a worker's active time
+in the ledger (``worker_started`` to its ``worker_fenced``, or the run's close) includes its
+start-up. Names are ``w<n>``, unique across the run: a retired or stopped name is never used
+again; on ``--resume`` the workers the dead process had running come back under their names
+(new epochs), and new ones get the next free ``n``.
+
+Serving: before starting requests a worker loads the newest published weights
+(``limits.weights_timeout_s``). An engine with ``continuous = True`` keeps up to
+``concurrency`` requests in flight, a new generate call starting as soon as slots free
+(several calls overlap; each one is a task of the worker's own task group); with
+``continuous = False`` one call at a time of at most ``concurrency`` requests. Each
+completion the engine emits goes to ``buf.complete`` (payload only when it has token ids)
+and, if accepted, to the reward stage. A generate call that does not return within
+``limits.generate_timeout_s`` is a :class:`~freshroll.errors.WorkerTimeout`; whatever it
+emits later is rejected (its epoch is fenced). Any other failure of a call ends its requests
+(``generation_error``), counted against the worker's failure budget.
+
+Wake-ups are targeted (no broadcast per sample): a worker sleeps on its own event; it is
+woken by its own completions, by queued requests (one idle worker at a time, each waking
+the next while requests remain), by a new policy version (idle workers), by a settings
+change and by retire/stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from freshroll import events as ev
+from freshroll.buffer import Outcome
+from freshroll.errors import Interrupted, RunFailed, WorkerLost, WorkerTimeout
+from freshroll.lineage import PolicyVersion, SampleId
+from freshroll.runtime import payload as pl
+from freshroll.runtime.seams import (
+    AsyncEngine,
+    Emit,
+    EngineNotRestartable,
+    GenRequest,
+    SamplingParams,
+)
+
+if TYPE_CHECKING:
+    from freshroll.runtime.pipeline import Pipeline
+
+MAX_RESTARTS = 3  # per worker, per run (lost or timed out)
+
+
+@dataclass(eq=False)
+class Worker:
+    """One inference worker (one name; a new epoch per (re)start)."""
+
+    name: str
+    epoch: int = -1
+    engine: AsyncEngine | None = None
+    task: asyncio.Task[None] | None = None
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    retiring: bool = False
+    fenced: bool = False  # its current epoch is fenced (stopped): nothing more to start
+    inflight: int = 0  # requests of live calls not yet emitted
+    calls: int = 0  # live generate calls
+    loaded: PolicyVersion | None = None
+    failure: BaseException | None = None  # a call's WorkerLost / WorkerTimeout
+    # measured (read by the steering meter)
+    ready_at: float | None = None
+    done: int = 0  # completions emitted by live calls
+    blocked_since: float | None = None  # waiting with free slots while admission is full
+    blocked_s: float = 0.0
+
+
+@dataclass(eq=False)
+class _Call:
+    sids: list[SampleId]
+    epoch: int
+    version: PolicyVersion | None
+    pending: int
+    emitted: list[bool]
+    over: bool = False
+    task: asyncio.Task[None] | None = None
+    started: float = 0.0  # loop time: its deadline is started + limits.generate_timeout_s
+    expired: bool = False  # cancelled by the watchdog: a WorkerTimeout
+
+
+class WorkerPool:
+    """The pipeline's inference workers (owned by its task group)."""
+
+    def __init__(self, pipe: Pipeline, tg: asyncio.TaskGroup, concurrency: int) -> None:
+        self.pipe, self.buf, self.tg = pipe, pipe.buf, tg
+        self.concurrency = concurrency
+        self.active: dict[str, Worker] = {}  # starting or serving, not retiring
+        self.leaving: dict[str, Worker] = {}  # retiring (finishing what they run)
+        self._idle: dict[str, Worker] = {}  # waiting for queued requests
+        self._restarts: dict[str, int] = {}
+        self.startups: list[float] = []  # measured engine start-up times (switch cost)
+        known = self.buf.worker_names()
+        self._reuse = [n for n in known if n not in self.buf.retired]
+        self._next = 1 + max((int(n[1:]) for n in known if n[:1] == "w" and n[1:].isdigit()),
+                             default=-1)
+        ro = pipe.cfg.rollout
+        self.params = SamplingParams(ro.max_new_tokens, ro.temperature, ro.top_p)
+        self._rule = pipe.sample_rule()
+
+    # -- membership ----------------------------------------------------------------------
+    def _new_name(self) -> str:
+        if self._reuse:
+            return self._reuse.pop(0)
+        name = f"w{self._next}"
+        self._next += 1
+        return name
+
+    def add(self) -> Worker:
+        """Start one more worker (its engine from the factory)."""
+        w = Worker(self._new_name())
+        self.active[w.name] = w
+        w.task = self.tg.create_task(self._run(w), name=f"worker {w.name}")
+        return w
+
+    def retire(self, name: str) -> None:
+        """Stop giving ``name`` requests; it finishes what it runs, then is fenced
+        ``retired`` (nothing can land later) and its engine closed."""
+        w = self.active.pop(name)
+        self.leaving[name] = w
+        self._idle.pop(name, None)
+        w.retiring = True
+        w.wake.set()
+
+    async def stop(self, name: str) -> None:
+        """Stop ``name`` hard: fenced ``stopped`` at once, its running attempts re-issued."""
+        w = self.active.pop(name, None) or self.leaving.pop(name)
+        self._idle.pop(name, None)
+        if w.epoch >= 0 and not w.fenced:
+            self._fence(w, "stopped")
+        assert w.task is not None
+        w.task.cancel()
+        await asyncio.wait([w.task])
+
+    def resize(self, n: int) -> None:
+        """``n`` active workers: add new ones, or retire the newest."""
+        while len(self.active) < n:
+            self.add()
+        while len(self.active) > n:
+            self.retire(next(reversed(self.active)))
+
+    def set_concurrency(self, c: int) -> None:
+        if c != self.concurrency:
+            self.concurrency = c
+            for w in self.active.values():
+                w.wake.set()
+
+    async def started(self) -> None:
+        """Wait until every active worker's engine is up."""
+        for w in list(self.active.values()):
+            await w.ready.wait()
+
+    # -- wake-ups ------------------------------------------------------------------------
+    def requests_queued(self) -> None:
+        """Requests were queued: wake one idle worker (it wakes the next if some remain)."""
+        if self._idle:
+            name = next(iter(self._idle))
+            self._idle.pop(name).wake.set()
+
+    def version_published(self) -> None:
+        """A new policy version: idle workers load it now."""
+        idle, self._idle = self._idle, {}
+        for w in idle.values():
+            w.wake.set()
+
+    # -- a worker's life -----------------------------------------------------------------
+    async def _run(self, w: Worker) -> None:
+        try:
+            await self._start(w)
+            while (exc := await self._serve(w)) is not None:
+                await self._replace(w, exc)
+        finally:
+            self._idle.pop(w.name, None)
+            self.leaving.pop(w.name, None)
+            if self.active.get(w.name) is w:
+                del self.active[w.name]
+            engine, w.engine = w.engine, None
+            if engine is not None:
+                await engine.close()
+
+    async def _start(self, w: Worker) -> None:
+        buf, lim = self.buf, self.pipe.cfg.limits
+        w.epoch, w.fenced, w.inflight, w.loaded, w.failure = (
+            buf.register_worker(w.name), False, 0, None, None)
+        t0 = buf.clock.now()
+        try:
+            async with asyncio.timeout(lim.worker_start_timeout_s) as cm:
+                w.engine = await self.pipe.engine_factory(w.name)
+        except TimeoutError as exc:
+            if not cm.expired():
+                raise
+            raise WorkerTimeout(f"worker {w.name} start did not return within "
+                                f"{lim.worker_start_timeout_s:g} s") from exc
+        startup = buf.clock.now() - t0
+        self.startups.append(startup)
+        w.ready_at = buf.clock.now()
+        buf.record(ev.WorkerReady(ts=w.ready_at, worker=w.name, epoch=w.epoch,
+                                  startup_s=startup))
+        w.ready.set()
+
+    def _fence(self, w: Worker, reason: str) -> None:
+        w.fenced = True
+        self.buf.fence_worker(w.name, w.epoch, reason)
+        self.pipe.notify()
+        self.requests_queued()
+
+    async def _replace(self, w: Worker, exc: BaseException) -> None:
+        """A worker died or timed out: fence its epoch (running attempts re-issued), then a
+        new epoch with a new engine from the factory.
+
+        Gives up (:class:`RunFailed`, ending the run) after ``MAX_RESTARTS`` restarts of one
+        worker, at once for an engine that cannot restart, or if the restart fails.
+        """
+        reason = "timeout" if isinstance(exc, WorkerTimeout) else "lost"
+        self._fence(w, reason)
+        n = self._restarts[w.name] = self._restarts.get(w.name, 0) + 1
+        what = f"inference worker {w.name!r} {reason}: {type(exc).__name__}: {exc}"
+        if n > MAX_RESTARTS:
+            raise RunFailed(f"{what}; it was restarted {MAX_RESTARTS} times already") from exc
+        engine, w.engine = w.engine, None
+        if engine is not None:
+            await engine.close()
+        try:
+            await self._start(w)
+        except EngineNotRestartable:
+            raise RunFailed(f"{what}; its engine cannot be restarted") from exc
+        except Interrupted:
+            raise
+        except Exception as again:
+            raise RunFailed(f"{what}; restarting it failed: {type(again).__name__}: {again}") \
+                from again
+
+    async def _serve(self, w: Worker) -> BaseException | None:
+        """Serve until retired (None) or lost/timed out (the error, to replace it)."""
+        assert w.engine is not None
+        if not w.engine.continuous:
+            return await self._dispatch(w, w.engine, None, deque(), asyncio.Event())
+        order: deque[_Call] = deque()  # live calls in start order (the watchdog's queue)
+        watch = asyncio.Event()
+        async with asyncio.TaskGroup() as calls:
+            dog = calls.create_task(self._watchdog(order, watch), name=f"watchdog {w.name}")
+            try:
+                return await self._dispatch(w, w.engine, calls, order, watch)
+            finally:
+                dog.cancel()
+
+    async def _watchdog(self, order: deque[_Call], watch: asyncio.Event) -> None:
+        """Continuous calls: one timer for all of a worker's calls (not one per call). The
+        oldest live call past ``limits.generate_timeout_s`` is cancelled as a timeout."""
+        loop, timeout = asyncio.get_running_loop(), self.pipe.cfg.limits.generate_timeout_s
+        while True:
+            while order and order[0].over:
+                order.popleft()
+            if not order:
+                watch.clear()
+                await watch.wait()
+                continue
+            head = order[0]
+            delay = head.started + timeout - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+                continue
+            head.expired = True
+            assert head.task is not None
+            head.task.cancel()
+            return
+
+    async def _dispatch(
+        self, w: Worker, engine: AsyncEngine, calls: asyncio.TaskGroup | None,
+        order: deque[_Call], watch: asyncio.Event,
+    ) -> BaseException | None:
+        buf, pipe = self.buf, self.pipe
+        loop = asyncio.get_running_loop()
+        w.calls = 0
+        while True:
+            w.wake.clear()
+            self._idle.pop(w.name, None)
+            if w.blocked_since is not None:
+                w.blocked_s += buf.clock.now() - w.blocked_since
+                w.blocked_since = None
+            if w.failure is not None:
+                return self._end_calls(w, order)
+            if w.retiring:
+                if w.inflight == 0 and w.calls == 0:
+                    w.fenced = True
+                    buf.fence_worker(w.name, w.epoch, "retired")
+                    pipe.notify()
+                    return None
+                await w.wake.wait()
+                continue
+            pub = pipe.published
+            assert pub is not None
+            if w.loaded is not pub.version and (w.calls == 0 or engine.continuous):
+                if pub.weights is not None:
+                    exc = await self._load(w, engine, pub.version, pub.weights)
+                    if exc is not None:
+                        return self._end_calls(w, order, exc)
+                w.loaded = pub.version
+                continue
+            free = self.concurrency - w.inflight
+            rids = buf.take_requests(free) if free > 0 else []
+            if not rids:
+                if free > 0:
+                    self._idle[w.name] = w
+                    if buf.capacity() <= 0:
+                        w.blocked_since = buf.clock.now()
+                elif buf.next_request() is not None:
+                    self.requests_queued()  # pass the wake-up on: this one has no free slot
+                await w.wake.wait()
+                continue
+            assert w.loaded is not None
+            sids = [buf.start(r, w.name, w.epoch, w.loaded) for r in rids]
+            if buf.next_request() is not None:
+                self.requests_queued()
+            call = _Call(sids, w.epoch, w.loaded, len(sids), [False] * len(sids))
+            w.inflight += call.pending
+            if calls is None:
+                exc = await self._generate(w, engine, call)
+                if exc is not None:
+                    return exc
+            else:
+                while order and order[0].over:
+                    order.popleft()
+                call.started = loop.time()
+                order.append(call)
+                watch.set()
+                w.calls += 1
+                call.task = calls.create_task(self._call_task(w, engine, call))
+
+    def _end_calls(self, w: Worker, order: deque[_Call],
+                   exc: BaseException | None = None) -> BaseException:
+        """The worker is lost: its live calls end (their results will be rejected)."""
+        failure = exc if exc is not None else w.failure
+        w.failure = None
+        for call in order:
+            if not call.over and call.task is not None:
+                call.task.cancel()
+        order.clear()
+        assert failure is not None
+        return failure
+
+    async def _load(self, w: Worker, engine: AsyncEngine, version: PolicyVersion,
+                    weights: Any) -> BaseException | None:
+        lim = self.pipe.cfg.limits
+        try:
+            async with asyncio.timeout(lim.weights_timeout_s) as cm:
+                secs = await engine.load_weights(weights)
+        except TimeoutError:
+            if not cm.expired():
+                raise
+            return WorkerTimeout(f"worker {w.name} weight load did not return within "
+                                 f"{lim.weights_timeout_s:g} s")
+        except (WorkerLost, WorkerTimeout) as exc:
+            return exc
+        self.buf.record(ev.WeightsLoaded(ts=self.buf.clock.now(), worker=w.name, epoch=w.epoch,
+                                         version=str(version), transfer_s=secs))
+        return None
+
+    async def _call_task(self, w: Worker, engine: AsyncEngine, call: _Call) -> None:
+        try:
+            exc = await self._generate(w, engine, call)
+        finally:
+            w.calls -= 1
+        if exc is not None and w.failure is None:
+            w.failure = exc
+        w.wake.set()
+
+    async def _generate(self, w: Worker, engine: AsyncEngine, call: _Call) -> BaseException | None:
+        """One generate call; returns a WorkerLost/WorkerTimeout (replace the worker) or None."""
+        buf, lim = self.buf, self.pipe.cfg.limits
+        prompts, prompt_of = self.pipe.prompts, buf.prompt_of
+        step = call.version.step if call.version is not None else 0
+        reqs = []
+        for sid in call.sids:
+            pid = prompt_of(sid)
+            reqs.append(GenRequest(sid, sid.partition(".")[0], pid, prompts[pid].text, step))
+        stage = f"inference worker {w.name!r}"
+        seed, emit = generation_seed(self.pipe.cfg.run.seed, call.sids[0]), self._emitter(w, call)
+        try:
+            if engine.continuous:  # the worker's watchdog times it
+                await engine.generate(reqs, self.params, seed, emit)
+            else:
+                async with asyncio.timeout(lim.generate_timeout_s) as cm:
+                    await engine.generate(reqs, self.params, seed, emit)
+        except asyncio.CancelledError:
+            if not call.expired:
+                raise
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            return self._timed_out(w)
+        except TimeoutError:
+            if engine.continuous or not cm.expired():
+                raise
+            return self._timed_out(w)
+        except (WorkerLost, WorkerTimeout) as exc:
+            return exc
+        except Interrupted:  # the operator's stop: not a failure of this worker
+            raise
+        except Exception as exc:  # engine failure: these requests end, the run goes on
+            error = f"{type(exc).__name__}: {exc}"[:300]
+            failed = 0
+            if not w.fenced and call.epoch == w.epoch:
+                for sid, done in zip(call.sids, call.emitted, strict=True):
+                    if not done:
+                        buf.discard(sid, "generation_error", error)
+                        failed += 1
+                self.pipe.notify()
+            self.pipe.budget.record(stage, self._rule, failed, len(call.sids), error)
+            return None
+        finally:
+            call.over = True
+            w.inflight -= call.pending
+        self.pipe.budget.record(stage, self._rule, 0, len(call.sids))
+        return None
+
+    def _timed_out(self, w: Worker) -> WorkerTimeout:
+        return WorkerTimeout(f"worker {w.name} generate did not return within "
+                             f"{self.pipe.cfg.limits.generate_timeout_s:g} s")
+
+    def _emitter(self, w: Worker, call: _Call) -> Emit:
+        buf, put, worker = self.buf, self.pipe.rewarder.put, (w.name, call.epoch)
+        encode, complete, sids, version = pl.encode, buf.complete, call.sids, call.version
+
+        def emit(i: int, comp: Any) -> None:
+            if buf.closed:
+                return
+            loaded = w.loaded  # tokens that span a weight update name the newest version too
+            last = loaded if loaded is not version and w.epoch == call.epoch else None
+            out = complete(sids[i], tokens=comp.tokens, gen_s=comp.gen_s,
+                           payload=encode(comp) if comp.token_ids else None, last_version=last,
+                           worker=worker)
+            if not call.over and not call.emitted[i]:
+                call.emitted[i] = True
+                call.pending -= 1
+                w.inflight -= 1
+                w.done += 1
+                w.wake.set()
+            if out is Outcome.ACCEPTED:
+                put(sids[i], comp)
+
+        return emit
+
+
+def generation_seed(run_seed: int, first_sample: str) -> int:
+    """A sampling seed fixed by the run seed and the batch's first sample id (replayable)."""
+    return (run_seed * 1_000_003) ^ zlib.crc32(first_sample.encode())
+
+
+__all__ = ["MAX_RESTARTS", "Worker", "WorkerPool", "generation_seed"]

@@ -1,0 +1,115 @@
+"""The real Pipeline with fully-async fakes: minutes of virtual time in milliseconds.
+
+Continuous batching and lock-step workers, workers added, retired and stopped mid-run, the
+same pipeline under the real clock, and the ledger as the record of every worker's life.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from async_fakes import AsyncHarness, Factory
+
+from freshroll import events as ev
+from freshroll.runtime.pipeline import Pipeline
+
+
+async def until_step(pipe: Pipeline, step: int) -> None:
+    while pipe.buf.counts["steps"] < step:
+        await asyncio.sleep(0.05)
+
+
+def worker_seconds(events: list[Any]) -> dict[tuple[str, int], float]:
+    """Each worker epoch's active time: worker_started to its worker_fenced, or the close."""
+    start: dict[tuple[str, int], float] = {}
+    end: dict[tuple[str, int], float] = {}
+    closed = None
+    for e in events:
+        if isinstance(e, ev.WorkerStarted):
+            start[(e.worker, e.epoch)] = e.ts
+        elif isinstance(e, ev.WorkerFenced):
+            end.setdefault((e.worker, e.epoch), e.ts)
+        elif isinstance(e, ev.Closed):
+            closed = e.ts
+    assert closed is not None
+    return {k: end.get(k, closed) - t for k, t in start.items()}
+
+
+def test_a_whole_run_in_virtual_time_with_continuous_batching(tmp_path: Path):
+    h = AsyncHarness(tmp_path, overrides=["rollout.workers=2", "run.steps=40"])
+    t0 = h.clock.now()
+    assert h.run() is None
+    assert len(h.steps) == 40
+    assert h.clock.now() - t0 > 20  # tens of virtual seconds (milliseconds of wall time)
+    engines = h.factory.made
+    assert len(engines) == 2
+    assert all(1 < e.peak <= 8 for e in engines)  # several requests overlap, never > concurrency
+    assert all(e.calls > 40 for e in engines)  # new calls start as slots free (continuous)
+    assert {e.worker for e in h.events(ev.WorkerReady)} == {"w0", "w1"}
+    h.buf.shutdown("done")
+    report = h.verify()
+    assert report.ok, report.render()
+
+
+def test_a_lock_step_engine_runs_one_call_at_a_time(tmp_path: Path):
+    h = AsyncHarness(tmp_path, factory=Factory(continuous=False),
+                     overrides=["rollout.workers=1", "run.steps=10"])
+    assert h.run() is None
+    [engine] = h.factory.made
+    assert engine.peak <= 8  # one call of at most worker_batch requests in flight
+    started = h.events(ev.Started)
+    assert engine.calls >= len(started) / 8
+    h.buf.shutdown("done")
+    assert h.verify().ok
+
+
+def test_workers_added_retired_and_stopped_mid_run_lose_nothing(tmp_path: Path):
+    h = AsyncHarness(tmp_path, overrides=["rollout.workers=2", "run.steps=60"])
+    retired_at: dict[str, float] = {}
+
+    async def during(pipe: Pipeline) -> None:
+        await until_step(pipe, 5)
+        pipe.pool.add()
+        pipe.pool.add()
+        await until_step(pipe, 15)
+        retired_at["w1"] = pipe.buf.clock.now()
+        pipe.pool.retire("w1")
+        await until_step(pipe, 25)
+        await pipe.pool.stop("w2")
+        await until_step(pipe, 35)
+        pipe.pool.add()  # a fresh name: w1 and w2 are never used again
+
+    assert h.run(during=during) is None
+    assert len(h.steps) == 60
+    h.buf.shutdown("done")
+    report = h.verify()
+    assert report.ok, report.render()  # nothing lost, duplicated or accepted from a fenced epoch
+    started = [(e.worker, e.epoch) for e in h.events(ev.WorkerStarted)]
+    assert started == [("w0", 0), ("w1", 0), ("w2", 0), ("w3", 0), ("w4", 0)]
+    fenced = {(e.worker, e.epoch): e.reason for e in h.events(ev.WorkerFenced)}
+    assert fenced == {("w1", 0): "retired", ("w2", 0): "stopped"}
+    # the retired worker finished what it ran: nothing of it was re-issued; the stopped one's
+    # running attempts were
+    details = [d.detail for d in h.events(ev.Discarded) if d.reason == "fenced"]
+    assert not any("w1 epoch 0" in d for d in details)
+    last_w1 = max(e.ts for e in h.events(ev.Started) if e.worker == "w1")
+    assert last_w1 <= retired_at["w1"]  # no new request after retirement
+    assert all(e.closed for e in h.factory.made[:3] if e.name in ("w1", "w2"))
+    secs = worker_seconds([e for _, e in h.buf.ledger.events()])
+    assert set(secs) == set(started) and all(s > 0 for s in secs.values())
+    assert secs[("w0", 0)] > secs[("w1", 0)]
+
+
+def test_the_same_pipeline_runs_under_the_real_clock(tmp_path: Path):
+    factory = Factory(base_s=0.004, startup_s=0.01)
+    from async_fakes import Scorer, Trainer
+
+    h = AsyncHarness(tmp_path, real=True, factory=factory, scorer=Scorer(0.001),
+                     trainer=Trainer(0.005), overrides=["rollout.workers=2", "run.steps=5"])
+    assert h.run(timeout_s=60) is None
+    assert len(h.steps) == 5
+    assert all(e.peak > 1 for e in factory.made)
+    h.buf.shutdown("done")
+    assert h.verify().ok
