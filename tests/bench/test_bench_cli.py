@@ -86,8 +86,8 @@ def test_bench_quick_on_simulated_engines_both_clocks(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["bench", str(REPO / "configs" / "sim-p2.yaml"), "--quick",
                                        "--clock", "both", "--out", str(out)])
     assert result.exit_code == 0, result.output
-    assert "== sim-p2 (virtual clock)" in result.stdout
-    assert "== sim-p2 (real clock)" in result.stdout
+    assert "== sim-p2 (virtual clock, 4 steps)" in result.stdout
+    assert "== sim-p2 (real clock, 4 steps, sim.time_scale " in result.stdout
     tables = json.loads((out / "bench.json").read_text())
     _table_checks(out, tables, ["virtual", "real"])
     assert "adaptive-deadline" in [r["run"] for r in tables[0]["rows"]]
