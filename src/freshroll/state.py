@@ -116,10 +116,10 @@ class BufferState:
         ``started``, ``generated``, ``rewarded``, ``committed``, ``steps``,
         ``discarded_<reason>``, ``rejected_<reason>``; a key is present once it is > 0.
 
-        A snapshot, built on each access (the three per-sample counters are plain ints:
-        a ``Counter`` increment costs more than the rest of their handler).
+        The three per-sample counters are kept as plain ints (a ``Counter`` increment
+        costs more than the rest of their handler) and brought up to date on each access.
         """
-        counts = self._counts.copy()
+        counts = self._counts
         for key, n in (("started", self._started_n), ("generated", self._generated_n),
                        ("rewarded", self._rewarded_n)):
             if n:
