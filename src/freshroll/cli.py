@@ -39,19 +39,21 @@ class _Guarded(click.Command):
         run_dir = _run_dir(ctx)
         with boundary.sigterm_as_sigint():
             try:
-                if self.name == "run":
+                if self.name in _RUNS:
                     _check_run_dir(ctx)
                 return super().invoke(ctx)
             except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit):
                 raise
             except BaseException as exc:  # the boundary: nothing else escapes as a traceback
-                out = boundary.outcome(exc, run_dir=run_dir, resumable=self.name == "run",
+                out = boundary.outcome(exc, run_dir=run_dir, resumable=self.name in _RUNS,
                                        reads_only=self.name in _READS_ONLY)
         click.echo(out.line, err=True)
         ctx.exit(out.status)
 
 
 _READS_ONLY = frozenset({"verify", "export", "timing", "report"})
+#: commands that write one run directory (``simulate`` resumes with ``run --resume``)
+_RUNS = frozenset({"run", "simulate"})
 
 
 class _Freshroll(click.Group):
@@ -61,7 +63,7 @@ class _Freshroll(click.Group):
 def _run_dir(ctx: click.Context) -> Path | None:
     """The command's run directory, from its arguments (``run``: as its body resolves it)."""
     p = ctx.params
-    if ctx.command.name != "run":
+    if ctx.command.name not in _RUNS:
         value = p.get("run_dir")
         return value if isinstance(value, Path) else None
     for key in ("resume_dir", "out"):
@@ -70,7 +72,7 @@ def _run_dir(ctx: click.Context) -> Path | None:
     config = p.get("config")
     if isinstance(config, Path) and not ("=" in str(config) and not config.exists()):
         return Path("runs") / config.stem
-    return Path("runs") / "default"
+    return Path("runs") / ("default" if ctx.command.name == "run" else "simulate")
 
 
 def _check_run_dir(ctx: click.Context) -> None:

@@ -41,8 +41,8 @@ def test_simulate_is_a_whole_run_on_simulated_engines(tmp_path: Path) -> None:
     assert (run / "report.html").is_file() and (run / "metrics.jsonl").is_file()
     events = _events(run)
     config = next(e for e in events if isinstance(e, ev.RunConfig))
-    assert config.model_digest.startswith("sim-")
     assert json.loads(config.config)["rollout"]["engine"] == "sim"
+    assert events[0].ts == 0.0  # a virtual clock: a fresh run starts at t = 0
     assert sum(isinstance(e, ev.WorkerStarted) for e in events) >= 4
     # virtual time: 5 trainer steps of the P1 trainer (>= 2 s each) passed on the run's clock
     assert s["wall_s"] >= 5 * 2.0
@@ -86,8 +86,8 @@ def test_bench_quick_on_simulated_engines_both_clocks(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["bench", str(REPO / "configs" / "sim-p2.yaml"), "--quick",
                                        "--clock", "both", "--out", str(out)])
     assert result.exit_code == 0, result.output
-    assert "== sim-p2 (virtual clock)" in result.stdout
-    assert "== sim-p2 (real clock)" in result.stdout
+    assert "== sim-p2 (virtual clock, 4 steps)" in result.stdout
+    assert "== sim-p2 (real clock, 4 steps, sim.time_scale " in result.stdout
     tables = json.loads((out / "bench.json").read_text())
     _table_checks(out, tables, ["virtual", "real"])
     assert "adaptive-deadline" in [r["run"] for r in tables[0]["rows"]]
@@ -105,3 +105,12 @@ def test_bench_quick_on_the_real_embedded_default(tmp_path: Path) -> None:
     _table_checks(out, tables, ["real"])  # a real model: the real clock only
     caps = tables[0]["capacities_per_s"]
     assert all(caps[s] > 0 for s in ("gen", "reward", "train"))
+
+
+def test_simulate_refuses_an_unusable_out_before_loading(tmp_path: Path) -> None:
+    target = tmp_path / "a-file"
+    target.write_text("x")
+    result = CliRunner().invoke(main, ["simulate", str(REPO / "configs" / "sim-p1.yaml"),
+                                       "--out", str(target)])
+    assert result.exit_code == 2
+    assert f"--out {target}: is a file" in result.stderr

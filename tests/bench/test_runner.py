@@ -89,3 +89,24 @@ def test_real_time_scale() -> None:
     # but no async step shorter than min_step_s: max t = 2 s -> scale >= 0.25 / 2
     assert real_time_scale(CAPS, 100, target_s=10.0, min_step_s=0.25) == pytest.approx(0.125)
     assert real_time_scale(CAPS, 1, target_s=1e6) == 1.0
+
+
+def test_real_time_scale_from_the_measured_sync_step() -> None:
+    # a tail-bound sync step of 300 virtual seconds: 10 steps scaled to 6 s
+    assert real_time_scale(CAPS, 10, 6.0, min_step_s=0.001, sync_step_s=300.0) == \
+        pytest.approx(0.002)
+    # the async floor still holds: max t = 2 s, 0.2 s of wall time at least
+    assert real_time_scale(CAPS, 10, 6.0, min_step_s=0.2, sync_step_s=300.0) == \
+        pytest.approx(0.1)
+
+
+def test_a_real_clock_run_scales_the_model_time_settings() -> None:
+    from freshroll.bench.runner import MODEL_TIME_KEYS, scaled_settings
+
+    cfg = _cfg(limits={"reward_timeout_s": 30.0}, control={"interval_s": 4.0})
+    over = scaled_settings(cfg, 0.01)
+    assert set(over) == set(MODEL_TIME_KEYS)
+    assert over["limits.reward_timeout_s"] == pytest.approx(0.3)
+    assert over["control.interval_s"] == pytest.approx(0.04)
+    scaled = with_overrides(cfg, over)  # still a valid config (cooldown order kept)
+    assert scaled.control.up_cooldown_s <= scaled.control.down_cooldown_s

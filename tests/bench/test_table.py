@@ -38,6 +38,12 @@ def test_the_table_says_when_asynchrony_does_not_pay() -> None:
     assert "asynchrony does not pay on this workload" in render_text(t).splitlines()[-1]
 
 
+def test_the_title_names_steps_and_time_scale() -> None:
+    t = {**_table(19.0), "steps": 12, "time_scale": 0.009}
+    assert render_text(t).splitlines()[0] == "== P2 (virtual clock, 12 steps, sim.time_scale 0.009)"
+    assert render_markdown({**t, "time_scale": 1.0}).startswith("### P2 (virtual clock, 12 steps)")
+
+
 def test_markdown_and_json() -> None:
     t = _table(19.0)
     md = render_markdown(t)

@@ -22,7 +22,9 @@ Every run goes through :func:`freshroll.runtime.run.run` (the real pipeline, ker
 controller), writes its own run directory under ``OUT/<clock>/<run>`` and is verified.
 The real clock of a simulated workload runs with a small ``sim.time_scale``
 (:func:`real_time_scale`), so that it takes seconds; its capacities are the virtual ones
-scaled by the same factor (every simulated duration is multiplied by it).
+scaled by the same factor (every simulated duration is multiplied by it), and so are the
+timeouts and the controller's intervals (:data:`MODEL_TIME_KEYS`): they are the modelled
+cluster's seconds.
 """
 
 from __future__ import annotations
@@ -121,16 +123,38 @@ def plan_runs(cfg: Config, caps: f.Capacities) -> list[RunSpec]:
 
 
 def real_time_scale(caps_virtual: f.Capacities, steps: int, target_s: float,
-                    min_step_s: float = MIN_REAL_STEP_S) -> float:
-    """``sim.time_scale`` for a real-clock run: the synchronous run's ideal duration
-    (``steps x sum t_x``) scaled to ``target_s``, but no async step (``max t_x``) shorter
-    than ``min_step_s``; within (0, 1]."""
+                    min_step_s: float = MIN_REAL_STEP_S,
+                    sync_step_s: float | None = None) -> float:
+    """``sim.time_scale`` for a real-clock run: the synchronous run's duration (``steps x
+    sync_step_s``, its measured virtual seconds per step; unknown: the ideal ``sum t_x``)
+    scaled to ``target_s``, but no async step (``max t_x``) shorter than ``min_step_s``;
+    within (0, 1]."""
     times = f.stage_times(caps_virtual)
-    total, top = steps * sum(times.values()), max(times.values())
+    per_step = sync_step_s if sync_step_s is not None else sum(times.values())
+    total, top = steps * per_step, max(times.values())
     if not (math.isfinite(total) and total > 0):
         return 1.0
     scale = max(target_s / total, min_step_s / top if top > 0 else 0.0)
     return min(1.0, scale)
+
+
+#: settings in seconds of the run's clock that model the cluster's time (a real-clock run of
+#: a simulated workload multiplies them by sim.time_scale, as every simulated duration)
+MODEL_TIME_KEYS = (
+    "limits.generate_timeout_s", "limits.weights_timeout_s", "limits.worker_start_timeout_s",
+    "limits.reward_timeout_s", "control.interval_s", "control.up_cooldown_s",
+    "control.down_cooldown_s",
+)
+
+
+def scaled_settings(cfg: Config, scale: float) -> dict[str, Any]:
+    """The :data:`MODEL_TIME_KEYS` of ``cfg`` multiplied by ``scale``."""
+    data = cfg.model_dump(mode="json")
+    out = {}
+    for key in MODEL_TIME_KEYS:
+        section, name = key.split(".")
+        out[key] = data[section][name] * scale
+    return out
 
 
 @dataclass
@@ -150,8 +174,6 @@ def bench(cfg: Config, out: Path, *, workload: str, quick: bool = False,
           capacities: Callable[[Config, bool], f.Capacities] = _measure_capacities,
           ) -> BenchResult:
     """Measure the capacities, run every planned run per clock, write the tables."""
-    from freshroll.runtime.run import run
-
     if quick:
         cfg = with_overrides(cfg, quick_overrides(cfg))
     if cfg.rollout.engine == "hf":
@@ -161,33 +183,59 @@ def bench(cfg: Config, out: Path, *, workload: str, quick: bool = False,
     t0 = time.perf_counter()
     caps0 = capacities(cfg, quick)
     stream.write(f"  ({time.perf_counter() - t0:.1f} s)\n")
-    tables = []
-    for clock in clocks:
-        run_cfg, caps = cfg, caps0
-        if cfg.rollout.engine == "sim":
-            over: dict[str, Any] = {"sim.clock": clock}
-            if clock == "real":
-                steps = min(cfg.run.steps, QUICK_STEPS if quick else REAL_STEPS)
-                scale = real_time_scale(caps0, steps, 2.0 if quick else 10.0,
-                                        0.05 if quick else MIN_REAL_STEP_S)
-                over |= {"run.steps": steps, "sim.time_scale": scale * cfg.sim.time_scale}
-                caps = caps0.scaled(scale)
-            run_cfg = with_overrides(cfg, over)
-        runs = []
-        for spec in plan_runs(run_cfg, caps):
-            rcfg = with_overrides(run_cfg, {"run.progress": False, **spec.overrides})
-            path = out / clock / spec.label
-            t1 = time.perf_counter()
-            result = run(rcfg, path, stream=io.StringIO())  # the bench prints its own lines
-            figs = f.run_figures(path, spec.label, verify_ok=result.ok,
-                                 settings=spec.settings())
-            stream.write(f"  {clock:7} {spec.label:18} accepted/s {figs.accepted_per_s:9.1f}  "
-                         f"steps {figs.steps}  ({time.perf_counter() - t1:.1f} s wall)\n")
-            runs.append(figs)
-        tables.append(make_table(workload, clock, caps, f.table_rows(runs, "sync", caps)))
+    tables: list[dict[str, Any]] = []
+    sync_step_s: float | None = None  # virtual seconds per synchronous step
+    for clock in sorted(clocks, key=lambda c: c != "virtual"):  # virtual first
+        if cfg.rollout.engine != "sim":
+            tables.append(_table(cfg, caps0, workload, clock, out, stream)[0])
+            continue
+        run_cfg = with_overrides(cfg, {"sim.clock": clock})
+        if clock == "virtual":
+            table, runs = _table(run_cfg, caps0, workload, clock, out, stream)
+            sync = runs[0]
+            sync_step_s = sync.wall_s / sync.steps if sync.steps else None
+            tables.append(table)
+            continue
+        steps = min(cfg.run.steps, QUICK_STEPS if quick else REAL_STEPS)
+        if sync_step_s is None:  # a real-clock table alone: time the sync run virtually first
+            probe = _run(with_overrides(run_cfg, {"sim.clock": "virtual", "run.steps": steps}),
+                         plan_runs(run_cfg, caps0)[0], out / "virtual-probe", "virtual", stream)
+            sync_step_s = probe.wall_s / probe.steps if probe.steps else None
+        scale = real_time_scale(caps0, steps, 1.0 if quick else 10.0,
+                                0.02 if quick else MIN_REAL_STEP_S, sync_step_s)
+        real_cfg = with_overrides(run_cfg, {"run.steps": steps,
+                                            "sim.time_scale": scale * cfg.sim.time_scale,
+                                            **scaled_settings(run_cfg, scale)})
+        stream.write(f"  real clock: {steps} steps at sim.time_scale {scale:.4g}\n")
+        tables.append(_table(real_cfg, caps0.scaled(scale), workload, clock, out, stream)[0])
     (out / "bench.md").write_text("".join(render_markdown(t) for t in tables))
     (out / "bench.json").write_text(render_json(tables))
     return BenchResult(tables, out)
+
+
+def _table(cfg: Config, caps: f.Capacities, workload: str, clock: str, out: Path,
+           stream: TextIO) -> tuple[dict[str, Any], list[f.RunFigures]]:
+    """Every planned run of ``cfg`` on one clock, and their table."""
+    runs = [_run(cfg, spec, out / clock, clock, stream) for spec in plan_runs(cfg, caps)]
+    table = make_table(workload, clock, caps, f.table_rows(runs, "sync", caps))
+    if cfg.rollout.engine == "sim":
+        table["time_scale"] = cfg.sim.time_scale
+    table["steps"] = cfg.run.steps
+    return table, runs
+
+
+def _run(cfg: Config, spec: RunSpec, root: Path, clock: str, stream: TextIO) -> f.RunFigures:
+    """One run of the table, through the real ``run()``; its figures from its run dir."""
+    from freshroll.runtime.run import run
+
+    rcfg = with_overrides(cfg, {"run.progress": False, **spec.overrides})
+    path = root / spec.label
+    t1 = time.perf_counter()
+    result = run(rcfg, path, stream=io.StringIO())  # the bench prints its own lines
+    figs = f.run_figures(path, spec.label, verify_ok=result.ok, settings=spec.settings())
+    stream.write(f"  {clock:7} {spec.label:18} accepted/s {figs.accepted_per_s:9.2f}  "
+                 f"steps {figs.steps}  ({time.perf_counter() - t1:.1f} s wall)\n")
+    return figs
 
 
 __all__ = ["BenchResult", "RunSpec", "bench", "plan_runs", "quick_overrides", "real_time_scale",

@@ -86,6 +86,13 @@ def _caps_line(t: Mapping[str, Any]) -> str:
             + f"; binding: {t['binding_stage']}; async bound {_fmt(t['bound'], '.2f')}x")
 
 
+def _title(t: Mapping[str, Any]) -> str:
+    extra = [f"{t['steps']} steps"] if "steps" in t else []
+    if t.get("time_scale") not in (None, 1.0):
+        extra.append(f"sim.time_scale {t['time_scale']:.4g}")
+    return f"{t['workload']} ({t['clock']} clock{', ' if extra else ''}{', '.join(extra)})"
+
+
 def render_text(t: Mapping[str, Any]) -> str:
     """A fixed-width table for the terminal."""
     head = [h for _, h, _ in COLUMNS]
@@ -97,14 +104,14 @@ def render_text(t: Mapping[str, Any]) -> str:
         return line(c.ljust(w) if i == 0 else c.rjust(w)
                     for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
 
-    return "\n".join([f"== {t['workload']} ({t['clock']} clock)", _caps_line(t), fmt(head),
+    return "\n".join([f"== {_title(t)}", _caps_line(t), fmt(head),
                       *(fmt(b) for b in body), t["verdict"]]) + "\n"
 
 
 def render_markdown(t: Mapping[str, Any]) -> str:
     head = [h for _, h, _ in COLUMNS]
     rows = [_cells(r) for r in t["rows"]]
-    lines = [f"### {t['workload']} ({t['clock']} clock)", "", _caps_line(t), "",
+    lines = [f"### {_title(t)}", "", _caps_line(t), "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join([*lines, "", t["verdict"], ""]) + "\n"
