@@ -95,7 +95,8 @@ class BufferState:
         self.decision: ev.ControllerDecided | None = None  # the last live-settings decision
         self.closed = False  # a clean shutdown was recorded (until the next open)
         self.accepted = self.running = 0  # groups, for admission
-        self.counts: Counter[str] = Counter()  # accounting, recomputed by verify
+        self._counts: Counter[str] = Counter()  # accounting (see counts), but for ...
+        self._started_n = self._generated_n = self._rewarded_n = 0  # ... the per-sample three
         self._live: dict[GroupId, _Group] = {}  # groups running (admitted, not ready or ended)
         #: started -> generated seconds of the latest attempts, by event ts (tail deadlines)
         self.latencies: deque[float] = deque(maxlen=LATENCY_WINDOW)
@@ -111,6 +112,22 @@ class BufferState:
             ev.Closed: self._on_closed, ev.RunConfig: _noop, ev.SettingsChanged: _noop,
             ev.WorkerReady: _noop, ev.ControllerDecided: self._on_decided,
         }
+
+    @property
+    def counts(self) -> Counter[str]:
+        """The accounting counters (recomputed from the ledger by verify): ``requests``,
+        ``started``, ``generated``, ``rewarded``, ``committed``, ``steps``,
+        ``discarded_<reason>``, ``rejected_<reason>``; a key is present once it is > 0.
+
+        The three per-sample counters are kept as plain ints (a ``Counter`` increment
+        costs more than the rest of their handler) and brought up to date on each access.
+        """
+        counts = self._counts
+        for key, n in (("started", self._started_n), ("generated", self._generated_n),
+                       ("rewarded", self._rewarded_n)):
+            if n:
+                counts[key] = n
+        return counts
 
     def apply(self, event: ev.Event) -> None:
         self._handlers[type(event)](event)
@@ -147,7 +164,7 @@ class BufferState:
             requests[rid] = req
         self._queue.extend(members)
         self.running += 1
-        self.counts["requests"] += e.size
+        self._counts["requests"] += e.size
 
     def _on_worker_started(self, e: ev.WorkerStarted) -> None:
         self._epochs[e.worker] = e.epoch
@@ -187,7 +204,7 @@ class BufferState:
         if req.group.started_at is None:
             req.group.started_at = e.ts
         self._inflight[worker].add(e.sample)  # type: ignore[arg-type]
-        self.counts["started"] += 1
+        self._started_n += 1
 
     def _on_generated(self, e: ev.Generated) -> None:
         self._generated(self._requests[request_of(e.sample)], e)
@@ -196,7 +213,7 @@ class BufferState:
         req.state = GENERATED
         self.latencies.append(e.ts - req.started_at)
         self._inflight[req.worker].discard(req.sample)  # type: ignore[index]
-        self.counts["generated"] += 1
+        self._generated_n += 1
 
     def _on_rewarded(self, e: ev.Rewarded) -> None:
         self._rewarded(self._requests[request_of(e.sample)], e)
@@ -208,7 +225,7 @@ class BufferState:
         group.samples.append(e.sample)  # type: ignore[arg-type]
         if req.step < group.oldest:
             group.oldest = req.step
-        self.counts["rewarded"] += 1
+        self._rewarded_n += 1
 
     def _on_ready(self, e: ev.Ready) -> None:
         group = self._groups[GroupId(e.group)]
@@ -242,8 +259,8 @@ class BufferState:
         for sid in lease.samples:
             self._requests[request_of(sid)].state = COMMITTED
             self._payloads.pop(sid, None)
-        self.counts["committed"] += len(lease.samples)
-        self.counts["steps"] += 1
+        self._counts["committed"] += len(lease.samples)
+        self._counts["steps"] += 1
         self.version = PolicyVersion.parse(e.version)
         self._version_str = e.version
         self._published[e.version] = self.version.step
@@ -257,7 +274,7 @@ class BufferState:
             self._inflight[req.worker].discard(req.sample)
         if req.sample is not None:
             self._payloads.pop(req.sample, None)
-        self.counts[f"discarded_{e.reason}"] += 1
+        self._counts[f"discarded_{e.reason}"] += 1
         if e.reason in ev.RETRY_REASONS:
             req.state = QUEUED
             self._queue.appendleft(req)
@@ -278,7 +295,7 @@ class BufferState:
             self.running -= 1
 
     def _on_rejected(self, e: ev.Rejected) -> None:
-        self.counts[f"rejected_{e.reason}"] += 1
+        self._counts[f"rejected_{e.reason}"] += 1
 
 
 def _noop(event: ev.Event) -> None:

@@ -10,9 +10,11 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from async_fakes import AsyncHarness, Factory
+from async_fakes import AsyncEngine, AsyncHarness, Factory
 
 from freshroll import events as ev
+from freshroll.engines.base import Completion
+from freshroll.errors import WorkerLost
 from freshroll.runtime.pipeline import Pipeline
 
 
@@ -111,5 +113,70 @@ def test_the_same_pipeline_runs_under_the_real_clock(tmp_path: Path):
     assert h.run(timeout_s=60) is None
     assert len(h.steps) == 5
     assert all(e.peak > 1 for e in factory.made)
+    h.buf.shutdown("done")
+    assert h.verify().ok
+
+
+class _HangsOnce(AsyncEngine):
+    """Its first call never returns; when cancelled it still emits later (a late result)."""
+
+    async def generate(self, requests: Any, params: Any, seed: int, emit: Any) -> None:
+        self.calls += 1
+        if self.calls > 1:
+            return await super().generate(requests, params, seed, emit)
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            loop = asyncio.get_running_loop()
+            for i in range(len(requests)):
+                loop.call_later(5.0, emit, i, Completion((), (), (), "x", "length", 1.0,
+                                                         n_tokens=3))
+            raise
+
+
+def test_a_hung_continuous_call_times_out_in_virtual_time_and_its_late_results_are_rejected(
+    tmp_path: Path,
+):
+    made: list[Any] = []
+
+    def make(name: str) -> Any:
+        made.append(_HangsOnce(name, True, 0.5) if not made else AsyncEngine(name, True, 0.5))
+        return made[-1]
+
+    h = AsyncHarness(tmp_path, factory=Factory(make=make),
+                     overrides=["rollout.workers=1", "run.steps=10",
+                                "limits.generate_timeout_s=30"])
+    assert h.run() is None
+    assert len(h.steps) == 10 and len(made) == 2
+    [fenced] = h.events(ev.WorkerFenced)
+    assert (fenced.worker, fenced.epoch, fenced.reason) == ("w0", 0, "timeout")
+    first = h.events(ev.Started)[0]
+    assert fenced.ts - first.ts >= 30  # the watchdog fired at the timeout, not before
+    stuck = {s.sample for s in h.events(ev.Started) if s.epoch == 0 and s.ts == first.ts}
+    rejected = {r.sample: r.reason for r in h.events(ev.Rejected)}
+    assert stuck and {s: rejected.get(s) for s in stuck} == dict.fromkeys(stuck, "fenced")
+    h.buf.shutdown("done")
+    report = h.verify()
+    assert report.ok, report.render()
+
+
+def test_a_lost_async_worker_is_replaced_by_a_new_engine_from_the_factory(tmp_path: Path):
+    dead: set[str] = set()
+
+    class Dies(AsyncEngine):  # each worker's first engine dies on its 5th call
+        async def generate(self, requests: Any, params: Any, seed: int, emit: Any) -> None:
+            if self.calls == 5 and self.name not in dead:
+                dead.add(self.name)
+                self.died = True
+                raise WorkerLost("simulated node failure")
+            return await super().generate(requests, params, seed, emit)
+
+    factory = Factory(make=lambda name: Dies(name, True, 0.5))
+    h = AsyncHarness(tmp_path, factory=factory, overrides=["rollout.workers=2", "run.steps=10"])
+    assert h.run() is None
+    lost = [(f.worker, f.epoch) for f in h.events(ev.WorkerFenced) if f.reason == "lost"]
+    assert len(lost) == 2 and len(factory.made) == 4  # each worker died once, was replaced
+    assert all(e.closed for e in factory.made if getattr(e, "died", False))
+    assert h.buf.counts["discarded_fenced"] > 0
     h.buf.shutdown("done")
     assert h.verify().ok

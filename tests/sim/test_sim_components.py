@@ -23,7 +23,7 @@ from freshroll.runtime.seams import (
     GenRequest,
     SamplingParams,
 )
-from freshroll.sim.components import build_sim, resolve_profile
+from freshroll.sim.components import build_sim, resolve_profile, sim_model_digest
 from freshroll.sim.engine import SimEngine
 from freshroll.sim.profiles import P2
 from freshroll.state import Lease
@@ -64,11 +64,12 @@ def test_model_digest_follows_the_profile_and_the_sim_settings_but_not_the_clock
     assert build(config(profile="P1")).model_digest != digest
     assert build(config(params={"server": {"max_concurrent": 64}})).model_digest != digest
     assert build(config(trainer_speed=[[5, 2.0]])).model_digest != digest
+    assert sim_model_digest(config()) == digest
 
 
 @pytest.mark.parametrize(("params", "named"), [
     ({"lengths": {"bogus": 1}}, "sim.params.lengths: unknown key(s) bogus"),
-    ({"bogus": {}}, "bogus"),
+    ({"bogus": {}, "description": "x"}, "sim.params: unknown key(s) bogus, description"),
     ({"lengths": {"sigma": 9.0}}, "sim.params.lengths.sigma"),
     ({"base": "P1"}, "sim.params.base"),
     ({"server": 3}, "sim.params.server"),

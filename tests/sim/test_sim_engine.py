@@ -5,6 +5,7 @@ calls with timeouts, determinism, close."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import replace
@@ -343,3 +344,96 @@ def test_length_model_bounds_hold_for_keyed_draws():
         x = draws.shape("g0", f"g0.{i}#0", 0)
         assert 1 <= x.length <= 6 and sum(x.segments) == x.length
         assert len(x.tool_s) == len(x.segments) - 1
+
+
+@pytest.mark.parametrize("turns", [1, 4])
+def test_engines_sharing_a_loop_emit_on_time_and_keep_exact_timelines(turns):
+    """Callers that submit a group when the previous one is emitted: each next group arrives
+    exactly when the last member of the previous one finished (no wakeup is late or lost
+    among engines sharing the loop, and skipping the wakeups of joins, earlier turns and tool
+    returns never delays an emission), and every engine's timeline is simulate_batch's or
+    simulate_rollouts'."""
+    profile = small() if turns == 1 else small(
+        P3, median_s=0.02, sigma=1.5, timeout_p=0.1, timeout_s=0.2, output_tokens=5,
+    )
+    draws = KeyedDraws(profile, seed=3)
+    engines = [SimEngine(f"w{i}", draws) for i in range(5)]
+    for e in engines:
+        e.timeline = {}
+    lanes: dict[str, list[list[str]]] = {}
+
+    async def lane(engine: SimEngine, name: str) -> None:
+        lanes[name] = []
+        for k in range(6):
+            group = [GenRequest(f"g{name}{k}.{m}#0", f"g{name}{k}", "p", "", 0) for m in range(3)]
+            lanes[name].append([r.sample for r in group])
+            await engine.generate(group, PARAMS, 0, lambda i, c: None)
+
+    async def main() -> None:
+        async with asyncio.TaskGroup() as tg:
+            for w, e in enumerate(engines):
+                for j in range(2):
+                    tg.create_task(lane(e, f"{w}0{j}"))
+
+    VirtualClock().run(main())
+    timeline = {k: v for e in engines for k, v in e.timeline.items()}
+    assert len(timeline) == 5 * 2 * 6 * 3
+    for groups in lanes.values():
+        for before, after in itertools.pairwise(groups):
+            last = max(timeline[s][2] for s in before)
+            assert all(timeline[s][0] == last for s in after)
+    for e in engines:
+        samples = sorted(e.timeline, key=lambda s: (e.timeline[s][0], s))
+        arrival = [e.timeline[s][0] for s in samples]
+        shapes = [draws.shape(s.partition(".")[0], s, 0) for s in samples]
+        if turns == 1:
+            finish = simulate_batch(
+                profile.server, arrival, [x.prompt_tokens for x in shapes],
+                [x.length for x in shapes],
+            ).finish
+        else:
+            finish = simulate_rollouts(profile.server, [
+                Rollout(a, tuple((x.prompt_tokens if k == 0 else 5, seg)
+                                 for k, seg in enumerate(x.segments)), x.tool_s)
+                for a, x in zip(arrival, shapes, strict=True)
+            ]).finish
+        assert [e.timeline[s][2] for s in samples] == finish.tolist()
+
+
+def test_the_same_engine_runs_on_the_real_clock():
+    """asyncio.run (wall time) with a small time_scale: every request is emitted, in the
+    order the virtual run finishes them, and gen_s is the simulated time x time_scale (the
+    simulated timeline does not depend on how late the loop wakes the engine)."""
+    import time
+
+    profile = small(P3, median_s=0.05, timeout_p=0.0)
+    arrivals = [(0.0, [req(g, m) for g in range(3) for m in range(4)])]  # one call: one arrival
+    virtual = run(SimEngine("w0", KeyedDraws(profile, seed=1)), arrivals)
+    scale = 0.01
+    engine = SimEngine("w0", KeyedDraws(profile, seed=1), time_scale=scale)
+    order: list[str] = []
+    out: dict[str, Completion] = {}
+
+    async def main() -> None:
+        async def call(requests: Sequence[GenRequest]) -> None:
+            def emit(i: int, c: Completion) -> None:
+                order.append(requests[i].sample)
+                out[requests[i].sample] = c
+
+            await engine.generate(requests, PARAMS, 0, emit)
+
+        async with asyncio.TaskGroup() as tg:
+            for _, requests in arrivals:
+                tg.create_task(call(requests))
+        await engine.close()
+
+    t = time.perf_counter()
+    asyncio.run(main())
+    wall = time.perf_counter() - t
+    expected = sorted(virtual, key=lambda s: (virtual[s].gen_s, s))
+    assert order == expected
+    longest = max(c.gen_s for c in virtual.values())
+    assert longest * scale <= wall < longest * scale + 2.0
+    for s, c in out.items():
+        assert c.n_tokens == virtual[s].n_tokens
+        assert c.gen_s == pytest.approx(virtual[s].gen_s * scale, abs=1e-6)

@@ -14,8 +14,9 @@ the result, so the event loop never blocks:
   waits for a call cancelled by the run's end until that call's own timeout, never longer
   (a call that timed out is not waited for).
 * :class:`ThreadEngineFactory` makes the engine of a new worker on a thread (model load,
-  Ray actor start); asked again for the same name (a replacement after a loss or a timeout)
-  it restarts the worker's blocking engine (``restart()``, e.g. a new Ray actor), or raises
+  one at a time in this process; Ray actors start in parallel); asked again for the same
+  name (a replacement after a loss or a timeout) it restarts the worker's blocking engine
+  (``restart()``, e.g. a new Ray actor), or raises
   :class:`~freshroll.runtime.seams.EngineNotRestartable` for an engine that has none.
 * :class:`ThreadScorer` wraps the :class:`~freshroll.rewards.scoring.RewardSet`; a reward call
   stuck past ``limits.reward_timeout_s`` is abandoned the same way.
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -123,15 +125,20 @@ class ThreadEngine:
 class ThreadEngineFactory:
     """Makes workers' blocking engines on a thread; a second call for a name restarts it."""
 
-    def __init__(self, make: Callable[[str], InferenceEngine], limits: LimitsSection) -> None:
+    def __init__(self, make: Callable[[str], InferenceEngine], limits: LimitsSection,
+                 serial: bool = True) -> None:
         self.make, self.limits = make, limits
         self.engines: dict[str, InferenceEngine] = {}
+        # transformers' model loading is not thread-safe (it patches torch's init globally):
+        # in-process engines are made one at a time; Ray actors start in parallel
+        self._lock = threading.Lock() if serial else contextlib.nullcontext()
 
     async def __call__(self, name: str) -> ThreadEngine:
         old = self.engines.get(name)
         if old is None:
             def start() -> InferenceEngine:
-                return self.make(name)
+                with self._lock:
+                    return self.make(name)
         else:
             restart = getattr(old, "restart", None)
             if restart is None:

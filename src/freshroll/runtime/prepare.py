@@ -32,6 +32,7 @@ from freshroll.runtime.rundir import (
     resume_config,
     write_text_atomic,
 )
+from freshroll.runtime.steering import control_config
 
 
 @dataclass
@@ -70,6 +71,7 @@ def prepare_run_dir(
             cfg = resume_config(out)
         _quiet_transformers()
         rewards = build_reward_set([e.model_dump(exclude_none=True) for e in cfg.rewards])
+        control_config(cfg)  # the controller's bounds (control vs rollout), before any write
         if cfg.rollout.engine == "sim":  # no model: the built-in task's prompts as they are
             path, digest, pending = Path(), sim_model_digest(cfg), None
             prompts = make_prompts(cfg.task.name, cfg.task.n_prompts, cfg.run.seed,
@@ -96,11 +98,18 @@ def prepare_run_dir(
 
 
 def sim_model_digest(cfg: Config) -> str:
-    """The simulated cluster's stand-in for a model digest: its profile and parameters."""
-    import json
+    """The simulated cluster's stand-in for a model digest (the lineage root, needed before
+    the buffer exists): ``freshroll.sim.components.sim_model_digest``, which also checks
+    ``sim.params``; without that module, a digest of the profile and its parameters."""
+    try:
+        from freshroll.sim.components import sim_model_digest as of_sim
+    except ImportError:
+        import json
 
-    params = json.dumps(cfg.sim.params, sort_keys=True, default=str)
-    return digest_of("sim", cfg.sim.profile, params)
+        params = json.dumps(cfg.sim.params, sort_keys=True, default=str)
+        return digest_of("sim", cfg.sim.profile, params)
+    digest: str = of_sim(cfg)
+    return digest
 
 
 def _initial_model(

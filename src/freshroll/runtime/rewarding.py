@@ -44,15 +44,18 @@ MAX_BATCH = 256  # completions per reward call
 class RewardStage:
     def __init__(self, pipe: Pipeline) -> None:
         self.pipe, self.buf = pipe, pipe.buf
-        self._queue: deque[tuple[SampleId, Completion]] = deque()
+        self._queue: deque[tuple[SampleId, Completion, Prompt]] = deque()
         self._wake = asyncio.Event()
+        self.scoring = 0  # completions in the reward call under way
 
-    def put(self, sid: SampleId, comp: Completion) -> None:
-        self._queue.append((sid, comp))
+    def put(self, sid: SampleId, comp: Completion, prompt: Prompt) -> None:
+        self._queue.append((sid, comp, prompt))
         self._wake.set()
 
-    def __len__(self) -> int:
-        return len(self._queue)
+    @property
+    def pending(self) -> int:
+        """Generated completions not yet rewarded: queued, or in the call under way."""
+        return len(self._queue) + self.scoring
 
     async def run(self) -> None:
         buf, pipe, scorer = self.buf, self.pipe, self.pipe.scorer
@@ -62,8 +65,9 @@ class RewardStage:
                 buf.discard(sid, "invalid", "payload lost")
                 continue
             p = pl.decode(data)
-            self.put(sid, Completion(tuple(p.prompt_ids), tuple(p.token_ids), tuple(p.logprobs),
-                                     p.text, p.finish_reason, 0.0))
+            comp = Completion(tuple(p.prompt_ids), tuple(p.token_ids), tuple(p.logprobs), p.text,
+                              p.finish_reason, 0.0)
+            self.put(sid, comp, pipe.prompts[buf.prompt_of(sid)])
         queue, clock = self._queue, buf.clock
         while True:
             self._wake.clear()
@@ -72,11 +76,14 @@ class RewardStage:
                 continue
             n = min(len(queue), MAX_BATCH)
             items = [queue.popleft() for _ in range(n)]
-            prompts = [pipe.prompts[buf.prompt_of(sid)] for sid, _ in items]
             t0 = clock.now()
-            scores = await self._score_batch(prompts, [c for _, c in items])
+            self.scoring = n
+            try:
+                scores = await self._score_batch([p for _, _, p in items], [c for _, c, _ in items])
+            finally:
+                self.scoring = 0
             if scores is None:  # timed out: discarded as reward_timeout
-                for sid, _ in items:
+                for sid, _, _ in items:
                     buf.discard(sid, "reward_timeout", self._timeout_error())
                 pipe.notify()
                 pipe.budget.record(self._label() + " (timeouts)", self._timeout_rule(),
@@ -85,7 +92,7 @@ class RewardStage:
             per_sample = (clock.now() - t0) / n
             errors: list[str | None] = []
             version = scorer.version
-            for (sid, _), score in zip(items, scores, strict=True):
+            for (sid, _, _), score in zip(items, scores, strict=True):
                 if score.value is not None:
                     buf.reward(sid, score.value, version, per_sample)
                     errors.append(None)

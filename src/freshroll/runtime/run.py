@@ -215,7 +215,8 @@ def build_components(
         start_ray(num_cpus=ray_cpus(cfg), run_dir=out)
     path = prep.model_path
     make = make_engine or (lambda c, p, n: build_engine(c, p, n))  # looked up at call time
-    factory = ThreadEngineFactory(lambda name: make(cfg, path, name), cfg.limits)
+    factory = ThreadEngineFactory(lambda name: make(cfg, path, name), cfg.limits,
+                                  serial=cfg.run.runtime != "ray")
     scorer = ThreadScorer(prep.rewards)
     trainer = ThreadTrainer(learner, buf, lambda v: before_commit(v, learner))
 

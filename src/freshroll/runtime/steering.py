@@ -21,13 +21,15 @@ What the meter measures in a window of length ``W``:
 * ``trainer_wait_s``: time the trainer waited for a batch (a wait still going counts up to now);
   ``waited_samples``: for each step that had to wait, the samples missing when it first asked;
 * ``blocked_s``: worker-seconds during which a worker had free slots and no queued request
-  because admission was full (capacity 0);
+  because admission was full (capacity 0), each second weighted by the share of its slots
+  that were free (a continuous worker with 1 of 8 slots free is 1/8 blocked);
 * ``worker_rates``: per active worker, completions per second it was up and not blocked;
 * ``switch_cost_s``: the measured start-up time of the last workers (factory call);
-* ``consumed_samples``, ``completed`` (cumulative generated), ``in_flight`` (queued, running or
-  generated, from the buffer's counts), ``ready_samples``, ``version``, ``groups_accepted`` and
-  ``groups_running`` (from the replayed buffer on resume), lag mean/max of the samples
-  committed, and the discards by reason.
+* ``consumed_samples``, ``completed`` (cumulative generated), ``in_flight`` (started and not
+  yet rewarded: in a worker's slots or waiting for a reward; requests still queued are not
+  counted, so "slots full" and the hard cut's drain read the slots), ``ready_samples``,
+  ``version``, ``groups_accepted`` and ``groups_running`` (from the replayed buffer on
+  resume), lag mean/max of the samples committed, and the discards by reason.
 
 Resume (``control.mode: adaptive``): the ledger's last ``controller_decided`` (replayed into
 :attr:`~freshroll.state.BufferState.decision`) gives the settings and the controller state
@@ -59,10 +61,6 @@ from freshroll.state import Lease
 if TYPE_CHECKING:
     from freshroll.runtime.pipeline import Pipeline
     from freshroll.runtime.workers import Worker
-
-#: discard reasons that end a request before it is rewarded (so it leaves "in flight")
-_UNREWARDED_ENDS = ("generation_error", "reward_error", "reward_timeout", "invalid", "deadline",
-                    "cancelled", "filtered", "shutdown")
 
 
 def control_config(cfg: Config) -> ControlConfig:
@@ -125,7 +123,8 @@ class Meter:
 
     @staticmethod
     def _blocked(w: Worker, now: float) -> float:
-        return w.blocked_s + (0.0 if w.blocked_since is None else now - w.blocked_since)
+        since = w.blocked_since
+        return w.blocked_s + (0.0 if since is None else (now - since) * w.blocked_share)
 
     def snapshot(self, now: float, settings: Settings) -> Snapshot:
         """The window since the last snapshot; starts the next one."""
@@ -147,8 +146,8 @@ class Meter:
                     rates.append((w.done - done0) / up)
         self._worker_marks, self._mark = marks, mark
         counts = buf.counts
-        in_flight = counts["requests"] - counts["rewarded"] - sum(
-            counts[f"discarded_{r}"] for r in _UNREWARDED_ENDS)
+        in_flight = sum(w.inflight for w in pool.active.values()) + sum(
+            w.inflight for w in pool.leaving.values()) + self.pipe.rewarder.pending
         lags, self.lags = self.lags, []
         startups = pool.startups[-8:]
         assert buf.version is not None

@@ -37,13 +37,15 @@ from __future__ import annotations
 import asyncio
 import zlib
 from collections import deque
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from freshroll import events as ev
 from freshroll.buffer import Outcome
 from freshroll.errors import Interrupted, RunFailed, WorkerLost, WorkerTimeout
-from freshroll.lineage import PolicyVersion, SampleId
+from freshroll.lineage import PolicyVersion, RequestId, SampleId
+from freshroll.rewards.tasks import Prompt
 from freshroll.runtime import payload as pl
 from freshroll.runtime.seams import (
     AsyncEngine,
@@ -75,11 +77,13 @@ class Worker:
     calls: int = 0  # live generate calls
     loaded: PolicyVersion | None = None
     failure: BaseException | None = None  # a call's WorkerLost / WorkerTimeout
+    ok_units: int = 0  # successful requests not yet recorded in the failure budget
     # measured (read by the steering meter)
     ready_at: float | None = None
     done: int = 0  # completions emitted by live calls
     blocked_since: float | None = None  # waiting with free slots while admission is full
-    blocked_s: float = 0.0
+    blocked_share: float = 1.0  # the share of its slots that were free then
+    blocked_s: float = 0.0  # worker-seconds blocked (each weighted by its free share)
 
 
 @dataclass(eq=False)
@@ -91,6 +95,7 @@ class _Call:
     emitted: list[bool]
     over: bool = False
     task: asyncio.Task[None] | None = None
+    prompts: list[Prompt] = field(default_factory=list)
     started: float = 0.0  # loop time: its deadline is started + limits.generate_timeout_s
     expired: bool = False  # cancelled by the watchdog: a WorkerTimeout
 
@@ -253,12 +258,12 @@ class WorkerPool:
             return await self._dispatch(w, w.engine, None, deque(), asyncio.Event())
         order: deque[_Call] = deque()  # live calls in start order (the watchdog's queue)
         watch = asyncio.Event()
-        async with asyncio.TaskGroup() as calls:
-            dog = calls.create_task(self._watchdog(order, watch), name=f"watchdog {w.name}")
-            try:
-                return await self._dispatch(w, w.engine, calls, order, watch)
-            finally:
-                dog.cancel()
+        calls = _Calls(w)
+        calls.spawn(self._watchdog(order, watch))
+        try:
+            return await self._dispatch(w, w.engine, calls, order, watch)
+        finally:
+            await calls.close()
 
     async def _watchdog(self, order: deque[_Call], watch: asyncio.Event) -> None:
         """Continuous calls: one timer for all of a worker's calls (not one per call). The
@@ -282,7 +287,7 @@ class WorkerPool:
             return
 
     async def _dispatch(
-        self, w: Worker, engine: AsyncEngine, calls: asyncio.TaskGroup | None,
+        self, w: Worker, engine: AsyncEngine, calls: _Calls | None,
         order: deque[_Call], watch: asyncio.Event,
     ) -> BaseException | None:
         buf, pipe = self.buf, self.pipe
@@ -292,8 +297,10 @@ class WorkerPool:
             w.wake.clear()
             self._idle.pop(w.name, None)
             if w.blocked_since is not None:
-                w.blocked_s += buf.clock.now() - w.blocked_since
+                w.blocked_s += (buf.clock.now() - w.blocked_since) * w.blocked_share
                 w.blocked_since = None
+            if calls is not None and calls.crashed is not None:
+                raise calls.crashed  # a call task failed unexpectedly (a bug, an interrupt)
             if w.failure is not None:
                 return self._end_calls(w, order)
             if w.retiring:
@@ -320,28 +327,73 @@ class WorkerPool:
                     self._idle[w.name] = w
                     if buf.capacity() <= 0:
                         w.blocked_since = buf.clock.now()
+                        w.blocked_share = free / self.concurrency
                 elif buf.next_request() is not None:
                     self.requests_queued()  # pass the wake-up on: this one has no free slot
                 await w.wake.wait()
                 continue
-            assert w.loaded is not None
-            sids = [buf.start(r, w.name, w.epoch, w.loaded) for r in rids]
-            if buf.next_request() is not None:
-                self.requests_queued()
-            call = _Call(sids, w.epoch, w.loaded, len(sids), [False] * len(sids))
-            w.inflight += call.pending
+            call = self._begin(w, rids)
             if calls is None:
                 exc = await self._generate(w, engine, call)
                 if exc is not None:
                     return exc
             else:
-                while order and order[0].over:
-                    order.popleft()
-                call.started = loop.time()
-                order.append(call)
-                watch.set()
+                self._track(call, order, watch, loop)
                 w.calls += 1
-                call.task = calls.create_task(self._call_task(w, engine, call))
+                call.task = calls.spawn(self._lane(w, engine, call, order, watch))
+
+    def _begin(self, w: Worker, rids: list[RequestId]) -> _Call:
+        """Start attempts of ``rids`` on the worker's epoch: one call's worth."""
+        buf = self.buf
+        assert w.loaded is not None
+        sids = [buf.start(r, w.name, w.epoch, w.loaded) for r in rids]
+        if buf.next_request() is not None:
+            self.requests_queued()
+        call = _Call(sids, w.epoch, w.loaded, len(sids), [False] * len(sids))
+        w.inflight += call.pending
+        return call
+
+    @staticmethod
+    def _track(call: _Call, order: deque[_Call], watch: asyncio.Event,
+               loop: asyncio.AbstractEventLoop) -> None:
+        while order and order[0].over:
+            order.popleft()
+        call.started = loop.time()
+        order.append(call)
+        watch.set()
+
+    async def _lane(self, w: Worker, engine: AsyncEngine, call: _Call, order: deque[_Call],
+                    watch: asyncio.Event) -> None:
+        """Runs calls one after another: when its call ends, it starts the next one itself
+        if it may (a free slot, a queued request, nothing else to do first), so a busy
+        continuous worker needs no new task and no dispatcher wake-up per call."""
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                exc = await self._generate(w, engine, call)
+                if exc is not None:
+                    if w.failure is None:
+                        w.failure = exc
+                    break
+                nxt = self._refill(w)
+                if nxt is None:
+                    break
+                call = nxt
+                call.task = asyncio.current_task()
+                self._track(call, order, watch, loop)
+        finally:
+            w.calls -= 1
+        w.wake.set()
+
+    def _refill(self, w: Worker) -> _Call | None:
+        """The next call a lane may start now, or None (the dispatcher decides)."""
+        pub = self.pipe.published
+        if w.retiring or w.fenced or w.failure is not None or pub is None \
+                or w.loaded is not pub.version:
+            return None
+        free = self.concurrency - w.inflight
+        rids = self.buf.take_requests(free) if free > 0 else []
+        return self._begin(w, rids) if rids else None
 
     def _end_calls(self, w: Worker, order: deque[_Call],
                    exc: BaseException | None = None) -> BaseException:
@@ -372,15 +424,6 @@ class WorkerPool:
                                          version=str(version), transfer_s=secs))
         return None
 
-    async def _call_task(self, w: Worker, engine: AsyncEngine, call: _Call) -> None:
-        try:
-            exc = await self._generate(w, engine, call)
-        finally:
-            w.calls -= 1
-        if exc is not None and w.failure is None:
-            w.failure = exc
-        w.wake.set()
-
     async def _generate(self, w: Worker, engine: AsyncEngine, call: _Call) -> BaseException | None:
         """One generate call; returns a WorkerLost/WorkerTimeout (replace the worker) or None."""
         buf, lim = self.buf, self.pipe.cfg.limits
@@ -389,7 +432,9 @@ class WorkerPool:
         reqs = []
         for sid in call.sids:
             pid = prompt_of(sid)
-            reqs.append(GenRequest(sid, sid.partition(".")[0], pid, prompts[pid].text, step))
+            prompt = prompts[pid]
+            call.prompts.append(prompt)
+            reqs.append(GenRequest(sid, sid.partition(".")[0], pid, prompt.text, step))
         stage = f"inference worker {w.name!r}"
         seed, emit = generation_seed(self.pipe.cfg.run.seed, call.sids[0]), self._emitter(w, call)
         try:
@@ -422,13 +467,40 @@ class WorkerPool:
                         buf.discard(sid, "generation_error", error)
                         failed += 1
                 self.pipe.notify()
+            self._budget_ok(w, stage)
             self.pipe.budget.record(stage, self._rule, failed, len(call.sids), error)
             return None
         finally:
             call.over = True
             w.inflight -= call.pending
-        self.pipe.budget.record(stage, self._rule, 0, len(call.sids))
+        w.ok_units += len(call.sids)
+        if w.ok_units >= 1024:
+            self._budget_ok(w, stage)
         return None
+
+    def _budget_ok(self, w: Worker, stage: str) -> None:
+        """Successful calls are recorded in the budget together, before the next failure (a
+        success only resets the consecutive-failure counts and fills the ratio window, so
+        the budget's verdicts are the same)."""
+        if w.ok_units:
+            self.pipe.budget.record(stage, self._rule, 0, w.ok_units)
+            w.ok_units = 0
+
+    def _slot_freed(self, w: Worker) -> None:
+        """A slot freed mid-call: with queued requests, the dispatcher starts one; without,
+        the worker just becomes idle (woken when requests are queued), not woken for nothing."""
+        buf = self.buf
+        if buf.next_request() is not None or w.retiring:
+            w.wake.set()
+            return
+        self._idle[w.name] = w
+        now = buf.clock.now()
+        if w.blocked_since is not None:  # still blocked, with one more free slot
+            w.blocked_s += (now - w.blocked_since) * w.blocked_share
+        elif buf.capacity() > 0:
+            return
+        w.blocked_since = now
+        w.blocked_share = (self.concurrency - w.inflight) / self.concurrency
 
     def _timed_out(self, w: Worker) -> WorkerTimeout:
         return WorkerTimeout(f"worker {w.name} generate did not return within "
@@ -437,6 +509,8 @@ class WorkerPool:
     def _emitter(self, w: Worker, call: _Call) -> Emit:
         buf, put, worker = self.buf, self.pipe.rewarder.put, (w.name, call.epoch)
         encode, complete, sids, version = pl.encode, buf.complete, call.sids, call.version
+        slot_freed = self._slot_freed
+        prompts = call.prompts
 
         def emit(i: int, comp: Any) -> None:
             if buf.closed:
@@ -451,11 +525,42 @@ class WorkerPool:
                 call.pending -= 1
                 w.inflight -= 1
                 w.done += 1
-                w.wake.set()
+                if call.pending:  # a slot freed mid-call (at the call's end its lane refills)
+                    slot_freed(w)
             if out is Outcome.ACCEPTED:
-                put(sids[i], comp)
+                put(sids[i], comp, prompts[i])
 
         return emit
+
+
+class _Calls:
+    """The tasks of one worker epoch's overlapping generate calls (and its watchdog): owned
+    here, cancelled and awaited when the epoch ends; one that fails unexpectedly is raised
+    by the dispatcher. (A task group's bookkeeping costs more per call.)"""
+
+    def __init__(self, w: Worker) -> None:
+        self.w, self.tasks = w, set[asyncio.Task[None]]()
+        self.crashed: BaseException | None = None
+        self._loop = asyncio.get_running_loop()
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = self._loop.create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self._done)
+        return task
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self.tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None and self.crashed is None:
+            self.crashed = task.exception()
+            self.w.wake.set()
+
+    async def close(self) -> None:
+        tasks = list(self.tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def generation_seed(run_seed: int, first_sample: str) -> int:

@@ -46,7 +46,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -56,6 +56,10 @@ import numpy.typing as npt
 from freshroll.sim.profiles import ServerModel
 
 FloatArray = npt.NDArray[np.float64]
+
+#: a bound computed another way than the batcher's own arithmetic is scaled by this, so that
+#: rounding never puts it above the time it bounds
+_BELOW = 1.0 - 1e-12
 
 
 class Finished(NamedTuple):
@@ -88,6 +92,8 @@ class ContinuousBatcher:
         self._leaving: set[int] = set()  # cancelled while decoding: out at the next boundary
         self._purge_steps = -1  # step count of that boundary (-1: none pending)
         self._cancelled = 0
+        self._event: tuple[float, int] | None = None  # the next event, valid unless _dirty
+        self._dirty = False
         self._arrival: list[float] = []
         self._prompt: list[int] = []
         self._tokens: list[int] = []
@@ -140,6 +146,52 @@ class ContinuousBatcher:
         event = self._next_event()
         return None if event is None else event[0]
 
+    def finish_bound(self, rest: Mapping[int, float] | None = None) -> float | None:
+        """A lower bound on when the next request ends, given what was submitted and that
+        nothing is cancelled meanwhile (None: nothing is prefilling or decoding).
+
+        ``rest[rid]``: the least time a request still needs after it finishes here (a
+        later turn of a multi-turn rollout; 0 when absent): the bound is then on the end
+        of the whole rollout. Joins and new arrivals only add sequences, which only
+        lengthen steps, so the decoding set's finishes at today's step times (shorter as
+        members finish) are lower bounds, and exactly the times :meth:`advance` will
+        report when nobody joins before them; a prefilling request finishes no earlier
+        than ``ready + L x (t0 + t1)``. While a cancelled sequence is still leaving
+        (steps are about to get shorter) or a free slot waits for a future arrival, the
+        bound is the next event.
+        """
+        if self._purge_steps >= 0 or (self._waiting and self._held < self._cap):
+            return self.next_event_time()
+        bound = math.inf
+        t0, t1, decoding = self._t0, self._t1, self._decoding
+        if decoding and rest is None:  # every request ends with this finish
+            bound = self._boundary + (decoding[0][0] - self._steps) * (t0 + t1 * len(decoding))
+        elif decoding and rest is not None:
+            heap = decoding.copy()
+            b, s, n = self._boundary, self._steps, len(heap)
+            while heap:
+                steps = heap[0][0]
+                t = b + (steps - s) * (t0 + t1 * n)  # the batcher's own arithmetic
+                if t >= bound:
+                    break
+                while heap and heap[0][0] == steps:
+                    _, rid = heapq.heappop(heap)
+                    n -= 1
+                    more = rest.get(rid, 0.0)
+                    end = t if more == 0.0 else (t + more) * _BELOW
+                    if end < bound:
+                        bound = end
+                b, s = t, steps
+        if self._prefilling:
+            per_token = t0 + t1
+            tokens = self._tokens
+            for ready, rid in self._prefilling:
+                more = 0.0 if rest is None else rest.get(rid, 0.0)
+                end = (ready + tokens[rid] * per_token + more) * _BELOW  # rounding: stay below
+                if end < bound:
+                    bound = end
+        return None if bound == math.inf else bound
+
     # -- commands --------------------------------------------------------------------------
 
     def submit(self, arrival: float, prompt_tokens: int, completion_tokens: int) -> int:
@@ -161,7 +213,13 @@ class ContinuousBatcher:
         self._start.append(math.nan)
         self._decode_start.append(math.nan)
         self._last_arrival = arrival
-        self._waiting.append(rid)
+        self._dirty = True
+        if arrival == self._now and not self._waiting and self._held < self._cap:
+            # every event up to now is applied and a slot is free: the grant is due now
+            # and comes first (what advance would do, without the event round trip)
+            self._take_slot(rid, arrival)
+        else:
+            self._waiting.append(rid)
         return rid
 
     def cancel(self, request: int, at: float) -> bool:
@@ -180,6 +238,7 @@ class ContinuousBatcher:
         self.advance(at)
         if request in self._leaving:
             return False
+        self._dirty = True
         if request in self._waiting:
             self._waiting.remove(request)
         elif any(rid == request for _, rid in self._prefilling):
@@ -208,6 +267,7 @@ class ContinuousBatcher:
         done: list[Finished] = []
         while (event := self._next_event()) is not None and event[0] <= until:
             t, steps = event
+            self._dirty = True
             if steps < 0:
                 self._grant(t)
             else:
@@ -228,6 +288,7 @@ class ContinuousBatcher:
             return None
         t, steps = event
         done: list[Finished] = []
+        self._dirty = True
         if steps < 0:
             self._grant(t)
         else:
@@ -238,6 +299,13 @@ class ContinuousBatcher:
     # -- the event loop --------------------------------------------------------------------
 
     def _next_event(self) -> tuple[float, int] | None:
+        """:meth:`_compute_next_event`, cached until the state changes."""
+        if self._dirty:
+            self._event = self._compute_next_event()
+            self._dirty = False
+        return self._event
+
+    def _compute_next_event(self) -> tuple[float, int] | None:
         """``(time, steps)``: a step boundary after ``steps`` steps (0: decoder starts), or a
         slot grant (``steps = -1``). At equal times the boundary comes first."""
         event: tuple[float, int] | None = None

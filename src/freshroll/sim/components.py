@@ -31,6 +31,9 @@ from freshroll.sim.profiles import Profile, get_profile, profile_from_dict
 from freshroll.sim.scorer import SimScorer
 from freshroll.sim.trainer import SimTrainer, check_speed
 
+#: the profile sections ``sim.params`` may override
+SECTIONS = ("lengths", "server", "reward", "tools", "trainer")
+
 #: a hung reward call sleeps this many times limits.reward_timeout_s (the pipeline's
 #: timeout fires long before)
 HANG_FACTOR = 100.0
@@ -47,6 +50,9 @@ class SimParts:
     profile: Profile
     draws: KeyedDraws
 
+    def close(self) -> None:
+        """Nothing to release (no threads, no files); for symmetry with the real parts."""
+
 
 def resolve_profile(sim: SimSection) -> Profile:
     """``sim.profile`` with ``sim.params`` applied; a ConfigError names ``sim.params.<key>``."""
@@ -55,6 +61,12 @@ def resolve_profile(sim: SimSection) -> Profile:
     for key in ("base", "name"):
         if key in params:
             raise ConfigError(f"sim.params.{key}: not an override (set sim.profile instead)")
+    unknown = sorted(set(params) - set(SECTIONS))
+    if unknown:
+        raise ConfigError(
+            f"sim.params: unknown key(s) {', '.join(map(str, unknown))} "
+            f"(allowed: {', '.join(SECTIONS)})"
+        )
     try:
         return profile_from_dict({"base": sim.profile, **params})
     except ConfigError as exc:
@@ -70,6 +82,12 @@ def model_digest(profile: Profile, sim: SimSection) -> str:
         "transfer_s": sim.transfer_s, "trainer_speed": [list(e) for e in sim.trainer_speed],
     }
     return "sim-" + digest_json({"profile": asdict(profile), "sim": settings})
+
+
+def sim_model_digest(cfg: Config) -> str:
+    """:func:`model_digest` of ``cfg`` (what :func:`build_sim` puts in ``SimParts``), for a
+    caller that needs the root of the lineage before the buffer exists."""
+    return model_digest(resolve_profile(cfg.sim), cfg.sim)
 
 
 def build_sim(cfg: Config, clock: Clock, buf: SampleBuffer) -> SimParts:
@@ -93,4 +111,7 @@ def build_sim(cfg: Config, clock: Clock, buf: SampleBuffer) -> SimParts:
     return SimParts(engine_factory, scorer, trainer, digest, profile, draws)
 
 
-__all__ = ["HANG_FACTOR", "SimParts", "build_sim", "model_digest", "resolve_profile"]
+__all__ = [
+    "HANG_FACTOR", "SECTIONS", "SimParts", "build_sim", "model_digest", "resolve_profile",
+    "sim_model_digest",
+]

@@ -23,7 +23,8 @@ How a request goes through it::
     emit                 Completion((), (), (), sample id, "length" at the cap else "stop",
                          gen_s = (finish - arrival) x time_scale, n_tokens = L)
 
-The driver is a loop timer (``loop.call_at``), not a task that sleeps: on a
+The driver is a loop timer, not a task that sleeps: every engine of a loop sets
+its next wakeup in one shared heap, served by one ``loop.call_at`` timer. On a
 :class:`~freshroll.clock.VirtualClock` the loop jumps to it exactly as to an
 ``asyncio.sleep``, and an event costs a callback instead of a task switch.
 
@@ -44,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import math
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -51,7 +53,7 @@ from typing import Any
 from freshroll.engines.base import FINISH_LENGTH, FINISH_STOP, Completion
 from freshroll.errors import WorkerLost
 from freshroll.runtime.seams import Emit, GenRequest, SamplingParams
-from freshroll.sim.batching import ContinuousBatcher, Finished
+from freshroll.sim.batching import _BELOW, ContinuousBatcher, Finished
 from freshroll.sim.keyed import KeyedDraws
 
 
@@ -82,6 +84,63 @@ class _Job:
     start: float = math.nan  # its first turn got a slot (model seconds)
 
 
+class _Wakeups:
+    """One loop timer for every simulated engine of a loop: a heap of ``(loop time, seq,
+    engine)``. An entry is live while the engine's ``_wake_seq`` is its seq (re-arming
+    pushes a new entry, the old one is skipped when it comes up)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._heap: list[tuple[float, int, SimEngine]] = []
+        self._seq = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf
+        self._firing = False
+
+    def schedule(self, engine: SimEngine, when: float) -> int:
+        """Wake ``engine`` at loop time ``when``; the entry's seq."""
+        self._seq += 1
+        heapq.heappush(self._heap, (when, self._seq, engine))
+        if when < self._timer_at and not self._firing:
+            self._arm(when)
+        return self._seq
+
+    def _arm(self, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = when
+        self._timer = self._loop.call_at(when, self._fire)
+
+    def _fire(self) -> None:
+        heap = self._heap
+        limit = max(self._timer_at, self._loop.time())  # the loop may fire a hair early
+        self._timer, self._timer_at = None, math.inf
+        self._firing = True  # wakeups set meanwhile only join the heap
+        try:
+            while heap and heap[0][0] <= limit:
+                when, seq, engine = heapq.heappop(heap)
+                if engine._wake_seq == seq:
+                    engine._on_timer(when)
+        finally:
+            self._firing = False
+            while heap and heap[0][2]._wake_seq != heap[0][1]:  # drop dead entries on top
+                heapq.heappop(heap)
+            if heap:
+                self._arm(heap[0][0])
+
+
+_WAKEUPS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Wakeups] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _wakeups(loop: asyncio.AbstractEventLoop) -> _Wakeups:
+    w = _WAKEUPS.get(loop)
+    if w is None:
+        w = _WAKEUPS[loop] = _Wakeups(loop)
+    return w
+
+
 class SimEngine:
     """One simulated inference worker (see the module docstring)."""
 
@@ -101,11 +160,15 @@ class SimEngine:
         self._single_turn = draws.profile.tools.turns == 1
         self._batcher = ContinuousBatcher(draws.profile.server)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = math.inf  # model time the timer is set for
+        self._wakeups: _Wakeups | None = None
+        self._wake_seq = -1  # the live entry in the loop's wakeups (-1: none)
+        self._timer_at = math.inf  # model time the wakeup is set for
         self._jobs: dict[str, _Job] = {}  # open requests by sample id
         self._running: dict[int, _Job] = {}  # batcher request id -> job
         self._tools: list[tuple[float, int, _Job]] = []  # heap: (tool returns at, seq, job)
+        self._rest_of: dict[int, float] = {}  # batcher id of a turn but the last -> least after
+        #: heap: (lower bound on the job's last finish, seq, job, turn after the tool call)
+        self._tool_bounds: list[tuple[float, int, _Job, int]] = []
         self._seq = 0
         self._closed = False
         self._emitted = 0
@@ -165,6 +228,7 @@ class SimEngine:
             job.cancelled = True
             if job.rid >= 0:
                 del self._running[job.rid]
+                self._rest_of.pop(job.rid, None)
                 self._batcher.cancel(job.rid, now)
             self._cancelled += 1
             self._close_one(job.call)
@@ -176,13 +240,13 @@ class SimEngine:
         if self._closed:
             return
         self._closed = True
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._wake_seq = -1
         calls = {id(j.call): j.call for j in self._jobs.values()}
         self._jobs.clear()
         self._running.clear()
         self._tools.clear()
+        self._tool_bounds.clear()
+        self._rest_of.clear()
         for call in calls.values():
             if not call.done.done():
                 call.done.set_exception(WorkerLost(f"simulated engine {self.name} closed"))
@@ -203,6 +267,7 @@ class SimEngine:
         loop = asyncio.get_running_loop()
         if self._loop is None:
             self._loop = loop
+            self._wakeups = _wakeups(loop)
         elif loop is not self._loop:
             raise RuntimeError(f"{self.name}: used from two event loops")
         return loop
@@ -221,6 +286,8 @@ class SimEngine:
     def _submit(self, job: _Job, at: float, prefill: int) -> None:
         job.rid = rid = self._batcher.submit(at, prefill, job.segments[job.turn])
         self._running[rid] = job
+        if job.turn + 1 < len(job.segments):  # not the last turn: what it still needs after
+            self._rest_of[rid] = job.tool_s[job.turn] + self._least_from(job, job.turn + 1)
 
     def _run_until(self, t: float) -> None:
         """Apply batcher events and tool returns at or before ``t``, in time order (a batcher
@@ -244,24 +311,44 @@ class SimEngine:
                 self._submit(job, ts, self._output_tokens)
 
     def _rearm(self) -> None:
-        """Set the timer to the next batcher event or tool return (no-op if already there)."""
+        """Set the wakeup to the next time a request may be emitted (no-op if already there).
+
+        That is ``max(the next event, a lower bound on the next final finish)``: joins,
+        tool returns and earlier turns change nothing outside the engine, so they are
+        applied when the engine next wakes (or at the next generate / cancel), in time
+        order, exactly as if it had woken for each. The bound is the batcher's
+        (:meth:`~ContinuousBatcher.finish_bound`) or, for a request in a tool call, the
+        tool's return plus the least its remaining turns can take.
+        """
         te = self._batcher.next_event_time()
         t = math.inf if te is None else te
-        if self._tools and self._tools[0][0] < t:
-            t = self._tools[0][0]
+        tools = self._tools
+        if tools and tools[0][0] < t:
+            t = tools[0][0]
+        if t < math.inf:
+            fb = self._batcher.finish_bound(None if self._single_turn else self._rest_of)
+            bound = math.inf if fb is None else fb
+            pending = self._tool_bounds
+            while pending and (pending[0][2].rid != -1 or pending[0][2].turn != pending[0][3]
+                               or pending[0][2].cancelled):
+                heapq.heappop(pending)  # submitted or cancelled since
+            if pending and pending[0][0] < bound:
+                bound = pending[0][0]
+            t = max(t, bound)  # inf: nothing can be emitted without a new call
         if t == self._timer_at:
             return
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
         self._timer_at = t
         if t < math.inf:
-            assert self._loop is not None
-            self._timer = self._loop.call_at(t * self._scale, self._on_timer)
+            assert self._wakeups is not None
+            self._wake_seq = self._wakeups.schedule(self, t * self._scale)
+        else:
+            self._wake_seq = -1
 
-    def _on_timer(self) -> None:
-        self._timer = None
-        t = max(self._timer_at, self._model_now())  # the loop may fire a hair early or late
+    def _on_timer(self, when: float) -> None:
+        """The wakeup set for ``when`` (loop time) came (the loop may be a hair early or late:
+        the engine applies what is due at the later of the two)."""
+        self._wake_seq = -1
+        t = max(self._timer_at, self._model_now())
         self._timer_at = math.inf
         try:
             self._run_until(t)
@@ -273,12 +360,17 @@ class SimEngine:
     def _finished(self, f: Finished) -> None:
         job = self._running.pop(f.request)
         job.rid = -1
+        self._rest_of.pop(f.request, None)
         if job.turn == 0:
             job.start = f.start
         if job.turn + 1 < len(job.segments):  # a tool call, then the next turn
-            heapq.heappush(self._tools, (f.finish + job.tool_s[job.turn], self._seq, job))
-            self._seq += 1
+            back = f.finish + job.tool_s[job.turn]
+            heapq.heappush(self._tools, (back, self._seq, job))
             job.turn += 1
+            heapq.heappush(self._tool_bounds, (
+                (back + self._least_from(job, job.turn)) * _BELOW, self._seq, job, job.turn,
+            ))
+            self._seq += 1
             return
         del self._jobs[job.sample]
         if self.timeline is not None:
@@ -296,6 +388,17 @@ class SimEngine:
                 call.done.set_exception(exc)
         self._close_one(call)
 
+    def _least_from(self, job: _Job, turn: int) -> float:
+        """The least time from the submission of ``turn`` to the end of the job's last turn:
+        each later turn prefills the tool output, every token takes at least ``t0 + t1``,
+        and the tool calls between take their latency."""
+        server = self.draws.profile.server
+        per_token = server.step_s + server.step_s_per_seq
+        prefill = self._output_tokens * server.prefill_s_per_token
+        return (len(job.segments) - turn) * prefill + sum(job.segments[turn:]) * per_token + sum(
+            job.tool_s[turn:]
+        )
+
     @staticmethod
     def _close_one(call: _Call) -> None:
         call.open -= 1
@@ -309,6 +412,8 @@ class SimEngine:
         self._jobs.clear()
         self._running.clear()
         self._tools.clear()
+        self._tool_bounds.clear()
+        self._rest_of.clear()
         self._closed = True
 
 

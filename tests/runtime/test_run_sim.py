@@ -1,0 +1,80 @@
+"""``rollout.engine: sim`` through ``freshroll run``'s recipe: components from
+``freshroll.sim.components.build_sim`` (here an async stand-in with the same contract), no
+model loaded, the virtual clock started where the ledger ends on resume."""
+
+from __future__ import annotations
+
+import io
+import sqlite3
+import sys
+import types
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from async_fakes import Factory, Scorer, Trainer
+
+from freshroll.config import load_config
+from freshroll.harness.verify import verify_run
+from freshroll.runtime import run as run_mod
+
+
+@dataclass
+class _Parts:
+    engine_factory: Any
+    scorer: Any
+    trainer: Any
+    model_digest: str = "sim-stand-in"
+
+
+@pytest.fixture
+def sim_module(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    calls: list[Any] = []
+
+    def build_sim(cfg: Any, clock: Any, buf: Any) -> _Parts:
+        calls.append((cfg, clock, buf))
+        return _Parts(Factory(base_s=1.0, startup_s=3.0), Scorer(), Trainer(0.5))
+
+    module = types.ModuleType("freshroll.sim.components")
+    module.build_sim = build_sim  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "freshroll.sim.components", module)
+    return calls
+
+
+def _ts(out: Path) -> list[tuple[str, float]]:
+    db = sqlite3.connect(out / "ledger.sqlite")
+    try:
+        return [(k, t) for k, t in db.execute(
+            "SELECT kind, json_extract(body, '$.ts') FROM events ORDER BY seq")]
+    finally:
+        db.close()
+
+
+@pytest.mark.slow
+def test_a_sim_run_uses_the_virtual_clock_and_resumes_forward_in_time(
+    tmp_path: Path, sim_module: list[Any],
+):
+    over = ["rollout.engine=sim", "sim.clock=virtual", "run.progress=false",
+            "task.n_prompts=64", "rollout.group_size=4", "rollout.batch_groups=2",
+            "rollout.workers=3", "rollout.worker_batch=4"]
+    out = tmp_path / "run"
+    result = run_mod.run(load_config(None, [*over, "run.steps=30"]), out, stream=io.StringIO())
+    assert result.ok, verify_run(out).render()
+    [(_, clock, _)] = sim_module
+    assert type(clock).__name__ == "VirtualClock"
+    assert not (out / "model").exists() and not (out / "checkpoints").exists()
+    first = _ts(out)
+    assert first[0] == ("opened", 0.0)
+    end = first[-1][1]
+    assert end > 20  # virtual seconds: engines sleep ~1 s per request, the trainer 0.5 s a step
+
+    cfg = load_config(None, [*over, "run.steps=40"])
+    result = run_mod.run(cfg, out, resume=True, stream=io.StringIO())
+    assert result.ok, verify_run(out).render()
+    events = _ts(out)
+    reopened = [t for k, t in events if k == "opened"]
+    assert len(reopened) == 2 and reopened[1] >= end  # time never goes back
+    stamps = [t for _, t in events]
+    assert stamps == sorted(stamps)
+    assert result.summary is not None
