@@ -1,12 +1,12 @@
 # freshroll: two commands on a fresh machine.
 #   make demo   set up .venv, train the embedded default (async) and its synchronous baseline
 #   make test   set up .venv, run lint, type checks and the whole test suite
-#   (make test-fast: the unit tests only, for your own loop)
+#   (make test-fast: the unit tests only, for your own loop; make bench: docs/bench.md's tables)
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup demo test test-fast lint typecheck bench clean
+.PHONY: setup demo test test-fast lint typecheck bench bench-quick clean
 
 setup: $(VENV)/.installed
 
@@ -37,8 +37,18 @@ test: lint typecheck
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow" -x
 
+# the tables of docs/bench.md (sync vs static vs adaptive: P1, P2, P3 on both clocks, and the
+# real embedded default), then the kernel's own throughput (docs/kernel.md)
 bench: setup
+	$(BIN)/freshroll bench configs/sim-p1.yaml --clock both --out runs/bench-sim-p1
+	$(BIN)/freshroll bench configs/sim-p2.yaml --clock both --out runs/bench-sim-p2
+	$(BIN)/freshroll bench configs/sim-p3.yaml --clock both --out runs/bench-sim-p3
+	$(BIN)/freshroll bench --out runs/bench-default
 	$(BIN)/python benchmarks/kernel_throughput.py
+
+# the CI smoke run of the bench: seconds
+bench-quick: setup
+	$(BIN)/freshroll bench configs/sim-p2.yaml --quick --clock both --out runs/bench-quick
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -10,19 +10,26 @@ Usage::
 
     .venv/bin/python benchmarks/sim_calibration.py                 # the documented table
     .venv/bin/python benchmarks/sim_calibration.py --samples 65536 --seed 3
+    .venv/bin/python benchmarks/sim_calibration.py --engine P1 P2 P3    # + the engine alone
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import time
 from collections.abc import Callable
 
 import numpy as np
 
+from freshroll.clock import VirtualClock
+from freshroll.engines.base import Completion
+from freshroll.runtime.seams import GenRequest, SamplingParams
 from freshroll.sim import PROFILES, simulate_batch
 from freshroll.sim.calibrate import Calibration, calibrate, markdown_table
 from freshroll.sim.draws import completion_lengths, prompt_lengths
+from freshroll.sim.engine import SimEngine
+from freshroll.sim.keyed import KeyedDraws
 
 SAMPLES = 8192
 SEED = 0
@@ -58,15 +65,63 @@ def batching_rate(requests: int = 50_000, seed: int = SEED) -> float:
     return len(lengths) / (time.perf_counter() - t)
 
 
+def engine_rate(
+    profile: str = "P2", workers: int = 256, samples: int = 262_144, lanes: int = 16,
+    group: int = 8, seed: int = SEED,
+) -> tuple[int, float, float, float]:
+    """The simulated engine alone in virtual time: ``workers`` SimEngines, each kept busy by
+    ``lanes`` callers that generate one group of ``group`` after another (``lanes x group``
+    in flight per engine). Returns ``(samples, wall seconds, CPU seconds, simulated seconds)``
+    (CPU seconds of this process: less sensitive than wall time to a busy machine)."""
+    draws = KeyedDraws(PROFILES[profile], seed)
+    clock = VirtualClock()
+    params = SamplingParams(max_new_tokens=1)
+    per_lane = max(1, samples // (workers * lanes * group))
+    emitted = 0
+
+    def emit(i: int, c: Completion) -> None:
+        nonlocal emitted
+        emitted += 1
+
+    async def lane(engine: SimEngine, name: str) -> None:
+        for k in range(per_lane):
+            g = f"g{name}x{k}"
+            requests = [GenRequest(f"{g}.{m}#0", g, g, "", 0) for m in range(group)]
+            await engine.generate(requests, params, 0, emit)
+
+    async def run() -> None:
+        engines = [SimEngine(f"w{w}", draws) for w in range(workers)]
+        async with asyncio.TaskGroup() as tg:
+            for w, engine in enumerate(engines):
+                for j in range(lanes):
+                    tg.create_task(lane(engine, f"{w}_{j}"))
+
+    t, cpu = time.perf_counter(), time.process_time()
+    clock.run(run())
+    return emitted, time.perf_counter() - t, time.process_time() - cpu, clock.now()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, default=SAMPLES)
     ap.add_argument("--seed", type=int, default=SEED)
+    ap.add_argument("--engine", nargs="*", default=None, metavar="PROFILE",
+                    help="also time the simulated engine alone (e.g. --engine P1 P2 P3)")
+    ap.add_argument("--engine-samples", type=int, default=262_144)
     args = ap.parse_args()
     print(f"calibration: {args.samples} samples per row (groups of 8), seed {args.seed}\n")
     print(markdown_table(documented(args.samples, args.seed)))
     print(f"\ncontinuous batching, one core: {batching_rate(seed=args.seed):,.0f} "
           "simulated requests per wall second (P2, 256 slots, ~90% load)")
+    if args.engine:
+        print("\nthe simulated engine alone, virtual time, 256 engines x 128 in flight:")
+        for name in args.engine:
+            n, wall, cpu, simulated = engine_rate(
+                name, samples=args.engine_samples, seed=args.seed
+            )
+            print(f"  {name}: {n:,} samples in {wall:.1f} s wall ({cpu:.1f} s CPU): "
+                  f"{n / wall:,.0f} samples per wall second, {n / cpu:,.0f} per CPU second "
+                  f"({simulated:,.0f} simulated seconds)")
 
 
 if __name__ == "__main__":

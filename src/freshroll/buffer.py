@@ -45,7 +45,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, NoReturn
 
 from freshroll import events as ev
 from freshroll.clock import Clock
@@ -67,6 +67,7 @@ from freshroll.state import (
     DISCARDED,
     G_DONE,
     G_LEASED,
+    G_READY,
     G_RUNNING,
     GENERATED,
     QUEUED,
@@ -77,6 +78,24 @@ from freshroll.state import (
     _Group,
     _Request,
 )
+
+
+@dataclass(frozen=True, slots=True)
+class GroupStatus:
+    """A running group (admitted, not yet ready or ended), as :meth:`SampleBuffer.running_groups`
+    reports it: what a tail rule (:mod:`freshroll.control_tail`) needs."""
+
+    group: GroupId
+    size: int
+    started_at: float | None  # ts of the first attempt of any member; None: none started yet
+    done: int  # members generated or rewarded
+    running: tuple[tuple[SampleId, str, int], ...]  # (sample, worker, epoch), running attempts
+    queued: tuple[RequestId, ...]  # members waiting for a (new) attempt
+
+    @property
+    def open(self) -> int:
+        """Members still to finish: running or queued."""
+        return len(self.running) + len(self.queued)
 
 
 class Outcome(Enum):
@@ -211,7 +230,7 @@ class SampleBuffer(BufferState):
         gid = group_id(len(self._groups))
         self._emit(ev.Requested(
             ts=self.clock.now(), group=gid, prompt_id=prompt_id, size=self.config.group_size,
-            version=str(self.version),
+            version=self._version_str,
         ))
         return gid
 
@@ -253,17 +272,22 @@ class SampleBuffer(BufferState):
         self, request: str, worker: str, epoch: int, version: PolicyVersion | str
     ) -> SampleId:
         """Start a new attempt of a queued request on a live worker epoch."""
-        req = self._request(request)
+        req = self._requests.get(request)  # type: ignore[call-overload]
+        if req is None:
+            raise UnknownSampleError(f"unknown request {request!r}")
         if req.state != QUEUED:
             raise StateError(f"request {request} is not queued (state {_STATE_NAMES[req.state]})")
-        if (worker, epoch) in self._fenced or self._epochs.get(worker) != epoch:
+        if self._epochs.get(worker) != epoch or (worker, epoch) in self._fenced:
             raise StateError(f"worker {worker} epoch {epoch} is fenced or unknown")
-        if str(version) not in self._published:
+        v = version if type(version) is str else str(version)
+        if v not in self._published:
             raise StateError(f"policy version {version} was never published in this run")
         sid = sample_id(req.id, req.attempt + 1)
-        self._emit(ev.Started(
-            ts=self.clock.now(), sample=sid, worker=worker, epoch=epoch, version=str(version)
-        ))
+        event = ev.Started(ts=self.clock.now(), sample=sid, worker=worker, epoch=epoch, version=v)
+        if self.closed:
+            self._refuse(event)
+        self.ledger.append(event)
+        self._started(req, event)
         return sid
 
     # == results =====================================================================
@@ -284,32 +308,45 @@ class SampleBuffer(BufferState):
         ``fenced``. (A sample id can be issued again after a crash lost its ``started``
         event, so a worker that outlived the crash must not complete the new attempt.)
         """
-        req = self._live_result(sample, RUNNING, worker)
-        if req is None:
-            return Outcome.REJECTED
+        req = self._requests.get(request_of(sample))
+        if (req is None or req.state != RUNNING or req.sample != sample
+                or req.worker in self._fenced or (worker is not None and worker != req.worker)):
+            req = self._live_result(sample, RUNNING, worker)  # rejects (or raises)
+            if req is None:
+                return Outcome.REJECTED
         if payload is not None:
             self.ledger.put_payload(sample, payload)
-            self._payloads[SampleId(sample)] = payload
-        self._emit(ev.Generated(
+            self._payloads[req.sample] = payload  # type: ignore[index]
+        event = ev.Generated(
             ts=self.clock.now(), sample=sample, tokens=tokens, gen_s=gen_s,
             last_version=None if last_version is None else str(last_version),
-        ))
+        )
+        if self.closed:
+            self._refuse(event)
+        self.ledger.append(event)
+        self._generated(req, event)
         return Outcome.ACCEPTED
 
     def reward(
         self, sample: str, value: float, reward_version: str, reward_s: float = 0.0
     ) -> Outcome:
         """Record the reward of a generated sample (NaN/inf discards it as reward_error)."""
-        req = self._live_result(sample, GENERATED)
-        if req is None:
-            return Outcome.REJECTED
+        req = self._requests.get(request_of(sample))
+        if req is None or req.state != GENERATED or req.sample != sample:
+            req = self._live_result(sample, GENERATED)  # rejects (or raises)
+            if req is None:
+                return Outcome.REJECTED
         if not math.isfinite(value):
             self.discard(sample, "reward_error", f"reward is {value}")
             return Outcome.ACCEPTED
-        self._emit(ev.Rewarded(
+        event = ev.Rewarded(
             ts=self.clock.now(), sample=sample, reward=value, reward_version=reward_version,
             reward_s=reward_s,
-        ))
+        )
+        if self.closed:
+            self._refuse(event)
+        self.ledger.append(event)
+        self._rewarded(req, event)
         self._settle(req.group)
         return Outcome.ACCEPTED
 
@@ -486,6 +523,58 @@ class SampleBuffer(BufferState):
         only a decision is kept, as :attr:`decision` (a resume restores its settings)."""
         self._emit(event)
 
+    def running_groups(self) -> list[GroupStatus]:
+        """Every running group (admitted, not yet ready or ended), oldest first.
+
+        Costs O(running groups x group size), not O(groups ever admitted).
+        """
+        out = []
+        for group in self._live.values():
+            done, running, queued = 0, [], []
+            for req in group.members:
+                if req.state == GENERATED or req.state == REWARDED:
+                    done += 1
+                elif req.state == RUNNING:
+                    running.append((req.sample, *req.worker))  # type: ignore[misc]
+                elif req.state == QUEUED:
+                    queued.append(req.id)
+            out.append(GroupStatus(group.id, len(group.members), group.started_at, done,
+                                   tuple(running), tuple(queued)))
+        return out
+
+    def request_state(self, request: str) -> str:
+        """``queued``, ``running``, ``generated``, ``rewarded``, ``committed`` or ``discarded``."""
+        return _STATE_NAMES[self._request(request_of(request)).state]
+
+    def recent_latencies(self) -> list[float]:
+        """Seconds from start to generated of the latest attempts (at most
+        :data:`freshroll.state.LATENCY_WINDOW`), by the events' timestamps, oldest first."""
+        return list(self.latencies)
+
+    def drop_group(self, group: str, reason: ev.DiscardReason, detail: str = "") -> int:
+        """End a running group whole: every member not yet ended is discarded with ``reason``
+        (terminal), the rewarded ones too. Returns how many requests this ended.
+
+        Unfinished members first, one by one; if rewarded members are left, their group is
+        then ready and is discarded whole, as a stale group is (a crash in between: recovery
+        completes the whole-group discard)."""
+        if reason in ev.RETRY_REASONS or reason == "stale":
+            raise StateError(f"a group cannot be dropped as {reason!r}")
+        g = self._groups.get(GroupId(group))
+        if g is None:
+            raise UnknownSampleError(f"unknown group {group!r}")
+        if g.state != G_RUNNING:
+            raise StateError(f"group {group} is not running (it is ready, leased or ended)")
+        ended = 0
+        for req in g.members:
+            if req.state in (QUEUED, RUNNING, GENERATED):
+                self.discard(req.id, reason, detail)
+                ended += 1
+        if g.state == G_READY:
+            ended += len(g.samples)
+            self._discard_group(g, reason, detail)
+        return ended
+
     def group_of_sample(self, sample: str) -> tuple[GroupId, str]:
         group = self._request(request_of(sample)).group
         return group.id, group.prompt_id
@@ -514,10 +603,17 @@ class SampleBuffer(BufferState):
 
     # == internals ===================================================================
     def _emit(self, event: ev.Event) -> None:
+        """Append ``event`` and apply it through the handler that also replays it."""
         if self.closed and not isinstance(event, ev.Opened):
-            raise StateError(f"the buffer was shut down: no {type(event).__name__} after it")
+            self._refuse(event)
         self.ledger.append(event)
-        self.apply(event)
+        self._handlers[type(event)](event)
+
+    # The hot commands (start, complete, reward) append their event themselves, refuse it
+    # here when the buffer is closed, and apply it at once with the second half of its
+    # handler (``_started(req, event)``: the request is already found).
+    def _refuse(self, event: ev.Event) -> NoReturn:
+        raise StateError(f"the buffer was shut down: no {type(event).__name__} after it")
 
     def _require_version(self) -> PolicyVersion:
         if self.version is None:

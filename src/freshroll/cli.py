@@ -39,19 +39,21 @@ class _Guarded(click.Command):
         run_dir = _run_dir(ctx)
         with boundary.sigterm_as_sigint():
             try:
-                if self.name == "run":
+                if self.name in _RUNS:
                     _check_run_dir(ctx)
                 return super().invoke(ctx)
             except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit):
                 raise
             except BaseException as exc:  # the boundary: nothing else escapes as a traceback
-                out = boundary.outcome(exc, run_dir=run_dir, resumable=self.name == "run",
+                out = boundary.outcome(exc, run_dir=run_dir, resumable=self.name in _RUNS,
                                        reads_only=self.name in _READS_ONLY)
         click.echo(out.line, err=True)
         ctx.exit(out.status)
 
 
 _READS_ONLY = frozenset({"verify", "export", "timing", "report"})
+#: commands that write one run directory (``simulate`` resumes with ``run --resume``)
+_RUNS = frozenset({"run", "simulate"})
 
 
 class _Freshroll(click.Group):
@@ -61,7 +63,7 @@ class _Freshroll(click.Group):
 def _run_dir(ctx: click.Context) -> Path | None:
     """The command's run directory, from its arguments (``run``: as its body resolves it)."""
     p = ctx.params
-    if ctx.command.name != "run":
+    if ctx.command.name not in _RUNS:
         value = p.get("run_dir")
         return value if isinstance(value, Path) else None
     for key in ("resume_dir", "out"):
@@ -70,7 +72,7 @@ def _run_dir(ctx: click.Context) -> Path | None:
     config = p.get("config")
     if isinstance(config, Path) and not ("=" in str(config) and not config.exists()):
         return Path("runs") / config.stem
-    return Path("runs") / "default"
+    return Path("runs") / ("default" if ctx.command.name == "run" else "simulate")
 
 
 def _check_run_dir(ctx: click.Context) -> None:
@@ -259,35 +261,88 @@ def timing(run_dir: Path) -> None:
     )
 
 
-@main.command()
-@click.argument("run_dir", type=click.Path(path_type=Path))
-@click.option("--steps", default=50, show_default=True, help="Trainer steps to commit.")
-@click.option("--seed", default=0, show_default=True)
-@click.option("--faults/--no-faults", default=True, show_default=True,
-              help="Fence workers, duplicate results, NaN rewards, release leases.")
-@click.option("--max-staleness", default=1, show_default=True)
-@click.option("--batch-groups", default=4, show_default=True)
-@click.option("--group-size", default=4, show_default=True)
-def simulate(
-    run_dir: Path, steps: int, seed: int, faults: bool, max_staleness: int,
-    batch_groups: int, group_size: int,
-) -> None:
-    """Drive the lifecycle kernel with simulated workers (no model), then verify RUN_DIR."""
-    from freshroll.buffer import KernelConfig
-    from freshroll.harness.simulate import SimConfig
-    from freshroll.harness.simulate import simulate as run_sim
-    from freshroll.harness.verify import verify_run
+@main.command(epilog=EXIT_STATUSES)
+@click.argument("config", required=False, type=click.Path(path_type=Path))
+@click.argument("overrides", nargs=-1)
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Run directory (default: runs/<config name>).")
+def simulate(config: Path | None, overrides: tuple[str, ...], out: Path | None) -> None:
+    """A whole run on simulated engines: CONFIG.yaml [key=value ...] with rollout.engine sim.
 
+    The real pipeline, kernel and controller, on the simulated cluster of the config's sim
+    section (docs/simulation.md), in virtual time unless sim.clock is real. Writes the same
+    run directory, summary and report as a real run, and verifies it.
+    """
+    import time
+
+    from freshroll.config import load_config
+
+    if config is not None and "=" in str(config) and not config.exists():
+        overrides, config = (str(config), *overrides), None
     try:
-        kernel = KernelConfig(max_staleness, batch_groups, group_size)
-        buf = run_sim(run_dir, kernel, SimConfig(steps=steps, seed=seed, faults=faults))
+        cfg = load_config(config, (*overrides, "rollout.engine=sim"))
+        from freshroll.runtime.run import run as run_training
+
+        name = config.stem if config is not None else "simulate"
+        t0 = time.perf_counter()
+        result = run_training(cfg, out or Path("runs") / name)
+        wall = time.perf_counter() - t0
     except FreshrollError as exc:
         _fail(exc)
         return
-    click.echo(json.dumps(buf.stats()["counts"]))
-    report = verify_run(run_dir)
-    click.echo(report.render())
-    sys.exit(0 if report.ok else 1)
+    _print_result(result)
+    s = result.summary
+    click.echo(_simulated_line(wall, s["generated_rollouts"], s["accepted_rollouts"],
+                               s["wall_s"], cfg.sim.clock))
+    sys.exit(0 if result.ok else 1)
+
+
+def _simulated_line(wall: float, generated: int, accepted: int, sim_s: float, clock: str) -> str:
+    per_s = generated / wall if wall > 0 else 0.0
+    return (f"simulated: {generated} samples ({accepted} accepted) in {wall:.1f} s wall = "
+            f"{per_s:,.0f} simulated samples per wall second; simulated duration "
+            f"{sim_s:,.1f} s ({clock} clock)")
+
+
+@main.command(epilog=EXIT_STATUSES)
+@click.argument("config", required=False, type=click.Path(path_type=Path))
+@click.argument("overrides", nargs=-1)
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Output directory: one run directory per run, bench.md, bench.json "
+                   "(default: runs/bench-<config name>).")
+@click.option("--quick", is_flag=True, help="A smoke run of seconds: few steps, small shapes.")
+@click.option("--clock", "clock", type=click.Choice(["virtual", "real", "both"]),
+              default="virtual", show_default=True,
+              help="Simulated engines: the clock(s) to run on (a real model: always real).")
+def bench(config: Path | None, overrides: tuple[str, ...], out: Path | None, quick: bool,
+          clock: str) -> None:
+    """Stage capacities, then sync, static and adaptive runs side by side, in one table.
+
+    CONFIG.yaml [key=value ...] (no CONFIG: the embedded default, on the real HF engine).
+    Same workload and seed for every run; docs/bench.md defines every column.
+    """
+    from freshroll.config import load_config
+
+    if config is not None and "=" in str(config) and not config.exists():
+        overrides, config = (str(config), *overrides), None
+    try:
+        cfg = load_config(config, overrides)
+        from freshroll.bench.runner import bench as run_bench
+
+        name = config.stem if config is not None else "default"
+        clocks = ("virtual", "real") if clock == "both" else (clock,)
+        result = run_bench(cfg, out or Path("runs") / f"bench-{name}", workload=name,
+                           quick=quick, clocks=clocks, stream=sys.stderr)
+    except FreshrollError as exc:
+        _fail(exc)
+        return
+    from freshroll.bench.table import render_text
+
+    for table in result.tables:
+        click.echo(render_text(table))
+    click.echo(f"tables: {result.out / 'bench.md'} {result.out / 'bench.json'}")
+    ok = all(r["verify"] for t in result.tables for r in t["rows"])
+    sys.exit(0 if ok else 1)
 
 
 @main.command("export-model")

@@ -36,7 +36,11 @@ RETRY_REASONS: Final = frozenset({"fenced"})
 RejectReason = Literal["fenced", "duplicate", "not_running"]
 
 
-class Event(msgspec.Struct, frozen=True, tag_field="kind", kw_only=True):
+class Event(msgspec.Struct, frozen=True, tag_field="kind", kw_only=True, gc=False):
+    """``gc=False``: events hold only strings, numbers and lists/dicts of them, so they can
+    be in no reference cycle; the garbage collector need not track the thousands a ledger
+    holds between flushes (the JSON is the same)."""
+
     ts: float
 
 

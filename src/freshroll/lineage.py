@@ -31,7 +31,7 @@ import json
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, NewType
+from typing import Any, NewType, cast
 
 from freshroll.errors import LineageError
 
@@ -81,16 +81,24 @@ def digest_callable(fn: Callable[..., Any]) -> str:
 
 # --- group / request / sample ids -------------------------------------------------
 
+# The builders and splitters below are on the kernel's hot path: they return plain ``str``
+# typed as the NewType (a NewType call is a Python-level call, for nothing at run time).
+
 def group_id(n: int) -> GroupId:
-    return GroupId(f"g{n}")
+    return f"g{n}"  # type: ignore[return-value]
 
 
 def request_id(group: GroupId, member: int) -> RequestId:
-    return RequestId(f"{group}.{member}")
+    return f"{group}.{member}"  # type: ignore[return-value]
+
+
+def request_ids(group: GroupId, size: int) -> list[RequestId]:
+    """``[request_id(group, 0), ..., request_id(group, size - 1)]``."""
+    return cast("list[RequestId]", [f"{group}.{m}" for m in range(size)])
 
 
 def sample_id(request: RequestId, attempt: int) -> SampleId:
-    return SampleId(f"{request}#{attempt}")
+    return f"{request}#{attempt}"  # type: ignore[return-value]
 
 
 # Ids parse only in their canonical form (``str(parse(t)) == t``): ASCII digits without
@@ -118,12 +126,12 @@ def parse_sample_id(text: str) -> tuple[RequestId, int]:
 
 def group_of(request: str) -> GroupId:
     """The group of a request or sample id (no validation, hot path)."""
-    return GroupId(request.partition(".")[0])
+    return request.partition(".")[0]  # type: ignore[return-value]
 
 
 def request_of(sample: str) -> RequestId:
     """The request of a sample id (no validation, hot path)."""
-    return RequestId(sample.partition("#")[0])
+    return sample.partition("#")[0]  # type: ignore[return-value]
 
 
 # --- versions ---------------------------------------------------------------------

@@ -28,13 +28,14 @@ from freshroll.lineage import (
     RequestId,
     SampleId,
     policy_step,
-    request_id,
+    request_ids,
     request_of,
 )
 
 QUEUED, RUNNING, GENERATED, REWARDED, COMMITTED, DISCARDED = range(6)
 G_RUNNING, G_READY, G_LEASED, G_DONE = range(4)
 _STATE_NAMES = ("queued", "running", "generated", "rewarded", "committed", "discarded")
+LATENCY_WINDOW = 512  # latencies kept in BufferState.latencies
 
 @dataclass(slots=True)
 class _Request:
@@ -46,6 +47,7 @@ class _Request:
     worker: tuple[str, int] | None = None
     step: int = -1  # policy step its current attempt was generated with
     reward: float = math.nan
+    started_at: float = math.nan  # ts of its current attempt's start
 
 
 @dataclass(slots=True)
@@ -58,6 +60,7 @@ class _Group:
     samples: list[SampleId] = field(default_factory=list)  # rewarded samples, in order
     dropping: ev.DiscardReason | None = None  # set once a whole-group discard has begun
     oldest: int = 2**62  # oldest policy step among its rewarded samples (its staleness)
+    started_at: float | None = None  # ts of the first attempt of any member
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +77,7 @@ class BufferState:
 
     def __init__(self) -> None:
         self.version: PolicyVersion | None = None
+        self._version_str = ""  # str(self.version), as the ledger wrote it (canonical)
         self.incarnation = -1
         self._groups: dict[GroupId, _Group] = {}
         self._requests: dict[RequestId, _Request] = {}
@@ -85,12 +89,17 @@ class BufferState:
         self._fenced: set[tuple[str, int]] = set()
         self._inflight: dict[tuple[str, int], set[SampleId]] = {}
         self._payloads: dict[SampleId, bytes] = {}
-        self._published: set[str] = set()  # every policy version the ledger has made current
+        #: every policy version the ledger has made current -> its step
+        self._published: dict[str, int] = {}
         self.retired: set[str] = set()  # workers retired or stopped: their names never return
         self.decision: ev.ControllerDecided | None = None  # the last live-settings decision
         self.closed = False  # a clean shutdown was recorded (until the next open)
         self.accepted = self.running = 0  # groups, for admission
-        self.counts: Counter[str] = Counter()  # accounting, recomputed by verify
+        self._counts: Counter[str] = Counter()  # accounting (see counts), but for ...
+        self._started_n = self._generated_n = self._rewarded_n = 0  # ... the per-sample three
+        self._live: dict[GroupId, _Group] = {}  # groups running (admitted, not ready or ended)
+        #: started -> generated seconds of the latest attempts, by event ts (tail deadlines)
+        self.latencies: deque[float] = deque(maxlen=LATENCY_WINDOW)
         self._handlers: dict[type, Callable[[Any], None]] = {
             ev.Opened: self._on_opened, ev.PolicyPublished: self._on_published,
             ev.Requested: self._on_requested, ev.WorkerStarted: self._on_worker_started,
@@ -103,6 +112,22 @@ class BufferState:
             ev.Closed: self._on_closed, ev.RunConfig: _noop, ev.SettingsChanged: _noop,
             ev.WorkerReady: _noop, ev.ControllerDecided: self._on_decided,
         }
+
+    @property
+    def counts(self) -> Counter[str]:
+        """The accounting counters (recomputed from the ledger by verify): ``requests``,
+        ``started``, ``generated``, ``rewarded``, ``committed``, ``steps``,
+        ``discarded_<reason>``, ``rejected_<reason>``; a key is present once it is > 0.
+
+        The three per-sample counters are kept as plain ints (a ``Counter`` increment
+        costs more than the rest of their handler) and brought up to date on each access.
+        """
+        counts = self._counts
+        for key, n in (("started", self._started_n), ("generated", self._generated_n),
+                       ("rewarded", self._rewarded_n)):
+            if n:
+                counts[key] = n
+        return counts
 
     def apply(self, event: ev.Event) -> None:
         self._handlers[type(event)](event)
@@ -123,20 +148,23 @@ class BufferState:
 
     def _on_published(self, e: ev.PolicyPublished) -> None:
         self.version = PolicyVersion.parse(e.version)
-        self._published.add(e.version)
+        self._version_str = e.version
+        self._published[e.version] = self.version.step
 
     def _on_requested(self, e: ev.Requested) -> None:
         group = _Group(GroupId(e.group), e.prompt_id, open=e.size)
         if group.id in self._groups:
             raise StateError(f"group {group.id} admitted twice")
         self._groups[group.id] = group
-        for m in range(e.size):
-            req = _Request(request_id(group.id, m), group)
-            group.members.append(req)
-            self._requests[req.id] = req
-            self._queue.append(req)
+        self._live[group.id] = group
+        members, requests = group.members, self._requests
+        for rid in request_ids(group.id, e.size):
+            req = _Request(rid, group)
+            members.append(req)
+            requests[rid] = req
+        self._queue.extend(members)
         self.running += 1
-        self.counts["requests"] += e.size
+        self._counts["requests"] += e.size
 
     def _on_worker_started(self, e: ev.WorkerStarted) -> None:
         self._epochs[e.worker] = e.epoch
@@ -154,37 +182,56 @@ class BufferState:
         """Every worker the ledger has registered, in order of first registration."""
         return list(self._epochs)
 
+    # The per-sample handlers come in two halves: ``_on_x(event)`` finds the request (replay),
+    # ``_x(req, event)`` changes state. A command that has already found the request calls
+    # the second half directly: the same code runs live and on replay.
     def _on_started(self, e: ev.Started) -> None:
-        req = self._requests[request_of(e.sample)]
+        self._started(self._requests[request_of(e.sample)], e)
+
+    def _started(self, req: _Request, e: ev.Started) -> None:
         if req.state != QUEUED:
             raise StateError(f"start of {e.sample}: request not queued")
-        if self._queue[0] is req:
-            self._queue.popleft()
+        queue = self._queue
+        if queue[0] is req:
+            queue.popleft()
         else:
-            self._queue.remove(req)
-        req.state, req.attempt, req.sample = RUNNING, req.attempt + 1, SampleId(e.sample)
-        req.worker, req.step = (e.worker, e.epoch), policy_step(e.version)
-        self._inflight[req.worker].add(req.sample)
-        self.counts["started"] += 1
+            queue.remove(req)
+        step = self._published.get(e.version)
+        req.state, req.attempt, req.sample = RUNNING, req.attempt + 1, e.sample  # type: ignore[assignment]
+        req.worker = worker = (e.worker, e.epoch)
+        req.step = policy_step(e.version) if step is None else step
+        req.started_at = e.ts
+        if req.group.started_at is None:
+            req.group.started_at = e.ts
+        self._inflight[worker].add(e.sample)  # type: ignore[arg-type]
+        self._started_n += 1
 
     def _on_generated(self, e: ev.Generated) -> None:
-        req = self._requests[request_of(e.sample)]
+        self._generated(self._requests[request_of(e.sample)], e)
+
+    def _generated(self, req: _Request, e: ev.Generated) -> None:
         req.state = GENERATED
+        self.latencies.append(e.ts - req.started_at)
         self._inflight[req.worker].discard(req.sample)  # type: ignore[index]
-        self.counts["generated"] += 1
+        self._generated_n += 1
 
     def _on_rewarded(self, e: ev.Rewarded) -> None:
-        req = self._requests[request_of(e.sample)]
+        self._rewarded(self._requests[request_of(e.sample)], e)
+
+    def _rewarded(self, req: _Request, e: ev.Rewarded) -> None:
         req.state, req.reward = REWARDED, e.reward
-        req.group.open -= 1
-        req.group.samples.append(SampleId(e.sample))
-        req.group.oldest = min(req.group.oldest, req.step)
-        self.counts["rewarded"] += 1
+        group = req.group
+        group.open -= 1
+        group.samples.append(e.sample)  # type: ignore[arg-type]
+        if req.step < group.oldest:
+            group.oldest = req.step
+        self._rewarded_n += 1
 
     def _on_ready(self, e: ev.Ready) -> None:
         group = self._groups[GroupId(e.group)]
         group.state = G_READY
         self._ready.append(group)
+        self._live.pop(group.id, None)
         self.running -= 1
         self.accepted += 1
 
@@ -212,10 +259,11 @@ class BufferState:
         for sid in lease.samples:
             self._requests[request_of(sid)].state = COMMITTED
             self._payloads.pop(sid, None)
-        self.counts["committed"] += len(lease.samples)
-        self.counts["steps"] += 1
+        self._counts["committed"] += len(lease.samples)
+        self._counts["steps"] += 1
         self.version = PolicyVersion.parse(e.version)
-        self._published.add(e.version)
+        self._version_str = e.version
+        self._published[e.version] = self.version.step
 
     def _on_discarded(self, e: ev.Discarded) -> None:
         req = self._requests[RequestId(e.request)]
@@ -226,7 +274,7 @@ class BufferState:
             self._inflight[req.worker].discard(req.sample)
         if req.sample is not None:
             self._payloads.pop(req.sample, None)
-        self.counts[f"discarded_{e.reason}"] += 1
+        self._counts[f"discarded_{e.reason}"] += 1
         if e.reason in ev.RETRY_REASONS:
             req.state = QUEUED
             self._queue.appendleft(req)
@@ -243,10 +291,11 @@ class BufferState:
         group.open -= 1
         if group.open == 0 and not group.samples and group.state == G_RUNNING:
             group.state = G_DONE
+            self._live.pop(group.id, None)
             self.running -= 1
 
     def _on_rejected(self, e: ev.Rejected) -> None:
-        self.counts[f"rejected_{e.reason}"] += 1
+        self._counts[f"rejected_{e.reason}"] += 1
 
 
 def _noop(event: ev.Event) -> None:

@@ -28,12 +28,12 @@ from hypothesis.stateful import (
     invariant,
     rule,
 )
+from kernel_driver import SimConfig, Simulator
 
 from freshroll import events as ev
 from freshroll.buffer import KernelConfig, Outcome, SampleBuffer, replay_ledger
 from freshroll.clock import VirtualClock
 from freshroll.errors import LeaseError, StateError, UnknownSampleError
-from freshroll.harness.simulate import SimConfig, Simulator
 from freshroll.harness.verify import verify_ledger
 from freshroll.ledger import Ledger
 from freshroll.lineage import PolicyVersion, RewardVersion

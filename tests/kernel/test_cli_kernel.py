@@ -1,4 +1,5 @@
-"""The kernel commands of the CLI: ``simulate``, ``export``, ``timing`` (and their errors)."""
+"""The kernel commands of the CLI: ``export``, ``timing`` (and their errors), on a run written
+by the kernel driver (``kernel_driver.py``; its own tests: test_kernel_driver.py)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from kernel_driver import SimConfig, simulate
 
-from freshroll import events as ev
+from freshroll.buffer import KernelConfig
 from freshroll.cli import main
-from freshroll.harness.verify import INVARIANTS
 from freshroll.ledger import LEDGER_FILE, Ledger
 from freshroll.timing import STAGES
 
@@ -20,64 +21,13 @@ from freshroll.timing import STAGES
 @pytest.fixture(scope="module")
 def sim_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run = tmp_path_factory.mktemp("cli") / "run"
-    result = CliRunner().invoke(main, ["simulate", str(run), "--steps", "10", "--seed", "3"])
-    assert result.exit_code == 0, result.output
+    simulate(run, KernelConfig(1, 4, 4), SimConfig(steps=10, seed=3, faults=True))
     return run
 
 
 def _n_events(run: Path) -> int:
     with Ledger(run / LEDGER_FILE, readonly=True) as ledger:
         return sum(1 for _ in ledger.rows())
-
-
-def test_simulate_prints_counts_and_invariants(tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    result = CliRunner().invoke(main, ["simulate", str(run), "--steps", "10"])
-    assert result.exit_code == 0, result.output
-    first, *rest = result.output.splitlines()
-    counts = json.loads(first)
-    assert counts["steps"] == 10
-    assert counts["committed"] > 0
-    text = "\n".join(rest)
-    assert "10 steps, closed" in text
-    for name in INVARIANTS:
-        assert f"ok   {name}" in text
-    assert json.loads((run / "counts.json").read_text()) == counts
-
-
-def test_simulate_options_reach_the_kernel(tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    result = CliRunner().invoke(main, [
-        "simulate", str(run), "--steps", "3", "--no-faults", "--max-staleness", "0",
-        "--batch-groups", "2", "--group-size", "3",
-    ])
-    assert result.exit_code == 0, result.output
-    with Ledger(run / LEDGER_FILE, readonly=True) as ledger:
-        events = [e for _, e in ledger.events()]
-    opened = events[0]
-    assert isinstance(opened, ev.Opened)
-    assert (opened.max_staleness, opened.batch_groups, opened.group_size) == (0, 2, 3)
-    assert not any(isinstance(e, ev.WorkerFenced | ev.Rejected) for e in events)
-    commits = [e for e in events if isinstance(e, ev.Committed)]
-    assert len(commits) == 3 and all(len(c.samples) == 6 for c in commits)
-
-
-def test_simulate_again_resumes_the_same_run(tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    cli = CliRunner()
-    assert cli.invoke(main, ["simulate", str(run), "--steps", "4"]).exit_code == 0
-    again = cli.invoke(main, ["simulate", str(run), "--steps", "6"])
-    assert again.exit_code == 0, again.output
-    assert json.loads(again.output.splitlines()[0])["steps"] == 6
-    with Ledger(run / LEDGER_FILE, readonly=True) as ledger:
-        opened = [e for _, e in ledger.events() if isinstance(e, ev.Opened)]
-    assert [o.incarnation for o in opened] == [0, 1]
-
-
-def test_simulate_bad_option_is_a_usage_error(tmp_path: Path) -> None:
-    result = CliRunner().invoke(main, ["simulate", str(tmp_path / "r"), "--group-size", "0"])
-    assert result.exit_code == 2
-    assert "group_size" in result.stderr
 
 
 def test_export_line_count_equals_event_count(sim_run: Path, tmp_path: Path) -> None:

@@ -2,7 +2,7 @@
 
 Three layers:
 
-- real processes: ``python -m freshroll.harness.simulate`` is SIGKILLed after a seeded
+- real processes: ``python tests/kernel/kernel_driver.py`` is SIGKILLed after a seeded
   delay (spread from before the ledger exists to the end of the run), then the same
   command resumes and drains the run; ``verify`` must pass and exactly ``STEPS`` steps
   must be committed, no sample twice;
@@ -26,12 +26,12 @@ from functools import cache
 from pathlib import Path
 
 import pytest
+from kernel_driver import SimConfig, Simulator, open_buffer, simulate
 
 from freshroll import events as ev
 from freshroll.buffer import KernelConfig, SampleBuffer
 from freshroll.clock import VirtualClock
 from freshroll.errors import LedgerError, StateError
-from freshroll.harness.simulate import SimConfig, Simulator, open_buffer, simulate
 from freshroll.harness.verify import verify_run
 from freshroll.ledger import LEDGER_FILE, Ledger, decode_event
 from freshroll.lineage import PolicyVersion, SampleId, request_of
@@ -39,7 +39,7 @@ from freshroll.lineage import PolicyVersion, SampleId, request_of
 STEPS = 12
 SEEDS = range(20)
 FLUSH_EVERY = (1, 4, 16, 64)
-SIM = [sys.executable, "-m", "freshroll.harness.simulate"]
+SIM = [sys.executable, str(Path(__file__).with_name("kernel_driver.py"))]
 TIMEOUT = 60
 
 

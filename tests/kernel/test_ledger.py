@@ -17,10 +17,10 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from kernel_driver import SimConfig, simulate
 
 from freshroll import events as ev
 from freshroll.errors import LedgerError, UnknownEventError
-from freshroll.harness.simulate import SimConfig, simulate
 from freshroll.ledger import APPLICATION_ID, LEDGER_FILE, Ledger, decode_event, open_ledger
 
 
@@ -459,3 +459,34 @@ def test_export_of_an_empty_ledger_writes_nothing(tmp_path: Path) -> None:
     with Ledger(path, readonly=True) as ledger, open(out, "wb") as fh:
         assert ledger.export_jsonl(fh) == 0
     assert out.read_bytes() == b""
+
+
+@pytest.mark.parametrize("n", [1, 3, 255, 256, 257, 700])
+def test_stored_rows_are_exactly_each_events_json(tmp_path: Path, n: int) -> None:
+    """A flush writes, per event, its seq, kind and ``msgspec.json.encode(event)`` as a BLOB,
+    in multi-row statements of any size; payloads as BLOBs under their sample id."""
+    import sqlite3
+
+    import msgspec
+
+    tricky = ev.Discarded(ts=1.5, request="g0.0", reason="invalid",
+                          detail='line\none "quoted" \\ tab\t \u00e9 \u2028 end')
+    sent: list[ev.Event] = [tricky, *_events(n - 1)]
+    path = tmp_path / "l.sqlite"
+    with Ledger(path, sync="off") as ledger:
+        ledger.append(ev.Closed(ts=0.0))
+        ledger.flush()
+        for i, e in enumerate(sent):
+            ledger.put_payload(f"g{i}.0#1", bytes([i % 256]) * 3)
+            ledger.append(e)
+        ledger.flush()
+    db = sqlite3.connect(path)
+    rows = db.execute("SELECT seq, kind, typeof(body), body FROM events WHERE seq > 1 "
+                      "ORDER BY seq").fetchall()
+    assert rows == [(i + 2, ev.KIND_OF[type(e)], "blob", msgspec.json.encode(e))
+                    for i, e in enumerate(sent)]
+    pays = db.execute("SELECT sample, typeof(data), data FROM payloads").fetchall()
+    assert sorted(pays) == sorted((f"g{i}.0#1", "blob", bytes([i % 256]) * 3)
+                                  for i in range(n))
+    db.close()
+    assert [e for _, e in _read(path)][1:] == sent

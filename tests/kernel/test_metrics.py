@@ -9,12 +9,12 @@ import re
 from pathlib import Path
 
 import pytest
+from kernel_driver import SimConfig, simulate
 
 from freshroll import events as ev
 from freshroll import metrics as m
 from freshroll.buffer import KernelConfig
 from freshroll.clock import VirtualClock
-from freshroll.harness.simulate import SimConfig, simulate
 from freshroll.ledger import LEDGER_FILE, Ledger
 from freshroll.runtime.metrics_log import encode_row, read_rows, reconcile
 from freshroll.runtime.summary import summarize_events
@@ -242,8 +242,9 @@ def test_reconcile_writes_missing_rows_and_trims_extra_ones(tmp_path: Path,
 def test_recorder_writes_the_ledgers_rows_and_the_progress_line(tmp_path: Path) -> None:
     """The Recorder reconciles on start, then writes each commit's row from the ledger;
     the progress line's ``discards`` are the counted discards (not shutdown or fenced)."""
+    from kernel_driver import Simulator, open_buffer
+
     from freshroll.config import validate
-    from freshroll.harness.simulate import Simulator, open_buffer
     from freshroll.runtime.run import Recorder
 
     run = tmp_path / "run"

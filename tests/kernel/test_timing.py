@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from kernel_driver import SimConfig, simulate
 
 from freshroll import events as ev
 from freshroll.buffer import KernelConfig
 from freshroll.clock import VirtualClock
 from freshroll.errors import LedgerError
-from freshroll.harness.simulate import SimConfig, simulate
 from freshroll.ledger import Ledger
 from freshroll.timing import (
     STAGES,

@@ -111,3 +111,59 @@ def test_documented_table_matches_the_benchmark():
     ]
     doc = (ROOT / "docs" / "simulation.md").read_text()
     assert markdown_table(rows) in doc, "docs/simulation.md: rerun benchmarks/sim_calibration.py"
+
+
+#: the documented ranges (docs/simulation.md, "Calibration") the simulated engine must meet
+DOCUMENTED = {
+    "P1": {"length_p99_p50": (2.2, 2.9), "latency_p99_p50": (2.2, 2.9),
+           "tail_share": (0.15, 0.23), "phase_tail": (0.20, 0.40)},
+    "P2": {"length_p99_p50": (7.5, 12.5), "latency_p99_p50": (7.5, 12.5),
+           "tail_share": (0.32, 0.42), "phase_tail": (0.50, 0.75)},
+    "P3": {"length_p99_p50": (7.5, 12.5), "latency_p99_p50": (5.0, 9.0),
+           "tail_share": (0.27, 0.38), "phase_tail": (0.50, 0.75)},
+}
+
+
+def engine_figures(name: str, samples: int = 8192, phases: int = 6) -> dict[str, float]:
+    """The calibration figures of what the simulated engine generates (keyed draws, not the
+    generator draws of calibrate()): lengths and service latency over ``samples``, the phase
+    tail of ``phases`` synchronous phases of one server's slots run through a SimEngine."""
+
+    import numpy as np
+
+    from freshroll.clock import VirtualClock
+    from freshroll.runtime.seams import GenRequest, SamplingParams
+    from freshroll.sim.engine import SimEngine
+    from freshroll.sim.keyed import KeyedDraws
+
+    profile = PROFILES[name]
+    draws = KeyedDraws(profile, seed=0)
+    s = profile.server
+    shapes = [draws.shape(f"g{i // 8}", f"g{i // 8}.{i % 8}#0", 0) for i in range(samples)]
+    lengths = np.array([x.length for x in shapes])
+    latency = np.array([
+        (x.prompt_tokens + x.tool_tokens) * s.prefill_s_per_token
+        + x.length * (s.step_s + s.step_s_per_seq) + sum(x.tool_s) for x in shapes
+    ])
+    slots = s.max_concurrent
+
+    async def phase(k: int) -> list[float]:
+        engine = SimEngine("w0", draws)
+        finish: list[float] = []
+        requests = [GenRequest(f"g{k * slots + i}.0#9", f"g{(k * slots + i) // 8}", "p", "", 0)
+                    for i in range(slots)]
+        await engine.generate(requests, SamplingParams(1), 0, lambda i, c: finish.append(c.gen_s))
+        return finish
+
+    tails = [phase_tail(np.array(VirtualClock().run(phase(k)))) for k in range(phases)]
+    l50, l99 = np.quantile(lengths, [0.5, 0.99])
+    t50, t99 = np.quantile(latency, [0.5, 0.99])
+    return {"length_p99_p50": l99 / l50, "latency_p99_p50": t99 / t50,
+            "tail_share": tail_share(latency), "phase_tail": float(np.mean(tails))}
+
+
+@pytest.mark.parametrize("name", sorted(DOCUMENTED))
+def test_the_simulated_engine_meets_each_profile_documentation(name):
+    figures = engine_figures(name)
+    for key, (lo, hi) in DOCUMENTED[name].items():
+        assert within(figures[key], lo, hi), f"{name} {key} = {figures[key]:.3f}"

@@ -220,7 +220,7 @@ def test_stats_snapshot_and_incremental_advance():
     b.submit(0.0, 2, 3)  # prefill [0, 1), decode [1, 4)
     b.submit(0.5, 0, 1)  # waits for the slot, decodes [4, 5)
     assert b.advance(0.9) == [] and b.stats() == {
-        "submitted": 2, "finished": 0, "decoding": 0, "prefilling": 1, "waiting": 1,
+        "submitted": 2, "finished": 0, "cancelled": 0, "decoding": 0, "prefilling": 1, "waiting": 1,
         "slots": 1, "decode_steps": 0, "now": 0.9,
     }
     assert b.next_event_time() == 1.0
@@ -254,3 +254,69 @@ def test_property_multi_turn(rollouts, t0, prefill, cap):
         assert s >= x.arrival and f - x.arrival >= alone - eps
         if cap >= len(rs):  # never a wait for a slot: at most one boundary wait per turn
             assert s == x.arrival and f - x.arrival < alone + len(x.turns) * t0 + eps
+
+
+def test_cancel_a_decoding_request_frees_its_slot_at_once_and_leaves_at_the_next_boundary():
+    # t0 = 1, t1 = 1: A alone decodes in steps of 2 s. B waits for the single slot.
+    b = ContinuousBatcher(server(t0=1.0, t1=1.0, cap=1))
+    a, w = b.submit(0.0, 0, 10), b.submit(0.0, 0, 1)
+    assert b.cancel(a, 3.0)  # mid-step: the slot frees at 3, B takes it and prefills (none)
+    assert b.stats()["cancelled"] == 1 and b.waiting == 0
+    # the step under way [2, 4) was computed with A: B joins at 4, alone: 2 s per step
+    (f,) = b.advance(100.0)
+    assert (f.request, f.start, f.decode_start, f.finish) == (w, 3.0, 4.0, 6.0)
+    assert not b.busy and b.stats()["finished"] == 1
+    assert not b.cancel(a, 100.0) and not b.cancel(w, 100.0)  # already gone: nothing changes
+
+
+def test_cancel_at_a_boundary_takes_effect_in_the_next_step():
+    # A (3 tokens) and B (1) share 2 s steps; B ends at 2. Cancelling A at 2 (a boundary):
+    # C, waiting, takes a slot at 2 and steps are 1 s with C alone.
+    b = ContinuousBatcher(server(t0=1.0, t1=0.5, cap=2))
+    a, _, c = b.submit(0.0, 0, 3), b.submit(0.0, 0, 1), b.submit(0.0, 0, 2)
+    finished = b.advance(2.0)
+    assert [f.request for f in finished] == [1]
+    assert b.stats()["decoding"] == 2  # C took B's slot at 2
+    assert b.cancel(a, 2.0)
+    rest = b.advance(math.inf)
+    assert [(f.request, f.finish) for f in rest] == [(c, 2.0 + 2 * 1.5)]
+
+
+def test_cancel_waiting_and_prefilling_requests():
+    b = ContinuousBatcher(server(t0=1.0, prefill=1.0, cap=1))
+    a, w = b.submit(0.0, 5, 1), b.submit(0.0, 0, 1)  # A prefills [0, 5); W waits
+    assert b.cancel(w, 1.0) and b.waiting == 0
+    assert b.cancel(a, 2.0) and b.prefilling == 0 and not b.busy
+    assert b.advance(math.inf) == [] and b.next_event_time() is None
+    with pytest.raises(ValueError):
+        b.cancel(a, 1.0)  # before the simulated time
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    reqs=st.lists(st.tuples(st.floats(0, 10), st.integers(0, 5), st.integers(1, 8)),
+                  min_size=1, max_size=25),
+    cancels=st.lists(st.tuples(st.integers(0, 24), st.floats(0, 12)), max_size=6),
+    cap=st.integers(1, 4),
+)
+def test_property_cancelled_requests_never_finish_and_slots_stay_capped(reqs, cancels, cap):
+    b = ContinuousBatcher(server(t0=0.5, t1=0.25, prefill=0.1, cap=cap))
+    events = sorted(
+        [(a, 0, i) for i, a in enumerate(sorted(r[0] for r in reqs))]
+        + [(t, 1, i) for i, t in cancels if i < len(reqs)]
+    )
+    ordered = sorted(reqs)
+    finished, cancelled = [], set()
+    for t, kind, i in events:
+        finished += b.advance(t)
+        if kind == 0:
+            assert b.submit(t, ordered[i][1], ordered[i][2]) == i
+        elif i < b.stats()["submitted"] and b.cancel(i, t):
+            cancelled.add(i)
+        s = b.stats()
+        assert s["decoding"] + s["prefilling"] <= cap + len(cancelled)
+    finished += b.advance(math.inf)
+    done = {f.request for f in finished}
+    assert not done & cancelled
+    assert len(done) + len(cancelled) == len(reqs)
+    assert all(f.finish >= f.decode_start >= f.start >= f.arrival for f in finished)

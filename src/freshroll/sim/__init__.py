@@ -9,6 +9,10 @@ simulated engine then sleeps on the run's :class:`~freshroll.clock.Clock`
 - :mod:`~freshroll.sim.draws`     lengths with drift and cap, reward/tool latency, trainer time
 - :mod:`~freshroll.sim.batching`  the continuous-batching server, exact and event-skipping
 - :mod:`~freshroll.sim.calibrate` the figures that pin each profile to its documentation
+- :mod:`~freshroll.sim.keyed`     the draws keyed by run seed and sample / group id
+- :mod:`~freshroll.sim.engine`, :mod:`~freshroll.sim.scorer`, :mod:`~freshroll.sim.trainer`
+  the simulated parts behind the pipeline's seams (``rollout.engine: sim``), built by
+  :func:`freshroll.sim.components.build_sim` (not imported here: they need the engine types)
 
 docs/simulation.md describes the model and the measured calibration.
 """

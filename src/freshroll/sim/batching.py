@@ -26,6 +26,12 @@ so the step time do not change, so the simulation jumps over all the steps in
 between at once. Sequences are kept in a heap keyed by the global step count at
 which they finish; an event costs O(log n). Nothing reads a clock.
 
+Cancelling (a group deadline): :meth:`ContinuousBatcher.cancel` withdraws a
+request; a waiting one leaves the queue, a prefilling or decoding one frees its
+slot at once (waiting requests take it at that instant), and a decoding one
+leaves the decode batch at the next step boundary (the step under way was
+computed with it). A cancelled request is never reported finished.
+
 Driving it from a clock (the simulated engine): :meth:`ContinuousBatcher.submit`
 a request when it arrives at ``clock.now()``, sleep until
 :meth:`~ContinuousBatcher.next_event_time` (or until another request arrives,
@@ -40,7 +46,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -50,6 +56,10 @@ import numpy.typing as npt
 from freshroll.sim.profiles import ServerModel
 
 FloatArray = npt.NDArray[np.float64]
+
+#: a bound computed another way than the batcher's own arithmetic is scaled by this, so that
+#: rounding never puts it above the time it bounds
+_BELOW = 1.0 - 1e-12
 
 
 class Finished(NamedTuple):
@@ -79,6 +89,11 @@ class ContinuousBatcher:
         self._decoding: list[tuple[int, int]] = []  # heap of (step count at finish, request)
         self._prefilling: list[tuple[float, int]] = []  # heap of (ready time, request)
         self._waiting: deque[int] = deque()
+        self._leaving: set[int] = set()  # cancelled while decoding: out at the next boundary
+        self._purge_steps = -1  # step count of that boundary (-1: none pending)
+        self._cancelled = 0
+        self._event: tuple[float, int] | None = None  # the next event, valid unless _dirty
+        self._dirty = False
         self._arrival: list[float] = []
         self._prompt: list[int] = []
         self._tokens: list[int] = []
@@ -111,11 +126,12 @@ class ContinuousBatcher:
 
     def stats(self) -> dict[str, float | int]:
         """A snapshot: requests submitted, finished, decoding, prefilling, waiting; steps run."""
-        finished = len(self._arrival) - len(self._decoding) - len(self._prefilling) - len(
+        live = len(self._decoding) - len(self._leaving) + len(self._prefilling) + len(
             self._waiting
         )
+        finished = len(self._arrival) - live - self._cancelled
         return {
-            "submitted": len(self._arrival), "finished": finished,
+            "submitted": len(self._arrival), "finished": finished, "cancelled": self._cancelled,
             "decoding": len(self._decoding), "prefilling": len(self._prefilling),
             "waiting": len(self._waiting), "slots": self._cap, "decode_steps": self._steps,
             "now": self._now,
@@ -129,6 +145,52 @@ class ContinuousBatcher:
         """
         event = self._next_event()
         return None if event is None else event[0]
+
+    def finish_bound(self, rest: Mapping[int, float] | None = None) -> float | None:
+        """A lower bound on when the next request ends, given what was submitted and that
+        nothing is cancelled meanwhile (None: nothing is prefilling or decoding).
+
+        ``rest[rid]``: the least time a request still needs after it finishes here (a
+        later turn of a multi-turn rollout; 0 when absent): the bound is then on the end
+        of the whole rollout. Joins and new arrivals only add sequences, which only
+        lengthen steps, so the decoding set's finishes at today's step times (shorter as
+        members finish) are lower bounds, and exactly the times :meth:`advance` will
+        report when nobody joins before them; a prefilling request finishes no earlier
+        than ``ready + L x (t0 + t1)``. While a cancelled sequence is still leaving
+        (steps are about to get shorter) or a free slot waits for a future arrival, the
+        bound is the next event.
+        """
+        if self._purge_steps >= 0 or (self._waiting and self._held < self._cap):
+            return self.next_event_time()
+        bound = math.inf
+        t0, t1, decoding = self._t0, self._t1, self._decoding
+        if decoding and rest is None:  # every request ends with this finish
+            bound = self._boundary + (decoding[0][0] - self._steps) * (t0 + t1 * len(decoding))
+        elif decoding and rest is not None:
+            heap = decoding.copy()
+            b, s, n = self._boundary, self._steps, len(heap)
+            while heap:
+                steps = heap[0][0]
+                t = b + (steps - s) * (t0 + t1 * n)  # the batcher's own arithmetic
+                if t >= bound:
+                    break
+                while heap and heap[0][0] == steps:
+                    _, rid = heapq.heappop(heap)
+                    n -= 1
+                    more = rest.get(rid, 0.0)
+                    end = t if more == 0.0 else (t + more) * _BELOW
+                    if end < bound:
+                        bound = end
+                b, s = t, steps
+        if self._prefilling:
+            per_token = t0 + t1
+            tokens = self._tokens
+            for ready, rid in self._prefilling:
+                more = 0.0 if rest is None else rest.get(rid, 0.0)
+                end = (ready + tokens[rid] * per_token + more) * _BELOW  # rounding: stay below
+                if end < bound:
+                    bound = end
+        return None if bound == math.inf else bound
 
     # -- commands --------------------------------------------------------------------------
 
@@ -151,14 +213,61 @@ class ContinuousBatcher:
         self._start.append(math.nan)
         self._decode_start.append(math.nan)
         self._last_arrival = arrival
-        self._waiting.append(rid)
+        self._dirty = True
+        if arrival == self._now and not self._waiting and self._held < self._cap:
+            # every event up to now is applied and a slot is free: the grant is due now
+            # and comes first (what advance would do, without the event round trip)
+            self._take_slot(rid, arrival)
+        else:
+            self._waiting.append(rid)
         return rid
+
+    def cancel(self, request: int, at: float) -> bool:
+        """Withdraw ``request`` at time ``at`` (not before :attr:`now`); it is never reported.
+
+        A waiting request leaves the queue; a prefilling one frees its slot; a decoding
+        one frees its slot at once and leaves the decode batch at the next step boundary
+        (the step under way was computed with it, so its time does not change). Waiting
+        requests take the freed slot at ``at``. False: it had already finished or been
+        cancelled (nothing changes).
+        """
+        if not math.isfinite(at) or at < self._now:
+            raise ValueError(f"cancel at {at} is before the simulated time {self._now}")
+        if not 0 <= request < len(self._arrival):
+            raise ValueError(f"unknown request {request}")
+        self.advance(at)
+        if request in self._leaving:
+            return False
+        self._dirty = True
+        if request in self._waiting:
+            self._waiting.remove(request)
+        elif any(rid == request for _, rid in self._prefilling):
+            self._prefilling = [e for e in self._prefilling if e[1] != request]
+            heapq.heapify(self._prefilling)
+            self._held -= 1
+        elif any(rid == request for _, rid in self._decoding):
+            self._held -= 1
+            if self._boundary >= at:  # cancelled at a step boundary: no step under way
+                self._decoding = [e for e in self._decoding if e[1] != request]
+                heapq.heapify(self._decoding)
+            else:
+                self._leaving.add(request)
+                d = self._t0 + self._t1 * len(self._decoding)
+                self._purge_steps = self._steps + self._steps_until(at, d)
+        else:
+            return False
+        self._cancelled += 1
+        waiting = self._waiting
+        while waiting and self._held < self._cap and self._arrival[waiting[0]] <= at:
+            self._take_slot(waiting.popleft(), at)
+        return True
 
     def advance(self, until: float) -> list[Finished]:
         """Apply every event at or before ``until``; return the requests that finished."""
         done: list[Finished] = []
         while (event := self._next_event()) is not None and event[0] <= until:
             t, steps = event
+            self._dirty = True
             if steps < 0:
                 self._grant(t)
             else:
@@ -166,15 +275,45 @@ class ContinuousBatcher:
         self._now = max(self._now, until)
         return done
 
+    def advance_one(self, until: float) -> list[Finished] | None:
+        """Apply the next event if it is at or before ``until``; return who finished then
+        (often nobody), or None when no event is due (then :attr:`now` is ``until``).
+
+        A driver that must react between events (a finished turn's tool call may return
+        before the next event) calls this in a loop instead of :meth:`advance`.
+        """
+        event = self._next_event()
+        if event is None or event[0] > until:
+            self._now = max(self._now, until)
+            return None
+        t, steps = event
+        done: list[Finished] = []
+        self._dirty = True
+        if steps < 0:
+            self._grant(t)
+        else:
+            self._step_boundary(t, steps, done)
+        self._now = max(self._now, t)
+        return done
+
     # -- the event loop --------------------------------------------------------------------
 
     def _next_event(self) -> tuple[float, int] | None:
+        """:meth:`_compute_next_event`, cached until the state changes."""
+        if self._dirty:
+            self._event = self._compute_next_event()
+            self._dirty = False
+        return self._event
+
+    def _compute_next_event(self) -> tuple[float, int] | None:
         """``(time, steps)``: a step boundary after ``steps`` steps (0: decoder starts), or a
         slot grant (``steps = -1``). At equal times the boundary comes first."""
         event: tuple[float, int] | None = None
         if self._decoding:
             d = self._t0 + self._t1 * len(self._decoding)
             steps = self._decoding[0][0] - self._steps
+            if self._purge_steps >= 0:
+                steps = min(steps, self._purge_steps - self._steps)
             if self._prefilling:
                 steps = min(steps, self._steps_until(self._prefilling[0][0], d))
             event = (self._boundary + steps * d, steps)
@@ -201,11 +340,20 @@ class ContinuousBatcher:
         decoding, steps_now = self._decoding, self._steps
         while decoding and decoding[0][0] <= steps_now:
             _, rid = heapq.heappop(decoding)
+            if rid in self._leaving:  # cancelled: its slot was freed then
+                self._leaving.discard(rid)
+                continue
             self._held -= 1
             done.append(Finished(
                 rid, self._arrival[rid], self._start[rid], self._decode_start[rid], t,
                 self._tokens[rid],
             ))
+        if 0 <= self._purge_steps <= steps_now:
+            if self._leaving:
+                self._decoding = [e for e in decoding if e[1] not in self._leaving]
+                heapq.heapify(self._decoding)
+                self._leaving.clear()
+            self._purge_steps = -1
         waiting = self._waiting
         while waiting and self._held < self._cap and self._arrival[waiting[0]] <= t:
             self._take_slot(waiting.popleft(), t)

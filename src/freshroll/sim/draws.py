@@ -33,6 +33,8 @@ prefills the tool's ``output_tokens`` (the earlier context is in the prefix cach
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import numpy.typing as npt
 
@@ -85,6 +87,24 @@ def lengths_from_normals(
     raw = median_tokens(lengths, step) * np.exp(sigma_p * z_g[:, None] + sigma_s * z_gi)
     out: IntArray = np.clip(np.rint(raw), 1, length_cap(lengths)).astype(np.int64)
     return out
+
+
+def length_of(lengths: LengthModel, z_g: float, z_gi: float, step: int = 0) -> int:
+    """:func:`lengths_from_normals` for one sample (scalar, for an engine's hot path)."""
+    sigma_p = lengths.sigma * math.sqrt(lengths.prompt_share)
+    sigma_s = lengths.sigma * math.sqrt(1.0 - lengths.prompt_share)
+    raw = median_tokens(lengths, step) * math.exp(sigma_p * z_g + sigma_s * z_gi)
+    return int(min(max(round(raw), 1), length_cap(lengths)))
+
+
+def prompt_length_of(lengths: LengthModel, z: float) -> int:
+    """One prompt length from a standard normal ``z`` (scalar :func:`prompt_lengths`)."""
+    return round(lengths.prompt_tokens * math.exp(lengths.prompt_sigma * z))
+
+
+def latency_of(median_s: float, sigma: float, timeout_s: float, z: float, hang: bool) -> float:
+    """One reward or tool latency (scalar ``_timed_latency``): ``timeout_s`` when it hangs."""
+    return timeout_s if hang else min(median_s * math.exp(sigma * z), timeout_s)
 
 
 def prompt_lengths(rng: np.random.Generator, lengths: LengthModel, groups: int) -> IntArray:

@@ -6,9 +6,12 @@ capacity, start attempts on workers whose loaded policy may lag, complete,
 score, lease, commit. With ``faults=True`` it also fences workers mid-flight,
 delivers late and duplicate results, releases leases and returns NaN rewards.
 
-Used by ``freshroll simulate``, the kernel benchmark and the crash tests (a
-subprocess running it is SIGKILLed at random points, then resumed). Running it
-again on the same run directory resumes from the ledger.
+A test fixture, not part of the product (``freshroll simulate`` runs the real
+pipeline with simulated engines): the kernel tests use it to write healthy and
+faulty ledgers, and the crash tests run it as a script
+(``python tests/kernel/kernel_driver.py RUN_DIR ...``) and SIGKILL it at random
+points, then resume it. Running it again on the same run directory resumes from
+the ledger.
 """
 
 from __future__ import annotations
@@ -165,10 +168,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch-groups", type=int, default=4)
     p.add_argument("--group-size", type=int, default=4)
     p.add_argument("--flush-every", type=int, default=64)
+    p.add_argument("--virtual", action="store_true", help="virtual clock (default: real)")
     a = p.parse_args(argv)
     kernel = KernelConfig(a.max_staleness, a.batch_groups, a.group_size)
     sim = SimConfig(steps=a.steps, seed=a.seed, faults=a.faults, flush_every=a.flush_every)
-    buf = simulate(a.run_dir, kernel, sim, RealClock())
+    buf = simulate(a.run_dir, kernel, sim, VirtualClock() if a.virtual else RealClock())
     print(json.dumps(buf.stats()))
 
 

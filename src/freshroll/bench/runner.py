@@ -1,0 +1,242 @@
+"""The plan of a bench and running it: capacities first, then every run of the table.
+
+One workload (a config) and one seed; per clock, in one invocation:
+
+1. the stage capacities in isolation (:mod:`freshroll.bench.capacity`);
+2. ``sync``: the synchronous baseline (``run.max_staleness = 0``, static settings);
+3. at least three static settings (``control.mode: static``), chosen from the capacities
+   (:func:`plan_runs`): ``static-all`` (every worker of the pool), ``static-matched`` (the
+   worker count whose generation matches the trainer's demand, ``ceil(c_train / c_gen per
+   worker)``), ``static-tuned`` (matched plus 25% headroom for the tail), and
+   ``static-lean`` (half of matched); on a pool of one worker (the embedded default) the
+   settings vary the per-worker batch and the admission limit instead;
+4. ``adaptive``: the controller (``control.mode: adaptive``) within the pool, starting
+   from the config's ``rollout.workers``; on simulated engines also ``adaptive-deadline``,
+   the same with group deadlines (``tail.deadline: true``, long-tail handling) when the
+   config does not already set them.
+
+The pool is ``control.max_workers`` (or ``rollout.workers`` when unset); the synchronous
+baseline runs on the whole pool.
+
+Every run goes through :func:`freshroll.runtime.run.run` (the real pipeline, kernel and
+controller), writes its own run directory under ``OUT/<clock>/<run>`` and is verified.
+The real clock of a simulated workload runs with a small ``sim.time_scale``
+(:func:`real_time_scale`), so that it takes seconds; its capacities are the virtual ones
+scaled by the same factor (every simulated duration is multiplied by it), and so are the
+timeouts and the controller's intervals (:data:`MODEL_TIME_KEYS`): they are the modelled
+cluster's seconds.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from freshroll.bench import figures as f
+from freshroll.bench.table import make_table, render_json, render_markdown
+from freshroll.config import Config, validate
+
+#: --quick: a CI smoke run of seconds
+QUICK_STEPS = 4
+#: steps of a real-clock run of a simulated workload (its virtual twin runs run.steps)
+REAL_STEPS = 12
+#: a real-clock step should not be shorter than this (seconds), or the orchestrator's own
+#: per-sample work on a shared CPU, not the modelled cluster, sets the pace
+MIN_REAL_STEP_S = 0.2
+
+
+@dataclass(frozen=True, slots=True)
+class RunSpec:
+    """One run of the table: its label and the config keys it sets."""
+
+    label: str
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+
+    def settings(self) -> dict[str, Any]:
+        return dict(self.overrides)
+
+
+def with_overrides(cfg: Config, overrides: Mapping[str, Any]) -> Config:
+    """``cfg`` with dotted keys set (``{"run.max_staleness": 0}``), validated again."""
+    data = cfg.model_dump(mode="json")
+    for key, value in overrides.items():
+        node = data
+        *parents, last = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = copy.deepcopy(value)
+    return validate(data, "bench config")
+
+
+def quick_overrides(cfg: Config) -> dict[str, Any]:
+    """--quick: few steps, small shapes."""
+    out: dict[str, Any] = {"run.steps": QUICK_STEPS, "rollout.group_size": 4,
+                           "rollout.batch_groups": 2}
+    if cfg.rollout.engine == "sim":
+        out["rollout.workers"] = min(cfg.rollout.workers, 4)
+        out["rollout.worker_batch"] = min(cfg.rollout.worker_batch, 8)
+        if cfg.control.max_workers is not None:
+            out["control.max_workers"] = min(cfg.control.max_workers, 4)
+    else:
+        out["task.n_prompts"] = min(cfg.task.n_prompts, 256)
+        out["rollout.worker_batch"] = min(cfg.rollout.worker_batch, 8)
+    return out
+
+
+def plan_runs(cfg: Config, caps: f.Capacities) -> list[RunSpec]:
+    """The runs of one table, from the workload and its capacities (see the module doc)."""
+    eta = max(1, cfg.run.max_staleness)
+    pool = cfg.control.max_workers or cfg.rollout.workers
+    batch = cfg.rollout.worker_batch
+    base = {"control.mode": "static", "rollout.max_inflight_groups": None}
+    specs = [RunSpec("sync", {**base, "run.max_staleness": 0, "rollout.workers": pool})]
+    statics: list[RunSpec] = []
+
+    def add(label: str, **kw: Any) -> None:
+        over = {**base, "run.max_staleness": eta, **{k.replace("__", "."): v
+                                                    for k, v in kw.items()}}
+        if all(s.overrides != over for s in statics):
+            statics.append(RunSpec(label, over))
+
+    matched = min(pool, f.workers_for_demand(caps))
+    add("static-all", rollout__workers=pool)
+    add("static-matched", rollout__workers=matched)
+    add("static-tuned", rollout__workers=min(pool, math.ceil(1.25 * matched)))
+    add("static-lean", rollout__workers=max(1, matched // 2))
+    if len(statics) < 3:  # a pool of one: vary the per-worker batch and the admission limit
+        add("static-halfbatch", rollout__workers=pool, rollout__worker_batch=max(1, batch // 2))
+        add("static-admit1", rollout__workers=pool,
+            rollout__max_inflight_groups=cfg.rollout.batch_groups)
+        add("static-doublebatch", rollout__workers=pool, rollout__worker_batch=2 * batch)
+    ctl = {"control.mode": "adaptive", "run.max_staleness": eta,
+           "rollout.max_inflight_groups": None, "control.max_workers": pool}
+    adaptive = [RunSpec("adaptive", ctl)]
+    if cfg.rollout.engine == "sim" and not cfg.tail.deadline:  # long-tail handling vs none
+        adaptive.append(RunSpec("adaptive-deadline", {**ctl, "tail.deadline": True}))
+    return [*specs, *statics, *adaptive]
+
+
+def real_time_scale(caps_virtual: f.Capacities, steps: int, target_s: float,
+                    min_step_s: float = MIN_REAL_STEP_S,
+                    sync_step_s: float | None = None) -> float:
+    """``sim.time_scale`` for a real-clock run: the synchronous run's duration (``steps x
+    sync_step_s``, its measured virtual seconds per step; unknown: the ideal ``sum t_x``)
+    scaled to ``target_s``, but no async step (``max t_x``) shorter than ``min_step_s``;
+    within (0, 1]."""
+    times = f.stage_times(caps_virtual)
+    per_step = sync_step_s if sync_step_s is not None else sum(times.values())
+    total, top = steps * per_step, max(times.values())
+    if not (math.isfinite(total) and total > 0):
+        return 1.0
+    scale = max(target_s / total, min_step_s / top if top > 0 else 0.0)
+    return min(1.0, scale)
+
+
+#: settings in seconds of the run's clock that model the cluster's time (a real-clock run of
+#: a simulated workload multiplies them by sim.time_scale, as every simulated duration)
+MODEL_TIME_KEYS = (
+    "limits.generate_timeout_s", "limits.weights_timeout_s", "limits.worker_start_timeout_s",
+    "limits.reward_timeout_s", "control.interval_s", "control.up_cooldown_s",
+    "control.down_cooldown_s",
+)
+
+
+def scaled_settings(cfg: Config, scale: float) -> dict[str, Any]:
+    """The :data:`MODEL_TIME_KEYS` of ``cfg`` multiplied by ``scale``."""
+    data = cfg.model_dump(mode="json")
+    out = {}
+    for key in MODEL_TIME_KEYS:
+        section, name = key.split(".")
+        out[key] = data[section][name] * scale
+    return out
+
+
+@dataclass
+class BenchResult:
+    tables: list[dict[str, Any]]
+    out: Path
+
+
+def _measure_capacities(cfg: Config, quick: bool) -> f.Capacities:
+    from freshroll.bench.parts import measure_capacities
+
+    return measure_capacities(cfg, quick=quick)
+
+
+def bench(cfg: Config, out: Path, *, workload: str, quick: bool = False,
+          clocks: Sequence[str] = ("virtual",), stream: TextIO,
+          capacities: Callable[[Config, bool], f.Capacities] = _measure_capacities,
+          ) -> BenchResult:
+    """Measure the capacities, run every planned run per clock, write the tables."""
+    if quick:
+        cfg = with_overrides(cfg, quick_overrides(cfg))
+    if cfg.rollout.engine == "hf":
+        clocks = ("real",)  # a real model runs on the real clock only
+    out.mkdir(parents=True, exist_ok=True)
+    stream.write(f"bench {workload}: measuring stage capacities in isolation ...\n")
+    t0 = time.perf_counter()
+    caps0 = capacities(cfg, quick)
+    stream.write(f"  ({time.perf_counter() - t0:.1f} s)\n")
+    tables: list[dict[str, Any]] = []
+    sync_step_s: float | None = None  # virtual seconds per synchronous step
+    for clock in sorted(clocks, key=lambda c: c != "virtual"):  # virtual first
+        if cfg.rollout.engine != "sim":
+            tables.append(_table(cfg, caps0, workload, clock, out, stream)[0])
+            continue
+        run_cfg = with_overrides(cfg, {"sim.clock": clock})
+        if clock == "virtual":
+            table, runs = _table(run_cfg, caps0, workload, clock, out, stream)
+            sync = runs[0]
+            sync_step_s = sync.wall_s / sync.steps if sync.steps else None
+            tables.append(table)
+            continue
+        steps = min(cfg.run.steps, QUICK_STEPS if quick else REAL_STEPS)
+        if sync_step_s is None:  # a real-clock table alone: time the sync run virtually first
+            probe = _run(with_overrides(run_cfg, {"sim.clock": "virtual", "run.steps": steps}),
+                         plan_runs(run_cfg, caps0)[0], out / "virtual-probe", "virtual", stream)
+            sync_step_s = probe.wall_s / probe.steps if probe.steps else None
+        scale = real_time_scale(caps0, steps, 1.0 if quick else 10.0,
+                                0.02 if quick else MIN_REAL_STEP_S, sync_step_s)
+        real_cfg = with_overrides(run_cfg, {"run.steps": steps,
+                                            "sim.time_scale": scale * cfg.sim.time_scale,
+                                            **scaled_settings(run_cfg, scale)})
+        stream.write(f"  real clock: {steps} steps at sim.time_scale {scale:.4g}\n")
+        tables.append(_table(real_cfg, caps0.scaled(scale), workload, clock, out, stream)[0])
+    (out / "bench.md").write_text("".join(render_markdown(t) for t in tables))
+    (out / "bench.json").write_text(render_json(tables))
+    return BenchResult(tables, out)
+
+
+def _table(cfg: Config, caps: f.Capacities, workload: str, clock: str, out: Path,
+           stream: TextIO) -> tuple[dict[str, Any], list[f.RunFigures]]:
+    """Every planned run of ``cfg`` on one clock, and their table."""
+    runs = [_run(cfg, spec, out / clock, clock, stream) for spec in plan_runs(cfg, caps)]
+    table = make_table(workload, clock, caps, f.table_rows(runs, "sync", caps))
+    if cfg.rollout.engine == "sim":
+        table["time_scale"] = cfg.sim.time_scale
+    table["steps"] = cfg.run.steps
+    return table, runs
+
+
+def _run(cfg: Config, spec: RunSpec, root: Path, clock: str, stream: TextIO) -> f.RunFigures:
+    """One run of the table, through the real ``run()``; its figures from its run dir."""
+    from freshroll.runtime.run import run
+
+    rcfg = with_overrides(cfg, {"run.progress": False, **spec.overrides})
+    path = root / spec.label
+    t1 = time.perf_counter()
+    result = run(rcfg, path, stream=io.StringIO())  # the bench prints its own lines
+    figs = f.run_figures(path, spec.label, verify_ok=result.ok, settings=spec.settings())
+    stream.write(f"  {clock:7} {spec.label:18} accepted/s {figs.accepted_per_s:9.2f}  "
+                 f"steps {figs.steps}  ({time.perf_counter() - t1:.1f} s wall)\n")
+    return figs
+
+
+__all__ = ["BenchResult", "RunSpec", "bench", "plan_runs", "quick_overrides", "real_time_scale",
+           "with_overrides"]

@@ -1,0 +1,127 @@
+"""Rendering of a bench table: plain text for the terminal, markdown and JSON for the out dir.
+
+A table is a plain mapping (:func:`make_table`): the workload's name and clock, the
+stage capacities with their per-batch times and the async bound, one row per run
+(:func:`freshroll.bench.figures.table_rows`), and the verdict line. Renderers only
+format; every number comes from :mod:`freshroll.bench.figures`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from freshroll.bench import figures as f
+
+#: (key, header, format) of each column, in order
+COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("run", "run", ""),
+    ("accepted_per_s", "accepted/s", ".1f"),
+    ("E", "E", ".2f"),
+    ("speedup", "speedup", ".2f"),
+    ("A", "A", ".2f"),
+    ("trainer_idle", "idle", ".1%"),
+    ("discard_rate", "discard", ".1%"),
+    ("lag", "lag p50/p99/max", ""),
+    ("worker_s", "worker-s", ".0f"),
+    ("verify", "verify", ""),
+)
+
+
+def make_table(workload: str, clock: str, caps: f.Capacities,
+               rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The table as data (what the JSON file holds)."""
+    runs = [r for r in rows if r["run"] != "sync"]
+    pays = f.async_pays(r["speedup"] for r in runs)
+    best = max(runs, key=lambda r: _finite(r["speedup"]), default=None)
+    return {
+        "workload": workload, "clock": clock,
+        "capacities_per_s": caps.per_s(), "stage_times_s": f.stage_times(caps),
+        "batch": caps.batch, "binding_stage": f.binding_stage(caps),
+        "bound": f.async_bound(caps), "rows": [dict(r) for r in rows],
+        "async_pays": pays, "best": best["run"] if best else None,
+        "verdict": verdict_line(pays, best),
+    }
+
+
+def _finite(x: float) -> float:
+    return x if math.isfinite(x) else -math.inf
+
+
+def verdict_line(pays: bool, best: Mapping[str, Any] | None) -> str:
+    """The plain line under the table."""
+    if best is None:
+        return "no asynchronous run in this table."
+    s = f"best: {best['run']} at {_fmt(best['speedup'], '.2f')}x the synchronous baseline"
+    if pays:
+        return s + "."
+    return (s + f": asynchrony does not pay on this workload (speedup < {f.PAYS_AT}): "
+            "one stage dominates, or the stages share the same cores.")
+
+
+def _fmt(value: Any, spec: str) -> str:
+    if isinstance(value, bool):
+        return "ok" if value else "FAILED"
+    if isinstance(value, int | float):
+        return format(value, spec) if math.isfinite(value) else "-"
+    return str(value)
+
+
+def _cells(row: Mapping[str, Any]) -> list[str]:
+    out = []
+    for key, _, spec in COLUMNS:
+        if key == "lag":
+            out.append(f"{row['lag_p50']:.0f}/{row['lag_p99']:.0f}/{row['lag_max']}")
+        else:
+            out.append(_fmt(row[key], spec))
+    return out
+
+
+def _caps_line(t: Mapping[str, Any]) -> str:
+    caps, times = t["capacities_per_s"], t["stage_times_s"]
+    parts = [f"{s} {_fmt(caps[s], '.1f')}/s ({_fmt(times[s], '.3g')} s/batch)" for s in f.STAGES]
+    return (f"stage capacities (samples/s, B={t['batch']}): " + ", ".join(parts)
+            + f"; binding: {t['binding_stage']}; async bound {_fmt(t['bound'], '.2f')}x")
+
+
+def _title(t: Mapping[str, Any]) -> str:
+    extra = [f"{t['steps']} steps"] if "steps" in t else []
+    if t.get("time_scale") not in (None, 1.0):
+        extra.append(f"sim.time_scale {t['time_scale']:.4g}")
+    return f"{t['workload']} ({t['clock']} clock{', ' if extra else ''}{', '.join(extra)})"
+
+
+def render_text(t: Mapping[str, Any]) -> str:
+    """A fixed-width table for the terminal."""
+    head = [h for _, h, _ in COLUMNS]
+    body = [_cells(r) for r in t["rows"]]
+    widths = [max(len(x) for x in col) for col in zip(head, *body, strict=True)]
+    line = "  ".join
+
+    def fmt(cells: list[str]) -> str:
+        return line(c.ljust(w) if i == 0 else c.rjust(w)
+                    for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
+
+    return "\n".join([f"== {_title(t)}", _caps_line(t), fmt(head),
+                      *(fmt(b) for b in body), t["verdict"]]) + "\n"
+
+
+def render_markdown(t: Mapping[str, Any]) -> str:
+    head = [h for _, h, _ in COLUMNS]
+    rows = [_cells(r) for r in t["rows"]]
+    lines = [f"### {_title(t)}", "", _caps_line(t), "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join([*lines, "", t["verdict"], ""]) + "\n"
+
+
+def render_json(tables: Sequence[Mapping[str, Any]]) -> str:
+    from freshroll.metrics import jsonable
+
+    return json.dumps(jsonable(list(tables)), indent=1, sort_keys=False) + "\n"
+
+
+__all__ = ["COLUMNS", "make_table", "render_json", "render_markdown", "render_text",
+           "verdict_line"]

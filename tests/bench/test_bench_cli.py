@@ -1,0 +1,116 @@
+"""``freshroll bench`` and ``freshroll simulate`` through the real CLI (in process)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from freshroll import events as ev
+from freshroll.cli import main
+from freshroll.ledger import LEDGER_FILE, Ledger
+
+REPO = Path(__file__).resolve().parents[2]
+SIM_READY = all(importlib.util.find_spec(m) is not None
+                for m in ("freshroll.sim.components", "freshroll.runtime.adapters"))
+needs_sim = pytest.mark.skipif(not SIM_READY, reason="simulated engines not built yet")
+SMALL = ["run.steps=5", "rollout.workers=4", "control.max_workers=4", "rollout.batch_groups=2",
+         "rollout.group_size=4", "rollout.worker_batch=8", "run.progress=false"]
+
+
+def _events(run: Path) -> list[ev.Event]:
+    with Ledger(run / LEDGER_FILE, readonly=True) as ledger:
+        return [e for _, e in ledger.events()]
+
+
+@needs_sim
+def test_simulate_is_a_whole_run_on_simulated_engines(tmp_path: Path) -> None:
+    run = tmp_path / "p1"
+    # rollout.engine is forced to sim, whatever the config or overrides say
+    result = CliRunner().invoke(main, ["simulate", str(REPO / "configs" / "sim-p1.yaml"),
+                                       "--out", str(run), *SMALL, "rollout.engine=hf"])
+    assert result.exit_code == 0, result.output
+    assert "verify: ok" in result.stdout
+    line = next(x for x in result.stdout.splitlines() if x.startswith("simulated: "))
+    assert "simulated samples per wall second" in line and "(virtual clock)" in line
+    s = json.loads((run / "summary.json").read_text())
+    assert s["steps"] == 5 and s["accepted_rollouts"] == 5 * 8
+    assert (run / "report.html").is_file() and (run / "metrics.jsonl").is_file()
+    events = _events(run)
+    config = next(e for e in events if isinstance(e, ev.RunConfig))
+    assert json.loads(config.config)["rollout"]["engine"] == "sim"
+    assert events[0].ts == 0.0  # a virtual clock: a fresh run starts at t = 0
+    assert sum(isinstance(e, ev.WorkerStarted) for e in events) >= 4
+    # virtual time: 5 trainer steps of the P1 trainer (>= 2 s each) passed on the run's clock
+    assert s["wall_s"] >= 5 * 2.0
+
+
+def test_simulate_rejects_a_bad_key(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["simulate", str(REPO / "configs" / "sim-p1.yaml"),
+                                       "--out", str(tmp_path / "r"), "sim.clok=real"])
+    assert result.exit_code == 2
+    assert "sim.clok" in result.stderr and not (tmp_path / "r").exists()
+
+
+def test_bench_rejects_a_bad_key(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["bench", str(REPO / "configs" / "sim-p2.yaml"),
+                                       "--out", str(tmp_path / "b"), "rollout.wrokers=3"])
+    assert result.exit_code == 2
+    assert "rollout.wrokers" in result.stderr
+
+
+def _table_checks(out: Path, tables: list[dict[str, object]], clocks: list[str]) -> None:
+    assert [t["clock"] for t in tables] == clocks
+    for t in tables:
+        rows = t["rows"]
+        assert isinstance(rows, list)
+        labels = [r["run"] for r in rows]
+        assert labels[0] == "sync" and "adaptive" in labels
+        assert sum(x.startswith("static-") for x in labels) >= 3
+        assert all(r["verify"] for r in rows)
+        assert rows[0]["speedup"] == pytest.approx(1.0)
+        for r in rows:
+            assert (out / str(t["clock"]) / r["run"] / "summary.json").is_file()
+            assert r["worker_s"] > 0
+    md = (out / "bench.md").read_text()
+    assert md.count("| sync |") == len(clocks)
+
+
+@needs_sim
+@pytest.mark.slow
+def test_bench_quick_on_simulated_engines_both_clocks(tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    result = CliRunner().invoke(main, ["bench", str(REPO / "configs" / "sim-p2.yaml"), "--quick",
+                                       "--clock", "both", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "== sim-p2 (virtual clock, 4 steps)" in result.stdout
+    assert "== sim-p2 (real clock, 4 steps, sim.time_scale " in result.stdout
+    tables = json.loads((out / "bench.json").read_text())
+    _table_checks(out, tables, ["virtual", "real"])
+    assert "adaptive-deadline" in [r["run"] for r in tables[0]["rows"]]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("freshroll.runtime.adapters") is None,
+                    reason="the pipeline's thread adapters are not built yet")
+def test_bench_quick_on_the_real_embedded_default(tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    result = CliRunner().invoke(main, ["bench", "--quick", "--clock", "both", "--out", str(out),
+                                       "task.n_prompts=64"])
+    assert result.exit_code == 0, result.output
+    tables = json.loads((out / "bench.json").read_text())
+    _table_checks(out, tables, ["real"])  # a real model: the real clock only
+    caps = tables[0]["capacities_per_s"]
+    assert all(caps[s] > 0 for s in ("gen", "reward", "train"))
+
+
+def test_simulate_refuses_an_unusable_out_before_loading(tmp_path: Path) -> None:
+    target = tmp_path / "a-file"
+    target.write_text("x")
+    result = CliRunner().invoke(main, ["simulate", str(REPO / "configs" / "sim-p1.yaml"),
+                                       "--out", str(target)])
+    assert result.exit_code == 2
+    assert f"--out {target}: is a file" in result.stderr

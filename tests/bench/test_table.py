@@ -1,0 +1,54 @@
+"""Rendering of the bench table: every row and the verdict line, in text, markdown and JSON."""
+
+from __future__ import annotations
+
+import json
+
+from freshroll.bench import figures as f
+from freshroll.bench.table import make_table, render_json, render_markdown, render_text
+
+CAPS = f.Capacities(batch=64, gen_per_s=32.0, reward_per_s=128.0, train_per_s=64.0,
+                    transfer_s=0.5)
+
+
+def _run(label: str, per_s: float) -> f.RunFigures:
+    return f.RunFigures(label, per_s, 0.25, 0.0, 1.0, 2.0, 2, 40.0, 10, 640, 20.0)
+
+
+def _table(per_s: float, adaptive: float = 11.0) -> dict[str, object]:
+    rows = f.table_rows([_run("sync", 10.0), _run("static-a", per_s), _run("adaptive", adaptive)],
+                        "sync", CAPS)
+    return make_table("P2", "virtual", CAPS, rows)
+
+
+def test_text_table_has_every_run_and_the_capacities() -> None:
+    text = render_text(_table(19.0))
+    lines = text.splitlines()
+    assert lines[0] == "== P2 (virtual clock)"
+    assert "binding: gen" in lines[1] and "async bound 2.00x" in lines[1]
+    assert lines[2].split()[:3] == ["run", "accepted/s", "E"]
+    assert [line.split()[0] for line in lines[3:6]] == ["sync", "static-a", "adaptive"]
+    assert "1.90" in lines[4] and "25.0%" in lines[4] and "1/2/2" in lines[4]
+    assert lines[-1] == "best: static-a at 1.90x the synchronous baseline."
+
+
+def test_the_table_says_when_asynchrony_does_not_pay() -> None:
+    t = _table(10.2, adaptive=10.4)
+    assert t["async_pays"] is False and t["best"] == "adaptive"
+    assert "asynchrony does not pay on this workload" in render_text(t).splitlines()[-1]
+
+
+def test_the_title_names_steps_and_time_scale() -> None:
+    t = {**_table(19.0), "steps": 12, "time_scale": 0.009}
+    assert render_text(t).splitlines()[0] == "== P2 (virtual clock, 12 steps, sim.time_scale 0.009)"
+    assert render_markdown({**t, "time_scale": 1.0}).startswith("### P2 (virtual clock, 12 steps)")
+
+
+def test_markdown_and_json() -> None:
+    t = _table(19.0)
+    md = render_markdown(t)
+    assert "| run | accepted/s | E | speedup | A |" in md
+    assert md.count("\n| ") == 4  # header + 3 rows
+    data = json.loads(render_json([t]))
+    assert data[0]["rows"][1]["speedup"] == 1.9
+    assert data[0]["capacities_per_s"]["sync"] == 128.0
