@@ -325,6 +325,10 @@ class SimSection(_Section):
     transfer_s: float = Field(
         0.5, ge=0, le=86_400, description="seconds for a worker to load a new policy version"
     )
+    reward_workers: int = Field(
+        64, ge=1, le=65_536, description="parallel reward calls (each of up to one group's "
+        "completions); a hung call holds only its own samples"
+    )
     trainer_speed: list[tuple[int, float]] = Field(
         default_factory=list, description="[[step, factor], ...]: from that step on the "
         "trainer's step time is divided by factor (elasticity tests: 2 doubles its speed)"
