@@ -2,8 +2,11 @@
 
 Completions the workers emit are queued here (:meth:`RewardStage.put`, called on the loop by
 an engine's ``emit``; the queue holds only admitted, generated requests, so the admission
-window bounds it). One task scores them in batches of up to ``MAX_BATCH`` through the run's
-:class:`~freshroll.runtime.seams.AsyncScorer`, under ``limits.reward_timeout_s``:
+window bounds it). They are scored in batches of up to ``MAX_BATCH`` through the run's
+:class:`~freshroll.runtime.seams.AsyncScorer`, under ``limits.reward_timeout_s``, one call at
+a time (the thread adapter of a RewardSet), or up to ``scorer.max_concurrent_calls`` calls at
+once for a scorer that declares it (an async reward service; a hung call then holds one
+call's worth of the stage, not all of it):
 
 * a batch that times out is discarded ``reward_timeout`` (a thread adapter abandons the stuck
   call; the next one runs on a fresh thread); timeouts in a row are budgeted
@@ -46,7 +49,7 @@ class RewardStage:
         self.pipe, self.buf = pipe, pipe.buf
         self._queue: deque[tuple[SampleId, Completion, Prompt]] = deque()
         self._wake = asyncio.Event()
-        self.scoring = 0  # completions in the reward call under way
+        self.scoring = 0  # completions in the reward calls under way
 
     def put(self, sid: SampleId, comp: Completion, prompt: Prompt) -> None:
         self._queue.append((sid, comp, prompt))
@@ -54,7 +57,7 @@ class RewardStage:
 
     @property
     def pending(self) -> int:
-        """Generated completions not yet rewarded: queued, or in the call under way."""
+        """Generated completions not yet rewarded: queued, or in a call under way."""
         return len(self._queue) + self.scoring
 
     async def run(self) -> None:
@@ -68,39 +71,56 @@ class RewardStage:
             comp = Completion(tuple(p.prompt_ids), tuple(p.token_ids), tuple(p.logprobs), p.text,
                               p.finish_reason, 0.0)
             self.put(sid, comp, pipe.prompts[buf.prompt_of(sid)])
-        queue, clock = self._queue, buf.clock
-        while True:
+        calls = max(1, int(getattr(scorer, "max_concurrent_calls", 1)))
+        if calls == 1:
+            while True:
+                await self._call(await self._take())
+        async with asyncio.TaskGroup() as tg:  # several calls at once (an async scorer)
+            free = asyncio.Semaphore(calls)
+            while True:
+                items = await self._take()
+                await free.acquire()
+                tg.create_task(self._call(items, free))
+
+    async def _take(self) -> list[tuple[SampleId, Completion, Prompt]]:
+        """The next batch: up to MAX_BATCH queued completions (waits for one)."""
+        queue = self._queue
+        while not queue:
             self._wake.clear()
-            if not queue:
-                await self._wake.wait()
-                continue
-            n = min(len(queue), MAX_BATCH)
-            items = [queue.popleft() for _ in range(n)]
-            t0 = clock.now()
-            self.scoring = n
-            try:
-                scores = await self._score_batch([p for _, _, p in items], [c for _, c, _ in items])
-            finally:
-                self.scoring = 0
-            if scores is None:  # timed out: discarded as reward_timeout
-                for sid, _, _ in items:
-                    buf.discard(sid, "reward_timeout", self._timeout_error())
-                pipe.notify()
-                pipe.budget.record(self._label() + " (timeouts)", self._timeout_rule(),
-                                   1, 1, self._timeout_error())
-                continue
-            per_sample = (clock.now() - t0) / n
-            errors: list[str | None] = []
-            version = scorer.version
-            for (sid, _, _), score in zip(items, scores, strict=True):
-                if score.value is not None:
-                    buf.reward(sid, score.value, version, per_sample)
-                    errors.append(None)
-                else:
-                    buf.discard(sid, "reward_error", score.error or "reward_error")
-                    errors.append(score.error or "")
+            await self._wake.wait()
+        return [queue.popleft() for _ in range(min(len(queue), MAX_BATCH))]
+
+    async def _call(self, items: list[tuple[SampleId, Completion, Prompt]],
+                    free: asyncio.Semaphore | None = None) -> None:
+        """Score one batch and record its rewards, discards and budget."""
+        buf, pipe, clock, n = self.buf, self.pipe, self.buf.clock, len(items)
+        t0 = clock.now()
+        self.scoring += n
+        try:
+            scores = await self._score_batch([p for _, _, p in items], [c for _, c, _ in items])
+        finally:
+            self.scoring -= n
+            if free is not None:
+                free.release()
+        if scores is None:  # timed out: discarded as reward_timeout
+            for sid, _, _ in items:
+                buf.discard(sid, "reward_timeout", self._timeout_error())
             pipe.notify()
-            self._record(errors)
+            pipe.budget.record(self._label() + " (timeouts)", self._timeout_rule(),
+                               1, 1, self._timeout_error())
+            return
+        per_sample = (clock.now() - t0) / n
+        errors: list[str | None] = []
+        version = pipe.scorer.version
+        for (sid, _, _), score in zip(items, scores, strict=True):
+            if score.value is not None:
+                buf.reward(sid, score.value, version, per_sample)
+                errors.append(None)
+            else:
+                buf.discard(sid, "reward_error", score.error or "reward_error")
+                errors.append(score.error or "")
+        pipe.notify()
+        self._record(errors)
 
     async def _score_batch(
         self, prompts: list[Prompt], comps: list[Completion]

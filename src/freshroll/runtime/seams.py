@@ -100,7 +100,12 @@ class EngineNotRestartable(Exception):
 
 @runtime_checkable
 class AsyncScorer(Protocol):
-    """The reward stage."""
+    """The reward stage.
+
+    Optional: a scorer with an int attribute ``max_concurrent_calls`` (> 1) is given up to
+    that many calls at once (an async reward service); without it, one call at a time (the
+    thread adapter of a user's RewardSet, whose functions need not be thread-safe).
+    """
 
     version: str  # the RewardVersion recorded with every reward
     names: tuple[str, ...]  # reward function names (failure attribution, budgets)
