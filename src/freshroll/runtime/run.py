@@ -341,10 +341,15 @@ def _start_line(cfg: Config, out: Path, model: Path, n_prompts: int, buf: Sample
     where = f"from step {step} to {cfg.run.steps}" if step else f"{cfg.run.steps} steps"
     eta = cfg.run.max_staleness
     mode = "sync" if eta == 0 else f"async (max_staleness {eta})"
-    return (f"freshroll: {out}: {where}, {mode}, model {model}, {n_prompts} prompts, "
-            f"{cfg.rollout.workers} worker(s) ({cfg.run.runtime}), "
+    if cfg.rollout.engine == "sim":
+        what = (f"simulated cluster {cfg.sim.profile} ({cfg.sim.clock} clock), "
+                f"{cfg.rollout.workers} worker(s)")
+    else:
+        what = (f"model {model}, {cfg.rollout.workers} worker(s) ({cfg.run.runtime}), "
+                f"torch threads {torch.get_num_threads()}")
+    return (f"freshroll: {out}: {where}, {mode}, {what}, {n_prompts} prompts, "
             f"{cfg.rollout.batch_groups}x{cfg.rollout.group_size} rollouts per step, "
-            f"torch threads {torch.get_num_threads()}")
+            f"control {cfg.control.mode}")
 
 
 def _write_end_files(out: Path, buf: SampleBuffer) -> dict[str, Any]:
