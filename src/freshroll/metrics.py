@@ -62,6 +62,7 @@ class Tally:
     max_staleness: int | None = None
     step_wait_s: float = 0.0  # wait of the lease the last commit consumed
     step_interval_s: float = 0.0  # trainer wall time between the last two commits
+    step_lags: tuple[float, int] | None = None  # (mean, max) lag of the last commit's batch
     _wall_done: float = 0.0  # trainer wall time of the incarnations before the current one
     _start: float | None = None  # the current incarnation's trainer start
     _last: float | None = None  # the current incarnation's last commit
@@ -98,10 +99,13 @@ class Tally:
     def _committed(self, e: ev.Committed) -> dict[str, Any]:
         lease = self._leases.pop(e.lease, None)
         self.step_wait_s = lease[1] if lease is not None else 0.0
+        step_lags = []
         for s in e.samples:
             gen = self._started.pop(s, None)
             if lease is not None and gen is not None:  # else a damaged ledger: verify says so
                 self.lags[lease[0] - gen] += 1
+                step_lags.append(lease[0] - gen)
+        self.step_lags = (sum(step_lags) / len(step_lags), max(step_lags)) if step_lags else None
         previous = self._last if self._last is not None else self._start
         self.step_interval_s = e.ts - previous if previous is not None else 0.0
         self._last = e.ts
@@ -274,10 +278,22 @@ def mode(t: Tally) -> str | None:
 
 
 # == the outputs built from figures ===================================================
+@figure
+def step_lag_mean(t: Tally) -> float | None:
+    """Mean lag of the last commit's batch (None: no commit yet)."""
+    return None if t.step_lags is None else t.step_lags[0]
+
+
+@figure
+def step_lag_max(t: Tally) -> float | None:
+    return None if t.step_lags is None else float(t.step_lags[1])
+
+
 def row(t: Tally, e: ev.Committed) -> dict[str, Any]:
     """The ``metrics.jsonl`` row of the commit ``e`` that ``t`` has just folded."""
     return {
         "step": steps(t), "t": wall_s(t), "version": e.version, **e.metrics,
+        "lag_mean": step_lag_mean(t), "lag_max": step_lag_max(t),
         "trainer_wait_s": step_wait_s(t), "step_idle_ratio": step_idle_ratio(t),
         "accepted_total": accepted_rollouts(t), "accepted_per_s": accepted_rollouts_per_s(t),
         "trainer_idle_ratio": trainer_idle_ratio(t), "discards": counted_discards(t),
