@@ -45,12 +45,19 @@ REWARD = str(RewardVersion.of("bench", config={}))
 
 
 class Engine:
-    """Continuous: each request finishes ``(1 + k % 7) x 0.1`` s after the call starts."""
+    """Continuous: each request finishes ``(1 + k % 7) x 0.1`` s after the call starts
+    (``instant``: all at once, without sleeping: the orchestrator alone is measured)."""
 
     continuous = True
+    instant = False
 
     async def generate(self, requests: Sequence[GenRequest], params: SamplingParams, seed: int,
                        emit: Emit) -> None:
+        if self.instant:
+            await asyncio.sleep(0)
+            for i in range(len(requests)):
+                emit(i, Completion((), (), (), "", "length", 0.0, n_tokens=256))
+            return
         t = 0.0
         lats = [(1 + zlib.crc32(r.sample.encode()) % 7) * 0.1 for r in requests]
         for lat, i in sorted((lat, i) for i, lat in enumerate(lats)):
@@ -140,7 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--workers", type=int, default=64)
     ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--engine", choices=("sleep", "instant"), default="sleep",
+                    help="instant: the fake engine emits at once (the orchestrator alone)")
     args = ap.parse_args(argv)
+    Engine.instant = args.engine == "instant"
     w = Workload(group_size=16, batch_groups=32, max_staleness=2, workers=args.workers,
                  payload_bytes=0)
     steps = max(1, args.samples // w.samples_per_step)

@@ -294,6 +294,13 @@ class TailSection(_Section):
     )
     min_keep: int = Field(2, ge=2, le=4_096, description="members a cut group keeps at least")
 
+    @model_validator(mode="after")
+    def _check(self) -> TailSection:
+        if self.drop_factor < self.deadline_factor:
+            raise ValueError(f"drop_factor {self.drop_factor} must be >= deadline_factor "
+                             f"{self.deadline_factor}")
+        return self
+
 
 class SimSection(_Section):
     """The simulated cluster of rollout.engine: sim (freshroll.sim; docs/simulation.md)."""
@@ -317,6 +324,10 @@ class SimSection(_Section):
     )
     transfer_s: float = Field(
         0.5, ge=0, le=86_400, description="seconds for a worker to load a new policy version"
+    )
+    reward_workers: int = Field(
+        64, ge=1, le=65_536, description="parallel reward calls (each of up to one group's "
+        "completions); a hung call holds only its own samples"
     )
     trainer_speed: list[tuple[int, float]] = Field(
         default_factory=list, description="[[step, factor], ...]: from that step on the "
@@ -380,6 +391,10 @@ class Config(_Section):
         if self.rollout.group_size < 2:
             raise ValueError("rollout.group_size: must be >= 2 for GRPO (the advantage of a "
                              "group of one is always zero, so nothing would be learned)")
+        if self.tail.deadline and self.tail.min_keep > self.rollout.group_size:
+            raise ValueError(f"tail.min_keep ({self.tail.min_keep}) exceeds rollout.group_size "
+                             f"({self.rollout.group_size}): no group could be kept at its "
+                             "deadline")
         if self.rollout.temperature == 0:
             raise ValueError("rollout.temperature: 0 (greedy) makes every completion of a group "
                              "identical, so every GRPO advantage is zero; use e.g. 1.0")

@@ -53,6 +53,7 @@ class FakeEngine:
 
 class FakeScorer:
     version, names = "r-fake", ("fake",)
+    concurrency, max_batch = 1, 256
 
     async def score(self, prompts: Sequence[Prompt], completions: Sequence[Completion],
                     state: RewardState) -> list[Score]:

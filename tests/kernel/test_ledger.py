@@ -109,6 +109,14 @@ def test_every_event_kind_round_trips(tmp_path: Path) -> None:
         ev.RunConfig(ts=1, step=0, config='{"run":{}}', config_digest="ab", model_digest="cd"),
         ev.SettingsChanged(ts=1, step=3, keys=["trainer.lr"], old='{"trainer.lr":0.1}',
                            new='{"trainer.lr":0.2}', allowed=["trainer.lr"]),
+        ev.WorkerReady(ts=1, worker="w0", epoch=0, startup_s=2.5),
+        ev.ControllerDecided(
+            ts=1, mode="adaptive",
+            previous=ev.LiveSettings(admission_limit=4, concurrency=8, workers=2),
+            settings=ev.LiveSettings(admission_limit=6, concurrency=8, workers=3),
+            bottleneck="producer", reason="+1 workers",
+            inputs={"window_s": 5.0, "worker_rates": [1.0, 2.5], "discards": {"stale": 1}},
+            state={"last_up_at": 3.0, "probe": None, "latched": False}),
         ev.Closed(ts=2, reason="done"),
     ]
     assert {type(e) for e in samples} == set(ev.EVENT_TYPES)

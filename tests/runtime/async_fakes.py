@@ -102,6 +102,7 @@ class Factory:
 class Scorer:
     version = REWARD
     names = ("fake",)
+    concurrency, max_batch = 1, 256
 
     def __init__(self, per_call_s: float = 0.05) -> None:
         self.per_call_s, self.calls = per_call_s, 0

@@ -45,6 +45,14 @@ def test_static_mode_records_a_decision_every_interval_and_changes_nothing(tmp_p
     assert all(d.previous == d.settings == initial for d in decided)
     assert all(d.inputs["window_s"] > 0 and "trainer_wait_s" in d.inputs for d in decided)
     assert sum(d.inputs["consumed_samples"] for d in decided) > 0
+    for d in decided:  # the meter's figures stay within what the fakes can do
+        w = d.inputs["window_s"]
+        assert 0 <= d.inputs["blocked_s"] <= 2 * w + 1e-9
+        assert 0 <= d.inputs["trainer_wait_s"] <= w + 1e-9
+        # 8 slots, a request takes >= 0.25 s: no worker completes more than 32 per second
+        assert all(0 <= r <= 32 for r in d.inputs["worker_rates"])
+        assert d.inputs["switch_cost_s"] == 2.0  # the factory's start-up time
+        assert 0 <= d.inputs["in_flight"] <= 16 + 256
     assert [e.worker for e in h.events(ev.WorkerStarted)] == ["w0", "w1"]
     h.buf.shutdown("done")
     assert h.verify().ok

@@ -180,3 +180,30 @@ def test_a_lost_async_worker_is_replaced_by_a_new_engine_from_the_factory(tmp_pa
     assert h.buf.counts["discarded_fenced"] > 0
     h.buf.shutdown("done")
     assert h.verify().ok
+
+
+def test_an_async_scorer_with_concurrent_calls_keeps_scoring_while_one_call_hangs(
+    tmp_path: Path,
+):
+    from async_fakes import Scorer
+
+    class HangsOnce(Scorer):
+        concurrency = 4
+
+        async def score(self, prompts: Any, completions: Any, state: Any) -> Any:
+            self.calls += 1
+            if self.calls == 3:
+                await asyncio.sleep(1000)  # far past limits.reward_timeout_s
+            return await super().score(prompts, completions, state)
+
+    h = AsyncHarness(tmp_path, scorer=HangsOnce(), overrides=[
+        "rollout.workers=2", "run.steps=30", "limits.reward_timeout_s=30"])
+    assert h.run() is None
+    timeouts = [d for d in h.events(ev.Discarded) if d.reason == "reward_timeout"]
+    assert timeouts
+    hung_at = min(d.ts for d in timeouts) - 30
+    during = [r for r in h.events(ev.Rewarded) if hung_at + 1 < r.ts < hung_at + 29]
+    assert during  # the other calls went on scoring while that one hung
+    h.buf.shutdown("done")
+    report = h.verify()
+    assert report.ok, report.render()

@@ -162,6 +162,9 @@ class ThreadEngineFactory:
 class ThreadScorer:
     """The :class:`RewardSet` as an :class:`~freshroll.runtime.seams.AsyncScorer`."""
 
+    concurrency = 1  # one reward thread: user code need not be thread-safe
+    max_batch = 256
+
     def __init__(self, rewards: RewardSet) -> None:
         self.rewards = rewards
         self.version = str(rewards.version)

@@ -13,6 +13,8 @@ Tasks (all children of one ``asyncio.TaskGroup``; none is fire-and-forget)::
                 publishes the new weights
     steering    every ``control.interval_s`` measures a window and lets the controller set
                 the live settings (:mod:`freshroll.runtime.steering`)
+    tails       with ``tail.deadline``: cuts the stragglers of groups past their deadline
+                and frees their slots (:mod:`freshroll.runtime.tailing`)
 
 The pipeline awaits only the seams of :mod:`freshroll.runtime.seams`: engines come from an
 :data:`~freshroll.runtime.seams.EngineFactory`, rewards from an
@@ -68,6 +70,7 @@ from freshroll.rewards.tasks import Prompt
 from freshroll.runtime.rewarding import RewardStage
 from freshroll.runtime.seams import AsyncScorer, AsyncTrainer, EngineFactory
 from freshroll.runtime.steering import Steering
+from freshroll.runtime.tailing import Tailing
 from freshroll.runtime.workers import MAX_RESTARTS, WorkerPool, generation_seed
 
 
@@ -143,6 +146,7 @@ class Pipeline:
         self._feed, self._train = asyncio.Event(), asyncio.Event()
         self.rewarder = RewardStage(self)
         self.steering = Steering(self)
+        self.tailing = Tailing(self) if self.cfg.tail.deadline else None
         failure: BaseException | None = None
         try:
             async with asyncio.TaskGroup() as tg:
@@ -154,6 +158,8 @@ class Pipeline:
                 tg.create_task(self.rewarder.run(), name="rewarder")
                 tg.create_task(self._trainer(), name="trainer")
                 tg.create_task(self.steering.run(), name="steering")
+                if self.tailing is not None:
+                    tg.create_task(self.tailing.run(), name="tails")
         except BaseExceptionGroup as group:
             failure = first_failure(group)
         if failure is not None:

@@ -16,10 +16,9 @@ from typing import Any
 
 from freshroll.config import Config
 from freshroll.engines.model_dir import check_model_dir
-from freshroll.engines.tiny import build_tiny, model_digest, save_model_dir
 from freshroll.errors import ConfigError, LedgerError, ResumeError
 from freshroll.ledger import LEDGER_FILE, Ledger
-from freshroll.lineage import PolicyVersion, digest_of
+from freshroll.lineage import PolicyVersion
 from freshroll.rewards.calling import reward_columns
 from freshroll.rewards.data import chat_renderer, check_vocabulary, load_prompts
 from freshroll.rewards.scoring import RewardSet, build_reward_set
@@ -89,6 +88,8 @@ def prepare_run_dir(
             check_out_dir(out, resume=False)  # another process may have started it meanwhile
         write_text_atomic(out / "config.yaml", cfg.to_yaml())
         if pending is not None:
+            from freshroll.engines.tiny import save_model_dir
+
             save_model_dir(*pending, path)
     except BaseException:
         if lock is not None:
@@ -99,15 +100,9 @@ def prepare_run_dir(
 
 def sim_model_digest(cfg: Config) -> str:
     """The simulated cluster's stand-in for a model digest (the lineage root, needed before
-    the buffer exists): ``freshroll.sim.components.sim_model_digest``, which also checks
-    ``sim.params``; without that module, a digest of the profile and its parameters."""
-    try:
-        from freshroll.sim.components import sim_model_digest as of_sim
-    except ImportError:
-        import json
+    the buffer exists; it also checks ``sim.params``)."""
+    from freshroll.sim.components import sim_model_digest as of_sim
 
-        params = json.dumps(cfg.sim.params, sort_keys=True, default=str)
-        return digest_of("sim", cfg.sim.profile, params)
     digest: str = of_sim(cfg)
     return digest
 
@@ -119,7 +114,10 @@ def _initial_model(
 
     A user's ``model.path`` is read in place; the embedded tiny model is built in memory
     (a new run always builds it; a resume reuses the run's ``model/`` when present).
+    transformers is imported here, not at module level: a simulated run never loads it.
     """
+    from freshroll.engines.tiny import build_tiny, model_digest
+
     if cfg.model.path is not None:
         path = Path(cfg.model.path)
         check_model_dir(path)

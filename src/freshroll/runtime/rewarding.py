@@ -2,8 +2,10 @@
 
 Completions the workers emit are queued here (:meth:`RewardStage.put`, called on the loop by
 an engine's ``emit``; the queue holds only admitted, generated requests, so the admission
-window bounds it). One task scores them in batches of up to ``MAX_BATCH`` through the run's
-:class:`~freshroll.runtime.seams.AsyncScorer`, under ``limits.reward_timeout_s``:
+window bounds it). They are scored in calls of up to ``scorer.max_batch`` completions, with up
+to ``scorer.concurrency`` calls in flight (parallel reward workers; the thread adapter of a
+RewardSet has one), through the run's :class:`~freshroll.runtime.seams.AsyncScorer`, each under
+``limits.reward_timeout_s``:
 
 * a batch that times out is discarded ``reward_timeout`` (a thread adapter abandons the stuck
   call; the next one runs on a fresh thread); timeouts in a row are budgeted
@@ -14,8 +16,8 @@ window bounds it). One task scores them in batches of up to ``MAX_BATCH`` throug
 * failures are attributed per reward function: a function named in a sample's error failed
   that sample, the others did not; a failure naming no function counts for the set.
 
-The time per sample recorded with a reward is the batch's time on the run's clock divided by
-its size. Generated samples recovered without a reward (a crash between the two) are scored
+The time per sample recorded with a reward is its call's time on the run's clock divided by
+the call's size. Generated samples recovered without a reward (a crash between the two) are scored
 first.
 """
 
@@ -46,7 +48,8 @@ class RewardStage:
         self.pipe, self.buf = pipe, pipe.buf
         self._queue: deque[tuple[SampleId, Completion, Prompt]] = deque()
         self._wake = asyncio.Event()
-        self.scoring = 0  # completions in the reward call under way
+        self.scoring = 0  # completions in the reward calls under way
+        self._calls = 0  # reward calls under way (at most scorer.concurrency)
 
     def put(self, sid: SampleId, comp: Completion, prompt: Prompt) -> None:
         self._queue.append((sid, comp, prompt))
@@ -68,39 +71,48 @@ class RewardStage:
             comp = Completion(tuple(p.prompt_ids), tuple(p.token_ids), tuple(p.logprobs), p.text,
                               p.finish_reason, 0.0)
             self.put(sid, comp, pipe.prompts[buf.prompt_of(sid)])
-        queue, clock = self._queue, buf.clock
-        while True:
-            self._wake.clear()
-            if not queue:
+        queue = self._queue
+        limit, size = max(1, scorer.concurrency), max(1, scorer.max_batch)
+        async with asyncio.TaskGroup() as calls:
+            while True:
+                self._wake.clear()
+                while queue and self._calls < limit:
+                    n = min(len(queue), size)
+                    items = [queue.popleft() for _ in range(n)]
+                    self._calls += 1
+                    self.scoring += n
+                    calls.create_task(self._call(items))
                 await self._wake.wait()
-                continue
-            n = min(len(queue), MAX_BATCH)
-            items = [queue.popleft() for _ in range(n)]
-            t0 = clock.now()
-            self.scoring = n
-            try:
-                scores = await self._score_batch([p for _, _, p in items], [c for _, c, _ in items])
-            finally:
-                self.scoring = 0
-            if scores is None:  # timed out: discarded as reward_timeout
-                for sid, _, _ in items:
-                    buf.discard(sid, "reward_timeout", self._timeout_error())
-                pipe.notify()
-                pipe.budget.record(self._label() + " (timeouts)", self._timeout_rule(),
-                                   1, 1, self._timeout_error())
-                continue
-            per_sample = (clock.now() - t0) / n
-            errors: list[str | None] = []
-            version = scorer.version
-            for (sid, _, _), score in zip(items, scores, strict=True):
-                if score.value is not None:
-                    buf.reward(sid, score.value, version, per_sample)
-                    errors.append(None)
-                else:
-                    buf.discard(sid, "reward_error", score.error or "reward_error")
-                    errors.append(score.error or "")
+
+    async def _call(self, items: list[tuple[SampleId, Completion, Prompt]]) -> None:
+        """One reward call: its samples rewarded or discarded, its outcome budgeted."""
+        buf, pipe, n = self.buf, self.pipe, len(items)
+        t0 = buf.clock.now()
+        try:
+            scores = await self._score_batch([p for _, _, p in items], [c for _, c, _ in items])
+        finally:
+            self._calls -= 1
+            self.scoring -= n
+            self._wake.set()
+        if scores is None:  # timed out: discarded as reward_timeout
+            for sid, _, _ in items:
+                buf.discard(sid, "reward_timeout", self._timeout_error())
             pipe.notify()
-            self._record(errors)
+            pipe.budget.record(self._label() + " (timeouts)", self._timeout_rule(),
+                               1, 1, self._timeout_error())
+            return
+        per_sample = (buf.clock.now() - t0) / n
+        errors: list[str | None] = []
+        version = pipe.scorer.version
+        for (sid, _, _), score in zip(items, scores, strict=True):
+            if score.value is not None:
+                buf.reward(sid, score.value, version, per_sample)
+                errors.append(None)
+            else:
+                buf.discard(sid, "reward_error", score.error or "reward_error")
+                errors.append(score.error or "")
+        pipe.notify()
+        self._record(errors)
 
     async def _score_batch(
         self, prompts: list[Prompt], comps: list[Completion]

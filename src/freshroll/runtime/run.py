@@ -49,7 +49,6 @@ from freshroll.buffer import KernelConfig, SampleBuffer
 from freshroll.clock import Clock, RealClock, VirtualClock
 from freshroll.config import Config, read_yaml, validate
 from freshroll.engines.base import InferenceEngine
-from freshroll.engines.hf import HFEngine
 from freshroll.errors import Interrupted, StorageError
 from freshroll.ledger import Ledger, open_ledger
 from freshroll.lineage import PolicyVersion
@@ -172,6 +171,8 @@ def build_engine(cfg: Config, path: Path, name: str) -> InferenceEngine:
                           start_timeout_s=lim.worker_start_timeout_s)
         actor.wait_ready()
         return actor
+    from freshroll.engines.hf import HFEngine  # transformers: only when a model is loaded
+
     return HFEngine.from_pretrained(path)
 
 

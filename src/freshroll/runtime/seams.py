@@ -104,6 +104,10 @@ class AsyncScorer(Protocol):
 
     version: str  # the RewardVersion recorded with every reward
     names: tuple[str, ...]  # reward function names (failure attribution, budgets)
+    #: calls the reward stage may have in flight at once (parallel reward workers; a hung
+    #: call then holds only its own samples), and completions per call at most
+    concurrency: int
+    max_batch: int
 
     async def score(
         self, prompts: Sequence[Prompt], completions: Sequence[Completion], state: RewardState,

@@ -60,7 +60,6 @@ from freshroll.state import Lease
 
 if TYPE_CHECKING:
     from freshroll.runtime.pipeline import Pipeline
-    from freshroll.runtime.workers import Worker
 
 
 def control_config(cfg: Config) -> ControlConfig:
@@ -95,7 +94,6 @@ class Meter:
         self.waiting_since: float | None = None
         self.waited_samples = 0
         self.lags: list[int] = []
-        self._worker_marks: dict[tuple[str, int], tuple[int, float]] = {}
         self._mark = self._now_mark(self.buf.clock.now())
 
     # -- fed by the trainer task -------------------------------------------------------------
@@ -121,33 +119,31 @@ class Meter:
         discards = {k[10:]: v for k, v in counts.items() if k.startswith("discarded_")}
         return _Mark(now, self._wait(now), self.waited_samples, counts["committed"], discards)
 
-    @staticmethod
-    def _blocked(w: Worker, now: float) -> float:
-        since = w.blocked_since
-        return w.blocked_s + (0.0 if since is None else (now - since) * w.blocked_share)
-
     def snapshot(self, now: float, settings: Settings) -> Snapshot:
         """The window since the last snapshot; starts the next one."""
         buf, pool, cfg = self.buf, self.pipe.pool, self.pipe.cfg
         last, mark = self._mark, self._now_mark(now)
         window = max(0.0, now - last.t)
-        blocked, rates = 0.0, []
-        marks: dict[tuple[str, int], tuple[int, float]] = {}
-        for w in [*pool.active.values(), *pool.leaving.values()]:
-            if w.ready_at is None:
-                continue
-            key, b = (w.name, w.epoch), self._blocked(w, now)
-            done0, b0 = self._worker_marks.get(key, (0, 0.0))
-            marks[key] = (w.done, b)
-            blocked += b - b0
-            if w.name in pool.active:
-                up = now - max(last.t, w.ready_at) - (b - b0)
-                if up > 0:
-                    rates.append((w.done - done0) / up)
-        self._worker_marks, self._mark = marks, mark
+        blocked, rates, in_flight, t0 = 0.0, [], self.pipe.rewarder.pending, last.t
+        for active, workers in ((True, pool.active), (False, pool.leaving)):
+            for w in workers.values():
+                in_flight += w.inflight
+                ready = w.ready_at
+                if ready is None:
+                    continue
+                since = w.blocked_since
+                b = w.blocked_s + (0.0 if since is None else (now - since) * w.blocked_share)
+                if w.mark_epoch != w.epoch:  # a new epoch: its window starts from nothing
+                    w.mark_epoch, w.mark_done, w.mark_blocked = w.epoch, 0, 0.0
+                db, dn = b - w.mark_blocked, w.done - w.mark_done
+                w.mark_done, w.mark_blocked = w.done, b
+                blocked += db
+                if active:
+                    up = now - (ready if ready > t0 else t0) - db
+                    if up > 0:
+                        rates.append(dn / up)
+        self._mark = mark
         counts = buf.counts
-        in_flight = sum(w.inflight for w in pool.active.values()) + sum(
-            w.inflight for w in pool.leaving.values()) + self.pipe.rewarder.pending
         lags, self.lags = self.lags, []
         startups = pool.startups[-8:]
         assert buf.version is not None

@@ -84,6 +84,10 @@ class Worker:
     blocked_since: float | None = None  # waiting with free slots while admission is full
     blocked_share: float = 1.0  # the share of its slots that were free then
     blocked_s: float = 0.0  # worker-seconds blocked (each weighted by its free share)
+    mark_epoch: int = -1  # the steering meter's marks at its last window (done, blocked_s)
+    mark_done: int = 0
+    mark_blocked: float = 0.0
+    live: deque[_Call] | None = None  # a continuous epoch's calls (for cancel); None: lock-step
 
 
 @dataclass(eq=False)
@@ -171,6 +175,39 @@ class WorkerPool:
         for w in list(self.active.values()):
             await w.ready.wait()
 
+    async def cancel(self, name: str, epoch: int, samples: list[SampleId]) -> int:
+        """Cancel ``samples`` (already ended in the buffer, a group deadline) on worker
+        ``name``'s epoch ``epoch``; returns how many slots this freed.
+
+        A continuous engine drops them (:meth:`AsyncEngine.cancel`): their slots are free
+        now (the worker's and the calls' counts; a call left with nothing pending returns
+        and its lane refills) and the worker may start queued requests. A lock-step engine
+        cannot drop members of its batch: they stay in its call, and their late results are
+        rejected by the buffer. An epoch that is no longer live (fenced, replaced) is
+        skipped: its engine is going away."""
+        w = self.active.get(name) or self.leaving.get(name)
+        if w is None or w.epoch != epoch or w.fenced or w.engine is None:
+            return 0
+        engine, freed, partial = w.engine, 0, False
+        if w.live is not None:
+            want = set(samples)
+            for call in w.live:
+                if call.over or call.epoch != epoch:
+                    continue
+                hit = 0
+                for i, sid in enumerate(call.sids):
+                    if sid in want and not call.emitted[i]:
+                        call.emitted[i] = True  # counted now: a late emit is not counted again
+                        hit += 1
+                call.pending -= hit
+                freed += hit
+                partial = partial or (hit > 0 and call.pending > 0)
+            w.inflight -= freed
+        await engine.cancel(samples)
+        if partial and w.epoch == epoch and not w.fenced:
+            self._slot_freed(w)  # a call with nothing left returns: its lane refills instead
+        return freed
+
     # -- wake-ups ------------------------------------------------------------------------
     def requests_queued(self) -> None:
         """Requests were queued: wake one idle worker (it wakes the next if some remain)."""
@@ -203,6 +240,7 @@ class WorkerPool:
         buf, lim = self.buf, self.pipe.cfg.limits
         w.epoch, w.fenced, w.inflight, w.loaded, w.failure = (
             buf.register_worker(w.name), False, 0, None, None)
+        w.done, w.blocked_s, w.blocked_since, w.ready_at = 0, 0.0, None, None  # per epoch
         t0 = buf.clock.now()
         try:
             async with asyncio.timeout(lim.worker_start_timeout_s) as cm:
@@ -257,6 +295,7 @@ class WorkerPool:
         if not w.engine.continuous:
             return await self._dispatch(w, w.engine, None, deque(), asyncio.Event())
         order: deque[_Call] = deque()  # live calls in start order (the watchdog's queue)
+        w.live = order
         watch = asyncio.Event()
         calls = _Calls(w)
         calls.spawn(self._watchdog(order, watch))

@@ -106,6 +106,7 @@ def build_sim(cfg: Config, clock: Clock, buf: SampleBuffer) -> SimParts:
 
     scorer = SimScorer(
         draws, time_scale=scale, hang_s=HANG_FACTOR * cfg.limits.reward_timeout_s,
+        concurrency=sim.reward_workers, max_batch=cfg.rollout.group_size,
     )
     trainer = SimTrainer(draws, buf, model_digest=digest, time_scale=scale, speed=speed)
     return SimParts(engine_factory, scorer, trainer, digest, profile, draws)

@@ -1,8 +1,9 @@
 """The simulated reward stage: a seeded success/failure reward after a lognormal latency.
 
 A :class:`SimScorer` is an :class:`~freshroll.runtime.seams.AsyncScorer`. A call
-over ``n`` completions is **one batched reward call** (not ``n`` parallel reward
-workers)::
+over ``n`` completions is **one batched reward call**; the pipeline runs up to
+``sim.reward_workers`` such calls at once (parallel reward workers), each of at most
+one group's completions::
 
     latency  = max over members of min(median_s x exp(sigma x z_i), timeout_s)   (x time_scale)
     hangs    with probability reward.timeout_p per call: it then sleeps hang_s (far
@@ -48,8 +49,10 @@ class SimScorer:
 
     names = ("sim",)
 
-    def __init__(self, draws: KeyedDraws, *, time_scale: float = 1.0, hang_s: float = 1e6):
+    def __init__(self, draws: KeyedDraws, *, time_scale: float = 1.0, hang_s: float = 1e6,
+                 concurrency: int = 64, max_batch: int = 16):
         self.draws = draws
+        self.concurrency, self.max_batch = concurrency, max_batch
         self.version = str(RewardVersion.of(
             "sim", config={"rule": RULE, "reward": asdict(draws.profile.reward)}
         ))
