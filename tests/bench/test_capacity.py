@@ -53,7 +53,7 @@ class FakeEngine:
 
 class FakeScorer:
     version, names = "r-fake", ("fake",)
-    concurrency, max_batch = 1, 256
+    concurrency, max_batch = 1, 16
 
     async def score(self, prompts: Sequence[Prompt], completions: Sequence[Completion],
                     state: RewardState) -> list[Score]:
@@ -85,7 +85,7 @@ PROMPTS = [Prompt(f"p{i}", f"prompt {i}") for i in range(5)]
 
 def _workload(**kw: Any) -> Workload:
     base = dict(prompts=PROMPTS, group_size=4, batch_groups=2, workers=2, concurrency=4,
-                params=SamplingParams(max_new_tokens=16), reward_batch=16, reward_timeout_s=5.0)
+                params=SamplingParams(max_new_tokens=16), reward_timeout_s=5.0)
     return Workload(**{**base, **kw})
 
 
@@ -141,6 +141,26 @@ def test_a_reward_call_that_times_out_scores_nothing() -> None:
     assert VirtualClock().run(go()) == pytest.approx(32 / 10.2)
 
 
+class ParallelScorer(FakeScorer):
+    concurrency = 4
+
+
+def test_reward_calls_in_flight_follow_the_scorer() -> None:
+    from freshroll.bench.capacity import measure_reward
+
+    async def go() -> float:
+        async def factory(name: str) -> FakeEngine:
+            return FakeEngine(True, 1.0)
+
+        gen, _ = await measure_generation(factory, _workload(), 64)
+        per_s, _ = await measure_reward(ParallelScorer(), gen, _workload(),
+                                        {p.prompt_id: p for p in PROMPTS})
+        return per_s
+
+    # 4 calls of 16 at once, 0.1 s each: 64 samples in 0.1 s
+    assert VirtualClock().run(go()) == pytest.approx(640.0)
+
+
 def test_every_stage_in_isolation(tmp_path: Path) -> None:
     clock = VirtualClock()
     w = _workload()
@@ -160,7 +180,7 @@ def test_every_stage_in_isolation(tmp_path: Path) -> None:
     assert caps.batch == 8
     assert caps.gen_per_s == pytest.approx(8.0)
     assert caps.gen_per_worker_per_s == pytest.approx(4.0)
-    assert caps.reward_per_s == pytest.approx(16 / 0.1)  # calls of 16 (reward_batch), 0.1 s
+    assert caps.reward_per_s == pytest.approx(16 / 0.1)  # calls of 16 (max_batch), 0.1 s
     assert caps.train_per_s == pytest.approx(8 / 2.0)  # B = 8 per 2 s step
     assert caps.transfer_s == pytest.approx(0.25)
     assert (trainer.steps, trainer.seen) == (3, 24)

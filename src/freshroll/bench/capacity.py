@@ -12,8 +12,9 @@ seams of :mod:`freshroll.runtime.seams`. Every duration is the event loop's time
   ``c_gen = n / (time of the n-th completion)`` for the whole pool (the calls still in
   flight then are let finish, uncounted);
 - **reward** (:func:`measure_reward`): the scorer on the stream of those completions, as the
-  pipeline's reward stage calls it (one call at a time, up to ``reward_batch`` completions
-  per call, each under ``limits.reward_timeout_s``: a call that times out scores nothing);
+  pipeline's reward stage calls it (up to ``scorer.concurrency`` calls in flight of up to
+  ``scorer.max_batch`` completions, each under ``limits.reward_timeout_s``: a call that times
+  out scores nothing);
   ``c_reward = samples scored / elapsed``;
 - **trainer** (:func:`measure_trainer`): fed from a full buffer — each step's batch is
   made ready in a scratch ledger before the step starts, so the trainer never waits;
@@ -60,7 +61,6 @@ class Workload:
     seed: int = 0
     policy_step: int = 0  # the policy step the engines generate at (length drift)
     max_steps: int = 0  # run.steps (what rewards see as max_steps)
-    reward_batch: int = 256  # completions per reward call (the pipeline's reward stage)
     reward_timeout_s: float = 300.0  # limits.reward_timeout_s
 
     @property
@@ -135,30 +135,37 @@ async def measure_generation(
 async def measure_reward(
     scorer: AsyncScorer, gen: Generated, w: Workload, by_id: dict[str, Prompt],
 ) -> tuple[float, dict[str, float]]:
-    """Score the complete generated groups as the pipeline's reward stage does (one call at a
-    time over up to ``reward_batch`` completions, each under ``reward_timeout_s``);
-    samples scored per second, and each sample's reward (for the trainer)."""
+    """Score the complete generated groups as the pipeline's reward stage does: calls of up to
+    ``scorer.max_batch`` completions, ``scorer.concurrency`` of them in flight, each under
+    ``reward_timeout_s`` (a call that times out scores nothing); samples scored per second,
+    and each sample's reward (for the trainer)."""
+    size, limit = max(1, scorer.max_batch), max(1, scorer.concurrency)
     pairs = [m for g in gen.complete_groups(w.group_size) for m in g]
-    if len(pairs) >= w.reward_batch:  # whole calls only, as on a full stream
-        pairs = pairs[:len(pairs) // w.reward_batch * w.reward_batch]
+    if len(pairs) >= size:  # whole calls only, as on a full stream
+        pairs = pairs[:len(pairs) // size * size]
+    chunks = iter([pairs[i:i + size] for i in range(0, len(pairs), size)])
     rewards: dict[str, float] = {}
-    scored = 0
+    scored = [0]
     t0 = _now()
-    for i in range(0, len(pairs), w.reward_batch):
-        chunk = pairs[i:i + w.reward_batch]
-        prompts = [by_id[req.prompt_id] for req, _ in chunk]
-        try:
-            async with asyncio.timeout(w.reward_timeout_s):
-                scores = await scorer.score(prompts, [c for _, c in chunk],
-                                            RewardState(w.policy_step, w.max_steps))
-        except TimeoutError:  # the pipeline discards the call's samples (reward_timeout)
-            continue
-        for (req, _), sc in zip(chunk, scores, strict=True):
-            if sc.value is not None:
-                scored += 1
-            rewards[req.sample] = sc.value if sc.value is not None else 0.0
+
+    async def caller() -> None:
+        for chunk in chunks:
+            prompts = [by_id[req.prompt_id] for req, _ in chunk]
+            try:
+                async with asyncio.timeout(w.reward_timeout_s):
+                    scores = await scorer.score(prompts, [c for _, c in chunk],
+                                                RewardState(w.policy_step, w.max_steps))
+            except TimeoutError:  # the pipeline discards the call's samples (reward_timeout)
+                continue
+            for (req, _), sc in zip(chunk, scores, strict=True):
+                scored[0] += sc.value is not None
+                rewards[req.sample] = sc.value if sc.value is not None else 0.0
+
+    async with asyncio.TaskGroup() as tg:
+        for _ in range(limit):
+            tg.create_task(caller())
     elapsed = _now() - t0
-    return (scored / elapsed if elapsed > 0 else 0.0), rewards
+    return (scored[0] / elapsed if elapsed > 0 else 0.0), rewards
 
 
 #: completion -> the ``payload`` the pipeline stores with its ``generated`` event

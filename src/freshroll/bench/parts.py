@@ -39,15 +39,6 @@ def _params(cfg: Config) -> SamplingParams:
     return SamplingParams(ro.max_new_tokens, ro.temperature, ro.top_p)
 
 
-def _reward_batch() -> int:
-    """Completions per call of the pipeline's reward stage."""
-    try:
-        from freshroll.runtime.rewarding import MAX_BATCH
-    except ImportError:  # the inline pipeline of before stage 3 scored a worker's batch
-        return 256
-    return int(MAX_BATCH)
-
-
 def _max_concurrency(cfg: Config) -> int:
     """The most requests the pipeline may keep in flight on one worker."""
     return cfg.control.max_concurrency or 4 * cfg.rollout.worker_batch
@@ -80,7 +71,7 @@ def _measure_sim(cfg: Config, tmp: Path, quick: bool) -> Capacities:
             group_size=cfg.rollout.group_size, batch_groups=cfg.rollout.batch_groups,
             workers=workers, concurrency=conc, params=_params(cfg), seed=cfg.run.seed,
             policy_step=cfg.run.steps // 2, max_steps=cfg.run.steps,
-            reward_batch=_reward_batch(), reward_timeout_s=cfg.limits.reward_timeout_s,
+            reward_timeout_s=cfg.limits.reward_timeout_s,
         )
         plan = Plan(gen_samples=n if not quick else max(2 * batch, workers * conc),
                     train_steps=5 if quick else 20)
@@ -123,8 +114,7 @@ def _measure_hf(cfg: Config, tmp: Path, quick: bool) -> Capacities:
             prompts=prep.prompts, group_size=cfg.rollout.group_size,
             batch_groups=cfg.rollout.batch_groups, workers=cfg.rollout.workers,
             concurrency=cfg.rollout.worker_batch, params=_params(cfg), seed=cfg.run.seed,
-            max_steps=cfg.run.steps, reward_batch=_reward_batch(),
-            reward_timeout_s=cfg.limits.reward_timeout_s,
+            max_steps=cfg.run.steps, reward_timeout_s=cfg.limits.reward_timeout_s,
         )
         plan = Plan(gen_samples=w.batch * (1 if quick else 3), train_steps=2 if quick else 4,
                     transfers=2 if quick else 3, train_warmup=1)
