@@ -75,6 +75,7 @@ class Worker:
     fenced: bool = False  # its current epoch is fenced (stopped): nothing more to start
     inflight: int = 0  # requests of live calls not yet emitted
     calls: int = 0  # live generate calls
+    live: deque[_Call] | None = None  # a continuous epoch's calls (for cancel); None: lock-step
     loaded: PolicyVersion | None = None
     failure: BaseException | None = None  # a call's WorkerLost / WorkerTimeout
     ok_units: int = 0  # successful requests not yet recorded in the failure budget
@@ -84,7 +85,6 @@ class Worker:
     blocked_since: float | None = None  # waiting with free slots while admission is full
     blocked_share: float = 1.0  # the share of its slots that were free then
     blocked_s: float = 0.0  # worker-seconds blocked (each weighted by its free share)
-    live: deque[_Call] | None = None  # a continuous epoch's calls (for cancel); None: lock-step
 
 
 @dataclass(eq=False)
