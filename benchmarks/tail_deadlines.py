@@ -5,7 +5,9 @@ on the config's simulated cluster, in virtual time) once with ``tail.deadline: f
 once with ``true``, same config and seed, in one invocation, each run verified; then prints
 the figures of both side by side (every figure from the run's ``summary.json``, i.e.
 :mod:`freshroll.metrics`): trainer idle ratio, accepted rollouts per simulated second, lag
-p50/p99/max, discard rate and discards by reason. Virtual time: the figures do not depend
+p50/p99/max, discard rate and discards by reason; and from the ledger, the age of each
+committed sample at its commit (seconds from its start), freshness in time rather than in
+policy versions. Virtual time: the figures do not depend
 on the machine's load (only the wall seconds do).
 
 Usage::
@@ -19,6 +21,9 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
+import sqlite3
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -35,8 +40,34 @@ def one(config: Path, overrides: list[str], out: Path) -> dict[str, Any]:
     result = run(cfg, out, stream=io.StringIO())
     s = dict(result.summary)
     s["verify"] = "ok" if result.ok else "FAILED"
+    s["age"] = ages(out / "ledger.sqlite")
     s["wall"] = time.perf_counter() - t0
     return s
+
+
+def ages(path: Path) -> list[float]:
+    """Seconds (of the run's clock) from each committed sample's start to its commit."""
+    started: dict[str, float] = {}
+    out: list[float] = []
+    db = sqlite3.connect(path)
+    try:
+        query = "SELECT kind, body FROM events WHERE kind IN ('started', 'committed') ORDER BY seq"
+        for kind, body in db.execute(query):
+            e = json.loads(body)
+            if kind == "started":
+                started[e["sample"]] = e["ts"]
+            else:
+                out.extend(e["ts"] - started[s] for s in e["samples"])
+    finally:
+        db.close()
+    return sorted(out)
+
+
+def fmt_age(s: dict[str, Any]) -> str:
+    a = s["age"]
+    if not a:
+        return "-"
+    return f"{statistics.median(a):.0f}/{a[int(0.99 * (len(a) - 1))]:.0f}/{a[-1]:.0f}"
 
 
 def fmt_discards(s: dict[str, Any]) -> str:
@@ -64,6 +95,8 @@ def main() -> None:
         ("generated rollouts/s", lambda s: f"{s['generated_rollouts_per_s']:.2f}"),
         ("lag p50/p99/max", lambda s: f"{s['lag']['p50']:g}/{s['lag']['p99']:g}/{s['lag']['max']}"),
         ("lag mean", lambda s: f"{s['lag']['mean']:.3f}"),
+        ("lag histogram", lambda s: " ".join(f"{k}:{v}" for k, v in s["lag"]["histogram"].items())),
+        ("age at commit p50/p99/max (s)", fmt_age),
         ("discard rate", lambda s: f"{s['discard_rate']:.1%}"),
         ("discards", fmt_discards),
         ("wall s (noisy)", lambda s: f"{s['wall']:.1f}"),

@@ -75,6 +75,7 @@ class Worker:
     fenced: bool = False  # its current epoch is fenced (stopped): nothing more to start
     inflight: int = 0  # requests of live calls not yet emitted
     calls: int = 0  # live generate calls
+    live: deque[_Call] | None = None  # a continuous epoch's calls (for cancel); None: lock-step
     loaded: PolicyVersion | None = None
     failure: BaseException | None = None  # a call's WorkerLost / WorkerTimeout
     ok_units: int = 0  # successful requests not yet recorded in the failure budget
@@ -87,7 +88,6 @@ class Worker:
     mark_epoch: int = -1  # the steering meter's marks at its last window (done, blocked_s)
     mark_done: int = 0
     mark_blocked: float = 0.0
-    live: deque[_Call] | None = None  # a continuous epoch's calls (for cancel); None: lock-step
 
 
 @dataclass(eq=False)
