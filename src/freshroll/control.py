@@ -40,7 +40,9 @@ rule fires: the dead band is one worker plus ``down_margin`` wide.
 **Concurrency** (AIMD, one decision per pool turnover: ``n × c`` completions
 since the last one)::
 
-    hard cut   : stale discards in the window  -> c = max(c_min, floor(c × hard_factor)),
+    hard cut   : stale discards in the window, trainer-bound or balanced (producer-bound or
+                 in conflict, stale samples are stragglers, not over-production: no cut)
+                 -> c = max(c_min, floor(c × hard_factor)),
                  ceiling = c − 1, latched (no change at all) until in_flight <= n × c:
                  the stale samples seen after a cut were started before it, so they must
                  not cut again; after the drain the next decision waits a full turnover
@@ -349,7 +351,7 @@ def _concurrency(
         return c, st, "concurrency: pool not turned over"
     st = replace(st, turnover_mark=snap.completed)
     stale = snap.discards.get("stale", 0)
-    if stale > 0:
+    if stale > 0 and side in ("trainer", "balanced"):
         cut = max(cfg.min_concurrency, math.floor(c * cfg.hard_factor))
         st = replace(st, probe=None, ceiling=max(cfg.min_concurrency, c - 1),
                      latched=snap.in_flight > s.workers * cut)

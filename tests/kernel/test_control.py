@@ -326,10 +326,21 @@ def test_concurrency_waits_for_a_pool_turnover():
     assert decide(replace(snap, completed=8), ControllerState(), config).settings.concurrency == 5
 
 
-def test_hard_cut_latches_until_drained():
+def test_stale_discards_while_the_trainer_starves_cut_nothing():
+    """Producer-bound (or a conflict), stale samples are stragglers, not over-production:
+    cutting concurrency would only starve the trainer more (P3 collapsed to 0.4x static)."""
     config = cfg(min_workers=2, max_workers=2)
     snap = replace(Plant(trainer=1e9).window(W, s(2, 8)), completed=100, in_flight=16,
                    discards={"stale": 3})
+    d = decide(snap, ControllerState(), config)
+    assert d.bottleneck == "producer"
+    assert d.settings.concurrency >= 8 and not d.state.latched and "hard cut" not in d.reason
+
+
+def test_hard_cut_latches_until_drained():
+    config = cfg(min_workers=2, max_workers=2)
+    snap = replace(Plant(trainer=5.0).window(W, s(2, 8)), completed=100, in_flight=16,
+                   discards={"stale": 3})  # trainer-bound: production runs ahead
     cut = decide(snap, ControllerState(), config)
     assert cut.settings.concurrency == 4 and cut.state.latched and "hard cut" in cut.reason
     # still more in flight than the new pool (2 × 4): no change, not even another cut
@@ -342,9 +353,11 @@ def test_hard_cut_latches_until_drained():
     drained = decide(replace(snap, now=60.0, settings=cut.settings, in_flight=8,
                              completed=9000, discards={}), st_, config)
     assert not drained.state.latched and drained.settings.concurrency == 4
-    # after the drain it probes upwards again, but never back to the level that was cut
-    nxt = decide(replace(snap, now=70.0, settings=drained.settings, in_flight=8,
-                         completed=9100, discards={}), drained.state, config)
+    assert drained.state.ceiling == 7  # never back to the level that was cut
+    # after the drain, once the trainer starves, it probes upwards again, up to that ceiling
+    starving = replace(Plant(trainer=1e9).window(70.0, drained.settings), in_flight=8,
+                       completed=9100)
+    nxt = decide(starving, drained.state, config)
     assert nxt.settings.concurrency == 5
     assert nxt.state.ceiling == 7
 
