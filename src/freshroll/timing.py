@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from freshroll import events as ev
 from freshroll.errors import LedgerError
@@ -55,6 +56,10 @@ class SpanFold:
     :class:`~freshroll.errors.LedgerError` (later events are ignored) and :meth:`result`
     raises it.
     """
+
+    #: what feed reads
+    KINDS: ClassVar = (ev.Requested, ev.Started, ev.Generated, ev.Rewarded, ev.Leased,
+                       ev.Committed, ev.Discarded, ev.LeaseReleased)
 
     def __init__(self) -> None:
         self.requested: dict[str, float] = {}

@@ -122,10 +122,15 @@ class _Checker:
         self.epochs: dict[str, int] = {}  # worker -> its newest registered epoch
         self.registered: set[tuple[str, int]] = set()
         self.opened_at: tuple[int, int] | None = None  # seq, incarnation of the last open
+        self._handlers: dict[type, Callable[[int, Any], None] | None] = {}  # by event type
 
     # -- one pass -----------------------------------------------------------------
     def feed(self, seq: int, e: ev.Event) -> None:
-        handler = getattr(self, f"_{e.__struct_config__.tag}", None)
+        kind = type(e)
+        try:
+            handler = self._handlers[kind]
+        except KeyError:  # the first event of its kind: the method named after its tag
+            handler = self._handlers[kind] = getattr(self, f"_{e.__struct_config__.tag}", None)
         if handler is not None:
             handler(seq, e)
 

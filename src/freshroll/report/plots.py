@@ -132,7 +132,7 @@ def lag_histogram(lags: Sequence[int] | Mapping[int, int], max_staleness: int | 
     fig = _figure()
     ax = _axes(fig)
     hist = dict(lags) if isinstance(lags, Mapping) else dict(Counter(lags))
-    n = sum(hist.values())
+    n_samples = sum(hist.values())
     top = max([*hist, -1 if max_staleness is None else max_staleness + 1, 0]) + 1
     counts = [0] * top
     for lag, k in hist.items():
@@ -152,7 +152,7 @@ def lag_histogram(lags: Sequence[int] | Mapping[int, int], max_staleness: int | 
     ax.set_xticks(range(top))
     ax.set_xlim(-0.6, top - 0.4)
     ax.set_ylim(0, max([*counts, 1]) * 1.15)
-    ax.set_title(f"Lag of committed samples (n = {n})")
+    ax.set_title(f"Lag of committed samples (n = {n_samples})")
     ax.set_xlabel("lag (trainer steps)")
     ax.set_ylabel("samples")
     ax.grid(axis="x", visible=False)

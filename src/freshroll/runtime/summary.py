@@ -12,9 +12,9 @@ value as ``null``), atomically.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from freshroll.events import Closed, Committed, Discarded, Generated, Opened, Requested, Rewarded
 from freshroll.ledger import LEDGER_FILE, Ledger
@@ -41,6 +41,8 @@ class DiscardBias:
     """:func:`discard_bias` one event at a time (``feed``). A sample's length and reward are
     kept only until it is committed or discarded (a sample's last events in a valid ledger),
     then only the two numbers per committed/discarded sample that the means are taken over."""
+
+    KINDS: ClassVar = (Generated, Rewarded, Committed, Discarded)  # what feed reads
 
     def __init__(self) -> None:
         self.tokens: dict[str, int] = {}
@@ -111,25 +113,39 @@ class SummaryFold:
         self.closed = False  # the ledger ends ``closed``
         self.error: Exception | None = None
         self._stages: tuple[int, list[StageRow]] | None = None  # for that many spans
+        self._routes: dict[type, tuple[Callable[[Any], None], ...]] = {}  # by event type
 
     def feed(self, e: Any) -> None:
         if self.error is not None:
             return
+        kind = type(e)
+        route = self._routes.get(kind)
+        if route is None:
+            route = self._routes[kind] = self._route(kind)
         try:
-            row = self.tally.feed(e)
-            if row is not None:
-                self._rows.append(row)
-            self.bias.feed(e)
-            self.spans.feed(e)
-            self.verdict.feed(e)
+            for fn in route:
+                fn(e)
         except Exception as exc:  # kept, and raised where the figures are used
             self.error = exc
+
+    def _route(self, kind: type) -> tuple[Callable[[Any], None], ...]:
+        """The folds that read events of ``kind`` (the tally reads every event)."""
+        route: list[Callable[[Any], None]] = [self._tally]
+        route += [f.feed for f in (self.bias, self.spans, self.verdict) if kind in f.KINDS]
+        if kind in (Requested, Opened, Closed):
+            route.append(self._lifecycle)
+        return tuple(route)
+
+    def _tally(self, e: Any) -> None:
+        row = self.tally.feed(e)
+        if row is not None:
+            self._rows.append(row)
+
+    def _lifecycle(self, e: Any) -> None:
         if isinstance(e, Requested):
             self.requests += e.size
-        elif isinstance(e, Opened):
-            self.closed = False
-        elif isinstance(e, Closed):
-            self.closed = True
+        else:
+            self.closed = isinstance(e, Closed)
 
     def _check(self) -> None:
         if self.error is not None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, ClassVar
 
 from freshroll import events as ev
 
@@ -33,6 +33,8 @@ EXPECTED_REASONS = frozenset({"stale"})
 class VerdictFold:
     """:func:`verdict` one event at a time (``feed``), for a reader folding several figures
     in one pass over a ledger."""
+
+    KINDS: ClassVar = (ev.RunConfig, ev.Committed, ev.Closed, ev.Opened, ev.Discarded)
 
     def __init__(self) -> None:
         self.committed, self.closed = 0, False
