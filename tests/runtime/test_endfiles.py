@@ -147,5 +147,5 @@ def test_an_unreadable_counts_json_is_shown_and_raised(sim_run: Path, tmp_path: 
     done = finish_run_dir(run)
     assert isinstance(done.verified, LedgerError)
     assert "could not verify" in (run / "report.html").read_text()
-    with pytest.raises(LedgerError, match="counts.json"):
+    with pytest.raises(LedgerError, match=r"counts\.json"):
         verify_run(run)
