@@ -183,16 +183,15 @@ def _num(value: object, spec: str) -> str:
               help="A run to overlay (e.g. the synchronous baseline).")
 def report(run_dir: Path, baseline: Path | None) -> None:
     """(Re)build RUN_DIR/summary.json and RUN_DIR/report.html from the run directory."""
-    from freshroll.report.html import write_report
-    from freshroll.runtime.summary import write_summary
+    from freshroll.report.html import REPORT_FILE
+    from freshroll.runtime.endfiles import finish_run_dir
 
     try:
-        write_summary(run_dir)
-        path = write_report(run_dir, baseline=baseline)
+        finish_run_dir(run_dir, baseline=baseline)  # one read of the ledger for both
     except FreshrollError as exc:
         _fail(exc)
         return
-    click.echo(str(path))
+    click.echo(str(run_dir / REPORT_FILE))
 
 
 @main.command()

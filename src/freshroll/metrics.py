@@ -217,18 +217,36 @@ def discard_rate(t: Tally) -> float:
     return counted / (t.accepted + counted) if t.accepted + counted else 0.0
 
 
-def _lags(t: Tally) -> list[float]:
-    return [float(lag) for lag, n in sorted(t.lags.items()) for _ in range(n)]
+def _lag_percentile(t: Tally, q: float) -> float:
+    """:func:`freshroll.timing.percentile` of every committed sample's lag, read off the
+    histogram (the same number, without a list of one entry per sample)."""
+    n = sum(t.lags.values())
+    if not n:
+        return percentile([], q)
+    pos = (n - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, n - 1)
+    x_lo = x_hi = None
+    seen = 0
+    for lag, k in sorted(t.lags.items()):
+        seen += k
+        if x_lo is None and lo < seen:
+            x_lo = float(lag)
+        if hi < seen:
+            x_hi = float(lag)
+            break
+    assert x_lo is not None and x_hi is not None
+    return x_lo + (x_hi - x_lo) * (pos - lo)
 
 
 @figure
 def lag_p50(t: Tally) -> float:
-    return percentile(_lags(t), 50)
+    return _lag_percentile(t, 50)
 
 
 @figure
 def lag_p99(t: Tally) -> float:
-    return percentile(_lags(t), 99)
+    return _lag_percentile(t, 99)
 
 
 @figure

@@ -18,8 +18,9 @@ not computed here: each has its one function in :mod:`freshroll.metrics`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from freshroll import events as ev
 from freshroll.errors import LedgerError
@@ -45,60 +46,114 @@ class StageRow:
     share: float  # of the summed end-to-end time of all accepted samples
 
 
+class SpanFold:
+    """:func:`collect_spans` one event at a time (``feed``), for a reader that folds several
+    figures in one pass over a ledger. Keeps per request/attempt/lease timestamps only until
+    the sample is committed or discarded, so its memory is that of the samples in flight
+    plus the spans themselves.
+
+    A committed sample that lacks one of its events makes the fold fail: ``error`` holds the
+    :class:`~freshroll.errors.LedgerError` (later events are ignored) and :meth:`result`
+    raises it.
+    """
+
+    #: what feed reads
+    KINDS: ClassVar = (ev.Requested, ev.Started, ev.Generated, ev.Rewarded, ev.Leased,
+                       ev.Committed, ev.Discarded, ev.LeaseReleased)
+
+    def __init__(self) -> None:
+        self.requested: dict[str, float] = {}
+        self.started: dict[str, float] = {}
+        self.generated: dict[str, tuple[float, float]] = {}
+        self.rewarded: dict[str, float] = {}
+        self.lease_ts: dict[str, float] = {}
+        self.spans = Spans()
+        self.error: LedgerError | None = None
+
+    def feed(self, e: ev.Event) -> None:
+        if self.error is not None:
+            return
+        if isinstance(e, ev.Requested):
+            self.requested[e.group] = e.ts
+        elif isinstance(e, ev.Started):
+            self.started[e.sample] = e.ts
+        elif isinstance(e, ev.Generated):
+            self.generated[e.sample] = (e.ts, e.gen_s)
+        elif isinstance(e, ev.Rewarded):
+            self.rewarded[e.sample] = e.ts
+        elif isinstance(e, ev.Leased):
+            self.lease_ts[e.lease] = e.ts
+        elif isinstance(e, ev.Committed):
+            self._committed(e)
+        elif isinstance(e, ev.Discarded) and e.sample is not None:  # it can no longer commit
+            self.started.pop(e.sample, None)
+            self.generated.pop(e.sample, None)
+            self.rewarded.pop(e.sample, None)
+        elif isinstance(e, ev.LeaseReleased):
+            self.lease_ts.pop(e.lease, None)
+
+    def _committed(self, e: ev.Committed) -> None:
+        stages, total = self.spans.stages, self.spans.total
+        queue, generation, transfer = stages["queue"], stages["generation"], stages["transfer"]
+        reward, buffer, trainer = stages["reward"], stages["buffer"], stages["trainer"]
+        try:
+            t_lease = self.lease_ts.pop(e.lease)
+            for sid in e.samples:
+                t_req = self.requested[sid.partition(".")[0]]
+                t_start = self.started.pop(sid)
+                t_gen, gen_s = self.generated.pop(sid)
+                t_rew = self.rewarded.pop(sid)
+                # the worker's own measure is capped at the span it was measured in, so
+                # the six stages always add up to the end-to-end time
+                gen = min(gen_s, max(0.0, t_gen - t_start))
+                queue.append(t_start - t_req)
+                generation.append(gen)
+                transfer.append(max(0.0, t_gen - t_start - gen_s))
+                reward.append(t_rew - t_gen)
+                buffer.append(t_lease - t_rew)
+                trainer.append(e.ts - t_lease)
+                total.append(e.ts - t_req)
+        except KeyError as exc:
+            self.error = LedgerError(
+                f"committed lease {e.lease} names {exc.args[0]!r}, which has no "
+                "requested/started/generated/rewarded/leased event (run `freshroll verify`)"
+            )
+            self.error.__cause__ = exc
+
+    def result(self) -> Spans:
+        """The spans of every committed sample so far (raises :attr:`error` if set)."""
+        if self.error is not None:
+            raise self.error
+        return self.spans
+
+
 def collect_spans(events: Iterable[ev.Event]) -> Spans:
     """One pass over the events; only committed samples get spans."""
-    requested: dict[str, float] = {}
-    started: dict[str, float] = {}
-    generated: dict[str, tuple[float, float]] = {}
-    rewarded: dict[str, float] = {}
-    lease_ts: dict[str, float] = {}
-    spans = Spans()
+    fold = SpanFold()
     for e in events:
-        if isinstance(e, ev.Requested):
-            requested[e.group] = e.ts
-        elif isinstance(e, ev.Started):
-            started[e.sample] = e.ts
-        elif isinstance(e, ev.Generated):
-            generated[e.sample] = (e.ts, e.gen_s)
-        elif isinstance(e, ev.Rewarded):
-            rewarded[e.sample] = e.ts
-        elif isinstance(e, ev.Leased):
-            lease_ts[e.lease] = e.ts
-        elif isinstance(e, ev.Committed):
-            try:
-                t_lease = lease_ts[e.lease]
-                for sid in e.samples:
-                    t_req = requested[sid.partition(".")[0]]
-                    t_start = started[sid]
-                    t_gen, gen_s = generated[sid]
-                    t_rew = rewarded[sid]
-                    # the worker's own measure is capped at the span it was measured in, so
-                    # the six stages always add up to the end-to-end time
-                    gen = min(gen_s, max(0.0, t_gen - t_start))
-                    values = (
-                        t_start - t_req, gen, max(0.0, t_gen - t_start - gen_s),
-                        t_rew - t_gen, t_lease - t_rew, e.ts - t_lease,
-                    )
-                    for name, value in zip(STAGES, values, strict=True):
-                        spans.stages[name].append(value)
-                    spans.total.append(e.ts - t_req)
-            except KeyError as exc:
-                raise LedgerError(
-                    f"committed lease {e.lease} names {exc.args[0]!r}, which has no "
-                    "requested/started/generated/rewarded/leased event (run `freshroll verify`)"
-                ) from exc
-    return spans
+        fold.feed(e)
+        if fold.error is not None:
+            break
+    return fold.result()
 
 
-def percentile(values: list[float], q: float) -> float:
+def percentile(values: Sequence[float], q: float) -> float:
     """Nearest-rank-interpolated percentile (numpy's default 'linear'); 0 for no values."""
+    return percentiles(values, (q,))[0]
+
+
+def percentiles(values: Sequence[float], qs: Sequence[float]) -> list[float]:
+    """:func:`percentile` at each of ``qs``, sorting ``values`` once."""
     if not values:
-        return 0.0
+        return [0.0 for _ in qs]
     xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100.0
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+    out = []
+    for q in qs:
+        pos = (len(xs) - 1) * q / 100.0
+        lo = int(pos)
+        hi = min(lo + 1, len(xs) - 1)
+        out.append(xs[lo] + (xs[hi] - xs[lo]) * (pos - lo))
+    return out
 
 
 def decompose(spans: Spans) -> list[StageRow]:
@@ -106,9 +161,9 @@ def decompose(spans: Spans) -> list[StageRow]:
     rows = []
     for name in STAGES:
         vals = spans.stages[name]
+        p50, p95, p99 = percentiles(vals, (50, 95, 99))
         rows.append(StageRow(
-            name, percentile(vals, 50), percentile(vals, 95), percentile(vals, 99),
-            sum(vals) / len(vals) if vals else 0.0, sum(vals) / total,
+            name, p50, p95, p99, sum(vals) / len(vals) if vals else 0.0, sum(vals) / total,
         ))
     return rows
 

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -122,10 +122,15 @@ class _Checker:
         self.epochs: dict[str, int] = {}  # worker -> its newest registered epoch
         self.registered: set[tuple[str, int]] = set()
         self.opened_at: tuple[int, int] | None = None  # seq, incarnation of the last open
+        self._handlers: dict[type, Callable[[int, Any], None] | None] = {}  # by event type
 
     # -- one pass -----------------------------------------------------------------
     def feed(self, seq: int, e: ev.Event) -> None:
-        handler = getattr(self, f"_{e.__struct_config__.tag}", None)
+        kind = type(e)
+        try:
+            handler = self._handlers[kind]
+        except KeyError:  # the first event of its kind: the method named after its tag
+            handler = self._handlers[kind] = getattr(self, f"_{e.__struct_config__.tag}", None)
         if handler is not None:
             handler(seq, e)
 
@@ -336,14 +341,24 @@ class _Checker:
 
 def verify_events(
     events: Iterable[tuple[int, ev.Event]], counts: dict[str, int] | None = None, *,
-    allow_open: bool = False,
+    allow_open: bool = False, also: Callable[[ev.Event], object] | None = None,
 ) -> tuple[Report, Counter[str]]:
-    """Check ``(seq, event)`` pairs; also returns the recount (for the run-directory checks)."""
+    """Check ``(seq, event)`` pairs; also returns the recount (for the run-directory checks).
+
+    ``also``: called with every event in the same pass (the figures a reader folds while the
+    history is checked, so the ledger is read once).
+    """
     checker = _Checker()
     n = 0
-    for seq, event in events:
-        checker.feed(seq, event)
-        n += 1
+    if also is None:
+        for seq, event in events:
+            checker.feed(seq, event)
+            n += 1
+    else:
+        for seq, event in events:
+            checker.feed(seq, event)
+            also(event)
+            n += 1
     report = checker.finish(allow_open)
     report.stats["events"] = n
     if counts is not None:
@@ -365,17 +380,36 @@ def _compare_counts(report: Report, counts: dict[str, int], recount: Counter[str
                                      f"ledger says {recount.get(key, 0)}")
 
 
-def verify_run(run_dir: str | Path, *, allow_open: bool = False) -> Report:
-    """Check a run directory: its ledger, and the figures it reports where present.
+@dataclass
+class LedgerPass:
+    """One read of a run directory's ledger: the invariants checked (``report``, and the
+    recount for ``counts.json``) and, in the same pass, the folds that ``summary.json``,
+    ``metrics.jsonl`` and the report are computed from (``fold``, a
+    :class:`freshroll.runtime.summary.SummaryFold`)."""
 
-    ``allow_open``: a ledger that never closed is checked as it stands instead of failing.
-    """
+    report: Report
+    recount: Counter[str]
+    fold: Any
+
+
+def check_ledger(run_dir: str | Path, *, allow_open: bool = False) -> LedgerPass:
+    """Read ``run_dir``'s ledger once: check its invariants and fold its figures."""
+    from freshroll.runtime.summary import SummaryFold
+
+    fold = SummaryFold()
+    with Ledger(Path(run_dir) / LEDGER_FILE, readonly=True) as ledger:
+        report, recount = verify_events(ledger.events(), allow_open=allow_open, also=fold.feed)
+    return LedgerPass(report, recount, fold)
+
+
+def check_files(
+    run_dir: str | Path, passed: LedgerPass, counts: dict[str, int] | None
+) -> Report:
+    """Complete ``passed.report`` with the run directory's files checked against the pass:
+    ``counts`` (``counts.json`` as read, or None: absent), ``summary.json`` and
+    ``metrics.jsonl``. Returns the report."""
     run_dir = Path(run_dir)
-    counts = _read_counts(run_dir / "counts.json")
-    with Ledger(run_dir / LEDGER_FILE, readonly=True) as ledger:
-        history = list(ledger.events())
-    report, recount = verify_events(history, allow_open=allow_open)
-    events = [e for _, e in history]
+    report = passed.report
     if not report.closed:
         skipped = [f for f in ("counts.json", SUMMARY_FILE) if (run_dir / f).is_file()]
         if skipped:
@@ -383,13 +417,23 @@ def verify_run(run_dir: str | Path, *, allow_open: bool = False) -> Report:
                                 "closes, and the ledger is open")
     else:
         if counts is not None:
-            _compare_counts(report, counts, recount)
-        _check_summary(report, run_dir / SUMMARY_FILE, events)
-    _check_rows(report, run_dir / METRICS_FILE, events)
+            _compare_counts(report, counts, passed.recount)
+        _check_summary(report, run_dir / SUMMARY_FILE, passed.fold)
+    _check_rows(report, run_dir / METRICS_FILE, passed.fold.rows)
     return report
 
 
-def _read_counts(path: Path) -> dict[str, int] | None:
+def verify_run(run_dir: str | Path, *, allow_open: bool = False) -> Report:
+    """Check a run directory: its ledger, and the figures it reports where present.
+
+    ``allow_open``: a ledger that never closed is checked as it stands instead of failing.
+    One read of the ledger (:func:`check_ledger`), then the files (:func:`check_files`).
+    """
+    counts = read_counts(Path(run_dir) / "counts.json")
+    return check_files(run_dir, check_ledger(run_dir, allow_open=allow_open), counts)
+
+
+def read_counts(path: Path) -> dict[str, int] | None:
     if not path.is_file():
         return None
     try:
@@ -414,10 +458,9 @@ def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix.rstrip("."): value}
 
 
-def _check_summary(report: Report, path: Path, events: Sequence[ev.Event]) -> None:
-    """``summary.json`` equals the summary recomputed from the ledger, figure by figure."""
-    from freshroll.runtime.summary import summarize_events
-
+def _check_summary(report: Report, path: Path, fold: Any) -> None:
+    """``summary.json`` equals the summary recomputed from the ledger (``fold``: the
+    :class:`~freshroll.runtime.summary.SummaryFold` of the pass), figure by figure."""
     if not path.is_file():
         return
     try:
@@ -429,7 +472,7 @@ def _check_summary(report: Report, path: Path, events: Sequence[ev.Event]) -> No
         report.add("accounting", f"{path.name}: not a JSON object")
         return
     try:
-        want = json.loads(json.dumps(summarize_events(events)))
+        want = json.loads(json.dumps(fold.summary()))
     except LedgerError as exc:  # a damaged ledger: its own invariants say what is wrong
         report.notes.append(f"{path.name} not checked: the ledger cannot be summarised: {exc}")
         return
@@ -446,15 +489,15 @@ def _check_summary(report: Report, path: Path, events: Sequence[ev.Event]) -> No
                                      "the ledger has no such entry")
 
 
-def _check_rows(report: Report, path: Path, events: Sequence[ev.Event]) -> None:
-    """One ``metrics.jsonl`` row per committed step, in order, each the row the ledger implies."""
-    from freshroll.metrics import rows
+def _check_rows(report: Report, path: Path, rows: Sequence[dict[str, Any]]) -> None:
+    """One ``metrics.jsonl`` row per committed step, in order, each the row the ledger implies
+    (``rows``: :func:`freshroll.metrics.rows` of the ledger)."""
     from freshroll.runtime.metrics_log import encode_row, read_rows
 
     if not path.is_file():
         return
     have, bad = read_rows(path)
-    want = [json.loads(encode_row(r)) for r in rows(events)]
+    want = [json.loads(encode_row(r)) for r in rows]
     torn_ok = 0 if report.closed else 1  # a live or killed run may be mid-write
     if bad > torn_ok:
         report.add("accounting", f"{path.name}: {bad} unparsable line(s)")

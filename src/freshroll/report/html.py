@@ -34,13 +34,14 @@ from typing import Any
 import yaml
 
 from freshroll import events as ev
-from freshroll.harness.verify import INVARIANTS, verify_run
+from freshroll.harness.verify import INVARIANTS, Report, verify_run
 from freshroll.ledger import LEDGER_FILE
 from freshroll.metrics import UNCOUNTED_DISCARD_REASONS, discard_rate, discards_by_reason
 from freshroll.report import plots
 from freshroll.report.rundata import RunData, load_run
 from freshroll.report.style import CSS
-from freshroll.timing import percentile
+from freshroll.runtime.summary import SummaryFold
+from freshroll.timing import percentiles
 
 REPORT_FILE = "report.html"
 VERIFY_MESSAGES = 8  # violation messages shown per failing invariant
@@ -147,12 +148,18 @@ def headline(run: RunData) -> dict[str, str]:
     }
 
 
-def _verify_html(run_dir: Path) -> str:
-    try:
-        rep = verify_run(run_dir)
-    except Exception as exc:  # an unreadable ledger or counts.json is itself a failure
+def _verify_html(run: RunData) -> str:
+    """The verify verdict of ``run``: the one :func:`load_run` (or the end of the run) made in
+    its read of the ledger; a run loaded without it is verified now."""
+    rep = run.verified
+    if rep is None:
+        try:
+            rep = verify_run(run.run_dir)
+        except Exception as exc:  # an unreadable ledger or counts.json is itself a failure
+            rep = exc
+    if isinstance(rep, Exception):
         return (f'<div class="verdict fail"><b>verify: FAIL</b> — could not verify: '
-                f"{escape(str(exc))}</div>")
+                f"{escape(str(rep))}</div>")
     st = rep.stats
     facts = (f"{fmt(st.get('events'))} events, {fmt(st.get('requests'))} requests, "
              f"{fmt(st.get('committed'))} committed samples, {fmt(st.get('steps'))} steps, "
@@ -189,7 +196,7 @@ def _header(run: RunData, baseline: RunData | None) -> str:
         notes = ('<div class="notes">inputs: '
                  + "; ".join(escape(n) for n in run.notes) + "</div>")
     return (f'<div class="cards">{"".join(cards)}</div>{_verdict_html(run)}'
-            f"{_verify_html(run.run_dir)}{notes}")
+            f"{_verify_html(run)}{notes}")
 
 
 def _verdict_html(run: RunData) -> str:
@@ -236,7 +243,6 @@ def _lag_section(run: RunData) -> str:
     eta_i = int(eta) if eta is not None else None
     counts = lv.tally.lags
     n = sum(counts.values())
-    lags = sorted(counts.elements())
     rows = [(fmt(lag), fmt(counts[lag]), _pct(counts[lag] / n)
              + (" <span class='tag'>over η</span>" if eta_i is not None and lag > eta_i else ""))
             for lag in sorted(counts)]
@@ -245,7 +251,7 @@ def _lag_section(run: RunData) -> str:
             "version that generated it; the dashed line is the <code>max_staleness</code> "
             "(η) bound.</p>")
     return (hint + '<div class="row">'
-            + _img(plots.lag_histogram(lags, eta_i), "lag histogram")
+            + _img(plots.lag_histogram(counts, eta_i), "lag histogram")
             + f"<div>{table}</div></div>")
 
 
@@ -260,8 +266,9 @@ def _stage_section(run: RunData, baseline: RunData | None) -> str:
     rows = [(escape(r.stage), fmt(r.p50), fmt(r.p95), fmt(r.p99), fmt(r.mean), _pct(r.share))
             for r in lv.stages]
     total = lv.spans.total
-    rows.append(("<b>end to end</b>", fmt(percentile(total, 50)), fmt(percentile(total, 95)),
-                 fmt(percentile(total, 99)), fmt(sum(total) / len(total)), "100.0%"))
+    p50, p95, p99 = percentiles(total, (50, 95, 99))
+    rows.append(("<b>end to end</b>", fmt(p50), fmt(p95), fmt(p99),
+                 fmt(sum(total) / len(total)), "100.0%"))
     table = _table(("stage", "p50 s", "p95 s", "p99 s", "mean s", "share"), rows, "num")
     hint = ("<p class='hint'>Per accepted sample: queue (admitted → started), generation, "
             "transfer, reward, buffer (rewarded → leased), trainer (leased → committed), "
@@ -437,16 +444,22 @@ def render(run: RunData, baseline: RunData | None = None) -> str:
     )
 
 
-def write_report(run_dir: Path, *, baseline: Path | None = None, out: Path | None = None) -> Path:
+def write_report(
+    run_dir: Path, *, baseline: Path | None = None, out: Path | None = None,
+    fold: SummaryFold | None = None, verified: Report | Exception | None = None,
+) -> Path:
     """Write the self-contained HTML report of ``run_dir``; returns its path.
 
     ``baseline`` (e.g. the synchronous run of the same config) is overlaid on the
     reward plots and shown next to the headline figures. ``out`` defaults to
     ``run_dir/report.html``. The file is written atomically (temp file + rename).
+    ``fold`` and ``verified``: the ledger's figures and the verify report of ``run_dir``
+    from a read its caller has just made (the end of a run), so it is not read again;
+    by default :func:`load_run` reads the ledger once for both.
     """
     run_dir = Path(run_dir)
-    run = load_run(run_dir)
-    base = load_run(Path(baseline)) if baseline is not None else None
+    run = load_run(run_dir, fold=fold, verified=verified)
+    base = load_run(Path(baseline), verify=False) if baseline is not None else None
     page = render(run, base)
     target = Path(out) if out is not None else run_dir / REPORT_FILE
     target.parent.mkdir(parents=True, exist_ok=True)

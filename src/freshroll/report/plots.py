@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import io
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec
@@ -123,15 +124,20 @@ def reward_curve(lines: Sequence[Line], *, xlabel: str) -> bytes:
 
 
 @_styled
-def lag_histogram(lags: Sequence[int], max_staleness: int | None) -> bytes:
-    """Committed samples per integer lag, with the ``max_staleness`` bound marked."""
+def lag_histogram(lags: Sequence[int] | Mapping[int, int], max_staleness: int | None) -> bytes:
+    """Committed samples per integer lag, with the ``max_staleness`` bound marked.
+
+    ``lags``: one lag per sample, or (for a run of any size) the histogram ``lag -> samples``.
+    """
     fig = _figure()
     ax = _axes(fig)
-    top = max([*lags, -1 if max_staleness is None else max_staleness + 1, 0]) + 1
+    hist = dict(lags) if isinstance(lags, Mapping) else dict(Counter(lags))
+    n_samples = sum(hist.values())
+    top = max([*hist, -1 if max_staleness is None else max_staleness + 1, 0]) + 1
     counts = [0] * top
-    for lag in lags:
+    for lag, k in hist.items():
         if 0 <= lag < top:
-            counts[lag] += 1
+            counts[lag] += k
     over = [max_staleness is not None and lag > max_staleness for lag in range(top)]
     colors = [LIMIT_COLOR if o else RUN_COLOR for o in over]
     ax.bar(range(top), counts, width=0.8, color=colors, zorder=2)
@@ -146,7 +152,7 @@ def lag_histogram(lags: Sequence[int], max_staleness: int | None) -> bytes:
     ax.set_xticks(range(top))
     ax.set_xlim(-0.6, top - 0.4)
     ax.set_ylim(0, max([*counts, 1]) * 1.15)
-    ax.set_title(f"Lag of committed samples (n = {len(lags)})")
+    ax.set_title(f"Lag of committed samples (n = {n_samples})")
     ax.set_xlabel("lag (trainer steps)")
     ax.set_ylabel("samples")
     ax.grid(axis="x", visible=False)

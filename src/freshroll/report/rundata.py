@@ -2,24 +2,25 @@
 
 :func:`load_run` reads ``metrics.jsonl``, ``summary.json``, ``counts.json``,
 ``config.yaml`` and the ledger (stage spans; the figures of :mod:`freshroll.metrics`
-and the per-step rows they imply, the same rows ``metrics.jsonl`` holds). A
-missing, empty or broken input never raises: it is left empty and a human-readable
-note says what was wrong, so a report can still be written for a run that crashed early.
+and the per-step rows they imply, the same rows ``metrics.jsonl`` holds), and verifies the
+run directory in the same read of the ledger. A missing, empty or broken input never raises:
+it is left empty and a human-readable note says what was wrong, so a report can still be
+written for a run that crashed early.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from freshroll import events as ev
+from freshroll.harness.verify import Report, check_files, check_ledger, read_counts
 from freshroll.ledger import LEDGER_FILE, Ledger
 from freshroll.metrics import Tally, summary_figures
 from freshroll.runtime.metrics_log import read_rows
-from freshroll.timing import Spans, StageRow, collect_spans, decompose
+from freshroll.runtime.summary import SummaryFold, fold_events
+from freshroll.timing import Spans, StageRow
 
 
 @dataclass
@@ -45,6 +46,9 @@ class RunData:
     metrics: list[dict[str, Any]] = field(default_factory=list)
     config_text: str | None = None
     ledger: LedgerView | None = None
+    #: ``verify``'s report of the run directory, or the error that kept it from running
+    #: (None: not verified)
+    verified: Report | Exception | None = None
     notes: list[str] = field(default_factory=list)  # what could not be read, and why
 
 
@@ -76,38 +80,64 @@ def _read_metrics(path: Path, notes: list[str]) -> list[dict[str, Any]]:
     return rows
 
 
-def _requests_closed(events: Iterable[ev.Event]) -> tuple[int, bool]:
-    """How many requests were admitted, and whether the ledger ends closed."""
-    requests, closed = 0, False
-    for e in events:
-        if isinstance(e, ev.Opened):
-            closed = False
-        elif isinstance(e, ev.Requested):
-            requests += e.size
-        elif isinstance(e, ev.Closed):
-            closed = True
-    return requests, closed
+def _view(fold: SummaryFold, notes: list[str]) -> LedgerView | None:
+    """The report's ledger figures from a fold of the whole ledger (None, noted, when the
+    ledger is damaged so that they cannot be computed)."""
+    try:
+        return LedgerView(fold.spans.result(), fold.stages(), fold.tally, fold.rows,
+                          fold.requests, fold.closed)
+    except Exception as exc:  # a damaged ledger: the report still renders
+        notes.append(f"{LEDGER_FILE} is unreadable: {exc}")
+        return None
 
 
-def _read_ledger(path: Path, notes: list[str]) -> LedgerView | None:
+def _read_ledger(run_dir: Path, notes: list[str], verify: bool) -> tuple[
+    LedgerView | None, Report | Exception | None
+]:
+    """One read of the ledger: the report's figures and, if ``verify``, the verify report
+    (or the error that kept verify from running)."""
+    path = run_dir / LEDGER_FILE
     if not path.is_file():
         notes.append(f"{path.name} is missing")
-        return None
+        if not verify:
+            return None, None
+    counts: dict[str, int] | None = None
+    verified: Report | Exception | None = None
+    if verify:
+        try:
+            counts = read_counts(run_dir / "counts.json")
+        except Exception as exc:  # verify fails; the figures are still drawn
+            verified = exc
     try:
-        with Ledger(path, readonly=True) as ledger:
-            events = [e for _, e in ledger.events()]
-        spans = collect_spans(events)
+        if verify:
+            passed = check_ledger(run_dir)
+            fold = passed.fold
+        else:
+            with Ledger(path, readonly=True) as ledger:
+                fold = fold_events(e for _, e in ledger.events())
     except Exception as exc:  # any unreadable ledger: the report still renders
-        notes.append(f"{path.name} is unreadable: {exc}")
-        return None
-    tally = Tally()
-    rows = [r for e in events if (r := tally.feed(e)) is not None]
-    requests, closed = _requests_closed(events)
-    return LedgerView(spans, decompose(spans), tally, rows, requests, closed)
+        if path.is_file():
+            notes.append(f"{path.name} is unreadable: {exc}")
+        return None, verified or exc
+    if verify and verified is None:
+        try:
+            verified = check_files(run_dir, passed, counts)
+        except Exception as exc:
+            verified = exc
+    return _view(fold, notes), verified
 
 
-def load_run(run_dir: Path) -> RunData:
-    """Everything the report needs from one run directory; never raises for bad inputs."""
+def load_run(
+    run_dir: Path, *, verify: bool = True, fold: SummaryFold | None = None,
+    verified: Report | Exception | None = None,
+) -> RunData:
+    """Everything the report needs from one run directory; never raises for bad inputs.
+
+    The ledger is read once, for its figures and (``verify``) the ``verify`` report of the
+    run directory (:func:`freshroll.harness.verify.verify_run`'s checks). A caller that has
+    just read it (the end of a run) passes its ``fold`` and ``verified`` instead: then the
+    ledger is not read again.
+    """
     run = RunData(Path(run_dir))
     run.summary = _read_json(run.run_dir / "summary.json", run.notes)
     run.metrics = _read_metrics(run.run_dir / "metrics.jsonl", run.notes)
@@ -116,9 +146,10 @@ def load_run(run_dir: Path) -> RunData:
         run.config_text = cfg.read_text(errors="replace")
     else:
         run.notes.append("config.yaml is missing")
-    run.ledger = _read_ledger(run.run_dir / LEDGER_FILE, run.notes)
+    if fold is not None:
+        run.ledger, run.verified = _view(fold, run.notes), verified
+    else:
+        run.ledger, run.verified = _read_ledger(run.run_dir, run.notes, verify)
     mode = run.summary.get("mode")
     run.label = str(mode) if mode else run.run_dir.name
     return run
-
-

@@ -7,7 +7,8 @@ A recipe of plain components (torchtune style)::
            -> components (rollout.engine): hf: learner (+ checkpoint matching the ledger's
               version on resume), an engine factory (inline HF or Ray), the reward set, all
               behind thread adapters; sim: freshroll.sim's latency model (no model)
-           -> pipeline.run() on the run's clock -> drain -> counts, summary, report, verify
+           -> pipeline.run() on the run's clock -> drain -> counts, then summary, verify and
+              report from one read of the ledger (:mod:`freshroll.runtime.endfiles`)
 
 The clock: ``rollout.engine: sim`` with ``sim.clock: virtual`` runs the pipeline on a
 :class:`~freshroll.clock.VirtualClock` started at the ledger's last timestamp (time never goes
@@ -54,6 +55,7 @@ from freshroll.ledger import Ledger, open_ledger
 from freshroll.lineage import PolicyVersion
 from freshroll.metrics import Tally
 from freshroll.runtime.adapters import ThreadEngineFactory, ThreadScorer, ThreadTrainer
+from freshroll.runtime.endfiles import Finished, finish_run_dir
 from freshroll.runtime.learner import build_learner
 from freshroll.runtime.metrics_log import METRICS_FILE, RowLog, reconcile
 from freshroll.runtime.pipeline import Pipeline, StepReport, run_pipeline
@@ -61,7 +63,6 @@ from freshroll.runtime.prepare import Prepared, prepare_run_dir
 from freshroll.runtime.resume import announce
 from freshroll.runtime.rundir import write_text_atomic
 from freshroll.runtime.seams import AsyncScorer, AsyncTrainer, EngineFactory
-from freshroll.runtime.summary import write_summary
 from freshroll.trainer.checkpoint import checkpoint_dir, save_checkpoint
 from freshroll.trainer.grpo import GRPOLearner
 
@@ -272,8 +273,6 @@ def run(
 
 
 def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | None) -> RunResult:
-    from freshroll.harness.verify import verify_run
-
     cfg = prep.cfg
     torch.set_num_threads(cfg.run.torch_threads)
     torch.manual_seed(cfg.run.seed)
@@ -330,9 +329,10 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
         if stopped is failure:
             raise failure
         raise stopped from failure
-    summary = _write_end_files(out, buf)
-    report = verify_run(out)
-    return RunResult(out, summary, report.ok)
+    done = _write_end_files(out, buf)
+    if isinstance(done.verified, Exception):
+        raise done.verified
+    return RunResult(out, done.summary, done.verified.ok)
 
 
 def _start_line(cfg: Config, out: Path, model: Path, n_prompts: int, buf: SampleBuffer) -> str:
@@ -352,12 +352,11 @@ def _start_line(cfg: Config, out: Path, model: Path, n_prompts: int, buf: Sample
             f"control {cfg.control.mode}")
 
 
-def _write_end_files(out: Path, buf: SampleBuffer) -> dict[str, Any]:
-    """``counts.json``, ``summary.json`` and ``report.html`` of a closed run."""
+def _write_end_files(out: Path, buf: SampleBuffer) -> Finished:
+    """``counts.json``, then ``summary.json``, the verify report and ``report.html`` of a
+    closed run, from one read of its ledger (:mod:`freshroll.runtime.endfiles`)."""
     write_text_atomic(out / "counts.json", json.dumps(dict(buf.counts), sort_keys=True, indent=1))
-    summary = write_summary(out)
-    _write_report(out)
-    return summary
+    return finish_run_dir(out)
 
 
 def _stopped(exc: BaseException, buf: SampleBuffer, cfg: Config, out: Path) -> BaseException:

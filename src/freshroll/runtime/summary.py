@@ -12,16 +12,16 @@ value as ``null``), atomically.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from freshroll.events import Committed, Discarded, Generated, Rewarded
+from freshroll.events import Closed, Committed, Discarded, Generated, Opened, Requested, Rewarded
 from freshroll.ledger import LEDGER_FILE, Ledger
-from freshroll.metrics import jsonable, summary_figures, tally
+from freshroll.metrics import Tally, jsonable, summary_figures
 from freshroll.runtime.metrics_log import read_rows, write_atomic
-from freshroll.runtime.verdict import verdict
-from freshroll.timing import collect_spans, decompose
+from freshroll.runtime.verdict import VerdictFold
+from freshroll.timing import SpanFold, StageRow, decompose
 
 SUMMARY_FILE = "summary.json"
 #: the tolerant ``metrics.jsonl`` reader (kept here for its callers)
@@ -37,6 +37,47 @@ def _stats(rewards: list[float], tokens: list[int]) -> dict[str, Any]:
     }
 
 
+class DiscardBias:
+    """:func:`discard_bias` one event at a time (``feed``). A sample's length and reward are
+    kept only until it is committed or discarded (a sample's last events in a valid ledger),
+    then only the two numbers per committed/discarded sample that the means are taken over."""
+
+    KINDS: ClassVar = (Generated, Rewarded, Committed, Discarded)  # what feed reads
+
+    def __init__(self) -> None:
+        self.tokens: dict[str, int] = {}
+        self.reward: dict[str, float] = {}
+        self.groups: dict[str, tuple[list[float], list[int]]] = {"committed": ([], [])}
+
+    def feed(self, e: Any) -> None:
+        if isinstance(e, Generated):
+            self.tokens[e.sample] = e.tokens
+        elif isinstance(e, Rewarded):
+            self.reward[e.sample] = e.reward
+        elif isinstance(e, Committed):
+            for s in e.samples:
+                self._end("committed", s)
+        elif isinstance(e, Discarded) and e.sample in self.tokens:
+            if e.reason != "fenced":
+                self._end(e.reason, e.sample)
+            else:  # re-issued under a new attempt: this one is out of the comparison
+                del self.tokens[e.sample]
+                self.reward.pop(e.sample, None)
+
+    def _end(self, group: str, sample: str) -> None:
+        tokens = self.tokens.pop(sample, None)
+        if tokens is None:  # committed but never generated: a damaged ledger (verify says so)
+            return
+        rewards, lengths = self.groups.setdefault(group, ([], []))
+        lengths.append(tokens)
+        reward = self.reward.pop(sample, None)
+        if reward is not None:
+            rewards.append(reward)
+
+    def result(self) -> dict[str, Any]:
+        return {name: _stats(r, t) for name, (r, t) in self.groups.items()}
+
+
 def discard_bias(events: Iterable[Any]) -> dict[str, Any]:
     """Do discards skew what the trainer sees? Committed vs discarded completions, by reason.
 
@@ -44,41 +85,121 @@ def discard_bias(events: Iterable[Any]) -> dict[str, Any]:
     committed samples with those of each discard reason's generated samples. A stale discard
     that prefers long or low-reward completions biases training even at a small rate.
     """
-    reward: dict[str, float] = {}
-    tokens: dict[str, int] = {}
-    groups: dict[str, list[str]] = {"committed": []}
+    fold = DiscardBias()
     for e in events:
-        if isinstance(e, Generated):
-            tokens[e.sample] = e.tokens
-        elif isinstance(e, Rewarded):
-            reward[e.sample] = e.reward
-        elif isinstance(e, Committed):
-            groups["committed"].extend(e.samples)
-        elif isinstance(e, Discarded) and e.sample in tokens and e.reason != "fenced":
-            groups.setdefault(e.reason, []).append(e.sample)
-    return {
-        name: _stats([reward[s] for s in ss if s in reward], [tokens[s] for s in ss])
-        for name, ss in groups.items()
-    }
+        fold.feed(e)
+    return fold.result()
 
 
-def summarize_events(events: Sequence[Any]) -> dict[str, Any]:
+class SummaryFold:
+    """Everything ``summary.json`` (and the report's ledger figures) is computed from, folded
+    one event at a time: the :class:`~freshroll.metrics.Tally` (and the ``metrics.jsonl`` rows
+    it implies, one per commit), the discard bias, the stage spans and the verdict. So one
+    pass over a ledger serves the summary, ``verify``'s checks of the files and the report.
+
+    A damaged ledger never stops the pass that feeds the fold (``verify`` reads on and says
+    what is wrong): the first error the fold meets is kept in ``error`` and raised by
+    :attr:`rows` and :meth:`summary`, as folding the events again would raise it; a commit
+    whose events are missing fails only the stage spans (:class:`~freshroll.timing.SpanFold`).
+    """
+
+    def __init__(self) -> None:
+        self.tally = Tally()
+        self._rows: list[dict[str, Any]] = []
+        self.bias = DiscardBias()
+        self.spans = SpanFold()
+        self.verdict = VerdictFold()
+        self.requests = 0  # admitted requests (sum of the groups' sizes)
+        self.closed = False  # the ledger ends ``closed``
+        self.error: Exception | None = None
+        self._stages: tuple[int, list[StageRow]] | None = None  # for that many spans
+        self._routes: dict[type, tuple[Callable[[Any], None], ...]] = {}  # by event type
+
+    def feed(self, e: Any) -> None:
+        if self.error is not None:
+            return
+        kind = type(e)
+        route = self._routes.get(kind)
+        if route is None:
+            route = self._routes[kind] = self._route(kind)
+        try:
+            for fn in route:
+                fn(e)
+        except Exception as exc:  # kept, and raised where the figures are used
+            self.error = exc
+
+    def _route(self, kind: type) -> tuple[Callable[[Any], None], ...]:
+        """The folds that read events of ``kind`` (the tally reads every event)."""
+        route: list[Callable[[Any], None]] = [self._tally]
+        route += [f.feed for f in (self.bias, self.spans, self.verdict) if kind in f.KINDS]
+        if kind in (Requested, Opened, Closed):
+            route.append(self._lifecycle)
+        return tuple(route)
+
+    def _tally(self, e: Any) -> None:
+        row = self.tally.feed(e)
+        if row is not None:
+            self._rows.append(row)
+
+    def _lifecycle(self, e: Any) -> None:
+        if isinstance(e, Requested):
+            self.requests += e.size
+        else:
+            self.closed = isinstance(e, Closed)
+
+    def _check(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        """The ``metrics.jsonl`` rows of the events fed (:func:`freshroll.metrics.rows`)."""
+        self._check()
+        return self._rows
+
+    def stages(self) -> list[StageRow]:
+        """The per-stage decomposition (raises :class:`LedgerError` for a damaged ledger)."""
+        self._check()
+        spans = self.spans.result()
+        if self._stages is None or self._stages[0] != len(spans.total):
+            self._stages = (len(spans.total), decompose(spans))
+        return self._stages[1]
+
+    def summary(self) -> dict[str, Any]:
+        """The summary of the events fed (JSON-ready: non-finite floats are ``None``); raises
+        :class:`~freshroll.errors.LedgerError` when a commit's events are missing."""
+        self._check()
+        summary: dict[str, Any] = jsonable({
+            **summary_figures(self.tally),
+            "discard_bias": self.bias.result(),
+            "stages": [row.__dict__ for row in self.stages()],
+            "verdict": self.verdict.result(),
+        })
+        return summary
+
+
+def fold_events(events: Iterable[Any]) -> SummaryFold:
+    """The :class:`SummaryFold` of a whole event history."""
+    fold = SummaryFold()
+    for e in events:
+        fold.feed(e)
+    return fold
+
+
+def summarize_events(events: Iterable[Any]) -> dict[str, Any]:
     """The summary of an event history (JSON-ready: non-finite floats are ``None``)."""
-    summary: dict[str, Any] = jsonable({
-        **summary_figures(tally(events)),
-        "discard_bias": discard_bias(events),
-        "stages": [row.__dict__ for row in decompose(collect_spans(events))],
-        "verdict": verdict(events),
-    })
-    return summary
+    return fold_events(events).summary()
 
 
 def summarize(run_dir: Path) -> dict[str, Any]:
     with Ledger(run_dir / LEDGER_FILE, readonly=True) as ledger:
-        return summarize_events([e for _, e in ledger.events()])
+        return summarize_events(e for _, e in ledger.events())
 
 
-def write_summary(run_dir: Path) -> dict[str, Any]:
-    summary = summarize(run_dir)
+def write_summary(run_dir: Path, summary: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Write ``summary.json``: ``summary`` (already computed from this run's ledger, e.g. by a
+    :class:`SummaryFold` of the end-of-run pass), or the ledger's summary read now."""
+    if summary is None:
+        summary = summarize(run_dir)
     write_atomic(run_dir / SUMMARY_FILE, json.dumps(summary, indent=1, allow_nan=False) + "\n")
     return summary

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, ClassVar
 
 from freshroll import events as ev
 
@@ -30,37 +30,58 @@ BOOKKEEPING_REASONS = frozenset({"fenced", "shutdown"})
 EXPECTED_REASONS = frozenset({"stale"})
 
 
+class VerdictFold:
+    """:func:`verdict` one event at a time (``feed``), for a reader folding several figures
+    in one pass over a ledger."""
+
+    KINDS: ClassVar = (ev.RunConfig, ev.Committed, ev.Closed, ev.Opened, ev.Discarded)
+
+    def __init__(self) -> None:
+        self.committed, self.closed = 0, False
+        self.stopped: str | None = None
+        self.asked: int | None = None
+        self.failures: dict[str, dict[str, Any]] = {}
+
+    def feed(self, e: ev.Event) -> None:
+        if isinstance(e, ev.RunConfig):
+            self.asked = _steps_of(e.config)
+        elif isinstance(e, ev.Committed):
+            self.committed += 1
+        elif isinstance(e, ev.Closed):
+            self.closed, self.stopped = True, e.reason
+        elif isinstance(e, ev.Opened):
+            self.closed = False
+        elif isinstance(e, ev.Discarded) and e.reason not in BOOKKEEPING_REASONS:
+            slot = self.failures.setdefault(e.reason, {"count": 0, "first": e.detail})
+            slot["count"] += 1
+
+    def result(self, steps_asked: int | None = None) -> dict[str, Any]:
+        """The verdict of the events fed so far (``steps_asked``: as for :func:`verdict`)."""
+        if steps_asked is None:
+            steps_asked = self.asked
+        committed = self.committed
+        if not self.closed:
+            status = "open"
+        elif committed == 0:
+            status = "no steps"
+        elif steps_asked is not None and committed < steps_asked:
+            status = "incomplete"
+        else:
+            status = "complete"
+        return {"status": status, "steps_asked": steps_asked, "steps_committed": committed,
+                "stopped": self.stopped,
+                "first_failure": {k: dict(v) for k, v in self.failures.items()}}
+
+
 def verdict(events: Iterable[ev.Event], steps_asked: int | None = None) -> dict[str, Any]:
     """``{"status", "steps_asked", "steps_committed", "stopped", "first_failure"}``.
 
     ``steps_asked``: ``run.steps`` of the last ``run_config`` event unless given.
     """
-    committed, closed, stopped, asked = 0, False, None, None
-    failures: dict[str, dict[str, Any]] = {}
+    fold = VerdictFold()
     for e in events:
-        if isinstance(e, ev.RunConfig):
-            asked = _steps_of(e.config)
-        elif isinstance(e, ev.Committed):
-            committed += 1
-        elif isinstance(e, ev.Closed):
-            closed, stopped = True, e.reason
-        elif isinstance(e, ev.Opened):
-            closed = False
-        elif isinstance(e, ev.Discarded) and e.reason not in BOOKKEEPING_REASONS:
-            slot = failures.setdefault(e.reason, {"count": 0, "first": e.detail})
-            slot["count"] += 1
-    if steps_asked is None:
-        steps_asked = asked
-    if not closed:
-        status = "open"
-    elif committed == 0:
-        status = "no steps"
-    elif steps_asked is not None and committed < steps_asked:
-        status = "incomplete"
-    else:
-        status = "complete"
-    return {"status": status, "steps_asked": steps_asked, "steps_committed": committed,
-            "stopped": stopped, "first_failure": failures}
+        fold.feed(e)
+    return fold.result(steps_asked)
 
 
 def _steps_of(config_json: str) -> int | None:

@@ -1,0 +1,51 @@
+"""The end of a run: ``summary.json``, the ``verify`` report and ``report.html``, from ONE read
+of the ledger.
+
+At the end of ``freshroll run``/``simulate`` (and for ``freshroll report``) every product is
+computed once and reused::
+
+    ledger --one pass--> verify's checker (invariants, recount)
+                      +-> SummaryFold: Tally (+ metrics.jsonl rows), discard bias, spans, verdict
+    summary.json   = the fold's summary
+    verify report  = the checker's + counts.json, summary.json and metrics.jsonl checked
+                     against the same pass (:func:`freshroll.harness.verify.check_files`)
+    report.html    = the fold's figures and that verify report (not verified again)
+
+So the end phase is linear in the ledger with one decode of each event (it was read and
+folded about six times). ``freshroll verify RUN_DIR`` still checks everything itself
+(:func:`~freshroll.harness.verify.verify_run`: the same pass, on its own).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from freshroll.harness.verify import Report, check_files, check_ledger, read_counts
+from freshroll.runtime.summary import write_summary
+
+
+@dataclass
+class Finished:
+    summary: dict[str, Any]
+    #: verify's report of the run directory, or the error that kept it from running (an
+    #: unreadable ``counts.json``); the report page shows either
+    verified: Report | Exception
+
+
+def finish_run_dir(run_dir: Path, *, baseline: Path | None = None) -> Finished:
+    """Write ``summary.json`` and ``report.html`` of ``run_dir`` and verify it, reading its
+    ledger once. An unreadable or damaged ledger raises (:class:`~freshroll.errors.LedgerError`)
+    before anything is written, as :func:`~freshroll.runtime.summary.write_summary` does."""
+    from freshroll.report.html import write_report
+
+    passed = check_ledger(run_dir)
+    summary = write_summary(run_dir, passed.fold.summary())
+    verified: Report | Exception
+    try:
+        verified = check_files(run_dir, passed, read_counts(run_dir / "counts.json"))
+    except Exception as exc:  # shown on the page; the caller decides whether it is fatal
+        verified = exc
+    write_report(run_dir, baseline=baseline, fold=passed.fold, verified=verified)
+    return Finished(summary, verified)
