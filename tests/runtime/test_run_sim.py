@@ -38,6 +38,7 @@ def sim_module(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 
     module = types.ModuleType("freshroll.sim.components")
     module.build_sim = build_sim  # type: ignore[attr-defined]
+    module.sim_model_digest = lambda cfg: "sim-stand-in"  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "freshroll.sim.components", module)
     return calls
 
