@@ -66,7 +66,8 @@ lowering c only pays where no worker can go (min_workers) or freshness demands i
 (the hard cut).
 
 **Admission.** ``admission_limit`` caps the groups in flight (the buffer's
-``free_slots``): ``ceil(n × c × (1 + admission_slack) / group_size)``, enough to
+``free_slots``): ``max(B, ceil(n × c × (1 + admission_slack) / group_size))``, never below
+one trainer batch (below it admission serializes the pipeline), and enough to
 keep every slot fed while stragglers still hold their group. It never widens
 the freshness bound: :func:`admission_budget` is
 :func:`freshroll.freshness.admission_capacity` with ``free_slots = limit − running``.
@@ -135,12 +136,14 @@ class ControlConfig:
     soft_trim: float = 0.125
     hard_factor: float = 0.5
     admission_slack: float = 0.5
+    batch_groups: int = 1  # B: the admission limit never goes below one trainer batch
 
     def __post_init__(self) -> None:
         def need(ok: bool, what: str) -> None:
             if not ok:
                 raise ConfigError(f"control: {what}")
         need(self.group_size >= 1, f"group_size must be >= 1, got {self.group_size}")
+        need(self.batch_groups >= 1, f"batch_groups must be >= 1, got {self.batch_groups}")
         need(1 <= self.min_workers <= self.max_workers,
              f"need 1 <= min_workers <= max_workers, got {self.min_workers}, {self.max_workers}")
         need(1 <= self.min_concurrency <= self.max_concurrency,
@@ -169,7 +172,7 @@ class ControlConfig:
 
     def limit_for(self, workers: int, concurrency: int) -> int:
         slots = workers * concurrency * (1 + self.admission_slack)
-        return max(1, math.ceil(slots / self.group_size))
+        return max(self.batch_groups, math.ceil(slots / self.group_size))
 
 
 @dataclass(frozen=True, slots=True)

@@ -530,3 +530,15 @@ def test_outputs_always_within_bounds(snap, state, lo, span, clo, cspan):
     assert admission_budget(snap, d.settings) >= 0
     json.dumps(d.record(), allow_nan=False)  # always a valid event body
     assert isinstance(d.reason, str) and d.reason
+
+
+def test_the_admission_limit_never_goes_below_one_trainer_batch():
+    """One HF worker of 64 requests, groups of 16, batches of 8 groups: slots alone would
+    admit ceil(64 x 1.5 / 16) = 6 groups, fewer than one batch, which serialized the
+    embedded default's adaptive run (986 vs 1,129 accepted/s static)."""
+    config = cfg(group_size=16, batch_groups=8, max_workers=1)
+    assert config.limit_for(1, 64) == 8
+    assert config.clamp(s(1, 64)).admission_limit == 8
+    assert cfg(group_size=4, batch_groups=2).limit_for(8, 8) == 24  # slots above B: unchanged
+    with pytest.raises(ConfigError, match="batch_groups"):
+        cfg(batch_groups=0)

@@ -66,7 +66,7 @@ def control_config(cfg: Config) -> ControlConfig:
     """The controller's bounds from the ``control`` section (defaults from ``rollout``)."""
     c, ro = cfg.control, cfg.rollout
     return ControlConfig(
-        group_size=ro.group_size, min_workers=c.min_workers,
+        group_size=ro.group_size, batch_groups=ro.batch_groups, min_workers=c.min_workers,
         max_workers=c.max_workers if c.max_workers is not None else max(ro.workers, c.min_workers),
         min_concurrency=c.min_concurrency,
         max_concurrency=(c.max_concurrency if c.max_concurrency is not None
