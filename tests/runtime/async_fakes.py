@@ -13,12 +13,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from pipeline_fakes import LedgerChecks
+
 from freshroll.buffer import KernelConfig, SampleBuffer
 from freshroll.clock import Clock, RealClock, VirtualClock
 from freshroll.config import Config, load_config
 from freshroll.control import Controller
 from freshroll.engines.base import Completion
-from freshroll.harness.verify import Report, verify_ledger
 from freshroll.ledger import Ledger
 from freshroll.lineage import PolicyVersion, RewardVersion
 from freshroll.rewards.calling import RewardState
@@ -135,7 +136,7 @@ class Trainer:
         return self.steps
 
 
-class AsyncHarness:
+class AsyncHarness(LedgerChecks):
     """One pipeline of async fakes on a ledger in ``tmp``."""
 
     def __init__(self, tmp: Path, *, overrides: Sequence[str] = (), factory: Any = None,
@@ -185,12 +186,3 @@ class AsyncHarness:
         except BaseException as exc:
             return exc
         return None
-
-    def verify(self) -> Report:
-        self.buf.ledger.flush()
-        with Ledger(self.ledger_path, readonly=True) as ledger:
-            return verify_ledger(ledger, dict(self.buf.counts))
-
-    def events(self, kind: type) -> list[Any]:
-        self.buf.ledger.flush()
-        return [e for _, e in self.buf.ledger.events() if isinstance(e, kind)]

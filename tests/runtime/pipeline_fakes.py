@@ -82,7 +82,23 @@ class FakeLearner:
         return {k: v.clone() for k, v in self.model.state_dict().items()}
 
 
-class Harness:
+class LedgerChecks:
+    """``verify()`` and ``events(kind)`` of a harness's ledger (``buf``, ``ledger_path``)."""
+
+    buf: SampleBuffer
+    ledger_path: Path
+
+    def verify(self) -> Report:
+        self.buf.ledger.flush()
+        with Ledger(self.ledger_path, readonly=True) as ledger:
+            return verify_ledger(ledger, dict(self.buf.counts))
+
+    def events(self, kind: type) -> list[Any]:
+        self.buf.ledger.flush()
+        return [e for _, e in self.buf.ledger.events() if isinstance(e, kind)]
+
+
+class Harness(LedgerChecks):
     """One pipeline on a ledger in ``tmp``; ``run()`` returns the error it raised (or None)."""
 
     def __init__(self, tmp: Path, *, overrides: Sequence[str] = (),
@@ -129,15 +145,6 @@ class Harness:
             self.scorer.close()
             self.trainer.close()
         return None
-
-    def verify(self) -> Report:
-        self.buf.ledger.flush()
-        with Ledger(self.ledger_path, readonly=True) as ledger:
-            return verify_ledger(ledger, dict(self.buf.counts))
-
-    def events(self, kind: type) -> list[Any]:
-        self.buf.ledger.flush()
-        return [e for _, e in self.buf.ledger.events() if isinstance(e, kind)]
 
 
 def blocker() -> tuple[threading.Event, Callable[[int], None]]:
