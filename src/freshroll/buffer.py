@@ -48,6 +48,7 @@ from enum import Enum
 from typing import Any, NoReturn
 
 from freshroll import events as ev
+from freshroll import unsafe
 from freshroll.clock import Clock
 from freshroll.errors import ConfigError, LeaseError, LedgerError, StateError, UnknownSampleError
 from freshroll.freshness import admission_capacity, is_stale
@@ -391,11 +392,26 @@ class SampleBuffer(BufferState):
             reason = "not_running"
         if reason is None:
             return req
+        if unsafe.BROKEN and self._unsafe_apply(reason, sample, expected):
+            return None
         self._emit(ev.Rejected(
             ts=self.clock.now(), sample=sample, reason=reason,
             detail=f"request {req.id} is {_STATE_NAMES[req.state]}, current attempt {req.sample}",
         ))
         return None
+
+    def _unsafe_apply(self, reason: str, sample: str, expected: int) -> bool:
+        """Test-only (:mod:`freshroll.unsafe`): a build without fencing or de-duplication
+        writes the result it should have rejected, as that build would (the kernel's state
+        does not change: the ledger shows it, for verify and the chaos harness to catch)."""
+        if not ((reason == "fenced" and unsafe.broken("fencing"))
+                or (reason == "duplicate" and unsafe.broken("dedup"))):
+            return False
+        now = self.clock.now()
+        self.ledger.append(
+            ev.Generated(ts=now, sample=sample, tokens=0, gen_s=0.0) if expected == RUNNING
+            else ev.Rewarded(ts=now, sample=sample, reward=0.0, reward_version="unsafe"))
+        return True
 
     def _settle(self, group: _Group) -> None:
         if group.state == G_RUNNING and group.open == 0 and group.samples:

@@ -34,12 +34,11 @@ class Finished:
     verified: Report | Exception
 
 
-def finish_run_dir(run_dir: Path, *, baseline: Path | None = None) -> Finished:
+def finish_run_dir(run_dir: Path, *, baseline: Path | None = None, report: bool = True) -> Finished:
     """Write ``summary.json`` and ``report.html`` of ``run_dir`` and verify it, reading its
     ledger once. An unreadable or damaged ledger raises (:class:`~freshroll.errors.LedgerError`)
-    before anything is written, as :func:`~freshroll.runtime.summary.write_summary` does."""
-    from freshroll.report.html import write_report
-
+    before anything is written, as :func:`~freshroll.runtime.summary.write_summary` does.
+    ``report``: False writes no ``report.html``."""
     passed = check_ledger(run_dir)
     summary = write_summary(run_dir, passed.fold.summary())
     verified: Report | Exception
@@ -47,5 +46,8 @@ def finish_run_dir(run_dir: Path, *, baseline: Path | None = None) -> Finished:
         verified = check_files(run_dir, passed, read_counts(run_dir / "counts.json"))
     except Exception as exc:  # shown on the page; the caller decides whether it is fatal
         verified = exc
-    write_report(run_dir, baseline=baseline, fold=passed.fold, verified=verified)
+    if report:
+        from freshroll.report.html import write_report
+
+        write_report(run_dir, baseline=baseline, fold=passed.fold, verified=verified)
     return Finished(summary, verified)

@@ -67,6 +67,7 @@ from freshroll.control import Controller
 from freshroll.errors import Interrupted, NonFiniteStep
 from freshroll.lineage import PolicyVersion
 from freshroll.rewards.tasks import Prompt
+from freshroll.runtime.hooks import Hooks
 from freshroll.runtime.rewarding import RewardStage
 from freshroll.runtime.seams import AsyncScorer, AsyncTrainer, EngineFactory
 from freshroll.runtime.steering import Steering
@@ -118,6 +119,8 @@ class Pipeline:
     controller: Controller | None = None
     published: Published | None = None
     budget: FailureBudget = field(default_factory=FailureBudget)
+    #: hand-off hooks (:mod:`freshroll.runtime.hooks`): a chaos session's; no-ops by default
+    hooks: Hooks = field(default_factory=Hooks)
     _feed: asyncio.Event = field(default_factory=asyncio.Event)
     _train: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -160,6 +163,7 @@ class Pipeline:
                 tg.create_task(self.steering.run(), name="steering")
                 if self.tailing is not None:
                     tg.create_task(self.tailing.run(), name="tails")
+                tg.create_task(self.hooks.run(self), name="hooks")
         except BaseExceptionGroup as group:
             failure = first_failure(group)
         if failure is not None:
@@ -228,6 +232,7 @@ class Pipeline:
             )
             meter.committed(lease)
             self.published = Published(version, trainer.weights())
+            self.hooks.committed(version)
             self.on_step(StepReport(version.step, version, metrics, wait_s, metrics["train_s"]))
             self.notify()
             self.pool.version_published()

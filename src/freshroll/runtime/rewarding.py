@@ -27,6 +27,7 @@ import asyncio
 from collections import deque
 from typing import TYPE_CHECKING
 
+from freshroll import unsafe
 from freshroll.breaker import Rule
 from freshroll.engines.base import Completion
 from freshroll.errors import Interrupted, WorkerTimeout
@@ -101,6 +102,8 @@ class RewardStage:
             pipe.budget.record(self._label() + " (timeouts)", self._timeout_rule(),
                                1, 1, self._timeout_error())
             return
+        sids = [sid for sid, _, _ in items]
+        scores = pipe.hooks.scored(sids, scores)
         per_sample = (buf.clock.now() - t0) / n
         errors: list[str | None] = []
         version = pipe.scorer.version
@@ -111,6 +114,7 @@ class RewardStage:
             else:
                 buf.discard(sid, "reward_error", score.error or "reward_error")
                 errors.append(score.error or "")
+        pipe.hooks.rewarded(sids)
         pipe.notify()
         self._record(errors)
 
@@ -119,7 +123,7 @@ class RewardStage:
     ) -> list[Score] | None:
         """The batch's scores; None if the call timed out. A call that fails as a whole
         (the scorer raised, e.g. KeyboardInterrupt in a reward) fails every sample."""
-        buf, timeout_s = self.buf, self.pipe.cfg.limits.reward_timeout_s
+        buf, timeout_s = self.buf, unsafe.timeout(self.pipe.cfg.limits.reward_timeout_s)
         state = RewardState(buf.version.step if buf.version else 0, self.pipe.cfg.run.steps)
         try:
             async with asyncio.timeout(timeout_s) as cm:

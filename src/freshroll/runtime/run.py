@@ -56,6 +56,7 @@ from freshroll.lineage import PolicyVersion
 from freshroll.metrics import Tally
 from freshroll.runtime.adapters import ThreadEngineFactory, ThreadScorer, ThreadTrainer
 from freshroll.runtime.endfiles import Finished, finish_run_dir
+from freshroll.runtime.hooks import ChaosSession
 from freshroll.runtime.learner import build_learner
 from freshroll.runtime.metrics_log import METRICS_FILE, RowLog, reconcile
 from freshroll.runtime.pipeline import Pipeline, StepReport, run_pipeline
@@ -256,23 +257,28 @@ def drive(pipe: Pipeline, clock: Clock) -> None:
 def run(
     cfg: Config | None, out: Path, *, resume: bool = False, allow_change: tuple[str, ...] = (),
     stream: TextIO = sys.stderr, make_engine: MakeEngine | None = None,
+    chaos: ChaosSession | None = None, report: bool = True,
 ) -> RunResult:
     """Run (or resume) a training run in ``out``; returns the summary and verify result.
 
     ``cfg``: the config in force (on resume, None: the run's saved config.yaml; see
     :func:`freshroll.runtime.rundir.resume_config`). ``allow_change``: keys a resume may
     change that change training (README, "Resume rules"). ``make_engine``: the blocking
-    engine of a worker for ``rollout.engine: hf`` (default :func:`build_engine`). The run
-    directory is locked for the whole call.
+    engine of a worker for ``rollout.engine: hf`` (default :func:`build_engine`). ``chaos``: a
+    fault-injection session (:mod:`freshroll.chaos`) that wraps the run's parts and hooks its
+    hand-offs (:mod:`freshroll.runtime.hooks`). ``report``: False skips ``report.html`` (its
+    plots take seconds; the chaos harness runs hundreds of runs). The run directory is locked
+    for the whole call.
     """
     prep = prepare_run_dir(cfg, out, resume, allow_change)
     try:
-        return _run(prep, out, stream, make_engine)
+        return _run(prep, out, stream, make_engine, chaos, report)
     finally:
         prep.lock.release()
 
 
-def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | None) -> RunResult:
+def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | None,
+         chaos: ChaosSession | None = None, report: bool = True) -> RunResult:
     cfg = prep.cfg
     torch.set_num_threads(cfg.run.torch_threads)
     torch.manual_seed(cfg.run.seed)
@@ -299,6 +305,8 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
     random.Random(cfg.run.seed).shuffle(order)
     parts = build_components(prep, buf, out, lambda v, lr: rec.before_commit(v, lr), clock,
                              make_engine)
+    if chaos is not None:
+        parts = chaos.wrap(parts, buf)
     if cfg.run.progress:
         stream.write(_start_line(cfg, out, prep.model_path, len(prompts), buf) + "\n")
         stream.flush()
@@ -309,6 +317,8 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
             buf, parts.engine_factory, parts.scorer, parts.trainer,
             {p.prompt_id: p for p in prompts}, order, cfg, on_step=rec.on_step,
         )
+        if chaos is not None:
+            pipe.hooks = chaos.hooks
         drive(pipe, clock)
         buf.shutdown("done")
     except BaseException as exc:  # one typed error; the ledger closed first (resumable)
@@ -325,11 +335,11 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
         # a run that stopped still says what it trained and why it stopped (summary.json's
         # verdict, the report's banner); best effort: the error that stopped it comes first
         with contextlib.suppress(Exception):
-            _write_end_files(out, buf)
+            _write_end_files(out, buf, report)
         if stopped is failure:
             raise failure
         raise stopped from failure
-    done = _write_end_files(out, buf)
+    done = _write_end_files(out, buf, report)
     if isinstance(done.verified, Exception):
         raise done.verified
     return RunResult(out, done.summary, done.verified.ok)
@@ -352,11 +362,11 @@ def _start_line(cfg: Config, out: Path, model: Path, n_prompts: int, buf: Sample
             f"control {cfg.control.mode}")
 
 
-def _write_end_files(out: Path, buf: SampleBuffer) -> Finished:
+def _write_end_files(out: Path, buf: SampleBuffer, report: bool = True) -> Finished:
     """``counts.json``, then ``summary.json``, the verify report and ``report.html`` of a
     closed run, from one read of its ledger (:mod:`freshroll.runtime.endfiles`)."""
     write_text_atomic(out / "counts.json", json.dumps(dict(buf.counts), sort_keys=True, indent=1))
-    return finish_run_dir(out)
+    return finish_run_dir(out, report=report)
 
 
 def _stopped(exc: BaseException, buf: SampleBuffer, cfg: Config, out: Path) -> BaseException:

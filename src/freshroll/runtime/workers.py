@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from freshroll import events as ev
+from freshroll import unsafe
 from freshroll.buffer import Outcome
 from freshroll.errors import Interrupted, RunFailed, WorkerLost, WorkerTimeout
 from freshroll.lineage import PolicyVersion, RequestId, SampleId
@@ -243,7 +244,7 @@ class WorkerPool:
         w.done, w.blocked_s, w.blocked_since, w.ready_at = 0, 0.0, None, None  # per epoch
         t0 = buf.clock.now()
         try:
-            async with asyncio.timeout(lim.worker_start_timeout_s) as cm:
+            async with asyncio.timeout(unsafe.timeout(lim.worker_start_timeout_s)) as cm:
                 w.engine = await self.pipe.engine_factory(w.name)
         except TimeoutError as exc:
             if not cm.expired():
@@ -307,7 +308,8 @@ class WorkerPool:
     async def _watchdog(self, order: deque[_Call], watch: asyncio.Event) -> None:
         """Continuous calls: one timer for all of a worker's calls (not one per call). The
         oldest live call past ``limits.generate_timeout_s`` is cancelled as a timeout."""
-        loop, timeout = asyncio.get_running_loop(), self.pipe.cfg.limits.generate_timeout_s
+        loop = asyncio.get_running_loop()
+        timeout = unsafe.timeout(self.pipe.cfg.limits.generate_timeout_s)
         while True:
             while order and order[0].over:
                 order.popleft()
@@ -450,7 +452,7 @@ class WorkerPool:
                     weights: Any) -> BaseException | None:
         lim = self.pipe.cfg.limits
         try:
-            async with asyncio.timeout(lim.weights_timeout_s) as cm:
+            async with asyncio.timeout(unsafe.timeout(lim.weights_timeout_s)) as cm:
                 secs = await engine.load_weights(weights)
         except TimeoutError:
             if not cm.expired():
@@ -480,7 +482,7 @@ class WorkerPool:
             if engine.continuous:  # the worker's watchdog times it
                 await engine.generate(reqs, self.params, seed, emit)
             else:
-                async with asyncio.timeout(lim.generate_timeout_s) as cm:
+                async with asyncio.timeout(unsafe.timeout(lim.generate_timeout_s)) as cm:
                     await engine.generate(reqs, self.params, seed, emit)
         except asyncio.CancelledError:
             if not call.expired:
