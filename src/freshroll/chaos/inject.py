@@ -168,6 +168,7 @@ class Injector:
         self.samples = 0
         self.fired: list[int] = []  # fault indexes in firing order
         self.failed: dict[int, list[str]] = {}  # fail_reward: the sample ids it failed
+        self.held: list[str] = []  # hold_group: the sample ids never emitted
         self._tasks: set[asyncio.Task[None]] = set()
         self._timers: set[asyncio.TimerHandle] = set()
         self._stop: str | None = None  # interrupt: the reason
@@ -353,6 +354,7 @@ class Injector:
                 done.append(f"the first request of {name}'s next call")
             else:
                 call.hold_back(k)
+                self.held.append(call.requests[k].sample)
                 done.append(f"request {call.requests[k].sample} on {name}")
         return self._who(names, f), f"{', '.join(done) or 'nothing'} is never emitted"
 
@@ -368,6 +370,7 @@ class Injector:
                     gen.stall(self.scenario.faults[i].delay_s)
                 elif kind == "hold":
                     gen.hold_back(0)
+                    self.held.append(gen.requests[0].sample)
         if gen.n >= 2:
             for fault in self._reorder:
                 if fault.left > 0 and fault.hits(engine.name):
