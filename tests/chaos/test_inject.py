@@ -4,6 +4,7 @@ ledger; the shipped library loads. Each run is the simulated cluster in virtual 
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -188,7 +189,7 @@ def malformed_completion(case: Case) -> None:
 
 def stall_trainer(case: Case) -> None:
     ts = [e.ts for e in case.of(ev.Committed)]
-    assert max(b - a for a, b in zip(ts, ts[1:], strict=False)) >= 30.0
+    assert max(b - a for a, b in itertools.pairwise(ts)) >= 30.0
 
 
 def slow_rewards(case: Case) -> None:
@@ -338,3 +339,21 @@ def test_library_scenario_over_20_seeds(name: str, tmp_path: Path):
             assert final is not None and sc.error and sc.error in str(final), (seed, final)
         else:
             assert final is None or isinstance(final, Killed | Interrupted), (seed, final)
+
+
+def test_an_engine_with_a_real_kill_is_killed_for_real(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch):
+    from freshroll.sim.engine import SimEngine
+
+    killed: list[str] = []
+
+    async def kill(self: SimEngine) -> None:  # as the Ray adapter's: the actor dies
+        killed.append(self.name)
+        await self.close()  # every open call raises WorkerLost (the engine's own)
+
+    monkeypatch.setattr(SimEngine, "kill", kill, raising=False)
+    case = run_case(scenario("kill_worker", {"s": 30}), 0, tmp_path)
+    assert case.verify is not None and case.verify.ok
+    f = _fault(case)
+    assert killed == [f.target] and "for real (SimEngine.kill())" in f.detail
+    kill_worker(case)
