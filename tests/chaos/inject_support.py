@@ -6,7 +6,9 @@ chaos runner's child process would be."""
 from __future__ import annotations
 
 import io
+import itertools
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -111,3 +113,76 @@ def event_key(events: list[ev.Event]) -> list[dict[str, Any]]:
         d.pop("run_id", None)
         out.append(d)
     return out
+
+
+def evidence(case: Case, sc: Scenario) -> list[str]:
+    """What each fault of ``sc`` must have left in the ledger (beyond its ``fault_injected``
+    event); empty when all is there. Parameter-aware, for any seed."""
+    problems: list[str] = []
+    faults = {fired: e for e in case.faults() for fired in fired_indexes([e])}
+    inj = case.injectors[0]
+    for i, fault in enumerate(sc.faults):
+        e = faults.get(i)
+        if e is None:
+            problems.append(f"#{i} {fault.kind} never fired")
+            continue
+        ok = _EVIDENCE.get(fault.kind, lambda c, f, e, inj: True)(case, fault, e, inj)
+        if not ok:
+            problems.append(f"#{i} {fault.kind}: no evidence ({e.detail})")
+    return problems
+
+
+def _fences(case: Case, e: ev.FaultInjected, reason: str) -> list[ev.WorkerFenced]:
+    return [f for f in case.of(ev.WorkerFenced) if f.ts >= e.ts and f.reason == reason
+            and (e.target in ("all", "none") or f.worker in e.target.split(","))]
+
+
+def _stall(case: Case, f: Any, e: ev.FaultInjected, inj: Injector) -> bool:
+    fences = _fences(case, e, "timeout")
+    return bool(fences) and any(r.ts > fences[0].ts for r in case.rejected("fenced"))
+
+
+def _burst(case: Case, f: Any, e: ev.FaultInjected, inj: Injector) -> bool:
+    return sum(1 for c in case.of(ev.Committed) if c.train_s == 0.0) >= f.count
+
+
+def _bump(case: Case, f: Any, e: ev.FaultInjected, inj: Injector) -> bool:
+    m = re.search(r"published (\S+) ", e.detail)
+    return bool(m) and not [s for s in case.of(ev.Started) if s.version == m.group(1)]
+
+
+def _held(case: Case, f: Any, e: ev.FaultInjected, inj: Injector) -> bool:
+    ends = [d.reason for s in inj.held for d in case.of(ev.Discarded) if d.sample == s]
+    return bool(inj.held) and ends in (["fenced"] * len(inj.held),
+                                       ["deadline"] * len(inj.held))
+
+
+def _gap(case: Case, f: Any, e: ev.FaultInjected, inj: Injector) -> bool:
+    ts = [c.ts for c in case.of(ev.Committed)]
+    return max(b - a for a, b in itertools.pairwise(ts)) >= f.duration_s
+
+
+def _failed(case: Case, f: Any, e: ev.FaultInjected, inj: Injector) -> bool:
+    failed = {s for ids in inj.failed.values() for s in ids}
+    return bool(failed) and not failed & case.committed_samples()
+
+
+_EVIDENCE: dict[str, Callable[[Case, Any, ev.FaultInjected, Injector], bool]] = {
+    "stall_worker": _stall,
+    "kill_worker": lambda c, f, e, inj: bool(_fences(c, e, "lost")),
+    "kill_all_workers": lambda c, f, e, inj: len(_fences(c, e, "lost")) >= 3,
+    "fail_weights": lambda c, f, e, inj: bool(_fences(c, e, "lost")),
+    "stall_weights": lambda c, f, e, inj: bool(_fences(c, e, "timeout")),
+    "duplicate_reward": lambda c, f, e, inj: len(c.rejected("duplicate")) >= f.count,
+    "duplicate_messages": lambda c, f, e, inj: len(c.rejected("duplicate")) >= f.count,
+    "malformed_completion": lambda c, f, e, inj: len(c.discarded("invalid")) == f.count,
+    "malformed_reward": lambda c, f, e, inj: len(c.discarded("reward_error")) >= f.count,
+    "fail_reward": _failed,
+    "version_burst": _burst,
+    "version_bump": _bump,
+    "hold_group": _held,
+    "stall_trainer": _gap,
+    "kill_process": lambda c, f, e, inj: len(c.of(ev.Opened)) >= 2,
+    "trainer_crash": lambda c, f, e, inj: len(c.of(ev.Opened)) >= 2,
+    "interrupt": lambda c, f, e, inj: "interrupted" in [x.reason for x in c.of(ev.Closed)],
+}

@@ -16,6 +16,7 @@ from inject_support import (
     Case,
     Killed,
     event_key,
+    evidence,
     on_kill,
     run_case,
     scenario,
@@ -339,6 +340,7 @@ def test_library_scenario_over_20_seeds(name: str, tmp_path: Path):
             assert final is not None and sc.error and sc.error in str(final), (seed, final)
         else:
             assert final is None or isinstance(final, Killed | Interrupted), (seed, final)
+            assert not evidence(case, sc), (seed, evidence(case, sc))
 
 
 def test_an_engine_with_a_real_kill_is_killed_for_real(tmp_path: Path,

@@ -45,7 +45,10 @@ fail_reward           for ``duration_s``, ``share`` of the samples get Score(Non
                       naming the first reward function and this fault): ``reward_error``
 malformed_reward      the next ``count`` reward calls return NaN, a string, then the wrong
                       count of scores, in turn
-kill_process          the event is made durable, then ``on_kill("kill_process")``
+kill_process          the event is made durable, then ``on_kill("kill_process")`` (which
+                      SIGKILLs the process; an in-process ``on_kill`` that raises instead
+                      has its error raised again by the hooks' task, so the run ends even
+                      where the trigger's context swallows it)
 trainer_crash         at the next ``commit`` hand-off (between the lease and the commit):
                       the event is made durable, then ``on_kill("trainer_crash")``
 interrupt             the hooks' task raises Interrupted (the operator's stop; resumable)
@@ -172,6 +175,7 @@ class Injector:
         self._tasks: set[asyncio.Task[None]] = set()
         self._timers: set[asyncio.TimerHandle] = set()
         self._stop: str | None = None  # interrupt: the reason
+        self._killed: BaseException | None = None  # what an in-process on_kill raised
         self._stopped = asyncio.Event()
         self._deferred: list[tuple[int, str | None]] = []  # need the pipeline (version_bump)
         self._crash: list[int] = []  # trainer_crash, waiting for the commit hand-off
@@ -256,7 +260,12 @@ class Injector:
         if fault.kind in KILL_KINDS:
             buf.ledger.flush()  # the event survives the kill
             assert self.on_kill is not None
-            self.on_kill(fault.kind)
+            try:
+                self.on_kill(fault.kind)  # SIGKILL: never returns
+            except BaseException as exc:  # in-process (tests): it raises; the hooks' task
+                self._killed = exc  # raises it again, should this context swallow it (an
+                self._stopped.set()  # engine's emit callback)
+                raise
         elif fault.kind == "interrupt":
             self._stopped.set()
 
@@ -657,7 +666,7 @@ class Injector:
 
     async def _until(self, t: float) -> None:
         """Sleep until run time ``t``; raise Interrupted once an interrupt fired."""
-        while self._stop is None:
+        while self._stop is None and self._killed is None:
             delay = t - self._now()
             if delay <= 0:
                 return
@@ -666,6 +675,8 @@ class Injector:
                     await self._stopped.wait()
             except TimeoutError:
                 return
+        if self._killed is not None:
+            raise self._killed
         raise Interrupted(self._stop)
 
 
