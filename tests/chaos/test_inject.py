@@ -359,3 +359,20 @@ def test_an_engine_with_a_real_kill_is_killed_for_real(tmp_path: Path,
     f = _fault(case)
     assert killed == [f.target] and "for real (SimEngine.kill())" in f.detail
     kill_worker(case)
+
+
+def test_the_liveness_guard_stops_a_run_that_hangs(tmp_path: Path):
+    from freshroll import unsafe
+    from freshroll.errors import RunFailed
+
+    sc = scenario("stall_weights", STEP, target="all")
+    previous = unsafe.set_broken(["timeouts"])  # nothing ends the stuck weight loads
+    try:
+        case = run_case(sc, 0, tmp_path)
+    finally:
+        unsafe.set_broken(previous)
+    assert case.errors and isinstance(case.errors[-1], RunFailed)
+    assert "made no progress for 600 s" in str(case.errors[-1])
+    assert case.verify is not None and case.verify.ok  # closed and verifiable
+    fixed = run_case(sc, 0, tmp_path / "with-timeouts")
+    assert not fixed.errors and fixed.verify is not None and fixed.verify.ok
