@@ -240,7 +240,8 @@ def _pending_kill(scenario: Scenario, fired: frozenset[int]) -> bool:
 
 
 def _faulted(scenario: Scenario, seed: int, cfg: Config, case_dir: Path, horizon_s: float,
-             broken: Sequence[str], injector: str, child_timeout_s: float) -> Incarnations:
+             broken: Sequence[str], injector: str, child_timeout_s: float,
+             children: ChildPool | None) -> Incarnations:
     out, inc = case_dir / "run", Incarnations()
     fired: frozenset[int] = frozenset()
     make = load_injector(injector)
@@ -254,7 +255,7 @@ def _faulted(scenario: Scenario, seed: int, cfg: Config, case_dir: Path, horizon
         if _pending_kill(scenario, fired):
             status, detail = _run_child(scenario, seed, cfg, out, resume, fired, horizon_s,
                                         broken, injector, case_dir / f"child-{inc.count}",
-                                        child_timeout_s)
+                                        child_timeout_s, children)
         else:
             status, detail = _incarnation(make, scenario, seed, cfg, out, resume, fired,
                                           horizon_s, broken)
@@ -305,8 +306,9 @@ def error_line(exc: BaseException) -> str:
 
 def _run_child(scenario: Scenario, seed: int, cfg: Config, out: Path, resume: bool,
                fired: frozenset[int], horizon_s: float, broken: Sequence[str], injector: str,
-               stem: Path, timeout_s: float) -> tuple[str, str]:
-    """One incarnation in a child process (``python -m freshroll.chaos.child SPEC``)."""
+               stem: Path, timeout_s: float, children: ChildPool | None) -> tuple[str, str]:
+    """One incarnation in a child process (``python -m freshroll.chaos.child SPEC``, or a
+    fork of the pool's zygote)."""
     result_path = stem.with_suffix(".result.json")
     spec = {
         "scenario": scenario.model_dump(mode="json"), "seed": seed,
@@ -316,26 +318,86 @@ def _run_child(scenario: Scenario, seed: int, cfg: Config, out: Path, resume: bo
     }
     spec_path = stem.with_suffix(".json")
     spec_path.write_text(json.dumps(spec, indent=1))
-    env = dict(os.environ)
-    env[unsafe.ENV] = ",".join(broken)
     log_path = stem.with_suffix(".log")
-    with log_path.open("w") as log:
-        try:
-            proc = subprocess.run([sys.executable, "-m", "freshroll.chaos.child", str(spec_path)],
-                                  stdout=log, stderr=subprocess.STDOUT, env=env,
-                                  timeout=timeout_s, check=False)
-        except subprocess.TimeoutExpired:
-            return "liveness", (f"liveness: child process {spec_path.name} did not end within "
-                                f"{timeout_s:g} s wall time (killed)")
-    if proc.returncode == -9 and not result_path.exists():
+    if children is not None:
+        code = children.run(spec_path, timeout_s)
+    else:
+        code = _exec_child(spec_path, log_path, broken, timeout_s)
+    if code is None:
+        return "liveness", (f"liveness: child process {spec_path.name} did not end within "
+                            f"{timeout_s:g} s wall time (killed)")
+    if code == -9 and not result_path.exists():
         return "killed", f"SIGKILL (see {log_path})"
     try:
         result = json.loads(result_path.read_text())
     except (OSError, json.JSONDecodeError):
         tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] or [""]
-        return "stopped", (f"child process ended with status {proc.returncode} and no result: "
+        return "stopped", (f"child process ended with status {code} and no result: "
                            f"{tail[0]}")
     return str(result["status"]), str(result.get("detail", ""))
+
+
+def _child_env(broken: Sequence[str]) -> dict[str, str]:
+    env = dict(os.environ)
+    env[unsafe.ENV] = ",".join(broken)
+    return env
+
+
+def _exec_child(spec_path: Path, log_path: Path, broken: Sequence[str],
+                timeout_s: float) -> int | None:
+    """``python -m freshroll.chaos.child SPEC``: its exit status (None: past the timeout)."""
+    with log_path.open("w") as log:
+        try:
+            proc = subprocess.run([sys.executable, "-m", "freshroll.chaos.child", str(spec_path)],
+                                  stdout=log, stderr=subprocess.STDOUT, env=_child_env(broken),
+                                  timeout=timeout_s, check=False)
+        except subprocess.TimeoutExpired:
+            return None
+    return proc.returncode
+
+
+class ChildPool:
+    """A zygote (``python -m freshroll.chaos.child --serve``) that forks one child per kill
+    incarnation: a real process, a real SIGKILL, without a Python start-up each time. Started
+    on first use; :meth:`close` ends it."""
+
+    def __init__(self, broken: Sequence[str] = ()) -> None:
+        self.broken = tuple(broken)
+        self.proc: subprocess.Popen[str] | None = None
+
+    def run(self, spec_path: Path, timeout_s: float) -> int | None:
+        """The child's exit status (negative: the signal that ended it; None: timed out)."""
+        if self.proc is None or self.proc.poll() is not None:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "freshroll.chaos.child", "--serve"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                env=_child_env(self.broken))
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(f"{timeout_s} {spec_path}\n")
+        self.proc.stdin.flush()
+        answer = self.proc.stdout.readline().split()
+        if answer[:1] == ["timeout"]:
+            return None
+        if len(answer) != 2 or answer[0] != "exit":
+            raise RunFailed(f"chaos: the child zygote ended unexpectedly (answer {answer!r})")
+        return int(answer[1])
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def __enter__(self) -> ChildPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 # == one case ===============================================================================
@@ -343,6 +405,7 @@ def run_case(
     plan: Plan, scenario: Scenario, seed: int, out_dir: Path, *, placement: str = "sim",
     baselines: Baselines | None = None, broken: Sequence[str] = (),
     injector: str = INJECTOR, child_timeout_s: float = CHILD_TIMEOUT_S,
+    children: ChildPool | None = None,
 ) -> CaseResult:
     """Run one case (module docstring); never raises for what the run does."""
     t0 = time.perf_counter()
@@ -355,7 +418,8 @@ def run_case(
     _clear(case_dir)
     case_dir.mkdir(parents=True)
     horizon = HORIZON_FACTOR * max(base.duration_s, 1.0)
-    inc = _faulted(scenario, seed, cfg, case_dir, horizon, broken, injector, child_timeout_s)
+    inc = _faulted(scenario, seed, cfg, case_dir, horizon, broken, injector, child_timeout_s,
+                   children)
     run_dir = case_dir / "run"
     result = CaseResult(scenario.name, seed, placement, run_dir, base.run_dir,
                         faults_planned=len(scenario.faults), incarnations=inc.count)
@@ -390,25 +454,28 @@ def run_plan(
     plan: Plan, seeds: Sequence[int], out_dir: Path, *, only: Sequence[str] | None = None,
     placements: Sequence[str] = ("sim",), progress: TextIO | None = None,
     broken: Sequence[str] = (), injector: str = INJECTOR,
-    child_timeout_s: float = CHILD_TIMEOUT_S,
+    child_timeout_s: float = CHILD_TIMEOUT_S, fork: bool = True,
 ) -> list[CaseResult]:
     """Every scenario (or those named in ``only``) x seed x placement; one progress line per
-    case. Real placements run only the ``real: true`` scenarios."""
+    case. Real placements run only the ``real: true`` scenarios. ``fork``: kill incarnations
+    are forks of one zygote (:class:`ChildPool`) instead of a ``python -m`` each."""
     scenarios = select(plan, only)
     baselines = Baselines(Path(out_dir), tuple(broken))
     results = []
-    for placement in placements:
-        for scenario in scenarios:
-            if placement != "sim" and not scenario.real:
-                continue
-            for seed in seeds:
-                r = run_case(plan, scenario, seed, out_dir, placement=placement,
-                             baselines=baselines, broken=broken, injector=injector,
-                             child_timeout_s=child_timeout_s)
-                results.append(r)
-                if progress is not None:
-                    progress.write(progress_line(r) + "\n")
-                    progress.flush()
+    with ChildPool(broken) as pool:
+        for placement in placements:
+            for scenario in scenarios:
+                if placement != "sim" and not scenario.real:
+                    continue
+                for seed in seeds:
+                    r = run_case(plan, scenario, seed, out_dir, placement=placement,
+                                 baselines=baselines, broken=broken, injector=injector,
+                                 child_timeout_s=child_timeout_s,
+                                 children=pool if fork else None)
+                    results.append(r)
+                    if progress is not None:
+                        progress.write(progress_line(r) + "\n")
+                        progress.flush()
     return results
 
 
@@ -434,7 +501,62 @@ def progress_line(r: CaseResult) -> str:
             f"recovery {rec}  throughput x{thr}  {r.wall_s:.2f}s")
 
 
-__all__ = ["BASELINE_HORIZON_S", "HORIZON_FACTOR", "INJECTOR", "KILL_KINDS", "MAX_INCARNATIONS",
-           "Baseline", "Baselines", "Guard", "LivenessTimeout", "broken_switches", "error_line",
-           "load_injector", "progress_line", "read_events", "run_case", "run_in_process",
-           "run_plan", "select", "workload_digest", "workload_for"]
+__all__ = [
+    "BASELINE_HORIZON_S",
+    "HORIZON_FACTOR",
+    "INJECTOR",
+    "KILL_KINDS",
+    "MAX_INCARNATIONS",
+    "Baseline",
+    "Baselines",
+    "ChaosRun",
+    "Guard",
+    "LivenessTimeout",
+    "broken_switches",
+    "chaos",
+    "error_line",
+    "load_injector",
+    "progress_line",
+    "read_events",
+    "run_case",
+    "run_in_process",
+    "run_plan",
+    "select",
+    "workload_digest",
+    "workload_for",
+]
+
+
+# == the command ============================================================================
+@dataclass
+class ChaosRun:
+    results: list[CaseResult]
+    table: str  # the markdown table (also OUT/chaos.md)
+    out: Path
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.results)
+
+
+def chaos(plan_path: Path, *, seeds: Sequence[int], out: Path, only: Sequence[str] = (),
+          real: bool = False, broken: Sequence[str] = (), progress: TextIO | None = None,
+          injector: str = INJECTOR) -> ChaosRun:
+    """``freshroll chaos``: load the plan (a bad plan is a ConfigError naming file and key),
+    run it, write ``OUT/chaos.md`` and ``OUT/chaos.json``."""
+    from freshroll.chaos.plan import load_plan
+    from freshroll.chaos.table import write_tables
+
+    plan = load_plan(plan_path)
+    select(plan, only)  # an unknown --only name fails before anything runs
+    unknown = sorted(set(broken) - set(unsafe.SWITCHES))
+    if unknown:
+        raise ConfigError(f"--break: unknown switch(es) {', '.join(unknown)}")
+    placements = ("sim", "inline", "ray") if real else ("sim",)
+    t0 = time.perf_counter()
+    results = run_plan(plan, seeds, out, only=only, placements=placements, progress=progress,
+                       broken=broken, injector=injector)
+    header = {"plan": str(plan_path), "seeds": list(seeds), "placements": list(placements),
+              "broken": list(broken), "wall_s": round(time.perf_counter() - t0, 2)}
+    table = write_tables(results, out, header=header)
+    return ChaosRun(results, table, out)
