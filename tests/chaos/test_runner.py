@@ -153,3 +153,19 @@ def test_the_digest_ignores_the_run_name_and_path(tmp_path: Path) -> None:
     assert digest_events(shifted) != digest_events(events)
     assert digest_events(shifted, timing=False) == digest_events(events, timing=False)
     shutil.rmtree(tmp_path / "two")
+
+
+@pytest.mark.slow
+def test_jobs_share_out_the_seeds_and_keep_the_order_and_the_histories(tmp_path: Path) -> None:
+    serial = runner.run_plan(PLAN, [0, 1, 2], tmp_path / "one", only=["interrupt", "stall"],
+                             injector=INJECTOR)
+    out = io.StringIO()
+    parallel = runner.run_plan(PLAN, [0, 1, 2], tmp_path / "two", only=["interrupt", "stall"],
+                               injector=INJECTOR, jobs=2, progress=out)
+    key = [(r.scenario, r.seed) for r in serial]
+    assert [(r.scenario, r.seed) for r in parallel] == key
+    assert [r.ledger_digest for r in parallel] == [r.ledger_digest for r in serial]
+    assert [[v.invariant for v in r.violations] for r in parallel] == \
+        [[v.invariant for v in r.violations] for r in serial]
+    assert len(out.getvalue().splitlines()) == 6
+    assert parallel[0].run_dir.is_relative_to(tmp_path / "two")

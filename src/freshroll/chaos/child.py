@@ -20,6 +20,7 @@ or ``timeout``. A plan's kill cases then cost a fork each instead of a Python st
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -106,11 +107,31 @@ def _fork_one(spec_path: str, timeout_s: float) -> str:
         time.sleep(0.005)
 
 
-def serve() -> int:
-    import freshroll.chaos.runner
-    import freshroll.runtime.run
-    import freshroll.sim.components  # noqa: F401
+def _warm() -> None:
+    """Import everything a run imports lazily (transformers' logging, the sim, the end
+    files, the Injector) once, by running a tiny simulated run, so no fork repeats it."""
+    import io
+    import tempfile
 
+    from freshroll.chaos.plan import BASE_WORKLOAD, merge
+    from freshroll.chaos.runner import (
+        BASELINE_HORIZON_S,
+        INJECTOR,
+        Guard,
+        load_injector,
+        run_in_process,
+    )
+
+    with contextlib.suppress(ImportError):  # a build without the Injector: specs name theirs
+        load_injector(INJECTOR)
+    with tempfile.TemporaryDirectory(prefix="freshroll-zygote-") as tmp:
+        cfg = validate(merge(BASE_WORKLOAD, {"run": {"steps": 1}}), "warm-up")
+        with contextlib.redirect_stderr(io.StringIO()):
+            run_in_process(cfg, Path(tmp) / "run", False, Guard(None, BASELINE_HORIZON_S))
+
+
+def serve() -> int:
+    _warm()
     for line in sys.stdin:
         if not line.strip():
             continue
