@@ -10,8 +10,8 @@
       verified at its end; its figures read back from the run directory (summary.json via
       :func:`freshroll.bench.figures.run_figures`, metrics.jsonl, counts.json, the ledger's
       controller decisions, fences and faults)
-      recovery: for each scenario x seed, freshroll.chaos.runner.run_case(...) into
-                        OUT/recovery/<scenario>-seed<k>
+      recovery: for each scenario x seed, freshroll.chaos.runner.run_case(...) under
+                        OUT/recovery (its layout: <placement>/<scenario>/seed-<k>/run)
     -> gates (:mod:`.gates`) -> OUT/decision.md + OUT/decision.json (:mod:`.record`)
 
 A repeat whose run raises (a failure budget spent, ...) is kept as a failed repeat (the
@@ -272,14 +272,20 @@ def run_recovery(loaded: Loaded, out: Path, stream: TextIO,
     by_name = {s.name: s for s in plan.scenarios}
     seeds = seed_list(rec.seeds) if rec.seeds is not None else loaded.spec.seed_list()
     cases = []
+    root = out / "recovery"  # the runner's layout below: <placement>/<scenario>/seed-<k>
     for name in rec.scenarios:
         for seed in seeds:
-            case_dir = out / "recovery" / f"{name}-seed{seed}"
+            case_dir = root / rec.placement / name / f"seed-{seed}"
             t1 = time.perf_counter()
             try:
-                res = run_case(plan, by_name[name], seed, case_dir, placement=rec.placement)
+                res = run_case(plan, by_name[name], seed, root, placement=rec.placement)
             except (ConfigError, Interrupted):
                 raise
+            except ImportError as exc:  # a part of the chaos harness missing from this build
+                msg = (f"the chaos harness is incomplete in this build ({exc}); the recovery "
+                       "gates cannot be measured")
+                stream.write(f"  recovery: {msg}\n")
+                return msg
             except FreshrollError as exc:
                 cases.append(Case(name, seed, str(case_dir), None, (), f"{exc}"))
                 stream.write(f"  recovery {name} seed {seed}: error {exc}\n")
