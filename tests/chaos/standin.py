@@ -33,6 +33,8 @@ class Injector:
 
     def wrap(self, parts: Any, buf: Any) -> Any:
         self.buf = buf
+        self.stalled = False
+        parts.trainer = _StallingTrainer(parts.trainer, self)
         return parts
 
     def _record(self, i: int, kind: str, target: str, detail: str) -> None:
@@ -45,6 +47,10 @@ class Injector:
             if i in self.skip or f.at.step is None or step < f.at.step:
                 continue
             self.skip = self.skip | {i}
+            if f.kind == "stall_trainer":
+                self.stalled = True
+                self._record(i, f.kind, "trainer", "the trainer never steps again")
+                continue
             if f.kind == "fail_reward":
                 self.failing = i
                 self._record(i, f.kind, "reward", "fail the next reward call")
@@ -62,3 +68,18 @@ class Injector:
         self._record(i, "fail_reward", "reward", "failed " + " ".join(sids))
         from freshroll.rewards.scoring import Score
         return [Score(None, "chaos: injected", {}) for _ in scores]
+
+
+class _StallingTrainer:
+    def __init__(self, inner: Any, owner: Injector) -> None:
+        self.inner, self.owner = inner, owner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def step(self, lease: Any) -> Any:
+        import asyncio
+
+        if self.owner.stalled:
+            await asyncio.sleep(1e12)
+        return await self.inner.step(lease)

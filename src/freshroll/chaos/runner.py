@@ -541,7 +541,7 @@ class ChaosRun:
 
 def chaos(plan_path: Path, *, seeds: Sequence[int], out: Path, only: Sequence[str] = (),
           real: bool = False, broken: Sequence[str] = (), progress: TextIO | None = None,
-          injector: str = INJECTOR) -> ChaosRun:
+          injector: str | None = None) -> ChaosRun:
     """``freshroll chaos``: load the plan (a bad plan is a ConfigError naming file and key),
     run it, write ``OUT/chaos.md`` and ``OUT/chaos.json``."""
     from freshroll.chaos.plan import load_plan
@@ -555,7 +555,7 @@ def chaos(plan_path: Path, *, seeds: Sequence[int], out: Path, only: Sequence[st
     placements = ("sim", "inline", "ray") if real else ("sim",)
     t0 = time.perf_counter()
     results = run_plan(plan, seeds, out, only=only, placements=placements, progress=progress,
-                       broken=broken, injector=injector)
+                       broken=broken, injector=injector or INJECTOR)
     header = {"plan": str(plan_path), "seeds": list(seeds), "placements": list(placements),
               "broken": list(broken), "wall_s": round(time.perf_counter() - t0, 2)}
     table = write_tables(results, out, header=header)
