@@ -27,6 +27,8 @@ def _variant(tmp_path: Path, edit: dict) -> Path:
     """acceptance/sim.yaml with ``edit`` merged into its gates (config path made absolute)."""
     data = yaml.safe_load(SIM.read_text())
     data["config"] = str((SIM.parent / data["config"]).resolve())
+    data["gates"]["recovery"]["plan"] = str((SIM.parent / data["gates"]["recovery"]["plan"])
+                                            .resolve())
     for gate, value in edit.items():
         data["gates"][gate] = value
     path = tmp_path / "variant.yaml"
@@ -65,9 +67,13 @@ def test_the_decision_record_parses(passed: tuple[Result, Path]) -> None:
         for ev in c.evidence:
             assert (Path(ev) / "ledger.sqlite").is_file(), (c.name, ev)
     assert d.design["max_staleness"] == 2 and d.design["batch"]["rollouts_per_step"] == 16
-    assert d.diagnosis["bottleneck"] in {"trainer-bound", "generation-bound", "balanced"}
-    assert len(d.diagnosis["signals"]) == 6
     md = (out / "decision.md").read_text()
+    assert d.diagnosis["bottleneck"] in {"trainer-bound", "generation-bound", "balanced"}
+    modes = [s["mode"] for s in d.diagnosis["signals"]]
+    assert modes.count("async") == modes.count("sync") == 3 and modes.count("chaos") == 2
+    assert [c.name for c in d.criteria if c.name.startswith("recovery_s")] == [
+        "recovery_s[kill-worker]", "recovery_s[worker-stall]"]
+    assert "[kill-worker/seed-0](recovery/sim/kill-worker/seed-0/run)" in md
     assert sections(md) == list(SECTIONS)
     assert "**Recommendation: PRODUCTION-TRANSITION**" in md
     assert "[async-seed0](async-seed0)" in md  # evidence links relative to the record

@@ -88,7 +88,8 @@ def recommend(criteria: Sequence[Criterion]) -> tuple[str, list[str]]:
 
 def diagnose(signals: Sequence[Mapping[str, Any]], idle_high: float) -> dict[str, Any]:
     """The bottleneck and failure signals of the repeats (see the module doc)."""
-    runs = [s for s in signals if s.get("mode") == "async"] or list(signals)
+    runs = [s for s in signals if s.get("mode") == "async"] or [
+        s for s in signals if s.get("mode") != "chaos"]
     votes: Counter[str] = Counter()
     for s in runs:
         votes.update(s.get("bottlenecks") or {})
@@ -154,6 +155,8 @@ def build(*, name: str, acceptance: str, cfg: Config, seeds: Sequence[int],
 def _n(v: Any, spec: str = ".4g") -> str:
     if v is None:
         return "-"
+    if isinstance(v, bool):
+        return str(v).lower()
     if isinstance(v, float) and not math.isfinite(v):
         return "inf" if v > 0 else "-inf"
     if isinstance(v, int | float):
@@ -166,9 +169,15 @@ def _pct(v: Any) -> str:
 
 
 def _link(run_dir: str, base: Path | None) -> str:
+    """A relative link to a run directory; named by its path below ``base`` (a chaos case's
+    ``<placement>/<scenario>/seed-<k>/run`` as ``<scenario>/seed-<k>``)."""
     p = Path(run_dir)
     rel = os.path.relpath(p, base) if base is not None else str(p)
-    return f"[{p.name}]({rel})"
+    parts = Path(rel).parts
+    name = p.name
+    if name == "run" and len(parts) >= 3:
+        name = f"{parts[-3]}/{parts[-2]}"
+    return f"[{name}]({rel})"
 
 
 def _counts(d: Mapping[str, Any] | None) -> str:
@@ -207,7 +216,7 @@ def render_markdown(d: Decision, base: Path | None = None) -> str:
            f"- Bottleneck: **{dg['bottleneck']}** ({dg['basis']}).",
            f"- Trainer idle (mean over async repeats): {_pct(dg.get('trainer_idle_ratio_mean'))}; "
            f"dominant stage of a sample's time: {dg.get('dominant_stage') or '-'}.",
-           "", "Failure signals per repeat:", "",
+           "", "Failure signals per repeat (and per chaos case of the recovery gates):", "",
            "| repeat | verdict | discards by reason | rejected results | worker fences | "
            "faults injected |", "|---|---|---|---|---|---|"]
     for s in dg.get("signals", []):

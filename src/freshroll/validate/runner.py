@@ -79,7 +79,7 @@ def validate(path: str | Path, out: Path, *, stream: TextIO = sys.stderr,
             (measured.async_runs if mode == "async" else measured.sync_runs).append(rep)
             signals.append(sig)
     if spec.gates.recovery is not None:
-        measured.cases = run_recovery(loaded, out, stream, run_case)
+        measured.cases = run_recovery(loaded, out, stream, run_case, signals)
     criteria = evaluate(spec.gates, cfg.run.max_staleness, measured)
     decision = record.build(
         name=loaded.name, acceptance=str(path), cfg=cfg, seeds=seeds, criteria=criteria,
@@ -251,10 +251,11 @@ def signals_of(run_dir: Path, label: str, mode: str, ok: bool) -> dict[str, Any]
     }
 
 
-def run_recovery(loaded: Loaded, out: Path, stream: TextIO,
-                 run_case: RunCase | None = None) -> list[Case] | str:
+def run_recovery(loaded: Loaded, out: Path, stream: TextIO, run_case: RunCase | None = None,
+                 signals: list[dict[str, Any]] | None = None) -> list[Case] | str:
     """Every scenario x seed of the recovery gate through the chaos runner; or, when the
-    runner is not in this build, the error every recovery gate fails with."""
+    runner is not in this build, the error every recovery gate fails with. ``signals``
+    gets each faulted run's failure signals (mode ``chaos``)."""
     rec = loaded.spec.gates.recovery
     assert rec is not None and loaded.plan_path is not None
     if run_case is None:
@@ -292,6 +293,9 @@ def run_recovery(loaded: Loaded, out: Path, stream: TextIO,
                 continue
             viol = tuple(f"{v.invariant}: {v.message}" for v in res.violations)
             cases.append(Case(name, seed, str(res.run_dir), res.recovery_s, viol))
+            if signals is not None:
+                signals.append(signals_of(Path(res.run_dir), f"{name}-seed{seed}", "chaos",
+                                          not viol))
             rs = "never" if res.recovery_s is None else f"{res.recovery_s:.1f} s"
             stream.write(f"  recovery {name} seed {seed}: {rs}, {len(viol)} violation(s)  "
                          f"({time.perf_counter() - t1:.1f} s)\n")
