@@ -59,7 +59,8 @@ def test_recommendation_names_every_failed_gate() -> None:
 def test_record_round_trip_and_sections(tmp_path: Path) -> None:
     cfg = validate_config({"run": {"max_staleness": 2}, "control": {"mode": "adaptive"}})
     d = build(name="t", acceptance="acc.yaml", cfg=cfg, seeds=[0], criteria=_criteria(True),
-              signals=[_sig("async", 0.2, trainer=2)], recovery=[], wall_s=1.5)
+              signals=[_sig("async", 0.2, trainer=2)], recovery=[], wall_s=1.5,
+              environment={"cpus": 2, "loadavg_start": 4.6, "loadavg_end": 1.0})
     md_path, js_path = write(d, tmp_path)
     back = read_decision(js_path)
     assert back == d  # every field, inf recovery included
@@ -72,4 +73,6 @@ def test_record_round_trip_and_sections(tmp_path: Path) -> None:
     assert "| discard_rate | <= 0.2 | 0.3 |" in md
     assert "| recovery_s[kill] | <= 9 | inf |" in md
     assert "late 2" in md and "lost 1" in md and "stale 3" in md  # failure signals
+    assert "- Machine: 2 CPUs; load average 4.60 at the start" in md
+    assert "other work competed for the CPUs" in md  # a contended machine is said so
     assert render_markdown(back, tmp_path) == md

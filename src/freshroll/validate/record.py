@@ -139,13 +139,15 @@ def design(cfg: Config, seeds: Sequence[int]) -> dict[str, Any]:
 
 def build(*, name: str, acceptance: str, cfg: Config, seeds: Sequence[int],
           criteria: Sequence[Criterion], signals: Sequence[Mapping[str, Any]],
-          recovery: list[dict[str, Any]] | str, wall_s: float, out: Path | None = None,
-          ) -> Decision:
+          recovery: list[dict[str, Any]] | str, wall_s: float,
+          environment: Mapping[str, Any] | None = None) -> Decision:
+    """The record of one validation; ``environment``: the machine (cpus, load averages)."""
     rec, bad = recommend(criteria)
-    del out
+    diagnosis = diagnose(signals, cfg.control.idle_high)
+    diagnosis["environment"] = dict(environment or {})
     return Decision(
         name=name, acceptance=acceptance, seeds=list(seeds),
-        diagnosis=diagnose(signals, cfg.control.idle_high), design=design(cfg, seeds),
+        diagnosis=diagnosis, design=design(cfg, seeds),
         criteria=list(criteria), recommendation=rec, failed=bad, wall_s=wall_s,
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), recovery=recovery,
     )
@@ -216,6 +218,7 @@ def render_markdown(d: Decision, base: Path | None = None) -> str:
            f"- Bottleneck: **{dg['bottleneck']}** ({dg['basis']}).",
            f"- Trainer idle (mean over async repeats): {_pct(dg.get('trainer_idle_ratio_mean'))}; "
            f"dominant stage of a sample's time: {dg.get('dominant_stage') or '-'}.",
+           *_machine(dg.get("environment") or {}),
            "", "Failure signals per repeat (and per chaos case of the recovery gates):", "",
            "| repeat | verdict | discards by reason | rejected results | worker fences | "
            "faults injected |", "|---|---|---|---|---|---|"]
@@ -265,6 +268,19 @@ def render_markdown(d: Decision, base: Path | None = None) -> str:
                 out.append(f"- `{c.name}`: measured {_n(c.value)}, required {c.threshold}"
                            + (f" ({c.note})" if c.note else ""))
     return "\n".join(out) + "\n"
+
+
+def _machine(env: Mapping[str, Any]) -> list[str]:
+    cpus, a, b = env.get("cpus"), env.get("loadavg_start"), env.get("loadavg_end")
+    if cpus is None and a is None:
+        return []
+    line = f"- Machine: {cpus or '?'} CPUs; load average {_n(a, '.2f')} at the start, " \
+           f"{_n(b, '.2f')} at the end"
+    busy = [x for x in (a, b) if isinstance(x, int | float)]
+    if cpus and busy and max(busy) > cpus:
+        line += (" (above the CPU count: other work competed for the CPUs, so every rate is "
+                 "lower and noisier than on an idle machine)")
+    return [line + "."]
 
 
 def _kv(d: Mapping[str, Any] | None) -> str:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -62,6 +63,7 @@ def validate(path: str | Path, out: Path, *, stream: TextIO = sys.stderr,
              run_case: RunCase | None = None) -> Validation:
     """Run ``path``'s repeats into ``out`` and write the decision record there."""
     t0 = time.perf_counter()
+    load_start = _loadavg()
     loaded = load(path)
     _claim(out, Path(path))
     spec, cfg = loaded.spec, loaded.cfg
@@ -84,10 +86,20 @@ def validate(path: str | Path, out: Path, *, stream: TextIO = sys.stderr,
     decision = record.build(
         name=loaded.name, acceptance=str(path), cfg=cfg, seeds=seeds, criteria=criteria,
         signals=signals, recovery=_recovery_json(measured.cases),
-        wall_s=time.perf_counter() - t0, out=out,
+        wall_s=time.perf_counter() - t0,
+        environment={"cpus": os.cpu_count(), "loadavg_start": load_start,
+                     "loadavg_end": _loadavg()},
     )
     record.write(decision, out)
     return Validation(decision, out)
+
+
+def _loadavg() -> float | None:
+    """The 1-minute load average (other work competing for the CPUs moves every rate)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
 
 
 def _claim(out: Path, acceptance: Path) -> None:
