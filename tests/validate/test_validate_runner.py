@@ -56,6 +56,26 @@ def test_a_failed_repeat_fails_verify_and_the_others_still_run(
     assert "[2/2] async-seed1" in stream.getvalue()
 
 
+def test_a_failure_that_repeats_stops_the_runs(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from freshroll.runtime import run as run_mod
+
+    calls = []
+
+    def broken(cfg: Any, out: Path, **kw: Any) -> Any:
+        calls.append(cfg.run.seed)
+        raise RunFailed("engine failed 8 calls in a row; first: CUDA error")
+
+    monkeypatch.setattr(run_mod, "run", broken)
+    acc = _acceptance(tmp_path, {"lag_max": {"max": 1}}, [0, 1, 2])
+    v = runner.validate(acc, tmp_path / "out", stream=io.StringIO())
+    assert calls == [0, 1]  # two in a row, then the third is not run
+    verify = v.decision.criteria[0]
+    assert not verify.passed and verify.value == 3.0
+    assert "async-seed2: not run: 2 repeats in a row failed; the first: engine failed" in \
+        verify.note
+
+
 def _fake_case(recovery: dict[str, float | None], violations: dict[str, int]):
     calls = []
 

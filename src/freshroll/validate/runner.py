@@ -15,7 +15,9 @@
     -> gates (:mod:`.gates`) -> OUT/decision.md + OUT/decision.json (:mod:`.record`)
 
 A repeat whose run raises (a failure budget spent, ...) is kept as a failed repeat (the
-``verify`` gate fails, naming it) and the others still run; a config error (the workload's
+``verify`` gate fails, naming it) and the others still run, unless
+:data:`MAX_FAILED_IN_A_ROW` repeats in a row failed so: a failure that repeats stops the
+runs, and the rest are recorded as not run, quoting the first error; a config error (the workload's
 files) and an interrupt end the validation. OUT holds one validation: a second one into the
 same OUT replaces the run directories the first wrote (OUT/acceptance.yaml marks it);
 a non-empty OUT without that mark is refused.
@@ -46,9 +48,12 @@ from freshroll.runtime.summary import SUMMARY_FILE, read_metrics
 from freshroll.runtime.verdict import render as render_verdict
 from freshroll.validate import record
 from freshroll.validate.acceptance import Loaded, load, seed_list
-from freshroll.validate.gates import Case, Measured, Repeat, evaluate
+from freshroll.validate.gates import FIGURE_KEYS, Case, Measured, Repeat, evaluate
 
 MARK = "acceptance.yaml"
+#: repeats failing in a row (their run raised) after which the rest are not run
+MAX_FAILED_IN_A_ROW = 2
+RUN_FAILED = "the run failed: "
 #: a chaos case: (plan, scenario, seed, out_dir, placement) -> CaseResult
 RunCase = Callable[..., Any]
 
@@ -74,12 +79,20 @@ def validate(path: str | Path, out: Path, *, stream: TextIO = sys.stderr,
                  f"{' + '.join(modes)}, {cfg.run.steps} steps each -> {out}\n")
     measured, signals = Measured(), []
     done = 0
+    failing: list[str] = []  # the run errors of the last repeats, in a row
     for seed in seeds:
         for mode in modes:
             done += 1
-            rep, sig = run_repeat(loaded, mode, seed, out, stream, f"{done}/{total}")
+            if len(failing) >= MAX_FAILED_IN_A_ROW:  # a failure that repeats stops the runs
+                rep = skipped(mode, seed, out, failing[0])
+                stream.write(f"  [{done}/{total}] {rep.label}: {rep.problem}\n")
+            else:
+                rep, sig = run_repeat(loaded, mode, seed, out, stream, f"{done}/{total}")
+                signals.append(sig)
+                run_error = rep.problem if rep.problem and rep.problem.startswith(
+                    RUN_FAILED) else None
+                failing = [*failing, run_error] if run_error else []
             (measured.async_runs if mode == "async" else measured.sync_runs).append(rep)
-            signals.append(sig)
     if spec.gates.recovery is not None:
         measured.cases = run_recovery(loaded, out, stream, run_case, signals)
     criteria = evaluate(spec.gates, cfg.run.max_staleness, measured)
@@ -92,6 +105,15 @@ def validate(path: str | Path, out: Path, *, stream: TextIO = sys.stderr,
     )
     record.write(decision, out)
     return Validation(decision, out)
+
+
+def skipped(mode: str, seed: int, out: Path, first: str) -> Repeat:
+    """A repeat not run because the repeats before it failed (their first error quoted)."""
+    label = f"{mode}-seed{seed}"
+    return Repeat(label=label, mode="async" if mode == "async" else "sync", seed=seed,
+                  run_dir=str(out / label), figures=dict.fromkeys(FIGURE_KEYS), ok=False,
+                  problem=f"not run: {MAX_FAILED_IN_A_ROW} repeats in a row failed; the first: "
+                          f"{first.removeprefix(RUN_FAILED)}")
 
 
 def _loadavg() -> float | None:
@@ -149,7 +171,7 @@ def run_repeat(loaded: Loaded, mode: str, seed: int, out: Path, stream: TextIO,
         stream.write(" stopped\n")
         raise
     except FreshrollError as exc:  # a failed run: kept, the verify gate names it
-        problem = f"the run failed: {exc}"
+        problem = f"{RUN_FAILED}{exc}"
     figures = read_figures(run_dir, loaded)
     verdict = _read_summary(run_dir).get("verdict")
     if ok and verdict is not None and verdict.get("status") != "complete":
