@@ -74,6 +74,9 @@ def test_the_decision_record_parses(passed: tuple[Result, Path]) -> None:
     assert [c.name for c in d.criteria if c.name.startswith("recovery_s")] == [
         "recovery_s[kill-worker]", "recovery_s[worker-stall]"]
     assert "[kill-worker/seed-0](recovery/sim/kill-worker/seed-0/run)" in md
+    assert [(c["scenario"], c["outcome"]) for c in d.recovery] == [  # type: ignore[union-attr]
+        ("kill-worker", "finished"), ("worker-stall", "finished")]
+    assert "| recovery s | throughput vs fault-free |" in md
     assert sections(md) == list(SECTIONS)
     assert "**Recommendation: PRODUCTION-TRANSITION**" in md
     assert "[async-seed0](async-seed0)" in md  # evidence links relative to the record

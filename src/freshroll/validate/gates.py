@@ -61,6 +61,8 @@ class Case:
     recovery_s: float | None  # None: never back to 80% of the fault-free rate
     violations: tuple[str, ...] = ()
     error: str | None = None  # the case could not run
+    throughput_ratio: float | None = None  # accepted/s under faults / fault-free (same seed)
+    outcome: str = ""  # finished | stopped: <error line>
 
 
 @dataclass(frozen=True)

@@ -252,6 +252,18 @@ def render_markdown(d: Decision, base: Path | None = None) -> str:
     notes = [c for c in d.criteria if c.note]
     if notes:
         out += ["Notes:", ""] + [f"- {c.name}: {c.note}" for c in notes] + [""]
+    if isinstance(d.recovery, list) and d.recovery:
+        out += ["Chaos cases of the recovery gates (each beside its fault-free twin, same "
+                "seed):", "", "| case | recovery s | throughput vs fault-free | outcome | "
+                "violations |", "|---|---|---|---|---|"]
+        for case in d.recovery:
+            rs = case.get("recovery_s")
+            out.append(f"| {_link(case['run_dir'], base)} | "
+                       f"{'never' if rs is None and not case.get('error') else _n(rs)} | "
+                       f"{_n(case.get('throughput_ratio'), '.2f')} | "
+                       f"{case.get('error') or case.get('outcome') or '-'} | "
+                       f"{len(case.get('violations') or [])} |")
+        out.append("")
     out += ["Per repeat:", ""]
     for c in d.criteria:
         if c.per_repeat:

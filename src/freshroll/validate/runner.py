@@ -326,7 +326,8 @@ def run_recovery(loaded: Loaded, out: Path, stream: TextIO, run_case: RunCase | 
                 stream.write(f"  recovery {name} seed {seed}: error {exc}\n")
                 continue
             viol = tuple(f"{v.invariant}: {v.message}" for v in res.violations)
-            cases.append(Case(name, seed, str(res.run_dir), res.recovery_s, viol))
+            cases.append(Case(name, seed, str(res.run_dir), res.recovery_s, viol,
+                              throughput_ratio=res.throughput_ratio, outcome=res.outcome))
             if signals is not None:
                 signals.append(signals_of(Path(res.run_dir), f"{name}-seed{seed}", "chaos",
                                           not viol))
@@ -340,7 +341,8 @@ def _recovery_json(cases: list[Case] | str) -> list[dict[str, Any]] | str:
     if isinstance(cases, str):
         return cases
     return [{"scenario": c.scenario, "seed": c.seed, "run_dir": c.run_dir,
-             "recovery_s": c.recovery_s, "violations": list(c.violations), "error": c.error}
+             "recovery_s": c.recovery_s, "throughput_ratio": c.throughput_ratio,
+             "outcome": c.outcome, "violations": list(c.violations), "error": c.error}
             for c in cases]
 
 
