@@ -289,7 +289,9 @@ def _machine(env: Mapping[str, Any]) -> list[str]:
     line = f"- Machine: {cpus or '?'} CPUs; load average {_n(a, '.2f')} at the start, " \
            f"{_n(b, '.2f')} at the end"
     busy = [x for x in (a, b) if isinstance(x, int | float)]
-    if cpus and busy and max(busy) > cpus:
+    if env.get("clock") == "virtual":
+        line += " (the repeats ran in virtual time: the load does not move their rates)"
+    elif cpus and busy and max(busy) > cpus:
         line += (" (above the CPU count: other work competed for the CPUs, so every rate is "
                  "lower and noisier than on an idle machine)")
     return [line + "."]

@@ -101,7 +101,7 @@ def validate(path: str | Path, out: Path, *, stream: TextIO = sys.stderr,
         signals=signals, recovery=_recovery_json(measured.cases),
         wall_s=time.perf_counter() - t0,
         environment={"cpus": os.cpu_count(), "loadavg_start": load_start,
-                     "loadavg_end": _loadavg()},
+                     "loadavg_end": _loadavg(), "clock": _clock(cfg)},
     )
     record.write(decision, out)
     return Validation(decision, out)
@@ -114,6 +114,11 @@ def skipped(mode: str, seed: int, out: Path, first: str) -> Repeat:
                   run_dir=str(out / label), figures=dict.fromkeys(FIGURE_KEYS), ok=False,
                   problem=f"not run: {MAX_FAILED_IN_A_ROW} repeats in a row failed; the first: "
                           f"{first.removeprefix(RUN_FAILED)}")
+
+
+def _clock(cfg: Config) -> str:
+    """The repeats' clock: virtual (a simulated cluster) or real (wall time)."""
+    return "virtual" if cfg.rollout.engine == "sim" and cfg.sim.clock == "virtual" else "real"
 
 
 def _loadavg() -> float | None:
