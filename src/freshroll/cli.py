@@ -382,6 +382,33 @@ def chaos(plan_file: Path, seeds: int, seed_start: int, out: Path, only: tuple[s
     sys.exit(0 if done.ok else 1)
 
 
+@main.command(epilog="""\b
+Exit statuses (validate):
+  0    production-transition: every gate passed
+  1    stop: a gate failed (the decision record names it)
+  2    a bad acceptance file (or config, or --out): nothing was run
+  3    validate itself failed (a bug, disk full); 130 interrupted""")
+@click.argument("acceptance", type=click.Path(path_type=Path))
+@click.option("--out", type=click.Path(path_type=Path), default=Path("runs/validate"),
+              show_default=True, help="One run directory per repeat, decision.md, decision.json.")
+def validate(acceptance: Path, out: Path) -> None:
+    """Run ACCEPTANCE.yaml's repeats, gate them, write the decision record (docs/validate.md)."""
+    from freshroll.validate.record import summary_line
+    from freshroll.validate.runner import validate as run_validate
+
+    try:
+        done = run_validate(acceptance, out, stream=sys.stderr)
+    except FreshrollError as exc:
+        _fail(exc)
+        return
+    from freshroll.validate.record import validation_table
+
+    click.echo(validation_table(done.decision.criteria, links=False))
+    click.echo(f"{summary_line(done.decision)}\nrecord: {out / 'decision.md'} "
+               f"{out / 'decision.json'}")
+    sys.exit(0 if not done.decision.failed else 1)
+
+
 @main.command("export-model")
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.argument("out", type=click.Path(path_type=Path))
