@@ -171,6 +171,25 @@ class RayEngine:
         except self._ray.exceptions.RayActorError as exc:
             raise WorkerLost(f"inference actor died: {exc}"[:500]) from exc
 
+    def kill(self) -> None:
+        """Kill the actor's process, as a crash would (``ray.kill``, no restart), and return
+        once Ray reports it dead: a call in flight (unless it finished first) and every later
+        one fail with :class:`WorkerLost`, until :meth:`restart`. The chaos harness's real
+        ``kill_worker`` fault (:mod:`freshroll.chaos`)."""
+        ray = self._ray
+        ray.kill(self._actor, no_restart=True)
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline:  # the kill travels through Ray's control plane
+            try:
+                ray.get(self._actor.ready.remote(), timeout=1.0)
+            except ray.exceptions.RayActorError:
+                return
+            except ray.exceptions.GetTimeoutError:
+                pass
+            time.sleep(0.02)
+        raise WorkerTimeout(f"inference actor still answers {self.start_timeout_s:g} s after "
+                            "ray.kill")
+
     def restart(self) -> None:
         """A fresh actor on the initial model (the caller re-sends the current weights)."""
         self._ray.kill(self._actor, no_restart=True)
