@@ -23,6 +23,7 @@ from freshroll.chaos.plan import Plan, Scenario
 from freshroll.chaos.real import real_workload
 from freshroll.config import validate
 from freshroll.engines.hf import HFEngine
+from freshroll.errors import RunFailed, WorkerLost
 from freshroll.harness.verify import verify_run
 from freshroll.lineage import PolicyVersion
 from freshroll.runtime.adapters import KillableThreadEngine, ThreadEngine, adapt
@@ -170,3 +171,50 @@ def test_ray_kill_really_kills_the_actor_and_the_pool_restarts_it(
     # the Ray instance of the run is gone with it
     assert tokens and session_pids(tokens[0]) == []
 
+
+
+class LoseInline(Hooks):
+    """A synthetic loss (what the Injector raises for an engine without ``kill``): w0's first
+    generate call after step 1 raises WorkerLost."""
+
+    def __init__(self) -> None:
+        self.hooks, self.armed, self.lost = self, False, 0
+
+    def wrap(self, parts: Components, buf: SampleBuffer) -> Components:
+        inner = parts.engine_factory
+
+        async def factory(name: str) -> Any:
+            engine = await inner(name)
+            real = engine.generate
+
+            async def generate(requests: Any, params: Any, seed: int, emit: Any) -> None:
+                if self.armed and not self.lost:
+                    self.lost += 1
+                    raise WorkerLost("synthetic loss of an inline engine")
+                await real(requests, params, seed, emit)
+
+            engine.generate = generate
+            return engine
+
+        return Components(factory, parts.scorer, parts.trainer, parts.close)
+
+    def committed(self, version: PolicyVersion) -> None:
+        self.armed = version.step >= 1
+
+
+@pytest.mark.slow
+def test_a_lost_inline_engine_stops_the_run_clearly_and_a_resume_finishes_it(tmp_path: Path):
+    """Why kill_worker / stall_worker are skipped inline (chaos/real.py): an inline engine
+    cannot be restarted, so its loss ends the run at once, naming the worker; the ledger
+    holds and ``--resume`` (a new engine in a new process) finishes the run."""
+    plan = _plan(steps=6)
+    cfg = validate(real_workload(plan, plan.scenarios[0], 0, "inline"), "test")
+    out = tmp_path / "inline"
+    session = LoseInline()
+    with pytest.raises(RunFailed, match=r"inference worker 'w0' lost: WorkerLost: synthetic "
+                                        r"loss .*; its engine cannot be restarted"):
+        run(cfg, out, chaos=session, stream=io.StringIO(), report=False)
+    assert session.lost == 1
+    assert verify_run(out).ok, verify_run(out).render()
+    result = run(None, out, resume=True, stream=io.StringIO(), report=False)
+    assert result.ok and result.summary["steps"] == 6
