@@ -344,6 +344,41 @@ def bench(config: Path | None, overrides: tuple[str, ...], out: Path | None, qui
     sys.exit(0 if ok else 1)
 
 
+@main.command(epilog=EXIT_STATUSES)
+@click.argument("plan_file", type=click.Path(path_type=Path))
+@click.option("--seeds", type=click.IntRange(min=1), default=20, show_default=True,
+              help="Seeds per scenario.")
+@click.option("--seed-start", type=click.IntRange(min=0), default=0, show_default=True,
+              help="The first seed (seeds SEED_START .. SEED_START+SEEDS-1).")
+@click.option("--out", type=click.Path(path_type=Path), default=Path("runs/chaos"),
+              show_default=True, help="Output directory: one run directory per case, "
+                                      "chaos.md, chaos.json.")
+@click.option("--only", multiple=True, metavar="NAME",
+              help="Run only this scenario (repeat for more).")
+@click.option("--real", is_flag=True,
+              help="Also run the plan's `real: true` scenarios on the tiny real model "
+                   "(inline and Ray).")
+@click.option("--break", "broken", multiple=True, hidden=True,
+              help="Test only: switch a protection off (freshroll.unsafe) in every run.")
+def chaos(plan_file: Path, seeds: int, seed_start: int, out: Path, only: tuple[str, ...],
+          real: bool, broken: tuple[str, ...]) -> None:
+    """Run a fault plan's scenarios over seeds and check what must hold (docs/chaos.md).
+
+    Exit 0 with no violation, 1 if any case has one, 2 on a bad plan.
+    """
+    from freshroll.chaos.runner import chaos as run_chaos
+
+    try:
+        done = run_chaos(plan_file, seeds=range(seed_start, seed_start + seeds), out=out,
+                         only=only, real=real, broken=broken, progress=sys.stderr)
+    except FreshrollError as exc:
+        _fail(exc)
+        return
+    click.echo(done.table, nl=False)
+    click.echo(f"tables: {out / 'chaos.md'} {out / 'chaos.json'}")
+    sys.exit(0 if done.ok else 1)
+
+
 @main.command("export-model")
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.argument("out", type=click.Path(path_type=Path))

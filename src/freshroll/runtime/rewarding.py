@@ -14,7 +14,16 @@ RewardSet has one), through the run's :class:`~freshroll.runtime.seams.AsyncScor
   fails every sample of the batch as ``reward_error``; a ``KeyboardInterrupt`` in a reward
   stops the run as :class:`~freshroll.errors.Interrupted` (resumable, not a failure);
 * failures are attributed per reward function: a function named in a sample's error failed
-  that sample, the others did not; a failure naming no function counts for the set.
+  that sample, the others did not; a failure naming no function counts for the set;
+* the payload is checked after the hand-off hook (:meth:`~freshroll.runtime.hooks.Hooks.scored`,
+  where a chaos session may corrupt it) by :func:`checked_scores`: a value that is not a
+  finite real number (NaN, inf, a string, a bool) fails its sample as ``reward_error``, the
+  wrong count of scores fails the whole call; never a reward of 0, never a crash;
+* a call whose reward worker died before it answered (the scorer raised
+  :class:`~freshroll.errors.WorkerLost`) is scored again: its samples go back to the front of
+  the queue, each at most :data:`MAX_LOST_RETRIES` times (then ``reward_error``); lost calls
+  in a row are budgeted (stage ``<reward set> (lost workers)``, ``limits.max_consecutive_
+  failed_calls``).
 
 The time per sample recorded with a reward is its call's time on the run's clock divided by
 the call's size. Generated samples recovered without a reward (a crash between the two) are scored
@@ -24,13 +33,16 @@ first.
 from __future__ import annotations
 
 import asyncio
+import math
+import numbers
 from collections import deque
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from freshroll import unsafe
 from freshroll.breaker import Rule
 from freshroll.engines.base import Completion
-from freshroll.errors import Interrupted, WorkerTimeout
+from freshroll.errors import Interrupted, WorkerLost, WorkerTimeout
 from freshroll.lineage import SampleId
 from freshroll.rewards.calling import RewardState
 from freshroll.rewards.scoring import Score
@@ -42,6 +54,7 @@ if TYPE_CHECKING:
     from freshroll.runtime.pipeline import Pipeline
 
 MAX_BATCH = 256  # completions per reward call
+MAX_LOST_RETRIES = 2  # a sample whose reward worker died is scored again at most this often
 
 
 class RewardStage:
@@ -51,6 +64,7 @@ class RewardStage:
         self._wake = asyncio.Event()
         self.scoring = 0  # completions in the reward calls under way
         self._calls = 0  # reward calls under way (at most scorer.concurrency)
+        self._lost: dict[SampleId, int] = {}  # times a sample's reward worker died
 
     def put(self, sid: SampleId, comp: Completion, prompt: Prompt) -> None:
         self._queue.append((sid, comp, prompt))
@@ -95,6 +109,9 @@ class RewardStage:
             self._calls -= 1
             self.scoring -= n
             self._wake.set()
+        if isinstance(scores, WorkerLost):  # its reward worker died: scored again
+            self._lost_call(items, scores)
+            return
         if scores is None:  # timed out: discarded as reward_timeout
             for sid, _, _ in items:
                 buf.discard(sid, "reward_timeout", self._timeout_error())
@@ -103,7 +120,7 @@ class RewardStage:
                                1, 1, self._timeout_error())
             return
         sids = [sid for sid, _, _ in items]
-        scores = pipe.hooks.scored(sids, scores)
+        scores = checked_scores(pipe.hooks.scored(sids, scores), n, self._label())
         per_sample = (buf.clock.now() - t0) / n
         errors: list[str | None] = []
         version = pipe.scorer.version
@@ -118,11 +135,38 @@ class RewardStage:
         pipe.notify()
         self._record(errors)
 
+    def _lost_call(self, items: list[tuple[SampleId, Completion, Prompt]],
+                   exc: WorkerLost) -> None:
+        """A reward call whose worker died: its samples are queued again (first), each at
+        most MAX_LOST_RETRIES times, then discarded ``reward_error``; budgeted per call."""
+        buf, pipe = self.buf, self.pipe
+        error = f"reward_error: {self._label()}: its reward worker was lost: {exc}"
+        again = []
+        for item in items:
+            sid = item[0]
+            if buf.closed or buf.request_state(sid) != "generated":
+                continue  # ended meanwhile (its group was dropped)
+            n = self._lost[sid] = self._lost.get(sid, 0) + 1
+            if n > MAX_LOST_RETRIES:
+                buf.discard(sid, "reward_error", f"{error} ({n} times)")
+            else:
+                again.append(item)
+        self._queue.extendleft(reversed(again))
+        self._wake.set()
+        pipe.notify()
+        pipe.budget.record(self._label() + " (lost workers)", self._lost_rule(), 1, 1, error)
+
+    def _lost_rule(self) -> Rule:
+        lim = self.pipe.cfg.limits
+        return Rule(lim.max_consecutive_failed_calls, unit="calls",
+                    calls_key="limits.max_consecutive_failed_calls")
+
     async def _score_batch(
         self, prompts: list[Prompt], comps: list[Completion]
-    ) -> list[Score] | None:
-        """The batch's scores; None if the call timed out. A call that fails as a whole
-        (the scorer raised, e.g. KeyboardInterrupt in a reward) fails every sample."""
+    ) -> list[Score] | WorkerLost | None:
+        """The batch's scores; None if the call timed out; the WorkerLost of a call whose
+        reward worker died. A call that fails as a whole (the scorer raised, e.g.
+        KeyboardInterrupt in a reward) fails every sample."""
         buf, timeout_s = self.buf, unsafe.timeout(self.pipe.cfg.limits.reward_timeout_s)
         state = RewardState(buf.version.step if buf.version else 0, self.pipe.cfg.run.steps)
         try:
@@ -134,6 +178,8 @@ class RewardStage:
             return None
         except WorkerTimeout:
             return None
+        except WorkerLost as exc:
+            return exc
         except Interrupted:  # KeyboardInterrupt in a reward: the run stops (resumable)
             raise
         except CallAborted as exc:  # KeyboardInterrupt, SystemExit, ... from user code
@@ -142,9 +188,8 @@ class RewardStage:
             error = f"reward_error: {self._label()} raised {type(exc).__name__}: {exc}"
             scores = [Score(None, error, {})] * len(comps)
         self.pipe.budget.record(self._label() + " (timeouts)", self._timeout_rule(), 0)
-        if len(scores) != len(comps):
-            error = f"reward_error: the reward set returned {len(scores)} scores for {len(comps)}"
-            scores = [Score(None, error, {})] * len(comps)
+        if self._lost:
+            self.pipe.budget.record(self._label() + " (lost workers)", self._lost_rule(), 0)
         return scores
 
     def _label(self) -> str:
@@ -182,4 +227,31 @@ class RewardStage:
             self.pipe.budget.record(stage, rule, n, len(errors), first.get(stage, ""))
 
 
-__all__ = ["MAX_BATCH", "RewardStage"]
+def checked_scores(scores: Sequence[Score], n: int, label: str) -> list[Score]:
+    """``scores`` with every malformed one failed: the wrong count fails all ``n``; a value
+    that is not a finite real number (NaN, inf, a string, a bool, ...) or an entry that is
+    not a :class:`Score` fails its sample (``Score(None, "reward_error: ...")``)."""
+    try:
+        count = len(scores)
+    except TypeError:
+        count = -1
+    if count != n:
+        got = count if count >= 0 else type(scores).__name__
+        error = f"reward_error: {label} returned {got} scores for {n} samples"
+        return [Score(None, error, {})] * n
+    out = []
+    for score in scores:
+        if not isinstance(score, Score):
+            score = Score(None, f"reward_error: {label} returned a {type(score).__name__}, "
+                                "not a Score", {})
+        elif score.value is not None:
+            v: object = score.value
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) \
+                    or not math.isfinite(float(v)):
+                score = Score(None, f"reward_error: {label} returned the reward {v!r} "
+                                    "(not a finite number)", dict(score.components))
+        out.append(score)
+    return out
+
+
+__all__ = ["MAX_BATCH", "MAX_LOST_RETRIES", "RewardStage", "checked_scores"]

@@ -35,6 +35,8 @@ change and by retire/stop.
 from __future__ import annotations
 
 import asyncio
+import math
+import sys
 import zlib
 from collections import deque
 from collections.abc import Coroutine
@@ -44,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 from freshroll import events as ev
 from freshroll import unsafe
 from freshroll.buffer import Outcome
+from freshroll.engines.base import Completion
 from freshroll.errors import Interrupted, RunFailed, WorkerLost, WorkerTimeout
 from freshroll.lineage import PolicyVersion, RequestId, SampleId
 from freshroll.rewards.tasks import Prompt
@@ -57,7 +60,7 @@ from freshroll.runtime.seams import (
 )
 
 if TYPE_CHECKING:
-    from freshroll.runtime.pipeline import Pipeline
+    from freshroll.runtime.pipeline import Pipeline, Published
 
 MAX_RESTARTS = 3  # per worker, per run (lost or timed out)
 
@@ -123,6 +126,8 @@ class WorkerPool:
         ro = pipe.cfg.rollout
         self.params = SamplingParams(ro.max_new_tokens, ro.temperature, ro.top_p)
         self._rule = pipe.sample_rule()
+        self._trusted: Published | None = None  # the newest published version the ledger has
+        self._refused: set[str] = set()  # out-of-band versions refused (written once each)
 
     # -- membership ----------------------------------------------------------------------
     def _new_name(self) -> str:
@@ -352,8 +357,7 @@ class WorkerPool:
                     return None
                 await w.wake.wait()
                 continue
-            pub = pipe.published
-            assert pub is not None
+            pub = self._published()
             if w.loaded is not pub.version and (w.calls == 0 or engine.continuous):
                 if pub.weights is not None:
                     exc = await self._load(w, engine, pub.version, pub.weights)
@@ -394,6 +398,27 @@ class WorkerPool:
         w.inflight += call.pending
         return call
 
+    def _published(self) -> Published:
+        """The version workers load: ``pipe.published``, unless the ledger never made it
+        current (published out of band: a bug, or a chaos fault). Such a version is refused,
+        written to stderr once, and the workers keep the last version the ledger committed;
+        without this, ``buf.start`` would raise StateError and end the run."""
+        pub = self.pipe.published
+        assert pub is not None
+        if pub is self._trusted:
+            return pub
+        current = self.buf.version
+        if self._trusted is None or (current is not None and str(pub.version) == str(current)):
+            self._trusted = pub
+            return pub
+        text = str(pub.version)
+        if text not in self._refused:
+            self._refused.add(text)
+            sys.stderr.write(f"warning: policy version {text} was published to the workers but "
+                             f"never committed to the ledger: refused, the workers keep "
+                             f"{self._trusted.version}\n")
+        return self._trusted
+
     @staticmethod
     def _track(call: _Call, order: deque[_Call], watch: asyncio.Event,
                loop: asyncio.AbstractEventLoop) -> None:
@@ -428,9 +453,8 @@ class WorkerPool:
 
     def _refill(self, w: Worker) -> _Call | None:
         """The next call a lane may start now, or None (the dispatcher decides)."""
-        pub = self.pipe.published
-        if w.retiring or w.fenced or w.failure is not None or pub is None \
-                or w.loaded is not pub.version:
+        pub = self._published()
+        if w.retiring or w.fenced or w.failure is not None or w.loaded is not pub.version:
             return None
         free = self.concurrency - w.inflight
         rids = self.buf.take_requests(free) if free > 0 else []
@@ -556,6 +580,10 @@ class WorkerPool:
         def emit(i: int, comp: Any) -> None:
             if buf.closed:
                 return
+            problem = malformed(comp)
+            if problem is not None:
+                invalid(i, problem)
+                return
             loaded = w.loaded  # tokens that span a weight update name the newest version too
             last = loaded if loaded is not version and w.epoch == call.epoch else None
             out = complete(sids[i], tokens=comp.tokens, gen_s=comp.gen_s,
@@ -570,6 +598,25 @@ class WorkerPool:
                     slot_freed(w)
             if out is Outcome.ACCEPTED:
                 put(sids[i], comp, prompts[i])
+
+        def invalid(i: int, problem: str) -> None:
+            """A malformed completion: its attempt (if still live) is discarded ``invalid``,
+            counted as a failure of the worker; a late one (a fenced or ended attempt) is
+            dropped: the buffer would reject it anyway."""
+            if call.over or call.emitted[i] or w.epoch != call.epoch or w.fenced \
+                    or buf.request_state(sids[i]) != "running":
+                return
+            detail = f"malformed completion from worker {w.name}: {problem}"
+            buf.discard(sids[i], "invalid", detail)
+            call.emitted[i] = True
+            call.pending -= 1
+            w.inflight -= 1
+            if call.pending:
+                slot_freed(w)
+            self.pipe.notify()
+            stage = f"inference worker {w.name!r}"
+            self._budget_ok(w, stage)
+            self.pipe.budget.record(stage, self._rule, 1, 1, detail)
 
         return emit
 
@@ -604,9 +651,29 @@ class _Calls:
             await asyncio.gather(*tasks, return_exceptions=True)
 
 
+def malformed(comp: Any) -> str | None:
+    """What is wrong with an emitted completion, or None: not a Completion, a token count
+    that is not a non-negative integer, text that is not a string, a ``gen_s`` that is not a
+    finite non-negative number."""
+    if not isinstance(comp, Completion):
+        return f"not a Completion ({type(comp).__name__})"
+    try:
+        tokens = comp.tokens
+    except Exception as exc:
+        return f"no token count ({type(exc).__name__}: {exc})"
+    if type(tokens) is not int or tokens < 0:
+        return f"token count {tokens!r} is not a non-negative integer"
+    if not isinstance(comp.text, str):
+        return f"text is {type(comp.text).__name__}, not a string"
+    g = comp.gen_s
+    if isinstance(g, bool) or not isinstance(g, int | float) or not (math.isfinite(g) and g >= 0):
+        return f"gen_s {g!r} is not a finite number >= 0"
+    return None
+
+
 def generation_seed(run_seed: int, first_sample: str) -> int:
     """A sampling seed fixed by the run seed and the batch's first sample id (replayable)."""
     return (run_seed * 1_000_003) ^ zlib.crc32(first_sample.encode())
 
 
-__all__ = ["MAX_RESTARTS", "Worker", "WorkerPool", "generation_seed"]
+__all__ = ["MAX_RESTARTS", "Worker", "WorkerPool", "generation_seed", "malformed"]

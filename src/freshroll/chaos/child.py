@@ -1,0 +1,134 @@
+"""The child process of a chaos case whose fault kills the process (a real SIGKILL).
+
+``python -m freshroll.chaos.child SPEC.json``: the runner (:mod:`freshroll.chaos.runner`)
+writes the spec (the scenario, the seed, the config or ``resume``, the fault indexes to skip,
+the liveness horizon, the Injector to use, where to write the result). The child runs one
+incarnation of the faulted run under the liveness guard with an Injector whose ``on_kill``
+sends this process SIGKILL, after the fault's ``fault_injected`` event is durable: the
+process ends with no cleanup at all, as ``kill -9`` would end it.
+
+Unless killed, it writes ``{"status": finished | interrupted | liveness | stopped,
+"detail": ...}`` to the result file and exits 0. The switches of :mod:`freshroll.unsafe`
+come from the environment (``FRESHROLL_UNSAFE_BREAK``), as for any process.
+
+``python -m freshroll.chaos.child --serve``: a zygote that imports everything once, then for
+each spec path read on stdin forks a child that runs that spec (its output to ``SPEC.log``),
+waits for it (killing it past the timeout given on the line) and answers one line on stdout:
+``exit <status>`` (a negative status is the signal that ended it: ``exit -9`` after SIGKILL)
+or ``timeout``. A plan's kill cases then cost a fork each instead of a Python start-up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from freshroll.chaos.plan import Scenario
+from freshroll.config import validate
+from freshroll.errors import FreshrollError, Interrupted
+
+
+def sigkill(kind: str) -> None:
+    """The Injector's ``on_kill``: a real SIGKILL of this process."""
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def run_spec(spec_path: str) -> int:
+    from freshroll.chaos.runner import (
+        Guard,
+        LivenessTimeout,
+        error_line,
+        load_injector,
+        run_in_process,
+    )
+
+    spec = json.loads(Path(spec_path).read_text())
+    scenario = Scenario.model_validate(spec["scenario"])
+    make = load_injector(spec["injector"])
+    session = Guard(make(scenario, int(spec["seed"]), skip=frozenset(spec["skip"]),
+                         on_kill=sigkill), float(spec["horizon_s"]))
+    out = Path(spec["out"])
+    cfg = None if spec["resume"] else validate(spec["config"], spec_path)
+    status, detail = "finished", ""
+    try:
+        run_in_process(cfg, out, bool(spec["resume"]), session)
+    except LivenessTimeout as exc:
+        status, detail = "liveness", str(exc)
+    except Interrupted as exc:
+        status, detail = "interrupted", str(exc)
+    except FreshrollError as exc:
+        status, detail = "stopped", error_line(exc)
+    except Exception as exc:  # a bug: the case records it
+        status, detail = "stopped", f"{type(exc).__name__}: {error_line(exc)}"
+    Path(spec["result"]).write_text(json.dumps({"status": status, "detail": detail}))
+    return 0
+
+
+def _status(wait_status: int) -> int:
+    if os.WIFSIGNALED(wait_status):
+        return -os.WTERMSIG(wait_status)
+    return os.WEXITSTATUS(wait_status)
+
+
+def _fork_one(spec_path: str, timeout_s: float) -> str:
+    log = os.open(Path(spec_path).with_suffix(".log"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    pid = os.fork()
+    if pid == 0:  # the child: its own output, never the zygote's answer channel
+        code = 1
+        try:
+            os.dup2(log, 1)
+            os.dup2(log, 2)
+            devnull = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(devnull, 0)
+            code = run_spec(spec_path)
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    os.close(log)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        done, wait_status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return f"exit {_status(wait_status)}"
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return "timeout"
+        time.sleep(0.005)
+
+
+def serve() -> int:
+    import freshroll.chaos.runner
+    import freshroll.runtime.run
+    import freshroll.sim.components  # noqa: F401
+
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        timeout, _, spec_path = line.strip().partition(" ")
+        answer = _fork_one(spec_path, float(timeout))
+        sys.stdout.write(answer + "\n")
+        sys.stdout.flush()
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if argv == ["--serve"]:
+        return serve()
+    if len(argv) != 1:
+        sys.stderr.write("usage: python -m freshroll.chaos.child SPEC.json | --serve\n")
+        return 2
+    return run_spec(argv[0])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,113 @@
+"""Recovery time and throughput under faults: pure figures over two ledgers' commits.
+
+Accepted rollouts per second over a sliding window ``W`` (three fault-free step times,
+``W = 3 x baseline wall / baseline steps``), evaluated at each commit ``t``::
+
+    rate(t) = (samples committed in (t - W, t]) / W
+
+**Recovery time**: from the first fault's ``fault_injected`` timestamp ``t_f`` until the
+windowed rate is back to at least ``RECOVERED`` (80%) of the fault-free run's mean rate and
+stays there: the first commit ``t_j >= t_f`` with ``rate(t_k) >= 0.8 x base`` for every
+commit ``t_k >= t_j``; recovery is ``t_j - t_f``. None when the run's last window is below
+the bar (never recovered within the run), when nothing was committed after the fault, or
+when there is no fault-free rate to compare with.
+
+**Throughput under faults**: the faulted run's accepted rollouts/s over the fault-free run's
+(:func:`freshroll.metrics.accepted_rollouts_per_s` of each: one figure, one function).
+
+Both runs have the same workload and seed. Everything here is numbers in, numbers out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from freshroll import events as ev
+from freshroll import metrics
+
+#: the share of the fault-free rate that counts as recovered
+RECOVERED = 0.8
+#: the window, in fault-free step times
+WINDOW_STEPS = 3
+
+
+@dataclass(frozen=True)
+class RunRates:
+    """What the figures need from one run's ledger."""
+
+    commits: tuple[tuple[float, int], ...]  # (ts, samples) of every committed step
+    accepted_per_s: float  # metrics.accepted_rollouts_per_s
+    steps: int
+    wall_s: float  # metrics.wall_s
+    first_fault_ts: float | None  # the first fault_injected event's ts
+
+
+def rates_of(events: Iterable[ev.Event]) -> RunRates:
+    """Fold one ledger's events into :class:`RunRates`."""
+    tally = metrics.Tally()
+    commits: list[tuple[float, int]] = []
+    first: float | None = None
+    for e in events:
+        tally.feed(e)
+        if isinstance(e, ev.Committed):
+            commits.append((e.ts, len(e.samples)))
+        elif isinstance(e, ev.FaultInjected) and first is None:
+            first = e.ts
+    return RunRates(tuple(commits), metrics.accepted_rollouts_per_s(tally),
+                    metrics.steps(tally), metrics.wall_s(tally), first)
+
+
+def window_s(baseline: RunRates) -> float | None:
+    """``WINDOW_STEPS`` fault-free step times (None: the baseline committed nothing)."""
+    if baseline.steps <= 0 or baseline.wall_s <= 0:
+        return None
+    return WINDOW_STEPS * baseline.wall_s / baseline.steps
+
+
+def windowed_rates(commits: Sequence[tuple[float, int]], window: float) -> list[float]:
+    """``rate(t_k)`` at every commit ``t_k`` (commits in time order)."""
+    out, lo, inside = [], 0, 0
+    for ts, n in commits:
+        inside += n
+        while commits[lo][0] <= ts - window:
+            inside -= commits[lo][1]
+            lo += 1
+        out.append(inside / window)
+    return out
+
+
+def recovery_time(commits: Sequence[tuple[float, int]], fault_ts: float | None,
+                  base_rate: float, window: float | None,
+                  share: float = RECOVERED) -> float | None:
+    """Seconds from ``fault_ts`` until the windowed rate is back to ``share x base_rate`` for
+    good (module docstring); None if never, or nothing to compare."""
+    if fault_ts is None or window is None or window <= 0 or base_rate <= 0:
+        return None
+    rates = windowed_rates(commits, window)
+    bar = share * base_rate
+    recovered: float | None = None
+    for (ts, _), rate in zip(commits, rates, strict=True):
+        if ts < fault_ts:
+            continue
+        if rate < bar:
+            recovered = None
+        elif recovered is None:
+            recovered = ts
+    return None if recovered is None else recovered - fault_ts
+
+
+def throughput_ratio(faulted_per_s: float, baseline_per_s: float) -> float | None:
+    """Accepted rollouts/s under faults over fault-free (None: no fault-free rate)."""
+    return faulted_per_s / baseline_per_s if baseline_per_s > 0 else None
+
+
+def case_figures(faulted: RunRates, baseline: RunRates) -> tuple[float | None, float | None]:
+    """(recovery time, throughput ratio) of one case."""
+    rec = recovery_time(faulted.commits, faulted.first_fault_ts, baseline.accepted_per_s,
+                        window_s(baseline))
+    return rec, throughput_ratio(faulted.accepted_per_s, baseline.accepted_per_s)
+
+
+__all__ = ["RECOVERED", "WINDOW_STEPS", "RunRates", "case_figures", "rates_of",
+           "recovery_time", "throughput_ratio", "window_s", "windowed_rates"]
