@@ -44,14 +44,14 @@ from freshroll.chaos.plan import Plan, Scenario, merge
 
 #: the tiny real model's workload (configs/smoke.yaml's shape), in real time
 REAL_WORKLOAD: dict[str, Any] = {
-    "run": {"steps": 24, "max_staleness": 1, "progress": False, "torch_threads": 1},
+    "run": {"steps": 40, "max_staleness": 1, "progress": False, "torch_threads": 1},
     "task": {"name": "reverse", "n_prompts": 64},
     "rollout": {"engine": "hf", "group_size": 4, "batch_groups": 4, "max_new_tokens": 6,
                 "workers": 1, "worker_batch": 16},
     "control": {"mode": "static"},
     "trainer": {"checkpoint_every": 2},
     # real seconds: short enough that a stall costs seconds, long enough for a loaded CPU
-    "limits": {"generate_timeout_s": 8.0, "weights_timeout_s": 30.0,
+    "limits": {"generate_timeout_s": 4.0, "weights_timeout_s": 30.0,
                "worker_start_timeout_s": 180.0, "reward_timeout_s": 20.0},
 }
 
