@@ -218,3 +218,42 @@ def test_a_lost_inline_engine_stops_the_run_clearly_and_a_resume_finishes_it(tmp
     assert verify_run(out).ok, verify_run(out).render()
     result = run(None, out, resume=True, stream=io.StringIO(), report=False)
     assert result.ok and result.summary["steps"] == 6
+
+
+@pytest.mark.slow
+def test_a_thread_still_in_a_ray_call_leaves_when_ray_stops(tmp_path: Path):
+    """An abandoned call (here: to a stopped actor) must not touch Ray after its shutdown:
+    Ray would end this whole process. It leaves with WorkerLost when ``stop_ray`` begins."""
+    import signal
+    import threading
+
+    from freshroll.engines.tiny import save_tiny
+    from freshroll.runtime.ray_engine import RayEngine, start_ray, stop_ray
+
+    start_ray(num_cpus=2)
+    pid = None
+    try:
+        engine = RayEngine(save_tiny(tmp_path / "tiny", seed=0), generate_timeout_s=120.0)
+        engine.wait_ready()
+        pid = actor_of(adapt(engine, "w0", validate({}, "t").limits))[1]
+        os.kill(pid, signal.SIGSTOP)  # alive, never answers
+        errors: list[BaseException] = []
+
+        def call() -> None:
+            try:
+                engine.generate(["rev 123="], max_new_tokens=3, seed=1)
+            except BaseException as exc:
+                errors.append(exc)
+
+        thread = threading.Thread(target=call, daemon=True)
+        thread.start()
+        thread.join(1.0)
+        assert thread.is_alive()  # stuck in the call
+    finally:
+        stop_ray()
+    thread.join(10.0)
+    assert not thread.is_alive()
+    assert len(errors) == 1 and isinstance(errors[0], WorkerLost)
+    assert "shutting down" in str(errors[0])
+    with pytest.raises(WorkerLost, match="shut down"):  # and later calls never reach Ray
+        engine.generate(["rev 123="], max_new_tokens=3, seed=1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from freshroll.chaos.plan import Plan, Scenario
-from freshroll.chaos.real import real_workload, skip_reason
+from freshroll.chaos.real import REAL_WORKLOAD, real_workload, skip_reason
 from freshroll.config import validate
 
 
@@ -32,8 +32,10 @@ def test_only_the_scenario_keys_that_mean_the_same_on_a_real_model_apply():
     data = real_workload(Plan(scenarios=[s]), s, 0, "ray")
     cfg = validate(data, "t")
     assert cfg.run.max_staleness == 3 and cfg.trainer.lr == 0.01
-    assert cfg.run.steps == 24 and cfg.rollout.workers == 2  # the real run's own size
-    assert cfg.limits.generate_timeout_s == 8.0 and "sim" not in data
+    own = REAL_WORKLOAD
+    assert cfg.run.steps == own["run"]["steps"] and cfg.rollout.workers == 2  # its own size
+    assert cfg.limits.generate_timeout_s == own["limits"]["generate_timeout_s"]
+    assert "sim" not in data
 
 
 def test_the_plan_real_workload_comes_last_and_steps_outlast_the_latest_trigger():
