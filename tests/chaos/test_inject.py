@@ -391,3 +391,4 @@ def test_a_samples_trigger_fires_at_that_completion(tmp_path: Path):
     case = run_case(scenario("stall_trainer", {"samples": 50}, duration_s=1.0), 0, tmp_path)
     seq = case.events.index(_fault(case))
     assert sum(isinstance(e, ev.Generated) for e in case.events[:seq]) == 49  # the 50th next
+
