@@ -65,7 +65,7 @@ BROKEN = [
     ("fencing", "zombie-and-bump", {"fencing"}, (0,)),
     ("dedup", "reward-twice", {"duplicates"}, (0, 1, 2)),
     ("dedup", "messages-duplicated", {"duplicates"}, (0, 1, 2)),
-    ("timeouts", "weights-stall-forever", {"liveness"}, (0,)),
+    ("timeouts", "all-weights-stalled", {"liveness"}, (0, 1)),
     ("budget", "reward-fails-always", {"liveness", "expected_outcome"}, (0,)),
 ]
 

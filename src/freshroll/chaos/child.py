@@ -30,7 +30,6 @@ from pathlib import Path
 
 from freshroll.chaos.plan import Scenario
 from freshroll.config import validate
-from freshroll.errors import FreshrollError, Interrupted
 
 
 def sigkill(kind: str) -> None:
@@ -39,13 +38,7 @@ def sigkill(kind: str) -> None:
 
 
 def run_spec(spec_path: str) -> int:
-    from freshroll.chaos.runner import (
-        Guard,
-        LivenessTimeout,
-        error_line,
-        load_injector,
-        run_in_process,
-    )
+    from freshroll.chaos.runner import Guard, load_injector, outcome_of, run_in_process
 
     spec = json.loads(Path(spec_path).read_text())
     scenario = Scenario.model_validate(spec["scenario"])
@@ -57,14 +50,8 @@ def run_spec(spec_path: str) -> int:
     status, detail = "finished", ""
     try:
         run_in_process(cfg, out, bool(spec["resume"]), session)
-    except LivenessTimeout as exc:
-        status, detail = "liveness", str(exc)
-    except Interrupted as exc:
-        status, detail = "interrupted", str(exc)
-    except FreshrollError as exc:
-        status, detail = "stopped", error_line(exc)
-    except Exception as exc:  # a bug: the case records it
-        status, detail = "stopped", f"{type(exc).__name__}: {error_line(exc)}"
+    except Exception as exc:  # the case records how it ended, a bug too
+        status, detail = outcome_of(exc)
     Path(spec["result"]).write_text(json.dumps({"status": status, "detail": detail}))
     return 0
 

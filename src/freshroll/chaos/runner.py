@@ -303,15 +303,28 @@ def _incarnation_body(make: Callable[..., ChaosSession], scenario: Scenario, see
     with broken_switches(broken):
         try:
             run_in_process(None if resume else cfg, out, resume, session)
-        except LivenessTimeout as exc:
-            return "liveness", str(exc)
-        except Interrupted as exc:
-            return "interrupted", str(exc)
-        except FreshrollError as exc:
-            return "stopped", error_line(exc)
-        except Exception as exc:  # a bug: the case records it, the harness goes on
-            return "stopped", f"{type(exc).__name__}: {error_line(exc)}"
+        except Exception as exc:
+            return outcome_of(exc)
     return "finished", ""
+
+
+#: what the Injector's own guard says when a run stops making progress (chaos/inject.py)
+NO_PROGRESS = "made no progress"
+
+
+def outcome_of(exc: Exception) -> tuple[str, str]:
+    """How an incarnation that raised ``exc`` ended: ``liveness`` (the runner's horizon, or
+    the Injector's no-progress guard), ``interrupted``, or ``stopped`` (its error line; a bug
+    is named by its type)."""
+    if isinstance(exc, LivenessTimeout) or (isinstance(exc, RunFailed)
+                                            and NO_PROGRESS in str(exc)):
+        return "liveness", f"liveness: {error_line(exc)}".replace("liveness: liveness: ",
+                                                                   "liveness: ")
+    if isinstance(exc, Interrupted):
+        return "interrupted", str(exc)
+    if isinstance(exc, FreshrollError):
+        return "stopped", error_line(exc)
+    return "stopped", f"{type(exc).__name__}: {error_line(exc)}"  # a bug: recorded, not raised
 
 
 def error_line(exc: BaseException) -> str:
@@ -592,6 +605,7 @@ __all__ = [
     "chaos",
     "error_line",
     "load_injector",
+    "outcome_of",
     "progress_line",
     "read_events",
     "run_case",
