@@ -92,7 +92,7 @@ from freshroll import events as ev
 from freshroll.chaos.faulty import FaultyEngine, FaultyFactory, FaultyScorer, FaultyTrainer, Gen
 from freshroll.chaos.plan import Fault, Scenario
 from freshroll.engines.base import Completion
-from freshroll.errors import ConfigError, Interrupted, RunFailed
+from freshroll.errors import ConfigError, Interrupted, RunFailed, UnknownSampleError
 from freshroll.lineage import PolicyVersion, SampleId
 from freshroll.rewards.scoring import Score
 from freshroll.runtime.hooks import Hooks
@@ -535,9 +535,10 @@ class Injector:
                 else "reward"
             error = f"reward_error: {name} raised InjectedFailure: {self._fail_tag(w.index)}"
             out = []
-            for sid, score in zip(sids, scores, strict=False):
-                if score.value is not None and (w.share >= 1.0 or w.rng.random() < w.share):
-                    self.failed[w.index].append(str(sid))
+            for k, score in enumerate(scores):  # a wrong count stays wrong (checked later)
+                if k < len(sids) and isinstance(score, Score) and score.value is not None \
+                        and (w.share >= 1.0 or w.rng.random() < w.share):
+                    self.failed[w.index].append(str(sids[k]))
                     score = Score(None, error, {})
                 out.append(score)
             scores = out
@@ -563,7 +564,7 @@ class Injector:
                     continue
                 try:
                     value, _ = buf.sample_info(sid)
-                except Exception:  # not its current attempt any more
+                except UnknownSampleError:  # not its current attempt any more
                     continue
                 m.left -= 1
                 buf.reward(sid, value, version)  # the buffer must reject it: duplicate
