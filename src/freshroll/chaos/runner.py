@@ -53,6 +53,7 @@ from freshroll import unsafe
 from freshroll.chaos import checks
 from freshroll.chaos.digest import digest_events
 from freshroll.chaos.plan import Plan, Scenario, workload_of
+from freshroll.chaos.real import real_workload, skip_reason
 from freshroll.chaos.recovery import RunRates, case_figures, rates_of
 from freshroll.chaos.result import CaseResult, Violation
 from freshroll.config import Config, validate
@@ -136,13 +137,13 @@ class Guard:
 def workload_for(plan: Plan, scenario: Scenario, seed: int, placement: str) -> dict[str, Any]:
     """The config (a mapping) of one case. ``sim``: :func:`~freshroll.chaos.plan.workload_of`
     (the simulated cluster in virtual time); ``inline``/``ray``: the tiny real model
-    (``plan.real_workload``), for ``real: true`` scenarios."""
+    (:func:`freshroll.chaos.real.real_workload`, with ``plan.real_workload``), for
+    ``real: true`` scenarios."""
     if placement == "sim":
         return workload_of(plan, scenario, seed)
     if placement not in PLACEMENTS:
         raise ConfigError(f"placement {placement!r}: one of {', '.join(PLACEMENTS)}")
-    raise ConfigError(f"placement {placement!r}: real-model chaos runs are not available in "
-                      "this build")
+    return real_workload(plan, scenario, seed, placement)
 
 
 def workload_digest(data: dict[str, Any]) -> str:
@@ -486,8 +487,10 @@ def run_plan(
     child_timeout_s: float = CHILD_TIMEOUT_S, fork: bool = True, jobs: int = 1,
 ) -> list[CaseResult]:
     """Every scenario (or those named in ``only``) x seed x placement; one progress line per
-    case. Real placements run only the ``real: true`` scenarios. ``fork``: kill incarnations
-    are forks of one zygote (:class:`ChildPool`) instead of a ``python -m`` each.
+    case. Real placements run only the ``real: true`` scenarios whose faults apply there
+    (:func:`freshroll.chaos.real.skip_reason`; a skipped one gets a line saying why).
+    ``fork``: kill incarnations are forks of one zygote (:class:`ChildPool`) instead of a
+    ``python -m`` each.
 
     ``jobs`` > 1: the seeds are shared out among that many worker processes (a forkserver's:
     clean processes, not forks of this one), each running every scenario of its seeds; the
@@ -501,7 +504,10 @@ def run_plan(
     with ChildPool(broken) as pool:
         for placement in placements:
             for scenario in scenarios:
-                if placement != "sim" and not scenario.real:
+                why = skip_reason(scenario, placement)
+                if why is not None:
+                    if progress is not None and scenario.real:
+                        progress.write(f"chaos {scenario.name} [{placement}]: skipped: {why}\n")
                     continue
                 for seed in seeds:
                     r = run_case(plan, scenario, seed, out_dir, placement=placement,
