@@ -24,7 +24,7 @@ from inject_support import (
 
 from freshroll import events as ev
 from freshroll.chaos.inject import Injector
-from freshroll.chaos.plan import FAULT_KINDS, PROCESS_KINDS, load_plan
+from freshroll.chaos.plan import FAULT_KINDS, HANDOFFS, PROCESS_KINDS, load_plan
 from freshroll.errors import ConfigError, Interrupted
 
 STEP = {"step": 3}
@@ -376,3 +376,19 @@ def test_the_liveness_guard_stops_a_run_that_hangs(tmp_path: Path):
     assert case.verify is not None and case.verify.ok  # closed and verifiable
     fixed = run_case(sc, 0, tmp_path / "with-timeouts")
     assert not fixed.errors and fixed.verify is not None and fixed.verify.ok
+
+
+@pytest.mark.parametrize("handoff", sorted(HANDOFFS))
+def test_every_named_hand_off_can_trigger_a_fault(handoff: str, tmp_path: Path):
+    sc = scenario("stall_trainer", {"handoff": handoff, "nth": 2}, duration_s=1.0)
+    case = run_case(sc, 0, tmp_path)
+    assert case.verify is not None and case.verify.ok
+    assert _fault(case).detail.startswith(f"#0 at {handoff} #2: ")
+    assert case.injectors[0].counts[handoff] >= 2
+
+
+def test_a_samples_trigger_fires_at_that_completion(tmp_path: Path):
+    case = run_case(scenario("stall_trainer", {"samples": 50}, duration_s=1.0), 0, tmp_path)
+    seq = case.events.index(_fault(case))
+    assert sum(isinstance(e, ev.Generated) for e in case.events[:seq]) == 49  # the 50th next
+

@@ -14,14 +14,15 @@
 
 The wrappers decide nothing: they count hand-offs and ask the injector (the :class:`Control`
 protocol) what to do, so every choice is the injector's, seeded and recorded. Without an
-armed fault a wrapper forwards the call unchanged (one task per generate call, so that a
-call can be killed while its engine runs).
+armed fault a wrapper forwards the call unchanged, adding no await, task or timer.
 
 How the faults of one generate call work (:class:`Gen`):
 
-* **dies** (``die``): the engine's call is cancelled and the call raises
-  :class:`~freshroll.errors.WorkerLost`; whatever its engine emits later is dropped (a dead
-  worker sends nothing). ``kill_at``: it dies once that many completions were emitted.
+* **dies** (``die``): the pool's task awaiting the call is cancelled (on the next loop
+  turn), which cancels the engine's call, and the call raises
+  :class:`~freshroll.errors.WorkerLost` instead; whatever its engine emits later is dropped
+  (a dead worker sends nothing). ``kill_at``: it dies once that many completions were
+  emitted.
 * **stalls** (``stall``): its completions are held, and the call does not return; when the
   pool's timeout cancels it, the engine's call goes on (a zombie, like a thread the thread
   adapter abandons) and the held completions are delivered ``delay_s`` after the engine was
@@ -99,12 +100,6 @@ class Control(Protocol):
         """Call ``fn(*args)`` ``delay`` seconds from now, on the loop (cancelled at the end)."""
 
 
-def _retrieve(task: asyncio.Task[Any]) -> None:
-    """A done callback: the task's exception is retrieved (a zombie's failure is expected)."""
-    if not task.cancelled():
-        task.exception()
-
-
 class Gen:
     """One generate call through a :class:`FaultyEngine` (see the module docstring)."""
 
@@ -113,7 +108,9 @@ class Gen:
         self.n = len(requests)
         self.count = 0  # completions emitted by the engine
         self.done: set[int] = set()  # indexes emitted by the engine
-        self.task: asyncio.Task[None] | None = None  # the engine's call
+        self.owner = asyncio.current_task()  # the pool's task awaiting this call
+        self.active = True  # the wrapper is still inside generate
+        self.killed = False  # die() cancelled the owner (the CancelledError is ours)
         self.wake = asyncio.Event()
         self.dying: str | None = None  # why it dies (WorkerLost's message)
         self.kill_at: int | None = None
@@ -137,13 +134,28 @@ class Gen:
                     None)
 
     def die(self, why: str) -> None:
-        """The worker dies during this call."""
+        """The worker dies during this call: the call raises WorkerLost at its next await
+        (the owner is cancelled on the next loop turn, so a die() from inside the call's own
+        engine code or from another task acts the same way); nothing more is delivered."""
         if self.dying is not None:
             return
         self.dying = why
-        if self.task is not None and not self.task.done():
-            self.task.cancel()
+        self.engine.dead = self.engine.dead or why
         self.wake.set()
+        asyncio.get_running_loop().call_soon(self._cancel_owner)
+
+    def _cancel_owner(self) -> None:
+        if self.active and self.owner is not None and not self.owner.done():
+            self.killed = True
+            self.owner.cancel()
+
+    def own_cancel(self) -> bool:
+        """Whether the CancelledError being handled is die()'s (then it is withdrawn)."""
+        if not self.killed:
+            return False
+        self.killed = False
+        me = asyncio.current_task()
+        return me is not None and me.uncancel() == 0
 
     def arm_kill(self, why: str) -> None:
         """Die once half of the call was emitted (at once for a call of one request)."""
@@ -216,11 +228,9 @@ class Gen:
         return bool(self.drop - self.freed) or self.delayed > 0
 
     async def _zombie(self) -> None:
-        """The call was abandoned (timed out): it runs on; its results arrive after the
-        fence (the engine closed), ``late_delay`` later."""
+        """The call was abandoned (timed out): its engine goes on (it is closed only after
+        this); its results arrive after the fence (the engine closed), ``late_delay`` later."""
         try:
-            if self.task is not None and not self.task.done():
-                await asyncio.wait([self.task])
             await self.engine.closed.wait()
             await asyncio.sleep(self.late_delay)
         finally:
@@ -277,45 +287,30 @@ class FaultyEngine:
         try:
             self.ctl.handoff("generate", self, gen)
             self.ctl.began(self, gen)
-            if gen.dying is None:
-                gen.task = task = asyncio.get_running_loop().create_task(
-                    self.inner.generate(requests, params, seed, gen.on_emit))
-                task.add_done_callback(_retrieve)
-                await self._await(gen, task)
-            while gen.dying is None and gen._blocked():
-                gen.wake.clear()
-                await gen.wake.wait()
+            try:
+                if gen.dying is None:  # awaited in the pool's task: no task of its own
+                    await self.inner.generate(requests, params, seed, gen.on_emit)
+                while gen.dying is None and gen._blocked():
+                    gen.wake.clear()
+                    await gen.wake.wait()
+            except asyncio.CancelledError:
+                if not gen.own_cancel():
+                    self._abandon(gen)
+                    raise
             if gen.dying is not None:
                 raise WorkerLost(gen.dying)
-        except asyncio.CancelledError:
-            await self._abandon(gen)
-            raise
         finally:
+            gen.active = False
             self.calls.remove(gen)
 
-    async def _await(self, gen: Gen, task: asyncio.Task[None]) -> None:
-        """The engine's call, which ``gen.die`` may cancel (then the call raises WorkerLost)."""
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError:
-            me = asyncio.current_task()
-            if gen.dying is None or (me is not None and me.cancelling()):
-                raise
-            return
-
-    async def _abandon(self, gen: Gen) -> None:
-        """The pool cancelled the call (its timeout, a stop, the run's end): a stalled call
-        becomes a zombie; any other is cancelled in its engine."""
-        task = gen.task
+    def _abandon(self, gen: Gen) -> None:
+        """The pool cancelled the call (its timeout, a stop, the run's end), which cancelled
+        the engine's call: a stalled call becomes a zombie (its engine's work goes on)."""
         if gen.stalled and gen.dying is None and not self.ctl.closing:
             zombie = self.ctl.spawn(gen._zombie())
             if zombie is not None:
                 gen.zombie = zombie
                 self.zombies.append(zombie)
-                return
-        if task is not None and not task.done():
-            task.cancel()
-            await asyncio.wait([task])
 
     async def load_weights(self, weights: Any) -> float:
         if self.dead is not None:

@@ -73,8 +73,9 @@ stall_trainer         the next trainer step sleeps ``duration_s`` first
 
 Detached work (zombie calls, delayed completions, deferred engine closes) is owned by the
 injector and cancelled when the hooks' task ends with the run. The hooks' task is also a
-liveness guard: no completion and no step for ``liveness_s`` stops the run
-(:class:`~freshroll.errors.RunFailed`, "made no progress"), so a run never hangs silently.
+liveness guard: no completion and no step for ``liveness_s`` of run time stops the run
+(:class:`~freshroll.errors.RunFailed`, "made no progress"), so a build whose timeouts are
+switched off stops instead of ticking its virtual clock on forever.
 """
 
 from __future__ import annotations
@@ -148,11 +149,10 @@ class Injector:
 
     ``on_kill(kind)`` ends the process (the chaos runner's child SIGKILLs itself); it is
     called for ``kill_process`` and ``trainer_crash`` once their event is durable.
-    ``liveness_s``: the liveness guard of the hooks' task: a run in which no completion is
-    generated and no step committed for that long (of run time) stops with
-    :class:`~freshroll.errors.RunFailed` instead of hanging (a build without timeouts jumps
-    its virtual clock to the never-firing timeout); None: 10 x the largest ``limits``
-    timeout of the config; 0: off.
+    ``liveness_s``: the liveness guard: no completion generated and no step committed for
+    that long (of run time) stops the run with
+    :class:`~freshroll.errors.RunFailed` (a build without timeouts jumps its virtual clock
+    to the never-firing timeout); None: 10 x the largest ``limits`` timeout; 0: off.
     """
 
     def __init__(self, scenario: Scenario, seed: int, *, skip: frozenset[int] = frozenset(),
@@ -174,6 +174,7 @@ class Injector:
         self.pipe: Pipeline | None = None
         self.factory: FaultyFactory | None = None
         self.scorer: FaultyScorer | None = None
+        self.trainer: FaultyTrainer | None = None
         self.closing = False
         self.t0 = 0.0
         self.counts: Counter[str] = Counter()
@@ -186,6 +187,7 @@ class Injector:
         self._stop: str | None = None  # interrupt: the reason
         self._killed: BaseException | None = None  # what an in-process on_kill raised
         self._seen, self._seen_at = (-1, -1), 0.0  # the liveness guard: progress, since
+        self._guard_s = 0.0
         self._stopped = asyncio.Event()
         self._deferred: list[tuple[int, str | None]] = []  # need the pipeline (version_bump)
         self._crash: list[int] = []  # trainer_crash, waiting for the commit hand-off
@@ -219,13 +221,14 @@ class Injector:
         self.samples = buf.counts.get("generated", 0)
         self.factory = FaultyFactory(self, parts.engine_factory)
         self.scorer = FaultyScorer(self, parts.scorer)
-        return Components(self.factory, self.scorer, FaultyTrainer(self, parts.trainer),
-                          parts.close)
+        self.trainer = FaultyTrainer(self, parts.trainer)
+        return Components(self.factory, self.scorer, self.trainer, parts.close)
 
     # -- triggers ----------------------------------------------------------------------------
     def handoff(self, name: str, engine: FaultyEngine | None = None,
                 gen: Gen | None = None) -> None:
         n = self.counts[name] = self.counts[name] + 1
+        self._guard()
         for i, f in list(self.pending.items()):
             if f.at.handoff == name and f.at.nth == n:
                 self._fire(i, name, engine, gen)
@@ -591,7 +594,10 @@ class Injector:
     def _do_version_burst(self, i: int, f: Fault, ctx: FaultyEngine | None,
                           gen: Gen | None) -> tuple[str, str]:
         self._burst += f.count
-        return "trainer", f"the next {f.count} trainer steps take no time"
+        inner = self.trainer.inner if self.trainer is not None else None
+        how = "" if hasattr(inner, "step_seconds") else \
+            f" (asked; {type(inner).__name__} has no step_seconds: its steps take their time)"
+        return "trainer", f"the next {f.count} trainer steps take no time{how}"
 
     def step_fault(self) -> tuple[float, bool]:
         stall = self._stall_steps.pop(0) if self._stall_steps else 0.0
@@ -676,6 +682,10 @@ class Injector:
     # -- the hooks' task ---------------------------------------------------------------------
     async def run(self, pipe: Pipeline) -> None:
         self.pipe = pipe
+        lim = pipe.cfg.limits
+        self._guard_s = self.liveness_s if self.liveness_s is not None else 10 * max(
+            lim.generate_timeout_s, lim.weights_timeout_s, lim.reward_timeout_s,
+            lim.worker_start_timeout_s)
         try:
             deferred, self._deferred = self._deferred, []
             for i, where in deferred:
@@ -695,27 +705,36 @@ class Injector:
         counts = self.buf.counts
         return counts.get("generated", 0), counts.get("steps", 0)
 
+    def _guard(self) -> None:
+        """The liveness guard: once the run's clock moved ``liveness_s`` past the last
+        progress, the hooks' task stops the run. Checked at every hand-off and by the hooks'
+        task's own timer (a hang may have no hand-off: the steering ticks on)."""
+        guard = self._guard_s
+        if guard <= 0 or self.buf is None or self._killed is not None:
+            return
+        now, seen = self._now(), self._progress()
+        if seen != self._seen:
+            self._seen, self._seen_at = seen, now
+        elif now - self._seen_at >= guard:
+            self._killed = RunFailed(
+                f"chaos: the run made no progress for {now - self._seen_at:g} s (no completion "
+                f"generated, no step committed since step {seen[1]}; liveness_s {guard:g}): "
+                "it hangs")
+            self._stopped.set()
+
     async def _until(self, t: float) -> None:
-        """Sleep until run time ``t``; raise Interrupted once an interrupt fired, RunFailed
-        when the run made no progress for ``liveness_s`` (the guard)."""
-        guard = self.liveness_s
-        if guard is None:
-            lim = self.pipe.cfg.limits if self.pipe is not None else None
-            guard = 10 * max(lim.generate_timeout_s, lim.weights_timeout_s,
-                             lim.reward_timeout_s, lim.worker_start_timeout_s) if lim else 0.0
+        """Sleep until run time ``t`` (forever: ``inf``); raise once an interrupt fired, an
+        in-process kill raised, or the liveness guard tripped."""
         while self._stop is None and self._killed is None:
+            self._guard()
+            if self._killed is not None:
+                break
             now = self._now()
             if now >= t:
                 return
-            if guard > 0 and self._progress() != self._seen:
-                self._seen, self._seen_at = self._progress(), now
-            elif guard > 0 and now - self._seen_at >= guard:
-                raise RunFailed(f"chaos: the run made no progress for {now - self._seen_at:g} s "
-                                f"(no completion generated, no step committed since step "
-                                f"{self._seen[1]}): it hangs")
-            wake = min(t, self._seen_at + guard) if guard > 0 else t
+            wake = min(t, self._seen_at + self._guard_s) if self._guard_s > 0 else t
             try:
-                async with asyncio.timeout(None if math.isinf(wake) else wake - now):
+                async with asyncio.timeout(None if math.isinf(wake) else max(0.0, wake - now)):
                     await self._stopped.wait()
             except TimeoutError:
                 continue

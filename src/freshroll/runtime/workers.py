@@ -228,9 +228,12 @@ class WorkerPool:
             name = next(iter(self._idle))
             self._idle.pop(name).wake.set()
 
+    def note_committed(self) -> None:
+        """``pipe.published`` was just committed: the fallback of a version refused later."""
+        self._published()
+
     def version_published(self) -> None:
         """A new policy version: idle workers load it now."""
-        self._published()  # a version the ledger committed becomes the fallback at once
         idle, self._idle = self._idle, {}
         for w in idle.values():
             w.wake.set()
