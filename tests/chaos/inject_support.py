@@ -47,7 +47,9 @@ class Case:
         return [e for e in self.events if isinstance(e, kind)]
 
     def faults(self) -> list[ev.FaultInjected]:
-        return self.of(ev.FaultInjected)
+        """The firings (not the continuation records naming the samples a reward fault
+        failed: ``#<i> failed <sample> ...``)."""
+        return [e for e in self.of(ev.FaultInjected) if not re.match(r"#\d+ failed ", e.detail)]
 
     def fired(self) -> set[int]:
         return fired_indexes(self.events)

@@ -93,9 +93,25 @@ def test_an_exec_child_writes_the_same_history_as_a_forked_one(tmp_path: Path) -
 def test_a_run_that_never_finishes_is_a_liveness_violation(tmp_path: Path) -> None:
     r = case("stall", 0, tmp_path)
     assert [v.invariant for v in r.violations][:1] == ["liveness"]
-    assert "did not finish within" in r.violations[0].message
+    msg = r.violations[0].message  # the Injector's no-progress guard, or the runner's horizon
+    assert "made no progress" in msg or "did not finish within" in msg
     assert "expected_outcome" not in {v.invariant for v in r.violations}
     assert r.outcome.startswith("stopped: liveness")
+
+
+def test_the_horizon_stops_a_run_that_outlasts_it(tmp_path: Path) -> None:
+    # the fault-free run takes ~110 s of run time: a horizon of 20 s ends it
+    with pytest.raises(runner.LivenessTimeout, match="did not finish within 20 s"):
+        runner.run_in_process(validate(BASE_WORKLOAD, "base"), tmp_path / "r", False,
+                              runner.Guard(None, 20.0))
+    status, detail = runner.outcome_of(runner.LivenessTimeout("liveness: x"))
+    assert (status, detail) == ("liveness", "liveness: x")
+    from freshroll.errors import RunFailed
+
+    assert runner.outcome_of(RunFailed("chaos: the run made no progress for 600 s"))[0] == \
+        "liveness"
+    assert runner.outcome_of(RunFailed("budget spent"))[0] == "stopped"
+    assert runner.outcome_of(KeyError("x")) == ("stopped", "KeyError: 'x'")
 
 
 def test_a_child_past_its_wall_clock_limit_is_a_liveness_violation(tmp_path: Path) -> None:

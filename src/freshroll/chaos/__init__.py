@@ -14,6 +14,7 @@ Modules::
                  skipped or repeated across resumes, the admission bound after a resume,
                  injected reward failures never committed, the expected outcome)
     recovery.py  recovery time and throughput under faults, from two ledgers
+    digest.py    the ledger digest of a case (run-independent: the same seed, the same digest)
     table.py     the scenario x seed table (markdown and JSON)
 
 ``freshroll chaos PLAN.yaml --seeds N`` runs every scenario of a plan on the simulated

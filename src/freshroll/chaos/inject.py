@@ -537,21 +537,34 @@ class Injector:
             name = self.scorer.names[0] if self.scorer is not None and self.scorer.names \
                 else "reward"
             error = f"reward_error: {name} raised InjectedFailure: {self._fail_tag(w.index)}"
-            out = []
+            out, hit = [], []
             for k, score in enumerate(scores):  # a wrong count stays wrong (checked later)
                 if k < len(sids) and isinstance(score, Score) and score.value is not None \
                         and (w.share >= 1.0 or w.rng.random() < w.share):
                     self.failed[w.index].append(str(sids[k]))
+                    hit.append(str(sids[k]))
                     score = Score(None, error, {})
                 out.append(score)
             scores = out
+            self._name_failed(w.index, "fail_reward", hit)
         for m in self._malformed_reward:
             if m.left > 0 and scores:
                 m.left -= 1
+                # a NaN or a string fails the first sample; one score too few, the whole call
+                hit = [str(s) for s in (sids if m.turn % 3 == 2 else sids[:1])]
                 scores = _bad_scores(scores, m.turn)
                 m.turn += 1
+                self._name_failed(m.index, "malformed_reward", hit)
                 break
         return scores
+
+    def _name_failed(self, i: int, kind: str, sids: list[str]) -> None:
+        """A continuation record of fault ``i`` naming the samples it failed (the chaos
+        checks' ``reward_failures`` reads them: never committed, discarded reward_error)."""
+        if sids and self.buf is not None and not self.buf.closed:
+            self.buf.record(ev.FaultInjected(ts=self.buf.clock.now(), fault=kind,
+                                             target="reward",
+                                             detail=f"#{i} failed {' '.join(sids)}"))
 
     def rewarded(self, sids: Sequence[SampleId]) -> None:
         self.handoff("reward")
