@@ -13,6 +13,13 @@ the result, so the event loop never blocks:
   where the buffer records them ``rejected`` under the fenced epoch. :meth:`ThreadEngine.close`
   waits for a call cancelled by the run's end until that call's own timeout, never longer
   (a call that timed out is not waited for).
+* :class:`KillableThreadEngine`: the same for an engine in a process of its own (a Ray
+  actor, whose blocking proxy has ``kill()``), plus ``async kill()``: the chaos harness's
+  real ``kill_worker`` fault. The actor really dies; the call in flight (or the next one)
+  raises :class:`~freshroll.errors.WorkerLost`, and the pool fences the epoch, re-issues
+  its attempts and restarts the worker through the factory. An inline engine has no
+  process of its own to kill and gets no ``kill`` (a fault injector then raises a
+  synthetic loss, which ends an inline run: its engine cannot be restarted).
 * :class:`ThreadEngineFactory` makes the engine of a new worker on a thread (model load,
   one at a time in this process; Ray actors start in parallel); asked again for the same
   name (a replacement after a loss or a timeout) it restarts the worker's blocking engine
@@ -122,6 +129,21 @@ class ThreadEngine:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
+class KillableThreadEngine(ThreadEngine):
+    """A :class:`ThreadEngine` whose engine runs in a process of its own and can be killed."""
+
+    async def kill(self) -> None:
+        """Kill the engine's process (``ray.kill``) without waiting for the call in flight:
+        that call, or the next one, fails with :class:`~freshroll.errors.WorkerLost`."""
+        await asyncio.to_thread(self.engine.kill)  # type: ignore[attr-defined]
+
+
+def adapt(engine: InferenceEngine, name: str, limits: LimitsSection) -> ThreadEngine:
+    """The adapter of a blocking engine: killable when it has ``kill()`` (a Ray actor)."""
+    killable = callable(getattr(engine, "kill", None))
+    return (KillableThreadEngine if killable else ThreadEngine)(engine, name, limits)
+
+
 class ThreadEngineFactory:
     """Makes workers' blocking engines on a thread; a second call for a name restarts it."""
 
@@ -156,7 +178,7 @@ class ThreadEngineFactory:
         finally:
             pool.shutdown(wait=False)
         self.engines[name] = engine
-        return ThreadEngine(engine, name, self.limits)
+        return adapt(engine, name, self.limits)
 
 
 class ThreadScorer:
@@ -215,4 +237,5 @@ class ThreadTrainer:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-__all__ = ["ThreadEngine", "ThreadEngineFactory", "ThreadScorer", "ThreadTrainer"]
+__all__ = ["KillableThreadEngine", "ThreadEngine", "ThreadEngineFactory", "ThreadScorer",
+           "ThreadTrainer", "adapt"]

@@ -39,10 +39,12 @@ nothing. On a shared network, firewall the node or stay inline.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,6 +70,7 @@ def start_ray(num_cpus: int | None = None, run_dir: Path | None = None) -> None:
     global _session
     if ray.is_initialized():
         return
+    _gate.open()
     if run_dir is not None:
         ray_reaper.reap_previous(run_dir)
     token = ray_reaper.new_token()
@@ -93,6 +96,7 @@ def stop_ray() -> None:
     import ray
 
     global _session
+    _gate.close(CLOSE_WAIT_S)  # no thread may touch Ray once it is shut down
     if ray.is_initialized():
         ray.shutdown()
     session, _session = _session, None
@@ -113,6 +117,58 @@ class _RaySession:
 
 
 _session: _RaySession | None = None
+
+#: how long one ``ray.get`` waits before it looks whether the instance is stopping
+POLL_S = 0.25
+#: how long :func:`stop_ray` waits for the calls in flight to leave
+CLOSE_WAIT_S = 5.0
+
+
+class _Gate:
+    """The Ray calls of this process in flight, on any thread (abandoned ones too).
+
+    Ray ends the whole process when a thread touches its core worker after ``ray.shutdown``
+    ("The core worker has already been shutdown ... The process will exit"), and a thread
+    the run walked away from (a timed-out call, a restart cut short by the run's end) may
+    still be in ``ray.get``: fatal for a process that runs many runs (the chaos harness,
+    tests). So every call of a :class:`RayEngine` enters the gate and waits in slices of
+    :data:`POLL_S`; :func:`stop_ray` closes the gate first, the calls in flight leave within
+    a slice (:class:`WorkerLost`), later ones are refused, and only then is Ray shut down.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._inflight = 0
+        self.closed = False
+
+    @contextlib.contextmanager
+    def entered(self) -> Iterator[None]:
+        with self._cond:
+            if self.closed:
+                raise WorkerLost("the run's Ray instance is shut down")
+            self._inflight += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._inflight -= 1
+                self._cond.notify_all()
+
+    def check(self) -> None:
+        if self.closed:
+            raise WorkerLost("the run's Ray instance is shutting down")
+
+    def open(self) -> None:
+        with self._cond:
+            self.closed = False
+
+    def close(self, wait_s: float) -> None:
+        with self._cond:
+            self.closed = True
+            self._cond.wait_for(lambda: self._inflight == 0, timeout=wait_s)
+
+
+_gate = _Gate()
 
 
 class _EngineActor:
@@ -157,23 +213,56 @@ class RayEngine:
 
     def _spawn(self) -> Any:
         actor_cls = self._ray.remote(num_cpus=1, max_restarts=0)(_EngineActor)
-        return actor_cls.remote(self._path, self._threads)
+        with _gate.entered():
+            return actor_cls.remote(self._path, self._threads)
 
-    def _get(self, ref: Any, timeout_s: float, what: str) -> Any:
-        """``ray.get`` with a timeout: a dead actor is :class:`WorkerLost`, one that does not
-        answer within ``timeout_s`` is :class:`WorkerTimeout` (both retryable)."""
-        try:
-            return self._ray.get(ref, timeout=timeout_s)
-        except self._ray.exceptions.GetTimeoutError as exc:
-            raise WorkerTimeout(
-                f"inference actor did not answer {what} within {timeout_s:g} s"
-            ) from exc
-        except self._ray.exceptions.RayActorError as exc:
-            raise WorkerLost(f"inference actor died: {exc}"[:500]) from exc
+    def _call(self, method: str, *args: Any, timeout_s: float, what: str) -> Any:
+        """Call the actor's ``method`` and wait for it with a timeout: a dead actor is
+        :class:`WorkerLost`, one that does not answer within ``timeout_s`` is
+        :class:`WorkerTimeout` (both retryable); waits in slices of :data:`POLL_S`, and
+        leaves with WorkerLost once :func:`stop_ray` began (:class:`_Gate`)."""
+        ray = self._ray
+        deadline = time.monotonic() + timeout_s
+        with _gate.entered():
+            ref = getattr(self._actor, method).remote(*args)
+            while True:
+                left = deadline - time.monotonic()
+                try:
+                    return ray.get(ref, timeout=max(0.0, min(POLL_S, left)))
+                except ray.exceptions.GetTimeoutError as exc:
+                    if time.monotonic() >= deadline:
+                        raise WorkerTimeout(
+                            f"inference actor did not answer {what} within {timeout_s:g} s"
+                        ) from exc
+                    _gate.check()
+                except ray.exceptions.RayActorError as exc:
+                    raise WorkerLost(f"inference actor died: {exc}"[:500]) from exc
+
+    def _kill_actor(self) -> None:
+        with _gate.entered():
+            self._ray.kill(self._actor, no_restart=True)
+
+    def kill(self) -> None:
+        """Kill the actor's process, as a crash would (``ray.kill``, no restart), and return
+        once Ray reports it dead: a call in flight (unless it finished first) and every later
+        one fail with :class:`WorkerLost`, until :meth:`restart`. The chaos harness's real
+        ``kill_worker`` fault (:mod:`freshroll.chaos`)."""
+        self._kill_actor()
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline:  # the kill travels through Ray's control plane
+            try:
+                self._call("ready", timeout_s=1.0, what="ready")
+            except WorkerLost:
+                return
+            except WorkerTimeout:
+                pass
+            time.sleep(0.02)
+        raise WorkerTimeout(f"inference actor still answers {self.start_timeout_s:g} s after "
+                            "ray.kill")
 
     def restart(self) -> None:
         """A fresh actor on the initial model (the caller re-sends the current weights)."""
-        self._ray.kill(self._actor, no_restart=True)
+        self._kill_actor()
         self._actor = self._spawn()
         self.wait_ready()
 
@@ -183,26 +272,25 @@ class RayEngine:
     ) -> list[Completion]:
         kwargs = {"max_new_tokens": max_new_tokens, "temperature": temperature,
                   "top_p": top_p, "seed": seed}
-        result: list[Completion] = self._get(
-            self._actor.generate.remote(list(prompts), kwargs), self.generate_timeout_s, "generate"
-        )
+        result: list[Completion] = self._call(
+            "generate", list(prompts), kwargs, timeout_s=self.generate_timeout_s, what="generate")
         return result
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> float:
         t0 = time.perf_counter()
-        self._get(self._actor.load_weights.remote(dict(state_dict)), self.weights_timeout_s,
-                  "load_weights")
+        self._call("load_weights", dict(state_dict), timeout_s=self.weights_timeout_s,
+                   what="load_weights")
         return time.perf_counter() - t0
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        result: dict[str, torch.Tensor] = self._get(
-            self._actor.state_dict.remote(), self.weights_timeout_s, "state_dict"
-        )
+        result: dict[str, torch.Tensor] = self._call(
+            "state_dict", timeout_s=self.weights_timeout_s, what="state_dict")
         return result
 
     def wait_ready(self) -> None:
         """Block until the actor has started and loaded its model (setup is not run time)."""
-        self._get(self._actor.ready.remote(), self.start_timeout_s, "ready (model load)")
+        self._call("ready", timeout_s=self.start_timeout_s, what="ready (model load)")
 
     def stop(self) -> None:
-        self._ray.kill(self._actor)
+        with _gate.entered():
+            self._ray.kill(self._actor)

@@ -1,0 +1,124 @@
+"""The real placements of a chaos case: the tiny real model, inline or on Ray.
+
+A plan's scenarios marked ``real: true`` also run on the tiny local model
+(``configs/smoke.yaml``'s shape: digit reversal, 4 groups of 4 per step, 6 new tokens), in
+real time, in two placements:
+
+* ``inline``: one HF engine on a thread of the run's process;
+* ``ray``: two HF engines, each in a Ray actor (a process of its own).
+
+The config of one real run (:func:`real_workload`), each layer over the last::
+
+    REAL_WORKLOAD  ->  the placement's keys (PLACEMENTS)  ->  the scenario's keys that mean
+    the same on a real model (REAL_KEYS: run.max_staleness, trainer, tail, rewards)
+    ->  the plan's ``real_workload``  ->  run.seed, and run.steps raised to 3 past the
+    latest step trigger
+
+What is real and what is injected (docs/chaos-real.md):
+
+* ``kill_process`` / ``trainer_crash``: a real ``SIGKILL`` of the run's process
+  (:mod:`freshroll.chaos.child`), then a resume from the ledger and the real checkpoints
+  (the weights digests of the replayed steps must match the ledger's);
+* ``kill_worker`` / ``kill_all_workers`` on ``ray``: ``ray.kill`` of the worker's actor
+  (:meth:`freshroll.runtime.ray_engine.RayEngine.kill`, reached through
+  :meth:`freshroll.runtime.adapters.KillableThreadEngine.kill`): the call in flight fails as
+  a dead actor does (``WorkerLost``), the pool fences the epoch, re-issues its attempts and
+  starts a new actor;
+* everything else is injected at the seams, as in the simulation, but around real engines,
+  a real trainer and real rewards in real time (a stall really holds a thread past
+  ``limits.generate_timeout_s``; the adapter abandons it).
+
+Where a fault does not apply (:func:`skip_reason`): on ``inline`` every fault whose recovery
+needs a new engine for a worker (a lost or timed-out worker): an inline HF engine lives in
+the run's process and cannot be restarted, so such a run ends at once with ``RunFailed``
+("... its engine cannot be restarted"; resumable), by design. Those cases are skipped on
+``inline`` (with the reason), and tests/chaos/test_real.py shows the stop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from freshroll.chaos.plan import Plan, Scenario, merge
+
+#: the tiny real model's workload (configs/smoke.yaml's shape), in real time
+REAL_WORKLOAD: dict[str, Any] = {
+    "run": {"steps": 40, "max_staleness": 1, "progress": False, "torch_threads": 1},
+    "task": {"name": "reverse", "n_prompts": 64},
+    "rollout": {"engine": "hf", "group_size": 4, "batch_groups": 4, "max_new_tokens": 6,
+                "workers": 1, "worker_batch": 16},
+    "control": {"mode": "static"},
+    "trainer": {"checkpoint_every": 2},
+    # real seconds: short enough that a stall costs seconds, long enough for a loaded CPU
+    "limits": {"generate_timeout_s": 4.0, "weights_timeout_s": 30.0,
+               "worker_start_timeout_s": 180.0, "reward_timeout_s": 20.0},
+}
+
+#: the keys of each real placement
+PLACEMENTS: dict[str, dict[str, Any]] = {
+    "inline": {"run": {"runtime": "inline"}, "rollout": {"workers": 1, "worker_batch": 16}},
+    "ray": {"run": {"runtime": "ray"}, "rollout": {"workers": 2, "worker_batch": 8}},
+}
+
+#: the scenario's workload keys that mean the same on the real model (section -> keys, None:
+#: the whole section); the rest (sim.*, the simulated cluster's size, virtual-time limits)
+#: are the simulation's
+REAL_KEYS: dict[str, frozenset[str] | None] = {
+    "run": frozenset({"max_staleness"}),
+    "trainer": None,
+    "tail": None,
+    "rewards": None,
+}
+
+#: fault kinds whose recovery restarts a worker's engine (not possible inline)
+RESTARTING_KINDS = frozenset({"kill_worker", "kill_all_workers", "stall_worker",
+                              "fail_weights", "stall_weights"})
+
+
+def applicable(workload: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a scenario's workload that applies to a real run (:data:`REAL_KEYS`)."""
+    out: dict[str, Any] = {}
+    for section, keys in REAL_KEYS.items():
+        if section not in workload:
+            continue
+        value = workload[section]
+        if keys is None or not isinstance(value, Mapping):
+            out[section] = value
+        else:
+            picked = {k: v for k, v in value.items() if k in keys}
+            if picked:
+                out[section] = picked
+    return out
+
+
+def real_workload(plan: Plan, scenario: Scenario, seed: int, placement: str) -> dict[str, Any]:
+    """The config (as a mapping) of one real run of ``scenario`` on ``placement``."""
+    if placement not in PLACEMENTS:
+        raise ValueError(f"placement {placement!r}: one of sim, {', '.join(PLACEMENTS)}")
+    data = merge(REAL_WORKLOAD, PLACEMENTS[placement])
+    data = merge(data, applicable(scenario.workload))
+    data = merge(data, plan.real_workload)
+    steps = [f.at.step for f in scenario.faults if f.at.step is not None]
+    need = max(steps, default=0) + 3
+    data = merge(data, {"run": {"seed": seed,
+                                "steps": max(int(data["run"].get("steps", 1)), need)}})
+    return data
+
+
+def skip_reason(scenario: Scenario, placement: str) -> str | None:
+    """Why ``scenario`` does not run on ``placement`` (None: it runs)."""
+    if placement == "sim":
+        return None
+    if not scenario.real:
+        return "not marked real"
+    if placement == "inline":
+        kinds = sorted({f.kind for f in scenario.faults} & RESTARTING_KINDS)
+        if kinds:
+            return (f"{', '.join(kinds)}: an inline engine cannot be restarted (the run stops "
+                    "with RunFailed, by design); runs on ray")
+    return None
+
+
+__all__ = ["PLACEMENTS", "REAL_KEYS", "REAL_WORKLOAD", "RESTARTING_KINDS", "applicable",
+           "real_workload", "skip_reason"]
