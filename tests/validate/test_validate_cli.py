@@ -72,10 +72,10 @@ def test_the_decision_record_parses(passed: tuple[Result, Path]) -> None:
     modes = [s["mode"] for s in d.diagnosis["signals"]]
     assert modes.count("async") == modes.count("sync") == 3 and modes.count("chaos") == 2
     assert [c.name for c in d.criteria if c.name.startswith("recovery_s")] == [
-        "recovery_s[kill-worker]", "recovery_s[worker-stall]"]
-    assert "[kill-worker/seed-0](recovery/sim/kill-worker/seed-0/run)" in md
+        "recovery_s[worker-kill]", "recovery_s[worker-stall]"]
+    assert "[worker-kill/seed-0](recovery/sim/worker-kill/seed-0/run)" in md
     assert [(c["scenario"], c["outcome"]) for c in d.recovery] == [  # type: ignore[union-attr]
-        ("kill-worker", "finished"), ("worker-stall", "finished")]
+        ("worker-kill", "finished"), ("worker-stall", "finished")]
     assert "| recovery s | throughput vs fault-free |" in md
     assert sections(md) == list(SECTIONS)
     assert "**Recommendation: PRODUCTION-TRANSITION**" in md

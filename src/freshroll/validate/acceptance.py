@@ -14,7 +14,7 @@ the gates, each with its threshold::
       trainer_idle_ratio: {max: 0.10}
       recovery:                          # freshroll chaos cases, one per scenario x seed
         plan: ../chaos/library.yaml      # a fault plan file (relative to this file's folder)
-        scenarios: [kill-worker, worker-stall]
+        scenarios: [worker-kill, worker-stall]
         max_s: 60                        # seconds of the plan's run clock
       convergence:                       # reward at equal steps vs the synchronous baseline
         last_steps: 50
