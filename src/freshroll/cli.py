@@ -358,10 +358,12 @@ def bench(config: Path | None, overrides: tuple[str, ...], out: Path | None, qui
 @click.option("--real", is_flag=True,
               help="Also run the plan's `real: true` scenarios on the tiny real model "
                    "(inline and Ray).")
+@click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Worker processes (the seeds are shared out among them).")
 @click.option("--break", "broken", multiple=True, hidden=True,
               help="Test only: switch a protection off (freshroll.unsafe) in every run.")
 def chaos(plan_file: Path, seeds: int, seed_start: int, out: Path, only: tuple[str, ...],
-          real: bool, broken: tuple[str, ...]) -> None:
+          real: bool, jobs: int, broken: tuple[str, ...]) -> None:
     """Run a fault plan's scenarios over seeds and check what must hold (docs/chaos.md).
 
     Exit 0 with no violation, 1 if any case has one, 2 on a bad plan.
@@ -370,7 +372,8 @@ def chaos(plan_file: Path, seeds: int, seed_start: int, out: Path, only: tuple[s
 
     try:
         done = run_chaos(plan_file, seeds=range(seed_start, seed_start + seeds), out=out,
-                         only=only, real=real, broken=broken, progress=sys.stderr)
+                         only=only, real=real, broken=broken, progress=sys.stderr,
+                         jobs=jobs)
     except FreshrollError as exc:
         _fail(exc)
         return

@@ -86,3 +86,16 @@ def test_rates_of_a_ledger_and_the_case_figures() -> None:
     rec, thr = rc.case_figures(f, base)
     assert rec is not None and rec > 9.0  # the stall, plus the window filling again
     assert thr == pytest.approx((80 / 18) / (80 / 9))
+
+
+def test_a_dip_long_after_recovery_does_not_count() -> None:
+    # recovered at once; an unrelated dip 30 s later (past two windows) is not the fault's
+    commits = steady(1.0, 40.0, 1.0) + steady(50.0, 80.0, 1.0)
+    assert rc.recovery_time(commits, 10.5, 8.0, 3.0) == pytest.approx(0.5)
+
+
+def test_the_rate_falls_when_commits_leave_the_window() -> None:
+    commits = [(1.0, 8), (2.0, 8), (3.0, 8)]
+    assert rc.rate_at(commits, 3.0, 3.0) == pytest.approx(8.0)
+    assert rc.rate_at(commits, 4.0, 3.0) == pytest.approx(16 / 3)
+    assert rc.rate_at(commits, 6.0, 3.0) == 0.0

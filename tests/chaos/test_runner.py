@@ -93,9 +93,25 @@ def test_an_exec_child_writes_the_same_history_as_a_forked_one(tmp_path: Path) -
 def test_a_run_that_never_finishes_is_a_liveness_violation(tmp_path: Path) -> None:
     r = case("stall", 0, tmp_path)
     assert [v.invariant for v in r.violations][:1] == ["liveness"]
-    assert "did not finish within" in r.violations[0].message
+    msg = r.violations[0].message  # the Injector's no-progress guard, or the runner's horizon
+    assert "made no progress" in msg or "did not finish within" in msg
     assert "expected_outcome" not in {v.invariant for v in r.violations}
     assert r.outcome.startswith("stopped: liveness")
+
+
+def test_the_horizon_stops_a_run_that_outlasts_it(tmp_path: Path) -> None:
+    # the fault-free run takes ~110 s of run time: a horizon of 20 s ends it
+    with pytest.raises(runner.LivenessTimeout, match="did not finish within 20 s"):
+        runner.run_in_process(validate(BASE_WORKLOAD, "base"), tmp_path / "r", False,
+                              runner.Guard(None, 20.0))
+    status, detail = runner.outcome_of(runner.LivenessTimeout("liveness: x"))
+    assert (status, detail) == ("liveness", "liveness: x")
+    from freshroll.errors import RunFailed
+
+    assert runner.outcome_of(RunFailed("chaos: the run made no progress for 600 s"))[0] == \
+        "liveness"
+    assert runner.outcome_of(RunFailed("budget spent"))[0] == "stopped"
+    assert runner.outcome_of(KeyError("x")) == ("stopped", "KeyError: 'x'")
 
 
 def test_a_child_past_its_wall_clock_limit_is_a_liveness_violation(tmp_path: Path) -> None:
@@ -153,3 +169,19 @@ def test_the_digest_ignores_the_run_name_and_path(tmp_path: Path) -> None:
     assert digest_events(shifted) != digest_events(events)
     assert digest_events(shifted, timing=False) == digest_events(events, timing=False)
     shutil.rmtree(tmp_path / "two")
+
+
+@pytest.mark.slow
+def test_jobs_share_out_the_seeds_and_keep_the_order_and_the_histories(tmp_path: Path) -> None:
+    serial = runner.run_plan(PLAN, [0, 1, 2], tmp_path / "one", only=["interrupt", "stall"],
+                             injector=INJECTOR)
+    out = io.StringIO()
+    parallel = runner.run_plan(PLAN, [0, 1, 2], tmp_path / "two", only=["interrupt", "stall"],
+                               injector=INJECTOR, jobs=2, progress=out)
+    key = [(r.scenario, r.seed) for r in serial]
+    assert [(r.scenario, r.seed) for r in parallel] == key
+    assert [r.ledger_digest for r in parallel] == [r.ledger_digest for r in serial]
+    assert [[v.invariant for v in r.violations] for r in parallel] == \
+        [[v.invariant for v in r.violations] for r in serial]
+    assert len(out.getvalue().splitlines()) == 6
+    assert parallel[0].run_dir.is_relative_to(tmp_path / "two")

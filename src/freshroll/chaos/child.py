@@ -20,6 +20,7 @@ or ``timeout``. A plan's kill cases then cost a fork each instead of a Python st
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -29,7 +30,6 @@ from pathlib import Path
 
 from freshroll.chaos.plan import Scenario
 from freshroll.config import validate
-from freshroll.errors import FreshrollError, Interrupted
 
 
 def sigkill(kind: str) -> None:
@@ -38,13 +38,7 @@ def sigkill(kind: str) -> None:
 
 
 def run_spec(spec_path: str) -> int:
-    from freshroll.chaos.runner import (
-        Guard,
-        LivenessTimeout,
-        error_line,
-        load_injector,
-        run_in_process,
-    )
+    from freshroll.chaos.runner import Guard, load_injector, outcome_of, run_in_process
 
     spec = json.loads(Path(spec_path).read_text())
     scenario = Scenario.model_validate(spec["scenario"])
@@ -56,14 +50,8 @@ def run_spec(spec_path: str) -> int:
     status, detail = "finished", ""
     try:
         run_in_process(cfg, out, bool(spec["resume"]), session)
-    except LivenessTimeout as exc:
-        status, detail = "liveness", str(exc)
-    except Interrupted as exc:
-        status, detail = "interrupted", str(exc)
-    except FreshrollError as exc:
-        status, detail = "stopped", error_line(exc)
-    except Exception as exc:  # a bug: the case records it
-        status, detail = "stopped", f"{type(exc).__name__}: {error_line(exc)}"
+    except Exception as exc:  # the case records how it ended, a bug too
+        status, detail = outcome_of(exc)
     Path(spec["result"]).write_text(json.dumps({"status": status, "detail": detail}))
     return 0
 
@@ -106,11 +94,31 @@ def _fork_one(spec_path: str, timeout_s: float) -> str:
         time.sleep(0.005)
 
 
-def serve() -> int:
-    import freshroll.chaos.runner
-    import freshroll.runtime.run
-    import freshroll.sim.components  # noqa: F401
+def _warm() -> None:
+    """Import everything a run imports lazily (transformers' logging, the sim, the end
+    files, the Injector) once, by running a tiny simulated run, so no fork repeats it."""
+    import io
+    import tempfile
 
+    from freshroll.chaos.plan import BASE_WORKLOAD, merge
+    from freshroll.chaos.runner import (
+        BASELINE_HORIZON_S,
+        INJECTOR,
+        Guard,
+        load_injector,
+        run_in_process,
+    )
+
+    with contextlib.suppress(ImportError):  # a build without the Injector: specs name theirs
+        load_injector(INJECTOR)
+    with tempfile.TemporaryDirectory(prefix="freshroll-zygote-") as tmp:
+        cfg = validate(merge(BASE_WORKLOAD, {"run": {"steps": 1}}), "warm-up")
+        with contextlib.redirect_stderr(io.StringIO()):
+            run_in_process(cfg, Path(tmp) / "run", False, Guard(None, BASELINE_HORIZON_S))
+
+
+def serve() -> int:
+    _warm()
     for line in sys.stdin:
         if not line.strip():
             continue

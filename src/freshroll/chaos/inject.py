@@ -45,7 +45,10 @@ fail_reward           for ``duration_s``, ``share`` of the samples get Score(Non
                       naming the first reward function and this fault): ``reward_error``
 malformed_reward      the next ``count`` reward calls return NaN, a string, then the wrong
                       count of scores, in turn
-kill_process          the event is made durable, then ``on_kill("kill_process")``
+kill_process          the event is made durable, then ``on_kill("kill_process")`` (which
+                      SIGKILLs the process; an in-process ``on_kill`` that raises instead
+                      has its error raised again by the hooks' task, so the run ends even
+                      where the trigger's context swallows it)
 trainer_crash         at the next ``commit`` hand-off (between the lease and the commit):
                       the event is made durable, then ``on_kill("trainer_crash")``
 interrupt             the hooks' task raises Interrupted (the operator's stop; resumable)
@@ -54,8 +57,8 @@ version_bump          a child version the ledger never committed is published to
 version_burst         the next ``count`` trainer steps take no time (a trainer with
                       ``step_seconds``: the simulated one)
 delay_weights         weight loads of the target within ``duration_s`` take ``delay_s`` more
-fail_weights          the target's next ``count`` weight loads fail (WorkerLost)
-stall_weights         the target's next ``count`` weight loads never return
+fail_weights          the next ``count`` weight loads of each target fail (WorkerLost)
+stall_weights         the next ``count`` weight loads of each target never return
 hold_group            one open request of the target's running call (else its next call)
                       is never emitted: the call ends at the pool's timeout or the group's
                       deadline cancels it
@@ -69,7 +72,9 @@ stall_trainer         the next trainer step sleeps ``duration_s`` first
 ===================== ===================================================================
 
 Detached work (zombie calls, delayed completions, deferred engine closes) is owned by the
-injector and cancelled when the hooks' task ends with the run.
+injector and cancelled when the hooks' task ends with the run. The hooks' task is also a
+liveness guard: no completion and no step for ``liveness_s`` stops the run
+(:class:`~freshroll.errors.RunFailed`, "made no progress"), so a run never hangs silently.
 """
 
 from __future__ import annotations
@@ -87,7 +92,7 @@ from freshroll import events as ev
 from freshroll.chaos.faulty import FaultyEngine, FaultyFactory, FaultyScorer, FaultyTrainer, Gen
 from freshroll.chaos.plan import Fault, Scenario
 from freshroll.engines.base import Completion
-from freshroll.errors import ConfigError, Interrupted
+from freshroll.errors import ConfigError, Interrupted, RunFailed, UnknownSampleError
 from freshroll.lineage import PolicyVersion, SampleId
 from freshroll.rewards.scoring import Score
 from freshroll.runtime.hooks import Hooks
@@ -143,11 +148,18 @@ class Injector:
 
     ``on_kill(kind)`` ends the process (the chaos runner's child SIGKILLs itself); it is
     called for ``kill_process`` and ``trainer_crash`` once their event is durable.
+    ``liveness_s``: the liveness guard of the hooks' task: a run in which no completion is
+    generated and no step committed for that long (of run time) stops with
+    :class:`~freshroll.errors.RunFailed` instead of hanging (a build without timeouts jumps
+    its virtual clock to the never-firing timeout); None: 10 x the largest ``limits``
+    timeout of the config; 0: off.
     """
 
     def __init__(self, scenario: Scenario, seed: int, *, skip: frozenset[int] = frozenset(),
-                 on_kill: Callable[[str], None] | None = None) -> None:
+                 on_kill: Callable[[str], None] | None = None,
+                 liveness_s: float | None = None) -> None:
         self.scenario, self.seed, self.skip, self.on_kill = scenario, seed, skip, on_kill
+        self.liveness_s = liveness_s
         self.pending: dict[int, Fault] = {
             i: f for i, f in enumerate(scenario.faults) if i not in skip}
         kills = [f"#{i} {f.kind}" for i, f in self.pending.items() if f.kind in KILL_KINDS]
@@ -168,9 +180,12 @@ class Injector:
         self.samples = 0
         self.fired: list[int] = []  # fault indexes in firing order
         self.failed: dict[int, list[str]] = {}  # fail_reward: the sample ids it failed
+        self.held: list[str] = []  # hold_group: the sample ids never emitted
         self._tasks: set[asyncio.Task[None]] = set()
         self._timers: set[asyncio.TimerHandle] = set()
         self._stop: str | None = None  # interrupt: the reason
+        self._killed: BaseException | None = None  # what an in-process on_kill raised
+        self._seen, self._seen_at = (-1, -1), 0.0  # the liveness guard: progress, since
         self._stopped = asyncio.Event()
         self._deferred: list[tuple[int, str | None]] = []  # need the pipeline (version_bump)
         self._crash: list[int] = []  # trainer_crash, waiting for the commit hand-off
@@ -255,7 +270,12 @@ class Injector:
         if fault.kind in KILL_KINDS:
             buf.ledger.flush()  # the event survives the kill
             assert self.on_kill is not None
-            self.on_kill(fault.kind)
+            try:
+                self.on_kill(fault.kind)  # SIGKILL: never returns
+            except BaseException as exc:  # in-process (tests): it raises; the hooks' task
+                self._killed = exc  # raises it again, should this context swallow it (an
+                self._stopped.set()  # engine's emit callback)
+                raise
         elif fault.kind == "interrupt":
             self._stopped.set()
 
@@ -353,6 +373,7 @@ class Injector:
                 done.append(f"the first request of {name}'s next call")
             else:
                 call.hold_back(k)
+                self.held.append(call.requests[k].sample)
                 done.append(f"request {call.requests[k].sample} on {name}")
         return self._who(names, f), f"{', '.join(done) or 'nothing'} is never emitted"
 
@@ -368,6 +389,7 @@ class Injector:
                     gen.stall(self.scenario.faults[i].delay_s)
                 elif kind == "hold":
                     gen.hold_back(0)
+                    self.held.append(gen.requests[0].sample)
         if gen.n >= 2:
             for fault in self._reorder:
                 if fault.left > 0 and fault.hits(engine.name):
@@ -429,6 +451,8 @@ class Injector:
               **kw: Any) -> str:
         names = self._targets(i, f, ctx)
         workers = None if f.target == "all" else frozenset(names)
+        if "left" in kw:  # count loads per worker hit
+            kw["left"] *= max(1, len(names))
         self._loads.append(_LoadFault(i, kind, workers, **kw))
         return self._who(names, f)
 
@@ -440,12 +464,12 @@ class Injector:
     def _do_fail_weights(self, i: int, f: Fault, ctx: FaultyEngine | None,
                          gen: Gen | None) -> tuple[str, str]:
         who = self._load(i, f, ctx, "fail", left=f.count)
-        return who, f"the next {f.count} weight load(s) fail (WorkerLost)"
+        return who, f"the next {f.count} weight load(s) of each worker hit fail (WorkerLost)"
 
     def _do_stall_weights(self, i: int, f: Fault, ctx: FaultyEngine | None,
                           gen: Gen | None) -> tuple[str, str]:
         who = self._load(i, f, ctx, "stall", left=f.count)
-        return who, f"the next {f.count} weight load(s) never return"
+        return who, f"the next {f.count} weight load(s) of each worker hit never return"
 
     def load_fault(self, engine: FaultyEngine) -> tuple[str | None, float]:
         fault: str | None = None
@@ -510,20 +534,34 @@ class Injector:
             name = self.scorer.names[0] if self.scorer is not None and self.scorer.names \
                 else "reward"
             error = f"reward_error: {name} raised InjectedFailure: {self._fail_tag(w.index)}"
-            out = []
-            for sid, score in zip(sids, scores, strict=False):
-                if score.value is not None and (w.share >= 1.0 or w.rng.random() < w.share):
-                    self.failed[w.index].append(str(sid))
+            out, hit = [], []
+            for k, score in enumerate(scores):  # a wrong count stays wrong (checked later)
+                if k < len(sids) and isinstance(score, Score) and score.value is not None \
+                        and (w.share >= 1.0 or w.rng.random() < w.share):
+                    self.failed[w.index].append(str(sids[k]))
+                    hit.append(str(sids[k]))
                     score = Score(None, error, {})
                 out.append(score)
             scores = out
+            self._name_failed(w.index, "fail_reward", hit)
         for m in self._malformed_reward:
             if m.left > 0 and scores:
                 m.left -= 1
+                # a NaN or a string fails the first sample; one score too few, the whole call
+                hit = [str(s) for s in (sids if m.turn % 3 == 2 else sids[:1])]
                 scores = _bad_scores(scores, m.turn)
                 m.turn += 1
+                self._name_failed(m.index, "malformed_reward", hit)
                 break
         return scores
+
+    def _name_failed(self, i: int, kind: str, sids: list[str]) -> None:
+        """A continuation record of fault ``i`` naming the samples it failed (the chaos
+        checks' ``reward_failures`` reads them: never committed, discarded reward_error)."""
+        if sids and self.buf is not None and not self.buf.closed:
+            self.buf.record(ev.FaultInjected(ts=self.buf.clock.now(), fault=kind,
+                                             target="reward",
+                                             detail=f"#{i} failed {' '.join(sids)}"))
 
     def rewarded(self, sids: Sequence[SampleId]) -> None:
         self.handoff("reward")
@@ -539,7 +577,7 @@ class Injector:
                     continue
                 try:
                     value, _ = buf.sample_info(sid)
-                except Exception:  # not its current attempt any more
+                except UnknownSampleError:  # not its current attempt any more
                     continue
                 m.left -= 1
                 buf.reward(sid, value, version)  # the buffer must reject it: duplicate
@@ -652,17 +690,37 @@ class Injector:
         finally:
             await self.close()
 
+    def _progress(self) -> tuple[int, int]:
+        assert self.buf is not None
+        counts = self.buf.counts
+        return counts.get("generated", 0), counts.get("steps", 0)
+
     async def _until(self, t: float) -> None:
-        """Sleep until run time ``t``; raise Interrupted once an interrupt fired."""
-        while self._stop is None:
-            delay = t - self._now()
-            if delay <= 0:
+        """Sleep until run time ``t``; raise Interrupted once an interrupt fired, RunFailed
+        when the run made no progress for ``liveness_s`` (the guard)."""
+        guard = self.liveness_s
+        if guard is None:
+            lim = self.pipe.cfg.limits if self.pipe is not None else None
+            guard = 10 * max(lim.generate_timeout_s, lim.weights_timeout_s,
+                             lim.reward_timeout_s, lim.worker_start_timeout_s) if lim else 0.0
+        while self._stop is None and self._killed is None:
+            now = self._now()
+            if now >= t:
                 return
+            if guard > 0 and self._progress() != self._seen:
+                self._seen, self._seen_at = self._progress(), now
+            elif guard > 0 and now - self._seen_at >= guard:
+                raise RunFailed(f"chaos: the run made no progress for {now - self._seen_at:g} s "
+                                f"(no completion generated, no step committed since step "
+                                f"{self._seen[1]}): it hangs")
+            wake = min(t, self._seen_at + guard) if guard > 0 else t
             try:
-                async with asyncio.timeout(None if math.isinf(delay) else delay):
+                async with asyncio.timeout(None if math.isinf(wake) else wake - now):
                     await self._stopped.wait()
             except TimeoutError:
-                return
+                continue
+        if self._killed is not None:
+            raise self._killed
         raise Interrupted(self._stop)
 
 

@@ -7,10 +7,15 @@ Accepted rollouts per second over a sliding window ``W`` (three fault-free step 
 
 **Recovery time**: from the first fault's ``fault_injected`` timestamp ``t_f`` until the
 windowed rate is back to at least ``RECOVERED`` (80%) of the fault-free run's mean rate and
-stays there: the first commit ``t_j >= t_f`` with ``rate(t_k) >= 0.8 x base`` for every
-commit ``t_k >= t_j``; recovery is ``t_j - t_f``. None when the run's last window is below
-the bar (never recovered within the run), when nothing was committed after the fault, or
-when there is no fault-free rate to compare with.
+holds there for ``SUSTAIN_WINDOWS`` (2) windows: the first commit ``t_j >= t_f`` such that
+``rate(p) >= 0.8 x base`` at every point ``p`` in ``[t_j, min(t_j + 2W, last commit)]``;
+recovery is ``t_j - t_f``. The rate is a step function that rises at commits and falls when
+a commit leaves the window (``t_k + W``): those are the points checked, so a gap in the
+commits counts even when no commit falls inside it. Holding for two windows (not to the
+end of the run) keeps a fault's delayed dip (the trainer first drains what the buffer
+holds, then starves) and leaves out unrelated dips much later. None when no commit after
+the fault holds the bar (never recovered within the run), or when there is no fault-free
+rate to compare with.
 
 **Throughput under faults**: the faulted run's accepted rollouts/s over the fault-free run's
 (:func:`freshroll.metrics.accepted_rollouts_per_s` of each: one figure, one function).
@@ -30,6 +35,8 @@ from freshroll import metrics
 RECOVERED = 0.8
 #: the window, in fault-free step times
 WINDOW_STEPS = 3
+#: how long the rate must hold the bar, in windows
+SUSTAIN_WINDOWS = 2
 
 
 @dataclass(frozen=True)
@@ -77,24 +84,32 @@ def windowed_rates(commits: Sequence[tuple[float, int]], window: float) -> list[
     return out
 
 
+def rate_at(commits: Sequence[tuple[float, int]], t: float, window: float) -> float:
+    """``rate(t)``: samples committed in ``(t - window, t]`` per second."""
+    return sum(n for ts, n in commits if t - window < ts <= t) / window
+
+
 def recovery_time(commits: Sequence[tuple[float, int]], fault_ts: float | None,
-                  base_rate: float, window: float | None,
-                  share: float = RECOVERED) -> float | None:
-    """Seconds from ``fault_ts`` until the windowed rate is back to ``share x base_rate`` for
-    good (module docstring); None if never, or nothing to compare."""
-    if fault_ts is None or window is None or window <= 0 or base_rate <= 0:
+                  base_rate: float, window: float | None, share: float = RECOVERED,
+                  sustain: float | None = None) -> float | None:
+    """Seconds from ``fault_ts`` until the windowed rate is back to ``share x base_rate``
+    and holds for ``sustain`` seconds (default ``SUSTAIN_WINDOWS`` windows; module
+    docstring); None if never, or nothing to compare."""
+    if fault_ts is None or window is None or window <= 0 or base_rate <= 0 or not commits:
         return None
-    rates = windowed_rates(commits, window)
+    hold = SUSTAIN_WINDOWS * window if sustain is None else sustain
+    last = commits[-1][0]
+    points = sorted({ts for ts, _ in commits}
+                    | {ts + window for ts, _ in commits if ts + window <= last})
     bar = share * base_rate
-    recovered: float | None = None
-    for (ts, _), rate in zip(commits, rates, strict=True):
+    low = [p for p in points if p >= fault_ts and rate_at(commits, p, window) < bar]
+    for ts, _ in commits:
         if ts < fault_ts:
             continue
-        if rate < bar:
-            recovered = None
-        elif recovered is None:
-            recovered = ts
-    return None if recovered is None else recovered - fault_ts
+        end = min(ts + hold, last)
+        if not any(ts <= p <= end for p in low):
+            return ts - fault_ts
+    return None
 
 
 def throughput_ratio(faulted_per_s: float, baseline_per_s: float) -> float | None:
@@ -109,5 +124,5 @@ def case_figures(faulted: RunRates, baseline: RunRates) -> tuple[float | None, f
     return rec, throughput_ratio(faulted.accepted_per_s, baseline.accepted_per_s)
 
 
-__all__ = ["RECOVERED", "WINDOW_STEPS", "RunRates", "case_figures", "rates_of",
-           "recovery_time", "throughput_ratio", "window_s", "windowed_rates"]
+__all__ = ["RECOVERED", "SUSTAIN_WINDOWS", "WINDOW_STEPS", "RunRates", "case_figures",
+           "rate_at", "rates_of", "recovery_time", "throughput_ratio", "window_s", "windowed_rates"]

@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from freshroll import unsafe
 from freshroll.chaos import checks
-from freshroll.chaos.digest import ledger_digest
+from freshroll.chaos.digest import digest_events
 from freshroll.chaos.plan import Plan, Scenario, workload_of
 from freshroll.chaos.real import real_workload, skip_reason
 from freshroll.chaos.recovery import RunRates, case_figures, rates_of
@@ -259,7 +259,8 @@ def _faulted(scenario: Scenario, seed: int, cfg: Config, case_dir: Path, horizon
                                         child_timeout_s, children)
         else:
             status, detail = _incarnation(make, scenario, seed, cfg, out, resume, fired,
-                                          horizon_s, broken)
+                                          horizon_s, broken,
+                                          case_dir / f"incarnation-{inc.count}.log")
         before = fired
         if (out / LEDGER_FILE).exists():
             fired = checks.fired_indexes(read_events(out))
@@ -279,8 +280,22 @@ def _faulted(scenario: Scenario, seed: int, cfg: Config, case_dir: Path, horizon
 
 def _incarnation(make: Callable[..., ChaosSession], scenario: Scenario, seed: int,
                  cfg: Config, out: Path, resume: bool, fired: frozenset[int],
-                 horizon_s: float, broken: Sequence[str]) -> tuple[str, str]:
-    """One in-process incarnation: (finished | interrupted | liveness | stopped, detail)."""
+                 horizon_s: float, broken: Sequence[str], log: Path) -> tuple[str, str]:
+    """One in-process incarnation: (finished | interrupted | liveness | stopped, detail).
+    What the run writes to stderr (warnings) goes to ``log`` (written only if any)."""
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            return _incarnation_body(make, scenario, seed, cfg, out, resume, fired, horizon_s,
+                                     broken)
+    finally:
+        if err.getvalue():
+            log.write_text(err.getvalue())
+
+
+def _incarnation_body(make: Callable[..., ChaosSession], scenario: Scenario, seed: int,
+                      cfg: Config, out: Path, resume: bool, fired: frozenset[int],
+                      horizon_s: float, broken: Sequence[str]) -> tuple[str, str]:
 
     def refuse(kind: str) -> None:  # a kill in this process would end the harness
         raise RuntimeError(f"chaos runner: a {kind} fault fired in the harness's process")
@@ -289,15 +304,28 @@ def _incarnation(make: Callable[..., ChaosSession], scenario: Scenario, seed: in
     with broken_switches(broken):
         try:
             run_in_process(None if resume else cfg, out, resume, session)
-        except LivenessTimeout as exc:
-            return "liveness", str(exc)
-        except Interrupted as exc:
-            return "interrupted", str(exc)
-        except FreshrollError as exc:
-            return "stopped", error_line(exc)
-        except Exception as exc:  # a bug: the case records it, the harness goes on
-            return "stopped", f"{type(exc).__name__}: {error_line(exc)}"
+        except Exception as exc:
+            return outcome_of(exc)
     return "finished", ""
+
+
+#: what the Injector's own guard says when a run stops making progress (chaos/inject.py)
+NO_PROGRESS = "made no progress"
+
+
+def outcome_of(exc: Exception) -> tuple[str, str]:
+    """How an incarnation that raised ``exc`` ended: ``liveness`` (the runner's horizon, or
+    the Injector's no-progress guard), ``interrupted``, or ``stopped`` (its error line; a bug
+    is named by its type)."""
+    if isinstance(exc, LivenessTimeout) or (isinstance(exc, RunFailed)
+                                            and NO_PROGRESS in str(exc)):
+        return "liveness", f"liveness: {error_line(exc)}".replace("liveness: liveness: ",
+                                                                   "liveness: ")
+    if isinstance(exc, Interrupted):
+        return "interrupted", str(exc)
+    if isinstance(exc, FreshrollError):
+        return "stopped", error_line(exc)
+    return "stopped", f"{type(exc).__name__}: {error_line(exc)}"  # a bug: recorded, not raised
 
 
 def error_line(exc: BaseException) -> str:
@@ -445,7 +473,8 @@ def run_case(
     result.recovery_s, result.throughput_ratio = case_figures(rates, base.rates)
     result.accepted_per_s = rates.accepted_per_s
     result.baseline_accepted_per_s = base.rates.accepted_per_s
-    result.ledger_digest = ledger_digest(run_dir, timing=placement == "sim")
+    result.ledger_digest = digest_events(events, run_dir=str(run_dir.resolve()),
+                                         timing=placement == "sim")
     result.wall_s = time.perf_counter() - t0
     return result
 
@@ -455,14 +484,21 @@ def run_plan(
     plan: Plan, seeds: Sequence[int], out_dir: Path, *, only: Sequence[str] | None = None,
     placements: Sequence[str] = ("sim",), progress: TextIO | None = None,
     broken: Sequence[str] = (), injector: str = INJECTOR,
-    child_timeout_s: float = CHILD_TIMEOUT_S, fork: bool = True,
+    child_timeout_s: float = CHILD_TIMEOUT_S, fork: bool = True, jobs: int = 1,
 ) -> list[CaseResult]:
     """Every scenario (or those named in ``only``) x seed x placement; one progress line per
     case. Real placements run only the ``real: true`` scenarios whose faults apply there
     (:func:`freshroll.chaos.real.skip_reason`; a skipped one gets a line saying why).
     ``fork``: kill incarnations are forks of one zygote (:class:`ChildPool`) instead of a
-    ``python -m`` each."""
+    ``python -m`` each.
+
+    ``jobs`` > 1: the seeds are shared out among that many worker processes (a forkserver's:
+    clean processes, not forks of this one), each running every scenario of its seeds; the
+    results come back in the same order as with one job, progress lines seed by seed."""
     scenarios = select(plan, only)
+    if jobs > 1 and len(seeds) > 1:
+        return _run_parallel(plan, seeds, Path(out_dir), only, placements, progress, broken,
+                             injector, child_timeout_s, fork, jobs)
     baselines = Baselines(Path(out_dir), tuple(broken))
     results = []
     with ChildPool(broken) as pool:
@@ -482,6 +518,57 @@ def run_plan(
                     if progress is not None:
                         progress.write(progress_line(r) + "\n")
                         progress.flush()
+    return results
+
+
+def _seed_task(args: tuple[Any, ...]) -> list[dict[str, Any]]:
+    """One worker process's task: every case of one seed (as JSON)."""
+    plan_data, seed, out_dir, only, placements, broken, injector, child_timeout_s, fork = args
+    plan = Plan.model_validate(plan_data)
+    return [r.to_json() for r in run_plan(
+        plan, [seed], Path(out_dir), only=only, placements=placements, broken=broken,
+        injector=injector, child_timeout_s=child_timeout_s, fork=fork)]
+
+
+def case_from_json(data: dict[str, Any]) -> CaseResult:
+    """A :class:`CaseResult` back from :meth:`CaseResult.to_json`."""
+    r = CaseResult(data["scenario"], data["seed"], data["placement"], Path(data["run_dir"]),
+                   Path(data["baseline_dir"]))
+    r.violations = [Violation(v["invariant"], v["message"]) for v in data["violations"]]
+    for key in ("faults_planned", "faults_injected", "incarnations", "outcome", "recovery_s",
+                "throughput_ratio", "accepted_per_s", "baseline_accepted_per_s",
+                "ledger_digest", "wall_s"):
+        setattr(r, key, data[key])
+    return r
+
+
+def _run_parallel(plan: Plan, seeds: Sequence[int], out_dir: Path,
+                  only: Sequence[str] | None, placements: Sequence[str],
+                  progress: TextIO | None, broken: Sequence[str], injector: str,
+                  child_timeout_s: float, fork: bool, jobs: int) -> list[CaseResult]:
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["freshroll.chaos.runner", "freshroll.runtime.run",
+                                "freshroll.sim.components"])
+    tasks = [(plan.model_dump(mode="json"), seed, str(out_dir), list(only or ()),
+              list(placements), list(broken), injector, child_timeout_s, fork)
+             for seed in seeds]
+    by_seed: dict[int, list[CaseResult]] = {}
+    with ctx.Pool(min(jobs, len(seeds))) as pool:
+        for cases in pool.imap_unordered(_seed_task, tasks):
+            done = [case_from_json(c) for c in cases]
+            if done:
+                by_seed[done[0].seed] = done
+            if progress is not None:
+                for r in done:
+                    progress.write(progress_line(r) + "\n")
+                progress.flush()
+    order = {(p, s.name): i for i, (p, s) in enumerate(
+        (p, s) for p in placements for s in plan.scenarios)}
+    position = {seed: i for i, seed in enumerate(seeds)}
+    results = [r for cases in by_seed.values() for r in cases]
+    results.sort(key=lambda r: (order[(r.placement, r.scenario)], position[r.seed]))
     return results
 
 
@@ -516,12 +603,15 @@ __all__ = [
     "Baseline",
     "Baselines",
     "ChaosRun",
+    "ChildPool",
     "Guard",
     "LivenessTimeout",
     "broken_switches",
+    "case_from_json",
     "chaos",
     "error_line",
     "load_injector",
+    "outcome_of",
     "progress_line",
     "read_events",
     "run_case",
@@ -547,7 +637,7 @@ class ChaosRun:
 
 def chaos(plan_path: Path, *, seeds: Sequence[int], out: Path, only: Sequence[str] = (),
           real: bool = False, broken: Sequence[str] = (), progress: TextIO | None = None,
-          injector: str | None = None) -> ChaosRun:
+          injector: str | None = None, jobs: int = 1) -> ChaosRun:
     """``freshroll chaos``: load the plan (a bad plan is a ConfigError naming file and key),
     run it, write ``OUT/chaos.md`` and ``OUT/chaos.json``."""
     from freshroll.chaos.plan import load_plan
@@ -561,8 +651,8 @@ def chaos(plan_path: Path, *, seeds: Sequence[int], out: Path, only: Sequence[st
     placements = ("sim", "inline", "ray") if real else ("sim",)
     t0 = time.perf_counter()
     results = run_plan(plan, seeds, out, only=only, placements=placements, progress=progress,
-                       broken=broken, injector=injector or INJECTOR)
+                       broken=broken, injector=injector or INJECTOR, jobs=jobs)
     header = {"plan": str(plan_path), "seeds": list(seeds), "placements": list(placements),
-              "broken": list(broken), "wall_s": round(time.perf_counter() - t0, 2)}
+              "broken": list(broken), "jobs": jobs, "wall_s": round(time.perf_counter() - t0, 2)}
     table = write_tables(results, out, header=header)
     return ChaosRun(results, table, out)

@@ -232,10 +232,10 @@ class Pipeline:
             )
             meter.committed(lease)
             self.published = Published(version, trainer.weights())
+            self.pool.version_published()
             self.hooks.committed(version)
             self.on_step(StepReport(version.step, version, metrics, wait_s, metrics["train_s"]))
             self.notify()
-            self.pool.version_published()
         raise _Stop
 
     def _skip(self, lease_id: str, exc: NonFiniteStep, rule: Rule) -> None:

@@ -26,6 +26,13 @@ and, if accepted, to the reward stage. A generate call that does not return with
 emits later is rejected (its epoch is fenced). Any other failure of a call ends its requests
 (``generation_error``), counted against the worker's failure budget.
 
+What an engine hands back is checked, never trusted: a malformed completion (not a
+``Completion``, a token count that is not a non-negative integer, text that is not a string,
+a ``gen_s`` that is not a finite number >= 0: :func:`malformed`) ends its attempt as an
+``invalid`` discard naming what was wrong, counted against the worker's failure budget; the
+pool goes on. A policy version the ledger never made current (published out of band) is
+refused: the workers keep the last version the ledger committed, and stderr says so once.
+
 Wake-ups are targeted (no broadcast per sample): a worker sleeps on its own event; it is
 woken by its own completions, by queued requests (one idle worker at a time, each waking
 the next while requests remain), by a new policy version (idle workers), by a settings
@@ -223,6 +230,7 @@ class WorkerPool:
 
     def version_published(self) -> None:
         """A new policy version: idle workers load it now."""
+        self._published()  # a version the ledger committed becomes the fallback at once
         idle, self._idle = self._idle, {}
         for w in idle.values():
             w.wake.set()
