@@ -16,6 +16,9 @@ each spec path read on stdin forks a child that runs that spec (its output to ``
 waits for it (killing it past the timeout given on the line) and answers one line on stdout:
 ``exit <status>`` (a negative status is the signal that ended it: ``exit -9`` after SIGKILL)
 or ``timeout``. A plan's kill cases then cost a fork each instead of a Python start-up.
+
+The parent's side: :class:`ChildPool` (the zygote, started on first use) and
+:func:`exec_child` (one ``python -m`` child).
 """
 
 from __future__ import annotations
@@ -24,10 +27,13 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
+from freshroll import unsafe
 from freshroll.chaos.plan import Scenario
 from freshroll.config import validate
 
@@ -127,6 +133,73 @@ def serve() -> int:
         sys.stdout.write(answer + "\n")
         sys.stdout.flush()
     return 0
+
+
+# == the parent's side ======================================================================
+def child_env(broken: Sequence[str]) -> dict[str, str]:
+    env = dict(os.environ)
+    env[unsafe.ENV] = ",".join(broken)
+    return env
+
+
+def exec_child(spec_path: Path, log_path: Path, broken: Sequence[str],
+                timeout_s: float) -> int | None:
+    """``python -m freshroll.chaos.child SPEC``: its exit status (None: past the timeout)."""
+    with log_path.open("w") as log:
+        try:
+            proc = subprocess.run([sys.executable, "-m", "freshroll.chaos.child", str(spec_path)],
+                                  stdout=log, stderr=subprocess.STDOUT, env=child_env(broken),
+                                  timeout=timeout_s, check=False)
+        except subprocess.TimeoutExpired:
+            return None
+    return proc.returncode
+
+
+class ChildPool:
+    """A zygote (``python -m freshroll.chaos.child --serve``) that forks one child per kill
+    incarnation: a real process, a real SIGKILL, without a Python start-up each time. Started
+    on first use; :meth:`close` ends it."""
+
+    def __init__(self, broken: Sequence[str] = ()) -> None:
+        self.broken = tuple(broken)
+        self.proc: subprocess.Popen[str] | None = None
+
+    def run(self, spec_path: Path, timeout_s: float) -> int | None:
+        """The child's exit status (negative: the signal that ended it; None: timed out)."""
+        if self.proc is None or self.proc.poll() is not None:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "freshroll.chaos.child", "--serve"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                env=child_env(self.broken))
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(f"{timeout_s} {spec_path}\n")
+        self.proc.stdin.flush()
+        answer = self.proc.stdout.readline().split()
+        if answer[:1] == ["timeout"]:
+            return None
+        if len(answer) != 2 or answer[0] != "exit":
+            from freshroll.errors import RunFailed
+
+            raise RunFailed(f"chaos: the child zygote ended unexpectedly (answer {answer!r})")
+        return int(answer[1])
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def __enter__(self) -> ChildPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
 
 
 def main(argv: list[str]) -> int:

@@ -9,11 +9,13 @@ Accepted rollouts per second over a sliding window ``W`` (three fault-free step 
 windowed rate is back to at least ``RECOVERED`` (80%) of the fault-free run's mean rate and
 holds there for ``SUSTAIN_WINDOWS`` (2) windows: the first commit ``t_j >= t_f`` such that
 ``rate(p) >= 0.8 x base`` at every point ``p`` in ``[t_j, min(t_j + 2W, last commit)]``;
-recovery is ``t_j - t_f``. The rate is a step function that rises at commits and falls when
-a commit leaves the window (``t_k + W``): those are the points checked, so a gap in the
-commits counts even when no commit falls inside it. Holding for two windows (not to the
-end of the run) keeps a fault's delayed dip (the trainer first drains what the buffer
-holds, then starves) and leaves out unrelated dips much later. None when no commit after
+recovery is ``t_j - t_f``. The points checked are the commits, and one point inside every
+gap between two commits longer than the window (where the rate is 0), so a stall counts
+even when no commit falls inside it. (Not every point where a commit leaves the window:
+with three step times per window, the jitter of step times would dip there below 80% in
+any run.) Holding for two windows (not to the end of the run) keeps a fault's delayed dip
+(the trainer first drains what the buffer holds, then starves) and leaves out unrelated
+dips much later. None when no commit after
 the fault holds the bar (never recovered within the run), or when there is no fault-free
 rate to compare with.
 
@@ -25,6 +27,7 @@ Both runs have the same workload and seed. Everything here is numbers in, number
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -99,8 +102,10 @@ def recovery_time(commits: Sequence[tuple[float, int]], fault_ts: float | None,
         return None
     hold = SUSTAIN_WINDOWS * window if sustain is None else sustain
     last = commits[-1][0]
-    points = sorted({ts for ts, _ in commits}
-                    | {ts + window for ts, _ in commits if ts + window <= last})
+    # the rate at every commit, and 0 inside every gap between commits longer than a window
+    gaps = {a + window for (a, _), (b, _) in itertools.pairwise(commits)
+            if b - a > window}
+    points = sorted({ts for ts, _ in commits} | gaps)
     bar = share * base_rate
     low = [p for p in points if p >= fault_ts and rate_at(commits, p, window) < bar]
     for ts, _ in commits:

@@ -39,10 +39,7 @@ import contextlib
 import hashlib
 import io
 import json
-import os
 import shutil
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -51,6 +48,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from freshroll import unsafe
 from freshroll.chaos import checks
+from freshroll.chaos.child import ChildPool, exec_child
 from freshroll.chaos.digest import digest_events
 from freshroll.chaos.plan import Plan, Scenario, workload_of
 from freshroll.chaos.real import real_workload, skip_reason
@@ -233,7 +231,9 @@ class Incarnations:
     count: int = 0
     error: str | None = None  # the error line that stopped it (None: finished)
     liveness: str | None = None  # why it hit the liveness guard
-    notes: list[str] = field(default_factory=list)
+    #: incarnations that ended (killed, interrupted) with no new fault recorded: a process
+    #: fault must be durable before it ends the process, so each is a violation
+    unrecorded: list[str] = field(default_factory=list)
 
 
 def _pending_kill(scenario: Scenario, fired: frozenset[int]) -> bool:
@@ -266,7 +266,7 @@ def _faulted(scenario: Scenario, seed: int, cfg: Config, case_dir: Path, horizon
             fired = checks.fired_indexes(read_events(out))
         if status in ("killed", "interrupted"):
             if fired == before:  # no fault of the plan ended it: say so
-                inc.notes.append(f"incarnation {inc.count} {status} with no new fault "
+                inc.unrecorded.append(f"incarnation {inc.count} {status} with no new fault "
                                  f"recorded: {detail}")
             continue
         if status == "finished":
@@ -351,7 +351,7 @@ def _run_child(scenario: Scenario, seed: int, cfg: Config, out: Path, resume: bo
     if children is not None:
         code = children.run(spec_path, timeout_s)
     else:
-        code = _exec_child(spec_path, log_path, broken, timeout_s)
+        code = exec_child(spec_path, log_path, broken, timeout_s)
     if code is None:
         return "liveness", (f"liveness: child process {spec_path.name} did not end within "
                             f"{timeout_s:g} s wall time (killed)")
@@ -364,69 +364,6 @@ def _run_child(scenario: Scenario, seed: int, cfg: Config, out: Path, resume: bo
         return "stopped", (f"child process ended with status {code} and no result: "
                            f"{tail[0]}")
     return str(result["status"]), str(result.get("detail", ""))
-
-
-def _child_env(broken: Sequence[str]) -> dict[str, str]:
-    env = dict(os.environ)
-    env[unsafe.ENV] = ",".join(broken)
-    return env
-
-
-def _exec_child(spec_path: Path, log_path: Path, broken: Sequence[str],
-                timeout_s: float) -> int | None:
-    """``python -m freshroll.chaos.child SPEC``: its exit status (None: past the timeout)."""
-    with log_path.open("w") as log:
-        try:
-            proc = subprocess.run([sys.executable, "-m", "freshroll.chaos.child", str(spec_path)],
-                                  stdout=log, stderr=subprocess.STDOUT, env=_child_env(broken),
-                                  timeout=timeout_s, check=False)
-        except subprocess.TimeoutExpired:
-            return None
-    return proc.returncode
-
-
-class ChildPool:
-    """A zygote (``python -m freshroll.chaos.child --serve``) that forks one child per kill
-    incarnation: a real process, a real SIGKILL, without a Python start-up each time. Started
-    on first use; :meth:`close` ends it."""
-
-    def __init__(self, broken: Sequence[str] = ()) -> None:
-        self.broken = tuple(broken)
-        self.proc: subprocess.Popen[str] | None = None
-
-    def run(self, spec_path: Path, timeout_s: float) -> int | None:
-        """The child's exit status (negative: the signal that ended it; None: timed out)."""
-        if self.proc is None or self.proc.poll() is not None:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "freshroll.chaos.child", "--serve"],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                env=_child_env(self.broken))
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(f"{timeout_s} {spec_path}\n")
-        self.proc.stdin.flush()
-        answer = self.proc.stdout.readline().split()
-        if answer[:1] == ["timeout"]:
-            return None
-        if len(answer) != 2 or answer[0] != "exit":
-            raise RunFailed(f"chaos: the child zygote ended unexpectedly (answer {answer!r})")
-        return int(answer[1])
-
-    def close(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            assert self.proc.stdin is not None
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
-
-    def __enter__(self) -> ChildPool:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 # == one case ===============================================================================
@@ -465,6 +402,7 @@ def run_case(
     if inc.liveness is not None:
         found = [v for v in found if v.invariant != "expected_outcome"]
         found.insert(0, Violation("liveness", inc.liveness))
+    found += [Violation("faults_recorded", why) for why in inc.unrecorded]
     result.violations = found
     result.faults_injected = len(checks.fired_indexes(events))
     result.outcome = "finished" if inc.error is None and inc.liveness is None else \
