@@ -65,6 +65,9 @@ class RewardStage:
         self.scoring = 0  # completions in the reward calls under way
         self._calls = 0  # reward calls under way (at most scorer.concurrency)
         self._lost: dict[SampleId, int] = {}  # times a sample's reward worker died
+        # generated before a crash and never scored: taken now, before any worker serves
+        # (an early worker's new samples reach the queue through put, never twice)
+        self._recovered = pipe.buf.unrewarded()
 
     def put(self, sid: SampleId, comp: Completion, prompt: Prompt) -> None:
         self._queue.append((sid, comp, prompt))
@@ -77,7 +80,9 @@ class RewardStage:
 
     async def run(self) -> None:
         buf, pipe, scorer = self.buf, self.pipe, self.pipe.scorer
-        for sid in buf.unrewarded():  # recovered: generated before a crash, never scored
+        for sid in self._recovered:  # recovered: generated before a crash, never scored
+            if buf.request_state(sid) != "generated":
+                continue  # ended meanwhile (its group was dropped)
             data = buf.payload(sid)
             if data is None:
                 buf.discard(sid, "invalid", "payload lost")
