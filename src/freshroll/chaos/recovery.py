@@ -1,33 +1,40 @@
 """Recovery time and throughput under faults: pure figures over two ledgers' commits.
 
-Accepted rollouts per second over a sliding window ``W`` (three fault-free step times,
-``W = 3 x baseline wall / baseline steps``), evaluated at each commit ``t``::
+The faulted run and its fault-free twin have the same workload and seed, so step ``k`` of
+one trains on much the same prompts as step ``k`` of the other: the figures compare the two
+runs **step for step**, which cancels most of the workload's own variation (a small batch of
+long-tailed completions makes a run's rate swing far more than 20% from window to window; a
+bar against the twin's *mean* rate then reports that swing as a recovery time: the first
+version of this module reported ~100 s for faults that cost nothing).
 
-    rate(t) = (samples committed in (t - W, t]) / W
+Step ``k`` is committed at ``T_f[k]`` in the faulted run and ``T_0[k]`` in the twin (step 0:
+the run's first event). Over the span of steps ``k .. e`` (``e = min(k + WINDOW_STEPS, n)``,
+``n`` the last step both committed) the faulted run's rate relative to the twin's is::
 
-**Recovery time**: from the first fault's ``fault_injected`` timestamp ``t_f`` until the
-windowed rate is back to at least ``RECOVERED`` (80%) of the fault-free run's mean rate and
-holds there for ``SUSTAIN_WINDOWS`` (2) windows: the first commit ``t_j >= t_f`` such that
-``rate(p) >= 0.8 x base`` at every point ``p`` in ``[t_j, min(t_j + 2W, last commit)]``;
-recovery is ``t_j - t_f``. The points checked are the commits, and one point inside every
-gap between two commits longer than the window (where the rate is 0), so a stall counts
-even when no commit falls inside it. (Not every point where a commit leaves the window:
-with three step times per window, the jitter of step times would dip there below 80% in
-any run.) Holding for two windows (not to the end of the run) keeps a fault's delayed dip
-(the trainer first drains what the buffer holds, then starves) and leaves out unrelated
-dips much later. None when no commit after
-the fault holds the bar (never recovered within the run), or when there is no fault-free
-rate to compare with.
+    ratio(k) = (T_0[e] - T_0[k]) / (T_f[e] - T_f[k])
+
+(each step commits one batch in both runs). ``j0`` is the last step committed at or before
+the first fault's ``fault_injected`` time ``t_f``.
+
+**Recovery time**: the run is *recovered at step k >= j0* when ``ratio(k) >= RECOVERED``
+(80%). Recovered at ``j0`` already: the span that contains the fault kept 80% of the twin's
+pace, the fault cost nothing measurable at this resolution, recovery is 0. Otherwise
+recovery is ``T_f[k] - t_f`` for the first such ``k`` (the outage, up to the first step from
+which the run keeps pace again). None when no step qualifies (never recovered within the
+run) or when there is nothing to compare (no fault, no step after it, no twin). The span of
+six steps was chosen on the library's runs (24 steps of 8 rollouts): 4, 6 and 8 give the
+same figure on all but 4 of 66 cases; three steps are too few (the two runs diverge after a
+fault, and three-step rates swing 0.6x-1.4x on their own).
 
 **Throughput under faults**: the faulted run's accepted rollouts/s over the fault-free run's
 (:func:`freshroll.metrics.accepted_rollouts_per_s` of each: one figure, one function).
 
-Both runs have the same workload and seed. Everything here is numbers in, numbers out.
+Everything here is numbers in, numbers out.
 """
 
 from __future__ import annotations
 
-import itertools
+import bisect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -36,10 +43,8 @@ from freshroll import metrics
 
 #: the share of the fault-free rate that counts as recovered
 RECOVERED = 0.8
-#: the window, in fault-free step times
-WINDOW_STEPS = 3
-#: how long the rate must hold the bar, in windows
-SUSTAIN_WINDOWS = 2
+#: the span a rate is compared over, in steps
+WINDOW_STEPS = 6
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,7 @@ class RunRates:
     steps: int
     wall_s: float  # metrics.wall_s
     first_fault_ts: float | None  # the first fault_injected event's ts
+    start_ts: float | None = None  # the first event's ts (step 0's "commit")
 
 
 def rates_of(events: Iterable[ev.Event]) -> RunRates:
@@ -58,63 +64,47 @@ def rates_of(events: Iterable[ev.Event]) -> RunRates:
     tally = metrics.Tally()
     commits: list[tuple[float, int]] = []
     first: float | None = None
+    start: float | None = None
     for e in events:
         tally.feed(e)
+        if start is None:
+            start = e.ts
         if isinstance(e, ev.Committed):
             commits.append((e.ts, len(e.samples)))
         elif isinstance(e, ev.FaultInjected) and first is None:
             first = e.ts
     return RunRates(tuple(commits), metrics.accepted_rollouts_per_s(tally),
-                    metrics.steps(tally), metrics.wall_s(tally), first)
+                    metrics.steps(tally), metrics.wall_s(tally), first, start)
 
 
-def window_s(baseline: RunRates) -> float | None:
-    """``WINDOW_STEPS`` fault-free step times (None: the baseline committed nothing)."""
-    if baseline.steps <= 0 or baseline.wall_s <= 0:
+def step_ratio(faulted: Sequence[float], baseline: Sequence[float], k: int, e: int) -> float:
+    """``ratio`` over steps ``k .. e`` (times of steps 0..n; module docstring)."""
+    took = faulted[e] - faulted[k]
+    return float("inf") if took <= 0 else (baseline[e] - baseline[k]) / took
+
+
+def recovery_time(faulted: Sequence[float], fault_ts: float | None, baseline: Sequence[float],
+                  *, window: int = WINDOW_STEPS, share: float = RECOVERED) -> float | None:
+    """Seconds from ``fault_ts`` until the faulted run keeps ``share`` of the twin's pace over
+    the next ``window`` steps (module docstring).
+
+    ``faulted``/``baseline``: the time of step 0 (the run's start) and of every commit after
+    it, in step order."""
+    n = min(len(faulted), len(baseline)) - 1  # the last step both runs committed
+    if fault_ts is None or n < 1 or window < 1:
         return None
-    return WINDOW_STEPS * baseline.wall_s / baseline.steps
-
-
-def windowed_rates(commits: Sequence[tuple[float, int]], window: float) -> list[float]:
-    """``rate(t_k)`` at every commit ``t_k`` (commits in time order)."""
-    out, lo, inside = [], 0, 0
-    for ts, n in commits:
-        inside += n
-        while commits[lo][0] <= ts - window:
-            inside -= commits[lo][1]
-            lo += 1
-        out.append(inside / window)
-    return out
-
-
-def rate_at(commits: Sequence[tuple[float, int]], t: float, window: float) -> float:
-    """``rate(t)``: samples committed in ``(t - window, t]`` per second."""
-    return sum(n for ts, n in commits if t - window < ts <= t) / window
-
-
-def recovery_time(commits: Sequence[tuple[float, int]], fault_ts: float | None,
-                  base_rate: float, window: float | None, share: float = RECOVERED,
-                  sustain: float | None = None) -> float | None:
-    """Seconds from ``fault_ts`` until the windowed rate is back to ``share x base_rate``
-    and holds for ``sustain`` seconds (default ``SUSTAIN_WINDOWS`` windows; module
-    docstring); None if never, or nothing to compare."""
-    if fault_ts is None or window is None or window <= 0 or base_rate <= 0 or not commits:
-        return None
-    hold = SUSTAIN_WINDOWS * window if sustain is None else sustain
-    last = commits[-1][0]
-    # the rate at every commit, and 0 inside every gap between commits longer than a window
-    gaps = {a + window for (a, _), (b, _) in itertools.pairwise(commits)
-            if b - a > window}
-    points = sorted({ts for ts, _ in commits} | gaps)
-    bar = share * base_rate
-    low = [p for p in points if p >= fault_ts and rate_at(commits, p, window) < bar]
-    for ts, _ in commits:
-        if ts < fault_ts:
-            continue
-        end = min(ts + hold, last)
-        if not any(ts <= p <= end for p in low):
-            return ts - fault_ts
+    j0 = max(0, bisect.bisect_right(faulted, fault_ts) - 1)
+    for k in range(j0, n):
+        if step_ratio(faulted, baseline, k, min(k + window, n)) >= share:
+            return 0.0 if k == j0 else max(0.0, faulted[k] - fault_ts)
     return None
+
+
+def step_times(rates: RunRates) -> list[float]:
+    """Step 0 (the run's start) and every commit's time, in step order."""
+    start = rates.start_ts if rates.start_ts is not None else (
+        rates.commits[0][0] if rates.commits else 0.0)
+    return [start, *(ts for ts, _ in rates.commits)]
 
 
 def throughput_ratio(faulted_per_s: float, baseline_per_s: float) -> float | None:
@@ -124,10 +114,9 @@ def throughput_ratio(faulted_per_s: float, baseline_per_s: float) -> float | Non
 
 def case_figures(faulted: RunRates, baseline: RunRates) -> tuple[float | None, float | None]:
     """(recovery time, throughput ratio) of one case."""
-    rec = recovery_time(faulted.commits, faulted.first_fault_ts, baseline.accepted_per_s,
-                        window_s(baseline))
+    rec = recovery_time(step_times(faulted), faulted.first_fault_ts, step_times(baseline))
     return rec, throughput_ratio(faulted.accepted_per_s, baseline.accepted_per_s)
 
 
-__all__ = ["RECOVERED", "SUSTAIN_WINDOWS", "WINDOW_STEPS", "RunRates", "case_figures",
-           "rate_at", "rates_of", "recovery_time", "throughput_ratio", "window_s", "windowed_rates"]
+__all__ = ["RECOVERED", "WINDOW_STEPS", "RunRates", "case_figures",
+           "rates_of", "recovery_time", "step_ratio", "step_times", "throughput_ratio"]
