@@ -65,6 +65,8 @@ class Control(Protocol):
     """What the wrappers ask the injector (:class:`~freshroll.chaos.inject.Injector`)."""
 
     closing: bool
+    #: how long a zombie call waits for the rest of its results after its fence
+    zombie_s: float
 
     def handoff(self, name: str, engine: FaultyEngine | None = None,
                 gen: Gen | None = None) -> None:
@@ -188,6 +190,8 @@ class Gen:
             return
         self.done.add(i)
         self.count += 1
+        if self.stalled:
+            self.wake.set()  # a zombie waits for all of its results
         deliveries = engine.ctl.emitted(engine, self, comp)  # may fire faults on this call
         if self.dying is not None or engine.dead is not None or i in self.drop:
             return
@@ -229,9 +233,17 @@ class Gen:
 
     async def _zombie(self) -> None:
         """The call was abandoned (timed out): its engine goes on (it is closed only after
-        this); its results arrive after the fence (the engine closed), ``late_delay`` later."""
+        this), so the call's results still come (a thread adapter delivers an abandoned
+        call's results when its thread returns). They are delivered after the fence (the
+        engine closed) and once all came (at most ``ctl.zombie_s`` more), ``late_delay``
+        later."""
         try:
             await self.engine.closed.wait()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.engine.ctl.zombie_s):
+                    while len(self.done) < self.n:
+                        self.wake.clear()
+                        await self.wake.wait()
             await asyncio.sleep(self.late_delay)
         finally:
             held, self.held, self.stalled = self.held or [], None, False

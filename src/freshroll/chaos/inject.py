@@ -30,7 +30,8 @@ What each kind does is :data:`freshroll.chaos.plan.FAULT_KINDS`; here, how:
 stall_worker          the target's running call (the one with most requests open), else
                       its next one, holds its completions and never returns; the pool's
                       generate timeout fences the epoch; the call runs on as a zombie and
-                      its completions arrive ``delay_s`` after the engine closed:
+                      its completions arrive ``delay_s`` after the engine closed and all of
+                      them came (at most ``limits.generate_timeout_s`` more):
                       ``rejected`` fenced
 kill_worker           the target dies: its running calls raise WorkerLost now; idle, its
                       next call emits half of its requests, then dies. A hand-off trigger
@@ -176,6 +177,7 @@ class Injector:
         self.scorer: FaultyScorer | None = None
         self.trainer: FaultyTrainer | None = None
         self.closing = False
+        self.zombie_s = 60.0  # limits.generate_timeout_s, once the run started
         self.t0 = 0.0
         self.counts: Counter[str] = Counter()
         self.samples = 0
@@ -683,6 +685,7 @@ class Injector:
     async def run(self, pipe: Pipeline) -> None:
         self.pipe = pipe
         lim = pipe.cfg.limits
+        self.zombie_s = lim.generate_timeout_s
         self._guard_s = self.liveness_s if self.liveness_s is not None else 10 * max(
             lim.generate_timeout_s, lim.weights_timeout_s, lim.reward_timeout_s,
             lim.worker_start_timeout_s)
