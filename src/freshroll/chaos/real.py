@@ -44,7 +44,7 @@ from freshroll.chaos.plan import Plan, Scenario, merge
 
 #: the tiny real model's workload (configs/smoke.yaml's shape), in real time
 REAL_WORKLOAD: dict[str, Any] = {
-    "run": {"steps": 40, "max_staleness": 1, "progress": False, "torch_threads": 1},
+    "run": {"steps": 100, "max_staleness": 1, "progress": False, "torch_threads": 1},
     "task": {"name": "reverse", "n_prompts": 64},
     "rollout": {"engine": "hf", "group_size": 4, "batch_groups": 4, "max_new_tokens": 6,
                 "workers": 1, "worker_batch": 16},
