@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from freshroll.chaos.plan import load_plan
+from freshroll.chaos.real import REAL_WORKLOAD
 from freshroll.chaos.runner import run_plan
 from freshroll.runtime.ray_reaper import TOKEN_ENV
 
@@ -114,7 +115,7 @@ def test_a_real_sigkill_then_a_resume_from_the_ledger_and_checkpoints(
     assert [i for (i,) in opened] == [0, 1]
     assert list((run_dir / "checkpoints").glob("step-*"))  # real checkpoints were written
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["steps"] == 40
+    assert summary["steps"] == REAL_WORKLOAD["run"]["steps"]
 
 
 def test_the_ray_worker_kill_really_killed_an_actor(cases: dict[tuple[str, str], object]):
