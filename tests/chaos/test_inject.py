@@ -328,10 +328,13 @@ def test_the_library_loads_with_at_least_16_scenarios_of_known_kinds():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [s.name for s in load_plan(LIBRARY).scenarios])
-def test_library_scenario_over_20_seeds(name: str, tmp_path: Path):
+def test_library_scenario_leaves_its_evidence(name: str, tmp_path: Path):
+    """Each library scenario's fault leaves what its kind must leave in the ledger (the
+    evidence of inject_support), on three seeds; the zero-violation sweep over 20 seeds is
+    tests/chaos/test_library.py's (the chaos runner's checks, not these)."""
     plan = load_plan(LIBRARY)
     (sc,) = [s for s in plan.scenarios if s.name == name]
-    for seed in range(20):
+    for seed in range(3):
         case = run_case(sc, seed, tmp_path, plan)
         assert case.verify is not None and case.verify.ok, (seed, dict(case.verify.violations))
         assert case.fired() == set(range(len(sc.faults))), seed
