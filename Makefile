@@ -1,12 +1,13 @@
 # freshroll: two commands on a fresh machine.
 #   make demo   set up .venv, train the embedded default (async) and its synchronous baseline
 #   make test   set up .venv, run lint, type checks and the whole test suite
-#   (make test-fast: the unit tests only, for your own loop; make bench: docs/bench.md's tables)
+#   (make test-fast: the unit tests only, for your own loop; make bench: docs/bench.md's tables;
+#    make chaos: the fault library over 20 seeds; make validate: the embedded default's decision record)
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup demo test test-fast lint typecheck bench bench-quick clean
+.PHONY: setup demo test test-fast lint typecheck bench bench-quick chaos validate clean
 
 setup: $(VENV)/.installed
 
@@ -49,6 +50,15 @@ bench: setup
 # the CI smoke run of the bench: seconds
 bench-quick: setup
 	$(BIN)/freshroll bench configs/sim-p2.yaml --quick --clock both --out runs/bench-quick
+
+# the shipped fault library (chaos/library.yaml) over seeds 0..19 in virtual time, plus its
+# real-model scenarios (inline and Ray): docs/chaos.md's table (exit 1 on any violation)
+chaos: setup
+	$(BIN)/freshroll chaos chaos/library.yaml --seeds 20 --jobs 2 --real --out runs/chaos
+
+# the embedded default's acceptance gates and decision record (exit 1: stop): docs/validate.md
+validate: setup
+	$(BIN)/freshroll validate acceptance/default.yaml --out runs/validate
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache .hypothesis
