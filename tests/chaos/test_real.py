@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import sqlite3
 from pathlib import Path
 
@@ -29,7 +28,7 @@ import pytest
 from freshroll.chaos.plan import load_plan
 from freshroll.chaos.real import REAL_WORKLOAD
 from freshroll.chaos.runner import run_plan
-from freshroll.runtime.ray_reaper import TOKEN_ENV
+from freshroll.runtime.ray_reaper import live_tokens
 
 REPO = Path(__file__).resolve().parents[2]
 LIBRARY = REPO / "chaos" / "library.yaml"
@@ -37,19 +36,6 @@ LIBRARY = REPO / "chaos" / "library.yaml"
 pytestmark = pytest.mark.slow
 
 
-def _tokens() -> set[str]:
-    """Tokens of every freshroll Ray instance with a process alive on this machine."""
-    key = f"{TOKEN_ENV}=".encode()
-    found = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            env = Path(f"/proc/{entry}/environ").read_bytes()
-        except OSError:
-            continue
-        found.update(e[len(key):].decode() for e in env.split(b"\0") if e.startswith(key))
-    return found
 
 
 def _rows(run_dir: Path, sql: str) -> list[tuple[object, ...]]:
@@ -70,12 +56,12 @@ def cases(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], obj
     plan = load_plan(LIBRARY)
     real = [s.name for s in plan.scenarios if s.real]
     assert {"worker-stall", "worker-kill", "process-killed"} <= set(real)
-    before = _tokens()
+    before = live_tokens()
     progress = io.StringIO()
     out = tmp_path_factory.mktemp("real-chaos")
     results = run_plan(plan, [0], out, only=real, placements=("inline", "ray"),
                        progress=progress)
-    assert _tokens() <= before, "a Ray instance of the cases is still alive"
+    assert live_tokens() <= before, "a Ray instance of the cases is still alive"
     found: dict[tuple[str, str], object] = {(r.scenario, r.placement): r for r in results}
     found["progress"] = progress.getvalue()
     return found

@@ -19,7 +19,7 @@ import pytest
 from e2e_helpers import REPO, freshroll, metrics, summary
 
 from freshroll.runtime import ray_reaper
-from freshroll.runtime.ray_reaper import TOKEN_ENV, alive, session_pids
+from freshroll.runtime.ray_reaper import TOKEN_ENV, alive, live_tokens, session_pids
 
 
 def _tagged_sleeper(token: str) -> subprocess.Popen[bytes]:
@@ -116,19 +116,6 @@ def test_reap_previous_leaves_a_live_drivers_instance_alone(tmp_path: Path):
 # -- real ray runs ------------------------------------------------------------------------
 
 
-def _all_tokens() -> set[str]:
-    """Tokens of every freshroll Ray instance alive on this machine."""
-    key = f"{TOKEN_ENV}=".encode()
-    tokens = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            env = Path(f"/proc/{entry}/environ").read_bytes()
-        except OSError:
-            continue
-        tokens.update(e[len(key):].decode() for e in env.split(b"\0") if e.startswith(key))
-    return tokens
 
 
 def _start_ray_run(out: Path, small: list[str]) -> tuple[subprocess.Popen[bytes], str]:
@@ -172,7 +159,7 @@ def test_driver_sigkill_leaves_no_ray_process(tmp_path: Path, small: list[str]):
 def test_resume_reaps_what_a_killed_driver_and_watchdog_left(tmp_path: Path, small: list[str]):
     """Guard 3: driver and watchdog both SIGKILLed; the resume stops the leftovers, then
     finishes the run, and its own instance is gone when it exits."""
-    before = _all_tokens()
+    before = live_tokens()
     out = tmp_path / "ray"
     proc, token = _start_ray_run(out, small)
     record = json.loads((out / "ray.json").read_text())
@@ -184,5 +171,5 @@ def test_resume_reaps_what_a_killed_driver_and_watchdog_left(tmp_path: Path, sma
     assert "verify: ok" in res.stdout
     assert summary(out)["steps"] == 40
     assert not any(alive(p) for p in pids), f"still alive: {[p for p in pids if alive(p)]}"
-    assert _all_tokens() <= before  # neither the old nor the resumed instance remains
+    assert live_tokens() <= before  # neither the old nor the resumed instance remains
     assert not (out / "ray.json").exists()

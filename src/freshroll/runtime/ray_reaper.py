@@ -35,6 +35,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,10 +47,8 @@ def new_token() -> str:
     return secrets.token_hex(12)
 
 
-def session_pids(token: str) -> list[int]:
-    """Live (non-zombie) processes whose environment carries ``token``, except this one."""
-    entry_wanted = f"{TOKEN_ENV}={token}".encode()
-    found = []
+def _environs() -> Iterator[tuple[int, list[bytes]]]:
+    """``(pid, environment entries)`` of every process we may read, except this one."""
     me = os.getpid()
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == me:
@@ -59,9 +58,19 @@ def session_pids(token: str) -> list[int]:
                 env = fh.read()
         except OSError:  # gone, or not ours to read
             continue
-        if entry_wanted in env.split(b"\0"):
-            found.append(int(entry))
-    return found
+        yield int(entry), env.split(b"\0")
+
+
+def session_pids(token: str) -> list[int]:
+    """Live (non-zombie) processes whose environment carries ``token``, except this one."""
+    entry_wanted = f"{TOKEN_ENV}={token}".encode()
+    return [pid for pid, env in _environs() if entry_wanted in env]
+
+
+def live_tokens() -> set[str]:
+    """The tokens of every freshroll Ray instance with a process alive on this machine."""
+    key = f"{TOKEN_ENV}=".encode()
+    return {e[len(key):].decode() for _, env in _environs() for e in env if e.startswith(key)}
 
 
 def alive(pid: int) -> bool:
