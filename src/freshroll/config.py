@@ -404,24 +404,45 @@ class Config(_Section):
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
 
+def set_dotted(data: dict[str, Any], key: str, value: Any, what: str) -> None:
+    """Set ``data[a][b][c] = value`` for ``key`` ``a.b.c`` (sections made as needed); a
+    ConfigError starting ``what`` when a segment is empty or names a value, not a section."""
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise ConfigError(f"{what}: empty key segment")
+    node = data
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{what}: {part!r} is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
 def apply_override(data: dict[str, Any], item: str) -> None:
     """Apply ``a.b.c=value`` to nested ``data`` in place."""
     if "=" not in item:
         raise ConfigError(f"override {item!r} must look like key=value (e.g. trainer.lr=1e-3)")
     key, _, raw = item.partition("=")
-    parts = key.strip().split(".")
-    if not all(parts):
-        raise ConfigError(f"override {item!r}: empty key segment")
-    node = data
-    for part in parts[:-1]:
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            raise ConfigError(f"override {item!r}: {part!r} is not a section")
-        node = child
     try:
-        node[parts[-1]] = yaml.safe_load(raw)
+        value = yaml.safe_load(raw)
     except yaml.YAMLError as exc:
         raise ConfigError(f"override {item!r}: value is not valid YAML: {exc}") from exc
+    set_dotted(data, key, value, f"override {item!r}")
+
+
+def describe_errors(exc: ValidationError) -> str:
+    """Every error of a pydantic validation as ``where: what`` (``where`` like
+    ``scenarios[3].faults[0].at``), joined by ``; ``: the message of a file's ConfigError."""
+    problems = []
+    for err in exc.errors():
+        where = ""
+        for part in err["loc"]:
+            where += f"[{part}]" if isinstance(part, int) else (f".{part}" if where else str(part))
+        what = "unknown key" if err["type"] == "extra_forbidden" else (
+            err["msg"].removeprefix("Value error, "))
+        problems.append(f"{where or '(top level)'}: {what}")
+    return "; ".join(problems)
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:

@@ -40,7 +40,7 @@ from typing import Any, TextIO
 
 from freshroll.bench import figures as f
 from freshroll.bench.table import make_table, render_json, render_markdown
-from freshroll.config import Config, validate
+from freshroll.config import Config, set_dotted, validate
 
 #: --quick: a CI smoke run of seconds
 QUICK_STEPS = 4
@@ -66,11 +66,7 @@ def with_overrides(cfg: Config, overrides: Mapping[str, Any]) -> Config:
     """``cfg`` with dotted keys set (``{"run.max_staleness": 0}``), validated again."""
     data = cfg.model_dump(mode="json")
     for key, value in overrides.items():
-        node = data
-        *parents, last = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[last] = copy.deepcopy(value)
+        set_dotted(data, key, copy.deepcopy(value), f"bench override {key!r}")
     return validate(data, "bench config")
 
 

@@ -35,6 +35,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from freshroll.config import describe_errors
 from freshroll.errors import ConfigError
 
 #: what each fault kind does (the runbook has a section per kind)
@@ -197,13 +198,6 @@ def workload_of(plan: Plan, scenario: Scenario, seed: int) -> dict[str, Any]:
     return merge(data, {"run": {"seed": seed}})
 
 
-def _where(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "(top level)"
-
-
 def parse_plan(data: Any, source: str) -> Plan:
     if not isinstance(data, Mapping):
         raise ConfigError(f"{source}: a plan is a mapping with `scenarios` (got "
@@ -211,9 +205,7 @@ def parse_plan(data: Any, source: str) -> Plan:
     try:
         return Plan.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        what = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
-        raise ConfigError(f"{source}: {_where(err['loc'])}: {what}") from None
+        raise ConfigError(f"{source}: {describe_errors(exc)}") from None
 
 
 def load_plan(path: str | Path) -> Plan:

@@ -42,7 +42,15 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from freshroll.config import SEED_MAX, Config, read_yaml, resolve_paths, validate
+from freshroll.config import (
+    SEED_MAX,
+    Config,
+    describe_errors,
+    read_yaml,
+    resolve_paths,
+    set_dotted,
+    validate,
+)
 from freshroll.errors import ConfigError
 
 #: a lag threshold may name the config's freshness bound instead of a number
@@ -200,13 +208,6 @@ class Loaded:
         return self.spec.name or self.path.stem
 
 
-def _where(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "(top level)"
-
-
 def parse(data: Any, source: str) -> Acceptance:
     """Validate a mapping; a :class:`ConfigError` names ``source`` and every bad key."""
     if not isinstance(data, dict):
@@ -215,12 +216,7 @@ def parse(data: Any, source: str) -> Acceptance:
     try:
         return Acceptance.model_validate(data)
     except ValidationError as exc:
-        problems = []
-        for err in exc.errors():
-            what = "unknown key" if err["type"] == "extra_forbidden" else (
-                err["msg"].removeprefix("Value error, "))
-            problems.append(f"{_where(tuple(err['loc']))}: {what}")
-        raise ConfigError(f"{source}: " + "; ".join(problems)) from None
+        raise ConfigError(f"{source}: {describe_errors(exc)}") from None
 
 
 def workload(spec: Acceptance, folder: Path, source: str) -> Config:
@@ -234,14 +230,7 @@ def workload(spec: Acceptance, folder: Path, source: str) -> Config:
         data = read_yaml(path)
         resolve_paths(data, path.parent)
     for key, value in spec.overrides.items():
-        parts = key.split(".")
-        node = data
-        for part in parts[:-1]:
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise ConfigError(f"{source}: overrides.{key}: {part!r} is not a section")
-            node = child
-        node[parts[-1]] = value
+        set_dotted(data, key, value, f"{source}: overrides.{key}")
     resolve_paths(data, folder)
     data.setdefault("run", {})
     if isinstance(data["run"], dict):
