@@ -2,12 +2,12 @@
 
 An :class:`Injector` is a :class:`~freshroll.runtime.hooks.ChaosSession`: ``run(cfg, out,
 chaos=Injector(scenario, seed))`` wraps the run's parts (:mod:`freshroll.chaos.faulty`) and
-hooks the pipeline's hand-offs (:class:`ChaosHooks`). Each fault of the scenario fires once,
-when its trigger is met::
+hooks the pipeline's hand-offs (it is its own :class:`~freshroll.runtime.hooks.Hooks`).
+Each fault of the scenario fires once, when its trigger is met::
 
     s        seconds of run time since the run started (the ledger's first event), on the
              run's clock: a timer of the hooks' task
-    step     once step n is committed (ChaosHooks.committed)
+    step     once step n is committed (Injector.committed)
     samples  once n completions were emitted by the engines (this incarnation's count,
              started from the ledger's generated count on a resume)
     handoff  the nth time the named hand-off happens in this incarnation: start_worker,
@@ -145,8 +145,9 @@ class _Window:
     factor: float = 1.0
 
 
-class Injector:
+class Injector(Hooks):
     """Fires ``scenario``'s faults (those not in ``skip``) in one run; see the module doc.
+    It is its own :class:`~freshroll.runtime.hooks.Hooks` (``hooks`` is itself).
 
     ``on_kill(kind)`` ends the process (the chaos runner's child SIGKILLs itself); it is
     called for ``kill_process`` and ``trainer_crash`` once their event is durable.
@@ -170,7 +171,7 @@ class Injector:
                               "which runs such a case in a child process)")
         self.rngs = {i: random.Random(f"{seed}:{scenario.name}:{i}")
                      for i in range(len(scenario.faults))}
-        self.hooks = ChaosHooks(self)
+        self.hooks: Hooks = self
         self.buf: SampleBuffer | None = None
         self.pipe: Pipeline | None = None
         self.factory: FaultyFactory | None = None
@@ -746,25 +747,6 @@ class Injector:
         raise Interrupted(self._stop)
 
 
-class ChaosHooks(Hooks):
-    """The pipeline's hand-off hooks of an :class:`Injector`."""
-
-    def __init__(self, injector: Injector) -> None:
-        self.inj = injector
-
-    async def run(self, pipe: Pipeline) -> None:
-        await self.inj.run(pipe)
-
-    def scored(self, sids: Sequence[SampleId], scores: list[Score]) -> list[Score]:
-        return self.inj.scored(sids, scores)
-
-    def rewarded(self, sids: Sequence[SampleId]) -> None:
-        self.inj.rewarded(sids)
-
-    def committed(self, version: PolicyVersion) -> None:
-        self.inj.committed(version)
-
-
 def _malformed(comp: Any, turn: int) -> Any:
     """A malformed copy of ``comp`` (``turn`` picks how)."""
     if not isinstance(comp, Completion):
@@ -789,4 +771,4 @@ def _bad_scores(scores: list[Score], turn: int) -> list[Score]:
     return [Score(value, None, dict(first.components)), *scores[1:]]
 
 
-__all__ = ["KILL_KINDS", "ChaosHooks", "Injector"]
+__all__ = ["KILL_KINDS", "Injector"]
