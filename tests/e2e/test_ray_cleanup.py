@@ -23,9 +23,19 @@ from freshroll.runtime.ray_reaper import TOKEN_ENV, alive, live_tokens, session_
 
 
 def _tagged_sleeper(token: str) -> subprocess.Popen[bytes]:
-    """A stand-in for a Ray process: carries the token, in a session of its own."""
-    return subprocess.Popen(["sleep", "300"], env={**os.environ, TOKEN_ENV: token},
+    """A stand-in for a Ray process: carries the token, in a session of its own.
+
+    Returned once ``/proc/<pid>/environ`` shows the token: ``Popen`` returns when the exec has
+    begun, and the kernel sets up the new environment a moment later (on a loaded machine the
+    scan could otherwise read an empty environment, as it did once in CI).
+    """
+    proc = subprocess.Popen(["sleep", "300"], env={**os.environ, TOKEN_ENV: token},
                             start_new_session=True)
+    deadline = time.monotonic() + 10
+    while proc.pid not in session_pids(token):
+        assert time.monotonic() < deadline, "the stand-in never showed its environment"
+        time.sleep(0.01)
+    return proc
 
 
 def _gone(pids: list[int], timeout: float) -> bool:
@@ -114,8 +124,6 @@ def test_reap_previous_leaves_a_live_drivers_instance_alone(tmp_path: Path):
 
 
 # -- real ray runs ------------------------------------------------------------------------
-
-
 
 
 def _start_ray_run(out: Path, small: list[str]) -> tuple[subprocess.Popen[bytes], str]:
