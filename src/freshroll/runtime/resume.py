@@ -69,6 +69,10 @@ RULES: Final[Mapping[str, Rule]] = {
     "sim": "explicit",               # the workload itself
     "sim.clock": "free",
     "sim.time_scale": "free",
+    "vllm": "explicit",              # dtype, device, on_update, engine args: the numerics
+    "vllm.kv_cache_gib": "free",     # memory and batch size: speed, not what a sample is
+    "vllm.gpu_memory_utilization": "free",
+    "vllm.max_num_seqs": "free",
     # trainer: what a step computes is explicit; where and how often it is saved is free
     "trainer": "explicit",
     "trainer.checkpoint_every": "free",

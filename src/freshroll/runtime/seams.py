@@ -87,6 +87,27 @@ class AsyncEngine(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    """What a serving engine reports about itself (vLLM's scheduler: the signals a
+    concurrency controller needs). Cumulative counters grow over the engine's life; the
+    meter takes their differences per window."""
+
+    running: int  # sequences being generated now
+    waiting: int  # sequences queued inside the engine (admitted by us, not yet scheduled)
+    kv_cache_usage: float  # share of the KV cache in use, 0..1
+    preemptions: int  # cumulative: sequences evicted from the KV cache and recomputed
+
+
+@runtime_checkable
+class ReportsStats(Protocol):
+    """An engine that can say how loaded it is (optional: the HF and sim engines need not)."""
+
+    def stats(self) -> EngineStats | None:
+        """The newest figures (cheap, non-blocking; None before the first report)."""
+        ...
+
+
 #: makes (and starts) the engine of worker ``name``; the pool calls it to add or replace a
 #: worker. A restart after a loss is a new engine from the factory (called again with the
 #: same name); a factory that cannot replace an engine raises :class:`EngineNotRestartable`.
@@ -143,6 +164,8 @@ __all__ = [
     "Emit",
     "EngineFactory",
     "EngineNotRestartable",
+    "EngineStats",
     "GenRequest",
+    "ReportsStats",
     "SamplingParams",
 ]

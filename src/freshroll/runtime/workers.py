@@ -54,7 +54,7 @@ from freshroll import events as ev
 from freshroll import unsafe
 from freshroll.buffer import Outcome
 from freshroll.engines.base import Completion
-from freshroll.errors import Interrupted, RunFailed, WorkerLost, WorkerTimeout
+from freshroll.errors import Interrupted, RunFailed, Superseded, WorkerLost, WorkerTimeout
 from freshroll.lineage import PolicyVersion, RequestId, SampleId
 from freshroll.rewards.tasks import Prompt
 from freshroll.runtime import payload as pl
@@ -534,6 +534,9 @@ class WorkerPool:
             return exc
         except Interrupted:  # the operator's stop: not a failure of this worker
             raise
+        except Superseded as exc:  # aborted for a new policy version: issued again
+            self._reissue(w, call, f"{exc}"[:300])
+            return None
         except Exception as exc:  # engine failure: these requests end, the run goes on
             error = f"{type(exc).__name__}: {exc}"[:300]
             failed = 0
@@ -553,6 +556,20 @@ class WorkerPool:
         if w.ok_units >= 1024:
             self._budget_ok(w, stage)
         return None
+
+    def _reissue(self, w: Worker, call: _Call, detail: str) -> None:
+        """The engine aborted the call's unfinished requests (``Superseded``): each live
+        attempt is discarded ``fenced``, so the buffer issues its request again as a new
+        attempt. Not a failure of the worker: nothing counts against its budget."""
+        buf = self.buf
+        if w.fenced or call.epoch != w.epoch:
+            return  # the epoch's fencing already re-issued them
+        for i, (sid, done) in enumerate(zip(call.sids, call.emitted, strict=True)):
+            if not done and buf.request_state(sid) == "running":
+                buf.discard(sid, "fenced", f"aborted by the engine: {detail}")
+                call.emitted[i] = True
+        self.pipe.notify()
+        self.requests_queued()
 
     def _budget_ok(self, w: Worker, stage: str) -> None:
         """Successful calls are recorded in the budget together, before the next failure (a
