@@ -89,7 +89,7 @@ class SimRun:
                 continue
             assert 0 <= w.inflight <= self.cfg.rollout.worker_batch
             engine = engines[w.name]
-            assert w.inflight >= engine.stats()["open"]
+            assert w.inflight >= engine.counters()["open"]
             assert w.live is not None
             live = [c for c in w.live if not c.over]
             assert w.inflight == sum(c.pending for c in live)
@@ -140,7 +140,7 @@ def test_deadlines_cut_stragglers_and_their_slots_are_reused(tmp_path: Path,
     assert any(n < run.cfg.rollout.group_size for n in sizes.values())  # some were cut short
     tailing = run.pipe.tailing
     assert tailing is not None and tailing.ended["deadline"] == len(deadline)
-    cancelled = sum(e.stats()["cancelled"] for e in run.engines)
+    cancelled = sum(e.counters()["cancelled"] for e in run.engines)
     assert cancelled > 0 and tailing.freed == cancelled  # the engines dropped what the pool freed
     # slots freed by a cut were reused: a worker started requests after its first cut,
     # never holding more than worker_batch (CheckedSimEngine)
@@ -156,7 +156,7 @@ def test_without_deadlines_nothing_is_cut(tmp_path: Path) -> None:
     events = run.events()
     assert not [e for e in events if isinstance(e, ev.Discarded)
                 and e.reason in ("deadline", "cancelled")]
-    assert sum(e.stats()["cancelled"] for e in run.engines) == 0
+    assert sum(e.counters()["cancelled"] for e in run.engines) == 0
     assert min(committed_group_sizes(events).values()) >= 2
     report = verify_ledger(run.buf.ledger, dict(run.buf.counts))
     assert report.ok, report.render()

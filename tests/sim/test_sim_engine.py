@@ -221,7 +221,7 @@ def test_cancel_frees_the_slot_at_once_and_never_emits():
     assert set(out) == {b.sample}  # a cancelled while decoding, c while waiting
     arrival, start, _ = engine.timeline[b.sample]
     assert arrival == 0.0 and start == pytest.approx(0.01, abs=1e-12)  # a's slot, at once
-    stats = engine.stats()
+    stats = engine.counters()
     assert stats["cancelled"] == 2 and stats["emitted"] == 1 and stats["open"] == 0
 
 
@@ -233,7 +233,7 @@ def test_cancel_during_a_tool_call_never_submits_the_next_turn():
     first_turn = x.prompt_tokens * 1e-3 + x.segments[0] * 0.025
     out = run(engine, [(0.0, [r])], cancels=[(first_turn + 1.0, [r.sample])])
     assert out == {}
-    assert engine.stats()["server"]["submitted"] == 1
+    assert engine.counters()["server"]["submitted"] == 1
 
 
 def test_same_seed_same_completions_and_timings():
@@ -333,8 +333,8 @@ def test_many_engines_many_samples_all_emitted_once():
 
     VirtualClock().run(main())
     assert len(seen) == 8 * 3 * 20 * 4
-    assert all(e.stats()["open"] == 0 for e in engines)
-    assert not math.isnan(sum(e.stats()["server"]["now"] for e in engines))
+    assert all(e.counters()["open"] == 0 for e in engines)
+    assert not math.isnan(sum(e.counters()["server"]["now"] for e in engines))
 
 
 def test_length_model_bounds_hold_for_keyed_draws():

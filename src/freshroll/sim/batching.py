@@ -26,6 +26,23 @@ so the step time do not change, so the simulation jumps over all the steps in
 between at once. Sequences are kept in a heap keyed by the global step count at
 which they finish; an event costs O(log n). Nothing reads a clock.
 
+KV cache (``K = kv_capacity_tokens``): a request holding a slot holds KV tokens, its
+prompt while it prefills and ``prompt + tokens produced`` while it decodes, so the
+decoding set's usage grows by one token per sequence per step::
+
+    admission   the head of the queue takes a free slot only if usage + its prompt <= K
+                (FIFO: a head that does not fit blocks the queue until KV frees)
+    preemption  after a step boundary's finishes, while usage > K, the newest request
+                holding a slot (the last one admitted) is preempted: it frees its slot
+                and KV, goes back to the head of the queue, and when admitted again is
+                recomputed: it prefills prompt + the tokens it had produced, then decodes
+                the rest (vLLM's recompute preemption)
+
+A request whose prompt + completion exceeds ``K`` could never run and is refused at
+submit. While the tokens every submitted request will ever hold add up to at most
+``K`` (the default capacity is far above any profile's), nothing is ever refused
+admission or preempted and every timeline is exactly the one without a KV model.
+
 Cancelling (a group deadline): :meth:`ContinuousBatcher.cancel` withdraws a
 request; a waiting one leaves the queue, a prefilling or decoding one frees its
 slot at once (waiting requests take it at that instant), and a decoding one
@@ -81,6 +98,7 @@ class ContinuousBatcher:
         self._t1 = server.step_s_per_seq
         self._prefill_s = server.prefill_s_per_token
         self._cap = server.max_concurrent
+        self._kv_cap = server.kv_capacity_tokens
         self._held = 0  # slots held: prefilling + decoding
         self._boundary = 0.0  # time of the last decode-step boundary applied
         self._steps = 0  # decode steps run so far (all decoding sequences advance together)
@@ -99,6 +117,17 @@ class ContinuousBatcher:
         self._tokens: list[int] = []
         self._start: list[float] = []
         self._decode_start: list[float] = []
+        # KV: usage at step count s = _kv_const + _kv_n x s + _kv_prefill
+        self._kv_const = 0  # sum over decoding (not leaving) of held-at-join - join step count
+        self._kv_n = 0  # decoding sequences that hold KV (not cancelled)
+        self._kv_prefill = 0  # sum over prefilling of their prompt (+ tokens before preemption)
+        self._kv_need = 0  # sum over live requests of prompt + completion (the most they hold)
+        self._redo: list[int] = []  # tokens produced before the last preemption (0: none)
+        self._joined: list[int] = []  # step count at the last join
+        self._order: list[int] = []  # admission order of the last admission (newest: largest)
+        self._admissions = 0
+        self._preemptions = 0
+        self._t = -math.inf  # the state is that of this time (the last event or advance)
 
     # -- observation -----------------------------------------------------------------------
 
@@ -118,6 +147,26 @@ class ContinuousBatcher:
     @property
     def waiting(self) -> int:
         return len(self._waiting)
+
+    @property
+    def running(self) -> int:
+        """Requests holding a slot: prefilling or decoding (vLLM's running requests)."""
+        return self._held
+
+    @property
+    def kv_tokens(self) -> int:
+        """KV tokens held at :attr:`now` (the decode steps since the last event count)."""
+        steps = self._steps + self._steps_done(self._t)
+        return self._kv_const + self._kv_n * steps + self._kv_prefill
+
+    @property
+    def kv_capacity(self) -> int:
+        return self._kv_cap
+
+    @property
+    def preemptions(self) -> int:
+        """Requests preempted so far (cumulative; one request may count several times)."""
+        return self._preemptions
 
     @property
     def busy(self) -> bool:
@@ -160,7 +209,8 @@ class ContinuousBatcher:
         (steps are about to get shorter) or a free slot waits for a future arrival, the
         bound is the next event.
         """
-        if self._purge_steps >= 0 or (self._waiting and self._held < self._cap):
+        if (self._purge_steps >= 0 or (self._waiting and self._held < self._cap)
+                or self._kv_need > self._kv_cap):  # a preemption may shorten steps
             return self.next_event_time()
         bound = math.inf
         t0, t1, decoding = self._t0, self._t1, self._decoding
@@ -206,15 +256,25 @@ class ContinuousBatcher:
                 f"need prompt_tokens >= 0 and completion_tokens >= 1, "
                 f"got {prompt_tokens}, {completion_tokens}"
             )
+        if prompt_tokens + completion_tokens > self._kv_cap:
+            raise ValueError(
+                f"a request of {prompt_tokens} + {completion_tokens} tokens can never fit the "
+                f"KV capacity of {self._kv_cap} tokens"
+            )
         rid = len(self._arrival)
         self._arrival.append(float(arrival))
         self._prompt.append(int(prompt_tokens))
         self._tokens.append(int(completion_tokens))
         self._start.append(math.nan)
         self._decode_start.append(math.nan)
+        self._redo.append(0)
+        self._joined.append(0)
+        self._order.append(0)
+        self._kv_need += prompt_tokens + completion_tokens
         self._last_arrival = arrival
         self._dirty = True
-        if arrival == self._now and not self._waiting and self._held < self._cap:
+        if (arrival == self._now and not self._waiting and self._held < self._cap
+                and self._fits(rid)):
             # every event up to now is applied and a slot is free: the grant is due now
             # and comes first (what advance would do, without the event round trip)
             self._take_slot(rid, arrival)
@@ -245,8 +305,11 @@ class ContinuousBatcher:
             self._prefilling = [e for e in self._prefilling if e[1] != request]
             heapq.heapify(self._prefilling)
             self._held -= 1
+            self._kv_prefill -= self._held_at_start(request)
         elif any(rid == request for _, rid in self._decoding):
             self._held -= 1
+            self._kv_const -= self._held_at_start(request) - self._joined[request]
+            self._kv_n -= 1
             if self._boundary >= at:  # cancelled at a step boundary: no step under way
                 self._decoding = [e for e in self._decoding if e[1] != request]
                 heapq.heapify(self._decoding)
@@ -257,9 +320,8 @@ class ContinuousBatcher:
         else:
             return False
         self._cancelled += 1
-        waiting = self._waiting
-        while waiting and self._held < self._cap and self._arrival[waiting[0]] <= at:
-            self._take_slot(waiting.popleft(), at)
+        self._kv_need -= self._prompt[request] + self._tokens[request]
+        self._grant_due(at)
         return True
 
     def advance(self, until: float) -> list[Finished]:
@@ -268,11 +330,12 @@ class ContinuousBatcher:
         while (event := self._next_event()) is not None and event[0] <= until:
             t, steps = event
             self._dirty = True
+            self._t = t
             if steps < 0:
                 self._grant(t)
             else:
                 self._step_boundary(t, steps, done)
-        self._now = max(self._now, until)
+        self._now = self._t = max(self._now, until)
         return done
 
     def advance_one(self, until: float) -> list[Finished] | None:
@@ -284,16 +347,17 @@ class ContinuousBatcher:
         """
         event = self._next_event()
         if event is None or event[0] > until:
-            self._now = max(self._now, until)
+            self._now = self._t = max(self._now, until)
             return None
         t, steps = event
         done: list[Finished] = []
         self._dirty = True
+        self._t = t
         if steps < 0:
             self._grant(t)
         else:
             self._step_boundary(t, steps, done)
-        self._now = max(self._now, t)
+        self._now = self._t = max(self._now, t)
         return done
 
     # -- the event loop --------------------------------------------------------------------
@@ -316,10 +380,13 @@ class ContinuousBatcher:
                 steps = min(steps, self._purge_steps - self._steps)
             if self._prefilling:
                 steps = min(steps, self._steps_until(self._prefilling[0][0], d))
+            if self._kv_n:  # the first step after which usage exceeds K (after now: usage <= K)
+                at_last = self._kv_const + self._kv_n * self._steps + self._kv_prefill
+                steps = min(steps, (self._kv_cap - at_last) // self._kv_n + 1)
             event = (self._boundary + steps * d, steps)
         elif self._prefilling:
             event = (self._prefilling[0][0], 0)
-        if self._waiting and self._held < self._cap:
+        if self._waiting and self._held < self._cap and self._fits(self._waiting[0]):
             arrival = self._arrival[self._waiting[0]]
             if event is None or arrival < event[0]:
                 event = (arrival, -1)
@@ -344,6 +411,9 @@ class ContinuousBatcher:
                 self._leaving.discard(rid)
                 continue
             self._held -= 1
+            self._kv_const -= self._held_at_start(rid) - self._joined[rid]
+            self._kv_n -= 1
+            self._kv_need -= self._prompt[rid] + self._tokens[rid]
             done.append(Finished(
                 rid, self._arrival[rid], self._start[rid], self._decode_start[rid], t,
                 self._tokens[rid],
@@ -354,29 +424,89 @@ class ContinuousBatcher:
                 heapq.heapify(self._decoding)
                 self._leaving.clear()
             self._purge_steps = -1
-        waiting = self._waiting
-        while waiting and self._held < self._cap and self._arrival[waiting[0]] <= t:
-            self._take_slot(waiting.popleft(), t)
+        if self.kv_tokens > self._kv_cap:
+            self._preempt()
+        self._grant_due(t)
         prefilling = self._prefilling
         while prefilling and prefilling[0][0] <= t:
             _, rid = heapq.heappop(prefilling)
+            self._kv_prefill -= self._held_at_start(rid)
             self._join(rid, t)
 
     def _grant(self, t: float) -> None:
-        self._take_slot(self._waiting.popleft(), t)
+        if self._fits(self._waiting[0]):  # it fitted when the event was computed: usage grew
+            self._take_slot(self._waiting.popleft(), t)
+
+    def _steps_done(self, t: float) -> int:
+        """Decode steps ended in ``(last boundary, t]`` (no event comes between them)."""
+        if not self._decoding or t <= self._boundary:
+            return 0
+        b, d = self._boundary, self._t0 + self._t1 * len(self._decoding)
+        j = int((t - b) / d)
+        while b + (j + 1) * d <= t:
+            j += 1
+        while j > 0 and b + j * d > t:
+            j -= 1
+        return j
+
+    def _grant_due(self, t: float) -> None:
+        """Free slots to the queue's head while it has arrived and its KV fits (FIFO)."""
+        waiting = self._waiting
+        while (waiting and self._held < self._cap and self._arrival[waiting[0]] <= t
+               and self._fits(waiting[0])):
+            self._take_slot(waiting.popleft(), t)
+
+    def _held_at_start(self, rid: int) -> int:
+        """KV a request holds when it gets a slot: its prompt and what it had produced."""
+        return self._prompt[rid] + self._redo[rid]
+
+    def _fits(self, rid: int) -> bool:
+        return self.kv_tokens + self._held_at_start(rid) <= self._kv_cap
 
     def _take_slot(self, rid: int, t: float) -> None:
         self._held += 1
-        self._start[rid] = t
-        ready = t + self._prefill_s * self._prompt[rid]
+        self._admissions += 1
+        self._order[rid] = self._admissions
+        if math.isnan(self._start[rid]):  # a recomputed request keeps its first start
+            self._start[rid] = t
+        held = self._held_at_start(rid)
+        ready = t + self._prefill_s * held
         if self._decoding and ready <= self._boundary:  # at a boundary, no prefill: this step
             self._join(rid, self._boundary)
         else:
+            self._kv_prefill += held
             heapq.heappush(self._prefilling, (ready, rid))
 
     def _join(self, rid: int, t: float) -> None:
-        self._decode_start[rid] = t
-        heapq.heappush(self._decoding, (self._steps + self._tokens[rid], rid))
+        if math.isnan(self._decode_start[rid]):
+            self._decode_start[rid] = t
+        self._joined[rid] = self._steps
+        self._kv_const += self._held_at_start(rid) - self._steps
+        self._kv_n += 1
+        left = self._tokens[rid] - self._redo[rid]
+        heapq.heappush(self._decoding, (self._steps + left, rid))
+
+    def _preempt(self) -> None:
+        """While usage exceeds K, preempt the newest request holding a slot (module doc)."""
+        leaving, order = self._leaving, self._order
+        while self.kv_tokens > self._kv_cap:
+            decoding = [(order[rid], rid) for _, rid in self._decoding if rid not in leaving]
+            prefilling = [(order[rid], rid) for _, rid in self._prefilling]
+            _, rid = max(decoding + prefilling)
+            held = self._held_at_start(rid)
+            if any(r == rid for _, r in self._prefilling):
+                self._prefilling = [e for e in self._prefilling if e[1] != rid]
+                heapq.heapify(self._prefilling)
+                self._kv_prefill -= held
+            else:
+                self._decoding = [e for e in self._decoding if e[1] != rid]
+                heapq.heapify(self._decoding)
+                self._kv_const -= held - self._joined[rid]
+                self._kv_n -= 1
+                self._redo[rid] += self._steps - self._joined[rid]
+            self._held -= 1
+            self._preemptions += 1
+            self._waiting.appendleft(rid)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from freshroll.lineage import digest_json
 from freshroll.runtime.seams import AsyncEngine, EngineFactory
 from freshroll.sim.engine import SimEngine
 from freshroll.sim.keyed import KeyedDraws
-from freshroll.sim.profiles import Profile, get_profile, profile_from_dict
+from freshroll.sim.profiles import KV_CAPACITY_DEFAULT, Profile, get_profile, profile_from_dict
 from freshroll.sim.scorer import SimScorer
 from freshroll.sim.trainer import SimTrainer, check_speed
 
@@ -81,7 +81,10 @@ def model_digest(profile: Profile, sim: SimSection) -> str:
         "time_scale": sim.time_scale, "worker_start_s": sim.worker_start_s,
         "transfer_s": sim.transfer_s, "trainer_speed": [list(e) for e in sim.trainer_speed],
     }
-    return "sim-" + digest_json({"profile": asdict(profile), "sim": settings})
+    resolved = asdict(profile)
+    if profile.server.kv_capacity_tokens == KV_CAPACITY_DEFAULT:  # older runs' digests stay
+        del resolved["server"]["kv_capacity_tokens"]
+    return "sim-" + digest_json({"profile": resolved, "sim": settings})
 
 
 def sim_model_digest(cfg: Config) -> str:

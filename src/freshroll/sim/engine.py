@@ -39,7 +39,21 @@ ended, and sets the next wakeup; a generate or cancel first applies everything
 up to its own time. Emissions are therefore exactly on time (tested: a caller
 that submits when a group ends sees its next group arrive at that very time),
 with about one wakeup per emitted request (P3: 1.75 instead of 9).
-``stats()`` shows the state as of the last wakeup or call.
+When the tokens the open requests may hold (each its largest turn) add up to more
+than the server's KV capacity, a preemption could shorten the steps of the others,
+so the bound no longer holds: the engine then wakes at every event (still exact).
+
+:meth:`~SimEngine.stats` is the :class:`~freshroll.runtime.seams.ReportsStats` view of
+the server, as of the last wakeup or call (the batcher's state then)::
+
+    running         requests holding a slot (prefilling or decoding)
+    waiting         requests queued in the engine: beyond the slot cap, or held back
+                    because their KV does not fit, or preempted and not yet readmitted
+    kv_cache_usage  KV tokens held / server.kv_capacity_tokens
+    preemptions     cumulative requests preempted (KV over capacity, recomputed)
+
+:meth:`~SimEngine.counters` has the engine's own counts (open, in tool calls, emitted,
+cancelled) and the batcher's snapshot.
 
 Guarantees: on a virtual clock with ``time_scale = 1`` the timelines are exactly
 :func:`~freshroll.sim.batching.simulate_batch`'s (single-turn) or
@@ -65,7 +79,7 @@ from typing import Any
 
 from freshroll.engines.base import FINISH_LENGTH, FINISH_STOP, Completion
 from freshroll.errors import WorkerLost
-from freshroll.runtime.seams import Emit, GenRequest, SamplingParams
+from freshroll.runtime.seams import Emit, EngineStats, GenRequest, SamplingParams
 from freshroll.sim.batching import _BELOW, ContinuousBatcher, Finished
 from freshroll.sim.keyed import KeyedDraws
 
@@ -91,6 +105,7 @@ class _Job:
     capped: bool
     segments: tuple[int, ...]
     tool_s: tuple[float, ...]
+    peak: int  # the most KV tokens one of its turns holds (prefill + completion)
     turn: int = 0
     rid: int = -1  # the batcher's id of its current turn; -1: in a tool call
     cancelled: bool = False
@@ -172,6 +187,8 @@ class SimEngine:
         self._output_tokens = draws.profile.tools.output_tokens
         self._single_turn = draws.profile.tools.turns == 1
         self._batcher = ContinuousBatcher(draws.profile.server)
+        self._kv_cap = draws.profile.server.kv_capacity_tokens
+        self._kv_peak = 0  # sum over open requests of their peak (<= capacity: no preemption)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wakeups: _Wakeups | None = None
         self._wake_seq = -1  # the live entry in the loop's wakeups (-1: none)
@@ -205,15 +222,22 @@ class SimEngine:
         if clash or len(seen) != len(requests):
             raise ValueError(f"{self.name}: sample(s) already in generation: {clash or requests}")
         loop = self._bind()
+        draws, out = self.draws, self._output_tokens
+        shapes = [draws.shape(r.group, r.sample, r.policy_step) for r in requests]
+        peaks = [max([sh.prompt_tokens + sh.segments[0], *(out + n for n in sh.segments[1:])])
+                 for sh in shapes]
+        if max(peaks) > self._kv_cap:
+            raise ValueError(f"{self.name}: a request needs {max(peaks)} KV tokens, more than "
+                             f"the server's kv_capacity_tokens {self._kv_cap}")
         call = _Call(emit, len(requests), loop.create_future())
         now = self._advance_to_now()
-        draws = self.draws
-        for i, r in enumerate(requests):
-            shape = draws.shape(r.group, r.sample, r.policy_step)
+        for i, (r, shape, peak) in enumerate(zip(requests, shapes, peaks, strict=True)):
             job = _Job(
                 call, i, r.sample, now, shape.length, shape.capped, shape.segments, shape.tool_s,
+                peak,
             )
             self._jobs[r.sample] = job
+            self._kv_peak += peak
             self._submit(job, now, shape.prompt_tokens)
         self._run_until(now)  # slot grants at this instant, without a timer round trip
         self._rearm()
@@ -239,6 +263,7 @@ class SimEngine:
             if job is None:
                 continue
             job.cancelled = True
+            self._kv_peak -= job.peak
             if job.rid >= 0:
                 del self._running[job.rid]
                 self._rest_of.pop(job.rid, None)
@@ -256,6 +281,7 @@ class SimEngine:
         self._wake_seq = -1
         calls = {id(j.call): j.call for j in self._jobs.values()}
         self._jobs.clear()
+        self._kv_peak = 0
         self._running.clear()
         self._tools.clear()
         self._tool_bounds.clear()
@@ -266,7 +292,13 @@ class SimEngine:
 
     # -- observation -----------------------------------------------------------------------
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> EngineStats:
+        """Running, waiting, KV usage, cumulative preemptions (module docstring)."""
+        b = self._batcher
+        return EngineStats(running=b.running, waiting=b.waiting,
+                           kv_cache_usage=b.kv_tokens / b.kv_capacity, preemptions=b.preemptions)
+
+    def counters(self) -> dict[str, Any]:
         """Open requests, in tool calls, emitted, cancelled, and the batcher's snapshot."""
         return {
             "open": len(self._jobs), "in_tool": len(self._jobs) - len(self._running),
@@ -338,7 +370,7 @@ class SimEngine:
         tools = self._tools
         if tools and tools[0][0] < t:
             t = tools[0][0]
-        if t < math.inf:
+        if t < math.inf and self._kv_peak <= self._kv_cap:  # else a preemption may come first
             fb = self._batcher.finish_bound(None if self._single_turn else self._rest_of)
             bound = math.inf if fb is None else fb
             pending = self._tool_bounds
@@ -386,6 +418,7 @@ class SimEngine:
             self._seq += 1
             return
         del self._jobs[job.sample]
+        self._kv_peak -= job.peak
         if self.timeline is not None:
             self.timeline[job.sample] = (job.arrival, job.start, f.finish)
         completion = Completion(
@@ -423,6 +456,7 @@ class SimEngine:
             if not job.call.done.done():
                 job.call.done.set_exception(exc)
         self._jobs.clear()
+        self._kv_peak = 0
         self._running.clear()
         self._tools.clear()
         self._tool_bounds.clear()

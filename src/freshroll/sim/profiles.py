@@ -76,6 +76,10 @@ class LengthModel:
         _validate(self, "lengths")
 
 
+#: the default KV capacity of a simulated server (tokens): no profile here comes near it
+KV_CAPACITY_DEFAULT = 10**9
+
+
 @dataclass(frozen=True, slots=True)
 class ServerModel:
     """One continuous-batching inference server; see :mod:`freshroll.sim.batching`."""
@@ -84,6 +88,10 @@ class ServerModel:
     step_s_per_seq: float = _f(1e-4, 0.0, 60.0)  # t1: added cost per active sequence
     prefill_s_per_token: float = _f(2e-5, 0.0, 60.0)  # prefill time per prompt token
     max_concurrent: int = _i(256, 1, 10**6)  # slots: sequences decoding or prefilling at once
+    #: KV cache (tokens) the sequences holding a slot share; past it the newest is preempted
+    #: and recomputed. The default (1e9) is far above what any profile here holds (~8e6 at
+    #: 256 slots): they never preempt. A real 80 GB GPU holds ~1e5-1e6 tokens of a 7B model.
+    kv_capacity_tokens: int = _i(KV_CAPACITY_DEFAULT, 1, 10**15)
 
     def __post_init__(self) -> None:
         _validate(self, "server")
