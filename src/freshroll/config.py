@@ -265,6 +265,11 @@ class ControlSection(_Section):
         0.10, gt=0, le=1, description="worker backpressure ratio that marks the trainer the "
         "bottleneck"
     )
+    kv_high: float = Field(
+        0.95, gt=0, le=1, description="KV cache usage (the most of any engine that reports "
+        "it: vllm, sim) at which per-worker concurrency stops growing; a preemption in a "
+        "window cuts it (control.py)"
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> ControlSection:

@@ -12,6 +12,10 @@ Signals of one window of length ``W`` (``n`` active workers, ``c`` requests per 
                                                 by admission (no request to start)
     p = median(worker_rates)                    samples/s of one worker while not blocked
     D = consumed / (W − trainer_wait_s)         trainer demand: what it eats when fed
+    κ = max over workers of kv_cache_usage      the engines' KV cache in use (None: no
+                                                engine reports: the HF engine)
+    π = preemptions in the window (sum)         sequences the engines evicted and recompute
+    q = engine_waiting (sum)                    sequences queued inside the engines
 
 **Bottleneck.** producer-bound if ω ≥ idle_high; trainer-bound if β ≥ blocked_high
 or (η > 0 and lag_mean > lag_soft × η), and ω < idle_low; both ω ≥ idle_high and
@@ -40,6 +44,10 @@ rule fires: the dead band is one worker plus ``down_margin`` wide.
 **Concurrency** (AIMD, one decision per pool turnover: ``n × c`` completions
 since the last one)::
 
+    memory cut : π > 0 (whatever the bottleneck: the engine is past its memory knee, and
+                 recomputing evicted sequences costs throughput on every side)
+                 -> c = max(c_min, floor(c × hard_factor)), ceiling = c − 1, latched as
+                 the hard cut; it needs no pool turnover (preemption is direct evidence)
     hard cut   : stale discards in the window, trainer-bound or balanced (producer-bound or
                  in conflict, stale samples are stragglers, not over-production: no cut)
                  -> c = max(c_min, floor(c × hard_factor)),
@@ -58,6 +66,9 @@ since the last one)::
     increase   : slots full (in_flight >= n × c), c < ceiling, and producer-bound, or
                  balanced / trainer-bound with n' > min_workers and lag below lag_soft × η
                  -> c + 1   (n' the new worker count)
+                 refused while κ >= kv_high (the engine is at its memory knee: one more
+                 sequence each would preempt) or q > 0 (the engines already hold more
+                 requests than they run: more only queues)
 
 Cost is worker-seconds, and a worker costs the same at any concurrency, so each
 worker should run at the knee: below it, surplus production is shed by removing
@@ -136,6 +147,7 @@ class ControlConfig:
     soft_trim: float = 0.125
     hard_factor: float = 0.5
     admission_slack: float = 0.5
+    kv_high: float = 0.95  # KV cache usage at which concurrency stops growing
     batch_groups: int = 1  # B: the admission limit never goes below one trainer batch
 
     def __post_init__(self) -> None:
@@ -160,6 +172,7 @@ class ControlConfig:
         need(0.0 < self.hard_factor < 1.0, f"hard_factor must be in (0, 1), got {self.hard_factor}")
         need(0.0 < self.soft_trim < 1.0, f"soft_trim must be in (0, 1), got {self.soft_trim}")
         need(0.0 < self.down_gain <= 1.0, f"down_gain must be in (0, 1], got {self.down_gain}")
+        need(0.0 < self.kv_high <= 1.0, f"kv_high must be in (0, 1], got {self.kv_high}")
         for name in ("lag_soft", "headroom", "down_margin", "horizon_s", "gain_min",
                      "admission_slack"):
             need(getattr(self, name) >= 0.0, f"{name} must be >= 0, got {getattr(self, name)}")
@@ -200,6 +213,11 @@ class Snapshot:
     lag_mean: float = 0.0
     lag_max: int = 0
     discards: Mapping[str, int] = field(default_factory=dict)
+    # what the engines report (runtime.seams.ReportsStats); None / 0: no engine reports
+    kv_cache_usage: float | None = None  # max over active workers, 0..1
+    engine_waiting: int = 0            # sum: sequences queued inside the engines
+    engine_running: int = 0            # sum: sequences the engines generate now
+    preemptions: int = 0               # in the window, summed over active workers
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,6 +368,11 @@ def _concurrency(
         if snap.in_flight > pool:
             return c, st, f"hard cut latched: {snap.in_flight} in flight > {pool}"
         return c, replace(st, latched=False, turnover_mark=snap.completed), "hard cut drained"
+    if snap.preemptions > 0:
+        cut = max(cfg.min_concurrency, math.floor(c * cfg.hard_factor))
+        st = replace(st, probe=None, ceiling=max(cfg.min_concurrency, c - 1),
+                     latched=snap.in_flight > s.workers * cut, turnover_mark=snap.completed)
+        return cut, st, f"memory cut {c}->{cut}: {snap.preemptions} preemptions{_kv(snap)}"
     if snap.completed - st.turnover_mark < max(1, pool):
         return c, st, "concurrency: pool not turned over"
     st = replace(st, turnover_mark=snap.completed)
@@ -379,9 +402,28 @@ def _concurrency(
     grow = side == "producer" or (side in ("balanced", "trainer") and workers > cfg.min_workers
                                   and not laggy)
     if grow and snap.in_flight >= pool and c < top:
+        kv = snap.kv_cache_usage
+        if kv is not None and kv >= cfg.kv_high:
+            return c, st, f"concurrency kept: kv cache {kv:.1%} >= kv_high {cfg.kv_high:.0%}"
+        if snap.engine_waiting > 0:
+            return c, st, f"concurrency kept: {snap.engine_waiting} waiting in the engines"
         why = "slots full" if side == "producer" else "consolidate onto fewer workers"
         return c + 1, replace(st, probe=(c, p)), f"concurrency {c}->{c + 1}: {why}"
     return c, st, "concurrency kept"
+
+
+def _kv(snap: Snapshot) -> str:
+    kv = snap.kv_cache_usage
+    return "" if kv is None else f", kv cache {kv:.1%}"
+
+
+def _engine(snap: Snapshot) -> str:
+    """The engines' signals for the reason's head ("" when no engine reports)."""
+    kv = snap.kv_cache_usage
+    if kv is None:
+        return ""
+    return (f", kv {kv:.1%}, {snap.preemptions} preempted, {snap.engine_waiting} waiting / "
+            f"{snap.engine_running} running in the engines")
 
 
 def _rewind(t: float | None, now: float) -> float | None:
@@ -402,7 +444,7 @@ def decide(snap: Snapshot, state: ControllerState, cfg: ControlConfig) -> Decisi
     n, state, why_n = _workers(cur, state, cfg, side)
     c, state, why_c = _concurrency(cur, state, cfg, side, n)
     new = cfg.clamp(Settings(admission_limit=0, concurrency=c, workers=n))
-    reason = f"{head} (idle {omega:.1%}, blocked {beta:.1%}); {why_n}; {why_c}"
+    reason = f"{head} (idle {omega:.1%}, blocked {beta:.1%}{_engine(cur)}); {why_n}; {why_c}"
     return Decision(at=now, previous=snap.settings, settings=new, state=state,
                     bottleneck=side, reason=reason, inputs=snap)
 
@@ -430,6 +472,6 @@ class StaticController:
 
     def decide(self, snap: Snapshot, state: ControllerState) -> Decision:
         side, omega, beta = bottleneck(snap, self.config)
-        reason = f"static ({side}; idle {omega:.1%}, blocked {beta:.1%})"
+        reason = f"static ({side}; idle {omega:.1%}, blocked {beta:.1%}{_engine(snap)})"
         return Decision(at=snap.now, previous=snap.settings, settings=snap.settings, state=state,
                         bottleneck=side, reason=reason, inputs=snap)

@@ -22,6 +22,12 @@ Two rules used by several figures, stated once:
   outcome; ``shutdown``: the run ended first, which says nothing about the samples). Every
   other reason counts, including ones added later.
 
+- **engine figures**: an engine that reports its load (vLLM, the simulated server) has it
+  measured by the steering meter and recorded in every ``controller_decided`` event's
+  inputs; the figures are those of the last decision that carried them (``preemptions``:
+  the sum of every decision's window). With no such decision (the HF engine) they are
+  ``None`` and a row leaves their columns out.
+
 A ``metrics.jsonl`` row (:func:`row`) is built when the fold reaches a ``committed``
 event: the step's trainer metrics as the event records them, plus the run figures of
 the ledger up to and including that event. So row ``k`` is a pure function of the ledger
@@ -63,6 +69,9 @@ class Tally:
     step_wait_s: float = 0.0  # wait of the lease the last commit consumed
     step_interval_s: float = 0.0  # trainer wall time between the last two commits
     step_lags: tuple[float, int] | None = None  # (mean, max) lag of the last commit's batch
+    #: the last decision's engine report (kv_cache_usage, waiting, running); None: none yet
+    engine: tuple[float, int, int] | None = None
+    preempted: int = 0  # preemptions summed over every decision's window
     _wall_done: float = 0.0  # trainer wall time of the incarnations before the current one
     _start: float | None = None  # the current incarnation's trainer start
     _last: float | None = None  # the current incarnation's last commit
@@ -94,7 +103,17 @@ class Tally:
                 self._started.pop(e.sample, None)
         elif isinstance(e, ev.WeightsLoaded):
             self.transfers.append(e.transfer_s)
+        elif isinstance(e, ev.ControllerDecided):
+            self._decided(e.inputs)
         return None
+
+    def _decided(self, inputs: dict[str, Any]) -> None:
+        kv = inputs.get("kv_cache_usage")
+        if not isinstance(kv, int | float):  # no engine reported in that window
+            return
+        self.engine = (float(kv), int(inputs.get("engine_waiting", 0)),
+                       int(inputs.get("engine_running", 0)))
+        self.preempted += int(inputs.get("preemptions", 0))
 
     def _committed(self, e: ev.Committed) -> dict[str, Any]:
         lease = self._leases.pop(e.lease, None)
@@ -307,15 +326,40 @@ def step_lag_max(t: Tally) -> float | None:
     return None if t.step_lags is None else float(t.step_lags[1])
 
 
+@figure
+def kv_cache_usage(t: Tally) -> float | None:
+    return None if t.engine is None else t.engine[0]
+
+
+@figure
+def engine_waiting(t: Tally) -> int | None:
+    return None if t.engine is None else t.engine[1]
+
+
+@figure
+def engine_running(t: Tally) -> int | None:
+    return None if t.engine is None else t.engine[2]
+
+
+@figure
+def preemptions(t: Tally) -> int | None:
+    return None if t.engine is None else t.preempted
+
+
 def row(t: Tally, e: ev.Committed) -> dict[str, Any]:
-    """The ``metrics.jsonl`` row of the commit ``e`` that ``t`` has just folded."""
+    """The ``metrics.jsonl`` row of the commit ``e`` that ``t`` has just folded (the engine
+    columns only once an engine reported)."""
+    engine = {} if t.engine is None else {
+        "kv_cache_usage": kv_cache_usage(t), "engine_waiting": engine_waiting(t),
+        "engine_running": engine_running(t), "preemptions": preemptions(t),
+    }
     return {
         "step": steps(t), "t": wall_s(t), "version": e.version, **e.metrics,
         "lag_mean": step_lag_mean(t), "lag_max": step_lag_max(t),
         "trainer_wait_s": step_wait_s(t), "step_idle_ratio": step_idle_ratio(t),
         "accepted_total": accepted_rollouts(t), "accepted_per_s": accepted_rollouts_per_s(t),
         "trainer_idle_ratio": trainer_idle_ratio(t), "discards": counted_discards(t),
-        "discard_rate": discard_rate(t),
+        "discard_rate": discard_rate(t), **engine,
     }
 
 

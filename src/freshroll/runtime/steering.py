@@ -29,7 +29,13 @@ What the meter measures in a window of length ``W``:
   yet rewarded: in a worker's slots or waiting for a reward; requests still queued are not
   counted, so "slots full" and the hard cut's drain read the slots), ``ready_samples``,
   ``version``, ``groups_accepted`` and ``groups_running`` (from the replayed buffer on
-  resume), lag mean/max of the samples committed, and the discards by reason.
+  resume), lag mean/max of the samples committed, and the discards by reason;
+* the engines' own figures, from every active worker whose engine implements
+  :class:`~freshroll.runtime.seams.ReportsStats` (vLLM's scheduler, the simulated server):
+  ``kv_cache_usage`` (the largest), ``engine_waiting`` and ``engine_running`` (sums, as of
+  now) and ``preemptions`` (the growth of each engine's cumulative count since the last
+  window; a new engine of a restarted worker counts from 0). None / 0 when no engine reports
+  (the HF engine), so such a run's snapshots carry no engine signal.
 
 Resume (``control.mode: adaptive``): the ledger's last ``controller_decided`` (replayed into
 :attr:`~freshroll.state.BufferState.decision`) gives the settings and the controller state
@@ -41,8 +47,9 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from freshroll import events as ev
 from freshroll.config import Config
@@ -56,10 +63,12 @@ from freshroll.control import (
     Snapshot,
     StaticController,
 )
+from freshroll.runtime.seams import EngineStats, ReportsStats
 from freshroll.state import Lease
 
 if TYPE_CHECKING:
     from freshroll.runtime.pipeline import Pipeline
+    from freshroll.runtime.workers import Worker
 
 
 def control_config(cfg: Config) -> ControlConfig:
@@ -72,7 +81,7 @@ def control_config(cfg: Config) -> ControlConfig:
         max_concurrency=(c.max_concurrency if c.max_concurrency is not None
                          else max(4 * ro.worker_batch, c.min_concurrency)),
         idle_high=c.idle_high, idle_low=c.idle_low, blocked_high=c.blocked_high,
-        up_cooldown_s=c.up_cooldown_s, down_cooldown_s=c.down_cooldown_s,
+        up_cooldown_s=c.up_cooldown_s, down_cooldown_s=c.down_cooldown_s, kv_high=c.kv_high,
     )
 
 
@@ -95,6 +104,7 @@ class Meter:
         self.waited_samples = 0
         self.lags: list[int] = []
         self._mark = self._now_mark(self.buf.clock.now())
+        self._preempted: dict[str, tuple[object, int]] = {}  # worker -> (engine, count seen)
 
     # -- fed by the trainer task -------------------------------------------------------------
     def trainer_waits(self, since: float, missing: int) -> None:
@@ -143,6 +153,7 @@ class Meter:
                     if up > 0:
                         rates.append(dn / up)
         self._mark = mark
+        engine = self._engines(pool.active)
         counts = buf.counts
         lags, self.lags = self.lags, []
         startups = pool.startups[-8:]
@@ -162,7 +173,32 @@ class Meter:
             lag_mean=sum(lags) / len(lags) if lags else 0.0, lag_max=max(lags, default=0),
             discards={k: v - last.discards.get(k, 0) for k, v in mark.discards.items()
                       if v - last.discards.get(k, 0)},
+            **engine,
         )
+
+    def _engines(self, active: Mapping[str, Worker]) -> dict[str, Any]:
+        """The Snapshot's engine fields from the active workers' engines that report."""
+        reports: list[EngineStats] = []
+        preempted, seen = 0, self._preempted
+        for name, w in active.items():
+            engine = w.engine
+            if not isinstance(engine, ReportsStats):
+                continue
+            st = engine.stats()
+            if not isinstance(st, EngineStats):  # None: no report yet
+                continue
+            reports.append(st)
+            was_engine, was = seen.get(name, (None, 0))
+            base = was if was_engine is engine else 0  # a new engine counts from 0
+            preempted += max(0, st.preemptions - base)
+            seen[name] = (engine, st.preemptions)
+        if not reports:
+            return {}
+        return {
+            "kv_cache_usage": max(min(1.0, max(0.0, r.kv_cache_usage)) for r in reports),
+            "engine_waiting": sum(r.waiting for r in reports),
+            "engine_running": sum(r.running for r in reports), "preemptions": preempted,
+        }
 
 
 class Steering:
