@@ -163,3 +163,18 @@ def test_engine_refuses_a_request_the_cache_cannot_hold():
     (exc,) = info.value.exceptions
     assert isinstance(exc, ValueError) and "kv_capacity_tokens 10" in str(exc)
     assert engine.counters()["open"] == 0  # nothing was registered
+
+
+def test_cancel_frees_kv_at_once_and_a_preempted_request_can_be_cancelled():
+    b = ContinuousBatcher(server(10, prefill=0.1))
+    a_id, b_id = b.submit(0.0, 2, 5), b.submit(0.0, 2, 5)
+    assert b.cancel(b_id, 2.5) and b.kv_tokens == 2 + 2  # B's KV gone mid-step
+    done = b.advance(math.inf)
+    assert [(f.request, f.finish) for f in done] == [(a_id, pytest.approx(5.2))]
+    assert b.preemptions == 0
+    c = ContinuousBatcher(server(10, prefill=0.1))
+    a_id, b_id = c.submit(0.0, 2, 5), c.submit(0.0, 2, 5)
+    c.advance(4.5)
+    assert c.preemptions == 1 and c.waiting == 1
+    assert c.cancel(b_id, 4.5) and c.waiting == 0
+    assert [f.request for f in c.advance(math.inf)] == [a_id] and c.kv_tokens == 0
