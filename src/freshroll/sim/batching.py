@@ -117,13 +117,16 @@ class ContinuousBatcher:
         self._tokens: list[int] = []
         self._start: list[float] = []
         self._decode_start: list[float] = []
-        # KV: usage at step count s = _kv_const + _kv_n x s + _kv_prefill
+        # KV: usage at step count s = _kv_const + n x s + _kv_prefill, n = the decoding
+        # sequences that hold KV (not leaving: cancelled ones freed theirs)
         self._kv_const = 0  # sum over decoding (not leaving) of held-at-join - join step count
-        self._kv_n = 0  # decoding sequences that hold KV (not cancelled)
         self._kv_prefill = 0  # sum over prefilling of their prompt (+ tokens before preemption)
         self._kv_need = 0  # sum over live requests of prompt + completion (the most they hold)
-        self._redo: list[int] = []  # tokens produced before the last preemption (0: none)
-        self._joined: list[int] = []  # step count at the last join
+        #: slots x the largest request ever submitted fit K: usage can never exceed K
+        self._kv_roomy = True
+        self._base: list[int] = []  # KV held when it gets a slot: prompt + tokens produced
+        self._left: list[int] = []  # tokens still to produce when it (re)joins
+        self._kvj: list[int] = []  # its base - the step count at its last join
         self._order: list[int] = []  # admission order of the last admission (newest: largest)
         self._admissions = 0
         self._preemptions = 0
@@ -157,7 +160,8 @@ class ContinuousBatcher:
     def kv_tokens(self) -> int:
         """KV tokens held at :attr:`now` (the decode steps since the last event count)."""
         steps = self._steps + self._steps_done(self._t)
-        return self._kv_const + self._kv_n * steps + self._kv_prefill
+        n = len(self._decoding) - len(self._leaving)
+        return self._kv_const + n * steps + self._kv_prefill
 
     @property
     def kv_capacity(self) -> int:
@@ -210,7 +214,7 @@ class ContinuousBatcher:
         bound is the next event.
         """
         if (self._purge_steps >= 0 or (self._waiting and self._held < self._cap)
-                or self._kv_need > self._kv_cap):  # a preemption may shorten steps
+                or not self._kv_free()):  # a preemption may shorten steps
             return self.next_event_time()
         bound = math.inf
         t0, t1, decoding = self._t0, self._t1, self._decoding
@@ -267,10 +271,13 @@ class ContinuousBatcher:
         self._tokens.append(int(completion_tokens))
         self._start.append(math.nan)
         self._decode_start.append(math.nan)
-        self._redo.append(0)
-        self._joined.append(0)
+        self._base.append(int(prompt_tokens))
+        self._left.append(int(completion_tokens))
+        self._kvj.append(0)
         self._order.append(0)
         self._kv_need += prompt_tokens + completion_tokens
+        if self._kv_roomy and self._cap * (prompt_tokens + completion_tokens) > self._kv_cap:
+            self._kv_roomy = False
         self._last_arrival = arrival
         self._dirty = True
         if (arrival == self._now and not self._waiting and self._held < self._cap
@@ -305,11 +312,10 @@ class ContinuousBatcher:
             self._prefilling = [e for e in self._prefilling if e[1] != request]
             heapq.heapify(self._prefilling)
             self._held -= 1
-            self._kv_prefill -= self._held_at_start(request)
+            self._kv_prefill -= self._base[request]
         elif any(rid == request for _, rid in self._decoding):
             self._held -= 1
-            self._kv_const -= self._held_at_start(request) - self._joined[request]
-            self._kv_n -= 1
+            self._kv_const -= self._kvj[request]
             if self._boundary >= at:  # cancelled at a step boundary: no step under way
                 self._decoding = [e for e in self._decoding if e[1] != request]
                 heapq.heapify(self._decoding)
@@ -380,13 +386,16 @@ class ContinuousBatcher:
                 steps = min(steps, self._purge_steps - self._steps)
             if self._prefilling:
                 steps = min(steps, self._steps_until(self._prefilling[0][0], d))
-            if self._kv_n:  # the first step after which usage exceeds K (after now: usage <= K)
-                at_last = self._kv_const + self._kv_n * self._steps + self._kv_prefill
-                steps = min(steps, (self._kv_cap - at_last) // self._kv_n + 1)
+            if not self._kv_roomy and self._kv_need > self._kv_cap:
+                n = len(self._decoding) - len(self._leaving)
+                if n:  # the first step after which usage exceeds K (after now: usage <= K)
+                    at_last = self._kv_const + n * self._steps + self._kv_prefill
+                    steps = min(steps, (self._kv_cap - at_last) // n + 1)
             event = (self._boundary + steps * d, steps)
         elif self._prefilling:
             event = (self._prefilling[0][0], 0)
-        if self._waiting and self._held < self._cap and self._fits(self._waiting[0]):
+        if (self._waiting and self._held < self._cap
+                and (self._kv_roomy or self._fits(self._waiting[0]))):
             arrival = self._arrival[self._waiting[0]]
             if event is None or arrival < event[0]:
                 event = (arrival, -1)
@@ -411,8 +420,7 @@ class ContinuousBatcher:
                 self._leaving.discard(rid)
                 continue
             self._held -= 1
-            self._kv_const -= self._held_at_start(rid) - self._joined[rid]
-            self._kv_n -= 1
+            self._kv_const -= self._kvj[rid]
             self._kv_need -= self._prompt[rid] + self._tokens[rid]
             done.append(Finished(
                 rid, self._arrival[rid], self._start[rid], self._decode_start[rid], t,
@@ -424,18 +432,21 @@ class ContinuousBatcher:
                 heapq.heapify(self._decoding)
                 self._leaving.clear()
             self._purge_steps = -1
-        if self.kv_tokens > self._kv_cap:
+        if not self._kv_roomy and self._kv_need > self._kv_cap and self.kv_tokens > self._kv_cap:
             self._preempt()
-        self._grant_due(t)
+        waiting = self._waiting
+        if waiting and self._held < self._cap and self._arrival[waiting[0]] <= t:
+            self._grant_due(t)
         prefilling = self._prefilling
         while prefilling and prefilling[0][0] <= t:
             _, rid = heapq.heappop(prefilling)
-            self._kv_prefill -= self._held_at_start(rid)
+            self._kv_prefill -= self._base[rid]
             self._join(rid, t)
 
     def _grant(self, t: float) -> None:
-        if self._fits(self._waiting[0]):  # it fitted when the event was computed: usage grew
-            self._take_slot(self._waiting.popleft(), t)
+        rid = self._waiting[0]
+        if self._kv_roomy or self._fits(rid):  # it fitted when the event was computed; usage
+            self._take_slot(self._waiting.popleft(), t)  # may have grown since
 
     def _steps_done(self, t: float) -> int:
         """Decode steps ended in ``(last boundary, t]`` (no event comes between them)."""
@@ -456,20 +467,23 @@ class ContinuousBatcher:
                and self._fits(waiting[0])):
             self._take_slot(waiting.popleft(), t)
 
-    def _held_at_start(self, rid: int) -> int:
-        """KV a request holds when it gets a slot: its prompt and what it had produced."""
-        return self._prompt[rid] + self._redo[rid]
+    def _kv_free(self) -> bool:
+        """Usage cannot exceed K whatever happens to what was submitted (the usual case:
+        then no admission waits for KV and nothing is preempted)."""
+        return self._kv_roomy or self._kv_need <= self._kv_cap
 
     def _fits(self, rid: int) -> bool:
-        return self.kv_tokens + self._held_at_start(rid) <= self._kv_cap
+        if self._kv_roomy or self._kv_need <= self._kv_cap:
+            return True
+        return self.kv_tokens + self._base[rid] <= self._kv_cap
 
     def _take_slot(self, rid: int, t: float) -> None:
         self._held += 1
+        if not self._order[rid]:  # a recomputed request keeps its first start
+            self._start[rid] = t
         self._admissions += 1
         self._order[rid] = self._admissions
-        if math.isnan(self._start[rid]):  # a recomputed request keeps its first start
-            self._start[rid] = t
-        held = self._held_at_start(rid)
+        held = self._base[rid]
         ready = t + self._prefill_s * held
         if self._decoding and ready <= self._boundary:  # at a boundary, no prefill: this step
             self._join(rid, self._boundary)
@@ -478,13 +492,12 @@ class ContinuousBatcher:
             heapq.heappush(self._prefilling, (ready, rid))
 
     def _join(self, rid: int, t: float) -> None:
-        if math.isnan(self._decode_start[rid]):
+        steps, left = self._steps, self._left[rid]
+        if left == self._tokens[rid]:  # the first join (not after a preemption)
             self._decode_start[rid] = t
-        self._joined[rid] = self._steps
-        self._kv_const += self._held_at_start(rid) - self._steps
-        self._kv_n += 1
-        left = self._tokens[rid] - self._redo[rid]
-        heapq.heappush(self._decoding, (self._steps + left, rid))
+        self._kvj[rid] = kvj = self._base[rid] - steps
+        self._kv_const += kvj
+        heapq.heappush(self._decoding, (steps + left, rid))
 
     def _preempt(self) -> None:
         """While usage exceeds K, preempt the newest request holding a slot (module doc)."""
@@ -493,7 +506,7 @@ class ContinuousBatcher:
             decoding = [(order[rid], rid) for _, rid in self._decoding if rid not in leaving]
             prefilling = [(order[rid], rid) for _, rid in self._prefilling]
             _, rid = max(decoding + prefilling)
-            held = self._held_at_start(rid)
+            held = self._base[rid]
             if any(r == rid for _, r in self._prefilling):
                 self._prefilling = [e for e in self._prefilling if e[1] != rid]
                 heapq.heapify(self._prefilling)
@@ -501,9 +514,10 @@ class ContinuousBatcher:
             else:
                 self._decoding = [e for e in self._decoding if e[1] != rid]
                 heapq.heapify(self._decoding)
-                self._kv_const -= held - self._joined[rid]
-                self._kv_n -= 1
-                self._redo[rid] += self._steps - self._joined[rid]
+                self._kv_const -= self._kvj[rid]
+                produced = self._steps - (held - self._kvj[rid])  # since its last join
+                self._base[rid] += produced
+                self._left[rid] -= produced
             self._held -= 1
             self._preemptions += 1
             self._waiting.appendleft(rid)
