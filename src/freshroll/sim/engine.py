@@ -40,8 +40,9 @@ up to its own time. Emissions are therefore exactly on time (tested: a caller
 that submits when a group ends sees its next group arrive at that very time),
 with about one wakeup per emitted request (P3: 1.75 instead of 9).
 When the tokens the open requests may hold (each its largest turn) add up to more
-than the server's KV capacity, a preemption could shorten the steps of the others,
-so the bound no longer holds: the engine then wakes at every event (still exact).
+than the server's KV capacity (and slots x the largest such turn too), a preemption
+could shorten the steps of the others, so the bound no longer holds: the engine then
+wakes at every event (still exact).
 
 :meth:`~SimEngine.stats` is the :class:`~freshroll.runtime.seams.ReportsStats` view of
 the server, as of the last wakeup or call (the batcher's state then)::
@@ -189,6 +190,8 @@ class SimEngine:
         self._batcher = ContinuousBatcher(draws.profile.server)
         self._kv_cap = draws.profile.server.kv_capacity_tokens
         self._kv_peak = 0  # sum over open requests of their peak (<= capacity: no preemption)
+        self._slots = draws.profile.server.max_concurrent
+        self._kv_roomy = True  # slots x the largest peak seen fit: no preemption ever
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wakeups: _Wakeups | None = None
         self._wake_seq = -1  # the live entry in the loop's wakeups (-1: none)
@@ -226,9 +229,12 @@ class SimEngine:
         shapes = [draws.shape(r.group, r.sample, r.policy_step) for r in requests]
         peaks = [max([sh.prompt_tokens + sh.segments[0], *(out + n for n in sh.segments[1:])])
                  for sh in shapes]
-        if max(peaks) > self._kv_cap:
-            raise ValueError(f"{self.name}: a request needs {max(peaks)} KV tokens, more than "
+        most = max(peaks)
+        if most > self._kv_cap:
+            raise ValueError(f"{self.name}: a request needs {most} KV tokens, more than "
                              f"the server's kv_capacity_tokens {self._kv_cap}")
+        if self._slots * most > self._kv_cap:
+            self._kv_roomy = False
         call = _Call(emit, len(requests), loop.create_future())
         now = self._advance_to_now()
         for i, (r, shape, peak) in enumerate(zip(requests, shapes, peaks, strict=True)):
@@ -370,7 +376,8 @@ class SimEngine:
         tools = self._tools
         if tools and tools[0][0] < t:
             t = tools[0][0]
-        if t < math.inf and self._kv_peak <= self._kv_cap:  # else a preemption may come first
+        if t < math.inf and (self._kv_roomy or self._kv_peak <= self._kv_cap):  # else a
+            # preemption may come first
             fb = self._batcher.finish_bound(None if self._single_turn else self._rest_of)
             bound = math.inf if fb is None else fb
             pending = self._tool_bounds
