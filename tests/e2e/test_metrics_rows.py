@@ -40,6 +40,8 @@ def test_rows_are_the_ledgers_and_strict_json(finished: Path) -> None:
     assert rows == _ledger_rows(finished)
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all("loss" in r and "reward_mean" in r for r in rows)  # from committed.metrics
+    engine = {"kv_cache_usage", "engine_waiting", "engine_running", "preemptions"}
+    assert not any(engine & set(r) for r in rows)  # the HF engine reports no stats
     text = (finished / "metrics.jsonl").read_text()
     assert "NaN" not in text and "Infinity" not in text
     summary = json.loads((finished / "summary.json").read_text())
