@@ -91,8 +91,12 @@ resumed run keeps its cooldowns, latch and ceiling. A clock that went back
 (a virtual clock restarted on resume) restarts the cooldowns, never blocks them.
 
 Recorded for the reader but read by no rule: ``ready_samples`` (a deep buffer is
-what β already measures: producers blocked by the budget) and ``lag_max`` (a
-committed sample never exceeds η; what would have is a ``stale`` discard).
+what β already measures: producers blocked by the budget), ``lag_max`` (a
+committed sample never exceeds η; what would have is a ``stale`` discard) and
+``engine_running``. With no engine report (κ None, π = q = 0) every decision is
+exactly what it was before the engine rules existed; the memory cut runs after the
+latch (a latched cut is not cut again by the preemptions of the old load) and
+before the turnover gate; the engine signals never touch the worker count.
 
 :class:`StaticController` never changes a setting (for comparison); it still
 reports the bottleneck. Long tails (group deadline, over-provisioning) are in
