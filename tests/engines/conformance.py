@@ -30,8 +30,9 @@ The rules (each a test):
 * **errors**: a prompt longer than the model's max positions fails the call with an
   ordinary exception (not :class:`~freshroll.errors.WorkerLost`), never emits that request,
   and the engine goes on working (an engine with ``isolates_bad_requests`` also emits the
-  call's good requests first); a dead engine (``kill``) raises ``WorkerLost`` on the next
-  generate. The kill runs last; a later test restarts the engine (``restart``).
+  call's good requests first); when the engine's process dies (the module's ``kill``: a
+  crash behind the engine's back) the call in flight and the next one raise ``WorkerLost``,
+  and ``close`` still works. That rule runs last; a later test would start a fresh engine.
 """
 
 from __future__ import annotations
@@ -139,7 +140,7 @@ class EngineUnderTest:
     reference: Reference
     logprob_tol: float  # max |engine - teacher-forced| log-prob per token
     mismatch_kl_tol: float  # max mismatch KL of one call
-    kill: Callable[[AsyncEngine], Awaitable[None]] | None = None  # kill its process
+    kill: Callable[[AsyncEngine], Awaitable[None]] | None = None  # its process dies
     no_kill_reason: str = ""  # why there is no kill (the rule is then skipped)
     isolates_bad_requests: bool = False  # a bad request fails only itself
     engine: AsyncEngine | None = None
@@ -314,6 +315,7 @@ class Conformance:
             await asyncio.sleep(0.02)  # under way: nothing of 12 x 100 tokens can be done
             cut.extend(i for i in range(4, len(reqs)) if i not in emitted.by_index)
             seen = len(emitted.order)
+            eut.measured["cancelled_in_flight"] = len(cut)
             await engine.cancel([reqs[i].sample for i in cut])
             await engine.cancel(["never.0#0"])  # unknown: harmless
             await call  # the call returns although some requests were never emitted
@@ -344,12 +346,29 @@ class Conformance:
     def test_dead_engine_raises_worker_lost(self, eut: EngineUnderTest):
         if eut.kill is None:
             pytest.skip(eut.no_kill_reason)
+        kill = eut.kill
         engine = eut.live()
-        generate(eut, requests(2, "alive"), SamplingParams(max_new_tokens=2), seed=6)
+        params = SamplingParams(max_new_tokens=100, temperature=1.0)
+        emitted = Emitted(threading.get_ident())
+
+        async def scenario() -> None:
+            call = asyncio.ensure_future(_generate(engine, requests(8, "dying"), params, 6,
+                                                   emitted))
+            await asyncio.sleep(0.05)
+            finished = call.done()
+            eut.measured["killed_in_flight"] = float(not finished)
+            await kill(engine)
+            if finished:  # too fast to be caught: then only the next call is checked
+                await call
+            else:
+                with pytest.raises(WorkerLost):
+                    await call  # the call in flight
+            with pytest.raises(WorkerLost):
+                await _generate(engine, requests(2, "dead"), SamplingParams(max_new_tokens=2),
+                                6, Emitted(threading.get_ident()))
+            await engine.close()
+            await engine.close()  # idempotent, also on a dead engine
+
         eut.dead = True  # whatever happens next, a later test gets a fresh engine
-        eut.run(eut.kill(engine))
-        with pytest.raises(WorkerLost):
-            eut.run(_generate(engine, requests(2, "dead"), SamplingParams(max_new_tokens=2), 6,
-                              Emitted(threading.get_ident())))
-        eut.run(engine.close())
-        eut.run(engine.close())  # idempotent, also on a dead engine
+        eut.run(scenario())
+        assert not emitted.problems, emitted.problems
