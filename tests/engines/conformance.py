@@ -21,6 +21,8 @@ The rules (each a test):
   ``top_p < 1`` (an oracle of its own: it shares no code with freshroll's sampler). The
   mismatch KL (the trainer's k3 estimator, ``mean exp(p - b) - (p - b) - 1`` with ``p`` the
   teacher-forced and ``b`` the engine's log-prob) is bounded too.
+* **stats** (engines that report them, :class:`~freshroll.runtime.seams.ReportsStats`):
+  after a call, an :class:`~freshroll.runtime.seams.EngineStats` with sane figures.
 * **seeds**: the same seed and requests give the same tokens; another seed changes some.
 * **weights**: loading other weights of the same shape changes the outputs of one seed, and
   the engine's log-probs then match the new weights; loading the original back gives the
@@ -53,7 +55,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from freshroll.engines.base import FINISH_LENGTH, FINISH_STOP, Completion
 from freshroll.engines.tiny import build_tiny, save_tiny
 from freshroll.errors import RetryableError, Superseded, WorkerLost
-from freshroll.runtime.seams import AsyncEngine, GenRequest, SamplingParams
+from freshroll.runtime.seams import (
+    AsyncEngine,
+    EngineStats,
+    GenRequest,
+    ReportsStats,
+    SamplingParams,
+)
 
 T = TypeVar("T")
 
@@ -263,6 +271,16 @@ class Conformance:
             assert math.isfinite(c.gen_s) and c.gen_s >= 0.0
         reasons = {c.finish_reason for c in comps}
         assert reasons == {FINISH_STOP, FINISH_LENGTH}, f"both reasons expected: {reasons}"
+
+    def test_stats_when_reported(self, eut: EngineUnderTest):
+        engine = eut.live()
+        if not isinstance(engine, ReportsStats):
+            pytest.skip(f"the {eut.name} engine reports no stats (optional)")
+        generate(eut, requests(8, "stats"), SamplingParams(max_new_tokens=8), seed=9)
+        stats = engine.stats()
+        assert isinstance(stats, EngineStats), stats  # seen after a call
+        assert stats.running >= 0 and stats.waiting >= 0 and stats.preemptions >= 0, stats
+        assert 0.0 <= stats.kv_cache_usage <= 1.0, stats
 
     @pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.7, 0.9)])
     def test_logprobs_match_teacher_forcing(self, eut: EngineUnderTest, temperature: float,
