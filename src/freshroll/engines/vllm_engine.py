@@ -74,6 +74,13 @@ _KV_ENV = "VLLM_CPU_KVCACHE_SPACE"
 _kv_set_by_us: str | None = None  # the value we put in the environment (not the user's)
 
 
+def _quiet_vllm() -> None:
+    """Before vLLM's first import (it configures its logger then): INFO lines for every
+    start, load and shutdown would drown the run's progress on stderr; a user's setting
+    of ``VLLM_LOGGING_LEVEL`` wins."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+
 def head_dim(config: Mapping[str, Any]) -> int | None:
     """The attention head size of a transformers config dict (None if it has no heads)."""
     hd = config.get("head_dim")
@@ -125,6 +132,7 @@ def check_engine_arg_keys(extra: Mapping[str, Any]) -> None:
     (imports vLLM only when there are keys to check)."""
     if not extra:
         return
+    _quiet_vllm()
     from vllm.engine.arg_utils import AsyncEngineArgs
 
     known = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
@@ -166,6 +174,7 @@ def engine_args(model_path: Path, section: VLLMSection, *, seed: int,
                 embedded: bool = False) -> Any:
     """vLLM's ``AsyncEngineArgs`` for one engine over ``model_path`` (checked first;
     ``embedded``: the model is the embedded tiny one, for the head size's fix)."""
+    _quiet_vllm()
     from vllm.engine.arg_utils import AsyncEngineArgs
 
     check_engine_arg_keys(section.engine_args)
@@ -268,6 +277,7 @@ class VLLMEngine:
                  sink: _StatSink, name: str = "vllm", max_model_len: int | None = None) -> None:
         self._llm, self._tok, self.section, self.model_path = llm, tokenizer, section, model_path
         self.name, self._sink = name, sink
+        self.on_update = section.on_update  # what load_weights does to requests in flight
         self.max_model_len = max_model_len
         self._eos = _eos_ids(tokenizer, _model_config(model_path))
         if not self._eos:
@@ -392,7 +402,7 @@ class VLLMEngine:
         the seconds this took (the transfer stage)."""
         self._alive()
         start = time.perf_counter()
-        mode = self.section.on_update
+        mode = self.on_update
         if mode == "continue":
             return await self._reload(weights, start)
         self._open.clear()  # no new request starts until the new weights are in
@@ -581,9 +591,7 @@ async def start_vllm_engine(model_path: Path, section: VLLMSection, *, seed: int
                             name: str = "vllm") -> VLLMEngine:
     """Start an engine over ``model_path`` and warm it up (one tiny generate: the first real
     call is then not seconds slower)."""
-    # vLLM configures its logger at import: INFO lines for every start, load and shutdown
-    # would drown the run's progress on stderr (a user's setting wins)
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    _quiet_vllm()
     from transformers import AutoTokenizer
     from vllm.v1.engine.async_llm import AsyncLLM
 
