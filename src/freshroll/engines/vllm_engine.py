@@ -464,6 +464,11 @@ class VLLMEngine:
             with contextlib.suppress(Exception):
                 await self._llm.abort(rids)
 
+    @property
+    def inflight(self) -> int:
+        """Requests started and not yet finished (or aborted)."""
+        return len(self._live)
+
     def stats(self) -> EngineStats | None:
         s = self._sink
         if not s.seen:
