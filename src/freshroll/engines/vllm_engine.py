@@ -232,7 +232,7 @@ def _stat_logger_factory(sink: _StatSink) -> Any:
     ``sink`` (runs on the frontend's event loop, in the output handler)."""
     from vllm.v1.metrics.loggers import StatLoggerBase
 
-    class FreshrollStats(StatLoggerBase):  # type: ignore[misc]
+    class FreshrollStats(StatLoggerBase):
         def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
             pass
 
@@ -605,7 +605,10 @@ async def start_vllm_engine(model_path: Path, section: VLLMSection, *, seed: int
     factory = _stat_logger_factory(sink)
     tok = await asyncio.to_thread(AutoTokenizer.from_pretrained, model_path,
                                   local_files_only=True)
-    llm = AsyncLLM.from_engine_args(args, stat_loggers=[factory])
+    # the engine core's start-up blocks (~30 s: spawn, model load, KV cache): on a thread, so
+    # the run's loop (the trainer, the other workers) goes on meanwhile; the AsyncLLM starts
+    # its output handler on this loop at its first request
+    llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=[factory])
     try:
         mml = getattr(getattr(llm, "model_config", None), "max_model_len", None)
         engine = VLLMEngine(llm, tok, section, model_path, sink, name=name,
