@@ -104,6 +104,14 @@ def test_completions_and_behaviour_logprobs(h: Harness) -> None:
     assert [again[i].token_ids for i in range(32)] == [got[i].token_ids for i in range(32)]
 
 
+def test_a_prompt_too_long_fails_only_its_request(h: Harness) -> None:
+    got: dict[int, Completion] = {}
+    reqs = [*h.reqs(1), *h.reqs(1, "1" * 300)]
+    with pytest.raises(RuntimeError, match=rf"sample {reqs[1].sample}: .*max_model_len"):
+        h.run(h.engine.generate(reqs, SamplingParams(4), 2, _collect(got)))
+    assert list(got) == [0]
+
+
 def test_overlapping_calls_emit_as_each_request_finishes(h: Harness) -> None:
     order: list[str] = []
     long_done: list[float] = []

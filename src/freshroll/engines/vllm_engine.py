@@ -75,10 +75,11 @@ _kv_set_by_us: str | None = None  # the value we put in the environment (not the
 
 
 def _quiet_vllm() -> None:
-    """Before vLLM's first import (it configures its logger then): INFO lines for every
-    start, load and shutdown would drown the run's progress on stderr; a user's setting
-    of ``VLLM_LOGGING_LEVEL`` wins."""
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    """Before vLLM's first import (it configures its logger then, and its processes inherit
+    the environment): its INFO lines for every start, load and shutdown, and a warning per
+    weight load (the rotary cache, which no checkpoint holds, is "not loaded"), would drown
+    the run's progress on stderr. Errors still show; a user's ``VLLM_LOGGING_LEVEL`` wins."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
 
 def head_dim(config: Mapping[str, Any]) -> int | None:
