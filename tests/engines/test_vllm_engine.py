@@ -230,6 +230,7 @@ def test_on_update_finish_waits_and_continue_does_not(h: Harness) -> None:
 def test_kill_is_a_worker_loss(h: Harness) -> None:
     pids = list(h.engine.pids)
     assert pids
+    pids += [c.pid for p in pids for c in psutil.Process(p).children(recursive=True)]
 
     async def main() -> BaseException | None:
         task = asyncio.create_task(h.engine.generate(

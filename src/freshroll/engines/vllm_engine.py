@@ -51,6 +51,7 @@ from freshroll.errors import ConfigError, Superseded, WorkerLost
 from freshroll.runtime.seams import Emit, EngineStats, GenRequest, SamplingParams
 
 if TYPE_CHECKING:
+    import psutil
     import torch
 
     from freshroll.config import Config, VLLMSection
@@ -296,7 +297,8 @@ class VLLMEngine:
         self._weights_root: Path | None = None
         self._weights_dir: Path | None = None
         self._loads = 0
-        self.pids = _core_pids(llm)
+        self._procs = _core_procs(llm)  # psutil handles: never a reused pid
+        self.pids = [p.pid for p in self._procs]
 
     # -- the seam --------------------------------------------------------------------------
     async def generate(
@@ -382,13 +384,14 @@ class VLLMEngine:
             raise RuntimeError(f"sample {req.sample}: {type(exc).__name__}: {exc}") from exc
         finally:
             self._forget(rid, req)
-        if req.superseded:
-            raise Superseded(req.sample)
-        if req.cancelled or final is None or not final.outputs:
+        o = final.outputs[0] if final is not None and final.outputs else None
+        if o is None or o.finish_reason in (None, "abort"):  # aborted by us
+            if req.superseded:
+                raise Superseded(req.sample)
             raise _Aborted(req.sample)
-        o = final.outputs[0]
-        if o.finish_reason == "abort":
+        if req.cancelled:  # finished as it was cancelled: the pool no longer waits for it
             raise _Aborted(req.sample)
+        # finished on the old weights before an abort for new ones reached it: delivered
         emit(i, self._completion(ids, o, time.perf_counter() - start))
 
     def _forget(self, rid: str, req: _Req) -> None:
@@ -481,7 +484,7 @@ class VLLMEngine:
         flight, and later ones, raise :class:`~freshroll.errors.WorkerLost`."""
         if self._dead is None:
             self._dead = "engine core killed"
-        _kill_tree(self.pids)
+        _kill_tree(self._procs)
         for call in list(self._calls):
             for t in call.tasks:
                 t.cancel()
@@ -501,7 +504,7 @@ class VLLMEngine:
         with contextlib.suppress(Exception):
             await asyncio.to_thread(self._llm.shutdown, 10.0)
         _quiet_del(self._llm)
-        _kill_tree(self.pids)
+        _kill_tree(self._procs)
         if self._weights_root is not None:
             shutil.rmtree(self._weights_root, ignore_errors=True)
 
@@ -513,7 +516,7 @@ class VLLMEngine:
             with contextlib.suppress(Exception):
                 self._llm.shutdown(10.0)
             _quiet_del(self._llm)
-        _kill_tree(self.pids)
+        _kill_tree(self._procs)
         if self._weights_root is not None:
             shutil.rmtree(self._weights_root, ignore_errors=True)
 
@@ -568,28 +571,36 @@ def _quiet_del(llm: Any) -> None:
         llm.shutdown = lambda *a, **k: None
 
 
-def _core_pids(llm: Any) -> list[int]:
-    """The engine core process ids of an AsyncLLM (its multiprocess client's children)."""
+def _core_procs(llm: Any) -> list[psutil.Process]:
+    """The engine core processes of an AsyncLLM (its multiprocess client's children), as
+    psutil handles (they check the process's start time: a reused pid is never signalled)."""
+    import psutil
+
     resources = getattr(getattr(llm, "engine_core", None), "resources", None)
     manager = getattr(resources, "engine_manager", None)
-    procs = getattr(manager, "processes", None) or []
-    return [p.pid for p in procs if getattr(p, "pid", None)]
+    out = []
+    for p in getattr(manager, "processes", None) or []:
+        pid = getattr(p, "pid", None)
+        if pid:
+            with contextlib.suppress(psutil.Error):
+                out.append(psutil.Process(pid))
+    return out
 
 
-def _kill_tree(pids: Sequence[int]) -> None:
-    """SIGKILL these processes and all their descendants (children first found, then all)."""
+def _kill_tree(procs: Sequence[psutil.Process]) -> None:
+    """SIGKILL these processes (still the ones we started) and all their descendants."""
     import psutil
 
     victims: list[psutil.Process] = []
-    for pid in pids:
+    for p in procs:
         try:
-            p = psutil.Process(pid)
-            victims += [*p.children(recursive=True), p]
+            if p.is_running():
+                victims += [*p.children(recursive=True), p]
         except psutil.Error:
             continue
-    for p in victims:
+    for v in victims:
         with contextlib.suppress(psutil.Error):
-            p.send_signal(signal.SIGKILL)
+            v.send_signal(signal.SIGKILL)  # psutil checks the pid is still this process
     psutil.wait_procs(victims, timeout=5)
 
 
@@ -620,7 +631,8 @@ async def start_vllm_engine(model_path: Path, section: VLLMSection, *, seed: int
     except BaseException:
         with contextlib.suppress(Exception):
             llm.shutdown()
-        _kill_tree(_core_pids(llm))
+        _quiet_del(llm)
+        _kill_tree(_core_procs(llm))
         raise
     return engine
 
