@@ -193,6 +193,8 @@ def engine_args(model_path: Path, section: VLLMSection, *, seed: int,
         # stats reach our StatLoggerBase subclass; True keeps vLLM's own periodic log lines
         # off stderr (custom loggers still get every record)
         "disable_log_stats": True,
+        # no progress bar per weight load (every step): vllm.engine_args can turn it on
+        "use_tqdm_on_load": False,
     }
     if section.max_model_len is not None:
         kw["max_model_len"] = section.max_model_len
