@@ -42,6 +42,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -566,6 +567,17 @@ def _eos_ids(tokenizer: Any, config: Mapping[str, Any]) -> frozenset[int]:
     return frozenset(ids)
 
 
+def _reap(fut: Future[Any]) -> None:
+    """An engine whose start was abandoned: shut it down as soon as it exists."""
+    if fut.cancelled() or fut.exception() is not None:
+        return
+    llm = fut.result()
+    with contextlib.suppress(Exception):
+        llm.shutdown()
+    _quiet_del(llm)
+    _kill_tree(_core_procs(llm))
+
+
 def _quiet_del(llm: Any) -> None:
     """An AsyncLLM shut down already: its ``__del__`` (which shuts down again) is made a no-op,
     else at interpreter exit it runs against torn-down modules and prints a TypeError."""
@@ -622,7 +634,14 @@ async def start_vllm_engine(model_path: Path, section: VLLMSection, *, seed: int
     # the engine core's start-up blocks (~30 s: spawn, model load, KV cache): on a thread, so
     # the run's loop (the trainer, the other workers) goes on meanwhile; the AsyncLLM starts
     # its output handler on this loop at its first request
-    llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=[factory])
+    pool = ThreadPoolExecutor(1, thread_name_prefix=f"vllm-start-{name}")
+    starting = pool.submit(AsyncLLM.from_engine_args, args, stat_loggers=[factory])
+    pool.shutdown(wait=False)
+    try:
+        llm = await asyncio.wrap_future(starting)
+    except asyncio.CancelledError:  # the start timed out (or the run ended): a thread cannot
+        starting.add_done_callback(_reap)  # be stopped; the engine it makes is shut down
+        raise
     try:
         mml = getattr(getattr(llm, "model_config", None), "max_model_len", None)
         engine = VLLMEngine(llm, tok, section, model_path, sink, name=name,
