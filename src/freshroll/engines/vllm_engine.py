@@ -394,7 +394,8 @@ class VLLMEngine:
             raise _Aborted(req.sample)
         if req.cancelled:  # finished as it was cancelled: the pool no longer waits for it
             raise _Aborted(req.sample)
-        # finished on the old weights before an abort for new ones reached it: delivered
+        # finished (also one that finished just before an abort for new weights reached it:
+        # it was generated on the old weights, which its attempt names)
         emit(i, self._completion(ids, o, time.perf_counter() - start))
 
     def _forget(self, rid: str, req: _Req) -> None:
@@ -546,7 +547,9 @@ class VLLMEngine:
         lps = []
         for t, d in zip(tokens, out.logprobs or [], strict=False):
             lp = d.get(t) if d is not None else None
-            lps.append(float(lp.logprob) if lp is not None else float("nan"))
+            if lp is None:
+                raise RuntimeError(f"vLLM returned no log-prob for sampled token {t}")
+            lps.append(float(lp.logprob))
         if len(lps) != len(tokens):
             raise RuntimeError(f"vLLM returned {len(lps)} log-probs for {len(tokens)} tokens")
         finish = FINISH_STOP if tokens and tokens[-1] in self._eos else FINISH_LENGTH
