@@ -28,6 +28,8 @@ Guarantees:
   ``seed=None`` the generator is seeded non-deterministically.
 * Prompts are encoded with the tokenizer's default special tokens (the embedded tiny tokenizer
   adds none); a prompt that encodes to nothing is given the ``bos`` token, if there is one.
+  A prompt longer than the model's ``max_position_embeddings`` fails the whole call with
+  ``ValueError`` (as vLLM refuses one longer than its ``max_model_len``).
 * The engine uses the model object it is given (not a copy), keeps it in eval mode and runs
   generation under ``torch.inference_mode()``.
 """
@@ -113,6 +115,7 @@ class HFEngine:
             return []
         start = time.perf_counter()
         prompt_ids = [self._encode(p) for p in prompts]
+        self._check_lengths(prompt_ids)
         generator = torch.Generator(device=self.device)
         if seed is None:
             generator.seed()
@@ -151,6 +154,13 @@ class HFEngine:
                 raise ConfigError(f"prompt {prompt!r} encodes to no tokens and there is no bos")
             ids = [int(bos)]
         return ids
+
+    def _check_lengths(self, prompt_ids: list[list[int]]) -> None:
+        limit = getattr(self.model.config, "max_position_embeddings", None)
+        for i, ids in enumerate(prompt_ids):
+            if isinstance(limit, int) and len(ids) > limit:
+                raise ValueError(f"prompt {i} has {len(ids)} tokens, more than the model's "
+                                 f"max_position_embeddings ({limit})")
 
     def _left_pad(self, prompt_ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         width = max(len(p) for p in prompt_ids)

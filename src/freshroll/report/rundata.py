@@ -151,5 +151,8 @@ def load_run(
     else:
         run.ledger, run.verified = _read_ledger(run.run_dir, run.notes, verify)
     mode = run.summary.get("mode")
+    engine = run.summary.get("engine")
     run.label = str(mode) if mode else run.run_dir.name
+    if mode and isinstance(engine, str) and engine != "hf":  # e.g. "async (vllm)"
+        run.label = f"{mode} ({engine})"
     return run

@@ -5,7 +5,9 @@ reward code, Ray ``get``). Each adapter runs its component on a thread of its ow
 the result, so the event loop never blocks:
 
 * :class:`ThreadEngine` wraps one :class:`~freshroll.engines.base.InferenceEngine` (HF, Ray):
-  ``continuous = False`` (one lock-step call at a time). Its calls run on an
+  ``continuous = False`` (one lock-step call at a time). A lock-step batch cannot drop
+  members: a cancelled request is still generated with its batch, but not emitted (the
+  seam's promise). Its calls run on an
   :class:`~freshroll.runtime.threads.AbandonableExecutor`. A Python thread cannot be
   cancelled: when the pipeline's timeout (or the run's end) cancels an awaited call, the
   adapter walks away from the thread (the next call gets a fresh one) and keeps the call's
@@ -67,6 +69,8 @@ class ThreadEngine:
         self.engine, self.name, self.limits = engine, name, limits
         self._pool = AbandonableExecutor(f"worker-{name}")
         self._orphans: list[tuple[Future[Any], float]] = []  # (abandoned call, its deadline)
+        self._inflight: set[str] = set()  # samples of the calls not yet delivered
+        self._dropped: set[str] = set()  # of those, the cancelled: never emitted
 
     async def _run(self, timeout_s: float, fn: Callable[..., T], *args: Any,
                    late: Callable[[Future[T]], None] | None = None) -> T:
@@ -86,19 +90,36 @@ class ThreadEngine:
     ) -> None:
         loop = asyncio.get_running_loop()
         texts = [r.text for r in requests]
+        samples = [r.sample for r in requests]
+        self._inflight.update(samples)
+
+        def release() -> set[str]:
+            dropped = self._dropped.intersection(samples)
+            self._inflight.difference_update(samples)
+            self._dropped.difference_update(samples)
+            return dropped
 
         def deliver(comps: list[Completion]) -> None:
+            dropped = release()
             for i, comp in enumerate(comps[:len(texts)]):
-                emit(i, comp)
+                if samples[i] not in dropped:
+                    emit(i, comp)
 
         def late(fut: Future[list[Completion]]) -> None:  # runs on the abandoned thread
-            if fut.cancelled() or fut.exception() is not None:
-                return
             with contextlib.suppress(RuntimeError):  # a closed loop: the run is over
-                loop.call_soon_threadsafe(deliver, fut.result())
+                if fut.cancelled() or fut.exception() is not None:
+                    loop.call_soon_threadsafe(release)
+                else:
+                    loop.call_soon_threadsafe(deliver, fut.result())
 
-        comps = await self._run(self.limits.generate_timeout_s, self._generate, texts, params,
-                                seed, late=late)
+        try:
+            comps = await self._run(self.limits.generate_timeout_s, self._generate, texts,
+                                    params, seed, late=late)
+        except asyncio.CancelledError:
+            raise  # abandoned: ``late`` delivers or releases
+        except BaseException:
+            release()
+            raise
         deliver(comps)
 
     def _generate(self, texts: list[str], params: SamplingParams, seed: int) -> list[Completion]:
@@ -115,7 +136,9 @@ class ThreadEngine:
                                      weights))
 
     async def cancel(self, samples: Sequence[str]) -> None:
-        """A lock-step batch cannot drop members: they are emitted with the batch."""
+        """A lock-step batch cannot drop members: they are generated with the batch, but
+        not emitted (samples of no call in flight are ignored)."""
+        self._dropped.update(self._inflight.intersection(samples))
 
     async def close(self) -> None:
         """Stop the executor; a call cancelled by the run's end is waited for until its own

@@ -10,6 +10,7 @@ atomically, and the directory is locked (:mod:`freshroll.runtime.rundir`).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,8 @@ def prepare_run_dir(
                                    **cfg.task.params)
         else:
             path, digest, pending = _initial_model(cfg, out, resume)
+            if cfg.rollout.engine == "vllm":
+                _check_vllm(cfg, path, pending)
             prompts = load_task_prompts(cfg, path, pending[1] if pending is not None else None)
         rewards.check_columns(reward_columns(prompts[:1]))
         hist: History | None = None
@@ -135,6 +138,23 @@ def _initial_model(
     except Exception as exc:  # a bad override of the tiny config
         raise ConfigError(f"model.tiny: {exc}"[:500]) from None
     return path, model_digest(model), (model, tokenizer)
+
+
+def _check_vllm(cfg: Config, path: Path, pending: tuple[Any, Any] | None) -> None:
+    """``rollout.engine: vllm``: the runtime, the device, ``vllm.engine_args`` and the model's
+    head size, refused before anything is written (a vLLM start takes ~30 s)."""
+    from freshroll.engines.vllm_engine import check_config
+
+    if pending is not None:
+        where = Path("model.tiny (the embedded model)")
+        config = pending[0].config.to_dict()
+    else:
+        where = path
+        try:
+            config = json.loads((path / "config.json").read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"model {path}: cannot read config.json ({exc})") from exc
+    check_config(cfg, config, where, embedded=pending is not None)
 
 
 def _check_resume(

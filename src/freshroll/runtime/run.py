@@ -202,8 +202,10 @@ def build_components(
     make_engine: MakeEngine | None = None,
 ) -> Components:
     """``rollout.engine: hf``: the model's engines (inline or Ray), the RewardSet and the GRPO
-    learner (at the ledger's version: checkpoint + replay) behind thread adapters;
-    ``sim``: the latency model of :mod:`freshroll.sim` (no model, no checkpoints)."""
+    learner (at the ledger's version: checkpoint + replay) behind thread adapters; ``vllm``:
+    the same reward set and learner, one vLLM engine per worker
+    (:class:`~freshroll.engines.vllm_engine.VLLMEngineFactory`); ``sim``: the latency model
+    of :mod:`freshroll.sim` (no model, no checkpoints)."""
     cfg = prep.cfg
     if cfg.rollout.engine == "sim":
         from freshroll.sim.components import build_sim
@@ -212,6 +214,19 @@ def build_components(
         return Components(parts.engine_factory, parts.scorer, parts.trainer,
                           getattr(parts, "close", _nothing))
     learner = build_learner(cfg, prep.model_path, buf, out, prep.history)
+    scorer = ThreadScorer(prep.rewards)
+    trainer = ThreadTrainer(learner, buf, lambda v: before_commit(v, learner))
+    if cfg.rollout.engine == "vllm":  # one vLLM engine per worker (restartable)
+        from freshroll.engines.vllm_engine import VLLMEngineFactory
+
+        engines = VLLMEngineFactory(prep.model_path, cfg.vllm, seed=cfg.run.seed)
+
+        def close_vllm() -> None:
+            scorer.close()
+            trainer.close()
+            engines.kill_all()  # the pool closed them; a run that crashed may not have
+
+        return Components(engines, scorer, trainer, close_vllm)
     if cfg.run.runtime == "ray":  # recorded in RUN_DIR/ray.json: never outlives the run
         from freshroll.runtime.ray_engine import start_ray
 
@@ -220,8 +235,6 @@ def build_components(
     make = make_engine or (lambda c, p, n: build_engine(c, p, n))  # looked up at call time
     factory = ThreadEngineFactory(lambda name: make(cfg, path, name), cfg.limits,
                                   serial=cfg.run.runtime != "ray")
-    scorer = ThreadScorer(prep.rewards)
-    trainer = ThreadTrainer(learner, buf, lambda v: before_commit(v, learner))
 
     def close() -> None:
         scorer.close()
@@ -354,6 +367,10 @@ def _start_line(cfg: Config, out: Path, model: Path, n_prompts: int, buf: Sample
     if cfg.rollout.engine == "sim":
         what = (f"simulated cluster {cfg.sim.profile} ({cfg.sim.clock} clock), "
                 f"{cfg.rollout.workers} worker(s)")
+    elif cfg.rollout.engine == "vllm":
+        what = (f"model {model}, {cfg.rollout.workers} vLLM engine(s) ({cfg.vllm.device}, "
+                f"{cfg.vllm.dtype}, on_update {cfg.vllm.on_update}), "
+                f"torch threads {torch.get_num_threads()}")
     else:
         what = (f"model {model}, {cfg.rollout.workers} worker(s) ({cfg.run.runtime}), "
                 f"torch threads {torch.get_num_threads()}")

@@ -16,7 +16,16 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, ClassVar
 
-from freshroll.events import Closed, Committed, Discarded, Generated, Opened, Requested, Rewarded
+from freshroll.events import (
+    Closed,
+    Committed,
+    Discarded,
+    Generated,
+    Opened,
+    Requested,
+    Rewarded,
+    RunConfig,
+)
 from freshroll.ledger import LEDGER_FILE, Ledger
 from freshroll.metrics import Tally, jsonable, summary_figures
 from freshroll.runtime.metrics_log import read_rows, write_atomic
@@ -114,6 +123,7 @@ class SummaryFold:
         self.error: Exception | None = None
         self._stages: tuple[int, list[StageRow]] | None = None  # for that many spans
         self._routes: dict[type, tuple[Callable[[Any], None], ...]] = {}  # by event type
+        self.engine: str | None = None  # rollout.engine of the newest run_config
 
     def feed(self, e: Any) -> None:
         if self.error is not None:
@@ -134,7 +144,18 @@ class SummaryFold:
         route += [f.feed for f in (self.bias, self.spans, self.verdict) if kind in f.KINDS]
         if kind in (Requested, Opened, Closed):
             route.append(self._lifecycle)
+        if kind is RunConfig:
+            route.append(self._config)
         return tuple(route)
+
+    def _config(self, e: RunConfig) -> None:
+        """The engine that generated the run's samples (hf, vllm, sim), for the summary."""
+        try:
+            rollout = json.loads(e.config).get("rollout", {})
+        except (ValueError, AttributeError):
+            return
+        engine = rollout.get("engine", "hf") if isinstance(rollout, dict) else None
+        self.engine = engine if isinstance(engine, str) else None
 
     def _tally(self, e: Any) -> None:
         row = self.tally.feed(e)
@@ -171,6 +192,7 @@ class SummaryFold:
         self._check()
         summary: dict[str, Any] = jsonable({
             **summary_figures(self.tally),
+            "engine": self.engine,
             "discard_bias": self.bias.result(),
             "stages": [row.__dict__ for row in self.stages()],
             "verdict": self.verdict.result(),

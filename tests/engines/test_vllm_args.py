@@ -1,0 +1,92 @@
+"""rollout.engine: vllm refused before any start: engine_args keys, head_dim on cpu, ray, cuda.
+
+No engine is started here; the engine_args tests import vLLM (~15 s on a busy machine)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from freshroll.config import Config, VLLMSection, validate
+from freshroll.engines.vllm_engine import check_config, check_head_dim, head_dim
+from freshroll.errors import ConfigError
+
+
+def _cfg(**sections: dict[str, object]) -> Config:
+    data: dict[str, object] = {"rollout": {"engine": "vllm"}, **sections}
+    return validate(data, "test")
+
+
+def test_head_dim_from_config() -> None:
+    assert head_dim({"hidden_size": 64, "num_attention_heads": 4}) == 16
+    assert head_dim({"hidden_size": 64, "num_attention_heads": 4, "head_dim": 32}) == 32
+    assert head_dim({}) is None
+
+
+def test_embedded_default_head_dim_refused_with_the_fix() -> None:
+    with pytest.raises(ConfigError) as err:
+        check_head_dim(Path("m"), {"hidden_size": 64, "num_attention_heads": 4}, "cpu",
+                       embedded=True)
+    msg = str(err.value)
+    assert "head_dim 16" in msg and "model.tiny.num_attention_heads: 2" in msg
+    assert "m" in msg
+
+
+def test_supported_head_dims_pass_and_cuda_is_not_checked() -> None:
+    check_head_dim(Path("m"), {"hidden_size": 64, "num_attention_heads": 2}, "cpu")
+    check_head_dim(Path("m"), {"hidden_size": 64, "num_attention_heads": 4}, "cuda")
+
+
+def test_user_model_head_dim_refused_without_a_tiny_fix() -> None:
+    with pytest.raises(ConfigError) as err:
+        check_head_dim(Path("/models/x"), {"hidden_size": 96, "num_attention_heads": 4}, "cpu")
+    assert "/models/x" in str(err.value) and "head_dim 24" in str(err.value)
+    assert "model.tiny" not in str(err.value)
+
+
+def test_ray_runtime_refused() -> None:
+    with pytest.raises(ConfigError, match=r"run\.runtime: ray.*vLLM"):
+        check_config(_cfg(run={"runtime": "ray"}))
+
+
+def test_cuda_without_a_gpu_refused() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    with pytest.raises(ConfigError, match=r"vllm\.device: cuda"):
+        check_config(_cfg(vllm={"device": "cuda"}))
+
+
+def test_run_refuses_the_default_tiny_before_writing(tmp_path: Path) -> None:
+    from freshroll.runtime.run import run
+
+    out = tmp_path / "run"
+    with pytest.raises(ConfigError, match="head_dim 16"):
+        run(_cfg(run={"progress": False}), out)
+    assert not (out / "config.yaml").exists()
+
+
+@pytest.mark.slow
+def test_engine_args_passthrough_and_refusals(tmp_path: Path) -> None:
+    from freshroll.engines.tiny import save_tiny
+    from freshroll.engines.vllm_engine import engine_args
+
+    model = save_tiny(tmp_path / "m", num_attention_heads=2, num_key_value_heads=2)
+    sec = VLLMSection(engine_args={"enable_prefix_caching": True}, max_model_len=64)
+    args = engine_args(model, sec, seed=7)
+    assert args.model == str(model) and args.seed == 7 and args.max_model_len == 64
+    assert args.enable_prefix_caching is True and args.enforce_eager is True
+    assert args.logprobs_mode == "processed_logprobs"
+    with pytest.raises(ConfigError, match=r"vllm.engine_args.no_such_arg: not an argument"):
+        engine_args(model, VLLMSection(engine_args={"no_such_arg": 1}), seed=0)
+    for key, use in (("seed", "run.seed"), ("max_num_seqs", "vllm.max_num_seqs"),
+                     ("dtype", "vllm.dtype"), ("model", "model.path")):
+        with pytest.raises(ConfigError, match=rf"vllm.engine_args.{key}: .*{use}"):
+            engine_args(model, VLLMSection(engine_args={key: 1}), seed=0)
+    tiny4 = save_tiny(tmp_path / "m4")
+    assert json.loads((tiny4 / "config.json").read_text())["num_attention_heads"] == 4
+    with pytest.raises(ConfigError, match="head_dim 16"):
+        engine_args(tiny4, VLLMSection(), seed=0)
