@@ -505,6 +505,12 @@ class VLLMEngine:
             for t in call.tasks:
                 t.cancel()
         self._open.set()
+        # the AsyncLLM's output handler (a task on this loop) would log the engine core's
+        # exit during the shutdown as an ERROR with a traceback: it is stopped first
+        handler = getattr(self._llm, "output_handler", None)
+        if isinstance(handler, asyncio.Task) and not handler.done():
+            handler.cancel()
+            await asyncio.gather(handler, return_exceptions=True)
         with contextlib.suppress(Exception):
             await asyncio.to_thread(self._llm.shutdown, 10.0)
         _quiet_del(self._llm)
