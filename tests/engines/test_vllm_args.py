@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from freshroll.config import Config, VLLMSection, validate
-from freshroll.engines.vllm_engine import check_config, check_head_dim, head_dim
+from freshroll.engines.vllm_args import check_config, check_head_dim, head_dim
 from freshroll.errors import ConfigError
 
 
@@ -72,7 +72,7 @@ def test_run_refuses_the_default_tiny_before_writing(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_engine_args_passthrough_and_refusals(tmp_path: Path) -> None:
     from freshroll.engines.tiny import save_tiny
-    from freshroll.engines.vllm_engine import engine_args
+    from freshroll.engines.vllm_args import engine_args
 
     model = save_tiny(tmp_path / "m", num_attention_heads=2, num_key_value_heads=2)
     sec = VLLMSection(engine_args={"enable_prefix_caching": True}, max_model_len=64)

