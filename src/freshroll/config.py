@@ -11,13 +11,16 @@ run directory stores its fully resolved form (``config.yaml``), which is what
 from __future__ import annotations
 
 import difflib
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from freshroll.errors import ConfigError
+
+M = TypeVar("M", bound=BaseModel)
 
 #: bounds shared by several fields: a seed torch, numpy and ``random`` all accept
 SEED_MAX = 2**32 - 1
@@ -472,6 +475,18 @@ def apply_override(data: dict[str, Any], item: str) -> None:
     except yaml.YAMLError as exc:
         raise ConfigError(f"override {item!r}: value is not valid YAML: {exc}") from exc
     set_dotted(data, key, value, f"override {item!r}")
+
+
+def parse_mapping(model: type[M], data: Any, source: str, what: str) -> M:
+    """``data`` validated as ``model``; a ConfigError names ``source`` and every bad key
+    (``what``: how the file's top level is described, e.g. "a plan is a mapping with
+    `scenarios`")."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{source}: {what} (got {type(data).__name__})")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: {describe_errors(exc)}") from None
 
 
 def describe_errors(exc: ValidationError) -> str:

@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from freshroll.config import describe_errors
+from freshroll.config import parse_mapping
 from freshroll.errors import ConfigError
 
 #: what each fault kind does (the runbook has a section per kind)
@@ -199,13 +199,7 @@ def workload_of(plan: Plan, scenario: Scenario, seed: int) -> dict[str, Any]:
 
 
 def parse_plan(data: Any, source: str) -> Plan:
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"{source}: a plan is a mapping with `scenarios` (got "
-                          f"{type(data).__name__})")
-    try:
-        return Plan.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(f"{source}: {describe_errors(exc)}") from None
+    return parse_mapping(Plan, data, source, "a plan is a mapping with `scenarios`")
 
 
 def load_plan(path: str | Path) -> Plan:

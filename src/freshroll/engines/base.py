@@ -18,9 +18,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
+
+from freshroll.errors import ConfigError
 
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
@@ -43,6 +45,19 @@ class Completion:
     def tokens(self) -> int:
         """Generated tokens: ``n_tokens`` if set, else ``len(token_ids)``."""
         return len(self.token_ids) if self.n_tokens is None else self.n_tokens
+
+
+def encode_prompt(tokenizer: Any, text: str) -> list[int]:
+    """``text`` as token ids with the tokenizer's default special tokens; a prompt that
+    encodes to nothing is given the ``bos`` token (a ConfigError if there is none). The HF
+    and vLLM engines encode prompts alike, so their completions are comparable."""
+    ids = [int(i) for i in tokenizer.encode(text)]
+    if not ids:
+        bos = tokenizer.bos_token_id
+        if bos is None:
+            raise ConfigError(f"prompt {text!r} encodes to no tokens and there is no bos")
+        ids = [int(bos)]
+    return ids
 
 
 @runtime_checkable

@@ -47,7 +47,7 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from freshroll.engines.base import FINISH_LENGTH, FINISH_STOP, Completion
+from freshroll.engines.base import FINISH_LENGTH, FINISH_STOP, Completion, encode_prompt
 from freshroll.engines.model_dir import loading_model
 from freshroll.errors import ConfigError
 
@@ -147,13 +147,7 @@ class HFEngine:
     # --- internals ----------------------------------------------------------------------
 
     def _encode(self, prompt: str) -> list[int]:
-        ids = [int(i) for i in self.tokenizer.encode(prompt)]
-        if not ids:
-            bos = self.tokenizer.bos_token_id
-            if bos is None:
-                raise ConfigError(f"prompt {prompt!r} encodes to no tokens and there is no bos")
-            ids = [int(bos)]
-        return ids
+        return encode_prompt(self.tokenizer, prompt)
 
     def _check_lengths(self, prompt_ids: list[list[int]]) -> None:
         limit = getattr(self.model.config, "max_position_embeddings", None)

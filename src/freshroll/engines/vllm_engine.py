@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from freshroll.engines.base import FINISH_LENGTH, FINISH_STOP, Completion
+from freshroll.engines.base import FINISH_LENGTH, FINISH_STOP, Completion, encode_prompt
 from freshroll.engines.vllm_args import engine_args, model_config, quiet_vllm
 from freshroll.errors import ConfigError, Superseded, WorkerLost
 from freshroll.runtime.seams import Emit, EngineStats, GenRequest, SamplingParams
@@ -375,13 +375,7 @@ class VLLMEngine:
             raise WorkerLost(f"vLLM engine {self.name}: {self._dead}")
 
     def _encode(self, text: str) -> list[int]:
-        ids = [int(t) for t in self._tok.encode(text)]
-        if not ids:
-            bos = self._tok.bos_token_id
-            if bos is None:
-                raise ValueError(f"prompt {text!r} encodes to no tokens and there is no bos")
-            ids = [int(bos)]
-        return ids
+        return encode_prompt(self._tok, text)
 
     def _completion(self, prompt: list[int], out: Any, gen_s: float) -> Completion:
         tokens = [int(t) for t in out.token_ids]

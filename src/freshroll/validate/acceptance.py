@@ -40,12 +40,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from freshroll.config import (
     SEED_MAX,
     Config,
-    describe_errors,
+    parse_mapping,
     read_yaml,
     resolve_paths,
     set_dotted,
@@ -210,13 +210,8 @@ class Loaded:
 
 def parse(data: Any, source: str) -> Acceptance:
     """Validate a mapping; a :class:`ConfigError` names ``source`` and every bad key."""
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}: an acceptance file is a mapping with `gates` (got "
-                          f"{type(data).__name__})")
-    try:
-        return Acceptance.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(f"{source}: {describe_errors(exc)}") from None
+    return parse_mapping(Acceptance, data, source, "an acceptance file is a mapping with "
+                         "`gates`")
 
 
 def workload(spec: Acceptance, folder: Path, source: str) -> Config:
