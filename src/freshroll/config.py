@@ -13,7 +13,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -37,11 +37,19 @@ class RunSection(_Section):
     )
     steps: int = Field(400, ge=1, le=10_000_000, description="trainer steps to commit")
     max_staleness: int = Field(1, ge=0, le=1_000, description="eta: 0 = synchronous baseline")
-    torch_threads: int = Field(
-        1, ge=1, le=1_024, description="intra-op threads per compute thread"
+    torch_threads: Annotated[int, Field(ge=1, le=1_024)] | Literal["auto"] = Field(
+        "auto", description="intra-op threads per compute thread; auto: from "
+        "the cores this process may use, shared among the run's compute processes (printed "
+        "at start)"
     )
-    runtime: Literal["inline", "ray"] = Field(
-        "inline", description="inline: workers are threads; ray: each worker is a Ray actor"
+    runtime: Literal["auto", "inline", "process", "ray"] = Field(
+        "auto", description="where workers run. inline: threads of this process; process: "
+        "each worker a child process, weights in shared memory; ray: workers, rewards and "
+        "trainer as Ray actors; auto: the measured best placement for this run (docs/overlap.md)"
+    )
+    ray_address: str | None = Field(
+        None, description="runtime ray: an existing cluster to join (e.g. 10.0.0.5:6379, "
+        "ray://host:10001, auto); unset: a private local Ray instance, dashboard off"
     )
     progress: bool = Field(True, description="print the progress line (stderr)")
 
@@ -344,6 +352,23 @@ class VLLMSection(_Section):
     )
 
 
+class RaySection(_Section):
+    """run.runtime: ray: the resources each actor declares (docs/ray.md)."""
+
+    worker_cpus: float = Field(1.0, ge=0, le=4_096, description="CPUs per inference actor")
+    worker_gpus: float = Field(0.0, ge=0, le=64, description="GPUs per inference actor")
+    trainer: Literal["actor", "driver"] = Field(
+        "actor", description="actor: the trainer is a Ray actor (losing it resumes from the "
+        "last durable commit); driver: it trains in the driver process"
+    )
+    trainer_cpus: float = Field(1.0, ge=0, le=4_096, description="CPUs of the trainer actor")
+    trainer_gpus: float = Field(0.0, ge=0, le=64, description="GPUs of the trainer actor")
+    reward_actors: int = Field(
+        1, ge=0, le=4_096, description="reward actors (0: rewards are scored in the driver)"
+    )
+    reward_cpus: float = Field(0.5, ge=0, le=4_096, description="CPUs per reward actor")
+
+
 class SimSection(_Section):
     """The simulated cluster of rollout.engine: sim (freshroll.sim; docs/simulation.md)."""
 
@@ -425,6 +450,10 @@ class Config(_Section):
     vllm: VLLMSection = Field(
         default_factory=VLLMSection,
         description="The vLLM engine used with rollout.engine: vllm (docs/vllm.md).",
+    )
+    ray: RaySection = Field(
+        default_factory=RaySection,
+        description="Ray actors' resources, used with run.runtime: ray (docs/ray.md).",
     )
 
     @model_validator(mode="after")

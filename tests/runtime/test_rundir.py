@@ -183,7 +183,11 @@ def _numeric_fields() -> list[tuple[str, str, typing.Any]]:
         for name, f in model.model_fields.items():
             args = set(typing.get_args(f.annotation)) or {f.annotation}
             if args & {int, float} and bool not in args:
-                out.append((section, name, f))
+                out.append((section, name, f.metadata))
+            for arg in args:  # int | "auto": the number's own bounds, Annotated[int, Field()]
+                inner = typing.get_args(arg)
+                if typing.get_origin(arg) is typing.Annotated and inner[0] in (int, float):
+                    out.append((section, name, list(inner[1].metadata)))
     return out
 
 
@@ -191,8 +195,9 @@ def test_every_numeric_config_field_has_bounds_on_both_sides():
     """trainer.weight_decay, is_cap, clip_low/high had none: a run dir became unusable."""
     fields = _numeric_fields()
     assert len(fields) >= 20
-    for section, name, f in fields:
-        kinds = {type(m) for m in f.metadata}
+    assert ("run", "torch_threads") in {(s, n) for s, n, _ in fields}
+    for section, name, metadata in fields:
+        kinds = {type(m) for m in metadata}
         assert kinds & {annotated_types.Ge, annotated_types.Gt}, f"{section}.{name}: no lower"
         assert kinds & {annotated_types.Le, annotated_types.Lt}, f"{section}.{name}: no upper"
 

@@ -22,6 +22,7 @@ from freshroll.engines.base import Completion
 from freshroll.ledger import open_ledger
 from freshroll.lineage import PolicyVersion
 from freshroll.rewards.tasks import Prompt
+from freshroll.runtime.placement import thread_budget
 from freshroll.runtime.seams import SamplingParams
 
 #: samples of the generation measurement on the simulated engine (at most)
@@ -97,7 +98,7 @@ def _measure_hf(cfg: Config, tmp: Path, quick: bool) -> Capacities:
     from freshroll.runtime.learner import new_learner
     from freshroll.runtime.prepare import prepare_run_dir
 
-    torch.set_num_threads(cfg.run.torch_threads)
+    torch.set_num_threads(thread_budget(cfg).trainer)
     torch.manual_seed(cfg.run.seed)
     scratch = tmp / "scratch"
     prep = prepare_run_dir(cfg, scratch, False, ())

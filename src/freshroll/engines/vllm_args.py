@@ -119,10 +119,11 @@ def check_config(cfg: Config, model_config: Mapping[str, Any] | None = None,
     """Everything about a ``rollout.engine: vllm`` run that can be refused before it starts:
     the runtime (not ray), the device, ``vllm.engine_args`` and, on cpu, the model's head size
     (``model_config``: its config dict, when known)."""
-    if cfg.run.runtime == "ray":
-        raise ConfigError("run.runtime: ray does not apply to rollout.engine: vllm (each vLLM "
-                          "engine already runs its engine core in a process of its own); "
-                          "use run.runtime: inline")
+    if cfg.run.runtime in ("ray", "process"):
+        raise ConfigError(f"run.runtime: {cfg.run.runtime} does not apply to rollout.engine: "
+                          "vllm (each vLLM engine already runs its engine core in a process "
+                          "of its own); "
+                          "use run.runtime: inline or auto")
     sec = cfg.vllm
     if sec.device == "cuda":
         _check_cuda()

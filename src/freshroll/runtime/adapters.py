@@ -14,7 +14,9 @@ the result, so the event loop never blocks:
   ``emit``: if the abandoned call returns after all, its completions are emitted on the loop,
   where the buffer records them ``rejected`` under the fenced epoch. :meth:`ThreadEngine.close`
   waits for a call cancelled by the run's end until that call's own timeout, never longer
-  (a call that timed out is not waited for).
+  (a call that timed out is not waited for); an engine with a process of its own (``stop()``:
+  a Ray actor, a child process) is stopped then, so a retired or replaced worker frees its
+  CPUs (a replacement's ``restart()`` starts a new one).
 * :class:`KillableThreadEngine`: the same for an engine in a process of its own (a Ray
   actor, whose blocking proxy has ``kill()``), plus ``async kill()``: the chaos harness's
   real ``kill_worker`` fault. The actor really dies; the call in flight (or the next one)
@@ -150,6 +152,14 @@ class ThreadEngine:
             if remaining > 0 and not fut.done():
                 await asyncio.wait([asyncio.wrap_future(fut)], timeout=remaining)
         self._pool.shutdown(wait=False, cancel_futures=True)
+        stop = getattr(self.engine, "stop", None)
+        if callable(stop):  # a process of its own (Ray actor, child process): end it now,
+            with contextlib.suppress(Exception):  # so a retired worker frees its CPUs
+                await asyncio.wait_for(asyncio.to_thread(stop), STOP_TIMEOUT_S)
+
+
+#: how long closing an engine with a process of its own waits for its ``stop()``
+STOP_TIMEOUT_S = 10.0
 
 
 class KillableThreadEngine(ThreadEngine):

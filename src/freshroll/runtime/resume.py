@@ -49,6 +49,7 @@ RULES: Final[Mapping[str, Rule]] = {
     "run.torch_threads": "free",
     "run.runtime": "free",           # where workers run, not what they compute
     "run.progress": "free",
+    "run.ray_address": "free",       # which cluster, not what it computes
     # the model, the task and the rewards define what the ledger's samples are
     "model": "never",
     "task": "never",
@@ -73,6 +74,7 @@ RULES: Final[Mapping[str, Rule]] = {
     "vllm.kv_cache_gib": "free",     # memory and batch size: speed, not what a sample is
     "vllm.gpu_memory_utilization": "free",
     "vllm.max_num_seqs": "free",
+    "ray": "free",                   # actor resources: placement, not numerics
     # trainer: what a step computes is explicit; where and how often it is saved is free
     "trainer": "explicit",
     "trainer.checkpoint_every": "free",

@@ -60,6 +60,7 @@ from freshroll.runtime.hooks import ChaosSession
 from freshroll.runtime.learner import build_learner
 from freshroll.runtime.metrics_log import METRICS_FILE, RowLog, reconcile
 from freshroll.runtime.pipeline import Pipeline, StepReport, run_pipeline
+from freshroll.runtime.placement import resolve_runtime, thread_budget
 from freshroll.runtime.prepare import Prepared, prepare_run_dir
 from freshroll.runtime.resume import announce
 from freshroll.runtime.rundir import write_text_atomic
@@ -162,12 +163,12 @@ def build_engine(cfg: Config, path: Path, name: str) -> InferenceEngine:
     """The blocking engine of worker ``name``: in this process (inline) or in a Ray actor
     (ray). Called on a thread by the engine factory, once per worker (a replacement restarts
     it instead)."""
-    if cfg.run.runtime == "ray":
+    if resolve_runtime(cfg) == "ray":
         from freshroll.runtime.ray_engine import RayEngine, start_ray
 
         start_ray(num_cpus=ray_cpus(cfg))  # a no-op when run() started it for its run dir
         lim = cfg.limits
-        actor = RayEngine(path, torch_threads=cfg.run.torch_threads,
+        actor = RayEngine(path, torch_threads=thread_budget(cfg).worker,
                           generate_timeout_s=lim.generate_timeout_s,
                           weights_timeout_s=lim.weights_timeout_s,
                           start_timeout_s=lim.worker_start_timeout_s)
@@ -227,14 +228,15 @@ def build_components(
             engines.kill_all()  # the pool closed them; a run that crashed may not have
 
         return Components(engines, scorer, trainer, close_vllm)
-    if cfg.run.runtime == "ray":  # recorded in RUN_DIR/ray.json: never outlives the run
+    runtime = resolve_runtime(cfg)
+    if runtime == "ray":  # recorded in RUN_DIR/ray.json: never outlives the run
         from freshroll.runtime.ray_engine import start_ray
 
         start_ray(num_cpus=ray_cpus(cfg), run_dir=out)
     path = prep.model_path
     make = make_engine or (lambda c, p, n: build_engine(c, p, n))  # looked up at call time
     factory = ThreadEngineFactory(lambda name: make(cfg, path, name), cfg.limits,
-                                  serial=cfg.run.runtime != "ray")
+                                  serial=runtime != "ray")
 
     def close() -> None:
         scorer.close()
@@ -293,7 +295,7 @@ def run(
 def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | None,
          chaos: ChaosSession | None = None, report: bool = True) -> RunResult:
     cfg = prep.cfg
-    torch.set_num_threads(cfg.run.torch_threads)
+    torch.set_num_threads(thread_budget(cfg).trainer)
     torch.manual_seed(cfg.run.seed)
     random.seed(cfg.run.seed)
     prompts = prep.prompts
@@ -340,7 +342,7 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
         parts.close()
         rec.close()
         buf.ledger.close()
-        if cfg.run.runtime == "ray":
+        if resolve_runtime(cfg) == "ray":
             from freshroll.runtime.ray_engine import stop_ray
 
             stop_ray()
@@ -372,8 +374,9 @@ def _start_line(cfg: Config, out: Path, model: Path, n_prompts: int, buf: Sample
                 f"{cfg.vllm.dtype}, on_update {cfg.vllm.on_update}), "
                 f"torch threads {torch.get_num_threads()}")
     else:
-        what = (f"model {model}, {cfg.rollout.workers} worker(s) ({cfg.run.runtime}), "
-                f"torch threads {torch.get_num_threads()}")
+        budget = thread_budget(cfg)
+        what = (f"model {model}, {cfg.rollout.workers} worker(s) ({budget.runtime}), "
+                f"{budget.describe()}")
     return (f"freshroll: {out}: {where}, {mode}, {what}, {n_prompts} prompts, "
             f"{cfg.rollout.batch_groups}x{cfg.rollout.group_size} rollouts per step, "
             f"control {cfg.control.mode}")
