@@ -33,8 +33,9 @@ the result, so the event loop never blocks:
   stuck past ``limits.reward_timeout_s`` is abandoned the same way.
 * :class:`ThreadTrainer` wraps the :class:`~freshroll.trainer.grpo.GRPOLearner`: the batch is
   read from the buffer on the loop (:func:`~freshroll.trainer.replay.train_samples`), the
-  step and the weights digest run on the trainer thread, and ``before_commit`` (the
-  Recorder's checkpoint) runs there too.
+  step, the weights digest and the publication of the new weights (``publish``: a copy
+  inline, a shared-memory slot or a Ray object for workers in processes of their own) run
+  on the trainer thread, and ``before_commit`` (the Recorder's checkpoint) runs there too.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -243,18 +245,44 @@ class ThreadScorer:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
+def clone_weights(learner: GRPOLearner) -> dict[str, Any]:
+    """The inline publication: a detached copy of the learner's weights."""
+    return learner.weights()
+
+
+#: ``learner -> what workers load``: a placement's publication of the trainer's weights,
+#: called on the trainer thread once per version (a copy, a shared-memory slot, a Ray ref)
+Publish = Callable[[GRPOLearner], Any]
+
+
 class ThreadTrainer:
-    """The :class:`GRPOLearner` as an :class:`~freshroll.runtime.seams.AsyncTrainer`."""
+    """The :class:`GRPOLearner` as an :class:`~freshroll.runtime.seams.AsyncTrainer`.
+
+    The weights of each new version are published once, by ``publish``, on the trainer
+    thread right after its step (never on the event loop); :meth:`weights` hands out that
+    publication (the initial one is made on its first call)."""
 
     def __init__(self, learner: GRPOLearner, buf: SampleBuffer,
-                 before_commit: Callable[[PolicyVersion], None] = lambda v: None) -> None:
+                 before_commit: Callable[[PolicyVersion], None] = lambda v: None,
+                 publish: Publish = clone_weights) -> None:
         self.learner, self.buf, self._before_commit = learner, buf, before_commit
+        self.publish = publish
         self.settings_digest = learner.settings_digest
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="trainer")
+        self._weights: Any = None
+        self.publish_s = 0.0  # seconds spent publishing, in total
+
+    def _publish(self) -> Any:
+        t0 = time.perf_counter()
+        self._weights = self.publish(self.learner)
+        self.publish_s += time.perf_counter() - t0
+        return self._weights
 
     def _step(self, samples: list[TrainSample]) -> tuple[dict[str, float], str]:
         metrics = self.learner.step(samples)
-        return metrics, weights_digest(self.learner.model)
+        digest = weights_digest(self.learner.model)
+        self._publish()
+        return metrics, digest
 
     async def step(self, lease: Lease) -> tuple[dict[str, float], str]:
         samples = train_samples(self.buf, lease.samples, lease.version)
@@ -264,11 +292,12 @@ class ThreadTrainer:
         await asyncio.get_running_loop().run_in_executor(self._pool, self._before_commit, version)
 
     def weights(self) -> Any:
-        return self.learner.weights()
+        """The publication of the newest step's weights (of the initial ones before any)."""
+        return self._weights if self._weights is not None else self._publish()
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-__all__ = ["KillableThreadEngine", "ThreadEngine", "ThreadEngineFactory", "ThreadScorer",
-           "ThreadTrainer", "adapt"]
+__all__ = ["KillableThreadEngine", "Publish", "ThreadEngine", "ThreadEngineFactory",
+           "ThreadScorer", "ThreadTrainer", "adapt", "clone_weights"]
