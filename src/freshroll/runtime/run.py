@@ -54,7 +54,12 @@ from freshroll.errors import Interrupted, StorageError
 from freshroll.ledger import Ledger, open_ledger
 from freshroll.lineage import PolicyVersion
 from freshroll.metrics import Tally
-from freshroll.runtime.adapters import ThreadEngineFactory, ThreadScorer, ThreadTrainer
+from freshroll.runtime.adapters import (
+    ThreadEngineFactory,
+    ThreadScorer,
+    ThreadTrainer,
+    clone_weights,
+)
 from freshroll.runtime.endfiles import Finished, finish_run_dir
 from freshroll.runtime.hooks import ChaosSession
 from freshroll.runtime.learner import build_learner
@@ -65,6 +70,7 @@ from freshroll.runtime.prepare import Prepared, prepare_run_dir
 from freshroll.runtime.resume import announce
 from freshroll.runtime.rundir import write_text_atomic
 from freshroll.runtime.seams import AsyncScorer, AsyncTrainer, EngineFactory
+from freshroll.runtime.shm_weights import WeightChannel
 from freshroll.trainer.checkpoint import checkpoint_dir, save_checkpoint
 from freshroll.trainer.grpo import GRPOLearner
 
@@ -159,11 +165,27 @@ def _fmt(value: Any, spec: str) -> str:
     return format(value, spec) if isinstance(value, int | float) else "-"
 
 
-def build_engine(cfg: Config, path: Path, name: str) -> InferenceEngine:
-    """The blocking engine of worker ``name``: in this process (inline) or in a Ray actor
-    (ray). Called on a thread by the engine factory, once per worker (a replacement restarts
-    it instead)."""
-    if resolve_runtime(cfg) == "ray":
+def build_engine(cfg: Config, path: Path, name: str,
+                 channel: WeightChannel | None = None) -> InferenceEngine:
+    """The blocking engine of worker ``name``: in this process (inline), in a child process
+    reading weights from ``channel`` (process) or in a Ray actor (ray). Called on a thread by
+    the engine factory, once per worker (a replacement restarts it instead)."""
+    runtime = resolve_runtime(cfg)
+    if runtime == "process":
+        from freshroll.runtime.process_engine import ProcessEngine
+
+        lim = cfg.limits
+        child = ProcessEngine(path, channel=channel, torch_threads=thread_budget(cfg).worker,
+                              generate_timeout_s=lim.generate_timeout_s,
+                              weights_timeout_s=lim.weights_timeout_s,
+                              start_timeout_s=lim.worker_start_timeout_s)
+        try:
+            child.wait_ready()
+        except BaseException:
+            child.stop()
+            raise
+        return child  # type: ignore[return-value]
+    if runtime == "ray":
         from freshroll.runtime.ray_engine import RayEngine, start_ray
 
         start_ray(num_cpus=ray_cpus(cfg))  # a no-op when run() started it for its run dir
@@ -216,7 +238,13 @@ def build_components(
                           getattr(parts, "close", _nothing))
     learner = build_learner(cfg, prep.model_path, buf, out, prep.history)
     scorer = ThreadScorer(prep.rewards)
-    trainer = ThreadTrainer(learner, buf, lambda v: before_commit(v, learner))
+    runtime = resolve_runtime(cfg) if cfg.rollout.engine == "hf" else "inline"
+    channel: WeightChannel | None = None
+    if runtime == "process":  # weights once per version into shared memory (unlinked at close)
+        channel = WeightChannel.create(learner.model.state_dict(),
+                                       wait_s=cfg.limits.weights_timeout_s + 5.0)
+    trainer = ThreadTrainer(learner, buf, lambda v: before_commit(v, learner),
+                            publish=channel.publish if channel is not None else clone_weights)
     if cfg.rollout.engine == "vllm":  # one vLLM engine per worker (restartable)
         from freshroll.engines.vllm_engine import VLLMEngineFactory
 
@@ -228,19 +256,27 @@ def build_components(
             engines.kill_all()  # the pool closed them; a run that crashed may not have
 
         return Components(engines, scorer, trainer, close_vllm)
-    runtime = resolve_runtime(cfg)
     if runtime == "ray":  # recorded in RUN_DIR/ray.json: never outlives the run
         from freshroll.runtime.ray_engine import start_ray
 
         start_ray(num_cpus=ray_cpus(cfg), run_dir=out)
     path = prep.model_path
-    make = make_engine or (lambda c, p, n: build_engine(c, p, n))  # looked up at call time
+    make = make_engine or (lambda c, p, n: build_engine(c, p, n, channel))  # at call time
     factory = ThreadEngineFactory(lambda name: make(cfg, path, name), cfg.limits,
-                                  serial=runtime != "ray")
+                                  serial=runtime == "inline")
 
     def close() -> None:
-        scorer.close()
-        trainer.close()
+        try:
+            scorer.close()
+            trainer.close()
+        finally:
+            if channel is not None:
+                for engine in factory.engines.values():  # the pool stopped them; a crash not
+                    stop = getattr(engine, "stop", None)
+                    if callable(stop):
+                        with contextlib.suppress(Exception):
+                            stop()
+                channel.close()
 
     return Components(factory, scorer, trainer, close)
 
