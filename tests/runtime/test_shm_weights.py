@@ -1,0 +1,145 @@
+"""The shared-memory weight channel of ``run.runtime: process`` (real segments in /dev/shm)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from freshroll.errors import WorkerTimeout
+from freshroll.runtime.shm_weights import (
+    PREFIX,
+    Layout,
+    SlotBusy,
+    SlotHandle,
+    SlotReader,
+    StaleHandle,
+    WeightChannel,
+    shm_dir,
+)
+
+
+def _state(seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "embed.weight": torch.randn(37, 5, generator=g),
+        "norm.weight": torch.randn(5, generator=g).to(torch.bfloat16),
+        "half": torch.randn(3, 3, generator=g).to(torch.float16),
+        "steps": torch.randint(-(2**40), 2**40, (4,), generator=g),
+        "mask": torch.rand(7, generator=g) > 0.5,
+        "empty": torch.zeros(0, 3),
+        "scalar": torch.tensor(3.25),
+    }
+
+
+@pytest.fixture
+def channel() -> Iterator[WeightChannel]:
+    ch = WeightChannel.create(_state(0), wait_s=5.0)
+    try:
+        yield ch
+    finally:
+        ch.close()
+
+
+def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(
+        a[k].dtype == b[k].dtype and a[k].shape == b[k].shape and torch.equal(a[k], b[k])
+        for k in a)
+
+
+def test_a_slot_round_trips_every_tensor_exactly(channel: WeightChannel):
+    layout = Layout.from_json(channel.layout.to_json())
+    assert layout == channel.layout
+    assert all(e.offset % 64 == 0 for e in layout.entries)
+    reader = SlotReader(str(channel.path), layout)
+    try:
+        for seed in (1, 2, 3):  # slots 0, 1, 0: each read back bit for bit
+            state = _state(seed)
+            h = channel.write(state)
+            assert h == SlotHandle((seed - 1) % 2, seed - 1)
+            assert _same({k: v.clone() for k, v in reader.views(h).items()}, state)
+            reader.check(h)
+    finally:
+        reader.close()
+
+
+def test_a_model_state_dict_copies_in_through_views(channel: WeightChannel):
+    model = torch.nn.Linear(4, 3)
+    ch = WeightChannel.create(model.state_dict(), wait_s=1.0)
+    try:
+        other = torch.nn.Linear(4, 3)
+        h = ch.write(other.state_dict())
+        reader = SlotReader(str(ch.path), ch.layout)
+        model.load_state_dict(reader.views(h), strict=True)
+        assert _same(model.state_dict(), other.state_dict())
+        reader.close()
+    finally:
+        ch.close()
+
+
+def test_a_state_dict_of_another_shape_is_refused(channel: WeightChannel):
+    with pytest.raises(ValueError, match="names differ"):
+        channel.write({"x": torch.zeros(2)})
+
+
+def test_the_writer_waits_until_no_reader_holds_its_slot(channel: WeightChannel):
+    h0 = channel.write(_state(1))  # slot 0
+    channel.acquire(h0)  # a worker loads version 0
+    channel.write(_state(2))  # slot 1: free, no wait
+    released = threading.Event()
+
+    def reader_done() -> None:
+        time.sleep(0.4)
+        released.set()
+        channel.release(h0)
+
+    threading.Thread(target=reader_done).start()
+    t0 = time.perf_counter()
+    h2 = channel.write(_state(3))  # slot 0 again: waits for the reader
+    assert released.is_set() and time.perf_counter() - t0 >= 0.35
+    assert h2 == SlotHandle(0, 2) and channel.readers(0) == 0
+
+
+def test_a_reader_that_never_answers_gives_a_typed_error():
+    ch = WeightChannel.create(_state(0), wait_s=0.2)
+    try:
+        h0 = ch.write(_state(1))
+        ch.acquire(h0)
+        ch.write(_state(2))
+        with pytest.raises(SlotBusy, match=r"slot 0 after 0\.2 s") as info:
+            ch.write(_state(3))
+        assert isinstance(info.value, WorkerTimeout)  # retryable
+        ch.release(h0)
+        assert ch.write(_state(3)) == SlotHandle(0, 2)  # the failed write is not counted
+    finally:
+        ch.close()
+
+
+def test_a_handle_two_versions_old_is_refused(channel: WeightChannel):
+    h0 = channel.write(_state(1))
+    channel.write(_state(2))
+    channel.write(_state(3))  # overwrote slot 0
+    with pytest.raises(StaleHandle, match="no longer holds"):
+        channel.acquire(h0)
+    reader = SlotReader(str(channel.path), channel.layout)
+    with pytest.raises(StaleHandle):
+        reader.views(h0)
+    reader.close()
+    assert channel.readers(0) == 0
+
+
+def test_close_unlinks_the_segment_and_is_idempotent():
+    before = {p.name for p in shm_dir().glob(PREFIX + "*")}
+    ch = WeightChannel.create(_state(0), wait_s=1.0)
+    assert ch.path.exists() and ch.path.name.startswith(PREFIX)
+    assert ch.path.stat().st_size == ch.layout.total_bytes()
+    ch.write(_state(1))
+    ch.close()
+    ch.close()
+    assert not ch.path.exists()
+    assert {p.name for p in shm_dir().glob(PREFIX + "*")} == before
+    with pytest.raises(RuntimeError, match="closed"):
+        ch.write(_state(2))
