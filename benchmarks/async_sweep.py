@@ -139,6 +139,9 @@ class Cell:
     verdicts: dict[str, list[str | None]] = field(default_factory=dict)  # overlap verdicts
     sync_step_s: float = math.nan
     reward: dict[str, Any] = field(default_factory=dict)  # reward checks (>= 2 seeds)
+    #: system -> {"outside_wall_s": run() seconds outside the measured wall (start-up: model
+    #: loading, Ray; the end files), "transfer_s": seconds per weight load per worker}
+    costs: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def bound(self) -> float:
@@ -222,9 +225,12 @@ def render_details(cells: Sequence[Cell], systems: Sequence[str]) -> str:
                      f"{times} (s per batch); parallel probe alone {_f(c.t_alone, '.2f')} s, "
                      f"two at once {_f(c.t_concurrent, '.2f')} s")
         for s in asyncs:
+            cost = c.costs.get(s, {})
             lines.append(f"    {s:<14} speedup {_f(c.speedup(s), '.2f')}  A {_f(c.a(s), '.2f')}"
                          f"  vs TRL {_f(c.vs_trl(s), '.2f')}  verdict "
-                         f"{','.join(str(v) for v in c.verdicts.get(s, [])) or '-'}")
+                         f"{','.join(str(v) for v in c.verdicts.get(s, [])) or '-'}  "
+                         f"outside wall {_f(cost.get('outside_wall_s'), '.1f')} s  "
+                         f"transfer {_f(cost.get('transfer_s'), '.4f')} s/version")
     return "\n".join(lines)
 
 
@@ -514,6 +520,11 @@ def _measure_cell(args: argparse.Namespace, size: str, params: int, length: int,
         cell.rates[system] = statistics.fmean(r.rollouts_per_s for r in rs)
         if SYSTEMS[system] is not None:
             cell.verdicts[system] = [(r.extra.get("overlap") or {}).get("verdict") for r in rs]
+            transfers = [float(x) for r in rs
+                         if isinstance(x := r.extra.get("weight_transfer_s_mean"), int | float)]
+            cell.costs[system] = {
+                "outside_wall_s": statistics.fmean(r.outer_s - r.wall_s for r in rs),
+                "transfer_s": statistics.fmean(transfers) if transfers else math.nan}
     sync = per_system["sync"]
     cell.sync_step_s = statistics.fmean(r.wall_s / r.steps for r in sync if r.steps)
     if len(args.seeds) >= 2:

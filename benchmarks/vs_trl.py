@@ -283,6 +283,7 @@ def run_freshroll(cfg, out_dir: Path, name: str | None = None) -> Result:
         "lag_mean": s.get("lag", {}).get("mean"),
         "generated_rollouts_per_s": s.get("generated_rollouts_per_s"),
         "stages": {row["stage"]: row["share"] for row in s.get("stages", [])},
+        "weight_transfer_s_mean": s.get("weight_transfer_s_mean"),
         "overlap": s.get("overlap"),
         "host": s.get("host"),
     }
