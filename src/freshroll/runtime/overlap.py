@@ -39,6 +39,7 @@ still pays for staleness. This module says which happened, from the run's own le
 
 from __future__ import annotations
 
+import bisect
 import math
 import os
 import statistics
@@ -77,8 +78,25 @@ def measure(intervals: Sequence[Interval]) -> float:
 
 def overlap_with(a: Interval, disjoint: Sequence[Interval]) -> float:
     """Length of ``a`` covered by the disjoint sorted ``disjoint`` intervals."""
-    return sum(max(0.0, min(a[1], b) - max(a[0], s)) for s, b in disjoint
-               if s < a[1] and b > a[0])
+    return Cover(disjoint).covered(a)
+
+
+class Cover:
+    """Disjoint sorted intervals, for many :meth:`covered` queries (a bisection each)."""
+
+    def __init__(self, disjoint: Sequence[Interval]) -> None:
+        self.intervals = disjoint
+        self.ends = [b for _, b in disjoint]
+
+    def covered(self, a: Interval) -> float:
+        """Length of ``a`` covered by the intervals."""
+        total = 0.0
+        i = bisect.bisect_right(self.ends, a[0])
+        while i < len(self.intervals) and self.intervals[i][0] < a[1]:
+            s, b = self.intervals[i]
+            total += max(0.0, min(a[1], b) - max(a[0], s))
+            i += 1
+        return total
 
 
 def intersection(xs: Sequence[Interval], ys: Sequence[Interval]) -> float:
@@ -124,8 +142,11 @@ class OverlapFold:
         self.train: list[tuple[float, float]] = []  # (start, end) per committed step
         self.batch = 0
         self.max_staleness: int | None = None
+        self._fed = 0
+        self._cached: tuple[int, int, dict[str, Any]] | None = None  # (fed, steps, result)
 
     def feed(self, e: Any) -> None:
+        self._fed += 1
         if isinstance(e, ev.Started):
             self.worker_of[e.sample] = e.worker
         elif isinstance(e, ev.Generated):
@@ -162,9 +183,14 @@ class OverlapFold:
         return [*self.done, *(_call(w, slot) for (w, _), slot in self.open.items())]
 
     def result(self, tally: Tally) -> dict[str, Any]:
-        """The ``overlap`` block of ``summary.json`` (see the module doc)."""
-        return overlap_figures(self.call_list(), self.train, tally, self.batch,
+        """The ``overlap`` block of ``summary.json`` (see the module doc); computed once per
+        state of the fold (``summary()`` is asked for more than once at a run's end)."""
+        if self._cached is not None and self._cached[:2] == (self._fed, tally.steps):
+            return self._cached[2]
+        result = overlap_figures(self.call_list(), self.train, tally, self.batch,
                                self.max_staleness, _median(self.handoffs))
+        self._cached = (self._fed, tally.steps, result)
+        return result
 
 
 def _call(worker: str, slot: list[float]) -> Call:
@@ -212,9 +238,10 @@ def overlap_figures(calls: Sequence[Call], train: Sequence[Interval], tally: Tal
     steps = len(train)
 
     # each call / step: its length, and how much of it the other stage overlapped
-    gen_parts = [(c.end - c.start, overlap_with((c.start, c.end), train_u), c.n)
+    by_train, by_gen = Cover(train_u), Cover(gen_all)
+    gen_parts = [(c.end - c.start, by_train.covered((c.start, c.end)), c.n)
                  for c in calls if c.end > c.start]
-    train_parts = [(b - a, overlap_with((a, b), gen_all), 1) for a, b in train if b > a]
+    train_parts = [(b - a, by_gen.covered((a, b)), 1) for a, b in train if b > a]
     g = slowdown(gen_parts)
     t = slowdown(train_parts)
     gen_factor = g if g is not None else t if t is not None else 1.0
@@ -297,5 +324,5 @@ def _num(value: Any, spec: str) -> str:
         else "-"
 
 
-__all__ = ["PAY_MARGIN", "SOLO_SHARE", "Call", "OverlapFold", "host_now", "intersection",
+__all__ = ["PAY_MARGIN", "SOLO_SHARE", "Call", "Cover", "OverlapFold", "host_now", "intersection",
            "measure", "overlap_figures", "overlap_with", "render", "union"]
