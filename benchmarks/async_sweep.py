@@ -25,7 +25,7 @@ Per shape and load, also measured:
   forward+backward loop of the shape's model (one intra-op thread), timed in one process
   alone and in two processes at once (t_concurrent: their mean);
 - **speedup** = async accepted rollouts/s / sync's, **bound attainment** A = speedup /
-  min(stage bound, parallel limit), and async / TRL.
+  max(1, min(stage bound, parallel limit)), and async / TRL.
 
 Goals (issue 9), for the async default (``run.runtime: auto`` as it resolves, printed),
 per shape and load: never slower than sync (``speedup >= 1``; contended: or the run says
@@ -106,9 +106,12 @@ def parallel_limit(t_alone: float, t_concurrent: float) -> float:
 
 
 def attainment(speedup: float, bound: float, limit: float) -> float:
-    """A = speedup / min(stage bound, parallel limit) (a non-finite one is left out)."""
+    """A = speedup / min(stage bound, parallel limit) (a non-finite one is left out), the
+    denominator never below 1: a bound under 1 (a probe or capacities measured on a machine
+    busy with other work) would let an async run slower than sync "attain" it, while sync
+    itself is always there to match."""
     caps = [x for x in (bound, limit) if math.isfinite(x) and x > 0]
-    return speedup / min(caps) if caps and math.isfinite(speedup) else math.nan
+    return speedup / max(1.0, min(caps)) if caps and math.isfinite(speedup) else math.nan
 
 
 def ratio(a: float | None, b: float | None) -> float:

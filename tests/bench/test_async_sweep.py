@@ -48,6 +48,8 @@ def test_bounds_and_attainment():
     assert sweep.attainment(1.5, 2.0, 1.8) == pytest.approx(1.5 / 1.8)
     assert sweep.attainment(1.5, 1.6, math.nan) == pytest.approx(1.5 / 1.6)
     assert math.isnan(sweep.attainment(math.nan, 2.0, 2.0))
+    # a bound below 1 (measured on a busy machine): async must still match sync
+    assert sweep.attainment(0.6, 1.4, 0.5) == pytest.approx(0.6)
     assert sweep.choose_steps(0.1, 15.0) == 150
     assert sweep.choose_steps(10.0, 15.0) == 5 and sweep.choose_steps(1e-4, 15.0) == 400
     assert sweep.choose_steps(math.nan, 15.0) == 5
