@@ -137,6 +137,31 @@ def test_a_sync_run_has_no_async_verdict():
     assert render(o) == ""
 
 
+def test_verify_notes_a_run_whose_asynchrony_did_not_pay(tmp_path: Path):
+    """The synthetic turn-taking ledger as a run directory: summary.json keeps the host block
+    it was written with (verify does not recompute it, nor flag it), and verify's notes say
+    plainly that asynchrony did not pay, with that load."""
+    from freshroll.harness.verify import verify_run
+    from freshroll.ledger import open_ledger
+    from freshroll.runtime.summary import write_summary
+
+    n = 6
+    calls = [(2.0 * k, 2.0 * k + 1) for k in range(n)]
+    trains = [(2.0 * k + 1, 2.0 * k + 2) for k in range(n)]
+    ledger = open_ledger(tmp_path)
+    for e in _ledger(calls, trains):
+        ledger.append(e)
+    ledger.close()
+    write_summary(tmp_path, host={"loadavg": [1.5, 1.0, 0.5], "cores": 2, "cpu_count": 2})
+    assert json.loads((tmp_path / "summary.json").read_text())["host"]["cores"] == 2
+    write_summary(tmp_path)  # rebuilt later (freshroll report): the recorded host is kept
+    report = verify_run(tmp_path)
+    assert not report.violations.get("accounting"), report.render()
+    (note,) = [n for n in report.notes if "did not pay" in n]
+    assert "load average 1.5 on 2 cores" in note
+
+
+@pytest.mark.slow
 def test_one_real_async_run_says_whether_asynchrony_paid(tmp_path: Path):
     """A real short run (the tiny default): summary.json has the overlap block and the
     host's load, verify passes with it, and the end prints the verdict line."""
