@@ -119,15 +119,19 @@ def edge_means(rewards: list[float], frac: float = 0.1) -> tuple[float, float, f
 
 
 def freshroll_config(
-    steps: int, seed: int, system: tuple[int, str], model_dir: Path, overrides: list[str]
+    steps: int, seed: int, system: tuple[int, str], model_dir: Path, overrides: list[str],
+    torch_threads: int | str = 1,
 ):
+    """The freshroll config of one run (``system``: (max_staleness, run.runtime)); the TRL
+    settings are derived from it (:func:`trl_args`). ``torch_threads``: ``run.torch_threads``
+    (1 here; ``auto`` for the product's default budget)."""
     from freshroll.config import load_config
 
     staleness, runtime = system
     return load_config(None, [
         *overrides, f"run.steps={steps}", f"run.seed={seed}", f"run.max_staleness={staleness}",
         f"run.runtime={runtime}",
-        "run.progress=false", "run.torch_threads=1", f"model.path={model_dir}",
+        "run.progress=false", f"run.torch_threads={torch_threads}", f"model.path={model_dir}",
     ])
 
 
@@ -254,7 +258,9 @@ def run_trl(cfg, model_dir: Path, out_dir: Path, threads: int) -> Result:
     )
 
 
-def run_freshroll(cfg, out_dir: Path) -> Result:
+def run_freshroll(cfg, out_dir: Path, name: str | None = None) -> Result:
+    """One freshroll run through ``run()``; ``name``: its system label (default: the
+    :data:`FRESHROLL_SYSTEMS` entry of its max_staleness and runtime)."""
     from freshroll.runtime.run import run
 
     c0, t0 = time.process_time(), time.perf_counter()
@@ -277,9 +283,13 @@ def run_freshroll(cfg, out_dir: Path) -> Result:
         "lag_mean": s.get("lag", {}).get("mean"),
         "generated_rollouts_per_s": s.get("generated_rollouts_per_s"),
         "stages": {row["stage"]: row["share"] for row in s.get("stages", [])},
+        "weight_transfer_s_mean": s.get("weight_transfer_s_mean"),
+        "overlap": s.get("overlap"),
+        "host": s.get("host"),
     }
-    name = next(n for n, (eta, rt) in FRESHROLL_SYSTEMS.items()
-                if (eta, rt) == (cfg.run.max_staleness, cfg.run.runtime))
+    if name is None:
+        name = next(n for n, (eta, rt) in FRESHROLL_SYSTEMS.items()
+                    if (eta, rt) == (cfg.run.max_staleness, cfg.run.runtime))
     return Result(
         name, cfg.run.seed, cfg.run.torch_threads, int(s["steps"]), float(s["wall_s"]),
         int(s["accepted_rollouts"]), float(s["accepted_rollouts_per_s"]),

@@ -419,6 +419,7 @@ def check_files(
         if counts is not None:
             _compare_counts(report, counts, passed.recount)
         _check_summary(report, run_dir / SUMMARY_FILE, passed.fold)
+        _note_overlap(report, run_dir, passed.fold)
     _check_rows(report, run_dir / METRICS_FILE, passed.fold.rows)
     return report
 
@@ -487,6 +488,20 @@ def _check_summary(report: Report, path: Path, fold: Any) -> None:
         if key.partition(".")[0] in want:
             report.add("accounting", f"{path.name} {key}: reported {have[key]!r}, "
                                      "the ledger has no such entry")
+
+
+def _note_overlap(report: Report, run_dir: Path, fold: Any) -> None:
+    """An async run whose asynchrony did not pay says so in the notes (the ledger's overlap
+    figures, :mod:`freshroll.runtime.overlap`, with the host load ``summary.json`` recorded)."""
+    from freshroll.runtime.overlap import render
+    from freshroll.runtime.summary import read_host
+
+    try:
+        overlap = fold.summary().get("overlap")
+    except LedgerError:  # a damaged ledger: its own invariants say what is wrong
+        return
+    if overlap and overlap.get("verdict") == "did not pay":
+        report.notes.append(render(overlap, read_host(run_dir)))
 
 
 def _check_rows(report: Report, path: Path, rows: Sequence[dict[str, Any]]) -> None:

@@ -34,13 +34,15 @@ class Finished:
     verified: Report | Exception
 
 
-def finish_run_dir(run_dir: Path, *, baseline: Path | None = None, report: bool = True) -> Finished:
+def finish_run_dir(run_dir: Path, *, baseline: Path | None = None, report: bool = True,
+                   host: dict[str, Any] | None = None) -> Finished:
     """Write ``summary.json`` and ``report.html`` of ``run_dir`` and verify it, reading its
     ledger once. An unreadable or damaged ledger raises (:class:`~freshroll.errors.LedgerError`)
     before anything is written, as :func:`~freshroll.runtime.summary.write_summary` does.
-    ``report``: False writes no ``report.html``."""
+    ``report``: False writes no ``report.html``. ``host``: the host's load now (the end of a
+    run: :func:`freshroll.runtime.overlap.host_now`); None keeps the summary's recorded one."""
     passed = check_ledger(run_dir)
-    summary = write_summary(run_dir, passed.fold.summary())
+    summary = write_summary(run_dir, passed.fold.summary(), host)
     verified: Report | Exception
     try:
         verified = check_files(run_dir, passed, read_counts(run_dir / "counts.json"))

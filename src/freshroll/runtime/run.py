@@ -64,6 +64,8 @@ from freshroll.runtime.endfiles import Finished, finish_run_dir
 from freshroll.runtime.hooks import ChaosSession
 from freshroll.runtime.learner import build_learner
 from freshroll.runtime.metrics_log import METRICS_FILE, RowLog, reconcile
+from freshroll.runtime.overlap import host_now
+from freshroll.runtime.overlap import render as render_overlap
 from freshroll.runtime.pipeline import Pipeline, StepReport, run_pipeline
 from freshroll.runtime.placement import resolve_runtime, thread_budget
 from freshroll.runtime.prepare import Prepared, prepare_run_dir
@@ -393,6 +395,10 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
     done = _write_end_files(out, buf, report)
     if isinstance(done.verified, Exception):
         raise done.verified
+    line = overlap_line(done.summary)
+    if line and (cfg.run.progress or "did not pay" in line):  # a loss is always said
+        stream.write(line + "\n")
+        stream.flush()
     return RunResult(out, done.summary, done.verified.ok)
 
 
@@ -422,7 +428,13 @@ def _write_end_files(out: Path, buf: SampleBuffer, report: bool = True) -> Finis
     """``counts.json``, then ``summary.json``, the verify report and ``report.html`` of a
     closed run, from one read of its ledger (:mod:`freshroll.runtime.endfiles`)."""
     write_text_atomic(out / "counts.json", json.dumps(dict(buf.counts), sort_keys=True, indent=1))
-    return finish_run_dir(out, report=report)
+    return finish_run_dir(out, report=report, host=host_now())
+
+
+def overlap_line(summary: dict[str, Any]) -> str:
+    """The one line an async run's end prints: did asynchrony pay
+    (:mod:`freshroll.runtime.overlap`); empty for a sync run."""
+    return render_overlap(summary.get("overlap"), summary.get("host"))
 
 
 def _stopped(exc: BaseException, buf: SampleBuffer, cfg: Config, out: Path) -> BaseException:

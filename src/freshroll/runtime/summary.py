@@ -5,7 +5,8 @@ summary can be rebuilt on a saved run, and ``freshroll verify`` recomputes it to
 check the file. The figures are those of :func:`freshroll.metrics.summary_figures`
 (defined once, in docs/metrics.md), plus the discard-bias check (committed vs
 discarded completions' reward and length, by reason) and the per-stage time
-decomposition of :mod:`freshroll.timing`. Written as strict JSON (a non-finite
+decomposition of :mod:`freshroll.timing` and the stages' overlap of
+:mod:`freshroll.runtime.overlap` (did asynchrony pay). Written as strict JSON (a non-finite
 value as ``null``), atomically.
 """
 
@@ -29,6 +30,7 @@ from freshroll.events import (
 from freshroll.ledger import LEDGER_FILE, Ledger
 from freshroll.metrics import Tally, jsonable, summary_figures
 from freshroll.runtime.metrics_log import read_rows, write_atomic
+from freshroll.runtime.overlap import OverlapFold
 from freshroll.runtime.verdict import VerdictFold
 from freshroll.timing import SpanFold, StageRow, decompose
 
@@ -118,6 +120,7 @@ class SummaryFold:
         self.bias = DiscardBias()
         self.spans = SpanFold()
         self.verdict = VerdictFold()
+        self.overlap = OverlapFold()
         self.requests = 0  # admitted requests (sum of the groups' sizes)
         self.closed = False  # the ledger ends ``closed``
         self.error: Exception | None = None
@@ -141,7 +144,8 @@ class SummaryFold:
     def _route(self, kind: type) -> tuple[Callable[[Any], None], ...]:
         """The folds that read events of ``kind`` (the tally reads every event)."""
         route: list[Callable[[Any], None]] = [self._tally]
-        route += [f.feed for f in (self.bias, self.spans, self.verdict) if kind in f.KINDS]
+        route += [f.feed for f in (self.bias, self.spans, self.verdict, self.overlap)
+                  if kind in f.KINDS]
         if kind in (Requested, Opened, Closed):
             route.append(self._lifecycle)
         if kind is RunConfig:
@@ -196,6 +200,7 @@ class SummaryFold:
             "discard_bias": self.bias.result(),
             "stages": [row.__dict__ for row in self.stages()],
             "verdict": self.verdict.result(),
+            "overlap": self.overlap.result(self.tally),
         })
         return summary
 
@@ -218,10 +223,28 @@ def summarize(run_dir: Path) -> dict[str, Any]:
         return summarize_events(e for _, e in ledger.events())
 
 
-def write_summary(run_dir: Path, summary: dict[str, Any] | None = None) -> dict[str, Any]:
+def write_summary(run_dir: Path, summary: dict[str, Any] | None = None,
+                  host: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write ``summary.json``: ``summary`` (already computed from this run's ledger, e.g. by a
-    :class:`SummaryFold` of the end-of-run pass), or the ledger's summary read now."""
+    :class:`SummaryFold` of the end-of-run pass), or the ledger's summary read now.
+
+    ``host``: the host's load at the run's end (:func:`freshroll.runtime.overlap.host_now`),
+    kept as ``host`` (not from the ledger: ``verify`` does not recompute it); None keeps the
+    ``host`` block of an existing ``summary.json`` (a summary rebuilt later)."""
     if summary is None:
         summary = summarize(run_dir)
+    if host is None:
+        host = read_host(run_dir)
+    if host is not None:
+        summary = {**summary, "host": jsonable(host)}
     write_atomic(run_dir / SUMMARY_FILE, json.dumps(summary, indent=1, allow_nan=False) + "\n")
     return summary
+
+
+def read_host(run_dir: Path) -> dict[str, Any] | None:
+    """The ``host`` block of ``run_dir``'s ``summary.json`` (None: no file, or none in it)."""
+    try:
+        host = json.loads((run_dir / SUMMARY_FILE).read_text()).get("host")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return host if isinstance(host, dict) else None

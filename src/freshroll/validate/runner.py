@@ -191,6 +191,11 @@ def run_repeat(loaded: Loaded, mode: str, seed: int, out: Path, stream: TextIO,
     stream.write(f"  verify {'ok' if ok else 'FAILED'}  ({time.perf_counter() - t1:.1f} s)\n")
     if problem:
         stream.write(f"    {problem}\n")
+    summary = _read_summary(run_dir)
+    if (summary.get("overlap") or {}).get("verdict") == "did not pay":  # said plainly here too
+        from freshroll.runtime.overlap import render as render_overlap
+
+        stream.write(f"    {render_overlap(summary['overlap'], summary.get('host'))}\n")
     return rep, signals_of(run_dir, label, mode, ok)
 
 

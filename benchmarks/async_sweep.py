@@ -1,0 +1,544 @@
+"""Asynchrony across shapes (issue 9): sync, async (inline / process / Ray) and TRL, one table.
+
+Model sizes (built locally with :func:`freshroll.engines.tiny.save_tiny` and shape
+overrides; the exact parameter counts are printed) x completion lengths
+(``rollout.max_new_tokens``) x systems x load:
+
+- sizes: ``tiny`` (the embedded default, ~0.09M parameters), ``1m`` (~1M), ``5m`` (~5M);
+- lengths: 4 and 16 new tokens;
+- systems: ``sync`` (``run.max_staleness=0``), ``async-inline``, ``async-process``,
+  ``async-ray`` (``run.max_staleness=1`` with ``run.runtime`` inline / process / ray), and
+  ``trl`` (TRL's ``GRPOTrainer`` at the same settings: :mod:`vs_trl`'s runner and settings
+  mapping, at ``--trl-threads`` intra-op threads);
+- load: ``quiet``, or ``contended``: one fixed CPU-bound process started by the benchmark
+  (a pure-Python busy loop pinned to the last core, the same for every system), stopped
+  after the shape's runs.
+
+Per shape and load, also measured:
+
+- the **stage capacities** in isolation (:func:`freshroll.bench.parts.measure_capacities`,
+  as ``freshroll bench`` measures the real default): generation alone, reward alone,
+  training alone, weight transfer; per-batch stage times ``t_x = B / c_x``;
+- the **stage bound** = sync seconds per step (the sync run of the table) / max ``t_x``:
+  what a perfect pipeline gains over the lock-step loop;
+- this machine's **parallel limit** = 2 x t_alone / t_concurrent: the same fixed
+  forward+backward loop of the shape's model (one intra-op thread), timed in one process
+  alone and in two processes at once (t_concurrent: their mean);
+- **speedup** = async accepted rollouts/s / sync's, **bound attainment** A = speedup /
+  max(1, min(stage bound, parallel limit)), and async / TRL.
+
+Goals (issue 9), for the async default (``run.runtime: auto`` as it resolves, printed),
+per shape and load: never slower than sync (``speedup >= 1``; contended: or the run says
+asynchrony did not pay: ``summary.json`` ``overlap.verdict``), ``A >= 0.85``, ``>= 1.5x``
+TRL; with two seeds or more, reward at equal steps (last 10%) within noise of TRL and of
+sync (:func:`vs_trl.reward_check`).
+
+Steps per run are chosen per shape from the capacities so that a sync run takes about
+``--target-s`` seconds (15) and printed. Usage::
+
+    .venv/bin/python benchmarks/async_sweep.py                     # the whole sweep
+    .venv/bin/python benchmarks/async_sweep.py --quick             # smoke run (seconds)
+    .venv/bin/python benchmarks/async_sweep.py --sizes tiny 1m --lengths 16 \\
+        --systems sync async-inline trl --load quiet --seeds 0 1 2 --json sweep.json
+
+Nothing is downloaded (``HF_HUB_OFFLINE=1``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import vs_trl  # benchmarks/ is not a package: imported from beside this file
+
+#: model shapes (save_tiny overrides); the exact parameter counts are printed
+SIZES: dict[str, dict[str, int]] = {
+    "tiny": {},  # the embedded default: hidden 64, MLP 128, 2 layers (~0.09M)
+    "1m": {"hidden_size": 128, "intermediate_size": 512, "num_hidden_layers": 4},
+    "5m": {"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 6},
+}
+LENGTHS = (4, 16)
+#: system -> (run.max_staleness, run.runtime); "trl" is TRL's GRPOTrainer
+SYSTEMS: dict[str, tuple[int, str] | None] = {
+    "sync": (0, "inline"),
+    "async-inline": (1, "inline"),
+    "async-process": (1, "process"),
+    "async-ray": (1, "ray"),
+    "trl": None,
+}
+LOADS = ("quiet", "contended")
+
+GOAL_A = 0.85
+GOAL_TRL = vs_trl.GOAL_SPEEDUP  # 1.5
+GOAL_NOT_SLOWER = 1.0
+
+
+# == pure figures (tested) ==============================================================
+
+
+def stage_bound(sync_step_s: float, stage_times: Mapping[str, float]) -> float:
+    """Sync seconds per step / the slowest stage's per-batch time."""
+    finite = [t for t in stage_times.values() if math.isfinite(t)]
+    top = max(finite, default=math.nan)
+    return sync_step_s / top if top > 0 else math.nan
+
+
+def parallel_limit(t_alone: float, t_concurrent: float) -> float:
+    """2 x t_alone / t_concurrent: 2 on a machine where two processes do not slow each other,
+    1 where they take turns."""
+    return 2 * t_alone / t_concurrent if t_concurrent > 0 else math.nan
+
+
+def attainment(speedup: float, bound: float, limit: float) -> float:
+    """A = speedup / min(stage bound, parallel limit) (a non-finite one is left out), the
+    denominator never below 1: a bound under 1 (a probe or capacities measured on a machine
+    busy with other work) would let an async run slower than sync "attain" it, while sync
+    itself is always there to match."""
+    caps = [x for x in (bound, limit) if math.isfinite(x) and x > 0]
+    return speedup / max(1.0, min(caps)) if caps and math.isfinite(speedup) else math.nan
+
+
+def ratio(a: float | None, b: float | None) -> float:
+    return a / b if a is not None and b is not None and b > 0 else math.nan
+
+
+def choose_steps(step_s: float, target_s: float, lo: int = 5, hi: int = 400) -> int:
+    """Steps so that a run of ``step_s`` seconds per step takes about ``target_s``."""
+    if not (math.isfinite(step_s) and step_s > 0):
+        return lo
+    return max(lo, min(hi, round(target_s / step_s)))
+
+
+@dataclass
+class Cell:
+    """One (shape, load): what was measured, and the derived figures."""
+
+    size: str
+    params: int
+    length: int
+    load: str
+    steps: int
+    stage_times: dict[str, float] = field(default_factory=dict)
+    capacities: dict[str, float] = field(default_factory=dict)
+    t_alone: float = math.nan
+    t_concurrent: float = math.nan
+    rates: dict[str, float] = field(default_factory=dict)  # system -> mean accepted/s
+    verdicts: dict[str, list[str | None]] = field(default_factory=dict)  # overlap verdicts
+    sync_step_s: float = math.nan
+    reward: dict[str, Any] = field(default_factory=dict)  # reward checks (>= 2 seeds)
+    #: system -> {"outside_wall_s": run() seconds outside the measured wall (start-up: model
+    #: loading, Ray; the end files), "transfer_s": seconds per weight load per worker}
+    costs: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    @property
+    def bound(self) -> float:
+        return stage_bound(self.sync_step_s, self.stage_times)
+
+    @property
+    def limit(self) -> float:
+        return parallel_limit(self.t_alone, self.t_concurrent)
+
+    def speedup(self, system: str) -> float:
+        return ratio(self.rates.get(system), self.rates.get("sync"))
+
+    def a(self, system: str) -> float:
+        return attainment(self.speedup(system), self.bound, self.limit)
+
+    def vs_trl(self, system: str) -> float:
+        return ratio(self.rates.get(system), self.rates.get("trl"))
+
+
+def goal_checks(cell: Cell, default: str) -> dict[str, str]:
+    """PASS / MISS of each goal for the async default (``n/a``: a system not run)."""
+    out: dict[str, str] = {}
+    sp = cell.speedup(default)
+    if not math.isfinite(sp):
+        out["not_slower"] = "n/a"
+    elif sp >= GOAL_NOT_SLOWER:
+        out["not_slower"] = "PASS"
+    else:
+        told = bool(cell.verdicts.get(default)) and all(
+            v == "did not pay" for v in cell.verdicts[default])
+        if told and cell.load == "contended":
+            out["not_slower"] = "PASS (loss detected)"
+        else:
+            out["not_slower"] = "MISS (loss detected)" if told else "MISS"
+    a = cell.a(default)
+    out["A"] = "n/a" if not math.isfinite(a) else "PASS" if a >= GOAL_A else "MISS"
+    t = cell.vs_trl(default)
+    out["trl"] = "n/a" if not math.isfinite(t) else "PASS" if t >= GOAL_TRL else "MISS"
+    for other, check in cell.reward.items():
+        ok = check.get("not_worse")
+        out[f"reward_vs_{other}"] = "n/a" if ok is None else "PASS" if ok else "MISS"
+    return out
+
+
+def _f(x: float | None, spec: str) -> str:
+    return format(x, spec) if isinstance(x, int | float) and math.isfinite(x) else "-"
+
+
+def _params(n: int) -> str:
+    return f"{n / 1e6:.2f}M" if n >= 1e5 else f"{n / 1e6:.3f}M"
+
+
+def render_table(cells: Sequence[Cell], systems: Sequence[str], default: str) -> str:
+    """The sweep's one table (markdown): a row per shape and load."""
+    rates = list(systems)
+    head = (["params", "new tok", "load", "steps", "stage bound", "par. limit"]
+            + [f"{s} /s" for s in rates]
+            + [f"speedup {default}", "A", f"{default} / TRL", "verdict", "goals"])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for c in cells:
+        g = goal_checks(c, default)
+        goals = " ".join(f"{k} {v}" for k, v in g.items())
+        verdicts = c.verdicts.get(default) or []
+        row = ([f"{c.size} ({_params(c.params)})", str(c.length), c.load, str(c.steps),
+                _f(c.bound, ".2f"), _f(c.limit, ".2f")]
+               + [_f(c.rates.get(s), ".1f") for s in rates]
+               + [_f(c.speedup(default), ".2f"), _f(c.a(default), ".2f"),
+                  _f(c.vs_trl(default), ".2f"), ",".join(str(v) for v in verdicts) or "-",
+                  goals])
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def render_details(cells: Sequence[Cell], systems: Sequence[str]) -> str:
+    """Per async system: speedup, A and vs TRL; the stage times behind the bound."""
+    asyncs = [s for s in systems if s.startswith("async-")]
+    lines = []
+    for c in cells:
+        times = " ".join(f"t_{k} {_f(v, '.4f')}" for k, v in c.stage_times.items())
+        lines.append(f"{c.size} L={c.length} {c.load}: sync step {_f(c.sync_step_s, '.4f')} s, "
+                     f"{times} (s per batch); parallel probe alone {_f(c.t_alone, '.2f')} s, "
+                     f"two at once {_f(c.t_concurrent, '.2f')} s")
+        for s in asyncs:
+            cost = c.costs.get(s, {})
+            lines.append(f"    {s:<14} speedup {_f(c.speedup(s), '.2f')}  A {_f(c.a(s), '.2f')}"
+                         f"  vs TRL {_f(c.vs_trl(s), '.2f')}  verdict "
+                         f"{','.join(str(v) for v in c.verdicts.get(s, [])) or '-'}  "
+                         f"outside wall {_f(cost.get('outside_wall_s'), '.1f')} s  "
+                         f"transfer {_f(cost.get('transfer_s'), '.4f')} s/version")
+    return "\n".join(lines)
+
+
+# == measurements ========================================================================
+
+
+def count_params(model_dir: Path) -> int:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True)
+    return sum(p.numel() for p in model.parameters())
+
+
+def build_model(work: Path, size: str) -> Path:
+    from freshroll.engines.tiny import save_tiny
+
+    path = work / f"model-{size}"
+    if not (path / "config.json").is_file():
+        save_tiny(path, seed=0, **SIZES[size])
+    return path
+
+
+@contextmanager
+def contention(load: str) -> Iterator[subprocess.Popen[bytes] | None]:
+    """``contended``: one pure-Python busy loop pinned to the last core, for the block."""
+    if load != "contended":
+        yield None
+        return
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+
+    def pin() -> None:
+        if cores:
+            os.sched_setaffinity(0, {cores[-1]})
+
+    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=pin)
+    try:
+        time.sleep(0.5)
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def probe_main(model_dir: str, iters: int, batch: int, tokens: int) -> int:
+    """The parallel-limit probe (a child process): forward+backward of the model on a fixed
+    batch, one intra-op thread; prints ``ready``, waits for a line on stdin, runs ``iters``
+    times and prints the seconds as JSON."""
+    vs_trl._offline()
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    torch.set_num_threads(1)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True)
+    model.train()
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(4, model.config.vocab_size, (batch, tokens), generator=gen)
+
+    def once() -> None:
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    once()
+    print("ready", flush=True)
+    if not sys.stdin.readline():
+        return 1
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        once()
+    print(json.dumps({"s": time.perf_counter() - t0}), flush=True)
+    return 0
+
+
+def _probe(model_dir: Path, iters: int, batch: int, tokens: int, n: int,
+           timeout_s: float = 300.0) -> float:
+    """Mean seconds of ``n`` probe processes started together."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--probe", str(model_dir),
+           str(iters), str(batch), str(tokens)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    procs = [subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+                              text=True) for _ in range(n)]
+    try:
+        deadline = time.monotonic() + timeout_s
+        for p in procs:
+            assert p.stdout is not None
+            line = p.stdout.readline()  # ready (the child exits on any failure: EOF)
+            if line.strip() != "ready" or time.monotonic() > deadline:
+                raise RuntimeError(f"parallel probe did not start: {line!r}")
+        for p in procs:
+            assert p.stdin is not None
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        times = []
+        for p in procs:
+            out, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            times.append(float(json.loads(out.strip().splitlines()[-1])["s"]))
+        return statistics.fmean(times)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+
+
+def measure_parallel(model_dir: Path, batch: int, tokens: int, train_step_s: float,
+                     target_s: float) -> tuple[float, float]:
+    """(t_alone, t_concurrent) of the probe, ~``target_s`` seconds of work each."""
+    iters = max(3, round(target_s / train_step_s)) if train_step_s > 0 else 10
+    return (_probe(model_dir, iters, batch, tokens, 1),
+            _probe(model_dir, iters, batch, tokens, 2))
+
+
+def measure_stages(cfg: Any, quick: bool) -> tuple[dict[str, float], dict[str, float]]:
+    """Per-batch stage times and capacities in isolation (``freshroll bench``'s measure)."""
+    from freshroll.bench.figures import stage_times
+    from freshroll.bench.parts import measure_capacities
+
+    caps = measure_capacities(cfg, quick=quick)
+    return stage_times(caps), {**caps.per_s(), "transfer_s": caps.transfer_s}
+
+
+def default_async(model_dir: Path, overrides: list[str]) -> str:
+    """The system the async default (``run.runtime: auto``) resolves to."""
+    from freshroll.runtime.placement import resolve_runtime
+
+    cfg = vs_trl.freshroll_config(2, 0, (1, "auto"), model_dir, overrides, "auto")
+    return f"async-{resolve_runtime(cfg)}"
+
+
+def run_system(system: str, steps: int, seed: int, model_dir: Path, overrides: list[str],
+               out: Path, threads: str, trl_threads: int) -> vs_trl.Result:
+    spec = SYSTEMS[system]
+    shutil.rmtree(out, ignore_errors=True)
+    if spec is None:
+        cfg = vs_trl.freshroll_config(steps, seed, (0, "inline"), model_dir, overrides)
+        r = vs_trl.run_trl(cfg, model_dir, out, trl_threads)
+        r.system = system
+        return r
+    cfg = vs_trl.freshroll_config(steps, seed, spec, model_dir, overrides, threads)
+    return vs_trl.run_freshroll(cfg, out, name=system)
+
+
+# == main ================================================================================
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--probe"]:
+        return probe_main(argv[1], int(argv[2]), int(argv[3]), int(argv[4]))
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("overrides", nargs="*", help="freshroll config overrides (key=value)")
+    ap.add_argument("--sizes", nargs="+", choices=list(SIZES), default=list(SIZES))
+    ap.add_argument("--lengths", nargs="+", type=int, default=list(LENGTHS))
+    ap.add_argument("--systems", nargs="+", choices=list(SYSTEMS), default=list(SYSTEMS))
+    ap.add_argument("--load", nargs="+", choices=LOADS, default=list(LOADS))
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0])
+    ap.add_argument("--target-s", type=float, default=15.0, help="seconds per sync run")
+    ap.add_argument("--steps", type=int, help="steps per run (default: from --target-s)")
+    ap.add_argument("--torch-threads", default="auto", help="freshroll's run.torch_threads")
+    ap.add_argument("--trl-threads", type=int, default=1)
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke run: tiny, 4 tokens, sync/async-inline/trl, quiet, 3 steps")
+    ap.add_argument("--json", type=Path, help="write every figure to this file")
+    ap.add_argument("--workdir", type=Path, help="keep models and run dirs here")
+    args = ap.parse_args(argv)
+    given = set(a.split("=")[0] for a in argv if a.startswith("--"))
+    if args.quick:
+        args.sizes = args.sizes if "--sizes" in given else ["tiny"]
+        args.lengths = args.lengths if "--lengths" in given else [4]
+        args.systems = (args.systems if "--systems" in given
+                        else ["sync", "async-inline", "trl"])
+        args.load = args.load if "--load" in given else ["quiet"]
+        args.steps = args.steps or 3
+    if "sync" not in args.systems:
+        args.systems = ["sync", *args.systems]  # the baseline of every ratio
+
+    vs_trl._offline()
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=UserWarning)
+    import torch
+    import transformers
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    from freshroll.runtime.placement import available_cores
+
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="freshroll-sweep-"))
+    work.mkdir(parents=True, exist_ok=True)
+    t_all = time.perf_counter()
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}, "
+          f"{os.cpu_count()} cpus ({available_cores()} available), python "
+          f"{platform.python_version()}, load average {os.getloadavg()[0]:.2f}")
+    cells: list[Cell] = []
+    results: list[dict[str, Any]] = []
+    default = "async-inline"
+    try:
+        for size in args.sizes:
+            model_dir = build_model(work, size)
+            params = count_params(model_dir)
+            print(f"model {size}: {params:,} parameters ({SIZES[size] or 'tiny default'})",
+                  flush=True)
+            default = default_async(model_dir, args.overrides)
+            for length in args.lengths:
+                over = [*args.overrides, f"rollout.max_new_tokens={length}"]
+                steps = args.steps
+                for load in args.load:
+                    with contention(load) as busy:
+                        cell = _measure_cell(args, size, params, length, load, model_dir, over,
+                                             steps, work, results)
+                        steps = steps or cell.steps  # the same steps under both loads
+                        if busy is not None and busy.poll() is not None:
+                            raise RuntimeError("the load process died during the block")
+                    cells.append(cell)
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(work, ignore_errors=True)
+    total = time.perf_counter() - t_all
+
+    print()
+    print(f"async default (run.runtime auto) resolves to: {default}")
+    print(render_table(cells, args.systems, default))
+    print()
+    print(render_details(cells, args.systems))
+    load = os.getloadavg()
+    print(f"\nsweep wall time {total:.0f} s; load average now {load[0]:.2f} (1 min) "
+          f"{load[2]:.2f} (15 min) on {available_cores()} cores")
+    if args.json:
+        args.json.write_text(json.dumps({
+            "default": default, "systems": args.systems, "seeds": args.seeds,
+            "overrides": args.overrides, "sizes": {s: SIZES[s] for s in args.sizes},
+            "cells": [{**asdict(c), "bound": c.bound, "limit": c.limit,
+                       "speedup": {s: c.speedup(s) for s in args.systems},
+                       "A": {s: c.a(s) for s in args.systems if s.startswith("async-")},
+                       "vs_trl": {s: c.vs_trl(s) for s in args.systems},
+                       "goals": goal_checks(c, default)} for c in cells],
+            "results": results, "benchmark_s": total,
+            "machine": {"cpus": os.cpu_count(), "cores": available_cores(),
+                        "platform": platform.platform()},
+        }, indent=1, default=str))
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _measure_cell(args: argparse.Namespace, size: str, params: int, length: int, load: str,
+                  model_dir: Path, over: list[str], steps: int | None, work: Path,
+                  results: list[dict[str, Any]]) -> Cell:
+    """Stage capacities, the parallel limit, then every system x seed of one shape and load."""
+    base = vs_trl.freshroll_config(steps or 10, args.seeds[0], (0, "inline"), model_dir, over,
+                                   args.torch_threads)
+    t0 = time.perf_counter()
+    times, caps = measure_stages(base, args.quick)
+    if steps is None:
+        steps = choose_steps(sum(t for t in times.values() if math.isfinite(t)), args.target_s)
+    batch = base.rollout.batch_groups * base.rollout.group_size
+    tokens = 16 + length  # a prompt's length (the digit task) plus the completion
+    t_alone, t_conc = measure_parallel(model_dir, batch, tokens, times["train"],
+                                       0.5 if args.quick else 2.0)
+    cell = Cell(size, params, length, load, steps, times, caps, t_alone, t_conc)
+    print(f"  {size} L={length} {load}: stages "
+          + " ".join(f"t_{k} {v:.4f}" for k, v in times.items())
+          + f" s/batch; parallel limit {cell.limit:.2f}; {steps} steps per run "
+          f"({time.perf_counter() - t0:.1f} s)", flush=True)
+    per_system: dict[str, list[vs_trl.Result]] = {}
+    systems = args.systems
+    for i, seed in enumerate(args.seeds):
+        rot = i % len(systems)
+        for system in systems[rot:] + systems[:rot]:
+            out = work / "runs" / f"{size}-L{length}-{load}" / f"{system}-s{seed}"
+            r = run_system(system, steps, seed, model_dir, over, out, args.torch_threads,
+                           args.trl_threads)
+            per_system.setdefault(system, []).append(r)
+            verdict = (r.extra.get("overlap") or {}).get("verdict")
+            results.append({"size": size, "length": length, "load": load, **asdict(r),
+                            "cpu_ratio": vs_trl.cpu_ratio(r)})
+            print(f"    {system:<14} seed {seed}: {r.steps} steps in {r.wall_s:6.2f} s "
+                  f"({r.rollouts_per_s:7.1f} rollouts/s) reward {r.reward_first:.3f} -> "
+                  f"{r.reward_last:.3f}" + (f"  [{verdict}]" if verdict else ""), flush=True)
+    for system, rs in per_system.items():
+        cell.rates[system] = statistics.fmean(r.rollouts_per_s for r in rs)
+        if SYSTEMS[system] is not None:
+            cell.verdicts[system] = [(r.extra.get("overlap") or {}).get("verdict") for r in rs]
+            transfers = [float(x) for r in rs
+                         if isinstance(x := r.extra.get("weight_transfer_s_mean"), int | float)]
+            cell.costs[system] = {
+                "outside_wall_s": statistics.fmean(r.outer_s - r.wall_s for r in rs),
+                "transfer_s": statistics.fmean(transfers) if transfers else math.nan}
+    sync = per_system["sync"]
+    cell.sync_step_s = statistics.fmean(r.wall_s / r.steps for r in sync if r.steps)
+    if len(args.seeds) >= 2:
+        flat = [r for rs in per_system.values() for r in rs]
+        agg = vs_trl.aggregate(flat)
+        target = default_async(model_dir, args.overrides)
+        for other in ("trl", "sync"):
+            if target in agg and other in agg:
+                cell.reward[other] = vs_trl.reward_check(agg, target, other)
+    return cell
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""benchmarks/async_sweep.py: its figures (A, the bounds, the goals, the table) on synthetic
+inputs, and one ``--quick`` invocation of the real thing."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "async_sweep.py"
+
+
+def _load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("async_sweep", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["async_sweep"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+sweep = _load()
+
+
+def _cell(load: str = "quiet", **rates: float) -> object:
+    c = sweep.Cell("1m", 1_050_000, 16, load, 40,
+                   stage_times={"gen": 0.10, "reward": 0.01, "train": 0.08, "sync": 0.01},
+                   t_alone=2.0, t_concurrent=2.2)
+    c.rates = dict(rates)
+    c.sync_step_s = 0.20
+    return c
+
+
+def test_bounds_and_attainment():
+    assert sweep.stage_bound(0.2, {"gen": 0.1, "train": 0.08, "sync": math.inf}) == 2.0
+    assert math.isnan(sweep.stage_bound(0.2, {}))
+    assert sweep.parallel_limit(2.0, 2.0) == 2.0  # two processes, no slowdown
+    assert sweep.parallel_limit(2.0, 4.0) == 1.0  # they take turns
+    # A divides by the lower of the two bounds
+    assert sweep.attainment(1.5, 2.0, 1.8) == pytest.approx(1.5 / 1.8)
+    assert sweep.attainment(1.5, 1.6, math.nan) == pytest.approx(1.5 / 1.6)
+    assert math.isnan(sweep.attainment(math.nan, 2.0, 2.0))
+    # a bound below 1 (measured on a busy machine): async must still match sync
+    assert sweep.attainment(0.6, 1.4, 0.5) == pytest.approx(0.6)
+    assert sweep.choose_steps(0.1, 15.0) == 150
+    assert sweep.choose_steps(10.0, 15.0) == 5 and sweep.choose_steps(1e-4, 15.0) == 400
+    assert sweep.choose_steps(math.nan, 15.0) == 5
+
+
+def test_cell_figures_and_goals():
+    c = _cell(sync=100.0, **{"async-inline": 180.0, "trl": 100.0})
+    assert c.bound == pytest.approx(2.0)
+    assert c.limit == pytest.approx(2 * 2.0 / 2.2)
+    assert c.speedup("async-inline") == pytest.approx(1.8)
+    assert c.a("async-inline") == pytest.approx(1.8 / (4.0 / 2.2))
+    assert sweep.goal_checks(c, "async-inline") == {"not_slower": "PASS", "A": "PASS",
+                                                    "trl": "PASS"}
+    slow = _cell(sync=100.0, **{"async-inline": 95.0, "trl": 80.0})
+    assert sweep.goal_checks(slow, "async-inline") == {"not_slower": "MISS", "A": "MISS",
+                                                       "trl": "MISS"}
+    slow.verdicts["async-inline"] = ["did not pay"]
+    assert sweep.goal_checks(slow, "async-inline")["not_slower"] == "MISS (loss detected)"
+    told = _cell("contended", sync=100.0, **{"async-inline": 95.0})
+    told.verdicts["async-inline"] = ["did not pay", "did not pay"]
+    assert sweep.goal_checks(told, "async-inline") == {
+        "not_slower": "PASS (loss detected)", "A": "MISS", "trl": "n/a"}
+    told.verdicts["async-inline"] = ["did not pay", "paid"]  # one seed missed it
+    assert sweep.goal_checks(told, "async-inline")["not_slower"] == "MISS"
+    c.reward = {"trl": {"not_worse": True}, "sync": {"not_worse": None}}
+    goals = sweep.goal_checks(c, "async-inline")
+    assert goals["reward_vs_trl"] == "PASS" and goals["reward_vs_sync"] == "n/a"
+
+
+def test_table_has_a_row_per_shape_and_load():
+    cells = [_cell(sync=100.0, **{"async-inline": 150.0, "trl": 90.0}),
+             _cell("contended", sync=60.0, **{"async-inline": 55.0, "trl": 50.0})]
+    cells[1].verdicts["async-inline"] = ["did not pay"]
+    table = sweep.render_table(cells, ["sync", "async-inline", "async-ray", "trl"],
+                               "async-inline")
+    lines = table.splitlines()
+    assert len(lines) == 4
+    assert lines[0].startswith("| params | new tok | load | steps | stage bound | par. limit")
+    assert "async-ray /s" in lines[0]
+    assert lines[2].startswith("| 1m (1.05M) | 16 | quiet | 40 | 2.00 | 1.82 | 100.0 | 150.0 "
+                               "| - | 90.0 | 1.50 |")
+    assert "did not pay" in lines[3] and "PASS (loss detected)" in lines[3]
+    details = sweep.render_details(cells, ["sync", "async-inline", "trl"])
+    assert "async-inline   speedup 1.50" in details
+
+
+@pytest.mark.slow
+def test_quick_sweep_prints_its_table(tmp_path: Path):
+    out = tmp_path / "sweep.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    done = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--json", str(out)],
+                          capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "| tiny (0.085M) | 4 | quiet | 3 |" in done.stdout
+    data = json.loads(out.read_text())
+    (cell,) = data["cells"]
+    assert set(cell["rates"]) == {"sync", "async-inline", "trl"}
+    assert all(r > 0 for r in cell["rates"].values())
+    assert cell["t_alone"] > 0 and cell["t_concurrent"] > 0
+    assert set(cell["goals"]) == {"not_slower", "A", "trl"}
+    assert cell["verdicts"]["async-inline"][0] in ("paid", "did not pay")
