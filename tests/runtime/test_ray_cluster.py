@@ -9,6 +9,7 @@ scratch cluster with ``ray start --head`` whose processes are reaped by its own 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import sqlite3
 import time
@@ -137,6 +138,26 @@ class _Session:
         return parts
 
 
+class _HeldTrainer:
+    """The run's trainer, whose steps after the first wait until ``done`` is set: the run
+    lasts as long as a script needs, however fast the machine is."""
+
+    def __init__(self, inner: Any, done: asyncio.Event) -> None:
+        self.inner, self.done = inner, done
+        self.settings_digest = inner.settings_digest
+
+    async def step(self, lease: Any) -> Any:
+        if lease.version >= 1:
+            await asyncio.wait_for(self.done.wait(), 300)
+        return await self.inner.step(lease)
+
+    async def before_commit(self, version: Any) -> None:
+        await self.inner.before_commit(version)
+
+    def weights(self) -> Any:
+        return self.inner.weights()
+
+
 async def _until(cond: Any, timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while not cond():
@@ -200,14 +221,21 @@ def test_resize_adds_and_retires_real_actors(tmp_path: Path):
         pool.resize(1)
         await _until(lambda: not pool.leaving and ray_engine.live_actors() == 1, 60,
                      "the retired actor to end")
+        # Ray's resource view follows a kill within a moment (the GCS is told asynchronously)
+        await asyncio.to_thread(_wait_cpus, ray, 1.0)
         await snapshot("retired")
         pool.resize(2)  # needs the retired actor's CPU
         await _until(lambda: len(pool.active) == 2 and all(
             w.ready.is_set() for w in pool.active.values()), 120, "a third worker")
         await snapshot("again")
+        done.set()
 
+    done = asyncio.Event()
     session = _Session(script)
-    cfg = load_config(None, [*SMALL, "run.steps=40", "rollout.workers=1",
+    wrap = session.wrap
+    session.wrap = lambda parts, buf: dataclasses.replace(  # type: ignore[method-assign]
+        wrap(parts, buf), trainer=_HeldTrainer(parts.trainer, done))
+    cfg = load_config(None, [*SMALL, "run.steps=6", "rollout.workers=1",
                              "ray.reward_actors=0"])
     assert run_mod.ray_cpus(cfg) == 2
     out = tmp_path / "run"

@@ -162,12 +162,33 @@ def probe_address(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
 
 def _join(ray: Any, address: str, timeout_s: float) -> None:
     probe_address(address, timeout_s)
+    _token_auth_if_available()
     try:
         ray.init(address=address, log_to_driver=False, configure_logging=False)
     except (ConnectionError, RuntimeError, ValueError, TimeoutError) as exc:
+        text = str(exc)
+        auth = "auth" in text.lower() and "token" in text.lower()
+        why = ("the cluster refused this driver's Ray auth token: make the cluster's token "
+               "available here (~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN; "
+               "`ray get-auth-token` on the head prints it)" if auth else
+               f"{type(exc).__name__}: {text.splitlines()[0][:300] if text else ''}")
         raise ClusterUnavailable(
-            f"run.ray_address {address!r}: joining the cluster failed "
-            f"({type(exc).__name__}: {str(exc)[:400]}); {_hint(address)}") from exc
+            f"run.ray_address {address!r}: joining the cluster failed ({why}); "
+            f"{_hint(address)}") from exc
+
+
+def _token_auth_if_available() -> None:
+    """Use Ray's token authentication when a token is available and ``RAY_AUTH_MODE`` is
+    unset, as ``ray start`` does (a driver that joins does not by itself in Ray 2.60, and a
+    cluster started with a token then refuses it)."""
+    try:
+        from ray._private.authentication.authentication_token_setup import (
+            maybe_enable_token_auth_if_token_available,
+        )
+    except ImportError:  # another Ray version: its own defaults apply
+        return
+    with contextlib.suppress(Exception):
+        maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
 
 
 def joined() -> bool:
