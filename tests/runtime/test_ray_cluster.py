@@ -252,3 +252,41 @@ def test_resize_adds_and_retires_real_actors(tmp_path: Path):
                            "WHERE kind='worker_fenced' AND json_extract(body, '$.reason')"
                            "='retired'")
     assert len(retired) == 1
+
+
+_HANGS_ONCE = '''
+import os, time
+from pathlib import Path
+
+def hangs_once(prompts, completions, **kw):
+    marker = Path(os.environ["FRESHROLL_TEST_MARKER"])
+    if not marker.exists():
+        marker.write_text("hung")
+        time.sleep(60)
+    return [0.5 for _ in completions]
+'''
+
+
+@pytest.mark.slow
+def test_a_stuck_reward_call_is_abandoned_and_its_actor_replaced(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A reward actor stuck past limits.reward_timeout_s: its samples are discarded
+    reward_timeout (as a stuck thread's are), the actor is killed and replaced, and the
+    next calls score on the fresh one; verify passes."""
+    reward = tmp_path / "hangs.py"
+    reward.write_text(_HANGS_ONCE)
+    monkeypatch.setenv("FRESHROLL_TEST_MARKER", str(tmp_path / "marker"))  # actors inherit
+    session = _Session(lambda pipe, s: asyncio.sleep(0))
+    cfg = validate({
+        "run": {"progress": False, "steps": 3, "runtime": "ray"},
+        "task": {"n_prompts": 64}, "rollout": {"group_size": 4, "batch_groups": 2,
+                                              "worker_batch": 4, "workers": 1},
+        "ray": {"trainer": "driver", "reward_actors": 1},
+        "limits": {"reward_timeout_s": 10},
+        "rewards": [{"fn": f"{reward}:hangs_once"}]}, "test")
+    out = tmp_path / "run"
+    result = run_mod.run(cfg, out, chaos=session)
+    assert result.ok, verify_run(out).render()
+    counts = json.loads((out / "counts.json").read_text())
+    assert counts.get("discarded_reward_timeout", 0) >= 1
+    assert session.parts.scorer.restarts >= 1

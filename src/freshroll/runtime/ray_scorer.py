@@ -16,7 +16,9 @@ future: no thread waits on it).
 
 * A call the pipeline gives up on (``limits.reward_timeout_s``, or the run's end) is
   abandoned as a thread is today: its actor, still busy with it, is killed and a fresh one
-  takes its slot, so the next call does not queue behind the stuck one.
+  takes its slot, so the next call does not queue behind the stuck one. The fresh actor's
+  start-up is waited for by the next call on that slot (and counts against that call's
+  timeout); a call cancelled while it waits does not kill an actor that is only starting.
 * An actor lost mid-call (its process died, a node went away) raises
   :class:`~freshroll.errors.WorkerLost`: the reward stage scores that call's samples again
   (each at most ``MAX_LOST_RETRIES`` times, lost calls budgeted; :mod:`.rewarding`), and a
@@ -91,7 +93,9 @@ class RayScorer:
         self.restarts = 0  # actors replaced after a loss or an abandoned call
         self._actors = [self._spawn() for _ in range(self.concurrency)]
         self._idle = list(range(self.concurrency))
-        self._unchecked: set[int] = set()  # replacements whose version is not checked yet
+        #: replacements not yet known to be up with the driver's reward version: the ref of
+        #: their ``version()`` call (a call cancelled while waiting on it does not kill them)
+        self._starting: dict[int, Any] = {}
         self._check_versions(self._actors)
 
     def _spawn(self) -> Any:
@@ -129,8 +133,9 @@ class RayScorer:
         untrack(old)
         with contextlib.suppress(Exception), _gate.entered():
             self._ray.kill(old, no_restart=True)
-        self._actors[slot] = self._spawn()
-        self._unchecked.add(slot)
+        self._actors[slot] = new = self._spawn()
+        with _gate.entered():
+            self._starting[slot] = new.version.remote()  # awaited by its first call
         self.restarts += 1
 
     def kill(self, slot: int = 0) -> None:
@@ -147,16 +152,17 @@ class RayScorer:
     ) -> list[Score]:
         ray = self._ray
         slot = self._idle.pop() if self._idle else int(time.monotonic_ns()) % self.concurrency
+        scoring = False  # cancelled while the actor is still starting: it is not stuck
         try:
             actor = self._actors[slot]
-            if slot in self._unchecked:
-                with _gate.entered():
-                    ref = actor.version.remote()
-                self._same_version(await self._await(ref))
-                self._unchecked.discard(slot)
+            starting = self._starting.get(slot)
+            if starting is not None:  # a replacement: up, and the driver's reward version?
+                self._same_version(await self._await(starting))
+                self._starting.pop(slot, None)
             with _gate.entered():
                 ref = actor.score.remote(list(prompts), [c.text for c in completions],
                                          [list(c.token_ids) for c in completions], state)
+            scoring = True
             scores: list[Score] = await self._await(ref)
             return scores
         except ray.exceptions.RayActorError as exc:
@@ -167,9 +173,10 @@ class RayScorer:
             if isinstance(cause, Exception):
                 raise cause from None
             raise RuntimeError(str(exc)[:500]) from None
-        except asyncio.CancelledError:  # timed out (or the run ended): abandon the actor
-            with contextlib.suppress(WorkerLost):
-                self._replace(slot)
+        except asyncio.CancelledError:  # timed out (or the run ended): abandon a stuck actor
+            if scoring:
+                with contextlib.suppress(WorkerLost):
+                    self._replace(slot)
             raise
         finally:
             if slot not in self._idle:
