@@ -11,6 +11,7 @@ run directory stores its fully resolved form (``config.yaml``), which is what
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
@@ -52,6 +53,24 @@ class RunSection(_Section):
         "ray://host:10001, auto); unset: a private local Ray instance, dashboard off"
     )
     progress: bool = Field(True, description="print the progress line (stderr)")
+
+    @model_validator(mode="after")
+    def _ray_address(self) -> RunSection:
+        address = self.ray_address
+        if address is not None and not _RAY_ADDRESS.fullmatch(address):
+            raise ValueError(
+                f"ray_address {address!r}: expected host:port (e.g. 10.0.0.5:6379), "
+                "ray://host:port (Ray client) or auto; unset it for a private local instance")
+        if address is not None and address != "auto":
+            port = int(address.rpartition(":")[2])
+            if not 0 < port < 65_536:
+                raise ValueError(f"ray_address {address!r}: port {port} is not in 1..65535")
+        return self
+
+
+#: run.ray_address: ``auto``, ``host:port``, ``[v6]:port``, with an optional ``ray://``
+_RAY_ADDRESS = re.compile(
+    r"auto|(ray://)?([A-Za-z0-9]([A-Za-z0-9.-]{0,252}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\]):\d{1,5}")
 
 
 class TinySection(_Section):

@@ -19,7 +19,10 @@
     │       ├── FailureBudgetExceeded  a stage (reward fn, engine) failed too often; names
     │       │                      the stage and quotes its first error
     │       ├── NonFiniteStep      a step's loss or gradients were not finite (on_nonfinite: stop)
-    │       └── StorageError       a checkpoint or run-directory write failed (disk full, ...)
+    │       ├── StorageError       a checkpoint or run-directory write failed (disk full, ...)
+    │       └── ClusterUnavailable the Ray cluster of run.ray_address does not answer, or
+    │                              lacks the resources the run's actors declare (names the
+    │                              address and what to check)
     ├── Interrupted                the operator stopped the run (SIGINT/SIGTERM)        exit 130
     ├── Superseded                 an engine aborted requests for a new policy version
     │                              (vllm.on_update: abort): re-issued, not a failure
@@ -124,6 +127,11 @@ class NonFiniteStep(RunFailed):
 
 class StorageError(RunFailed):
     """A write to the run directory failed (disk full, read-only, ...)."""
+
+
+class ClusterUnavailable(RunFailed):
+    """The Ray cluster named by ``run.ray_address`` cannot be joined or used; the message
+    names the address and what to check (``ray start --head``, the port, ``ray status``)."""
 
 
 class Interrupted(FreshrollError):

@@ -17,16 +17,31 @@ running attempts are re-issued, late results rejected), calls
 :meth:`RayEngine.restart` (which kills the old actor, stuck or not) and
 re-sends the current weights.
 
-Weights travel through Ray's object store; ``load_weights`` returns the
-caller-side wall time (serialisation + transfer + copy), which the pipeline
-records as ``weights_loaded.transfer_s``.
+Weights travel through Ray's object store once per version: the trainer publishes a
+``ray.ObjectRef`` to its state dict (``ray.put`` on the trainer thread: :func:`ray_publish`,
+or the trainer actor's own put), the pipeline hands that same ref to every worker, and each
+actor fetches it itself (:meth:`RayEngine.load_weights`; a plain dict is still accepted and
+serialised for that call). ``load_weights`` returns the caller-side wall time, which the
+pipeline records as ``weights_loaded.transfer_s``; the actor's own fetch and copy times are
+kept in :attr:`RayEngine.loads`.
 
-Lifetime: the Ray instance is freshroll's own (``address="local"``, never a cluster
-found through ``RAY_ADDRESS``) and never outlives its run: ``stop_ray`` stops every one
+Resources: each inference actor declares ``ray.worker_cpus`` / ``ray.worker_gpus``. A
+retired worker's actor is killed and waited for (:meth:`RayEngine.stop`), so its CPUs are
+free for the next scale-up.
+
+Lifetime, private instance (``run.ray_address`` unset): the Ray instance is freshroll's own
+(``address="local"``, never a cluster found through ``RAY_ADDRESS``) and never outlives its
+run: ``stop_ray`` stops every one
 of its processes, a watchdog does the same when the driver is killed (even by
 ``SIGKILL``), and a resume reaps what a previous incarnation recorded in
 ``RUN_DIR/ray.json`` left behind (:mod:`freshroll.runtime.ray_reaper`). Only processes
 carrying that instance's token are ever signalled.
+
+Joined cluster (``run.ray_address``): :func:`start_ray` probes the address with a bounded
+TCP connect (:class:`~freshroll.errors.ClusterUnavailable` within
+:data:`CONNECT_TIMEOUT_S`, naming the address and what to check) and joins it; the
+cluster's processes are not freshroll's: no watchdog, no reaper. At the end only
+freshroll's own actors are killed (:func:`track`) and the driver disconnects.
 
 Network: freshroll itself opens no socket. Ray is started locally without its
 dashboard, but Ray's own gRPC servers (GCS, raylet, workers) listen on ports
@@ -41,10 +56,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,30 +68,47 @@ from typing import Any
 import torch
 
 from freshroll.engines.base import Completion
-from freshroll.errors import WorkerLost, WorkerTimeout
+from freshroll.errors import ClusterUnavailable, ConfigError, WorkerLost, WorkerTimeout
 from freshroll.runtime import ray_reaper
 
+#: seconds a join waits for the cluster's address to answer (``run.ray_address``)
+CONNECT_TIMEOUT_S = 10.0
 
-def start_ray(num_cpus: int | None = None, run_dir: Path | None = None) -> None:
-    """Start freshroll's private local Ray instance, quietly and without its dashboard.
 
-    Always a new instance (``address="local"``: never one found through ``RAY_ADDRESS``
-    or a ``ray start`` on this machine), tagged with a token that a watchdog uses to stop
-    every process of it when this process dies in any way (:mod:`.ray_reaper`). With
-    ``run_dir``, a previous incarnation's leftovers are reaped first and this one is
-    recorded in ``RUN_DIR/ray.json``. A no-op when Ray is already initialised.
+def start_ray(num_cpus: int | None = None, run_dir: Path | None = None,
+              address: str | None = None,
+              connect_timeout_s: float = CONNECT_TIMEOUT_S) -> float:
+    """Start freshroll's private local Ray instance, or join the cluster at ``address``;
+    returns the seconds it took (0.0 when Ray was already initialised: a no-op).
+
+    Private (``address`` None): always a new instance (``address="local"``: never one found
+    through ``RAY_ADDRESS`` or a ``ray start`` on this machine), quiet, without its dashboard,
+    tagged with a token that a watchdog uses to stop every process of it when this process
+    dies in any way (:mod:`.ray_reaper`). With ``run_dir``, a previous incarnation's leftovers
+    are reaped first and this one is recorded in ``RUN_DIR/ray.json``.
+
+    Joined (``run.ray_address``): ``ray.init(address=...)`` after a bounded probe of the
+    address (:func:`probe_address`): a cluster that does not answer is
+    :class:`~freshroll.errors.ClusterUnavailable` within ``connect_timeout_s``, naming the
+    address and what to check. The cluster's processes are not ours: no watchdog, no reaper;
+    :func:`stop_ray` kills only freshroll's own actors and disconnects.
     """
     import ray
 
     global _session
     if ray.is_initialized():
-        return
+        return 0.0
+    t0 = time.perf_counter()
     _gate.open()
+    if address is not None:
+        _join(ray, address, connect_timeout_s)
+        _session = _RaySession(None, None, None, address)
+        return time.perf_counter() - t0
     if run_dir is not None:
         ray_reaper.reap_previous(run_dir)
     token = ray_reaper.new_token()
     watchdog = ray_reaper.start_watchdog(token)  # before any Ray process exists
-    _session = _RaySession(token, watchdog, run_dir)
+    _session = _RaySession(token, watchdog, run_dir, None)
     if run_dir is not None:
         ray_reaper.write_record(run_dir, token, watchdog.pid)
     os.environ[ray_reaper.TOKEN_ENV] = token  # inherited by every process of the instance
@@ -89,34 +122,133 @@ def start_ray(num_cpus: int | None = None, run_dir: Path | None = None) -> None:
         raise
     finally:
         os.environ.pop(ray_reaper.TOKEN_ENV, None)
+    return time.perf_counter() - t0
+
+
+def _hint(address: str) -> str:
+    return (f"check that a Ray head runs there (`ray start --head --port PORT` on the head "
+            f"node; `ray status --address {address}` from this one), that the port is the "
+            "head's GCS port (default 6379; a ray:// address: its client server, default "
+            "10001) and that no firewall is in the way; or unset run.ray_address for a "
+            "private local instance")
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``(host, port)`` of ``host:port``, ``[v6]:port`` or ``ray://host:port``."""
+    rest = address.removeprefix("ray://")
+    host, sep, port = rest.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65_536:
+        raise ConfigError(f"run.ray_address {address!r}: expected host:port, ray://host:port "
+                          "or auto")
+    return host.strip("[]"), int(port)
+
+
+def probe_address(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """Raise :class:`ClusterUnavailable` unless ``address`` (``host:port`` or
+    ``ray://host:port``) accepts a TCP connection within ``timeout_s`` (``auto``: Ray looks
+    the address up itself and fails fast when there is none; not probed here)."""
+    if address == "auto":
+        return
+    host, port = split_address(address)
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        why = "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
+        raise ClusterUnavailable(
+            f"run.ray_address {address!r}: nothing answers at {host}:{port} within "
+            f"{timeout_s:g} s ({why}); {_hint(address)}") from exc
+
+
+def _join(ray: Any, address: str, timeout_s: float) -> None:
+    probe_address(address, timeout_s)
+    _token_auth_if_available()
+    try:
+        ray.init(address=address, log_to_driver=False, configure_logging=False)
+    except (ConnectionError, RuntimeError, ValueError, TimeoutError) as exc:
+        text = str(exc)
+        auth = "auth" in text.lower() and "token" in text.lower()
+        why = ("the cluster refused this driver's Ray auth token: make the cluster's token "
+               "available here (~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN; "
+               "`ray get-auth-token` on the head prints it)" if auth else
+               f"{type(exc).__name__}: {text.splitlines()[0][:300] if text else ''}")
+        raise ClusterUnavailable(
+            f"run.ray_address {address!r}: joining the cluster failed ({why}); "
+            f"{_hint(address)}") from exc
+
+
+def _token_auth_if_available() -> None:
+    """Use Ray's token authentication when a token is available and ``RAY_AUTH_MODE`` is
+    unset, as ``ray start`` does (a driver that joins does not by itself in Ray 2.60, and a
+    cluster started with a token then refuses it)."""
+    try:
+        from ray._private.authentication.authentication_token_setup import (
+            maybe_enable_token_auth_if_token_available,
+        )
+    except ImportError:  # another Ray version: its own defaults apply
+        return
+    with contextlib.suppress(Exception):
+        maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+
+
+def joined() -> bool:
+    """Whether this process is connected to a cluster it did not start."""
+    return _session is not None and _session.address is not None
 
 
 def stop_ray() -> None:
-    """Shut the instance down and make sure none of its processes outlive this call."""
+    """Private instance: shut it down and make sure none of its processes outlive this call.
+    Joined cluster: kill freshroll's own actors (:func:`track`) and disconnect."""
     import ray
 
     global _session
     _gate.close(CLOSE_WAIT_S)  # no thread may touch Ray once it is shut down
     if ray.is_initialized():
+        for actor in list(_actors.values()):
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)
         ray.shutdown()
+    _actors.clear()
     session, _session = _session, None
-    if session is not None:
+    if session is not None and session.token is not None:
         ray_reaper.reap(session.token)
-        ray_reaper.stop_watchdog(session.watchdog)
+        if session.watchdog is not None:
+            ray_reaper.stop_watchdog(session.watchdog)
         if session.run_dir is not None:
             ray_reaper.remove_record(session.run_dir, session.token)
 
 
 @dataclass
 class _RaySession:
-    """The Ray instance this process started: its token, watchdog and run directory."""
+    """The Ray instance this process started (token, watchdog, run directory), or the
+    cluster it joined (address)."""
 
-    token: str
-    watchdog: subprocess.Popen[bytes]
+    token: str | None  # None: a joined cluster (not ours to reap)
+    watchdog: subprocess.Popen[bytes] | None
     run_dir: Path | None
+    address: str | None  # run.ray_address of a joined cluster
 
 
 _session: _RaySession | None = None
+
+#: freshroll's live actors (inference, reward), by id: killed by :func:`stop_ray`
+_actors: dict[int, Any] = {}
+
+
+def track(actor: Any) -> Any:
+    """Record one of freshroll's actors (killed at the end even on a joined cluster)."""
+    _actors[id(actor)] = actor
+    return actor
+
+
+def untrack(actor: Any) -> None:
+    _actors.pop(id(actor), None)
+
+
+def live_actors() -> int:
+    """freshroll's actors this process has started and not killed."""
+    return len(_actors)
+
 
 #: how long one ``ray.get`` waits before it looks whether the instance is stopping
 POLL_S = 0.25
@@ -187,8 +319,18 @@ class _EngineActor:
     def generate(self, prompts: Sequence[str], kwargs: dict[str, Any]) -> list[Completion]:
         return self.engine.generate(prompts, **kwargs)
 
-    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> float:
-        return self.engine.load_weights(state_dict)
+    def load_weights(self, weights: list[Any]) -> tuple[float, float]:
+        """``weights``: ``[ObjectRef]`` (fetched here from the object store: wrapped in a
+        list so that Ray does not resolve it before the call and the fetch is timed here) or
+        ``[dict]``; returns this actor's ``(fetch_s, copy_s)``."""
+        import ray
+
+        t0 = time.perf_counter()
+        (state,) = weights
+        if isinstance(state, ray.ObjectRef):
+            state = ray.get(state)
+        fetch_s = time.perf_counter() - t0
+        return fetch_s, self.engine.load_weights(state)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return self.engine.state_dict()
@@ -197,24 +339,53 @@ class _EngineActor:
         return True
 
 
+def ray_publish(learner: Any) -> Any:
+    """``ray.trainer: driver``: the learner's weights put in the object store once per
+    version (:class:`~freshroll.runtime.adapters.ThreadTrainer`'s ``publish``, on the
+    trainer thread); every worker's :meth:`RayEngine.load_weights` gets the same ref."""
+    import ray
+
+    with _gate.entered():
+        return ray.put(learner.weights())
+
+
+@dataclass(frozen=True, slots=True)
+class LoadStats:
+    """One weight load of a :class:`RayEngine`: the caller's wall time, and the actor's own
+    fetch (object store -> its process) and copy (into the model) times."""
+
+    caller_s: float
+    fetch_s: float
+    copy_s: float
+
+
 class RayEngine:
     """A blocking proxy to an engine in a Ray actor (see module docstring)."""
 
     def __init__(
         self, path: Path, *, torch_threads: int = 1, generate_timeout_s: float = 600.0,
         weights_timeout_s: float = 300.0, start_timeout_s: float = 300.0,
+        num_cpus: float = 1.0, num_gpus: float = 0.0,
     ) -> None:
         import ray
 
         self._ray, self._path, self._threads = ray, str(path), torch_threads
         self.generate_timeout_s, self.weights_timeout_s = generate_timeout_s, weights_timeout_s
         self.start_timeout_s = start_timeout_s
+        self.num_cpus, self.num_gpus = num_cpus, num_gpus
+        self.loads: list[LoadStats] = []  # every weight load through this proxy, in order
         self._actor = self._spawn()
 
     def _spawn(self) -> Any:
-        actor_cls = self._ray.remote(num_cpus=1, max_restarts=0)(_EngineActor)
+        actor_cls = self._ray.remote(num_cpus=self.num_cpus, num_gpus=self.num_gpus,
+                                     max_restarts=0)(_EngineActor)
         with _gate.entered():
-            return actor_cls.remote(self._path, self._threads)
+            return track(actor_cls.remote(self._path, self._threads))
+
+    @property
+    def actor_id(self) -> str:
+        """The Ray id of the current actor (as ``ray.util.state.list_actors`` shows it)."""
+        return str(self._actor._actor_id.hex())
 
     def _call(self, method: str, *args: Any, timeout_s: float, what: str) -> Any:
         """Call the actor's ``method`` and wait for it with a timeout: a dead actor is
@@ -239,6 +410,7 @@ class RayEngine:
                     raise WorkerLost(f"inference actor died: {exc}"[:500]) from exc
 
     def _kill_actor(self) -> None:
+        untrack(self._actor)
         with _gate.entered():
             self._ray.kill(self._actor, no_restart=True)
 
@@ -248,7 +420,10 @@ class RayEngine:
         one fail with :class:`WorkerLost`, until :meth:`restart`. The chaos harness's real
         ``kill_worker`` fault (:mod:`freshroll.chaos`)."""
         self._kill_actor()
-        deadline = time.monotonic() + self.start_timeout_s
+        self._wait_dead(self.start_timeout_s)
+
+    def _wait_dead(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:  # the kill travels through Ray's control plane
             try:
                 self._call("ready", timeout_s=1.0, what="ready")
@@ -257,8 +432,7 @@ class RayEngine:
             except WorkerTimeout:
                 pass
             time.sleep(0.02)
-        raise WorkerTimeout(f"inference actor still answers {self.start_timeout_s:g} s after "
-                            "ray.kill")
+        raise WorkerTimeout(f"inference actor still answers {timeout_s:g} s after ray.kill")
 
     def restart(self) -> None:
         """A fresh actor on the initial model (the caller re-sends the current weights)."""
@@ -276,11 +450,19 @@ class RayEngine:
             "generate", list(prompts), kwargs, timeout_s=self.generate_timeout_s, what="generate")
         return result
 
-    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> float:
+    def load_weights(self, weights: Any) -> float:
+        """Install ``weights``: a ``ray.ObjectRef`` to a state dict (the run's publication:
+        put once per version, fetched by the actor itself) or a plain mapping (serialised
+        for this call); returns the caller-side seconds (the pool records them as
+        ``weights_loaded.transfer_s``), the actor's own times in :attr:`loads`."""
         t0 = time.perf_counter()
-        self._call("load_weights", dict(state_dict), timeout_s=self.weights_timeout_s,
-                   what="load_weights")
-        return time.perf_counter() - t0
+        if not isinstance(weights, self._ray.ObjectRef):
+            weights = dict(weights)
+        fetch_s, copy_s = self._call("load_weights", [weights],
+                                     timeout_s=self.weights_timeout_s, what="load_weights")
+        caller_s = time.perf_counter() - t0
+        self.loads.append(LoadStats(caller_s, float(fetch_s), float(copy_s)))
+        return caller_s
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         result: dict[str, torch.Tensor] = self._call(
@@ -292,5 +474,12 @@ class RayEngine:
         self._call("ready", timeout_s=self.start_timeout_s, what="ready (model load)")
 
     def stop(self) -> None:
-        with _gate.entered():
-            self._ray.kill(self._actor)
+        """End the actor (a retired or closed worker) and return once Ray reports it dead,
+        so its CPUs are free for the next actor (waits at most :data:`STOP_WAIT_S`)."""
+        self._kill_actor()
+        with contextlib.suppress(WorkerTimeout, WorkerLost):
+            self._wait_dead(STOP_WAIT_S)
+
+
+#: how long :meth:`RayEngine.stop` waits for Ray to report the killed actor dead
+STOP_WAIT_S = 8.0

@@ -36,13 +36,14 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import random
 import shutil
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import torch
 
@@ -55,6 +56,7 @@ from freshroll.ledger import Ledger, open_ledger
 from freshroll.lineage import PolicyVersion
 from freshroll.metrics import Tally
 from freshroll.runtime.adapters import (
+    Publish,
     ThreadEngineFactory,
     ThreadScorer,
     ThreadTrainer,
@@ -75,6 +77,9 @@ from freshroll.runtime.seams import AsyncScorer, AsyncTrainer, EngineFactory
 from freshroll.runtime.shm_weights import WeightChannel
 from freshroll.trainer.checkpoint import checkpoint_dir, save_checkpoint
 from freshroll.trainer.grpo import GRPOLearner
+
+if TYPE_CHECKING:
+    from freshroll.runtime.ray_scorer import RayScorer
 
 
 @dataclass
@@ -190,12 +195,13 @@ def build_engine(cfg: Config, path: Path, name: str,
     if runtime == "ray":
         from freshroll.runtime.ray_engine import RayEngine, start_ray
 
-        start_ray(num_cpus=ray_cpus(cfg))  # a no-op when run() started it for its run dir
+        start_ray(num_cpus=ray_cpus(cfg), address=cfg.run.ray_address)  # no-op if started
         lim = cfg.limits
         actor = RayEngine(path, torch_threads=thread_budget(cfg).worker,
                           generate_timeout_s=lim.generate_timeout_s,
                           weights_timeout_s=lim.weights_timeout_s,
-                          start_timeout_s=lim.worker_start_timeout_s)
+                          start_timeout_s=lim.worker_start_timeout_s,
+                          num_cpus=cfg.ray.worker_cpus, num_gpus=cfg.ray.worker_gpus)
         actor.wait_ready()
         return actor
     from freshroll.engines.hf import HFEngine  # transformers: only when a model is loaded
@@ -208,7 +214,14 @@ MakeEngine = Callable[[Config, Path, str], InferenceEngine]
 
 
 def ray_cpus(cfg: Config) -> int:
-    return max(2, cfg.rollout.workers, cfg.control.max_workers or 0)
+    """The logical CPUs of a private Ray instance: enough for every actor the run may have
+    at once (the most workers, the reward actors, the trainer actor), at least 2."""
+    r = cfg.ray
+    workers = max(cfg.rollout.workers, cfg.control.max_workers or 0)
+    need = workers * r.worker_cpus + r.reward_actors * r.reward_cpus
+    if r.trainer == "actor":
+        need += r.trainer_cpus
+    return max(2, math.ceil(need))
 
 
 @dataclass
@@ -239,14 +252,21 @@ def build_components(
         return Components(parts.engine_factory, parts.scorer, parts.trainer,
                           getattr(parts, "close", _nothing))
     learner = build_learner(cfg, prep.model_path, buf, out, prep.history)
-    scorer = ThreadScorer(prep.rewards)
     runtime = resolve_runtime(cfg) if cfg.rollout.engine == "hf" else "inline"
+    publish: Publish = clone_weights
+    scorer: ThreadScorer | RayScorer = ThreadScorer(prep.rewards)
     channel: WeightChannel | None = None
     if runtime == "process":  # weights once per version into shared memory (unlinked at close)
         channel = WeightChannel.create(learner.model.state_dict(),
                                        wait_s=cfg.limits.weights_timeout_s + 5.0)
-    trainer = ThreadTrainer(learner, buf, lambda v: before_commit(v, learner),
-                            publish=channel.publish if channel is not None else clone_weights)
+        publish = channel.publish
+    elif runtime == "ray":  # private: in RUN_DIR/ray.json
+        from freshroll.runtime.ray_engine import ray_publish, start_ray
+
+        start_ray(num_cpus=ray_cpus(cfg), run_dir=out, address=cfg.run.ray_address)
+        publish = ray_publish  # once per version in the object store, one ref for all
+        scorer = ray_scorer(cfg, prep, scorer)
+    trainer = ThreadTrainer(learner, buf, lambda v: before_commit(v, learner), publish)
     if cfg.rollout.engine == "vllm":  # one vLLM engine per worker (restartable)
         from freshroll.engines.vllm_engine import VLLMEngineFactory
 
@@ -258,10 +278,6 @@ def build_components(
             engines.kill_all()  # the pool closed them; a run that crashed may not have
 
         return Components(engines, scorer, trainer, close_vllm)
-    if runtime == "ray":  # recorded in RUN_DIR/ray.json: never outlives the run
-        from freshroll.runtime.ray_engine import start_ray
-
-        start_ray(num_cpus=ray_cpus(cfg), run_dir=out)
     path = prep.model_path
     make = make_engine or (lambda c, p, n: build_engine(c, p, n, channel))  # at call time
     factory = ThreadEngineFactory(lambda name: make(cfg, path, name), cfg.limits,
@@ -281,6 +297,17 @@ def build_components(
                 channel.close()
 
     return Components(factory, scorer, trainer, close)
+
+
+def ray_scorer(cfg: Config, prep: Prepared, inline: ThreadScorer) -> ThreadScorer | RayScorer:
+    """Under Ray: ``ray.reward_actors`` reward actors (each its own RewardSet, built from
+    the config), or the driver's RewardSet on a thread with ``reward_actors: 0``."""
+    if cfg.ray.reward_actors == 0:
+        return inline
+    from freshroll.runtime.ray_scorer import RayScorer
+
+    inline.close()
+    return RayScorer(cfg, prep.rewards)
 
 
 def _nothing() -> None:

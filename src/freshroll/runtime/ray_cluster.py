@@ -1,0 +1,86 @@
+"""A throwaway local Ray cluster (``ray start --head``) for tests and benchmarks of
+``run.ray_address``: started on a free port, and stopped by reaping exactly its processes.
+
+``ray stop`` stops every Ray process of the machine (other runs' private instances too), so
+it is not used: the cluster's processes are started with a fresh token in their environment
+(``FRESHROLL_RAY_CLUSTER``, not the private instances' token, so their leak checks never see
+it) and :meth:`ScratchCluster.stop` signals only the processes that carry it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from freshroll.runtime.ray_reaper import _environs, alive
+
+CLUSTER_ENV = "FRESHROLL_RAY_CLUSTER"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cluster_pids(token: str) -> list[int]:
+    """The processes started with ``CLUSTER_ENV=token``."""
+    needle = f"{CLUSTER_ENV}={token}".encode()
+    return [pid for pid, env in _environs() if needle in env]
+
+
+@dataclass
+class ScratchCluster:
+    address: str
+    token: str
+    start_s: float  # seconds ``ray start --head`` took
+
+    def pids(self) -> list[int]:
+        return cluster_pids(self.token)
+
+    def stop(self, grace: float = 3.0) -> None:
+        """SIGTERM, then SIGKILL, to exactly this cluster's processes, until none is left."""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for pid in self.pids():
+                with contextlib.suppress(OSError):
+                    os.kill(pid, sig)
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline and any(alive(p) for p in self.pids()):
+                time.sleep(0.1)
+        left = [p for p in self.pids() if alive(p)]
+        if left:
+            raise RuntimeError(f"scratch Ray cluster processes survived: {left}")
+
+
+def start_cluster(num_cpus: int = 2, timeout_s: float = 120.0,
+                  pythonpath: Path | None = None) -> ScratchCluster:
+    """``ray start --head --port <free> --num-cpus N --disable-usage-stats
+    --include-dashboard=false``, its processes tagged (see module docstring); ``pythonpath``
+    is put on the workers' path (so actors import this checkout's freshroll)."""
+    token, port = secrets.token_hex(12), free_port()
+    env = {**os.environ, CLUSTER_ENV: token}
+    if pythonpath is not None:
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(pythonpath), *filter(None, [os.environ.get("PYTHONPATH")])])
+    ray_bin = str(Path(sys.executable).with_name("ray"))
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [ray_bin, "start", "--head", f"--port={port}", f"--num-cpus={num_cpus}",
+         "--disable-usage-stats", "--include-dashboard=false"],
+        env=env, capture_output=True, text=True, timeout=timeout_s, check=False)
+    cluster = ScratchCluster(f"127.0.0.1:{port}", token, time.perf_counter() - t0)
+    if proc.returncode != 0:
+        cluster.stop()
+        raise RuntimeError(f"ray start failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    return cluster
+
+
+__all__ = ["CLUSTER_ENV", "ScratchCluster", "cluster_pids", "free_port", "start_cluster"]

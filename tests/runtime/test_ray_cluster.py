@@ -1,0 +1,292 @@
+"""``run.runtime: ray`` on a cluster (issue 9): joining one, a cluster that does not answer,
+reward actors (and one lost mid-run), and elastic workers as real actors.
+
+The fast tests need no Ray process; the slow ones start real Ray (a private instance, or a
+scratch cluster with ``ray start --head`` whose processes are reaped by its own token, never
+``ray stop``, which would stop every Ray process on the machine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from freshroll.buffer import SampleBuffer
+from freshroll.config import load_config, validate
+from freshroll.errors import ClusterUnavailable, ConfigError
+from freshroll.harness.verify import verify_run
+from freshroll.runtime import run as run_mod
+from freshroll.runtime.hooks import Hooks
+from freshroll.runtime.ray_cluster import free_port, start_cluster
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+SMALL = ["run.progress=false", "task.n_prompts=64", "rollout.group_size=4",
+         "rollout.batch_groups=2", "rollout.worker_batch=4", "run.runtime=ray",
+         "ray.trainer=driver"]
+
+
+@pytest.mark.parametrize("address", ["garbage", "http://h:1", "h:", "h:0", "h:70000", ":6379",
+                                     "a b:1", "ray://:1"])
+def test_a_malformed_ray_address_is_a_config_error(address: str):
+    with pytest.raises(ConfigError, match=r"ray_address"):
+        load_config(None, [f"run.ray_address={address}"])
+
+
+@pytest.mark.parametrize("address", ["10.0.0.5:6379", "head-node.local:6379",
+                                     "ray://head:10001", "[::1]:6379", "auto"])
+def test_a_ray_address_is_accepted(address: str):
+    cfg = validate({"run": {"ray_address": address}}, "test")  # "[::1]:.." is YAML on a CLI
+    assert cfg.run.ray_address == address
+
+
+def test_an_address_that_does_not_answer_fails_fast_and_clearly(tmp_path: Path):
+    """A closed port: ClusterUnavailable within seconds, naming the address and what to
+    check; nothing of Ray was started (and a run says the same, exit status 3)."""
+    import ray
+
+    from freshroll.runtime.ray_engine import start_ray
+
+    address = f"127.0.0.1:{free_port()}"  # bound once, closed again: nothing listens
+    t0 = time.monotonic()
+    with pytest.raises(ClusterUnavailable) as err:
+        start_ray(address=address, connect_timeout_s=3.0)
+    assert time.monotonic() - t0 < 5.0
+    msg = str(err.value)
+    assert address in msg and "ray start --head" in msg and "ray status" in msg
+    assert "port" in msg and not ray.is_initialized()
+
+    cfg = load_config(None, [*SMALL, "run.steps=1", f"run.ray_address={address}"])
+    t0 = time.monotonic()
+    with pytest.raises(ClusterUnavailable, match=address.replace(".", r"\.")):
+        run_mod.run(cfg, tmp_path / "run")
+    assert time.monotonic() - t0 < 60.0  # the model and learner are built first
+    assert not ray.is_initialized()
+
+
+def _ledger(out: Path, sql: str) -> list[Any]:
+    db = sqlite3.connect(out / "ledger.sqlite")
+    try:
+        return list(db.execute(sql))
+    finally:
+        db.close()
+
+
+def _wait_cpus(ray: Any, want: float, timeout_s: float = 30.0) -> float:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        cpus = float(ray.available_resources().get("CPU", 0.0))
+        if cpus == want or time.monotonic() > deadline:
+            return cpus
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_a_run_joins_a_running_cluster_and_leaves_it_running(tmp_path: Path):
+    """``ray start --head`` (2 CPUs), a short real run against it (one inference actor,
+    one reward actor), verify passes; afterwards the cluster still runs, freshroll's actors
+    are gone (all its CPUs free again) and this process is disconnected."""
+    import ray
+
+    cluster = start_cluster(2, pythonpath=SRC)
+    try:
+        cfg = load_config(None, [*SMALL, "run.steps=3", "rollout.workers=1",
+                                 f"run.ray_address={cluster.address}"])
+        out = tmp_path / "joined"
+        result = run_mod.run(cfg, out)
+        assert result.ok, verify_run(out).render()
+        assert not ray.is_initialized()  # disconnected
+        assert not (out / "ray.json").exists()  # no reaper record: not our cluster
+        pids = cluster.pids()
+        assert pids, "the cluster's processes must outlive the run"
+        loads = _ledger(out, "SELECT json_extract(body, '$.transfer_s') FROM events "
+                             "WHERE kind='weights_loaded'")
+        assert loads and all(t >= 0 for (t,) in loads)
+        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+        try:
+            assert _wait_cpus(ray, 2.0) == 2.0  # our actors were killed, the CPUs are free
+        finally:
+            ray.shutdown()
+        assert set(cluster.pids()) >= set(pids)
+    finally:
+        cluster.stop()
+    assert not cluster.pids()
+
+
+class _Session:
+    """A chaos session of the tests: keeps the run's parts, runs ``script`` as a hook."""
+
+    def __init__(self, script: Any) -> None:
+        self.parts: Any = None
+        self.script = script
+        session = self
+
+        class _H(Hooks):
+            async def run(self, pipe: Any) -> None:
+                await session.script(pipe, session)
+
+        self.hooks = _H()
+
+    def wrap(self, parts: Any, buf: SampleBuffer) -> Any:
+        self.parts = parts
+        return parts
+
+
+class _HeldTrainer:
+    """The run's trainer, whose steps after the first wait until ``done`` is set: the run
+    lasts as long as a script needs, however fast the machine is."""
+
+    def __init__(self, inner: Any, done: asyncio.Event) -> None:
+        self.inner, self.done = inner, done
+        self.settings_digest = inner.settings_digest
+
+    async def step(self, lease: Any) -> Any:
+        if lease.version >= 1:
+            await asyncio.wait_for(self.done.wait(), 300)
+        return await self.inner.step(lease)
+
+    async def before_commit(self, version: Any) -> None:
+        await self.inner.before_commit(version)
+
+    def weights(self) -> Any:
+        return self.inner.weights()
+
+
+async def _until(cond: Any, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.1)
+
+
+@pytest.mark.slow
+def test_a_reward_actor_lost_mid_run_is_retried_and_restarted(tmp_path: Path):
+    """The reward actor is killed after the first commit: its call fails WorkerLost, the
+    samples are scored again on a fresh actor (same reward version), verify passes."""
+    from freshroll.runtime.ray_scorer import RayScorer
+
+    killed: list[str] = []
+
+    async def script(pipe: Any, s: _Session) -> None:
+        await _until(lambda: pipe.buf.version.step >= 1, 120, "the first commit")
+        scorer = s.parts.scorer
+        assert isinstance(scorer, RayScorer) and scorer.concurrency == 1
+        killed.append(scorer.actor_ids()[0])
+        await asyncio.to_thread(scorer.kill, 0)
+
+    session = _Session(script)
+    cfg = load_config(None, [*SMALL, "run.steps=4", "rollout.workers=1",
+                             "ray.reward_actors=1"])
+    out = tmp_path / "run"
+    result = run_mod.run(cfg, out, chaos=session)
+    assert result.ok, verify_run(out).render()
+    scorer = session.parts.scorer
+    assert killed and scorer.restarts >= 1 and killed[0] not in scorer.actor_ids()
+    counts = json.loads((out / "counts.json").read_text())
+    assert "discarded_reward_error" not in counts  # retried, not failed
+    versions = {v for (v,) in _ledger(out, "SELECT DISTINCT json_extract(body, "
+                                           "'$.reward_version') FROM events WHERE kind='rewarded'")}
+    assert versions == {scorer.version}
+
+
+@pytest.mark.slow
+def test_resize_adds_and_retires_real_actors(tmp_path: Path):
+    """Workers added and retired during a real Ray run are real actors: a retired actor is
+    gone and its CPU free (the private instance has exactly 2), so a later scale-up places a
+    new one; the ledger shows the additions and the retirement, verify passes."""
+    import ray
+
+    from freshroll.runtime import ray_engine
+
+    seen: list[tuple[str, int, float]] = []
+
+    async def snapshot(what: str) -> None:
+        cpus = await asyncio.to_thread(lambda: float(ray.available_resources().get("CPU", 0)))
+        seen.append((what, ray_engine.live_actors(), cpus))
+
+    async def script(pipe: Any, s: _Session) -> None:
+        pool = pipe.pool
+        await _until(lambda: pipe.buf.version.step >= 1, 120, "the first commit")
+        await snapshot("one")
+        pool.resize(2)
+        await _until(lambda: len(pool.active) == 2 and all(
+            w.ready.is_set() for w in pool.active.values()), 120, "a second worker")
+        await snapshot("two")
+        pool.resize(1)
+        await _until(lambda: not pool.leaving and ray_engine.live_actors() == 1, 60,
+                     "the retired actor to end")
+        # Ray's resource view follows a kill within a moment (the GCS is told asynchronously)
+        await asyncio.to_thread(_wait_cpus, ray, 1.0)
+        await snapshot("retired")
+        pool.resize(2)  # needs the retired actor's CPU
+        await _until(lambda: len(pool.active) == 2 and all(
+            w.ready.is_set() for w in pool.active.values()), 120, "a third worker")
+        await snapshot("again")
+        done.set()
+
+    done = asyncio.Event()
+    session = _Session(script)
+    wrap = session.wrap
+    session.wrap = lambda parts, buf: dataclasses.replace(  # type: ignore[method-assign]
+        wrap(parts, buf), trainer=_HeldTrainer(parts.trainer, done))
+    cfg = load_config(None, [*SMALL, "run.steps=6", "rollout.workers=1",
+                             "ray.reward_actors=0"])
+    assert run_mod.ray_cpus(cfg) == 2
+    out = tmp_path / "run"
+    result = run_mod.run(cfg, out, chaos=session)
+    assert result.ok, verify_run(out).render()
+    assert [w for w, _, _ in seen] == ["one", "two", "retired", "again"], seen
+    by = {w: (n, cpus) for w, n, cpus in seen}
+    assert by["one"] == (1, 1.0) and by["two"] == (2, 0.0)
+    assert by["retired"] == (1, 1.0) and by["again"] == (2, 0.0)
+    ready = _ledger(out, "SELECT json_extract(body, '$.worker') FROM events "
+                         "WHERE kind='worker_ready'")
+    assert len({w for (w,) in ready}) == 3  # w0, then two added
+    retired = _ledger(out, "SELECT json_extract(body, '$.worker') FROM events "
+                           "WHERE kind='worker_fenced' AND json_extract(body, '$.reason')"
+                           "='retired'")
+    assert len(retired) == 1
+
+
+_HANGS_ONCE = '''
+import os, time
+from pathlib import Path
+
+def hangs_once(prompts, completions, **kw):
+    marker = Path(os.environ["FRESHROLL_TEST_MARKER"])
+    if not marker.exists():
+        marker.write_text("hung")
+        time.sleep(60)
+    return [0.5 for _ in completions]
+'''
+
+
+@pytest.mark.slow
+def test_a_stuck_reward_call_is_abandoned_and_its_actor_replaced(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A reward actor stuck past limits.reward_timeout_s: its samples are discarded
+    reward_timeout (as a stuck thread's are), the actor is killed and replaced, and the
+    next calls score on the fresh one; verify passes."""
+    reward = tmp_path / "hangs.py"
+    reward.write_text(_HANGS_ONCE)
+    monkeypatch.setenv("FRESHROLL_TEST_MARKER", str(tmp_path / "marker"))  # actors inherit
+    session = _Session(lambda pipe, s: asyncio.sleep(0))
+    cfg = validate({
+        "run": {"progress": False, "steps": 3, "runtime": "ray"},
+        "task": {"n_prompts": 64}, "rollout": {"group_size": 4, "batch_groups": 2,
+                                              "worker_batch": 4, "workers": 1},
+        "ray": {"trainer": "driver", "reward_actors": 1},
+        "limits": {"reward_timeout_s": 10},
+        "rewards": [{"fn": f"{reward}:hangs_once"}]}, "test")
+    out = tmp_path / "run"
+    result = run_mod.run(cfg, out, chaos=session)
+    assert result.ok, verify_run(out).render()
+    counts = json.loads((out / "counts.json").read_text())
+    assert counts.get("discarded_reward_timeout", 0) >= 1
+    assert session.parts.scorer.restarts >= 1
