@@ -46,9 +46,9 @@ def test_a_ray_address_is_accepted(address: str):
     assert cfg.run.ray_address == address
 
 
-def test_an_address_that_does_not_answer_fails_fast_and_clearly(tmp_path: Path):
+def test_an_address_that_does_not_answer_fails_fast_and_clearly():
     """A closed port: ClusterUnavailable within seconds, naming the address and what to
-    check; nothing of Ray was started (and a run says the same, exit status 3)."""
+    check; nothing of Ray was started (a run says the same: the next test)."""
     import ray
 
     from freshroll.runtime.ray_engine import start_ray
@@ -62,6 +62,12 @@ def test_an_address_that_does_not_answer_fails_fast_and_clearly(tmp_path: Path):
     assert address in msg and "ray start --head" in msg and "ray status" in msg
     assert "port" in msg and not ray.is_initialized()
 
+
+@pytest.mark.slow
+def test_a_run_against_an_address_that_does_not_answer_stops_clearly(tmp_path: Path):
+    import ray
+
+    address = f"127.0.0.1:{free_port()}"
     cfg = load_config(None, [*SMALL, "run.steps=1", f"run.ray_address={address}"])
     t0 = time.monotonic()
     with pytest.raises(ClusterUnavailable, match=address.replace(".", r"\.")):
@@ -290,3 +296,26 @@ def test_a_stuck_reward_call_is_abandoned_and_its_actor_replaced(
     counts = json.loads((out / "counts.json").read_text())
     assert counts.get("discarded_reward_timeout", 0) >= 1
     assert session.parts.scorer.restarts >= 1
+
+
+@pytest.mark.slow
+def test_reward_actors_must_build_the_drivers_reward_version():
+    """Each reward actor builds the RewardSet from the config; a driver whose set differs
+    (here: another weight) is refused before any sample is scored, naming both digests."""
+    from freshroll.errors import RunFailed
+    from freshroll.rewards.scoring import build_reward_set
+    from freshroll.runtime.ray_engine import start_ray, stop_ray
+    from freshroll.runtime.ray_scorer import RayScorer
+
+    cfg = load_config(None, ["ray.reward_actors=2"])
+    same = build_reward_set([e.model_dump(exclude_none=True) for e in cfg.rewards])
+    other = build_reward_set([{"fn": "reverse", "weight": 2.0}])
+    start_ray(num_cpus=2)
+    try:
+        scorer = RayScorer(cfg, same)  # the same version: accepted
+        assert scorer.concurrency == 2 and len(set(scorer.actor_ids())) == 2
+        scorer.close()
+        with pytest.raises(RunFailed, match=f"driver {other.version}"):
+            RayScorer(cfg, other)
+    finally:
+        stop_ray()

@@ -238,11 +238,15 @@ def build_components(
     inline = ThreadScorer(prep.rewards)
     scorer: ThreadScorer | RayScorer = inline
     if runtime == "ray" and cfg.rollout.engine == "hf":  # private: in RUN_DIR/ray.json
-        from freshroll.runtime.ray_engine import ray_publish, start_ray
+        from freshroll.runtime.ray_engine import ray_publish, start_ray, stop_ray
 
         start_ray(num_cpus=ray_cpus(cfg), run_dir=out, address=cfg.run.ray_address)
         publish = ray_publish  # once per version in the object store, one ref for all
-        scorer = ray_scorer(cfg, prep, inline)
+        try:
+            scorer = ray_scorer(cfg, prep, inline)
+        except BaseException:  # e.g. a node's reward version differs: no Ray left behind
+            stop_ray()
+            raise
     trainer = ThreadTrainer(learner, buf, lambda v: before_commit(v, learner), publish)
     if cfg.rollout.engine == "vllm":  # one vLLM engine per worker (restartable)
         from freshroll.engines.vllm_engine import VLLMEngineFactory
