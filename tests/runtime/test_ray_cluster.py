@@ -319,3 +319,53 @@ def test_reward_actors_must_build_the_drivers_reward_version():
             RayScorer(cfg, other)
     finally:
         stop_ray()
+
+
+@pytest.mark.slow
+def test_load_weights_takes_a_ref_or_a_dict_and_a_lost_ref_is_worker_lost(tmp_path: Path):
+    """One ``ray_publish`` ref loads into two actors (each fetching it itself, timed there),
+    a plain dict still loads, and weights whose owner died are WorkerLost (the pool then
+    fences and restarts the worker), never an untyped error."""
+    import ray
+
+    from freshroll.engines.tiny import save_tiny
+    from freshroll.errors import WorkerLost
+    from freshroll.runtime.ray_engine import RayEngine, ray_publish, start_ray, stop_ray
+
+    path = save_tiny(tmp_path / "tiny", seed=0)
+    start_ray(num_cpus=3)
+    try:
+        a, b = RayEngine(path), RayEngine(path)
+        a.wait_ready()
+        b.wait_ready()
+        state = a.state_dict()
+        moved = {k: v + 0.01 for k, v in state.items()}
+
+        class _Learner:
+            def weights(self) -> dict[str, Any]:
+                return moved
+
+        ref = ray_publish(_Learner())
+        assert isinstance(ref, ray.ObjectRef)
+        for engine in (a, b):
+            assert engine.load_weights(ref) > 0
+            (load,) = engine.loads
+            assert load.fetch_s > 0 and load.copy_s > 0 and load.caller_s >= load.fetch_s
+            got = engine.state_dict()
+            assert all(bool((got[k] == moved[k]).all()) for k in moved)
+        assert a.load_weights(state) > 0  # a plain dict (tests, the first load)
+        assert all(bool((a.state_dict()[k] == state[k]).all()) for k in state)
+
+        @ray.remote(num_cpus=0)
+        class _Owner:
+            def put(self, value: Any) -> list[Any]:
+                return [ray.put(value)]
+
+        owner = _Owner.remote()  # type: ignore[attr-defined]
+        (orphan,) = ray.get(owner.put.remote(moved), timeout=60)
+        ray.kill(owner, no_restart=True)
+        time.sleep(1.0)
+        with pytest.raises(WorkerLost, match="object store"):
+            b.load_weights(orphan)
+    finally:
+        stop_ray()
