@@ -46,9 +46,9 @@ def test_a_ray_address_is_accepted(address: str):
     assert cfg.run.ray_address == address
 
 
-def test_an_address_that_does_not_answer_fails_fast_and_clearly(tmp_path: Path):
+def test_an_address_that_does_not_answer_fails_fast_and_clearly():
     """A closed port: ClusterUnavailable within seconds, naming the address and what to
-    check; nothing of Ray was started (and a run says the same, exit status 3)."""
+    check; nothing of Ray was started (a run says the same: the next test)."""
     import ray
 
     from freshroll.runtime.ray_engine import start_ray
@@ -62,6 +62,12 @@ def test_an_address_that_does_not_answer_fails_fast_and_clearly(tmp_path: Path):
     assert address in msg and "ray start --head" in msg and "ray status" in msg
     assert "port" in msg and not ray.is_initialized()
 
+
+@pytest.mark.slow
+def test_a_run_against_an_address_that_does_not_answer_stops_clearly(tmp_path: Path):
+    import ray
+
+    address = f"127.0.0.1:{free_port()}"
     cfg = load_config(None, [*SMALL, "run.steps=1", f"run.ray_address={address}"])
     t0 = time.monotonic()
     with pytest.raises(ClusterUnavailable, match=address.replace(".", r"\.")):
@@ -290,3 +296,76 @@ def test_a_stuck_reward_call_is_abandoned_and_its_actor_replaced(
     counts = json.loads((out / "counts.json").read_text())
     assert counts.get("discarded_reward_timeout", 0) >= 1
     assert session.parts.scorer.restarts >= 1
+
+
+@pytest.mark.slow
+def test_reward_actors_must_build_the_drivers_reward_version():
+    """Each reward actor builds the RewardSet from the config; a driver whose set differs
+    (here: another weight) is refused before any sample is scored, naming both digests."""
+    from freshroll.errors import RunFailed
+    from freshroll.rewards.scoring import build_reward_set
+    from freshroll.runtime.ray_engine import start_ray, stop_ray
+    from freshroll.runtime.ray_scorer import RayScorer
+
+    cfg = load_config(None, ["ray.reward_actors=2"])
+    same = build_reward_set([e.model_dump(exclude_none=True) for e in cfg.rewards])
+    other = build_reward_set([{"fn": "reverse", "weight": 2.0}])
+    start_ray(num_cpus=2)
+    try:
+        scorer = RayScorer(cfg, same)  # the same version: accepted
+        assert scorer.concurrency == 2 and len(set(scorer.actor_ids())) == 2
+        scorer.close()
+        with pytest.raises(RunFailed, match=f"driver {other.version}"):
+            RayScorer(cfg, other)
+    finally:
+        stop_ray()
+
+
+@pytest.mark.slow
+def test_load_weights_takes_a_ref_or_a_dict_and_a_lost_ref_is_worker_lost(tmp_path: Path):
+    """One ``ray_publish`` ref loads into two actors (each fetching it itself, timed there),
+    a plain dict still loads, and weights whose owner died are WorkerLost (the pool then
+    fences and restarts the worker), never an untyped error."""
+    import ray
+
+    from freshroll.engines.tiny import save_tiny
+    from freshroll.errors import WorkerLost
+    from freshroll.runtime.ray_engine import RayEngine, ray_publish, start_ray, stop_ray
+
+    path = save_tiny(tmp_path / "tiny", seed=0)
+    start_ray(num_cpus=3)
+    try:
+        a, b = RayEngine(path), RayEngine(path)
+        a.wait_ready()
+        b.wait_ready()
+        state = a.state_dict()
+        moved = {k: v + 0.01 for k, v in state.items()}
+
+        class _Learner:
+            def weights(self) -> dict[str, Any]:
+                return moved
+
+        ref = ray_publish(_Learner())
+        assert isinstance(ref, ray.ObjectRef)
+        for engine in (a, b):
+            assert engine.load_weights(ref) > 0
+            (load,) = engine.loads
+            assert load.fetch_s > 0 and load.copy_s > 0 and load.caller_s >= load.fetch_s
+            got = engine.state_dict()
+            assert all(bool((got[k] == moved[k]).all()) for k in moved)
+        assert a.load_weights(state) > 0  # a plain dict (tests, the first load)
+        assert all(bool((a.state_dict()[k] == state[k]).all()) for k in state)
+
+        @ray.remote(num_cpus=0)
+        class _Owner:
+            def put(self, value: Any) -> list[Any]:
+                return [ray.put(value)]
+
+        owner = _Owner.remote()  # type: ignore[attr-defined]
+        (orphan,) = ray.get(owner.put.remote(moved), timeout=60)
+        ray.kill(owner, no_restart=True)
+        time.sleep(1.0)
+        with pytest.raises(WorkerLost, match="object store"):
+            b.load_weights(orphan)
+    finally:
+        stop_ray()

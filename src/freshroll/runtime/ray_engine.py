@@ -408,6 +408,12 @@ class RayEngine:
                     _gate.check()
                 except ray.exceptions.RayActorError as exc:
                     raise WorkerLost(f"inference actor died: {exc}"[:500]) from exc
+                except ray.exceptions.RayTaskError as exc:
+                    if isinstance(exc.cause, ray.exceptions.ObjectLostError):
+                        raise WorkerLost(  # e.g. the trainer actor that put them died
+                            "the published weights are gone from Ray's object store (their "
+                            f"owner died?): {exc.cause}"[:500]) from exc
+                    raise
 
     def _kill_actor(self) -> None:
         untrack(self._actor)

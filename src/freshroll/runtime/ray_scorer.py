@@ -38,7 +38,7 @@ from typing import Any
 
 from freshroll.config import Config
 from freshroll.engines.base import Completion
-from freshroll.errors import RunFailed, WorkerLost, WorkerTimeout
+from freshroll.errors import RunFailed, WorkerLost
 from freshroll.rewards.calling import RewardState
 from freshroll.rewards.scoring import RewardSet, Score
 from freshroll.rewards.tasks import Prompt
@@ -91,12 +91,16 @@ class RayScorer:
         self._cls = ray.remote(num_cpus=cfg.ray.reward_cpus, max_restarts=0)(_RewardActor)
         self._start_timeout_s = cfg.limits.worker_start_timeout_s
         self.restarts = 0  # actors replaced after a loss or an abandoned call
-        self._actors = [self._spawn() for _ in range(self.concurrency)]
+        self._actors: list[Any] = [self._spawn() for _ in range(self.concurrency)]
         self._idle = list(range(self.concurrency))
         #: replacements not yet known to be up with the driver's reward version: the ref of
         #: their ``version()`` call (a call cancelled while waiting on it does not kill them)
         self._starting: dict[int, Any] = {}
-        self._check_versions(self._actors)
+        try:
+            self._check_versions(self._actors)
+        except BaseException:
+            self.close()
+            raise
 
     def _spawn(self) -> Any:
         with _gate.entered():
@@ -111,7 +115,7 @@ class RayScorer:
             try:
                 versions = ray.get(refs, timeout=self._start_timeout_s)
             except ray.exceptions.GetTimeoutError as exc:
-                raise WorkerTimeout(f"reward actors not ready within "
+                raise RunFailed(f"reward actors not ready within "
                                     f"{self._start_timeout_s:g} s (limits.worker_start_"
                                     "timeout_s; ray.reward_cpus free on the cluster?)") from exc
             except ray.exceptions.RayError as exc:

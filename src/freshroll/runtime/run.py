@@ -254,18 +254,23 @@ def build_components(
     learner = build_learner(cfg, prep.model_path, buf, out, prep.history)
     runtime = resolve_runtime(cfg) if cfg.rollout.engine == "hf" else "inline"
     publish: Publish = clone_weights
-    scorer: ThreadScorer | RayScorer = ThreadScorer(prep.rewards)
+    inline = ThreadScorer(prep.rewards)
+    scorer: ThreadScorer | RayScorer = inline
     channel: WeightChannel | None = None
     if runtime == "process":  # weights once per version into shared memory (unlinked at close)
         channel = WeightChannel.create(learner.model.state_dict(),
                                        wait_s=cfg.limits.weights_timeout_s + 5.0)
         publish = channel.publish
     elif runtime == "ray":  # private: in RUN_DIR/ray.json
-        from freshroll.runtime.ray_engine import ray_publish, start_ray
+        from freshroll.runtime.ray_engine import ray_publish, start_ray, stop_ray
 
         start_ray(num_cpus=ray_cpus(cfg), run_dir=out, address=cfg.run.ray_address)
         publish = ray_publish  # once per version in the object store, one ref for all
-        scorer = ray_scorer(cfg, prep, scorer)
+        try:
+            scorer = ray_scorer(cfg, prep, inline)
+        except BaseException:  # e.g. a node's reward version differs: no Ray left behind
+            stop_ray()
+            raise
     trainer = ThreadTrainer(learner, buf, lambda v: before_commit(v, learner), publish)
     if cfg.rollout.engine == "vllm":  # one vLLM engine per worker (restartable)
         from freshroll.engines.vllm_engine import VLLMEngineFactory
