@@ -276,9 +276,11 @@ class RayEngine:
             "generate", list(prompts), kwargs, timeout_s=self.generate_timeout_s, what="generate")
         return result
 
-    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> float:
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor] | Any) -> float:
+        """A mapping, or a ``ray.ObjectRef`` to one (resolved by Ray in the actor)."""
         t0 = time.perf_counter()
-        self._call("load_weights", dict(state_dict), timeout_s=self.weights_timeout_s,
+        weights = state_dict if isinstance(state_dict, self._ray.ObjectRef) else dict(state_dict)
+        self._call("load_weights", weights, timeout_s=self.weights_timeout_s,
                    what="load_weights")
         return time.perf_counter() - t0
 

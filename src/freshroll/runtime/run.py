@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import random
 import shutil
 import sys
@@ -54,7 +55,12 @@ from freshroll.errors import Interrupted, StorageError
 from freshroll.ledger import Ledger, open_ledger
 from freshroll.lineage import PolicyVersion
 from freshroll.metrics import Tally
-from freshroll.runtime.adapters import ThreadEngineFactory, ThreadScorer, ThreadTrainer
+from freshroll.runtime.adapters import (
+    ThreadEngineFactory,
+    ThreadScorer,
+    ThreadTrainer,
+    clone_weights,
+)
 from freshroll.runtime.endfiles import Finished, finish_run_dir
 from freshroll.runtime.hooks import ChaosSession
 from freshroll.runtime.learner import build_learner
@@ -62,9 +68,10 @@ from freshroll.runtime.metrics_log import METRICS_FILE, RowLog, reconcile
 from freshroll.runtime.pipeline import Pipeline, StepReport, run_pipeline
 from freshroll.runtime.placement import resolve_runtime, thread_budget
 from freshroll.runtime.prepare import Prepared, prepare_run_dir
+from freshroll.runtime.ray_trainer import RayTrainer, ray_publish
 from freshroll.runtime.resume import announce
 from freshroll.runtime.rundir import write_text_atomic
-from freshroll.runtime.seams import AsyncScorer, AsyncTrainer, EngineFactory
+from freshroll.runtime.seams import AsyncScorer, AsyncTrainer, EngineFactory, TrainerState
 from freshroll.trainer.checkpoint import checkpoint_dir, save_checkpoint
 from freshroll.trainer.grpo import GRPOLearner
 
@@ -107,17 +114,21 @@ class Recorder:
                 out.append(row)
         return out
 
-    def before_commit(self, version: PolicyVersion, learner: GRPOLearner) -> None:
-        """Every ``checkpoint_every`` steps and at the last step (resume replays the rest)."""
+    def before_commit(self, version: PolicyVersion, state: TrainerState) -> None:
+        """Every ``checkpoint_every`` steps and at the last step (resume replays the rest).
+
+        ``state()``: the learner's model and optimizer state, asked for only when a
+        checkpoint is due (a trainer actor's are fetched from its process then)."""
         every = self.cfg.trainer.checkpoint_every
         if version.step % every and version.step < self.cfg.run.steps:
             return
         root = self.run_dir / "checkpoints"
         target = checkpoint_dir(root, version.step)
+        model_state, optimizer_state = state()
         try:
             save_checkpoint(
-                target, model_state=learner.model.state_dict(),
-                optimizer=learner.optimizer, meta={"step": version.step, "version": str(version)},
+                target, model_state=model_state, optimizer=optimizer_state,
+                meta={"step": version.step, "version": str(version)},
             )
         except OSError as exc:  # disk full, read-only, ...: the step is not committed
             raise StorageError(f"checkpoint {target}: {exc.strerror or exc}") from exc
@@ -154,6 +165,11 @@ class Recorder:
         self.metrics.close()
 
 
+def learner_state(learner: GRPOLearner) -> TrainerState:
+    """The checkpoint state of a learner in this process."""
+    return lambda: (learner.model.state_dict(), learner.optimizer.state_dict())
+
+
 def _fmt(value: Any, spec: str) -> str:
     """A row value for the progress line; a missing or non-finite one as ``-``."""
     return format(value, spec) if isinstance(value, int | float) else "-"
@@ -184,7 +200,40 @@ MakeEngine = Callable[[Config, Path, str], InferenceEngine]
 
 
 def ray_cpus(cfg: Config) -> int:
-    return max(2, cfg.rollout.workers, cfg.control.max_workers or 0)
+    """The logical CPUs of a private Ray instance: enough for every actor the run may have
+    at once (the most workers, the reward actors, the trainer actor), at least 2."""
+    r = cfg.ray
+    workers = max(cfg.rollout.workers, cfg.control.max_workers or 0)
+    need = workers * r.worker_cpus + r.reward_actors * r.reward_cpus
+    if r.trainer == "actor":
+        need += r.trainer_cpus
+    return max(2, math.ceil(need))
+
+
+def build_trainer(
+    prep: Prepared, buf: SampleBuffer, out: Path, learner: GRPOLearner,
+    before_commit: Callable[[PolicyVersion, TrainerState], None],
+) -> ThreadTrainer | RayTrainer:
+    """The trainer of an hf or vLLM run: under ``run.runtime: ray`` with ``ray.trainer:
+    actor`` a :class:`~freshroll.runtime.ray_trainer.RayTrainer` (``learner`` is shipped to
+    its actor; rebuilt at the last durable commit if the actor is lost); with ``ray.trainer:
+    driver`` a ThreadTrainer publishing each version once into Ray's object store; else a
+    ThreadTrainer publishing a copy."""
+    cfg = prep.cfg
+    ray = resolve_runtime(cfg) == "ray" and cfg.rollout.engine == "hf"
+    if ray and cfg.ray.trainer == "actor":
+        def rebuild() -> GRPOLearner:
+            return build_learner(cfg, prep.model_path, buf, out, prep.history, quiet=True)
+
+        return RayTrainer(learner, buf, cfg, rebuild, before_commit)
+    return ThreadTrainer(learner, buf, _checkpoint(before_commit, learner),
+                         publish=ray_publish if ray else clone_weights)
+
+
+def _checkpoint(before_commit: Callable[[PolicyVersion, TrainerState], None],
+                learner: GRPOLearner) -> Callable[[PolicyVersion], None]:
+    state = learner_state(learner)
+    return lambda v: before_commit(v, state)
 
 
 @dataclass
@@ -199,7 +248,7 @@ class Components:
 
 def build_components(
     prep: Prepared, buf: SampleBuffer, out: Path,
-    before_commit: Callable[[PolicyVersion, GRPOLearner], None], clock: Clock,
+    before_commit: Callable[[PolicyVersion, TrainerState], None], clock: Clock,
     make_engine: MakeEngine | None = None,
 ) -> Components:
     """``rollout.engine: hf``: the model's engines (inline or Ray), the RewardSet and the GRPO
@@ -216,7 +265,20 @@ def build_components(
                           getattr(parts, "close", _nothing))
     learner = build_learner(cfg, prep.model_path, buf, out, prep.history)
     scorer = ThreadScorer(prep.rewards)
-    trainer = ThreadTrainer(learner, buf, lambda v: before_commit(v, learner))
+    runtime = resolve_runtime(cfg)
+    if runtime == "ray" and cfg.rollout.engine == "hf":  # recorded in RUN_DIR/ray.json
+        from freshroll.runtime.ray_engine import start_ray
+
+        start_ray(num_cpus=ray_cpus(cfg), run_dir=out)  # never outlives the run
+    try:
+        trainer = build_trainer(prep, buf, out, learner, before_commit)
+    except BaseException:
+        if runtime == "ray":
+            from freshroll.runtime.ray_engine import stop_ray
+
+            stop_ray()
+        raise
+    del learner  # a trainer actor holds its own copy
     if cfg.rollout.engine == "vllm":  # one vLLM engine per worker (restartable)
         from freshroll.engines.vllm_engine import VLLMEngineFactory
 
@@ -228,11 +290,6 @@ def build_components(
             engines.kill_all()  # the pool closed them; a run that crashed may not have
 
         return Components(engines, scorer, trainer, close_vllm)
-    runtime = resolve_runtime(cfg)
-    if runtime == "ray":  # recorded in RUN_DIR/ray.json: never outlives the run
-        from freshroll.runtime.ray_engine import start_ray
-
-        start_ray(num_cpus=ray_cpus(cfg), run_dir=out)
     path = prep.model_path
     make = make_engine or (lambda c, p, n: build_engine(c, p, n))  # looked up at call time
     factory = ThreadEngineFactory(lambda name: make(cfg, path, name), cfg.limits,
