@@ -9,7 +9,6 @@ once; and ``freshroll run --resume`` of such a run goes on from its last commit.
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
 import sqlite3
@@ -78,10 +77,10 @@ class _Killing:
         if self.buf.version.step + 1 != self.watch.kill_at or self.watch.killed_pid:
             return await self.inner.step(lease)
         self.watch.killed_pid = self.inner.pid
-        stepping = asyncio.ensure_future(self.inner.step(lease))
-        await asyncio.sleep(0)  # the step is sent to the actor; kill it under the step
+        # killed as the step begins (a tiny model's step takes milliseconds: a kill sent
+        # while it runs would mostly land after it), so this step finds its actor dead
         await self.inner.kill()
-        return await stepping
+        return await self.inner.step(lease)
 
     async def before_commit(self, version: PolicyVersion) -> None:
         await self.inner.before_commit(version)

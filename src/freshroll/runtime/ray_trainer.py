@@ -117,6 +117,7 @@ class TrainerTimings:
     fetch_s: list[float] = field(default_factory=list)  # checkpoint state fetches
     start_s: list[float] = field(default_factory=list)  # ship the learner, actor ready
     rebuild_s: list[float] = field(default_factory=list)  # kill .. new actor ready (restarts)
+    rebuild_learner_s: list[float] = field(default_factory=list)  # of which build_learner
 
 
 #: ``() -> learner at the ledger's durable version`` (build_learner: checkpoint + replay)
@@ -145,11 +146,13 @@ class RayTrainer:
         self._actor: Any = None
         self._weights: Any = None  # ObjectRef of the newest version's weights
         self._lease: tuple[Lease, list[TrainSample]] | None = None  # the step just trained
-        self._spawn(learner)
+        self._ready: tuple[Any, str, float] | None = None  # (ready ref, digest, t0) of a start
+        self._spawn(learner, wait=False)
 
     # -- the actor ---------------------------------------------------------------------------
-    def _spawn(self, learner: GRPOLearner) -> None:
-        """Start an actor with ``learner`` and wait until it answers (its digest checked)."""
+    def _spawn(self, learner: GRPOLearner, *, wait: bool = True) -> None:
+        """Start an actor with ``learner``; with ``wait``, wait until it answers (else the
+        next call waits: the first actor starts while the inference actors do)."""
         ray, rc = self._ray, self.cfg.ray
         t0 = time.perf_counter()
         cls = ray.remote(num_cpus=rc.trainer_cpus, num_gpus=rc.trainer_gpus,
@@ -157,9 +160,18 @@ class RayTrainer:
         expected = weights_digest(learner.model)
         with _gate.entered():
             self._actor = cls.remote(learner, self.threads)
-            ref = self._actor.ready.remote()
+            self._ready = (self._actor.ready.remote(), expected, t0)
+        if wait:
+            self._await_ready()
+
+    def _await_ready(self) -> None:
+        """Wait for the newest actor's first answer, and check the weights it holds."""
+        if self._ready is None:
+            return
+        ref, expected, t0 = self._ready
         digest, self.pid, _ = self._wait(ref, self.cfg.limits.worker_start_timeout_s,
                                          "ready (learner shipped)", "worker_start_timeout_s")
+        self._ready = None
         if digest != expected:
             raise LineageError(f"the trainer actor holds weights {digest}, the driver shipped "
                                f"{expected}")
@@ -227,6 +239,7 @@ class RayTrainer:
             raise
 
     def _step(self, samples: list[TrainSample]) -> tuple[dict[str, float], str]:
+        self._await_ready()
         t0 = time.perf_counter()
         with _gate.entered():
             meta, weights = self._actor.step.options(num_returns=2).remote(samples)
@@ -259,14 +272,17 @@ class RayTrainer:
         self.restarts += 1
         version = self.buf.version
         assert version is not None
+        first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         self.stream.write(
-            f"warning: trainer actor {reason} ({exc}); rebuilding it at the last durable "
+            f"warning: trainer actor {reason} ({first_line}); rebuilding it at the last durable "
             f"commit (step {version.step}) and retrying lease {lease.id} (restart "
             f"{self.restarts} of at most {MAX_RESTARTS})\n")
         self.stream.flush()
         t0 = time.perf_counter()
         await self._call(self._kill_actor)  # a hung actor too
+        t1 = time.perf_counter()
         learner = self._rebuild()  # the buffer and the ledger are the loop's
+        self.timings.rebuild_learner_s.append(time.perf_counter() - t1)
         if learner.settings_digest != self.settings_digest:
             raise LineageError(f"the rebuilt learner's settings {learner.settings_digest} are "
                                f"not the run's {self.settings_digest}")
@@ -284,6 +300,7 @@ class RayTrainer:
             restart=self.restarts, reason=reason, rebuild_s=rebuild_s, detail=str(exc)[:500]))
 
     def _state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        self._await_ready()
         t0 = time.perf_counter()
         with _gate.entered():
             ref = self._actor.state.remote()
