@@ -89,9 +89,10 @@ class _Killing:
         return self.inner.weights()
 
 
-def test_trainer_actor_trains_what_the_driver_trains(tmp_path: Path):
-    """Sync and one worker: the trainer actor's run commits the same weights digests, step by
-    step, as a ``ray.trainer: driver`` run at the same seed; both verify."""
+def test_trainer_actor_trains_what_the_driver_and_inline_train(tmp_path: Path):
+    """Sync and one worker: the trainer actor's run commits the same versions and weights
+    digests, step by step, as a ``ray.trainer: driver`` run and an inline run at the same
+    seed; they verify."""
     steps = "run.steps=4"
     watch = Watch()
     actor = tmp_path / "actor"
@@ -102,8 +103,13 @@ def test_trainer_actor_trains_what_the_driver_trains(tmp_path: Path):
     assert run(_cfg(steps, "run.runtime=ray", "trainer.checkpoint_every=2",
                     "ray.trainer=driver"), driver,
                stream=io.StringIO(), report=False).ok
+    inline = tmp_path / "inline"
+    assert run(_cfg(steps, "run.runtime=inline", "trainer.checkpoint_every=2"), inline,
+               stream=io.StringIO(), report=False).ok
     got, want = _committed(actor), _committed(driver)
     assert len(got) == 4 and got == want
+    # and what the inline run trains: the same torch threads, the same generation seeds
+    assert _committed(inline) == got
     assert freshroll("verify", str(actor)).returncode == 0
     assert (actor / "checkpoints" / "step-000004" / "manifest.json").is_file()  # fetched
     assert watch.trainer is not None
@@ -132,10 +138,31 @@ def test_a_killed_trainer_actor_is_survived_then_resumed(tmp_path: Path):
     leases = [e["lease"] for e in _events(out, "committed")]
     assert restart["lease"] == leases[2]  # the same lease, trained again and committed once
     assert summary(out)["trainer_restarts"] == 1
-    assert freshroll("verify", str(out)).returncode == 0
+    assert "1 trainer restart(s)" in freshroll("verify", str(out)).stdout
     print(f"\n{watch.trainer.describe()}")
     res2 = freshroll("run", "--resume", str(out), "run.steps=7")
     assert "verify: ok" in res2.stdout + res2.stderr
     versions2 = [v for v, _ in _committed(out)]
     assert versions2[:5] == versions and len(versions2) == 7
     assert freshroll("verify", str(out)).returncode == 0
+
+
+def test_a_trainer_actor_that_never_answers_in_time_fails_the_run_after_max_restarts(
+        tmp_path: Path):
+    """Every step outlives ``limits.train_timeout_s``: each time the actor is killed and
+    rebuilt, at most MAX_RESTARTS times; then RunFailed names the cause, the ledger is closed
+    ``failed`` with every restart recorded, and verify passes."""
+    from freshroll.errors import RunFailed
+    from freshroll.runtime.ray_trainer import MAX_RESTARTS
+
+    out = tmp_path / "slow"
+    cfg = _cfg("run.steps=2", "run.runtime=ray", "limits.train_timeout_s=0.001")
+    with pytest.raises(RunFailed, match=r"trainer actor timeout .*limits\.train_timeout_s.*"
+                                        rf"restarted {MAX_RESTARTS} times"):
+        run(cfg, out, stream=io.StringIO(), report=False)
+    restarts = _events(out, "trainer_restarted")
+    assert [r["restart"] for r in restarts] == list(range(1, MAX_RESTARTS + 1))
+    assert {r["reason"] for r in restarts} == {"timeout"}
+    assert len({r["lease"] for r in restarts}) == 1 and not _committed(out)
+    assert _events(out, "closed")[-1]["reason"] == "failed"
+    assert verify_run(out).ok, verify_run(out).render()

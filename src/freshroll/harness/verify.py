@@ -86,6 +86,8 @@ class Report:
                  f"{self.stats.get('committed', 0)} committed samples, "
                  f"{self.stats.get('steps', 0)} steps, "
                  f"{'closed' if self.closed else 'NOT closed (run in progress or crashed)'}"]
+        if self.stats.get("trainer_restarts"):  # survived losses of the trainer actor
+            lines[0] += f", {self.stats['trainer_restarts']} trainer restart(s)"
         for name in INVARIANTS:
             bad = self.violations.get(name, [])
             lines.append(f"{'FAIL' if bad else 'ok  '} {name}" + (f": {len(bad)}" if bad else ""))
