@@ -55,10 +55,12 @@ class Watch(Hooks):
     """Keeps the run's trainer (to read its timings) and, with ``kill_at``, kills its actor
     while the step of that number is in flight."""
 
-    def __init__(self, kill_at: int | None = None) -> None:
-        self.hooks, self.kill_at = self, kill_at
+    def __init__(self, kill_at: int | None = None, kill_at_checkpoint: int | None = None,
+                 ) -> None:
+        self.hooks, self.kill_at, self.kill_at_checkpoint = self, kill_at, kill_at_checkpoint
         self.trainer: RayTrainer | None = None
         self.killed_pid = 0
+        self.killed_at_checkpoint = False
 
     def wrap(self, parts: Components, buf: SampleBuffer) -> Components:
         assert isinstance(parts.trainer, RayTrainer)
@@ -83,6 +85,9 @@ class _Killing:
         return await self.inner.step(lease)
 
     async def before_commit(self, version: PolicyVersion) -> None:
+        if version.step == self.watch.kill_at_checkpoint and not self.watch.killed_at_checkpoint:
+            self.watch.killed_at_checkpoint = True
+            await self.inner.kill()  # before its state is fetched for the checkpoint
         await self.inner.before_commit(version)
 
     def weights(self) -> Any:
@@ -119,11 +124,13 @@ def test_trainer_actor_trains_what_the_driver_and_inline_train(tmp_path: Path):
 
 
 def test_a_killed_trainer_actor_is_survived_then_resumed(tmp_path: Path):
-    """The actor killed during step 3: rebuilt at step 2 (the last durable commit), lease
-    retried; 5 steps committed exactly once each, verify ok, the restart recorded and in the
-    summary; then ``--resume`` to 7 steps goes on from step 5."""
+    """The actor killed as step 3 begins: rebuilt at step 2 (the last durable commit), the
+    lease retried; killed again before step 4's checkpoint state is fetched: rebuilt at step
+    3, step 4 trained again (the same digest), its checkpoint written; 5 steps committed
+    exactly once each, verify ok, both restarts recorded and in the summary; then
+    ``--resume`` to 7 steps goes on from step 5."""
     out = tmp_path / "kill"
-    watch = Watch(kill_at=3)
+    watch = Watch(kill_at=3, kill_at_checkpoint=4)
     cfg = _cfg("run.steps=5", "run.runtime=ray", "trainer.checkpoint_every=2")
     res = run(cfg, out, chaos=watch, stream=io.StringIO(), report=False)
     assert res.ok, verify_run(out).render()
@@ -132,13 +139,16 @@ def test_a_killed_trainer_actor_is_survived_then_resumed(tmp_path: Path):
     versions = [v for v, _ in _committed(out)]
     assert [PolicyVersion.parse(v).step for v in versions] == [1, 2, 3, 4, 5]
     assert len(set(versions)) == 5
-    (restart,) = _events(out, "trainer_restarted")
+    restart, at_checkpoint = _events(out, "trainer_restarted")
     assert restart["reason"] == "lost" and restart["restart"] == 1
     assert PolicyVersion.parse(restart["version"]).step == 2
     leases = [e["lease"] for e in _events(out, "committed")]
     assert restart["lease"] == leases[2]  # the same lease, trained again and committed once
-    assert summary(out)["trainer_restarts"] == 1
-    assert "1 trainer restart(s)" in freshroll("verify", str(out)).stdout
+    assert at_checkpoint["restart"] == 2 and at_checkpoint["lease"] == leases[3]
+    assert PolicyVersion.parse(at_checkpoint["version"]).step == 3
+    assert (out / "checkpoints" / "step-000004" / "manifest.json").is_file()
+    assert summary(out)["trainer_restarts"] == 2
+    assert "2 trainer restart(s)" in freshroll("verify", str(out)).stdout
     print(f"\n{watch.trainer.describe()}")
     res2 = freshroll("run", "--resume", str(out), "run.steps=7")
     assert "verify: ok" in res2.stdout + res2.stderr
