@@ -252,19 +252,22 @@ class RayTrainer:
 
     async def step(self, lease: Lease) -> tuple[dict[str, float], str]:
         samples = train_samples(self.buf, lease.samples, lease.version)
+        lost: WorkerLost | WorkerTimeout | None = None
         while True:
             try:
+                if lost is not None:  # a failed restart (the new actor lost too) counts
+                    await self._restart(lease, lost)
                 result: tuple[dict[str, float], str] = await self._call(self._step, samples)
             except (WorkerLost, WorkerTimeout) as exc:
-                await self._restart(lease, exc)
+                if _gate.closed:  # the run's Ray is shutting down: nothing to restart
+                    raise
+                lost = exc
                 continue
             self._lease = (lease, samples)
             return result
 
     async def _restart(self, lease: Lease, exc: WorkerLost | WorkerTimeout) -> None:
         """A new actor with the learner at the last durable commit (see module docstring)."""
-        if _gate.closed:  # the run's Ray is shutting down: nothing to restart
-            raise exc
         reason = "timeout" if isinstance(exc, WorkerTimeout) else "lost"
         if self.restarts >= MAX_RESTARTS:
             raise RunFailed(f"trainer actor {reason} during the step of lease {lease.id}: "
@@ -312,19 +315,24 @@ class RayTrainer:
     async def before_commit(self, version: PolicyVersion) -> None:
         """The Recorder's checkpoint; the state is fetched from the actor only when one is
         due. An actor lost here is rebuilt and the step trained again (same digest)."""
+        lost: WorkerLost | WorkerTimeout | None = None
         while True:
             try:
+                if lost is not None:
+                    assert self._lease is not None
+                    lease, samples = self._lease
+                    await self._restart(lease, lost)
+                    _, digest = await self._call(self._step, samples)
+                    if digest != version.weights_digest:
+                        raise LineageError(f"the step of lease {lease.id} trained again gave "
+                                           f"weights {digest}, not {version.weights_digest}")
+                    lost = None
                 await self._call(self._before_commit, version, self._state)
                 return
             except (WorkerLost, WorkerTimeout) as exc:
-                assert self._lease is not None
-                lease, samples = self._lease
-                await self._restart(lease, exc)
-                _, digest = await self._call(self._step, samples)
-                if digest != version.weights_digest:
-                    raise LineageError(f"the step of lease {lease.id} trained again gave "
-                                       f"weights {digest}, not {version.weights_digest}"
-                                       ) from exc
+                if _gate.closed:
+                    raise
+                lost = exc
 
     def weights(self) -> Any:
         """The ``ray.ObjectRef`` of the newest version's weights (a ``dict`` of tensors)."""
