@@ -534,8 +534,10 @@ class SampleBuffer(BufferState):
 
     def record(
         self, event: ev.WeightsLoaded | ev.FaultInjected | ev.WorkerReady | ev.ControllerDecided
+        | ev.TrainerRestarted,
     ) -> None:
-        """Append an audit event (weights loaded, fault, worker ready, controller decision);
+        """Append an audit event (weights loaded, fault, worker ready, controller decision,
+        trainer restarted);
         only a decision is kept, as :attr:`decision` (a resume restores its settings)."""
         self._emit(event)
 

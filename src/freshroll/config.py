@@ -234,6 +234,11 @@ class LimitsSection(_Section):
     worker_start_timeout_s: float = Field(
         300.0, gt=0, le=86_400, description="max seconds for a (re)started Ray worker to be ready"
     )
+    train_timeout_s: float = Field(
+        600.0, gt=0, le=86_400, description="max seconds of one trainer step in a trainer "
+        "actor (ray.trainer: actor), and of fetching its state for a checkpoint; then the "
+        "actor is killed and rebuilt from the last durable commit"
+    )
     reward_timeout_s: float = Field(
         300.0, gt=0, le=86_400, description="max seconds of one reward call; its samples are "
         "discarded as reward_timeout and the stuck thread is abandoned"

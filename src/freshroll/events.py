@@ -179,6 +179,18 @@ class WeightsLoaded(Event, frozen=True, tag="weights_loaded"):
     transfer_s: float
 
 
+class TrainerRestarted(Event, frozen=True, tag="trainer_restarted"):
+    """The trainer (a Ray actor) was lost during a step and rebuilt from the last durable
+    commit; the step of the still-open lease ``lease`` is trained again."""
+
+    lease: str  # the lease whose step was retried (still open: nothing was committed)
+    version: str  # the durable version the new trainer was rebuilt at
+    restart: int  # 1, 2, ...: restarts of the trainer in this incarnation
+    reason: str  # "lost" (the actor died) | "timeout" (it did not answer in time)
+    rebuild_s: float  # seconds to rebuild the learner and start the new actor
+    detail: str = ""
+
+
 class FaultInjected(Event, frozen=True, tag="fault_injected"):
     fault: str
     target: str
@@ -234,7 +246,7 @@ AnyEvent = (
     Opened | PolicyPublished | Requested | WorkerStarted | WorkerFenced | Started | Generated
     | Rewarded | Ready | Leased | LeaseReleased | Committed | StepSkipped | Discarded | Rejected
     | WeightsLoaded | FaultInjected | Closed | RunConfig | SettingsChanged | WorkerReady
-    | ControllerDecided
+    | ControllerDecided | TrainerRestarted
 )
 EVENT_TYPES: Final[tuple[type[Event], ...]] = AnyEvent.__args__
 EVENT_KINDS: Final = frozenset(t.__struct_config__.tag for t in EVENT_TYPES)

@@ -72,6 +72,7 @@ class Tally:
     #: the last decision's engine report (kv_cache_usage, waiting, running); None: none yet
     engine: tuple[float, int, int] | None = None
     preempted: int = 0  # preemptions summed over every decision's window
+    trainer_restarts: int = 0  # trainer_restarted events
     _wall_done: float = 0.0  # trainer wall time of the incarnations before the current one
     _start: float | None = None  # the current incarnation's trainer start
     _last: float | None = None  # the current incarnation's last commit
@@ -105,6 +106,8 @@ class Tally:
             self.transfers.append(e.transfer_s)
         elif isinstance(e, ev.ControllerDecided):
             self._decided(e.inputs)
+        elif isinstance(e, ev.TrainerRestarted):
+            self.trainer_restarts += 1
         return None
 
     def _decided(self, inputs: dict[str, Any]) -> None:
@@ -290,6 +293,11 @@ def weight_loads(t: Tally) -> int:
 
 
 @figure
+def trainer_restarts(t: Tally) -> int:
+    return t.trainer_restarts
+
+
+@figure
 def weight_transfer_s_mean(t: Tally) -> float:
     return sum(t.transfers) / len(t.transfers) if t.transfers else 0.0
 
@@ -377,6 +385,7 @@ def summary_figures(t: Tally) -> dict[str, Any]:
                 "histogram": lag_histogram(t)},
         "trainer_idle_ratio": trainer_idle_ratio(t), "trainer_wait_s": trainer_wait_s(t),
         "weight_loads": weight_loads(t), "weight_transfer_s_mean": weight_transfer_s_mean(t),
+        "trainer_restarts": trainer_restarts(t),
         "reward_first": reward_first(t), "reward_last": reward_last(t),
     }
 

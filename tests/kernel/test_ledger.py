@@ -117,6 +117,8 @@ def test_every_event_kind_round_trips(tmp_path: Path) -> None:
             bottleneck="producer", reason="+1 workers",
             inputs={"window_s": 5.0, "worker_rates": [1.0, 2.5], "discards": {"stale": 1}},
             state={"last_up_at": 3.0, "probe": None, "latched": False}),
+        ev.TrainerRestarted(ts=1, lease="l2", version="p1-cd", restart=1, reason="lost",
+                            rebuild_s=1.5, detail="actor died"),
         ev.Closed(ts=2, reason="done"),
     ]
     assert {type(e) for e in samples} == set(ev.EVENT_TYPES)

@@ -298,6 +298,21 @@ def corrupt_epoch_reused(run: Path, s: State) -> tuple[str, str]:
     return "fencing", "wx epoch 2"
 
 
+def corrupt_trainer_restart_of_a_lease_not_open(run: Path, s: State) -> tuple[str, str]:
+    _append(run, ev.TrainerRestarted(ts=s.ts, lease="l-none", version=str(s.version),
+                                     restart=1, reason="lost", rebuild_s=1.0))
+    return "unexpected", "lease l-none"
+
+
+def corrupt_trainer_rebuilt_at_an_old_version(run: Path, s: State) -> tuple[str, str]:
+    g, sid, life = _lifecycle(s, str(s.version))
+    _append(run, *life, ev.Leased(ts=s.ts, lease="lx", version=str(s.version), groups=[g]),
+            ev.TrainerRestarted(ts=s.ts, lease="lx", version=s.last.parent, restart=1,
+                                reason="timeout", rebuild_s=1.0),
+            _commit(s, "lx", [sid]))
+    return "lineage", "trainer rebuilt at"
+
+
 CORRUPTIONS: list[Callable[[Path, State], tuple[str, str]]] = [
     corrupt_double_commit, corrupt_generated_after_fence, corrupt_started_on_fenced_epoch,
     corrupt_stale_commit, corrupt_stale_discard_that_was_fresh, corrupt_digest,
@@ -307,7 +322,8 @@ CORRUPTIONS: list[Callable[[Path, State], tuple[str, str]]] = [
     corrupt_never_closed, corrupt_lease_at_old_version, corrupt_negative_lag,
     corrupt_second_reward, corrupt_request_never_admitted, corrupt_member_beyond_group_size,
     corrupt_started_on_unregistered_epoch, corrupt_epoch_registered_before_fence,
-    corrupt_epoch_reused,
+    corrupt_epoch_reused, corrupt_trainer_restart_of_a_lease_not_open,
+    corrupt_trainer_rebuilt_at_an_old_version,
 ]
 
 

@@ -86,6 +86,8 @@ class Report:
                  f"{self.stats.get('committed', 0)} committed samples, "
                  f"{self.stats.get('steps', 0)} steps, "
                  f"{'closed' if self.closed else 'NOT closed (run in progress or crashed)'}"]
+        if self.stats.get("trainer_restarts"):  # survived losses of the trainer actor
+            lines[0] += f", {self.stats['trainer_restarts']} trainer restart(s)"
         for name in INVARIANTS:
             bad = self.violations.get(name, [])
             lines.append(f"{'FAIL' if bad else 'ok  '} {name}" + (f": {len(bad)}" if bad else ""))
@@ -122,6 +124,7 @@ class _Checker:
         self.epochs: dict[str, int] = {}  # worker -> its newest registered epoch
         self.registered: set[tuple[str, int]] = set()
         self.opened_at: tuple[int, int] | None = None  # seq, incarnation of the last open
+        self.trainer_restarts = 0  # trainer_restarted events (a stat: not in counts.json)
         self._handlers: dict[type, Callable[[int, Any], None] | None] = {}  # by event type
 
     # -- one pass -----------------------------------------------------------------
@@ -239,6 +242,16 @@ class _Checker:
         if self.leases.pop(e.lease, None) is None:
             self.r.add("unexpected", f"seq {seq}: lease {e.lease} released but not open")
 
+    def _trainer_restarted(self, seq: int, e: ev.TrainerRestarted) -> None:
+        """A rebuilt trainer retries an open lease from the current (durable) version."""
+        if e.lease not in self.leases:
+            self.r.add("unexpected", f"seq {seq}: trainer restarted for lease {e.lease}, "
+                                     "which is not open")
+        if self.version is not None and e.version != str(self.version):
+            self.r.add("lineage", f"seq {seq}: trainer rebuilt at {e.version}, the current "
+                                  f"version is {self.version}")
+        self.trainer_restarts += 1
+
     def _committed(self, seq: int, e: ev.Committed) -> None:
         step, leased = self.leases.get(e.lease, (-1, set()))
         parent = self._parse_policy(e.parent, seq)
@@ -335,6 +348,7 @@ class _Checker:
         self.r.stats.update(
             requests=len(requests), committed=self.counts["committed"],
             steps=self.counts["steps"], open_requests=len(open_requests),
+            trainer_restarts=self.trainer_restarts,
         )
         return self.r
 

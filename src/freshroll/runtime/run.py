@@ -71,9 +71,10 @@ from freshroll.runtime.overlap import render as render_overlap
 from freshroll.runtime.pipeline import Pipeline, StepReport, run_pipeline
 from freshroll.runtime.placement import resolve_runtime, thread_budget
 from freshroll.runtime.prepare import Prepared, prepare_run_dir
+from freshroll.runtime.ray_trainer import RayTrainer
 from freshroll.runtime.resume import announce
 from freshroll.runtime.rundir import write_text_atomic
-from freshroll.runtime.seams import AsyncScorer, AsyncTrainer, EngineFactory
+from freshroll.runtime.seams import AsyncScorer, AsyncTrainer, EngineFactory, TrainerState
 from freshroll.runtime.shm_weights import WeightChannel
 from freshroll.trainer.checkpoint import checkpoint_dir, save_checkpoint
 from freshroll.trainer.grpo import GRPOLearner
@@ -120,17 +121,21 @@ class Recorder:
                 out.append(row)
         return out
 
-    def before_commit(self, version: PolicyVersion, learner: GRPOLearner) -> None:
-        """Every ``checkpoint_every`` steps and at the last step (resume replays the rest)."""
+    def before_commit(self, version: PolicyVersion, state: TrainerState) -> None:
+        """Every ``checkpoint_every`` steps and at the last step (resume replays the rest).
+
+        ``state()``: the learner's model and optimizer state, asked for only when a
+        checkpoint is due (a trainer actor's are fetched from its process then)."""
         every = self.cfg.trainer.checkpoint_every
         if version.step % every and version.step < self.cfg.run.steps:
             return
         root = self.run_dir / "checkpoints"
         target = checkpoint_dir(root, version.step)
+        model_state, optimizer_state = state()
         try:
             save_checkpoint(
-                target, model_state=learner.model.state_dict(),
-                optimizer=learner.optimizer, meta={"step": version.step, "version": str(version)},
+                target, model_state=model_state, optimizer=optimizer_state,
+                meta={"step": version.step, "version": str(version)},
             )
         except OSError as exc:  # disk full, read-only, ...: the step is not committed
             raise StorageError(f"checkpoint {target}: {exc.strerror or exc}") from exc
@@ -165,6 +170,11 @@ class Recorder:
 
     def close(self) -> None:
         self.metrics.close()
+
+
+def learner_state(learner: GRPOLearner) -> TrainerState:
+    """The checkpoint state of a learner in this process."""
+    return lambda: (learner.model.state_dict(), learner.optimizer.state_dict())
 
 
 def _fmt(value: Any, spec: str) -> str:
@@ -224,6 +234,32 @@ def ray_cpus(cfg: Config) -> int:
     return max(2, math.ceil(need))
 
 
+def build_trainer(
+    prep: Prepared, buf: SampleBuffer, out: Path, learner: GRPOLearner,
+    before_commit: Callable[[PolicyVersion, TrainerState], None], publish: Publish,
+) -> ThreadTrainer | RayTrainer:
+    """The trainer of an hf or vLLM run: under ``run.runtime: ray`` with ``ray.trainer:
+    actor`` a :class:`~freshroll.runtime.ray_trainer.RayTrainer` (``learner`` is shipped to
+    its actor; rebuilt at the last durable commit if the actor is lost); with ``ray.trainer:
+    driver`` a ThreadTrainer publishing each version once into Ray's object store; else a
+    ThreadTrainer publishing with the placement's ``publish`` (a copy inline, a shared-memory
+    slot for process workers)."""
+    cfg = prep.cfg
+    ray = resolve_runtime(cfg) == "ray" and cfg.rollout.engine == "hf"
+    if ray and cfg.ray.trainer == "actor":
+        def rebuild() -> GRPOLearner:
+            return build_learner(cfg, prep.model_path, buf, out, prep.history, quiet=True)
+
+        return RayTrainer(learner, buf, cfg, rebuild, before_commit)
+    return ThreadTrainer(learner, buf, _checkpoint(before_commit, learner), publish=publish)
+
+
+def _checkpoint(before_commit: Callable[[PolicyVersion, TrainerState], None],
+                learner: GRPOLearner) -> Callable[[PolicyVersion], None]:
+    state = learner_state(learner)
+    return lambda v: before_commit(v, state)
+
+
 @dataclass
 class Components:
     """What the pipeline awaits (:mod:`freshroll.runtime.seams`), and how to release it."""
@@ -236,7 +272,7 @@ class Components:
 
 def build_components(
     prep: Prepared, buf: SampleBuffer, out: Path,
-    before_commit: Callable[[PolicyVersion, GRPOLearner], None], clock: Clock,
+    before_commit: Callable[[PolicyVersion, TrainerState], None], clock: Clock,
     make_engine: MakeEngine | None = None,
 ) -> Components:
     """``rollout.engine: hf``: the model's engines (inline or Ray), the RewardSet and the GRPO
@@ -271,7 +307,17 @@ def build_components(
         except BaseException:  # e.g. a node's reward version differs: no Ray left behind
             stop_ray()
             raise
-    trainer = ThreadTrainer(learner, buf, lambda v: before_commit(v, learner), publish)
+    try:
+        trainer = build_trainer(prep, buf, out, learner, before_commit, publish)
+    except BaseException:
+        if channel is not None:
+            channel.close()
+        if runtime == "ray":
+            from freshroll.runtime.ray_engine import stop_ray
+
+            stop_ray()
+        raise
+    del learner  # a trainer actor holds its own copy
     if cfg.rollout.engine == "vllm":  # one vLLM engine per worker (restartable)
         from freshroll.engines.vllm_engine import VLLMEngineFactory
 

@@ -137,6 +137,11 @@ class AsyncScorer(Protocol):
         ...
 
 
+#: ``() -> (model state_dict, optimizer state_dict)``: a learner's checkpoint state, asked
+#: for only when a checkpoint is due (a trainer actor's is fetched from its process then)
+TrainerState = Callable[[], tuple[dict[str, Any], dict[str, Any]]]
+
+
 @runtime_checkable
 class AsyncTrainer(Protocol):
     """The learner."""
@@ -168,4 +173,5 @@ __all__ = [
     "GenRequest",
     "ReportsStats",
     "SamplingParams",
+    "TrainerState",
 ]

@@ -156,7 +156,7 @@ def _write_json(path: Path, doc: Any) -> None:
 def _write_all(
     tmp: Path,
     model_state: Mapping[str, Tensor],
-    optimizer: torch.optim.Optimizer | None,
+    optimizer: torch.optim.Optimizer | Mapping[str, Any] | None,
     meta: Mapping[str, Any],
 ) -> None:
     """Write every checkpoint file into ``tmp`` (manifest last) and fsync them."""
@@ -164,7 +164,8 @@ def _write_all(
     save_file(_plain_tensors(model_state), str(tmp / MODEL_FILE))
     fsync_path(tmp / MODEL_FILE)
     if optimizer is not None:
-        tensors, doc = _split_optimizer(optimizer.state_dict())
+        sd = optimizer if isinstance(optimizer, Mapping) else optimizer.state_dict()
+        tensors, doc = _split_optimizer(sd)
         save_file(_plain_tensors(tensors), str(tmp / OPTIM_TENSORS_FILE))
         fsync_path(tmp / OPTIM_TENSORS_FILE)
         _write_json(tmp / OPTIM_JSON_FILE, doc)
@@ -178,10 +179,12 @@ def save_checkpoint(
     directory: Path,
     *,
     model_state: Mapping[str, Tensor],
-    optimizer: torch.optim.Optimizer | None,
+    optimizer: torch.optim.Optimizer | Mapping[str, Any] | None,
     meta: Mapping[str, Any],
 ) -> Path:
     """Atomically write a checkpoint to ``directory`` (layout in the module docstring).
+
+    ``optimizer``: the optimizer, or its ``state_dict()`` (fetched from a trainer elsewhere).
 
     ``meta`` must be JSON-serialisable (tuples are tagged and restored). Returns
     ``directory``. An existing checkpoint at ``directory`` is replaced.

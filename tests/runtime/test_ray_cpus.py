@@ -1,0 +1,23 @@
+"""The private Ray instance's logical CPUs cover every actor a run may declare at once."""
+
+from __future__ import annotations
+
+from freshroll.config import load_config
+from freshroll.runtime.run import ray_cpus
+
+
+def _cpus(*over: str) -> int:
+    return ray_cpus(load_config(None, ["run.runtime=ray", *over]))
+
+
+def test_the_sum_of_the_declared_resources_rounded_up():
+    # 2 workers x 1 + the trainer actor 1 + 1 reward actor x 0.5 = 3.5 -> 4
+    assert _cpus("rollout.workers=2") == 4
+    # the controller may add workers up to max_workers: 4 x 1.5 + 2 + 3 x 0.5 = 9.5 -> 10
+    assert _cpus("rollout.workers=2", "control.max_workers=4", "ray.worker_cpus=1.5",
+                 "ray.trainer_cpus=2", "ray.reward_actors=3") == 10
+
+
+def test_a_driver_trainer_declares_nothing_and_two_is_the_floor():
+    assert _cpus("rollout.workers=1", "ray.trainer=driver", "ray.reward_actors=0") == 2
+    assert _cpus("rollout.workers=3", "ray.trainer=driver", "ray.reward_actors=0") == 3
