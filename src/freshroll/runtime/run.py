@@ -65,7 +65,7 @@ from freshroll.runtime.hooks import ChaosSession
 from freshroll.runtime.learner import build_learner
 from freshroll.runtime.metrics_log import METRICS_FILE, RowLog, reconcile
 from freshroll.runtime.pipeline import Pipeline, StepReport, run_pipeline
-from freshroll.runtime.placement import resolve_runtime, thread_budget
+from freshroll.runtime.placement import describe_runtime, resolve_runtime, thread_budget
 from freshroll.runtime.prepare import Prepared, prepare_run_dir
 from freshroll.runtime.resume import announce
 from freshroll.runtime.rundir import write_text_atomic
@@ -411,7 +411,7 @@ def _start_line(cfg: Config, out: Path, model: Path, n_prompts: int, buf: Sample
                 f"torch threads {torch.get_num_threads()}")
     else:
         budget = thread_budget(cfg)
-        what = (f"model {model}, {cfg.rollout.workers} worker(s) ({budget.runtime}), "
+        what = (f"model {model}, {cfg.rollout.workers} worker(s) ({describe_runtime(cfg)}), "
                 f"{budget.describe()}")
     return (f"freshroll: {out}: {where}, {mode}, {what}, {n_prompts} prompts, "
             f"{cfg.rollout.batch_groups}x{cfg.rollout.group_size} rollouts per step, "
