@@ -356,12 +356,17 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
     random.Random(cfg.run.seed).shuffle(order)
     parts = build_components(prep, buf, out, lambda v, lr: rec.before_commit(v, lr), clock,
                              make_engine)
-    if chaos is not None:
-        parts = chaos.wrap(parts, buf)
-    if cfg.run.progress:
-        stream.write(_start_line(cfg, out, prep.model_path, len(prompts), buf) + "\n")
-        stream.flush()
-    rec = Recorder(out, cfg, buf, stream)
+    try:  # a failure before the pipeline still releases the parts (worker processes, shm)
+        if chaos is not None:
+            parts = chaos.wrap(parts, buf)
+        if cfg.run.progress:
+            stream.write(_start_line(cfg, out, prep.model_path, len(prompts), buf) + "\n")
+            stream.flush()
+        rec = Recorder(out, cfg, buf, stream)
+    except BaseException:
+        parts.close()
+        buf.ledger.close()
+        raise
     failure: BaseException | None = None
     try:
         pipe = Pipeline(
