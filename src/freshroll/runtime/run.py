@@ -261,7 +261,10 @@ def build_components(
 
         start_ray(num_cpus=ray_cpus(cfg), run_dir=out)
     path = prep.model_path
-    make = make_engine or (lambda c, p, n: build_engine(c, p, n, channel))  # at call time
+    def default_make(c: Config, p: Path, n: str) -> InferenceEngine:  # looked up at call time
+        return build_engine(c, p, n, channel) if channel is not None else build_engine(c, p, n)
+
+    make = make_engine or default_make
     factory = ThreadEngineFactory(lambda name: make(cfg, path, name), cfg.limits,
                                   serial=runtime == "inline")
 
