@@ -41,9 +41,10 @@ def available_cores() -> int:
     return max(1, cores)
 
 
-#: measured (docs/overlap.md): a worker process beat a worker thread for async HF runs on
-#: the measured shapes. False: on the 2-core machine of the sweep it did not (tiny default:
-#: slower; ~5M parameters: a tie within noise), so ``auto`` stays inline there
+#: whether ``auto`` places async HF workers in processes. Measured (docs/overlap.md): a
+#: worker process was 1.02-1.34x a worker thread wherever the run had a core to itself, 0.94
+#: under heavy contention; off until a quiet re-measurement confirms (turning it on makes
+#: every default async run start worker children)
 PROCESS_PAYS = False
 
 
@@ -72,7 +73,7 @@ def auto_runtime(cfg: Config, cores: int | None = None) -> tuple[Runtime, str]:
     if cores < 2:
         return "inline", "one core: nothing to overlap"
     if not PROCESS_PAYS:
-        return "inline", "a worker process measured no faster than a thread (docs/overlap.md)"
+        return "inline", "process placement is opt-in until re-measured (docs/overlap.md)"
     return "process", "async hf on >= 2 cores: generation beside the trainer, off its GIL"
 
 
