@@ -305,9 +305,16 @@ class ProcessEngine:
 
     def restart(self) -> None:
         """A fresh child on the initial model (the pool then re-sends the current weights)."""
-        self._kill_proc()
-        self._close_pipes()
-        self._spawn()
+        self._kill_proc()  # a call still in flight (an abandoned thread) sees it dead and
+        # leaves within POLL_S, releasing the lock: it never reads the new child's pipe
+        if not self._lock.acquire(timeout=self.start_timeout_s):
+            raise WorkerTimeout(f"worker process {self.pid}: a call did not leave its dead "
+                                f"child within {self.start_timeout_s:g} s")
+        try:
+            self._close_pipes()
+            self._spawn()
+        finally:
+            self._lock.release()
         self.wait_ready()
 
     def stop(self) -> None:

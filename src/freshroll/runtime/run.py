@@ -69,7 +69,7 @@ from freshroll.runtime.metrics_log import METRICS_FILE, RowLog, reconcile
 from freshroll.runtime.overlap import host_now
 from freshroll.runtime.overlap import render as render_overlap
 from freshroll.runtime.pipeline import Pipeline, StepReport, run_pipeline
-from freshroll.runtime.placement import resolve_runtime, thread_budget
+from freshroll.runtime.placement import describe_runtime, resolve_runtime, thread_budget
 from freshroll.runtime.prepare import Prepared, prepare_run_dir
 from freshroll.runtime.ray_trainer import RayTrainer
 from freshroll.runtime.resume import announce
@@ -330,7 +330,10 @@ def build_components(
 
         return Components(engines, scorer, trainer, close_vllm)
     path = prep.model_path
-    make = make_engine or (lambda c, p, n: build_engine(c, p, n, channel))  # at call time
+    def default_make(c: Config, p: Path, n: str) -> InferenceEngine:  # looked up at call time
+        return build_engine(c, p, n, channel) if channel is not None else build_engine(c, p, n)
+
+    make = make_engine or default_make
     factory = ThreadEngineFactory(lambda name: make(cfg, path, name), cfg.limits,
                                   serial=runtime == "inline")
 
@@ -436,12 +439,17 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
     random.Random(cfg.run.seed).shuffle(order)
     parts = build_components(prep, buf, out, lambda v, lr: rec.before_commit(v, lr), clock,
                              make_engine)
-    if chaos is not None:
-        parts = chaos.wrap(parts, buf)
-    if cfg.run.progress:
-        stream.write(_start_line(cfg, out, prep.model_path, len(prompts), buf) + "\n")
-        stream.flush()
-    rec = Recorder(out, cfg, buf, stream)
+    try:  # a failure before the pipeline still releases the parts (worker processes, shm)
+        if chaos is not None:
+            parts = chaos.wrap(parts, buf)
+        if cfg.run.progress:
+            stream.write(_start_line(cfg, out, prep.model_path, len(prompts), buf) + "\n")
+            stream.flush()
+        rec = Recorder(out, cfg, buf, stream)
+    except BaseException:
+        parts.close()
+        buf.ledger.close()
+        raise
     failure: BaseException | None = None
     try:
         pipe = Pipeline(
@@ -495,7 +503,7 @@ def _start_line(cfg: Config, out: Path, model: Path, n_prompts: int, buf: Sample
                 f"torch threads {torch.get_num_threads()}")
     else:
         budget = thread_budget(cfg)
-        what = (f"model {model}, {cfg.rollout.workers} worker(s) ({budget.runtime}), "
+        what = (f"model {model}, {cfg.rollout.workers} worker(s) ({describe_runtime(cfg)}), "
                 f"{budget.describe()}")
     return (f"freshroll: {out}: {where}, {mode}, {what}, {n_prompts} prompts, "
             f"{cfg.rollout.batch_groups}x{cfg.rollout.group_size} rollouts per step, "
