@@ -16,11 +16,8 @@ def _cfg(**run: Any) -> Any:
     return validate({"run": run, "rollout": {"engine": engine}}, "test")
 
 
-@pytest.mark.parametrize("pays", [False, True])
-def test_auto_is_process_only_for_async_hf_on_two_cores_where_it_pays(
-        pays: bool, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(placement, "PROCESS_PAYS", pays)
-    assert auto_runtime(_cfg(max_staleness=1), cores=2)[0] == ("process" if pays else "inline")
+def test_auto_is_process_only_for_async_hf_on_two_cores():
+    assert auto_runtime(_cfg(max_staleness=1), cores=2)[0] == "process"
     assert auto_runtime(_cfg(max_staleness=1), cores=1) == ("inline",
                                                             "one core: nothing to overlap")
     assert auto_runtime(_cfg(max_staleness=0), cores=8)[0] == "inline"

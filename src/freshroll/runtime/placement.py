@@ -41,13 +41,6 @@ def available_cores() -> int:
     return max(1, cores)
 
 
-#: whether ``auto`` places async HF workers in processes. Measured (docs/overlap.md): a
-#: worker process was 1.02-1.34x a worker thread wherever the run had a core to itself, 0.94
-#: under heavy contention; off until a quiet re-measurement confirms (turning it on makes
-#: every default async run start worker children)
-PROCESS_PAYS = False
-
-
 def resolve_runtime(cfg: Config) -> Runtime:
     """The placement of ``cfg``'s workers: ``run.runtime``, with ``auto`` resolved
     (:func:`auto_runtime`)."""
@@ -61,7 +54,7 @@ def auto_runtime(cfg: Config, cores: int | None = None) -> tuple[Runtime, str]:
     """What ``run.runtime: auto`` resolves to, and why (printed in the start line)::
 
         process  if rollout.engine == "hf" and max_staleness > 0 and cores >= 2
-                    and PROCESS_PAYS (measured: docs/overlap.md)
+                    (measured: docs/overlap.md)
         inline   otherwise (sim and vLLM engines manage their own concurrency; a sync run
                  never overlaps generation with training; one core has nothing to overlap)
     """
@@ -72,8 +65,6 @@ def auto_runtime(cfg: Config, cores: int | None = None) -> tuple[Runtime, str]:
     cores = available_cores() if cores is None else cores
     if cores < 2:
         return "inline", "one core: nothing to overlap"
-    if not PROCESS_PAYS:
-        return "inline", "process placement is opt-in until re-measured (docs/overlap.md)"
     return "process", "async hf on >= 2 cores: generation beside the trainer, off its GIL"
 
 
@@ -116,5 +107,5 @@ def thread_budget(cfg: Config, cores: int | None = None) -> ThreadBudget:
     return ThreadBudget(cores, rt, share, share, auto=True)
 
 
-__all__ = ["PROCESS_PAYS", "Runtime", "ThreadBudget", "auto_runtime", "available_cores",
+__all__ = ["Runtime", "ThreadBudget", "auto_runtime", "available_cores",
            "describe_runtime", "resolve_runtime", "thread_budget"]
