@@ -257,7 +257,7 @@ class _AlwaysLost:
 
 
 def test_worker_lost_more_than_max_restarts(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
-    monkeypatch.setattr(run_mod, "build_engine", lambda cfg, path, name: _AlwaysLost())
+    monkeypatch.setattr(run_mod, "build_engine", lambda cfg, path, name, *channel: _AlwaysLost())
     out = tmp_path / "r"
     result = _cli("run", *SMALL, "run.steps=2", "rollout.workers=1", "--out", str(out))
     assert result.exit_code == 3
@@ -281,7 +281,7 @@ class Interrupts:
     def state_dict(self):
         return {}
 
-run_mod.build_engine = lambda cfg, path, name: Interrupts(path)
+run_mod.build_engine = lambda cfg, path, name, *channel: Interrupts(path)
 from freshroll.cli import main
 sys.argv = ["freshroll", "run", *sys.argv[1:]]
 main()
