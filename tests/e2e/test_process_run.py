@@ -47,10 +47,13 @@ def _cfg(**run: Any) -> Config:
     return validate(data, "test")
 
 
-def _leaked_segments() -> list[str]:
-    """Weight segments in /dev/shm whose driver process is gone."""
+def _leaked_segments(since: float) -> list[str]:
+    """Weight segments in /dev/shm made since ``since`` (this test's) whose driver is gone
+    (a segment another process leaked earlier is not this test's)."""
     out = []
     for p in shm_dir().glob(PREFIX + "*"):
+        if p.stat().st_mtime < since - 1.0:
+            continue
         pid = int(p.name[len(PREFIX):].split("-")[0])
         try:
             os.kill(pid, 0)
@@ -79,6 +82,7 @@ def _step(version: str) -> int:
 
 
 def test_a_cli_run_under_process_placement_verifies_and_leaves_no_segment(tmp_path: Path):
+    t0 = time.time()
     out = tmp_path / "run"
     proc = freshroll("run", "configs/default.yaml", "--out", str(out), "run.steps=6",
                      "run.runtime=process", "rollout.workers=2", timeout=600)
@@ -91,7 +95,7 @@ def test_a_cli_run_under_process_placement_verifies_and_leaves_no_segment(tmp_pa
                        "WHERE kind='weights_loaded'")
     assert {w for w, _, _ in loads} == {"w0", "w1"}  # both children were sent every version
     assert all(0 < s < 60 for _, _, s in loads)
-    assert _leaked_segments() == []
+    assert _leaked_segments(t0) == []
 
 
 class KillOnce(Hooks):
@@ -148,6 +152,7 @@ class KillOnce(Hooks):
 
 
 def test_a_killed_worker_process_is_replaced_and_synced_before_it_generates(tmp_path: Path):
+    t0 = time.time()
     out = tmp_path / "kill"
     session = KillOnce(step=2)
     result = run(_cfg(steps=10), out, chaos=session, stream=io.StringIO(), report=False)
@@ -170,7 +175,7 @@ def test_a_killed_worker_process_is_replaced_and_synced_before_it_generates(tmp_
             break
     assert synced is not None and first is not None, "w0's new epoch never served"
     assert synced[0] == synced[1] == first
-    assert _leaked_segments() == []
+    assert _leaked_segments(t0) == []
 
 
 class SlowLoad(ProcessEngine):

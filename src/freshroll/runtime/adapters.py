@@ -75,6 +75,9 @@ class ThreadEngine:
         self._orphans: list[tuple[Future[Any], float]] = []  # (abandoned call, its deadline)
         self._inflight: set[str] = set()  # samples of the calls not yet delivered
         self._dropped: set[str] = set()  # of those, the cancelled: never emitted
+        # a restartable engine is one object across restarts (ThreadEngineFactory): this
+        # adapter's close stops only the incarnation it was made for
+        self._incarnation = getattr(engine, "incarnation", 0)
 
     async def _run(self, timeout_s: float, fn: Callable[..., T], *args: Any,
                    late: Callable[[Future[T]], None] | None = None) -> T:
@@ -155,7 +158,8 @@ class ThreadEngine:
                 await asyncio.wait([asyncio.wrap_future(fut)], timeout=remaining)
         self._pool.shutdown(wait=False, cancel_futures=True)
         stop = getattr(self.engine, "stop", None)
-        if callable(stop):  # a process of its own (Ray actor, child process): end it now,
+        current = getattr(self.engine, "incarnation", 0) == self._incarnation
+        if callable(stop) and current:  # a process of its own (actor, child): end it now,
             with contextlib.suppress(Exception):  # so a retired worker frees its CPUs
                 await asyncio.wait_for(asyncio.to_thread(stop), STOP_TIMEOUT_S)
 

@@ -177,6 +177,7 @@ class ProcessEngine:
         self._ids = 0
         self.child_threads: int | None = None  # torch.get_num_threads() the child reported
         self.pid: int | None = None
+        self.incarnation = 0  # +1 per restart (see ThreadEngine.close)
         self._broken: str | None = None
         self._spawn()
 
@@ -305,6 +306,7 @@ class ProcessEngine:
 
     def restart(self) -> None:
         """A fresh child on the initial model (the pool then re-sends the current weights)."""
+        self.incarnation += 1  # a late close of the previous one must not stop this one
         self._kill_proc()  # a call still in flight (an abandoned thread) sees it dead and
         # leaves within POLL_S, releasing the lock: it never reads the new child's pipe
         if not self._lock.acquire(timeout=self.start_timeout_s):

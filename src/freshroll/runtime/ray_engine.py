@@ -373,6 +373,7 @@ class RayEngine:
         self.generate_timeout_s, self.weights_timeout_s = generate_timeout_s, weights_timeout_s
         self.start_timeout_s = start_timeout_s
         self.num_cpus, self.num_gpus = num_cpus, num_gpus
+        self.incarnation = 0  # +1 per restart: a late close of an older one must not stop it
         self.loads: list[LoadStats] = []  # every weight load through this proxy, in order
         self._actor = self._spawn()
 
@@ -442,6 +443,7 @@ class RayEngine:
 
     def restart(self) -> None:
         """A fresh actor on the initial model (the caller re-sends the current weights)."""
+        self.incarnation += 1
         self._kill_actor()
         self._actor = self._spawn()
         self.wait_ready()
