@@ -359,6 +359,27 @@ class LoadStats:
     copy_s: float
 
 
+def gated_get(ref: Any, timeout_s: float, who: str, late: str) -> Any:
+    """``ray.get(ref)`` within ``timeout_s``, waited in slices of :data:`POLL_S` inside the
+    :class:`_Gate` (so :func:`stop_ray` never finds a thread in Ray): a dead actor is
+    :class:`WorkerLost` ("WHO died: ..."), no answer in time :class:`WorkerTimeout` ("WHO
+    LATE"), a stopping instance WorkerLost; an error raised in the actor propagates."""
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    with _gate.entered():
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                return ray.get(ref, timeout=max(0.0, min(POLL_S, left)))
+            except ray.exceptions.GetTimeoutError as exc:
+                if time.monotonic() >= deadline:
+                    raise WorkerTimeout(f"{who} {late}") from exc
+                _gate.check()
+            except ray.exceptions.RayActorError as exc:
+                raise WorkerLost(f"{who} died: {exc}"[:500]) from exc
+
+
 class RayEngine:
     """A blocking proxy to an engine in a Ray actor (see module docstring)."""
 
@@ -394,27 +415,17 @@ class RayEngine:
         :class:`WorkerTimeout` (both retryable); waits in slices of :data:`POLL_S`, and
         leaves with WorkerLost once :func:`stop_ray` began (:class:`_Gate`)."""
         ray = self._ray
-        deadline = time.monotonic() + timeout_s
         with _gate.entered():
             ref = getattr(self._actor, method).remote(*args)
-            while True:
-                left = deadline - time.monotonic()
-                try:
-                    return ray.get(ref, timeout=max(0.0, min(POLL_S, left)))
-                except ray.exceptions.GetTimeoutError as exc:
-                    if time.monotonic() >= deadline:
-                        raise WorkerTimeout(
-                            f"inference actor did not answer {what} within {timeout_s:g} s"
-                        ) from exc
-                    _gate.check()
-                except ray.exceptions.RayActorError as exc:
-                    raise WorkerLost(f"inference actor died: {exc}"[:500]) from exc
-                except ray.exceptions.RayTaskError as exc:
-                    if isinstance(exc.cause, ray.exceptions.ObjectLostError):
-                        raise WorkerLost(  # e.g. the trainer actor that put them died
-                            "the published weights are gone from Ray's object store (their "
-                            f"owner died?): {exc.cause}"[:500]) from exc
-                    raise
+            try:
+                return gated_get(ref, timeout_s, "inference actor",
+                                 f"did not answer {what} within {timeout_s:g} s")
+            except ray.exceptions.RayTaskError as exc:
+                if isinstance(exc.cause, ray.exceptions.ObjectLostError):
+                    raise WorkerLost(  # e.g. the trainer actor that put them died
+                        "the published weights are gone from Ray's object store (their "
+                        f"owner died?): {exc.cause}"[:500]) from exc
+                raise
 
     def _kill_actor(self) -> None:
         untrack(self._actor)

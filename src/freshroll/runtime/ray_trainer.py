@@ -64,7 +64,7 @@ from freshroll.config import Config
 from freshroll.errors import LineageError, NonFiniteStep, RunFailed, WorkerLost, WorkerTimeout
 from freshroll.lineage import PolicyVersion
 from freshroll.runtime.placement import thread_budget
-from freshroll.runtime.ray_engine import POLL_S, _gate
+from freshroll.runtime.ray_engine import _gate, gated_get
 from freshroll.runtime.seams import TrainerState
 from freshroll.runtime.threads import AbandonableExecutor
 from freshroll.state import Lease
@@ -182,24 +182,14 @@ class RayTrainer:
         actor is :class:`WorkerLost`, a silent one :class:`WorkerTimeout`; an error raised
         in the actor is raised here (a :class:`NonFiniteStep` as itself)."""
         ray = self._ray
-        deadline = time.monotonic() + timeout_s
-        with _gate.entered():
-            while True:
-                left = deadline - time.monotonic()
-                try:
-                    return ray.get(ref, timeout=max(0.0, min(POLL_S, left)))
-                except ray.exceptions.GetTimeoutError as exc:
-                    if time.monotonic() >= deadline:
-                        raise WorkerTimeout(f"the trainer actor did not answer {what} within "
-                                            f"{timeout_s:g} s (limits.{key})") from exc
-                    _gate.check()
-                except ray.exceptions.RayActorError as exc:
-                    raise WorkerLost(f"the trainer actor died: {exc}"[:500]) from exc
-                except ray.exceptions.RayTaskError as exc:
-                    cause = exc.cause
-                    if isinstance(cause, NonFiniteStep):
-                        raise NonFiniteStep(str(cause), recoverable=cause.recoverable) from None
-                    raise
+        try:
+            return gated_get(ref, timeout_s, "the trainer actor",
+                             f"did not answer {what} within {timeout_s:g} s (limits.{key})")
+        except ray.exceptions.RayTaskError as exc:
+            cause = exc.cause
+            if isinstance(cause, NonFiniteStep):
+                raise NonFiniteStep(str(cause), recoverable=cause.recoverable) from None
+            raise
 
     def _kill_actor(self) -> None:
         if self._actor is not None:
