@@ -252,3 +252,35 @@ def test_nucleus_keeps_smallest_prefix_reaching_top_p() -> None:
     only_top = nucleus_logprobs(logp, 0.45).exp()
     torch.testing.assert_close(only_top, torch.tensor([[0.0, 1.0, 0.0, 0.0]]))
     torch.testing.assert_close(nucleus_logprobs(logp, 1.0).exp(), logp.exp())
+
+
+def test_engines_loaded_from_several_threads_at_once_are_all_whole(tmp_path: Path) -> None:
+    """Inline workers start together, each loading the model in its own thread: transformers'
+    loaders patch process-wide state (meta-device init), so unserialised loads raced (CI:
+    "Cannot copy out of meta tensor"; or, silently, a tied ``lm_head`` left newly initialised).
+    Every engine must hold exactly the saved weights."""
+    import threading
+
+    path = save_tiny(tmp_path / "m")
+    want = HFEngine.from_pretrained(path).state_dict()
+    engines: list[HFEngine] = []
+    errors: list[BaseException] = []
+
+    def load() -> None:
+        for _ in range(3):
+            try:
+                engines.append(HFEngine.from_pretrained(path))
+            except BaseException as exc:  # collected: a thread's failure must fail the test
+                errors.append(exc)
+
+    threads = [threading.Thread(target=load) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    assert len(engines) == 12
+    for engine in engines:
+        got = engine.state_dict()
+        assert got.keys() == want.keys()
+        assert all(torch.equal(got[k], want[k]) for k in want)

@@ -16,6 +16,7 @@ one :class:`~freshroll.errors.ConfigError` naming the directory and what to chan
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -53,12 +54,21 @@ def read_model_config(path: Path) -> dict[str, Any]:
     return data
 
 
+# transformers' loaders patch process-wide state while they build a model (the meta-device
+# init contexts swap ``nn.Module.register_parameter`` and the default device), so two threads
+# loading at once can hand one of them meta tensors ("Cannot copy out of meta tensor"): seen
+# in CI with two inline workers starting together. One load at a time per process.
+_LOAD_LOCK = threading.RLock()
+
+
 @contextmanager
 def loading_model(root: Path) -> Iterator[None]:
-    """``from_pretrained`` failures (garbage config, weights, tokenizer) as a
-    :class:`ConfigError` naming the directory, instead of a transformers traceback."""
+    """Serialise ``from_pretrained`` calls in this process (see ``_LOAD_LOCK``) and report
+    their failures (garbage config, weights, tokenizer) as a :class:`ConfigError` naming the
+    directory, instead of a transformers traceback."""
     try:
-        yield
+        with _LOAD_LOCK:
+            yield
     except ConfigError:
         raise
     except Exception as exc:  # any failure of a third-party loader becomes one line
