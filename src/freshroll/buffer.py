@@ -129,6 +129,7 @@ class SampleBuffer(BufferState):
         super().__init__()
         self.ledger, self.config, self.clock, self.run_id = ledger, config, clock, run_id
         self._admission_limit = config.max_inflight_groups
+        self._lookahead = config.max_staleness
 
     # == opening and recovery ============================================================
     @classmethod
@@ -214,13 +215,29 @@ class SampleBuffer(BufferState):
             raise StateError(f"admission limit must be an integer >= 1 or None, got {limit!r}")
         self._admission_limit = limit
 
+    @property
+    def lookahead(self) -> int:
+        """Policy versions admission may run ahead of the trainer: ``max_staleness`` (the
+        async mode) unless the sync fallback lowered it (0: the sync mode; recorded as a
+        ``mode_decided`` event). Never above ``max_staleness``, so lowering it never breaks
+        the freshness bound; admitted groups are kept (admission just pauses)."""
+        return self._lookahead
+
+    @lookahead.setter
+    def lookahead(self, versions: int) -> None:
+        if not isinstance(versions, int) or not 0 <= versions <= self.config.max_staleness:
+            raise StateError(f"lookahead must be an integer in [0, max_staleness "
+                             f"{self.config.max_staleness}], got {versions!r}")
+        self._lookahead = versions
+
     def capacity(self) -> int:
-        """Groups that may be admitted now (see :mod:`freshroll.freshness`)."""
-        cfg, limit = self.config, self.admission_limit
+        """Groups that may be admitted now (see :mod:`freshroll.freshness`), the look-ahead
+        in place of ``max_staleness``."""
+        limit = self.admission_limit
         free = None if limit is None else limit - self.running
         return admission_capacity(
-            max_staleness=cfg.max_staleness, version=self._require_version().step,
-            batch_groups=cfg.batch_groups, accepted=self.accepted, running=self.running,
+            max_staleness=self._lookahead, version=self._require_version().step,
+            batch_groups=self.config.batch_groups, accepted=self.accepted, running=self.running,
             free_slots=free,
         )
 
@@ -534,7 +551,7 @@ class SampleBuffer(BufferState):
 
     def record(
         self, event: ev.WeightsLoaded | ev.FaultInjected | ev.WorkerReady | ev.ControllerDecided
-        | ev.TrainerRestarted,
+        | ev.TrainerRestarted | ev.ModeDecided,
     ) -> None:
         """Append an audit event (weights loaded, fault, worker ready, controller decision,
         trainer restarted);

@@ -305,6 +305,25 @@ class ControlSection(_Section):
         "it: vllm, sim) at which per-worker concurrency stops growing; a preemption in a "
         "window cuts it (control.py)"
     )
+    fallback: Literal["auto"] | bool = Field(
+        "auto", description="sync fallback (runtime/fallback.py): an async run measures a "
+        "sync window beside an async one and keeps the faster mode, probing again as the "
+        "load changes; auto: on for async runs of a real engine (hf, vllm), off for sim"
+    )
+    fallback_window_steps: int = Field(
+        8, ge=1, le=100_000, description="fewest steps measured per mode in a probe"
+    )
+    fallback_window_s: float = Field(
+        0.5, ge=0, le=86_400, description="fewest seconds measured per mode in a probe"
+    )
+    fallback_every_s: float = Field(
+        60.0, gt=0, le=1e7, description="fewest seconds from a probe's choice to the next probe "
+        "(at least 20 x the probe's own length)"
+    )
+    fallback_margin: float = Field(
+        0.05, ge=0, le=10, description="async is kept only above (1 + margin) x the sync "
+        "window's rollouts/s (a tie goes to sync: no policy lag)"
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> ControlSection:

@@ -242,11 +242,25 @@ class ControllerDecided(Event, frozen=True, tag="controller_decided"):
     state: dict[str, Any]  # the controller's state after the decision (control.ControllerState)
 
 
+class ModeDecided(Event, frozen=True, tag="mode_decided"):
+    """The sync fallback (:mod:`freshroll.runtime.fallback`, ``control.fallback``): a probe
+    switched modes to measure the other one (``phase: probe``) or chose the mode from now on
+    (``chose``), from the accepted rollouts/s it measured in each mode's window."""
+
+    step: int  # policy step at which the look-ahead changed
+    mode: str  # "async" | "sync"
+    lookahead: int  # policy versions admission may run ahead (max_staleness: async; 0: sync)
+    phase: str  # "probe" | "chose"
+    reason: str
+    async_per_s: float | None = None
+    sync_per_s: float | None = None
+
+
 AnyEvent = (
     Opened | PolicyPublished | Requested | WorkerStarted | WorkerFenced | Started | Generated
     | Rewarded | Ready | Leased | LeaseReleased | Committed | StepSkipped | Discarded | Rejected
     | WeightsLoaded | FaultInjected | Closed | RunConfig | SettingsChanged | WorkerReady
-    | ControllerDecided | TrainerRestarted
+    | ControllerDecided | TrainerRestarted | ModeDecided
 )
 EVENT_TYPES: Final[tuple[type[Event], ...]] = AnyEvent.__args__
 EVENT_KINDS: Final = frozenset(t.__struct_config__.tag for t in EVENT_TYPES)

@@ -34,7 +34,11 @@ still pays for staleness. This module says which happened, from the run's own le
   the median step's solo seconds;
 - **verdict**: an async run (``max_staleness > 0``) paid when its accepted rollouts/s is
   above the estimate by more than :data:`PAY_MARGIN`; otherwise it says so plainly (the
-  summary, ``freshroll verify``'s notes and the run's last lines on stderr).
+  summary, ``freshroll verify``'s notes and the run's last lines on stderr);
+- **measured verdict**: when the sync fallback (:mod:`freshroll.runtime.fallback`) chose a
+  mode, the verdict is its last choice instead (``verdict_source: measured``): async and
+  sync windows of the same run, under the same load, beat any estimate. ``fallback`` lists
+  each probe's rates and counts the steps run in each mode.
 """
 
 from __future__ import annotations
@@ -131,7 +135,7 @@ class OverlapFold:
     """The stage intervals of a ledger, folded one event at a time (``feed``)."""
 
     KINDS: ClassVar = (ev.Opened, ev.Started, ev.Generated, ev.Rewarded, ev.Committed,
-                       ev.Discarded)
+                       ev.Discarded, ev.ModeDecided)
 
     def __init__(self) -> None:
         self.worker_of: dict[str, str] = {}  # attempt -> worker, until generated
@@ -142,6 +146,7 @@ class OverlapFold:
         self.train: list[tuple[float, float]] = []  # (start, end) per committed step
         self.batch = 0
         self.max_staleness: int | None = None
+        self.modes = ModeFold()
         self._fed = 0
         self._cached: tuple[int, int, dict[str, Any]] | None = None  # (fed, steps, result)
 
@@ -157,12 +162,16 @@ class OverlapFold:
                 self.handoffs.append(e.ts - t)
         elif isinstance(e, ev.Committed):
             self.train.append((e.ts - e.train_s, e.ts))
+            self.modes.commits += 1
+        elif isinstance(e, ev.ModeDecided):
+            self.modes.decided(e)
         elif isinstance(e, ev.Discarded) and e.sample is not None:
             self.worker_of.pop(e.sample, None)
             self.generated_at.pop(e.sample, None)
         elif isinstance(e, ev.Opened):
             self.batch = e.batch_groups * e.group_size
             self.max_staleness = e.max_staleness
+            self.modes.opened()
 
     def _generated(self, e: ev.Generated) -> None:
         """The completions of one call share its ``gen_s`` (one clock reading on the worker)
@@ -189,8 +198,55 @@ class OverlapFold:
             return self._cached[2]
         result = overlap_figures(self.call_list(), self.train, tally, self.batch,
                                self.max_staleness, _median(self.handoffs))
+        fallback = self.modes.result()
+        result["fallback"] = fallback
+        result["verdict_source"] = "estimated" if result["verdict"] is not None else None
+        if fallback is not None and fallback["mode"] is not None and self.max_staleness:
+            result["verdict"] = "paid" if fallback["mode"] == "async" else "did not pay"
+            result["verdict_source"] = "measured"
         self._cached = (self._fed, tally.steps, result)
         return result
+
+
+class ModeFold:
+    """The sync fallback's ``mode_decided`` events: each probe's rates, and the steps
+    committed in each mode (a resume starts again in async)."""
+
+    def __init__(self) -> None:
+        self.commits = 0  # committed steps fed so far
+        self.probes: list[dict[str, Any]] = []
+        self.steps = {"async": 0, "sync": 0}
+        self._mode, self._since = "async", 0
+        self._chosen: str | None = None
+        self._seen = False
+
+    def _close(self) -> None:
+        self.steps[self._mode] += self.commits - self._since
+        self._since = self.commits
+
+    def decided(self, e: ev.ModeDecided) -> None:
+        self._seen = True
+        self._close()
+        self._mode = e.mode if e.mode in self.steps else "async"
+        if e.phase == "chose":
+            self._chosen = e.mode
+            a, b = e.async_per_s, e.sync_per_s
+            self.probes.append({
+                "step": e.step, "async_per_s": a, "sync_per_s": b,
+                "ratio": a / b if a is not None and b else None, "chose": e.mode,
+            })
+
+    def opened(self) -> None:
+        self._close()
+        self._mode = "async"
+
+    def result(self) -> dict[str, Any] | None:
+        """None when the run never probed."""
+        if not self._seen:
+            return None
+        steps = dict(self.steps)
+        steps[self._mode] += self.commits - self._since
+        return {"probes": list(self.probes), "mode": self._chosen, "steps": steps}
 
 
 def _call(worker: str, slot: list[float]) -> Call:
@@ -313,6 +369,17 @@ def render(overlap: Mapping[str, Any] | None, host: Mapping[str, Any] | None = N
                f"{_num(o['parallelism'], '.2f')}){where}")
     rates = (f"{_num(o['accepted_rollouts_per_s'], '.1f')} accepted rollouts/s vs a sync "
              f"estimate of {_num(o['sync_estimate_per_s'], '.1f')}/s")
+    fb = o.get("fallback")
+    if o.get("verdict_source") == "measured" and fb and fb["probes"]:
+        last, steps = fb["probes"][-1], fb["steps"]
+        measured = (f"async windows {_num(last['ratio'], '.2f')}x the sync windows "
+                    f"({_num(last['async_per_s'], '.1f')} vs {_num(last['sync_per_s'], '.1f')} "
+                    f"accepted rollouts/s, {len(fb['probes'])} probe(s), measured under this "
+                    f"run's load); steps run async/sync: {steps['async']}/{steps['sync']}")
+        if o["verdict"] == "paid":
+            return f"asynchrony paid: {measured}; {figures}"
+        return (f"asynchrony did not pay in this run: {measured}; the sync fallback kept the "
+                f"faster mode; {figures}")
     if o["verdict"] == "paid":
         return f"asynchrony paid: {rates} ({_num(o['ratio'], '.2f')}x); {figures}"
     return (f"asynchrony did not pay in this run: {figures}; run.max_staleness: 0 would "
@@ -324,5 +391,5 @@ def _num(value: Any, spec: str) -> str:
         else "-"
 
 
-__all__ = ["PAY_MARGIN", "SOLO_SHARE", "Call", "Cover", "OverlapFold", "host_now", "intersection",
-           "measure", "overlap_figures", "overlap_with", "render", "union"]
+__all__ = ["PAY_MARGIN", "SOLO_SHARE", "Call", "Cover", "ModeFold", "OverlapFold", "host_now",
+           "intersection", "measure", "overlap_figures", "overlap_with", "render", "union"]

@@ -60,6 +60,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from freshroll import events as ev
 from freshroll.breaker import FailureBudget, Rule
 from freshroll.buffer import SampleBuffer
 from freshroll.config import Config
@@ -67,6 +68,7 @@ from freshroll.control import Controller
 from freshroll.errors import Interrupted, NonFiniteStep
 from freshroll.lineage import PolicyVersion
 from freshroll.rewards.tasks import Prompt
+from freshroll.runtime.fallback import FallbackProbe, Switch, probe_for
 from freshroll.runtime.hooks import Hooks
 from freshroll.runtime.rewarding import RewardStage
 from freshroll.runtime.seams import AsyncScorer, AsyncTrainer, EngineFactory
@@ -103,6 +105,11 @@ def _no_step(report: StepReport) -> None:
     pass
 
 
+def _say_mode(switch: Switch) -> None:
+    if switch.phase == "chose":
+        sys.stderr.write(f"sync fallback (step {switch.step}): {switch.reason}\n")
+
+
 @dataclass
 class Pipeline:
     """One run's orchestrator. ``controller``: None builds the one ``cfg.control`` names."""
@@ -116,6 +123,7 @@ class Pipeline:
     cfg: Config
     on_step: Callable[[StepReport], None] = _no_step
     on_skip: Callable[[int, str], None] = _warn_skip
+    on_mode: Callable[[Switch], None] = _say_mode
     controller: Controller | None = None
     published: Published | None = None
     budget: FailureBudget = field(default_factory=FailureBudget)
@@ -150,6 +158,7 @@ class Pipeline:
         self.rewarder = RewardStage(self)
         self.steering = Steering(self)
         self.tailing = Tailing(self) if self.cfg.tail.deadline else None
+        self.fallback: FallbackProbe | None = probe_for(self.cfg)
         failure: BaseException | None = None
         try:
             async with asyncio.TaskGroup() as tg:
@@ -235,9 +244,22 @@ class Pipeline:
             self.pool.note_committed()  # before the hooks: a chaos session may bump it
             self.hooks.committed(version)
             self.on_step(StepReport(version.step, version, metrics, wait_s, metrics["train_s"]))
+            if self.fallback is not None:
+                switch = self.fallback.committed(version.step, clock.now())
+                if switch is not None:
+                    self._switch_mode(switch)
             self.notify()
             self.pool.version_published()
         raise _Stop
+
+    def _switch_mode(self, s: Switch) -> None:
+        """Apply the sync fallback's look-ahead and record why (``mode_decided``)."""
+        self.buf.lookahead = s.lookahead
+        self.buf.record(ev.ModeDecided(
+            ts=self.buf.clock.now(), step=s.step, mode=s.mode, lookahead=s.lookahead,
+            phase=s.phase, reason=s.reason, async_per_s=s.async_per_s, sync_per_s=s.sync_per_s,
+        ))
+        self.on_mode(s)
 
     def _skip(self, lease_id: str, exc: NonFiniteStep, rule: Rule) -> None:
         """A non-finite step: never committed. Skip its batch, or stop (trainer.on_nonfinite)."""

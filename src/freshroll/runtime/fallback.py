@@ -1,0 +1,188 @@
+"""The sync fallback: measure both modes inside one async run and keep the faster one.
+
+An async run's overlap can vanish (another process takes a core, the stages take turns on
+one interpreter's GIL): it is then no faster than a synchronous run and still pays for
+staleness. :mod:`freshroll.runtime.overlap` *estimates* this after the run; this module
+*measures* it during the run, under the same load, and acts on it. Pure: a
+:class:`FallbackProbe` is fed the time of each committed step and answers with a
+:class:`Switch` when the look-ahead must change; no I/O, no clock of its own.
+
+**Look-ahead.** Admission lets groups be generated up to ``lookahead`` policy versions ahead
+of the trainer (:func:`freshroll.freshness.admission_capacity` with ``lookahead`` in place of
+``max_staleness``): ``max_staleness`` is the async mode, 0 the sync mode (a batch is
+generated only by the current policy, while the trainer waits). A look-ahead never exceeds
+``max_staleness``, so the freshness bound that ``verify`` checks holds in both modes and a
+sync window only lowers the lag.
+
+**One probe** (the first after ``warmup_steps``; the next ``max(every_s, hold_factor x``
+the last probe's length) seconds of the run's clock after a choice)::
+
+    measure the current mode     >= window_steps steps and >= window_s seconds  -> r_cur
+    switch to the other mode     settle: max_staleness + 1 steps (the batches generated
+                                 ahead are drained) going to sync, 1 step going to async
+    measure the other mode       >= window_steps steps and >= window_s seconds  -> r_other
+    choose                       async if r_async > (1 + margin) x r_sync, else sync
+
+with ``r = rollouts per step x steps / seconds`` between commits (accepted rollouts/s: every
+step consumes one batch). Ties go to sync: when asynchrony does not pay it only adds policy
+lag. Each switch and each choice is a ``mode_decided`` ledger event with the rates measured,
+so the summary's verdict and ``verify`` read the measurement, not an estimate.
+
+Cost: a probe spends one window in the slower mode, and the hold between probes is at
+least ``hold_factor`` (20) probes long: under 3% of a run when the modes differ by 2x,
+however long a step is. A run that ends during a probe ends in the mode it was measuring;
+one shorter than ``warmup_steps`` plus a window never leaves the async mode.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from freshroll.config import Config
+
+Mode = Literal["async", "sync"]
+Phase = Literal["warmup", "hold", "measure", "settle", "measure_other"]
+
+
+@dataclass(frozen=True, slots=True)
+class FallbackConfig:
+    """Probe windows and margins (``control.fallback_*``)."""
+
+    max_staleness: int
+    rollouts_per_step: int
+    window_steps: int = 8
+    window_s: float = 0.5
+    every_s: float = 60.0
+    warmup_steps: int = 4
+    margin: float = 0.05
+    #: the next probe waits at least this many times the last probe's length
+    hold_factor: float = 20.0
+
+    def __post_init__(self) -> None:
+        if self.max_staleness < 1:
+            raise ValueError("the sync fallback needs an async run (max_staleness >= 1)")
+        if self.rollouts_per_step < 1 or self.window_steps < 1 or self.warmup_steps < 0:
+            raise ValueError("rollouts_per_step and window_steps must be >= 1, "
+                             "warmup_steps >= 0")
+        if not (self.window_s >= 0 and self.every_s > 0 and self.margin >= 0
+                and self.hold_factor >= 0):
+            raise ValueError("window_s, margin and hold_factor must be >= 0, every_s > 0")
+
+    def lookahead(self, mode: Mode) -> int:
+        return self.max_staleness if mode == "async" else 0
+
+
+@dataclass(frozen=True, slots=True)
+class Switch:
+    """What the orchestrator applies (look-ahead) and records (``mode_decided``)."""
+
+    step: int
+    mode: Mode
+    lookahead: int
+    phase: Literal["probe", "chose"]
+    reason: str
+    async_per_s: float | None = None
+    sync_per_s: float | None = None
+
+
+def _other(mode: Mode) -> Mode:
+    return "sync" if mode == "async" else "async"
+
+
+class FallbackProbe:
+    """The probe's state machine (see the module doc). Feed :meth:`committed` every commit."""
+
+    def __init__(self, config: FallbackConfig) -> None:
+        self.config = config
+        self.mode: Mode = "async"
+        self.phase: Phase = "warmup"
+        self._mark: tuple[int, float] | None = None  # (step, t) where the phase began
+        self._left = config.warmup_steps  # steps still to skip (warmup, settle)
+        self._rates: dict[Mode, float] = {}
+        self._next_probe = math.inf
+        self._probe_t0 = 0.0  # when the probe under way began
+
+    def committed(self, step: int, t: float) -> Switch | None:
+        """Step ``step`` was committed at ``t``; a :class:`Switch` when the mode changes or a
+        probe has chosen."""
+        cfg = self.config
+        if self._mark is None:
+            self._mark = (step, t)
+            return None
+        if self.phase in ("warmup", "settle"):
+            if self._left > 0:
+                self._left -= 1
+                return None
+            if self.phase == "warmup":
+                self._next_probe = t  # the first probe starts now
+                self.phase = "hold"
+            else:
+                self.phase = "measure_other"
+                self._mark = (step, t)
+                return None
+        if self.phase == "hold":
+            if t < self._next_probe:
+                return None
+            self.phase, self._mark, self._probe_t0 = "measure", (step, t), t
+            return None
+        rate = self._rate(step, t)
+        if rate is None:
+            return None
+        self._rates[self.mode] = rate
+        if self.phase == "measure":  # the current mode measured: now the other one
+            self.mode = _other(self.mode)
+            self.phase = "settle"
+            self._left = cfg.max_staleness + 1 if self.mode == "sync" else 1
+            return self._switch(step, "probe", f"probe: {_other(self.mode)} measured at "
+                                f"{rate:.1f} rollouts/s; measuring {self.mode}")
+        return self._choose(step, t)
+
+    def _rate(self, step: int, t: float) -> float | None:
+        """Accepted rollouts/s since the mark, once the window is long enough."""
+        assert self._mark is not None
+        s0, t0 = self._mark
+        n, dt = step - s0, t - t0
+        if n < self.config.window_steps or dt < self.config.window_s or dt <= 0:
+            return None
+        return n * self.config.rollouts_per_step / dt
+
+    def _choose(self, step: int, t: float) -> Switch:
+        cfg, r = self.config, self._rates
+        ra, rs = r["async"], r["sync"]
+        self.mode = "async" if ra > (1 + cfg.margin) * rs else "sync"
+        self.phase, self._mark = "hold", (step, t)
+        self._next_probe = t + max(cfg.every_s, cfg.hold_factor * (t - self._probe_t0))
+        if self.mode == "async":
+            why = f"async {ra / rs:.2f}x the sync window: asynchrony pays"
+        else:
+            why = (f"async {ra / rs:.2f}x the sync window (needs > {1 + cfg.margin:.2f}x): "
+                   "asynchrony does not pay here, falling back to sync")
+        return self._switch(step, "chose", why)
+
+    def _switch(self, step: int, phase: Literal["probe", "chose"], reason: str) -> Switch:
+        return Switch(step, self.mode, self.config.lookahead(self.mode), phase, reason,
+                      self._rates.get("async"), self._rates.get("sync"))
+
+
+
+
+def probe_for(cfg: Config) -> FallbackProbe | None:
+    """The probe ``control.fallback`` asks for, or None (a sync run; ``false``; ``auto`` with
+    the simulated engine, whose virtual-time stages never contend)."""
+    ctl, run = cfg.control, cfg.run
+    if run.max_staleness < 1 or ctl.fallback is False:
+        return None
+    if ctl.fallback == "auto" and cfg.rollout.engine == "sim":
+        return None
+    return FallbackProbe(FallbackConfig(
+        max_staleness=run.max_staleness,
+        rollouts_per_step=cfg.rollout.batch_groups * cfg.rollout.group_size,
+        window_steps=ctl.fallback_window_steps, window_s=ctl.fallback_window_s,
+        every_s=ctl.fallback_every_s, margin=ctl.fallback_margin,
+    ))
+
+
+__all__ = ["FallbackConfig", "FallbackProbe", "Mode", "Switch", "probe_for"]

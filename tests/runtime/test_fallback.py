@@ -1,0 +1,193 @@
+"""The sync fallback (:mod:`freshroll.runtime.fallback`): the probe's state machine on a fake
+clock, the buffer's look-ahead, the ledger fold and verdict it feeds, and one real run."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from freshroll import events as ev
+from freshroll.buffer import KernelConfig, SampleBuffer
+from freshroll.clock import VirtualClock
+from freshroll.errors import StateError
+from freshroll.ledger import Ledger
+from freshroll.lineage import PolicyVersion
+from freshroll.runtime.fallback import FallbackConfig, FallbackProbe, Switch
+from freshroll.runtime.overlap import ModeFold, render
+
+ROLLOUTS = 16
+
+
+def _drive(probe: FallbackProbe, step_s: dict[str, float], steps: int) -> list[Switch]:
+    """Commit ``steps`` steps, each taking ``step_s[mode]`` seconds in the probe's mode."""
+    t, out = 0.0, []
+    for step in range(1, steps + 1):
+        t += step_s[probe.mode]
+        switch = probe.committed(step, t)
+        if switch is not None:
+            out.append(switch)
+    return out
+
+
+def _probe(**kw: float) -> FallbackProbe:
+    return FallbackProbe(FallbackConfig(max_staleness=1, rollouts_per_step=ROLLOUTS,
+                                        window_steps=4, window_s=0.0, warmup_steps=2, **kw))
+
+
+def test_async_that_does_not_pay_falls_back_to_sync_with_both_rates_measured():
+    probe = _probe(every_s=1e9)
+    switches = _drive(probe, {"async": 0.10, "sync": 0.08}, 40)
+    assert [(s.phase, s.mode, s.lookahead) for s in switches] == [
+        ("probe", "sync", 0), ("chose", "sync", 0)]
+    chose = switches[1]
+    assert chose.async_per_s == pytest.approx(ROLLOUTS / 0.10)
+    assert chose.sync_per_s == pytest.approx(ROLLOUTS / 0.08)
+    assert "falling back to sync" in chose.reason
+    assert probe.mode == "sync"
+
+
+def test_async_that_pays_is_kept_and_probed_again_after_the_hold():
+    probe = _probe(every_s=5.0, hold_factor=20.0)
+    switches = _drive(probe, {"async": 0.05, "sync": 0.10}, 400)
+    chose = [s for s in switches if s.phase == "chose"]
+    assert all(s.mode == "async" for s in chose) and len(chose) >= 2
+    assert chose[0].async_per_s == pytest.approx(2 * chose[0].sync_per_s)
+    # a probe lasts ~ measure (4 x 0.05) + settle (2 x 0.1) + measure (4 x 0.1) = 0.8 s, so
+    # the hold is max(every_s, 20 x 0.8 s) = 16 s: about 2 probes per 16 s of 0.05 s steps
+    probes = [s for s in switches if s.phase == "probe"]
+    assert all(s.mode == "sync" for s in probes)  # each probe measures async, then sync
+    starts = [s.step for s in switches if s.phase == "probe" and s.mode == "sync"]
+    assert len(starts) >= 2 and starts[1] - starts[0] >= 16.0 / 0.05 * 0.9
+
+
+def test_a_tie_goes_to_sync_and_a_margin_is_needed_for_async():
+    assert _drive(_probe(every_s=1e9), {"async": 0.1, "sync": 0.1}, 40)[-1].mode == "sync"
+    within = _drive(_probe(every_s=1e9, margin=0.05), {"async": 0.097, "sync": 0.1}, 40)
+    assert within[-1].mode == "sync"  # 1.03x < 1.05x
+    beyond = _drive(_probe(every_s=1e9, margin=0.05), {"async": 0.09, "sync": 0.1}, 40)
+    assert beyond[-1].mode == "async"  # 1.11x
+
+
+def test_from_sync_a_probe_measures_sync_first_then_async():
+    probe = _probe(every_s=1.0, hold_factor=0.0)
+    switches = _drive(probe, {"async": 0.2, "sync": 0.1}, 200)
+    phases = [(s.phase, s.mode) for s in switches[:4]]
+    assert phases == [("probe", "sync"), ("chose", "sync"), ("probe", "async"), ("chose", "sync")]
+
+
+def test_windows_need_both_their_steps_and_their_seconds():
+    probe = FallbackProbe(FallbackConfig(max_staleness=2, rollouts_per_step=1, window_steps=2,
+                                         window_s=1.0, warmup_steps=0, every_s=1e9))
+    switches = _drive(probe, {"async": 0.1, "sync": 0.1}, 60)
+    first = switches[0]
+    assert first.phase == "probe" and first.step >= 11  # 1 s of 0.1 s steps, not 2 steps
+    # going to sync, the batches generated ahead are drained first: max_staleness + 1 steps
+    assert switches[1].step - first.step >= 3 + 10
+
+
+def test_config_rejects_a_sync_run_and_bad_windows():
+    with pytest.raises(ValueError, match="max_staleness"):
+        FallbackConfig(max_staleness=0, rollouts_per_step=1)
+    with pytest.raises(ValueError, match="window_steps"):
+        FallbackConfig(max_staleness=1, rollouts_per_step=1, window_steps=0)
+    with pytest.raises(ValueError, match="every_s"):
+        FallbackConfig(max_staleness=1, rollouts_per_step=1, every_s=0)
+
+
+def test_probe_for_follows_control_fallback():
+    from freshroll.config import load_config
+    from freshroll.runtime.fallback import probe_for
+
+    assert probe_for(load_config(None, [])) is not None  # async hf: auto is on
+    assert probe_for(load_config(None, ["run.max_staleness=0"])) is None
+    assert probe_for(load_config(None, ["control.fallback=false"])) is None
+    with pytest.raises(Exception, match="fallback"):
+        load_config(None, ["control.fallback=maybe"])
+
+
+def test_buffer_lookahead_zero_admits_like_a_sync_run(tmp_path: Path):
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    buf = SampleBuffer.open(ledger, KernelConfig(max_staleness=2, batch_groups=3, group_size=2),
+                            VirtualClock(), run_id="run",
+                            initial_version=PolicyVersion.initial("ab12"))
+    assert buf.lookahead == 2 and buf.capacity() == 9  # (2 + 0 + 1) x 3
+    buf.lookahead = 0
+    assert buf.capacity() == 3  # one batch: the current policy's only
+    for bad in (3, -1):
+        with pytest.raises(StateError, match="lookahead"):
+            buf.lookahead = bad
+    ledger.close()
+
+
+def _decided(step: int, mode: str, phase: str, a: float | None, s: float | None) -> ev.Event:
+    return ev.ModeDecided(ts=float(step), step=step, mode=mode, phase=phase, reason="",
+                          lookahead=1 if mode == "async" else 0, async_per_s=a, sync_per_s=s)
+
+
+def test_mode_fold_counts_steps_per_mode_and_resume_restarts_async():
+    fold = ModeFold()
+    assert fold.result() is None
+    fold.commits = 10
+    fold.decided(_decided(10, "sync", "probe", 100.0, None))  # type: ignore[arg-type]
+    fold.commits = 20
+    fold.decided(_decided(20, "sync", "chose", 100.0, 125.0))  # type: ignore[arg-type]
+    fold.commits = 30
+    fold.opened()  # a resume: async again
+    fold.commits = 35
+    r = fold.result()
+    assert r is not None
+    assert r["steps"] == {"async": 15, "sync": 20}
+    assert r["mode"] == "sync" and r["probes"][0]["ratio"] == pytest.approx(0.8)
+
+
+def test_measured_verdict_overrides_the_estimate_in_the_summary_and_its_line():
+    from tests.runtime.test_overlap import B, _ledger
+
+    n = 10
+    calls = [(float(k), k + 1.0) for k in range(n)]  # a real overlap: the estimate says paid
+    trains = [(k + 1.0, k + 2.0) for k in range(n)]
+    events = _ledger(calls, trains)
+    closed = events.pop()
+    events.append(_decided(4, "sync", "probe", 2.0 * B, None))
+    events.append(_decided(8, "sync", "chose", 2.0 * B, 2.2 * B))
+    events.append(closed)
+    from freshroll.runtime.summary import fold_events
+
+    o = fold_events(events).summary()["overlap"]
+    assert o["verdict"] == "did not pay" and o["verdict_source"] == "measured"
+    assert o["fallback"]["mode"] == "sync"
+    line = render(o)
+    assert line.startswith("asynchrony did not pay in this run: async windows 0.91x the sync")
+    assert "the sync fallback kept the faster mode" in line
+
+
+@pytest.mark.slow
+def test_a_real_run_probes_records_each_switch_and_verifies(tmp_path: Path):
+    """The real tiny default with short probe windows: the ledger holds the probe's switches
+    (both rates measured), the summary reads them, the staleness bound held, verify passes."""
+    from freshroll.config import load_config
+    from freshroll.harness.verify import verify_run
+    from freshroll.runtime.run import run
+
+    cfg = load_config(None, [
+        "run.steps=40", "run.progress=false", "task.n_prompts=256", "control.fallback=true",
+        "control.fallback_window_steps=4", "control.fallback_window_s=0",
+        "control.fallback_every_s=0.001",
+    ])
+    err = io.StringIO()
+    result = run(cfg, tmp_path / "r", stream=err, report=False)
+    assert result.ok
+    ledger = Ledger(tmp_path / "r" / "ledger.sqlite", readonly=True)
+    decided = [e for _, e in ledger.events() if isinstance(e, ev.ModeDecided)]
+    ledger.close()
+    assert decided and decided[0].phase == "probe" and decided[0].async_per_s
+    chose = [e for e in decided if e.phase == "chose"]
+    assert chose and all(e.async_per_s and e.sync_per_s for e in chose)
+    o = json.loads((tmp_path / "r" / "summary.json").read_text())["overlap"]
+    assert o["verdict_source"] == "measured"
+    assert sum(o["fallback"]["steps"].values()) == 40
+    report = verify_run(tmp_path / "r")
+    assert report.ok, report.render()
