@@ -119,6 +119,9 @@ def test_every_event_kind_round_trips(tmp_path: Path) -> None:
             state={"last_up_at": 3.0, "probe": None, "latched": False}),
         ev.TrainerRestarted(ts=1, lease="l2", version="p1-cd", restart=1, reason="lost",
                             rebuild_s=1.5, detail="actor died"),
+        ev.ModeDecided(ts=1, step=12, mode="sync", lookahead=0, phase="chose",
+                       reason="async 0.93x the sync window", async_per_s=93.0,
+                       sync_per_s=100.0),
         ev.Closed(ts=2, reason="done"),
     ]
     assert {type(e) for e in samples} == set(ev.EVENT_TYPES)

@@ -30,7 +30,8 @@ from freshroll.runtime.seams import Emit, GenRequest, SamplingParams
 from freshroll.state import Lease
 
 BASE = ["run.progress=false", "task.n_prompts=64", "rollout.group_size=4",
-        "rollout.batch_groups=4", "rollout.worker_batch=8", "run.steps=20"]
+        "rollout.batch_groups=4", "rollout.worker_batch=8", "run.steps=20",
+        "control.fallback=false"]  # the sync fallback is tested on its own (test_fallback.py)
 REWARD = str(RewardVersion.of("fake", config={"v": 1}))
 
 

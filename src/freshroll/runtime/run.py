@@ -51,7 +51,7 @@ from freshroll.buffer import KernelConfig, SampleBuffer
 from freshroll.clock import Clock, RealClock, VirtualClock
 from freshroll.config import Config, read_yaml, validate
 from freshroll.engines.base import InferenceEngine
-from freshroll.errors import Interrupted, StorageError
+from freshroll.errors import ConfigError, Interrupted, StorageError
 from freshroll.ledger import Ledger, open_ledger
 from freshroll.lineage import PolicyVersion
 from freshroll.metrics import Tally
@@ -289,6 +289,11 @@ def build_components(
                           getattr(parts, "close", _nothing))
     learner = build_learner(cfg, prep.model_path, buf, out, prep.history)
     runtime = resolve_runtime(cfg) if cfg.rollout.engine == "hf" else "inline"
+    if make_engine is not None and runtime != "inline":  # an injected engine is in-process
+        if cfg.run.runtime != "auto":
+            raise ConfigError(f"run.runtime: {cfg.run.runtime} places engines itself; an "
+                              "injected make_engine runs in this process (inline or auto)")
+        runtime = "inline"
     publish: Publish = clone_weights
     inline = ThreadScorer(prep.rewards)
     scorer: ThreadScorer | RayScorer = inline
