@@ -244,9 +244,8 @@ class ModeFold:
         """None when the run never probed."""
         if not self._seen:
             return None
-        steps = dict(self.steps)
-        steps[self._mode] += self.commits - self._since
-        return {"probes": list(self.probes), "mode": self._chosen, "steps": steps}
+        self._close()  # the steps since the last switch, counted in its mode
+        return {"probes": list(self.probes), "mode": self._chosen, "steps": dict(self.steps)}
 
 
 def _call(worker: str, slot: list[float]) -> Call:

@@ -69,7 +69,12 @@ from freshroll.runtime.metrics_log import METRICS_FILE, RowLog, reconcile
 from freshroll.runtime.overlap import host_now
 from freshroll.runtime.overlap import render as render_overlap
 from freshroll.runtime.pipeline import Pipeline, StepReport, run_pipeline
-from freshroll.runtime.placement import describe_runtime, resolve_runtime, thread_budget
+from freshroll.runtime.placement import (
+    Runtime,
+    describe_runtime,
+    resolve_runtime,
+    thread_budget,
+)
 from freshroll.runtime.prepare import Prepared, prepare_run_dir
 from freshroll.runtime.ray_trainer import RayTrainer
 from freshroll.runtime.resume import announce
@@ -270,6 +275,19 @@ class Components:
     close: Callable[[], None]
 
 
+def engine_runtime(cfg: Config, injected: bool = False) -> Runtime:
+    """Where the workers' engines run: :func:`resolve_runtime` for ``hf``, inline for the
+    engines that manage their own concurrency; an injected ``make_engine`` is an in-process
+    engine, so ``auto`` resolves to inline for it and an explicit other placement is refused."""
+    runtime = resolve_runtime(cfg) if cfg.rollout.engine == "hf" else "inline"
+    if injected and runtime != "inline":
+        if cfg.run.runtime != "auto":
+            raise ConfigError(f"run.runtime: {cfg.run.runtime} places engines itself; an "
+                              "injected make_engine runs in this process (inline or auto)")
+        runtime = "inline"
+    return runtime
+
+
 def build_components(
     prep: Prepared, buf: SampleBuffer, out: Path,
     before_commit: Callable[[PolicyVersion, TrainerState], None], clock: Clock,
@@ -288,12 +306,7 @@ def build_components(
         return Components(parts.engine_factory, parts.scorer, parts.trainer,
                           getattr(parts, "close", _nothing))
     learner = build_learner(cfg, prep.model_path, buf, out, prep.history)
-    runtime = resolve_runtime(cfg) if cfg.rollout.engine == "hf" else "inline"
-    if make_engine is not None and runtime != "inline":  # an injected engine is in-process
-        if cfg.run.runtime != "auto":
-            raise ConfigError(f"run.runtime: {cfg.run.runtime} places engines itself; an "
-                              "injected make_engine runs in this process (inline or auto)")
-        runtime = "inline"
+    runtime = engine_runtime(cfg, injected=make_engine is not None)
     publish: Publish = clone_weights
     inline = ThreadScorer(prep.rewards)
     scorer: ThreadScorer | RayScorer = inline
