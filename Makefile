@@ -6,6 +6,9 @@
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
+# pytest workers (pytest-xdist): one per core, at most 4 (each holds torch and a model)
+TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n : 4 )))
+PYTEST := $(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile
 
 .PHONY: setup demo test test-fast lint typecheck bench bench-quick chaos chaos-real validate clean
 
@@ -35,11 +38,11 @@ typecheck: setup
 	$(BIN)/mypy
 
 test: lint typecheck
-	$(BIN)/python -m pytest -q
+	$(PYTEST)
 
 # the inner loop: unit and fast tests only (no end-to-end runs of the real CLI)
 test-fast: setup
-	$(BIN)/python -m pytest -q -m "not slow" -x
+	$(PYTEST) -m "not slow" -x
 
 # the tables of docs/bench.md (sync vs static vs adaptive: P1, P2, P3 on both clocks, and the
 # real embedded default), then the kernel's own throughput (docs/kernel.md)

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+from collections.abc import Iterable, Iterator
 
+import pytest
 from hypothesis import settings
 
 # CI (CI=true, as .ci/run is invoked) explores a fixed, reproducible set of examples, so a
@@ -11,3 +15,49 @@ from hypothesis import settings
 settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
+
+
+
+ONE_AT_A_TIME = ("ray", "vllm")
+
+
+def _module_kinds(module: object) -> set[str]:
+    marks = getattr(module, "pytestmark", [])
+    marks = marks if isinstance(marks, list) else [marks]
+    return {m.name for m in marks if m.name in ONE_AT_A_TIME}
+
+
+@contextlib.contextmanager
+def _held(kinds: Iterable[str], factory: pytest.TempPathFactory) -> Iterator[None]:
+    root = factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the workers' basetemps sit side by side in one directory
+    with contextlib.ExitStack() as stack:
+        for kind in sorted(kinds):
+            fh = stack.enter_context(open(root / f"{kind}.lock", "a"))
+            fcntl.flock(fh, fcntl.LOCK_EX)  # released when the file closes
+        yield
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_module_at_a_time(request: pytest.FixtureRequest,
+                          tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A module marked ``ray`` or ``vllm`` as a whole holds its lock for all its tests and
+    module-scoped fixtures (which start before any function-scoped fixture)."""
+    with _held(_module_kinds(request.module), tmp_path_factory):
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _one_at_a_time(request: pytest.FixtureRequest,
+                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Tests marked ``ray`` (they start a private Ray instance) run one at a time, and so do
+    those marked ``vllm`` (each engine takes gigabytes), also across ``pytest -n`` workers
+    (``make test`` runs ``--dist loadfile``: a module's tests share one worker): a file lock
+    in the directory all workers share. The Ray cleanup checks count every freshroll Ray
+    instance on the machine, so two at once would see each other's. (pytest-xdist's
+    ``loadgroup`` would serialise them without a lock, but it no longer groups on
+    pytest >= 9.2: pytest-xdist#1386.)"""
+    kinds = {k for k in ONE_AT_A_TIME if request.node.get_closest_marker(k)}
+    with _held(kinds - _module_kinds(request.module), tmp_path_factory):
+        yield

@@ -33,7 +33,7 @@ from freshroll.runtime.ray_reaper import live_tokens
 REPO = Path(__file__).resolve().parents[2]
 LIBRARY = REPO / "chaos" / "library.yaml"
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
 
 

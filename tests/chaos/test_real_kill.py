@@ -133,6 +133,7 @@ def _plan(steps: int = 24) -> Plan:
 
 
 @pytest.mark.slow
+@pytest.mark.ray
 def test_ray_kill_really_kills_the_actor_and_the_pool_restarts_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     from freshroll.runtime import ray_reaper
@@ -221,6 +222,7 @@ def test_a_lost_inline_engine_stops_the_run_clearly_and_a_resume_finishes_it(tmp
 
 
 @pytest.mark.slow
+@pytest.mark.ray
 def test_a_thread_still_in_a_ray_call_leaves_when_ray_stops(tmp_path: Path):
     """An abandoned call (here: to a stopped actor) must not touch Ray after its shutdown:
     Ray would end this whole process. It leaves with WorkerLost when ``stop_ray`` begins."""

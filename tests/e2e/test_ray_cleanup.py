@@ -21,6 +21,8 @@ from e2e_helpers import REPO, freshroll, metrics, summary
 from freshroll.runtime import ray_reaper
 from freshroll.runtime.ray_reaper import TOKEN_ENV, alive, live_tokens, session_pids
 
+pytestmark = pytest.mark.ray
+
 
 def _tagged_sleeper(token: str) -> subprocess.Popen[bytes]:
     """A stand-in for a Ray process: carries the token, in a session of its own.

@@ -27,7 +27,7 @@ from freshroll.runtime.ray_trainer import RayTrainer
 from freshroll.runtime.run import Components, run
 from freshroll.state import Lease
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
 SMALL = ["run.progress=false", "task.n_prompts=256", "rollout.group_size=4",
          "rollout.batch_groups=4", "rollout.workers=1", "run.max_staleness=0"]

@@ -116,6 +116,7 @@ def test_example_configs_validate():
         load_config(path)
 
 
+@pytest.mark.ray
 def test_ray_runtime_runs_workers_as_actors(tmp_path: Path, small: list[str]):
     """runtime: ray places each inference engine in a Ray actor; the invariants still hold."""
     out = tmp_path / "ray"

@@ -18,7 +18,7 @@ from freshroll.config import load_config
 from freshroll.ledger import LEDGER_FILE, Ledger
 from freshroll.runtime.hooks import Hooks
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 
 class KillOnce(Hooks):

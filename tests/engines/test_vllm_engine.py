@@ -22,7 +22,7 @@ from freshroll.engines.base import FINISH_STOP, Completion
 from freshroll.errors import Superseded, WorkerLost
 from freshroll.runtime.seams import GenRequest, SamplingParams
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 T = TypeVar("T")
 
 

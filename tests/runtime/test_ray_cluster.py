@@ -26,6 +26,8 @@ from freshroll.runtime import run as run_mod
 from freshroll.runtime.hooks import Hooks
 from freshroll.runtime.ray_cluster import free_port, start_cluster
 
+pytestmark = pytest.mark.ray
+
 SRC = Path(__file__).resolve().parents[2] / "src"
 SMALL = ["run.progress=false", "task.n_prompts=64", "rollout.group_size=4",
          "rollout.batch_groups=2", "rollout.worker_batch=4", "run.runtime=ray",

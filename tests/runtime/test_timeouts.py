@@ -197,6 +197,7 @@ def test_limits_reject_unknown_keys_and_out_of_bounds_values():
 
 
 @pytest.mark.slow
+@pytest.mark.ray
 def test_a_stopped_ray_actor_times_out_and_restarts(tmp_path: Path):
     import os
     import signal

@@ -22,6 +22,7 @@ from freshroll.harness.verify import verify_run
 from freshroll.runtime import run as run_mod
 
 
+@pytest.mark.ray
 def test_killed_ray_actor_raises_worker_lost_and_restarts(tmp_path: Path):
     import ray
 
