@@ -6,8 +6,12 @@ overrides; the exact parameter counts are printed) x completion lengths
 
 - sizes: ``tiny`` (the embedded default, ~0.09M parameters), ``1m`` (~1M), ``5m`` (~5M);
 - lengths: 4 and 16 new tokens;
-- systems: ``sync`` (``run.max_staleness=0``), ``async-inline``, ``async-process``,
-  ``async-ray`` (``run.max_staleness=1`` with ``run.runtime`` inline / process / ray), and
+- systems: ``sync`` (``run.max_staleness=0`` at ``--torch-threads``, default auto: the
+  thread probe's choice), ``sync-1t`` (the same at one intra-op thread), ``async-auto`` (the
+  product's default: ``run.max_staleness=1``, ``run.runtime`` and ``run.torch_threads``
+  auto, placement and threads settled by the run's thread probe; always run),
+  ``async-inline``, ``async-process``, ``async-ray`` (``run.runtime`` inline / process /
+  ray), and
   ``trl`` (TRL's ``GRPOTrainer`` at the same settings: :mod:`vs_trl`'s runner and settings
   mapping, at ``--trl-threads`` intra-op threads);
 - load: ``quiet``, or ``contended``: one fixed CPU-bound process started by the benchmark
@@ -24,10 +28,12 @@ Per shape and load, also measured:
 - this machine's **parallel limit** = 2 x t_alone / t_concurrent: the same fixed
   forward+backward loop of the shape's model (one intra-op thread), timed in one process
   alone and in two processes at once (t_concurrent: their mean);
-- **speedup** = async accepted rollouts/s / sync's, **bound attainment** A = speedup /
-  max(1, min(stage bound, parallel limit)), and async / TRL.
+- **speedup** = async accepted rollouts/s / the fastest sync run's (``sync``, ``sync-1t``:
+  a sync baseline at a thread count that does not suit the model would flatter async),
+  **bound attainment** A = speedup / max(1, min(stage bound, parallel limit)), and async /
+  TRL.
 
-Goals (issue 9), for the async default (``run.runtime: auto`` as it resolves, printed),
+Goals (issue 9), for the async default (``async-auto``; what each run settled on, printed),
 per shape and load: never slower than sync (``speedup >= 1``; contended: or the run says
 asynchrony did not pay: ``summary.json`` ``overlap.verdict``), ``A >= 0.85``, ``>= 1.5x``
 TRL; with two seeds or more, reward at equal steps (last 10%) within noise of TRL and of
@@ -77,11 +83,17 @@ LENGTHS = (4, 16)
 #: system -> (run.max_staleness, run.runtime); "trl" is TRL's GRPOTrainer
 SYSTEMS: dict[str, tuple[int, str] | None] = {
     "sync": (0, "inline"),
+    "sync-1t": (0, "inline"),  # at one intra-op thread, whatever run.torch_threads says
+    "async-auto": (1, "auto"),  # the product's default: placement and threads settled by it
     "async-inline": (1, "inline"),
     "async-process": (1, "process"),
     "async-ray": (1, "ray"),
     "trl": None,
 }
+#: the systems whose best rate is every speedup's baseline (the fastest sync run measured)
+SYNCS = ("sync", "sync-1t")
+#: the async default: run.runtime and run.torch_threads auto, as a user gets them
+DEFAULT = "async-auto"
 LOADS = ("quiet", "contended")
 
 GOAL_A = 0.85
@@ -145,6 +157,8 @@ class Cell:
     #: system -> {"outside_wall_s": run() seconds outside the measured wall (start-up: model
     #: loading, Ray; the end files), "transfer_s": seconds per weight load per worker}
     costs: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: system -> what each run settled on (summary.json host.placement): "inline x2", ...
+    placements: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def bound(self) -> float:
@@ -154,8 +168,13 @@ class Cell:
     def limit(self) -> float:
         return parallel_limit(self.t_alone, self.t_concurrent)
 
+    def best_sync(self) -> float | None:
+        """The fastest sync rate measured (``sync`` at the default threads, ``sync-1t``)."""
+        rates = [self.rates[s] for s in SYNCS if s in self.rates]
+        return max(rates) if rates else None
+
     def speedup(self, system: str) -> float:
-        return ratio(self.rates.get(system), self.rates.get("sync"))
+        return ratio(self.rates.get(system), self.best_sync())
 
     def a(self, system: str) -> float:
         return attainment(self.speedup(system), self.bound, self.limit)
@@ -232,6 +251,7 @@ def render_details(cells: Sequence[Cell], systems: Sequence[str]) -> str:
             lines.append(f"    {s:<14} speedup {_f(c.speedup(s), '.2f')}  A {_f(c.a(s), '.2f')}"
                          f"  vs TRL {_f(c.vs_trl(s), '.2f')}  verdict "
                          f"{','.join(str(v) for v in c.verdicts.get(s, [])) or '-'}  "
+                         f"ran {','.join(c.placements.get(s, [])) or '-'}  "
                          f"outside wall {_f(cost.get('outside_wall_s'), '.1f')} s  "
                          f"transfer {_f(cost.get('transfer_s'), '.4f')} s/version")
     return "\n".join(lines)
@@ -362,17 +382,16 @@ def measure_stages(cfg: Any, quick: bool) -> tuple[dict[str, float], dict[str, f
     return stage_times(caps), {**caps.per_s(), "transfer_s": caps.transfer_s}
 
 
-def default_async(model_dir: Path, overrides: list[str]) -> str:
-    """The system the async default (``run.runtime: auto``) resolves to."""
-    from freshroll.runtime.placement import resolve_runtime
-
-    cfg = vs_trl.freshroll_config(2, 0, (1, "auto"), model_dir, overrides, "auto")
-    return f"async-{resolve_runtime(cfg)}"
+def settled_as(r: vs_trl.Result) -> str:
+    """What a freshroll run settled on: ``process x1`` (placement x trainer threads)."""
+    p = (r.extra.get("host") or {}).get("placement") or {}
+    return f"{p.get('runtime', '?')} x{p.get('trainer_threads', '?')}"
 
 
 def run_system(system: str, steps: int, seed: int, model_dir: Path, overrides: list[str],
                out: Path, threads: str, trl_threads: int) -> vs_trl.Result:
     spec = SYSTEMS[system]
+    threads = "1" if system == "sync-1t" else threads
     shutil.rmtree(out, ignore_errors=True)
     if spec is None:
         cfg = vs_trl.freshroll_config(steps, seed, (0, "inline"), model_dir, overrides)
@@ -402,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--torch-threads", default="auto", help="freshroll's run.torch_threads")
     ap.add_argument("--trl-threads", type=int, default=1)
     ap.add_argument("--quick", action="store_true",
-                    help="smoke run: tiny, 4 tokens, sync/async-inline/trl, quiet, 3 steps")
+                    help="smoke run: tiny, 4 tokens, sync/async-auto/trl, quiet, 3 steps")
     ap.add_argument("--json", type=Path, help="write every figure to this file")
     ap.add_argument("--workdir", type=Path, help="keep models and run dirs here")
     args = ap.parse_args(argv)
@@ -411,11 +430,13 @@ def main(argv: list[str] | None = None) -> int:
         args.sizes = args.sizes if "--sizes" in given else ["tiny"]
         args.lengths = args.lengths if "--lengths" in given else [4]
         args.systems = (args.systems if "--systems" in given
-                        else ["sync", "async-inline", "trl"])
+                        else ["sync", DEFAULT, "trl"])
         args.load = args.load if "--load" in given else ["quiet"]
         args.steps = args.steps or 3
     if "sync" not in args.systems:
         args.systems = ["sync", *args.systems]  # the baseline of every ratio
+    if DEFAULT not in args.systems:
+        args.systems = [*args.systems, DEFAULT]  # the goals are the default's
 
     vs_trl._offline()
     warnings.filterwarnings("ignore", category=FutureWarning)
@@ -436,14 +457,13 @@ def main(argv: list[str] | None = None) -> int:
           f"{platform.python_version()}, load average {os.getloadavg()[0]:.2f}")
     cells: list[Cell] = []
     results: list[dict[str, Any]] = []
-    default = "async-inline"
+    default = DEFAULT
     try:
         for size in args.sizes:
             model_dir = build_model(work, size)
             params = count_params(model_dir)
             print(f"model {size}: {params:,} parameters ({SIZES[size] or 'tiny default'})",
                   flush=True)
-            default = default_async(model_dir, args.overrides)
             for length in args.lengths:
                 over = [*args.overrides, f"rollout.max_new_tokens={length}"]
                 steps = args.steps
@@ -461,7 +481,8 @@ def main(argv: list[str] | None = None) -> int:
     total = time.perf_counter() - t_all
 
     print()
-    print(f"async default (run.runtime auto) resolves to: {default}")
+    print(f"async default: {default} (run.runtime and run.torch_threads auto; what each run "
+          "settled on is in the details); speedups are over the fastest sync run")
     print(render_table(cells, args.systems, default))
     print()
     print(render_details(cells, args.systems))
@@ -528,12 +549,13 @@ def _measure_cell(args: argparse.Namespace, size: str, params: int, length: int,
             cell.costs[system] = {
                 "outside_wall_s": statistics.fmean(r.outer_s - r.wall_s for r in rs),
                 "transfer_s": statistics.fmean(transfers) if transfers else math.nan}
-    sync = per_system["sync"]
-    cell.sync_step_s = statistics.fmean(r.wall_s / r.steps for r in sync if r.steps)
+            cell.placements[system] = [settled_as(r) for r in rs]
+    cell.sync_step_s = min(statistics.fmean(r.wall_s / r.steps for r in per_system[s] if r.steps)
+                           for s in SYNCS if s in per_system)
     if len(args.seeds) >= 2:
         flat = [r for rs in per_system.values() for r in rs]
         agg = vs_trl.aggregate(flat)
-        target = default_async(model_dir, args.overrides)
+        target = DEFAULT
         for other in ("trl", "sync"):
             if target in agg and other in agg:
                 cell.reward[other] = vs_trl.reward_check(agg, target, other)

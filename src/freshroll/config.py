@@ -39,14 +39,15 @@ class RunSection(_Section):
     steps: int = Field(400, ge=1, le=10_000_000, description="trainer steps to commit")
     max_staleness: int = Field(1, ge=0, le=1_000, description="eta: 0 = synchronous baseline")
     torch_threads: Annotated[int, Field(ge=1, le=1_024)] | Literal["auto"] = Field(
-        "auto", description="intra-op threads per compute thread; auto: from "
-        "the cores this process may use, shared among the run's compute processes (printed "
-        "at start)"
+        "auto", description="intra-op threads per compute thread; auto: measured at start "
+        "(a thread probe: all the cores where they make a step's work >= 1.15x faster, else "
+        "the cores shared among the run's compute processes; printed at start, docs/overlap.md)"
     )
     runtime: Literal["auto", "inline", "process", "ray"] = Field(
         "auto", description="where workers run. inline: threads of this process; process: "
         "each worker a child process, weights in shared memory; ray: workers, rewards and "
-        "trainer as Ray actors; auto: the measured best placement for this run (docs/overlap.md)"
+        "trainer as Ray actors; auto: inline where intra-op threads pay (the thread probe), "
+        "else process for an async hf run on >= 2 cores, else inline (docs/overlap.md)"
     )
     ray_address: str | None = Field(
         None, description="runtime ray: an existing cluster to join (e.g. 10.0.0.5:6379, "

@@ -79,6 +79,16 @@ def test_cell_figures_and_goals():
     assert goals["reward_vs_trl"] == "PASS" and goals["reward_vs_sync"] == "n/a"
 
 
+def test_speedup_is_over_the_fastest_sync_run():
+    # sync at the default threads and at one thread: the faster one is the baseline
+    c = _cell(sync=100.0, **{"sync-1t": 120.0, "async-auto": 150.0})
+    assert c.best_sync() == 120.0
+    assert c.speedup("async-auto") == pytest.approx(1.25)
+    c.rates["sync-1t"] = 80.0
+    assert c.speedup("async-auto") == pytest.approx(1.5)
+    assert _cell(**{"async-auto": 1.0}).best_sync() is None
+
+
 def test_table_has_a_row_per_shape_and_load():
     cells = [_cell(sync=100.0, **{"async-inline": 150.0, "trl": 90.0}),
              _cell("contended", sync=60.0, **{"async-inline": 55.0, "trl": 50.0})]
@@ -106,8 +116,10 @@ def test_quick_sweep_prints_its_table(tmp_path: Path):
     assert "| tiny (0.085M) | 4 | quiet | 3 |" in done.stdout
     data = json.loads(out.read_text())
     (cell,) = data["cells"]
-    assert set(cell["rates"]) == {"sync", "async-inline", "trl"}
+    assert set(cell["rates"]) == {"sync", "async-auto", "trl"}
     assert all(r > 0 for r in cell["rates"].values())
     assert cell["t_alone"] > 0 and cell["t_concurrent"] > 0
     assert set(cell["goals"]) == {"not_slower", "A", "trl"}
-    assert cell["verdicts"]["async-inline"][0] in ("paid", "did not pay")
+    assert cell["verdicts"]["async-auto"][0] in ("paid", "did not pay")
+    # what the default settled on is read back from the run's summary
+    assert cell["placements"]["async-auto"][0].split(" x")[0] in ("inline", "process")

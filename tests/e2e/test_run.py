@@ -28,6 +28,15 @@ def test_run_dir_complete_verified_and_lag_bounded(tmp_path: Path, small: list[s
     assert s["steps"] == 5 and s["accepted_rollouts"] == 5 * 16
     assert s["lag"]["max"] <= eta
     assert s["mode"] == ("sync" if eta == 0 else "async")
+    # run.runtime and run.torch_threads auto, settled on the thread probe and read back
+    placed = s["host"]["placement"]
+    probe = placed["probe"]
+    assert (probe is not None) == (placed["cores"] >= 2)
+    if probe is not None and probe["pays"]:
+        assert (placed["runtime"], placed["trainer_threads"]) == ("inline", placed["cores"])
+    else:
+        assert placed["runtime"] == ("inline" if eta == 0 or placed["cores"] < 2 else "process")
+    assert "runtime: auto" in (out / "config.yaml").read_text()  # what was asked is kept
     rows = metrics(out)
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
     assert all(r["lag_max"] <= eta for r in rows)

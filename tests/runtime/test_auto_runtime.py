@@ -1,4 +1,5 @@
-"""``run.runtime: auto``: the placement rule, and the start line that says what it chose."""
+"""``run.runtime`` and ``run.torch_threads: auto``: the placement rule, the thread probe it
+settles on, and the start line that says what it chose."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 
 from freshroll.config import validate
 from freshroll.runtime import placement
-from freshroll.runtime.placement import auto_runtime, describe_runtime, resolve_runtime
+from freshroll.runtime.placement import auto_runtime, resolve_runtime
 
 
 def _cfg(**run: Any) -> Any:
@@ -28,7 +29,92 @@ def test_auto_is_process_only_for_async_hf_on_two_cores():
 def test_an_explicit_runtime_is_kept_and_auto_says_why(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(placement, "available_cores", lambda: 2)
     assert resolve_runtime(_cfg(runtime="process", max_staleness=0)) == "process"
-    assert describe_runtime(_cfg(runtime="inline")) == "inline"
     rt, why = auto_runtime(_cfg())
-    assert describe_runtime(_cfg()) == f"{rt}, auto: {why}"
     assert resolve_runtime(_cfg()) == rt
+    # the start line's words: what runs, its threads, and why for what was auto
+    p = placement.plan(_cfg(), cores=2)
+    assert p.describe() == f"{rt}, {p.budget.describe()}; auto: {why}"
+    assert placement.plan(_cfg(runtime="inline", torch_threads=1), cores=2).describe() == \
+        "inline, torch threads 1 (run.torch_threads, 2 cores)"
+
+
+# -- auto settled on a thread probe ----------------------------------------------------------
+
+
+def _probe(gain: float, skipped: str = "") -> Any:
+    from freshroll.runtime.thread_probe import ThreadProbe
+
+    # a step's work: 1.0 s on one thread, 1/gain s on two
+    return ThreadProbe(2, 128, 12, 0.4, 0.6, 0.4 / gain, 0.6 / gain, 0.5, skipped)
+
+
+def test_the_probe_says_whether_threads_pay():
+    from freshroll.runtime.thread_probe import PAYS
+
+    assert _probe(1.6).gain == pytest.approx(1.6) and _probe(1.6).pays
+    assert not _probe(PAYS - 0.01).pays and _probe(PAYS).pays
+    assert "does not pay" in _probe(0.7).describe()
+    assert _probe(0.5, skipped="large").pays  # a model too large to probe: long ops
+    assert _probe(1.6).as_dict()["pays"] is True
+
+
+def test_where_threads_pay_every_stage_runs_inline_on_all_cores():
+    for eta in (0, 1):  # sync and async alike
+        p = placement.plan(_cfg(max_staleness=eta), _probe(1.6), cores=2)
+        assert (p.runtime, p.budget.trainer, p.budget.worker) == ("inline", 2, 2)
+        assert "threads pay" in p.reason and "1.60x" in p.reason
+    # an explicit inline run with auto threads gets them too
+    p = placement.plan(_cfg(max_staleness=1, runtime="inline"), _probe(1.6), cores=4)
+    assert (p.runtime, p.budget.trainer) == ("inline", 4)
+
+
+def test_where_threads_do_not_pay_the_fixed_rule_holds():
+    p = placement.plan(_cfg(max_staleness=1), _probe(0.8), cores=2)
+    assert (p.runtime, p.budget.trainer, p.budget.worker) == ("process", 1, 1)
+    assert "does not pay" in p.reason and "off its GIL" in p.reason
+    p = placement.plan(_cfg(max_staleness=0), _probe(0.8), cores=2)
+    assert (p.runtime, p.budget.trainer) == ("inline", 1)
+    # no probe (explicit threads): the fixed rule, and nothing auto to explain
+    p = placement.plan(_cfg(max_staleness=1, runtime="process", torch_threads=3), cores=2)
+    assert (p.runtime, p.budget.trainer, p.reason) == ("process", 3, "")
+
+
+def test_a_probe_is_wanted_only_where_it_decides_something():
+    assert placement.wants_probe(_cfg(max_staleness=1), cores=2)
+    assert placement.wants_probe(_cfg(max_staleness=0, runtime="inline"), cores=2)
+    assert not placement.wants_probe(_cfg(max_staleness=1), cores=1)
+    assert not placement.wants_probe(_cfg(max_staleness=1, torch_threads=1), cores=2)
+    assert not placement.wants_probe(_cfg(max_staleness=1, runtime="process"), cores=2)
+    assert not placement.wants_probe(_cfg(max_staleness=1, engine="sim"), cores=2)
+    assert not placement.wants_probe(_cfg(max_staleness=1), injected=True, cores=2)
+    # an injected engine runs in this process: auto is inline for it
+    p = placement.plan(_cfg(max_staleness=1), injected=True, cores=2)
+    assert p.runtime == "inline" and "injected" in p.reason
+
+
+def test_the_settled_config_makes_both_settings_explicit():
+    cfg = _cfg(max_staleness=1)
+    p = placement.plan(cfg, _probe(1.6), cores=2)
+    done = placement.settled(cfg, p)
+    assert (done.run.runtime, done.run.torch_threads) == ("inline", 2)
+    assert (cfg.run.runtime, cfg.run.torch_threads) == ("auto", "auto")  # not changed
+    assert resolve_runtime(done) == "inline" and placement.thread_budget(done).trainer == 2
+
+
+def test_the_real_probe_measures_and_leaves_the_rng_alone(tmp_path):
+    import torch
+
+    from freshroll.engines.tiny import save_tiny
+    from freshroll.runtime.thread_probe import probe_threads
+
+    model = save_tiny(tmp_path / "m", seed=0)
+    before = torch.get_rng_state()
+    threads = torch.get_num_threads()
+    try:
+        p = probe_threads(model, ["123>"] * 24, max_new_tokens=2, threads=2)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(before, torch.get_rng_state())
+    assert 1 <= p.rows <= 24 and p.tokens >= 3 and p.threads == 2 and not p.skipped
+    assert min(p.gen_1, p.train_1, p.gen_n, p.train_n) > 0 and p.probe_s > 0
+    assert p.gain > 0 and isinstance(p.pays, bool)

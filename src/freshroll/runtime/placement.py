@@ -11,6 +11,13 @@ this process may use (its CPU affinity and the cgroup's CPU quota), shared among
 compute threads that run at once (the trainer and each worker), never below one:
 :func:`thread_budget`. Oversubscribing the cores (two processes with two threads each on a
 two-core machine) costs more than the threads win on the small ops of these models.
+
+Whether intra-op threads pay at all depends on the model and the load, so a run whose
+``run.torch_threads`` is ``auto`` measures it first (:mod:`freshroll.runtime.thread_probe`)
+and :func:`plan` settles both ``auto`` settings on the measurement: where threads pay, every
+stage runs in one process on all the cores (sync and async alike); where they do not, one
+thread per compute process, generation in a process of its own for an async run.
+:func:`settled` is the config with both settings made explicit, which the run then uses.
 """
 
 from __future__ import annotations
@@ -19,9 +26,12 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from freshroll.config import Config
+
+if TYPE_CHECKING:
+    from freshroll.runtime.thread_probe import ThreadProbe
 
 Runtime = Literal["inline", "process", "ray"]
 
@@ -68,14 +78,6 @@ def auto_runtime(cfg: Config, cores: int | None = None) -> tuple[Runtime, str]:
     return "process", "async hf on >= 2 cores: generation beside the trainer, off its GIL"
 
 
-def describe_runtime(cfg: Config) -> str:
-    """The placement for the start line: ``process``, or ``inline (auto: why)``."""
-    if cfg.run.runtime != "auto":
-        return cfg.run.runtime
-    rt, why = auto_runtime(cfg)
-    return f"{rt}, auto: {why}"
-
-
 @dataclass(frozen=True, slots=True)
 class ThreadBudget:
     """Intra-op threads per compute process (or thread, inline) of a run."""
@@ -99,13 +101,81 @@ def thread_budget(cfg: Config, cores: int | None = None) -> ThreadBudget:
     ``run.torch_threads`` when set, else the cores shared by the trainer and the workers
     that compute at once (at least one thread each)."""
     cores = available_cores() if cores is None else cores
-    rt = resolve_runtime(cfg)
+    return _budget(cfg, cores, resolve_runtime(cfg))
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a run's compute runs and with how many threads, and why (the start line)."""
+
+    runtime: Runtime
+    budget: ThreadBudget
+    reason: str  # why, for the settings that were auto; "" when both were set
+    probe: ThreadProbe | None = None
+
+    def describe(self) -> str:
+        why = f"; auto: {self.reason}" if self.reason else ""
+        return f"{self.runtime}, {self.budget.describe()}{why}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"runtime": self.runtime, "trainer_threads": self.budget.trainer,
+                "worker_threads": self.budget.worker, "cores": self.budget.cores,
+                "reason": self.reason,
+                "probe": self.probe.as_dict() if self.probe is not None else None}
+
+
+def wants_probe(cfg: Config, *, injected: bool = False, cores: int | None = None) -> bool:
+    """Whether :func:`plan` needs a :class:`ThreadProbe`: ``run.torch_threads: auto``, the hf
+    engine in this process or beside it (``run.runtime`` auto or inline), two cores or more.
+    An injected engine (tests' fakes) keeps the fixed rule."""
+    cores = available_cores() if cores is None else cores
+    return (cfg.run.torch_threads == "auto" and cfg.rollout.engine == "hf" and not injected
+            and cfg.run.runtime in ("auto", "inline") and cores >= 2)
+
+
+def plan(cfg: Config, probe: ThreadProbe | None = None, *, injected: bool = False,
+         cores: int | None = None) -> Placement:
+    """The placement and thread budget of ``cfg``'s run, ``auto`` settled on ``probe``::
+
+        threads pay (probe)   inline, all the cores          (sync and async)
+        otherwise             the fixed rule: auto_runtime, thread_budget
+
+    An injected ``make_engine`` runs in this process: ``auto`` is inline for it."""
+    cores = available_cores() if cores is None else cores
+    rt_auto, th_auto = cfg.run.runtime == "auto", cfg.run.torch_threads == "auto"
+    runtime: Runtime
+    if cfg.run.runtime != "auto":
+        runtime, why = cfg.run.runtime, ""
+    elif injected:
+        runtime, why = "inline", "an injected engine runs in this process"
+    else:
+        runtime, why = auto_runtime(cfg, cores)
+    if (probe is not None and probe.pays and th_auto and cfg.rollout.engine == "hf"
+            and (runtime == "inline" or (rt_auto and runtime == "process"))):
+        budget = ThreadBudget(cores, "inline", cores, cores, auto=True)
+        why = f"intra-op threads pay here ({probe.describe()}): one process, all {cores} cores"
+        return Placement("inline", budget, why, probe)
+    budget = _budget(cfg, cores, runtime)
+    if probe is not None:
+        why = f"{why}; {probe.describe()}" if why else probe.describe()
+    return Placement(runtime, budget, why if rt_auto or th_auto else "", probe)
+
+
+def _budget(cfg: Config, cores: int, runtime: Runtime) -> ThreadBudget:
     if cfg.run.torch_threads != "auto":
         n = int(cfg.run.torch_threads)
-        return ThreadBudget(cores, rt, n, n, auto=False)
+        return ThreadBudget(cores, runtime, n, n, auto=False)
     share = max(1, cores // (1 + max(1, cfg.rollout.workers)))
-    return ThreadBudget(cores, rt, share, share, auto=True)
+    return ThreadBudget(cores, runtime, share, share, auto=True)
 
 
-__all__ = ["Runtime", "ThreadBudget", "auto_runtime", "available_cores",
-           "describe_runtime", "resolve_runtime", "thread_budget"]
+def settled(cfg: Config, placement: Placement) -> Config:
+    """``cfg`` with ``run.runtime`` and ``run.torch_threads`` made explicit (what runs)."""
+    run = cfg.run.model_copy(update={"runtime": placement.runtime,
+                                     "torch_threads": placement.budget.trainer})
+    return cfg.model_copy(update={"run": run})
+
+
+__all__ = ["Placement", "Runtime", "ThreadBudget", "auto_runtime", "available_cores",
+           "plan", "resolve_runtime", "settled", "thread_budget",
+           "wants_probe"]

@@ -41,7 +41,7 @@ import random
 import shutil
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -70,10 +70,14 @@ from freshroll.runtime.overlap import host_now
 from freshroll.runtime.overlap import render as render_overlap
 from freshroll.runtime.pipeline import Pipeline, StepReport, run_pipeline
 from freshroll.runtime.placement import (
+    Placement,
     Runtime,
-    describe_runtime,
+    available_cores,
+    plan,
     resolve_runtime,
+    settled,
     thread_budget,
+    wants_probe,
 )
 from freshroll.runtime.prepare import Prepared, prepare_run_dir
 from freshroll.runtime.ray_trainer import RayTrainer
@@ -431,8 +435,11 @@ def run(
 
 def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | None,
          chaos: ChaosSession | None = None, report: bool = True) -> RunResult:
-    cfg = prep.cfg
-    torch.set_num_threads(thread_budget(cfg).trainer)
+    asked = prep.cfg
+    placement = settle_placement(prep, injected=make_engine is not None, stream=stream)
+    prep = replace(prep, cfg=settled(asked, placement))
+    cfg = prep.cfg  # run.runtime and run.torch_threads explicit; the ledger records `asked`
+    torch.set_num_threads(placement.budget.trainer)
     torch.manual_seed(cfg.run.seed)
     random.seed(cfg.run.seed)
     prompts = prep.prompts
@@ -449,7 +456,7 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
         ledger, kernel, clock, run_id=out.name,
         initial_version=PolicyVersion.initial(prep.model_digest),
         announce=announce(
-            cfg.model_dump(mode="json"), prep.changes, prep.allow_change, step=step,
+            asked.model_dump(mode="json"), prep.changes, prep.allow_change, step=step,
             model_digest=prep.model_digest, ts=clock.now(),
         ),
     )
@@ -461,7 +468,8 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
         if chaos is not None:
             parts = chaos.wrap(parts, buf)
         if cfg.run.progress:
-            stream.write(_start_line(cfg, out, prep.model_path, len(prompts), buf) + "\n")
+            stream.write(_start_line(cfg, out, prep.model_path, len(prompts), buf, placement)
+                         + "\n")
             stream.flush()
         rec = Recorder(out, cfg, buf, stream)
     except BaseException:
@@ -492,11 +500,11 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
         # a run that stopped still says what it trained and why it stopped (summary.json's
         # verdict, the report's banner); best effort: the error that stopped it comes first
         with contextlib.suppress(Exception):
-            _write_end_files(out, buf, report)
+            _write_end_files(out, buf, report, placement)
         if stopped is failure:
             raise failure
         raise stopped from failure
-    done = _write_end_files(out, buf, report)
+    done = _write_end_files(out, buf, report, placement)
     if isinstance(done.verified, Exception):
         raise done.verified
     line = overlap_line(done.summary)
@@ -506,7 +514,29 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
     return RunResult(out, done.summary, done.verified.ok)
 
 
-def _start_line(cfg: Config, out: Path, model: Path, n_prompts: int, buf: SampleBuffer) -> str:
+def settle_placement(prep: Prepared, *, injected: bool = False,
+                     stream: TextIO = sys.stderr) -> Placement:
+    """The run's placement and thread budget, ``auto`` settled on a thread probe where one
+    is wanted (:func:`freshroll.runtime.placement.plan`)."""
+    cfg = prep.cfg
+    cores = available_cores()
+    probe = None
+    if wants_probe(cfg, injected=injected, cores=cores):
+        from freshroll.runtime.thread_probe import probe_threads
+
+        r = cfg.rollout
+        batch = [p.text for p in prep.prompts[: r.batch_groups] for _ in range(r.group_size)]
+        if cfg.run.progress:
+            stream.write("freshroll: measuring whether intra-op threads pay for this model "
+                         f"({cores} cores)...\n")
+            stream.flush()
+        probe = probe_threads(prep.model_path, batch, max_new_tokens=r.max_new_tokens,
+                              threads=cores)
+    return plan(cfg, probe, injected=injected, cores=cores)
+
+
+def _start_line(cfg: Config, out: Path, model: Path, n_prompts: int, buf: SampleBuffer,
+                placement: Placement) -> str:
     """What is about to run, printed once before the first step."""
     step = buf.version.step if buf.version is not None else 0
     where = f"from step {step} to {cfg.run.steps}" if step else f"{cfg.run.steps} steps"
@@ -520,19 +550,21 @@ def _start_line(cfg: Config, out: Path, model: Path, n_prompts: int, buf: Sample
                 f"{cfg.vllm.dtype}, on_update {cfg.vllm.on_update}), "
                 f"torch threads {torch.get_num_threads()}")
     else:
-        budget = thread_budget(cfg)
-        what = (f"model {model}, {cfg.rollout.workers} worker(s) ({describe_runtime(cfg)}), "
-                f"{budget.describe()}")
+        what = f"model {model}, {cfg.rollout.workers} worker(s) ({placement.describe()})"
     return (f"freshroll: {out}: {where}, {mode}, {what}, {n_prompts} prompts, "
             f"{cfg.rollout.batch_groups}x{cfg.rollout.group_size} rollouts per step, "
             f"control {cfg.control.mode}")
 
 
-def _write_end_files(out: Path, buf: SampleBuffer, report: bool = True) -> Finished:
+def _write_end_files(out: Path, buf: SampleBuffer, report: bool = True,
+                     placement: Placement | None = None) -> Finished:
     """``counts.json``, then ``summary.json``, the verify report and ``report.html`` of a
     closed run, from one read of its ledger (:mod:`freshroll.runtime.endfiles`)."""
     write_text_atomic(out / "counts.json", json.dumps(dict(buf.counts), sort_keys=True, indent=1))
-    return finish_run_dir(out, report=report, host=host_now())
+    host = host_now()
+    if placement is not None:
+        host["placement"] = placement.as_dict()
+    return finish_run_dir(out, report=report, host=host)
 
 
 def overlap_line(summary: dict[str, Any]) -> str:

@@ -1,0 +1,161 @@
+"""Do intra-op threads pay for this model on this machine, now? Measured at a run's start.
+
+``run.torch_threads: auto`` and ``run.runtime: auto`` used to follow a fixed rule: the cores
+shared by the compute that runs at once, one thread each on two cores, generation in a
+process of its own. Measured (docs/overlap.md, "Threads by measurement"): on the tiny default
+two intra-op threads make a sync run 0.75x as fast (the ops are too short to split), while on
+a 5M-parameter model they make it 1.2-1.3x faster, and an async run in one process on all
+the cores 1.2x faster than one thread per process; with another process on one core two
+threads lose again. No fixed rule holds across model sizes and loads, so the run measures.
+
+:func:`probe_threads` times the work of one step at its real shape, a ``generate`` of the
+run's prompts and a training forward+backward of prompt + completion tokens, each on a
+thread of its own taking turns as in a sync run, on one intra-op thread and on all the
+cores, interleaved (1, n, 1, n after a warm-up of each), best of two each. (Timed on one
+thread, the tiny model's work looked 1.0-1.5x faster on two threads, depending on what the
+process had run before, while a run on two threads was 0.75x: each Python thread that
+computes has an OpenMP team of its own, as in a run.) Threads *pay* when the step's work is
+at least :data:`PAYS` (1.15x) faster on all the cores; :func:`freshroll.runtime.placement.plan`
+then runs every stage in one process on all the cores, else it keeps one thread per compute
+process.
+
+Cost: about six step-sized calls before the run's clock starts (outside ``wall_s``; the start
+line prints it; 0.2-0.4 s on the tiny default, 2-4 s at 5M parameters): rows are cut only
+where one call would take over :data:`CALL_BUDGET_S`. A model
+over :data:`LARGE_PARAMS` parameters is not measured (loading it twice would cost more than
+a probe can win): its ops are long, and threads are taken to pay.
+
+The probe loads its own copy of the model and tokenizer and never touches the run's: the
+RNG state of the process is restored afterwards, and the intra-op thread count is left for
+the caller to set.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+#: threads pay when the step is at least this much faster on all the cores
+PAYS = 1.15
+#: seconds one probe call (a generate and a forward+backward) should take at most
+CALL_BUDGET_S = 1.0
+#: above this many parameters the probe is skipped and threads are taken to pay
+LARGE_PARAMS = 100_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadProbe:
+    """One measurement: seconds of a generate and of a forward+backward at 1 and n threads."""
+
+    threads: int  # n, the many-thread count tried (the cores)
+    rows: int  # sequences per call (the batch, cut to the call budget)
+    tokens: int  # prompt + completion tokens of a training row
+    gen_1: float
+    train_1: float
+    gen_n: float
+    train_n: float
+    probe_s: float  # wall seconds the whole probe took (model load included)
+    skipped: str = ""  # why nothing was measured (a large model)
+
+    @property
+    def gain(self) -> float:
+        """How much faster a step's work runs on ``threads`` threads than on one."""
+        many = self.gen_n + self.train_n
+        return (self.gen_1 + self.train_1) / many if many > 0 else float("inf")
+
+    @property
+    def pays(self) -> bool:
+        return bool(self.skipped) or self.gain >= PAYS
+
+    def describe(self) -> str:
+        if self.skipped:
+            return f"threads taken to pay: {self.skipped}"
+        return (f"a step's work {self.gen_1 + self.train_1:.3f} s on 1 thread, "
+                f"{self.gen_n + self.train_n:.3f} s on {self.threads}: {self.gain:.2f}x, "
+                f"{'pays' if self.pays else 'does not pay'} (needs {PAYS:.2f}x; probe "
+                f"{self.probe_s:.1f} s)")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "gain": self.gain, "pays": self.pays}
+
+
+def _timed(pool: ThreadPoolExecutor, fn: Callable[[], None], threads: int) -> float:
+    """Seconds of ``fn`` on ``pool``'s thread at ``threads`` intra-op threads (set there:
+    each thread that computes has its own OpenMP team, as in a run)."""
+
+    def call() -> float:
+        torch.set_num_threads(threads)
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+
+    return pool.submit(call).result()
+
+
+def probe_threads(model_path: Path, prompts: Sequence[str], *, max_new_tokens: int,
+                  threads: int) -> ThreadProbe:
+    """Time a step's work on 1 and on ``threads`` intra-op threads (see the module doc).
+
+    ``prompts``: the run's prompts, one row each (the batch). Restores the process's RNG
+    state; leaves ``torch.get_num_threads()`` at ``threads`` (the caller sets its budget).
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from freshroll.engines.hf import HFEngine
+    from freshroll.engines.model_dir import loading_model
+
+    t_start = time.perf_counter()
+    with loading_model(model_path):
+        config = AutoConfig.from_pretrained(model_path, local_files_only=True)
+        with torch.device("meta"):
+            shell = AutoModelForCausalLM.from_config(config)
+    n_params = sum(p.numel() for p in shell.parameters())
+    del shell
+    if n_params > LARGE_PARAMS:
+        return ThreadProbe(threads, 0, 0, 0.0, 0.0, 0.0, 0.0, time.perf_counter() - t_start,
+                           skipped=f"{n_params:,} parameters (> {LARGE_PARAMS:,}): long ops")
+    with torch.random.fork_rng(devices=[]):
+        engine = HFEngine.from_pretrained(model_path)
+        model = engine.model
+        rows = list(prompts)
+        width = max(len(engine._encode(p)) for p in rows[:64]) + max_new_tokens
+        gen = torch.Generator().manual_seed(0)
+
+        def generate(batch: Sequence[str]) -> None:
+            engine.generate(batch, max_new_tokens=max_new_tokens, seed=0)
+
+        def train(n_rows: int) -> None:
+            ids = torch.randint(0, int(config.vocab_size), (n_rows, width), generator=gen)
+            torch.nn.Module.train(model)
+            with torch.enable_grad():
+                model(input_ids=ids, labels=ids).loss.backward()
+            model.zero_grad(set_to_none=True)
+
+        g: dict[int, list[float]] = {1: [], threads: []}
+        t: dict[int, list[float]] = {1: [], threads: []}
+        # generation and training on two threads of their own, taking turns as in a sync
+        # run (each thread's OpenMP team spins a while after its op: the other pays for it)
+        with ThreadPoolExecutor(1, "probe-gen") as gens, \
+                ThreadPoolExecutor(1, "probe-train") as trains:
+            # warm-up at 1 thread on a slice; cut the rows so that a call fits the budget
+            first = rows[: min(len(rows), 16)]
+            per_row = (_timed(gens, lambda: generate(first), 1)
+                       + _timed(trains, lambda: train(len(first)), 1)) / len(first)
+            n = max(len(first), min(len(rows), int(CALL_BUDGET_S / max(per_row, 1e-9))))
+            batch = rows[:n]
+            _timed(gens, lambda: generate(batch[:8]), threads)  # the many-thread teams start
+            _timed(trains, lambda: train(8), threads)
+            for k in (1, threads, 1, threads):
+                g[k].append(_timed(gens, lambda: generate(batch), k))
+                t[k].append(_timed(trains, lambda: train(len(batch)), k))
+    return ThreadProbe(threads, n, width, min(g[1]), min(t[1]), min(g[threads]),
+                       min(t[threads]), time.perf_counter() - t_start)
+
+
+__all__ = ["CALL_BUDGET_S", "LARGE_PARAMS", "PAYS", "ThreadProbe", "probe_threads"]
