@@ -87,7 +87,9 @@ def test_a_cli_run_under_process_placement_verifies_and_leaves_no_segment(tmp_pa
     proc = freshroll("run", "configs/default.yaml", "--out", str(out), "run.steps=6",
                      "run.runtime=process", "rollout.workers=2", timeout=600)
     start = next(line for line in proc.stderr.splitlines() if line.startswith(f"freshroll: {out}:"))
-    assert "2 worker(s) (process)" in start and "each worker 1" in start, start
+    # an explicit placement: nothing to probe, the fixed thread budget, and no "auto: why"
+    assert "2 worker(s) (process, torch threads: trainer 1, each worker 1 (auto" in start, start
+    assert "auto:" not in start and summary(out)["host"]["placement"]["probe"] is None
     assert summary(out)["steps"] == 6
     assert freshroll("verify", str(out)).returncode == 0
     loads = _rows(out, "SELECT json_extract(body,'$.worker'), json_extract(body,'$.version'), "

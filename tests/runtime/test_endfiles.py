@@ -96,7 +96,9 @@ def test_end_products_equal_the_standalone_computations(sim_run: Path) -> None:
     standalone verify gives; all of it from the single pass."""
     written = json.loads((sim_run / "summary.json").read_text())
     host = written.pop("host")  # the host's load at the end: observed, not from the ledger
-    assert set(host) == {"loadavg", "cores", "cpu_count"}
+    assert set(host) == {"loadavg", "cores", "cpu_count", "placement"}
+    # where the run placed its compute: the simulated engine runs inline, nothing probed
+    assert host["placement"]["runtime"] == "inline" and host["placement"]["probe"] is None
     assert written == summarize(sim_run)
     report = verify_run(sim_run)
     assert report.ok, report.render()
