@@ -118,3 +118,23 @@ def test_the_real_probe_measures_and_leaves_the_rng_alone(tmp_path):
     assert 1 <= p.rows <= 24 and p.tokens >= 3 and p.threads == 2 and not p.skipped
     assert min(p.gen_1, p.train_1, p.gen_n, p.train_n) > 0 and p.probe_s > 0
     assert p.gain > 0 and isinstance(p.pays, bool)
+
+
+def test_a_failing_probe_warns_and_the_fixed_rule_holds(monkeypatch: pytest.MonkeyPatch):
+    import io
+    from types import SimpleNamespace
+
+    from freshroll.runtime import run as run_mod
+    from freshroll.runtime import thread_probe
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("no forward with labels")
+
+    monkeypatch.setattr(thread_probe, "probe_threads", broken)
+    monkeypatch.setattr(run_mod, "available_cores", lambda: 2)
+    prep = SimpleNamespace(cfg=_cfg(max_staleness=1, progress=False), model_path="m",
+                           prompts=[SimpleNamespace(text="123>")])
+    err = io.StringIO()
+    p = run_mod.settle_placement(prep, stream=err)  # type: ignore[arg-type]
+    assert (p.runtime, p.budget.trainer, p.probe) == ("process", 1, None)
+    assert "thread probe failed (RuntimeError: no forward with labels)" in err.getvalue()

@@ -530,8 +530,12 @@ def settle_placement(prep: Prepared, *, injected: bool = False,
             stream.write("freshroll: measuring whether intra-op threads pay for this model "
                          f"({cores} cores)...\n")
             stream.flush()
-        probe = probe_threads(prep.model_path, batch, max_new_tokens=r.max_new_tokens,
-                              threads=cores)
+        try:
+            probe = probe_threads(prep.model_path, batch, max_new_tokens=r.max_new_tokens,
+                                  threads=cores)
+        except Exception as exc:  # a speed measurement never stops a run: the fixed rule
+            stream.write(f"warning: the thread probe failed ({type(exc).__name__}: {exc}); "
+                         "run.torch_threads and run.runtime auto follow the fixed rule\n")
     return plan(cfg, probe, injected=injected, cores=cores)
 
 

@@ -107,6 +107,7 @@ def probe_threads(model_path: Path, prompts: Sequence[str], *, max_new_tokens: i
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from freshroll.engines.base import encode_prompt
     from freshroll.engines.hf import HFEngine
     from freshroll.engines.model_dir import loading_model
 
@@ -124,7 +125,7 @@ def probe_threads(model_path: Path, prompts: Sequence[str], *, max_new_tokens: i
         engine = HFEngine.from_pretrained(model_path)
         model = engine.model
         rows = list(prompts)
-        width = max(len(engine._encode(p)) for p in rows[:64]) + max_new_tokens
+        width = max(len(encode_prompt(engine.tokenizer, p)) for p in rows[:64]) + max_new_tokens
         gen = torch.Generator().manual_seed(0)
 
         def generate(batch: Sequence[str]) -> None:
