@@ -124,17 +124,16 @@ def test_a_failing_probe_warns_and_the_fixed_rule_holds(monkeypatch: pytest.Monk
     import io
     from types import SimpleNamespace
 
-    from freshroll.runtime import run as run_mod
     from freshroll.runtime import thread_probe
 
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("no forward with labels")
 
     monkeypatch.setattr(thread_probe, "probe_threads", broken)
-    monkeypatch.setattr(run_mod, "available_cores", lambda: 2)
-    prep = SimpleNamespace(cfg=_cfg(max_staleness=1, progress=False), model_path="m",
-                           prompts=[SimpleNamespace(text="123>")])
+    monkeypatch.setattr(thread_probe, "available_cores", lambda: 2)
     err = io.StringIO()
-    p = run_mod.settle_placement(prep, stream=err)  # type: ignore[arg-type]
+    p = thread_probe.settle_placement(_cfg(max_staleness=1, progress=False),
+                                      [SimpleNamespace(text="123>")],  # type: ignore[list-item]
+                                      "m", stream=err)  # type: ignore[arg-type]
     assert (p.runtime, p.budget.trainer, p.probe) == ("process", 1, None)
     assert "thread probe failed (RuntimeError: no forward with labels)" in err.getvalue()

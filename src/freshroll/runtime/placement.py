@@ -150,8 +150,7 @@ def plan(cfg: Config, probe: ThreadProbe | None = None, *, injected: bool = Fals
         runtime, why = "inline", "an injected engine runs in this process"
     else:
         runtime, why = auto_runtime(cfg, cores)
-    if (probe is not None and probe.pays and th_auto and cfg.rollout.engine == "hf"
-            and (runtime == "inline" or (rt_auto and runtime == "process"))):
+    if probe is not None and probe.pays and wants_probe(cfg, injected=injected, cores=cores):
         budget = ThreadBudget(cores, "inline", cores, cores, auto=True)
         why = f"intra-op threads pay here ({probe.describe()}): one process, all {cores} cores"
         return Placement("inline", budget, why, probe)

@@ -69,22 +69,14 @@ from freshroll.runtime.metrics_log import METRICS_FILE, RowLog, reconcile
 from freshroll.runtime.overlap import host_now
 from freshroll.runtime.overlap import render as render_overlap
 from freshroll.runtime.pipeline import Pipeline, StepReport, run_pipeline
-from freshroll.runtime.placement import (
-    Placement,
-    Runtime,
-    available_cores,
-    plan,
-    resolve_runtime,
-    settled,
-    thread_budget,
-    wants_probe,
-)
+from freshroll.runtime.placement import Placement, Runtime, resolve_runtime, settled, thread_budget
 from freshroll.runtime.prepare import Prepared, prepare_run_dir
 from freshroll.runtime.ray_trainer import RayTrainer
 from freshroll.runtime.resume import announce
 from freshroll.runtime.rundir import write_text_atomic
 from freshroll.runtime.seams import AsyncScorer, AsyncTrainer, EngineFactory, TrainerState
 from freshroll.runtime.shm_weights import WeightChannel
+from freshroll.runtime.thread_probe import settle_placement
 from freshroll.trainer.checkpoint import checkpoint_dir, save_checkpoint
 from freshroll.trainer.grpo import GRPOLearner
 
@@ -436,7 +428,8 @@ def run(
 def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | None,
          chaos: ChaosSession | None = None, report: bool = True) -> RunResult:
     asked = prep.cfg
-    placement = settle_placement(prep, injected=make_engine is not None, stream=stream)
+    placement = settle_placement(asked, prep.prompts, prep.model_path,
+                                 injected=make_engine is not None, stream=stream)
     prep = replace(prep, cfg=settled(asked, placement))
     cfg = prep.cfg  # run.runtime and run.torch_threads explicit; the ledger records `asked`
     torch.set_num_threads(placement.budget.trainer)
@@ -512,31 +505,6 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
         stream.write(line + "\n")
         stream.flush()
     return RunResult(out, done.summary, done.verified.ok)
-
-
-def settle_placement(prep: Prepared, *, injected: bool = False,
-                     stream: TextIO = sys.stderr) -> Placement:
-    """The run's placement and thread budget, ``auto`` settled on a thread probe where one
-    is wanted (:func:`freshroll.runtime.placement.plan`)."""
-    cfg = prep.cfg
-    cores = available_cores()
-    probe = None
-    if wants_probe(cfg, injected=injected, cores=cores):
-        from freshroll.runtime.thread_probe import probe_threads
-
-        r = cfg.rollout
-        batch = [p.text for p in prep.prompts[: r.batch_groups] for _ in range(r.group_size)]
-        if cfg.run.progress:
-            stream.write("freshroll: measuring whether intra-op threads pay for this model "
-                         f"({cores} cores)...\n")
-            stream.flush()
-        try:
-            probe = probe_threads(prep.model_path, batch, max_new_tokens=r.max_new_tokens,
-                                  threads=cores)
-        except Exception as exc:  # a speed measurement never stops a run: the fixed rule
-            stream.write(f"warning: the thread probe failed ({type(exc).__name__}: {exc}); "
-                         "run.torch_threads and run.runtime auto follow the fixed rule\n")
-    return plan(cfg, probe, injected=injected, cores=cores)
 
 
 def _start_line(cfg: Config, out: Path, model: Path, n_prompts: int, buf: SampleBuffer,

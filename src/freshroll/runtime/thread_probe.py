@@ -32,14 +32,21 @@ the caller to set.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 import torch
+
+from freshroll.runtime.placement import Placement, available_cores, plan, wants_probe
+
+if TYPE_CHECKING:
+    from freshroll.config import Config
+    from freshroll.rewards.tasks import Prompt
 
 #: threads pay when the step is at least this much faster on all the cores
 PAYS = 1.15
@@ -159,4 +166,29 @@ def probe_threads(model_path: Path, prompts: Sequence[str], *, max_new_tokens: i
                        min(t[threads]), time.perf_counter() - t_start)
 
 
-__all__ = ["CALL_BUDGET_S", "LARGE_PARAMS", "PAYS", "ThreadProbe", "probe_threads"]
+def settle_placement(cfg: Config, prompts: Sequence[Prompt], model_path: Path, *,
+                     injected: bool = False, stream: TextIO = sys.stderr) -> Placement:
+    """A run's placement and thread budget (:func:`freshroll.runtime.placement.plan`), its
+    ``auto`` settings settled on a probe of the run's first batch where one is wanted. A
+    probe that fails says so in one line and leaves the fixed rule in force: a speed
+    measurement never stops a run."""
+    cores = available_cores()
+    probe = None
+    if wants_probe(cfg, injected=injected, cores=cores):
+        r = cfg.rollout
+        batch = [p.text for p in prompts[: r.batch_groups] for _ in range(r.group_size)]
+        if cfg.run.progress:
+            stream.write("freshroll: measuring whether intra-op threads pay for this model "
+                         f"({cores} cores)...\n")
+            stream.flush()
+        try:
+            probe = probe_threads(model_path, batch, max_new_tokens=r.max_new_tokens,
+                                  threads=cores)
+        except Exception as exc:
+            stream.write(f"warning: the thread probe failed ({type(exc).__name__}: {exc}); "
+                         "run.torch_threads and run.runtime auto follow the fixed rule\n")
+    return plan(cfg, probe, injected=injected, cores=cores)
+
+
+__all__ = ["CALL_BUDGET_S", "LARGE_PARAMS", "PAYS", "ThreadProbe", "probe_threads",
+           "settle_placement"]
