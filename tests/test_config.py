@@ -59,6 +59,63 @@ def test_settings_that_learn_nothing_are_refused(override: str, reason: str) -> 
         load_config(None, [override])
 
 
+@pytest.mark.parametrize("override", [
+    "run.steps=true", "run.seed=false", "trainer.lr=true", "rollout.temperature=true",
+    "limits.generate_timeout_s=true", "model.tiny.hidden_size=true", "run.torch_threads=true",
+    "control.max_workers=true", "sim.trainer_speed=[[true, 2.0]]",
+    "sim.trainer_speed=[[10, false]]",
+])
+def test_a_boolean_is_not_a_number(override: str) -> None:
+    """Issue 23, 5d. Before: pydantic's lax mode took ``true`` for 1 (``run.steps=true`` ran
+    one step)."""
+    key = override.partition("=")[0]
+    with pytest.raises(ConfigError, match=rf"{key}.*expected a number, got a boolean"):
+        load_config(None, [override])
+
+
+def test_booleans_stay_valid_where_a_boolean_is_wanted() -> None:
+    cfg = load_config(None, ["run.progress=false", "control.fallback=true",
+                             "model.tiny.tie_word_embeddings=false", "tail.deadline=true"])
+    assert cfg.run.progress is False and cfg.control.fallback is True
+    assert cfg.model.tiny.tie_word_embeddings is False and cfg.tail.deadline is True
+    assert load_config(None, ["run.steps=40", "trainer.lr=1"]).trainer.lr == 1.0
+
+
+@pytest.mark.parametrize(("text", "key", "line"), [
+    ("run:\n  steps: 3\n  steps: 40\n", "steps", 3),
+    ("run: {steps: 3}\ntrainer: {lr: 0.1}\nrun: {seed: 1}\n", "run", 3),
+    ("rewards:\n  - {fn: reverse, weight: 1, weight: 2}\n", "weight", 2),
+])
+def test_a_duplicate_key_names_the_key_and_the_file(
+    tmp_path: Path, text: str, key: str, line: int
+) -> None:
+    """Issue 23, 5e. Before: PyYAML kept the last value silently."""
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value).startswith(f"{path}: duplicate key {key!r} at line {line}")
+
+
+def test_a_key_a_merge_brings_in_may_still_be_overridden() -> None:
+    from freshroll.yamlfile import parse_yaml
+
+    data = parse_yaml("base: &b {steps: 3, seed: 1}\nrun:\n  <<: *b\n  steps: 5\n", "x")
+    assert data["run"] == {"steps": 5, "seed": 1}
+
+
+def test_a_duplicate_key_in_an_override_value_is_refused() -> None:
+    with pytest.raises(ConfigError, match="duplicate key 'min_len'"):
+        load_config(None, ["task.params={min_len: 3, min_len: 4}"])
+
+
+def test_a_config_that_is_not_utf8_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "noise.yaml"
+    path.write_bytes(b"run:\n  steps: \xff\xfe\n")
+    with pytest.raises(ConfigError, match=rf"^{path}: not a YAML config file: not UTF-8 text"):
+        load_config(path)
+
+
 def test_typed_tiny_section_keeps_only_the_keys_set() -> None:
     assert load_config(None, []).model.tiny.overrides() == {}
     assert load_config(None, ["model.tiny.hidden_size=32"]).model.tiny.overrides() == {

@@ -6,20 +6,36 @@ Every section is a pydantic model with ``extra="forbid"``, so a typo such as
 ``1e-3``, ``[1, 2]``). :func:`load_config` returns the validated config; the
 run directory stores its fully resolved form (``config.yaml``), which is what
 ``--resume`` reads back.
+
+Refused with a :class:`~freshroll.errors.ConfigError` naming the file or key: a file that
+is not UTF-8 text or not YAML, a mapping that holds one key twice (both:
+:mod:`freshroll.yamlfile`), and a boolean given for a number (``run.steps: true``;
+pydantic's lax mode would read it as 1).
 """
 
 from __future__ import annotations
 
 import difflib
+import json
 import re
+import types
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from freshroll.errors import ConfigError
+from freshroll.yamlfile import parse_yaml, read_yaml_file
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -28,8 +44,53 @@ SEED_MAX = 2**32 - 1
 
 
 class _Section(BaseModel):
+    """The base of every config section (and, as :data:`Section`, of the chaos plan and
+    acceptance schemas): unknown keys refused, frozen, no NaN or infinity, no boolean for
+    a number."""
+
     # allow_inf_nan=False: no float setting may be NaN or infinite (``lr: .inf`` passes gt=0)
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_number(cls, value: Any, info: ValidationInfo) -> Any:
+        """``steps: true`` is refused: pydantic's lax mode would take it for 1."""
+        field = cls.model_fields.get(info.field_name or "")
+        if field is not None and bool_for_number(field.annotation, value):
+            raise ValueError(f"expected a number, got a boolean ({json.dumps(value)})")
+        return value
+
+
+Section = _Section
+
+
+def bool_for_number(ann: Any, value: Any) -> bool:
+    """``value`` is a boolean (or a list/tuple holding one) where ``ann`` wants a number."""
+    if isinstance(value, bool):
+        return _admits(ann, (int, float)) and not _admits(ann, (bool,))
+    origin, args = get_origin(ann), get_args(ann)
+    if origin is Annotated:
+        return bool_for_number(args[0], value)
+    if origin not in (list, tuple) or not isinstance(value, list | tuple) or not args:
+        return False
+    if origin is tuple and Ellipsis not in args:
+        return any(bool_for_number(a, v) for a, v in zip(args, value, strict=False))
+    return any(bool_for_number(args[0], v) for v in value)
+
+
+def _admits(ann: Any, kinds: tuple[type, ...]) -> bool:
+    """The annotation accepts a value of one of ``kinds`` as it is (unions, Annotated and
+    Literal looked into; ``Any`` admits everything)."""
+    if ann is Any or ann in kinds:
+        return True
+    origin, args = get_origin(ann), get_args(ann)
+    if origin is Literal:
+        return any(type(a) in kinds for a in args)
+    if origin is Annotated:
+        return _admits(args[0], kinds)
+    if origin is Union or origin is types.UnionType:
+        return any(_admits(a, kinds) for a in args)
+    return False
 
 
 class RunSection(_Section):
@@ -543,10 +604,7 @@ def apply_override(data: dict[str, Any], item: str) -> None:
     if "=" not in item:
         raise ConfigError(f"override {item!r} must look like key=value (e.g. trainer.lr=1e-3)")
     key, _, raw = item.partition("=")
-    try:
-        value = yaml.safe_load(raw)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"override {item!r}: value is not valid YAML: {exc}") from exc
+    value = parse_yaml(raw, f"override {item!r}")
     set_dotted(data, key, value, f"override {item!r}")
 
 
@@ -580,10 +638,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"{p}: config file not found")
-    try:
-        data = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{p}: not valid YAML: {exc}") from exc
+    data = read_yaml_file(p) or {}
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: the top level must be a mapping of sections")
     return data

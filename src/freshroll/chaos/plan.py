@@ -32,11 +32,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-from freshroll.config import parse_mapping
-from freshroll.errors import ConfigError
+from freshroll.config import Section, parse_mapping
+from freshroll.yamlfile import read_yaml_file
 
 #: what each fault kind does (the runbook has a section per kind)
 FAULT_KINDS: dict[str, str] = {
@@ -97,8 +96,8 @@ BASE_WORKLOAD: dict[str, Any] = {
 }
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+class _Strict(Section):
+    """The config's rules: unknown keys refused, no NaN, no boolean for a number."""
 
 
 class Trigger(_Strict):
@@ -205,15 +204,7 @@ def parse_plan(data: Any, source: str) -> Plan:
 def load_plan(path: str | Path) -> Plan:
     """Read and validate a plan file; a :class:`ConfigError` names the file and the key."""
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise ConfigError(f"{p}: cannot read the plan: {exc.strerror or exc}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{p}: not valid YAML: {exc}") from None
-    return parse_plan(data, str(p))
+    return parse_plan(read_yaml_file(p, "plan"), str(p))
 
 
 __all__ = [

@@ -39,12 +39,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from freshroll.config import (
     SEED_MAX,
     Config,
+    Section,
     parse_mapping,
     read_yaml,
     resolve_paths,
@@ -52,6 +52,7 @@ from freshroll.config import (
     validate,
 )
 from freshroll.errors import ConfigError
+from freshroll.yamlfile import read_yaml_file
 
 #: a lag threshold may name the config's freshness bound instead of a number
 MAX_STALENESS = "max_staleness"
@@ -59,8 +60,8 @@ MAX_STALENESS = "max_staleness"
 MAX_REPEATS = 1_000
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+class _Strict(Section):
+    """The config's rules: unknown keys refused, no NaN, no boolean for a number."""
 
 
 class Throughput(_Strict):
@@ -237,15 +238,7 @@ def load(path: str | Path) -> Loaded:
     """Read and check an acceptance file: its schema, its config, its fault plan's scenarios."""
     p = Path(path)
     source = str(p)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise ConfigError(f"{p}: cannot read the acceptance file: {exc.strerror or exc}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{p}: not valid YAML: {exc}") from None
-    spec = parse(data, source)
+    spec = parse(read_yaml_file(p, "acceptance file"), source)
     folder = p.resolve().parent
     cfg = workload(spec, folder, source)
     conv = spec.gates.convergence
