@@ -60,6 +60,20 @@ class _Freshroll(click.Group):
     command_class = _Guarded
 
 
+class _DirPath(click.Path):
+    """A directory option's path; an empty one is a usage error naming the option (``--out
+    ''`` would otherwise be the current directory)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and not value.strip():
+            self.fail("must not be empty (name a directory)", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+#: the type of every option that names a directory to write (or resume) into
+OUT_DIR = _DirPath(path_type=Path)
+
+
 def _run_dir(ctx: click.Context) -> Path | None:
     """The command's run directory, from its arguments (``run``: as its body resolves it)."""
     p = ctx.params
@@ -99,9 +113,9 @@ def _fail(exc: FreshrollError) -> NoReturn:
 @main.command(context_settings={"ignore_unknown_options": False}, epilog=EXIT_STATUSES)
 @click.argument("config", required=False, type=click.Path(path_type=Path))
 @click.argument("overrides", nargs=-1)
-@click.option("--out", type=click.Path(path_type=Path), default=None,
+@click.option("--out", type=OUT_DIR, default=None,
               help="Run directory (default: runs/<config name>).")
-@click.option("--resume", "resume_dir", type=click.Path(path_type=Path), default=None,
+@click.option("--resume", "resume_dir", type=OUT_DIR, default=None,
               help="Continue the run in this directory from its last durable state.")
 @click.option("--allow-change", "allow_change", multiple=True, metavar="KEY",
               help="With --resume: apply a change of KEY (e.g. trainer.lr) that changes "
@@ -263,7 +277,7 @@ def timing(run_dir: Path) -> None:
 @main.command(epilog=EXIT_STATUSES)
 @click.argument("config", required=False, type=click.Path(path_type=Path))
 @click.argument("overrides", nargs=-1)
-@click.option("--out", type=click.Path(path_type=Path), default=None,
+@click.option("--out", type=OUT_DIR, default=None,
               help="Run directory (default: runs/<config name>).")
 def simulate(config: Path | None, overrides: tuple[str, ...], out: Path | None) -> None:
     """A whole run on simulated engines: CONFIG.yaml [key=value ...] with rollout.engine sim.
@@ -306,7 +320,7 @@ def _simulated_line(wall: float, generated: int, accepted: int, sim_s: float, cl
 @main.command(epilog=EXIT_STATUSES)
 @click.argument("config", required=False, type=click.Path(path_type=Path))
 @click.argument("overrides", nargs=-1)
-@click.option("--out", type=click.Path(path_type=Path), default=None,
+@click.option("--out", type=OUT_DIR, default=None,
               help="Output directory: one run directory per run, bench.md, bench.json "
                    "(default: runs/bench-<config name>).")
 @click.option("--quick", is_flag=True, help="A smoke run of seconds: few steps, small shapes.")
@@ -350,7 +364,7 @@ def bench(config: Path | None, overrides: tuple[str, ...], out: Path | None, qui
               help="Seeds per scenario.")
 @click.option("--seed-start", type=click.IntRange(min=0), default=0, show_default=True,
               help="The first seed (seeds SEED_START .. SEED_START+SEEDS-1).")
-@click.option("--out", type=click.Path(path_type=Path), default=Path("runs/chaos"),
+@click.option("--out", type=OUT_DIR, default=Path("runs/chaos"),
               show_default=True, help="Output directory: one run directory per case, "
                                       "chaos.md, chaos.json.")
 @click.option("--only", multiple=True, metavar="NAME",
@@ -389,7 +403,7 @@ Exit statuses (validate):
   2    a bad acceptance file (or config, or --out): nothing was run
   3    validate itself failed (a bug, disk full); 130 interrupted""")
 @click.argument("acceptance", type=click.Path(path_type=Path))
-@click.option("--out", type=click.Path(path_type=Path), default=Path("runs/validate"),
+@click.option("--out", type=OUT_DIR, default=Path("runs/validate"),
               show_default=True, help="One run directory per repeat, decision.md, decision.json.")
 def validate(acceptance: Path, out: Path) -> None:
     """Run ACCEPTANCE.yaml's repeats, gate them, write the decision record (docs/validate.md)."""

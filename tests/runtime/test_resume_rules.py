@@ -104,6 +104,17 @@ def test_allow_change_must_name_a_key_that_needs_it(allow: str, msg: str):
         check([], (allow,), known=DEFAULTS, step=0, where="d")
 
 
+def test_check_steps_refuses_fewer_steps_than_the_run_committed():
+    """Issue 23, 5c: run.steps is free, but can only grow."""
+    from freshroll.runtime.resume import check_steps
+
+    check_steps(80, 80, "r")  # nothing more to train: accepted (the run ends at once)
+    check_steps(100, 80, "r")
+    with pytest.raises(ResumeError, match=r"^r: resume refused: run\.steps=40, but the run "
+                                          r"already has 80 committed steps; steps can only grow"):
+        check_steps(40, 80, "r")
+
+
 def test_check_model_refuses_another_step0_version():
     check_model(None, "p0-b", "m", "d")  # an older ledger without one: nothing to compare
     check_model("p0-a", "p0-a", "m", "d")

@@ -22,7 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from freshroll.errors import RunDirError
 from freshroll.harness.verify import Report, check_files, check_ledger, read_counts
+from freshroll.ledger import LEDGER_FILE
 from freshroll.runtime.summary import write_summary
 
 
@@ -40,7 +42,10 @@ def finish_run_dir(run_dir: Path, *, baseline: Path | None = None, report: bool 
     ledger once. An unreadable or damaged ledger raises (:class:`~freshroll.errors.LedgerError`)
     before anything is written, as :func:`~freshroll.runtime.summary.write_summary` does.
     ``report``: False writes no ``report.html``. ``host``: the host's load now (the end of a
-    run: :func:`freshroll.runtime.overlap.host_now`); None keeps the summary's recorded one."""
+    run: :func:`freshroll.runtime.overlap.host_now`); None keeps the summary's recorded one.
+    A ``baseline`` that is not a run directory is refused first (:func:`check_baseline`)."""
+    if baseline is not None:
+        check_baseline(baseline)
     passed = check_ledger(run_dir)
     summary = write_summary(run_dir, passed.fold.summary(), host)
     verified: Report | Exception
@@ -53,3 +58,15 @@ def finish_run_dir(run_dir: Path, *, baseline: Path | None = None, report: bool 
 
         write_report(run_dir, baseline=baseline, fold=passed.fold, verified=verified)
     return Finished(summary, verified)
+
+
+def check_baseline(path: Path) -> None:
+    """Refuse (:class:`~freshroll.errors.RunDirError`) a ``--baseline`` that is not a run
+    directory: missing, a file, or a directory without a ledger."""
+    if not path.exists():
+        raise RunDirError(f"--baseline {path}: does not exist (name a run directory)")
+    if not path.is_dir():
+        raise RunDirError(f"--baseline {path}: is a file; the baseline must be a run "
+                          "directory (e.g. RUN_DIR/baseline)")
+    if not (path / LEDGER_FILE).is_file():
+        raise RunDirError(f"--baseline {path}: not a run directory (no {LEDGER_FILE})")

@@ -24,7 +24,16 @@ from freshroll.rewards.calling import reward_columns
 from freshroll.rewards.data import chat_renderer, check_vocabulary, load_prompts
 from freshroll.rewards.scoring import RewardSet, build_reward_set
 from freshroll.rewards.tasks import Prompt, make_prompts
-from freshroll.runtime.resume import Change, History, check, check_model, diff, flatten, history
+from freshroll.runtime.resume import (
+    Change,
+    History,
+    check,
+    check_model,
+    check_steps,
+    diff,
+    flatten,
+    history,
+)
 from freshroll.runtime.rundir import (
     RunDirLock,
     check_out_dir,
@@ -166,6 +175,7 @@ def _check_resume(
             hist = history(e for _, e in ledger.events())
     except LedgerError as exc:  # nothing recoverable to continue: refused, nothing written
         raise ResumeError(f"{out}: cannot resume: {exc}") from exc
+    check_steps(cfg.run.steps, hist.step, str(out))
     now = flatten(cfg.model_dump(mode="json"))
     recorded = hist.recorded()
     compared = now if hist.config is not None else {k: now[k] for k in recorded}

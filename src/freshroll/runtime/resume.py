@@ -17,6 +17,10 @@ never       would mix incompatible samples or break lineage within one run (the 
             always refused; start a new run
 ==========  ==============================================================================
 
+``run.steps`` is free, but can only grow: a resume whose ``run.steps`` is below the steps
+the ledger has already committed is refused (:func:`check_steps`), since nothing it admitted
+could ever be trained.
+
 A key takes the class of its longest listed prefix (``limits`` covers every
 ``limits.*`` key); a key no rule lists is ``explicit``, the safe side. A key missing from
 an older recorded config counts as unchanged when the config in force holds its default.
@@ -186,6 +190,16 @@ def check(
     return changes
 
 
+def check_steps(steps: int, committed: int, where: str) -> None:
+    """Refuse a ``run.steps`` below the ``committed`` steps: steps can only grow."""
+    if steps < committed:
+        raise ResumeError(
+            f"{where}: resume refused: run.steps={steps}, but the run already has {committed} "
+            f"committed steps; steps can only grow (run.steps >= {committed}), or start a new "
+            "run (another --out)"
+        )
+
+
 def check_model(recorded: str | None, current: str, model: str, where: str) -> None:
     """Refuse a model whose step-0 policy version is not the ledger's (``recorded``)."""
     if recorded is not None and recorded != current:
@@ -278,5 +292,5 @@ def _details(changes: list[Change]) -> str:
 
 __all__ = [
     "RULES", "Change", "History", "Rule", "announce", "canonical", "check", "check_model",
-    "diff", "flatten", "history", "rule_of",
+    "check_steps", "diff", "flatten", "history", "rule_of",
 ]
