@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +98,15 @@ def test_a_folder_that_is_no_dataset_names_it(tmp_path: Path) -> None:
 def test_missing_file_names_it(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"nope\.jsonl"):
         load_prompts(tmp_path / "nope.jsonl")
+
+
+def test_a_fifo_or_a_device_is_not_a_regular_file(tmp_path: Path) -> None:
+    """Issue 23, 5g. Before: reported as "does not exist"."""
+    fifo = tmp_path / "pipe.jsonl"
+    os.mkfifo(fifo)
+    for path in (fifo, Path("/dev/zero")):
+        with pytest.raises(ConfigError, match=rf"prompt file {path} is not a regular file"):
+            load_prompts(path)
 
 
 def test_unsupported_extension_names_file(tmp_path: Path) -> None:
@@ -231,6 +241,18 @@ def test_text_outside_the_vocabulary_is_refused_with_count_and_characters() -> N
         check_vocabulary(bad, tok, model="tiny")
     msg = str(info.value)
     assert "2 of 3 prompts" in msg and "'p1'" in msg and "'R', '\\n'" in msg and "<unk>" in msg
+
+
+def test_prompt_lengths_are_checked_against_the_limit_as_the_engines_encode() -> None:
+    from freshroll.rewards.data import check_prompt_lengths
+
+    tok = build_tokenizer()
+    prompts = [Prompt("a", "rev 12="), Prompt("b", "rev 123456="), Prompt("c", "")]
+    check_prompt_lengths(prompts, tok, 11, source="s", limit_name="n")  # 11 tokens fit
+    check_prompt_lengths(prompts, tok, None, source="s", limit_name="n")  # no limit known
+    with pytest.raises(ConfigError, match=r"^s: 1 of 3 prompts have more than 10 tokens, n; "
+                                          r"the longest: prompt 'b' \(11 tokens\)"):
+        check_prompt_lengths(prompts, tok, 10, source="s", limit_name="n")
 
 
 def test_a_tokenizer_without_unknown_token_accepts_everything() -> None:

@@ -128,6 +128,43 @@ def test_nothing_is_written_before_every_input_is_checked(tmp_path: Path, overri
     assert not out.exists()
 
 
+@pytest.mark.parametrize("source", ["task", "file"])
+def test_a_prompt_longer_than_the_context_is_refused_before_anything_is_written(
+    tmp_path: Path, source: str
+):
+    """Issue 23, 5f. Before: caught only by the engine, during generation (the run started,
+    its clock running, and every generate call of that prompt failed)."""
+    from freshroll.runtime.prepare import prepare_run_dir
+
+    if source == "file":
+        prompts = tmp_path / "long.jsonl"
+        rows = [{"prompt": "rev 12=", "answer": "21"}, {"prompt": "rev " + "7" * 30 + "=",
+                                                        "answer": "7" * 30}]
+        prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        task: dict[str, object] = {"file": str(prompts)}
+        named = rf"task\.file {prompts}: 1 of 2 prompts .* 'long-1' \(35 tokens\)"
+    else:
+        task = {"params": {"min_len": 30, "max_len": 30}, "n_prompts": 8}
+        named = r"task 'reverse': 8 of 8 prompts .* \(35 tokens\)"
+    cfg = validate({"task": task, "model": {"tiny": {"max_position_embeddings": 16}}})
+    out = tmp_path / "run"
+    with pytest.raises(ConfigError, match=named) as err:
+        prepare_run_dir(cfg, out, resume=False)
+    assert "more than 16 tokens, the max_position_embeddings of the embedded model" in str(
+        err.value)
+    assert not out.exists()
+
+
+def test_prompts_that_fit_the_context_pass(tmp_path: Path):
+    from freshroll.runtime.prepare import prepare_run_dir
+
+    cfg = validate({"task": {"params": {"min_len": 3, "max_len": 3}, "n_prompts": 8},
+                    "model": {"tiny": {"max_position_embeddings": 16}}})
+    prep = prepare_run_dir(cfg, tmp_path / "run", resume=False)
+    prep.lock.release()
+    assert max(len(p.text) for p in prep.prompts) <= 16
+
+
 def test_prepare_writes_config_and_model_then_holds_the_lock(tmp_path: Path):
     from freshroll.runtime.prepare import prepare_run_dir
 

@@ -22,6 +22,9 @@ Guarantees:
   ``"{file stem}-{row index}"``.
 * :func:`check_vocabulary` refuses prompts that the tokenizer would encode to its
   unknown token (``<unk>``), naming how many prompts, the first one and the characters.
+* :func:`check_prompt_lengths` refuses prompts longer than the model's context (its
+  ``max_position_embeddings``, or ``vllm.max_model_len``) before a run starts, naming how
+  many prompts, the longest one and the limit.
 * Every bad input raises :class:`~freshroll.errors.ConfigError` naming the file,
   column or row at fault.
 """
@@ -156,6 +159,28 @@ def check_vocabulary(prompts: Sequence[Prompt], tokenizer: Any, *, model: str) -
     )
 
 
+def check_prompt_lengths(
+    prompts: Sequence[Prompt], tokenizer: Any, limit: int | None, *, source: str, limit_name: str
+) -> None:
+    """Refuse prompts of more than ``limit`` tokens, encoded as the engines encode them (the
+    tokenizer's default special tokens; an empty prompt is one ``bos``). ``source``: where
+    the prompts come from (a file, a built-in task); ``limit_name``: what the limit is."""
+    if limit is None or not prompts:
+        return
+    ids = tokenizer([p.text for p in prompts])["input_ids"]
+    lengths = [max(len(row), 1) for row in ids]
+    bad = [i for i, n in enumerate(lengths) if n > limit]
+    if not bad:
+        return
+    worst = max(bad, key=lengths.__getitem__)
+    p = prompts[worst]
+    raise ConfigError(
+        f"{source}: {len(bad)} of {len(prompts)} prompts have more than {limit} tokens, "
+        f"{limit_name}; the longest: prompt {p.prompt_id!r} ({lengths[worst]} tokens) "
+        f"{p.text[:80]!r}. Shorten or drop them, or use a model with a longer context"
+    )
+
+
 def _unknown_chars(tokenizer: Any, text: str, unk: int) -> list[str]:
     try:
         enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
@@ -175,8 +200,11 @@ def _unknown_chars(tokenizer: Any, text: str, unk: int) -> list[str]:
 def _read_rows(path: Path, split: str | None) -> list[dict[str, Any]]:
     if path.is_dir():
         return _rows_of(path, _load_from_disk(path, split))
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(f"prompt file {path} does not exist")
+    if not path.is_file():  # a FIFO, a device (/dev/zero), a socket: never read to the end
+        raise ConfigError(f"prompt file {path} is not a regular file (nor a directory "
+                          "written by datasets' save_to_disk)")
     builder = _FORMATS.get(path.suffix.lower())
     if builder is None:
         raise ConfigError(

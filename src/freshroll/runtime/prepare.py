@@ -21,7 +21,12 @@ from freshroll.errors import ConfigError, LedgerError, ResumeError
 from freshroll.ledger import LEDGER_FILE, Ledger
 from freshroll.lineage import PolicyVersion
 from freshroll.rewards.calling import reward_columns
-from freshroll.rewards.data import chat_renderer, check_vocabulary, load_prompts
+from freshroll.rewards.data import (
+    chat_renderer,
+    check_prompt_lengths,
+    check_vocabulary,
+    load_prompts,
+)
 from freshroll.rewards.scoring import RewardSet, build_reward_set
 from freshroll.rewards.tasks import Prompt, make_prompts
 from freshroll.runtime.resume import (
@@ -89,7 +94,8 @@ def prepare_run_dir(
             path, digest, pending = _initial_model(cfg, out, resume)
             if cfg.rollout.engine == "vllm":
                 _check_vllm(cfg, path, pending)
-            prompts = load_task_prompts(cfg, path, pending[1] if pending is not None else None)
+            prompts = load_task_prompts(cfg, path, pending[1] if pending is not None else None,
+                                        context=context_limit(cfg, path, pending))
         rewards.check_columns(reward_columns(prompts[:1]))
         hist: History | None = None
         changes: list[Change] = []
@@ -186,9 +192,38 @@ def _check_resume(
     return hist, accepted
 
 
-def load_task_prompts(cfg: Config, model: Path, tok: Any = None) -> list[Prompt]:
+def context_limit(
+    cfg: Config, path: Path, pending: tuple[Any, Any] | None
+) -> tuple[int | None, str]:
+    """The most tokens a prompt may have, and its name in an error: the engine refuses a
+    longer one mid-run (hf: more than ``max_position_embeddings``; vllm: ``max_model_len``
+    or more). ``(None, "")`` when the model's config names no limit."""
+    if cfg.rollout.engine == "vllm" and cfg.vllm.max_model_len is not None:
+        mml = cfg.vllm.max_model_len
+        return mml - 1, f"the most a prompt may have under vllm.max_model_len {mml}"
+    if pending is not None:
+        config = pending[0].config.to_dict()
+        where = "the embedded model (model.tiny)"
+    else:
+        try:
+            config = json.loads((path / "config.json").read_text())
+        except (OSError, ValueError):  # checked (and refused) with the model before this
+            return None, ""
+        where = str(path)
+    limit = config.get("max_position_embeddings") if isinstance(config, dict) else None
+    if not isinstance(limit, int) or isinstance(limit, bool):
+        return None, ""
+    if cfg.rollout.engine == "vllm":  # vLLM refuses a prompt that fills the whole context
+        return limit - 1, (f"the most a prompt may have under the max_position_embeddings "
+                           f"({limit}) of {where}")
+    return limit, f"the max_position_embeddings of {where}"
+
+
+def load_task_prompts(cfg: Config, model: Path, tok: Any = None,
+                      context: tuple[int | None, str] = (None, "")) -> list[Prompt]:
     """The run's prompts, chat prompts rendered and all checked against ``model``'s tokenizer
-    (``tok``, when it is already in memory: the embedded model before it is saved).
+    (``tok``, when it is already in memory: the embedded model before it is saved) and its
+    context (``context``: :func:`context_limit`), before the run's clock starts.
 
     The embedded tiny model has no chat template: its chat prompts are the messages'
     contents joined by a space (:func:`~freshroll.rewards.data.plain_chat_text`).
@@ -209,6 +244,8 @@ def load_task_prompts(cfg: Config, model: Path, tok: Any = None) -> list[Prompt]
     else:
         prompts = make_prompts(t.name, t.n_prompts, cfg.run.seed, **t.params)
     check_vocabulary(prompts, tok, model=str(model))
+    source = f"task.file {t.file}" if t.file is not None else f"task {t.name!r}"
+    check_prompt_lengths(prompts, tok, context[0], source=source, limit_name=context[1])
     return prompts
 
 
