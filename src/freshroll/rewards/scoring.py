@@ -9,7 +9,8 @@ Each reward is called as TRL's ``GRPOTrainer`` calls it (see
 Guarantees:
 
 * :meth:`RewardSet.score` never raises because of a user's reward function. A
-  function that raises, returns a non-list, the wrong number of values or a
+  function that raises (``sys.exit`` and ``os._exit`` too: :mod:`.exit_guard`), returns a
+  non-list, the wrong number of values or a
   non-numeric value fails every sample of that call; an infinite entry fails
   only its own sample. A failed sample gets ``Score(None, "reward_error: ...", {})``
   naming the reward (and the index for per-sample failures); for a missing
@@ -59,6 +60,7 @@ from freshroll.rewards.calling import (
     signature_of,
     trl_completions,
 )
+from freshroll.rewards.exit_guard import guarded
 from freshroll.rewards.functions import REWARDS
 from freshroll.rewards.tasks import Prompt
 
@@ -246,9 +248,10 @@ def _call(
     None and NaN come back as None (not applicable); inf fails its sample.
     """
     try:
-        out = spec.fn(**select(kwargs, spec.signature))
-        if inspect.isawaitable(out):  # an async reward (TRL gathers them; here: one by one)
-            out = asyncio.run(_awaited(out))
+        with guarded():  # os._exit in the reward: a failure of this call, not the run's end
+            out = spec.fn(**select(kwargs, spec.signature))
+            if inspect.isawaitable(out):  # an async reward (TRL gathers them; here: one by one)
+                out = asyncio.run(_awaited(out))
     except KeyboardInterrupt as exc:  # not a failure of this sample: the run stops (resumable)
         raise Interrupted(f"reward {spec.name} raised KeyboardInterrupt") from exc
     except (Exception, SystemExit) as exc:  # the user's code: anything may go wrong
