@@ -111,12 +111,20 @@ def reap(token: str, grace: float = 3.0) -> list[int]:
 
 
 def write_record(run_dir: Path, token: str, watchdog_pid: int | None) -> None:
-    """``RUN_DIR/ray.json``: which Ray instance this run's driver started (atomically)."""
+    """``RUN_DIR/ray.json``: which Ray instance this run's driver started (atomically).
+
+    The file names the instance's token, which tells its processes apart from any other's:
+    it is created readable by its owner only (mode 0600 from ``open``, never widened, not
+    a chmod after the write), whatever the umask and however readable the run directory.
+    """
     me = os.getpid()
     record = {"token": token, "driver_pid": me, "driver_start": start_time(me),
               "watchdog_pid": watchdog_pid}
     tmp = run_dir / (RECORD_FILE + ".tmp")
-    tmp.write_text(json.dumps(record) + "\n")
+    tmp.unlink(missing_ok=True)  # a leftover keeps its own mode: start from a new file
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(json.dumps(record) + "\n")
     os.replace(tmp, run_dir / RECORD_FILE)
 
 
