@@ -73,6 +73,14 @@ def test_a_boolean_is_not_a_number(override: str) -> None:
         load_config(None, [override])
 
 
+def test_the_chaos_plan_schema_refuses_a_boolean_for_a_number_too() -> None:
+    from freshroll.chaos.plan import parse_plan
+
+    data = {"scenarios": [{"name": "a", "faults": [{"kind": "interrupt", "at": {"step": True}}]}]}
+    with pytest.raises(ConfigError, match=r"at\.step: expected a number, got a boolean"):
+        parse_plan(data, "plan.yaml")
+
+
 def test_booleans_stay_valid_where_a_boolean_is_wanted() -> None:
     cfg = load_config(None, ["run.progress=false", "control.fallback=true",
                              "model.tiny.tie_word_embeddings=false", "tail.deadline=true"])
