@@ -10,6 +10,8 @@ from collections.abc import Iterable, Iterator
 import pytest
 from hypothesis import settings
 
+import scheduling
+
 # CI (CI=true, as .ci/run is invoked) explores a fixed, reproducible set of examples, so a
 # red run is re-runnable and never a coin toss; locally every run explores new examples.
 settings.register_profile("ci", derandomize=True, print_blob=True)
@@ -61,3 +63,13 @@ def _one_at_a_time(request: pytest.FixtureRequest,
     kinds = {k for k in ONE_AT_A_TIME if request.node.get_closest_marker(k)}
     with _held(kinds - _module_kinds(request.module), tmp_path_factory):
         yield
+
+
+# -- how make test shares the suite out between workers (tests/scheduling.py) -------------
+def pytest_configure(config: pytest.Config) -> None:
+    scheduling.configure(config)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    return scheduling.xdist_scheduler(config, log)

@@ -153,11 +153,13 @@ def run(config: Path | None, overrides: tuple[str, ...], out: Path | None,
         from freshroll.runtime.run import run_baseline
 
         if resume_dir is not None:
-            result = run_training(cfg, resume_dir, resume=True, allow_change=allow_change)
+            # the stream as it is now, not as run()'s default bound it at import
+            result = run_training(cfg, resume_dir, resume=True, allow_change=allow_change,
+                                  stream=sys.stderr)
         else:
             name = config.stem if config is not None else "default"
-            result = run_training(cfg, out or Path("runs") / name)
-        base = run_baseline(result.run_dir) if baseline else None
+            result = run_training(cfg, out or Path("runs") / name, stream=sys.stderr)
+        base = run_baseline(result.run_dir, stream=sys.stderr) if baseline else None
     except FreshrollError as exc:
         _fail(exc)
         return
@@ -298,7 +300,7 @@ def simulate(config: Path | None, overrides: tuple[str, ...], out: Path | None) 
 
         name = config.stem if config is not None else "simulate"
         t0 = time.perf_counter()
-        result = run_training(cfg, out or Path("runs") / name)
+        result = run_training(cfg, out or Path("runs") / name, stream=sys.stderr)
         wall = time.perf_counter() - t0
     except FreshrollError as exc:
         _fail(exc)

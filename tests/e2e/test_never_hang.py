@@ -48,7 +48,7 @@ def test_an_always_raising_reward_ends_the_run_with_one_line(tmp_path: Path):
             raise RuntimeError("boom")
     """, "raises")
     out = tmp_path / "run"
-    proc = freshroll("run", str(cfg), *REPRO, "--out", str(out), timeout=90, check=False)
+    proc = freshroll("run", str(cfg), *REPRO, "--out", str(out), check=False)
     line = _failed_run(proc, out)
     assert "reward function 'raises'" in line and '"raises raised RuntimeError: boom"' in line
     db = sqlite3.connect(out / "ledger.sqlite")
@@ -71,7 +71,7 @@ def test_a_reward_beyond_float32_never_commits_a_nan_step(tmp_path: Path):
             return [1e308] * len(completions)
     """, "huge")
     out = tmp_path / "run"
-    proc = freshroll("run", str(cfg), *REPRO, "--out", str(out), timeout=90, check=False)
+    proc = freshroll("run", str(cfg), *REPRO, "--out", str(out), check=False)
     line = _failed_run(proc, out)
     assert "reward function 'huge'" in line and "not finite in float32" in line
     db = sqlite3.connect(out / "ledger.sqlite")
@@ -87,7 +87,8 @@ def test_a_reward_that_sleeps_forever_times_out_and_the_process_exits(tmp_path: 
     """, "sleeps")
     out = tmp_path / "run"
     proc = freshroll("run", str(cfg), *REPRO, "limits.reward_timeout_s=1", "--out", str(out),
-                     timeout=90, check=False)
+                     timeout=90, check=False,
+                     subprocess=True)
     line = _failed_run(proc, out)
     assert "reward function 'sleeps' (timeouts) failed 3 calls in a row" in line
     db = sqlite3.connect(out / "ledger.sqlite")

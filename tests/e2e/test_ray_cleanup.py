@@ -177,7 +177,7 @@ def test_resume_reaps_what_a_killed_driver_and_watchdog_left(tmp_path: Path, sma
     os.kill(record["watchdog_pid"], signal.SIGKILL)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    res = freshroll("run", "--resume", str(out), timeout=400)
+    res = freshroll("run", "--resume", str(out), timeout=400, subprocess=True)
     assert "verify: ok" in res.stdout
     assert summary(out)["steps"] == 40
     assert not any(alive(p) for p in pids), f"still alive: {[p for p in pids if alive(p)]}"
