@@ -377,12 +377,13 @@ def test_bad_files_raise_ledger_error_naming_the_file(
     assert path.read_bytes() == before  # never "repaired" or overwritten
 
 
-def test_empty_file_is_not_a_ledger_when_reading(tmp_path: Path) -> None:
+def test_empty_file_reads_as_an_empty_ledger(tmp_path: Path) -> None:
+    """What a kill inside an older freshroll's ledger creation left (issue 23, defect 1):
+    readers see no events (verify, export and resume's checks read it), and it stays as is."""
     path = _write(tmp_path / "empty.sqlite", b"")
-    with pytest.raises(LedgerError) as info:
-        Ledger(path, readonly=True)
-    assert str(path) in str(info.value)
-    assert "not a freshroll ledger" in str(info.value)
+    with Ledger(path, readonly=True) as ledger:
+        assert list(ledger.events()) == [] and ledger.payloads() == {}
+    assert path.read_bytes() == b""
 
 
 def test_empty_file_becomes_a_ledger_when_writing(tmp_path: Path) -> None:
