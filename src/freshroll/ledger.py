@@ -24,6 +24,11 @@ Guarantees:
   one :class:`~freshroll.errors.LedgerError` what to do where it cannot. An
   uninitialised SQLite file (a creation cut short by an older freshroll) is an empty
   ledger: readers see no events, a writer replaces it with a whole one.
+- A full disk is a :class:`~freshroll.errors.StorageError` naming the file, and loses
+  nothing that was flushed. A run's ledger keeps a reserve on the disk
+  (:data:`RESERVE_BYTES`) that only its closing write may spend, so a run stopped by a
+  full disk still closes its ledger; where even that does not fit, the ledger is left
+  open, as a kill leaves it (``--resume`` continues it).
 """
 
 from __future__ import annotations
@@ -39,13 +44,15 @@ from typing import IO, Any, Literal
 import msgspec
 
 from freshroll.atomic import fsync_path
-from freshroll.errors import LedgerError, UnknownEventError
-from freshroll.events import DECODER, ENCODER, EVENT_KINDS, KIND_OF, AnyEvent, Event
+from freshroll.errors import FreshrollError, LedgerError, StorageError, UnknownEventError
+from freshroll.events import DECODER, ENCODER, EVENT_KINDS, KIND_OF, AnyEvent, Closed, Event
 from freshroll.procs import pid_alive
 
 SCHEMA_VERSION = 1
 APPLICATION_ID = 0x46524C31  # "FRL1": marks a freshroll ledger file
 LEDGER_FILE = "ledger.sqlite"
+#: what a run's ledger sets aside for its closing write on a full disk (see Ledger)
+RESERVE_BYTES = 4 << 20
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (seq INTEGER PRIMARY KEY, kind TEXT NOT NULL, body BLOB NOT NULL);
@@ -97,7 +104,12 @@ def _insert(db: sqlite3.Connection, head: str, width: int, flat: Sequence[Any]) 
 
 
 class Ledger:
-    """Append-only event store over one SQLite file."""
+    """Append-only event store over one SQLite file.
+
+    ``reserve``: bytes a writer sets aside on the disk (``<path>.reserve``, allocated at
+    open, best effort; deleted at close) for the write that closes the ledger when the disk
+    is full (:meth:`flush`). A run asks for :data:`RESERVE_BYTES`; 0 keeps none.
+    """
 
     def __init__(
         self,
@@ -106,13 +118,17 @@ class Ledger:
         sync: Literal["full", "normal", "off"] = "full",
         flush_every: int = 8192,
         readonly: bool = False,
+        reserve: int = 0,
     ) -> None:
         self.path = Path(path)
         self.flush_every = flush_every
         self.readonly = readonly
         self._pending: list[Event] = []  # appended, not yet written: seqs _seq-len+1 .. _seq
         self._pending_payloads: list[tuple[str, bytes]] = []
+        self._reserve: Path | None = None
         self._db = self._connect(sync)
+        if reserve > 0 and not readonly:
+            self._reserve = _make_reserve(self.path, reserve)
         self._seq: int = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0]
         self.flushes = 0
 
@@ -211,11 +227,32 @@ class Ledger:
         self._pending_payloads.append((sample, data))
 
     def flush(self) -> None:
-        """Write all buffered events and payloads in one durable transaction."""
+        """Write all buffered events and payloads in one durable transaction.
+
+        A full disk raises :class:`~freshroll.errors.StorageError` naming the file and keeps
+        the events buffered; a batch that ends in a ``closed`` event (the run's close, also
+        after a failure) first spends the reserve (see :class:`Ledger`) and tries once more,
+        so a run stopped by a full disk still closes its ledger. Any other failure raises
+        :class:`~freshroll.errors.LedgerError`."""
         if self.readonly:
             raise LedgerError(f"{self.path}: opened read-only")
         if not self._pending and not self._pending_payloads:
             return
+        try:
+            self._write()
+        except sqlite3.Error as exc:
+            if not (_full(exc) and self._closes() and self._spend_reserve()):
+                raise self._write_error(exc) from exc
+            try:
+                self._write()
+            except sqlite3.Error as again:
+                raise self._write_error(again) from again
+        self._pending.clear()
+        self._pending_payloads.clear()
+        self.flushes += 1
+
+    def _write(self) -> None:
+        """The buffered events and payloads in one transaction (rolled back on failure)."""
         try:
             rows = _event_rows(self._pending, self._seq - len(self._pending) + 1)
             payloads = [x for s, d in self._pending_payloads for x in (s, bytearray(d))]
@@ -223,13 +260,30 @@ class Ledger:
             _insert(self._db, _INSERT_EVENT, 3, rows)
             _insert(self._db, _INSERT_PAYLOAD, 2, payloads)
             self._db.execute("COMMIT")
-        except sqlite3.Error as exc:
+        except sqlite3.Error:
             if self._db.in_transaction:
                 self._db.execute("ROLLBACK")
-            raise LedgerError(f"{self.path}: write failed: {exc}") from exc
-        self._pending.clear()
-        self._pending_payloads.clear()
-        self.flushes += 1
+            raise
+
+    def _write_error(self, exc: sqlite3.Error) -> FreshrollError:
+        if _full(exc):
+            return StorageError(f"cannot write {self.path}: disk full ({exc})")
+        return LedgerError(f"{self.path}: write failed: {exc}")
+
+    def _closes(self) -> bool:
+        return bool(self._pending) and isinstance(self._pending[-1], Closed)
+
+    def _spend_reserve(self) -> bool:
+        """Free the reserve's space for the closing write; False if there is none (never
+        made, or spent already)."""
+        return self._drop_reserve()
+
+    def _drop_reserve(self) -> bool:
+        if self._reserve is None:
+            return False
+        self._reserve.unlink(missing_ok=True)
+        self._reserve = None
+        return True
 
     # -- reading --------------------------------------------------------------------
     def rows(self, after: int = 0) -> Iterator[tuple[int, str, bytes]]:
@@ -279,12 +333,13 @@ class Ledger:
         return n
 
     def close(self) -> None:
-        """Flush (a writer) and close the file, even if the flush fails."""
+        """Flush (a writer) and close the file, even if the flush fails; the reserve goes."""
         try:
             if not self.readonly:
                 self.flush()
         finally:
             self._db.close()
+            self._drop_reserve()
 
     def __enter__(self) -> Ledger:
         return self
@@ -308,6 +363,27 @@ def decode_event(body: bytes, *, where: str, kind: str | None = None) -> AnyEven
     except msgspec.DecodeError as exc:
         raise LedgerError(f"{where}: malformed event JSON: {exc}") from exc
     return event
+
+
+def _full(exc: sqlite3.Error) -> bool:
+    """SQLite's "database or disk is full" (the disk, a quota, or max_page_count)."""
+    return getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
+
+
+def _make_reserve(path: Path, size: int) -> Path | None:
+    """``<path>.reserve`` with ``size`` bytes allocated on disk, or None where the disk
+    cannot spare them now (the ledger then works without one)."""
+    reserve = path.with_name(path.name + ".reserve")
+    try:
+        fd = os.open(reserve, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, size)
+        finally:
+            os.close(fd)
+    except OSError:
+        reserve.unlink(missing_ok=True)
+        return None
+    return reserve
 
 
 # -- creating and recovering files -----------------------------------------------------
