@@ -75,7 +75,7 @@ from freshroll.runtime.ray_trainer import RayTrainer
 from freshroll.runtime.resume import announce
 from freshroll.runtime.rundir import write_text_atomic
 from freshroll.runtime.seams import AsyncScorer, AsyncTrainer, EngineFactory, TrainerState
-from freshroll.runtime.shm_weights import WeightChannel
+from freshroll.runtime.shm_weights import WeightChannel, sweep_segments
 from freshroll.runtime.thread_probe import settle_placement
 from freshroll.trainer.checkpoint import checkpoint_dir, save_checkpoint
 from freshroll.trainer.grpo import GRPOLearner
@@ -325,7 +325,7 @@ def build_components(
     channel: WeightChannel | None = None
     if runtime == "process":  # weights once per version into shared memory (unlinked at close)
         channel = WeightChannel.create(learner.model.state_dict(),
-                                       wait_s=cfg.limits.weights_timeout_s + 5.0)
+                                       wait_s=cfg.limits.weights_timeout_s + 5.0, run_dir=out)
         publish = channel.publish
     elif runtime == "ray":  # private: in RUN_DIR/ray.json
         from freshroll.runtime.ray_engine import ray_publish, start_ray, stop_ray
@@ -456,6 +456,7 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
         cfg.run.max_staleness, cfg.rollout.batch_groups, cfg.rollout.group_size,
         cfg.rollout.max_inflight_groups,
     )
+    _sweep_segments(out, stream)
     ledger = open_ledger(out, reserve=RESERVE_BYTES)  # closes even on a full disk
     clock = run_clock(cfg, ledger)
     step = prep.history.step if prep.history else 0
@@ -523,6 +524,15 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
         stream.write(line + "\n")
         stream.flush()
     return RunResult(out, done.summary, done.verified.ok)
+
+
+def _sweep_segments(out: Path, stream: TextIO) -> None:
+    """Remove the weight segments a killed process group of this run left in shared memory
+    (:func:`~freshroll.runtime.shm_weights.sweep_segments`), and say so."""
+    removed = sweep_segments(out)
+    if removed:
+        stream.write(f"freshroll: {out}: removed {len(removed)} shared-memory weight "
+                     f"segment(s) a killed run left: {', '.join(p.name for p in removed)}\n")
 
 
 def _start_line(cfg: Config, out: Path, model: Path, n_prompts: int, buf: SampleBuffer,
