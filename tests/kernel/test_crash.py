@@ -65,18 +65,8 @@ def _rows(run: Path) -> list[tuple[int, str, bytes]]:
     path = run / LEDGER_FILE
     if not path.is_file():
         return []
-    try:
-        with Ledger(path, readonly=True) as ledger:
-            return list(ledger.rows())
-    except LedgerError:
-        # read-write: a read-only connection cannot recover a hot WAL that a kill left
-        # ("attempt to write a readonly database"); recovery changes no committed content
-        db = sqlite3.connect(path)
-        tables = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
-        db.close()
-        if tables == 0:  # created, not yet initialised (initialisation is one transaction)
-            return []
-        raise
+    with Ledger(path, readonly=True) as ledger:  # recovers what the kill left beside it
+        return list(ledger.rows())
 
 
 def _count(events: list[ev.Event], kind: type[ev.Event]) -> int:
