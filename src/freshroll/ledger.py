@@ -17,11 +17,24 @@ Guarantees:
 - Reading an unreadable, truncated or foreign file, or an event this version
   does not know, raises :class:`~freshroll.errors.LedgerError` naming the file
   (and the sequence number), never a bare sqlite or decode error.
+- Creation is atomic (:func:`create_ledger`): the empty ledger is built whole beside
+  its path and linked into place, so a kill leaves no ledger or an empty one, never
+  a half-made file. Every reader first recovers a hot journal or WAL that a killed
+  writer left (:func:`recover_journal`; a read-only connection cannot), or says in
+  one :class:`~freshroll.errors.LedgerError` what to do where it cannot. An
+  uninitialised SQLite file (a creation cut short by an older freshroll) is an empty
+  ledger: readers see no events, a writer replaces it with a whole one.
+- A full disk is a :class:`~freshroll.errors.StorageError` naming the file, and loses
+  nothing that was flushed. A run's ledger keeps a reserve on the disk
+  (:data:`RESERVE_BYTES`) that only its closing write may spend, so a run stopped by a
+  full disk still closes its ledger; where even that does not fit, the ledger is left
+  open, as a kill leaves it (``--resume`` continues it).
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import sqlite3
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -30,12 +43,16 @@ from typing import IO, Any, Literal
 
 import msgspec
 
-from freshroll.errors import LedgerError, UnknownEventError
-from freshroll.events import DECODER, ENCODER, EVENT_KINDS, KIND_OF, AnyEvent, Event
+from freshroll.atomic import fsync_path
+from freshroll.errors import FreshrollError, LedgerError, StorageError, UnknownEventError
+from freshroll.events import DECODER, ENCODER, EVENT_KINDS, KIND_OF, AnyEvent, Closed, Event
+from freshroll.procs import pid_alive
 
 SCHEMA_VERSION = 1
 APPLICATION_ID = 0x46524C31  # "FRL1": marks a freshroll ledger file
 LEDGER_FILE = "ledger.sqlite"
+#: what a run's ledger sets aside for its closing write on a full disk (see Ledger)
+RESERVE_BYTES = 4 << 20
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (seq INTEGER PRIMARY KEY, kind TEXT NOT NULL, body BLOB NOT NULL);
@@ -87,7 +104,12 @@ def _insert(db: sqlite3.Connection, head: str, width: int, flat: Sequence[Any]) 
 
 
 class Ledger:
-    """Append-only event store over one SQLite file."""
+    """Append-only event store over one SQLite file.
+
+    ``reserve``: bytes a writer sets aside on the disk (``<path>.reserve``, allocated at
+    open, best effort; deleted at close) for the write that closes the ledger when the disk
+    is full (:meth:`flush`). A run asks for :data:`RESERVE_BYTES`; 0 keeps none.
+    """
 
     def __init__(
         self,
@@ -96,44 +118,25 @@ class Ledger:
         sync: Literal["full", "normal", "off"] = "full",
         flush_every: int = 8192,
         readonly: bool = False,
+        reserve: int = 0,
     ) -> None:
         self.path = Path(path)
         self.flush_every = flush_every
         self.readonly = readonly
         self._pending: list[Event] = []  # appended, not yet written: seqs _seq-len+1 .. _seq
         self._pending_payloads: list[tuple[str, bytes]] = []
+        self._reserve: Path | None = None
         self._db = self._connect(sync)
+        if reserve > 0 and not readonly:
+            self._reserve = _make_reserve(self.path, reserve)
         self._seq: int = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0]
         self.flushes = 0
 
     # -- opening --------------------------------------------------------------------
     def _connect(self, sync: str) -> sqlite3.Connection:
-        if self.readonly and not self.path.is_file():
-            raise LedgerError(f"{self.path}: no such ledger file")
         db: sqlite3.Connection | None = None
         try:
-            if self.readonly:
-                db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, isolation_level=None)
-            else:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-            app_id = db.execute("PRAGMA application_id").fetchone()[0]
-            tables = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
-            if app_id not in (0, APPLICATION_ID) or (app_id == 0 and tables and not self.readonly):
-                raise LedgerError(f"{self.path}: not a freshroll ledger (application_id={app_id})")
-            if not self.readonly:
-                db.execute("PRAGMA journal_mode=WAL")
-                db.execute(f"PRAGMA synchronous={sync.upper()}")
-                if app_id == 0:
-                    # Create tables, mark and version the file in ONE transaction: a crash
-                    # part-way leaves an empty file, never unmarked tables that a restart
-                    # would refuse as "not a freshroll ledger".
-                    db.executescript(
-                        f"BEGIN IMMEDIATE;{_SCHEMA}"
-                        f"PRAGMA application_id={APPLICATION_ID};"
-                        f"INSERT OR IGNORE INTO meta VALUES ('schema_version', '{SCHEMA_VERSION}');"
-                        "COMMIT;"
-                    )
+            db = self._open_readonly() if self.readonly else self._open_writable(sync)
             self._check_schema(db)
         except (sqlite3.DatabaseError, LedgerError) as exc:
             if db is not None:
@@ -143,6 +146,54 @@ class Ledger:
             if isinstance(exc, LedgerError):
                 raise
             raise LedgerError(f"{self.path}: cannot open ledger: {exc}") from exc
+        return db
+
+    def _open_readonly(self) -> sqlite3.Connection:
+        """A read-only connection, after recovering what a killed writer left beside the file
+        (:func:`recover_journal`). An empty, uninitialised SQLite file (a creation that a
+        kill cut short, by a freshroll older than atomic creation) reads as an empty ledger."""
+        if not self.path.is_file():
+            raise LedgerError(f"{self.path}: no such ledger file")
+        recover_journal(self.path)
+        db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, isolation_level=None)
+        try:
+            app_id, tables = _identity(db)
+        except sqlite3.DatabaseError as exc:
+            db.close()
+            left = _journals(self.path)
+            if not left:
+                raise
+            raise LedgerError(
+                f"{self.path}: cannot open ledger: {exc}; a process killed while writing it "
+                f"left {left[0].name}, and recovering it needs write access: run the command "
+                f"once where {self.path.parent} is writable (or on a copy of the whole run "
+                "directory, side files included)"
+            ) from exc
+        if app_id not in (0, APPLICATION_ID):
+            db.close()
+            raise LedgerError(f"{self.path}: not a freshroll ledger (application_id={app_id})")
+        if app_id == 0 and tables == 0:
+            db.close()
+            return _empty_ledger_db()
+        return db
+
+    def _open_writable(self, sync: str) -> sqlite3.Connection:
+        """A read-write connection in WAL mode; a new ledger is created whole first
+        (:func:`create_ledger`), so no kill leaves a half-made file at :attr:`path`."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        _sweep_aside(self.path)
+        if not self.path.exists():
+            create_ledger(self.path)
+        db, app_id, tables = _connect_writable(self.path)
+        if app_id == 0 and tables == 0:  # uninitialised (see _open_readonly): make it whole
+            db.close()
+            create_ledger(self.path, replace=True)
+            db, app_id, tables = _connect_writable(self.path)
+        if app_id != APPLICATION_ID:
+            db.close()
+            raise LedgerError(f"{self.path}: not a freshroll ledger (application_id={app_id})")
+        db.execute("PRAGMA journal_mode=WAL")  # already so: writes nothing
+        db.execute(f"PRAGMA synchronous={sync.upper()}")
         return db
 
     def _check_schema(self, db: sqlite3.Connection) -> None:
@@ -176,11 +227,32 @@ class Ledger:
         self._pending_payloads.append((sample, data))
 
     def flush(self) -> None:
-        """Write all buffered events and payloads in one durable transaction."""
+        """Write all buffered events and payloads in one durable transaction.
+
+        A full disk raises :class:`~freshroll.errors.StorageError` naming the file and keeps
+        the events buffered; a batch that ends in a ``closed`` event (the run's close, also
+        after a failure) first spends the reserve (see :class:`Ledger`) and tries once more,
+        so a run stopped by a full disk still closes its ledger. Any other failure raises
+        :class:`~freshroll.errors.LedgerError`."""
         if self.readonly:
             raise LedgerError(f"{self.path}: opened read-only")
         if not self._pending and not self._pending_payloads:
             return
+        try:
+            self._write()
+        except sqlite3.Error as exc:
+            if not (_full(exc) and self._closes() and self._spend_reserve()):
+                raise self._write_error(exc) from exc
+            try:
+                self._write()
+            except sqlite3.Error as again:
+                raise self._write_error(again) from again
+        self._pending.clear()
+        self._pending_payloads.clear()
+        self.flushes += 1
+
+    def _write(self) -> None:
+        """The buffered events and payloads in one transaction (rolled back on failure)."""
         try:
             rows = _event_rows(self._pending, self._seq - len(self._pending) + 1)
             payloads = [x for s, d in self._pending_payloads for x in (s, bytearray(d))]
@@ -188,13 +260,30 @@ class Ledger:
             _insert(self._db, _INSERT_EVENT, 3, rows)
             _insert(self._db, _INSERT_PAYLOAD, 2, payloads)
             self._db.execute("COMMIT")
-        except sqlite3.Error as exc:
+        except sqlite3.Error:
             if self._db.in_transaction:
                 self._db.execute("ROLLBACK")
-            raise LedgerError(f"{self.path}: write failed: {exc}") from exc
-        self._pending.clear()
-        self._pending_payloads.clear()
-        self.flushes += 1
+            raise
+
+    def _write_error(self, exc: sqlite3.Error) -> FreshrollError:
+        if _full(exc):
+            return StorageError(f"cannot write {self.path}: disk full ({exc})")
+        return LedgerError(f"{self.path}: write failed: {exc}")
+
+    def _closes(self) -> bool:
+        return bool(self._pending) and isinstance(self._pending[-1], Closed)
+
+    def _spend_reserve(self) -> bool:
+        """Free the reserve's space for the closing write; False if there is none (never
+        made, or spent already)."""
+        return self._drop_reserve()
+
+    def _drop_reserve(self) -> bool:
+        if self._reserve is None:
+            return False
+        self._reserve.unlink(missing_ok=True)
+        self._reserve = None
+        return True
 
     # -- reading --------------------------------------------------------------------
     def rows(self, after: int = 0) -> Iterator[tuple[int, str, bytes]]:
@@ -244,9 +333,13 @@ class Ledger:
         return n
 
     def close(self) -> None:
-        if not self.readonly:
-            self.flush()
-        self._db.close()
+        """Flush (a writer) and close the file, even if the flush fails; the reserve goes."""
+        try:
+            if not self.readonly:
+                self.flush()
+        finally:
+            self._db.close()
+            self._drop_reserve()
 
     def __enter__(self) -> Ledger:
         return self
@@ -270,6 +363,159 @@ def decode_event(body: bytes, *, where: str, kind: str | None = None) -> AnyEven
     except msgspec.DecodeError as exc:
         raise LedgerError(f"{where}: malformed event JSON: {exc}") from exc
     return event
+
+
+def _full(exc: sqlite3.Error) -> bool:
+    """SQLite's "database or disk is full" (the disk, a quota, or max_page_count)."""
+    return getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
+
+
+def _make_reserve(path: Path, size: int) -> Path | None:
+    """``<path>.reserve`` with ``size`` bytes allocated on disk, or None where the disk
+    cannot spare them now (the ledger then works without one)."""
+    reserve = path.with_name(path.name + ".reserve")
+    try:
+        fd = os.open(reserve, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, size)
+        finally:
+            os.close(fd)
+    except OSError:
+        reserve.unlink(missing_ok=True)
+        return None
+    return reserve
+
+
+# -- creating and recovering files -----------------------------------------------------
+_SIDE_FILES = ("-journal", "-wal", "-shm")
+_ASIDE = ".tmp-"  # ledger.sqlite.tmp-<pid>: a ledger being built by process <pid>
+
+
+def _init_sql() -> str:
+    """Tables, mark and version in ONE transaction."""
+    return (f"BEGIN IMMEDIATE;{_SCHEMA}PRAGMA application_id={APPLICATION_ID};"
+            f"INSERT OR IGNORE INTO meta VALUES ('schema_version', '{SCHEMA_VERSION}');COMMIT;")
+
+
+def _identity(db: sqlite3.Connection) -> tuple[int, int]:
+    """``(application_id, number of schema objects)``; the first read of a connection also
+    rolls back a hot journal or recovers a WAL, where the connection may write."""
+    app_id = db.execute("PRAGMA application_id").fetchone()[0]
+    tables = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+    return int(app_id), int(tables)
+
+
+def _connect_writable(path: Path) -> tuple[sqlite3.Connection, int, int]:
+    db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    try:
+        return (db, *_identity(db))
+    except BaseException:
+        db.close()
+        raise
+
+
+def _empty_ledger_db() -> sqlite3.Connection:
+    """An in-memory ledger with no events (what an uninitialised file holds)."""
+    db = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+    db.executescript(_init_sql())
+    return db
+
+
+def _journals(path: Path) -> list[Path]:
+    """The rollback journal and WAL beside ``path`` that exist."""
+    return [p for s in ("-journal", "-wal") if (p := path.with_name(path.name + s)).exists()]
+
+
+def recover_journal(path: Path) -> bool:
+    """Let SQLite roll back a hot journal or fold in a WAL that a killed writer left beside
+    ``path``, so that a read-only connection can read it (one cannot: "attempt to write a
+    readonly database"). Opens the file read-write once, reads, closes; changes no committed
+    content. Returns False where nothing needed recovering or the file cannot be written
+    (then a read-only open reports it)."""
+    if not _journals(path):
+        return False
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=rw", uri=True, isolation_level=None)
+    except sqlite3.Error:
+        return False
+    try:
+        _identity(db)
+    except sqlite3.Error:
+        return False
+    finally:
+        db.close()
+    return True
+
+
+def create_ledger(path: Path, *, replace: bool = False) -> None:
+    """Create an empty ledger at ``path`` atomically: built whole beside it (tables, mark,
+    version, WAL mode; ``ledger.sqlite.tmp-<pid>``), closed (SQLite folds and removes its
+    WAL), fsynced, then linked into place. A kill leaves no file at ``path`` or a whole
+    empty ledger, never a half-made one. An existing ``path`` is kept (another process
+    created it first) unless ``replace``. Leftovers of killed builders are removed first,
+    and so are side files with no database (they would be replayed onto the new one)."""
+    _sweep_aside(path)
+    tmp = path.with_name(f"{path.name}{_ASIDE}{os.getpid()}")
+    db = sqlite3.connect(tmp, isolation_level=None)
+    try:
+        db.execute("PRAGMA journal_mode=WAL")
+        db.executescript(_init_sql())
+    finally:
+        db.close()
+    fsync_path(tmp)
+    if replace or not path.exists():
+        _remove_side_files(path)
+    try:
+        if replace:
+            os.replace(tmp, path)
+        else:
+            _link_new(tmp, path)
+    finally:
+        _remove_db(tmp)
+    fsync_path(path.parent)
+
+
+def _link_new(tmp: Path, path: Path) -> None:
+    """``tmp`` at ``path`` unless a file is there already (then that one stays)."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        pass
+    except OSError:  # a file system without hard links: rename (the lock keeps others out)
+        if not path.exists():
+            os.replace(tmp, path)
+
+
+def _sweep_aside(path: Path) -> None:
+    """Remove ``<path>.tmp-<pid>`` files (and their side files) of dead processes."""
+    head = path.name + _ASIDE
+    for stale in path.parent.glob(head + "*"):
+        pid = stale.name[len(head):].split("-", 1)[0]
+        if pid.isdigit() and (int(pid) == os.getpid() or not pid_alive(int(pid))):
+            stale.unlink(missing_ok=True)
+
+
+def _remove_side_files(path: Path) -> None:
+    for side in _SIDE_FILES:
+        path.with_name(path.name + side).unlink(missing_ok=True)
+
+
+def _remove_db(path: Path) -> None:
+    path.unlink(missing_ok=True)
+    _remove_side_files(path)
+
+
+def holds_events(path: Path) -> bool:
+    """Whether the ledger file ``path`` holds a run: it exists and an event was written to
+    it, or it cannot be read as a ledger (never taken for an empty one). A file that a kill
+    left without events (its creation, or the run's start) holds none."""
+    if not path.exists():
+        return False
+    try:
+        with Ledger(path, readonly=True) as ledger:
+            return ledger.last_seq > 0
+    except LedgerError:
+        return True
 
 
 def open_ledger(run_dir: str | Path, **kwargs: object) -> Ledger:

@@ -235,9 +235,88 @@ def test_disk_full_during_a_checkpoint(monkeypatch: pytest.MonkeyPatch, tmp_path
     out = tmp_path / "r"
     result = _cli("run", *SMALL, "run.steps=2", "trainer.checkpoint_every=1", "--out", str(out))
     assert result.exit_code == 3
-    assert _one_line(result) == (
-        f"error: checkpoint {out / 'checkpoints' / 'step-000001'}: No space left on device")
+    target = out / "checkpoints" / "step-000001"
+    assert _one_line(result) == (f"error: checkpoint {target}: cannot write {target}.tmp/"
+                                 "model.safetensors: No space left on device")
     assert verify_run(out).ok  # the ledger was closed: nothing half-applied
+
+
+def test_disk_full_inside_safetensors_is_a_disk_full_error_naming_the_file(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+):
+    """Issue 23, defect 6: safetensors raises its own SafetensorError for a failed write
+    (it writes a temp file of its own beside the target); it was "internal error: ... (a
+    bug)". The run stops with exit 3, closed, and resumes to the end once space is back."""
+    from safetensors import SafetensorError
+
+    from freshroll.trainer import checkpoint
+
+    def full(tensors: Any, filename: str, *a: Any, **kw: Any) -> None:
+        raise SafetensorError("Error while serializing: I/O error: No space left on device "
+                              f"(os error 28) at path \"{Path(filename).parent}/.tmpQ2xZ9a\"")
+
+    monkeypatch.setattr(checkpoint, "save_file", full)
+    out = tmp_path / "r"
+    steps = ["run.steps=2", "trainer.checkpoint_every=1"]
+    result = _cli("run", *SMALL, *steps, "--out", str(out))
+    assert result.exit_code == 3
+    target = out / "checkpoints" / "step-000001"
+    assert _one_line(result) == (f"error: checkpoint {target}: cannot write {target}.tmp/"
+                                 "model.safetensors: No space left on device")
+    assert not (out / "error.log").exists()  # not a bug
+    assert verify_run(out).ok
+    monkeypatch.undo()
+    resumed = _cli("run", "--resume", str(out))
+    assert resumed.exit_code == 0, resumed.stderr
+    report = verify_run(out)
+    assert report.ok and report.closed
+    assert (out / "checkpoints" / "step-000002" / "model.safetensors").is_file()
+
+
+SIM_RUN = [*SMALL, "rollout.engine=sim", "sim.clock=virtual", "run.steps=8"]
+
+
+def test_disk_full_during_a_ledger_write_closes_the_ledger_and_resumes(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+):
+    """Issue 23, defect 6: a full disk during a ledger write left the ledger open
+    (``freshroll verify``: exit 1), against the README's promise for exit 3. The run's ledger
+    keeps a reserve for its closing write. The disk is simulated by SQLite's page limit (the
+    same SQLITE_FULL), full from the third flush on; spending the reserve frees the space."""
+    from freshroll.ledger import LEDGER_FILE, Ledger
+
+    flush, spend = Ledger.flush, Ledger._spend_reserve
+    flushes = [0]
+
+    def filling(self: Ledger) -> None:
+        flushes[0] += 1
+        if flushes[0] == 3:
+            pages = self._db.execute("PRAGMA page_count").fetchone()[0]
+            self._db.execute(f"PRAGMA max_page_count={pages}")
+        flush(self)
+
+    def spend_and_free(self: Ledger) -> bool:
+        spent = spend(self)
+        if spent:
+            self._db.execute("PRAGMA max_page_count=1000000")
+        return spent
+
+    monkeypatch.setattr(Ledger, "flush", filling)
+    monkeypatch.setattr(Ledger, "_spend_reserve", spend_and_free)
+    out = tmp_path / "r"
+    result = _cli("run", *SIM_RUN, "--out", str(out))
+    assert result.exit_code == 3
+    assert _one_line(result) == (
+        f"error: cannot write {out / LEDGER_FILE}: disk full (database or disk is full)")
+    verified = _cli("verify", str(out))
+    assert verified.exit_code == 0, verified.output  # closed and verifiable, as documented
+    assert not (out / (LEDGER_FILE + ".reserve")).exists()
+    monkeypatch.undo()
+    resumed = _cli("run", "--resume", str(out))
+    assert resumed.exit_code == 0, resumed.stderr
+    report = verify_run(out)
+    assert report.ok and report.closed
+    assert json.loads((out / "summary.json").read_text())["steps"] == 8
 
 
 class _AlwaysLost:

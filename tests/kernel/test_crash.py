@@ -9,7 +9,9 @@ Three layers:
 - ledger prefixes, in process: any prefix of a run's history (what a crash leaves,
   since the ledger may flush at any append) must resume to a clean run;
 - ledger creation: a crash at any SQL statement while a ledger file is being created
-  must leave a file that the restart can open.
+  must leave no file or a whole one, that a reader and the restart can open; a hot
+  journal that a kill inside an unprotected creation leaves is recovered by a reader
+  (issue 23, defect 1).
 """
 
 from __future__ import annotations
@@ -27,13 +29,14 @@ from pathlib import Path
 
 import pytest
 from kernel_driver import SimConfig, Simulator, open_buffer, simulate
+from killed import kill_inside_ledger_creation
 
 from freshroll import events as ev
 from freshroll.buffer import KernelConfig, SampleBuffer
 from freshroll.clock import VirtualClock
 from freshroll.errors import LedgerError, StateError
 from freshroll.harness.verify import verify_run
-from freshroll.ledger import LEDGER_FILE, Ledger, decode_event
+from freshroll.ledger import LEDGER_FILE, Ledger, decode_event, holds_events
 from freshroll.lineage import PolicyVersion, SampleId, request_of
 
 STEPS = 12
@@ -62,18 +65,8 @@ def _rows(run: Path) -> list[tuple[int, str, bytes]]:
     path = run / LEDGER_FILE
     if not path.is_file():
         return []
-    try:
-        with Ledger(path, readonly=True) as ledger:
-            return list(ledger.rows())
-    except LedgerError:
-        # read-write: a read-only connection cannot recover a hot WAL that a kill left
-        # ("attempt to write a readonly database"); recovery changes no committed content
-        db = sqlite3.connect(path)
-        tables = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
-        db.close()
-        if tables == 0:  # created, not yet initialised (initialisation is one transaction)
-            return []
-        raise
+    with Ledger(path, readonly=True) as ledger:  # recovers what the kill left beside it
+        return list(ledger.rows())
 
 
 def _count(events: list[ev.Event], kind: type[ev.Event]) -> int:
@@ -437,6 +430,76 @@ def test_crash_at_any_statement_of_ledger_creation_leaves_an_openable_file(
                 assert len(list(ledger.events())) == 1
         crash_at += 1
     assert total is not None and total >= 5
+
+
+def test_readers_open_what_a_crash_at_any_statement_of_creation_leaves(
+    tmp_path: Path,
+) -> None:
+    """Issue 23, defect 1: the ledger appears whole or not at all; a reader (verify, export,
+    resume's check) opens it before any writer did, and no journal is left beside it."""
+    crash_at, total = 1, None
+    while total is None or crash_at <= total:
+        path = tmp_path / f"r{crash_at}" / LEDGER_FILE
+        path.parent.mkdir()
+        proc = subprocess.run([sys.executable, "-c", _CREATE, str(path), str(crash_at)],
+                              capture_output=True, timeout=TIMEOUT)
+        if proc.returncode == 0:
+            total = int(proc.stdout)
+        else:
+            assert proc.returncode == 9, proc.stderr.decode()
+        if path.exists():
+            with Ledger(path, readonly=True) as ledger:
+                assert len(list(ledger.events())) in (0, 1)
+            # never a rollback journal: the file was whole when it appeared (a WAL may be
+            # there: a writer killed after it opened the whole file)
+            assert not path.with_name(LEDGER_FILE + "-journal").exists()
+        assert holds_events(path) == (proc.returncode == 0)
+        with Ledger(path) as ledger:  # the restart takes what the crash left (and its .tmp-)
+            pass
+        assert sorted(p.name for p in path.parent.iterdir()) == [LEDGER_FILE]
+        crash_at += 1
+    assert total is not None and total >= 5
+
+
+def test_a_hot_journal_left_by_a_kill_in_creation_is_recovered_by_a_reader(
+    tmp_path: Path,
+) -> None:
+    """Issue 23, defect 1: a read-only open cannot roll a hot journal back ("attempt to
+    write a readonly database"); the reader recovers it first and sees an empty ledger."""
+    path = tmp_path / LEDGER_FILE
+    journal = kill_inside_ledger_creation(path)
+    with Ledger(path, readonly=True) as ledger:
+        assert list(ledger.events()) == [] and ledger.last_seq == 0
+    assert not journal.exists()
+    assert not holds_events(path)  # a new run may start here
+    with Ledger(path) as ledger:  # and a writer makes it a whole ledger
+        ledger.append(ev.Closed(ts=1.0))
+    with Ledger(path, readonly=True) as ledger:
+        assert len(list(ledger.events())) == 1
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert db.execute("SELECT count(*) FROM sqlite_master WHERE name='half'").fetchone()[0] == 0
+    db.close()
+
+
+def test_a_hot_journal_in_a_read_only_directory_is_one_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "ro" / LEDGER_FILE
+    kill_inside_ledger_creation(path)
+    real_connect = sqlite3.connect
+
+    def no_writes(target: str, *args: object, **kwargs: object) -> sqlite3.Connection:
+        if "mode=rw" in str(target):  # as if the directory were read-only (root ignores modes)
+            raise sqlite3.OperationalError("attempt to write a readonly database")
+        return real_connect(target, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sqlite3, "connect", no_writes)
+    with pytest.raises(LedgerError) as info:
+        Ledger(path, readonly=True)
+    msg = str(info.value)
+    assert str(path) in msg and LEDGER_FILE + "-journal" in msg and "writable" in msg
+    assert "\n" not in msg
 
 
 def test_stalled_simulation_raises_instead_of_spinning(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ import pytest
 from kernel_driver import SimConfig, simulate
 
 from freshroll import events as ev
-from freshroll.errors import LedgerError, UnknownEventError
+from freshroll.errors import LedgerError, StorageError, UnknownEventError
 from freshroll.ledger import APPLICATION_ID, LEDGER_FILE, Ledger, decode_event, open_ledger
 
 
@@ -377,12 +377,13 @@ def test_bad_files_raise_ledger_error_naming_the_file(
     assert path.read_bytes() == before  # never "repaired" or overwritten
 
 
-def test_empty_file_is_not_a_ledger_when_reading(tmp_path: Path) -> None:
+def test_empty_file_reads_as_an_empty_ledger(tmp_path: Path) -> None:
+    """What a kill inside an older freshroll's ledger creation left (issue 23, defect 1):
+    readers see no events (verify, export and resume's checks read it), and it stays as is."""
     path = _write(tmp_path / "empty.sqlite", b"")
-    with pytest.raises(LedgerError) as info:
-        Ledger(path, readonly=True)
-    assert str(path) in str(info.value)
-    assert "not a freshroll ledger" in str(info.value)
+    with Ledger(path, readonly=True) as ledger:
+        assert list(ledger.events()) == [] and ledger.payloads() == {}
+    assert path.read_bytes() == b""
 
 
 def test_empty_file_becomes_a_ledger_when_writing(tmp_path: Path) -> None:
@@ -495,3 +496,85 @@ def test_stored_rows_are_exactly_each_events_json(tmp_path: Path, n: int) -> Non
                                   for i in range(n))
     db.close()
     assert [e for _, e in _read(path)][1:] == sent
+
+
+# -- a full disk: issue 23, defect 6 --------------------------------------------------------
+# SQLite's page limit gives the very error a full disk gives (SQLITE_FULL, "database or disk
+# is full"); the "disk" here gets space back when the ledger spends its reserve.
+def _fill(ledger: Ledger) -> None:
+    pages = ledger._db.execute("PRAGMA page_count").fetchone()[0]
+    ledger._db.execute(f"PRAGMA max_page_count={pages}")
+
+
+def _space_back(ledger: Ledger) -> None:
+    ledger._db.execute("PRAGMA max_page_count=1000000")
+
+
+@pytest.fixture
+def reserve_frees_space(monkeypatch: pytest.MonkeyPatch) -> None:
+    spend = Ledger._spend_reserve
+
+    def spend_and_free(self: Ledger) -> bool:
+        spent = spend(self)
+        if spent:
+            _space_back(self)
+        return spent
+
+    monkeypatch.setattr(Ledger, "_spend_reserve", spend_and_free)
+
+
+def test_a_full_disk_is_a_storage_error_naming_the_file_and_loses_nothing(
+    tmp_path: Path, reserve_frees_space: None
+) -> None:
+    path = tmp_path / LEDGER_FILE
+    ledger = Ledger(path, reserve=1 << 16)
+    reserve = tmp_path / (LEDGER_FILE + ".reserve")
+    assert reserve.stat().st_size == 1 << 16
+    ledger.append(_events(1)[0])
+    ledger.flush()
+    _fill(ledger)
+    ledger.append(_events(1, start=1)[0])
+    ledger.put_payload("s1", os.urandom(50_000))
+    with pytest.raises(StorageError) as info:
+        ledger.flush()
+    assert str(info.value) == f"cannot write {path}: disk full (database or disk is full)"
+    assert reserve.exists(), "the reserve is only for the closing write"
+    assert len(_read(path)) == 1
+    _space_back(ledger)
+    ledger.flush()  # nothing was dropped: the buffered events are written now
+    assert [seq for seq, _ in _read(path)] == [1, 2]
+    ledger.close()
+    assert not reserve.exists()
+
+
+def test_the_closing_write_spends_the_reserve_on_a_full_disk(
+    tmp_path: Path, reserve_frees_space: None
+) -> None:
+    path = tmp_path / LEDGER_FILE
+    ledger = Ledger(path, reserve=1 << 16)
+    ledger.append(_events(1)[0])
+    ledger.flush()
+    _fill(ledger)
+    ledger.append(_events(1, start=1)[0])
+    ledger.put_payload("s1", os.urandom(50_000))
+    with pytest.raises(StorageError):
+        ledger.flush()
+    ledger.append(ev.Closed(ts=9.0, reason="failed"))
+    ledger.flush()  # the batch ends in `closed`: the reserve makes room for it
+    assert not (tmp_path / (LEDGER_FILE + ".reserve")).exists()
+    events = [e for _, e in _read(path)]
+    assert len(events) == 3 and events[-1] == ev.Closed(ts=9.0, reason="failed")
+    ledger.close()
+
+
+def test_without_a_reserve_the_closing_write_fails_as_storage_error(tmp_path: Path) -> None:
+    path = tmp_path / LEDGER_FILE
+    ledger = Ledger(path)
+    ledger.append(_events(1)[0])
+    ledger.flush()
+    _fill(ledger)
+    ledger.put_payload("s1", os.urandom(50_000))
+    ledger.append(ev.Closed(ts=9.0))
+    with pytest.raises(StorageError, match="disk full"):
+        ledger.close()  # still closes the file: nothing held open
+    assert len(_read(path)) == 1  # the durable prefix, open: --resume continues it

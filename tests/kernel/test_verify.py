@@ -429,8 +429,7 @@ def test_cli_verify_exit_codes(run: Path, tmp_path: Path) -> None:
     assert "duplicates" in json.loads(bad_json.output)["violations"]
 
 
-@pytest.mark.parametrize("case", ["missing_dir", "empty_dir", "garbage", "empty_file",
-                                  "garbage_counts"])
+@pytest.mark.parametrize("case", ["missing_dir", "empty_dir", "garbage", "garbage_counts"])
 def test_cli_verify_exit_2_on_unreadable_input(case: str, run: Path, tmp_path: Path) -> None:
     target = tmp_path / "bad"
     if case == "missing_dir":
@@ -438,10 +437,10 @@ def test_cli_verify_exit_2_on_unreadable_input(case: str, run: Path, tmp_path: P
     elif case == "empty_dir":
         target.mkdir()
         culprit = target / LEDGER_FILE
-    elif case in ("garbage", "empty_file"):
+    elif case == "garbage":
         target.mkdir()
         culprit = target / LEDGER_FILE
-        culprit.write_bytes(os.urandom(3000) if case == "garbage" else b"")
+        culprit.write_bytes(os.urandom(3000))
     else:
         target = run
         culprit = run / "counts.json"
@@ -452,6 +451,17 @@ def test_cli_verify_exit_2_on_unreadable_input(case: str, run: Path, tmp_path: P
     assert "error:" in result.stderr
     assert str(culprit) in result.stderr
     assert "Traceback" not in result.output
+
+
+def test_cli_verify_reads_an_empty_ledger_file_as_a_run_that_never_closed(tmp_path: Path):
+    """An empty file is what a kill inside an older freshroll's ledger creation left (issue
+    23, defect 1): a ledger with no events, never closed; not an unreadable file."""
+    (tmp_path / LEDGER_FILE).write_bytes(b"")
+    result = CliRunner().invoke(main, ["verify", str(tmp_path)])
+    assert result.exit_code == 1, result.output
+    assert "0 events" in result.output and "never closed" in result.output
+    allowed = CliRunner().invoke(main, ["verify", "--allow-open", str(tmp_path)])
+    assert allowed.exit_code == 0, allowed.output
 
 
 def test_result_applied_after_its_attempt_was_discarded_is_unexpected(tmp_path):

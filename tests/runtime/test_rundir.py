@@ -90,7 +90,15 @@ def test_check_out_dir(tmp_path: Path):
     check_out_dir(tmp_path / "new", resume=False)
     with pytest.raises(RunDirError, match="nothing to resume"):
         check_out_dir(tmp_path / "new", resume=True)
-    (tmp_path / "ledger.sqlite").write_bytes(b"")
+    (tmp_path / "ledger.sqlite").write_bytes(b"")  # a start killed in its ledger's creation
+    check_out_dir(tmp_path, resume=False)  # holds no run: a new one may start here
+    check_out_dir(tmp_path, resume=True)  # or --resume starts it from step 0
+    from freshroll import events as ev
+    from freshroll.ledger import Ledger
+
+    (tmp_path / "ledger.sqlite").unlink()
+    with Ledger(tmp_path / "ledger.sqlite") as ledger:
+        ledger.append(ev.Closed(ts=0.0))
     with pytest.raises(RunDirError, match="already holds a run; use --resume"):
         check_out_dir(tmp_path, resume=False)
     check_out_dir(tmp_path, resume=True)

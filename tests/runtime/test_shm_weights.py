@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import io
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,7 +23,11 @@ from freshroll.runtime.shm_weights import (
     SlotReader,
     StaleHandle,
     WeightChannel,
+    run_key,
+    segment_name,
+    segment_owner,
     shm_dir,
+    sweep_segments,
 )
 
 
@@ -141,3 +150,69 @@ def test_close_unlinks_the_segment_and_is_idempotent():
     assert not ch.path.exists()
     with pytest.raises(RuntimeError, match="closed"):
         ch.write(_state(2))
+
+
+# -- owners: issue 23, defect 2 (a kill of the whole process group leaked the segment) -----
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait(timeout=30)  # reaped: no process has this pid now
+    return proc.pid
+
+
+@pytest.fixture
+def segments() -> Iterator[list[Path]]:
+    """Segment files a test lays in shared memory (removed afterwards, swept or not)."""
+    made: list[Path] = []
+    yield made
+    for path in made:
+        path.unlink(missing_ok=True)
+
+
+def _lay(segments: list[Path], name: str) -> Path:
+    path = shm_dir() / name
+    path.write_bytes(b"\0" * 64)
+    segments.append(path)
+    return path
+
+
+def test_a_segment_names_its_run_directory_and_its_owner(tmp_path: Path):
+    ch = WeightChannel.create(_state(0), wait_s=1.0, run_dir=tmp_path / "run")
+    try:
+        assert segment_owner(ch.path.name) == (run_key(tmp_path / "run"), os.getpid())
+        assert run_key(tmp_path / "run") == run_key(tmp_path / "x" / ".." / "run")
+        assert run_key(tmp_path / "run") != run_key(tmp_path / "other")
+    finally:
+        ch.close()
+
+
+def test_sweep_removes_only_dead_owners_segments_of_its_run(tmp_path: Path, segments):
+    run, other, dead = tmp_path / "run", tmp_path / "other", _dead_pid()
+    leaked = _lay(segments, segment_name(run, dead, "aa11"))
+    live = _lay(segments, segment_name(run, os.getpid(), "bb22"))
+    others = _lay(segments, segment_name(other, dead, "cc33"))
+    old_form = _lay(segments, f"{PREFIX}{dead}-dd44")  # before owners were named
+    assert sweep_segments(run) == [leaked]
+    assert not leaked.exists()
+    assert live.exists() and others.exists() and old_form.exists()
+    assert sweep_segments(run) == []
+
+
+def test_a_start_and_a_resume_sweep_what_a_killed_run_left(tmp_path: Path, segments):
+    """What ``kill -9 -- -PGID`` of a ``run.runtime: process`` run leaves: its segment, owned
+    by a dead driver. The next start (and resume) of that run directory removes it."""
+    from freshroll.config import load_config
+    from freshroll.runtime import run as run_mod
+
+    sim = ["rollout.engine=sim", "sim.clock=virtual", "run.progress=false", "run.steps=2",
+           "task.n_prompts=16", "rollout.group_size=2", "rollout.batch_groups=2"]
+    out = tmp_path / "run"
+    live = _lay(segments, segment_name(out, os.getpid(), "ee55"))
+    for resume in (False, True):
+        leaked = _lay(segments, segment_name(out, _dead_pid(), "ff66"))
+        stream = io.StringIO()
+        cfg = None if resume else load_config(None, sim)
+        assert run_mod.run(cfg, out, resume=resume, stream=stream, report=False).ok
+        assert not leaked.exists(), "the killed run's segment leaked"
+        assert f"removed 1 shared-memory weight segment(s) a killed run left: {leaked.name}" \
+            in stream.getvalue()
+        assert live.exists()

@@ -152,3 +152,48 @@ def test_latest_checkpoint_picks_highest_step(tmp_path: Path) -> None:
     assert checkpoint_dir(tmp_path, 1234567) == tmp_path / "step-1234567"
     (tmp_path / "step-1234567").mkdir()
     assert latest_checkpoint(tmp_path) == tmp_path / "step-1234567"
+
+
+# -- write failures: issue 23, defect 6 -------------------------------------------------------
+def _failing_save_file(message: str):  # type: ignore[no-untyped-def]
+    from safetensors import SafetensorError
+
+    def save_file(tensors, filename, *a, **kw):  # type: ignore[no-untyped-def]
+        raise SafetensorError(message)
+
+    return save_file
+
+
+def test_a_safetensors_write_failure_is_the_os_error_naming_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """safetensors writes a temp file of its own and quotes the OS error in a
+    SafetensorError; the checkpoint raises the OSError it is, naming the file asked for."""
+    import errno
+
+    from freshroll.trainer import checkpoint
+
+    monkeypatch.setattr(checkpoint, "save_file", _failing_save_file(
+        "Error while serializing: I/O error: No space left on device (os error 28) at path "
+        f'"{tmp_path}/.tmpAbC123"'))
+    target = tmp_path / "step-000001"
+    with pytest.raises(OSError) as info:
+        checkpoint.save_checkpoint(target, model_state={"w": torch.zeros(3)}, optimizer=None,
+                                   meta={"step": 1})
+    assert info.value.errno == errno.ENOSPC
+    assert info.value.strerror == "No space left on device"
+    assert info.value.filename == str(tmp_path / "step-000001.tmp" / "model.safetensors")
+    assert not target.exists() and not (tmp_path / "step-000001.tmp").exists()
+
+
+def test_a_safetensors_error_that_is_not_an_os_error_passes_unchanged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from safetensors import SafetensorError
+
+    from freshroll.trainer import checkpoint
+
+    monkeypatch.setattr(checkpoint, "save_file",
+                        _failing_save_file("Error while serializing: header too large"))
+    with pytest.raises(SafetensorError, match="header too large"):
+        checkpoint.save_tensors({"w": torch.zeros(3)}, tmp_path / "x.safetensors")

@@ -52,7 +52,7 @@ from freshroll.clock import Clock, RealClock, VirtualClock
 from freshroll.config import Config, read_yaml, validate
 from freshroll.engines.base import InferenceEngine
 from freshroll.errors import ConfigError, Interrupted, StorageError
-from freshroll.ledger import Ledger, open_ledger
+from freshroll.ledger import RESERVE_BYTES, Ledger, open_ledger
 from freshroll.lineage import PolicyVersion
 from freshroll.metrics import Tally
 from freshroll.runtime.adapters import (
@@ -75,7 +75,7 @@ from freshroll.runtime.ray_trainer import RayTrainer
 from freshroll.runtime.resume import announce
 from freshroll.runtime.rundir import write_text_atomic
 from freshroll.runtime.seams import AsyncScorer, AsyncTrainer, EngineFactory, TrainerState
-from freshroll.runtime.shm_weights import WeightChannel
+from freshroll.runtime.shm_weights import WeightChannel, sweep_segments
 from freshroll.runtime.thread_probe import settle_placement
 from freshroll.trainer.checkpoint import checkpoint_dir, save_checkpoint
 from freshroll.trainer.grpo import GRPOLearner
@@ -139,7 +139,7 @@ class Recorder:
                 meta={"step": version.step, "version": str(version)},
             )
         except OSError as exc:  # disk full, read-only, ...: the step is not committed
-            raise StorageError(f"checkpoint {target}: {exc.strerror or exc}") from exc
+            raise checkpoint_error(target, exc) from exc
         keep = self.cfg.trainer.keep_checkpoints
         for old in sorted(root.glob("step-*"))[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
@@ -169,6 +169,12 @@ class Recorder:
         self.stream.write(("\r" if tty else "") + line + end)
         self.stream.flush()
 
+    def catch_up(self) -> None:
+        """Write the rows of the commits that became durable after the last step's rows (a
+        run stopped by a full disk closes its ledger with the commit whose flush failed)."""
+        for row in self._fold():
+            self.metrics.write(row)
+
     def close(self) -> None:
         self.metrics.close()
 
@@ -176,6 +182,16 @@ class Recorder:
 def learner_state(learner: GRPOLearner) -> TrainerState:
     """The checkpoint state of a learner in this process."""
     return lambda: (learner.model.state_dict(), learner.optimizer.state_dict())
+
+
+def checkpoint_error(target: Path, exc: OSError) -> StorageError:
+    """A checkpoint write's failure as one line naming the checkpoint and the file that
+    failed (``exc.filename``: safetensors' own errors come as OSError, see
+    :func:`freshroll.trainer.checkpoint.save_tensors`)."""
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    if exc.filename is None:
+        return StorageError(f"checkpoint {target}: {reason}")
+    return StorageError(f"checkpoint {target}: cannot write {exc.filename}: {reason}")
 
 
 def _fmt(value: Any, spec: str) -> str:
@@ -309,7 +325,7 @@ def build_components(
     channel: WeightChannel | None = None
     if runtime == "process":  # weights once per version into shared memory (unlinked at close)
         channel = WeightChannel.create(learner.model.state_dict(),
-                                       wait_s=cfg.limits.weights_timeout_s + 5.0)
+                                       wait_s=cfg.limits.weights_timeout_s + 5.0, run_dir=out)
         publish = channel.publish
     elif runtime == "ray":  # private: in RUN_DIR/ray.json
         from freshroll.runtime.ray_engine import ray_publish, start_ray, stop_ray
@@ -440,7 +456,8 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
         cfg.run.max_staleness, cfg.rollout.batch_groups, cfg.rollout.group_size,
         cfg.rollout.max_inflight_groups,
     )
-    ledger = open_ledger(out)
+    _sweep_segments(out, stream)
+    ledger = open_ledger(out, reserve=RESERVE_BYTES)  # closes even on a full disk
     clock = run_clock(cfg, ledger)
     step = prep.history.step if prep.history else 0
     for change in prep.changes:
@@ -481,6 +498,8 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
         buf.shutdown("done")
     except BaseException as exc:  # one typed error; the ledger closed first (resumable)
         failure, stopped = exc, _stopped(exc, buf, cfg, out)
+        with contextlib.suppress(Exception):  # best effort: the next start writes them too
+            rec.catch_up()
     finally:
         parts.close()
         rec.close()
@@ -505,6 +524,15 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
         stream.write(line + "\n")
         stream.flush()
     return RunResult(out, done.summary, done.verified.ok)
+
+
+def _sweep_segments(out: Path, stream: TextIO) -> None:
+    """Remove the weight segments a killed process group of this run left in shared memory
+    (:func:`~freshroll.runtime.shm_weights.sweep_segments`), and say so."""
+    removed = sweep_segments(out)
+    if removed:
+        stream.write(f"freshroll: {out}: removed {len(removed)} shared-memory weight "
+                     f"segment(s) a killed run left: {', '.join(p.name for p in removed)}\n")
 
 
 def _start_line(cfg: Config, out: Path, model: Path, n_prompts: int, buf: SampleBuffer,

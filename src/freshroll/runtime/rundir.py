@@ -8,7 +8,8 @@ Guarantees:
   :meth:`RunDirLock.release` or the end of the process, however it ends: the kernel drops
   the locks of a dead process, also after SIGKILL. The file itself stays (deleting a locked
   file would let a third process lock a new one beside the holder).
-* :func:`check_out_dir` only reads: ``freshroll run`` calls it (and checks the model with
+* :func:`check_out_dir` only reads (at most SQLite recovers a journal a kill left beside the
+  ledger, which changes no committed content): ``freshroll run`` calls it (and checks the model with
   :func:`freshroll.engines.model_dir.check_model_dir`, loads prompts and rewards) before it
   writes anything, so a bad input leaves no half-made run directory behind.
 * :func:`write_text_atomic` writes a file under a temporary name, fsyncs it and renames it
@@ -24,7 +25,7 @@ from typing import IO
 
 from freshroll.config import Config, apply_override, read_yaml, validate
 from freshroll.errors import RunDirError
-from freshroll.ledger import LEDGER_FILE
+from freshroll.ledger import LEDGER_FILE, holds_events
 
 LOCK_FILE = "run.lock"
 
@@ -73,13 +74,18 @@ def lock_run_dir(run_dir: Path) -> RunDirLock:
 
 
 def check_out_dir(run_dir: Path, *, resume: bool) -> None:
-    """A run directory that can be used: a new one, or (``resume``) one that holds a run."""
+    """A run directory that can be used: a new one, or (``resume``) one that holds a run.
+
+    A ledger with no event (a kill during its creation or before the run's first write)
+    holds no run: a new run may start in it, and ``--resume`` starts the run from step 0
+    with the directory's ``config.yaml``."""
     if run_dir.exists() and not run_dir.is_dir():
         raise RunDirError(f"{run_dir}: not a directory (--out and --resume name a run directory)")
-    has_ledger = (run_dir / LEDGER_FILE).is_file()
-    if resume and not has_ledger:
-        raise RunDirError(f"{run_dir}: nothing to resume (no {LEDGER_FILE})")
-    if not resume and (run_dir / LEDGER_FILE).exists():
+    ledger = run_dir / LEDGER_FILE
+    if resume and not ledger.is_file():
+        raise RunDirError(f"{run_dir}: nothing to resume (no {LEDGER_FILE}); start the run "
+                          f"with --out {run_dir}")
+    if not resume and holds_events(ledger):
         raise RunDirError(
             f"{run_dir}: already holds a run; use --resume {run_dir} or another --out"
         )

@@ -26,12 +26,17 @@ its copy.
 Lifetime: the segment is created by :meth:`WeightChannel.create` and unlinked by
 :meth:`WeightChannel.close` (the run's end, failure included); a worker process whose driver
 died (its pipe hit EOF) unlinks it too (:func:`unlink_quietly`), so a SIGKILLed driver leaves
-nothing in ``/dev/shm`` once its workers are gone.
+nothing in ``/dev/shm`` once its workers are gone. A kill of the whole process group leaves
+it, so a segment names its owner: ``freshroll-w-<run key>-<pid>-<random>``, the run key
+being 12 hex digits of the resolved run directory's path (:func:`run_key`) and the pid the
+driver's. Every start and resume of a run calls :func:`sweep_segments`, which removes that
+run directory's segments whose owner is dead, never a live process's, never another run's.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import mmap
 import os
 import secrets
@@ -45,6 +50,7 @@ from typing import Any
 import torch
 
 from freshroll.errors import WorkerTimeout
+from freshroll.procs import pid_alive
 
 K = 2  # slots: a worker may read version n while version n+1 is written
 ALIGN = 64
@@ -117,6 +123,39 @@ def unlink_quietly(path: str | os.PathLike[str]) -> None:
         os.unlink(path)
 
 
+def run_key(run_dir: Path | None) -> str:
+    """12 hex digits of ``run_dir``'s resolved path (``run_dir`` None: no run, all zeros)."""
+    if run_dir is None:
+        return "0" * 12
+    return hashlib.sha256(str(Path(run_dir).resolve()).encode()).hexdigest()[:12]
+
+
+def segment_name(run_dir: Path | None, pid: int, tag: str) -> str:
+    """The segment file name of run ``run_dir`` owned by process ``pid``."""
+    return f"{PREFIX}{run_key(run_dir)}-{pid}-{tag}"
+
+
+def segment_owner(name: str) -> tuple[str, int] | None:
+    """``(run key, owner pid)`` of a segment name; None for a name of another form."""
+    parts = name.removeprefix(PREFIX).split("-") if name.startswith(PREFIX) else []
+    if len(parts) != 3 or len(parts[0]) != 12 or not parts[1].isdigit():
+        return None
+    return parts[0], int(parts[1])
+
+
+def sweep_segments(run_dir: Path) -> list[Path]:
+    """Remove ``run_dir``'s segments whose owner process is dead (a kill of the whole
+    process group leaves them); returns the removed paths. A segment of a live owner, of
+    another run directory, or of another name form is kept."""
+    key, removed = run_key(run_dir), []
+    for path in sorted(shm_dir().glob(f"{PREFIX}{key}-*")):
+        owner = segment_owner(path.name)
+        if owner is not None and owner[0] == key and not pid_alive(owner[1]):
+            unlink_quietly(path)
+            removed.append(path)
+    return removed
+
+
 class _Mapped:
     """A mapped segment file: its header and per-slot tensor views."""
 
@@ -167,10 +206,12 @@ class WeightChannel:
         self.wait_total_s = 0.0  # seconds publish waited for readers, in total
 
     @classmethod
-    def create(cls, state: Mapping[str, torch.Tensor], wait_s: float) -> WeightChannel:
-        """A new segment for state dicts shaped like ``state`` (nothing is copied yet)."""
+    def create(cls, state: Mapping[str, torch.Tensor], wait_s: float,
+               run_dir: Path | None = None) -> WeightChannel:
+        """A new segment for state dicts shaped like ``state`` (nothing is copied yet),
+        owned by this process for run ``run_dir`` (its name: :func:`segment_name`)."""
         layout = Layout.of(state)
-        path = shm_dir() / f"{PREFIX}{os.getpid()}-{secrets.token_hex(6)}"
+        path = shm_dir() / segment_name(run_dir, os.getpid(), secrets.token_hex(6))
         return cls(_Mapped(path, layout, create=True), wait_s)
 
     def publish(self, learner: Any) -> SlotHandle:
@@ -251,4 +292,5 @@ class SlotReader:
 
 
 __all__ = ["K", "Layout", "SlotBusy", "SlotHandle", "SlotReader", "StaleHandle",
-           "WeightChannel", "unlink_quietly"]
+           "WeightChannel", "run_key", "segment_name", "segment_owner", "sweep_segments",
+           "unlink_quietly"]

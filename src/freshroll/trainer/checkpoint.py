@@ -17,6 +17,11 @@ and the tmp directory are fsynced, then ``os.replace(<dir>.tmp, <dir>)``. An exi
 ``<dir>`` is first renamed to ``<dir>.old`` and deleted after the swap, so a reader sees
 either the old or the new checkpoint, never a mix. ``step-NNNNNN`` directories are the only
 ones :func:`latest_checkpoint` considers; the step is ``int(NNNNNN)``.
+
+Write failures: :func:`save_checkpoint` raises ``OSError`` (errno, and the file it was
+writing) for every failed write, also where safetensors raises its own ``SafetensorError``
+quoting the OS error ("No space left on device (os error 28)"), so the run's error boundary
+reports a full disk as a disk-full error naming the file, not as a bug.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
@@ -51,6 +57,7 @@ META_FILE = "meta.json"
 MANIFEST_FILE = "manifest.json"
 FORMAT_VERSION = 1
 _STEP_RE = re.compile(r"^step-(\d+)$")
+_OS_ERROR_RE = re.compile(r"\(os error (\d+)\)")
 
 
 @dataclass
@@ -153,6 +160,20 @@ def _write_json(path: Path, doc: Any) -> None:
         os.fsync(fh.fileno())
 
 
+def save_tensors(tensors: Mapping[str, Tensor], path: Path) -> None:
+    """``safetensors.torch.save_file`` whose write failures raise ``OSError(errno, strerror,
+    path)``: safetensors quotes the OS error ("... (os error 28) at path ...tmpXYZ") in a
+    ``SafetensorError`` of its own. Its other errors (bad tensors) pass unchanged."""
+    try:
+        save_file(dict(tensors), str(path))
+    except SafetensorError as exc:
+        found = _OS_ERROR_RE.search(str(exc))
+        if found is None:
+            raise
+        code = int(found.group(1))
+        raise OSError(code, os.strerror(code), str(path)) from exc
+
+
 def _write_all(
     tmp: Path,
     model_state: Mapping[str, Tensor],
@@ -161,12 +182,12 @@ def _write_all(
 ) -> None:
     """Write every checkpoint file into ``tmp`` (manifest last) and fsync them."""
     files = [MODEL_FILE, META_FILE]
-    save_file(_plain_tensors(model_state), str(tmp / MODEL_FILE))
+    save_tensors(_plain_tensors(model_state), tmp / MODEL_FILE)
     fsync_path(tmp / MODEL_FILE)
     if optimizer is not None:
         sd = optimizer if isinstance(optimizer, Mapping) else optimizer.state_dict()
         tensors, doc = _split_optimizer(sd)
-        save_file(_plain_tensors(tensors), str(tmp / OPTIM_TENSORS_FILE))
+        save_tensors(_plain_tensors(tensors), tmp / OPTIM_TENSORS_FILE)
         fsync_path(tmp / OPTIM_TENSORS_FILE)
         _write_json(tmp / OPTIM_JSON_FILE, doc)
         files += [OPTIM_TENSORS_FILE, OPTIM_JSON_FILE]
