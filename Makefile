@@ -6,11 +6,14 @@
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
-# pytest workers (pytest-xdist): one per core, at most 4 (each holds torch and a model)
-TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n : 4 )))
+# pytest workers (pytest-xdist): one per core plus one, at most 5 (each holds torch and a
+# model): the Ray and vLLM tests share one worker and mostly wait on their servers, so the
+# extra worker keeps the cores busy meanwhile (docs/testing.md). --dist loadfile is the
+# suite's own scheduler (tests/scheduling.py): the longest work first, by tests/costs.json.
+TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n + 1 : 5 )))
 PYTEST := $(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile
 
-.PHONY: setup demo test test-fast lint typecheck bench bench-quick chaos chaos-real validate clean
+.PHONY: setup demo test test-fast test-costs lint typecheck bench bench-quick chaos chaos-real validate clean
 
 setup: $(VENV)/.installed
 
@@ -38,11 +41,18 @@ typecheck: setup
 	$(BIN)/mypy
 
 test: lint typecheck
-	$(PYTEST)
+	@start=$$(date +%s); $(PYTEST); rc=$$?; \
+	echo "make test: the suite took $$(( $$(date +%s) - start )) s (budget: docs/testing.md)"; \
+	exit $$rc
 
 # the inner loop: unit and fast tests only (no end-to-end runs of the real CLI)
 test-fast: setup
 	$(PYTEST) -m "not slow" -x
+
+# re-record tests/costs.json (each file's seconds, which the scheduler hands out longest
+# first) from a whole run of the suite; commit the result when the suite's shape changed
+test-costs: setup
+	FRESHROLL_TEST_COSTS=1 $(PYTEST)
 
 # the tables of docs/bench.md (sync vs static vs adaptive: P1, P2, P3 on both clocks, and the
 # real embedded default), then the kernel's own throughput (docs/kernel.md)
