@@ -352,7 +352,7 @@ class ProcessEngine:
                 conn.close()
 
     def alive(self) -> bool:
-        return self._proc.is_alive()
+        return bool(self._proc.is_alive())
 
 
 __all__ = ["ProcessEngine", "completion_from_json", "completion_to_json"]
