@@ -20,7 +20,7 @@ if os.environ.get("CI"):
 
 
 
-ONE_AT_A_TIME = ("ray", "vllm")
+ONE_AT_A_TIME = ("vllm",)
 
 
 def _module_kinds(module: object) -> set[str]:
@@ -44,7 +44,7 @@ def _held(kinds: Iterable[str], factory: pytest.TempPathFactory) -> Iterator[Non
 @pytest.fixture(autouse=True, scope="module")
 def _one_module_at_a_time(request: pytest.FixtureRequest,
                           tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """A module marked ``ray`` or ``vllm`` as a whole holds its lock for all its tests and
+    """A module marked ``vllm`` as a whole holds its lock for all its tests and
     module-scoped fixtures (which start before any function-scoped fixture)."""
     with _held(_module_kinds(request.module), tmp_path_factory):
         yield
@@ -53,13 +53,13 @@ def _one_module_at_a_time(request: pytest.FixtureRequest,
 @pytest.fixture(autouse=True)
 def _one_at_a_time(request: pytest.FixtureRequest,
                    tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Tests marked ``ray`` (they start a private Ray instance) run one at a time, and so do
-    those marked ``vllm`` (each engine takes gigabytes), also across ``pytest -n`` workers
-    (``make test`` runs ``--dist loadfile``: a module's tests share one worker): a file lock
-    in the directory all workers share. The Ray cleanup checks count every freshroll Ray
-    instance on the machine, so two at once would see each other's. (pytest-xdist's
+    """Tests marked ``vllm`` run one at a time (each engine takes gigabytes), also across
+    ``pytest -n`` workers (``make test`` runs ``--dist loadfile``: a module's tests share
+    one worker): a file lock in the directory all workers share. (pytest-xdist's
     ``loadgroup`` would serialise them without a lock, but it no longer groups on
-    pytest >= 9.2: pytest-xdist#1386.)"""
+    pytest >= 9.2: pytest-xdist#1386.) Tests marked ``ray`` run side by side: each starts
+    its own private instance, and a test that checks its instances are gone counts only
+    the ones it started (tests/ray_owner.py)."""
     kinds = {k for k in ONE_AT_A_TIME if request.node.get_closest_marker(k)}
     with _held(kinds - _module_kinds(request.module), tmp_path_factory):
         yield

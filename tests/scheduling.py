@@ -1,24 +1,25 @@
 """How ``make test`` shares the suite out between its pytest-xdist workers.
 
 ``--dist loadfile`` alone hands out files in collection order, so the slow files arrive
-last and one worker finishes minutes before the other; and the tests that start Ray or
-build a vLLM engine hold a machine-wide lock (``tests/conftest.py``), so whenever two of
-them landed on two workers one worker sat waiting on the lock (up to 194 s in one setup,
-measured 2026-12-03). This scheduler, used when ``--dist loadfile`` is asked for:
+last and one worker finishes minutes before the other; and the tests that build a vLLM
+engine hold a machine-wide lock (``tests/conftest.py``), so whenever two of them landed on
+two workers one worker sat waiting on the lock (up to 194 s in one setup, measured
+2026-12-03). This scheduler, used when ``--dist loadfile`` is asked for:
 
-* puts every test marked ``ray`` in one work unit and every test marked ``vllm`` in
-  another (a mark on the module's ``pytestmark`` takes the whole file, a mark on a test
-  function takes that test), so the lock is never waited on: one worker runs them in turn
-  while the other runs the rest;
+* puts every test marked ``vllm`` in one work unit (a mark on the module's ``pytestmark``
+  takes the whole file, a mark on a test function takes that test), so the lock is never
+  waited on: one worker runs them in turn while the others run the rest (the Ray tests
+  were one unit too, about 900 s on one worker under load, until they could run side by
+  side: tests/ray_owner.py);
 * hands out the units longest first, by the seconds each file took in a recorded run
-  (``tests/costs.json``; a file not in it counts as :data:`UNKNOWN_S`), so that both
-  workers are busy to the end (the longest-processing-time rule).
+  (``tests/costs.json``; a file not in it counts as :data:`UNKNOWN_S`), so that every
+  worker is busy to the end (the longest-processing-time rule).
 
 ``tests/costs.json`` is rewritten by ``make test-costs`` (``FRESHROLL_TEST_COSTS=1``): the
 controller sums each file's setup, call and teardown durations as its workers report them.
 The marks are read from the test files' source (the controller collects nothing itself),
-with :mod:`ast`: a decorator ``pytest.mark.ray``/``pytest.mark.vllm`` or a module-level
-``pytestmark`` naming one.
+with :mod:`ast`: a decorator ``pytest.mark.vllm`` or a module-level ``pytestmark`` naming
+it.
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 COSTS = Path(__file__).with_name("costs.json")
-#: marks whose tests share one work unit each (they hold a machine-wide lock)
-SERIAL = ("ray", "vllm")
+#: marks whose tests share one work unit each (they hold a machine-wide lock; the Ray tests
+#: did until their leak checks counted only their own instances: tests/ray_owner.py)
+SERIAL = ("vllm",)
 #: the cost of a file that tests/costs.json does not know (a new file: a few seconds)
 UNKNOWN_S = 5.0
 

@@ -19,7 +19,8 @@ import pytest
 from e2e_helpers import REPO, freshroll, metrics, summary
 
 from freshroll.runtime import ray_reaper
-from freshroll.runtime.ray_reaper import TOKEN_ENV, alive, live_tokens, session_pids
+from freshroll.runtime.ray_reaper import TOKEN_ENV, alive, session_pids
+from ray_owner import live_tokens_of, owned
 
 pytestmark = pytest.mark.ray
 
@@ -169,17 +170,18 @@ def test_driver_sigkill_leaves_no_ray_process(tmp_path: Path, small: list[str]):
 def test_resume_reaps_what_a_killed_driver_and_watchdog_left(tmp_path: Path, small: list[str]):
     """Guard 3: driver and watchdog both SIGKILLed; the resume stops the leftovers, then
     finishes the run, and its own instance is gone when it exits."""
-    before = live_tokens()
     out = tmp_path / "ray"
-    proc, token = _start_ray_run(out, small)
-    record = json.loads((out / "ray.json").read_text())
-    pids = session_pids(token)
-    os.kill(record["watchdog_pid"], signal.SIGKILL)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    res = freshroll("run", "--resume", str(out), timeout=400, subprocess=True)
-    assert "verify: ok" in res.stdout
-    assert summary(out)["steps"] == 40
-    assert not any(alive(p) for p in pids), f"still alive: {[p for p in pids if alive(p)]}"
-    assert live_tokens() <= before  # neither the old nor the resumed instance remains
+    with owned() as tag:  # other tests' Ray instances may run beside this one
+        proc, token = _start_ray_run(out, small)
+        assert live_tokens_of(tag) == {token}  # the tag reaches the instance's processes
+        record = json.loads((out / "ray.json").read_text())
+        pids = session_pids(token)
+        os.kill(record["watchdog_pid"], signal.SIGKILL)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        res = freshroll("run", "--resume", str(out), timeout=400, subprocess=True)
+        assert "verify: ok" in res.stdout
+        assert summary(out)["steps"] == 40
+        assert not any(alive(p) for p in pids), f"still alive: {[p for p in pids if alive(p)]}"
+        assert live_tokens_of(tag) == set()  # neither the old nor the resumed instance remains
     assert not (out / "ray.json").exists()

@@ -32,7 +32,7 @@ Where a fault does not apply (:func:`skip_reason`): on ``inline`` every fault wh
 needs a new engine for a worker (a lost or timed-out worker): an inline HF engine lives in
 the run's process and cannot be restarted, so such a run ends at once with ``RunFailed``
 ("... its engine cannot be restarted"; resumable), by design. Those cases are skipped on
-``inline`` (with the reason), and tests/chaos/test_real.py shows the stop.
+``inline`` (with the reason), and tests/chaos/test_real_inline.py shows the skips.
 """
 
 from __future__ import annotations
