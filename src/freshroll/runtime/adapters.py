@@ -36,6 +36,12 @@ the result, so the event loop never blocks:
   step, the weights digest and the publication of the new weights (``publish``: a copy
   inline, a shared-memory slot or a Ray object for workers in processes of their own) run
   on the trainer thread, and ``before_commit`` (the Recorder's checkpoint) runs there too.
+  Each is bounded by ``timeout_s`` (``limits.train_timeout_s``): a torch step on a thread
+  cannot be interrupted, so one that does not return in time is abandoned (a daemon
+  thread: it never holds the process at exit) and the run stops with
+  :class:`~freshroll.errors.RunFailed` (resumable: nothing of the step was committed, and
+  ``--resume`` trains it again from the last durable commit). :meth:`ThreadTrainer.close`
+  waits for a step cancelled by the run's end until that step's own deadline, never longer.
 """
 
 from __future__ import annotations
@@ -45,12 +51,13 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from freshroll.buffer import SampleBuffer
 from freshroll.config import LimitsSection
 from freshroll.engines.base import Completion, InferenceEngine
+from freshroll.errors import RunFailed, WorkerTimeout
 from freshroll.lineage import PolicyVersion
 from freshroll.rewards.calling import RewardState
 from freshroll.rewards.scoring import RewardSet, Score
@@ -268,11 +275,14 @@ class ThreadTrainer:
 
     def __init__(self, learner: GRPOLearner, buf: SampleBuffer,
                  before_commit: Callable[[PolicyVersion], None] = lambda v: None,
-                 publish: Publish = clone_weights) -> None:
+                 publish: Publish = clone_weights, timeout_s: float | None = None) -> None:
         self.learner, self.buf, self._before_commit = learner, buf, before_commit
         self.publish = publish
         self.settings_digest = learner.settings_digest
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="trainer")
+        self.timeout_s = timeout_s  # limits.train_timeout_s; None: unbounded (tests only)
+        self._pool = AbandonableExecutor("trainer")
+        self._deadline: float | None = None  # of a call cancelled by the run's end
+        self._timed_out = False
         self._weights: Any = None
         self.publish_s = 0.0  # seconds spent publishing, in total
 
@@ -290,17 +300,46 @@ class ThreadTrainer:
 
     async def step(self, lease: Lease) -> tuple[dict[str, float], str]:
         samples = train_samples(self.buf, lease.samples, lease.version)
-        return await asyncio.get_running_loop().run_in_executor(self._pool, self._step, samples)
+        return await self._call("a step", self._step, samples)
 
     async def before_commit(self, version: PolicyVersion) -> None:
-        await asyncio.get_running_loop().run_in_executor(self._pool, self._before_commit, version)
+        await self._call(f"the checkpoint of step {version.step}", self._before_commit, version)
+
+    async def _call(self, what: str, fn: Callable[..., T], *args: Any) -> T:
+        """``fn`` on the trainer thread, within ``timeout_s`` (module docstring)."""
+        fut = self._pool.submit(fn, *args)
+        t0 = time.monotonic()
+        try:
+            async with asyncio.timeout(self.timeout_s) as cm:
+                return await asyncio.wrap_future(fut)
+        except TimeoutError:
+            if not cm.expired():
+                raise
+            self._pool.abandon()
+            self._timed_out = True
+            raise RunFailed(
+                f"trainer {what} did not return within {self.timeout_s:g} s "
+                "(limits.train_timeout_s); an in-process step cannot be interrupted, its "
+                "thread was abandoned: the run stops, --resume trains the step again"
+            ) from WorkerTimeout(f"trainer {what}")
+        except asyncio.CancelledError:  # the run ended: close() waits until its deadline
+            if self.timeout_s is not None and not fut.done():
+                self._deadline = t0 + self.timeout_s
+            raise
 
     def weights(self) -> Any:
         """The publication of the newest step's weights (of the initial ones before any)."""
         return self._weights if self._weights is not None else self._publish()
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        """Stop the trainer thread: a call cancelled by the run's end is waited for until its
+        own deadline (it may be writing a checkpoint), a timed-out one not at all."""
+        wait: float | None = None
+        if self._timed_out:
+            wait = 0.0
+        elif self._deadline is not None:
+            wait = max(0.0, self._deadline - time.monotonic())
+        self._pool.shutdown(wait=wait != 0.0, cancel_futures=True, timeout=wait)
 
 
 __all__ = ["KillableThreadEngine", "Publish", "ThreadEngine", "ThreadEngineFactory",
