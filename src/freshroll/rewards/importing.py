@@ -60,7 +60,8 @@ def bounded(fn: Callable[[], T], what: str, timeout_s: float | None, heartbeat_s
         if waited >= timeout_s:
             raise ImportTimeout(f"{what} did not finish within {timeout_s:g} s "
                                 "(limits.reward_import_timeout_s); its thread was abandoned")
-        say(f"waiting {waited:.0f} s on {what}, limit {timeout_s:g} s")
+        say(f"waiting {waited:.0f} s on {what}, limit {timeout_s:g} s" if waited >= 10 else
+            f"waiting {waited:.1f} s on {what}, limit {timeout_s:g} s")
     if failed:
         raise failed[0]
     return box[0]

@@ -300,10 +300,10 @@ class ThreadTrainer:
 
     async def step(self, lease: Lease) -> tuple[dict[str, float], str]:
         samples = train_samples(self.buf, lease.samples, lease.version)
-        return await self._call("a step", self._step, samples)
+        return await self._call("step", self._step, samples)
 
     async def before_commit(self, version: PolicyVersion) -> None:
-        await self._call(f"the checkpoint of step {version.step}", self._before_commit, version)
+        await self._call(f"checkpoint of step {version.step}", self._before_commit, version)
 
     async def _call(self, what: str, fn: Callable[..., T], *args: Any) -> T:
         """``fn`` on the trainer thread, within ``timeout_s`` (module docstring)."""
@@ -318,7 +318,7 @@ class ThreadTrainer:
             self._pool.abandon()
             self._timed_out = True
             raise RunFailed(
-                f"trainer {what} did not return within {self.timeout_s:g} s "
+                f"the trainer's {what} did not return within {self.timeout_s:g} s "
                 "(limits.train_timeout_s); an in-process step cannot be interrupted, its "
                 "thread was abandoned: the run stops, --resume trains the step again"
             ) from WorkerTimeout(f"trainer {what}")

@@ -183,6 +183,7 @@ class Pipeline:
                 self.pool = WorkerPool(self, tg, settings.concurrency)
                 self.steering.apply(settings)
                 await self.pool.started()  # every engine up before the clock counts waits
+                self.waits.progressed()  # and before the no-progress guard's (a start has its own)
                 tg.create_task(self._feeder(), name="feeder")
                 tg.create_task(self.rewarder.run(), name="rewarder")
                 tg.create_task(self._trainer(), name="trainer")

@@ -12,9 +12,11 @@ Rules (``now`` and every ``since`` from the same clock; ``h = limits.heartbeat_s
 
     overdue(now)  = the oldest wait of each `what` with  now - since >= h,  oldest first
     due(now)      = overdue(now), each `what` at most once per h (the heartbeat lines)
-    line(w, now)  = "waiting {now - since:.0f} s on {what}, limit {limit:g} s"
+    line(w, now)  = "waiting {now - since} s on {what}, limit {limit:g} s"  (whole seconds;
+                                                            tenths below 10 s)
     stalled(now)  = now - last_progress >= m     (last_progress: the last committed or
-                                                  skipped step, else the pipeline's start)
+                                                  skipped step, else the moment the first
+                                                  workers were up: a start has its own bound)
 
 A stalled run stops (:class:`~freshroll.errors.NoProgress`, :func:`stall_message`) naming
 the oldest wait in flight, or saying that nothing was in flight (every stage idle: the
@@ -45,7 +47,7 @@ class Wait:
     def line(self, now: float) -> str:
         """``waiting 60 s on w0 generate, limit 600 s``."""
         limit = f", limit {self.limit_s:g} s" if self.limit_s is not None else ""
-        return f"waiting {max(0.0, now - self.since):.0f} s on {self.what}{limit}"
+        return f"waiting {seconds(now - self.since)} s on {self.what}{limit}"
 
 
 class Waits:
@@ -56,7 +58,7 @@ class Waits:
         self._waits: dict[int, Wait] = {}
         self._ids = itertools.count()
         self._said: dict[str, float] = {}  # what -> when its last heartbeat line was due
-        self.last_progress = clock.now()
+        self.last_progress: float | None = None  # None: not counting yet (workers starting)
 
     def begin(self, what: str, limit_s: float | None = None) -> int:
         """Register a wait starting now; returns its token for :meth:`end`."""
@@ -80,7 +82,8 @@ class Waits:
             self.end(token)
 
     def progressed(self, now: float | None = None) -> None:
-        """A step was committed (or skipped): the no-progress clock starts again."""
+        """A step was committed (or skipped), or the first workers are up: the no-progress
+        clock starts (again)."""
         self.last_progress = self.clock.now() if now is None else now
 
     def overdue(self, now: float) -> list[Wait]:
@@ -108,7 +111,13 @@ class Waits:
         return min(self._waits.values(), key=lambda w: w.since, default=None)
 
     def stalled(self, now: float, max_no_progress_s: float) -> bool:
-        return now - self.last_progress >= max_no_progress_s
+        return self.last_progress is not None and now - self.last_progress >= max_no_progress_s
+
+
+def seconds(s: float) -> str:
+    """``60``, ``1800``; tenths below 10 s (``0.4``): a short bound's wait reads as moving."""
+    s = max(0.0, s)
+    return f"{s:.0f}" if s >= 10 else f"{s:.1f}"
 
 
 def heartbeat(waits: list[Wait], now: float) -> str:
@@ -118,7 +127,8 @@ def heartbeat(waits: list[Wait], now: float) -> str:
 
 def stall_message(waits: Waits, now: float, max_no_progress_s: float, step: int) -> str:
     """Why a stalled run stops: how long, the limit, and what it was waiting on."""
-    head = (f"no trainer step committed for {now - waits.last_progress:.0f} s "
+    since = waits.last_progress if waits.last_progress is not None else now
+    head = (f"no trainer step committed for {seconds(now - since)} s "
             f"(limits.max_no_progress_s={max_no_progress_s:g}) after step {step}")
     w = waits.oldest()
     if w is None:
@@ -126,4 +136,4 @@ def stall_message(waits: Waits, now: float, max_no_progress_s: float, step: int)
     return f"{head}; {w.line(now)}"
 
 
-__all__ = ["Wait", "Waits", "heartbeat", "stall_message"]
+__all__ = ["Wait", "Waits", "heartbeat", "seconds", "stall_message"]
