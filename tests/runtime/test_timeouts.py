@@ -221,7 +221,7 @@ def test_a_run_that_commits_nothing_stops_naming_what_it_waited_on(tmp_path: Pat
         err = h.run(timeout_s=10)
     finally:
         gate.set()
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 < 15  # stuck for 30 s
     assert type(err) is NoProgress and exit_status(err) == 3
     assert str(err).startswith("no trainer step committed for 0.") and "after step 0" in str(err)
     assert "(limits.max_no_progress_s=0.6)" in str(err)
@@ -242,7 +242,7 @@ def test_a_stuck_in_process_trainer_step_is_bounded_and_said(tmp_path: Path):
         err = h.run(timeout_s=10)  # its close does not wait for the abandoned step
     finally:
         gate.set()
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 < 15  # stuck for 30 s
     assert type(err) is RunFailed and isinstance(err.__cause__, WorkerTimeout)
     assert "the trainer's step did not return within 0.6 s (limits.train_timeout_s)" in str(err)
     assert any(line.endswith("on trainer step 2, limit 0.6 s") for line in lines), lines

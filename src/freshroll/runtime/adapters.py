@@ -54,6 +54,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
+from freshroll import unsafe
 from freshroll.buffer import SampleBuffer
 from freshroll.config import LimitsSection
 from freshroll.engines.base import Completion, InferenceEngine
@@ -310,7 +311,8 @@ class ThreadTrainer:
         fut = self._pool.submit(fn, *args)
         t0 = time.monotonic()
         try:
-            async with asyncio.timeout(self.timeout_s) as cm:
+            limit = None if self.timeout_s is None else unsafe.timeout(self.timeout_s)
+            async with asyncio.timeout(limit) as cm:
                 return await asyncio.wrap_future(fut)
         except TimeoutError:
             if not cm.expired():

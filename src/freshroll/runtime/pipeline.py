@@ -68,6 +68,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from freshroll import events as ev
+from freshroll import unsafe
 from freshroll.breaker import FailureBudget, Rule
 from freshroll.buffer import SampleBuffer
 from freshroll.clock import VirtualClock
@@ -212,11 +213,12 @@ class Pipeline:
         committed nothing for ``limits.max_no_progress_s`` (:mod:`freshroll.runtime.waits`)."""
         lim, waits, clock = self.cfg.limits, self.waits, self.buf.clock
         say = not isinstance(clock, VirtualClock)
+        guard = unsafe.timeout(lim.max_no_progress_s)
         tick = min(lim.heartbeat_s, lim.max_no_progress_s) / 4
         while True:
             await asyncio.sleep(tick)
             now = clock.now()
-            if waits.stalled(now, lim.max_no_progress_s):
+            if waits.stalled(now, guard):
                 step = self.buf.version.step if self.buf.version is not None else 0
                 raise NoProgress(stall_message(waits, now, lim.max_no_progress_s, step))
             due = waits.due(now) if say else []
