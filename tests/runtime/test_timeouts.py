@@ -230,6 +230,27 @@ def test_a_run_that_commits_nothing_stops_naming_what_it_waited_on(tmp_path: Pat
     assert h.buf.closed and h.verify().ok  # closed "failed": resumable
 
 
+def test_a_stalled_generate_stops_the_run_and_its_engine_waits_for_it_out_loud(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+):
+    """The guard names the worker; closing its engine waits for the stuck call until the
+    call's own bound (its thread may hold the model), saying so past the heartbeat."""
+    gate, behaviour = blocker()
+    h = Harness(tmp_path, engines=[FakeEngine(behaviour)], overrides=[
+        "limits.generate_timeout_s=1.2", "limits.max_no_progress_s=0.4", "limits.heartbeat_s=0.3"])
+    lines: list[str] = []
+    h.pipe.on_wait = lines.append
+    try:
+        err = h.run(timeout_s=10)
+    finally:
+        gate.set()
+    assert type(err) is NoProgress and "s on w0 generate, limit 1.2 s" in str(err)
+    assert any(line.endswith("on w0 generate, limit 1.2 s") for line in lines), lines
+    closing = "s on w0 generate to return before its engine closes, limit 1.2 s"
+    assert closing in capsys.readouterr().err
+    assert h.buf.closed and h.verify().ok
+
+
 def test_a_stuck_in_process_trainer_step_is_bounded_and_said(tmp_path: Path):
     gate = threading.Event()
     learner = FakeLearner(lambda call: gate.wait(30) if call == 2 else None)

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -65,6 +66,7 @@ from freshroll.rewards.scoring import RewardSet, Score
 from freshroll.rewards.tasks import Prompt
 from freshroll.runtime.seams import Emit, EngineNotRestartable, GenRequest, SamplingParams
 from freshroll.runtime.threads import AbandonableExecutor
+from freshroll.runtime.waits import seconds
 from freshroll.state import Lease
 from freshroll.trainer.grpo import GRPOLearner, TrainSample
 from freshroll.trainer.replay import train_samples, weights_digest
@@ -80,14 +82,15 @@ class ThreadEngine:
     def __init__(self, engine: InferenceEngine, name: str, limits: LimitsSection) -> None:
         self.engine, self.name, self.limits = engine, name, limits
         self._pool = AbandonableExecutor(f"worker-{name}")
-        self._orphans: list[tuple[Future[Any], float]] = []  # (abandoned call, its deadline)
+        #: (abandoned call, what it was, when it was abandoned, its deadline)
+        self._orphans: list[tuple[Future[Any], str, float, float]] = []
         self._inflight: set[str] = set()  # samples of the calls not yet delivered
         self._dropped: set[str] = set()  # of those, the cancelled: never emitted
         # a restartable engine is one object across restarts (ThreadEngineFactory): this
         # adapter's close stops only the incarnation it was made for
         self._incarnation = getattr(engine, "incarnation", 0)
 
-    async def _run(self, timeout_s: float, fn: Callable[..., T], *args: Any,
+    async def _run(self, timeout_s: float, what: str, fn: Callable[..., T], *args: Any,
                    late: Callable[[Future[T]], None] | None = None) -> T:
         loop = asyncio.get_running_loop()
         fut = self._pool.submit(fn, *args)
@@ -95,7 +98,8 @@ class ThreadEngine:
             return await asyncio.wrap_future(fut)
         except asyncio.CancelledError:
             self._pool.abandon()  # a thread cannot be cancelled: the next call gets a new one
-            self._orphans.append((fut, loop.time() + timeout_s))
+            now = loop.time()
+            self._orphans.append((fut, what, now, now + timeout_s))
             if late is not None:
                 fut.add_done_callback(late)
             raise
@@ -128,8 +132,8 @@ class ThreadEngine:
                     loop.call_soon_threadsafe(deliver, fut.result())
 
         try:
-            comps = await self._run(self.limits.generate_timeout_s, self._generate, texts,
-                                    params, seed, late=late)
+            comps = await self._run(self.limits.generate_timeout_s, "generate", self._generate,
+                                    texts, params, seed, late=late)
         except asyncio.CancelledError:
             raise  # abandoned: ``late`` delivers or releases
         except BaseException:
@@ -147,7 +151,8 @@ class ThreadEngine:
         return comps
 
     async def load_weights(self, weights: Any) -> float:
-        return float(await self._run(self.limits.weights_timeout_s, self.engine.load_weights,
+        return float(await self._run(self.limits.weights_timeout_s, "load weights",
+                                     self.engine.load_weights,
                                      weights))
 
     async def cancel(self, samples: Sequence[str]) -> None:
@@ -157,13 +162,19 @@ class ThreadEngine:
 
     async def close(self) -> None:
         """Stop the executor; a call cancelled by the run's end is waited for until its own
-        deadline (its thread may still hold the model), a timed-out one not at all."""
+        deadline (its thread may still hold the model), a timed-out one not at all. A wait
+        longer than ``limits.heartbeat_s`` is said on stderr, as the pipeline's waits are
+        (:mod:`freshroll.runtime.waits`)."""
         loop = asyncio.get_running_loop()
         orphans, self._orphans = self._orphans, []
-        for fut, deadline in orphans:
-            remaining = deadline - loop.time()
-            if remaining > 0 and not fut.done():
-                await asyncio.wait([asyncio.wrap_future(fut)], timeout=remaining)
+        for fut, what, since, deadline in orphans:
+            while (remaining := deadline - loop.time()) > 0 and not fut.done():
+                await asyncio.wait([asyncio.wrap_future(fut)],
+                                   timeout=min(remaining, self.limits.heartbeat_s))
+                if not fut.done() and deadline > loop.time():
+                    sys.stderr.write(f"waiting {seconds(loop.time() - since)} s on {self.name} "
+                                     f"{what} to return before its engine closes, limit "
+                                     f"{deadline - since:g} s\n")
         self._pool.shutdown(wait=False, cancel_futures=True)
         stop = getattr(self.engine, "stop", None)
         current = getattr(self.engine, "incarnation", 0) == self._incarnation
