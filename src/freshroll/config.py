@@ -297,13 +297,29 @@ class LimitsSection(_Section):
         300.0, gt=0, le=86_400, description="max seconds for a (re)started Ray worker to be ready"
     )
     train_timeout_s: float = Field(
-        600.0, gt=0, le=86_400, description="max seconds of one trainer step in a trainer "
-        "actor (ray.trainer: actor), and of fetching its state for a checkpoint; then the "
-        "actor is killed and rebuilt from the last durable commit"
+        600.0, gt=0, le=86_400, description="max seconds of one trainer step and of its "
+        "checkpoint; a trainer actor (ray.trainer: actor) is then killed and rebuilt from the "
+        "last durable commit, an in-process trainer (inline, process) stops the run (RunFailed; "
+        "its thread cannot be interrupted, --resume trains the step again)"
     )
     reward_timeout_s: float = Field(
         300.0, gt=0, le=86_400, description="max seconds of one reward call; its samples are "
         "discarded as reward_timeout and the stuck thread is abandoned"
+    )
+    reward_import_timeout_s: float = Field(
+        120.0, gt=0, le=86_400, description="max seconds to import a reward module (a "
+        "file or module named by rewards[].fn); then the run does not start (ConfigError "
+        "naming the file)"
+    )
+    heartbeat_s: float = Field(
+        30.0, gt=0, le=86_400, description="a wait longer than this (a generate call, a "
+        "weight load, a worker start, a reward call, a trainer step, a reward import) is "
+        "said on the run's stream: 'waiting 60 s on w0 generate, limit 600 s' (real time only)"
+    )
+    max_no_progress_s: float = Field(
+        1800.0, gt=0, le=10**7, description="a run that commits (or skips) no trainer step "
+        "for this long stops (NoProgress, exit 3, resumable), naming the stage it was waiting "
+        "on; keep it above the per-stage bounds (a worker restart, 3 reward timeouts)"
     )
     max_consecutive_failures: int = Field(
         32, ge=1, le=10**9, description="failed samples in a row that stop the run, per reward "

@@ -19,6 +19,8 @@
     │       ├── FailureBudgetExceeded  a stage (reward fn, engine) failed too often; names
     │       │                      the stage and quotes its first error
     │       ├── NonFiniteStep      a step's loss or gradients were not finite (on_nonfinite: stop)
+    │       ├── NoProgress         no trainer step committed for limits.max_no_progress_s;
+    │       │                      names the stage the run was waiting on
     │       ├── StorageError       a checkpoint or run-directory write failed (disk full, ...)
     │       └── ClusterUnavailable the Ray cluster of run.ray_address does not answer, or
     │                              lacks the resources the run's actors declare (names the
@@ -123,6 +125,11 @@ class NonFiniteStep(RunFailed):
     def __init__(self, message: str, *, recoverable: bool = True) -> None:
         super().__init__(message)
         self.recoverable = recoverable
+
+
+class NoProgress(RunFailed):
+    """No trainer step was committed (or skipped) for ``limits.max_no_progress_s``; the
+    message names the wait in flight the longest (:mod:`freshroll.runtime.waits`)."""
 
 
 class StorageError(RunFailed):

@@ -10,7 +10,8 @@ fencing     the buffer applies a result from a fenced worker epoch (a zombie's l
             result) instead of rejecting it ``fenced``
 dedup       the buffer applies a second result for the same attempt (a duplicated
             completion or reward) instead of rejecting it ``duplicate``
-timeouts    generate calls, weight loads and reward calls are never timed out
+timeouts    generate calls, weight loads, reward calls and in-process trainer steps are
+            never timed out, and the no-progress guard never stops a run
 budget      the failure budget never stops a run
 ==========  ==========================================================================
 

@@ -130,3 +130,58 @@ def test_resume_with_max_staleness_zero_does_not_hang(tmp_path: Path):
                     timeout=240)
     assert "verify: ok" in res.stdout
     assert summary(out)["steps"] == steps
+
+
+@pytest.mark.slow
+def test_a_reward_module_that_blocks_at_import_fails_naming_the_file(tmp_path: Path):
+    """Before: `freshroll run` hung forever importing it."""
+    cfg = _reward_config(tmp_path, """
+        import time
+        time.sleep(120)
+        def blocks(prompts, completions, **kw):
+            return [0.0] * len(completions)
+    """, "blocks")
+    out = tmp_path / "run"
+    t0 = time.monotonic()
+    proc = freshroll("run", str(cfg), *REPRO, "limits.reward_import_timeout_s=0.6",
+                     "limits.heartbeat_s=0.2", "--out", str(out), check=False)
+    assert time.monotonic() - t0 < 60  # it sleeps 120 s (and the command imports torch)
+    assert proc.returncode == 2, proc.stderr  # a config error: nothing was run
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"reward import {tmp_path / 'blocks.py'} did not finish within 0.6 s " \
+           "(limits.reward_import_timeout_s)" in errors[0]
+    assert "on reward import" in proc.stderr and not (out / "ledger.sqlite").exists()
+
+
+@pytest.mark.slow
+def test_a_run_that_commits_nothing_stops_naming_the_stage_and_resumes(tmp_path: Path):
+    """A reward stuck for longer than limits.max_no_progress_s (its own bound is longer):
+    heartbeat lines name it, the run stops (exit 3) naming it, and --resume finishes."""
+    flag = tmp_path / "stuck"
+    flag.touch()
+    cfg = _reward_config(tmp_path, f"""
+        import pathlib, time
+        FLAG = pathlib.Path({str(flag)!r})
+        def sticky(prompts, completions, **kw):
+            while FLAG.exists():
+                time.sleep(0.05)
+            return [float(len(c) % 2) for c in completions]
+    """, "sticky")
+    out = tmp_path / "run"
+    try:
+        proc = freshroll("run", str(cfg), *REPRO, "run.steps=1", "run.runtime=inline",
+                         "limits.reward_timeout_s=60",
+                         "limits.max_no_progress_s=1", "limits.heartbeat_s=0.3",
+                         "--out", str(out), check=False)
+    finally:
+        flag.unlink()  # the abandoned reward thread returns
+    line = _failed_run(proc, out)
+    assert proc.returncode == 3
+    assert "no trainer step committed for 1." in line and "max_no_progress_s=1)" in line
+    assert "s on reward function 'sticky', limit 60 s" in line
+    beats = [x for x in proc.stderr.splitlines() if x.startswith("waiting ")]
+    assert beats and all("limit" in x for x in beats), proc.stderr
+    res = freshroll("run", "--resume", str(out), "limits.max_no_progress_s=600")
+    assert "verify: ok" in res.stdout
+    assert summary(out)["steps"] == 1

@@ -270,6 +270,41 @@ def test_recorder_writes_the_ledgers_rows_and_the_progress_line(tmp_path: Path) 
     buf.ledger.close()
 
 
+def test_a_heartbeat_joins_the_progress_line_on_a_terminal_else_is_a_line(tmp_path: Path):
+    """``waiting 60 s on w0 generate, limit 600 s``: on a terminal, after the progress line
+    drawn in place (the next step redraws it, clearing what was there); in a log, or with
+    run.progress off, a line of its own."""
+    from kernel_driver import Simulator, open_buffer
+
+    from freshroll.config import validate
+    from freshroll.runtime.run import Recorder
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    run = tmp_path / "run"
+    sim = SimConfig(steps=1, seed=2, faults=False, sync="off")
+    buf = open_buffer(run, KernelConfig(1, 2, 3), sim, VirtualClock())
+    cfg = validate({"run": {"steps": 6, "max_staleness": 1}})
+    tty = Tty()
+    rec = Recorder(run, cfg, buf, tty)
+    Simulator(buf, sim).run()
+    rec.on_step(None)  # type: ignore[arg-type]
+    rec.on_wait("waiting 60 s on w0 generate, limit 600 s")
+    drawn = tty.getvalue().split("\r")
+    assert drawn[-1].startswith("step    1/6  ") and drawn[-2].startswith("step    1/6  ")
+    assert drawn[-1].endswith("  waiting 60 s on w0 generate, limit 600 s\x1b[K")
+    assert "\n" not in drawn[-1]
+    rec.close()
+    log = io.StringIO()
+    Recorder(run, cfg.model_copy(update={"run": cfg.run.model_copy(update={"progress": False})}),
+             buf, log).on_wait("waiting 31 s on trainer step 2, limit 600 s")
+    assert log.getvalue().endswith("\nwaiting 31 s on trainer step 2, limit 600 s\n") or \
+        log.getvalue() == "waiting 31 s on trainer step 2, limit 600 s\n"
+    buf.ledger.close()
+
+
 def test_final_line_prints_the_summary_figures(sim_events: list[ev.Event], tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     """The final line of ``freshroll run`` reads summary.json's figures; a run whose steps

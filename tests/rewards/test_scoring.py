@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,7 @@ from freshroll.lineage import RewardVersion
 from freshroll.rewards.calling import RewardState
 from freshroll.rewards.functions import length_penalty, reverse_reward
 from freshroll.rewards.scoring import (
+    ImportBound,
     RewardSet,
     RewardSpec,
     Score,
@@ -369,3 +372,29 @@ def test_a_callable_objects_attributes_enter_its_version() -> None:
 
     assert version("small_penalty") != version("big_penalty")
     assert version("small_penalty") == version("small_penalty")
+
+
+def test_a_reward_module_that_blocks_at_import_fails_within_its_bound_naming_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+):
+    """Before: ``freshroll run`` hung forever on a reward file whose top level blocks."""
+    f = tmp_path / "blocks.py"
+    f.write_text("import time\ntime.sleep(30)\n"
+                 "def r(prompts, completions, **kw):\n    return [0.0] * len(completions)\n")
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError) as info:
+        build_reward_set([{"fn": f"{f}:r"}], ImportBound(timeout_s=0.5, heartbeat_s=0.2))
+    assert time.monotonic() - t0 < 15  # it sleeps 30 s
+    msg = str(info.value)
+    assert msg.startswith(f"rewards[0].fn: reward '{f}:r': reward import {f} did not finish "
+                          "within 0.5 s (limits.reward_import_timeout_s)"), msg
+    assert f"s on reward import {f}, limit 0.5 s" in capsys.readouterr().err
+    assert not [m for m in sys.modules if m.startswith("freshroll_user_reward_")
+                and getattr(sys.modules[m], "__file__", None) == str(f)]
+
+
+def test_a_bounded_import_raises_what_the_module_raised(tmp_path: Path):
+    f = tmp_path / "broken.py"
+    f.write_text("raise ValueError('nope')\n")
+    with pytest.raises(ConfigError, match=r"failed to load \(ValueError\('nope'\)\)"):
+        load_reward_fn(f"{f}:r", ImportBound(timeout_s=5))

@@ -122,7 +122,8 @@ class Harness(LedgerChecks):
         self.skips: list[tuple[int, str]] = []
         self.factory = ThreadEngineFactory(lambda name: self.engines[int(name[1:])], c.limits)
         self.scorer = ThreadScorer(RewardSet([RewardSpec(n, f) for n, f in rewards]))
-        self.trainer = ThreadTrainer(self.learner, self.buf)  # type: ignore[arg-type]
+        self.trainer = ThreadTrainer(self.learner, self.buf,  # type: ignore[arg-type]
+                                     timeout_s=c.limits.train_timeout_s)
         self.pipe = Pipeline(
             self.buf, self.factory, self.scorer, self.trainer,
             {p.prompt_id: p for p in prompts}, [p.prompt_id for p in prompts], c,

@@ -13,10 +13,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pipeline_fakes import FakeEngine, Harness, blocker, ok_reward
+from pipeline_fakes import FakeEngine, FakeLearner, Harness, blocker, ok_reward
 
 from freshroll import events as ev
-from freshroll.errors import FailureBudgetExceeded, Interrupted, RunFailed, WorkerTimeout
+from freshroll.errors import (
+    FailureBudgetExceeded,
+    Interrupted,
+    NoProgress,
+    RunFailed,
+    WorkerTimeout,
+    exit_status,
+)
 from freshroll.runtime.threads import AbandonableExecutor, CallAborted
 from freshroll.runtime.workers import MAX_RESTARTS
 
@@ -179,6 +186,88 @@ def test_a_reward_that_always_hangs_ends_the_run_after_max_consecutive_timeouts(
     assert elapsed < 30  # the stuck threads were abandoned, not joined
     assert h.buf.counts["discarded_reward_timeout"] > 0
     assert h.verify().ok
+
+
+# -- stalls: the heartbeat, the no-progress guard, the trainer step's bound ----------------
+
+
+def test_a_stalled_generate_is_said_past_the_heartbeat(tmp_path: Path):
+    gate, behaviour = blocker()
+    engine = FakeEngine(behaviour)
+    engine.restart = lambda: (setattr(engine, "restarts", engine.restarts + 1), gate.set())
+    h = Harness(tmp_path, engines=[engine], overrides=[
+        "limits.generate_timeout_s=0.6", "limits.heartbeat_s=0.2", "run.steps=1"])
+    lines: list[str] = []
+    h.pipe.on_wait = lines.append
+    assert h.run(timeout_s=10) is None
+    said = [line for line in lines if line.endswith("on w0 generate, limit 0.6 s")]
+    assert said and said[0].startswith("waiting 0.") and said[0] != said[-1], lines
+    assert engine.restarts == 1  # the bound still ends the wait: fenced, restarted
+
+
+def test_a_run_that_commits_nothing_stops_naming_what_it_waited_on(tmp_path: Path):
+    gate = threading.Event()
+
+    def stuck(prompts: Any, completions: list[str], **kw: Any) -> list[float]:
+        gate.wait(30)
+        return ok_reward(prompts, completions)
+
+    h = Harness(tmp_path, rewards=[("stuck", stuck)], overrides=[
+        "limits.reward_timeout_s=60", "limits.max_no_progress_s=0.6", "limits.heartbeat_s=0.2"])
+    lines: list[str] = []
+    h.pipe.on_wait = lines.append
+    t0 = time.monotonic()
+    try:
+        err = h.run(timeout_s=10)
+    finally:
+        gate.set()
+    assert time.monotonic() - t0 < 15  # stuck for 30 s
+    assert type(err) is NoProgress and exit_status(err) == 3
+    assert str(err).startswith("no trainer step committed for 0.") and "after step 0" in str(err)
+    assert "(limits.max_no_progress_s=0.6)" in str(err)
+    assert "s on reward function 'stuck', limit 60 s" in str(err)
+    assert any("on reward function 'stuck', limit 60 s" in line for line in lines)
+    assert h.buf.closed and h.verify().ok  # closed "failed": resumable
+
+
+def test_a_stalled_generate_stops_the_run_and_its_engine_waits_for_it_out_loud(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+):
+    """The guard names the worker; closing its engine waits for the stuck call until the
+    call's own bound (its thread may hold the model), saying so past the heartbeat."""
+    gate, behaviour = blocker()
+    h = Harness(tmp_path, engines=[FakeEngine(behaviour)], overrides=[
+        "limits.generate_timeout_s=1.2", "limits.max_no_progress_s=0.4", "limits.heartbeat_s=0.3"])
+    lines: list[str] = []
+    h.pipe.on_wait = lines.append
+    try:
+        err = h.run(timeout_s=10)
+    finally:
+        gate.set()
+    assert type(err) is NoProgress and "s on w0 generate, limit 1.2 s" in str(err)
+    assert any(line.endswith("on w0 generate, limit 1.2 s") for line in lines), lines
+    closing = "s on w0 generate to return before its engine closes, limit 1.2 s"
+    assert closing in capsys.readouterr().err
+    assert h.buf.closed and h.verify().ok
+
+
+def test_a_stuck_in_process_trainer_step_is_bounded_and_said(tmp_path: Path):
+    gate = threading.Event()
+    learner = FakeLearner(lambda call: gate.wait(30) if call == 2 else None)
+    h = Harness(tmp_path, learner=learner, overrides=[
+        "limits.train_timeout_s=0.6", "limits.heartbeat_s=0.2"])
+    lines: list[str] = []
+    h.pipe.on_wait = lines.append
+    t0 = time.monotonic()
+    try:
+        err = h.run(timeout_s=10)  # its close does not wait for the abandoned step
+    finally:
+        gate.set()
+    assert time.monotonic() - t0 < 15  # stuck for 30 s
+    assert type(err) is RunFailed and isinstance(err.__cause__, WorkerTimeout)
+    assert "the trainer's step did not return within 0.6 s (limits.train_timeout_s)" in str(err)
+    assert any(line.endswith("on trainer step 2, limit 0.6 s") for line in lines), lines
+    assert len(h.steps) == 1 and h.buf.closed and h.verify().ok
 
 
 def test_limits_reject_unknown_keys_and_out_of_bounds_values():

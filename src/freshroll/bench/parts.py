@@ -110,7 +110,8 @@ def _measure_hf(cfg: Config, tmp: Path, quick: bool) -> Capacities:
         learner, _ = new_learner(cfg, prep.model_path)
         path = prep.model_path
         factory = ThreadEngineFactory(lambda name: HFEngine.from_pretrained(path), cfg.limits)
-        scorer, trainer = ThreadScorer(prep.rewards), ThreadTrainer(learner, buf)
+        scorer = ThreadScorer(prep.rewards)
+        trainer = ThreadTrainer(learner, buf, timeout_s=cfg.limits.train_timeout_s)
         w = Workload(
             prompts=prep.prompts, group_size=cfg.rollout.group_size,
             batch_groups=cfg.rollout.batch_groups, workers=cfg.rollout.workers,

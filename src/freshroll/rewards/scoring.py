@@ -62,6 +62,7 @@ from freshroll.rewards.calling import (
 )
 from freshroll.rewards.exit_guard import guarded
 from freshroll.rewards.functions import REWARDS
+from freshroll.rewards.importing import ImportTimeout, bounded
 from freshroll.rewards.tasks import Prompt
 
 #: the largest float32: a total beyond it is finite here but infinite in the trainer's loss
@@ -305,8 +306,19 @@ def _short(obj: Any) -> str:
 # --- loading user rewards ----------------------------------------------------------------
 
 
-def load_reward_fn(ref: str) -> Callable[..., list[float]]:
-    """A built-in reward name, ``"module.path:function"`` or ``"path/to/file.py:function"``."""
+@dataclass(frozen=True)
+class ImportBound:
+    """How long a reward module's import may take (``limits.reward_import_timeout_s``; None:
+    unbounded, on the calling thread) and how often a long one is said
+    (:mod:`freshroll.rewards.importing`)."""
+
+    timeout_s: float | None = None
+    heartbeat_s: float = 30.0
+
+
+def load_reward_fn(ref: str, bound: ImportBound = ImportBound()) -> Callable[..., list[float]]:
+    """A built-in reward name, ``"module.path:function"`` or ``"path/to/file.py:function"``;
+    a module's import within ``bound`` (a ConfigError naming the file past it)."""
     if ref in REWARDS:
         return REWARDS[ref]
     target, sep, attr = ref.rpartition(":")
@@ -316,7 +328,14 @@ def load_reward_fn(ref: str) -> Callable[..., list[float]]:
             "'module.path:function' or 'path/to/file.py:function'"
         )
     is_file = target.endswith(".py") or "/" in target or "\\" in target
-    module = _load_file(ref, Path(target)) if is_file else _import(ref, target)
+    try:
+        module = bounded(
+            (lambda: _load_file(ref, Path(target))) if is_file else (lambda: _import(ref, target)),
+            f"reward import {target}", bound.timeout_s, bound.heartbeat_s)
+    except ImportTimeout as exc:
+        if is_file:
+            sys.modules.pop(_file_module_name(Path(target)), None)
+        raise ConfigError(f"reward {ref!r}: {exc}") from None
     fn = getattr(module, attr, None)
     if fn is None:
         raise ConfigError(f"reward {ref!r}: {target} has no attribute {attr!r}")
@@ -335,7 +354,7 @@ def _import(ref: str, module_name: str) -> ModuleType:
 def _load_file(ref: str, path: Path) -> ModuleType:
     if not path.is_file():
         raise ConfigError(f"reward {ref!r}: file {path} does not exist")
-    module_name = f"freshroll_user_reward_{digest_of(str(path.resolve()))[:16]}"
+    module_name = _file_module_name(path)
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
         raise ConfigError(f"reward {ref!r}: cannot load {path} as a Python module")
@@ -349,7 +368,12 @@ def _load_file(ref: str, path: Path) -> ModuleType:
     return module
 
 
-def build_reward_set(entries: Sequence[Mapping[str, Any]]) -> RewardSet:
+def _file_module_name(path: Path) -> str:
+    return f"freshroll_user_reward_{digest_of(str(path.resolve()))[:16]}"
+
+
+def build_reward_set(entries: Sequence[Mapping[str, Any]],
+                     bound: ImportBound = ImportBound()) -> RewardSet:
     """A :class:`RewardSet` from config entries ``{fn, weight, name, args}``.
 
     Without ``args``, ``fn`` names the reward function itself. With ``args`` (a
@@ -361,10 +385,10 @@ def build_reward_set(entries: Sequence[Mapping[str, Any]]) -> RewardSet:
     """
     if isinstance(entries, str | bytes) or not isinstance(entries, Sequence):
         raise ConfigError("rewards: expected a list of {fn, weight, name, args} entries")
-    return RewardSet([_entry_spec(i, entry) for i, entry in enumerate(entries)])
+    return RewardSet([_entry_spec(i, entry, bound) for i, entry in enumerate(entries)])
 
 
-def _entry_spec(i: int, entry: Mapping[str, Any]) -> RewardSpec:
+def _entry_spec(i: int, entry: Mapping[str, Any], bound: ImportBound) -> RewardSpec:
     where = f"rewards[{i}]"
     if not isinstance(entry, Mapping):
         raise ConfigError(f"{where}: expected a mapping with 'fn', got {entry!r}")
@@ -381,7 +405,7 @@ def _entry_spec(i: int, entry: Mapping[str, Any]) -> RewardSpec:
     if args is not None and not isinstance(args, Mapping):
         raise ConfigError(f"{where}.args: expected a mapping of keyword arguments, got {args!r}")
     try:
-        fn = load_reward_fn(ref)
+        fn = load_reward_fn(ref, bound)
     except ConfigError as exc:
         raise ConfigError(f"{where}.fn: {exc}") from exc
     config: dict[str, Any] = {}

@@ -36,27 +36,37 @@ the result, so the event loop never blocks:
   step, the weights digest and the publication of the new weights (``publish``: a copy
   inline, a shared-memory slot or a Ray object for workers in processes of their own) run
   on the trainer thread, and ``before_commit`` (the Recorder's checkpoint) runs there too.
+  Each is bounded by ``timeout_s`` (``limits.train_timeout_s``): a torch step on a thread
+  cannot be interrupted, so one that does not return in time is abandoned (a daemon
+  thread: it never holds the process at exit) and the run stops with
+  :class:`~freshroll.errors.RunFailed` (resumable: nothing of the step was committed, and
+  ``--resume`` trains it again from the last durable commit). :meth:`ThreadTrainer.close`
+  waits for a step cancelled by the run's end until that step's own deadline, never longer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any, TypeVar
 
+from freshroll import unsafe
 from freshroll.buffer import SampleBuffer
 from freshroll.config import LimitsSection
 from freshroll.engines.base import Completion, InferenceEngine
+from freshroll.errors import RunFailed, WorkerTimeout
 from freshroll.lineage import PolicyVersion
 from freshroll.rewards.calling import RewardState
 from freshroll.rewards.scoring import RewardSet, Score
 from freshroll.rewards.tasks import Prompt
 from freshroll.runtime.seams import Emit, EngineNotRestartable, GenRequest, SamplingParams
 from freshroll.runtime.threads import AbandonableExecutor
+from freshroll.runtime.waits import seconds
 from freshroll.state import Lease
 from freshroll.trainer.grpo import GRPOLearner, TrainSample
 from freshroll.trainer.replay import train_samples, weights_digest
@@ -72,14 +82,15 @@ class ThreadEngine:
     def __init__(self, engine: InferenceEngine, name: str, limits: LimitsSection) -> None:
         self.engine, self.name, self.limits = engine, name, limits
         self._pool = AbandonableExecutor(f"worker-{name}")
-        self._orphans: list[tuple[Future[Any], float]] = []  # (abandoned call, its deadline)
+        #: (abandoned call, what it was, when it was abandoned, its deadline)
+        self._orphans: list[tuple[Future[Any], str, float, float]] = []
         self._inflight: set[str] = set()  # samples of the calls not yet delivered
         self._dropped: set[str] = set()  # of those, the cancelled: never emitted
         # a restartable engine is one object across restarts (ThreadEngineFactory): this
         # adapter's close stops only the incarnation it was made for
         self._incarnation = getattr(engine, "incarnation", 0)
 
-    async def _run(self, timeout_s: float, fn: Callable[..., T], *args: Any,
+    async def _run(self, timeout_s: float, what: str, fn: Callable[..., T], *args: Any,
                    late: Callable[[Future[T]], None] | None = None) -> T:
         loop = asyncio.get_running_loop()
         fut = self._pool.submit(fn, *args)
@@ -87,7 +98,8 @@ class ThreadEngine:
             return await asyncio.wrap_future(fut)
         except asyncio.CancelledError:
             self._pool.abandon()  # a thread cannot be cancelled: the next call gets a new one
-            self._orphans.append((fut, loop.time() + timeout_s))
+            now = loop.time()
+            self._orphans.append((fut, what, now, now + timeout_s))
             if late is not None:
                 fut.add_done_callback(late)
             raise
@@ -120,8 +132,8 @@ class ThreadEngine:
                     loop.call_soon_threadsafe(deliver, fut.result())
 
         try:
-            comps = await self._run(self.limits.generate_timeout_s, self._generate, texts,
-                                    params, seed, late=late)
+            comps = await self._run(self.limits.generate_timeout_s, "generate", self._generate,
+                                    texts, params, seed, late=late)
         except asyncio.CancelledError:
             raise  # abandoned: ``late`` delivers or releases
         except BaseException:
@@ -139,7 +151,8 @@ class ThreadEngine:
         return comps
 
     async def load_weights(self, weights: Any) -> float:
-        return float(await self._run(self.limits.weights_timeout_s, self.engine.load_weights,
+        return float(await self._run(self.limits.weights_timeout_s, "load weights",
+                                     self.engine.load_weights,
                                      weights))
 
     async def cancel(self, samples: Sequence[str]) -> None:
@@ -149,13 +162,19 @@ class ThreadEngine:
 
     async def close(self) -> None:
         """Stop the executor; a call cancelled by the run's end is waited for until its own
-        deadline (its thread may still hold the model), a timed-out one not at all."""
+        deadline (its thread may still hold the model), a timed-out one not at all. A wait
+        longer than ``limits.heartbeat_s`` is said on stderr, as the pipeline's waits are
+        (:mod:`freshroll.runtime.waits`)."""
         loop = asyncio.get_running_loop()
         orphans, self._orphans = self._orphans, []
-        for fut, deadline in orphans:
-            remaining = deadline - loop.time()
-            if remaining > 0 and not fut.done():
-                await asyncio.wait([asyncio.wrap_future(fut)], timeout=remaining)
+        for fut, what, since, deadline in orphans:
+            while (remaining := deadline - loop.time()) > 0 and not fut.done():
+                await asyncio.wait([asyncio.wrap_future(fut)],
+                                   timeout=min(remaining, self.limits.heartbeat_s))
+                if not fut.done() and deadline > loop.time():
+                    sys.stderr.write(f"waiting {seconds(loop.time() - since)} s on {self.name} "
+                                     f"{what} to return before its engine closes, limit "
+                                     f"{deadline - since:g} s\n")
         self._pool.shutdown(wait=False, cancel_futures=True)
         stop = getattr(self.engine, "stop", None)
         current = getattr(self.engine, "incarnation", 0) == self._incarnation
@@ -268,11 +287,14 @@ class ThreadTrainer:
 
     def __init__(self, learner: GRPOLearner, buf: SampleBuffer,
                  before_commit: Callable[[PolicyVersion], None] = lambda v: None,
-                 publish: Publish = clone_weights) -> None:
+                 publish: Publish = clone_weights, timeout_s: float | None = None) -> None:
         self.learner, self.buf, self._before_commit = learner, buf, before_commit
         self.publish = publish
         self.settings_digest = learner.settings_digest
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="trainer")
+        self.timeout_s = timeout_s  # limits.train_timeout_s; None: unbounded (tests only)
+        self._pool = AbandonableExecutor("trainer")
+        self._deadline: float | None = None  # of a call cancelled by the run's end
+        self._timed_out = False
         self._weights: Any = None
         self.publish_s = 0.0  # seconds spent publishing, in total
 
@@ -290,17 +312,47 @@ class ThreadTrainer:
 
     async def step(self, lease: Lease) -> tuple[dict[str, float], str]:
         samples = train_samples(self.buf, lease.samples, lease.version)
-        return await asyncio.get_running_loop().run_in_executor(self._pool, self._step, samples)
+        return await self._call("step", self._step, samples)
 
     async def before_commit(self, version: PolicyVersion) -> None:
-        await asyncio.get_running_loop().run_in_executor(self._pool, self._before_commit, version)
+        await self._call(f"checkpoint of step {version.step}", self._before_commit, version)
+
+    async def _call(self, what: str, fn: Callable[..., T], *args: Any) -> T:
+        """``fn`` on the trainer thread, within ``timeout_s`` (module docstring)."""
+        fut = self._pool.submit(fn, *args)
+        t0 = time.monotonic()
+        try:
+            limit = None if self.timeout_s is None else unsafe.timeout(self.timeout_s)
+            async with asyncio.timeout(limit) as cm:
+                return await asyncio.wrap_future(fut)
+        except TimeoutError:
+            if not cm.expired():
+                raise
+            self._pool.abandon()
+            self._timed_out = True
+            raise RunFailed(
+                f"the trainer's {what} did not return within {self.timeout_s:g} s "
+                "(limits.train_timeout_s); an in-process step cannot be interrupted, its "
+                "thread was abandoned: the run stops, --resume trains the step again"
+            ) from WorkerTimeout(f"trainer {what}")
+        except asyncio.CancelledError:  # the run ended: close() waits until its deadline
+            if self.timeout_s is not None and not fut.done():
+                self._deadline = t0 + self.timeout_s
+            raise
 
     def weights(self) -> Any:
         """The publication of the newest step's weights (of the initial ones before any)."""
         return self._weights if self._weights is not None else self._publish()
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        """Stop the trainer thread: a call cancelled by the run's end is waited for until its
+        own deadline (it may be writing a checkpoint), a timed-out one not at all."""
+        wait: float | None = None
+        if self._timed_out:
+            wait = 0.0
+        elif self._deadline is not None:
+            wait = max(0.0, self._deadline - time.monotonic())
+        self._pool.shutdown(wait=wait != 0.0, cancel_futures=True, timeout=wait)
 
 
 __all__ = ["KillableThreadEngine", "Publish", "ThreadEngine", "ThreadEngineFactory",

@@ -15,6 +15,8 @@ Tasks (all children of one ``asyncio.TaskGroup``; none is fire-and-forget)::
                 the live settings (:mod:`freshroll.runtime.steering`)
     tails       with ``tail.deadline``: cuts the stragglers of groups past their deadline
                 and frees their slots (:mod:`freshroll.runtime.tailing`)
+    watch       the heartbeat and the no-progress guard over the waits in flight
+                (:mod:`freshroll.runtime.waits`)
 
 The pipeline awaits only the seams of :mod:`freshroll.runtime.seams`: engines come from an
 :data:`~freshroll.runtime.seams.EngineFactory`, rewards from an
@@ -36,9 +38,14 @@ Nothing waits forever (``limits`` in the config): a generate call, weight load o
 start past its timeout is a :class:`~freshroll.errors.WorkerTimeout`, handled as a lost
 worker (fenced, attempts re-issued, replaced at most ``MAX_RESTARTS`` times; whatever the
 abandoned call returns later is recorded ``rejected``); a reward call past
-``reward_timeout_s`` discards its samples as ``reward_timeout``. Failures are budgeted
-(:mod:`freshroll.breaker`): per reward function, per worker, for reward timeouts and for
-skipped non-finite trainer steps; a stage that keeps failing ends the run with one
+``reward_timeout_s`` discards its samples as ``reward_timeout``; a trainer step past
+``train_timeout_s`` is the trainer's (a Ray actor is rebuilt, an in-process one stops the
+run). Every such wait is registered in :attr:`Pipeline.waits` while it lasts: one older than
+``limits.heartbeat_s`` is said on ``on_wait`` ("waiting 60 s on w0 generate, limit 600 s";
+real clock only), and a run that commits no step for ``limits.max_no_progress_s`` stops with
+:class:`~freshroll.errors.NoProgress` naming the oldest wait in flight. Failures are
+budgeted (:mod:`freshroll.breaker`): per reward function, per worker, for reward timeouts
+and for skipped non-finite trainer steps; a stage that keeps failing ends the run with one
 :class:`~freshroll.errors.FailureBudgetExceeded` line naming it.
 
 A trainer step whose loss or gradients are not finite is never committed
@@ -61,11 +68,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from freshroll import events as ev
+from freshroll import unsafe
 from freshroll.breaker import FailureBudget, Rule
 from freshroll.buffer import SampleBuffer
+from freshroll.clock import VirtualClock
 from freshroll.config import Config
 from freshroll.control import Controller
-from freshroll.errors import Interrupted, NonFiniteStep
+from freshroll.errors import Interrupted, NonFiniteStep, NoProgress
 from freshroll.lineage import PolicyVersion
 from freshroll.rewards.tasks import Prompt
 from freshroll.runtime.fallback import FallbackProbe, Switch, probe_for
@@ -74,6 +83,7 @@ from freshroll.runtime.rewarding import RewardStage
 from freshroll.runtime.seams import AsyncScorer, AsyncTrainer, EngineFactory
 from freshroll.runtime.steering import Steering
 from freshroll.runtime.tailing import Tailing
+from freshroll.runtime.waits import Waits, heartbeat, stall_message
 from freshroll.runtime.workers import MAX_RESTARTS, WorkerPool, generation_seed
 
 
@@ -105,6 +115,10 @@ def _no_step(report: StepReport) -> None:
     pass
 
 
+def _say_wait(line: str) -> None:
+    sys.stderr.write(line + "\n")
+
+
 def _say_mode(switch: Switch) -> None:
     if switch.phase == "chose":
         sys.stderr.write(f"sync fallback (step {switch.step}): {switch.reason}\n")
@@ -124,6 +138,8 @@ class Pipeline:
     on_step: Callable[[StepReport], None] = _no_step
     on_skip: Callable[[int, str], None] = _warn_skip
     on_mode: Callable[[Switch], None] = _say_mode
+    #: a heartbeat line ("waiting 60 s on w0 generate, limit 600 s"; module docstring)
+    on_wait: Callable[[str], None] = _say_wait
     controller: Controller | None = None
     published: Published | None = None
     budget: FailureBudget = field(default_factory=FailureBudget)
@@ -155,6 +171,7 @@ class Pipeline:
             weights = self.trainer.weights() if buf.version.step > 0 else None
             self.published = Published(buf.version, weights)
         self._feed, self._train = asyncio.Event(), asyncio.Event()
+        self.waits = Waits(buf.clock, self.cfg.limits.heartbeat_s)
         self.rewarder = RewardStage(self)
         self.steering = Steering(self)
         self.tailing = Tailing(self) if self.cfg.tail.deadline else None
@@ -162,10 +179,12 @@ class Pipeline:
         failure: BaseException | None = None
         try:
             async with asyncio.TaskGroup() as tg:
+                tg.create_task(self._watch(), name="watch")
                 settings = self.steering.initial()
                 self.pool = WorkerPool(self, tg, settings.concurrency)
                 self.steering.apply(settings)
                 await self.pool.started()  # every engine up before the clock counts waits
+                self.waits.progressed()  # and before the no-progress guard's (a start has its own)
                 tg.create_task(self._feeder(), name="feeder")
                 tg.create_task(self.rewarder.run(), name="rewarder")
                 tg.create_task(self._trainer(), name="trainer")
@@ -186,6 +205,25 @@ class Pipeline:
             self.buf.shutdown(reason)
         except Exception as exc:  # e.g. the disk is full: the original error says why
             failure.add_note(f"the ledger could not be closed: {type(exc).__name__}: {exc}")
+
+    # -- watch -------------------------------------------------------------------------------
+    async def _watch(self) -> None:
+        """Every quarter of the shorter of the two periods: say the waits past the heartbeat
+        (real clock only: a virtual clock's waits are the simulator's), and stop a run that
+        committed nothing for ``limits.max_no_progress_s`` (:mod:`freshroll.runtime.waits`)."""
+        lim, waits, clock = self.cfg.limits, self.waits, self.buf.clock
+        say = not isinstance(clock, VirtualClock)
+        guard = unsafe.timeout(lim.max_no_progress_s)
+        tick = min(lim.heartbeat_s, lim.max_no_progress_s) / 4
+        while True:
+            await asyncio.sleep(tick)
+            now = clock.now()
+            if waits.stalled(now, guard):
+                step = self.buf.version.step if self.buf.version is not None else 0
+                raise NoProgress(stall_message(waits, now, lim.max_no_progress_s, step))
+            due = waits.due(now) if say else []
+            if due:
+                self.on_wait(heartbeat(due, now))
 
     # -- feeder ------------------------------------------------------------------------------
     async def _feeder(self) -> None:
@@ -225,21 +263,26 @@ class Pipeline:
             wait_s = clock.now() - t0
             meter.trainer_fed(wait_s)
             self._feed.set()  # stale discards free admission capacity
+            step = (buf.version.step if buf.version is not None else 0) + 1
             try:
-                metrics, digest = await trainer.step(lease)
+                with self.waits.waiting(f"trainer step {step}", lim.train_timeout_s):
+                    metrics, digest = await trainer.step(lease)
             except NonFiniteStep as exc:
                 self._skip(lease.id, exc, skip_rule)
+                self.waits.progressed()
                 continue
             self.budget.record("trainer", skip_rule, 0)
             parent = buf.version
             assert parent is not None
             child = parent.child(lease.samples, trainer.settings_digest, digest)
-            await trainer.before_commit(child)
+            with self.waits.waiting(f"checkpoint of step {step}", lim.train_timeout_s):
+                await trainer.before_commit(child)
             version = buf.commit(
                 lease.id, trainer.settings_digest, weights_digest=digest,
                 train_s=metrics["train_s"], metrics=metrics,
             )
             meter.committed(lease)
+            self.waits.progressed()
             self.published = Published(version, trainer.weights())
             self.pool.note_committed()  # before the hooks: a chaos session may bump it
             self.hooks.committed(version)

@@ -27,7 +27,7 @@ from freshroll.rewards.data import (
     check_vocabulary,
     load_prompts,
 )
-from freshroll.rewards.scoring import RewardSet, build_reward_set
+from freshroll.rewards.scoring import ImportBound, RewardSet, build_reward_set
 from freshroll.rewards.tasks import Prompt, make_prompts
 from freshroll.runtime.resume import (
     Change,
@@ -84,7 +84,9 @@ def prepare_run_dir(
         if cfg is None:
             cfg = resume_config(out)
         _quiet_transformers()
-        rewards = build_reward_set([e.model_dump(exclude_none=True) for e in cfg.rewards])
+        lim = cfg.limits
+        rewards = build_reward_set([e.model_dump(exclude_none=True) for e in cfg.rewards],
+                                   ImportBound(lim.reward_import_timeout_s, lim.heartbeat_s))
         control_config(cfg)  # the controller's bounds (control vs rollout), before any write
         if cfg.rollout.engine == "sim":  # no model: the built-in task's prompts as they are
             path, digest, pending = Path(), sim_model_digest(cfg), None

@@ -175,8 +175,9 @@ class RewardStage:
         buf, timeout_s = self.buf, unsafe.timeout(self.pipe.cfg.limits.reward_timeout_s)
         state = RewardState(buf.version.step if buf.version else 0, self.pipe.cfg.run.steps)
         try:
-            async with asyncio.timeout(timeout_s) as cm:
-                scores = await self.pipe.scorer.score(prompts, comps, state)
+            with self.pipe.waits.waiting(self._label(), self.pipe.cfg.limits.reward_timeout_s):
+                async with asyncio.timeout(timeout_s) as cm:
+                    scores = await self.pipe.scorer.score(prompts, comps, state)
         except TimeoutError:
             if not cm.expired():
                 raise

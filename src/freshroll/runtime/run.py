@@ -105,6 +105,7 @@ class Recorder:
     def __init__(self, run_dir: Path, cfg: Config, buf: SampleBuffer, stream: TextIO) -> None:
         self.run_dir, self.cfg, self.buf, self.stream = run_dir, cfg, buf, stream
         self.tally, self.seq = Tally(), 0
+        self._line = ""  # the progress line drawn in place on a terminal, if any
         expected = self._fold()
         path = run_dir / METRICS_FILE
         done = reconcile(path, expected)
@@ -166,7 +167,18 @@ class Recorder:
             f"t {_fmt(row['t'], '6.1f')}s"
         )
         end = "\n" if not tty or step == total else ""
-        self.stream.write(("\r" if tty else "") + line + end)
+        self.stream.write(("\r" if tty else "") + line + (_CLEAR if tty else "") + end)
+        self.stream.flush()
+        self._line = line if tty and not end else ""
+
+    def on_wait(self, text: str) -> None:
+        """A heartbeat (:mod:`freshroll.runtime.waits`): ``waiting 60 s on w0 generate,
+        limit 600 s``. On a terminal it is added to the progress line drawn in place (the
+        next step redraws it); otherwise, and with ``run.progress`` off, a line of its own."""
+        if self._line:
+            self.stream.write("\r" + self._line + "  " + text + _CLEAR)
+        else:
+            self.stream.write(text + "\n")
         self.stream.flush()
 
     def catch_up(self) -> None:
@@ -177,6 +189,9 @@ class Recorder:
 
     def close(self) -> None:
         self.metrics.close()
+
+
+_CLEAR = "\x1b[K"  # erase to the end of the line: a shorter redraw leaves nothing behind
 
 
 def learner_state(learner: GRPOLearner) -> TrainerState:
@@ -268,7 +283,8 @@ def build_trainer(
             return build_learner(cfg, prep.model_path, buf, out, prep.history, quiet=True)
 
         return RayTrainer(learner, buf, cfg, rebuild, before_commit)
-    return ThreadTrainer(learner, buf, _checkpoint(before_commit, learner), publish=publish)
+    return ThreadTrainer(learner, buf, _checkpoint(before_commit, learner), publish=publish,
+                         timeout_s=cfg.limits.train_timeout_s)
 
 
 def _checkpoint(before_commit: Callable[[PolicyVersion, TrainerState], None],
@@ -491,6 +507,7 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
         pipe = Pipeline(
             buf, parts.engine_factory, parts.scorer, parts.trainer,
             {p.prompt_id: p for p in prompts}, order, cfg, on_step=rec.on_step,
+            on_wait=rec.on_wait,
         )
         if chaos is not None:
             pipe.hooks = chaos.hooks

@@ -260,8 +260,9 @@ class WorkerPool:
         w.done, w.blocked_s, w.blocked_since, w.ready_at = 0, 0.0, None, None  # per epoch
         t0 = buf.clock.now()
         try:
-            async with asyncio.timeout(unsafe.timeout(lim.worker_start_timeout_s)) as cm:
-                w.engine = await self.pipe.engine_factory(w.name)
+            with self.pipe.waits.waiting(f"{w.name} start", lim.worker_start_timeout_s):
+                async with asyncio.timeout(unsafe.timeout(lim.worker_start_timeout_s)) as cm:
+                    w.engine = await self.pipe.engine_factory(w.name)
         except TimeoutError as exc:
             if not cm.expired():
                 raise
@@ -487,8 +488,9 @@ class WorkerPool:
                     weights: Any) -> BaseException | None:
         lim = self.pipe.cfg.limits
         try:
-            async with asyncio.timeout(unsafe.timeout(lim.weights_timeout_s)) as cm:
-                secs = await engine.load_weights(weights)
+            with self.pipe.waits.waiting(f"{w.name} load weights", lim.weights_timeout_s):
+                async with asyncio.timeout(unsafe.timeout(lim.weights_timeout_s)) as cm:
+                    secs = await engine.load_weights(weights)
         except TimeoutError:
             if not cm.expired():
                 raise
@@ -513,6 +515,7 @@ class WorkerPool:
             reqs.append(GenRequest(sid, sid.partition(".")[0], pid, prompt.text, step))
         stage = f"inference worker {w.name!r}"
         seed, emit = generation_seed(self.pipe.cfg.run.seed, call.sids[0]), self._emitter(w, call)
+        waiting = self.pipe.waits.begin(f"{w.name} generate", lim.generate_timeout_s)
         try:
             if engine.continuous:  # the worker's watchdog times it
                 await engine.generate(reqs, self.params, seed, emit)
@@ -550,6 +553,7 @@ class WorkerPool:
             self.pipe.budget.record(stage, self._rule, failed, len(call.sids), error)
             return None
         finally:
+            self.pipe.waits.end(waiting)
             call.over = True
             w.inflight -= call.pending
         w.ok_units += len(call.sids)
