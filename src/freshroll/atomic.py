@@ -15,6 +15,8 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+from freshroll import crashpoints
+
 
 def fsync_path(path: Path) -> None:
     """fsync a file or directory by path."""
@@ -25,8 +27,11 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def replace_dir(directory: Path, fill: Callable[[Path], None]) -> Path:
-    """Write ``directory`` atomically with ``fill(tmp)``; returns ``directory``."""
+def replace_dir(directory: Path, fill: Callable[[Path], None],
+                crash_point: str | None = None) -> Path:
+    """Write ``directory`` atomically with ``fill(tmp)``; returns ``directory``.
+    ``crash_point``: the :mod:`freshroll.crashpoints` point reached once ``tmp`` is whole,
+    before the rename."""
     directory = Path(directory)
     tmp = directory.with_name(directory.name + ".tmp")
     old = directory.with_name(directory.name + ".old")
@@ -43,6 +48,8 @@ def replace_dir(directory: Path, fill: Callable[[Path], None]) -> Path:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    if crash_point is not None:
+        crashpoints.reach(crash_point)
     if directory.exists():
         os.replace(directory, old)
     os.replace(tmp, directory)

@@ -138,6 +138,9 @@ def run(config: Path | None, overrides: tuple[str, ...], out: Path | None,
     if config is not None and "=" in str(config) and not config.exists():
         overrides, config = (str(config), *overrides), None
     try:
+        from freshroll import crashpoints
+
+        crashpoints.check_env()
         # the config is checked before the heavy imports (torch, transformers) of a run
         if resume_dir is not None:
             if out is not None:

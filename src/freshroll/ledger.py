@@ -43,6 +43,7 @@ from typing import IO, Any, Literal
 
 import msgspec
 
+from freshroll import crashpoints
 from freshroll.atomic import fsync_path
 from freshroll.errors import FreshrollError, LedgerError, StorageError, UnknownEventError
 from freshroll.events import DECODER, ENCODER, EVENT_KINDS, KIND_OF, AnyEvent, Closed, Event
@@ -463,6 +464,7 @@ def create_ledger(path: Path, *, replace: bool = False) -> None:
     finally:
         db.close()
     fsync_path(tmp)
+    crashpoints.reach("ledger")
     if replace or not path.exists():
         _remove_side_files(path)
     try:

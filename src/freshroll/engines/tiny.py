@@ -135,7 +135,7 @@ def save_model_dir(
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
 
-    return replace_dir(Path(path), fill)
+    return replace_dir(Path(path), fill, crash_point="model")
 
 
 def ensure_tiny(cache_dir: str | os.PathLike[str], seed: int = 0) -> Path:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from freshroll import crashpoints
 from freshroll.errors import RunDirError
 from freshroll.harness.verify import Report, check_files, check_ledger, read_counts
 from freshroll.ledger import LEDGER_FILE
@@ -48,6 +49,7 @@ def finish_run_dir(run_dir: Path, *, baseline: Path | None = None, report: bool 
         check_baseline(baseline)
     passed = check_ledger(run_dir)
     summary = write_summary(run_dir, passed.fold.summary(), host)
+    crashpoints.reach("summary")
     verified: Report | Exception
     try:
         verified = check_files(run_dir, passed, read_counts(run_dir / "counts.json"))

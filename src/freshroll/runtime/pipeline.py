@@ -67,8 +67,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from freshroll import crashpoints, unsafe
 from freshroll import events as ev
-from freshroll import unsafe
 from freshroll.breaker import FailureBudget, Rule
 from freshroll.buffer import SampleBuffer
 from freshroll.clock import VirtualClock
@@ -281,6 +281,7 @@ class Pipeline:
                 lease.id, trainer.settings_digest, weights_digest=digest,
                 train_s=metrics["train_s"], metrics=metrics,
             )
+            crashpoints.reach("commit")
             meter.committed(lease)
             self.waits.progressed()
             self.published = Published(version, trainer.weights())

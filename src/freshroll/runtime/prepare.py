@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from freshroll import crashpoints
 from freshroll.config import Config
 from freshroll.engines.model_dir import check_model_dir
 from freshroll.errors import ConfigError, LedgerError, ResumeError
@@ -106,7 +107,9 @@ def prepare_run_dir(
         if lock is None:
             lock = lock_run_dir(out)
             check_out_dir(out, resume=False)  # another process may have started it meanwhile
+            crashpoints.reach("rundir")
         write_text_atomic(out / "config.yaml", cfg.to_yaml())
+        crashpoints.reach("config")
         if pending is not None:
             from freshroll.engines.tiny import save_model_dir
 
@@ -179,8 +182,11 @@ def _check_resume(
 ) -> tuple[History, list[Change]]:
     """Compare the config in force and the model with what the ledger recorded."""
     try:
-        with Ledger(out / LEDGER_FILE, readonly=True) as ledger:
-            hist = history(e for _, e in ledger.events())
+        if (out / LEDGER_FILE).is_file():
+            with Ledger(out / LEDGER_FILE, readonly=True) as ledger:
+                hist = history(e for _, e in ledger.events())
+        else:  # a start killed before its ledger existed: nothing ran (check_out_dir)
+            hist = history(())
     except LedgerError as exc:  # nothing recoverable to continue: refused, nothing written
         raise ResumeError(f"{out}: cannot resume: {exc}") from exc
     check_steps(cfg.run.steps, hist.step, str(out))

@@ -78,11 +78,13 @@ def check_out_dir(run_dir: Path, *, resume: bool) -> None:
 
     A ledger with no event (a kill during its creation or before the run's first write)
     holds no run: a new run may start in it, and ``--resume`` starts the run from step 0
-    with the directory's ``config.yaml``."""
+    with the directory's ``config.yaml``. So does ``--resume`` of a directory with a
+    ``config.yaml`` and no ledger yet (a start killed after writing its config: the model
+    save or the ledger's creation)."""
     if run_dir.exists() and not run_dir.is_dir():
         raise RunDirError(f"{run_dir}: not a directory (--out and --resume name a run directory)")
     ledger = run_dir / LEDGER_FILE
-    if resume and not ledger.is_file():
+    if resume and not ledger.is_file() and not (run_dir / "config.yaml").is_file():
         raise RunDirError(f"{run_dir}: nothing to resume (no {LEDGER_FILE}); start the run "
                           f"with --out {run_dir}")
     if not resume and holds_events(ledger):

@@ -211,7 +211,8 @@ def save_checkpoint(
     ``directory``. An existing checkpoint at ``directory`` is replaced.
     """
     return replace_dir(
-        Path(directory), lambda tmp: _write_all(tmp, model_state, optimizer, meta)
+        Path(directory), lambda tmp: _write_all(tmp, model_state, optimizer, meta),
+        crash_point="checkpoint",
     )
 
 
