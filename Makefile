@@ -51,9 +51,11 @@ test: lint
 	echo "make test: the suite and mypy took $$(( $$(date +%s) - start )) s (budget: docs/testing.md)"; \
 	if [ $$mypy_rc -ne 0 ]; then exit $$mypy_rc; fi; exit $$rc
 
-# the inner loop: unit and fast tests only (no end-to-end runs of the real CLI)
+# the inner loop (budget 90 s, docs/testing.md): the tests not marked slow, ray or vllm (no
+# end-to-end runs of the real CLI, no Ray instance, no vLLM engine); make test runs them all
 test-fast: setup
-	$(PYTEST) -m "not slow" -x
+	@start=$$(date +%s); $(PYTEST) -m "not slow and not ray and not vllm" -x; rc=$$?; \
+	echo "make test-fast took $$(( $$(date +%s) - start )) s (budget: 90 s)"; exit $$rc
 
 # re-record tests/costs.json (each file's seconds, which the scheduler hands out longest
 # first) from a whole run of the suite; commit the result when the suite's shape changed

@@ -22,6 +22,7 @@ def _opened(out: Path) -> int:
     return db.execute("SELECT count(*) FROM events WHERE kind='opened'").fetchone()[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("eta,kill_after,every", [(1, 3, 10), (0, 5, 10), (1, 6, 4)])
 def test_sigkill_then_resume_keeps_every_invariant(
     tmp_path: Path, small: list[str], eta: int, kill_after: int, every: int

@@ -43,6 +43,7 @@ def test_run_dir_complete_verified_and_lag_bounded(tmp_path: Path, small: list[s
     assert freshroll("verify", str(out)).returncode == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1])
 def test_reward_improves_on_a_short_seeded_run(tmp_path: Path, seed: int):
     out = tmp_path / "learn"
