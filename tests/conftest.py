@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import signal
+import warnings
 from collections.abc import Iterable, Iterator
 
 import pytest
@@ -73,3 +75,24 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     return scheduling.xdist_scheduler(config, log)
+
+
+# -- a test that leaves SIGINT ignored in its worker ---------------------------------------
+# A child process inherits an ignored SIGINT (a test that Ctrl-Cs a child then sees it run
+# to the end: tests/e2e/test_exit_status.py did, twice, in full runs on 2026-12-03, never
+# alone). Which test leaves it is not known yet: this names it, as a warning in the summary.
+def _sigint_ignored() -> bool:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("SigIgn:"):
+                return bool(int(line.split()[1], 16) & (1 << (signal.SIGINT - 1)))
+    return False
+
+
+@pytest.fixture(autouse=True)
+def _sigint_left_ignored(request: pytest.FixtureRequest) -> Iterator[None]:
+    before = _sigint_ignored()
+    yield
+    if _sigint_ignored() and not before:
+        warnings.warn(f"{request.node.nodeid} left SIGINT ignored in this process "
+                      "(its children inherit it)", stacklevel=1)

@@ -27,13 +27,21 @@ def _last_event(out: Path) -> tuple[str, str | None]:
     return kind, reason
 
 
+_DEFAULT_SIGINT = ("import signal, sys, runpy; "
+                   "signal.signal(signal.SIGINT, signal.default_int_handler); "
+                   "sys.argv[0] = 'freshroll'; "
+                   "runpy.run_module('freshroll.cli', run_name='__main__')")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_signalled_run_stops_cleanly_and_resumes(tmp_path: Path, small: list[str], sig: int):
     out = tmp_path / "run"
     steps = 30
+    # SIGINT at its default in the child whatever this process inherited or was left with
+    # (an ignored SIGINT is inherited: the run would then rightly run on to its end)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "freshroll.cli", "run", *small, f"run.steps={steps}",
+        [sys.executable, "-c", _DEFAULT_SIGINT, "run", *small, f"run.steps={steps}",
          "trainer.checkpoint_every=5", "--out", str(out)],
         cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

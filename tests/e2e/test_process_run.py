@@ -27,7 +27,7 @@ from freshroll.runtime.adapters import KillableThreadEngine
 from freshroll.runtime.hooks import Hooks
 from freshroll.runtime.process_engine import ProcessEngine
 from freshroll.runtime.run import Components, run
-from freshroll.runtime.shm_weights import PREFIX, shm_dir
+from freshroll.runtime.shm_weights import PREFIX, segment_owner, shm_dir
 
 pytestmark = pytest.mark.slow
 
@@ -54,7 +54,9 @@ def _leaked_segments(since: float) -> list[str]:
     for p in shm_dir().glob(PREFIX + "*"):
         if p.stat().st_mtime < since - 1.0:
             continue
-        pid = int(p.name[len(PREFIX):].split("-")[0])
+        owner = segment_owner(p.name)  # PREFIX<run key>-<pid>-<tag>
+        assert owner is not None, f"a weight segment of an unknown form: {p.name}"
+        pid = owner[1]
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
