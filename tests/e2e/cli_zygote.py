@@ -7,8 +7,8 @@ imports, before any thread exists, then reads one JSON request per line on stdin
 (``{"args": [...], "env": {...}, "log": PATH, "timeout_s": S}``), forks a child that runs
 ``freshroll ARGS`` with ``env`` added (stdout and stderr to ``log``), waits for it and
 answers one line: the exit status (``-9``: ended by SIGKILL), or ``"timeout"`` after
-killing it. The same way as the chaos runner's zygote (freshroll/chaos/child.py) and the
-process placement's forkserver: a fork of a process that imported torch but ran nothing.
+killing it, with the chaos runner's zygote's :func:`freshroll.chaos.child.fork_call`: a
+fork of a process that imported torch but ran nothing.
 
 :class:`Zygote` is the test's side.
 """
@@ -17,55 +17,31 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _child(request: dict[str, Any]) -> None:
-    code = 1
+def _cli(request: dict[str, Any]) -> int:
+    """The forked child: ``freshroll ARGS`` with ``env`` added; its exit status."""
+    os.environ.update(request["env"])
+    from freshroll.cli import main
+
     try:
-        log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-        os.environ.update(request["env"])
-        from freshroll.cli import main
-
-        try:
-            main(request["args"], prog_name="freshroll")
-            code = 0
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-    except BaseException:
-        import traceback
-
-        traceback.print_exc()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        main(request["args"], prog_name="freshroll")
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 1
+    return 0
 
 
 def _fork(request: dict[str, Any]) -> str:
-    pid = os.fork()
-    if pid == 0:
-        _child(request)
-    deadline = time.monotonic() + float(request["timeout_s"])
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return str(os.waitstatus_to_exitcode(status))
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            return '"timeout"'
-        time.sleep(0.005)
+    from freshroll.chaos.child import fork_call
+
+    status = fork_call(lambda: _cli(request), Path(request["log"]), float(request["timeout_s"]))
+    return '"timeout"' if status is None else str(status)
 
 
 def serve() -> None:

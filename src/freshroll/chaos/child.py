@@ -30,7 +30,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from freshroll import unsafe
@@ -62,23 +62,21 @@ def run_spec(spec_path: str) -> int:
     return 0
 
 
-def _status(wait_status: int) -> int:
-    if os.WIFSIGNALED(wait_status):
-        return -os.WTERMSIG(wait_status)
-    return os.WEXITSTATUS(wait_status)
-
-
-def _fork_one(spec_path: str, timeout_s: float) -> str:
-    log = os.open(Path(spec_path).with_suffix(".log"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+def fork_call(target: Callable[[], int], log_path: Path, timeout_s: float) -> int | None:
+    """Run ``target`` in a forked child, its stdout and stderr to ``log_path`` and stdin
+    from /dev/null; wait for it. Returns its exit status (its return value; ``-N`` when
+    signal N ended it, ``-9`` after SIGKILL), or None after killing it past ``timeout_s``.
+    The child never returns to the caller's code: it leaves by ``os._exit``."""
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     pid = os.fork()
-    if pid == 0:  # the child: its own output, never the zygote's answer channel
+    if pid == 0:  # the child: its own output, never the parent's answer channel
         code = 1
         try:
             os.dup2(log, 1)
             os.dup2(log, 2)
             devnull = os.open(os.devnull, os.O_RDONLY)
             os.dup2(devnull, 0)
-            code = run_spec(spec_path)
+            code = target()
         except BaseException:
             import traceback
 
@@ -92,12 +90,18 @@ def _fork_one(spec_path: str, timeout_s: float) -> str:
     while True:
         done, wait_status = os.waitpid(pid, os.WNOHANG)
         if done:
-            return f"exit {_status(wait_status)}"
+            return os.waitstatus_to_exitcode(wait_status)
         if time.monotonic() > deadline:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
-            return "timeout"
+            return None
         time.sleep(0.005)
+
+
+def _fork_one(spec_path: str, timeout_s: float) -> str:
+    status = fork_call(lambda: run_spec(spec_path), Path(spec_path).with_suffix(".log"),
+                       timeout_s)
+    return "timeout" if status is None else f"exit {status}"
 
 
 def _warm() -> None:
