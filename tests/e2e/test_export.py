@@ -80,3 +80,22 @@ def test_export_model_cli(run_dir: Path, tmp_path: Path) -> None:
     proc = freshroll("export-model", str(run_dir), str(tmp_path / "cli"), "--step", "2")
     assert "exported step 2" in proc.stdout
     assert (tmp_path / "cli" / "config.json").is_file()
+
+
+def test_a_long_replay_says_where_it_is(run_dir: Path, tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: a replay (resume, a trainer actor's rebuild, export-model) ran silent however
+    long it took. Now it says its step once per ``limits.heartbeat_s``."""
+    import shutil
+
+    import yaml
+
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    cfg = yaml.safe_load((copy / "config.yaml").read_text())
+    cfg.setdefault("limits", {})["heartbeat_s"] = 1e-6
+    (copy / "config.yaml").write_text(yaml.safe_dump(cfg))
+    export_model(copy, tmp_path / "m3", step=3)
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("replaying")]
+    assert [ln.split(" s so far")[0].rsplit(", ", 1)[0] for ln in lines] == [
+        f"replaying committed step {s} of 3 (from the checkpoint at step 0)" for s in (1, 2, 3)]

@@ -6,6 +6,7 @@ Before the limits, each of these runs waited forever on the stuck call.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
 import time
@@ -323,3 +324,36 @@ def engine_state(path: Path) -> dict[str, Any]:
     from freshroll.engines.hf import HFEngine
 
     return HFEngine.from_pretrained(path).state_dict()
+
+
+def test_a_trainer_that_says_its_own_waits_is_not_wrapped_in_one_step_bound(tmp_path: Path):
+    """A Ray trainer actor lost in a step is killed, rebuilt, started and steps again: more
+    than one ``limits.train_timeout_s``. Before, the pipeline's one ``trainer step N, limit
+    600 s`` wait then ran past its limit; such a trainer (seams.SaysItsWaits) now says each of
+    its waits with the bound that ends it."""
+    h = Harness(tmp_path, overrides=["limits.train_timeout_s=0.3", "limits.heartbeat_s=0.1",
+                                     "run.steps=1"])
+    inner = h.trainer
+
+    class Restarting:
+        settings_digest = inner.settings_digest
+        waits: Any = None
+
+        async def step(self, lease: Any) -> Any:
+            with self.waits.waiting("trainer actor restart 1: start", 5.0):
+                await asyncio.sleep(0.6)  # past train_timeout_s: its own bound holds
+            return await inner.step(lease)
+
+        async def before_commit(self, version: Any) -> None:
+            await inner.before_commit(version)
+
+        def weights(self) -> Any:
+            return inner.weights()
+
+    h.pipe.trainer = Restarting()  # type: ignore[assignment]
+    lines: list[str] = []
+    h.pipe.on_wait = lines.append
+    assert h.run(timeout_s=20) is None
+    assert any(line.endswith("on trainer actor restart 1: start, limit 5 s") for line in lines)
+    assert not any("on trainer step" in line for line in lines), lines
+    assert len(h.steps) == 1

@@ -168,9 +168,14 @@ class ThreadEngine:
         loop = asyncio.get_running_loop()
         orphans, self._orphans = self._orphans, []
         for fut, what, since, deadline in orphans:
+            if fut.done():
+                continue
+            # one waiter per orphan, its outcome consumed: the call's result or error is
+            # `late`'s to deliver, never "Future exception was never retrieved" on stderr
+            waiter = asyncio.wrap_future(fut)
+            waiter.add_done_callback(_consume)
             while (remaining := deadline - loop.time()) > 0 and not fut.done():
-                await asyncio.wait([asyncio.wrap_future(fut)],
-                                   timeout=min(remaining, self.limits.heartbeat_s))
+                await asyncio.wait([waiter], timeout=min(remaining, self.limits.heartbeat_s))
                 if not fut.done() and deadline > loop.time():
                     sys.stderr.write(f"waiting {seconds(loop.time() - since)} s on {self.name} "
                                      f"{what} to return before its engine closes, limit "
@@ -181,6 +186,12 @@ class ThreadEngine:
         if callable(stop) and current:  # a process of its own (actor, child): end it now,
             with contextlib.suppress(Exception):  # so a retired worker frees its CPUs
                 await asyncio.wait_for(asyncio.to_thread(stop), STOP_TIMEOUT_S)
+
+
+def _consume(fut: asyncio.Future[Any]) -> None:
+    """Retrieve a finished future's outcome, so that asyncio does not log it."""
+    if not fut.cancelled():
+        fut.exception()
 
 
 #: how long closing an engine with a process of its own waits for its ``stop()``

@@ -9,8 +9,9 @@ from __future__ import annotations
 import copy
 import json
 import sys
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 
@@ -80,7 +81,10 @@ def build_learner(
         if ckpt.optimizer_state is not None:
             learner.optimizer.load_state_dict(ckpt.optimizer_state)
 
+    said = Heartbeat(cfg.limits.heartbeat_s, ckpt_step, target)
+
     def before_step(step: int) -> None:
+        said.before(step)
         config, committed = hist.steps.get(step, (None, "")) if hist else (None, "")
         apply_settings(learner, recorded[canonical(config)] if config is not None else cfg)
         if config is not None and learner.settings_digest != committed:
@@ -98,6 +102,29 @@ def build_learner(
         sys.stderr.write(f"resume: checkpoint at step {ckpt_step}, replayed {n} committed "
                          f"steps from the ledger; weights digests match\n")
     return learner
+
+
+class Heartbeat:
+    """A replay longer than ``limits.heartbeat_s`` says where it is, before a step once per
+    interval, on stderr (``replaying committed step 12 of 40 (from the checkpoint at step
+    0), 31 s so far``): a resume, a Ray trainer actor's rebuild and ``export-model`` replay
+    before anything else runs, and each replayed step is a full trainer step."""
+
+    def __init__(self, heartbeat_s: float, from_step: int, to_step: int,
+                 stream: TextIO | None = None) -> None:
+        self.heartbeat_s, self.from_step, self.to_step = heartbeat_s, from_step, to_step
+        self.stream = stream
+        self.t0 = self.last = time.monotonic()
+
+    def before(self, step: int) -> None:
+        now = time.monotonic()
+        if now - self.last >= self.heartbeat_s:
+            self.last = now
+            stream = self.stream or sys.stderr
+            stream.write(f"replaying committed step {step} of {self.to_step} (from the "
+                         f"checkpoint at step {self.from_step}), {now - self.t0:.0f} s so "
+                         f"far\n")
+            stream.flush()
 
 
 def _recorded_configs(hist: History | None) -> dict[str, Config]:

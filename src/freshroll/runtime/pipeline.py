@@ -62,8 +62,10 @@ of the task group, else its first exception), after closing the buffer
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,7 +82,7 @@ from freshroll.rewards.tasks import Prompt
 from freshroll.runtime.fallback import FallbackProbe, Switch, probe_for
 from freshroll.runtime.hooks import Hooks
 from freshroll.runtime.rewarding import RewardStage
-from freshroll.runtime.seams import AsyncScorer, AsyncTrainer, EngineFactory
+from freshroll.runtime.seams import AsyncScorer, AsyncTrainer, EngineFactory, SaysItsWaits
 from freshroll.runtime.steering import Steering
 from freshroll.runtime.tailing import Tailing
 from freshroll.runtime.waits import Waits, heartbeat, stall_message
@@ -172,6 +174,8 @@ class Pipeline:
             self.published = Published(buf.version, weights)
         self._feed, self._train = asyncio.Event(), asyncio.Event()
         self.waits = Waits(buf.clock, self.cfg.limits.heartbeat_s)
+        if isinstance(self.trainer, SaysItsWaits):
+            self.trainer.waits = self.waits
         self.rewarder = RewardStage(self)
         self.steering = Steering(self)
         self.tailing = Tailing(self) if self.cfg.tail.deadline else None
@@ -265,7 +269,7 @@ class Pipeline:
             self._feed.set()  # stale discards free admission capacity
             step = (buf.version.step if buf.version is not None else 0) + 1
             try:
-                with self.waits.waiting(f"trainer step {step}", lim.train_timeout_s):
+                with self._trainer_wait(f"trainer step {step}"):
                     metrics, digest = await trainer.step(lease)
             except NonFiniteStep as exc:
                 self._skip(lease.id, exc, skip_rule)
@@ -275,7 +279,7 @@ class Pipeline:
             parent = buf.version
             assert parent is not None
             child = parent.child(lease.samples, trainer.settings_digest, digest)
-            with self.waits.waiting(f"checkpoint of step {step}", lim.train_timeout_s):
+            with self._trainer_wait(f"checkpoint of step {step}"):
                 await trainer.before_commit(child)
             version = buf.commit(
                 lease.id, trainer.settings_digest, weights_digest=digest,
@@ -295,6 +299,13 @@ class Pipeline:
             self.notify()
             self.pool.version_published()
         raise _Stop
+
+    def _trainer_wait(self, what: str) -> AbstractContextManager[None]:
+        """The trainer's wait, bounded by ``limits.train_timeout_s``; none where the trainer
+        says its own waits (:class:`~freshroll.runtime.seams.SaysItsWaits`)."""
+        if isinstance(self.trainer, SaysItsWaits):
+            return contextlib.nullcontext()
+        return self.waits.waiting(what, self.cfg.limits.train_timeout_s)
 
     def _switch_mode(self, s: Switch) -> None:
         """Apply the sync fallback's look-ahead and record why (``mode_decided``)."""

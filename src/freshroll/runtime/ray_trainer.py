@@ -42,7 +42,13 @@ call the run walked away from leaves once ``stop_ray`` begins and never touches 
 is shut down. Timeouts: a step and a state fetch ``limits.train_timeout_s`` (a step is a
 forward and backward pass over the whole batch, a different cost from one generate call of
 a worker, hence a bound of its own); an actor's start (shipping the learner, loading it)
-``limits.worker_start_timeout_s``; kill ``limits.worker_start_timeout_s``.
+``limits.worker_start_timeout_s``; kill ``limits.worker_start_timeout_s``. Each of these
+is its own wait in the pipeline's :class:`~freshroll.runtime.waits.Waits`
+(:class:`~freshroll.runtime.seams.SaysItsWaits`): ``trainer step 3``, ``trainer actor
+restart 1: kill``, ``... : start``, ``trainer step 3 (after restart 1)``, so a heartbeat line
+never names a limit that a restart lets the wait run past. The learner's rebuild holds the
+event loop (no heartbeat line from the pipeline then); a long replay says its step itself
+(:class:`~freshroll.runtime.learner.Heartbeat`).
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -67,6 +74,7 @@ from freshroll.runtime.placement import thread_budget
 from freshroll.runtime.ray_engine import _gate, gated_get
 from freshroll.runtime.seams import TrainerState
 from freshroll.runtime.threads import AbandonableExecutor
+from freshroll.runtime.waits import Waits
 from freshroll.state import Lease
 from freshroll.trainer.grpo import GRPOLearner, TrainSample
 from freshroll.trainer.replay import train_samples, weights_digest
@@ -147,7 +155,12 @@ class RayTrainer:
         self._weights: Any = None  # ObjectRef of the newest version's weights
         self._lease: tuple[Lease, list[TrainSample]] | None = None  # the step just trained
         self._ready: tuple[Any, str, float] | None = None  # (ready ref, digest, t0) of a start
+        #: the pipeline's waits (seams.SaysItsWaits): each of this trainer's waits with its bound
+        self.waits: Waits | None = None
         self._spawn(learner, wait=False)
+
+    def _waiting(self, what: str, limit_s: float | None) -> AbstractContextManager[None]:
+        return self.waits.waiting(what, limit_s) if self.waits is not None else nullcontext()
 
     # -- the actor ---------------------------------------------------------------------------
     def _spawn(self, learner: GRPOLearner, *, wait: bool = True) -> None:
@@ -240,14 +253,30 @@ class RayTrainer:
         self.timings.step_actor_s.append(inside)
         return metrics, digest
 
+    async def _trained(self, samples: list[TrainSample], what: str) -> tuple[dict[str, float],
+                                                                              str]:
+        """The actor's start (when one is pending), then the step: each its own wait."""
+        lim = self.cfg.limits
+        if self._ready is not None:
+            with self._waiting("trainer actor start", lim.worker_start_timeout_s):
+                await self._call(self._await_ready)
+        with self._waiting(what, lim.train_timeout_s):
+            result: tuple[dict[str, float], str] = await self._call(self._step, samples)
+        return result
+
+    def _step_no(self) -> int:
+        return (self.buf.version.step if self.buf.version is not None else 0) + 1
+
     async def step(self, lease: Lease) -> tuple[dict[str, float], str]:
         samples = train_samples(self.buf, lease.samples, lease.version)
         lost: WorkerLost | WorkerTimeout | None = None
+        what = f"trainer step {self._step_no()}"
         while True:
             try:
                 if lost is not None:  # a failed restart (the new actor lost too) counts
                     await self._restart(lease, lost)
-                result: tuple[dict[str, float], str] = await self._call(self._step, samples)
+                    what = f"trainer step {self._step_no()} (after restart {self.restarts})"
+                result = await self._trained(samples, what)
             except (WorkerLost, WorkerTimeout) as exc:
                 if _gate.closed:  # the run's Ray is shutting down: nothing to restart
                     raise
@@ -272,9 +301,13 @@ class RayTrainer:
             f"{self.restarts} of at most {MAX_RESTARTS})\n")
         self.stream.flush()
         t0 = time.perf_counter()
-        await self._call(self._kill_actor)  # a hung actor too
+        lim, k = self.cfg.limits, self.restarts
+        with self._waiting(f"trainer actor restart {k}: kill", lim.worker_start_timeout_s):
+            await self._call(self._kill_actor)  # a hung actor too
         t1 = time.perf_counter()
-        learner = self._rebuild()  # the buffer and the ledger are the loop's
+        # the buffer and the ledger are the loop's: the loop waits here, and a long replay
+        # says its step itself (learner.Heartbeat)
+        learner = self._rebuild()
         self.timings.rebuild_learner_s.append(time.perf_counter() - t1)
         if learner.settings_digest != self.settings_digest:
             raise LineageError(f"the rebuilt learner's settings {learner.settings_digest} are "
@@ -283,7 +316,8 @@ class RayTrainer:
             got = weights_digest(learner.model)
             if got != version.weights_digest:
                 raise LineageError(f"the trainer rebuilt at {version} holds weights {got}")
-        await self._call(self._spawn, learner)
+        with self._waiting(f"trainer actor restart {k}: start", lim.worker_start_timeout_s):
+            await self._call(self._spawn, learner)
         del learner
         self._weights = None  # the durable version's weights: the new actor publishes them
         rebuild_s = time.perf_counter() - t0
@@ -312,12 +346,16 @@ class RayTrainer:
                     assert self._lease is not None
                     lease, samples = self._lease
                     await self._restart(lease, lost)
-                    _, digest = await self._call(self._step, samples)
+                    _, digest = await self._trained(
+                        samples, f"trainer step {version.step} (again, after restart "
+                        f"{self.restarts})")
                     if digest != version.weights_digest:
                         raise LineageError(f"the step of lease {lease.id} trained again gave "
                                            f"weights {digest}, not {version.weights_digest}")
                     lost = None
-                await self._call(self._before_commit, version, self._state)
+                with self._waiting(f"checkpoint of step {version.step}",
+                                   self.cfg.limits.train_timeout_s):
+                    await self._call(self._before_commit, version, self._state)
                 return
             except (WorkerLost, WorkerTimeout) as exc:
                 if _gate.closed:

@@ -162,6 +162,18 @@ class AsyncTrainer(Protocol):
         ...
 
 
+@runtime_checkable
+class SaysItsWaits(Protocol):
+    """A trainer whose step is several waits of their own bounds (a Ray trainer actor lost
+    in a step: kill it, rebuild the learner, start a new actor, train the step again). The
+    pipeline hands it its :class:`~freshroll.runtime.waits.Waits` before the run and does
+    not wrap its ``step`` and ``before_commit`` in one ``trainer step N`` wait: the trainer
+    registers each of its waits with the bound that ends it, so no heartbeat line says a
+    limit that a restart lets the wait run past."""
+
+    waits: Any  # freshroll.runtime.waits.Waits, or None until the pipeline sets it
+
+
 __all__ = [
     "AsyncEngine",
     "AsyncScorer",
@@ -173,5 +185,6 @@ __all__ = [
     "GenRequest",
     "ReportsStats",
     "SamplingParams",
+    "SaysItsWaits",
     "TrainerState",
 ]

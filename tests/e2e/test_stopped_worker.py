@@ -1,0 +1,95 @@
+"""Real workers stopped with SIGSTOP (alive, never answering) in a real ``freshroll run``:
+the waits on them are said past ``limits.heartbeat_s`` ("waiting 2.0 s on w1 generate, limit
+6 s") and end at their bound, the workers are fenced ``timeout`` and replaced, and the run ends
+with every step and a ledger that verifies (issue 23, defect 3).
+
+Before: a SIGSTOPped worker process printed nothing for 60 s under the default limits, and a
+SIGSTOPped Ray actor caught in a weight load produced no event for 200 s. The in-process
+tests of the same code (tests/runtime/test_timeouts.py) stall fakes; these stop the real
+process: a process-placement worker forked by the forkserver, a Ray actor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from e2e_helpers import OFFLINE, REPO, freshroll, metrics
+
+BOUND_S = 6
+
+
+def _workers(run: psutil.Process, runtime: str) -> list[psutil.Process]:
+    """The run's inference worker processes: the forkserver's children (process), or the
+    ``ray::_EngineActor`` processes under the run's raylet (ray)."""
+    out = []
+    for p in run.children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if runtime == "process":
+                mine = "forkserver" in " ".join(p.parent().cmdline())
+            else:
+                mine = " ".join(p.cmdline()).startswith("ray::_EngineActor")
+            if mine:
+                out.append(p)
+    return out
+
+
+def _fenced(out: Path) -> list[tuple[str, str]]:
+    db = sqlite3.connect(out / "ledger.sqlite")
+    try:
+        return db.execute("SELECT json_extract(body, '$.worker'), json_extract(body, '$.reason')"
+                          " FROM events WHERE kind='worker_fenced'").fetchall()
+    finally:
+        db.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("runtime", ["process", pytest.param("ray", marks=pytest.mark.ray)])
+def test_a_stopped_worker_is_said_bounded_and_replaced(tmp_path: Path, small: list[str],
+                                                       runtime: str):
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "freshroll.cli", "run", *small, "run.steps=6",
+         f"run.runtime={runtime}", "rollout.workers=2", f"limits.generate_timeout_s={BOUND_S}",
+         f"limits.weights_timeout_s={BOUND_S}", "limits.heartbeat_s=1", "--out", str(out)],
+        cwd=REPO, env={**os.environ, **OFFLINE},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )
+    stopped: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and proc.poll() is None:
+            if (out / "metrics.jsonl").is_file() and metrics(out):
+                stopped = _workers(psutil.Process(proc.pid), runtime)
+                if len(stopped) == 2:  # every worker: the run waits on them, bounded
+                    for p in stopped:
+                        p.send_signal(signal.SIGSTOP)  # as `kill -STOP`
+                    break
+            time.sleep(0.1)
+        assert len(stopped) == 2, f"not two worker processes while training: {stopped}"
+        _, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        for p in stopped:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+    assert proc.returncode == 0, err
+    said = re.findall(rf"waiting [\d.]+ s on (w\d+) (generate|load weights), limit {BOUND_S} s",
+                      err)
+    assert said, err  # the stopped workers' waits were said before their bound ended them
+    assert {(w, "timeout") for w, _ in said} <= set(_fenced(out)), (_fenced(out), err)
+    assert "Traceback" not in err, err
+    assert len(metrics(out)) == 6
+    verified = freshroll("verify", str(out))
+    assert verified.returncode == 0 and "closed" in verified.stdout
