@@ -21,8 +21,9 @@ Three guards, each enough on its own for the case it covers:
    time; the next ``start_ray`` in that run directory (``--resume``) first reaps a previous
    incarnation whose driver is gone (:func:`reap_previous`).
 
-Reaping sends ``SIGTERM``, waits up to ``grace`` seconds, then ``SIGKILL`` to what is left,
-and repeats the scan until nothing with the token is alive.
+Reaping sends ``SIGTERM``, then ``SIGKILL`` to a process that outlived ``grace`` seconds,
+and repeats the scan until it has found nothing with the token for half a second (a
+process started meanwhile is found too), for at most a minute.
 """
 
 from __future__ import annotations
@@ -93,21 +94,36 @@ def start_time(pid: int) -> int | None:
     return int(stat[stat.rfind(b")") + 2:].split()[19])
 
 
-def reap(token: str, grace: float = 3.0) -> list[int]:
-    """Stop every process of the Ray instance that carries ``token``; returns their pids."""
-    seen: list[int] = []
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0), (signal.SIGKILL, 5.0)):
+def reap(token: str, grace: float = 3.0, settle: float = 0.5, limit_s: float = 60.0) -> list[int]:
+    """Stop every process of the Ray instance that carries ``token``; returns their pids.
+
+    Each process found gets ``SIGTERM``, then ``SIGKILL`` once it outlived ``grace``. The scan
+    repeats until it has found nothing for ``settle`` seconds (a raylet or an agent may
+    start a process while the others are being stopped: a fixed number of passes could
+    leave that one behind), for at most ``limit_s``."""
+    seen: dict[int, float] = {}  # pid -> when it was sent SIGTERM
+    end = time.monotonic() + limit_s
+    empty_since: float | None = None
+    while (now := time.monotonic()) < end:
         pids = session_pids(token)
         if not pids:
-            break
-        seen.extend(p for p in pids if p not in seen)
+            if empty_since is None:
+                empty_since = now
+            elif now - empty_since >= settle:
+                break
+        else:
+            empty_since = None
         for pid in pids:
+            first = pid not in seen
+            if first:
+                seen[pid] = now
             with contextlib.suppress(OSError):  # already gone
-                os.kill(pid, sig)
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline and any(alive(p) for p in pids):
-            time.sleep(0.05)
-    return seen
+                if first:
+                    os.kill(pid, signal.SIGTERM)
+                elif now - seen[pid] >= grace:
+                    os.kill(pid, signal.SIGKILL)
+        time.sleep(0.05)
+    return list(seen)
 
 
 def write_record(run_dir: Path, token: str, watchdog_pid: int | None) -> None:
