@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from freshroll import unsafe
 from freshroll.errors import FailureBudgetExceeded
 
-_MAX_QUOTE = 300  # characters of the first error kept in the message
+_MAX_QUOTE = 300  # characters of the first error kept from its start, and from its end
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,8 +129,12 @@ class FailureBudget:
 
 
 def _quote(text: str | None) -> str:
+    """The error on one line; a long one keeps its start and its end, where the hint is
+    ("... (the reward asked for column 'solution'; the dataset has columns [...])")."""
     one_line = " ".join((text or "").split())
-    return one_line if len(one_line) <= _MAX_QUOTE else one_line[:_MAX_QUOTE] + "..."
+    if len(one_line) <= 2 * _MAX_QUOTE + 5:
+        return one_line
+    return f"{one_line[:_MAX_QUOTE]} ... {one_line[-_MAX_QUOTE:]}"
 
 
 __all__ = ["Breaker", "FailureBudget", "Rule"]

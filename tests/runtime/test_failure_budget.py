@@ -33,6 +33,23 @@ def test_always_failing_stage_trips_on_calls_and_samples_with_one_line_naming_it
     assert 'first error: "raises raised RuntimeError: boom second line"' in msg
 
 
+def test_a_long_first_error_keeps_its_end_where_the_hint_is():
+    """Issue 28, defect 2: the quote was cut at 300 characters, before the hint that a
+    reward's KeyError gets (the ledger held it, the terminal did not)."""
+    from freshroll.rewards.calling import explain
+
+    columns = ["level", "source", "target"]
+    hint = explain(KeyError("solution"), columns, conversational=False)
+    error = "wants raised KeyError: 'solution' " + "x" * 800 + hint
+    b = Breaker("reward function 'wants'", Rule(max_calls=1, max_units=1))
+    with pytest.raises(FailureBudgetExceeded) as info:
+        b.record(1, 1, error)
+    msg = str(info.value)
+    assert "wants raised KeyError: 'solution'" in msg  # its start
+    assert msg.endswith(f'{hint.strip()}"')  # and its end, whole
+    assert " ... " in msg and len(msg) < len(error) + 200
+
+
 def test_both_counts_must_be_reached():
     many_small = Breaker("s", Rule(max_calls=3, max_units=10))
     for _ in range(9):
@@ -175,6 +192,23 @@ def test_the_failing_function_of_a_set_is_the_one_named(tmp_path: Path):
     err = h.run()
     assert isinstance(err, FailureBudgetExceeded)
     assert str(err).startswith("reward function 'broken' failed")
+
+
+def _wants_solution(prompts: Any, completions: list[str], **kw: Any) -> Any:
+    return [float(a == b) for a, b in zip(kw["solution"], completions, strict=True)]
+
+
+def test_a_reward_errors_hint_reaches_the_terminal_whole(tmp_path: Path):
+    """Issue 28, defect 2: the stage's errors, joined with "; ", were split on "; ", which
+    cut a KeyError's hint at its own "; " ("...asked for column 'solution'" without "; the
+    dataset has columns [...]")."""
+    h = Harness(tmp_path, rewards=[("fine", ok_reward), ("wants", _wants_solution)])
+    err = h.run()
+    assert isinstance(err, FailureBudgetExceeded)
+    msg = str(err)
+    assert msg.startswith("reward function 'wants' failed"), msg
+    assert "(the reward asked for column 'solution'; the dataset has columns [" in msg, msg
+    assert msg.endswith('])"'), msg
 
 
 def test_rare_reward_failures_never_stop_a_run(tmp_path: Path):

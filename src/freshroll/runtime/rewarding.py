@@ -223,7 +223,12 @@ class RewardStage:
         for error in errors:
             if error is None:
                 continue
-            parts = error.removeprefix("reward_error: ").split("; ")
+            parts: list[str] = []  # one per function: "f raised ...; g raised ..."
+            for piece in error.removeprefix("reward_error: ").split("; "):
+                if parts and not any(piece.startswith(n + " ") for n in names):
+                    parts[-1] += "; " + piece  # a "; " inside one function's error
+                else:
+                    parts.append(piece)
             named = {stages[n]: p for p in parts for n in names if p.startswith(n + " ")}
             for stage, part in (named or {set_stage: "; ".join(parts)}).items():
                 failed[stage] += 1
