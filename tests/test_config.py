@@ -169,3 +169,31 @@ def test_python_dash_m_freshroll() -> None:
     out = subprocess.run([sys.executable, "-m", "freshroll", "config", "check"],
                          capture_output=True, text=True, timeout=60, cwd=REPO)
     assert out.returncode == 0 and "embedded default: ok" in out.stdout
+
+
+@pytest.mark.parametrize(("override", "ours"), [
+    ("trainer.learning_rate=1e-5", "trainer.lr"),
+    ("rollout.num_generations=8", "rollout.group_size"),
+    ("trainer.max_completion_length=64", "rollout.max_new_tokens"),
+    ("trainer.temperature=0.7", "rollout.temperature"),  # ours, in another section
+    ("beta=0.04", "trainer.kl_coef"),
+])
+def test_a_trl_name_is_answered_with_freshrolls_key(override: str, ours: str) -> None:
+    """Issue 28, defect 5: TRL's GRPOConfig names answered "unknown key" with no pointer."""
+    from freshroll.config import load_config
+    from freshroll.errors import ConfigError
+
+    key = override.split("=")[0]
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [override])
+    msg = str(info.value)
+    assert f"{key}: unknown key; freshroll's key for TRL's {key.split('.')[-1]} is {ours} " in msg
+    assert "TRL to freshroll" in msg
+
+
+def test_a_misspelt_freshroll_key_still_gets_did_you_mean() -> None:
+    from freshroll.config import load_config
+    from freshroll.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"trainer.lrr: unknown key; did you mean 'lr'\?"):
+        load_config(None, ["trainer.lrr=1e-5"])

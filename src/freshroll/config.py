@@ -679,10 +679,39 @@ def _known_keys(loc: tuple[int | str, ...]) -> list[str]:
     return list(getattr(model, "model_fields", {}))
 
 
+#: TRL's ``GRPOConfig`` / ``GRPOTrainer`` names -> freshroll's key (docs/guide.md, "TRL to
+#: freshroll"): an unknown key with one of these names says freshroll's
+TRL_NAMES = {
+    "num_generations": "rollout.group_size",
+    "max_completion_length": "rollout.max_new_tokens",
+    "per_device_train_batch_size": "rollout.batch_groups x rollout.group_size (completions)",
+    "generation_batch_size": "rollout.batch_groups x rollout.group_size (completions)",
+    "temperature": "rollout.temperature",
+    "top_p": "rollout.top_p",
+    "learning_rate": "trainer.lr",
+    "weight_decay": "trainer.weight_decay",
+    "max_grad_norm": "trainer.max_grad_norm",
+    "loss_type": "trainer.aggregation",
+    "epsilon": "trainer.clip_low",
+    "epsilon_high": "trainer.clip_high",
+    "beta": "trainer.kl_coef",
+    "max_steps": "run.steps",
+    "seed": "run.seed",
+    "save_steps": "trainer.checkpoint_every",
+    "save_total_limit": "trainer.keep_checkpoints",
+    "reward_funcs": "rewards (a list of {fn: file.py:f})",
+    "reward_weights": "rewards[].weight",
+    "train_dataset": "task.file",
+}
+
+
 def _unknown_key(loc: tuple[int | str, ...]) -> str:
     known = _known_keys(loc[:-1])
+    trl = TRL_NAMES.get(str(loc[-1]))
     close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
+    hint = (f"; freshroll's key for TRL's {loc[-1]} is {trl} (docs/guide.md, 'TRL to "
+            "freshroll')"
+            if trl is not None else f"; did you mean {close[0]!r}?" if close else "")
     return f"unknown key{hint} (known: {', '.join(known)})" if known else f"unknown key{hint}"
 
 
