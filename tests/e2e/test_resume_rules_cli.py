@@ -162,3 +162,40 @@ def test_allow_change_names_only_keys_that_need_it(run_copy: Path):
     ]:
         res = freshroll("run", "--resume", str(run_copy), *extra, check=False)
         assert res.returncode == 2 and msg in res.stderr, res.stderr
+
+
+@pytest.mark.slow
+def test_the_runs_own_relative_config_file_resumes_it_from_any_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Issue 28, defect 1: a config with relative paths (task.file, a reward file), given
+    again with --resume, was refused ("task.file, rewards cannot change": the relative paths
+    were compared with the absolute ones recorded), and from another directory failed with
+    "file my_rewards.py does not exist"."""
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    rows = [json.dumps({"prompt": f"rev {n}=", "target": str(n)[::-1]}) for n in range(100, 132)]
+    (proj / "data.jsonl").write_text("\n".join(rows) + "\n")
+    (proj / "my_rewards.py").write_text(
+        "def f(prompts, completions, target, **kw):\n"
+        "    return [float(c.strip() == t) for c, t in zip(completions, target)]\n")
+    (proj / "config.yaml").write_text(
+        "task:\n  file: data.jsonl\nrewards:\n  - fn: my_rewards.py:f\n"
+        "run:\n  steps: 2\n  progress: false\nrollout:\n  group_size: 4\n  batch_groups: 2\n")
+    from click.testing import CliRunner
+
+    from freshroll.cli import main
+
+    def here(*args: str) -> Any:  # in this test's working directory (freshroll() uses REPO)
+        return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+    monkeypatch.chdir(proj)
+    res = here("run", "config.yaml", "--out", "run")
+    assert res.exit_code == 0, res.output
+    res = here("run", "--resume", "run", "config.yaml", "run.steps=3")
+    assert res.exit_code == 0 and "verify: ok" in res.stdout, res.output
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    res = here("run", "--resume", str(proj / "run"), str(proj / "config.yaml"), "run.steps=4")
+    assert res.exit_code == 0 and "verify: ok" in res.stdout, res.output
+    assert summary(proj / "run")["steps"] == 4

@@ -23,7 +23,7 @@ import os
 from pathlib import Path
 from typing import IO
 
-from freshroll.config import Config, apply_override, read_yaml, validate
+from freshroll.config import Config, load_config
 from freshroll.errors import RunDirError
 from freshroll.ledger import LEDGER_FILE, holds_events
 
@@ -112,13 +112,14 @@ def resume_config(
     run_dir: Path, config: Path | None = None, overrides: tuple[str, ...] | list[str] = ()
 ) -> Config:
     """The config in force for ``--resume``: the run's saved ``config.yaml`` (or ``config``,
-    when given), with ``overrides`` applied on top, validated (unknown keys rejected)."""
+    when given), with ``overrides`` applied on top, validated (unknown keys rejected).
+
+    Paths resolve as a fresh run's do (:func:`~freshroll.config.load_config`): a file's
+    relative paths from its folder, the overrides' from the current directory, so the run's
+    own config file resumes it unchanged from any directory (the saved one holds them
+    absolute already)."""
     check_out_dir(run_dir, resume=True)
-    source = config if config is not None else run_dir / "config.yaml"
-    data = read_yaml(source)
-    for item in overrides:
-        apply_override(data, item)
-    return validate(data, str(source))
+    return load_config(config if config is not None else run_dir / "config.yaml", overrides)
 
 
 __all__ = [
