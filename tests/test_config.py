@@ -197,3 +197,16 @@ def test_a_misspelt_freshroll_key_still_gets_did_you_mean() -> None:
 
     with pytest.raises(ConfigError, match=r"trainer.lrr: unknown key; did you mean 'lr'\?"):
         load_config(None, ["trainer.lrr=1e-5"])
+
+
+def test_a_key_given_twice_on_the_command_line_is_refused(tmp_path: Path) -> None:
+    """Issue 28, defect 7: the last one silently won. Refused where the user typed them (a
+    program may layer overrides on a base list: load_config applies them in order)."""
+    for command in (["run", "--out", str(tmp_path / "run")], ["config", "check"]):
+        result = CliRunner().invoke(main, [*command, "trainer.lr=1e-3", "run.steps=2",
+                                           "trainer.lr=1e-4"])
+        assert result.exit_code == 2, result.output
+        assert ("trainer.lr: given twice on the command line ('trainer.lr=1e-3', "
+                "'trainer.lr=1e-4'); give it once") in result.stderr
+    assert not (tmp_path / "run").exists()
+    assert load_config(None, ["trainer.lr=1e-3", "trainer.lr=1e-4"]).trainer.lr == 1e-4

@@ -131,7 +131,7 @@ def run(config: Path | None, overrides: tuple[str, ...], out: Path | None,
     With --resume DIR the config in force is DIR/config.yaml (or CONFIG, when given) with
     the overrides on top; it is compared with the config the run's ledger recorded.
     """
-    from freshroll.config import load_config
+    from freshroll.config import check_overrides, load_config
     from freshroll.errors import ConfigError
     from freshroll.runtime.rundir import resume_config
 
@@ -141,6 +141,7 @@ def run(config: Path | None, overrides: tuple[str, ...], out: Path | None,
         from freshroll import crashpoints
 
         crashpoints.check_env()
+        check_overrides(overrides)
         # the config is checked before the heavy imports (torch, transformers) of a run
         if resume_dir is not None:
             if out is not None:
@@ -293,11 +294,12 @@ def simulate(config: Path | None, overrides: tuple[str, ...], out: Path | None) 
     """
     import time
 
-    from freshroll.config import load_config
+    from freshroll.config import check_overrides, load_config
 
     if config is not None and "=" in str(config) and not config.exists():
         overrides, config = (str(config), *overrides), None
     try:
+        check_overrides(overrides)
         cfg = load_config(config, (*overrides, "rollout.engine=sim"))
         from freshroll.runtime.run import run as run_training
 
@@ -339,11 +341,12 @@ def bench(config: Path | None, overrides: tuple[str, ...], out: Path | None, qui
     CONFIG.yaml [key=value ...] (no CONFIG: the embedded default, on the real HF engine).
     Same workload and seed for every run; docs/bench.md defines every column.
     """
-    from freshroll.config import load_config
+    from freshroll.config import check_overrides, load_config
 
     if config is not None and "=" in str(config) and not config.exists():
         overrides, config = (str(config), *overrides), None
     try:
+        check_overrides(overrides)
         cfg = load_config(config, overrides)
         from freshroll.bench.runner import bench as run_bench
 
@@ -475,10 +478,11 @@ def config_reference() -> None:
 
 
 def _load(config_file: Path | None, overrides: tuple[str, ...]) -> Config:
-    from freshroll.config import load_config
+    from freshroll.config import check_overrides, load_config
 
     if config_file is not None and "=" in str(config_file) and not config_file.exists():
         overrides, config_file = (str(config_file), *overrides), None
+    check_overrides(overrides)
     return load_config(config_file, overrides)
 
 

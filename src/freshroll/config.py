@@ -19,7 +19,7 @@ import difflib
 import json
 import re
 import types
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
@@ -613,6 +613,19 @@ def set_dotted(data: dict[str, Any], key: str, value: Any, what: str) -> None:
             raise ConfigError(f"{what}: {part!r} is not a section")
         node = child
     node[parts[-1]] = value
+
+
+def check_overrides(overrides: Sequence[str]) -> None:
+    """A key given twice on the command line is refused (which one was meant?), as a
+    duplicated key in a YAML file is. The CLI checks what the user typed; a program may
+    layer overrides on a base list (the later wins, as in ``load_config``)."""
+    first: dict[str, str] = {}
+    for item in overrides:
+        key = item.partition("=")[0].strip()
+        if key in first:
+            raise ConfigError(f"{key}: given twice on the command line ({first[key]!r}, "
+                              f"{item!r}); give it once")
+        first[key] = item
 
 
 def apply_override(data: dict[str, Any], item: str) -> None:
