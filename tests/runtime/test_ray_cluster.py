@@ -13,6 +13,7 @@ import dataclasses
 import json
 import sqlite3
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -174,36 +175,6 @@ async def _until(cond: Any, timeout_s: float, what: str) -> None:
 
 
 @pytest.mark.slow
-def test_a_reward_actor_lost_mid_run_is_retried_and_restarted(tmp_path: Path):
-    """The reward actor is killed after the first commit: its call fails WorkerLost, the
-    samples are scored again on a fresh actor (same reward version), verify passes."""
-    from freshroll.runtime.ray_scorer import RayScorer
-
-    killed: list[str] = []
-
-    async def script(pipe: Any, s: _Session) -> None:
-        await _until(lambda: pipe.buf.version.step >= 1, 120, "the first commit")
-        scorer = s.parts.scorer
-        assert isinstance(scorer, RayScorer) and scorer.concurrency == 1
-        killed.append(scorer.actor_ids()[0])
-        await asyncio.to_thread(scorer.kill, 0)
-
-    session = _Session(script)
-    cfg = load_config(None, [*SMALL, "run.steps=4", "rollout.workers=1",
-                             "ray.reward_actors=1"])
-    out = tmp_path / "run"
-    result = run_mod.run(cfg, out, chaos=session)
-    assert result.ok, verify_run(out).render()
-    scorer = session.parts.scorer
-    assert killed and scorer.restarts >= 1 and killed[0] not in scorer.actor_ids()
-    counts = json.loads((out / "counts.json").read_text())
-    assert "discarded_reward_error" not in counts  # retried, not failed
-    versions = {v for (v,) in _ledger(out, "SELECT DISTINCT json_extract(body, "
-                                           "'$.reward_version') FROM events WHERE kind='rewarded'")}
-    assert versions == {scorer.version}
-
-
-@pytest.mark.slow
 def test_resize_adds_and_retires_real_actors(tmp_path: Path):
     """Workers added and retired during a real Ray run are real actors: a retired actor is
     gone and its CPU free (the private instance has exactly 2), so a later scale-up places a
@@ -275,68 +246,126 @@ def hangs_once(prompts, completions, **kw):
 '''
 
 
-@pytest.mark.slow
-def test_a_stuck_reward_call_is_abandoned_and_its_actor_replaced(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """A reward actor stuck past limits.reward_timeout_s: its samples are discarded
-    reward_timeout (as a stuck thread's are), the actor is killed and replaced, and the
-    next calls score on the fresh one; verify passes."""
-    reward = tmp_path / "hangs.py"
+@dataclasses.dataclass
+class _RewardRun:
+    out: Path
+    result: Any
+    session: _Session
+    killed: list[str]  # the reward actor killed after the first commit
+
+
+@pytest.fixture(scope="module")
+def reward_run(tmp_path_factory: pytest.TempPathFactory) -> _RewardRun:
+    """One real run with one reward actor, shared by the two tests below (a Ray run costs
+    ~15 CPU-s before its first step): its first reward call hangs past
+    limits.reward_timeout_s (the actor is abandoned and replaced), then, after the first
+    commit, its actor is killed (the call fails WorkerLost and is retried on a fresh one)."""
+    from freshroll.runtime.ray_scorer import RayScorer
+
+    tmp = tmp_path_factory.mktemp("reward-run")
+    reward = tmp / "hangs.py"
     reward.write_text(_HANGS_ONCE)
-    monkeypatch.setenv("FRESHROLL_TEST_MARKER", str(tmp_path / "marker"))  # actors inherit
-    session = _Session(lambda pipe, s: asyncio.sleep(0))
+    killed: list[str] = []
+
+    async def script(pipe: Any, s: _Session) -> None:
+        await _until(lambda: pipe.buf.version.step >= 1, 120, "the first commit")
+        scorer = s.parts.scorer
+        assert isinstance(scorer, RayScorer) and scorer.concurrency == 1
+        killed.append(scorer.actor_ids()[0])
+        await asyncio.to_thread(scorer.kill, 0)
+
+    session = _Session(script)
     cfg = validate({
-        "run": {"progress": False, "steps": 3, "runtime": "ray"},
+        "run": {"progress": False, "steps": 4, "runtime": "ray"},
         "task": {"n_prompts": 64}, "rollout": {"group_size": 4, "batch_groups": 2,
                                               "worker_batch": 4, "workers": 1},
         "ray": {"trainer": "driver", "reward_actors": 1},
         "limits": {"reward_timeout_s": 10},
         "rewards": [{"fn": f"{reward}:hangs_once"}]}, "test")
-    out = tmp_path / "run"
-    result = run_mod.run(cfg, out, chaos=session)
-    assert result.ok, verify_run(out).render()
-    counts = json.loads((out / "counts.json").read_text())
-    assert counts.get("discarded_reward_timeout", 0) >= 1
-    assert session.parts.scorer.restarts >= 1
+    out = tmp / "run"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FRESHROLL_TEST_MARKER", str(tmp / "marker"))  # the actors inherit it
+        result = run_mod.run(cfg, out, chaos=session)
+    return _RewardRun(out, result, session, killed)
 
 
 @pytest.mark.slow
-def test_reward_actors_must_build_the_drivers_reward_version():
-    """Each reward actor builds the RewardSet from the config; a driver whose set differs
-    (here: another weight) is refused before any sample is scored, naming both digests."""
-    from freshroll.errors import RunFailed
-    from freshroll.rewards.scoring import build_reward_set
-    from freshroll.runtime.ray_engine import start_ray, stop_ray
-    from freshroll.runtime.ray_scorer import RayScorer
+def test_a_reward_actor_lost_mid_run_is_retried_and_restarted(reward_run: _RewardRun):
+    """The reward actor is killed after the first commit: its call fails WorkerLost, the
+    samples are scored again on a fresh actor (same reward version), verify passes."""
+    out = reward_run.out
+    assert reward_run.result.ok, verify_run(out).render()
+    scorer, killed = reward_run.session.parts.scorer, reward_run.killed
+    # restarted twice: after the stuck call (the other test) and after the kill
+    assert killed and scorer.restarts >= 2 and killed[0] not in scorer.actor_ids()
+    counts = json.loads((out / "counts.json").read_text())
+    assert "discarded_reward_error" not in counts  # retried, not failed
+    versions = {v for (v,) in _ledger(out, "SELECT DISTINCT json_extract(body, "
+                                           "'$.reward_version') FROM events WHERE kind='rewarded'")}
+    assert versions == {scorer.version}
 
-    cfg = load_config(None, ["ray.reward_actors=2"])
-    same = build_reward_set([e.model_dump(exclude_none=True) for e in cfg.rewards])
-    other = build_reward_set([{"fn": "reverse", "weight": 2.0}])
-    start_ray(num_cpus=2)
+
+@pytest.mark.slow
+def test_a_stuck_reward_call_is_abandoned_and_its_actor_replaced(reward_run: _RewardRun):
+    """A reward actor stuck past limits.reward_timeout_s: its samples are discarded
+    reward_timeout (as a stuck thread's are), the actor is killed and replaced, and the
+    next calls score on the fresh one; verify passes."""
+    out = reward_run.out
+    assert reward_run.result.ok, verify_run(out).render()
+    counts = json.loads((out / "counts.json").read_text())
+    assert counts.get("discarded_reward_timeout", 0) >= 1
+    assert reward_run.session.parts.scorer.restarts >= 1
+    assert (out.parent / "marker").read_text() == "hung"  # the first call did hang
+
+
+@pytest.fixture(scope="class")
+def _private_instance() -> Iterator[None]:
+    """One private Ray instance (3 CPUs) for the tests of a class that call Ray directly
+    (no run: a run starts and stops its own instance): ~5 CPU-s each instance costs."""
+    from freshroll.runtime.ray_engine import start_ray, stop_ray
+
+    start_ray(num_cpus=3)
     try:
+        yield
+    finally:
+        stop_ray()
+
+
+@pytest.mark.usefixtures("_private_instance")
+class TestOnOnePrivateInstance:
+    """Reward actors and inference actors driven directly, on one shared instance (the
+    reward test's actors are closed before the next test's start: 3 CPUs suffice)."""
+
+    @pytest.mark.slow
+    def test_reward_actors_must_build_the_drivers_reward_version(self):
+        """Each reward actor builds the RewardSet from the config; a driver whose set differs
+        (here: another weight) is refused before any sample is scored, naming both digests."""
+        from freshroll.errors import RunFailed
+        from freshroll.rewards.scoring import build_reward_set
+        from freshroll.runtime.ray_scorer import RayScorer
+
+        cfg = load_config(None, ["ray.reward_actors=2"])
+        same = build_reward_set([e.model_dump(exclude_none=True) for e in cfg.rewards])
+        other = build_reward_set([{"fn": "reverse", "weight": 2.0}])
         scorer = RayScorer(cfg, same)  # the same version: accepted
         assert scorer.concurrency == 2 and len(set(scorer.actor_ids())) == 2
         scorer.close()
         with pytest.raises(RunFailed, match=f"driver {other.version}"):
             RayScorer(cfg, other)
-    finally:
-        stop_ray()
 
+    @pytest.mark.slow
+    def test_load_weights_takes_a_ref_or_a_dict_and_a_lost_ref_is_worker_lost(
+            self, tmp_path: Path):
+        """One ``ray_publish`` ref loads into two actors (each fetching it itself, timed there),
+        a plain dict still loads, and weights whose owner died are WorkerLost (the pool then
+        fences and restarts the worker), never an untyped error."""
+        import ray
 
-@pytest.mark.slow
-def test_load_weights_takes_a_ref_or_a_dict_and_a_lost_ref_is_worker_lost(tmp_path: Path):
-    """One ``ray_publish`` ref loads into two actors (each fetching it itself, timed there),
-    a plain dict still loads, and weights whose owner died are WorkerLost (the pool then
-    fences and restarts the worker), never an untyped error."""
-    import ray
+        from freshroll.engines.tiny import save_tiny
+        from freshroll.errors import WorkerLost
+        from freshroll.runtime.ray_engine import RayEngine, ray_publish
 
-    from freshroll.engines.tiny import save_tiny
-    from freshroll.errors import WorkerLost
-    from freshroll.runtime.ray_engine import RayEngine, ray_publish, start_ray, stop_ray
-
-    path = save_tiny(tmp_path / "tiny", seed=0)
-    start_ray(num_cpus=3)
-    try:
+        path = save_tiny(tmp_path / "tiny", seed=0)
         a, b = RayEngine(path), RayEngine(path)
         a.wait_ready()
         b.wait_ready()
@@ -369,5 +398,3 @@ def test_load_weights_takes_a_ref_or_a_dict_and_a_lost_ref_is_worker_lost(tmp_pa
         time.sleep(1.0)
         with pytest.raises(WorkerLost, match="object store"):
             b.load_weights(orphan)
-    finally:
-        stop_ray()
