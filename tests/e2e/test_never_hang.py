@@ -170,7 +170,8 @@ def test_a_run_that_commits_nothing_stops_naming_the_stage_and_resumes(tmp_path:
     """, "sticky")
     out = tmp_path / "run"
     try:
-        proc = freshroll("run", str(cfg), *REPRO, "run.steps=1", "run.runtime=inline",
+        repro = [x for x in REPRO if not x.startswith("run.steps=")]  # a key given once
+        proc = freshroll("run", str(cfg), *repro, "run.steps=1", "run.runtime=inline",
                          "limits.reward_timeout_s=60",
                          "limits.max_no_progress_s=1", "limits.heartbeat_s=0.3",
                          "--out", str(out), check=False)
