@@ -131,17 +131,15 @@ def run(config: Path | None, overrides: tuple[str, ...], out: Path | None,
     With --resume DIR the config in force is DIR/config.yaml (or CONFIG, when given) with
     the overrides on top; it is compared with the config the run's ledger recorded.
     """
-    from freshroll.config import check_overrides, load_config
+    from freshroll.config import load_config
     from freshroll.errors import ConfigError
     from freshroll.runtime.rundir import resume_config
 
-    if config is not None and "=" in str(config) and not config.exists():
-        overrides, config = (str(config), *overrides), None
     try:
+        config, overrides = _config_and_overrides(config, overrides)
         from freshroll import crashpoints
 
         crashpoints.check_env()
-        check_overrides(overrides)
         # the config is checked before the heavy imports (torch, transformers) of a run
         if resume_dir is not None:
             if out is not None:
@@ -294,12 +292,10 @@ def simulate(config: Path | None, overrides: tuple[str, ...], out: Path | None) 
     """
     import time
 
-    from freshroll.config import check_overrides, load_config
+    from freshroll.config import load_config
 
-    if config is not None and "=" in str(config) and not config.exists():
-        overrides, config = (str(config), *overrides), None
     try:
-        check_overrides(overrides)
+        config, overrides = _config_and_overrides(config, overrides)
         cfg = load_config(config, (*overrides, "rollout.engine=sim"))
         from freshroll.runtime.run import run as run_training
 
@@ -341,12 +337,10 @@ def bench(config: Path | None, overrides: tuple[str, ...], out: Path | None, qui
     CONFIG.yaml [key=value ...] (no CONFIG: the embedded default, on the real HF engine).
     Same workload and seed for every run; docs/bench.md defines every column.
     """
-    from freshroll.config import check_overrides, load_config
+    from freshroll.config import load_config
 
-    if config is not None and "=" in str(config) and not config.exists():
-        overrides, config = (str(config), *overrides), None
     try:
-        check_overrides(overrides)
+        config, overrides = _config_and_overrides(config, overrides)
         cfg = load_config(config, overrides)
         from freshroll.bench.runner import bench as run_bench
 
@@ -478,12 +472,22 @@ def config_reference() -> None:
 
 
 def _load(config_file: Path | None, overrides: tuple[str, ...]) -> Config:
-    from freshroll.config import check_overrides, load_config
+    from freshroll.config import load_config
 
-    if config_file is not None and "=" in str(config_file) and not config_file.exists():
-        overrides, config_file = (str(config_file), *overrides), None
+    return load_config(*_config_and_overrides(config_file, overrides))
+
+
+def _config_and_overrides(config: Path | None, overrides: tuple[str, ...],
+                          ) -> tuple[Path | None, tuple[str, ...]]:
+    """The CONFIG argument and the overrides as typed: a CONFIG that looks like
+    ``key=value`` (and names no file) is the first override; a key given twice is refused
+    (:func:`~freshroll.config.check_overrides`)."""
+    from freshroll.config import check_overrides
+
+    if config is not None and "=" in str(config) and not config.exists():
+        overrides, config = (str(config), *overrides), None
     check_overrides(overrides)
-    return load_config(config_file, overrides)
+    return config, overrides
 
 
 if __name__ == "__main__":

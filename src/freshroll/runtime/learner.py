@@ -11,7 +11,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import torch
 
@@ -20,6 +20,7 @@ from freshroll.config import Config, validate
 from freshroll.engines.model_dir import loading_model
 from freshroll.errors import LineageError, ResumeError
 from freshroll.runtime.resume import History, canonical
+from freshroll.runtime.waits import seconds
 from freshroll.trainer.checkpoint import load_checkpoint
 from freshroll.trainer.grpo import GRPOLearner
 from freshroll.trainer.replay import CommittedStep, committed_chain, replay
@@ -110,21 +111,18 @@ class Heartbeat:
     0), 31 s so far``): a resume, a Ray trainer actor's rebuild and ``export-model`` replay
     before anything else runs, and each replayed step is a full trainer step."""
 
-    def __init__(self, heartbeat_s: float, from_step: int, to_step: int,
-                 stream: TextIO | None = None) -> None:
+    def __init__(self, heartbeat_s: float, from_step: int, to_step: int) -> None:
         self.heartbeat_s, self.from_step, self.to_step = heartbeat_s, from_step, to_step
-        self.stream = stream
         self.t0 = self.last = time.monotonic()
 
     def before(self, step: int) -> None:
         now = time.monotonic()
         if now - self.last >= self.heartbeat_s:
             self.last = now
-            stream = self.stream or sys.stderr
-            stream.write(f"replaying committed step {step} of {self.to_step} (from the "
-                         f"checkpoint at step {self.from_step}), {now - self.t0:.0f} s so "
-                         f"far\n")
-            stream.flush()
+            sys.stderr.write(f"replaying committed step {step} of {self.to_step} (from the "
+                             f"checkpoint at step {self.from_step}), {seconds(now - self.t0)} s "
+                             "so far\n")
+            sys.stderr.flush()
 
 
 def _recorded_configs(hist: History | None) -> dict[str, Config]:

@@ -174,6 +174,7 @@ class Pipeline:
             self.published = Published(buf.version, weights)
         self._feed, self._train = asyncio.Event(), asyncio.Event()
         self.waits = Waits(buf.clock, self.cfg.limits.heartbeat_s)
+        self._trainer_says_waits = isinstance(self.trainer, SaysItsWaits)
         if isinstance(self.trainer, SaysItsWaits):
             self.trainer.waits = self.waits
         self.rewarder = RewardStage(self)
@@ -303,7 +304,7 @@ class Pipeline:
     def _trainer_wait(self, what: str) -> AbstractContextManager[None]:
         """The trainer's wait, bounded by ``limits.train_timeout_s``; none where the trainer
         says its own waits (:class:`~freshroll.runtime.seams.SaysItsWaits`)."""
-        if isinstance(self.trainer, SaysItsWaits):
+        if self._trainer_says_waits:  # decided once, in run()
             return contextlib.nullcontext()
         return self.waits.waiting(what, self.cfg.limits.train_timeout_s)
 
