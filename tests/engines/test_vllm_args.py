@@ -80,6 +80,14 @@ def test_engine_args_passthrough_and_refusals(tmp_path: Path) -> None:
     assert args.model == str(model) and args.seed == 7 and args.max_model_len == 64
     assert args.enable_prefix_caching is True and args.enforce_eager is True
     assert args.logprobs_mode == "processed_logprobs"
+    # cpu: no chunked prefill (it kills the engine on a seeded request), one step holds a
+    # whole prompt; a user's enable_chunked_prefill: true is refused with the cause
+    assert args.enable_chunked_prefill is False and args.max_num_batched_tokens == 2048
+    long = engine_args(model, VLLMSection(max_model_len=4096), seed=0)
+    assert long.max_num_batched_tokens == 4096
+    with pytest.raises(ConfigError, match=r"enable_chunked_prefill: true is refused on cpu: "
+                                          r".*CPU Generator does not use offset"):
+        engine_args(model, VLLMSection(engine_args={"enable_chunked_prefill": True}), seed=0)
     with pytest.raises(ConfigError, match=r"vllm.engine_args.no_such_arg: not an argument"):
         engine_args(model, VLLMSection(engine_args={"no_such_arg": 1}), seed=0)
     for key, use in (("seed", "run.seed"), ("max_num_seqs", "vllm.max_num_seqs"),

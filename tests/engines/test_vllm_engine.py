@@ -112,6 +112,17 @@ def test_a_prompt_too_long_fails_only_its_request(h: Harness) -> None:
     assert list(got) == [0]
 
 
+def test_a_step_of_more_prompt_tokens_than_one_batch_keeps_the_engine(h: Harness) -> None:
+    """64 seeded requests of 60 prompt tokens: 3,840 tokens, more than vLLM's default 2,048 a
+    step. Chunked, a request's partial prefill rewound its CPU generator and the engine died
+    (``RuntimeError: CPU Generator does not use offset``, issue 28 defect 3)."""
+    got: dict[int, Completion] = {}
+    reqs = h.reqs(64, "0123456789" * 6)
+    h.run(h.engine.generate(reqs, SamplingParams(4, 1.0, 1.0), 3, _collect(got)))
+    assert sorted(got) == list(range(64))
+    assert all(len(c.token_ids) >= 1 for c in got.values())
+
+
 def test_overlapping_calls_emit_as_each_request_finishes(h: Harness) -> None:
     order: list[str] = []
     long_done: list[float] = []

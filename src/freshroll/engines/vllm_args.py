@@ -4,7 +4,15 @@ Everything that can be refused without starting vLLM (a 30 s start-up that would
 is refused here, before the run directory is written: ``run.runtime: ray``, ``vllm.device:
 cuda`` without a CUDA device, a ``vllm.engine_args`` key that is not an ``AsyncEngineArgs``
 field (or one freshroll sets itself: the message names the key to use), and on cpu a model
-whose head size vLLM's CPU attention does not support. :func:`engine_args` builds the
+whose head size vLLM's CPU attention does not support, or chunked prefill turned on.
+
+On cpu, chunked prefill is off (:data:`CPU_NO_CHUNKING`): vLLM rewinds a seeded request's
+sampling generator after each partial prefill chunk (``Generator.set_offset``), which a
+CPU generator refuses (``RuntimeError: CPU Generator does not use offset``), killing the
+engine whenever one step's prompts exceed ``max_num_batched_tokens`` (2048 by default: 64
+prompts of 40 tokens). freshroll seeds every request (reproducible sampling), so it turns
+chunking off and lets one step hold a whole prompt of ``max_model_len`` tokens, as vLLM
+itself does on cpu for the models it cannot chunk. :func:`engine_args` builds the
 ``AsyncEngineArgs`` of one engine; the engine itself is :mod:`.vllm_engine`. vLLM is
 imported only inside functions.
 """
@@ -38,6 +46,12 @@ OWN_ARGS = {
     "max_model_len": "vllm.max_model_len",
     "gpu_memory_utilization": "vllm.gpu_memory_utilization",
 }
+
+#: the reason chunked prefill stays off on cpu (see the module doc), in the refusal
+CPU_NO_CHUNKING = ("a chunked prefill of a seeded request kills vLLM's engine on cpu "
+                   "(RuntimeError: CPU Generator does not use offset)")
+#: vLLM's default most tokens one step schedules (SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS)
+DEFAULT_BATCHED_TOKENS = 2048
 
 _KV_ENV = "VLLM_CPU_KVCACHE_SPACE"
 _kv_set_by_us: str | None = None  # the value we put in the environment (not the user's)
@@ -114,6 +128,14 @@ def check_engine_arg_keys(extra: Mapping[str, Any]) -> None:
                               f"AsyncEngineArgs")
 
 
+def check_cpu_chunking(section: VLLMSection) -> None:
+    """On cpu, refuse ``vllm.engine_args.enable_chunked_prefill: true`` (the cause:
+    :data:`CPU_NO_CHUNKING`)."""
+    if section.device == "cpu" and section.engine_args.get("enable_chunked_prefill"):
+        raise ConfigError(f"vllm.engine_args.enable_chunked_prefill: true is refused on cpu: "
+                          f"{CPU_NO_CHUNKING}; leave it unset (freshroll turns it off)")
+
+
 def check_config(cfg: Config, model_config: Mapping[str, Any] | None = None,
                  model_path: Path | None = None, *, embedded: bool = False) -> None:
     """Everything about a ``rollout.engine: vllm`` run that can be refused before it starts:
@@ -128,6 +150,7 @@ def check_config(cfg: Config, model_config: Mapping[str, Any] | None = None,
     if sec.device == "cuda":
         _check_cuda()
     check_engine_arg_keys(sec.engine_args)
+    check_cpu_chunking(sec)
     if model_config is not None:
         check_head_dim(model_path or Path(cfg.model.path or "model"), model_config, sec.device,
                        embedded=embedded)
@@ -149,10 +172,11 @@ def engine_args(model_path: Path, section: VLLMSection, *, seed: int,
     from vllm.engine.arg_utils import AsyncEngineArgs
 
     check_engine_arg_keys(section.engine_args)
+    check_cpu_chunking(section)
     if section.device == "cuda":
         _check_cuda()
-    check_head_dim(model_path, model_config(model_path), section.device,
-                   embedded=embedded)
+    config = model_config(model_path)
+    check_head_dim(model_path, config, section.device, embedded=embedded)
     kw: dict[str, Any] = {
         "model": str(model_path),
         "dtype": section.dtype,
@@ -169,11 +193,22 @@ def engine_args(model_path: Path, section: VLLMSection, *, seed: int,
         kw["max_model_len"] = section.max_model_len
     if section.device == "cpu":
         kw["enforce_eager"] = True
+        kw["enable_chunked_prefill"] = False  # CPU_NO_CHUNKING (the module doc)
+        kw["max_num_batched_tokens"] = _batched_tokens(section, config)
         _set_kv_env(section.kv_cache_gib)
     else:
         kw["gpu_memory_utilization"] = section.gpu_memory_utilization
     kw.update(section.engine_args)
     return AsyncEngineArgs(**kw)
+
+
+def _batched_tokens(section: VLLMSection, config: Mapping[str, Any]) -> int:
+    """Unchunked, one step must hold a whole prompt: ``max_model_len`` (or the model's
+    ``max_position_embeddings``) tokens, and at least vLLM's default."""
+    longest = section.max_model_len or config.get("max_position_embeddings")
+    if not isinstance(longest, int) or isinstance(longest, bool):
+        return DEFAULT_BATCHED_TOKENS
+    return max(DEFAULT_BATCHED_TOKENS, longest)
 
 
 def _set_kv_env(gib: float) -> None:
