@@ -108,7 +108,7 @@ class Breaker:
                    f"({r.ratio_key}={r.max_ratio})")
         else:
             return
-        first = _quote(self.first_error)
+        first = quote(self.first_error)
         raise FailureBudgetExceeded(f'{self.stage} {why}; first error: "{first}"')
 
 
@@ -128,7 +128,7 @@ class FailureBudget:
         breaker.record(failed, total, error)
 
 
-def _quote(text: str | None) -> str:
+def quote(text: str | None) -> str:
     """The error on one line; a long one keeps its start and its end, where the hint is
     ("... (the reward asked for column 'solution'; the dataset has columns [...])")."""
     one_line = " ".join((text or "").split())
@@ -137,4 +137,4 @@ def _quote(text: str | None) -> str:
     return f"{one_line[:_MAX_QUOTE]} ... {one_line[-_MAX_QUOTE:]}"
 
 
-__all__ = ["Breaker", "FailureBudget", "Rule"]
+__all__ = ["Breaker", "FailureBudget", "Rule", "quote"]

@@ -262,12 +262,15 @@ class SampleBuffer(BufferState):
         self._emit(ev.WorkerStarted(ts=self.clock.now(), worker=worker, epoch=epoch))
         return epoch
 
-    def fence_worker(self, worker: str, epoch: int, reason: str) -> list[RequestId]:
-        """Fence an epoch: its running attempts are discarded (fenced) and re-issued."""
+    def fence_worker(self, worker: str, epoch: int, reason: str,
+                     detail: str = "") -> list[RequestId]:
+        """Fence an epoch: its running attempts are discarded (fenced) and re-issued.
+        ``detail``: why (a lost or timed-out worker's error), kept in the event."""
         if self._epochs.get(worker, -1) < epoch:
             raise UnknownSampleError(f"worker {worker!r} has no epoch {epoch}")
         running = sorted(self._inflight.get((worker, epoch), ()))
-        self._emit(ev.WorkerFenced(ts=self.clock.now(), worker=worker, epoch=epoch, reason=reason))
+        self._emit(ev.WorkerFenced(ts=self.clock.now(), worker=worker, epoch=epoch, reason=reason,
+                                   detail=detail))
         reissued = []
         for sid in running:
             rid = request_of(sid)

@@ -174,12 +174,15 @@ def run(config: Path | None, overrides: tuple[str, ...], out: Path | None,
 
 
 def _print_result(result: RunResult) -> None:
-    from freshroll.runtime.verdict import render
+    from freshroll.runtime.verdict import recovery_line, render
 
     s = result.summary
     plain = render(s["verdict"]) if "verdict" in s else ""
     if plain:
         click.echo(plain, err=True)
+    recovered = recovery_line(s)
+    if recovered:
+        click.echo(recovered, err=True)
     click.echo(
         f"run dir {result.run_dir}\n"
         f"steps {s['steps']}  accepted rollouts/s {s['accepted_rollouts_per_s']:.1f}  "

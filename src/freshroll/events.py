@@ -83,6 +83,7 @@ class WorkerFenced(Event, frozen=True, tag="worker_fenced"):
     worker: str
     epoch: int
     reason: str  # "lost" | "timeout" | "restart" | "retired" | "stopped"
+    detail: str = ""  # lost / timeout: the error that ended the epoch (one line)
 
 
 class WorkerReady(Event, frozen=True, tag="worker_ready"):

@@ -48,6 +48,9 @@ from freshroll.timing import percentile
 
 #: discard reasons left out of the discard rate and the counted discards (see the module doc)
 UNCOUNTED_DISCARD_REASONS: Final = frozenset(ev.RETRY_REASONS | {"shutdown"})
+#: the reasons a worker epoch is fenced that are a loss of the worker (it died or hung and
+#: was replaced), not its planned end (retired, stopped) or a resume's restart
+WORKER_LOSS_REASONS: Final = ("lost", "timeout")
 #: how many steps the reward at the start / end of a run is averaged over (at most)
 REWARD_WINDOW: Final = 3
 
@@ -73,6 +76,8 @@ class Tally:
     engine: tuple[float, int, int] | None = None
     preempted: int = 0  # preemptions summed over every decision's window
     trainer_restarts: int = 0  # trainer_restarted events
+    worker_losses: Counter[str] = field(default_factory=Counter)  # fenced lost/timeout, by reason
+    worker_loss_first: str | None = None  # "w1 epoch 0 lost: <the error>"
     _wall_done: float = 0.0  # trainer wall time of the incarnations before the current one
     _start: float | None = None  # the current incarnation's trainer start
     _last: float | None = None  # the current incarnation's last commit
@@ -108,6 +113,11 @@ class Tally:
             self._decided(e.inputs)
         elif isinstance(e, ev.TrainerRestarted):
             self.trainer_restarts += 1
+        elif isinstance(e, ev.WorkerFenced) and e.reason in WORKER_LOSS_REASONS:
+            self.worker_losses[e.reason] += 1
+            if self.worker_loss_first is None:
+                why = f": {e.detail}" if e.detail else ""
+                self.worker_loss_first = f"{e.worker} epoch {e.epoch} {e.reason}{why}"
         return None
 
     def _decided(self, inputs: dict[str, Any]) -> None:
@@ -298,6 +308,26 @@ def trainer_restarts(t: Tally) -> int:
 
 
 @figure
+def worker_losses(t: Tally) -> int:
+    return sum(t.worker_losses.values())
+
+
+@figure
+def worker_losses_by_reason(t: Tally) -> dict[str, int]:
+    return dict(sorted(t.worker_losses.items()))
+
+
+@figure
+def worker_loss_first(t: Tally) -> str | None:
+    return t.worker_loss_first
+
+
+@figure
+def reissued_attempts(t: Tally) -> int:
+    return t.discards.get("fenced", 0)
+
+
+@figure
 def weight_transfer_s_mean(t: Tally) -> float:
     return sum(t.transfers) / len(t.transfers) if t.transfers else 0.0
 
@@ -386,6 +416,8 @@ def summary_figures(t: Tally) -> dict[str, Any]:
         "trainer_idle_ratio": trainer_idle_ratio(t), "trainer_wait_s": trainer_wait_s(t),
         "weight_loads": weight_loads(t), "weight_transfer_s_mean": weight_transfer_s_mean(t),
         "trainer_restarts": trainer_restarts(t),
+        "worker_losses": worker_losses(t), "worker_losses_by_reason": worker_losses_by_reason(t),
+        "worker_loss_first": worker_loss_first(t), "reissued_attempts": reissued_attempts(t),
         "reward_first": reward_first(t), "reward_last": reward_last(t),
     }
 

@@ -12,6 +12,7 @@ process: a process-placement worker forked by the forkserver, a Ray actor.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -90,6 +91,14 @@ def test_a_stopped_worker_is_said_bounded_and_replaced(tmp_path: Path, small: li
     assert said, err  # the stopped workers' waits were said before their bound ended them
     assert {(w, "timeout") for w, _ in said} <= set(_fenced(out)), (_fenced(out), err)
     assert "Traceback" not in err, err
+    # the end says what the run recovered from, and summary.json counts it (issue 28 defect 3)
+    losses = sum(1 for _, reason in _fenced(out) if reason == "timeout")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["worker_losses"] == losses >= 2
+    assert summary["worker_losses_by_reason"] == {"timeout": losses}
+    assert re.search(rf"recovered from {losses} inference worker losses \({losses} timeout\), "
+                     rf"replaced; {summary['reissued_attempts']} attempts re-issued; first "
+                     r"loss: w\d epoch \d+ timeout: WorkerTimeout: ", err), err
     assert len(metrics(out)) == 6
     verified = freshroll("verify", str(out))
     assert verified.returncode == 0 and "closed" in verified.stdout

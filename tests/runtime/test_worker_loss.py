@@ -20,6 +20,7 @@ from freshroll.engines.tiny import save_tiny
 from freshroll.errors import WorkerLost
 from freshroll.harness.verify import verify_run
 from freshroll.runtime import run as run_mod
+from freshroll.runtime.verdict import recovery_line
 
 
 @pytest.mark.ray
@@ -88,6 +89,14 @@ def test_pipeline_fences_and_reissues_a_lost_worker(tmp_path: Path):
     reasons = [r[0] for r in db.execute(
         "SELECT json_extract(body, '$.reason') FROM events WHERE kind='worker_fenced'")]
     assert reasons.count("lost") == lost
+    # said in summary.json and in the end line (issue 28 defect 3: crashes never end silent)
+    s = result.summary
+    assert s["worker_losses"] == lost and s["worker_losses_by_reason"] == {"lost": lost}
+    assert s["reissued_attempts"] == counts["discarded_fenced"]
+    assert s["worker_loss_first"].endswith(
+        "lost: WorkerLost: simulated loss of the inference process")
+    assert recovery_line(s).startswith(f"recovered from {lost} inference worker loss")
+    assert recovery_line(s) in (out / "report.html").read_text()  # the report's banner
     epochs = {r[0] for r in db.execute(
         "SELECT json_extract(body, '$.epoch') FROM events WHERE kind='started'")}
     assert 1 in epochs  # work continued on a new epoch

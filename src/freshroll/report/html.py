@@ -200,12 +200,14 @@ def _header(run: RunData, baseline: RunData | None) -> str:
 
 
 def _verdict_html(run: RunData) -> str:
-    """A red banner when the run did not train what was asked (fewer steps, none, open)."""
-    from freshroll.runtime.verdict import render
+    """A red banner when the run did not train what was asked (fewer steps, none, open); a
+    yellow one for a complete run that recovered from worker losses or trainer restarts."""
+    from freshroll.runtime.verdict import recovery_line, render
 
     v = run.summary.get("verdict")
-    text = render(v) if isinstance(v, dict) else ""
-    if not text:
+    text = "\n".join(x for x in (render(v) if isinstance(v, dict) else "",
+                                 recovery_line(run.summary)) if x)
+    if not text or not isinstance(v, dict):
         return ""
     cls = "fail" if v["status"] != "complete" else "warn"
     lines = "<br>".join(escape(x) for x in text.splitlines())

@@ -586,8 +586,14 @@ def _write_end_files(out: Path, buf: SampleBuffer, report: bool = True,
 
 def overlap_line(summary: dict[str, Any]) -> str:
     """The one line an async run's end prints: did asynchrony pay
-    (:mod:`freshroll.runtime.overlap`); empty for a sync run."""
-    return render_overlap(summary.get("overlap"), summary.get("host"))
+    (:mod:`freshroll.runtime.overlap`); empty for a sync run. A run that lost workers says
+    that its figures include the recovery (a verdict over crashes is not one on asynchrony)."""
+    line = render_overlap(summary.get("overlap"), summary.get("host"))
+    losses = summary.get("worker_losses") or 0
+    if line and losses:
+        line += (f" (these figures include {losses} inference worker "
+                 f"loss{'es' if losses != 1 else ''} and their replacement)")
+    return line
 
 
 def _stopped(exc: BaseException, buf: SampleBuffer, cfg: Config, out: Path) -> BaseException:

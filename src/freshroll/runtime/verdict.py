@@ -14,12 +14,16 @@ the last ``run_config`` event), so ``verify`` recomputes it and a saved run rebu
 bookkeeping reasons ``fenced`` and ``shutdown``) to its count and the FIRST such discard's
 detail, the message a user acts on (e.g. a reward's first ``KeyError``). ``stopped`` is the
 reason of the last ``closed`` event (``done``, or the failure that ended the run).
+
+:func:`recovery_line` says what a run survived (worker losses, re-issued attempts, trainer
+restarts: the figures of :mod:`freshroll.metrics`), so a run that recovered from crashes
+ends neither green nor silent.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
 from freshroll import events as ev
@@ -106,3 +110,24 @@ def render(v: dict[str, Any]) -> str:
         if v["status"] != "complete" or reason not in EXPECTED_REASONS:
             lines.append(f"  {info['count']} {reason} discards; first: {info['first']}")
     return "\n".join(lines)
+
+
+def recovery_line(summary: Mapping[str, Any]) -> str:
+    """One line on what the run recovered from (``summary.json``'s ``worker_losses``,
+    ``reissued_attempts`` and ``trainer_restarts``); empty when it lost nothing."""
+    losses = summary.get("worker_losses") or 0
+    restarts = summary.get("trainer_restarts") or 0
+    if not losses and not restarts:
+        return ""
+    parts = []
+    if losses:
+        by = summary.get("worker_losses_by_reason") or {}
+        reasons = ", ".join(f"{n} {r}" for r, n in by.items())
+        parts.append(f"{losses} inference worker loss{'es' if losses != 1 else ''} "
+                     f"({reasons}), replaced; {summary.get('reissued_attempts') or 0} "
+                     "attempts re-issued")
+    if restarts:
+        parts.append(f"{restarts} trainer restart{'s' if restarts != 1 else ''}")
+    line = "recovered from " + "; ".join(parts)
+    first = summary.get("worker_loss_first")
+    return f"{line}; first loss: {first}" if first else line

@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 from freshroll import events as ev
 from freshroll import unsafe
+from freshroll.breaker import quote
 from freshroll.buffer import Outcome
 from freshroll.engines.base import Completion
 from freshroll.errors import Interrupted, RunFailed, Superseded, WorkerLost, WorkerTimeout
@@ -275,9 +276,9 @@ class WorkerPool:
                                   startup_s=startup))
         w.ready.set()
 
-    def _fence(self, w: Worker, reason: str) -> None:
+    def _fence(self, w: Worker, reason: str, detail: str = "") -> None:
         w.fenced = True
-        self.buf.fence_worker(w.name, w.epoch, reason)
+        self.buf.fence_worker(w.name, w.epoch, reason, detail)
         self.pipe.notify()
         self.requests_queued()
 
@@ -289,7 +290,7 @@ class WorkerPool:
         worker, at once for an engine that cannot restart, or if the restart fails.
         """
         reason = "timeout" if isinstance(exc, WorkerTimeout) else "lost"
-        self._fence(w, reason)
+        self._fence(w, reason, quote(f"{type(exc).__name__}: {exc}"))
         n = self._restarts[w.name] = self._restarts.get(w.name, 0) + 1
         what = f"inference worker {w.name!r} {reason}: {type(exc).__name__}: {exc}"
         if n > MAX_RESTARTS:
