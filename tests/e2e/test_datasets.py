@@ -52,6 +52,8 @@ def test_chat_dataset_with_own_and_trl_rewards_beside_the_config(tmp_path: Path)
     out = tmp_path / "run"
     proc = freshroll("run", str(cfg), "--out", str(out))  # cwd is the repo, not the project
     assert "verify: ok" in proc.stdout
+    # the terminal holds freshroll's lines only: no datasets progress bar (issue 28 defect 7)
+    assert "Generating train split" not in proc.stderr and "it/s]" not in proc.stderr, proc.stderr
     s = summary(out)
     assert s["steps"] == 2
     assert "reward_error" not in s["discards"], s["discards"]

@@ -57,6 +57,23 @@ def test_load_jsonl_keeps_every_column_with_its_type(tmp_path: Path) -> None:
     ]
 
 
+def test_reading_a_file_prints_no_progress_bar_and_keeps_the_callers_settings(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    from datasets.utils import logging as ds_logging
+
+    rows = [{"prompt": f"{tmp_path} {i}", "answer": str(i)} for i in range(3)]  # never cached
+    ds_logging.enable_progress_bar()
+    try:
+        capfd.readouterr()
+        assert len(load_prompts(_jsonl(tmp_path / "fresh.jsonl", rows))) == 3
+        out, err = capfd.readouterr()
+        assert "Generating" not in err and "examples" not in err and not out, err
+        assert ds_logging.is_progress_bar_enabled()  # a notebook's own setting is restored
+    finally:
+        ds_logging.disable_progress_bar()
+
+
 def test_load_parquet_custom_fields_ids_and_answer_alias(tmp_path: Path) -> None:
     path = tmp_path / "data.parquet"
     pq.write_table(pa.table({"q": ["1+1=", "2+3="], "a": ["2", "5"], "uid": ["x", "y"]}), path)

@@ -31,7 +31,8 @@ Guarantees:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -218,7 +219,8 @@ def _read_rows(path: Path, split: str | None) -> list[dict[str, Any]]:
     import datasets  # heavy import, only needed here
 
     try:
-        ds = datasets.load_dataset(builder, data_files=str(path), split="train")
+        with quiet_datasets():
+            ds = datasets.load_dataset(builder, data_files=str(path), split="train")
     except Exception as exc:  # datasets raises many types for unreadable files
         cause = exc.__cause__ or exc
         raise ConfigError(
@@ -227,11 +229,34 @@ def _read_rows(path: Path, split: str | None) -> list[dict[str, Any]]:
     return _rows_of(path, ds)
 
 
+@contextlib.contextmanager
+def quiet_datasets() -> Iterator[None]:
+    """``datasets`` without its progress bars ("Generating train split: ...") and info/warning
+    logs, for the block; both are restored after it (a notebook's own settings are kept).
+
+    A run's terminal holds freshroll's lines only; a file ``datasets`` cannot read still
+    raises, and :func:`_read_rows` says why in one line.
+    """
+    from datasets.utils import logging as ds_logging
+
+    bars = ds_logging.is_progress_bar_enabled()
+    level = ds_logging.get_verbosity()
+    ds_logging.disable_progress_bar()
+    ds_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        ds_logging.set_verbosity(level)
+        if bars:
+            ds_logging.enable_progress_bar()
+
+
 def _load_from_disk(path: Path, split: str | None) -> Any:
     import datasets
 
     try:
-        loaded = datasets.load_from_disk(str(path))
+        with quiet_datasets():
+            loaded = datasets.load_from_disk(str(path))
     except Exception as exc:
         raise ConfigError(
             f"prompt directory {path}: not a dataset written by save_to_disk "
