@@ -6,6 +6,7 @@ Each test copies one finished 3-step run and resumes the copy (README, "Resume r
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sqlite3
 from pathlib import Path
@@ -199,3 +200,30 @@ def test_the_runs_own_relative_config_file_resumes_it_from_any_directory(
     res = here("run", "--resume", str(proj / "run"), str(proj / "config.yaml"), "run.steps=4")
     assert res.exit_code == 0 and "verify: ok" in res.stdout, res.output
     assert summary(proj / "run")["steps"] == 4
+
+
+def test_a_resumed_run_is_described_segment_by_segment(run_copy: Path):
+    """Issue 28 defect 6: a resume in another mode ended with the first segment's figures."""
+    res = freshroll("run", "--resume", str(run_copy), "run.steps=5", "run.max_staleness=0",
+                    "--allow-change", "run.max_staleness")
+    assert "verify: ok" in res.stdout
+    s = summary(run_copy)
+    first, second = s["segments"]
+    assert (first["from_step"], first["to_step"], first["mode"]) == (0, 3, "async")
+    assert (second["from_step"], second["to_step"], second["mode"]) == (3, 5, "sync")
+    assert first["stopped"] == second["stopped"] == "done"
+    assert first["accepted_rollouts"] + second["accepted_rollouts"] == s["accepted_rollouts"]
+    assert second["overlap"]["verdict"] == "sync"  # not the async segment's verdict
+    assert "this run in 2 segments (a start and 1 resume):" in res.stderr
+    assert re.search(r"  1: steps 1-3, async \(max_staleness 1\): [\d.]+ accepted rollouts/s"
+                     r".*; ended: done\n  2: steps 4-5, sync: [\d.]+ accepted rollouts/s",
+                     res.stderr), res.stderr
+    assert "this run in 2 segments" in (run_copy / "report.html").read_text()
+
+
+def test_a_run_never_resumed_has_one_segment_and_no_segment_lines(base_run: Path):
+    (only,) = summary(base_run)["segments"]
+    s = summary(base_run)
+    assert (only["from_step"], only["to_step"], only["steps"]) == (0, 3, 3)
+    assert only["accepted_rollouts_per_s"] == s["accepted_rollouts_per_s"]
+    assert only["overlap"]["verdict"] == s["overlap"]["verdict"]

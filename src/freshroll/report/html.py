@@ -196,7 +196,19 @@ def _header(run: RunData, baseline: RunData | None) -> str:
         notes = ('<div class="notes">inputs: '
                  + "; ".join(escape(n) for n in run.notes) + "</div>")
     return (f'<div class="cards">{"".join(cards)}</div>{_verdict_html(run)}'
-            f"{_verify_html(run)}{notes}")
+            f"{_segments_html(run)}{_verify_html(run)}{notes}")
+
+
+def _segments_html(run: RunData) -> str:
+    """A resumed run segment by segment (:mod:`freshroll.runtime.segments`); empty for one."""
+    from freshroll.runtime.segments import render_segments
+
+    segments = run.summary.get("segments")
+    text = render_segments(segments) if isinstance(segments, list) else ""
+    if not text:
+        return ""
+    return ('<div class="notes segments">'
+            + "<br>".join(escape(x) for x in text.splitlines()) + "</div>")
 
 
 def _verdict_html(run: RunData) -> str:

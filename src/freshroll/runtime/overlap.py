@@ -237,8 +237,11 @@ class ModeFold:
             })
 
     def opened(self) -> None:
+        """A resume starts again in async and probes afresh: an earlier segment's choice
+        says nothing of the steps run since (its probes stay listed)."""
         self._close()
         self._mode = "async"
+        self._chosen = None
 
     def result(self) -> dict[str, Any] | None:
         """None when the run never probed."""

@@ -5,9 +5,10 @@ summary can be rebuilt on a saved run, and ``freshroll verify`` recomputes it to
 check the file. The figures are those of :func:`freshroll.metrics.summary_figures`
 (defined once, in docs/metrics.md), plus the discard-bias check (committed vs
 discarded completions' reward and length, by reason) and the per-stage time
-decomposition of :mod:`freshroll.timing` and the stages' overlap of
-:mod:`freshroll.runtime.overlap` (did asynchrony pay). Written as strict JSON (a non-finite
-value as ``null``), atomically.
+decomposition of :mod:`freshroll.timing`, the stages' overlap of
+:mod:`freshroll.runtime.overlap` (did asynchrony pay) and the same figures segment by
+segment, one per start and resume (:mod:`freshroll.runtime.segments`). Written as strict
+JSON (a non-finite value as ``null``), atomically.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from freshroll.ledger import LEDGER_FILE, Ledger
 from freshroll.metrics import Tally, jsonable, summary_figures
 from freshroll.runtime.metrics_log import read_rows, write_atomic
 from freshroll.runtime.overlap import OverlapFold
+from freshroll.runtime.segments import SegmentFold
 from freshroll.runtime.verdict import VerdictFold
 from freshroll.timing import SpanFold, StageRow, decompose
 
@@ -121,6 +123,7 @@ class SummaryFold:
         self.spans = SpanFold()
         self.verdict = VerdictFold()
         self.overlap = OverlapFold()
+        self.segments = SegmentFold(self.tally, self.overlap)  # fed before the two above
         self.requests = 0  # admitted requests (sum of the groups' sizes)
         self.closed = False  # the ledger ends ``closed``
         self.error: Exception | None = None
@@ -143,7 +146,7 @@ class SummaryFold:
 
     def _route(self, kind: type) -> tuple[Callable[[Any], None], ...]:
         """The folds that read events of ``kind`` (the tally reads every event)."""
-        route: list[Callable[[Any], None]] = [self._tally]
+        route: list[Callable[[Any], None]] = [self.segments.feed, self._tally]
         route += [f.feed for f in (self.bias, self.spans, self.verdict, self.overlap)
                   if kind in f.KINDS]
         if kind in (Requested, Opened, Closed):
@@ -201,6 +204,7 @@ class SummaryFold:
             "stages": [row.__dict__ for row in self.stages()],
             "verdict": self.verdict.result(),
             "overlap": self.overlap.result(self.tally),
+            "segments": self.segments.result(),
         })
         return summary
 
