@@ -266,7 +266,10 @@ def test_recorder_writes_the_ledgers_rows_and_the_progress_line(tmp_path: Path) 
     assert read_rows(run / "metrics.jsonl") == (want, 0)
     assert len(want) == 6
     t = m.tally(events)
-    assert f"discards {m.counted_discards(t)} " in out.getvalue().splitlines()[-1]
+    last = out.getvalue().splitlines()[-1]
+    assert f"discards {m.counted_discards(t)} " in last
+    # the pace of the steps this process saw (4, 5, 6), and the time left: none at the end
+    assert re.search(r"  [\d.]+ steps/s  ETA 0s$", last), last
     buf.ledger.close()
 
 

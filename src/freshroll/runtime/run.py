@@ -68,6 +68,7 @@ from freshroll.runtime.learner import build_learner
 from freshroll.runtime.metrics_log import METRICS_FILE, RowLog, reconcile
 from freshroll.runtime.overlap import host_now
 from freshroll.runtime.overlap import render as render_overlap
+from freshroll.runtime.pace import Pace
 from freshroll.runtime.pipeline import Pipeline, StepReport, run_pipeline
 from freshroll.runtime.placement import Placement, Runtime, resolve_runtime, settled, thread_budget
 from freshroll.runtime.prepare import Prepared, prepare_run_dir
@@ -106,6 +107,7 @@ class Recorder:
         self.run_dir, self.cfg, self.buf, self.stream = run_dir, cfg, buf, stream
         self.tally, self.seq = Tally(), 0
         self._line = ""  # the progress line drawn in place on a terminal, if any
+        self.pace = Pace(cfg.run.steps)  # steps/s and the time left, for the progress line
         expected = self._fold()
         path = run_dir / METRICS_FILE
         done = reconcile(path, expected)
@@ -154,6 +156,7 @@ class Recorder:
     def _progress(self, row: dict[str, Any]) -> None:
         """One line per step on a terminal (redrawn in place); every ~2.5% of the run in logs."""
         step, total = row["step"], self.cfg.run.steps
+        self.pace.feed(step, row["t"])
         tty = self.stream.isatty()
         if not tty and step % max(1, total // 40) and step != total:
             return
@@ -164,7 +167,7 @@ class Recorder:
             f"(max {_fmt(row.get('lag_max'), '.0f')}/{self.cfg.run.max_staleness})  "
             f"idle {_fmt(row['trainer_idle_ratio'], '5.1%')}  "
             f"discards {row['discards']} ({_fmt(row['discard_rate'], '.1%')})  "
-            f"t {_fmt(row['t'], '6.1f')}s"
+            f"t {_fmt(row['t'], '6.1f')}s  {self.pace.render()}"
         )
         end = "\n" if not tty or step == total else ""
         self.stream.write(("\r" if tty else "") + line + (_CLEAR if tty else "") + end)
