@@ -349,9 +349,13 @@ class SampleBuffer(BufferState):
         return Outcome.ACCEPTED
 
     def reward(
-        self, sample: str, value: float, reward_version: str, reward_s: float = 0.0
+        self, sample: str, value: float, reward_version: str, reward_s: float = 0.0,
+        components: Mapping[str, float] | None = None, logged: Mapping[str, float] | None = None,
+        extras: Mapping[str, Any] | None = None,
     ) -> Outcome:
-        """Record the reward of a generated sample (NaN/inf discards it as reward_error)."""
+        """Record the reward of a generated sample (NaN/inf discards it as reward_error), with
+        each reward function's value, its calls' ``log_metric`` values and its ``log_extra``
+        values (:func:`ev.plain_extras`) when a reward set scored it."""
         req = self._requests.get(request_of(sample))
         if req is None or req.state != GENERATED or req.sample != sample:
             req = self._live_result(sample, GENERATED)  # rejects (or raises)
@@ -362,7 +366,8 @@ class SampleBuffer(BufferState):
             return Outcome.ACCEPTED
         event = ev.Rewarded(
             ts=self.clock.now(), sample=sample, reward=value, reward_version=reward_version,
-            reward_s=reward_s,
+            reward_s=reward_s, components=dict(components or {}), logged=dict(logged or {}),
+            extras=ev.plain_extras(extras) if extras else {},
         )
         if self.closed:
             self._refuse(event)

@@ -12,6 +12,8 @@ Ids inside events are strings in the canonical forms of :mod:`freshroll.lineage`
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from typing import Any, Final, Literal
 
 import msgspec
@@ -113,6 +115,32 @@ class Rewarded(Event, frozen=True, tag="rewarded"):
     reward: float
     reward_version: str
     reward_s: float = 0.0
+    #: each applicable reward function's raw (unweighted) value, by name (empty: one not
+    #: from a reward set, e.g. the simulator's)
+    components: dict[str, float] = msgspec.field(default_factory=dict)
+    #: what the rewards gave TRL's ``log_metric`` in the call that scored it
+    logged: dict[str, float] = msgspec.field(default_factory=dict)
+    #: what they gave TRL's ``log_extra`` for this sample (JSON scalars; others as repr)
+    extras: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+#: a ``log_extra`` string is kept up to this many characters (a completions table, not a store)
+EXTRA_CHARS: Final = 500
+
+
+def plain_extras(extras: Mapping[str, Any]) -> dict[str, Any]:
+    """``log_extra`` values as the ledger keeps them: JSON scalars as they are (a string cut
+    to :data:`EXTRA_CHARS`, a non-finite float as its text), anything else as its repr."""
+    out: dict[str, Any] = {}
+    for key, value in extras.items():
+        if value is None or isinstance(value, bool | int):
+            out[str(key)] = value
+        elif isinstance(value, float):
+            out[str(key)] = value if math.isfinite(value) else repr(value)
+        else:
+            text = value if isinstance(value, str) else repr(value)
+            out[str(key)] = text[:EXTRA_CHARS]
+    return out
 
 
 class Ready(Event, frozen=True, tag="ready"):

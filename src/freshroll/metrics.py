@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
@@ -51,6 +51,9 @@ UNCOUNTED_DISCARD_REASONS: Final = frozenset(ev.RETRY_REASONS | {"shutdown"})
 #: the reasons a worker epoch is fenced that are a loss of the worker (it died or hung and
 #: was replaced), not its planned end (retired, stopped) or a resume's restart
 WORKER_LOSS_REASONS: Final = ("lost", "timeout")
+#: a group's reward std at most this is zero (``torch.isclose(std, 0)``, as TRL counts
+#: ``frac_reward_zero_std``): its advantages vanish, the group teaches nothing
+ZERO_STD: Final = 1e-8
 #: how many steps the reward at the start / end of a run is averaged over (at most)
 REWARD_WINDOW: Final = 3
 
@@ -78,6 +81,16 @@ class Tally:
     trainer_restarts: int = 0  # trainer_restarted events
     worker_losses: Counter[str] = field(default_factory=Counter)  # fenced lost/timeout, by reason
     worker_loss_first: str | None = None  # "w1 epoch 0 lost: <the error>"
+    #: the last commit's batch: each reward function's (mean, std), the mean of each
+    #: ``log_metric`` name, and the share of its groups whose total reward has zero std
+    step_rewards: dict[str, tuple[float, float]] = field(default_factory=dict)
+    step_logged: dict[str, float] = field(default_factory=dict)
+    step_zero_std: float | None = None
+    groups: int = 0  # committed groups (a group split over two steps counts in each)
+    groups_zero_std: int = 0  # ... of which the committed members' rewards had zero std
+    #: attempt -> (total reward, components, logged), until committed or discarded
+    _scored: dict[str, tuple[float, dict[str, float], dict[str, float]]] = field(
+        default_factory=dict)
     _wall_done: float = 0.0  # trainer wall time of the incarnations before the current one
     _start: float | None = None  # the current incarnation's trainer start
     _last: float | None = None  # the current incarnation's last commit
@@ -94,6 +107,8 @@ class Tally:
             self._started[e.sample] = policy_step(e.version)
         elif isinstance(e, ev.Generated):
             self.generated += 1
+        elif isinstance(e, ev.Rewarded):
+            self._scored[e.sample] = (e.reward, e.components, e.logged)
         elif isinstance(e, ev.Leased):
             self.wait_s += e.wait_s
             if self._start is None:
@@ -107,6 +122,7 @@ class Tally:
             self.discards[e.reason] += 1
             if e.sample is not None:
                 self._started.pop(e.sample, None)
+                self._scored.pop(e.sample, None)
         elif isinstance(e, ev.WeightsLoaded):
             self.transfers.append(e.transfer_s)
         elif isinstance(e, ev.ControllerDecided):
@@ -143,6 +159,7 @@ class Tally:
         self._last = e.ts
         if self._start is None:  # a commit without a lease: a damaged ledger, still counted
             self._start = e.ts
+        self._rewards_of(e.samples)
         self.steps += 1
         self.accepted += len(e.samples)
         reward = e.metrics.get("reward_mean")
@@ -151,6 +168,39 @@ class Tally:
                 self.rewards_first.append(reward)
             self.rewards_last.append(reward)
         return row(self, e)
+
+    def _rewards_of(self, samples: Sequence[str]) -> None:
+        """The committed batch's per-reward figures (TRL's ``rewards/<name>/mean|std`` and
+        ``frac_reward_zero_std``): each function over the samples it applied to; a group's
+        std over its committed members (a lone member has no learning signal: zero)."""
+        per_fn: dict[str, list[float]] = {}
+        logged: dict[str, list[float]] = {}
+        by_group: dict[str, list[float]] = {}
+        for s in samples:
+            scored = self._scored.pop(s, None)
+            if scored is None:  # a damaged ledger (verify says so)
+                continue
+            total, components, logs = scored
+            by_group.setdefault(s.partition(".")[0], []).append(total)
+            for name, value in components.items():
+                per_fn.setdefault(name, []).append(value)
+            for name, value in logs.items():
+                logged.setdefault(name, []).append(value)
+        self.step_rewards = {n: (sum(v) / len(v), sample_std(v)) for n, v in per_fn.items()}
+        self.step_logged = {n: sum(v) / len(v) for n, v in logged.items()}
+        zero = sum(1 for v in by_group.values() if sample_std(v) <= ZERO_STD)
+        self.step_zero_std = zero / len(by_group) if by_group else None
+        self.groups += len(by_group)
+        self.groups_zero_std += zero
+
+
+def sample_std(xs: Sequence[float]) -> float:
+    """The unbiased sample standard deviation (``torch.std``, TRL's); 0 for fewer than 2."""
+    n = len(xs)
+    if n < 2:
+        return 0.0
+    mean = sum(xs) / n
+    return math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
 
 
 def tally(events: Iterable[ev.Event]) -> Tally:
@@ -328,6 +378,26 @@ def reissued_attempts(t: Tally) -> int:
 
 
 @figure
+def step_reward_fns(t: Tally) -> dict[str, dict[str, float]]:
+    return {n: {"mean": m, "std": sd} for n, (m, sd) in sorted(t.step_rewards.items())}
+
+
+@figure
+def step_logged(t: Tally) -> dict[str, float]:
+    return dict(sorted(t.step_logged.items()))
+
+
+@figure
+def step_frac_reward_zero_std(t: Tally) -> float | None:
+    return t.step_zero_std
+
+
+@figure
+def frac_reward_zero_std(t: Tally) -> float | None:
+    return t.groups_zero_std / t.groups if t.groups else None
+
+
+@figure
 def weight_transfer_s_mean(t: Tally) -> float:
     return sum(t.transfers) / len(t.transfers) if t.transfers else 0.0
 
@@ -398,7 +468,21 @@ def row(t: Tally, e: ev.Committed) -> dict[str, Any]:
         "accepted_total": accepted_rollouts(t), "accepted_per_s": accepted_rollouts_per_s(t),
         "trainer_idle_ratio": trainer_idle_ratio(t), "discards": counted_discards(t),
         "discard_rate": discard_rate(t), **engine,
+        **reward_columns(t),
     }
+
+
+def reward_columns(t: Tally) -> dict[str, Any]:
+    """A row's per-reward columns, named as TRL logs them: ``rewards/<name>/mean``,
+    ``rewards/<name>/std``, ``frac_reward_zero_std``, and ``logged/<name>`` for each
+    ``log_metric`` name (none for a batch no reward set scored, e.g. the simulator's)."""
+    out: dict[str, Any] = {}
+    for name, fig in step_reward_fns(t).items():
+        out[f"rewards/{name}/mean"], out[f"rewards/{name}/std"] = fig["mean"], fig["std"]
+    if t.step_zero_std is not None:
+        out["frac_reward_zero_std"] = step_frac_reward_zero_std(t)
+    out.update({f"logged/{name}": v for name, v in step_logged(t).items()})
+    return out
 
 
 def summary_figures(t: Tally) -> dict[str, Any]:
@@ -418,6 +502,7 @@ def summary_figures(t: Tally) -> dict[str, Any]:
         "trainer_restarts": trainer_restarts(t),
         "worker_losses": worker_losses(t), "worker_losses_by_reason": worker_losses_by_reason(t),
         "worker_loss_first": worker_loss_first(t), "reissued_attempts": reissued_attempts(t),
+        "frac_reward_zero_std": frac_reward_zero_std(t),
         "reward_first": reward_first(t), "reward_last": reward_last(t),
     }
 

@@ -69,3 +69,61 @@ def test_a_reward_asking_for_a_missing_column_stops_before_the_run(tmp_path: Pat
     assert "'reverse' needs dataset column(s) ['answer']" in proc.stderr
     assert "['level', 'target', 'uid']" in proc.stderr and "task.answer_field" in proc.stderr
     assert not (tmp_path / "run" / "ledger.sqlite").exists()
+
+
+LOGGING_REWARDS = textwrap.dedent("""
+    def exact(completions, target, log_metric, log_extra, **kwargs):
+        log_metric("batch_size", float(len(completions)))
+        log_extra("first_word", [c[0]["content"][:4] for c in completions])
+        return [float(c[0]["content"].strip() == t) for c, t in zip(completions, target)]
+
+    def short(completions, level, **kwargs):  # not applicable to level-0 prompts
+        return [None if lv == 0 else -len(c[0]["content"]) / 8 for c, lv in
+                zip(completions, level)]
+""")
+
+
+@pytest.mark.slow
+def test_per_reward_figures_equal_a_recomputation_from_the_ledger(tmp_path: Path):
+    """Issue 28 build 5: each reward's mean and std per step, the share of groups with zero
+    reward std and TRL's log_metric / log_extra values, persisted and recomputed."""
+    import math
+    import sqlite3
+    import statistics
+
+    cfg = _project(tmp_path / "project", "  - {fn: my_rewards.py:exact}\n"
+                   "  - {fn: my_rewards.py:short, weight: 0.5}\n")
+    (tmp_path / "project" / "my_rewards.py").write_text(LOGGING_REWARDS)
+    out = tmp_path / "run"
+    proc = freshroll("run", str(cfg), "run.steps=3", "--out", str(out))
+    assert "verify: ok" in proc.stdout
+    db = sqlite3.connect(out / "ledger.sqlite")
+    bodies = [json.loads(b) for (b,) in db.execute("SELECT body FROM events ORDER BY seq")]
+    db.close()
+    rewarded = {e["sample"]: e for e in bodies if e["kind"] == "rewarded"}
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    commits = [e for e in bodies if e["kind"] == "committed"]
+    assert len(rows) == len(commits) == 3
+    groups_all, zero_all, n_short, n_none = 0, 0, 0, 0
+    for row, commit in zip(rows, commits, strict=True):
+        scored = [rewarded[s] for s in commit["samples"]]
+        for name in ("exact", "short"):
+            vals = [r["components"][name] for r in scored if name in r["components"]]
+            if not vals:  # every sample of the batch had None from it: no column
+                assert f"rewards/{name}/mean" not in row
+                continue
+            std = statistics.stdev(vals) if len(vals) > 1 else 0.0
+            assert row[f"rewards/{name}/mean"] == pytest.approx(statistics.fmean(vals))
+            assert row[f"rewards/{name}/std"] == pytest.approx(std)
+        n_short += sum(1 for r in scored if "short" in r["components"])
+        n_none += sum(1 for r in scored if "short" not in r["components"])
+        groups: dict[str, list[float]] = {}
+        for r in scored:
+            groups.setdefault(r["sample"].split(".")[0], []).append(r["reward"])
+        zero = sum(1 for v in groups.values() if len(v) < 2 or statistics.stdev(v) <= 1e-8)
+        assert row["frac_reward_zero_std"] == pytest.approx(zero / len(groups))
+        groups_all, zero_all = groups_all + len(groups), zero_all + zero
+        assert row["logged/batch_size"] > 0 and math.isfinite(row["logged/batch_size"])
+        assert all(isinstance(r["extras"]["first_word"], str) for r in scored)
+    assert n_short and n_none  # the None of a reward is left out of its figures
+    assert summary(out)["frac_reward_zero_std"] == pytest.approx(zero_all / groups_all)

@@ -244,7 +244,29 @@ def _reward_section(run: RunData, baseline: RunData | None) -> str:
     note = ("<p class='hint'>Reward per trainer step and per second of wall time, side by side"
             + (f"; dashed: {escape(baseline.label)}" if baseline is not None else "")
             + ". Throughput alone says nothing about convergence.</p>")
-    return note + f'<div class="grid">{"".join(panels)}</div>'
+    return note + f'<div class="grid">{"".join(panels)}</div>' + _reward_fns(run)
+
+
+def _reward_fns(run: RunData) -> str:
+    """Each reward function's mean per step (``rewards/<name>/mean``) and the share of groups
+    with zero reward std (``frac_reward_zero_std``: no learning signal); empty without."""
+    names = sorted({k[len("rewards/"):-len("/mean")] for row in run.metrics for k in row
+                    if k.startswith("rewards/") and k.endswith("/mean")})
+    lines = []
+    for name in names:
+        xs, ys = _series(run.metrics, "step", f"rewards/{name}/mean")
+        if xs:
+            lines.append(plots.Line(name, xs, ys))
+    xs, ys = _series(run.metrics, "step", "frac_reward_zero_std")
+    if xs:
+        lines.append(plots.Line("share of groups with zero reward std", xs, ys, baseline=True))
+    if not lines:
+        return ""
+    hint = ("<p class='hint'>Per reward function: its raw (unweighted) mean per step; dashed: "
+            "the share of groups whose rewards are all equal (zero std: no learning signal)."
+            "</p>")
+    return hint + '<div class="grid">' + _img(
+        plots.reward_curve(lines, xlabel="trainer step"), "reward functions vs step") + "</div>"
 
 
 def _lag_section(run: RunData) -> str:

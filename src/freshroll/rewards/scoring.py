@@ -21,7 +21,9 @@ Guarantees:
   discards it (``Score(None, "reward_error: no reward applies to this sample ...")``),
   which likewise leaves it out of its group's baseline and of the update.
 * ``components`` holds each applicable reward's raw (unweighted) value by name;
-  ``extras`` the values a reward gave ``log_extra`` for that sample.
+  ``extras`` the values a reward gave ``log_extra`` for that sample; ``logged`` the values
+  the rewards gave ``log_metric`` during the call that scored it (the ledger keeps all
+  three with the sample's ``rewarded`` event: per-reward figures are read from there).
 * :attr:`RewardSet.version` depends only on each reward's name, code digest,
   config (a factory's digest and arguments; a callable object's JSON-plain
   attributes) and weight; it is independent of spec
@@ -42,7 +44,7 @@ import numbers
 import re
 import sys
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -109,6 +111,7 @@ class Score:
     error: str | None
     components: Mapping[str, float]
     extras: Mapping[str, Any] = field(default_factory=dict)
+    logged: Mapping[str, float] = field(default_factory=dict)
 
 
 class RewardSet:
@@ -170,13 +173,14 @@ class RewardSet:
         """One :class:`Score` per completion; see the module docstring for failures."""
         n = _check_lengths(prompts, completions, completion_ids, columns)
         extras: dict[str, list[Any]] = {}
+        logged: dict[str, float] = {}
 
         def log_extra(column: str, values: Sequence[Any]) -> None:
             if len(values) == n:
                 extras[str(column)] = list(values)
 
         def log_metric(name: str, value: float) -> None:
-            self.logged_metrics[str(name)] = float(value)
+            self.logged_metrics[str(name)] = logged[str(name)] = float(value)
 
         kwargs: dict[str, Any] = {
             "prompts": list(prompts), "completions": list(completions),
@@ -189,7 +193,10 @@ class RewardSet:
         errors: list[list[str]] = [[] for _ in range(n)]
         for spec in self.specs:
             raws[spec.name] = _call(spec, n, errors, kwargs, list(columns), conversational)
-        return [self._combine(i, raws, errors[i], extras) for i in range(n)]
+        scores = [self._combine(i, raws, errors[i], extras) for i in range(n)]
+        finite = {k: v for k, v in logged.items() if math.isfinite(v)}
+        return [replace(sc, logged=finite) if sc.value is not None and finite else sc
+                for sc in scores]
 
     def _combine(
         self,

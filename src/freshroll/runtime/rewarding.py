@@ -131,7 +131,8 @@ class RewardStage:
         version = pipe.scorer.version
         for (sid, _, _), score in zip(items, scores, strict=True):
             if score.value is not None:
-                buf.reward(sid, score.value, version, per_sample)
+                buf.reward(sid, score.value, version, per_sample, score.components,
+                           score.logged, score.extras)
                 errors.append(None)
             else:
                 buf.discard(sid, "reward_error", score.error or "reward_error")

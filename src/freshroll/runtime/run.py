@@ -167,7 +167,7 @@ class Recorder:
             f"(max {_fmt(row.get('lag_max'), '.0f')}/{self.cfg.run.max_staleness})  "
             f"idle {_fmt(row['trainer_idle_ratio'], '5.1%')}  "
             f"discards {row['discards']} ({_fmt(row['discard_rate'], '.1%')})  "
-            f"t {_fmt(row['t'], '6.1f')}s  {self.pace.render()}"
+            f"t {_fmt(row['t'], '6.1f')}s  {self.pace.render()}{_reward_details(row)}"
         )
         end = "\n" if not tty or step == total else ""
         self.stream.write(("\r" if tty else "") + line + (_CLEAR if tty else "") + end)
@@ -192,6 +192,20 @@ class Recorder:
 
     def close(self) -> None:
         self.metrics.close()
+
+
+def _reward_details(row: dict[str, Any]) -> str:
+    """The progress line's reward details: the share of groups without learning signal and,
+    for more than one reward function, each one's mean (``metrics.jsonl``'s columns)."""
+    out = ""
+    zero = row.get("frac_reward_zero_std")
+    if zero is not None:
+        out += f"  zero-std groups {_fmt(zero, '.0%')}"
+    means = {k[len("rewards/"):-len("/mean")]: v for k, v in row.items()
+             if k.startswith("rewards/") and k.endswith("/mean")}
+    if len(means) > 1:
+        out += "  [" + ", ".join(f"{n} {_fmt(v, '.3f')}" for n, v in means.items()) + "]"
+    return out
 
 
 _CLEAR = "\x1b[K"  # erase to the end of the line: a shorter redraw leaves nothing behind
