@@ -210,3 +210,65 @@ def test_a_key_given_twice_on_the_command_line_is_refused(tmp_path: Path) -> Non
                 "'trainer.lr=1e-4'); give it once") in result.stderr
     assert not (tmp_path / "run").exists()
     assert load_config(None, ["trainer.lr=1e-3", "trainer.lr=1e-4"]).trainer.lr == 1e-4
+
+
+def test_config_check_runs_the_checks_run_makes_before_training(tmp_path: Path) -> None:
+    """``config check`` refuses what ``run`` would refuse before training (issue 28 defect 4:
+    each of these printed "ok"), names the key or file, and writes nothing."""
+    from freshroll.engines.tiny import build_tiny, save_model_dir
+
+    model, tok = build_tiny(0)
+    save_model_dir(model, tok, tmp_path / "mymodel")
+    (tmp_path / "data.jsonl").write_text('{"prompt": "abc", "target": "cba"}\n' * 3)
+    (tmp_path / "my_rewards.py").write_text(
+        "def f(completions, target, **kw):\n    return [0.0 for _ in completions]\n"
+        "def g(completions, solution, **kw):\n    return [0.0 for _ in completions]\n")
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text("model: {path: mymodel}\ntask: {file: data.jsonl}\n"
+                   "rewards: [{fn: my_rewards.py:f}]\n")
+    before = sorted(tmp_path.rglob("*"))
+    runner = CliRunner()
+    ok = runner.invoke(main, ["config", "check", str(cfg)])
+    assert ok.exit_code == 0, ok.output
+    assert "3 prompts from task.file" in ok.output and "rewards f" in ok.output
+    for override, said in [
+        ("model.path=nope", "nope is not a directory"),
+        ("task.file=nope.jsonl", "nope.jsonl does not exist"),
+        (f"rewards.0.fn={tmp_path}/my_rewards.py:ff", "has no attribute 'ff'"),
+        (f"rewards.0.fn={tmp_path}/my_rewards.py:g", "needs dataset column(s) ['solution']"),
+    ]:
+        res = runner.invoke(main, ["config", "check", str(cfg), override])
+        assert res.exit_code == 2, (override, res.output)
+        assert said in res.output, (override, res.output)
+    assert sorted(tmp_path.rglob("*")) == before  # nothing written
+
+
+@pytest.mark.parametrize(("override", "weights"), [
+    ("rewards.0.weight=2", [2.0]),
+    ("rewards.1.fn=reverse", [1.0, 1.0]),  # the index after the last adds an entry
+    ("rewards.0={fn: reverse, weight: 3}", [3.0]),
+])
+def test_rewards_are_overridden_by_index(override: str, weights: list[float]) -> None:
+    assert [r.weight for r in load_config(None, [override]).rewards] == weights
+
+
+@pytest.mark.parametrize(("override", "said"), [
+    ("rewards.3.weight=2", "rewards has 1 entries: index 3 is out of range (0 to 0, or 1"),
+    ("rewards.first.weight=2", "rewards is a list: 'first' must be an index"),
+    ("rewards.0.wieght=2", "rewards.0.wieght: unknown key; did you mean 'weight'?"),
+])
+def test_a_bad_rewards_index_names_the_list(override: str, said: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [override])
+    assert said in str(err.value)
+
+
+def test_config_show_leaves_out_the_keys_a_file_or_model_makes_moot(tmp_path: Path) -> None:
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "a"}\n')
+    res = CliRunner().invoke(main, ["config", "show", f"task.file={data}", "model.path=m"])
+    assert res.exit_code == 0, res.output
+    assert "  n_prompts:" not in res.output and "  tiny_seed:" not in res.output
+    assert "# not shown, not used with task.file set: task.name, task.n_prompts" in res.output
+    plain = CliRunner().invoke(main, ["config", "show"]).output
+    assert "n_prompts: 4096" in plain and "not shown" not in plain

@@ -465,9 +465,21 @@ def config_show(config_file: Path | None, overrides: tuple[str, ...]) -> None:
 @click.argument("config_file", required=False, type=click.Path(path_type=Path))
 @click.argument("overrides", nargs=-1)
 def config_check(config_file: Path | None, overrides: tuple[str, ...]) -> None:
-    """Validate CONFIG [key=value ...] without running anything (exit 2 on an error)."""
-    _load(config_file, overrides)
-    click.echo(f"{config_file or 'the embedded default'}: ok")
+    """Check CONFIG [key=value ...] as ``run`` would before it trains: the schema, then the
+    model directory, the data file and its columns, the reward functions (imported and
+    their signatures read) and the engine's settings; no weights are loaded and nothing is
+    written (exit 2 on the first error, naming the key or file)."""
+    from freshroll.runtime.prepare import check_inputs
+
+    cfg = _load(config_file, overrides)
+    inputs = check_inputs(cfg)
+    model = ("the simulated cluster" if cfg.rollout.engine == "sim"
+             else f"model {cfg.model.path}" if cfg.model.path is not None
+             else "the embedded model")
+    data = f"task.file {cfg.task.file}" if cfg.task.file is not None else f"task {cfg.task.name!r}"
+    names = ", ".join(s.name for s in inputs.rewards.specs)
+    click.echo(f"{config_file or 'the embedded default'}: ok ({model}; {len(inputs.prompts)} "
+               f"prompts from {data}; rewards {names}; engine {cfg.rollout.engine})")
 
 
 @config.command("reference")

@@ -21,7 +21,7 @@ import re
 import types
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
+from typing import Annotated, Any, Final, Literal, TypeVar, Union, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -600,19 +600,56 @@ class Config(_Section):
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
 
+#: the top-level keys whose value is a list of sections (an override indexes them)
+_LIST_SECTIONS: Final = frozenset({"rewards"})
+
+
 def set_dotted(data: dict[str, Any], key: str, value: Any, what: str) -> None:
     """Set ``data[a][b][c] = value`` for ``key`` ``a.b.c`` (sections made as needed); a
-    ConfigError starting ``what`` when a segment is empty or names a value, not a section."""
+    ConfigError starting ``what`` when a segment is empty or names a value, not a section.
+
+    A segment after a list is an index: ``rewards.0.weight=2`` sets the first reward's
+    weight, ``rewards.2.fn=...`` with two rewards adds a third; a list the data does not
+    hold yet starts as the default's (``rewards`` of the embedded default)."""
     parts = key.strip().split(".")
     if not all(parts):
         raise ConfigError(f"{what}: empty key segment")
-    node = data
+    if len(parts) > 1 and parts[0] not in data and parts[0] in _LIST_SECTIONS:
+        data[parts[0]] = Config().model_dump(mode="json", exclude_none=True)[parts[0]]
+    node: Any = data
+    where = ""
     for part in parts[:-1]:
+        where = f"{where}.{part}" if where else part
+        if isinstance(node, list):
+            node = _list_item(node, part, where, what)
+            continue
         child = node.setdefault(part, {})
-        if not isinstance(child, dict):
+        if not isinstance(child, dict | list):
             raise ConfigError(f"{what}: {part!r} is not a section")
         node = child
-    node[parts[-1]] = value
+    if isinstance(node, list):  # rewards.1={fn: ..., weight: 2}: the whole entry
+        _list_item(node, parts[-1], f"{where}.{parts[-1]}", what)
+        node[int(parts[-1])] = value
+    else:
+        node[parts[-1]] = value
+
+
+def _list_item(items: list[Any], part: str, where: str, what: str) -> dict[str, Any]:
+    """The entry of ``items`` that ``part`` indexes (``len(items)`` appends a new one)."""
+    name = where.rpartition(".")[0]
+    if not part.isdigit():
+        raise ConfigError(f"{what}: {name} is a list: {part!r} must be an index (0 to "
+                          f"{len(items) - 1}, or {len(items)} to add an entry)")
+    i = int(part)
+    if i > len(items):
+        raise ConfigError(f"{what}: {name} has {len(items)} entries: index {i} is out of "
+                          f"range (0 to {len(items) - 1}, or {len(items)} to add an entry)")
+    if i == len(items):
+        items.append({})
+    item = items[i]
+    if not isinstance(item, dict):
+        raise ConfigError(f"{what}: {where} is not a section")
+    return item
 
 
 def check_overrides(overrides: Sequence[str]) -> None:

@@ -93,7 +93,8 @@ def reference() -> str:
         "`freshroll config reference`; a test checks that this page matches it. "
         "Unknown keys are rejected (with a \"did you mean\"). `freshroll config show [CONFIG] "
         "[key=value ...]` prints a resolved config with these notes; `freshroll config check` "
-        "validates one without running anything.",
+        "runs every check a run makes before it trains (model, data, rewards), writing "
+        "nothing.",
         "",
     ]
     section = None
@@ -118,6 +119,10 @@ def show(cfg: Config) -> str:
     data = cfg.model_dump(mode="json")
     notes = {k.path: k for k in keys()}
     lines: list[str] = []
+    unused = unused_keys(cfg)
+    for path in unused:
+        section, _, name = path.partition(".")
+        data[section].pop(name)
 
     def emit(node: Any, path: str, indent: int) -> None:
         pad = "  " * indent
@@ -136,7 +141,33 @@ def show(cfg: Config) -> str:
                 emit(item, path.removesuffix(".") + "[].", indent + 1)
 
     emit(data, "", 0)
+    for why, paths in _unused_why(cfg, unused).items():
+        lines.append(f"# not shown, not used {why}: {', '.join(paths)}")
     return "\n".join(lines) + "\n"
+
+
+#: keys that a setting makes moot, when set: (its section, its key, the moot keys)
+_MOOT: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("task", "file", ("task.name", "task.n_prompts", "task.params")),
+    ("model", "path", ("model.tiny_seed", "model.tiny")),
+)
+
+
+def unused_keys(cfg: Config) -> list[str]:
+    """The keys ``show`` leaves out: the built-in task's when ``task.file`` is set, the
+    embedded model's when ``model.path`` is (they stay in the config, its digest and the
+    resume rules: a run's settings are recorded whole)."""
+    data = cfg.model_dump(mode="json")
+    return [k for section, key, moot in _MOOT if data[section][key] is not None for k in moot]
+
+
+def _unused_why(cfg: Config, unused: list[str]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for section, key, moot in _MOOT:
+        hidden = [k for k in moot if k in unused]
+        if hidden:
+            out[f"with {section}.{key} set"] = hidden
+    return out
 
 
 def _note(key: Key | None, value: Any) -> str:

@@ -84,22 +84,10 @@ def prepare_run_dir(
     try:
         if cfg is None:
             cfg = resume_config(out)
-        _quiet_transformers()
-        lim = cfg.limits
-        rewards = build_reward_set([e.model_dump(exclude_none=True) for e in cfg.rewards],
-                                   ImportBound(lim.reward_import_timeout_s, lim.heartbeat_s))
-        control_config(cfg)  # the controller's bounds (control vs rollout), before any write
-        if cfg.rollout.engine == "sim":  # no model: the built-in task's prompts as they are
-            path, digest, pending = Path(), sim_model_digest(cfg), None
-            prompts = make_prompts(cfg.task.name, cfg.task.n_prompts, cfg.run.seed,
-                                   **cfg.task.params)
-        else:
-            path, digest, pending = _initial_model(cfg, out, resume)
-            if cfg.rollout.engine == "vllm":
-                _check_vllm(cfg, path, pending)
-            prompts = load_task_prompts(cfg, path, pending[1] if pending is not None else None,
-                                        context=context_limit(cfg, path, pending))
-        rewards.check_columns(reward_columns(prompts[:1]))
+        inputs = check_inputs(cfg, out, resume)
+        path, pending, prompts, rewards = (inputs.model_path, inputs.pending, inputs.prompts,
+                                           inputs.rewards)
+        digest = inputs.digest or _digest(inputs)
         hist: History | None = None
         changes: list[Change] = []
         if resume:
@@ -121,6 +109,64 @@ def prepare_run_dir(
     return Prepared(cfg, lock, prompts, rewards, path, digest, hist, changes, allow_change)
 
 
+@dataclass
+class Inputs:
+    """A run's inputs, each checked as the run would use it: no weights read, nothing written."""
+
+    prompts: list[Prompt]
+    rewards: RewardSet
+    model_path: Path  # a user's model.path, or where the embedded model is (to be) saved
+    pending: tuple[Any, Any] | None  # the embedded model and tokenizer, still to be saved
+    digest: str | None = None  # the simulated cluster's (no weights); else read by _digest
+
+
+def check_inputs(cfg: Config, run_dir: Path | None = None, resume: bool = False) -> Inputs:
+    """Every check of a run's inputs before it trains, with no write and no weights read:
+    the rewards (importable, callable), the controller's bounds, the model directory
+    (:func:`~freshroll.engines.model_dir.check_model_dir`: config, tokenizer files, the
+    safetensors headers) and, for vLLM, its runtime and engine arguments; the prompts
+    (loadable, rendered, checked against the tokenizer and the context) and the columns the
+    rewards need. ``freshroll config check`` and ``run`` both call this one function.
+
+    ``run_dir`` is where the embedded model is saved (None: ``config check``, which builds it
+    in memory only); on ``resume`` a run's saved ``model/`` is read instead of a new build.
+    """
+    _quiet_transformers()
+    lim = cfg.limits
+    rewards = build_reward_set([e.model_dump(exclude_none=True) for e in cfg.rewards],
+                               ImportBound(lim.reward_import_timeout_s, lim.heartbeat_s))
+    control_config(cfg)  # the controller's bounds (control vs rollout), before any write
+    pending: tuple[Any, Any] | None = None
+    digest = None
+    if cfg.rollout.engine == "sim":  # no model: the built-in task's prompts as they are
+        path, digest = Path(), sim_model_digest(cfg)
+        prompts = make_prompts(cfg.task.name, cfg.task.n_prompts, cfg.run.seed,
+                               **cfg.task.params)
+    else:
+        path, pending = _initial_model(cfg, run_dir, resume)
+        if cfg.rollout.engine == "vllm":
+            _check_vllm(cfg, path, pending)
+        prompts = load_task_prompts(cfg, path, pending[1] if pending is not None else None,
+                                    context=context_limit(cfg, path, pending))
+    rewards.check_columns(reward_columns(prompts[:1]))
+    return Inputs(prompts, rewards, path, pending, digest)
+
+
+def _digest(inputs: Inputs) -> str:
+    """The initial model's digest (its weights read: the lineage root)."""
+    from freshroll.engines.tiny import model_digest
+
+    if inputs.pending is not None:
+        return model_digest(inputs.pending[0])
+    try:
+        return model_digest(inputs.model_path)
+    except ConfigError:
+        raise
+    except Exception as exc:  # safetensors raises its own errors for garbage weights
+        raise ConfigError(f"model.path: {inputs.model_path}: weights do not load: "
+                          f"{exc}"[:500]) from None
+
+
 def sim_model_digest(cfg: Config) -> str:
     """The simulated cluster's stand-in for a model digest (the lineage root, needed before
     the buffer exists; it also checks ``sim.params``)."""
@@ -131,33 +177,28 @@ def sim_model_digest(cfg: Config) -> str:
 
 
 def _initial_model(
-    cfg: Config, run_dir: Path, resume: bool
-) -> tuple[Path, str, tuple[Any, Any] | None]:
-    """The initial model's dir, its digest, and the embedded model still to save there.
+    cfg: Config, run_dir: Path | None, resume: bool
+) -> tuple[Path, tuple[Any, Any] | None]:
+    """The initial model's dir, and the embedded model still to save there.
 
-    A user's ``model.path`` is read in place; the embedded tiny model is built in memory
+    A user's ``model.path`` is checked in place; the embedded tiny model is built in memory
     (a new run always builds it; a resume reuses the run's ``model/`` when present).
     transformers is imported here, not at module level: a simulated run never loads it.
     """
-    from freshroll.engines.tiny import build_tiny, model_digest
+    from freshroll.engines.tiny import build_tiny
 
     if cfg.model.path is not None:
         path = Path(cfg.model.path)
         check_model_dir(path)
-        try:
-            return path, model_digest(path), None
-        except ConfigError:
-            raise
-        except Exception as exc:  # safetensors raises its own errors for garbage weights
-            raise ConfigError(f"model.path: {path}: weights do not load: {exc}"[:500]) from None
-    path = run_dir / "model"
+        return path, None
+    path = run_dir / "model" if run_dir is not None else Path("model")
     if resume and (path / "config.json").is_file():
-        return path, model_digest(path), None
+        return path, None
     try:
         model, tokenizer = build_tiny(cfg.model.tiny_seed, **cfg.model.tiny.overrides())
     except Exception as exc:  # a bad override of the tiny config
         raise ConfigError(f"model.tiny: {exc}"[:500]) from None
-    return path, model_digest(model), (model, tokenizer)
+    return path, (model, tokenizer)
 
 
 def _check_vllm(cfg: Config, path: Path, pending: tuple[Any, Any] | None) -> None:
