@@ -177,6 +177,9 @@ def test_python_dash_m_freshroll() -> None:
     ("trainer.max_completion_length=64", "rollout.max_new_tokens"),
     ("trainer.temperature=0.7", "rollout.temperature"),  # ours, in another section
     ("beta=0.04", "trainer.kl_coef"),
+    ("lr_scheduler_type=cosine", "trainer.lr_schedule"),  # issue 28, build 4
+    ("rollout.warmup_steps=10", "trainer.warmup_steps"),
+    ("trainer.gradient_accumulation_steps=4", "trainer.grad_accum"),
 ])
 def test_a_trl_name_is_answered_with_freshrolls_key(override: str, ours: str) -> None:
     """Issue 28, defect 5: TRL's GRPOConfig names answered "unknown key" with no pointer."""

@@ -256,6 +256,18 @@ class TrainerSection(_Section):
     max_grad_norm: float = Field(
         1.0, gt=0, le=1e6, description="gradient clipping (global L2 norm)"
     )
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="lr after the warmup: constant, linear decay to 0 at run.steps, "
+        "or half a cosine to 0 at run.steps (transformers' get_*_schedule_with_warmup)"
+    )
+    warmup_steps: int = Field(
+        0, ge=0, le=10_000_000, description="steps of linear warmup from lr 0 (the first step "
+        "runs at 0, as in transformers); 0: none"
+    )
+    grad_accum: int = Field(
+        1, ge=1, le=1_024, description="micro-batches a step's batch is split into, each "
+        "backward on its own, one optimizer step: the same gradient, less activation memory"
+    )
     aggregation: Literal["grpo", "dr_grpo", "dapo"] = Field(
         "grpo", description="loss aggregation: per-sequence mean (grpo), "
         "sum / (B x max tokens) (dr_grpo), token mean (dapo)"
@@ -741,6 +753,9 @@ TRL_NAMES = {
     "learning_rate": "trainer.lr",
     "weight_decay": "trainer.weight_decay",
     "max_grad_norm": "trainer.max_grad_norm",
+    "lr_scheduler_type": "trainer.lr_schedule",
+    "warmup_steps": "trainer.warmup_steps",
+    "gradient_accumulation_steps": "trainer.grad_accum",
     "loss_type": "trainer.aggregation",
     "epsilon": "trainer.clip_low",
     "epsilon_high": "trainer.clip_high",

@@ -37,6 +37,8 @@ def test_every_config_key_is_classified_by_a_listed_rule():
     ("trainer.checkpoint_every", "free"), ("rollout.workers", "free"),
     ("limits.reward_failures", "free"),
     ("trainer.lr", "explicit"), ("trainer.clip_high", "explicit"),
+    ("trainer.lr_schedule", "explicit"), ("trainer.warmup_steps", "explicit"),
+    ("trainer.grad_accum", "explicit"),
     ("trainer.on_nonfinite", "explicit"), ("run.max_staleness", "explicit"),
     ("rollout.temperature", "explicit"), ("something.new", "explicit"),
     ("model.path", "never"), ("model.tiny_seed", "never"), ("task.n_prompts", "never"),
@@ -186,3 +188,46 @@ def test_apply_settings_puts_a_config_in_force_as_a_fresh_learner_would():
     assert learner.temperature == fresh.temperature
     assert [(g["lr"], g["weight_decay"]) for g in learner.optimizer.param_groups] == [
         (0.01, 0.1)]
+
+
+@pytest.mark.parametrize("key,old,new", [
+    ("trainer.lr_schedule", "constant", "cosine"), ("trainer.warmup_steps", 0, 10),
+    ("trainer.grad_accum", 1, 4),
+])
+def test_schedule_and_accumulation_change_on_resume_only_when_named(key: str, old: object,
+                                                                   new: object):
+    """Issue 28, build 4: as trainer.lr, they change training from the resume on."""
+    ch = diff({key: old, "run.steps": 3}, {key: new, "run.steps": 5})
+    with pytest.raises(ResumeError, match=rf"{key} .* --allow-change {key}"):
+        check(ch, (), known=DEFAULTS, step=3, where="d")
+    assert check(ch, (key,), known=DEFAULTS, step=3, where="d") == ch
+    with pytest.raises(ResumeError, match=f"{key} is unchanged"):
+        check([], (key,), known=DEFAULTS, step=3, where="d")
+
+
+def test_a_ledger_recorded_before_the_schedule_keys_resumes_at_their_defaults():
+    recorded = flatten(Config().model_dump(mode="json"))
+    for key in ("trainer.lr_schedule", "trainer.warmup_steps", "trainer.grad_accum"):
+        del recorded[key]
+    assert diff(recorded, DEFAULTS, DEFAULTS) == []
+    changed = diff(recorded, {**DEFAULTS, "trainer.grad_accum": 2}, DEFAULTS)
+    assert [(c.key, c.rule) for c in changed] == [("trainer.grad_accum", "explicit")]
+
+
+def test_apply_settings_puts_a_schedule_and_its_run_length_in_force():
+    from freshroll.runtime.learner import apply_settings
+    from freshroll.trainer.grpo import GRPOLearner
+
+    old = validate({"run": {"steps": 10}})
+    new = validate({"run": {"steps": 20}, "trainer": {"lr_schedule": "linear",
+                                                       "warmup_steps": 2, "grad_accum": 2}})
+    learner = GRPOLearner(torch.nn.Linear(2, 2), old.trainer, temperature=1.0, pad_id=0,
+                          max_new_tokens=4, total_steps=10)
+    apply_settings(learner, new)
+    fresh = GRPOLearner(torch.nn.Linear(2, 2), new.trainer, temperature=1.0, pad_id=0,
+                        max_new_tokens=4, total_steps=20)
+    assert learner.settings_digest == fresh.settings_digest != GRPOLearner(
+        torch.nn.Linear(2, 2), new.trainer, temperature=1.0, pad_id=0, max_new_tokens=4,
+        total_steps=10).settings_digest  # a decaying schedule's digest holds the run's length
+    assert learner.cfg == fresh.cfg and learner.total_steps == 20
+    assert learner.lr(12) == fresh.lr(12) == pytest.approx(1e-3 * 9 / 18)

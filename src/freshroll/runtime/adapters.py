@@ -315,15 +315,15 @@ class ThreadTrainer:
         self.publish_s += time.perf_counter() - t0
         return self._weights
 
-    def _step(self, samples: list[TrainSample]) -> tuple[dict[str, float], str]:
-        metrics = self.learner.step(samples)
+    def _step(self, samples: list[TrainSample], step: int) -> tuple[dict[str, float], str]:
+        metrics = self.learner.step(samples, step)
         digest = weights_digest(self.learner.model)
         self._publish()
         return metrics, digest
 
     async def step(self, lease: Lease) -> tuple[dict[str, float], str]:
         samples = train_samples(self.buf, lease.samples, lease.version)
-        return await self._call("step", self._step, samples)
+        return await self._call("step", self._step, samples, lease.version + 1)
 
     async def before_commit(self, version: PolicyVersion) -> None:
         await self._call(f"checkpoint of step {version.step}", self._before_commit, version)

@@ -49,7 +49,7 @@ def new_learner(cfg: Config, path: Path) -> tuple[GRPOLearner, Any]:
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     learner = GRPOLearner(
         model, cfg.trainer, temperature=cfg.rollout.temperature, pad_id=int(pad),
-        max_new_tokens=cfg.rollout.max_new_tokens,
+        max_new_tokens=cfg.rollout.max_new_tokens, total_steps=cfg.run.steps,
     )
     return learner, tok
 
@@ -81,6 +81,7 @@ def build_learner(
         model.load_state_dict(ckpt.model_state)
         if ckpt.optimizer_state is not None:
             learner.optimizer.load_state_dict(ckpt.optimizer_state)
+        learner.steps = ckpt_step
 
     said = Heartbeat(cfg.limits.heartbeat_s, ckpt_step, target)
 
@@ -139,14 +140,16 @@ def _recorded_configs(hist: History | None) -> dict[str, Config]:
 def apply_settings(learner: GRPOLearner, cfg: Config) -> None:
     """Put ``cfg``'s trainer settings in force on ``learner``, as a learner built with them
     would have them: its settings, loss config, temperature and settings digest (taken from
-    such a learner, built on a stand-in module), and the optimizer's lr and weight decay,
-    which a loaded checkpoint set to the values of its own step."""
+    such a learner, built on a stand-in module), the run's total steps (an lr schedule's
+    end), and the optimizer's lr and weight decay, which a loaded checkpoint set to the
+    values of its own step (each step sets its own lr again: ``trainer.lr_schedule``)."""
     t = cfg.trainer
     fresh = GRPOLearner(
         torch.nn.Linear(1, 1), t, temperature=cfg.rollout.temperature, pad_id=learner.pad_id,
-        max_new_tokens=cfg.rollout.max_new_tokens,
+        max_new_tokens=cfg.rollout.max_new_tokens, total_steps=cfg.run.steps,
     )
     learner.cfg, learner.loss_cfg = fresh.cfg, fresh.loss_cfg
+    learner.total_steps = fresh.total_steps
     learner.temperature, learner.settings_digest = fresh.temperature, fresh.settings_digest
     for group in learner.optimizer.param_groups:
         group["lr"], group["weight_decay"] = t.lr, t.weight_decay

@@ -97,12 +97,13 @@ class _TrainerActor:
     def weights(self) -> dict[str, torch.Tensor]:
         return _detached(self.learner)
 
-    def step(self, samples: list[TrainSample]) -> tuple[tuple[dict[str, float], str, float],
-                                                        dict[str, torch.Tensor]]:
-        """One step: ``((metrics, weights digest, seconds in here), new weights)``; the
-        weights are the call's second return object (serialised once, as it returns)."""
+    def step(self, samples: list[TrainSample], step: int
+             ) -> tuple[tuple[dict[str, float], str, float], dict[str, torch.Tensor]]:
+        """Step number ``step``: ``((metrics, weights digest, seconds in here), new
+        weights)``; the weights are the call's second return object (serialised once, as
+        it returns)."""
         t0 = time.perf_counter()
-        metrics = self.learner.step(samples)
+        metrics = self.learner.step(samples, step)
         digest = weights_digest(self.learner.model)
         return (metrics, digest, time.perf_counter() - t0), _detached(self.learner)
 
@@ -245,7 +246,8 @@ class RayTrainer:
         self._await_ready()
         t0 = time.perf_counter()
         with _gate.entered():
-            meta, weights = self._actor.step.options(num_returns=2).remote(samples)
+            meta, weights = self._actor.step.options(num_returns=2).remote(
+                samples, self._step_no())
         metrics, digest, inside = self._wait(meta, self.cfg.limits.train_timeout_s,
                                              "a step", "train_timeout_s")
         self._weights = weights  # never fetched here: the workers fetch it

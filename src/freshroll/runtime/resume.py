@@ -81,6 +81,9 @@ RULES: Final[Mapping[str, Rule]] = {
     "ray": "free",                   # actor resources: placement, not numerics
     # trainer: what a step computes is explicit; where and how often it is saved is free
     "trainer": "explicit",
+    "trainer.lr_schedule": "explicit",  # as trainer.lr: the lr of every step from the resume on
+    "trainer.warmup_steps": "explicit",
+    "trainer.grad_accum": "explicit",   # the same gradient, in other float sums: new weights
     "trainer.checkpoint_every": "free",
     "trainer.keep_checkpoints": "free",
     # failure and time limits: how the run reacts, not what it trains

@@ -11,10 +11,14 @@ index and the lag). :meth:`GRPOLearner.step`:
    group std);
 3. applies :func:`freshroll.trainer.losses.policy_loss` with the configured
    aggregation and off-policy correction (the proximal policy is the policy at
-   the start of this step: one optimizer step per batch);
-4. clips the gradient norm and steps AdamW.
+   the start of this step: one optimizer step per batch); with ``trainer.grad_accum``
+   > 1 steps 1 and 3 run per micro-batch, each loss scaled so that the accumulated
+   gradient is the whole batch's (:mod:`freshroll.trainer.accum`);
+4. clips the gradient norm, sets the step's learning rate (a function of the step
+   number: :func:`freshroll.trainer.schedule.lr_at`) and steps AdamW.
 
-It returns the loss metrics plus entropy, gradient norm, reward and lag stats.
+It returns the loss metrics plus entropy, gradient norm, learning rate, reward and lag
+stats.
 
 A step is applied only if it is finite. The loss is checked before the backward
 pass and the gradient norm before the optimizer step; if either is NaN/inf the
@@ -32,7 +36,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -40,6 +44,7 @@ import torch
 from freshroll.config import TrainerSection
 from freshroll.errors import NonFiniteStep
 from freshroll.lineage import digest_json
+from freshroll.trainer.accum import combine_metrics, micro_slices, micro_weight
 from freshroll.trainer.losses import (
     LossConfig,
     entropy_from_logits,
@@ -47,6 +52,7 @@ from freshroll.trainer.losses import (
     policy_loss,
     token_logprobs,
 )
+from freshroll.trainer.schedule import lr_at
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +74,15 @@ class Batch:
     behaviour: torch.Tensor       # [B, L-1] behaviour log-probs at completion positions
     rewards: torch.Tensor         # [B]
     groups: torch.Tensor          # [B]
+
+    def rows(self, sl: slice) -> Batch:
+        """The sequences ``sl`` as a batch of their own, trimmed to their longest."""
+        width = int(self.attention_mask[sl].sum(dim=1).max())
+        return Batch(
+            self.input_ids[sl, :width], self.attention_mask[sl, :width],
+            self.targets[sl, : width - 1], self.mask[sl, : width - 1],
+            self.behaviour[sl, : width - 1], self.rewards[sl], self.groups[sl],
+        )
 
 
 def collate(samples: Sequence[TrainSample], pad_id: int) -> Batch:
@@ -93,6 +108,24 @@ def collate(samples: Sequence[TrainSample], pad_id: int) -> Batch:
 
 
 _NOT_TRAINING_MATH = {"on_nonfinite"}
+#: trainer keys added after runs had recorded settings digests: at these defaults they are
+#: left out of the digest, so the steps of an earlier run still match theirs on --resume
+_OMITTED_AT_DEFAULT: dict[str, object] = {"lr_schedule": "constant", "warmup_steps": 0,
+                                          "grad_accum": 1}
+
+
+def settings_digest(cfg: TrainerSection, temperature: float, total_steps: int | None) -> str:
+    """The digest of the settings a step is trained under (every commit records it): the
+    trainer's training math, the sampling temperature, and the run's total steps when the
+    lr schedule decays towards them (they then set every step's lr)."""
+    trainer = cfg.model_dump(mode="json", exclude=_NOT_TRAINING_MATH)
+    for key, default in _OMITTED_AT_DEFAULT.items():
+        if trainer[key] == default:
+            del trainer[key]
+    doc: dict[str, object] = {"trainer": trainer, "temperature": temperature}
+    if cfg.lr_schedule != "constant":
+        doc["total_steps"] = total_steps
+    return digest_json(doc)
 
 
 def _nonfinite_inputs(batch: Batch) -> str:
@@ -106,7 +139,12 @@ def _nonfinite_inputs(batch: Batch) -> str:
 
 
 class GRPOLearner:
-    """Owns the training copy of the policy, its optimizer and the loss settings."""
+    """Owns the training copy of the policy, its optimizer and the loss settings.
+
+    ``total_steps`` is the run's ``run.steps``, which a ``linear`` or ``cosine`` lr
+    schedule decays to; ``steps`` counts the steps this learner has applied (a caller
+    that loads a checkpoint sets it to the checkpoint's step).
+    """
 
     def __init__(
         self,
@@ -116,8 +154,12 @@ class GRPOLearner:
         temperature: float,
         pad_id: int,
         max_new_tokens: int,
+        total_steps: int | None = None,
     ) -> None:
+        if cfg.lr_schedule != "constant" and total_steps is None:
+            raise ValueError(f"trainer.lr_schedule={cfg.lr_schedule} needs the run's total steps")
         self.model, self.cfg, self.pad_id = model, cfg, pad_id
+        self.total_steps, self.steps = total_steps, 0
         self.temperature = temperature if temperature > 0 else 1.0
         self.loss_cfg = LossConfig(
             aggregation=cfg.aggregation, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
@@ -130,54 +172,95 @@ class GRPOLearner:
         self.ref = copy.deepcopy(model).eval() if cfg.kl_coef > 0 else None
         # on_nonfinite decides what happens to a step that is never applied: not a setting
         # of the training math, so not part of the digest that versions every commit
-        self.settings_digest = digest_json({
-            "trainer": cfg.model_dump(mode="json", exclude=_NOT_TRAINING_MATH),
-            "temperature": temperature,
-        })
+        self.settings_digest = settings_digest(cfg, temperature, total_steps)
         model.train()
 
-    def step(self, samples: Sequence[TrainSample]) -> dict[str, float]:
-        """One optimizer step on ``samples``; returns metrics (python floats)."""
+    def lr(self, step: int) -> float:
+        """The learning rate of step ``step`` (1-based) under the settings in force."""
+        c = self.cfg
+        return lr_at(step, c.lr, c.lr_schedule, c.warmup_steps, self.total_steps or 0)
+
+    def step(self, samples: Sequence[TrainSample], step: int | None = None) -> dict[str, float]:
+        """One optimizer step on ``samples``; returns metrics (python floats).
+
+        ``step`` is the number of the step being trained (1-based; default: the one after
+        the last this learner applied): it alone sets the step's learning rate.
+        """
         t0 = time.perf_counter()
+        number = self.steps + 1 if step is None else step
         batch = collate(samples, self.pad_id)
-        logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-        logits = logits[:, :-1].float()
-        logp = token_logprobs(logits, batch.targets, self.temperature)
-        ref = self._ref_logprobs(batch) if self.ref is not None else None
         adv = group_advantages(
             batch.rewards, batch.groups, scale=self.cfg.aggregation != "dr_grpo"
         )
-        loss, metrics = policy_loss(
-            logp, batch.behaviour, adv, batch.mask, self.loss_cfg, ref_logprobs=ref
-        )
+        loss_cfg = self.loss_cfg
+        if loss_cfg.max_completion_len is None:  # dr_grpo's T_max: the whole batch's
+            loss_cfg = replace(loss_cfg, max_completion_len=int(batch.mask.shape[1]))
+        slices = micro_slices(len(samples), self.cfg.grad_accum)
+        total_tokens = float(batch.mask.sum())
         self.optimizer.zero_grad(set_to_none=True)
-        if not torch.isfinite(loss.detach()):
-            raise NonFiniteStep(f"loss is {float(loss.detach())} ({_nonfinite_inputs(batch)})")
-        loss.backward()  # type: ignore[no-untyped-call]
+        parts: list[tuple[dict[str, float], float]] = []
+        losses: list[torch.Tensor] = []
+        entropy = 0.0
+        for sl in slices:
+            micro = batch if len(slices) == 1 else batch.rows(sl)
+            loss, metrics, logits = self._micro_loss(micro, adv[sl], loss_cfg)
+            tokens = float(micro.mask.sum())
+            if len(slices) > 1:
+                loss = loss * micro_weight(
+                    self.cfg.aggregation, len(micro.rewards), tokens, len(samples), total_tokens
+                )
+            if not torch.isfinite(loss.detach()):
+                self.optimizer.zero_grad(set_to_none=True)
+                raise NonFiniteStep(f"loss is {float(loss.detach())} ({_nonfinite_inputs(micro)})")
+            loss.backward()  # type: ignore[no-untyped-call]
+            with torch.no_grad():
+                ent = entropy_from_logits(logits, micro.mask, self.temperature)
+            share = 1.0 if len(slices) == 1 else tokens / max(1.0, total_tokens)
+            entropy += float(ent) * share  # the token mean over the whole batch
+            parts.append((metrics, tokens))
+            losses.append(loss.detach())
+        total_loss = float(losses[0] if len(losses) == 1 else torch.stack(losses).sum())
+        metrics = combine_metrics(parts, total_tokens)
+        metrics["loss"] = total_loss
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
         if not torch.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
             raise NonFiniteStep(
-                f"gradient norm is {float(grad_norm)} (loss {float(loss.detach()):.4g})"
+                f"gradient norm is {float(grad_norm)} (loss {total_loss:.4g})"
             )
+        lr = self.lr(number)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
         self.optimizer.step()
         if not all(bool(torch.isfinite(p).all()) for p in self.model.parameters()):
             raise NonFiniteStep(
                 "weights are not finite after an optimizer step on finite gradients "
-                f"(trainer.lr={self.cfg.lr}?); the learner cannot be restored: resume from "
-                "the last checkpoint", recoverable=False,
+                f"(trainer.lr={self.cfg.lr}, lr {lr:.4g} at step {number}?); the learner cannot "
+                "be restored: resume from the last checkpoint", recoverable=False,
             )
-        with torch.no_grad():
-            entropy = entropy_from_logits(logits.detach(), batch.mask, self.temperature)
+        self.steps = number
         lags = [s.lag for s in samples]
         metrics.update(
-            entropy=float(entropy), grad_norm=float(grad_norm),
+            entropy=entropy, grad_norm=float(grad_norm), lr=lr,
             reward_mean=float(batch.rewards.mean()), reward_std=float(batch.rewards.std()),
             adv_abs_mean=float(adv.abs().mean()), lag_mean=sum(lags) / len(lags),
             lag_max=float(max(lags)), samples=float(len(samples)),
-            tokens=float(batch.mask.sum()), train_s=time.perf_counter() - t0,
+            tokens=total_tokens, train_s=time.perf_counter() - t0,
         )
         return metrics
+
+    def _micro_loss(
+        self, batch: Batch, adv: torch.Tensor, loss_cfg: LossConfig
+    ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
+        """The policy loss of ``batch`` (unscaled), its metrics and its detached logits."""
+        logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        logits = logits[:, :-1].float()
+        logp = token_logprobs(logits, batch.targets, self.temperature)
+        ref = self._ref_logprobs(batch) if self.ref is not None else None
+        loss, metrics = policy_loss(
+            logp, batch.behaviour, adv, batch.mask, loss_cfg, ref_logprobs=ref
+        )
+        return loss, metrics, logits.detach()
 
     def _ref_logprobs(self, batch: Batch) -> torch.Tensor:
         assert self.ref is not None

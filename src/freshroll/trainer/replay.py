@@ -91,7 +91,7 @@ def replay(
         c = chain[step]
         if before_step is not None:
             before_step(step)
-        learner.step(train_samples(buf, c.samples, c.parent.step))
+        learner.step(train_samples(buf, c.samples, c.parent.step), step)
         got = weights_digest(learner.model)
         if c.version.weights_digest is not None and got != c.version.weights_digest:
             raise LineageError(
