@@ -63,6 +63,7 @@ class Prepared:
     history: History | None = None  # what the ledger recorded (on resume)
     changes: list[Change] = field(default_factory=list)  # accepted on resume
     allow_change: tuple[str, ...] = ()
+    eval_prompts: list[Prompt] = field(default_factory=list)  # eval.file's (evaluation)
 
 
 def prepare_run_dir(
@@ -100,6 +101,7 @@ def prepare_run_dir(
             prompts = load_task_prompts(cfg, path, pending[1] if pending is not None else None,
                                         context=context_limit(cfg, path, pending))
         rewards.check_columns(reward_columns(prompts[:1]))
+        eval_prompts = _eval_prompts(cfg, path, pending, rewards)
         hist: History | None = None
         changes: list[Change] = []
         if resume:
@@ -118,7 +120,19 @@ def prepare_run_dir(
         if lock is not None:
             lock.release()
         raise
-    return Prepared(cfg, lock, prompts, rewards, path, digest, hist, changes, allow_change)
+    return Prepared(cfg, lock, prompts, rewards, path, digest, hist, changes, allow_change,
+                    eval_prompts)
+
+
+def _eval_prompts(cfg: Config, path: Path, pending: tuple[Any, Any] | None,
+                  rewards: RewardSet) -> list[Prompt]:
+    """``eval.file``'s prompts, checked as the task's are ([] while unset)."""
+    if cfg.eval.file is None:
+        return []
+    from freshroll.runtime.evaluation import prepare_eval
+
+    return prepare_eval(cfg, path, pending[1] if pending is not None else None, rewards,
+                        context_limit(cfg, path, pending))
 
 
 def sim_model_digest(cfg: Config) -> str:
