@@ -241,3 +241,19 @@ def test_a_resume_keeps_the_eval_columns(runs: tuple[Path, Path, Config],
     run(None, run_dir, resume=True, stream=stream, report=False)  # nothing left: rows kept
     assert (run_dir / "metrics.jsonl").read_text() == before, stream.getvalue()
     assert verify_run(run_dir).ok
+
+
+def test_validate_reads_the_eval_reward_when_eval_is_configured(tmp_path: Path) -> None:
+    from freshroll.validate.gates import Repeat, convergence_gate
+    from freshroll.validate.runner import reward_window
+
+    rows = [{"step": s, "reward_mean": 0.1 * s} for s in range(1, 7)]
+    rows[3]["eval/reward"], rows[5]["eval/reward"] = 0.9, 0.7
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert reward_window(tmp_path, 3) == pytest.approx(0.5)  # training reward: steps 4-6
+    assert reward_window(tmp_path, 3, "eval/reward") == pytest.approx(0.8)
+    assert reward_window(tmp_path, 1, "eval/reward") == pytest.approx(0.7)  # the last step's
+    a = [Repeat("async-seed0", "async", 0, "a", {"reward_window": 0.8})]
+    s = [Repeat("sync-seed0", "sync", 0, "s", {"reward_window": 0.8})]
+    c = convergence_gate(3, 0.05, None, False, a, s, "eval reward (eval.file)")
+    assert c.passed and "mean eval reward (eval.file) of the last 3 steps" in c.figure
