@@ -215,6 +215,38 @@ class TaskSection(_Section):
     )
 
 
+class EvalSection(_Section):
+    """Evaluation on a held-out set (off while ``file`` is unset; freshroll.runtime.evaluation)."""
+
+    file: str | None = Field(
+        None, description="held-out prompts, as task.file accepts (JSONL/JSON/Parquet/CSV or a "
+        "save_to_disk directory; relative to the config file's folder), read with task's "
+        "prompt_field/answer_field/id_field; unset: no evaluation",
+    )
+    split: str | None = Field(
+        None, description="split of a saved DatasetDict (as task.split; e.g. test)"
+    )
+    every_steps: int = Field(
+        10, ge=1, le=10_000_000, description="committed trainer steps between evaluations "
+        "(and one at the last step)"
+    )
+    n_prompts: int = Field(
+        32, ge=1, le=1_000_000, description="the first n prompts of the file are evaluated"
+    )
+    mode: Literal["greedy", "sampled", "both"] = Field(
+        "greedy", description="greedy decoding, one sample at the run's temperature/top_p "
+        "(seeded from run.seed and the step), or both"
+    )
+    max_new_tokens: int | None = Field(
+        None, ge=1, le=131_072, description="longest eval completion; unset: "
+        "rollout.max_new_tokens"
+    )
+    budget_s: float = Field(
+        30.0, gt=0, le=86_400, description="most seconds one evaluation may hold the trainer; "
+        "prompts not reached within it are skipped (and counted in eval.jsonl)"
+    )
+
+
 class RewardEntry(_Section):
     fn: str = Field(description="built-in name, module.path:function or path/file.py:function")
     weight: float = Field(
@@ -549,6 +581,11 @@ class Config(_Section):
         description="The prompts: a built-in task, or your dataset (every column is handed to "
         "the rewards by its own name; see docs/rewards.md).",
     )
+    eval: EvalSection = Field(
+        default_factory=EvalSection,
+        description="Evaluation of the trainer's policy on held-out prompts with the run's "
+        "rewards, every few steps (off by default; docs/guide.md, 'Evaluation').",
+    )
     rewards: list[RewardEntry] = Field(
         default_factory=lambda: [RewardEntry(fn="reverse")],
         description="Reward functions, called as TRL calls them; the total is their weighted "
@@ -603,6 +640,9 @@ class Config(_Section):
             raise ValueError(f"tail.min_keep ({self.tail.min_keep}) exceeds rollout.group_size "
                              f"({self.rollout.group_size}): no group could be kept at its "
                              "deadline")
+        if self.eval.file is not None and self.rollout.engine == "sim":
+            raise ValueError("eval.file: rollout.engine sim loads no model to evaluate; "
+                             "unset eval.file")
         if self.rollout.temperature == 0:
             raise ValueError("rollout.temperature: 0 (greedy) makes every completion of a group "
                              "identical, so every GRPO advantage is zero; use e.g. 1.0")
@@ -767,6 +807,9 @@ TRL_NAMES = {
     "reward_funcs": "rewards (a list of {fn: file.py:f})",
     "reward_weights": "rewards[].weight",
     "train_dataset": "task.file",
+    "eval_dataset": "eval.file",
+    "eval_steps": "eval.every_steps",
+    "eval_strategy": "eval.every_steps (evaluation is on while eval.file is set)",
 }
 
 
@@ -812,8 +855,9 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
 
 
 def resolve_paths(data: dict[str, Any], base: Path) -> None:
-    """Make ``task.file``, ``model.path`` and file-path reward references absolute."""
-    for section, key in (("task", "file"), ("model", "path")):
+    """Make ``task.file``, ``eval.file``, ``model.path`` and file-path reward references
+    absolute."""
+    for section, key in (("task", "file"), ("eval", "file"), ("model", "path")):
         node = data.get(section)
         if isinstance(node, dict) and isinstance(node.get(key), str):
             node[key] = str(_absolute(node[key], base))

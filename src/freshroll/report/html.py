@@ -241,6 +241,7 @@ def _reward_section(run: RunData, baseline: RunData | None) -> str:
             panels.append(_img(plots.reward_curve(lines, xlabel=xlabel), f"reward vs {xkey}"))
         else:
             panels.append(_nodata(f"reward vs {xlabel}", _why(run, "metrics.jsonl")))
+    panels += _eval_panel(runs)
     note = ("<p class='hint'>Reward per trainer step and per second of wall time, side by side"
             + (f"; dashed: {escape(baseline.label)}" if baseline is not None else "")
             + ". Throughput alone says nothing about convergence.</p>")
@@ -267,6 +268,27 @@ def _reward_fns(run: RunData) -> str:
             "</p>")
     return hint + '<div class="grid">' + _img(
         plots.reward_curve(lines, xlabel="trainer step"), "reward functions vs step") + "</div>"
+
+
+def _eval_panel(runs: Sequence[RunData]) -> list[str]:
+    """Eval reward vs step (``eval.file``: the eval/ columns of metrics.jsonl), if any."""
+    lines = []
+    for r in runs:
+        keys = [k for k in ("eval/reward_greedy", "eval/reward_sampled")
+                if any(k in row for row in r.metrics)] or ["eval/reward"]
+        for key in keys:
+            xs, ys = _series(r.metrics, "step", key)
+            if xs:
+                mode = key.removeprefix("eval/reward").lstrip("_")
+                label = f"{r.label} {mode}".strip()
+                style: dict[str, object] = {"marker": "o"}
+                if mode == "sampled":
+                    style["linestyle"] = ":"
+                lines.append(plots.Line(label, xs, ys, baseline=r is not runs[0], style=style))
+    if not lines:
+        return []
+    return [_img(plots.line_chart(lines, title="Eval reward vs step", xlabel="trainer step",
+                                  ylabel="mean eval reward (held-out set)"), "eval reward vs step")]
 
 
 def _lag_section(run: RunData) -> str:

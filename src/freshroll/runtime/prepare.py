@@ -63,6 +63,7 @@ class Prepared:
     history: History | None = None  # what the ledger recorded (on resume)
     changes: list[Change] = field(default_factory=list)  # accepted on resume
     allow_change: tuple[str, ...] = ()
+    eval_prompts: list[Prompt] = field(default_factory=list)  # eval.file's (evaluation)
 
 
 def prepare_run_dir(
@@ -88,6 +89,7 @@ def prepare_run_dir(
         path, pending, prompts, rewards = (inputs.model_path, inputs.pending, inputs.prompts,
                                            inputs.rewards)
         digest = inputs.digest or _digest(inputs)
+        eval_prompts = inputs.eval_prompts
         hist: History | None = None
         changes: list[Change] = []
         if resume:
@@ -106,7 +108,19 @@ def prepare_run_dir(
         if lock is not None:
             lock.release()
         raise
-    return Prepared(cfg, lock, prompts, rewards, path, digest, hist, changes, allow_change)
+    return Prepared(cfg, lock, prompts, rewards, path, digest, hist, changes, allow_change,
+                    eval_prompts)
+
+
+def _eval_prompts(cfg: Config, path: Path, pending: tuple[Any, Any] | None,
+                  rewards: RewardSet) -> list[Prompt]:
+    """``eval.file``'s prompts, checked as the task's are ([] while unset)."""
+    if cfg.eval.file is None:
+        return []
+    from freshroll.runtime.evaluation import prepare_eval
+
+    return prepare_eval(cfg, path, pending[1] if pending is not None else None, rewards,
+                        context_limit(cfg, path, pending))
 
 
 @dataclass
@@ -118,6 +132,7 @@ class Inputs:
     model_path: Path  # a user's model.path, or where the embedded model is (to be) saved
     pending: tuple[Any, Any] | None  # the embedded model and tokenizer, still to be saved
     digest: str | None = None  # the simulated cluster's (no weights); else read by _digest
+    eval_prompts: list[Prompt] = field(default_factory=list)  # eval.file's ([] while unset)
 
 
 def check_inputs(cfg: Config, run_dir: Path | None = None, resume: bool = False) -> Inputs:
@@ -149,7 +164,8 @@ def check_inputs(cfg: Config, run_dir: Path | None = None, resume: bool = False)
         prompts = load_task_prompts(cfg, path, pending[1] if pending is not None else None,
                                     context=context_limit(cfg, path, pending))
     rewards.check_columns(reward_columns(prompts[:1]))
-    return Inputs(prompts, rewards, path, pending, digest)
+    return Inputs(prompts, rewards, path, pending, digest,
+                  _eval_prompts(cfg, path, pending, rewards))
 
 
 def _digest(inputs: Inputs) -> str:

@@ -58,6 +58,8 @@ RULES: Final[Mapping[str, Rule]] = {
     "model": "never",
     "task": "never",
     "rewards": "never",
+    # evaluation reads the policy, never trains it: no sample of the ledger depends on it
+    "eval": "free",
     # rollout
     "rollout.group_size": "never",   # a group's size is fixed by its admission
     "rollout.batch_groups": "never",  # groups per step: fixed by the run's admission window

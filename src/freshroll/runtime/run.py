@@ -63,6 +63,8 @@ from freshroll.runtime.adapters import (
     clone_weights,
 )
 from freshroll.runtime.endfiles import Finished, finish_run_dir
+from freshroll.runtime.evaluation import Evaluator, build_evaluator, evals_by_step, with_eval
+from freshroll.runtime.evaluation import trim as trim_evals
 from freshroll.runtime.hooks import ChaosSession
 from freshroll.runtime.learner import build_learner
 from freshroll.runtime.metrics_log import METRICS_FILE, RowLog, reconcile
@@ -103,12 +105,17 @@ class Recorder:
     writes the row.
     """
 
-    def __init__(self, run_dir: Path, cfg: Config, buf: SampleBuffer, stream: TextIO) -> None:
+    def __init__(self, run_dir: Path, cfg: Config, buf: SampleBuffer, stream: TextIO,
+                 evaluator: Evaluator | None = None) -> None:
         self.run_dir, self.cfg, self.buf, self.stream = run_dir, cfg, buf, stream
         self.tally, self.seq = Tally(), 0
         self._line = ""  # the progress line drawn in place on a terminal, if any
         self.pace = Pace(cfg.run.steps)  # steps/s and the time left, for the progress line
-        expected = self._fold()
+        # eval.jsonl (freshroll.runtime.evaluation): its columns join their steps' rows
+        self.evaluator = evaluator
+        trim_evals(run_dir, buf.version.step if buf.version is not None else 0)
+        self.evals = evals_by_step(run_dir)
+        expected = with_eval(self._fold(), self.evals)
         path = run_dir / METRICS_FILE
         done = reconcile(path, expected)
         if done.changed:
@@ -130,6 +137,9 @@ class Recorder:
 
         ``state()``: the learner's model and optimizer state, asked for only when a
         checkpoint is due (a trainer actor's are fetched from its process then)."""
+        ev = self.evaluator
+        if ev is not None and ev.due(version.step):  # the policy after the step, pre-commit
+            self.evals[version.step] = ev.evaluate(version.step, ev.policy(state))
         every = self.cfg.trainer.checkpoint_every
         if version.step % every and version.step < self.cfg.run.steps:
             return
@@ -148,7 +158,7 @@ class Recorder:
             shutil.rmtree(old, ignore_errors=True)
 
     def on_step(self, r: StepReport) -> None:
-        for row in self._fold():
+        for row in with_eval(self._fold(), self.evals):
             self.metrics.write(row)
             if self.cfg.run.progress:
                 self._progress(row)
@@ -187,7 +197,7 @@ class Recorder:
     def catch_up(self) -> None:
         """Write the rows of the commits that became durable after the last step's rows (a
         run stopped by a full disk closes its ledger with the commit whose flush failed)."""
-        for row in self._fold():
+        for row in with_eval(self._fold(), self.evals):
             self.metrics.write(row)
 
     def close(self) -> None:
@@ -508,13 +518,14 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
     parts = build_components(prep, buf, out, lambda v, lr: rec.before_commit(v, lr), clock,
                              make_engine)
     try:  # a failure before the pipeline still releases the parts (worker processes, shm)
+        evaluator = build_evaluator(cfg, prep.eval_prompts, prep.model_path, out, parts.trainer)
         if chaos is not None:
             parts = chaos.wrap(parts, buf)
         if cfg.run.progress:
             stream.write(_start_line(cfg, out, prep.model_path, len(prompts), buf, placement)
                          + "\n")
             stream.flush()
-        rec = Recorder(out, cfg, buf, stream)
+        rec = Recorder(out, cfg, buf, stream, evaluator)
     except BaseException:
         parts.close()
         buf.ledger.close()

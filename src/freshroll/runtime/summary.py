@@ -241,6 +241,11 @@ def write_summary(run_dir: Path, summary: dict[str, Any] | None = None,
         host = read_host(run_dir)
     if host is not None:
         summary = {**summary, "host": jsonable(host)}
+    from freshroll.runtime.evaluation import eval_summary
+
+    evaluation = eval_summary(run_dir)  # from eval.jsonl (not the ledger), when there is one
+    if evaluation is not None:
+        summary = {**summary, "eval": jsonable(evaluation)}
     write_atomic(run_dir / SUMMARY_FILE, json.dumps(summary, indent=1, allow_nan=False) + "\n")
     return summary
 

@@ -224,7 +224,9 @@ def reward_tolerance(sync_values: Sequence[float], tolerance: float | None,
 
 def convergence_gate(last_steps: int, tolerance: float | None, tolerance_sd: float | None,
                      two_sided: bool, async_runs: Sequence[Repeat],
-                     sync_runs: Sequence[Repeat]) -> Criterion:
+                     sync_runs: Sequence[Repeat], reward: str = "reward") -> Criterion:
+    """``reward``: what the runs' ``reward_window`` is of (``eval reward``: the held-out set's,
+    eval.file), named in the criterion's figure."""
     sync_by_seed = {r.seed: r for r in sync_runs}
     labels, diffs, dirs, sync_vals = [], [], [], []
     for a in async_runs:
@@ -255,7 +257,7 @@ def convergence_gate(last_steps: int, tolerance: float | None, tolerance_sd: flo
     note = "; ".join(filter(None, [spread_note, gaps]))
     return Criterion(
         name="convergence_parity",
-        figure=f"{what} of the mean reward of the last {last_steps} steps",
+        figure=f"{what} of the mean {reward} of the last {last_steps} steps",
         op=op, limit=limit, value=value, spread=Spread.of(diffs),
         passed=bool(diffs) and not missing and ok, evidence=tuple(dirs),
         per_repeat=tuple(zip(labels, diffs, strict=True)), note=note,
@@ -314,8 +316,10 @@ class Measured:
     cases: list[Case] | str = field(default_factory=list)
 
 
-def evaluate(gates: Gates, max_staleness: int, m: Measured) -> list[Criterion]:
-    """Every configured gate's criterion, ``verify`` first (always on)."""
+def evaluate(gates: Gates, max_staleness: int, m: Measured,
+             reward: str = "reward") -> list[Criterion]:
+    """Every configured gate's criterion, ``verify`` first (always on); ``reward``: what the
+    convergence gate compares (:func:`convergence_gate`)."""
     out = [verify_gate([*m.async_runs, *m.sync_runs])]
     a = m.async_runs
     tp = gates.accepted_per_s
@@ -342,7 +346,7 @@ def evaluate(gates: Gates, max_staleness: int, m: Measured) -> list[Criterion]:
     c = gates.convergence
     if c is not None:
         out.append(convergence_gate(c.last_steps, c.tolerance, c.tolerance_sd, c.two_sided, a,
-                                    m.sync_runs))
+                                    m.sync_runs, reward))
     return out
 
 

@@ -95,7 +95,8 @@ def validate(path: str | Path, out: Path, *, stream: TextIO = sys.stderr,
             (measured.async_runs if mode == "async" else measured.sync_runs).append(rep)
     if spec.gates.recovery is not None:
         measured.cases = run_recovery(loaded, out, stream, run_case, signals)
-    criteria = evaluate(spec.gates, cfg.run.max_staleness, measured)
+    reward = "eval reward (eval.file)" if cfg.eval.file is not None else "reward"
+    criteria = evaluate(spec.gates, cfg.run.max_staleness, measured, reward)
     decision = record.build(
         name=loaded.name, acceptance=str(path), cfg=cfg, seeds=seeds, criteria=criteria,
         signals=signals, recovery=_recovery_json(measured.cases),
@@ -234,18 +235,22 @@ def read_figures(run_dir: Path, loaded: Loaded) -> dict[str, float | None]:
     out.update(accepted_per_s=figs.accepted_per_s, discard_rate=figs.discard_rate,
                lag_p99=figs.lag_p99, lag_max=float(figs.lag_max),
                trainer_idle_ratio=figs.trainer_idle)
-    out["reward_window"] = reward_window(run_dir, _last_steps(loaded))
+    # with eval.file set, convergence is judged on the held-out set's reward (eval/reward)
+    column = "eval/reward" if loaded.cfg.eval.file is not None else "reward_mean"
+    out["reward_window"] = reward_window(run_dir, _last_steps(loaded), column)
     return out
 
 
-def reward_window(run_dir: Path, last_steps: int) -> float | None:
-    """The mean of ``metrics.jsonl``'s ``reward_mean`` over the last ``last_steps`` steps."""
+def reward_window(run_dir: Path, last_steps: int, column: str = "reward_mean") -> float | None:
+    """The mean of ``metrics.jsonl``'s ``column`` (the training reward, ``reward_mean``, or
+    the eval reward, ``eval/reward``, which the last step always has) over the rows of the
+    last ``last_steps`` steps that hold it."""
     rows, _ = read_metrics(run_dir / "metrics.jsonl")
     if not rows:
         return None
     top = max(int(r["step"]) for r in rows)
-    vals = [float(r["reward_mean"]) for r in rows
-            if int(r["step"]) > top - last_steps and isinstance(r.get("reward_mean"), int | float)]
+    vals = [float(r[column]) for r in rows
+            if int(r["step"]) > top - last_steps and isinstance(r.get(column), int | float)]
     return statistics.fmean(vals) if vals else None
 
 
