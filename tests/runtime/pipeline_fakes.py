@@ -69,7 +69,7 @@ class FakeLearner:
         self.settings_digest = "fake-settings"
         self.behaviour, self.calls, self.applied = behaviour, 0, 0
 
-    def step(self, samples: Sequence[Any]) -> dict[str, float]:
+    def step(self, samples: Sequence[Any], step: int | None = None) -> dict[str, float]:
         self.calls += 1
         if self.behaviour is not None:
             self.behaviour(self.calls)
