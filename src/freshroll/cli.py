@@ -151,16 +151,17 @@ def run(config: Path | None, overrides: tuple[str, ...], out: Path | None,
             cfg = load_config(config, overrides)
         if cfg.run.progress:  # the imports and checks below take seconds: say so at once
             click.echo("freshroll: config ok; loading the model, data and rewards ...", err=True)
-        from freshroll.runtime.run import run as run_training
+        from freshroll.api import GRPOTrainer
         from freshroll.runtime.run import run_baseline
 
+        # the Python API's run (freshroll.api); the stream as it is now, not as bound at import
         if resume_dir is not None:
-            # the stream as it is now, not as run()'s default bound it at import
-            result = run_training(cfg, resume_dir, resume=True, allow_change=allow_change,
-                                  stream=sys.stderr)
+            result = GRPOTrainer(args=cfg, output_dir=resume_dir).train(
+                resume=True, allow_change=allow_change, stream=sys.stderr)
         else:
             name = config.stem if config is not None else "default"
-            result = run_training(cfg, out or Path("runs") / name, stream=sys.stderr)
+            result = GRPOTrainer(args=cfg, output_dir=out or Path("runs") / name).train(
+                stream=sys.stderr)
         base = run_baseline(result.run_dir, stream=sys.stderr) if baseline else None
     except FreshrollError as exc:
         _fail(exc)

@@ -51,6 +51,7 @@ from typing import Any
 
 from freshroll.errors import ConfigError, Interrupted
 from freshroll.lineage import RewardVersion, digest_callable, digest_of
+from freshroll.rewards import inmemory
 from freshroll.rewards.calling import (
     RESERVED,
     STANDARD,
@@ -328,6 +329,8 @@ def load_reward_fn(ref: str, bound: ImportBound = ImportBound()) -> Callable[...
     a module's import within ``bound`` (a ConfigError naming the file past it)."""
     if ref in REWARDS:
         return REWARDS[ref]
+    if inmemory.is_in_memory(ref):
+        return inmemory.resolve(ref)
     target, sep, attr = ref.rpartition(":")
     if not sep or not target or not attr:
         raise ConfigError(
@@ -376,7 +379,7 @@ def _load_file(ref: str, path: Path) -> ModuleType:
 
 
 def _file_module_name(path: Path) -> str:
-    return f"freshroll_user_reward_{digest_of(str(path.resolve()))[:16]}"
+    return f"{inmemory.FILE_MODULE_PREFIX}{digest_of(str(path.resolve()))[:16]}"
 
 
 def build_reward_set(entries: Sequence[Mapping[str, Any]],

@@ -45,9 +45,11 @@ import json
 import math
 import multiprocessing as mp
 import os
+import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, NoReturn
@@ -90,6 +92,31 @@ def worker_context() -> Any:
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload([__name__, "freshroll.engines.hf"])
     return ctx
+
+
+_MAIN_LOCK = threading.Lock()
+
+
+@contextmanager
+def _main_not_rerun() -> Iterator[None]:
+    """Start a child without multiprocessing re-running the parent's ``__main__`` script in
+    it. The child runs freshroll's code only (:func:`_child_main`, plain arguments); a
+    script run as ``python train.py`` that calls the Python API at its top level, with no
+    ``if __name__ == "__main__":`` guard (as notebooks' code is written), would otherwise be
+    executed again in every child (``spawn.prepare``'s ``init_main_from_path``), starting a
+    second run from inside the worker. ``python -m package`` (a main module by name) is
+    left as it is: its children import it under ``__mp_main__``, which its guard skips."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if main is None or path is None or getattr(getattr(main, "__spec__", None), "name", None):
+        yield
+        return
+    with _MAIN_LOCK:
+        del main.__file__
+        try:
+            yield
+        finally:
+            main.__file__ = path
 
 
 # -- the child -----------------------------------------------------------------------------
@@ -205,7 +232,8 @@ class ProcessEngine:
             target=_child_main, name="freshroll-worker", daemon=True,
             args=(self._path, self.torch_threads, req_r, ans_w,
                   str(ch.path) if ch else None, ch.layout.to_json() if ch else None))
-        self._proc.start()
+        with _main_not_rerun():
+            self._proc.start()
         req_r.close()  # the child holds these ends now: EOF both ways when either dies
         ans_w.close()
         self._req, self._ans = req_w, ans_r

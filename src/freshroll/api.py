@@ -1,0 +1,270 @@
+"""freshroll from Python: a notebook's or a script's run, shaped like TRL's ``GRPOTrainer``.
+
+::
+
+    from datasets import Dataset
+    from freshroll import GRPOTrainer
+
+    def exact(completions, target, **kwargs):
+        return [float(c.strip() == t) for c, t in zip(completions, target)]
+
+    trainer = GRPOTrainer(
+        model="models/my-policy",              # a save_pretrained dir, a model object, or None
+        reward_funcs=[exact, "my_rewards.py:g"],
+        train_dataset=Dataset.from_list(rows),  # a Dataset, a DatasetDict, rows, or a file
+        args={"run.steps": 50, "trainer": {"lr": 3e-4}},  # freshroll keys (or a YAML path)
+        output_dir="runs/notebook",
+    )
+    result = trainer.train()                    # RunResult: run_dir, summary (dict), ok
+    trainer.save_model("exported/")             # the last committed policy, from_pretrained
+
+The run is the same run ``freshroll run`` makes (:func:`freshroll.runtime.run.run`): the
+same checks before anything is written, ledger, checkpoints, resume, verify and report; the
+CLI is a layer over :meth:`GRPOTrainer.train`. What is given as a Python object is made
+durable in the run directory first, so the run stays reproducible and resumable: a model
+object is saved to ``OUT/inputs/model`` (with ``processing_class``), a dataset object to
+``OUT/inputs/train`` / ``OUT/inputs/eval`` (``save_to_disk``), and ``config.yaml`` names
+those. A reward function that a fresh process can import is recorded by its reference; one
+defined in the notebook itself is recorded as ``python:<name>`` and lives in this process
+only (:mod:`freshroll.rewards.inmemory`): resume such a run from Python with the same
+``reward_funcs`` (``GRPOTrainer(..., output_dir=OUT).train(resume=True)``).
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TextIO
+
+from freshroll.config import Config, apply_override, read_yaml, resolve_paths, validate
+from freshroll.errors import ConfigError
+from freshroll.rewards import inmemory
+
+INPUTS = "inputs"  # the run directory's folder of inputs given as Python objects
+
+RewardFunc = Callable[..., Any] | str
+
+
+class GRPOTrainer:
+    """A freshroll run built from Python objects (TRL's argument names where they apply).
+
+    ``model``: a local model directory (``save_pretrained``), a ``transformers`` model
+    object (with ``processing_class``, its tokenizer), or None (``args``' ``model.path``, or
+    the embedded default). ``reward_funcs``: a function, a reference string
+    (``"my_rewards.py:f"``, ``"package.module:f"``, a built-in name) or a list of them, with
+    ``reward_weights`` as TRL's ``GRPOConfig.reward_weights`` (None: ``args``' rewards).
+    ``train_dataset`` / ``eval_dataset``: a ``datasets.Dataset`` or ``DatasetDict``, a list
+    of row dicts, or a file path (None: ``args``' ``task`` / ``eval``). ``args``: a
+    :class:`~freshroll.config.Config`, a mapping of freshroll keys (nested sections or dotted
+    keys, as the command line's ``key=value``), or a YAML file (the same file ``freshroll
+    run`` takes). ``output_dir``: the run directory (default ``runs/python``).
+    """
+
+    def __init__(
+        self,
+        model: Any = None,
+        reward_funcs: RewardFunc | Sequence[RewardFunc] | None = None,
+        args: Config | Mapping[str, Any] | str | Path | None = None,
+        train_dataset: Any = None,
+        eval_dataset: Any = None,
+        processing_class: Any = None,
+        reward_weights: Sequence[float] | None = None,
+        output_dir: str | Path | None = None,
+    ) -> None:
+        self.output_dir = Path(output_dir) if output_dir is not None else Path("runs/python")
+        data = _config_data(args)
+        self._model = _model_input(model, processing_class, data)
+        self._train = _dataset_input(train_dataset, "train_dataset", "task", data)
+        self._eval = _dataset_input(eval_dataset, "eval_dataset", "eval", data)
+        if reward_funcs is not None:
+            data["rewards"] = _reward_entries(reward_funcs, reward_weights)
+        elif reward_weights is not None:
+            raise ConfigError("reward_weights: given without reward_funcs")
+        inputs = self.output_dir.resolve() / INPUTS
+        if self._model is not None:
+            data.setdefault("model", {})["path"] = str(inputs / "model")
+        if self._train is not None:
+            data.setdefault("task", {})["file"] = str(inputs / "train")
+        if self._eval is not None:
+            data.setdefault("eval", {})["file"] = str(inputs / "eval")
+        given = (model, reward_funcs, train_dataset, eval_dataset)
+        # a Config alone is taken as it is (the CLI's); anything else is merged and validated
+        self.config: Config = (args if isinstance(args, Config) and all(x is None for x in given)
+                               else validate(data, "args"))
+        _check_placement(self.config)
+        self.result: Any = None  # the last train()'s RunResult
+
+    def train(self, *, resume: bool = False, allow_change: Sequence[str] = (),
+              stream: TextIO | None = None) -> Any:
+        """Run (``resume``: continue) the training run in ``output_dir``; returns its
+        :class:`~freshroll.runtime.run.RunResult` (``summary``: summary.json's figures,
+        ``ok``: verify passed). ``allow_change``: keys a resume may change that change
+        training (README, "Resume rules"). Progress goes to ``stream`` (default stderr)."""
+        from freshroll.runtime.run import run
+        from freshroll.runtime.rundir import check_out_dir
+
+        out = self.output_dir
+        check_out_dir(out, resume=resume)
+        if not resume:
+            self._write_inputs(out / INPUTS)
+        self.result = run(self.config, out, resume=resume, allow_change=tuple(allow_change),
+                          stream=stream if stream is not None else sys.stderr)
+        return self.result
+
+    def save_model(self, output_dir: str | Path, step: int | None = None) -> Path:
+        """Write the policy at committed ``step`` (default: the last) as a ``from_pretrained``
+        directory (``freshroll export-model``)."""
+        from freshroll.runtime.export import export_model
+
+        done = export_model(self.output_dir, Path(output_dir), step)
+        return Path(done.out)
+
+    def _write_inputs(self, inputs: Path) -> None:
+        """The Python objects, saved where ``config.yaml`` names them (each replaced whole:
+        a new run in a directory that holds no run)."""
+        from freshroll.rewards.data import quiet_datasets
+
+        with quiet_datasets(), _quiet_transformers():
+            if self._model is not None:
+                model, tokenizer = self._model
+                _save_dir(inputs / "model", lambda d: (model.save_pretrained(d),
+                                                       tokenizer.save_pretrained(d)))
+            for name, dataset in (("train", self._train), ("eval", self._eval)):
+                if dataset is not None:
+                    _save_dir(inputs / name, dataset.save_to_disk)
+
+
+def _config_data(args: Config | Mapping[str, Any] | str | Path | None) -> dict[str, Any]:
+    """``args`` as the nested dict a config validates from (paths made absolute: a file's
+    from its folder, a mapping's from the current directory)."""
+    if args is None:
+        return {}
+    if isinstance(args, Config):
+        return args.model_dump(mode="json", exclude_none=True)
+    if isinstance(args, str | Path):
+        from_file = read_yaml(args)
+        resolve_paths(from_file, Path(args).resolve().parent)
+        return from_file
+    if not isinstance(args, Mapping):
+        raise ConfigError(f"args: expected a Config, a mapping of freshroll keys or a YAML "
+                          f"path, got {type(args).__name__}")
+    data: dict[str, Any] = {}
+    for key, value in args.items():
+        if not isinstance(key, str):
+            raise ConfigError(f"args: key {key!r} is not a string")
+        if "." in key:
+            apply_override(data, f"{key}={_yaml(value)}")
+        elif isinstance(value, Mapping) and isinstance(data.get(key), dict):
+            data[key].update(value)
+        else:
+            data[key] = dict(value) if isinstance(value, Mapping) else value
+    resolve_paths(data, Path.cwd())
+    return data
+
+
+def _yaml(value: Any) -> str:
+    """``value`` as the YAML an override holds (flow style, one line)."""
+    import yaml
+
+    text: str = yaml.safe_dump(value, default_flow_style=True, width=1 << 30).strip()
+    return text.removesuffix("\n...").strip()
+
+
+def _model_input(model: Any, tokenizer: Any, data: dict[str, Any]) -> tuple[Any, Any] | None:
+    """A model object and its tokenizer to save (None: a path, set in ``data``, or unset)."""
+    if model is None:
+        if tokenizer is not None:
+            raise ConfigError("processing_class: given without a model object")
+        return None
+    if isinstance(model, str | Path):
+        if tokenizer is not None:
+            raise ConfigError("processing_class: the model directory's own tokenizer is used; "
+                              "give processing_class only with a model object")
+        data.setdefault("model", {})["path"] = str(Path(model).expanduser().resolve())
+        return None
+    if not hasattr(model, "save_pretrained"):
+        raise ConfigError(f"model: expected a model directory or a transformers model "
+                          f"(with save_pretrained), got {type(model).__name__}")
+    if tokenizer is None or not hasattr(tokenizer, "save_pretrained"):
+        raise ConfigError("processing_class: a model object needs its tokenizer "
+                          "(processing_class=AutoTokenizer.from_pretrained(...))")
+    return model, tokenizer
+
+
+def _dataset_input(dataset: Any, what: str, section: str, data: dict[str, Any]) -> Any:
+    """A ``datasets`` object to save (None: a path, set in ``data``, or unset)."""
+    if dataset is None:
+        return None
+    if isinstance(dataset, str | Path):
+        data.setdefault(section, {})["file"] = str(Path(dataset).expanduser().resolve())
+        return None
+    import datasets
+
+    if isinstance(dataset, datasets.Dataset | datasets.DatasetDict):
+        if len(dataset) == 0:
+            raise ConfigError(f"{what}: the dataset is empty")
+        return dataset
+    if isinstance(dataset, Sequence) and dataset and all(isinstance(r, Mapping) for r in dataset):
+        try:
+            return datasets.Dataset.from_list([dict(r) for r in dataset])
+        except Exception as exc:  # pyarrow cannot type the rows (mixed column types)
+            raise ConfigError(f"{what}: the rows do not make a dataset: {exc}"[:400]) from exc
+    raise ConfigError(f"{what}: expected a datasets.Dataset or DatasetDict, a non-empty list "
+                      f"of row dicts or a file path, got {type(dataset).__name__}")
+
+
+def _reward_entries(funcs: RewardFunc | Sequence[RewardFunc],
+                    weights: Sequence[float] | None) -> list[dict[str, Any]]:
+    """The config's ``rewards`` entries for ``reward_funcs`` (TRL: one or a list)."""
+    items = [funcs] if callable(funcs) or isinstance(funcs, str) else list(funcs)
+    if not items:
+        raise ConfigError("reward_funcs: at least one reward function is required")
+    if weights is not None and len(weights) != len(items):
+        raise ConfigError(f"reward_weights: {len(weights)} weights for {len(items)} "
+                          "reward_funcs (one each)")
+    entries = []
+    for i, fn in enumerate(items):
+        ref = fn if isinstance(fn, str) else inmemory.register(fn)
+        entry: dict[str, Any] = {"fn": ref}
+        if weights is not None:
+            entry["weight"] = float(weights[i])
+        entries.append(entry)
+    return entries
+
+
+def _check_placement(cfg: Config) -> None:
+    """A ``python:`` reward cannot be imported by Ray's reward actors."""
+    in_memory = [e.fn for e in cfg.rewards if inmemory.is_in_memory(e.fn)]
+    if in_memory and cfg.run.runtime == "ray" and cfg.ray.reward_actors > 0:
+        raise ConfigError(
+            f"reward_funcs: {', '.join(in_memory)} exist only in this process; Ray's reward "
+            "actors cannot import them: set ray.reward_actors=0 (score on the driver) or "
+            "give importable references ('my_rewards.py:f')")
+
+
+@contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """No "Writing model shards" bar while a model object is saved (the caller's setting
+    restored after)."""
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    try:
+        yield
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
+
+
+def _save_dir(path: Path, save: Callable[[str], Any]) -> None:
+    """``save(tmp)`` then rename to ``path`` (a crash never leaves half a directory there)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    save(str(tmp))
+    shutil.rmtree(path, ignore_errors=True)
+    tmp.rename(path)
