@@ -300,6 +300,10 @@ class TrainerSection(_Section):
         1, ge=1, le=1_024, description="micro-batches a step's batch is split into, each "
         "backward on its own, one optimizer step: the same gradient, less activation memory"
     )
+    bf16: bool = Field(
+        False, description="forward and backward under bfloat16 autocast, weights and optimizer "
+        "state float32 (TRL's bf16=True); the loss and log-probs are float32"
+    )
     aggregation: Literal["grpo", "dr_grpo", "dapo"] = Field(
         "grpo", description="loss aggregation: per-sequence mean (grpo), "
         "sum / (B x max tokens) (dr_grpo), token mean (dapo)"
@@ -796,6 +800,7 @@ TRL_NAMES = {
     "lr_scheduler_type": "trainer.lr_schedule",
     "warmup_steps": "trainer.warmup_steps",
     "gradient_accumulation_steps": "trainer.grad_accum",
+    "bf16": "trainer.bf16",
     "loss_type": "trainer.aggregation",
     "epsilon": "trainer.clip_low",
     "epsilon_high": "trainer.clip_high",

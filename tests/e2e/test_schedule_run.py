@@ -41,3 +41,12 @@ def test_schedule_and_accumulation_survive_replay_and_resume(tmp_path: Path) -> 
     rows = metrics(out)
     assert [r["step"] for r in rows] == list(range(1, 8))
     assert [r["lr"] for r in rows[5:]] == [lr_at(n, 0.002, "cosine", 2, 7) for n in (6, 7)]
+
+
+def test_bf16_steps_replay_to_the_committed_weights(tmp_path: Path) -> None:
+    """trainer.bf16: a replayed step (export-model from the step-2 checkpoint) gives the
+    committed weights digest again: bfloat16 autocast is deterministic here too."""
+    out = tmp_path / "run"
+    freshroll("run", "configs/smoke.yaml", "run.steps=4", "run.progress=false",
+              "trainer.bf16=true", "trainer.checkpoint_every=2", "--out", str(out))
+    assert export_model(out, tmp_path / "m3", step=3).replayed == 1

@@ -86,6 +86,7 @@ RULES: Final[Mapping[str, Rule]] = {
     "trainer.lr_schedule": "explicit",  # as trainer.lr: the lr of every step from the resume on
     "trainer.warmup_steps": "explicit",
     "trainer.grad_accum": "explicit",   # the same gradient, in other float sums: new weights
+    "trainer.bf16": "explicit",         # other arithmetic: other weights
     "trainer.checkpoint_every": "free",
     "trainer.keep_checkpoints": "free",
     # failure and time limits: how the run reacts, not what it trains

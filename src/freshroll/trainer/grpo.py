@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from freshroll.config import TrainerSection
-from freshroll.errors import NonFiniteStep
+from freshroll.errors import ConfigError, NonFiniteStep
 from freshroll.lineage import digest_json
 from freshroll.trainer.accum import combine_metrics, micro_slices, micro_weight
 from freshroll.trainer.losses import (
@@ -111,7 +111,7 @@ _NOT_TRAINING_MATH = {"on_nonfinite"}
 #: trainer keys added after runs had recorded settings digests: at these defaults they are
 #: left out of the digest, so the steps of an earlier run still match theirs on --resume
 _OMITTED_AT_DEFAULT: dict[str, object] = {"lr_schedule": "constant", "warmup_steps": 0,
-                                          "grad_accum": 1}
+                                          "grad_accum": 1, "bf16": False}
 
 
 def settings_digest(cfg: TrainerSection, temperature: float, total_steps: int | None) -> str:
@@ -159,6 +159,10 @@ class GRPOLearner:
         if cfg.lr_schedule != "constant" and total_steps is None:
             raise ValueError(f"trainer.lr_schedule={cfg.lr_schedule} needs the run's total steps")
         self.model, self.cfg, self.pad_id = model, cfg, pad_id
+        device = next(model.parameters()).device
+        if cfg.bf16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            raise ConfigError(f"trainer.bf16: {torch.cuda.get_device_name(device)} has no "
+                              "bfloat16 support; set trainer.bf16=false")
         self.total_steps, self.steps = total_steps, 0
         self.temperature = temperature if temperature > 0 else 1.0
         self.loss_cfg = LossConfig(
@@ -253,8 +257,9 @@ class GRPOLearner:
         self, batch: Batch, adv: torch.Tensor, loss_cfg: LossConfig
     ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
         """The policy loss of ``batch`` (unscaled), its metrics and its detached logits."""
-        logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-        logits = logits[:, :-1].float()
+        with self._autocast():
+            out = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+        logits = out.logits[:, :-1].float()
         logp = token_logprobs(logits, batch.targets, self.temperature)
         ref = self._ref_logprobs(batch) if self.ref is not None else None
         loss, metrics = policy_loss(
@@ -264,9 +269,15 @@ class GRPOLearner:
 
     def _ref_logprobs(self, batch: Batch) -> torch.Tensor:
         assert self.ref is not None
-        with torch.no_grad():
+        with torch.no_grad(), self._autocast():
             out = self.ref(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
             return token_logprobs(out.logits[:, :-1].float(), batch.targets, self.temperature)
+
+    def _autocast(self) -> torch.autocast:
+        """``trainer.bf16``: the model's forward (and so its backward) in bfloat16 where
+        autocast allows it, on the model's device; off: a no-op context."""
+        device = next(self.model.parameters()).device.type
+        return torch.autocast(device, dtype=torch.bfloat16, enabled=self.cfg.bf16)
 
     def weights(self) -> dict[str, torch.Tensor]:
         """A detached copy of the weights, to publish to inference workers."""
