@@ -88,6 +88,7 @@ RULES: Final[Mapping[str, Rule]] = {
     "trainer.grad_accum": "explicit",   # the same gradient, in other float sums: new weights
     "trainer.checkpoint_every": "free",
     "trainer.keep_checkpoints": "free",
+    "trainer.lora": "never",            # the model's structure: which weights a step trains
     # failure and time limits: how the run reacts, not what it trains
     "limits": "free",
 }
