@@ -125,3 +125,13 @@ def test_lora_under_process_placement(tmp_path: Path) -> None:
               "run.runtime=process", "rollout.workers=2", *LORA, "--out", str(out))
     assert {r["weights_bytes"] for r in metrics(out)} == {_adapter_bytes()}
     freshroll("verify", str(out))
+
+
+@pytest.mark.vllm
+def test_lora_with_vllm_merges_on_the_driver(tmp_path: Path) -> None:
+    pytest.importorskip("vllm")
+    out = tmp_path / "vllm"
+    freshroll("run", "configs/vllm.yaml", "run.steps=2", "run.progress=false", *LORA,
+              "--out", str(out))
+    assert {r["weights_bytes"] for r in metrics(out)} == {_adapter_bytes()}
+    freshroll("verify", str(out))
