@@ -438,11 +438,14 @@ def validate(acceptance: Path, out: Path) -> None:
 @click.argument("out", type=click.Path(path_type=Path))
 @click.option("--step", type=int, default=None,
               help="Committed step to export (default: the last).")
-def export_model(run_dir: Path, out: Path, step: int | None) -> None:
+@click.option("--adapter-only", is_flag=True, default=False,
+              help="A LoRA run (trainer.lora): write its peft adapter directory, not the "
+              "merged model.")
+def export_model(run_dir: Path, out: Path, step: int | None, adapter_only: bool) -> None:
     """Write the policy of RUN_DIR at a committed step to OUT (a from_pretrained directory)."""
     from freshroll.runtime.export import export_model as do_export
 
-    done = do_export(run_dir, out, step)
+    done = do_export(run_dir, out, step, adapter_only=adapter_only)
     how = f", {done.replayed} steps replayed from the ledger" if done.replayed else ""
     click.echo(f"exported step {done.step} ({done.version}{how}) to {done.out}")
 

@@ -282,6 +282,22 @@ class RolloutSection(_Section):
     )
 
 
+class LoraSection(_Section):
+    """LoRA (peft): only low-rank adapters on ``target_modules`` are trained, and only they
+    travel to the inference workers each version (docs/training.md, "LoRA")."""
+
+    r: int = Field(8, ge=1, le=1_024, description="adapter rank")
+    alpha: float = Field(
+        16.0, gt=0, le=1e6, description="scaling numerator: the update is alpha / r x B @ A"
+    )
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the adapter's input")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "v_proj"], min_length=1,
+        description="linear layers that get an adapter, by name or name suffix (peft's "
+        "target_modules), e.g. q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj",
+    )
+
+
 class TrainerSection(_Section):
     lr: float = Field(1e-3, gt=0, le=1.0, description="AdamW learning rate")
     weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="AdamW (decoupled) decay")
@@ -328,6 +344,10 @@ class TrainerSection(_Section):
     on_nonfinite: Literal["skip", "stop"] = Field(
         "skip", description="a step whose loss or gradients are not finite is never applied: "
         "skip discards its batch (nonfinite_step) and goes on, stop ends the run (NonFiniteStep)"
+    )
+    lora: LoraSection | None = Field(
+        None, description="LoRA adapters instead of full fine-tuning (peft); unset: every "
+        "weight is trained; {} : the defaults below"
     )
 
 

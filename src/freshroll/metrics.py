@@ -69,6 +69,8 @@ class Tally:
     wait_s: float = 0.0  # sum of every leased.wait_s
     lags: Counter[int] = field(default_factory=Counter)  # lag -> committed samples
     transfers: list[float] = field(default_factory=list)
+    #: each commit's ``weights_bytes`` (what its version published to the workers)
+    published_bytes: list[float] = field(default_factory=list)
     rewards_first: list[float] = field(default_factory=list)
     rewards_last: deque[float] = field(default_factory=lambda: deque(maxlen=REWARD_WINDOW))
     max_staleness: int | None = None
@@ -162,6 +164,9 @@ class Tally:
         self._rewards_of(e.samples)
         self.steps += 1
         self.accepted += len(e.samples)
+        sent = e.metrics.get("weights_bytes")
+        if sent is not None and math.isfinite(sent):
+            self.published_bytes.append(sent)
         reward = e.metrics.get("reward_mean")
         if reward is not None and math.isfinite(reward):
             if len(self.rewards_first) < REWARD_WINDOW:
@@ -403,6 +408,11 @@ def weight_transfer_s_mean(t: Tally) -> float:
 
 
 @figure
+def weights_bytes_mean(t: Tally) -> float | None:
+    return sum(t.published_bytes) / len(t.published_bytes) if t.published_bytes else None
+
+
+@figure
 def reward_first(t: Tally) -> float | None:
     return sum(t.rewards_first) / len(t.rewards_first) if t.rewards_first else None
 
@@ -499,6 +509,7 @@ def summary_figures(t: Tally) -> dict[str, Any]:
                 "histogram": lag_histogram(t)},
         "trainer_idle_ratio": trainer_idle_ratio(t), "trainer_wait_s": trainer_wait_s(t),
         "weight_loads": weight_loads(t), "weight_transfer_s_mean": weight_transfer_s_mean(t),
+        "weights_bytes_mean": weights_bytes_mean(t),
         "trainer_restarts": trainer_restarts(t),
         "worker_losses": worker_losses(t), "worker_losses_by_reason": worker_losses_by_reason(t),
         "worker_loss_first": worker_loss_first(t), "reissued_attempts": reissued_attempts(t),

@@ -48,6 +48,7 @@ import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from freshroll.engines.base import FINISH_LENGTH, FINISH_STOP, Completion, encode_prompt
+from freshroll.engines.lora_merge import AdapterMerger, is_adapter
 from freshroll.engines.model_dir import loading_model
 from freshroll.errors import ConfigError
 
@@ -74,6 +75,7 @@ class HFEngine:
         # Recent transformers 5.x renamed past_key_values -> cache (old name deprecated).
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self._keep_kwarg = "logits_to_keep" in params
+        self._merger = AdapterMerger()  # the base weights of a LoRA run's adapter targets
 
     @classmethod
     def from_pretrained(
@@ -133,10 +135,16 @@ class HFEngine:
         ]
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> float:
-        """Copy ``state_dict`` into the model in place (strict names and shapes); seconds taken."""
+        """Copy ``state_dict`` into the model in place (strict names and shapes), or merge a
+        LoRA adapter publication into the base weights (:mod:`freshroll.engines.lora_merge`);
+        seconds taken."""
         start = time.perf_counter()
         with torch.no_grad():
-            self.model.load_state_dict(dict(state_dict), strict=True)
+            if is_adapter(state_dict):
+                self._merger.apply(self.model, state_dict)
+            else:
+                self.model.load_state_dict(dict(state_dict), strict=True)
+                self._merger.reset()
         self._sync()
         return time.perf_counter() - start
 

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from freshroll.engines.base import FINISH_LENGTH, FINISH_STOP, Completion, encode_prompt
+from freshroll.engines.lora_merge import is_adapter, merge_state
 from freshroll.engines.vllm_args import engine_args, model_config, quiet_vllm
 from freshroll.errors import ConfigError, Superseded, WorkerLost
 from freshroll.runtime.seams import Emit, EngineStats, GenRequest, SamplingParams
@@ -135,6 +136,7 @@ class VLLMEngine:
         self._weights_root: Path | None = None
         self._weights_dir: Path | None = None
         self._loads = 0
+        self._base: dict[str, torch.Tensor] | None = None  # a LoRA run's base weights
         self._procs = _core_procs(llm)  # psutil handles: never a reused pid
         self.pids = [p.pid for p in self._procs]
 
@@ -291,6 +293,10 @@ class VLLMEngine:
         self._loads += 1
         target = self._weights_root / f"v{self._loads}"
         target.mkdir()
+        if is_adapter(weights):  # LoRA: merged into the base weights here, then reloaded
+            if self._base is None:
+                self._base = _read_safetensors(self.model_path)
+            weights = merge_state(self._base, {k: v.to("cpu") for k, v in weights.items()})
         tensors = {k: v.detach().to("cpu").contiguous() for k, v in weights.items()}
         save_file(tensors, str(target / "model.safetensors"))
         shutil.copy2(self.model_path / "config.json", target / "config.json")
@@ -535,3 +541,17 @@ class VLLMEngineFactory:
 
 
 __all__ = ["VLLMEngine", "VLLMEngineFactory", "start_vllm_engine"]
+
+
+def _read_safetensors(model_path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a model directory's safetensors files (the base of a LoRA merge)."""
+    from safetensors.torch import load_file
+
+    files = sorted(model_path.glob("*.safetensors"))
+    if not files:
+        raise ConfigError(f"model {model_path}: no *.safetensors files to merge a LoRA "
+                          "adapter into")
+    out: dict[str, torch.Tensor] = {}
+    for f in files:
+        out.update(load_file(str(f)))
+    return out

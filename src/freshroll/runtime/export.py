@@ -37,8 +37,14 @@ class Exported:
     replayed: int
 
 
-def export_model(run_dir: Path, out: Path, step: int | None = None) -> Exported:
-    """Write the policy of committed ``step`` (default: the last) of ``run_dir`` to ``out``."""
+def export_model(run_dir: Path, out: Path, step: int | None = None, *,
+                 adapter_only: bool = False) -> Exported:
+    """Write the policy of committed ``step`` (default: the last) of ``run_dir`` to ``out``.
+
+    A LoRA run (``trainer.lora``) is written merged (a plain model directory) or, with
+    ``adapter_only``, as its peft adapter directory (``adapter_config.json`` and
+    ``adapter_model.safetensors``, for ``PeftModel.from_pretrained`` on the initial model).
+    """
     from transformers import AutoTokenizer
 
     from freshroll.buffer import KernelConfig, replay_ledger
@@ -50,6 +56,7 @@ def export_model(run_dir: Path, out: Path, step: int | None = None) -> Exported:
     from freshroll.runtime.learner import build_learner, resume_point
     from freshroll.runtime.prepare import _quiet_transformers
     from freshroll.runtime.resume import history
+    from freshroll.trainer.lora import is_lora, merged_copy
     from freshroll.trainer.replay import committed_chain, weights_digest
 
     if not (run_dir / LEDGER_FILE).is_file():
@@ -57,6 +64,9 @@ def export_model(run_dir: Path, out: Path, step: int | None = None) -> Exported:
     if out.exists():
         raise RunDirError(f"{out}: already exists; choose a new output directory")
     cfg = validate(read_yaml(run_dir / "config.yaml"), str(run_dir / "config.yaml"))
+    if adapter_only and cfg.trainer.lora is None:
+        raise ConfigError(f"--adapter-only: {run_dir} trained every weight (no trainer.lora); "
+                          "export it without --adapter-only")
     _quiet_transformers()
     source = Path(cfg.model.path) if cfg.model.path is not None else run_dir / "model"
     if not (source / "config.json").is_file():
@@ -81,13 +91,17 @@ def export_model(run_dir: Path, out: Path, step: int | None = None) -> Exported:
         raise LineageError(f"step {want}: rebuilt weights {digest} differ from the committed "
                            f"{committed}")
     learner.model.eval()
+    lora = is_lora(learner.model)
     record = {
         "run_dir": str(run_dir.resolve()), "step": want, "policy_version": str(version),
         "weights_digest": digest, "source_model": str(source.resolve()),
     }
+    if lora:
+        record["lora"] = "adapter" if adapter_only else "merged"
+    model = learner.model if adapter_only or not lora else merged_copy(learner.model)
 
     def fill(tmp: Path) -> None:
-        learner.model.save_pretrained(tmp, safe_serialization=True)
+        model.save_pretrained(tmp, safe_serialization=True)  # type: ignore[operator]
         tokenizer.save_pretrained(tmp)
         (tmp / "freshroll_export.json").write_text(json.dumps(record, indent=1) + "\n")
 

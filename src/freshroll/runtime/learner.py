@@ -23,6 +23,7 @@ from freshroll.runtime.resume import History, canonical
 from freshroll.runtime.waits import seconds
 from freshroll.trainer.checkpoint import load_checkpoint
 from freshroll.trainer.grpo import GRPOLearner
+from freshroll.trainer.lora import wrap
 from freshroll.trainer.replay import CommittedStep, committed_chain, replay
 
 
@@ -44,8 +45,10 @@ def new_learner(cfg: Config, path: Path) -> tuple[GRPOLearner, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     with loading_model(path):
-        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
+        base = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
         tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    lora = cfg.trainer.lora  # adapters on the model; only they train
+    model: torch.nn.Module = base if lora is None else wrap(base, lora)
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     learner = GRPOLearner(
         model, cfg.trainer, temperature=cfg.rollout.temperature, pad_id=int(pad),
@@ -78,7 +81,7 @@ def build_learner(
     ckpt_path, ckpt_step = resume_point(run_dir, chain, target)
     if ckpt_step > 0:
         ckpt = load_checkpoint(ckpt_path)
-        model.load_state_dict(ckpt.model_state)
+        learner.load_model_state(ckpt.model_state)
         if ckpt.optimizer_state is not None:
             learner.optimizer.load_state_dict(ckpt.optimizer_state)
         learner.steps = ckpt_step

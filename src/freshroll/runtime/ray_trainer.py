@@ -108,13 +108,13 @@ class _TrainerActor:
         return (metrics, digest, time.perf_counter() - t0), _detached(self.learner)
 
     def state(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        return self.learner.model.state_dict(), self.learner.optimizer.state_dict()
+        return self.learner.model_state(), self.learner.optimizer.state_dict()
 
 
 def _detached(learner: GRPOLearner) -> dict[str, torch.Tensor]:
     """The weights to publish: serialised as the call returns, before the next step runs
     (an actor runs one call at a time), so no copy is needed."""
-    return {k: v.detach() for k, v in learner.model.state_dict().items()}
+    return learner.published_state()
 
 
 @dataclass

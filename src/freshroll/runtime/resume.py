@@ -89,6 +89,7 @@ RULES: Final[Mapping[str, Rule]] = {
     "trainer.bf16": "explicit",         # other arithmetic: other weights
     "trainer.checkpoint_every": "free",
     "trainer.keep_checkpoints": "free",
+    "trainer.lora": "never",            # the model's structure: which weights a step trains
     # failure and time limits: how the run reacts, not what it trains
     "limits": "free",
 }

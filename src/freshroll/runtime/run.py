@@ -223,7 +223,7 @@ _CLEAR = "\x1b[K"  # erase to the end of the line: a shorter redraw leaves nothi
 
 def learner_state(learner: GRPOLearner) -> TrainerState:
     """The checkpoint state of a learner in this process."""
-    return lambda: (learner.model.state_dict(), learner.optimizer.state_dict())
+    return lambda: (learner.model_state(), learner.optimizer.state_dict())
 
 
 def checkpoint_error(target: Path, exc: OSError) -> StorageError:
@@ -367,7 +367,7 @@ def build_components(
     scorer: ThreadScorer | RayScorer = inline
     channel: WeightChannel | None = None
     if runtime == "process":  # weights once per version into shared memory (unlinked at close)
-        channel = WeightChannel.create(learner.model.state_dict(),
+        channel = WeightChannel.create(learner.published_state(),
                                        wait_s=cfg.limits.weights_timeout_s + 5.0, run_dir=out)
         publish = channel.publish
     elif runtime == "ray":  # private: in RUN_DIR/ray.json

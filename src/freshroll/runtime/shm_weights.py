@@ -216,7 +216,7 @@ class WeightChannel:
 
     def publish(self, learner: Any) -> SlotHandle:
         """Copy ``learner.model``'s weights into the next slot (a ThreadTrainer ``publish``)."""
-        return self.write(learner.model.state_dict())
+        return self.write(learner.published_state())
 
     def write(self, state: Mapping[str, torch.Tensor]) -> SlotHandle:
         seq = self._seq + 1

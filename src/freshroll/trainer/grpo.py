@@ -42,9 +42,16 @@ from typing import Any
 import torch
 
 from freshroll.config import TrainerSection
+from freshroll.engines.lora_merge import adapter_bytes
 from freshroll.errors import ConfigError, NonFiniteStep
 from freshroll.lineage import digest_json
 from freshroll.trainer.accum import combine_metrics, micro_slices, micro_weight
+from freshroll.trainer.lora import (
+    adapter_state,
+    checkpoint_state,
+    is_lora,
+    load_checkpoint_state,
+)
 from freshroll.trainer.losses import (
     LossConfig,
     entropy_from_logits,
@@ -111,7 +118,7 @@ _NOT_TRAINING_MATH = {"on_nonfinite"}
 #: trainer keys added after runs had recorded settings digests: at these defaults they are
 #: left out of the digest, so the steps of an earlier run still match theirs on --resume
 _OMITTED_AT_DEFAULT: dict[str, object] = {"lr_schedule": "constant", "warmup_steps": 0,
-                                          "grad_accum": 1, "bf16": False}
+                                          "grad_accum": 1, "bf16": False, "lora": None}
 
 
 def settings_digest(cfg: TrainerSection, temperature: float, total_steps: int | None) -> str:
@@ -170,8 +177,10 @@ class GRPOLearner:
             correction=cfg.correction, is_cap=cfg.is_cap, kl_coef=cfg.kl_coef,
             max_completion_len=max_new_tokens,
         )
+        # every parameter, or a LoRA model's adapters alone (freshroll.trainer.lora.wrap)
         self.optimizer = torch.optim.AdamW(
-            model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay
+            [p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
+            weight_decay=cfg.weight_decay,
         )
         self.ref = copy.deepcopy(model).eval() if cfg.kl_coef > 0 else None
         # on_nonfinite decides what happens to a step that is never applied: not a setting
@@ -250,6 +259,7 @@ class GRPOLearner:
             adv_abs_mean=float(adv.abs().mean()), lag_mean=sum(lags) / len(lags),
             lag_max=float(max(lags)), samples=float(len(samples)),
             tokens=total_tokens, train_s=time.perf_counter() - t0,
+            weights_bytes=float(adapter_bytes(self.published_state())),
         )
         return metrics
 
@@ -279,9 +289,29 @@ class GRPOLearner:
         device = next(self.model.parameters()).device.type
         return torch.autocast(device, dtype=torch.bfloat16, enabled=self.cfg.bf16)
 
+    def published_state(self) -> dict[str, torch.Tensor]:
+        """What workers load each version, as detached views: the state dict, or a LoRA
+        model's adapters alone (:func:`freshroll.trainer.lora.adapter_state`)."""
+        if is_lora(self.model):
+            return adapter_state(self.model)
+        return {k: v.detach() for k, v in self.model.state_dict().items()}
+
     def weights(self) -> dict[str, torch.Tensor]:
-        """A detached copy of the weights, to publish to inference workers."""
-        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        """A detached copy of :meth:`published_state`, to publish to inference workers."""
+        return {k: v.clone() for k, v in self.published_state().items()}
+
+    def model_state(self) -> dict[str, torch.Tensor]:
+        """The model tensors a checkpoint stores: all, or a LoRA model's adapters."""
+        if is_lora(self.model):
+            return checkpoint_state(self.model)
+        return self.model.state_dict()
+
+    def load_model_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Load a :meth:`model_state` (from a checkpoint)."""
+        if is_lora(self.model):
+            load_checkpoint_state(self.model, state)
+        else:
+            self.model.load_state_dict(state)
 
     def optimizer_state(self) -> dict[str, Any]:
         return self.optimizer.state_dict()

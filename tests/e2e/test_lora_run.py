@@ -1,0 +1,137 @@
+"""A real ``trainer.lora`` run: it trains, publishes only the adapter each version (bytes per
+version measured), verifies, resumes after a SIGKILL and exports merged or adapter-only."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from e2e_helpers import freshroll, metrics, summary
+from transformers import AutoModelForCausalLM
+
+from freshroll.errors import ConfigError
+from freshroll.runtime.export import export_model
+from freshroll.trainer.lora import merged_copy
+
+pytestmark = pytest.mark.slow
+
+LORA = ("trainer.lora.r=4", "trainer.lora.alpha=8",
+        "trainer.lora.target_modules=[q_proj,v_proj,down_proj]")
+IDS = torch.tensor([[1, 5, 6, 7, 8, 9]])
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("lora") / "run"
+    freshroll("run", "configs/smoke.yaml", "run.steps=4", "run.progress=false",
+              "trainer.checkpoint_every=2", "trainer.lr=0.01", *LORA, "--out", str(out))
+    return out
+
+
+def _adapter_bytes() -> int:
+    # 2 layers x (q_proj [64->64], v_proj [64->64 (4 kv heads x 16)], down_proj [128->64]),
+    # each A [4, in] + B [out, 4] in float32, plus the scale
+    per_layer = (4 * 64 + 64 * 4) * 2 + (4 * 128 + 64 * 4)
+    return (2 * per_layer + 1) * 4
+
+
+def test_lora_run_publishes_only_the_adapter(run_dir: Path, tmp_path: Path) -> None:
+    rows = metrics(run_dir)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert {r["weights_bytes"] for r in rows} == {_adapter_bytes()}
+    s = summary(run_dir)
+    assert s["weights_bytes_mean"] == _adapter_bytes() and s["weight_loads"] >= 3
+    freshroll("verify", str(run_dir))
+    # the checkpoints hold the adapters (and their optimizer state) alone
+    from safetensors.torch import load_file
+
+    ckpt = load_file(run_dir / "checkpoints" / "step-000004" / "model.safetensors")
+    assert ckpt and all("lora_" in k for k in ckpt)
+    full = tmp_path / "full"
+    freshroll("run", "configs/smoke.yaml", "run.steps=1", "run.progress=false",
+              "--out", str(full))
+    assert metrics(full)[0]["weights_bytes"] > 20 * _adapter_bytes()
+
+
+def test_export_merged_and_adapter_only(run_dir: Path, tmp_path: Path) -> None:
+    from peft import PeftModel
+
+    from freshroll.buffer import KernelConfig, replay_ledger
+    from freshroll.clock import RealClock
+    from freshroll.config import read_yaml, validate
+    from freshroll.ledger import LEDGER_FILE, Ledger
+    from freshroll.runtime.learner import build_learner
+
+    done = export_model(run_dir, tmp_path / "merged")
+    freshroll("export-model", str(run_dir), str(tmp_path / "adapter"), "--adapter-only")
+    assert (tmp_path / "adapter" / "adapter_config.json").is_file()
+    assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file()
+    assert json.loads((tmp_path / "merged" / "freshroll_export.json").read_text())["lora"] \
+        == "merged"
+    # the trainer's merged model at the same step, rebuilt from checkpoint + ledger
+    cfg = validate(read_yaml(run_dir / "config.yaml"), "config")
+    kernel = KernelConfig(cfg.run.max_staleness, cfg.rollout.batch_groups, cfg.rollout.group_size)
+    with Ledger(run_dir / LEDGER_FILE, readonly=True) as ledger:
+        buf = replay_ledger(ledger, kernel, RealClock())
+        learner = build_learner(cfg, run_dir / "model", buf, run_dir, quiet=True)
+    trainer_merged = merged_copy(learner.model).eval()
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged", local_files_only=True)
+    base = AutoModelForCausalLM.from_pretrained(run_dir / "model", local_files_only=True)
+    adapted = PeftModel.from_pretrained(base, tmp_path / "adapter").eval()
+    with torch.no_grad():
+        want = trainer_merged(input_ids=IDS).logits
+        assert torch.equal(merged(input_ids=IDS).logits, want)
+        torch.testing.assert_close(adapted(input_ids=IDS).logits, want, atol=1e-5, rtol=0)
+        initial = AutoModelForCausalLM.from_pretrained(run_dir / "model", local_files_only=True)
+        assert not torch.allclose(initial(input_ids=IDS).logits, want)  # it did train
+    assert done.step == 4
+
+
+def test_adapter_only_of_a_full_run_is_refused(tmp_path: Path) -> None:
+    full = tmp_path / "full"
+    freshroll("run", "configs/smoke.yaml", "run.steps=1", "run.progress=false",
+              "--out", str(full))
+    with pytest.raises(ConfigError, match=r"--adapter-only: .*\(no trainer\.lora\)"):
+        export_model(full, tmp_path / "x", adapter_only=True)
+
+
+def test_lora_resumes_after_a_sigkill_and_verifies(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "run"
+    # killed while the step-2 checkpoint is written: the resume replays from the initial
+    # model (the adapters' fixed init) and the digests must match the ledger's
+    monkeypatch.setenv("FRESHROLL_CRASH_AT", "checkpoint")
+    proc = freshroll("run", "configs/smoke.yaml", "run.steps=4", "run.progress=false",
+                     "trainer.checkpoint_every=2", *LORA, "--out", str(out),
+                     subprocess=True, check=False)
+    assert proc.returncode != 0
+    monkeypatch.delenv("FRESHROLL_CRASH_AT")
+    assert "FRESHROLL_CRASH_AT" not in os.environ
+    freshroll("run", "--resume", str(out), "run.steps=5", "run.progress=false")
+    assert [r["step"] for r in metrics(out)][-1] == 5
+    freshroll("verify", str(out))
+    # the LoRA settings cannot change within a run
+    proc = freshroll("run", "--resume", str(out), "run.steps=6", "trainer.lora.r=8",
+                     check=False)
+    assert proc.returncode != 0 and "trainer.lora" in proc.stdout + proc.stderr
+
+
+def test_lora_under_process_placement(tmp_path: Path) -> None:
+    out = tmp_path / "proc"
+    freshroll("run", "configs/smoke.yaml", "run.steps=2", "run.progress=false",
+              "run.runtime=process", "rollout.workers=2", *LORA, "--out", str(out))
+    assert {r["weights_bytes"] for r in metrics(out)} == {_adapter_bytes()}
+    freshroll("verify", str(out))
+
+
+@pytest.mark.vllm
+def test_lora_with_vllm_merges_on_the_driver(tmp_path: Path) -> None:
+    pytest.importorskip("vllm")
+    out = tmp_path / "vllm"
+    freshroll("run", "configs/vllm.yaml", "run.steps=2", "run.progress=false", *LORA,
+              "--out", str(out))
+    assert {r["weights_bytes"] for r in metrics(out)} == {_adapter_bytes()}
+    freshroll("verify", str(out))
