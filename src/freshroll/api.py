@@ -61,6 +61,8 @@ class GRPOTrainer:
     :class:`~freshroll.config.Config`, a mapping of freshroll keys (nested sections or dotted
     keys, as the command line's ``key=value``), or a YAML file (the same file ``freshroll
     run`` takes). ``output_dir``: the run directory (default ``runs/python``).
+    ``peft_config``: a ``peft.LoraConfig`` (or a mapping of ``trainer.lora``'s keys): LoRA,
+    as TRL's ``peft_config`` (:func:`lora_section`).
     """
 
     def __init__(
@@ -73,6 +75,7 @@ class GRPOTrainer:
         processing_class: Any = None,
         reward_weights: Sequence[float] | None = None,
         output_dir: str | Path | None = None,
+        peft_config: Any = None,
     ) -> None:
         self.output_dir = Path(output_dir) if output_dir is not None else Path("runs/python")
         data = _config_data(args)
@@ -83,6 +86,8 @@ class GRPOTrainer:
             data["rewards"] = _reward_entries(reward_funcs, reward_weights)
         elif reward_weights is not None:
             raise ConfigError("reward_weights: given without reward_funcs")
+        if peft_config is not None:
+            data.setdefault("trainer", {})["lora"] = lora_section(peft_config)
         inputs = self.output_dir.resolve() / INPUTS
         if self._model is not None:
             data.setdefault("model", {})["path"] = str(inputs / "model")
@@ -171,6 +176,49 @@ def _yaml(value: Any) -> str:
 
     text: str = yaml.safe_dump(value, default_flow_style=True, width=1 << 30).strip()
     return text.removesuffix("\n...").strip()
+
+
+#: ``peft.LoraConfig`` fields -> ``trainer.lora`` keys
+_PEFT_FIELDS = {"r": "r", "lora_alpha": "alpha", "lora_dropout": "dropout",
+                "target_modules": "target_modules"}
+
+
+def lora_section(peft_config: Any) -> dict[str, Any]:
+    """``trainer.lora`` from TRL's ``peft_config``: a ``peft.LoraConfig`` (its ``r``,
+    ``lora_alpha``, ``lora_dropout`` and ``target_modules``; any other field set away from
+    peft's default is refused, naming it: freshroll would not apply it) or a mapping of
+    ``trainer.lora``'s own keys."""
+    if isinstance(peft_config, Mapping):
+        return dict(peft_config)
+    try:
+        from peft import LoraConfig
+    except ImportError as exc:  # pragma: no cover - peft is a dependency
+        raise ConfigError(f"peft_config: peft is not installed ({exc})") from exc
+    if not isinstance(peft_config, LoraConfig):
+        raise ConfigError(f"peft_config: expected a peft.LoraConfig or a mapping of "
+                          f"trainer.lora keys, got {type(peft_config).__name__}")
+    default = LoraConfig()
+    ignored = {"task_type", "inference_mode", "peft_type", "base_model_name_or_path",
+               "revision", "auto_mapping", "bias"}
+    unsupported = sorted(
+        k for k, v in vars(peft_config).items()
+        if k not in _PEFT_FIELDS and k not in ignored and not k.startswith("_")
+        and v != getattr(default, k, v))
+    if peft_config.bias != "none":
+        unsupported.append("bias")
+    if unsupported:
+        raise ConfigError(f"peft_config: {', '.join(unsupported)} set, which freshroll's LoRA "
+                          "does not apply (it takes r, lora_alpha, lora_dropout and "
+                          "target_modules)")
+    out: dict[str, Any] = {"r": peft_config.r, "alpha": peft_config.lora_alpha,
+                           "dropout": peft_config.lora_dropout}
+    targets = peft_config.target_modules
+    if targets is not None:
+        if isinstance(targets, str):
+            raise ConfigError(f"peft_config.target_modules: a regular expression "
+                              f"({targets!r}) is not supported; give a list of names")
+        out["target_modules"] = sorted(targets)
+    return out
 
 
 def _model_input(model: Any, tokenizer: Any, data: dict[str, Any]) -> tuple[Any, Any] | None:

@@ -171,3 +171,22 @@ def test_a_script_without_a_main_guard_runs_with_worker_processes(tmp_path: Path
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and len(lines) == 1, proc.stdout + proc.stderr
     assert json.loads(lines[0].removeprefix("RESULT ")) == {"ok": True, "steps": 2}
+
+
+def test_peft_config_is_trainer_lora(tmp_path: Path) -> None:
+    from peft import LoraConfig
+
+    trainer = GRPOTrainer(
+        peft_config=LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, task_type="CAUSAL_LM",
+                               target_modules=["v_proj", "q_proj"]),
+        args={**FAST, "run.steps": 1, "task.n_prompts": 32}, output_dir=tmp_path / "run")
+    lora = trainer.config.trainer.lora
+    assert lora is not None and (lora.r, lora.alpha, lora.target_modules) == (
+        4, 8.0, ["q_proj", "v_proj"])
+    assert trainer.train(stream=io.StringIO()).ok
+    assert GRPOTrainer(peft_config={"r": 2}).config.trainer.lora.r == 2  # type: ignore[union-attr]
+    for bad, said in [(LoraConfig(use_dora=True), "use_dora set"),
+                      (LoraConfig(target_modules=".*proj"), "a regular expression"),
+                      ("lora", "expected a peft.LoraConfig")]:
+        with pytest.raises(ConfigError, match=said):
+            GRPOTrainer(peft_config=bad)
