@@ -119,10 +119,17 @@ def test_lora_resumes_after_a_sigkill_and_verifies(tmp_path: Path,
     assert proc.returncode != 0 and "trainer.lora" in proc.stdout + proc.stderr
 
 
-def test_lora_under_process_placement(tmp_path: Path) -> None:
-    out = tmp_path / "proc"
+@pytest.mark.parametrize("placement", [
+    ("run.runtime=process",),
+    pytest.param(("run.runtime=ray", "ray.trainer=actor"), marks=pytest.mark.ray),
+], ids=["process", "ray-actor"])
+def test_lora_under_process_and_ray_placements(tmp_path: Path,
+                                                placement: tuple[str, ...]) -> None:
+    """Each worker process (or Ray actor) merges the published adapter into its own base;
+    under ray.trainer: actor the learner that wraps the model lives in an actor too."""
+    out = tmp_path / "run"
     freshroll("run", "configs/smoke.yaml", "run.steps=2", "run.progress=false",
-              "run.runtime=process", "rollout.workers=2", *LORA, "--out", str(out))
+              *placement, "rollout.workers=2", *LORA, "--out", str(out))
     assert {r["weights_bytes"] for r in metrics(out)} == {_adapter_bytes()}
     freshroll("verify", str(out))
 
