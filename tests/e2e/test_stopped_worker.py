@@ -27,6 +27,8 @@ import pytest
 from e2e_helpers import OFFLINE, REPO, freshroll, metrics
 
 BOUND_S = 6
+#: enough steps after the first that the stop lands while the run trains, not as it closes
+STEPS = 12
 
 
 def _workers(run: psutil.Process, runtime: str) -> list[psutil.Process]:
@@ -59,7 +61,7 @@ def test_a_stopped_worker_is_said_bounded_and_replaced(tmp_path: Path, small: li
                                                        runtime: str):
     out = tmp_path / "run"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "freshroll.cli", "run", *small, "run.steps=6",
+        [sys.executable, "-m", "freshroll.cli", "run", *small, f"run.steps={STEPS}",
          f"run.runtime={runtime}", "rollout.workers=2", f"limits.generate_timeout_s={BOUND_S}",
          f"limits.weights_timeout_s={BOUND_S}", "limits.heartbeat_s=1", "--out", str(out)],
         cwd=REPO, env={**os.environ, **OFFLINE},
@@ -68,14 +70,19 @@ def test_a_stopped_worker_is_said_bounded_and_replaced(tmp_path: Path, small: li
     stopped: list[psutil.Process] = []
     try:
         deadline = time.monotonic() + 180
+        # the workers are found once they are up, then stopped the moment the first step
+        # commits: a step of this run takes a fraction of a second, so a search for them
+        # after the first step (slow under load) could find the run already closing
+        found: list[psutil.Process] = []
         while time.monotonic() < deadline and proc.poll() is None:
-            if (out / "metrics.jsonl").is_file() and metrics(out):
-                stopped = _workers(psutil.Process(proc.pid), runtime)
-                if len(stopped) == 2:  # every worker: the run waits on them, bounded
-                    for p in stopped:
-                        p.send_signal(signal.SIGSTOP)  # as `kill -STOP`
-                    break
-            time.sleep(0.1)
+            if len(found) < 2:
+                found = _workers(psutil.Process(proc.pid), runtime)
+            elif (out / "metrics.jsonl").is_file() and metrics(out):
+                stopped = found  # every worker: the run waits on them, bounded
+                for p in stopped:
+                    p.send_signal(signal.SIGSTOP)  # as `kill -STOP`
+                break
+            time.sleep(0.02)
         assert len(stopped) == 2, f"not two worker processes while training: {stopped}"
         _, err = proc.communicate(timeout=240)
     finally:
@@ -99,6 +106,6 @@ def test_a_stopped_worker_is_said_bounded_and_replaced(tmp_path: Path, small: li
     assert re.search(rf"recovered from {losses} inference worker losses \({losses} timeout\), "
                      rf"replaced; {summary['reissued_attempts']} attempts re-issued; first "
                      r"loss: w\d epoch \d+ timeout: WorkerTimeout: ", err), err
-    assert len(metrics(out)) == 6
+    assert len(metrics(out)) == STEPS
     verified = freshroll("verify", str(out))
     assert verified.returncode == 0 and "closed" in verified.stdout

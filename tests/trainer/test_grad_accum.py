@@ -57,8 +57,9 @@ def test_accumulated_gradients_and_step_equal_the_whole_batch(settings: dict[str
     for accum in (1, 2, 3, 4, 6, 50):  # 4: micro-batches cut through groups; 50 > B
         learner = _learner(accum, **settings)
         metrics = learner.step(samples)
-        grads = [p.grad.clone() for p in learner.model.parameters() if p.grad is not None]
-        weights = [p.detach().clone() for p in learner.model.parameters()]
+        trained = [p for p in learner.model.parameters() if p.grad is not None]
+        grads = [p.grad.clone() for p in trained]
+        weights = [p.detach().clone() for p in trained]
         runs[accum] = (metrics, grads, weights)
     whole, whole_grads, whole_weights = runs[1]
     assert whole["loss"] != 0.0 and whole["mismatch_kl"] > 0.0  # off-policy, not trivial
@@ -67,9 +68,12 @@ def test_accumulated_gradients_and_step_equal_the_whole_batch(settings: dict[str
         for g, w in zip(grads, whole_grads, strict=True):
             assert torch.allclose(g, w, atol=1e-6, rtol=1e-5), accum
         # AdamW's first step moves a weight by lr * g / (|g| + 1e-8): float noise on a
-        # gradient near 1e-8 (attention weights of a tiny model) moves it by a sliver of lr
-        for p, q in zip(weights, whole_weights, strict=True):
-            assert torch.allclose(p, q, atol=1e-2 * learner.cfg.lr), accum
+        # gradient near 1e-8 (attention weights of a tiny model) moves it by up to lr, so the
+        # steps are compared where the whole batch's gradient is well above that epsilon
+        for g, p, q in zip(whole_grads, weights, whole_weights, strict=True):
+            firm = g.abs() > 1e-5
+            assert torch.allclose(p[firm], q[firm], atol=1e-3 * learner.cfg.lr), accum
+        assert sum(int((g.abs() > 1e-5).sum()) for g in whole_grads) > 1000
         for key, value in whole.items():
             if key != "train_s":
                 assert metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-7), (accum, key)
