@@ -59,6 +59,7 @@ from freshroll.lineage import (
     RequestId,
     SampleId,
     group_id,
+    payload_digest,
     request_of,
     sample_id,
 )
@@ -341,6 +342,7 @@ class SampleBuffer(BufferState):
         event = ev.Generated(
             ts=self.clock.now(), sample=sample, tokens=tokens, gen_s=gen_s,
             last_version=None if last_version is None else str(last_version),
+            payload_digest=None if payload is None else payload_digest(payload),
         )
         if self.closed:
             self._refuse(event)
@@ -559,10 +561,10 @@ class SampleBuffer(BufferState):
 
     def record(
         self, event: ev.WeightsLoaded | ev.FaultInjected | ev.WorkerReady | ev.ControllerDecided
-        | ev.TrainerRestarted | ev.ModeDecided,
+        | ev.TrainerRestarted | ev.ModeDecided | ev.CheckpointSaved,
     ) -> None:
         """Append an audit event (weights loaded, fault, worker ready, controller decision,
-        trainer restarted);
+        trainer restarted, checkpoint saved);
         only a decision is kept, as :attr:`decision` (a resume restores its settings)."""
         self._emit(event)
 

@@ -108,6 +108,8 @@ class Generated(Event, frozen=True, tag="generated"):
     tokens: int
     gen_s: float  # generation time measured on the worker
     last_version: str | None = None  # set when tokens span a weight update
+    #: digest of the payload stored with it (``lineage.payload_digest``); None: no payload
+    payload_digest: str | None = None
 
 
 class Rewarded(Event, frozen=True, tag="rewarded"):
@@ -173,6 +175,16 @@ class Committed(Event, frozen=True, tag="committed"):
     train_s: float = 0.0
     #: the step's trainer metrics (loss, reward_mean, ...); a non-finite value is ``None``
     metrics: dict[str, float | None] = {}
+
+
+class CheckpointSaved(Event, frozen=True, tag="checkpoint_saved"):
+    """The checkpoint of policy step ``step`` (``checkpoints/step-NNNNNN``) was written,
+    before that step's ``committed``: ``files`` maps each of its files to its sha256 hex
+    (``lineage.file_digests``), which verify re-reads."""
+
+    step: int
+    version: str
+    files: dict[str, str]
 
 
 class Discarded(Event, frozen=True, tag="discarded"):
@@ -287,7 +299,8 @@ class ModeDecided(Event, frozen=True, tag="mode_decided"):
 
 AnyEvent = (
     Opened | PolicyPublished | Requested | WorkerStarted | WorkerFenced | Started | Generated
-    | Rewarded | Ready | Leased | LeaseReleased | Committed | StepSkipped | Discarded | Rejected
+    | Rewarded | Ready | Leased | LeaseReleased | Committed | CheckpointSaved | StepSkipped
+    | Discarded | Rejected
     | WeightsLoaded | FaultInjected | Closed | RunConfig | SettingsChanged | WorkerReady
     | ControllerDecided | TrainerRestarted | ModeDecided
 )

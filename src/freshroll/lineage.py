@@ -31,6 +31,7 @@ import json
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NewType, cast
 
 from freshroll.errors import LineageError
@@ -50,6 +51,26 @@ def digest_of(*parts: str | bytes) -> str:
         h.update(len(data).to_bytes(8, "little"))
         h.update(data)
     return h.hexdigest()[:DIGEST_LEN]
+
+
+def payload_digest(data: bytes) -> str:
+    """The digest a ``generated`` event records of its sample's payload (the ledger's
+    ``payloads`` row): verify binds each stored payload to its sample with it."""
+    return digest_of("payload", data)
+
+
+def file_digests(directory: Path) -> dict[str, str]:
+    """``{file name: sha256 hex}`` of every plain file directly in ``directory`` (a
+    checkpoint's: the ``checkpoint_saved`` event records them, verify re-reads them)."""
+    out = {}
+    for path in sorted(directory.iterdir()):
+        if path.is_file():
+            h = hashlib.sha256()
+            with path.open("rb") as fh:
+                while chunk := fh.read(1 << 20):
+                    h.update(chunk)
+            out[path.name] = h.hexdigest()
+    return out
 
 
 def digest_json(obj: Any) -> str:

@@ -111,7 +111,7 @@ class BufferState:
             ev.WeightsLoaded: _noop, ev.FaultInjected: _noop, ev.StepSkipped: _noop,
             ev.Closed: self._on_closed, ev.RunConfig: _noop, ev.SettingsChanged: _noop,
             ev.WorkerReady: _noop, ev.ControllerDecided: self._on_decided,
-            ev.TrainerRestarted: _noop, ev.ModeDecided: _noop,
+            ev.TrainerRestarted: _noop, ev.ModeDecided: _noop, ev.CheckpointSaved: _noop,
         }
 
     @property

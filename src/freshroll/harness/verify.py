@@ -35,6 +35,11 @@ accounting     ``counts.json`` equals the recount; ``summary.json`` equals the s
                with an open ledger ``counts.json`` and ``summary.json`` (written at
                the end of a run) are not checked, and ``metrics.jsonl`` may lack the
                row of the last commit (a kill between the commit and the row's write)
+files          every payload, checkpoint and ``config.yaml`` is bound to the ledger: a
+               payload has the digest its ``generated`` event recorded; a checkpoint's
+               ``meta.json`` names the committed version of its step and its files have
+               the sha256 its ``checkpoint_saved`` recorded; ``config.yaml`` is the newest
+               ``run_config`` (:mod:`freshroll.harness.files`)
 =============  =====================================================================
 
 The legal orders of worker epochs: :meth:`~freshroll.buffer.SampleBuffer.register_worker`
@@ -54,6 +59,7 @@ from typing import Any
 
 from freshroll import events as ev
 from freshroll.errors import LedgerError, LineageError
+from freshroll.harness.files import FileBindings, check_checkpoints, check_config, check_payloads
 from freshroll.ledger import LEDGER_FILE, Ledger
 from freshroll.lineage import PolicyVersion, RewardVersion, policy_step
 
@@ -62,7 +68,7 @@ METRICS_FILE = "metrics.jsonl"
 
 INVARIANTS = (
     "conservation", "duplicates", "loss", "unexpected", "freshness", "fencing", "lineage",
-    "accounting",
+    "accounting", "files",
 )
 
 
@@ -404,16 +410,23 @@ class LedgerPass:
     report: Report
     recount: Counter[str]
     fold: Any
+    files: FileBindings = field(default_factory=FileBindings)
 
 
 def check_ledger(run_dir: str | Path, *, allow_open: bool = False) -> LedgerPass:
     """Read ``run_dir``'s ledger once: check its invariants and fold its figures."""
     from freshroll.runtime.summary import SummaryFold
 
-    fold = SummaryFold()
+    fold, files = SummaryFold(), FileBindings()
+
+    def also(e: ev.Event) -> None:
+        fold.feed(e)
+        files.feed(e)
+
     with Ledger(Path(run_dir) / LEDGER_FILE, readonly=True) as ledger:
-        report, recount = verify_events(ledger.events(), allow_open=allow_open, also=fold.feed)
-    return LedgerPass(report, recount, fold)
+        report, recount = verify_events(ledger.events(), allow_open=allow_open, also=also)
+        check_payloads(files, ledger, report.add)
+    return LedgerPass(report, recount, fold, files)
 
 
 def check_files(
@@ -435,6 +448,8 @@ def check_files(
         _check_summary(report, run_dir / SUMMARY_FILE, passed.fold)
         _note_overlap(report, run_dir, passed.fold)
     _check_rows(report, run_dir / METRICS_FILE, passed.fold.rows)
+    check_checkpoints(passed.files, run_dir, report.add, report.notes)
+    check_config(passed.files, run_dir, report.closed, report.add, report.notes)
     return report
 
 

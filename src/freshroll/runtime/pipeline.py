@@ -142,6 +142,9 @@ class Pipeline:
     on_mode: Callable[[Switch], None] = _say_mode
     #: a heartbeat line ("waiting 60 s on w0 generate, limit 600 s"; module docstring)
     on_wait: Callable[[str], None] = _say_wait
+    #: the ``checkpoint_saved`` record of a step whose ``before_commit`` wrote a checkpoint
+    #: (None: none was due); recorded here, on the loop, so it is durable with the commit
+    checkpointed: Callable[[int], ev.CheckpointSaved | None] = lambda step: None
     controller: Controller | None = None
     published: Published | None = None
     budget: FailureBudget = field(default_factory=FailureBudget)
@@ -282,6 +285,9 @@ class Pipeline:
             child = parent.child(lease.samples, trainer.settings_digest, digest)
             with self._trainer_wait(f"checkpoint of step {step}"):
                 await trainer.before_commit(child)
+            saved = self.checkpointed(child.step)
+            if saved is not None:
+                buf.record(saved)
             version = buf.commit(
                 lease.id, trainer.settings_digest, weights_digest=digest,
                 train_s=metrics["train_s"], metrics=metrics,

@@ -52,8 +52,9 @@ from freshroll.clock import Clock, RealClock, VirtualClock
 from freshroll.config import Config, read_yaml, validate
 from freshroll.engines.base import InferenceEngine
 from freshroll.errors import ConfigError, Interrupted, StorageError
+from freshroll.events import CheckpointSaved
 from freshroll.ledger import RESERVE_BYTES, Ledger, open_ledger
-from freshroll.lineage import PolicyVersion
+from freshroll.lineage import PolicyVersion, file_digests
 from freshroll.metrics import Tally
 from freshroll.runtime.adapters import (
     Publish,
@@ -109,6 +110,7 @@ class Recorder:
                  evaluator: Evaluator | None = None) -> None:
         self.run_dir, self.cfg, self.buf, self.stream = run_dir, cfg, buf, stream
         self.tally, self.seq = Tally(), 0
+        self._saved: dict[int, CheckpointSaved] = {}  # step -> its checkpoint's record
         self._line = ""  # the progress line drawn in place on a terminal, if any
         self.pace = Pace(cfg.run.steps)  # steps/s and the time left, for the progress line
         # eval.jsonl (freshroll.runtime.evaluation): its columns join their steps' rows
@@ -153,9 +155,18 @@ class Recorder:
             )
         except OSError as exc:  # disk full, read-only, ...: the step is not committed
             raise checkpoint_error(target, exc) from exc
+        # recorded by the pipeline, on its loop (this runs on the trainer's thread), before
+        # the step's commit: durable with it; verify binds the files to the ledger with it
+        self._saved[version.step] = CheckpointSaved(
+            ts=self.buf.clock.now(), step=version.step, version=str(version),
+            files=file_digests(target))
         keep = self.cfg.trainer.keep_checkpoints
         for old in sorted(root.glob("step-*"))[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
+
+    def checkpointed(self, step: int) -> CheckpointSaved | None:
+        """The record of the checkpoint :meth:`before_commit` wrote for ``step``, if any."""
+        return self._saved.pop(step, None)
 
     def on_step(self, r: StepReport) -> None:
         for row in with_eval(self._fold(), self.evals):
@@ -535,7 +546,7 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
         pipe = Pipeline(
             buf, parts.engine_factory, parts.scorer, parts.trainer,
             {p.prompt_id: p for p in prompts}, order, cfg, on_step=rec.on_step,
-            on_wait=rec.on_wait,
+            on_wait=rec.on_wait, checkpointed=rec.checkpointed,
         )
         if chaos is not None:
             pipe.hooks = chaos.hooks

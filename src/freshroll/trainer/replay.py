@@ -24,7 +24,7 @@ from freshroll import events as ev
 from freshroll.buffer import SampleBuffer
 from freshroll.errors import LineageError
 from freshroll.ledger import Ledger
-from freshroll.lineage import PolicyVersion
+from freshroll.lineage import PolicyVersion, payload_digest
 from freshroll.runtime import payload as pl
 from freshroll.trainer.grpo import GRPOLearner, TrainSample
 
@@ -54,6 +54,26 @@ def train_samples(buf: SampleBuffer, samples: Sequence[str], consumer: int) -> l
             p.prompt_ids, p.token_ids, p.logprobs, reward, groups.setdefault(gid, len(groups)),
             consumer - step,
         ))
+    return out
+
+
+def altered_payloads(ledger: Ledger, samples: Sequence[str]) -> list[str]:
+    """``samples`` whose stored payload is missing or does not have the digest its
+    ``generated`` event recorded, each as "sample: why" (events without a digest: unchecked)."""
+    wanted = set(samples)
+    recorded = {e.sample: e.payload_digest for _, e in ledger.events()
+                if isinstance(e, ev.Generated) and e.sample in wanted
+                and e.payload_digest is not None}
+    out = []
+    for sid in samples:
+        want = recorded.get(sid)
+        if want is None:
+            continue
+        data = ledger.payload(sid)
+        if data is None:
+            out.append(f"{sid}: payload missing")
+        elif payload_digest(data) != want:
+            out.append(f"{sid}: payload digest {payload_digest(data)}, recorded {want}")
     return out
 
 
@@ -87,6 +107,15 @@ def replay(
     assert buf.version is not None
     n = 0
     last = buf.version.step if to_step is None else to_step
+    # the inputs first: a sample altered after it was recorded is named as such (a sample of
+    # zero advantage changes no weight, so the digests below could not see it)
+    altered = altered_payloads(buf.ledger, [s for k in range(from_step + 1, last + 1)
+                                            for s in chain[k].samples])
+    if altered:
+        raise LineageError(
+            f"replaying steps {from_step + 1}-{last}: the ledger's stored samples were altered "
+            f"after they were recorded ({'; '.join(altered[:3])}"
+            f"{'; ...' if len(altered) > 3 else ''}); freshroll verify names them all")
     for step in range(from_step + 1, last + 1):
         c = chain[step]
         if before_step is not None:
@@ -96,7 +125,8 @@ def replay(
         if c.version.weights_digest is not None and got != c.version.weights_digest:
             raise LineageError(
                 f"replaying step {step} gave weights {got}, but the ledger committed "
-                f"{c.version.weights_digest}: training is not deterministic here "
+                f"{c.version.weights_digest}, and every sample it trained on matches its "
+                "recorded digest: training is not deterministic here "
                 "(different torch threads or build?); set trainer.checkpoint_every=1"
             )
         n += 1

@@ -1,0 +1,184 @@
+"""verify's ``files`` invariant: every file of a run directory that training read or wrote is
+bound to the ledger, so an edit made after the fact is a named violation.
+
+==============  =============================================================================
+what            bound by
+==============  =============================================================================
+payloads        each ``generated`` event records its payload's digest
+                (:func:`~freshroll.lineage.payload_digest`); the ledger's ``payloads`` row of
+                that sample must exist and have that digest: a payload deleted, altered, or
+                swapped with another sample's (within a batch or across steps) fails
+checkpoints     each ``checkpoints/step-NNNNNN`` directory: its ``meta.json`` names that step
+                and the version the ledger committed at it (the version carries the weights
+                digest); each file the step's ``checkpoint_saved`` event lists is present with
+                its recorded sha256 (weights, optimizer state, meta, manifest), and no other
+                file is there
+config.yaml     equals the config of the newest ``run_config`` event (the config in force)
+==============  =============================================================================
+
+Where a closed run's checkpoint has no ``checkpoint_saved`` record and the run records none
+at all (written before this check existed), its files are not checked (a note says so); a
+checkpoint of a step never committed (a kill between its write and its commit) is noted. With
+an open ledger a ``config.yaml`` that differs is noted, not failed: a start or resume killed
+between writing it and opening the ledger leaves it so, and the next resume records it.
+
+Reads only the ledger's payloads, the directory's files and JSON: no model, no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from freshroll import events as ev
+from freshroll.ledger import Ledger
+from freshroll.lineage import file_digests, payload_digest, policy_step
+
+INVARIANT = "files"
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+class FileBindings:
+    """What the ledger records of the run directory's files, folded from its events."""
+
+    def __init__(self) -> None:
+        self.payloads: dict[str, str] = {}  # sample -> its payload's digest
+        self.versions: dict[int, str] = {}  # step -> the version committed at it
+        self.saved: dict[int, ev.CheckpointSaved] = {}  # step -> its newest record
+        self.config: str | None = None  # the newest run_config's canonical JSON
+
+    def feed(self, e: ev.Event) -> None:
+        if isinstance(e, ev.Generated):
+            if e.payload_digest is not None:
+                self.payloads[e.sample] = e.payload_digest
+        elif isinstance(e, ev.Committed):
+            self.versions[policy_step(e.version)] = e.version
+        elif isinstance(e, ev.CheckpointSaved):
+            self.saved[e.step] = e
+        elif isinstance(e, ev.RunConfig):
+            self.config = e.config
+
+
+def check_payloads(bindings: FileBindings, ledger: Ledger, add: Any) -> None:
+    """Every recorded payload digest against the ledger's ``payloads`` table."""
+    stored = ledger.payloads()
+    owner = {d: s for s, d in bindings.payloads.items()}  # digest -> the sample it belongs to
+    for sample, want in bindings.payloads.items():
+        data = stored.get(sample)
+        if data is None:
+            add(INVARIANT, f"ledger.sqlite payloads: {sample}'s payload is missing (its "
+                           f"generated event recorded digest {want})")
+        elif (got := payload_digest(data)) != want:
+            other = owner.get(got)
+            how = (f"it holds {other}'s payload: swapped" if other is not None
+                   else "altered") + " after it was stored"
+            add(INVARIANT, f"ledger.sqlite payloads: {sample}'s payload has digest {got}, its "
+                           f"generated event recorded {want} ({how})")
+
+
+def check_checkpoints(bindings: FileBindings, run_dir: Path, add: Any,
+                      notes: list[str]) -> None:
+    """Every ``checkpoints/step-*`` directory against the committed versions and records."""
+    root = run_dir / "checkpoints"
+    if not root.is_dir():
+        return
+    unbound = []
+    for d in sorted(root.iterdir()):
+        found = _STEP_DIR.match(d.name)
+        if found is None or not d.is_dir():
+            continue
+        step, where = int(found.group(1)), f"checkpoints/{d.name}"
+        committed = bindings.versions.get(step)
+        if committed is None:
+            notes.append(f"{where}: step {step} was never committed (a kill between the "
+                         "checkpoint's write and its commit); a resume trains it again")
+            continue
+        _check_meta(d / "meta.json", where, step, committed, add)
+        record = bindings.saved.get(step)
+        if record is None:
+            if bindings.saved:
+                add(INVARIANT, f"{where}: the ledger records no checkpoint_saved for step "
+                               f"{step} (a checkpoint it never wrote)")
+            else:
+                unbound.append(d.name)
+            continue
+        if record.version != committed:
+            add(INVARIANT, f"{where}: its checkpoint_saved names version {record.version}, "
+                           f"the ledger committed {committed} at step {step}")
+        have = file_digests(d)
+        for name, want in sorted(record.files.items()):
+            got = have.get(name)
+            if got is None:
+                add(INVARIANT, f"{where}/{name}: missing (the ledger recorded sha256 {want})")
+            elif got != want:
+                add(INVARIANT, f"{where}/{name}: sha256 {got}, the ledger recorded {want} "
+                               "(altered after it was written)")
+        for name in sorted(set(have) - set(record.files)):
+            add(INVARIANT, f"{where}/{name}: not a file the checkpoint was written with")
+    if unbound:
+        notes.append(f"checkpoint files not checked ({', '.join(unbound)}): the run records "
+                     "no checkpoint_saved (written before verify bound them); meta.json checked")
+
+
+def _check_meta(path: Path, where: str, step: int, committed: str, add: Any) -> None:
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        add(INVARIANT, f"{where}/meta.json: missing")
+        return
+    except (OSError, ValueError) as exc:
+        add(INVARIANT, f"{where}/meta.json: unreadable ({exc})")
+        return
+    if not isinstance(meta, dict) or meta.get("step") != step:
+        got = meta.get("step") if isinstance(meta, dict) else meta
+        add(INVARIANT, f"{where}/meta.json: step {got!r}, the directory is step {step}")
+    elif meta.get("version") != committed:
+        add(INVARIANT, f"{where}/meta.json: version {meta.get('version')!r}, the ledger "
+                       f"committed {committed} at step {step}")
+
+
+def check_config(bindings: FileBindings, run_dir: Path, closed: bool, add: Any,
+                 notes: list[str]) -> None:
+    """``config.yaml`` against the newest ``run_config`` event."""
+    path = run_dir / "config.yaml"
+    if bindings.config is None:
+        return
+    try:
+        saved = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        add(INVARIANT, "config.yaml: missing (the ledger records the config in force)")
+        return
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        add(INVARIANT, f"config.yaml: unreadable ({exc})")
+        return
+    recorded = json.loads(bindings.config)
+    if saved == recorded:
+        return
+    keys = ", ".join(_differing(saved, recorded)) or "its layout"
+    if closed:
+        add(INVARIANT, f"config.yaml: differs from the config the ledger recorded for the "
+                       f"run ({keys}): edited after the run")
+    else:
+        notes.append(f"config.yaml differs from the recorded config ({keys}): a start or "
+                     "resume stopped before it opened the ledger; the next resume records it")
+
+
+def _differing(a: Any, b: Any, prefix: str = "") -> list[str]:
+    """The dotted keys at which two config mappings differ (at most 5)."""
+    if not (isinstance(a, dict) and isinstance(b, dict)):
+        return [prefix or "(whole)"] if a != b else []
+    out = []
+    for key in sorted(set(a) | set(b), key=str):
+        where = f"{prefix}.{key}" if prefix else str(key)
+        if key not in a or key not in b:
+            out.append(where)
+        else:
+            out += _differing(a[key], b[key], where)
+    return out[:5]
+
+
+__all__ = ["INVARIANT", "FileBindings", "check_checkpoints", "check_config", "check_payloads"]
