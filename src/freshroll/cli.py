@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -448,6 +449,37 @@ def export_model(run_dir: Path, out: Path, step: int | None, adapter_only: bool)
     done = do_export(run_dir, out, step, adapter_only=adapter_only)
     how = f", {done.replayed} steps replayed from the ledger" if done.replayed else ""
     click.echo(f"exported step {done.step} ({done.version}{how}) to {done.out}")
+
+
+@main.command("export-samples", epilog=EXIT_STATUSES)
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True,
+              help="Output file: .parquet, or .jsonl for JSON lines (must not exist).")
+def export_samples(run_dir: Path, output: Path) -> None:
+    """Write every generated sample of RUN_DIR (tokens, text, behaviour log-probs, rewards
+    and their version, policy version, worker, the step that trained on it) to one table:
+    pandas.read_parquet(OUT) or datasets.load_dataset("parquet", data_files=OUT)
+    (columns: docs/guide.md, section 7b)."""
+    from freshroll.report.samples import export_samples as do_export
+
+    t0 = time.perf_counter()
+    n = do_export(run_dir, output)
+    click.echo(f"wrote {n} samples to {output} in {time.perf_counter() - t0:.1f} s")
+
+
+@main.command("lineage", epilog=EXIT_STATUSES)
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.argument("ident", metavar="ID")
+@click.option("--json", "as_json", is_flag=True, help="Print the answer as JSON.")
+def lineage_cmd(run_dir: Path, ident: str, as_json: bool) -> None:
+    """Where ID came from, from RUN_DIR's ledger. ID: a sample (g4.0#2) or request (g4.0):
+    its attempts (worker, epoch, policy version, timings, fence), reward and reward version,
+    the step that trained on it; a policy version (p6-3acd..., p6, or a step: 6): its chain,
+    the batch it was trained on (versions, lags, reward versions), its checkpoint."""
+    from freshroll.report.provenance import lineage, render
+
+    info = lineage(run_dir, ident)
+    click.echo(json.dumps(info, indent=1) if as_json else render(info))
 
 
 @main.group(cls=_Freshroll)

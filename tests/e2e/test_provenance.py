@@ -1,8 +1,14 @@
-"""``verify`` covers every file of a finished run directory (issue 29, item 4): each of the
-tamperings that passed it before fails it, under the ``files`` invariant alone, naming the
-file and the sample or step; an untampered run checks every payload and checkpoint.
+"""The provenance of a finished run directory (issue 29):
 
-One real run (the embedded default, hf engine, async, a checkpoint every 2 steps) is copied
+* ``verify`` covers every file (item 4): each of the tamperings that passed it before fails
+  it, under the ``files`` invariant alone, naming the file and the sample or step; an
+  untampered run checks every payload and checkpoint;
+* ``export-samples`` (item 1): every generated sample as one Parquet table, equal to the
+  ledger;
+* ``lineage`` (item 2): a sample's attempts and the step that trained on it; a version's
+  chain, batch and checkpoint.
+
+One real run (the embedded default, hf engine, async, a checkpoint every 2 steps), copied
 for each tampering."""
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import yaml
 from e2e_helpers import freshroll
 
 from freshroll.harness.verify import verify_run
+from freshroll.report.provenance import lineage
 
 pytestmark = pytest.mark.slow
 
@@ -194,3 +201,66 @@ def test_a_replay_over_an_altered_sample_blames_the_data_not_the_kernels(
     assert f"stored samples were altered after they were recorded ({b}: payload digest" \
         in proc.stderr, proc.stderr
     assert "not deterministic" not in proc.stderr
+
+
+def test_export_samples_is_the_ledger_as_a_table(finished: Path, tmp_path: Path) -> None:
+    import pandas as pd
+
+    from freshroll.runtime import payload as pl
+
+    out = tmp_path / "samples.parquet"
+    proc = freshroll("export-samples", str(finished), "-o", str(out))
+    assert "wrote" in proc.stdout
+    frame = pd.read_parquet(out)
+    db = _db(finished)
+    try:
+        generated = db.execute("SELECT count(*) FROM events WHERE kind='generated'").fetchone()
+        committed = [s for (body,) in db.execute(
+            "SELECT body FROM events WHERE kind='committed'") for s in json.loads(body)["samples"]]
+        sid = committed[5]
+        (data,), = db.execute("SELECT data FROM payloads WHERE sample=?", (sid,)).fetchall()
+        (reward, version), = db.execute(
+            "SELECT json_extract(body,'$.reward'), json_extract(body,'$.reward_version') FROM "
+            "events WHERE kind='rewarded' AND json_extract(body,'$.sample')=?", (sid,)).fetchall()
+    finally:
+        db.close()
+    assert len(frame) == generated[0]
+    assert sorted(frame[frame.outcome == "committed"]["sample"]) == sorted(committed)
+    row = frame.set_index("sample").loc[sid]
+    p = pl.decode(data)
+    assert list(row.completion_ids) == list(p.token_ids) and row.completion == p.text
+    assert list(row.logprobs) == pytest.approx(list(p.logprobs))
+    assert list(row.prompt_ids) == list(p.prompt_ids) and row.prompt.startswith("rev ")
+    assert row.reward == reward and row.reward_version == version
+    assert row.consumed_step >= 1 and row.lag == row.consumed_step - 1 - row.policy_step
+    assert json.loads(row.rewards) == {"reverse": reward}
+    # datasets reads it too, and a second export refuses to replace the first
+    from datasets import Dataset
+
+    assert Dataset.from_parquet(str(out)).num_rows == len(frame)
+    again = freshroll("export-samples", str(finished), "-o", str(out), check=False)
+    assert again.returncode == 2 and "already exists" in again.stderr
+
+
+def test_lineage_of_a_sample_and_of_its_step(finished: Path) -> None:
+    sid = _batch(finished, 3)[2]
+    info = lineage(finished, sid)
+    (attempt,) = info["attempts"]
+    assert attempt["sample"] == sid and attempt["ended"] == "committed"
+    assert attempt["step"] == 3 and attempt["consumed_by"].startswith("p3-")
+    assert attempt["policy_version"].startswith(("p1-", "p2-"))
+    assert attempt["reward_version"].startswith("r:reverse:")
+    text = freshroll("lineage", str(finished), sid).stdout
+    assert f"attempt {sid}: committed at step 3 -> p3-" in text
+    version = freshroll("lineage", str(finished), "4", "--json").stdout
+    v = json.loads(version)
+    assert v["step"] == 4 and len(v["chain"]) == 5 and v["chain"][-1].startswith("p0-")
+    assert [b["sample"] for b in v["batch"]] == _batch(finished, 4)
+    assert v["checkpoint"] == {"path": "checkpoints/step-000004", "holds": True,
+                               "recorded": True}
+    assert sum(v["reward_versions"].values()) == len(v["batch"])
+    five = lineage(finished, "p5")
+    assert five["checkpoint"]["path"] == "checkpoints/step-000004"
+    assert five["checkpoint"]["replay_steps"] == 1
+    bad = freshroll("lineage", str(finished), "g999.0#1", check=False)
+    assert bad.returncode == 2 and "not in this run's ledger" in bad.stderr
