@@ -177,6 +177,7 @@ def run(config: Path | None, overrides: tuple[str, ...], out: Path | None,
 
 def _print_result(result: RunResult) -> None:
     from freshroll.runtime.segments import render_segments
+    from freshroll.runtime.summary import render_reward_versions
     from freshroll.runtime.verdict import recovery_line, render
 
     s = result.summary
@@ -189,6 +190,9 @@ def _print_result(result: RunResult) -> None:
     segments = render_segments(s.get("segments") or [])  # a resumed run, segment by segment
     if segments:
         click.echo(segments, err=True)
+    rewards = render_reward_versions(s.get("reward_versions"))
+    if rewards:
+        click.echo(rewards, err=True)
     click.echo(
         f"run dir {result.run_dir}\n"
         f"steps {s['steps']}  accepted rollouts/s {s['accepted_rollouts_per_s']:.1f}  "

@@ -104,6 +104,12 @@ class RunSection(_Section):
         "(a thread probe: all the cores where they make a step's work >= 1.15x faster, else "
         "the cores shared among the run's compute processes; printed at start, docs/overlap.md)"
     )
+    reward_versions: Literal["allow_change", "single"] = Field(
+        "allow_change", description="a --resume whose reward functions changed (an edited "
+        "reward file: a new reward version). allow_change: it continues, says so and records "
+        "the change in the ledger (lineage and the report show both versions); single: it is "
+        "refused (one reward version per run)"
+    )
     runtime: Literal["auto", "inline", "process", "ray"] = Field(
         "auto", description="where workers run. inline: threads of this process; process: "
         "each worker a child process, weights in shared memory; ray: workers, rewards and "

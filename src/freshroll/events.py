@@ -251,6 +251,8 @@ class RunConfig(Event, frozen=True, tag="run_config"):
     config: str  # canonical JSON of the resolved config
     config_digest: str
     model_digest: str
+    #: the reward set's version in force from ``step`` on (None: written before it was)
+    reward_version: str | None = None
 
 
 class SettingsChanged(Event, frozen=True, tag="settings_changed"):

@@ -200,11 +200,15 @@ def _header(run: RunData, baseline: RunData | None) -> str:
 
 
 def _segments_html(run: RunData) -> str:
-    """A resumed run segment by segment (:mod:`freshroll.runtime.segments`); empty for one."""
+    """A resumed run segment by segment (:mod:`freshroll.runtime.segments`), and the reward
+    versions of one trained under several; empty for one segment of one version."""
     from freshroll.runtime.segments import render_segments
+    from freshroll.runtime.summary import render_reward_versions
 
     segments = run.summary.get("segments")
     text = render_segments(segments) if isinstance(segments, list) else ""
+    text = "\n".join(x for x in (text, render_reward_versions(
+        run.summary.get("reward_versions"))) if x)
     if not text:
         return ""
     return ('<div class="notes segments">'

@@ -94,6 +94,8 @@ def prepare_run_dir(
         changes: list[Change] = []
         if resume:
             hist, changes = _check_resume(cfg, out, digest, allow_change)
+            changes += reward_change(hist, str(rewards.version), cfg.run.reward_versions,
+                                     str(out))
         if lock is None:
             lock = lock_run_dir(out)
             check_out_dir(out, resume=False)  # another process may have started it meanwhile
@@ -232,6 +234,21 @@ def _check_vllm(cfg: Config, path: Path, pending: tuple[Any, Any] | None) -> Non
         except (OSError, ValueError) as exc:
             raise ConfigError(f"model {path}: cannot read config.json ({exc})") from exc
     check_config(cfg, config, where, embedded=pending is not None)
+
+
+def reward_change(hist: History, now: str, policy: str, where: str) -> list[Change]:
+    """A resume under another reward version than the ledger's last (``run.reward_versions``):
+    refused under ``single``; else the change ``rewards.version``, printed and recorded in the
+    ledger with the resume's settings changes."""
+    if hist.reward_version is None or hist.reward_version == now:
+        return []
+    if policy == "single":
+        raise ResumeError(
+            f"{where}: the reward functions changed since the run's last start (reward version "
+            f"{hist.reward_version} -> {now}) and run.reward_versions is single: undo the edit, "
+            "start a new run (another --out), or resume with run.reward_versions=allow_change "
+            "to continue under both (recorded in the ledger)")
+    return [Change("rewards.version", hist.reward_version, now, "free")]
 
 
 def _check_resume(

@@ -53,6 +53,7 @@ RULES: Final[Mapping[str, Rule]] = {
     "run.torch_threads": "free",
     "run.runtime": "free",           # where workers run, not what they compute
     "run.progress": "free",
+    "run.reward_versions": "free",   # what a resume may do, not what a step computes
     "run.ray_address": "free",       # which cluster, not what it computes
     # the model, the task and the rewards define what the ledger's samples are
     "model": "never",
@@ -224,6 +225,7 @@ class History:
     initial_version: str | None = None  # step 0's policy version
     step: int = 0  # the last committed step
     config: dict[str, Any] | None = None  # the last run_config's config
+    reward_version: str | None = None  # the last run_config's (None: not recorded)
     opened: ev.Opened | None = None  # the last opened event
     #: committed step -> (config in force when it was trained, or None, its settings digest)
     steps: dict[int, tuple[dict[str, Any] | None, str]] = field(default_factory=dict)
@@ -253,6 +255,7 @@ def history(events: Iterable[ev.Event]) -> History:
             h.opened = e
         elif isinstance(e, ev.RunConfig):
             h.config = json.loads(e.config)
+            h.reward_version = e.reward_version
         elif isinstance(e, ev.Committed):
             h.step = policy_step(e.version)
             h.steps[h.step] = (h.config, e.settings_digest)
@@ -266,7 +269,7 @@ def canonical(config: Mapping[str, Any]) -> str:
 
 def announce(
     config: Mapping[str, Any], changes: Iterable[Change], allow: Collection[str], *,
-    step: int, model_digest: str, ts: float,
+    step: int, model_digest: str, ts: float, reward_version: str | None = None,
 ) -> list[ev.RunConfig | ev.SettingsChanged]:
     """The events a start or resume writes with its ``opened``: the changes, then the config."""
     out: list[ev.RunConfig | ev.SettingsChanged] = []
@@ -280,7 +283,8 @@ def announce(
         ))
     text = canonical(config)
     out.append(ev.RunConfig(
-        ts=ts, step=step, config=text, config_digest=digest_of(text), model_digest=model_digest
+        ts=ts, step=step, config=text, config_digest=digest_of(text), model_digest=model_digest,
+        reward_version=reward_version,
     ))
     return out
 

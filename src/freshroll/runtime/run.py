@@ -522,6 +522,7 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
         announce=announce(
             asked.model_dump(mode="json"), prep.changes, prep.allow_change, step=step,
             model_digest=prep.model_digest, ts=clock.now(),
+            reward_version=str(prep.rewards.version),
         ),
     )
     order = [p.prompt_id for p in prompts]

@@ -29,6 +29,7 @@ from freshroll.events import (
     RunConfig,
 )
 from freshroll.ledger import LEDGER_FILE, Ledger
+from freshroll.lineage import policy_step
 from freshroll.metrics import Tally, jsonable, summary_figures
 from freshroll.runtime.metrics_log import read_rows, write_atomic
 from freshroll.runtime.overlap import OverlapFold
@@ -104,6 +105,45 @@ def discard_bias(events: Iterable[Any]) -> dict[str, Any]:
     return fold.result()
 
 
+class RewardVersions:
+    """Which reward versions scored the committed samples: ``{version: {"samples": n,
+    "first_step": a, "last_step": b}}``, in the order versions first trained. More than one:
+    the reward functions changed within the run (``run.reward_versions``)."""
+
+    KINDS: ClassVar = (Rewarded, Committed)
+
+    def __init__(self) -> None:
+        self.of: dict[str, str] = {}  # sample -> reward version, until it is committed
+        self.seen: dict[str, dict[str, int]] = {}
+
+    def feed(self, e: Any) -> None:
+        if isinstance(e, Rewarded):
+            self.of[e.sample] = e.reward_version
+            return
+        step = policy_step(e.version)
+        for s in e.samples:
+            version = self.of.pop(s, None)
+            if version is None:
+                continue
+            entry = self.seen.setdefault(version, {"samples": 0, "first_step": step,
+                                                   "last_step": step})
+            entry["samples"] += 1
+            entry["last_step"] = step
+
+    def result(self) -> dict[str, dict[str, int]]:
+        return {v: dict(x) for v, x in self.seen.items()}
+
+
+def render_reward_versions(versions: Any) -> str:
+    """The line a run trained under more than one reward version prints (empty for one)."""
+    if not isinstance(versions, dict) or len(versions) < 2:
+        return ""
+    parts = [f"{v} (steps {x['first_step']}-{x['last_step']}, {x['samples']} samples)"
+             for v, x in versions.items()]
+    return (f"reward versions: {len(versions)}, the reward functions changed within the run: "
+            + "; ".join(parts) + " (freshroll lineage RUN_DIR STEP shows each batch's)")
+
+
 class SummaryFold:
     """Everything ``summary.json`` (and the report's ledger figures) is computed from, folded
     one event at a time: the :class:`~freshroll.metrics.Tally` (and the ``metrics.jsonl`` rows
@@ -122,6 +162,7 @@ class SummaryFold:
         self.bias = DiscardBias()
         self.spans = SpanFold()
         self.verdict = VerdictFold()
+        self.reward_versions = RewardVersions()
         self.overlap = OverlapFold()
         self.segments = SegmentFold(self.tally, self.overlap)  # fed before the two above
         self.requests = 0  # admitted requests (sum of the groups' sizes)
@@ -147,8 +188,8 @@ class SummaryFold:
     def _route(self, kind: type) -> tuple[Callable[[Any], None], ...]:
         """The folds that read events of ``kind`` (the tally reads every event)."""
         route: list[Callable[[Any], None]] = [self.segments.feed, self._tally]
-        route += [f.feed for f in (self.bias, self.spans, self.verdict, self.overlap)
-                  if kind in f.KINDS]
+        route += [f.feed for f in (self.bias, self.spans, self.verdict, self.overlap,
+                                   self.reward_versions) if kind in f.KINDS]
         if kind in (Requested, Opened, Closed):
             route.append(self._lifecycle)
         if kind is RunConfig:
@@ -205,6 +246,7 @@ class SummaryFold:
             "verdict": self.verdict.result(),
             "overlap": self.overlap.result(self.tally),
             "segments": self.segments.result(),
+            "reward_versions": self.reward_versions.result(),
         })
         return summary
 
