@@ -471,6 +471,28 @@ def export_samples(run_dir: Path, output: Path) -> None:
     click.echo(f"wrote {n} samples to {output} in {time.perf_counter() - t0:.1f} s")
 
 
+@main.command("replay", epilog="""\b
+Exit statuses:
+  0    every replayed step's weights and policy-version digests match the ledger
+  1    a step diverged: its cause (samples, checkpoint, settings, weights, version) is printed
+  2    usage or input error: nothing was replayed""")
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("--from", "from_step", type=int, default=0, show_default=True,
+              help="Replay from the newest checkpoint at or before this step (0: the initial "
+              "model).")
+@click.option("--to", "to_step", type=int, default=None, help="The last step (default: the "
+              "run's last).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def replay_cmd(run_dir: Path, from_step: int, to_step: int | None, as_json: bool) -> None:
+    """Train RUN_DIR's committed steps again from its ledger and check every weights and
+    policy-version digest against it; the first divergence is named with its likely cause."""
+    from freshroll.runtime.replay_run import replay_run
+
+    result = replay_run(run_dir, from_step, to_step)
+    click.echo(json.dumps(result.to_json(), indent=1) if as_json else result.render())
+    sys.exit(0 if result.ok else 1)
+
+
 @main.command("lineage", epilog=EXIT_STATUSES)
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.argument("ident", metavar="ID")

@@ -68,3 +68,13 @@ def check_killed_and_resumed(r: CaseResult) -> None:
     assert list((run_dir / "checkpoints").glob("step-*"))  # real checkpoints were written
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == REAL_WORKLOAD["run"]["steps"]
+
+
+def check_replays(r: CaseResult) -> None:
+    """``freshroll replay`` of a real run reproduces every committed digest from its initial
+    model (issue 29, item 3): here a run SIGKILLed and resumed."""
+    from freshroll.runtime.replay_run import replay_run
+
+    result = replay_run(r.run_dir)
+    assert result.ok, result.render()
+    assert result.from_step == 0 and result.steps == result.to_step == REAL_WORKLOAD["run"]["steps"]

@@ -19,7 +19,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from real_cases import check_finished_clean, check_killed_and_resumed, events, run_real_cases
+from real_cases import (
+    check_finished_clean,
+    check_killed_and_resumed,
+    check_replays,
+    events,
+    run_real_cases,
+)
 
 from freshroll.chaos.result import CaseResult
 
@@ -60,3 +66,8 @@ def test_the_ray_stall_is_fenced_and_its_late_results_rejected(cases: dict[str, 
     rejected = [s for (s, why) in events(run_dir, "rejected", "sample", "reason")
                 if why == "fenced"]
     assert rejected, "the zombie's late results never reached the buffer"
+
+
+def test_a_killed_and_resumed_run_replays_to_every_committed_digest(
+        cases: dict[str, CaseResult]):
+    check_replays(cases["process-killed"])

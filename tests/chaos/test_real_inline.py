@@ -11,7 +11,7 @@ runs them:
 from __future__ import annotations
 
 import pytest
-from real_cases import check_finished_clean, check_killed_and_resumed, run_real_cases
+from real_cases import check_finished_clean, check_killed_and_resumed, check_replays, run_real_cases
 
 from freshroll.chaos.result import CaseResult
 
@@ -42,3 +42,8 @@ def test_inline_skips_the_faults_that_need_a_restarted_engine(
 def test_a_real_sigkill_then_a_resume_from_the_ledger_and_checkpoints(
         cases: tuple[dict[str, CaseResult], str]):
     check_killed_and_resumed(cases[0]["process-killed"])
+
+
+def test_a_killed_and_resumed_run_replays_to_every_committed_digest(
+        cases: tuple[dict[str, CaseResult], str]):
+    check_replays(cases[0]["process-killed"])

@@ -6,7 +6,9 @@
 * ``export-samples`` (item 1): every generated sample as one Parquet table, equal to the
   ledger;
 * ``lineage`` (item 2): a sample's attempts and the step that trained on it; a version's
-  chain, batch and checkpoint.
+  chain, batch and checkpoint;
+* ``replay`` (item 3): every digest reproduced from the initial model or a checkpoint, and
+  an altered sample or checkpoint named as the cause of the divergence.
 
 One real run (the embedded default, hf engine, async, a checkpoint every 2 steps), copied
 for each tampering."""
@@ -264,3 +266,43 @@ def test_lineage_of_a_sample_and_of_its_step(finished: Path) -> None:
     assert five["checkpoint"]["replay_steps"] == 1
     bad = freshroll("lineage", str(finished), "g999.0#1", check=False)
     assert bad.returncode == 2 and "not in this run's ledger" in bad.stderr
+
+
+def test_replay_reproduces_every_digest_of_a_process_placement_run(finished: Path) -> None:
+    from freshroll.runtime.replay_run import replay_run
+
+    host = json.loads((finished / "summary.json").read_text())["host"]
+    assert host["placement"]["runtime"] == "process"  # auto on 2 cores: workers in children
+    whole = replay_run(finished)
+    assert whole.ok and (whole.from_step, whole.to_step, whole.steps) == (0, 6, 6)
+    assert whole.replay_s_per_step is not None and whole.train_s_per_step is not None
+    tail = freshroll("replay", str(finished), "--from", "5", "--json")
+    got = json.loads(tail.stdout)
+    assert got["ok"] and got["from_step"] == 4 and got["steps"] == 2  # from step-000004
+    text = freshroll("replay", str(finished), "--to", "3").stdout
+    assert "replay: steps 1-3 from the initial model" in text and "every weights" in text
+
+
+def test_replay_names_an_altered_sample_or_checkpoint_as_the_cause(finished: Path,
+                                                                   tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    a, b = _batch(run, 3)[0], _batch(run, 5)[0]
+    _swap(run, a, b)
+    proc = freshroll("replay", str(run), check=False)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "replay: DIVERGED at step 3 (samples)" in proc.stdout and a in proc.stdout
+    assert "steps 1-2 from the initial model matched (2 steps" in proc.stdout
+    _swap(run, a, b)  # put back; now a checkpoint
+    _flip_two_bytes_of(run / "checkpoints" / "step-000004" / "model.safetensors")
+    proc = freshroll("replay", str(run), "--from", "5", check=False)
+    assert proc.returncode == 1
+    assert "DIVERGED at step 4 (checkpoint): checkpoints/step-000004 holds weights" \
+        in proc.stdout, proc.stdout
+
+
+def _flip_two_bytes_of(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    for at in (len(data) // 2, len(data) - 7):
+        data[at] ^= 0xFF
+    path.write_bytes(bytes(data))

@@ -74,7 +74,7 @@ def build_learner(
     target = buf.version.step if to_step is None else to_step
     if target == 0:
         return learner
-    recorded = _recorded_configs(hist)
+    recorded = recorded_configs(hist)
     if learner.ref is None and any(c.trainer.kl_coef > 0 for c in recorded.values()):
         learner.ref = copy.deepcopy(model).eval()  # type: ignore[no-untyped-call]  # initial model
     chain = committed_chain(buf.ledger)
@@ -129,7 +129,7 @@ class Heartbeat:
             sys.stderr.flush()
 
 
-def _recorded_configs(hist: History | None) -> dict[str, Config]:
+def recorded_configs(hist: History | None) -> dict[str, Config]:
     """Every config the ledger recorded for a committed step, by its canonical JSON."""
     out: dict[str, Config] = {}
     for config, _ in (hist.steps.values() if hist else ()):
