@@ -150,7 +150,7 @@ def replay_run(run_dir: Path, from_step: int = 0, to_step: int | None = None,
         learner, _ = new_learner(cfg, source)
         recorded = recorded_configs(hist)
         if learner.ref is None and any(c.trainer.kl_coef > 0 for c in recorded.values()):
-            learner.ref = copy.deepcopy(learner.model).eval()  # type: ignore[no-untyped-call]
+            learner.ref = copy.deepcopy(learner.model).eval()
         ckpt_path, start = resume_point(run_dir, chain, from_step)
 
         def result(steps: int, spent: float, divergence: Divergence | None) -> ReplayResult:
