@@ -53,7 +53,7 @@ def export_model(run_dir: Path, out: Path, step: int | None = None, *,
     from freshroll.engines.tiny import model_digest
     from freshroll.ledger import LEDGER_FILE, Ledger
     from freshroll.lineage import PolicyVersion
-    from freshroll.runtime.learner import build_learner, resume_point
+    from freshroll.runtime.learner import build_learner, initial_model_dir, resume_point
     from freshroll.runtime.prepare import _quiet_transformers
     from freshroll.runtime.resume import history
     from freshroll.trainer.lora import is_lora, merged_copy
@@ -68,9 +68,7 @@ def export_model(run_dir: Path, out: Path, step: int | None = None, *,
         raise ConfigError(f"--adapter-only: {run_dir} trained every weight (no trainer.lora); "
                           "export it without --adapter-only")
     _quiet_transformers()
-    source = Path(cfg.model.path) if cfg.model.path is not None else run_dir / "model"
-    if not (source / "config.json").is_file():
-        raise RunDirError(f"{source}: the run's initial model is missing (no config.json)")
+    source = initial_model_dir(cfg, run_dir)
     kernel = KernelConfig(cfg.run.max_staleness, cfg.rollout.batch_groups, cfg.rollout.group_size)
     with Ledger(run_dir / LEDGER_FILE, readonly=True) as ledger:
         buf = replay_ledger(ledger, kernel, RealClock())

@@ -18,7 +18,7 @@ import torch
 from freshroll.buffer import SampleBuffer
 from freshroll.config import Config, validate
 from freshroll.engines.model_dir import loading_model
-from freshroll.errors import LineageError, ResumeError
+from freshroll.errors import LineageError, ResumeError, RunDirError
 from freshroll.runtime.resume import History, canonical
 from freshroll.runtime.waits import seconds
 from freshroll.trainer.checkpoint import load_checkpoint
@@ -38,6 +38,24 @@ def resume_point(run_dir: Path, chain: dict[int, CommittedStep], step: int) -> t
         if 0 < s <= step and str(chain[s].version) == meta.get("version"):
             return path, s
     return Path(), 0
+
+
+def initial_model_dir(cfg: Config, run_dir: Path) -> Path:
+    """The run's initial model: ``model.path``, or the embedded one saved in ``run_dir``;
+    :class:`RunDirError` when it is gone."""
+    source = Path(cfg.model.path) if cfg.model.path is not None else run_dir / "model"
+    if not (source / "config.json").is_file():
+        raise RunDirError(f"{source}: the run's initial model is missing (no config.json)")
+    return source
+
+
+def restore(learner: GRPOLearner, path: Path, step: int) -> None:
+    """Load the checkpoint at ``path`` (of committed step ``step``) into ``learner``."""
+    ckpt = load_checkpoint(path)
+    learner.load_model_state(ckpt.model_state)
+    if ckpt.optimizer_state is not None:
+        learner.optimizer.load_state_dict(ckpt.optimizer_state)
+    learner.steps = step
 
 
 def new_learner(cfg: Config, path: Path) -> tuple[GRPOLearner, Any]:
@@ -80,11 +98,7 @@ def build_learner(
     chain = committed_chain(buf.ledger)
     ckpt_path, ckpt_step = resume_point(run_dir, chain, target)
     if ckpt_step > 0:
-        ckpt = load_checkpoint(ckpt_path)
-        learner.load_model_state(ckpt.model_state)
-        if ckpt.optimizer_state is not None:
-            learner.optimizer.load_state_dict(ckpt.optimizer_state)
-        learner.steps = ckpt_step
+        restore(learner, ckpt_path, ckpt_step)
 
     said = Heartbeat(cfg.limits.heartbeat_s, ckpt_step, target)
 

@@ -47,12 +47,13 @@ from freshroll.lineage import policy_step
 from freshroll.runtime.learner import (
     Heartbeat,
     apply_settings,
+    initial_model_dir,
     new_learner,
     recorded_configs,
+    restore,
     resume_point,
 )
 from freshroll.runtime.resume import canonical, history
-from freshroll.trainer.checkpoint import load_checkpoint
 from freshroll.trainer.replay import (
     altered_payloads,
     committed_chain,
@@ -126,9 +127,7 @@ def replay_run(run_dir: Path, from_step: int = 0, to_step: int | None = None,
     if cfg.rollout.engine == "sim":
         raise ConfigError(f"{run_dir}: a simulated run (rollout.engine sim) trains no model: "
                           "there is nothing to replay")
-    source = Path(cfg.model.path) if cfg.model.path is not None else run_dir / "model"
-    if not (source / "config.json").is_file():
-        raise RunDirError(f"{source}: the run's initial model is missing (no config.json)")
+    source = initial_model_dir(cfg, run_dir)
     from freshroll.runtime.prepare import _quiet_transformers
 
     _quiet_transformers()
@@ -161,11 +160,7 @@ def replay_run(run_dir: Path, from_step: int = 0, to_step: int | None = None,
                                 divergence)
 
         if start > 0:
-            ckpt = load_checkpoint(ckpt_path)
-            learner.load_model_state(ckpt.model_state)
-            if ckpt.optimizer_state is not None:
-                learner.optimizer.load_state_dict(ckpt.optimizer_state)
-            learner.steps = start
+            restore(learner, ckpt_path, start)
             got, want = weights_digest(learner.model), chain[start].version.weights_digest
             if want is not None and got != want:
                 return result(0, 0.0, Divergence(start, "checkpoint", (
