@@ -42,9 +42,9 @@ async def engine_figures(path: Path, n_prompts: int, new_tokens: int) -> dict[st
     from safetensors.torch import load_file
 
     from freshroll.config import VLLMSection
+    from freshroll.engines.seams import GenRequest, SamplingParams
     from freshroll.engines.vllm_engine import start_vllm_engine
     from freshroll.rewards.tasks import make_prompts
-    from freshroll.runtime.seams import GenRequest, SamplingParams
 
     section = VLLMSection(device="cuda", dtype="bfloat16", gpu_memory_utilization=0.4)
     t0 = time.perf_counter()

@@ -32,12 +32,12 @@ from freshroll.buffer import KernelConfig, SampleBuffer
 from freshroll.clock import VirtualClock
 from freshroll.config import load_config
 from freshroll.engines.base import Completion
+from freshroll.engines.seams import Emit, GenRequest, SamplingParams
 from freshroll.ledger import open_ledger
 from freshroll.lineage import PolicyVersion, RewardVersion
 from freshroll.rewards.scoring import Score
 from freshroll.rewards.tasks import make_prompts
 from freshroll.runtime.pipeline import Pipeline
-from freshroll.runtime.seams import Emit, GenRequest, SamplingParams
 from kernel_throughput import Workload, drive
 from kernel_throughput import open_buffer as kernel_buffer
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from freshroll.clock import VirtualClock
 from freshroll.engines.base import Completion
-from freshroll.runtime.seams import GenRequest, SamplingParams
+from freshroll.engines.seams import GenRequest, SamplingParams
 from freshroll.sim import PROFILES, simulate_batch
 from freshroll.sim.calibrate import Calibration, calibrate, markdown_table
 from freshroll.sim.draws import completion_lengths, prompt_lengths

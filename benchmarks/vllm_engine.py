@@ -84,8 +84,8 @@ def engine_level(model_dir: Path, lengths: list[int], reps: int) -> dict[str, An
 
     from freshroll.config import VLLMSection
     from freshroll.engines.hf import HFEngine
+    from freshroll.engines.seams import GenRequest, SamplingParams
     from freshroll.engines.vllm_engine import start_vllm_engine
-    from freshroll.runtime.seams import GenRequest, SamplingParams
 
     prompts = _prompts(N_PROMPTS)
     torch.set_num_threads(max(1, os.cpu_count() or 1))

@@ -176,9 +176,9 @@ def run(config: Path | None, overrides: tuple[str, ...], out: Path | None,
 
 
 def _print_result(result: RunResult) -> None:
-    from freshroll.runtime.segments import render_segments
-    from freshroll.runtime.summary import render_reward_versions
-    from freshroll.runtime.verdict import recovery_line, render
+    from freshroll.figures.segments import render_segments
+    from freshroll.figures.summary import render_reward_versions
+    from freshroll.figures.verdict import recovery_line, render
 
     s = result.summary
     plain = render(s["verdict"]) if "verdict" in s else ""

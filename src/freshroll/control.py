@@ -217,7 +217,7 @@ class Snapshot:
     lag_mean: float = 0.0
     lag_max: int = 0
     discards: Mapping[str, int] = field(default_factory=dict)
-    # what the engines report (runtime.seams.ReportsStats); None / 0: no engine reports
+    # what the engines report (engines.seams.ReportsStats); None / 0: no engine reports
     kv_cache_usage: float | None = None  # max over active workers, 0..1
     engine_waiting: int = 0            # sum: sequences queued inside the engines
     engine_running: int = 0            # sum: sequences the engines generate now

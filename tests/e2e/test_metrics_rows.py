@@ -16,8 +16,8 @@ import pytest
 from e2e_helpers import freshroll, metrics
 
 from freshroll import metrics as m
+from freshroll.figures.metrics_log import encode_row
 from freshroll.ledger import LEDGER_FILE, Ledger
-from freshroll.runtime.metrics_log import encode_row
 
 pytestmark = pytest.mark.slow
 

@@ -208,7 +208,7 @@ def test_a_replay_over_an_altered_sample_blames_the_data_not_the_kernels(
 def test_export_samples_is_the_ledger_as_a_table(finished: Path, tmp_path: Path) -> None:
     import pandas as pd
 
-    from freshroll.runtime import payload as pl
+    from freshroll.engines import payload as pl
 
     out = tmp_path / "samples.parquet"
     proc = freshroll("export-samples", str(finished), "-o", str(out))

@@ -1,6 +1,6 @@
 """The engine conformance suite: the rules every real engine behind the async seam obeys.
 
-One set of rules, written against :class:`freshroll.runtime.seams.AsyncEngine` only
+One set of rules, written against :class:`freshroll.engines.seams.AsyncEngine` only
 (``generate(requests, params, seed, emit)``, ``load_weights``, ``cancel``, ``close``), run on
 every model engine: an engine's test module subclasses :class:`Conformance` and provides a
 module-scoped ``eut`` fixture, an :class:`EngineUnderTest` (the engine, started once, on an
@@ -21,8 +21,8 @@ The rules (each a test):
   ``top_p < 1`` (an oracle of its own: it shares no code with freshroll's sampler). The
   mismatch KL (the trainer's k3 estimator, ``mean exp(p - b) - (p - b) - 1`` with ``p`` the
   teacher-forced and ``b`` the engine's log-prob) is bounded too.
-* **stats** (engines that report them, :class:`~freshroll.runtime.seams.ReportsStats`):
-  after a call, an :class:`~freshroll.runtime.seams.EngineStats` with sane figures.
+* **stats** (engines that report them, :class:`~freshroll.engines.seams.ReportsStats`):
+  after a call, an :class:`~freshroll.engines.seams.EngineStats` with sane figures.
 * **seeds**: the same seed and requests give the same tokens; another seed changes some.
 * **weights**: loading other weights of the same shape changes the outputs of one seed, and
   the engine's log-probs then match the new weights; loading the original back gives the
@@ -53,15 +53,15 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from freshroll.engines.base import FINISH_LENGTH, FINISH_STOP, Completion
-from freshroll.engines.tiny import build_tiny, save_tiny
-from freshroll.errors import RetryableError, Superseded, WorkerLost
-from freshroll.runtime.seams import (
+from freshroll.engines.seams import (
     AsyncEngine,
     EngineStats,
     GenRequest,
     ReportsStats,
     SamplingParams,
 )
+from freshroll.engines.tiny import build_tiny, save_tiny
+from freshroll.errors import RetryableError, Superseded, WorkerLost
 
 T = TypeVar("T")
 

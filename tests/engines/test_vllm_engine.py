@@ -19,8 +19,8 @@ import torch
 
 from freshroll.config import VLLMSection
 from freshroll.engines.base import FINISH_STOP, Completion
+from freshroll.engines.seams import GenRequest, SamplingParams
 from freshroll.errors import Superseded, WorkerLost
-from freshroll.runtime.seams import GenRequest, SamplingParams
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 T = TypeVar("T")

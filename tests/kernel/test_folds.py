@@ -1,4 +1,4 @@
-"""The one-pass folds of the end of a run (:class:`freshroll.runtime.summary.SummaryFold`,
+"""The one-pass folds of the end of a run (:class:`freshroll.figures.summary.SummaryFold`,
 :class:`~freshroll.timing.SpanFold`, ...) give the figures of the list-based readers they
 replaced, bit for bit, and keep no per-sample state past a sample's end."""
 
@@ -19,9 +19,9 @@ from freshroll import events as ev
 from freshroll import metrics as m
 from freshroll.buffer import KernelConfig
 from freshroll.clock import VirtualClock
+from freshroll.figures.summary import DiscardBias, SummaryFold, fold_events
+from freshroll.figures.verdict import VerdictFold
 from freshroll.ledger import Ledger
-from freshroll.runtime.summary import DiscardBias, SummaryFold, fold_events
-from freshroll.runtime.verdict import VerdictFold
 from freshroll.timing import STAGES, SpanFold, percentile
 
 

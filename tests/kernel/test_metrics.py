@@ -15,9 +15,9 @@ from freshroll import events as ev
 from freshroll import metrics as m
 from freshroll.buffer import KernelConfig
 from freshroll.clock import VirtualClock
+from freshroll.figures.metrics_log import encode_row, read_rows, reconcile
+from freshroll.figures.summary import summarize_events
 from freshroll.ledger import LEDGER_FILE, Ledger
-from freshroll.runtime.metrics_log import encode_row, read_rows, reconcile
-from freshroll.runtime.summary import summarize_events
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 P0, P1 = "p0-aa", "p1-bb"

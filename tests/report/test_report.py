@@ -19,12 +19,12 @@ import pytest
 
 from freshroll import events as ev
 from freshroll.buffer import KernelConfig
+from freshroll.figures.metrics_log import reconcile
 from freshroll.ledger import Ledger
 from freshroll.metrics import rows
 from freshroll.report import plots
 from freshroll.report.html import SECTIONS, load_run, write_report
-from freshroll.runtime.metrics_log import reconcile
-from freshroll.runtime.summary import write_summary
+from freshroll.runtime.endfiles import write_summary
 from kernel.kernel_driver import SimConfig, simulate
 
 FULL_IMAGES = 8  # reward x2, reward functions, lag, stages, idle, throughput, off-policy

@@ -20,13 +20,13 @@ from freshroll.clock import Clock, RealClock, VirtualClock
 from freshroll.config import Config, load_config
 from freshroll.control import Controller
 from freshroll.engines.base import Completion
+from freshroll.engines.seams import Emit, GenRequest, SamplingParams
 from freshroll.ledger import Ledger
 from freshroll.lineage import PolicyVersion, RewardVersion
 from freshroll.rewards.calling import RewardState
 from freshroll.rewards.scoring import Score
 from freshroll.rewards.tasks import Prompt, make_prompts
 from freshroll.runtime.pipeline import Pipeline, StepReport
-from freshroll.runtime.seams import Emit, GenRequest, SamplingParams
 from freshroll.state import Lease
 
 BASE = ["run.progress=false", "task.n_prompts=64", "rollout.group_size=4",

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from freshroll.config import load_config
+from freshroll.figures.summary import summarize
 from freshroll.harness.verify import verify_run
 from freshroll.ledger import Ledger
 from freshroll.runtime import run as run_mod
-from freshroll.runtime.summary import summarize
 
 SIM = ["rollout.engine=sim", "sim.clock=virtual", "run.progress=false", "run.steps=4",
        "task.n_prompts=64", "rollout.group_size=4", "rollout.batch_groups=2",

@@ -19,10 +19,10 @@ from freshroll import events as ev
 from freshroll import metrics as m
 from freshroll.config import load_config
 from freshroll.control import ControlConfig, ControllerState, Decision, Snapshot, StaticController
+from freshroll.engines.seams import EngineStats
 from freshroll.harness.verify import verify_run
 from freshroll.ledger import Ledger
 from freshroll.runtime import run as run_mod
-from freshroll.runtime.seams import EngineStats
 from freshroll.runtime.steering import Meter, control_config
 
 

@@ -13,10 +13,10 @@ from freshroll import events as ev
 from freshroll.buffer import KernelConfig, SampleBuffer
 from freshroll.clock import VirtualClock
 from freshroll.errors import StateError
+from freshroll.figures.overlap import ModeFold, render
 from freshroll.ledger import Ledger
 from freshroll.lineage import PolicyVersion
 from freshroll.runtime.fallback import FallbackConfig, FallbackProbe, Switch
-from freshroll.runtime.overlap import ModeFold, render
 
 ROLLOUTS = 16
 
@@ -159,7 +159,7 @@ def test_measured_verdict_overrides_the_estimate_in_the_summary_and_its_line():
     events.append(_decided(4, "sync", "probe", 2.0 * B, None))
     events.append(_decided(8, "sync", "chose", 2.0 * B, 2.2 * B))
     events.append(closed)
-    from freshroll.runtime.summary import fold_events
+    from freshroll.figures.summary import fold_events
 
     o = fold_events(events).summary()["overlap"]
     assert o["verdict"] == "did not pay" and o["verdict_source"] == "measured"

@@ -1,4 +1,4 @@
-"""Did asynchrony pay (:mod:`freshroll.runtime.overlap`): the verdict from a ledger's own
+"""Did asynchrony pay (:mod:`freshroll.figures.overlap`): the verdict from a ledger's own
 intervals, on synthetic ledgers of both kinds, and on one real short run."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from freshroll import events as ev
-from freshroll.runtime.overlap import intersection, overlap_with, render, slowdown, union
-from freshroll.runtime.summary import fold_events
+from freshroll.figures.overlap import intersection, overlap_with, render, slowdown, union
+from freshroll.figures.summary import fold_events
 
 B = 2  # completions per step: one group of two, one lock-step call per group
 
@@ -143,7 +143,7 @@ def test_verify_notes_a_run_whose_asynchrony_did_not_pay(tmp_path: Path):
     plainly that asynchrony did not pay, with that load."""
     from freshroll.harness.verify import verify_run
     from freshroll.ledger import open_ledger
-    from freshroll.runtime.summary import write_summary
+    from freshroll.runtime.endfiles import write_summary
 
     n = 6
     calls = [(2.0 * k, 2.0 * k + 1) for k in range(n)]

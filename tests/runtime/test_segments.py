@@ -1,4 +1,4 @@
-"""Tests for freshroll.runtime.segments: a run described segment by segment (issue 28 defect 6)."""
+"""Tests for freshroll.figures.segments: a run described segment by segment (issue 28 defect 6)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from tests.runtime.test_fallback import _decided
 from tests.runtime.test_overlap import B, _ledger
 
 from freshroll import events as ev
-from freshroll.runtime.segments import render_segments
-from freshroll.runtime.summary import fold_events
+from freshroll.figures.segments import render_segments
+from freshroll.figures.summary import fold_events
 
 
 def _shifted(events: list[ev.Event], dt: float) -> list[ev.Event]:

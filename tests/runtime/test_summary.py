@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from freshroll import events as ev
-from freshroll.runtime.summary import discard_bias
+from freshroll.figures.summary import discard_bias
 
 
 def test_discard_bias_compares_committed_and_discarded_completions():
@@ -34,8 +34,8 @@ def test_discard_bias_compares_committed_and_discarded_completions():
 def test_torn_metrics_line_is_skipped_and_cut_on_reconcile(tmp_path):
     """A kill mid-write leaves half a row; reading skips it, the next start's reconcile
     (with the ledger's rows) removes it and writes the rows that are missing."""
-    from freshroll.runtime.metrics_log import reconcile
-    from freshroll.runtime.summary import read_metrics
+    from freshroll.figures.metrics_log import reconcile
+    from freshroll.figures.summary import read_metrics
 
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1}\n{"step": 2}\n{"step": 3, "rew')

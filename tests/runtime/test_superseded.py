@@ -13,8 +13,8 @@ from async_fakes import AsyncEngine, AsyncHarness, Factory, latency
 
 from freshroll import events as ev
 from freshroll.engines.base import Completion
+from freshroll.engines.seams import Emit, GenRequest, SamplingParams
 from freshroll.errors import Superseded
-from freshroll.runtime.seams import Emit, GenRequest, SamplingParams
 
 
 class Aborts(AsyncEngine):

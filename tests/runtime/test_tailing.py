@@ -20,12 +20,12 @@ from freshroll.buffer import KernelConfig, SampleBuffer
 from freshroll.clock import VirtualClock
 from freshroll.config import Config, load_config
 from freshroll.engines.base import Completion
+from freshroll.engines.seams import Emit, GenRequest, SamplingParams
 from freshroll.harness.verify import verify_ledger
 from freshroll.ledger import Ledger
 from freshroll.lineage import PolicyVersion, request_of
 from freshroll.rewards.tasks import make_prompts
 from freshroll.runtime.pipeline import Pipeline, StepReport
-from freshroll.runtime.seams import Emit, GenRequest, SamplingParams
 from freshroll.sim.components import build_sim, sim_model_digest
 from freshroll.sim.engine import SimEngine
 

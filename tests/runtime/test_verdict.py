@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from freshroll import events as ev
-from freshroll.runtime.verdict import render, verdict
+from freshroll.figures.verdict import render, verdict
 
 
 def _opened() -> ev.Opened:

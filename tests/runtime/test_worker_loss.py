@@ -18,9 +18,9 @@ from freshroll.config import load_config
 from freshroll.engines.hf import HFEngine
 from freshroll.engines.tiny import save_tiny
 from freshroll.errors import WorkerLost
+from freshroll.figures.verdict import recovery_line
 from freshroll.harness.verify import verify_run
 from freshroll.runtime import run as run_mod
-from freshroll.runtime.verdict import recovery_line
 
 
 @pytest.mark.ray

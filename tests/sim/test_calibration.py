@@ -132,7 +132,7 @@ def engine_figures(name: str, samples: int = 8192, phases: int = 6) -> dict[str,
     import numpy as np
 
     from freshroll.clock import VirtualClock
-    from freshroll.runtime.seams import GenRequest, SamplingParams
+    from freshroll.engines.seams import GenRequest, SamplingParams
     from freshroll.sim.engine import SimEngine
     from freshroll.sim.keyed import KeyedDraws
 

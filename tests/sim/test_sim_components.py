@@ -12,17 +12,12 @@ import pytest
 from freshroll.clock import VirtualClock
 from freshroll.config import Config
 from freshroll.engines.base import Completion
+from freshroll.engines.seams import AsyncEngine, GenRequest, SamplingParams
 from freshroll.errors import ConfigError
 from freshroll.lineage import RewardVersion
 from freshroll.rewards.calling import RewardState
 from freshroll.rewards.tasks import Prompt
-from freshroll.runtime.seams import (
-    AsyncEngine,
-    AsyncScorer,
-    AsyncTrainer,
-    GenRequest,
-    SamplingParams,
-)
+from freshroll.runtime.seams import AsyncScorer, AsyncTrainer
 from freshroll.sim.components import build_sim, resolve_profile, sim_model_digest
 from freshroll.sim.engine import SimEngine
 from freshroll.sim.profiles import P2

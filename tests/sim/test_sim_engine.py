@@ -15,8 +15,8 @@ import pytest
 
 from freshroll.clock import VirtualClock
 from freshroll.engines.base import Completion
+from freshroll.engines.seams import AsyncEngine, GenRequest, SamplingParams
 from freshroll.errors import WorkerLost
-from freshroll.runtime.seams import AsyncEngine, GenRequest, SamplingParams
 from freshroll.sim.batching import Rollout, simulate_batch, simulate_rollouts
 from freshroll.sim.engine import SimEngine
 from freshroll.sim.keyed import KeyedDraws

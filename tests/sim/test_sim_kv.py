@@ -10,8 +10,8 @@ from dataclasses import replace
 import pytest
 from test_sim_engine import Arrivals, random_arrivals, req, run, small
 
+from freshroll.engines.seams import EngineStats, ReportsStats
 from freshroll.errors import ConfigError
-from freshroll.runtime.seams import EngineStats, ReportsStats
 from freshroll.sim.batching import ContinuousBatcher, Rollout, simulate_batch, simulate_rollouts
 from freshroll.sim.engine import SimEngine
 from freshroll.sim.keyed import KeyedDraws

@@ -19,11 +19,11 @@ from freshroll.buffer import KernelConfig, SampleBuffer
 from freshroll.clock import RealClock, VirtualClock
 from freshroll.config import Config
 from freshroll.engines.base import Completion
+from freshroll.engines.seams import SamplingParams
 from freshroll.ledger import open_ledger
 from freshroll.lineage import PolicyVersion
 from freshroll.rewards.tasks import Prompt
 from freshroll.runtime.placement import thread_budget
-from freshroll.runtime.seams import SamplingParams
 
 #: samples of the generation measurement on the simulated engine (at most)
 SIM_GEN_MAX = 200_000
@@ -92,8 +92,8 @@ def _measure_hf(cfg: Config, tmp: Path, quick: bool) -> Capacities:
     run directory, behind the pipeline's thread adapters, on the real clock."""
     import torch
 
+    from freshroll.engines import payload as pl
     from freshroll.engines.hf import HFEngine
-    from freshroll.runtime import payload as pl
     from freshroll.runtime.adapters import ThreadEngineFactory, ThreadScorer, ThreadTrainer
     from freshroll.runtime.learner import new_learner
     from freshroll.runtime.prepare import prepare_run_dir

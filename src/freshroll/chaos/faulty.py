@@ -44,20 +44,13 @@ from collections.abc import Coroutine, Sequence
 from typing import Any, Protocol
 
 from freshroll.engines.base import Completion
+from freshroll.engines.seams import AsyncEngine, Emit, GenRequest, SamplingParams
 from freshroll.errors import WorkerLost
 from freshroll.lineage import PolicyVersion
 from freshroll.rewards.calling import RewardState
 from freshroll.rewards.scoring import Score
 from freshroll.rewards.tasks import Prompt
-from freshroll.runtime.seams import (
-    AsyncEngine,
-    AsyncScorer,
-    AsyncTrainer,
-    Emit,
-    EngineFactory,
-    GenRequest,
-    SamplingParams,
-)
+from freshroll.runtime.seams import AsyncScorer, AsyncTrainer, EngineFactory
 from freshroll.state import Lease
 
 
@@ -253,7 +246,7 @@ class Gen:
 
 
 class FaultyEngine:
-    """One worker epoch's engine, wrapped (an :class:`~freshroll.runtime.seams.AsyncEngine`)."""
+    """One worker epoch's engine, wrapped (an :class:`~freshroll.engines.seams.AsyncEngine`)."""
 
     def __init__(self, ctl: Control, name: str, inner: AsyncEngine) -> None:
         self.ctl, self.name, self.inner = ctl, name, inner

@@ -61,6 +61,14 @@ def read_model_config(path: Path) -> dict[str, Any]:
 _LOAD_LOCK = threading.RLock()
 
 
+def quiet_transformers() -> None:
+    """No download/loading progress bars: our own progress line is the display."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
 @contextmanager
 def loading_model(root: Path) -> Iterator[None]:
     """Serialise ``from_pretrained`` calls in this process (see ``_LOAD_LOCK``) and report

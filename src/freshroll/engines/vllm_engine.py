@@ -46,9 +46,9 @@ from typing import TYPE_CHECKING, Any
 
 from freshroll.engines.base import FINISH_LENGTH, FINISH_STOP, Completion, encode_prompt
 from freshroll.engines.lora_merge import is_adapter, merge_state
+from freshroll.engines.seams import Emit, EngineStats, GenRequest, SamplingParams
 from freshroll.engines.vllm_args import engine_args, model_config, quiet_vllm
 from freshroll.errors import ConfigError, Superseded, WorkerLost
-from freshroll.runtime.seams import Emit, EngineStats, GenRequest, SamplingParams
 
 if TYPE_CHECKING:
     import psutil
@@ -110,7 +110,7 @@ class _Aborted(Exception):
 
 
 class VLLMEngine:
-    """One worker's vLLM engine (:class:`~freshroll.runtime.seams.AsyncEngine`)."""
+    """One worker's vLLM engine (:class:`~freshroll.engines.seams.AsyncEngine`)."""
 
     continuous = True
 

@@ -28,7 +28,7 @@ lineage        every committed sample names a policy and a reward version that
                parse; every committed version's digest recomputes from its parent,
                its batch and its settings digest
 accounting     ``counts.json`` equals the recount; ``summary.json`` equals the summary
-               recomputed from the ledger (:mod:`freshroll.runtime.summary`, figures of
+               recomputed from the ledger (:mod:`freshroll.figures.summary`, figures of
                :mod:`freshroll.metrics`); ``metrics.jsonl`` holds exactly one row per
                committed step, in order, each equal to the row the ledger implies
                (:func:`freshroll.metrics.row`). A file that is absent is not checked;
@@ -405,7 +405,7 @@ class LedgerPass:
     """One read of a run directory's ledger: the invariants checked (``report``, and the
     recount for ``counts.json``) and, in the same pass, the folds that ``summary.json``,
     ``metrics.jsonl`` and the report are computed from (``fold``, a
-    :class:`freshroll.runtime.summary.SummaryFold`)."""
+    :class:`freshroll.figures.summary.SummaryFold`)."""
 
     report: Report
     recount: Counter[str]
@@ -415,7 +415,7 @@ class LedgerPass:
 
 def check_ledger(run_dir: str | Path, *, allow_open: bool = False) -> LedgerPass:
     """Read ``run_dir``'s ledger once: check its invariants and fold its figures."""
-    from freshroll.runtime.summary import SummaryFold
+    from freshroll.figures.summary import SummaryFold
 
     fold, files = SummaryFold(), FileBindings()
 
@@ -490,7 +490,7 @@ def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
 
 def _check_summary(report: Report, path: Path, fold: Any) -> None:
     """``summary.json`` equals the summary recomputed from the ledger (``fold``: the
-    :class:`~freshroll.runtime.summary.SummaryFold` of the pass), figure by figure."""
+    :class:`~freshroll.figures.summary.SummaryFold` of the pass), figure by figure."""
     if not path.is_file():
         return
     try:
@@ -521,9 +521,9 @@ def _check_summary(report: Report, path: Path, fold: Any) -> None:
 
 def _note_overlap(report: Report, run_dir: Path, fold: Any) -> None:
     """An async run whose asynchrony did not pay says so in the notes (the ledger's overlap
-    figures, :mod:`freshroll.runtime.overlap`, with the host load ``summary.json`` recorded)."""
-    from freshroll.runtime.overlap import render
-    from freshroll.runtime.summary import read_host
+    figures, :mod:`freshroll.figures.overlap`, with the host load ``summary.json`` recorded)."""
+    from freshroll.figures.overlap import render
+    from freshroll.figures.summary import read_host
 
     try:
         overlap = fold.summary().get("overlap")
@@ -536,7 +536,7 @@ def _note_overlap(report: Report, run_dir: Path, fold: Any) -> None:
 def _check_rows(report: Report, path: Path, rows: Sequence[dict[str, Any]]) -> None:
     """One ``metrics.jsonl`` row per committed step, in order, each the row the ledger implies
     (``rows``: :func:`freshroll.metrics.rows` of the ledger)."""
-    from freshroll.runtime.metrics_log import encode_row, read_rows
+    from freshroll.figures.metrics_log import encode_row, read_rows
 
     if not path.is_file():
         return

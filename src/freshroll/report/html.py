@@ -34,13 +34,13 @@ from typing import Any
 import yaml
 
 from freshroll import events as ev
+from freshroll.figures.summary import SummaryFold
 from freshroll.harness.verify import INVARIANTS, Report, verify_run
 from freshroll.ledger import LEDGER_FILE
 from freshroll.metrics import UNCOUNTED_DISCARD_REASONS, discard_rate, discards_by_reason
 from freshroll.report import plots
 from freshroll.report.rundata import RunData, load_run
 from freshroll.report.style import CSS
-from freshroll.runtime.summary import SummaryFold
 from freshroll.timing import percentiles
 
 REPORT_FILE = "report.html"
@@ -200,10 +200,10 @@ def _header(run: RunData, baseline: RunData | None) -> str:
 
 
 def _segments_html(run: RunData) -> str:
-    """A resumed run segment by segment (:mod:`freshroll.runtime.segments`), and the reward
+    """A resumed run segment by segment (:mod:`freshroll.figures.segments`), and the reward
     versions of one trained under several; empty for one segment of one version."""
-    from freshroll.runtime.segments import render_segments
-    from freshroll.runtime.summary import render_reward_versions
+    from freshroll.figures.segments import render_segments
+    from freshroll.figures.summary import render_reward_versions
 
     segments = run.summary.get("segments")
     text = render_segments(segments) if isinstance(segments, list) else ""
@@ -218,7 +218,7 @@ def _segments_html(run: RunData) -> str:
 def _verdict_html(run: RunData) -> str:
     """A red banner when the run did not train what was asked (fewer steps, none, open); a
     yellow one for a complete run that recovered from worker losses or trainer restarts."""
-    from freshroll.runtime.verdict import recovery_line, render
+    from freshroll.figures.verdict import recovery_line, render
 
     v = run.summary.get("verdict")
     text = "\n".join(x for x in (render(v) if isinstance(v, dict) else "",

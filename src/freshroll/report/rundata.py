@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from freshroll.figures.metrics_log import read_rows
+from freshroll.figures.summary import SummaryFold, fold_events
 from freshroll.harness.verify import Report, check_files, check_ledger, read_counts
 from freshroll.ledger import LEDGER_FILE, Ledger
 from freshroll.metrics import Tally, summary_figures
-from freshroll.runtime.metrics_log import read_rows
-from freshroll.runtime.summary import SummaryFold, fold_events
 from freshroll.timing import Spans, StageRow
 
 

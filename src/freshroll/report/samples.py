@@ -49,7 +49,7 @@ def sample_rows(run_dir: Path, decode: Any = None) -> Iterator[dict[str, Any]]:
 
     ``decode``: token ids -> text for the ``prompt`` column (None: the run's tokenizer, if
     one loads)."""
-    from freshroll.runtime import payload as pl
+    from freshroll.engines import payload as pl
 
     path = Path(run_dir) / LEDGER_FILE
     if not path.is_file():
@@ -122,9 +122,9 @@ def _tokenizer_decode(run_dir: Path) -> Any:
         pass
     for path in candidates:
         if (path / "tokenizer_config.json").is_file() or (path / "tokenizer.json").is_file():
-            from freshroll.runtime.prepare import _quiet_transformers
+            from freshroll.engines.model_dir import quiet_transformers
 
-            _quiet_transformers()
+            quiet_transformers()
             from transformers import AutoTokenizer
 
             try:

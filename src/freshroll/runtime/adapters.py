@@ -59,12 +59,13 @@ from freshroll import unsafe
 from freshroll.buffer import SampleBuffer
 from freshroll.config import LimitsSection
 from freshroll.engines.base import Completion, InferenceEngine
+from freshroll.engines.seams import Emit, GenRequest, SamplingParams
 from freshroll.errors import RunFailed, WorkerTimeout
 from freshroll.lineage import PolicyVersion
 from freshroll.rewards.calling import RewardState
 from freshroll.rewards.scoring import RewardSet, Score
 from freshroll.rewards.tasks import Prompt
-from freshroll.runtime.seams import Emit, EngineNotRestartable, GenRequest, SamplingParams
+from freshroll.runtime.seams import EngineNotRestartable
 from freshroll.runtime.threads import AbandonableExecutor
 from freshroll.runtime.waits import seconds
 from freshroll.state import Lease
@@ -75,7 +76,7 @@ T = TypeVar("T")
 
 
 class ThreadEngine:
-    """One blocking engine as an :class:`~freshroll.runtime.seams.AsyncEngine`."""
+    """One blocking engine as an :class:`~freshroll.engines.seams.AsyncEngine`."""
 
     continuous = False
 

@@ -18,15 +18,41 @@ folded about six times). ``freshroll verify RUN_DIR`` still checks everything it
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from freshroll import crashpoints
 from freshroll.errors import RunDirError
+from freshroll.figures.metrics_log import write_atomic
+from freshroll.figures.summary import SUMMARY_FILE, read_host, summarize
 from freshroll.harness.verify import Report, check_files, check_ledger, read_counts
 from freshroll.ledger import LEDGER_FILE
-from freshroll.runtime.summary import write_summary
+from freshroll.metrics import jsonable
+from freshroll.runtime.evaluation import eval_summary
+
+
+def write_summary(run_dir: Path, summary: dict[str, Any] | None = None,
+                  host: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Write ``summary.json``: ``summary`` (already computed from this run's ledger, e.g. by a
+    :class:`SummaryFold` of the end-of-run pass), or the ledger's summary read now.
+
+    ``host``: the host's load at the run's end (:func:`freshroll.figures.overlap.host_now`),
+    kept as ``host`` (not from the ledger: ``verify`` does not recompute it); None keeps the
+    ``host`` block of an existing ``summary.json`` (a summary rebuilt later)."""
+    if summary is None:
+        summary = summarize(run_dir)
+    if host is None:
+        host = read_host(run_dir)
+    if host is not None:
+        summary = {**summary, "host": jsonable(host)}
+    evaluation = eval_summary(run_dir)  # from eval.jsonl (not the ledger), when there is one
+    if evaluation is not None:
+        summary = {**summary, "eval": jsonable(evaluation)}
+    write_atomic(run_dir / SUMMARY_FILE, json.dumps(summary, indent=1, allow_nan=False) + "\n")
+    return summary
+
 
 
 @dataclass
@@ -41,9 +67,9 @@ def finish_run_dir(run_dir: Path, *, baseline: Path | None = None, report: bool 
                    host: dict[str, Any] | None = None) -> Finished:
     """Write ``summary.json`` and ``report.html`` of ``run_dir`` and verify it, reading its
     ledger once. An unreadable or damaged ledger raises (:class:`~freshroll.errors.LedgerError`)
-    before anything is written, as :func:`~freshroll.runtime.summary.write_summary` does.
+    before anything is written, as :func:`write_summary` does.
     ``report``: False writes no ``report.html``. ``host``: the host's load now (the end of a
-    run: :func:`freshroll.runtime.overlap.host_now`); None keeps the summary's recorded one.
+    run: :func:`freshroll.figures.overlap.host_now`); None keeps the summary's recorded one.
     A ``baseline`` that is not a run directory is refused first (:func:`check_baseline`)."""
     if baseline is not None:
         check_baseline(baseline)

@@ -36,6 +36,7 @@ from typing import Any
 from freshroll.config import Config
 from freshroll.engines.base import Completion
 from freshroll.errors import ConfigError
+from freshroll.figures.metrics_log import read_rows, write_atomic
 from freshroll.rewards.calling import RewardState, reward_columns
 from freshroll.rewards.data import (
     chat_renderer,
@@ -45,7 +46,6 @@ from freshroll.rewards.data import (
 )
 from freshroll.rewards.scoring import RewardSet, Score
 from freshroll.rewards.tasks import Prompt
-from freshroll.runtime.metrics_log import read_rows, write_atomic
 
 EVAL_FILE = "eval.jsonl"
 #: prompts per generate call: the budget is checked between batches

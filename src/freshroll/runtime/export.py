@@ -50,11 +50,11 @@ def export_model(run_dir: Path, out: Path, step: int | None = None, *,
     from freshroll.buffer import KernelConfig, replay_ledger
     from freshroll.clock import RealClock
     from freshroll.config import read_yaml, validate
+    from freshroll.engines.model_dir import quiet_transformers
     from freshroll.engines.tiny import model_digest
     from freshroll.ledger import LEDGER_FILE, Ledger
     from freshroll.lineage import PolicyVersion
     from freshroll.runtime.learner import build_learner, initial_model_dir, resume_point
-    from freshroll.runtime.prepare import _quiet_transformers
     from freshroll.runtime.resume import history
     from freshroll.trainer.lora import is_lora, merged_copy
     from freshroll.trainer.replay import committed_chain, weights_digest
@@ -67,7 +67,7 @@ def export_model(run_dir: Path, out: Path, step: int | None = None, *,
     if adapter_only and cfg.trainer.lora is None:
         raise ConfigError(f"--adapter-only: {run_dir} trained every weight (no trainer.lora); "
                           "export it without --adapter-only")
-    _quiet_transformers()
+    quiet_transformers()
     source = initial_model_dir(cfg, run_dir)
     kernel = KernelConfig(cfg.run.max_staleness, cfg.rollout.batch_groups, cfg.rollout.group_size)
     with Ledger(run_dir / LEDGER_FILE, readonly=True) as ledger:

@@ -2,7 +2,7 @@
 
 An async run's overlap can vanish (another process takes a core, the stages take turns on
 one interpreter's GIL): it is then no faster than a synchronous run and still pays for
-staleness. :mod:`freshroll.runtime.overlap` *estimates* this after the run; this module
+staleness. :mod:`freshroll.figures.overlap` *estimates* this after the run; this module
 *measures* it during the run, under the same load, and acts on it. Pure: a
 :class:`FallbackProbe` is fed the time of each committed step and answers with a
 :class:`Switch` when the look-ahead must change; no I/O, no clock of its own.

@@ -22,33 +22,16 @@ thread per compute process, generation in a process of its own for an async run.
 
 from __future__ import annotations
 
-import math
-import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from freshroll.config import Config
+from freshroll.procs import available_cores
 
 if TYPE_CHECKING:
     from freshroll.runtime.thread_probe import ThreadProbe
 
 Runtime = Literal["inline", "process", "ray"]
-
-
-def available_cores() -> int:
-    """The CPUs this process may run on: its affinity mask, capped by a cgroup v2 quota."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not Linux
-        cores = os.cpu_count() or 1
-    try:
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
-        if quota != "max":
-            cores = min(cores, max(1, math.floor(int(quota) / int(period))))
-    except (OSError, ValueError):
-        pass
-    return max(1, cores)
 
 
 def resolve_runtime(cfg: Config) -> Runtime:

@@ -17,7 +17,7 @@ from typing import Any
 
 from freshroll import crashpoints
 from freshroll.config import Config
-from freshroll.engines.model_dir import check_model_dir
+from freshroll.engines.model_dir import check_model_dir, quiet_transformers
 from freshroll.errors import ConfigError, LedgerError, ResumeError
 from freshroll.ledger import LEDGER_FILE, Ledger
 from freshroll.lineage import PolicyVersion
@@ -148,7 +148,7 @@ def check_inputs(cfg: Config, run_dir: Path | None = None, resume: bool = False)
     ``run_dir`` is where the embedded model is saved (None: ``config check``, which builds it
     in memory only); on ``resume`` a run's saved ``model/`` is read instead of a new build.
     """
-    _quiet_transformers()
+    quiet_transformers()
     lim = cfg.limits
     rewards = build_reward_set([e.model_dump(exclude_none=True) for e in cfg.rewards],
                                ImportBound(lim.reward_import_timeout_s, lim.heartbeat_s))
@@ -329,11 +329,3 @@ def load_task_prompts(cfg: Config, model: Path, tok: Any = None,
     source = f"task.file {t.file}" if t.file is not None else f"task {t.name!r}"
     check_prompt_lengths(prompts, tok, context[0], source=source, limit_name=context[1])
     return prompts
-
-
-def _quiet_transformers() -> None:
-    """No download/loading progress bars: our own progress line is the display."""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()

@@ -128,9 +128,9 @@ def replay_run(run_dir: Path, from_step: int = 0, to_step: int | None = None,
         raise ConfigError(f"{run_dir}: a simulated run (rollout.engine sim) trains no model: "
                           "there is nothing to replay")
     source = initial_model_dir(cfg, run_dir)
-    from freshroll.runtime.prepare import _quiet_transformers
+    from freshroll.engines.model_dir import quiet_transformers
 
-    _quiet_transformers()
+    quiet_transformers()
     threads = _run_threads(run_dir) or torch.get_num_threads()
     torch.set_num_threads(threads)
     kernel = KernelConfig(cfg.run.max_staleness, cfg.rollout.batch_groups, cfg.rollout.group_size)

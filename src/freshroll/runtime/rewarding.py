@@ -41,13 +41,13 @@ from typing import TYPE_CHECKING
 
 from freshroll import unsafe
 from freshroll.breaker import Rule
+from freshroll.engines import payload as pl
 from freshroll.engines.base import Completion
 from freshroll.errors import Interrupted, WorkerLost, WorkerTimeout
 from freshroll.lineage import SampleId
 from freshroll.rewards.calling import RewardState
 from freshroll.rewards.scoring import Score
 from freshroll.rewards.tasks import Prompt
-from freshroll.runtime import payload as pl
 from freshroll.runtime.threads import CallAborted
 
 if TYPE_CHECKING:

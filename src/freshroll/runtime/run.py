@@ -53,6 +53,9 @@ from freshroll.config import Config, read_yaml, validate
 from freshroll.engines.base import InferenceEngine
 from freshroll.errors import ConfigError, Interrupted, StorageError
 from freshroll.events import CheckpointSaved
+from freshroll.figures.metrics_log import METRICS_FILE, RowLog, reconcile
+from freshroll.figures.overlap import host_now
+from freshroll.figures.overlap import render as render_overlap
 from freshroll.ledger import RESERVE_BYTES, Ledger, open_ledger
 from freshroll.lineage import PolicyVersion, file_digests
 from freshroll.metrics import Tally
@@ -68,9 +71,6 @@ from freshroll.runtime.evaluation import Evaluator, build_evaluator, evals_by_st
 from freshroll.runtime.evaluation import trim as trim_evals
 from freshroll.runtime.hooks import ChaosSession
 from freshroll.runtime.learner import build_learner
-from freshroll.runtime.metrics_log import METRICS_FILE, RowLog, reconcile
-from freshroll.runtime.overlap import host_now
-from freshroll.runtime.overlap import render as render_overlap
 from freshroll.runtime.pace import Pace
 from freshroll.runtime.pipeline import Pipeline, StepReport, run_pipeline
 from freshroll.runtime.placement import Placement, Runtime, resolve_runtime, settled, thread_budget
@@ -99,7 +99,7 @@ class Recorder:
     """metrics.jsonl, the live progress line, and checkpoints (write-ahead of commits).
 
     Rows are derived from the ledger, never from in-memory state: at start (and on
-    ``--resume``) the file is reconciled with the ledger (:mod:`freshroll.runtime.metrics_log`),
+    ``--resume``) the file is reconciled with the ledger (:mod:`freshroll.figures.metrics_log`),
     and after each commit the events the ledger made durable since are folded into a
     :class:`freshroll.metrics.Tally`, whose row for the ``committed`` event is written. So a
     kill between the durable commit and the row's write costs nothing: the next start
@@ -626,7 +626,7 @@ def _write_end_files(out: Path, buf: SampleBuffer, report: bool = True,
 
 def overlap_line(summary: dict[str, Any]) -> str:
     """The one line an async run's end prints: did asynchrony pay
-    (:mod:`freshroll.runtime.overlap`); empty for a sync run. A run that lost workers says
+    (:mod:`freshroll.figures.overlap`); empty for a sync run. A run that lost workers says
     that its figures include the recovery (a verdict over crashes is not one on asynchrony)."""
     line = render_overlap(summary.get("overlap"), summary.get("host"))
     losses = summary.get("worker_losses") or 0

@@ -5,7 +5,8 @@ component directly. It awaits three kinds of parts, each built by the run's
 component builder (the real ones for ``rollout.engine: hf``, the latency model of
 :mod:`freshroll.sim` for ``rollout.engine: sim``):
 
-* an :class:`AsyncEngine` per inference worker, made by an :data:`EngineFactory`
+* an :class:`~freshroll.engines.seams.AsyncEngine` per inference worker (its contract is
+  :mod:`freshroll.engines.seams`), made by an :data:`EngineFactory`
   (the worker pool calls it to add or replace a worker during a run);
 * one :class:`AsyncScorer` for rewards;
 * one :class:`AsyncTrainer`.
@@ -22,91 +23,15 @@ reaches the buffer and is recorded ``rejected`` under its fenced epoch.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from freshroll.engines.base import Completion
+from freshroll.engines.seams import AsyncEngine
 from freshroll.lineage import PolicyVersion
 from freshroll.rewards.calling import RewardState
 from freshroll.rewards.scoring import Score
 from freshroll.rewards.tasks import Prompt
 from freshroll.state import Lease
-
-
-@dataclass(frozen=True, slots=True)
-class SamplingParams:
-    max_new_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-
-
-@dataclass(frozen=True, slots=True)
-class GenRequest:
-    """One attempt handed to an engine."""
-
-    sample: str  # the attempt's sample id (``g17.3#1``)
-    group: str  # its group id: a simulated length shares a per-prompt component per group
-    prompt_id: str
-    text: str  # the prompt as the model sees it (chat template applied)
-    policy_step: int  # step of the policy version the worker has loaded (length drift)
-
-
-#: ``emit(i, completion)``: request ``i`` of the call finished. Called once per request, in
-#: any order, on the event loop; it may still be called after the call timed out (late result).
-Emit = Callable[[int, Completion], None]
-
-
-@runtime_checkable
-class AsyncEngine(Protocol):
-    """One inference worker's engine, awaited by the pipeline."""
-
-    #: True: requests may be added while others run (continuous batching; the worker keeps up
-    #: to ``concurrency`` in flight across calls); False: one call at a time, of at most
-    #: ``concurrency`` requests, that returns when all are done (lock-step batches).
-    continuous: bool
-
-    async def generate(
-        self, requests: Sequence[GenRequest], params: SamplingParams, seed: int, emit: Emit,
-    ) -> None:
-        """Generate one completion per request; ``emit`` each as it finishes; return when
-        all were emitted. Raises :class:`~freshroll.errors.WorkerLost` when the engine died;
-        any other exception fails these requests (``generation_error``)."""
-        ...
-
-    async def load_weights(self, weights: Any) -> float:
-        """Install a published policy's weights (what :meth:`AsyncTrainer.weights` returned);
-        return the seconds the transfer took (a stage of the decomposition)."""
-        ...
-
-    async def cancel(self, samples: Sequence[str]) -> None:
-        """Stop generating these samples (a group deadline); they will not be emitted."""
-        ...
-
-    async def close(self) -> None:
-        """Release the engine (worker retired or run over); idempotent."""
-        ...
-
-
-@dataclass(frozen=True, slots=True)
-class EngineStats:
-    """What a serving engine reports about itself (vLLM's scheduler: the signals a
-    concurrency controller needs). Cumulative counters grow over the engine's life; the
-    meter takes their differences per window."""
-
-    running: int  # sequences being generated now
-    waiting: int  # sequences queued inside the engine (admitted by us, not yet scheduled)
-    kv_cache_usage: float  # share of the KV cache in use, 0..1
-    preemptions: int  # cumulative: sequences evicted from the KV cache and recomputed
-
-
-@runtime_checkable
-class ReportsStats(Protocol):
-    """An engine that can say how loaded it is (optional: the HF and sim engines need not)."""
-
-    def stats(self) -> EngineStats | None:
-        """The newest figures (cheap, non-blocking; None before the first report)."""
-        ...
-
 
 #: makes (and starts) the engine of worker ``name``; the pool calls it to add or replace a
 #: worker. A restart after a loss is a new engine from the factory (called again with the
@@ -175,16 +100,10 @@ class SaysItsWaits(Protocol):
 
 
 __all__ = [
-    "AsyncEngine",
     "AsyncScorer",
     "AsyncTrainer",
-    "Emit",
     "EngineFactory",
     "EngineNotRestartable",
-    "EngineStats",
-    "GenRequest",
-    "ReportsStats",
-    "SamplingParams",
     "SaysItsWaits",
     "TrainerState",
 ]

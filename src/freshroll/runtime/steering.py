@@ -31,7 +31,7 @@ What the meter measures in a window of length ``W``:
   ``version``, ``groups_accepted`` and ``groups_running`` (from the replayed buffer on
   resume), lag mean/max of the samples committed, and the discards by reason;
 * the engines' own figures, from every active worker whose engine implements
-  :class:`~freshroll.runtime.seams.ReportsStats` (vLLM's scheduler, the simulated server):
+  :class:`~freshroll.engines.seams.ReportsStats` (vLLM's scheduler, the simulated server):
   ``kv_cache_usage`` (the largest), ``engine_waiting`` and ``engine_running`` (sums, as of
   now) and ``preemptions`` (the growth of each engine's cumulative count since the last
   window; a new engine of a restarted worker counts from 0). None / 0 when no engine reports
@@ -63,7 +63,7 @@ from freshroll.control import (
     Snapshot,
     StaticController,
 )
-from freshroll.runtime.seams import EngineStats, ReportsStats
+from freshroll.engines.seams import EngineStats, ReportsStats
 from freshroll.state import Lease
 
 if TYPE_CHECKING:

@@ -54,18 +54,13 @@ from freshroll import events as ev
 from freshroll import unsafe
 from freshroll.breaker import quote
 from freshroll.buffer import Outcome
+from freshroll.engines import payload as pl
 from freshroll.engines.base import Completion
+from freshroll.engines.seams import AsyncEngine, Emit, GenRequest, SamplingParams
 from freshroll.errors import Interrupted, RunFailed, Superseded, WorkerLost, WorkerTimeout
 from freshroll.lineage import PolicyVersion, RequestId, SampleId
 from freshroll.rewards.tasks import Prompt
-from freshroll.runtime import payload as pl
-from freshroll.runtime.seams import (
-    AsyncEngine,
-    Emit,
-    EngineNotRestartable,
-    GenRequest,
-    SamplingParams,
-)
+from freshroll.runtime.seams import EngineNotRestartable
 
 if TYPE_CHECKING:
     from freshroll.runtime.pipeline import Pipeline, Published

@@ -1,6 +1,6 @@
 """The simulated inference engine: one continuous-batching server on the run's event loop.
 
-A :class:`SimEngine` is an :class:`~freshroll.runtime.seams.AsyncEngine`
+A :class:`SimEngine` is an :class:`~freshroll.engines.seams.AsyncEngine`
 (``continuous = True``) that generates no tokens: it computes when each request
 would finish on one server of the profile (:class:`~freshroll.sim.batching.ContinuousBatcher`)
 and emits a :class:`~freshroll.engines.base.Completion` with ``n_tokens = L`` at
@@ -44,7 +44,7 @@ than the server's KV capacity (and slots x the largest such turn too), a preempt
 could shorten the steps of the others, so the bound no longer holds: the engine then
 wakes at every event (still exact).
 
-:meth:`~SimEngine.stats` is the :class:`~freshroll.runtime.seams.ReportsStats` view of
+:meth:`~SimEngine.stats` is the :class:`~freshroll.engines.seams.ReportsStats` view of
 the server, as of the last wakeup or call (the batcher's state then)::
 
     running         requests holding a slot (prefilling or decoding)
@@ -79,8 +79,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from freshroll.engines.base import FINISH_LENGTH, FINISH_STOP, Completion
+from freshroll.engines.seams import Emit, EngineStats, GenRequest, SamplingParams
 from freshroll.errors import WorkerLost
-from freshroll.runtime.seams import Emit, EngineStats, GenRequest, SamplingParams
 from freshroll.sim.batching import _BELOW, ContinuousBatcher, Finished
 from freshroll.sim.keyed import KeyedDraws
 

@@ -22,10 +22,10 @@ import torch
 
 from freshroll import events as ev
 from freshroll.buffer import SampleBuffer
+from freshroll.engines import payload as pl
 from freshroll.errors import LineageError
 from freshroll.ledger import Ledger
 from freshroll.lineage import PolicyVersion, payload_digest
-from freshroll.runtime import payload as pl
 from freshroll.trainer.grpo import GRPOLearner, TrainSample
 
 

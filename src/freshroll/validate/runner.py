@@ -43,9 +43,9 @@ from freshroll.bench.runner import with_overrides
 from freshroll.config import Config
 from freshroll.errors import ConfigError, FreshrollError, Interrupted, RunDirError
 from freshroll.events import DECODER
+from freshroll.figures.summary import SUMMARY_FILE, read_metrics
+from freshroll.figures.verdict import render as render_verdict
 from freshroll.ledger import LEDGER_FILE, Ledger
-from freshroll.runtime.summary import SUMMARY_FILE, read_metrics
-from freshroll.runtime.verdict import render as render_verdict
 from freshroll.validate import record
 from freshroll.validate.acceptance import Loaded, load, seed_list
 from freshroll.validate.gates import FIGURE_KEYS, Case, Measured, Repeat, evaluate
@@ -194,7 +194,7 @@ def run_repeat(loaded: Loaded, mode: str, seed: int, out: Path, stream: TextIO,
         stream.write(f"    {problem}\n")
     summary = _read_summary(run_dir)
     if (summary.get("overlap") or {}).get("verdict") == "did not pay":  # said plainly here too
-        from freshroll.runtime.overlap import render as render_overlap
+        from freshroll.figures.overlap import render as render_overlap
 
         stream.write(f"    {render_overlap(summary['overlap'], summary.get('host'))}\n")
     return rep, signals_of(run_dir, label, mode, ok)

@@ -347,9 +347,9 @@ def overlap_figures(calls: Sequence[Call], train: Sequence[Interval], tally: Tal
 
 def host_now() -> dict[str, Any]:
     """The host's load at the end of a run (``os.getloadavg``) and the cores this process
-    may use (:func:`~freshroll.runtime.placement.available_cores`). Recorded beside the
+    may use (:func:`~freshroll.procs.available_cores`). Recorded beside the
     ledger's figures in ``summary.json`` (``host``): it is not recomputed by ``verify``."""
-    from freshroll.runtime.placement import available_cores
+    from freshroll.procs import available_cores
 
     try:
         load = list(os.getloadavg())

@@ -2,8 +2,8 @@
 one, so a run that fell back to sync and was then resumed async says both, not one muddle.
 
 A segment's figures are those of :mod:`freshroll.metrics` (and the overlap verdict of
-:mod:`freshroll.runtime.overlap`) over that segment's events alone: a fresh
-:class:`~freshroll.metrics.Tally` and :class:`~freshroll.runtime.overlap.OverlapFold` per
+:mod:`freshroll.figures.overlap`) over that segment's events alone: a fresh
+:class:`~freshroll.metrics.Tally` and :class:`~freshroll.figures.overlap.OverlapFold` per
 segment. ``from_step`` is the number of steps committed before it (a resume goes on from
 its checkpoint and replays the rest from the ledger without committing them again), so
 ``to_step = from_step + steps``; ``stopped`` is the reason of its ``closed`` event (None: a
@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from freshroll import events as ev
+from freshroll.figures.overlap import OverlapFold
 from freshroll.metrics import (
     Tally,
     accepted_rollouts,
@@ -32,7 +33,6 @@ from freshroll.metrics import (
     wall_s,
     worker_losses,
 )
-from freshroll.runtime.overlap import OverlapFold
 
 #: the figures of :mod:`freshroll.metrics` each segment reports, by name
 SEGMENT_FIGURES: dict[str, Callable[[Tally], Any]] = {

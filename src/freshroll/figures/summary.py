@@ -6,8 +6,8 @@ check the file. The figures are those of :func:`freshroll.metrics.summary_figure
 (defined once, in docs/metrics.md), plus the discard-bias check (committed vs
 discarded completions' reward and length, by reason) and the per-stage time
 decomposition of :mod:`freshroll.timing`, the stages' overlap of
-:mod:`freshroll.runtime.overlap` (did asynchrony pay) and the same figures segment by
-segment, one per start and resume (:mod:`freshroll.runtime.segments`). Written as strict
+:mod:`freshroll.figures.overlap` (did asynchrony pay) and the same figures segment by
+segment, one per start and resume (:mod:`freshroll.figures.segments`). Written as strict
 JSON (a non-finite value as ``null``), atomically.
 """
 
@@ -28,13 +28,13 @@ from freshroll.events import (
     Rewarded,
     RunConfig,
 )
+from freshroll.figures.metrics_log import read_rows
+from freshroll.figures.overlap import OverlapFold
+from freshroll.figures.segments import SegmentFold
+from freshroll.figures.verdict import VerdictFold
 from freshroll.ledger import LEDGER_FILE, Ledger
 from freshroll.lineage import policy_step
 from freshroll.metrics import Tally, jsonable, summary_figures
-from freshroll.runtime.metrics_log import read_rows, write_atomic
-from freshroll.runtime.overlap import OverlapFold
-from freshroll.runtime.segments import SegmentFold
-from freshroll.runtime.verdict import VerdictFold
 from freshroll.timing import SpanFold, StageRow, decompose
 
 SUMMARY_FILE = "summary.json"
@@ -267,29 +267,6 @@ def summarize_events(events: Iterable[Any]) -> dict[str, Any]:
 def summarize(run_dir: Path) -> dict[str, Any]:
     with Ledger(run_dir / LEDGER_FILE, readonly=True) as ledger:
         return summarize_events(e for _, e in ledger.events())
-
-
-def write_summary(run_dir: Path, summary: dict[str, Any] | None = None,
-                  host: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Write ``summary.json``: ``summary`` (already computed from this run's ledger, e.g. by a
-    :class:`SummaryFold` of the end-of-run pass), or the ledger's summary read now.
-
-    ``host``: the host's load at the run's end (:func:`freshroll.runtime.overlap.host_now`),
-    kept as ``host`` (not from the ledger: ``verify`` does not recompute it); None keeps the
-    ``host`` block of an existing ``summary.json`` (a summary rebuilt later)."""
-    if summary is None:
-        summary = summarize(run_dir)
-    if host is None:
-        host = read_host(run_dir)
-    if host is not None:
-        summary = {**summary, "host": jsonable(host)}
-    from freshroll.runtime.evaluation import eval_summary
-
-    evaluation = eval_summary(run_dir)  # from eval.jsonl (not the ledger), when there is one
-    if evaluation is not None:
-        summary = {**summary, "eval": jsonable(evaluation)}
-    write_atomic(run_dir / SUMMARY_FILE, json.dumps(summary, indent=1, allow_nan=False) + "\n")
-    return summary
 
 
 def read_host(run_dir: Path) -> dict[str, Any] | None:
