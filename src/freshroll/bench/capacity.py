@@ -36,10 +36,10 @@ from dataclasses import dataclass, field
 from freshroll.bench.figures import Capacities
 from freshroll.buffer import SampleBuffer
 from freshroll.engines.base import Completion
-from freshroll.engines.seams import AsyncEngine, GenRequest, SamplingParams
+from freshroll.engines.seams import AsyncEngine, EngineFactory, GenRequest, SamplingParams
 from freshroll.rewards.calling import RewardState
 from freshroll.rewards.tasks import Prompt
-from freshroll.runtime.seams import AsyncScorer, AsyncTrainer, EngineFactory
+from freshroll.runtime.seams import AsyncScorer, AsyncTrainer
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,13 +44,13 @@ from collections.abc import Coroutine, Sequence
 from typing import Any, Protocol
 
 from freshroll.engines.base import Completion
-from freshroll.engines.seams import AsyncEngine, Emit, GenRequest, SamplingParams
+from freshroll.engines.seams import AsyncEngine, Emit, EngineFactory, GenRequest, SamplingParams
 from freshroll.errors import WorkerLost
 from freshroll.lineage import PolicyVersion
 from freshroll.rewards.calling import RewardState
 from freshroll.rewards.scoring import Score
 from freshroll.rewards.tasks import Prompt
-from freshroll.runtime.seams import AsyncScorer, AsyncTrainer, EngineFactory
+from freshroll.runtime.seams import AsyncScorer, AsyncTrainer
 from freshroll.state import Lease
 
 

@@ -10,7 +10,7 @@ The runtime's own seams (the engine factory, the scorer, the trainer) are in
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -92,4 +92,18 @@ class ReportsStats(Protocol):
         ...
 
 
-__all__ = ["AsyncEngine", "Emit", "EngineStats", "GenRequest", "ReportsStats", "SamplingParams"]
+#: makes (and starts) the engine of worker ``name``; the pool calls it to add or replace a
+#: worker. A restart after a loss is a new engine from the factory (called again with the
+#: same name); a factory that cannot replace an engine raises :class:`EngineNotRestartable`.
+EngineFactory = Callable[[str], Awaitable[AsyncEngine]]
+
+
+class EngineNotRestartable(Exception):
+    """Raised by an :data:`EngineFactory` asked to replace an engine it cannot restart
+    (an inline HF engine); the pool then ends the run naming the worker."""
+
+
+__all__ = [
+    "AsyncEngine", "Emit", "EngineFactory", "EngineNotRestartable", "EngineStats", "GenRequest",
+    "ReportsStats", "SamplingParams",
+]

@@ -503,7 +503,7 @@ async def start_vllm_engine(model_path: Path, section: VLLMSection, *, seed: int
 
 
 class VLLMEngineFactory:
-    """An :data:`~freshroll.runtime.seams.EngineFactory`: one VLLMEngine per worker name;
+    """An :data:`~freshroll.engines.seams.EngineFactory`: one VLLMEngine per worker name;
     asked again for a name (a replacement after a loss or a timeout) it closes the old
     engine and starts a new one."""
 

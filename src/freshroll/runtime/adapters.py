@@ -28,7 +28,7 @@ the result, so the event loop never blocks:
   one at a time in this process; Ray actors start in parallel); asked again for the same
   name (a replacement after a loss or a timeout) it restarts the worker's blocking engine
   (``restart()``, e.g. a new Ray actor), or raises
-  :class:`~freshroll.runtime.seams.EngineNotRestartable` for an engine that has none.
+  :class:`~freshroll.engines.seams.EngineNotRestartable` for an engine that has none.
 * :class:`ThreadScorer` wraps the :class:`~freshroll.rewards.scoring.RewardSet`; a reward call
   stuck past ``limits.reward_timeout_s`` is abandoned the same way.
 * :class:`ThreadTrainer` wraps the :class:`~freshroll.trainer.grpo.GRPOLearner`: the batch is
@@ -59,13 +59,12 @@ from freshroll import unsafe
 from freshroll.buffer import SampleBuffer
 from freshroll.config import LimitsSection
 from freshroll.engines.base import Completion, InferenceEngine
-from freshroll.engines.seams import Emit, GenRequest, SamplingParams
+from freshroll.engines.seams import Emit, EngineNotRestartable, GenRequest, SamplingParams
 from freshroll.errors import RunFailed, WorkerTimeout
 from freshroll.lineage import PolicyVersion
 from freshroll.rewards.calling import RewardState
 from freshroll.rewards.scoring import RewardSet, Score
 from freshroll.rewards.tasks import Prompt
-from freshroll.runtime.seams import EngineNotRestartable
 from freshroll.runtime.threads import AbandonableExecutor
 from freshroll.runtime.waits import seconds
 from freshroll.state import Lease

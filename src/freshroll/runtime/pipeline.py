@@ -19,7 +19,7 @@ Tasks (all children of one ``asyncio.TaskGroup``; none is fire-and-forget)::
                 (:mod:`freshroll.runtime.waits`)
 
 The pipeline awaits only the seams of :mod:`freshroll.runtime.seams`: engines come from an
-:data:`~freshroll.runtime.seams.EngineFactory`, rewards from an
+:data:`~freshroll.engines.seams.EngineFactory`, rewards from an
 :class:`~freshroll.runtime.seams.AsyncScorer`, steps from an
 :class:`~freshroll.runtime.seams.AsyncTrainer` (thread adapters of the real components in
 :mod:`freshroll.runtime.adapters`; the latency model of :mod:`freshroll.sim`). Every duration
@@ -76,13 +76,14 @@ from freshroll.buffer import SampleBuffer
 from freshroll.clock import VirtualClock
 from freshroll.config import Config
 from freshroll.control import Controller
+from freshroll.engines.seams import EngineFactory
 from freshroll.errors import Interrupted, NonFiniteStep, NoProgress
 from freshroll.lineage import PolicyVersion
 from freshroll.rewards.tasks import Prompt
 from freshroll.runtime.fallback import FallbackProbe, Switch, probe_for
 from freshroll.runtime.hooks import Hooks
 from freshroll.runtime.rewarding import RewardStage
-from freshroll.runtime.seams import AsyncScorer, AsyncTrainer, EngineFactory, SaysItsWaits
+from freshroll.runtime.seams import AsyncScorer, AsyncTrainer, SaysItsWaits
 from freshroll.runtime.steering import Steering
 from freshroll.runtime.tailing import Tailing
 from freshroll.runtime.waits import Waits, heartbeat, stall_message

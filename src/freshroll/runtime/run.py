@@ -51,6 +51,7 @@ from freshroll.buffer import KernelConfig, SampleBuffer
 from freshroll.clock import Clock, RealClock, VirtualClock
 from freshroll.config import Config, read_yaml, validate
 from freshroll.engines.base import InferenceEngine
+from freshroll.engines.seams import EngineFactory
 from freshroll.errors import ConfigError, Interrupted, StorageError
 from freshroll.events import CheckpointSaved
 from freshroll.figures.metrics_log import METRICS_FILE, RowLog, reconcile
@@ -78,7 +79,7 @@ from freshroll.runtime.prepare import Prepared, prepare_run_dir
 from freshroll.runtime.ray_trainer import RayTrainer
 from freshroll.runtime.resume import announce
 from freshroll.runtime.rundir import write_text_atomic
-from freshroll.runtime.seams import AsyncScorer, AsyncTrainer, EngineFactory, TrainerState
+from freshroll.runtime.seams import AsyncScorer, AsyncTrainer, TrainerState
 from freshroll.runtime.shm_weights import WeightChannel, sweep_segments
 from freshroll.runtime.thread_probe import settle_placement
 from freshroll.trainer.checkpoint import checkpoint_dir, save_checkpoint

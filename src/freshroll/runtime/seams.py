@@ -6,7 +6,7 @@ component builder (the real ones for ``rollout.engine: hf``, the latency model o
 :mod:`freshroll.sim` for ``rollout.engine: sim``):
 
 * an :class:`~freshroll.engines.seams.AsyncEngine` per inference worker (its contract is
-  :mod:`freshroll.engines.seams`), made by an :data:`EngineFactory`
+  :mod:`freshroll.engines.seams`), made by an :data:`~freshroll.engines.seams.EngineFactory`
   (the worker pool calls it to add or replace a worker during a run);
 * one :class:`AsyncScorer` for rewards;
 * one :class:`AsyncTrainer`.
@@ -22,26 +22,15 @@ reaches the buffer and is recorded ``rejected`` under its fenced epoch.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from freshroll.engines.base import Completion
-from freshroll.engines.seams import AsyncEngine
 from freshroll.lineage import PolicyVersion
 from freshroll.rewards.calling import RewardState
 from freshroll.rewards.scoring import Score
 from freshroll.rewards.tasks import Prompt
 from freshroll.state import Lease
-
-#: makes (and starts) the engine of worker ``name``; the pool calls it to add or replace a
-#: worker. A restart after a loss is a new engine from the factory (called again with the
-#: same name); a factory that cannot replace an engine raises :class:`EngineNotRestartable`.
-EngineFactory = Callable[[str], Awaitable[AsyncEngine]]
-
-
-class EngineNotRestartable(Exception):
-    """Raised by an :data:`EngineFactory` asked to replace an engine it cannot restart
-    (an inline HF engine); the pool then ends the run naming the worker."""
 
 
 @runtime_checkable
@@ -102,8 +91,6 @@ class SaysItsWaits(Protocol):
 __all__ = [
     "AsyncScorer",
     "AsyncTrainer",
-    "EngineFactory",
-    "EngineNotRestartable",
     "SaysItsWaits",
     "TrainerState",
 ]

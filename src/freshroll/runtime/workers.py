@@ -1,7 +1,7 @@
 """The worker pool: inference workers that are added, retired, stopped and replaced mid-run.
 
 Each worker is one task of the pipeline's task group, running an engine made by the run's
-:data:`~freshroll.runtime.seams.EngineFactory`. Its life::
+:data:`~freshroll.engines.seams.EngineFactory`. Its life::
 
     worker_started (epoch e)  ->  factory(name)  ->  worker_ready  ->  serve  ->  ...
         ... retire:  takes no new request, finishes what it runs, worker_fenced "retired"
@@ -56,11 +56,16 @@ from freshroll.breaker import quote
 from freshroll.buffer import Outcome
 from freshroll.engines import payload as pl
 from freshroll.engines.base import Completion
-from freshroll.engines.seams import AsyncEngine, Emit, GenRequest, SamplingParams
+from freshroll.engines.seams import (
+    AsyncEngine,
+    Emit,
+    EngineNotRestartable,
+    GenRequest,
+    SamplingParams,
+)
 from freshroll.errors import Interrupted, RunFailed, Superseded, WorkerLost, WorkerTimeout
 from freshroll.lineage import PolicyVersion, RequestId, SampleId
 from freshroll.rewards.tasks import Prompt
-from freshroll.runtime.seams import EngineNotRestartable
 
 if TYPE_CHECKING:
     from freshroll.runtime.pipeline import Pipeline, Published

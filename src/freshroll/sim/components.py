@@ -22,10 +22,9 @@ from typing import Any
 from freshroll.buffer import SampleBuffer
 from freshroll.clock import Clock
 from freshroll.config import Config, SimSection
-from freshroll.engines.seams import AsyncEngine
+from freshroll.engines.seams import AsyncEngine, EngineFactory
 from freshroll.errors import ConfigError
 from freshroll.lineage import digest_json
-from freshroll.runtime.seams import EngineFactory
 from freshroll.sim.engine import SimEngine
 from freshroll.sim.keyed import KeyedDraws
 from freshroll.sim.profiles import KV_CAPACITY_DEFAULT, Profile, get_profile, profile_from_dict
