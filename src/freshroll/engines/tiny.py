@@ -108,7 +108,7 @@ def build_tiny(
     config = tiny_config(len(tokenizer), **overrides)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(config)
+        model = LlamaForCausalLM(config)  # type: ignore[no-untyped-call]  # unannotated __init__
     torch.nn.Module.eval(model)
     return model, tokenizer
 

@@ -94,7 +94,7 @@ def build_learner(
         return learner
     recorded = recorded_configs(hist)
     if learner.ref is None and any(c.trainer.kl_coef > 0 for c in recorded.values()):
-        learner.ref = copy.deepcopy(model).eval()  # type: ignore[no-untyped-call]  # initial model
+        learner.ref = copy.deepcopy(model).eval()  # the initial model
     chain = committed_chain(buf.ledger)
     ckpt_path, ckpt_step = resume_point(run_dir, chain, target)
     if ckpt_step > 0:

@@ -308,12 +308,10 @@ class _EngineActor:
 
     def __init__(self, path: str, torch_threads: int) -> None:
         torch.set_num_threads(torch_threads)
-        from transformers.utils import logging as hf_logging
-
         from freshroll.engines.hf import HFEngine
+        from freshroll.engines.model_dir import quiet_transformers
 
-        hf_logging.set_verbosity_error()
-        hf_logging.disable_progress_bar()
+        quiet_transformers()
         self.engine = HFEngine.from_pretrained(path)
 
     def generate(self, prompts: Sequence[str], kwargs: dict[str, Any]) -> list[Completion]:

@@ -47,7 +47,7 @@ def _key(prompt: Prompt, completion: Completion, i: int) -> str:
 class SimScorer:
     """The reward stage of the simulated cluster (see the module docstring)."""
 
-    names = ("sim",)
+    names: tuple[str, ...] = ("sim",)
 
     def __init__(self, draws: KeyedDraws, *, time_scale: float = 1.0, hang_s: float = 1e6,
                  concurrency: int = 64, max_batch: int = 16):

@@ -42,7 +42,8 @@ def weights_digest(model: torch.nn.Module) -> str:
 def train_samples(buf: SampleBuffer, samples: Sequence[str], consumer: int) -> list[TrainSample]:
     """The trainer's view of a batch: tokens and behaviour log-probs from the payloads,
     rewards and generating steps from the ledger; groups numbered in order of appearance."""
-    out, groups = [], {}
+    out: list[TrainSample] = []
+    groups: dict[str, int] = {}
     for sid in samples:
         reward, step = buf.sample_info(sid)
         data = buf.payload(sid)
