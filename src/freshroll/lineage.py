@@ -29,7 +29,7 @@ import hashlib
 import inspect
 import json
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NewType, cast
@@ -57,6 +57,21 @@ def payload_digest(data: bytes) -> str:
     """The digest a ``generated`` event records of its sample's payload (the ledger's
     ``payloads`` row): verify binds each stored payload to its sample with it."""
     return digest_of("payload", data)
+
+
+def payload_mismatches(
+    recorded: Mapping[str, str], load: Callable[[str], bytes | None],
+) -> list[tuple[str, str | None]]:
+    """The samples of ``recorded`` (sample -> the digest its ``generated`` event recorded)
+    whose stored payload (``load(sample)``, one at a time: memory stays flat) is missing
+    (``None``) or has another digest (that digest), in ``recorded``'s order."""
+    out: list[tuple[str, str | None]] = []
+    for sample, want in recorded.items():
+        data = load(sample)
+        got = None if data is None else payload_digest(data)
+        if got != want:
+            out.append((sample, got))
+    return out
 
 
 def file_digests(directory: Path) -> dict[str, str]:

@@ -110,7 +110,7 @@ class RewardVersions:
     "first_step": a, "last_step": b}}``, in the order versions first trained. More than one:
     the reward functions changed within the run (``run.reward_versions``)."""
 
-    KINDS: ClassVar = (Rewarded, Committed)
+    KINDS: ClassVar = (Rewarded, Committed, Discarded)
 
     def __init__(self) -> None:
         self.of: dict[str, str] = {}  # sample -> reward version, until it is committed
@@ -119,6 +119,10 @@ class RewardVersions:
     def feed(self, e: Any) -> None:
         if isinstance(e, Rewarded):
             self.of[e.sample] = e.reward_version
+            return
+        if isinstance(e, Discarded):  # never trained on: out of the count
+            if e.sample is not None:
+                self.of.pop(e.sample, None)
             return
         step = policy_step(e.version)
         for s in e.samples:

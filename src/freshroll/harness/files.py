@@ -36,7 +36,7 @@ import yaml
 
 from freshroll import events as ev
 from freshroll.ledger import Ledger
-from freshroll.lineage import file_digests, payload_digest, policy_step
+from freshroll.lineage import file_digests, payload_mismatches, policy_step
 
 INVARIANT = "files"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -65,14 +65,14 @@ class FileBindings:
 
 def check_payloads(bindings: FileBindings, ledger: Ledger, add: Any) -> None:
     """Every recorded payload digest against the ledger's ``payloads`` table."""
-    stored = ledger.payloads()
-    owner = {d: s for s, d in bindings.payloads.items()}  # digest -> the sample it belongs to
-    for sample, want in bindings.payloads.items():
-        data = stored.get(sample)
-        if data is None:
+    bad = payload_mismatches(bindings.payloads, ledger.payload)
+    owner = {d: s for s, d in bindings.payloads.items()} if bad else {}  # digest -> sample
+    for sample, got in bad:
+        want = bindings.payloads[sample]
+        if got is None:
             add(INVARIANT, f"ledger.sqlite payloads: {sample}'s payload is missing (its "
                            f"generated event recorded digest {want})")
-        elif (got := payload_digest(data)) != want:
+        else:
             other = owner.get(got)
             how = (f"it holds {other}'s payload: swapped" if other is not None
                    else "altered") + " after it was stored"

@@ -87,14 +87,12 @@ def build_learner(
     its settings digest must be the one committed. Afterwards the config in force applies.
     """
     learner, _ = new_learner(cfg, path)
-    model = learner.model
     assert buf.version is not None
     target = buf.version.step if to_step is None else to_step
     if target == 0:
         return learner
     recorded = recorded_configs(hist)
-    if learner.ref is None and any(c.trainer.kl_coef > 0 for c in recorded.values()):
-        learner.ref = copy.deepcopy(model).eval()  # the initial model
+    with_reference(learner, recorded)
     chain = committed_chain(buf.ledger)
     ckpt_path, ckpt_step = resume_point(run_dir, chain, target)
     if ckpt_step > 0:
@@ -104,13 +102,9 @@ def build_learner(
 
     def before_step(step: int) -> None:
         said.before(step)
-        config, committed = hist.steps.get(step, (None, "")) if hist else (None, "")
-        apply_settings(learner, recorded[canonical(config)] if config is not None else cfg)
-        if config is not None and learner.settings_digest != committed:
-            raise LineageError(
-                f"step {step} was committed under settings {committed}, but the config the "
-                f"ledger recorded for it gives {learner.settings_digest}"
-            )
+        wrong = step_settings(learner, cfg, hist, recorded, step)
+        if wrong is not None:
+            raise LineageError(wrong)
 
     try:
         n = replay(learner, buf, chain, ckpt_step, to_step=target, before_step=before_step)
@@ -121,6 +115,26 @@ def build_learner(
         sys.stderr.write(f"resume: checkpoint at step {ckpt_step}, replayed {n} committed "
                          f"steps from the ledger; weights digests match\n")
     return learner
+
+
+def with_reference(learner: GRPOLearner, recorded: dict[str, Config]) -> None:
+    """Give ``learner`` its KL reference, the initial model (call before any step), when a
+    config the ledger recorded trains with ``trainer.kl_coef`` > 0."""
+    if learner.ref is None and any(c.trainer.kl_coef > 0 for c in recorded.values()):
+        learner.ref = copy.deepcopy(learner.model).eval()
+
+
+def step_settings(learner: GRPOLearner, cfg: Config, hist: History | None,
+                  recorded: dict[str, Config], step: int) -> str | None:
+    """Put in force the settings committed ``step`` was trained under (the ledger's config
+    for it, :func:`recorded_configs`; without one, ``cfg``). Returns why they cannot be the
+    committed ones (their settings digest differs), or None."""
+    config, committed = hist.steps.get(step, (None, "")) if hist else (None, "")
+    apply_settings(learner, recorded[canonical(config)] if config is not None else cfg)
+    if config is not None and learner.settings_digest != committed:
+        return (f"step {step} was committed under settings {committed}, but the config the "
+                f"ledger recorded for it gives {learner.settings_digest}")
+    return None
 
 
 class Heartbeat:

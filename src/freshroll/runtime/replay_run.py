@@ -28,7 +28,6 @@ the run's own (the ``train_s`` of its commits).
 
 from __future__ import annotations
 
-import copy
 import json
 import time
 from collections.abc import Callable
@@ -38,23 +37,26 @@ from pathlib import Path
 import torch
 
 from freshroll import events as ev
-from freshroll.buffer import KernelConfig, replay_ledger
+from freshroll.buffer import KernelConfig, SampleBuffer, replay_ledger
 from freshroll.clock import RealClock
-from freshroll.config import read_yaml, validate
+from freshroll.config import Config, read_yaml, validate
+from freshroll.engines.model_dir import quiet_transformers
 from freshroll.errors import ConfigError, RunDirError
 from freshroll.ledger import LEDGER_FILE, Ledger
 from freshroll.lineage import policy_step
 from freshroll.runtime.learner import (
     Heartbeat,
-    apply_settings,
     initial_model_dir,
     new_learner,
     recorded_configs,
     restore,
     resume_point,
+    step_settings,
+    with_reference,
 )
-from freshroll.runtime.resume import canonical, history
+from freshroll.runtime.resume import History, history
 from freshroll.trainer.replay import (
+    CommittedStep,
     altered_payloads,
     committed_chain,
     train_samples,
@@ -117,19 +119,23 @@ def _run_threads(run_dir: Path) -> int | None:
     return threads if isinstance(threads, int) and threads > 0 else None
 
 
-def replay_run(run_dir: Path, from_step: int = 0, to_step: int | None = None,
-               say: Callable[[str], None] | None = None) -> ReplayResult:
-    """Replay ``run_dir``'s committed steps (module docstring)."""
-    run_dir = Path(run_dir)
+def _inputs(run_dir: Path) -> tuple[Config, Path]:
+    """The run's config and initial model; a typed error for a directory with nothing to
+    replay."""
     if not (run_dir / LEDGER_FILE).is_file():
         raise RunDirError(f"{run_dir}: not a run directory (no {LEDGER_FILE})")
     cfg = validate(read_yaml(run_dir / "config.yaml"), str(run_dir / "config.yaml"))
     if cfg.rollout.engine == "sim":
         raise ConfigError(f"{run_dir}: a simulated run (rollout.engine sim) trains no model: "
                           "there is nothing to replay")
-    source = initial_model_dir(cfg, run_dir)
-    from freshroll.engines.model_dir import quiet_transformers
+    return cfg, initial_model_dir(cfg, run_dir)
 
+
+def replay_run(run_dir: Path, from_step: int = 0, to_step: int | None = None,
+               say: Callable[[str], None] | None = None) -> ReplayResult:
+    """Replay ``run_dir``'s committed steps (module docstring)."""
+    run_dir = Path(run_dir)
+    cfg, source = _inputs(run_dir)
     quiet_transformers()
     threads = _run_threads(run_dir) or torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -142,71 +148,92 @@ def replay_run(run_dir: Path, from_step: int = 0, to_step: int | None = None,
         if not 0 <= from_step <= to <= last:
             raise ConfigError(f"--from {from_step} --to {to}: the run committed steps 0..{last} "
                               "(0 <= FROM <= TO)")
+        events = [e for _, e in ledger.events()]
         chain = committed_chain(ledger)
-        hist = history(e for _, e in ledger.events())
-        train_s = {policy_step(e.version): e.train_s for _, e in ledger.events()
-                   if isinstance(e, ev.Committed)}
-        learner, _ = new_learner(cfg, source)
-        recorded = recorded_configs(hist)
-        if learner.ref is None and any(c.trainer.kl_coef > 0 for c in recorded.values()):
-            learner.ref = copy.deepcopy(learner.model).eval()
-        ckpt_path, start = resume_point(run_dir, chain, from_step)
-
-        def result(steps: int, spent: float, divergence: Divergence | None) -> ReplayResult:
-            known = [train_s[k] for k in range(start + 1, start + steps + 1)
-                     if train_s.get(k)]
-            return ReplayResult(start, to, steps, spent / steps if steps else None,
-                                sum(known) / len(known) if known else None, threads,
-                                divergence)
-
-        if start > 0:
-            restore(learner, ckpt_path, start)
-            got, want = weights_digest(learner.model), chain[start].version.weights_digest
-            if want is not None and got != want:
-                return result(0, 0.0, Divergence(start, "checkpoint", (
-                    f"{ckpt_path.relative_to(run_dir)} holds weights {got}, the ledger "
-                    f"committed {want} at step {start}: the checkpoint was altered "
-                    "(freshroll verify names its files)")))
+        r = _Replay(cfg, source, buf, chain, history(events), threads, to)
+        r.train_s = {policy_step(e.version): e.train_s for e in events
+                     if isinstance(e, ev.Committed)}
+        ckpt_path, r.start = resume_point(run_dir, chain, from_step)
+        if r.start > 0:
+            bad = r.restore(ckpt_path, ckpt_path.relative_to(run_dir))
+            if bad is not None:
+                return r.result(bad)
         altered = {s.split(":")[0] for s in altered_payloads(
-            ledger, [s for k in range(start + 1, to + 1) for s in chain[k].samples])}
-        heartbeat = Heartbeat(cfg.limits.heartbeat_s, start, to)
-        spent, steps = 0.0, 0
-        for step in range(start + 1, to + 1):
-            c = chain[step]
-            bad = [s for s in c.samples if s in altered]
-            if bad:
-                return result(steps, spent, Divergence(step, "samples", (
-                    f"{len(bad)} stored sample(s) of its batch do not match the digests "
-                    f"their generated events recorded ({', '.join(bad[:3])}"
-                    f"{', ...' if len(bad) > 3 else ''}): altered data, not the kernels")))
+            ledger, [s for k in range(r.start + 1, to + 1) for s in chain[k].samples])}
+        heartbeat = Heartbeat(cfg.limits.heartbeat_s, r.start, to)
+        for step in range(r.start + 1, to + 1):
             heartbeat.before(step)
-            config, committed = hist.steps.get(step, (None, ""))
-            apply_settings(learner, recorded[canonical(config)] if config is not None else cfg)
-            if config is not None and learner.settings_digest != committed:
-                return result(steps, spent, Divergence(step, "settings", (
-                    f"committed under settings {committed}; the config the ledger recorded "
-                    f"for it gives {learner.settings_digest} here (another freshroll or an "
-                    "edited ledger)")))
-            t0 = time.perf_counter()
-            learner.step(train_samples(buf, c.samples, c.parent.step), step)
-            spent += time.perf_counter() - t0
-            got = weights_digest(learner.model)
-            want = c.version.weights_digest
-            if want is not None and got != want:
-                return result(steps, spent, Divergence(step, "weights", (
-                    f"trained again it gives weights {got}, the ledger committed {want}; its "
-                    "samples and settings match their records: a non-deterministic kernel, "
-                    f"another torch build (here {torch.__version__}) or another thread count "
-                    f"(here {threads})")))
-            again = c.parent.child(c.samples, learner.settings_digest, got)
-            if again.digest != c.version.digest:
-                return result(steps, spent, Divergence(step, "version", (
-                    f"its batch and settings give version {again}, the ledger committed "
-                    f"{c.version}")))
-            steps += 1
+            bad = r.step(step, altered)
+            if bad is not None:
+                return r.result(bad)
             if say is not None:
-                say(f"step {step}: weights {got} and version {c.version.digest} match")
-    return result(steps, spent, None)
+                say(f"step {step}: weights and version {chain[step].version.digest} match")
+    return r.result(None)
+
+
+class _Replay:
+    """One replay's learner and what it is checked against; :meth:`step` trains one
+    committed step again and names its divergence, if any."""
+
+    def __init__(self, cfg: Config, source: Path, buf: SampleBuffer,
+                 chain: dict[int, CommittedStep], hist: History, threads: int,
+                 to: int) -> None:
+        self.cfg, self.buf, self.chain, self.hist = cfg, buf, chain, hist
+        self.threads, self.to, self.start, self.steps, self.spent = threads, to, 0, 0, 0.0
+        self.train_s: dict[int, float] = {}
+        self.learner, _ = new_learner(cfg, source)
+        self.recorded = recorded_configs(hist)
+        with_reference(self.learner, self.recorded)
+
+    def restore(self, path: Path, shown: Path) -> Divergence | None:
+        """Load the checkpoint at ``path``; a divergence if it lacks its committed weights."""
+        restore(self.learner, path, self.start)
+        got = weights_digest(self.learner.model)
+        want = self.chain[self.start].version.weights_digest
+        if want is None or got == want:
+            return None
+        return Divergence(self.start, "checkpoint", (
+            f"{shown} holds weights {got}, the ledger committed {want} at step {self.start}: "
+            "the checkpoint was altered (freshroll verify names its files)"))
+
+    def step(self, step: int, altered: set[str]) -> Divergence | None:
+        c = self.chain[step]
+        bad = [s for s in c.samples if s in altered]
+        if bad:
+            return Divergence(step, "samples", (
+                f"{len(bad)} stored sample(s) of its batch do not match the digests their "
+                f"generated events recorded ({', '.join(bad[:3])}"
+                f"{', ...' if len(bad) > 3 else ''}): altered data, not the kernels"))
+        wrong = step_settings(self.learner, self.cfg, self.hist, self.recorded, step)
+        if wrong is not None:
+            return Divergence(step, "settings", f"{wrong} (another freshroll, or an edited "
+                                                "ledger)")
+        t0 = time.perf_counter()
+        self.learner.step(train_samples(self.buf, c.samples, c.parent.step), step)
+        self.spent += time.perf_counter() - t0
+        got = weights_digest(self.learner.model)
+        want = c.version.weights_digest
+        if want is not None and got != want:
+            return Divergence(step, "weights", (
+                f"trained again it gives weights {got}, the ledger committed {want}; its "
+                "samples and settings match their records: a non-deterministic kernel, "
+                f"another torch build (here {torch.__version__}) or another thread count "
+                f"(here {self.threads})"))
+        again = c.parent.child(c.samples, self.learner.settings_digest, got)
+        if again.digest != c.version.digest:
+            return Divergence(step, "version", (
+                f"its batch and settings give version {again}, the ledger committed "
+                f"{c.version}"))
+        self.steps += 1
+        return None
+
+    def result(self, divergence: Divergence | None) -> ReplayResult:
+        known = [self.train_s[k] for k in range(self.start + 1, self.start + self.steps + 1)
+                 if self.train_s.get(k)]
+        return ReplayResult(self.start, self.to, self.steps,
+                            self.spent / self.steps if self.steps else None,
+                            sum(known) / len(known) if known else None, self.threads,
+                            divergence)
 
 
 __all__ = ["Divergence", "ReplayResult", "replay_run"]

@@ -24,8 +24,8 @@ from freshroll import events as ev
 from freshroll.buffer import SampleBuffer
 from freshroll.engines import payload as pl
 from freshroll.errors import LineageError
-from freshroll.ledger import Ledger
-from freshroll.lineage import PolicyVersion, payload_digest
+from freshroll.ledger import Ledger, decode_event
+from freshroll.lineage import PolicyVersion, payload_mismatches
 from freshroll.trainer.grpo import GRPOLearner, TrainSample
 
 
@@ -62,20 +62,17 @@ def altered_payloads(ledger: Ledger, samples: Sequence[str]) -> list[str]:
     """``samples`` whose stored payload is missing or does not have the digest its
     ``generated`` event recorded, each as "sample: why" (events without a digest: unchecked)."""
     wanted = set(samples)
-    recorded = {e.sample: e.payload_digest for _, e in ledger.events()
-                if isinstance(e, ev.Generated) and e.sample in wanted
-                and e.payload_digest is not None}
-    out = []
-    for sid in samples:
-        want = recorded.get(sid)
-        if want is None:
+    found: dict[str, str] = {}
+    for seq, kind, body in ledger.rows():  # only the generated events are decoded
+        if kind != "generated":
             continue
-        data = ledger.payload(sid)
-        if data is None:
-            out.append(f"{sid}: payload missing")
-        elif payload_digest(data) != want:
-            out.append(f"{sid}: payload digest {payload_digest(data)}, recorded {want}")
-    return out
+        e = decode_event(body, where=f"{ledger.path} seq {seq}", kind=kind)
+        if isinstance(e, ev.Generated) and e.sample in wanted and e.payload_digest is not None:
+            found[e.sample] = e.payload_digest
+    recorded = {sid: found[sid] for sid in samples if sid in found}
+    return [f"{sid}: payload missing" if got is None
+            else f"{sid}: payload digest {got}, recorded {recorded[sid]}"
+            for sid, got in payload_mismatches(recorded, ledger.payload)]
 
 
 @dataclass(frozen=True)
