@@ -12,8 +12,12 @@ overrides; the exact parameter counts are printed) x completion lengths
   auto, placement and threads settled by the run's thread probe; always run),
   ``async-inline``, ``async-process``, ``async-ray`` (``run.runtime`` inline / process /
   ray), and
-  ``trl`` (TRL's ``GRPOTrainer`` at the same settings: :mod:`vs_trl`'s runner and settings
-  mapping, at ``--trl-threads`` intra-op threads);
+  ``trl-1t`` and ``trl-default`` (TRL's ``GRPOTrainer`` at the same settings: :mod:`vs_trl`'s
+  runner and settings mapping, at one intra-op thread and at torch's default, all the
+  cores, as a user runs it): every ratio to TRL is to the faster of the two (the peer at its
+  best; which one is printed), and
+  ``floor`` (:mod:`floor`: the leanest correct PyTorch loop for the same work, at one
+  thread and at all the cores, the faster: the step this machine cannot beat);
 - load: ``quiet``, or ``contended``: one fixed CPU-bound process started by the benchmark
   (a pure-Python busy loop pinned to the last core, the same for every system), stopped
   after the shape's runs.
@@ -33,11 +37,15 @@ Per shape and load, also measured:
   **bound attainment** A = speedup / max(1, min(stage bound, parallel limit)), and async /
   TRL.
 
-Goals (issue 9), for the async default (``async-auto``; what each run settled on, printed),
-per shape and load: never slower than sync (``speedup >= 1``; contended: or the run says
-asynchrony did not pay: ``summary.json`` ``overlap.verdict``), ``A >= 0.85``, ``>= 1.5x``
-TRL; with two seeds or more, reward at equal steps (last 10%) within noise of TRL and of
-sync (:func:`vs_trl.reward_check`).
+Goals, for the async default (``async-auto``; what each run settled on, printed), per
+shape and load: never slower than sync (``not_slower``: ``speedup >= 1``; contended: or the
+run says asynchrony did not pay: ``summary.json`` ``overlap.verdict``), ``A >= 0.85``
+(issue 9); and, against the peer at its best (issue 25): ``trl``, the async default
+``>= 1.3x`` the best TRL quiet and ``>= 1.0x`` contended; ``sync_trl``, freshroll's fastest
+sync run ``>= 1.0x`` the best TRL (quiet); ``floor``, freshroll's sync step within 1.15x of
+the floor's; ``outside``, the async default's seconds outside its measured wall (start-up
+and end files) at most 5; with two seeds or more, reward at equal steps (last 10%) within
+noise of the best TRL and of sync (:func:`vs_trl.reward_check`).
 
 Steps per run are chosen per shape from the capacities so that a sync run takes about
 ``--target-s`` seconds (15) and printed. Usage::
@@ -45,7 +53,7 @@ Steps per run are chosen per shape from the capacities so that a sync run takes 
     .venv/bin/python benchmarks/async_sweep.py                     # the whole sweep
     .venv/bin/python benchmarks/async_sweep.py --quick             # smoke run (seconds)
     .venv/bin/python benchmarks/async_sweep.py --sizes tiny 1m --lengths 16 \\
-        --systems sync async-inline trl --load quiet --seeds 0 1 2 --json sweep.json
+        --systems sync async-inline trl-1t trl-default floor --load quiet --seeds 0 1 2
 
 Nothing is downloaded (``HF_HUB_OFFLINE=1``).
 """
@@ -88,8 +96,14 @@ SYSTEMS: dict[str, tuple[int, str] | None] = {
     "async-inline": (1, "inline"),
     "async-process": (1, "process"),
     "async-ray": (1, "ray"),
-    "trl": None,
+    "trl-1t": None,  # TRL's GRPOTrainer at one intra-op thread
+    "trl-default": None,  # ... at torch's default thread count (all the cores)
+    "floor": None,  # benchmarks/floor.py at 1 thread and at all the cores, the faster
 }
+#: the TRL systems; every ratio to TRL is to the faster of those measured
+TRLS = ("trl-1t", "trl-default")
+#: torch's default intra-op threads in a fresh process, read before any run sets them
+TRL_DEFAULT_THREADS = 0
 #: the systems whose best rate is every speedup's baseline (the fastest sync run measured)
 SYNCS = ("sync", "sync-1t")
 #: the async default: run.runtime and run.torch_threads auto, as a user gets them
@@ -97,7 +111,11 @@ DEFAULT = "async-auto"
 LOADS = ("quiet", "contended")
 
 GOAL_A = 0.85
-GOAL_TRL = vs_trl.GOAL_SPEEDUP  # 1.5
+GOAL_TRL = 1.3  # the async default over the best TRL, quiet (issue 25)
+GOAL_TRL_CONTENDED = 1.0  # ... with a core taken
+GOAL_SYNC_TRL = 1.0  # freshroll sync over the best TRL, quiet
+GOAL_FLOOR = 1.15  # freshroll's sync step / the floor's step, at most
+GOAL_OUTSIDE_S = 5.0  # seconds of a run outside its measured wall, at most
 GOAL_NOT_SLOWER = 1.0
 
 
@@ -159,6 +177,8 @@ class Cell:
     costs: dict[str, dict[str, float]] = field(default_factory=dict)
     #: system -> what each run settled on (summary.json host.placement): "inline x2", ...
     placements: dict[str, list[str]] = field(default_factory=dict)
+    #: the floor at each thread count measured: threads -> {"gen_s", "train_s", "step_s"}
+    floor: dict[int, dict[str, float]] = field(default_factory=dict)
 
     @property
     def bound(self) -> float:
@@ -176,11 +196,29 @@ class Cell:
     def speedup(self, system: str) -> float:
         return ratio(self.rates.get(system), self.best_sync())
 
+    def best_trl(self) -> tuple[str, float] | None:
+        """The faster TRL run measured (its system name, its rate): the peer at its best."""
+        measured = [(self.rates[s], s) for s in TRLS if s in self.rates]
+        if not measured:
+            return None
+        rate, name = max(measured)
+        return name, rate
+
+    def floor_step(self) -> float:
+        """The floor's step at its best thread count (NaN if not measured)."""
+        steps = [f["step_s"] for f in self.floor.values()]
+        return min(steps) if steps else math.nan
+
+    def floor_ratio(self) -> float:
+        """freshroll's sync step (the fastest sync run's wall / steps) / the floor's step."""
+        return ratio(self.sync_step_s, self.floor_step())
+
     def a(self, system: str) -> float:
         return attainment(self.speedup(system), self.bound, self.limit)
 
     def vs_trl(self, system: str) -> float:
-        return ratio(self.rates.get(system), self.rates.get("trl"))
+        best = self.best_trl()
+        return ratio(self.rates.get(system), best[1] if best else None)
 
 
 def goal_checks(cell: Cell, default: str) -> dict[str, str]:
@@ -201,7 +239,16 @@ def goal_checks(cell: Cell, default: str) -> dict[str, str]:
     a = cell.a(default)
     out["A"] = "n/a" if not math.isfinite(a) else "PASS" if a >= GOAL_A else "MISS"
     t = cell.vs_trl(default)
-    out["trl"] = "n/a" if not math.isfinite(t) else "PASS" if t >= GOAL_TRL else "MISS"
+    goal = GOAL_TRL if cell.load == "quiet" else GOAL_TRL_CONTENDED
+    out["trl"] = "n/a" if not math.isfinite(t) else "PASS" if t >= goal else "MISS"
+    if cell.load == "quiet":
+        s = ratio(cell.best_sync(), (cell.best_trl() or ("", None))[1])
+        out["sync_trl"] = ("n/a" if not math.isfinite(s)
+                           else "PASS" if s >= GOAL_SYNC_TRL else "MISS")
+    f = cell.floor_ratio()
+    out["floor"] = "n/a" if not math.isfinite(f) else "PASS" if f <= GOAL_FLOOR else "MISS"
+    o = cell.costs.get(default, {}).get("outside_wall_s", math.nan)
+    out["outside"] = "n/a" if not math.isfinite(o) else "PASS" if o <= GOAL_OUTSIDE_S else "MISS"
     for other, check in cell.reward.items():
         ok = check.get("not_worse")
         out[f"reward_vs_{other}"] = "n/a" if ok is None else "PASS" if ok else "MISS"
@@ -217,22 +264,29 @@ def _params(n: int) -> str:
 
 
 def render_table(cells: Sequence[Cell], systems: Sequence[str], default: str) -> str:
-    """The sweep's one table (markdown): a row per shape and load."""
+    """The sweep's one table (markdown): a row per shape and load. "best TRL" names the
+    faster TRL run, the denominator of both TRL ratios; "sync / floor" is the fastest sync
+    run's step over the floor's."""
     rates = list(systems)
     head = (["params", "new tok", "load", "steps", "stage bound", "par. limit"]
             + [f"{s} /s" for s in rates]
-            + [f"speedup {default}", "A", f"{default} / TRL", "verdict", "goals"])
+            + ["best TRL", "sync / TRL", f"speedup {default}", "A", f"{default} / TRL",
+               "sync / floor", "outside s", "verdict", "goals"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for c in cells:
         g = goal_checks(c, default)
         goals = " ".join(f"{k} {v}" for k, v in g.items())
         verdicts = c.verdicts.get(default) or []
+        best = c.best_trl()
         row = ([f"{c.size} ({_params(c.params)})", str(c.length), c.load, str(c.steps),
                 _f(c.bound, ".2f"), _f(c.limit, ".2f")]
                + [_f(c.rates.get(s), ".1f") for s in rates]
-               + [_f(c.speedup(default), ".2f"), _f(c.a(default), ".2f"),
-                  _f(c.vs_trl(default), ".2f"), ",".join(str(v) for v in verdicts) or "-",
-                  goals])
+               + [best[0] if best else "-", _f(ratio(c.best_sync(), best[1] if best else None),
+                                                ".2f"),
+                  _f(c.speedup(default), ".2f"), _f(c.a(default), ".2f"),
+                  _f(c.vs_trl(default), ".2f"), _f(c.floor_ratio(), ".2f"),
+                  _f(c.costs.get(default, {}).get("outside_wall_s"), ".1f"),
+                  ",".join(str(v) for v in verdicts) or "-", goals])
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
@@ -246,6 +300,9 @@ def render_details(cells: Sequence[Cell], systems: Sequence[str]) -> str:
         lines.append(f"{c.size} L={c.length} {c.load}: sync step {_f(c.sync_step_s, '.4f')} s, "
                      f"{times} (s per batch); parallel probe alone {_f(c.t_alone, '.2f')} s, "
                      f"two at once {_f(c.t_concurrent, '.2f')} s")
+        for n, f in sorted(c.floor.items()):
+            lines.append(f"    floor at {n} thread(s): generate {_f(f['gen_s'], '.4f')} s, "
+                         f"train {_f(f['train_s'], '.4f')} s, step {_f(f['step_s'], '.4f')} s")
         for s in asyncs:
             cost = c.costs.get(s, {})
             lines.append(f"    {s:<14} speedup {_f(c.speedup(s), '.2f')}  A {_f(c.a(s), '.2f')}"
@@ -388,14 +445,41 @@ def settled_as(r: vs_trl.Result) -> str:
     return f"{p.get('runtime', '?')} x{p.get('trainer_threads', '?')}"
 
 
+def trl_threads(system: str) -> int:
+    """The intra-op threads of a TRL system: one, or torch's default (all the cores)."""
+    return 1 if system == "trl-1t" else (TRL_DEFAULT_THREADS or available_threads())
+
+
+def available_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def measure_floor(model_dir: Path, cfg: Any, quick: bool) -> dict[int, dict[str, float]]:
+    """The floor (:func:`floor.measure`) at one thread and at all the cores."""
+    import floor
+
+    prompts, _ = vs_trl.prompt_rows(cfg)
+    r = cfg.rollout
+    out: dict[int, dict[str, float]] = {}
+    for n in sorted({1, TRL_DEFAULT_THREADS or available_threads()}):
+        f = floor.measure(model_dir, prompts, rows=r.batch_groups * r.group_size,
+                          group_size=r.group_size, new_tokens=r.max_new_tokens, threads=n,
+                          steps=2 if quick else 5, temperature=r.temperature or 1.0,
+                          lr=cfg.trainer.lr)
+        out[n] = {"gen_s": f.gen_s, "train_s": f.train_s, "step_s": f.step_s}
+    return out
+
+
 def run_system(system: str, steps: int, seed: int, model_dir: Path, overrides: list[str],
-               out: Path, threads: str, trl_threads: int) -> vs_trl.Result:
+               out: Path, threads: str) -> vs_trl.Result:
     spec = SYSTEMS[system]
     threads = "1" if system == "sync-1t" else threads
     shutil.rmtree(out, ignore_errors=True)
     if spec is None:
         cfg = vs_trl.freshroll_config(steps, seed, (0, "inline"), model_dir, overrides)
-        r = vs_trl.run_trl(cfg, model_dir, out, trl_threads)
+        r = vs_trl.run_trl(cfg, model_dir, out, trl_threads(system))
         r.system = system
         return r
     cfg = vs_trl.freshroll_config(steps, seed, spec, model_dir, overrides, threads)
@@ -419,7 +503,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target-s", type=float, default=15.0, help="seconds per sync run")
     ap.add_argument("--steps", type=int, help="steps per run (default: from --target-s)")
     ap.add_argument("--torch-threads", default="auto", help="freshroll's run.torch_threads")
-    ap.add_argument("--trl-threads", type=int, default=1)
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: tiny, 4 tokens, sync/async-auto/trl, quiet, 3 steps")
     ap.add_argument("--json", type=Path, help="write every figure to this file")
@@ -430,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
         args.sizes = args.sizes if "--sizes" in given else ["tiny"]
         args.lengths = args.lengths if "--lengths" in given else [4]
         args.systems = (args.systems if "--systems" in given
-                        else ["sync", DEFAULT, "trl"])
+                        else ["sync", DEFAULT, *TRLS, "floor"])
         args.load = args.load if "--load" in given else ["quiet"]
         args.steps = args.steps or 3
     if "sync" not in args.systems:
@@ -445,6 +528,8 @@ def main(argv: list[str] | None = None) -> int:
     import transformers
     from transformers.utils import logging as hf_logging
 
+    global TRL_DEFAULT_THREADS
+    TRL_DEFAULT_THREADS = torch.get_num_threads()  # before any run sets it
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     from freshroll.runtime.placement import available_cores
@@ -454,7 +539,8 @@ def main(argv: list[str] | None = None) -> int:
     t_all = time.perf_counter()
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, "
           f"{os.cpu_count()} cpus ({available_cores()} available), python "
-          f"{platform.python_version()}, load average {os.getloadavg()[0]:.2f}")
+          f"{platform.python_version()}, load average {os.getloadavg()[0]:.2f}; torch's "
+          f"default threads {TRL_DEFAULT_THREADS} (trl-default)")
     cells: list[Cell] = []
     results: list[dict[str, Any]] = []
     default = DEFAULT
@@ -499,6 +585,7 @@ def main(argv: list[str] | None = None) -> int:
                        "vs_trl": {s: c.vs_trl(s) for s in args.systems},
                        "goals": goal_checks(c, default)} for c in cells],
             "results": results, "benchmark_s": total,
+            "trl_default_threads": TRL_DEFAULT_THREADS,
             "machine": {"cpus": os.cpu_count(), "cores": available_cores(),
                         "platform": platform.platform()},
         }, indent=1, default=str))
@@ -525,14 +612,20 @@ def _measure_cell(args: argparse.Namespace, size: str, params: int, length: int,
           + " ".join(f"t_{k} {v:.4f}" for k, v in times.items())
           + f" s/batch; parallel limit {cell.limit:.2f}; {steps} steps per run "
           f"({time.perf_counter() - t0:.1f} s)", flush=True)
+    if "floor" in args.systems:
+        cell.floor = measure_floor(model_dir, base, args.quick)
+        best = min(cell.floor.values(), key=lambda f: f["step_s"])
+        cell.rates["floor"] = batch / best["step_s"]
+        print("    floor          " + ", ".join(
+            f"{n} thread(s) step {f['step_s']:.4f} s" for n, f in sorted(cell.floor.items()))
+            + f" ({cell.rates['floor']:.1f} rollouts/s)", flush=True)
     per_system: dict[str, list[vs_trl.Result]] = {}
-    systems = args.systems
+    systems = [s for s in args.systems if s != "floor"]
     for i, seed in enumerate(args.seeds):
         rot = i % len(systems)
         for system in systems[rot:] + systems[:rot]:
             out = work / "runs" / f"{size}-L{length}-{load}" / f"{system}-s{seed}"
-            r = run_system(system, steps, seed, model_dir, over, out, args.torch_threads,
-                           args.trl_threads)
+            r = run_system(system, steps, seed, model_dir, over, out, args.torch_threads)
             per_system.setdefault(system, []).append(r)
             verdict = (r.extra.get("overlap") or {}).get("verdict")
             results.append({"size": size, "length": length, "load": load, **asdict(r),
@@ -556,9 +649,11 @@ def _measure_cell(args: argparse.Namespace, size: str, params: int, length: int,
         flat = [r for rs in per_system.values() for r in rs]
         agg = vs_trl.aggregate(flat)
         target = DEFAULT
-        for other in ("trl", "sync"):
+        best = cell.best_trl()
+        for other in (best[0] if best else "trl", "sync"):
             if target in agg and other in agg:
-                cell.reward[other] = vs_trl.reward_check(agg, target, other)
+                cell.reward["trl" if other in TRLS else other] = vs_trl.reward_check(
+                    agg, target, other)
     return cell
 
 

@@ -55,28 +55,62 @@ def test_bounds_and_attainment():
     assert sweep.choose_steps(math.nan, 15.0) == 5
 
 
+NA = {"floor": "n/a", "outside": "n/a"}
+
+
 def test_cell_figures_and_goals():
-    c = _cell(sync=100.0, **{"async-inline": 180.0, "trl": 100.0})
+    c = _cell(sync=100.0, **{"async-inline": 180.0, "trl-1t": 100.0})
     assert c.bound == pytest.approx(2.0)
     assert c.limit == pytest.approx(2 * 2.0 / 2.2)
     assert c.speedup("async-inline") == pytest.approx(1.8)
     assert c.a("async-inline") == pytest.approx(1.8 / (4.0 / 2.2))
     assert sweep.goal_checks(c, "async-inline") == {"not_slower": "PASS", "A": "PASS",
-                                                    "trl": "PASS"}
-    slow = _cell(sync=100.0, **{"async-inline": 95.0, "trl": 80.0})
+                                                    "trl": "PASS", "sync_trl": "PASS", **NA}
+    slow = _cell(sync=100.0, **{"async-inline": 95.0, "trl-1t": 80.0, "trl-default": 120.0})
     assert sweep.goal_checks(slow, "async-inline") == {"not_slower": "MISS", "A": "MISS",
-                                                       "trl": "MISS"}
+                                                       "trl": "MISS", "sync_trl": "MISS", **NA}
     slow.verdicts["async-inline"] = ["did not pay"]
     assert sweep.goal_checks(slow, "async-inline")["not_slower"] == "MISS (loss detected)"
     told = _cell("contended", sync=100.0, **{"async-inline": 95.0})
     told.verdicts["async-inline"] = ["did not pay", "did not pay"]
     assert sweep.goal_checks(told, "async-inline") == {
-        "not_slower": "PASS (loss detected)", "A": "MISS", "trl": "n/a"}
+        "not_slower": "PASS (loss detected)", "A": "MISS", "trl": "n/a", **NA}
     told.verdicts["async-inline"] = ["did not pay", "paid"]  # one seed missed it
     assert sweep.goal_checks(told, "async-inline")["not_slower"] == "MISS"
     c.reward = {"trl": {"not_worse": True}, "sync": {"not_worse": None}}
     goals = sweep.goal_checks(c, "async-inline")
     assert goals["reward_vs_trl"] == "PASS" and goals["reward_vs_sync"] == "n/a"
+
+
+def test_trl_ratios_are_to_the_faster_trl_run():
+    # the peer at its best: TRL at one thread and at torch's default, the faster one counts
+    c = _cell(sync=100.0, **{"async-auto": 150.0, "trl-1t": 90.0, "trl-default": 120.0})
+    assert c.best_trl() == ("trl-default", 120.0)
+    assert c.vs_trl("async-auto") == pytest.approx(1.25)
+    assert sweep.goal_checks(c, "async-auto")["trl"] == "MISS"  # 1.25 < 1.3 quiet
+    assert sweep.goal_checks(c, "async-auto")["sync_trl"] == "MISS"  # 100 < 120
+    c.rates["trl-default"] = 60.0
+    assert c.best_trl() == ("trl-1t", 90.0)
+    assert sweep.goal_checks(c, "async-auto")["trl"] == "PASS"
+    busy = _cell("contended", sync=100.0, **{"async-auto": 110.0, "trl-default": 100.0})
+    goals = sweep.goal_checks(busy, "async-auto")
+    assert goals["trl"] == "PASS" and "sync_trl" not in goals  # 1.0x is the contended goal
+    assert _cell(sync=1.0).best_trl() is None
+
+
+def test_floor_and_outside_wall_goals():
+    c = _cell(sync=100.0, **{"async-auto": 150.0})
+    c.floor = {1: {"gen_s": 0.1, "train_s": 0.09, "step_s": 0.19},
+               2: {"gen_s": 0.07, "train_s": 0.08, "step_s": 0.15}}
+    assert c.floor_step() == pytest.approx(0.15)
+    assert c.floor_ratio() == pytest.approx(0.20 / 0.15)
+    c.costs["async-auto"] = {"outside_wall_s": 4.0}
+    goals = sweep.goal_checks(c, "async-auto")
+    assert goals["floor"] == "MISS" and goals["outside"] == "PASS"
+    c.sync_step_s = 0.17
+    c.costs["async-auto"] = {"outside_wall_s": 6.0}
+    goals = sweep.goal_checks(c, "async-auto")
+    assert goals["floor"] == "PASS" and goals["outside"] == "MISS"
 
 
 def test_speedup_is_over_the_fastest_sync_run():
@@ -90,19 +124,19 @@ def test_speedup_is_over_the_fastest_sync_run():
 
 
 def test_table_has_a_row_per_shape_and_load():
-    cells = [_cell(sync=100.0, **{"async-inline": 150.0, "trl": 90.0}),
-             _cell("contended", sync=60.0, **{"async-inline": 55.0, "trl": 50.0})]
+    cells = [_cell(sync=100.0, **{"async-inline": 150.0, "trl-1t": 90.0}),
+             _cell("contended", sync=60.0, **{"async-inline": 55.0, "trl-1t": 50.0})]
     cells[1].verdicts["async-inline"] = ["did not pay"]
-    table = sweep.render_table(cells, ["sync", "async-inline", "async-ray", "trl"],
+    table = sweep.render_table(cells, ["sync", "async-inline", "async-ray", "trl-1t"],
                                "async-inline")
     lines = table.splitlines()
     assert len(lines) == 4
     assert lines[0].startswith("| params | new tok | load | steps | stage bound | par. limit")
     assert "async-ray /s" in lines[0]
     assert lines[2].startswith("| 1m (1.05M) | 16 | quiet | 40 | 2.00 | 1.82 | 100.0 | 150.0 "
-                               "| - | 90.0 | 1.50 |")
+                               "| - | 90.0 | trl-1t | 1.11 | 1.50 |")
     assert "did not pay" in lines[3] and "PASS (loss detected)" in lines[3]
-    details = sweep.render_details(cells, ["sync", "async-inline", "trl"])
+    details = sweep.render_details(cells, ["sync", "async-inline", "trl-1t"])
     assert "async-inline   speedup 1.50" in details
 
 
@@ -116,8 +150,10 @@ def test_quick_sweep_prints_its_table(tmp_path: Path):
     assert "| tiny (0.085M) | 4 | quiet | 3 |" in done.stdout
     data = json.loads(out.read_text())
     (cell,) = data["cells"]
-    assert set(cell["rates"]) == {"sync", "async-auto", "trl"}
+    assert set(cell["rates"]) == {"sync", "async-auto", "trl-1t", "trl-default", "floor"}
     assert all(r > 0 for r in cell["rates"].values())
+    assert set(cell["floor"]) == {"1", str(data["trl_default_threads"])} or len(cell["floor"]) == 1
+    assert "best TRL" in done.stdout and "sync / floor" in done.stdout
     assert cell["t_alone"] > 0 and cell["t_concurrent"] > 0
     assert set(cell["goals"]) == {"not_slower", "A", "trl"}
     assert cell["verdicts"]["async-auto"][0] in ("paid", "did not pay")
