@@ -179,6 +179,7 @@ def _print_result(result: RunResult) -> None:
     from freshroll.figures.segments import render_segments
     from freshroll.figures.summary import render_reward_versions
     from freshroll.figures.verdict import recovery_line, render
+    from freshroll.runtime.endfiles import render_fixed_costs
 
     s = result.summary
     plain = render(s["verdict"]) if "verdict" in s else ""
@@ -193,6 +194,9 @@ def _print_result(result: RunResult) -> None:
     rewards = render_reward_versions(s.get("reward_versions"))
     if rewards:
         click.echo(rewards, err=True)
+    fixed = render_fixed_costs(s)
+    if fixed:
+        click.echo(fixed, err=True)
     click.echo(
         f"run dir {result.run_dir}\n"
         f"steps {s['steps']}  accepted rollouts/s {s['accepted_rollouts_per_s']:.1f}  "

@@ -99,6 +99,14 @@ class Tally:
     _started: dict[str, int] = field(default_factory=dict)  # attempt -> policy step
     _leases: dict[str, tuple[int, float]] = field(default_factory=dict)  # -> step, wait
 
+    def current_span(self) -> tuple[float, float] | None:
+        """The measured wall of the current incarnation (the last ``opened`` on): from the
+        trainer's first wait for a lease to its last commit, as ledger timestamps; None
+        before its first commit."""
+        if self._start is None or self._last is None:
+            return None
+        return self._start, self._last
+
     def feed(self, e: ev.Event) -> dict[str, Any] | None:
         """Fold one event; for a ``committed`` event, return its ``metrics.jsonl`` row."""
         if isinstance(e, ev.Opened):

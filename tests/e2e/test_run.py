@@ -37,6 +37,10 @@ def test_run_dir_complete_verified_and_lag_bounded(tmp_path: Path, small: list[s
     else:
         assert placed["runtime"] == ("inline" if eta == 0 or placed["cores"] < 2 else "process")
     assert "runtime: auto" in (out / "config.yaml").read_text()  # what was asked is kept
+    # the seconds outside the measured wall, in summary.json and the end line (issue 25)
+    fixed = s["fixed_costs"]
+    assert fixed["start_s"] > 0 and fixed["end_s"] > 0
+    assert "outside the measured wall: start-up" in proc.stderr
     rows = metrics(out)
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
     assert all(r["lag_max"] <= eta for r in rows)

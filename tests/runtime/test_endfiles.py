@@ -154,3 +154,27 @@ def test_an_unreadable_counts_json_is_shown_and_raised(sim_run: Path, tmp_path: 
     assert "could not verify" in (run / "report.html").read_text()
     with pytest.raises(LedgerError, match=r"counts\.json"):
         verify_run(run)
+
+
+def test_fixed_costs_are_recorded_and_survive_a_rebuilt_summary(sim_run: Path,
+                                                                 tmp_path: Path) -> None:
+    import shutil
+
+    from freshroll.runtime.endfiles import (
+        finish_run_dir,
+        record_fixed_costs,
+        render_fixed_costs,
+    )
+
+    run = tmp_path / "run"
+    shutil.copytree(sim_run, run)
+    summary = json.loads((run / "summary.json").read_text())
+    assert "fixed_costs" not in summary  # a virtual-clock run records none
+    assert render_fixed_costs(summary) == ""
+    fixed = record_fixed_costs(run, summary, (100.0, 110.0), called_at=97.5, now=112.0)
+    assert fixed == {"start_s": 2.5, "end_s": 2.0}
+    assert json.loads((run / "summary.json").read_text())["fixed_costs"] == fixed
+    assert "start-up 2.5 s" in render_fixed_costs(summary)
+    assert verify_run(run).ok  # not a ledger figure: verify does not recompute it
+    finish_run_dir(run, report=False)  # `freshroll report` rebuilds summary.json
+    assert json.loads((run / "summary.json").read_text())["fixed_costs"] == fixed

@@ -47,6 +47,9 @@ def write_summary(run_dir: Path, summary: dict[str, Any] | None = None,
         host = read_host(run_dir)
     if host is not None:
         summary = {**summary, "host": jsonable(host)}
+    kept = read_block(run_dir, FIXED_COSTS)  # a summary rebuilt later keeps the run's own
+    if kept is not None and FIXED_COSTS not in summary:
+        summary = {**summary, FIXED_COSTS: kept}
     evaluation = eval_summary(run_dir)  # from eval.jsonl (not the ledger), when there is one
     if evaluation is not None:
         summary = {**summary, "eval": jsonable(evaluation)}
@@ -55,12 +58,51 @@ def write_summary(run_dir: Path, summary: dict[str, Any] | None = None,
 
 
 
+#: ``summary.json``'s block of the seconds a run spent outside its measured wall (written by
+#: :func:`record_fixed_costs` at the end of the run; not from the ledger: verify ignores it)
+FIXED_COSTS = "fixed_costs"
+
+
+def read_block(run_dir: Path, key: str) -> dict[str, Any] | None:
+    """The ``key`` block of ``run_dir``'s ``summary.json`` (None: no file, or none in it)."""
+    try:
+        block = json.loads((run_dir / SUMMARY_FILE).read_text()).get(key)
+    except (OSError, ValueError, AttributeError):
+        return None
+    return block if isinstance(block, dict) else None
+
+
+def record_fixed_costs(run_dir: Path, summary: dict[str, Any], span: tuple[float, float],
+                       called_at: float, now: float) -> dict[str, float]:
+    """Add ``fixed_costs`` to ``summary`` and rewrite ``summary.json``: ``start_s``, the
+    seconds from the ``run`` call to the measured wall's start (config, model load, thread
+    probe, workers), and ``end_s``, from the wall's end (the last commit) to ``now`` (the
+    pipeline's close and the end files: summary, verify, report). ``span``: the wall's
+    (start, end) as ledger timestamps; all times on the real clock."""
+    fixed = {"start_s": max(0.0, span[0] - called_at), "end_s": max(0.0, now - span[1])}
+    summary[FIXED_COSTS] = fixed
+    write_atomic(run_dir / SUMMARY_FILE, json.dumps(summary, indent=1, allow_nan=False) + "\n")
+    return fixed
+
+
+def render_fixed_costs(summary: dict[str, Any]) -> str:
+    """The end line's account of the seconds outside the measured wall; empty if none."""
+    fixed = summary.get(FIXED_COSTS)
+    if not isinstance(fixed, dict):
+        return ""
+    return (f"outside the measured wall: start-up {fixed['start_s']:.1f} s (config, model, "
+            f"thread probe, workers), end {fixed['end_s']:.1f} s (close, summary, verify, "
+            "report)")
+
+
 @dataclass
 class Finished:
     summary: dict[str, Any]
     #: verify's report of the run directory, or the error that kept it from running (an
     #: unreadable ``counts.json``); the report page shows either
     verified: Report | Exception
+    #: the current incarnation's measured wall as ledger timestamps (None: no commit)
+    span: tuple[float, float] | None = None
 
 
 def finish_run_dir(run_dir: Path, *, baseline: Path | None = None, report: bool = True,
@@ -85,7 +127,7 @@ def finish_run_dir(run_dir: Path, *, baseline: Path | None = None, report: bool 
         from freshroll.report.html import write_report
 
         write_report(run_dir, baseline=baseline, fold=passed.fold, verified=verified)
-    return Finished(summary, verified)
+    return Finished(summary, verified, passed.fold.tally.current_span())
 
 
 def check_baseline(path: Path) -> None:

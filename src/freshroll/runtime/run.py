@@ -40,6 +40,7 @@ import math
 import random
 import shutil
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -67,7 +68,7 @@ from freshroll.runtime.adapters import (
     ThreadTrainer,
     clone_weights,
 )
-from freshroll.runtime.endfiles import Finished, finish_run_dir
+from freshroll.runtime.endfiles import Finished, finish_run_dir, record_fixed_costs
 from freshroll.runtime.evaluation import Evaluator, build_evaluator, evals_by_step, with_eval
 from freshroll.runtime.evaluation import trim as trim_evals
 from freshroll.runtime.hooks import ChaosSession
@@ -489,15 +490,17 @@ def run(
     plots take seconds; the chaos harness runs hundreds of runs). The run directory is locked
     for the whole call.
     """
+    called_at = time.time()  # fixed_costs.start_s counts from here
     prep = prepare_run_dir(cfg, out, resume, allow_change)
     try:
-        return _run(prep, out, stream, make_engine, chaos, report)
+        return _run(prep, out, stream, make_engine, chaos, report, called_at)
     finally:
         prep.lock.release()
 
 
 def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | None,
-         chaos: ChaosSession | None = None, report: bool = True) -> RunResult:
+         chaos: ChaosSession | None = None, report: bool = True,
+         called_at: float | None = None) -> RunResult:
     asked = prep.cfg
     placement = settle_placement(asked, prep.prompts, prep.model_path,
                                  injected=make_engine is not None, stream=stream)
@@ -575,6 +578,8 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
             raise failure
         raise stopped from failure
     done = _write_end_files(out, buf, report, placement)
+    if called_at is not None and done.span is not None and isinstance(clock, RealClock):
+        record_fixed_costs(out, done.summary, done.span, called_at, time.time())
     if isinstance(done.verified, Exception):
         raise done.verified
     line = overlap_line(done.summary)
