@@ -23,7 +23,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal, TypeVar, Union, get_args, get_origin
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -35,7 +34,7 @@ from pydantic import (
 )
 
 from freshroll.errors import ConfigError
-from freshroll.yamlfile import parse_yaml, read_yaml_file
+from freshroll.yamlfile import dump_plain, parse_yaml, read_yaml_file
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -679,7 +678,7 @@ class Config(_Section):
         return self
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+        return dump_plain(self.model_dump(mode="json"))
 
 
 #: the top-level keys whose value is a list of sections (an override indexes them)

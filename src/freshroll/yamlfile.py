@@ -63,6 +63,24 @@ def parse_yaml(text: str, source: str) -> Any:
         raise ConfigError(f"{source}: not valid YAML: {exc}") from None
 
 
+#: libyaml's loader and dumper where PyYAML was built with it (5-8x faster than the pure-Python
+#: ones, the same data and, for the plain data freshroll writes, the same text), else PyYAML's
+_FAST_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_FAST_DUMPER: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
+def load_plain(text: str) -> Any:
+    """YAML that freshroll wrote itself (``config.yaml``) as plain data: a safe loader, fast;
+    a user's file goes through :func:`parse_yaml` (duplicate keys, messages naming it)."""
+    return yaml.load(text, Loader=_FAST_LOADER)
+
+
+def dump_plain(data: Any) -> str:
+    """Plain data as block YAML in the order given (a safe dumper, fast)."""
+    text: str = yaml.dump(data, Dumper=_FAST_DUMPER, sort_keys=False)
+    return text
+
+
 def read_yaml_file(path: str | Path, what: str = "config file") -> Any:
     """The YAML document of the file ``path``: a ConfigError names the file when it cannot
     be read, is not UTF-8 text (random bytes, a binary) or not YAML (``what``: the file's
@@ -80,4 +98,5 @@ def read_yaml_file(path: str | Path, what: str = "config file") -> Any:
     return parse_yaml(text, str(p))
 
 
-__all__ = ["DuplicateKeyError", "UniqueKeyLoader", "parse_yaml", "read_yaml_file"]
+__all__ = ["DuplicateKeyError", "UniqueKeyLoader", "dump_plain", "load_plain", "parse_yaml",
+           "read_yaml_file"]

@@ -37,6 +37,7 @@ import yaml
 from freshroll import events as ev
 from freshroll.ledger import Ledger
 from freshroll.lineage import file_digests, payload_mismatches, policy_step
+from freshroll.yamlfile import load_plain
 
 INVARIANT = "files"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -148,7 +149,7 @@ def check_config(bindings: FileBindings, run_dir: Path, closed: bool, add: Any,
     if bindings.config is None:
         return
     try:
-        saved = yaml.safe_load(path.read_text(encoding="utf-8"))
+        saved = load_plain(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         add(INVARIANT, "config.yaml: missing (the ledger records the config in force)")
         return

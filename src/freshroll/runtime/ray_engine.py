@@ -63,13 +63,14 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from freshroll.engines.base import Completion
 from freshroll.errors import ClusterUnavailable, ConfigError, WorkerLost, WorkerTimeout
 from freshroll.runtime import ray_reaper
+
+if TYPE_CHECKING:  # reward actors import this module and need no torch (seconds of import)
+    import torch
 
 #: seconds a join waits for the cluster's address to answer (``run.ray_address``)
 CONNECT_TIMEOUT_S = 10.0
@@ -307,6 +308,8 @@ class _EngineActor:
     """Lives in a Ray worker process: one HFEngine on a local model directory."""
 
     def __init__(self, path: str, torch_threads: int) -> None:
+        import torch
+
         torch.set_num_threads(torch_threads)
         from freshroll.engines.hf import HFEngine
         from freshroll.engines.model_dir import quiet_transformers
