@@ -155,7 +155,9 @@ def test_quick_sweep_prints_its_table(tmp_path: Path):
     assert set(cell["floor"]) == {"1", str(data["trl_default_threads"])} or len(cell["floor"]) == 1
     assert "best TRL" in done.stdout and "sync / floor" in done.stdout
     assert cell["t_alone"] > 0 and cell["t_concurrent"] > 0
-    assert set(cell["goals"]) == {"not_slower", "A", "trl"}
+    # a quiet cell checks every goal of issue 25 (sync vs TRL, the floor, the fixed costs)
+    assert set(cell["goals"]) == {"not_slower", "A", "trl", "sync_trl", "floor", "outside"}
+    assert all(v.split(" ")[0] in ("PASS", "MISS", "n/a") for v in cell["goals"].values())
     assert cell["verdicts"]["async-auto"][0] in ("paid", "did not pay")
     # what the default settled on is read back from the run's summary
     assert cell["placements"]["async-auto"][0].split(" x")[0] in ("inline", "process")
