@@ -67,3 +67,44 @@ def test_stale_samples_get_importance_weights():
     metrics = learner.step(samples)
     assert metrics["is_weight_max"] != pytest.approx(1.0, abs=1e-6)
     assert metrics["mismatch_kl"] > 0
+
+
+@pytest.mark.parametrize("settings", [{}, {"kl_coef": 0.1}, {"grad_accum": 2},
+                                      {"aggregation": "dr_grpo"}])
+def test_kept_positions_train_as_the_full_projection(settings: dict):
+    """Logits only from the first completion target on (``logits_to_keep``) give the same
+    loss, metrics and weights as projecting every position and slicing (prompts of 2-6
+    tokens, right-padded: the rows' completions start at different positions)."""
+    results = []
+    for keep in (True, False):
+        learner, samples = _samples(1.0)
+        learner.cfg = learner.cfg.model_copy(update=settings)
+        if settings.get("kl_coef"):
+            learner.ref = __import__("copy").deepcopy(learner.model).eval()
+        learner._takes_keep = keep
+        metrics = learner.step(samples)
+        learner.step(samples)  # off-policy now: the importance weights differ from 1
+        results.append((metrics, {k: v.clone() for k, v in learner.model.state_dict().items()}))
+    (m_keep, w_keep), (m_full, w_full) = results
+    assert set(m_keep) == set(m_full)
+    for k in m_keep:
+        if k != "train_s":
+            assert m_keep[k] == pytest.approx(m_full[k], rel=1e-4, abs=1e-6), k
+    for k in w_keep:
+        assert torch.allclose(w_keep[k], w_full[k], atol=1e-6), k
+
+
+def test_the_learner_asks_the_model_for_the_kept_positions_only():
+    learner, samples = _samples(1.0)
+    seen: list[int] = []
+    forward = learner.model.forward
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("logits_to_keep"))
+        return forward(*args, **kwargs)
+
+    learner.model.forward = spy
+    learner.step(samples)
+    width = max(len(s.prompt_ids) + len(s.token_ids) for s in samples)
+    shortest = min(len(s.prompt_ids) for s in samples)
+    assert seen == [width - shortest + 1]

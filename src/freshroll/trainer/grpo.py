@@ -34,6 +34,7 @@ False`` and the run must stop (``--resume`` goes back to the last checkpoint).
 from __future__ import annotations
 
 import copy
+import inspect
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -81,6 +82,14 @@ class Batch:
     behaviour: torch.Tensor       # [B, L-1] behaviour log-probs at completion positions
     rewards: torch.Tensor         # [B]
     groups: torch.Tensor          # [B]
+
+    def from_target(self, first: int) -> Batch:
+        """The targets (and their masks and behaviour log-probs) from index ``first`` on; the
+        inputs whole (the prompt prefix is context)."""
+        if first == 0:
+            return self
+        return Batch(self.input_ids, self.attention_mask, self.targets[:, first:],
+                     self.mask[:, first:], self.behaviour[:, first:], self.rewards, self.groups)
 
     def rows(self, sl: slice) -> Batch:
         """The sequences ``sl`` as a batch of their own, trimmed to their longest."""
@@ -135,6 +144,21 @@ def settings_digest(cfg: TrainerSection, temperature: float, total_steps: int | 
     return digest_json(doc)
 
 
+def _first_target(mask: torch.Tensor) -> int:
+    """The first target index any row has a completion token at (0 if none has one)."""
+    cols = mask.any(dim=0).nonzero()
+    return int(cols[0, 0]) if cols.numel() else 0
+
+
+def all_finite(tensors: Sequence[torch.Tensor]) -> bool:
+    """Whether every element of every tensor is finite, in one pass and one host sync: the
+    max-abs norm of each tensor carries a NaN or an inf of any element (and cannot overflow)."""
+    ts = [t.detach() for t in tensors if t.numel()]
+    if not ts:
+        return True
+    return bool(torch.isfinite(torch.stack(torch._foreach_norm(ts, ord=float("inf")))).all())
+
+
 def _nonfinite_inputs(batch: Batch) -> str:
     """Where a non-finite loss came from, for the message."""
     r32 = batch.rewards
@@ -143,6 +167,16 @@ def _nonfinite_inputs(batch: Batch) -> str:
     if not bool(torch.isfinite(batch.behaviour).all()):
         return "behaviour log-probs not finite"
     return "rewards and behaviour log-probs finite: the model's output is not"
+
+
+def _takes_logits_to_keep(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s forward (or, under a PEFT wrapper, its base model's) names
+    ``logits_to_keep``."""
+    base = model
+    get_base = getattr(model, "get_base_model", None)
+    if callable(get_base):
+        base = get_base()
+    return "logits_to_keep" in inspect.signature(base.forward).parameters
 
 
 class GRPOLearner:
@@ -183,6 +217,7 @@ class GRPOLearner:
             weight_decay=cfg.weight_decay,
         )
         self.ref = copy.deepcopy(model).eval() if cfg.kl_coef > 0 else None
+        self._takes_keep = _takes_logits_to_keep(model)
         # on_nonfinite decides what happens to a step that is never applied: not a setting
         # of the training math, so not part of the digest that versions every commit
         self.settings_digest = settings_digest(cfg, temperature, total_steps)
@@ -216,7 +251,7 @@ class GRPOLearner:
         entropy = 0.0
         for sl in slices:
             micro = batch if len(slices) == 1 else batch.rows(sl)
-            loss, metrics, logits = self._micro_loss(micro, adv[sl], loss_cfg)
+            loss, metrics, logits, kept = self._micro_loss(micro, adv[sl], loss_cfg)
             tokens = float(micro.mask.sum())
             if len(slices) > 1:
                 loss = loss * micro_weight(
@@ -227,7 +262,7 @@ class GRPOLearner:
                 raise NonFiniteStep(f"loss is {float(loss.detach())} ({_nonfinite_inputs(micro)})")
             loss.backward()  # type: ignore[no-untyped-call]
             with torch.no_grad():
-                ent = entropy_from_logits(logits, micro.mask, self.temperature)
+                ent = entropy_from_logits(logits, kept, self.temperature)
             share = 1.0 if len(slices) == 1 else tokens / max(1.0, total_tokens)
             entropy += float(ent) * share  # the token mean over the whole batch
             parts.append((metrics, tokens))
@@ -245,7 +280,7 @@ class GRPOLearner:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.step()
-        if not all(bool(torch.isfinite(p).all()) for p in self.model.parameters()):
+        if not all_finite(list(self.model.parameters())):
             raise NonFiniteStep(
                 "weights are not finite after an optimizer step on finite gradients "
                 f"(trainer.lr={self.cfg.lr}, lr {lr:.4g} at step {number}?); the learner cannot "
@@ -265,23 +300,41 @@ class GRPOLearner:
 
     def _micro_loss(
         self, batch: Batch, adv: torch.Tensor, loss_cfg: LossConfig
-    ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
-        """The policy loss of ``batch`` (unscaled), its metrics and its detached logits."""
-        with self._autocast():
-            out = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
-        logits = out.logits[:, :-1].float()
-        logp = token_logprobs(logits, batch.targets, self.temperature)
-        ref = self._ref_logprobs(batch) if self.ref is not None else None
-        loss, metrics = policy_loss(
-            logp, batch.behaviour, adv, batch.mask, loss_cfg, ref_logprobs=ref
-        )
-        return loss, metrics, logits.detach()
+    ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor, torch.Tensor]:
+        """The policy loss of ``batch`` (unscaled), its metrics, and the detached logits of the
+        kept positions with their completion mask (for the entropy).
 
-    def _ref_logprobs(self, batch: Batch) -> torch.Tensor:
+        Only the positions from the first completion target on are projected to the
+        vocabulary (``logits_to_keep``, as TRL does): the prompt prefix that every row shares
+        attends as context but needs no logits, no log-softmax and no float32 copy. The
+        kept positions' logits are the same numbers a full projection gives."""
+        first = _first_target(batch.mask)
+        view = batch.from_target(first)
+        keep = batch.input_ids.shape[1] - first  # positions first .. L-1 (L-1 predicts nothing)
+        with self._autocast():
+            out = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                             **self._keep(keep))
+        logits = out.logits[:, -keep:][:, :-1].float()
+        logp = token_logprobs(logits, view.targets, self.temperature)
+        ref = self._ref_logprobs(batch, keep) if self.ref is not None else None
+        loss, metrics = policy_loss(
+            logp, view.behaviour, adv, view.mask, loss_cfg, ref_logprobs=ref
+        )
+        return loss, metrics, logits.detach(), view.mask
+
+    def _keep(self, keep: int) -> dict[str, int]:
+        """``logits_to_keep`` where the model takes it (every causal LM of transformers >= 4.45;
+        a PEFT wrapper passes it on); else nothing (the caller slices the full logits)."""
+        return {"logits_to_keep": keep} if self._takes_keep else {}
+
+    def _ref_logprobs(self, batch: Batch, keep: int) -> torch.Tensor:
         assert self.ref is not None
+        view = batch.from_target(batch.input_ids.shape[1] - keep)
         with torch.no_grad(), self._autocast():
-            out = self.ref(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
-            return token_logprobs(out.logits[:, :-1].float(), batch.targets, self.temperature)
+            out = self.ref(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                           **self._keep(keep))
+            logits = out.logits[:, -keep:][:, :-1].float()
+            return token_logprobs(logits, view.targets, self.temperature)
 
     def _autocast(self) -> torch.autocast:
         """``trainer.bf16``: the model's forward (and so its backward) in bfloat16 where
