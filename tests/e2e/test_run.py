@@ -31,7 +31,11 @@ def test_run_dir_complete_verified_and_lag_bounded(tmp_path: Path, small: list[s
     # run.runtime and run.torch_threads auto, settled on the thread probe and read back
     placed = s["host"]["placement"]
     probe = placed["probe"]
-    assert (probe is not None) == (placed["cores"] >= 2)
+    # an async run probes; a sync one settles each stage on its own calls (5 steps: trials)
+    assert (probe is not None) == (placed["cores"] >= 2 and eta > 0)
+    assert bool(placed["stages"]) == (placed["cores"] >= 2 and eta == 0)
+    if placed["stages"]:
+        assert placed["stages"]["train"]["calls"] == 5
     if probe is not None and probe["pays"]:
         assert (placed["runtime"], placed["trainer_threads"]) == ("inline", placed["cores"])
     else:
@@ -45,6 +49,28 @@ def test_run_dir_complete_verified_and_lag_bounded(tmp_path: Path, small: list[s
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
     assert all(r["lag_max"] <= eta for r in rows)
     assert freshroll("verify", str(out)).returncode == 0
+
+
+def test_a_sync_run_settles_each_stage_on_its_first_steps(tmp_path: Path, small: list[str],
+                                                         monkeypatch: pytest.MonkeyPatch):
+    """run.torch_threads auto in a sync run: generate and train each try 1 and all the cores
+    on their first calls and keep the faster; summary.json and the last lines say which."""
+    from freshroll.runtime import placement, thread_probe
+
+    monkeypatch.setattr(placement, "available_cores", lambda: 2)
+    monkeypatch.setattr(thread_probe, "available_cores", lambda: 2)
+    out = tmp_path / "sync"
+    args = [a for a in small if not a.startswith("run.progress=")]
+    proc = freshroll("run", *args, "run.steps=8", "run.max_staleness=0", "--out", str(out))
+    placed = summary(out)["host"]["placement"]
+    assert placed["probe"] is None and placed["runtime"] == "inline"
+    for stage in ("generate", "train"):
+        got = placed["stages"][stage]
+        assert got["settled"] in (1, 2) and got["many"] == 2 and got["gain"] > 0
+        assert [len(v) for v in got["seconds_per_row"].values()] == [3, 3]
+    assert placed["stages"]["train"]["calls"] == 8
+    assert "intra-op threads, settled on the first steps: generate" in proc.stderr
+    assert "settled on its own first calls" in proc.stderr  # the start line says so
 
 
 @pytest.mark.slow

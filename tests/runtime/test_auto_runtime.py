@@ -59,10 +59,10 @@ def test_the_probe_says_whether_threads_pay():
 
 
 def test_where_threads_pay_every_stage_runs_inline_on_all_cores():
-    for eta in (0, 1):  # sync and async alike
-        p = placement.plan(_cfg(max_staleness=eta), _probe(1.6), cores=2)
-        assert (p.runtime, p.budget.trainer, p.budget.worker) == ("inline", 2, 2)
-        assert "threads pay" in p.reason and "1.60x" in p.reason
+    p = placement.plan(_cfg(max_staleness=1), _probe(1.6), cores=2)
+    assert (p.runtime, p.budget.trainer, p.budget.worker) == ("inline", 2, 2)
+    assert "threads pay" in p.reason and "1.60x" in p.reason
+    assert p.stages == ()  # an async run's stages overlap: the probe decides for them
     # an explicit inline run with auto threads gets them too
     p = placement.plan(_cfg(max_staleness=1, runtime="inline"), _probe(1.6), cores=4)
     assert (p.runtime, p.budget.trainer) == ("inline", 4)
@@ -74,6 +74,26 @@ def test_where_threads_do_not_pay_the_fixed_rule_holds():
     assert "does not pay" in p.reason and "off its GIL" in p.reason
     p = placement.plan(_cfg(max_staleness=0), _probe(0.8), cores=2)
     assert (p.runtime, p.budget.trainer) == ("inline", 1)
+
+
+def test_a_sync_run_settles_each_stage_on_its_own_calls_not_on_a_probe():
+    # its steps repeat the same work: each stage tries 1 and all the cores on its first calls
+    assert not placement.wants_probe(_cfg(max_staleness=0), cores=2)
+    for probe in (None, _probe(1.6), _probe(0.8)):  # a probe given anyway is not read
+        p = placement.plan(_cfg(max_staleness=0), probe, cores=4)
+        assert (p.runtime, p.budget.trainer) == ("inline", 2)  # the fixed rule's start
+        assert [(s.stage, s.many) for s in p.stages] == [("generate", 4), ("train", 4)]
+        assert p.stage("train") is p.stages[1] and p.stage("reward") is None
+        assert "settled on its own first calls" in p.describe()
+        assert set(p.as_dict()["stages"]) == {"generate", "train"}
+    # not where the threads are set, on one core, for other engines or an injected one
+    for cfg, kw in ((_cfg(max_staleness=0, torch_threads=2), {}),
+                    (_cfg(max_staleness=0), {"cores": 1}),
+                    (_cfg(max_staleness=0, engine="sim"), {}),
+                    (_cfg(max_staleness=0), {"injected": True}),
+                    (_cfg(max_staleness=0, runtime="process"), {}),
+                    (_cfg(max_staleness=1), {})):
+        assert placement.plan(cfg, **{"cores": 2, **kw}).stages == ()
     # no probe (explicit threads): the fixed rule, and nothing auto to explain
     p = placement.plan(_cfg(max_staleness=1, runtime="process", torch_threads=3), cores=2)
     assert (p.runtime, p.budget.trainer, p.reason) == ("process", 3, "")
@@ -81,7 +101,8 @@ def test_where_threads_do_not_pay_the_fixed_rule_holds():
 
 def test_a_probe_is_wanted_only_where_it_decides_something():
     assert placement.wants_probe(_cfg(max_staleness=1), cores=2)
-    assert placement.wants_probe(_cfg(max_staleness=0, runtime="inline"), cores=2)
+    assert placement.wants_probe(_cfg(max_staleness=1, runtime="inline"), cores=2)
+    assert not placement.wants_probe(_cfg(max_staleness=0, runtime="inline"), cores=2)
     assert not placement.wants_probe(_cfg(max_staleness=1), cores=1)
     assert not placement.wants_probe(_cfg(max_staleness=1, torch_threads=1), cores=2)
     assert not placement.wants_probe(_cfg(max_staleness=1, runtime="process"), cores=2)

@@ -51,9 +51,11 @@ import contextlib
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any, TypeVar
+
+import torch
 
 from freshroll import unsafe
 from freshroll.buffer import SampleBuffer
@@ -67,6 +69,7 @@ from freshroll.rewards.scoring import RewardSet, Score
 from freshroll.rewards.tasks import Prompt
 from freshroll.runtime.threads import AbandonableExecutor
 from freshroll.runtime.waits import seconds
+from freshroll.stage_threads import StageThreads
 from freshroll.state import Lease
 from freshroll.trainer.grpo import GRPOLearner, TrainSample
 from freshroll.trainer.replay import train_samples, weights_digest
@@ -79,8 +82,10 @@ class ThreadEngine:
 
     continuous = False
 
-    def __init__(self, engine: InferenceEngine, name: str, limits: LimitsSection) -> None:
+    def __init__(self, engine: InferenceEngine, name: str, limits: LimitsSection,
+                 threads: StageThreads | None = None) -> None:
         self.engine, self.name, self.limits = engine, name, limits
+        self.threads = threads  # a sync run's generate threads, settled on its calls
         self._pool = AbandonableExecutor(f"worker-{name}")
         #: (abandoned call, what it was, when it was abandoned, its deadline)
         self._orphans: list[tuple[Future[Any], str, float, float]] = []
@@ -142,10 +147,11 @@ class ThreadEngine:
         deliver(comps)
 
     def _generate(self, texts: list[str], params: SamplingParams, seed: int) -> list[Completion]:
-        comps = self.engine.generate(
-            texts, max_new_tokens=params.max_new_tokens, temperature=params.temperature,
-            top_p=params.top_p, seed=seed,
-        )
+        with tuned(self.threads, len(texts)):
+            comps = self.engine.generate(
+                texts, max_new_tokens=params.max_new_tokens, temperature=params.temperature,
+                top_p=params.top_p, seed=seed,
+            )
         if len(comps) != len(texts):
             raise ValueError(f"engine returned {len(comps)} completions for {len(texts)} prompts")
         return comps
@@ -207,18 +213,41 @@ class KillableThreadEngine(ThreadEngine):
         await asyncio.to_thread(self.engine.kill)  # type: ignore[attr-defined]
 
 
-def adapt(engine: InferenceEngine, name: str, limits: LimitsSection) -> ThreadEngine:
+def adapt(engine: InferenceEngine, name: str, limits: LimitsSection,
+          threads: StageThreads | None = None) -> ThreadEngine:
     """The adapter of a blocking engine: killable when it has ``kill()`` (a Ray actor)."""
     killable = callable(getattr(engine, "kill", None))
-    return (KillableThreadEngine if killable else ThreadEngine)(engine, name, limits)
+    return (KillableThreadEngine if killable else ThreadEngine)(engine, name, limits, threads)
+
+
+_current = threading.local()  # the intra-op threads this thread last set
+
+
+@contextlib.contextmanager
+def tuned(threads: StageThreads | None, rows: int) -> Iterator[None]:
+    """Run the block (a stage's call on its own thread) at the stage's thread count, timing
+    it while the stage is still trying counts (:mod:`freshroll.stage_threads`). The count
+    is per thread (each thread that computes has its own OpenMP team); set only on a change."""
+    if threads is None:
+        yield
+        return
+    n, timed = threads.take()
+    if getattr(_current, "n", None) != n:
+        torch.set_num_threads(n)
+        _current.n = n
+    t0 = time.perf_counter()
+    yield
+    if timed:
+        threads.record(n, time.perf_counter() - t0, rows)
 
 
 class ThreadEngineFactory:
     """Makes workers' blocking engines on a thread; a second call for a name restarts it."""
 
     def __init__(self, make: Callable[[str], InferenceEngine], limits: LimitsSection,
-                 serial: bool = True) -> None:
+                 serial: bool = True, threads: StageThreads | None = None) -> None:
         self.make, self.limits = make, limits
+        self.threads = threads  # the generate stage's thread count (a sync run's), shared
         self.engines: dict[str, InferenceEngine] = {}
         # transformers' model loading is not thread-safe (it patches torch's init globally):
         # in-process engines are made one at a time; Ray actors start in parallel
@@ -247,7 +276,7 @@ class ThreadEngineFactory:
         finally:
             pool.shutdown(wait=False)
         self.engines[name] = engine
-        return adapt(engine, name, self.limits)
+        return adapt(engine, name, self.limits, self.threads)
 
 
 class ThreadScorer:
@@ -298,8 +327,10 @@ class ThreadTrainer:
 
     def __init__(self, learner: GRPOLearner, buf: SampleBuffer,
                  before_commit: Callable[[PolicyVersion], None] = lambda v: None,
-                 publish: Publish = clone_weights, timeout_s: float | None = None) -> None:
+                 publish: Publish = clone_weights, timeout_s: float | None = None,
+                 threads: StageThreads | None = None) -> None:
         self.learner, self.buf, self._before_commit = learner, buf, before_commit
+        self.threads = threads  # a sync run's train threads, settled on its steps
         self.publish = publish
         self.settings_digest = learner.settings_digest
         self.timeout_s = timeout_s  # limits.train_timeout_s; None: unbounded (tests only)
@@ -316,7 +347,8 @@ class ThreadTrainer:
         return self._weights
 
     def _step(self, samples: list[TrainSample], step: int) -> tuple[dict[str, float], str]:
-        metrics = self.learner.step(samples, step)
+        with tuned(self.threads, len(samples)):
+            metrics = self.learner.step(samples, step)
         digest = weights_digest(self.learner.model)
         self._publish()
         return metrics, digest

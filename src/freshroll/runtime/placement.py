@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from freshroll.config import Config
 from freshroll.procs import available_cores
+from freshroll.stage_threads import StageThreads
 
 if TYPE_CHECKING:
     from freshroll.runtime.thread_probe import ThreadProbe
@@ -95,33 +96,64 @@ class Placement:
     budget: ThreadBudget
     reason: str  # why, for the settings that were auto; "" when both were set
     probe: ThreadProbe | None = None
+    #: a sync run's stages (generate, train), each settling its threads on its own calls
+    stages: tuple[StageThreads, ...] = ()
+
+    def stage(self, name: str) -> StageThreads | None:
+        return next((s for s in self.stages if s.stage == name), None)
 
     def describe(self) -> str:
         why = f"; auto: {self.reason}" if self.reason else ""
+        if self.stages:
+            why += (f"; each stage's threads (1 or {self.budget.cores}) settled on its own "
+                    "first calls")
         return f"{self.runtime}, {self.budget.describe()}{why}"
+
+    def settled_stages(self) -> str:
+        """What the stages settled on, for the run's last lines ("" without stages)."""
+        return "; ".join(s.describe() for s in self.stages)
 
     def as_dict(self) -> dict[str, Any]:
         return {"runtime": self.runtime, "trainer_threads": self.budget.trainer,
                 "worker_threads": self.budget.worker, "cores": self.budget.cores,
                 "reason": self.reason,
-                "probe": self.probe.as_dict() if self.probe is not None else None}
+                "probe": self.probe.as_dict() if self.probe is not None else None,
+                "stages": {s.stage: s.as_dict() for s in self.stages}}
 
 
 def wants_probe(cfg: Config, *, injected: bool = False, cores: int | None = None) -> bool:
-    """Whether :func:`plan` needs a :class:`ThreadProbe`: ``run.torch_threads: auto``, the hf
-    engine in this process or beside it (``run.runtime`` auto or inline), two cores or more.
-    An injected engine (tests' fakes) keeps the fixed rule."""
+    """Whether :func:`plan` needs a :class:`ThreadProbe`: an async run with
+    ``run.torch_threads: auto``, the hf engine in this process or beside it (``run.runtime``
+    auto or inline), two cores or more. A sync run needs none: it settles each stage's
+    threads on its own first steps (:func:`tunes_stages`). An injected engine (tests' fakes)
+    keeps the fixed rule."""
     cores = available_cores() if cores is None else cores
+    return (cfg.run.max_staleness > 0 and _auto_hf(cfg, injected, cores)
+            and cfg.run.runtime in ("auto", "inline"))
+
+
+def tunes_stages(cfg: Config, runtime: Runtime, *, injected: bool = False,
+                 cores: int | None = None) -> bool:
+    """Whether a run settles its stages' intra-op threads on its own calls
+    (:mod:`freshroll.stage_threads`): a sync run (its steps repeat the same work, taking
+    turns) with ``run.torch_threads: auto``, the hf engine inline, two cores or more."""
+    cores = available_cores() if cores is None else cores
+    return cfg.run.max_staleness == 0 and runtime == "inline" and _auto_hf(cfg, injected, cores)
+
+
+def _auto_hf(cfg: Config, injected: bool, cores: int) -> bool:
     return (cfg.run.torch_threads == "auto" and cfg.rollout.engine == "hf" and not injected
-            and cfg.run.runtime in ("auto", "inline") and cores >= 2)
+            and cores >= 2)
 
 
 def plan(cfg: Config, probe: ThreadProbe | None = None, *, injected: bool = False,
          cores: int | None = None) -> Placement:
     """The placement and thread budget of ``cfg``'s run, ``auto`` settled on ``probe``::
 
-        threads pay (probe)   inline, all the cores          (sync and async)
-        otherwise             the fixed rule: auto_runtime, thread_budget
+        threads pay (probe, async)   inline, all the cores
+        otherwise                    the fixed rule: auto_runtime, thread_budget
+        a sync run (tunes_stages)    also each stage's threads, 1 or all the cores,
+                                     settled on its own first calls
 
     An injected ``make_engine`` runs in this process: ``auto`` is inline for it."""
     cores = available_cores() if cores is None else cores
@@ -140,7 +172,10 @@ def plan(cfg: Config, probe: ThreadProbe | None = None, *, injected: bool = Fals
     budget = _budget(cfg, cores, runtime)
     if probe is not None:
         why = f"{why}; {probe.describe()}" if why else probe.describe()
-    return Placement(runtime, budget, why if rt_auto or th_auto else "", probe)
+    stages: tuple[StageThreads, ...] = ()
+    if tunes_stages(cfg, runtime, injected=injected, cores=cores):
+        stages = (StageThreads("generate", cores), StageThreads("train", cores))
+    return Placement(runtime, budget, why if rt_auto or th_auto else "", probe, stages)
 
 
 def _budget(cfg: Config, cores: int, runtime: Runtime) -> ThreadBudget:
@@ -159,5 +194,5 @@ def settled(cfg: Config, placement: Placement) -> Config:
 
 
 __all__ = ["Placement", "Runtime", "ThreadBudget", "auto_runtime", "available_cores",
-           "plan", "resolve_runtime", "settled", "thread_budget",
+           "plan", "resolve_runtime", "settled", "thread_budget", "tunes_stages",
            "wants_probe"]

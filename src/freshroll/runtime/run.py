@@ -309,6 +309,7 @@ def ray_cpus(cfg: Config) -> int:
 def build_trainer(
     prep: Prepared, buf: SampleBuffer, out: Path, learner: GRPOLearner,
     before_commit: Callable[[PolicyVersion, TrainerState], None], publish: Publish,
+    stages: Placement | None = None,
 ) -> ThreadTrainer | RayTrainer:
     """The trainer of an hf or vLLM run: under ``run.runtime: ray`` with ``ray.trainer:
     actor`` a :class:`~freshroll.runtime.ray_trainer.RayTrainer` (``learner`` is shipped to
@@ -324,7 +325,8 @@ def build_trainer(
 
         return RayTrainer(learner, buf, cfg, rebuild, before_commit)
     return ThreadTrainer(learner, buf, _checkpoint(before_commit, learner), publish=publish,
-                         timeout_s=cfg.limits.train_timeout_s)
+                         timeout_s=cfg.limits.train_timeout_s,
+                         threads=stages.stage("train") if stages is not None else None)
 
 
 def _checkpoint(before_commit: Callable[[PolicyVersion, TrainerState], None],
@@ -359,7 +361,7 @@ def engine_runtime(cfg: Config, injected: bool = False) -> Runtime:
 def build_components(
     prep: Prepared, buf: SampleBuffer, out: Path,
     before_commit: Callable[[PolicyVersion, TrainerState], None], clock: Clock,
-    make_engine: MakeEngine | None = None,
+    make_engine: MakeEngine | None = None, placement: Placement | None = None,
 ) -> Components:
     """``rollout.engine: hf``: the model's engines (inline or Ray), the RewardSet and the GRPO
     learner (at the ledger's version: checkpoint + replay) behind thread adapters; ``vllm``:
@@ -394,7 +396,7 @@ def build_components(
             stop_ray()
             raise
     try:
-        trainer = build_trainer(prep, buf, out, learner, before_commit, publish)
+        trainer = build_trainer(prep, buf, out, learner, before_commit, publish, placement)
     except BaseException:
         if channel is not None:
             channel.close()
@@ -420,8 +422,9 @@ def build_components(
         return build_engine(c, p, n, channel) if channel is not None else build_engine(c, p, n)
 
     make = make_engine or default_make
-    factory = ThreadEngineFactory(lambda name: make(cfg, path, name), cfg.limits,
-                                  serial=runtime == "inline")
+    factory = ThreadEngineFactory(
+        lambda name: make(cfg, path, name), cfg.limits, serial=runtime == "inline",
+        threads=placement.stage("generate") if placement is not None else None)
 
     def close() -> None:
         try:
@@ -532,7 +535,7 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
     order = [p.prompt_id for p in prompts]
     random.Random(cfg.run.seed).shuffle(order)
     parts = build_components(prep, buf, out, lambda v, lr: rec.before_commit(v, lr), clock,
-                             make_engine)
+                             make_engine, placement)
     try:  # a failure before the pipeline still releases the parts (worker processes, shm)
         evaluator = build_evaluator(cfg, prep.eval_prompts, prep.model_path, out, parts.trainer)
         if chaos is not None:
@@ -585,6 +588,10 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
     line = overlap_line(done.summary)
     if line and (cfg.run.progress or "did not pay" in line):  # a loss is always said
         stream.write(line + "\n")
+        stream.flush()
+    if placement.stages and cfg.run.progress:
+        stream.write(f"intra-op threads, settled on the first steps: "
+                     f"{placement.settled_stages()}\n")
         stream.flush()
     return RunResult(out, done.summary, done.verified.ok)
 

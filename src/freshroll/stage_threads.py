@@ -1,0 +1,100 @@
+"""How many intra-op threads a stage's calls get, settled on the run's own calls.
+
+A thread probe before the clock starts (:mod:`freshroll.runtime.thread_probe`) times a
+fragment of a step on a copy of the model, and a fragment can misjudge the whole batch: at a
+9M-parameter model it read "0.98x, does not pay" where the full batch gains 1.6x from the
+second core (issue 25). A sync run needs no guess: its steps repeat the same work, so each
+stage (``generate`` on the worker's thread, ``train`` on the trainer's) measures both
+counts on its own calls and keeps the faster. Pure policy: no torch, no clock; the caller
+times each call and sets the count.
+
+The schedule, per stage, with ``n`` the cores this process may use::
+
+    calls 1 .. warmup                   n threads, not timed (first calls warm the allocator)
+    the next 2 x trials calls           1, n, 1, n, ...  each timed, in seconds per row
+    then                                n  if  median(n) x MARGIN <= median(1)  else  1
+
+A tie goes to one thread: it leaves a core to the rest of the run (rewards, the ledger) and
+to other processes. ``trials`` >= 2 each; the median of each set absorbs one outlier (a
+step that met a garbage collection or a burst of another process).
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+#: many threads are kept when their median call is at least this much faster than one's
+MARGIN = 1.05
+
+
+@dataclass
+class StageThreads:
+    """One stage's thread count: trials on its first calls, then the faster (module doc).
+
+    Thread-safe: several workers' threads may share a stage's choice."""
+
+    stage: str
+    many: int
+    warmup: int = 1
+    trials: int = 3
+    calls: int = 0  # calls handed a count so far
+    timed: dict[int, list[float]] = field(default_factory=lambda: {1: []})
+    settled: int | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.many < 2:
+            raise ValueError(f"{self.stage}: nothing to choose with {self.many} thread(s)")
+        if self.trials < 2 or self.warmup < 0:
+            raise ValueError(f"{self.stage}: trials >= 2 and warmup >= 0, got "
+                             f"{self.trials} and {self.warmup}")
+        self.timed.setdefault(self.many, [])
+
+    def take(self) -> tuple[int, bool]:
+        """The thread count of the next call, and whether to time it (:meth:`record`)."""
+        with self._lock:
+            k, self.calls = self.calls, self.calls + 1
+            if self.settled is not None:
+                return self.settled, False
+            if k < self.warmup:
+                return self.many, False
+            trial = k - self.warmup
+            if trial >= 2 * self.trials:  # records still out (several workers): many
+                return self.many, False
+            return (1 if trial % 2 == 0 else self.many), True
+
+    def record(self, threads: int, seconds: float, rows: int) -> None:
+        """A timed call's seconds for ``rows`` rows at ``threads`` threads; settles the stage
+        once every trial is in."""
+        with self._lock:
+            if self.settled is not None or threads not in self.timed or rows < 1:
+                return
+            self.timed[threads].append(seconds / rows)
+            if all(len(v) >= self.trials for v in self.timed.values()):
+                one = statistics.median(self.timed[1])
+                many = statistics.median(self.timed[self.many])
+                self.settled = self.many if many * MARGIN <= one else 1
+
+    def gain(self) -> float | None:
+        """How much faster a call ran on ``many`` threads than on one (None until settled)."""
+        if self.settled is None:
+            return None
+        many = statistics.median(self.timed[self.many])
+        return statistics.median(self.timed[1]) / many if many > 0 else None
+
+    def describe(self) -> str:
+        if self.settled is None:
+            return f"{self.stage}: not settled ({self.calls} call(s))"
+        return (f"{self.stage} {self.settled} thread(s) ({self.gain():.2f}x on {self.many}, "
+                f"needs {MARGIN:.2f}x)")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"stage": self.stage, "many": self.many, "settled": self.settled,
+                "gain": self.gain(), "calls": self.calls,
+                "seconds_per_row": {str(k): v for k, v in self.timed.items()}}
+
+
+__all__ = ["MARGIN", "StageThreads"]
