@@ -71,7 +71,7 @@ def test_a_sync_run_settles_each_stage_on_its_first_steps(tmp_path: Path, small:
     assert placed["stages"]["train"]["calls"] == 8
     assert "intra-op threads, settled on the first steps: generate" in proc.stderr
     assert "settled on its own first calls" in proc.stderr  # the start line says so
-
+    assert "one compute thread" in proc.stderr
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1])

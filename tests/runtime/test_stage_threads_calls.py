@@ -32,3 +32,25 @@ def test_no_stage_leaves_the_thread_alone():
     before = torch.get_num_threads()
     with tuned(None, rows=4):
         assert torch.get_num_threads() == before
+
+
+def test_a_shared_executor_runs_every_user_on_one_thread_until_the_last_detaches():
+    from freshroll.runtime.threads import SharedExecutor
+
+    shared = SharedExecutor("compute")
+    a, b = shared.attach(), shared.attach()
+    names = {a.submit(lambda: threading.current_thread().name).result(),
+             b.submit(lambda: threading.current_thread().name).result()}
+    assert len(names) == 1 and names.pop().startswith("compute-")
+    b.abandon()  # a stuck call's thread is replaced for every user
+    assert a.submit(lambda: threading.current_thread().name).result() == "compute-2"
+    assert shared.abandoned == 1
+    a.shutdown(wait=True)  # one user detaches: the other still runs
+    assert b.submit(lambda: 7).result() == 7
+    b.shutdown(wait=True)
+    try:
+        b.submit(lambda: 8)
+    except RuntimeError as exc:
+        assert "shut down" in str(exc)
+    else:
+        raise AssertionError("a stopped shared executor took a call")

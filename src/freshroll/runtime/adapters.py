@@ -67,7 +67,7 @@ from freshroll.lineage import PolicyVersion
 from freshroll.rewards.calling import RewardState
 from freshroll.rewards.scoring import RewardSet, Score
 from freshroll.rewards.tasks import Prompt
-from freshroll.runtime.threads import AbandonableExecutor
+from freshroll.runtime.threads import AbandonableExecutor, SharedExecutor, StageExecutor
 from freshroll.runtime.waits import seconds
 from freshroll.stage_threads import StageThreads
 from freshroll.state import Lease
@@ -83,10 +83,12 @@ class ThreadEngine:
     continuous = False
 
     def __init__(self, engine: InferenceEngine, name: str, limits: LimitsSection,
-                 threads: StageThreads | None = None) -> None:
+                 threads: StageThreads | None = None, pool: SharedExecutor | None = None) -> None:
         self.engine, self.name, self.limits = engine, name, limits
         self.threads = threads  # a sync run's generate threads, settled on its calls
-        self._pool = AbandonableExecutor(f"worker-{name}")
+        # its calls' thread: its own, or a sync run's one compute thread (threads.py)
+        self._pool: StageExecutor = (pool.attach() if pool is not None
+                                     else AbandonableExecutor(f"worker-{name}"))
         #: (abandoned call, what it was, when it was abandoned, its deadline)
         self._orphans: list[tuple[Future[Any], str, float, float]] = []
         self._inflight: set[str] = set()  # samples of the calls not yet delivered
@@ -214,10 +216,12 @@ class KillableThreadEngine(ThreadEngine):
 
 
 def adapt(engine: InferenceEngine, name: str, limits: LimitsSection,
-          threads: StageThreads | None = None) -> ThreadEngine:
+          threads: StageThreads | None = None, pool: SharedExecutor | None = None,
+          ) -> ThreadEngine:
     """The adapter of a blocking engine: killable when it has ``kill()`` (a Ray actor)."""
     killable = callable(getattr(engine, "kill", None))
-    return (KillableThreadEngine if killable else ThreadEngine)(engine, name, limits, threads)
+    kind = KillableThreadEngine if killable else ThreadEngine
+    return kind(engine, name, limits, threads, pool)
 
 
 _current = threading.local()  # the intra-op threads this thread last set
@@ -245,9 +249,11 @@ class ThreadEngineFactory:
     """Makes workers' blocking engines on a thread; a second call for a name restarts it."""
 
     def __init__(self, make: Callable[[str], InferenceEngine], limits: LimitsSection,
-                 serial: bool = True, threads: StageThreads | None = None) -> None:
+                 serial: bool = True, threads: StageThreads | None = None,
+                 pool: SharedExecutor | None = None) -> None:
         self.make, self.limits = make, limits
         self.threads = threads  # the generate stage's thread count (a sync run's), shared
+        self.pool = pool  # the one compute thread of a sync run, shared with the trainer
         self.engines: dict[str, InferenceEngine] = {}
         # transformers' model loading is not thread-safe (it patches torch's init globally):
         # in-process engines are made one at a time; Ray actors start in parallel
@@ -276,7 +282,7 @@ class ThreadEngineFactory:
         finally:
             pool.shutdown(wait=False)
         self.engines[name] = engine
-        return adapt(engine, name, self.limits, self.threads)
+        return adapt(engine, name, self.limits, self.threads, self.pool)
 
 
 class ThreadScorer:
@@ -328,13 +334,14 @@ class ThreadTrainer:
     def __init__(self, learner: GRPOLearner, buf: SampleBuffer,
                  before_commit: Callable[[PolicyVersion], None] = lambda v: None,
                  publish: Publish = clone_weights, timeout_s: float | None = None,
-                 threads: StageThreads | None = None) -> None:
+                 threads: StageThreads | None = None, pool: SharedExecutor | None = None) -> None:
         self.learner, self.buf, self._before_commit = learner, buf, before_commit
         self.threads = threads  # a sync run's train threads, settled on its steps
         self.publish = publish
         self.settings_digest = learner.settings_digest
         self.timeout_s = timeout_s  # limits.train_timeout_s; None: unbounded (tests only)
-        self._pool = AbandonableExecutor("trainer")
+        self._pool: StageExecutor = (pool.attach() if pool is not None
+                                     else AbandonableExecutor("trainer"))
         self._deadline: float | None = None  # of a call cancelled by the run's end
         self._timed_out = False
         self._weights: Any = None

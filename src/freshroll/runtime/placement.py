@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from freshroll.config import Config
 from freshroll.procs import available_cores
+from freshroll.runtime.threads import SharedExecutor
 from freshroll.stage_threads import StageThreads
 
 if TYPE_CHECKING:
@@ -98,6 +99,8 @@ class Placement:
     probe: ThreadProbe | None = None
     #: a sync run's stages (generate, train), each settling its threads on its own calls
     stages: tuple[StageThreads, ...] = ()
+    #: a sync run's one compute thread for both stages (one OpenMP team: threads.py)
+    compute: SharedExecutor | None = None
 
     def stage(self, name: str) -> StageThreads | None:
         return next((s for s in self.stages if s.stage == name), None)
@@ -105,8 +108,8 @@ class Placement:
     def describe(self) -> str:
         why = f"; auto: {self.reason}" if self.reason else ""
         if self.stages:
-            why += (f"; each stage's threads (1 or {self.budget.cores}) settled on its own "
-                    "first calls")
+            why += (f"; generation and training on one compute thread, each stage's threads "
+                    f"(1 or {self.budget.cores}) settled on its own first calls")
         return f"{self.runtime}, {self.budget.describe()}{why}"
 
     def settled_stages(self) -> str:
@@ -173,9 +176,12 @@ def plan(cfg: Config, probe: ThreadProbe | None = None, *, injected: bool = Fals
     if probe is not None:
         why = f"{why}; {probe.describe()}" if why else probe.describe()
     stages: tuple[StageThreads, ...] = ()
+    compute = None
     if tunes_stages(cfg, runtime, injected=injected, cores=cores):
         stages = (StageThreads("generate", cores), StageThreads("train", cores))
-    return Placement(runtime, budget, why if rt_auto or th_auto else "", probe, stages)
+        compute = SharedExecutor("compute")
+    return Placement(runtime, budget, why if rt_auto or th_auto else "", probe, stages,
+                     compute)
 
 
 def _budget(cfg: Config, cores: int, runtime: Runtime) -> ThreadBudget:

@@ -326,7 +326,8 @@ def build_trainer(
         return RayTrainer(learner, buf, cfg, rebuild, before_commit)
     return ThreadTrainer(learner, buf, _checkpoint(before_commit, learner), publish=publish,
                          timeout_s=cfg.limits.train_timeout_s,
-                         threads=stages.stage("train") if stages is not None else None)
+                         threads=stages.stage("train") if stages is not None else None,
+                         pool=stages.compute if stages is not None else None)
 
 
 def _checkpoint(before_commit: Callable[[PolicyVersion, TrainerState], None],
@@ -424,7 +425,8 @@ def build_components(
     make = make_engine or default_make
     factory = ThreadEngineFactory(
         lambda name: make(cfg, path, name), cfg.limits, serial=runtime == "inline",
-        threads=placement.stage("generate") if placement is not None else None)
+        threads=placement.stage("generate") if placement is not None else None,
+        pool=placement.compute if placement is not None else None)
 
     def close() -> None:
         try:
