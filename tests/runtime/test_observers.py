@@ -107,3 +107,39 @@ def test_a_json_lines_exporter_on_a_real_run_writes_metrics_jsonl_rows(tmp_path:
     commits = [i for i, k in enumerate(kinds) if k == "Committed"]
     assert len(saved) == 2 and all(i + 1 in commits for i in saved)  # steps 2 and 3
     assert json.loads(exported.read_text().splitlines()[-1])["step"] == 3
+
+
+class Broken(Observer):
+    """Fails on the row of ``step``; its close fails too."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_row(self, row: Row, live: bool) -> None:
+        if row["step"] == self.step:
+            raise ZeroDivisionError("bug in an exporter")
+
+    def close(self) -> None:
+        raise RuntimeError("and in its close")
+
+
+@pytest.mark.slow
+def test_a_failing_observer_ends_the_run_closed_and_resumable(tmp_path: Path):
+    """The contract's failure rule: the error ends the run (not swallowed), after the step's
+    durable commit; every other observer is still closed, the ledger too; a resume goes on."""
+    from freshroll.harness.verify import verify_run
+
+    out = tmp_path / "run"
+    watch = Watch()
+    with pytest.raises(ZeroDivisionError, match="bug in an exporter") as err:
+        _run(out, Broken(2), watch)
+    assert err.value.__notes__ == [
+        "an observer's close failed too: RuntimeError: and in its close"]
+    assert watch.calls[-1] == ("close", None)
+    assert verify_run(out).ok  # closed, and its rows are the ledger's
+    rows, _ = read_rows(out / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]  # step 2 was committed before its row's observers
+    from freshroll.runtime.run import run
+
+    assert run(None, out, resume=True, stream=io.StringIO(), report=False).ok  # from step 2
+    assert [r["step"] for r in read_rows(out / "metrics.jsonl")[0]] == [1, 2, 3]

@@ -16,14 +16,17 @@ and a run (:func:`freshroll.runtime.run.run`) adds two of its own::
     on_row(row, live)    a ``metrics.jsonl`` row, right after it was written (by the run's
                          :class:`~freshroll.runtime.recording.MetricsRows`); ``live`` False for
                          the rows a stopped run catches up on after the error that stopped it
-    close()              once, when the run ends (finished, failed or interrupted)
+    close()              once, when the run ends (finished, failed or interrupted), before
+                         the ledger is closed; a failing close is raised after it (a note
+                         on the error of a run that had already failed)
 
 The contract:
 
 - **Where.** Every callback runs on the pipeline's event loop, in the task that reached
   the point (the trainer task; the watch task for ``on_wait``), except the write-ahead of a
   commit: a :class:`~freshroll.runtime.recording.Checkpointer`'s ``before_commit`` runs on
-  the trainer's thread (or next to its Ray actor) and hands its record to ``checkpointed``.
+  the trainer adapter's thread in this process (a Ray trainer actor's state is fetched to it)
+  and hands its record to ``checkpointed``; the step is committed only after it returned.
   Rows come from the ledger's durable events, never from in-memory state, so a kill between
   a commit and its row costs nothing: the next start writes the row.
 - **No blocking.** A callback holds the loop while it runs: no sleeps, no network, no wait

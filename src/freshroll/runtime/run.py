@@ -408,12 +408,18 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
             rec.catch_up()
     finally:
         parts.close()
-        rec.close()
-        buf.ledger.close()
-        if resolve_runtime(cfg) == "ray":
-            from freshroll.runtime.ray_engine import stop_ray
+        try:
+            rec.close()  # every observer, even past one whose close failed
+        except Exception as exc:  # raised, unless the run already failed: that error says why
+            if failure is None:
+                raise
+            failure.add_note(f"an observer's close failed too: {type(exc).__name__}: {exc}")
+        finally:  # the ledger closes whatever an observer's close raised
+            buf.ledger.close()
+            if resolve_runtime(cfg) == "ray":
+                from freshroll.runtime.ray_engine import stop_ray
 
-            stop_ray()
+                stop_ray()
     if failure is not None:
         # a run that stopped still says what it trained and why it stopped (summary.json's
         # verdict, the report's banner); best effort: the error that stopped it comes first
