@@ -44,10 +44,10 @@ run). Every such wait is registered in :attr:`Pipeline.waits` while it lasts: on
 ``limits.heartbeat_s`` is said to the observers' ``on_wait`` ("waiting 60 s on w0 generate,
 limit 600 s"; real clock only), and a run that commits no step for
 ``limits.max_no_progress_s`` stops with :class:`~freshroll.errors.NoProgress` naming the
-oldest wait in flight. Failures are
-budgeted (:mod:`freshroll.breaker`): per reward function, per worker, for reward timeouts
-and for skipped non-finite trainer steps; a stage that keeps failing ends the run with one
-:class:`~freshroll.errors.FailureBudgetExceeded` line naming it.
+oldest wait in flight. Failures are budgeted (:mod:`freshroll.breaker`): per reward
+function, per worker, for reward timeouts and for skipped non-finite trainer steps; a stage
+that keeps failing ends the run with one :class:`~freshroll.errors.FailureBudgetExceeded`
+line naming it.
 
 A trainer step whose loss or gradients are not finite is never committed
 (``trainer.on_nonfinite``): ``skip`` discards its batch as ``nonfinite_step`` (event
