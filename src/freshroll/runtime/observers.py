@@ -16,6 +16,7 @@ and a run (:func:`freshroll.runtime.run.run`) adds two of its own::
     on_row(row, live)    a ``metrics.jsonl`` row, right after it was written (by the run's
                          :class:`~freshroll.runtime.recording.MetricsRows`); ``live`` False for
                          the rows a stopped run catches up on after the error that stopped it
+                         (after the loop ended, best effort: an error there is dropped)
     close()              once, when the run ends (finished, failed or interrupted), before
                          the ledger is closed; a failing close is raised after it (a note
                          on the error of a run that had already failed)
