@@ -37,11 +37,14 @@ import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from freshroll.config import Config, apply_override, read_yaml, resolve_paths, validate
 from freshroll.errors import ConfigError
 from freshroll.rewards import inmemory
+
+if TYPE_CHECKING:
+    from freshroll.runtime.observers import RunObserver
 
 INPUTS = "inputs"  # the run directory's folder of inputs given as Python objects
 
@@ -103,11 +106,14 @@ class GRPOTrainer:
         self.result: Any = None  # the last train()'s RunResult
 
     def train(self, *, resume: bool = False, allow_change: Sequence[str] = (),
-              stream: TextIO | None = None) -> Any:
+              stream: TextIO | None = None, observers: Sequence[RunObserver] = ()) -> Any:
         """Run (``resume``: continue) the training run in ``output_dir``; returns its
         :class:`~freshroll.runtime.run.RunResult` (``summary``: summary.json's figures,
         ``ok``: verify passed). ``allow_change``: keys a resume may change that change
-        training (README, "Resume rules"). Progress goes to ``stream`` (default stderr)."""
+        training (README, "Resume rules"). Progress goes to ``stream`` (default stderr).
+        ``observers``: more watchers of the run after its own, e.g.
+        :class:`~freshroll.runtime.exporters.JsonLinesExporter` (the contract:
+        :mod:`freshroll.runtime.observers`)."""
         from freshroll.runtime.run import run
         from freshroll.runtime.rundir import check_out_dir
 
@@ -116,7 +122,8 @@ class GRPOTrainer:
         if not resume:
             self._write_inputs(out / INPUTS)
         self.result = run(self.config, out, resume=resume, allow_change=tuple(allow_change),
-                          stream=stream if stream is not None else sys.stderr)
+                          stream=stream if stream is not None else sys.stderr,
+                          observers=observers)
         return self.result
 
     def save_model(self, output_dir: str | Path, step: int | None = None) -> Path:

@@ -247,7 +247,7 @@ def test_recorder_writes_the_ledgers_rows_and_the_progress_line(tmp_path: Path) 
     from kernel_driver import Simulator, open_buffer
 
     from freshroll.config import validate
-    from freshroll.runtime.run import Recorder
+    from freshroll.runtime.recording import Recording as Recorder
 
     run = tmp_path / "run"
     sim = SimConfig(steps=3, seed=2, faults=True, sync="off")
@@ -280,7 +280,7 @@ def test_a_heartbeat_joins_the_progress_line_on_a_terminal_else_is_a_line(tmp_pa
     from kernel_driver import Simulator, open_buffer
 
     from freshroll.config import validate
-    from freshroll.runtime.run import Recorder
+    from freshroll.runtime.recording import Recording as Recorder
 
     class Tty(io.StringIO):
         def isatty(self) -> bool:

@@ -26,6 +26,7 @@ from freshroll.lineage import PolicyVersion, RewardVersion
 from freshroll.rewards.calling import RewardState
 from freshroll.rewards.scoring import Score
 from freshroll.rewards.tasks import Prompt, make_prompts
+from freshroll.runtime.observers import Callbacks, default_observers
 from freshroll.runtime.pipeline import Pipeline, StepReport
 from freshroll.state import Lease
 
@@ -162,7 +163,8 @@ class AsyncHarness(LedgerChecks):
         self.pipe = Pipeline(
             self.buf, self.factory, self.scorer, self.trainer,
             {p.prompt_id: p for p in prompts}, [p.prompt_id for p in prompts], c,
-            on_step=self.steps.append, controller=controller,
+            observers=[Callbacks(on_step=self.steps.append), *default_observers()],
+            controller=controller,
         )
 
     def run(self, timeout_s: float = 3600.0, during: Any = None) -> BaseException | None:

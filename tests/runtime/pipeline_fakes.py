@@ -27,6 +27,7 @@ from freshroll.lineage import PolicyVersion
 from freshroll.rewards.scoring import RewardSet, RewardSpec
 from freshroll.rewards.tasks import make_prompts
 from freshroll.runtime.adapters import ThreadEngineFactory, ThreadScorer, ThreadTrainer
+from freshroll.runtime.observers import Callbacks, Heartbeats
 from freshroll.runtime.pipeline import Pipeline, StepReport
 
 BASE = ["run.progress=false", "task.n_prompts=64", "rollout.group_size=2",
@@ -127,8 +128,9 @@ class Harness(LedgerChecks):
         self.pipe = Pipeline(
             self.buf, self.factory, self.scorer, self.trainer,
             {p.prompt_id: p for p in prompts}, [p.prompt_id for p in prompts], c,
-            on_step=self.steps.append,
-            on_skip=lambda step, detail: self.skips.append((step, detail)),
+            observers=[Callbacks(on_step=self.steps.append,
+                                 on_skip=lambda step, detail: self.skips.append((step, detail))),
+                       Heartbeats()],
         )
 
     def run(self, timeout_s: float = 60.0) -> BaseException | None:

@@ -15,6 +15,7 @@ from pipeline_fakes import FakeEngine, Harness, ok_reward
 from freshroll import events as ev
 from freshroll.breaker import Breaker, FailureBudget, Rule
 from freshroll.errors import FailureBudgetExceeded, FreshrollError, Interrupted
+from freshroll.runtime.observers import Callbacks
 
 # -- the policy, against nothing but itself ------------------------------------------------
 
@@ -249,7 +250,7 @@ def test_an_unexpected_error_in_a_task_is_raised_plain_and_the_ledger_closed(tmp
     def on_step(r: Any) -> None:
         raise ZeroDivisionError("bug in a callback")
 
-    h.pipe.on_step = on_step
+    h.pipe.observers.append(Callbacks(on_step=on_step))
     err = h.run()
     assert type(err) is ZeroDivisionError
     assert not isinstance(err, FreshrollError)

@@ -25,6 +25,7 @@ from freshroll.harness.verify import verify_ledger
 from freshroll.ledger import Ledger
 from freshroll.lineage import PolicyVersion, request_of
 from freshroll.rewards.tasks import make_prompts
+from freshroll.runtime.observers import Callbacks
 from freshroll.runtime.pipeline import Pipeline, StepReport
 from freshroll.sim.components import build_sim, sim_model_digest
 from freshroll.sim.engine import SimEngine
@@ -76,7 +77,7 @@ class SimRun:
         self.steps: list[StepReport] = []
         self.pipe = Pipeline(self.buf, factory, parts.scorer, parts.trainer,
                              {p.prompt_id: p for p in prompts}, [p.prompt_id for p in prompts],
-                             c, on_step=self.check_slots)
+                             c, observers=[Callbacks(on_step=self.check_slots)])
 
     def check_slots(self, report: StepReport) -> None:
         """At every step: no worker counts more requests in flight than it may hold, nor

@@ -25,6 +25,7 @@ from freshroll.errors import (
     WorkerTimeout,
     exit_status,
 )
+from freshroll.runtime.observers import Callbacks
 from freshroll.runtime.threads import AbandonableExecutor, CallAborted
 from freshroll.runtime.workers import MAX_RESTARTS
 
@@ -199,7 +200,7 @@ def test_a_stalled_generate_is_said_past_the_heartbeat(tmp_path: Path):
     h = Harness(tmp_path, engines=[engine], overrides=[
         "limits.generate_timeout_s=0.6", "limits.heartbeat_s=0.2", "run.steps=1"])
     lines: list[str] = []
-    h.pipe.on_wait = lines.append
+    h.pipe.observers.append(Callbacks(on_wait=lines.append))
     assert h.run(timeout_s=10) is None
     said = [line for line in lines if line.endswith("on w0 generate, limit 0.6 s")]
     assert said and said[0].startswith("waiting 0.") and said[0] != said[-1], lines
@@ -216,7 +217,7 @@ def test_a_run_that_commits_nothing_stops_naming_what_it_waited_on(tmp_path: Pat
     h = Harness(tmp_path, rewards=[("stuck", stuck)], overrides=[
         "limits.reward_timeout_s=60", "limits.max_no_progress_s=0.6", "limits.heartbeat_s=0.2"])
     lines: list[str] = []
-    h.pipe.on_wait = lines.append
+    h.pipe.observers.append(Callbacks(on_wait=lines.append))
     t0 = time.monotonic()
     try:
         err = h.run(timeout_s=10)
@@ -240,7 +241,7 @@ def test_a_stalled_generate_stops_the_run_and_its_engine_waits_for_it_out_loud(
     h = Harness(tmp_path, engines=[FakeEngine(behaviour)], overrides=[
         "limits.generate_timeout_s=1.2", "limits.max_no_progress_s=0.4", "limits.heartbeat_s=0.3"])
     lines: list[str] = []
-    h.pipe.on_wait = lines.append
+    h.pipe.observers.append(Callbacks(on_wait=lines.append))
     try:
         err = h.run(timeout_s=10)
     finally:
@@ -258,7 +259,7 @@ def test_a_stuck_in_process_trainer_step_is_bounded_and_said(tmp_path: Path):
     h = Harness(tmp_path, learner=learner, overrides=[
         "limits.train_timeout_s=0.6", "limits.heartbeat_s=0.2"])
     lines: list[str] = []
-    h.pipe.on_wait = lines.append
+    h.pipe.observers.append(Callbacks(on_wait=lines.append))
     t0 = time.monotonic()
     try:
         err = h.run(timeout_s=10)  # its close does not wait for the abandoned step
@@ -352,7 +353,7 @@ def test_a_trainer_that_says_its_own_waits_is_not_wrapped_in_one_step_bound(tmp_
 
     h.pipe.trainer = Restarting()  # type: ignore[assignment]
     lines: list[str] = []
-    h.pipe.on_wait = lines.append
+    h.pipe.observers.append(Callbacks(on_wait=lines.append))
     assert h.run(timeout_s=20) is None
     assert any(line.endswith("on trainer actor restart 1: start, limit 5 s") for line in lines)
     assert not any("on trainer step" in line for line in lines), lines

@@ -35,7 +35,7 @@ the result, so the event loop never blocks:
   read from the buffer on the loop (:func:`~freshroll.trainer.replay.train_samples`), the
   step, the weights digest and the publication of the new weights (``publish``: a copy
   inline, a shared-memory slot or a Ray object for workers in processes of their own) run
-  on the trainer thread, and ``before_commit`` (the Recorder's checkpoint) runs there too.
+  on the trainer thread, and ``before_commit`` (the Checkpointer's checkpoint) runs there too.
   Each is bounded by ``timeout_s`` (``limits.train_timeout_s``): a torch step on a thread
   cannot be interrupted, so one that does not return in time is abandoned (a daemon
   thread: it never holds the process at exit) and the run stops with

@@ -1,7 +1,7 @@
 """Evaluation on a held-out set (``eval:``): the trainer's policy, greedy and/or sampled, scored
 by the run's rewards every ``eval.every_steps`` committed steps and at the last step.
 
-Where it runs: on the trainer's thread, inside the Recorder's ``before_commit`` of a due step
+Where it runs: on the trainer's thread, inside the Checkpointer's ``before_commit`` of a due step
 (after the step, before its commit), with the trainer's own copy of the model
 (``model.eval()``, then its training mode restored; generation under
 ``torch.inference_mode``). Rollouts go on meanwhile; only the trainer waits, and never
@@ -169,7 +169,7 @@ Policy = Callable[[Callable[[], tuple[dict[str, Any], dict[str, Any]]]], Any]
 class Evaluator:
     """The run's evaluation: when it is due, and running it on a model (``eval.jsonl``).
 
-    ``policy``: the model after a step from the Recorder's ``before_commit`` state (see
+    ``policy``: the model after a step from the Checkpointer's ``before_commit`` state (see
     :func:`build_evaluator`)."""
 
     def __init__(self, cfg: Config, prompts: Sequence[Prompt], rewards: RewardSet,

@@ -41,12 +41,13 @@ abandoned call returns later is recorded ``rejected``); a reward call past
 ``reward_timeout_s`` discards its samples as ``reward_timeout``; a trainer step past
 ``train_timeout_s`` is the trainer's (a Ray actor is rebuilt, an in-process one stops the
 run). Every such wait is registered in :attr:`Pipeline.waits` while it lasts: one older than
-``limits.heartbeat_s`` is said on ``on_wait`` ("waiting 60 s on w0 generate, limit 600 s";
-real clock only), and a run that commits no step for ``limits.max_no_progress_s`` stops with
-:class:`~freshroll.errors.NoProgress` naming the oldest wait in flight. Failures are
-budgeted (:mod:`freshroll.breaker`): per reward function, per worker, for reward timeouts
-and for skipped non-finite trainer steps; a stage that keeps failing ends the run with one
-:class:`~freshroll.errors.FailureBudgetExceeded` line naming it.
+``limits.heartbeat_s`` is said to the observers' ``on_wait`` ("waiting 60 s on w0 generate,
+limit 600 s"; real clock only), and a run that commits no step for
+``limits.max_no_progress_s`` stops with :class:`~freshroll.errors.NoProgress` naming the
+oldest wait in flight. Failures are budgeted (:mod:`freshroll.breaker`): per reward
+function, per worker, for reward timeouts and for skipped non-finite trainer steps; a stage
+that keeps failing ends the run with one :class:`~freshroll.errors.FailureBudgetExceeded`
+line naming it.
 
 A trainer step whose loss or gradients are not finite is never committed
 (``trainer.on_nonfinite``): ``skip`` discards its batch as ``nonfinite_step`` (event
@@ -56,6 +57,10 @@ A trainer step whose loss or gradients are not finite is never committed
 of the task group, else its first exception), after closing the buffer
 (``shutdown("failed")``) so that the ledger ends closed and verifiable.
 
+Observers (:mod:`freshroll.runtime.observers`) watch the run: each one's ``checkpointed``
+before a commit (the checkpoint's record, durable with it), ``on_step`` after it,
+``on_skip``, ``on_mode`` and ``on_wait``, on the loop, in the list's order.
+
 ``max_staleness = 0`` gives the synchronous baseline with the same code.
 """
 
@@ -63,8 +68,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
@@ -82,6 +86,7 @@ from freshroll.lineage import PolicyVersion
 from freshroll.rewards.tasks import Prompt
 from freshroll.runtime.fallback import FallbackProbe, Switch, probe_for
 from freshroll.runtime.hooks import Hooks
+from freshroll.runtime.observers import RunObserver, StepReport, default_observers
 from freshroll.runtime.rewarding import RewardStage
 from freshroll.runtime.seams import AsyncScorer, AsyncTrainer, SaysItsWaits
 from freshroll.runtime.steering import Steering
@@ -95,36 +100,9 @@ class _Stop(Exception):
 
 
 @dataclass
-class StepReport:
-    step: int
-    version: PolicyVersion
-    metrics: dict[str, float]
-    wait_s: float
-    train_s: float
-
-
-@dataclass
 class Published:
     version: PolicyVersion
     weights: Any  # what AsyncTrainer.weights() returned; None: the engines' initial weights
-
-
-def _warn_skip(step: int, detail: str) -> None:
-    sys.stderr.write(f"warning: trainer step {step} skipped, its batch discarded "
-                     f"(nonfinite_step): {detail}\n")
-
-
-def _no_step(report: StepReport) -> None:
-    pass
-
-
-def _say_wait(line: str) -> None:
-    sys.stderr.write(line + "\n")
-
-
-def _say_mode(switch: Switch) -> None:
-    if switch.phase == "chose":
-        sys.stderr.write(f"sync fallback (step {switch.step}): {switch.reason}\n")
 
 
 @dataclass
@@ -138,14 +116,9 @@ class Pipeline:
     prompts: Mapping[str, Prompt]
     prompt_order: Sequence[str]
     cfg: Config
-    on_step: Callable[[StepReport], None] = _no_step
-    on_skip: Callable[[int, str], None] = _warn_skip
-    on_mode: Callable[[Switch], None] = _say_mode
-    #: a heartbeat line ("waiting 60 s on w0 generate, limit 600 s"; module docstring)
-    on_wait: Callable[[str], None] = _say_wait
-    #: the ``checkpoint_saved`` record of a step whose ``before_commit`` wrote a checkpoint
-    #: (None: none was due); recorded here, on the loop, so it is durable with the commit
-    checkpointed: Callable[[int], ev.CheckpointSaved | None] = lambda step: None
+    #: who watches the run (:mod:`freshroll.runtime.observers`: the contract), called in
+    #: this order; default: the stderr notes of a skipped step, a mode switch and a heartbeat
+    observers: list[RunObserver] = field(default_factory=default_observers)
     controller: Controller | None = None
     published: Published | None = None
     budget: FailureBudget = field(default_factory=FailureBudget)
@@ -232,7 +205,9 @@ class Pipeline:
                 raise NoProgress(stall_message(waits, now, lim.max_no_progress_s, step))
             due = waits.due(now) if say else []
             if due:
-                self.on_wait(heartbeat(due, now))
+                line = heartbeat(due, now)
+                for o in self.observers:
+                    o.on_wait(line)
 
     # -- feeder ------------------------------------------------------------------------------
     async def _feeder(self) -> None:
@@ -286,9 +261,10 @@ class Pipeline:
             child = parent.child(lease.samples, trainer.settings_digest, digest)
             with self._trainer_wait(f"checkpoint of step {step}"):
                 await trainer.before_commit(child)
-            saved = self.checkpointed(child.step)
-            if saved is not None:
-                buf.record(saved)
+            for o in self.observers:  # a checkpoint's record: durable with the commit
+                saved = o.checkpointed(child.step)
+                if saved is not None:
+                    buf.record(saved)
             version = buf.commit(
                 lease.id, trainer.settings_digest, weights_digest=digest,
                 train_s=metrics["train_s"], metrics=metrics,
@@ -299,7 +275,9 @@ class Pipeline:
             self.published = Published(version, trainer.weights())
             self.pool.note_committed()  # before the hooks: a chaos session may bump it
             self.hooks.committed(version)
-            self.on_step(StepReport(version.step, version, metrics, wait_s, metrics["train_s"]))
+            report = StepReport(version.step, version, metrics, wait_s, metrics["train_s"])
+            for o in self.observers:
+                o.on_step(report)
             if self.fallback is not None:
                 switch = self.fallback.committed(version.step, clock.now())
                 if switch is not None:
@@ -322,7 +300,8 @@ class Pipeline:
             ts=self.buf.clock.now(), step=s.step, mode=s.mode, lookahead=s.lookahead,
             phase=s.phase, reason=s.reason, async_per_s=s.async_per_s, sync_per_s=s.sync_per_s,
         ))
-        self.on_mode(s)
+        for o in self.observers:
+            o.on_mode(s)
 
     def _skip(self, lease_id: str, exc: NonFiniteStep, rule: Rule) -> None:
         """A non-finite step: never committed. Skip its batch, or stop (trainer.on_nonfinite)."""
@@ -335,7 +314,8 @@ class Pipeline:
         detail = f"step {step}: {exc}"
         self.buf.skip_step(lease_id, detail)
         self.notify()
-        self.on_skip(step, str(exc))
+        for o in self.observers:
+            o.on_skip(step, str(exc))
         self.budget.record("trainer", rule, 1, 1, detail)
 
 

@@ -18,7 +18,7 @@ copy. Then, per step:
   owner, and its objects die with it: a worker loading the current version after a trainer
   loss would fail. A task's return object survives its actor.
 
-Checkpoints (:meth:`RayTrainer.before_commit`): only when the Recorder's checkpoint is due
+Checkpoints (:meth:`RayTrainer.before_commit`): only when the Checkpointer's checkpoint is due
 (every ``trainer.checkpoint_every`` steps and at the last step) are the model and optimizer
 state fetched from the actor, and saved by the driver, so the run directory needs no file
 system shared with the actor's node.
@@ -339,7 +339,7 @@ class RayTrainer:
         return state
 
     async def before_commit(self, version: PolicyVersion) -> None:
-        """The Recorder's checkpoint; the state is fetched from the actor only when one is
+        """The Checkpointer's checkpoint; the state is fetched from the actor only when one is
         due. An actor lost here is rebuilt and the step trained again (same digest)."""
         lost: WorkerLost | WorkerTimeout | None = None
         while True:

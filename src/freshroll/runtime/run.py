@@ -38,10 +38,9 @@ import json
 import logging
 import math
 import random
-import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -53,14 +52,11 @@ from freshroll.clock import Clock, RealClock, VirtualClock
 from freshroll.config import Config, read_yaml, validate
 from freshroll.engines.base import InferenceEngine
 from freshroll.engines.seams import EngineFactory
-from freshroll.errors import ConfigError, Interrupted, StorageError
-from freshroll.events import CheckpointSaved
-from freshroll.figures.metrics_log import METRICS_FILE, RowLog, reconcile
+from freshroll.errors import ConfigError, Interrupted
 from freshroll.figures.overlap import host_now
 from freshroll.figures.overlap import render as render_overlap
 from freshroll.ledger import RESERVE_BYTES, Ledger, open_ledger
-from freshroll.lineage import PolicyVersion, file_digests
-from freshroll.metrics import Tally
+from freshroll.lineage import PolicyVersion
 from freshroll.runtime.adapters import (
     Publish,
     ThreadEngineFactory,
@@ -69,21 +65,20 @@ from freshroll.runtime.adapters import (
     clone_weights,
 )
 from freshroll.runtime.endfiles import Finished, finish_run_dir, record_fixed_costs
-from freshroll.runtime.evaluation import Evaluator, build_evaluator, evals_by_step, with_eval
-from freshroll.runtime.evaluation import trim as trim_evals
+from freshroll.runtime.evaluation import build_evaluator
 from freshroll.runtime.hooks import ChaosSession
 from freshroll.runtime.learner import build_learner
-from freshroll.runtime.pace import Pace
-from freshroll.runtime.pipeline import Pipeline, StepReport, run_pipeline
+from freshroll.runtime.observers import RunObserver
+from freshroll.runtime.pipeline import Pipeline, run_pipeline
 from freshroll.runtime.placement import Placement, Runtime, resolve_runtime, settled, thread_budget
 from freshroll.runtime.prepare import Prepared, prepare_run_dir
 from freshroll.runtime.ray_trainer import RayTrainer
+from freshroll.runtime.recording import Recording
 from freshroll.runtime.resume import announce
 from freshroll.runtime.rundir import write_text_atomic
 from freshroll.runtime.seams import AsyncScorer, AsyncTrainer, TrainerState
 from freshroll.runtime.shm_weights import WeightChannel, sweep_segments
 from freshroll.runtime.thread_probe import settle_placement
-from freshroll.trainer.checkpoint import checkpoint_dir, save_checkpoint
 from freshroll.trainer.grpo import GRPOLearner
 
 if TYPE_CHECKING:
@@ -97,161 +92,9 @@ class RunResult:
     ok: bool
 
 
-class Recorder:
-    """metrics.jsonl, the live progress line, and checkpoints (write-ahead of commits).
-
-    Rows are derived from the ledger, never from in-memory state: at start (and on
-    ``--resume``) the file is reconciled with the ledger (:mod:`freshroll.figures.metrics_log`),
-    and after each commit the events the ledger made durable since are folded into a
-    :class:`freshroll.metrics.Tally`, whose row for the ``committed`` event is written. So a
-    kill between the durable commit and the row's write costs nothing: the next start
-    writes the row.
-    """
-
-    def __init__(self, run_dir: Path, cfg: Config, buf: SampleBuffer, stream: TextIO,
-                 evaluator: Evaluator | None = None) -> None:
-        self.run_dir, self.cfg, self.buf, self.stream = run_dir, cfg, buf, stream
-        self.tally, self.seq = Tally(), 0
-        self._saved: dict[int, CheckpointSaved] = {}  # step -> its checkpoint's record
-        self._line = ""  # the progress line drawn in place on a terminal, if any
-        self.pace = Pace(cfg.run.steps)  # steps/s and the time left, for the progress line
-        # eval.jsonl (freshroll.runtime.evaluation): its columns join their steps' rows
-        self.evaluator = evaluator
-        trim_evals(run_dir, buf.version.step if buf.version is not None else 0)
-        self.evals = evals_by_step(run_dir)
-        expected = with_eval(self._fold(), self.evals)
-        path = run_dir / METRICS_FILE
-        done = reconcile(path, expected)
-        if done.changed:
-            stream.write(f"{path}: {done.describe()}\n")
-        self.metrics = RowLog(path)
-
-    def _fold(self) -> list[dict[str, Any]]:
-        """Fold the ledger's durable events since the last fold; the rows of its commits."""
-        out = []
-        for seq, event in self.buf.ledger.events(after=self.seq):
-            self.seq = seq
-            row = self.tally.feed(event)
-            if row is not None:
-                out.append(row)
-        return out
-
-    def before_commit(self, version: PolicyVersion, state: TrainerState) -> None:
-        """Every ``checkpoint_every`` steps and at the last step (resume replays the rest).
-
-        ``state()``: the learner's model and optimizer state, asked for only when a
-        checkpoint is due (a trainer actor's are fetched from its process then)."""
-        ev = self.evaluator
-        if ev is not None and ev.due(version.step):  # the policy after the step, pre-commit
-            self.evals[version.step] = ev.evaluate(version.step, ev.policy(state))
-        every = self.cfg.trainer.checkpoint_every
-        if version.step % every and version.step < self.cfg.run.steps:
-            return
-        root = self.run_dir / "checkpoints"
-        target = checkpoint_dir(root, version.step)
-        model_state, optimizer_state = state()
-        try:
-            save_checkpoint(
-                target, model_state=model_state, optimizer=optimizer_state,
-                meta={"step": version.step, "version": str(version)},
-            )
-        except OSError as exc:  # disk full, read-only, ...: the step is not committed
-            raise checkpoint_error(target, exc) from exc
-        # recorded by the pipeline, on its loop (this runs on the trainer's thread), before
-        # the step's commit: durable with it; verify binds the files to the ledger with it
-        self._saved[version.step] = CheckpointSaved(
-            ts=self.buf.clock.now(), step=version.step, version=str(version),
-            files=file_digests(target))
-        keep = self.cfg.trainer.keep_checkpoints
-        for old in sorted(root.glob("step-*"))[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
-
-    def checkpointed(self, step: int) -> CheckpointSaved | None:
-        """The record of the checkpoint :meth:`before_commit` wrote for ``step``, if any."""
-        return self._saved.pop(step, None)
-
-    def on_step(self, r: StepReport) -> None:
-        for row in with_eval(self._fold(), self.evals):
-            self.metrics.write(row)
-            if self.cfg.run.progress:
-                self._progress(row)
-
-    def _progress(self, row: dict[str, Any]) -> None:
-        """One line per step on a terminal (redrawn in place); every ~2.5% of the run in logs."""
-        step, total = row["step"], self.cfg.run.steps
-        self.pace.feed(step, row["t"])
-        tty = self.stream.isatty()
-        if not tty and step % max(1, total // 40) and step != total:
-            return
-        line = (
-            f"step {step:>4}/{total}  reward {_fmt(row.get('reward_mean'), '.3f')}  "
-            f"accepted/s {_fmt(row['accepted_per_s'], '7.1f')}  "
-            f"lag {_fmt(row.get('lag_mean'), '.2f')} "
-            f"(max {_fmt(row.get('lag_max'), '.0f')}/{self.cfg.run.max_staleness})  "
-            f"idle {_fmt(row['trainer_idle_ratio'], '5.1%')}  "
-            f"discards {row['discards']} ({_fmt(row['discard_rate'], '.1%')})  "
-            f"t {_fmt(row['t'], '6.1f')}s  {self.pace.render()}{_reward_details(row)}"
-        )
-        end = "\n" if not tty or step == total else ""
-        self.stream.write(("\r" if tty else "") + line + (_CLEAR if tty else "") + end)
-        self.stream.flush()
-        self._line = line if tty and not end else ""
-
-    def on_wait(self, text: str) -> None:
-        """A heartbeat (:mod:`freshroll.runtime.waits`): ``waiting 60 s on w0 generate,
-        limit 600 s``. On a terminal it is added to the progress line drawn in place (the
-        next step redraws it); otherwise, and with ``run.progress`` off, a line of its own."""
-        if self._line:
-            self.stream.write("\r" + self._line + "  " + text + _CLEAR)
-        else:
-            self.stream.write(text + "\n")
-        self.stream.flush()
-
-    def catch_up(self) -> None:
-        """Write the rows of the commits that became durable after the last step's rows (a
-        run stopped by a full disk closes its ledger with the commit whose flush failed)."""
-        for row in with_eval(self._fold(), self.evals):
-            self.metrics.write(row)
-
-    def close(self) -> None:
-        self.metrics.close()
-
-
-def _reward_details(row: dict[str, Any]) -> str:
-    """The progress line's reward details: the share of groups without learning signal and,
-    for more than one reward function, each one's mean (``metrics.jsonl``'s columns)."""
-    out = ""
-    zero = row.get("frac_reward_zero_std")
-    if zero is not None:
-        out += f"  zero-std groups {_fmt(zero, '.0%')}"
-    means = {k[len("rewards/"):-len("/mean")]: v for k, v in row.items()
-             if k.startswith("rewards/") and k.endswith("/mean")}
-    if len(means) > 1:
-        out += "  [" + ", ".join(f"{n} {_fmt(v, '.3f')}" for n, v in means.items()) + "]"
-    return out
-
-
-_CLEAR = "\x1b[K"  # erase to the end of the line: a shorter redraw leaves nothing behind
-
-
 def learner_state(learner: GRPOLearner) -> TrainerState:
     """The checkpoint state of a learner in this process."""
     return lambda: (learner.model_state(), learner.optimizer.state_dict())
-
-
-def checkpoint_error(target: Path, exc: OSError) -> StorageError:
-    """A checkpoint write's failure as one line naming the checkpoint and the file that
-    failed (``exc.filename``: safetensors' own errors come as OSError, see
-    :func:`freshroll.trainer.checkpoint.save_tensors`)."""
-    reason = exc.strerror or str(exc) or type(exc).__name__
-    if exc.filename is None:
-        return StorageError(f"checkpoint {target}: {reason}")
-    return StorageError(f"checkpoint {target}: cannot write {exc.filename}: {reason}")
-
-
-def _fmt(value: Any, spec: str) -> str:
-    """A row value for the progress line; a missing or non-finite one as ``-``."""
-    return format(value, spec) if isinstance(value, int | float) else "-"
 
 
 def build_engine(cfg: Config, path: Path, name: str,
@@ -483,6 +326,7 @@ def run(
     cfg: Config | None, out: Path, *, resume: bool = False, allow_change: tuple[str, ...] = (),
     stream: TextIO = sys.stderr, make_engine: MakeEngine | None = None,
     chaos: ChaosSession | None = None, report: bool = True,
+    observers: Sequence[RunObserver] = (),
 ) -> RunResult:
     """Run (or resume) a training run in ``out``; returns the summary and verify result.
 
@@ -492,20 +336,22 @@ def run(
     engine of a worker for ``rollout.engine: hf`` (default :func:`build_engine`). ``chaos``: a
     fault-injection session (:mod:`freshroll.chaos`) that wraps the run's parts and hooks its
     hand-offs (:mod:`freshroll.runtime.hooks`). ``report``: False skips ``report.html`` (its
-    plots take seconds; the chaos harness runs hundreds of runs). The run directory is locked
-    for the whole call.
+    plots take seconds; the chaos harness runs hundreds of runs). ``observers``: watch the run
+    after its own (metrics rows, progress line, checkpointer; :mod:`freshroll.runtime.observers`
+    states the contract), e.g. :class:`~freshroll.runtime.exporters.JsonLinesExporter`; each
+    is closed when the run ends. The run directory is locked for the whole call.
     """
     called_at = time.time()  # fixed_costs.start_s counts from here
     prep = prepare_run_dir(cfg, out, resume, allow_change)
     try:
-        return _run(prep, out, stream, make_engine, chaos, report, called_at)
+        return _run(prep, out, stream, make_engine, chaos, report, called_at, observers)
     finally:
         prep.lock.release()
 
 
 def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | None,
          chaos: ChaosSession | None = None, report: bool = True,
-         called_at: float | None = None) -> RunResult:
+         called_at: float | None = None, observers: Sequence[RunObserver] = ()) -> RunResult:
     asked = prep.cfg
     placement = settle_placement(asked, prep.prompts, prep.model_path,
                                  injected=make_engine is not None, stream=stream)
@@ -546,7 +392,7 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
             stream.write(_start_line(cfg, out, prep.model_path, len(prompts), buf, placement)
                          + "\n")
             stream.flush()
-        rec = Recorder(out, cfg, buf, stream, evaluator)
+        rec = Recording(out, cfg, buf, stream, evaluator, extra=observers)
     except BaseException:
         parts.close()
         buf.ledger.close()
@@ -555,8 +401,7 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
     try:
         pipe = Pipeline(
             buf, parts.engine_factory, parts.scorer, parts.trainer,
-            {p.prompt_id: p for p in prompts}, order, cfg, on_step=rec.on_step,
-            on_wait=rec.on_wait, checkpointed=rec.checkpointed,
+            {p.prompt_id: p for p in prompts}, order, cfg, observers=rec.observers,
         )
         if chaos is not None:
             pipe.hooks = chaos.hooks
@@ -568,12 +413,18 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
             rec.catch_up()
     finally:
         parts.close()
-        rec.close()
-        buf.ledger.close()
-        if resolve_runtime(cfg) == "ray":
-            from freshroll.runtime.ray_engine import stop_ray
+        try:
+            rec.close()  # every observer, even past one whose close failed
+        except Exception as exc:  # raised, unless the run already failed: that error says why
+            if failure is None:
+                raise
+            failure.add_note(f"an observer's close failed too: {type(exc).__name__}: {exc}")
+        finally:  # the ledger closes whatever an observer's close raised
+            buf.ledger.close()
+            if resolve_runtime(cfg) == "ray":
+                from freshroll.runtime.ray_engine import stop_ray
 
-            stop_ray()
+                stop_ray()
     if failure is not None:
         # a run that stopped still says what it trained and why it stopped (summary.json's
         # verdict, the report's banner); best effort: the error that stopped it comes first

@@ -1,0 +1,272 @@
+"""A run's own observers (:mod:`freshroll.runtime.observers`): metrics rows, the progress
+line, the checkpointer, and :class:`Recording`, the list of them a run hands its pipeline.
+
+::
+
+    Checkpointer   before_commit (trainer thread): the due evaluation and checkpoint of a
+                   step, written before its commit; checkpointed (loop): their record
+    MetricsRows    on_step: the ledger's durable events since the last fold, folded into
+                   metrics.jsonl rows (reconciled with the ledger at every start); each row
+                   then goes to every observer's on_row
+    ProgressLine   on_row: one line per step (redrawn in place on a terminal); on_wait: the
+                   heartbeat, joined to that line on a terminal
+    Notes          a skipped step, the sync fallback's choice (stderr)
+    ...            what the caller added (``run(..., observers=[...])``), in its order
+
+Rows are derived from the ledger, never from in-memory state: at start (and on
+``--resume``) ``metrics.jsonl`` is reconciled with the ledger
+(:mod:`freshroll.figures.metrics_log`), and after each commit the events the ledger made
+durable since are folded into a :class:`freshroll.metrics.Tally`, whose row for the
+``committed`` event is written. So a kill between the durable commit and the row's write
+costs nothing: the next start writes the row.
+
+Checkpoints are written ahead of the commit (every ``trainer.checkpoint_every`` steps and at
+the last step): the files first, atomically, then their ``checkpoint_saved`` record, which
+the pipeline makes durable in the commit's own flush. A crash before the commit leaves a
+checkpoint newer than the ledger, which a resume ignores (:mod:`freshroll.runtime.learner`).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from freshroll.buffer import SampleBuffer
+from freshroll.config import Config
+from freshroll.errors import StorageError
+from freshroll.events import CheckpointSaved
+from freshroll.figures.metrics_log import METRICS_FILE, RowLog, reconcile
+from freshroll.lineage import PolicyVersion, file_digests
+from freshroll.metrics import Tally
+from freshroll.runtime.evaluation import Evaluator, evals_by_step, with_eval
+from freshroll.runtime.evaluation import trim as trim_evals
+from freshroll.runtime.fallback import Switch
+from freshroll.runtime.observers import (
+    Notes,
+    Observer,
+    Row,
+    RunObserver,
+    StepReport,
+    close_all,
+)
+from freshroll.runtime.pace import Pace
+from freshroll.runtime.seams import TrainerState
+from freshroll.trainer.checkpoint import checkpoint_dir, save_checkpoint
+
+Evals = dict[int, list[dict[str, Any]]]  # step -> its eval.jsonl records
+
+
+class MetricsRows(Observer):
+    """``metrics.jsonl``: reconciled with the ledger when built; after each commit, the rows
+    of the commits the ledger made durable since, each then given to ``observers``'
+    ``on_row`` (this module's docstring)."""
+
+    def __init__(self, run_dir: Path, buf: SampleBuffer, stream: TextIO, evals: Evals,
+                 observers: Sequence[RunObserver] = ()) -> None:
+        self.buf, self.evals, self.observers = buf, evals, observers
+        self.tally, self.seq = Tally(), 0
+        expected = with_eval(self._fold(), evals)
+        path = run_dir / METRICS_FILE
+        done = reconcile(path, expected)
+        if done.changed:
+            stream.write(f"{path}: {done.describe()}\n")
+        self.metrics = RowLog(path)
+
+    def _fold(self) -> list[Row]:
+        """Fold the ledger's durable events since the last fold; the rows of its commits."""
+        out = []
+        for seq, event in self.buf.ledger.events(after=self.seq):
+            self.seq = seq
+            row = self.tally.feed(event)
+            if row is not None:
+                out.append(row)
+        return out
+
+    def _write(self, live: bool) -> None:
+        for row in with_eval(self._fold(), self.evals):
+            self.metrics.write(row)
+            for o in self.observers:
+                o.on_row(row, live)
+
+    def on_step(self, report: StepReport) -> None:
+        self._write(live=True)
+
+    def catch_up(self) -> None:
+        """Write the rows of the commits that became durable after the last step's rows (a
+        run stopped by a full disk closes its ledger with the commit whose flush failed)."""
+        self._write(live=False)
+
+    def close(self) -> None:
+        self.metrics.close()
+
+
+class ProgressLine(Observer):
+    """The live progress line (``run.progress``) and the heartbeat."""
+
+    def __init__(self, cfg: Config, stream: TextIO) -> None:
+        self.cfg, self.stream = cfg, stream
+        self._line = ""  # the progress line drawn in place on a terminal, if any
+        self.pace = Pace(cfg.run.steps)  # steps/s and the time left
+
+    def on_row(self, row: Row, live: bool) -> None:
+        """One line per step on a terminal (redrawn in place); every ~2.5% of the run in logs.
+        The rows a stopped run catches up on are not drawn."""
+        if not live or not self.cfg.run.progress:
+            return
+        step, total = row["step"], self.cfg.run.steps
+        self.pace.feed(step, row["t"])
+        tty = self.stream.isatty()
+        if not tty and step % max(1, total // 40) and step != total:
+            return
+        line = (
+            f"step {step:>4}/{total}  reward {_fmt(row.get('reward_mean'), '.3f')}  "
+            f"accepted/s {_fmt(row['accepted_per_s'], '7.1f')}  "
+            f"lag {_fmt(row.get('lag_mean'), '.2f')} "
+            f"(max {_fmt(row.get('lag_max'), '.0f')}/{self.cfg.run.max_staleness})  "
+            f"idle {_fmt(row['trainer_idle_ratio'], '5.1%')}  "
+            f"discards {row['discards']} ({_fmt(row['discard_rate'], '.1%')})  "
+            f"t {_fmt(row['t'], '6.1f')}s  {self.pace.render()}{_reward_details(row)}"
+        )
+        end = "\n" if not tty or step == total else ""
+        self.stream.write(("\r" if tty else "") + line + (_CLEAR if tty else "") + end)
+        self.stream.flush()
+        self._line = line if tty and not end else ""
+
+    def on_wait(self, line: str) -> None:
+        """A heartbeat (:mod:`freshroll.runtime.waits`): ``waiting 60 s on w0 generate,
+        limit 600 s``. On a terminal it is added to the progress line drawn in place (the
+        next step redraws it); otherwise, and with ``run.progress`` off, a line of its own."""
+        if self._line:
+            self.stream.write("\r" + self._line + "  " + line + _CLEAR)
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+
+class Checkpointer(Observer):
+    """The write-ahead of a commit: the due evaluation (``eval.jsonl``'s columns, into
+    ``evals``) and checkpoint of a step, before the step's commit (this module's docstring)."""
+
+    def __init__(self, run_dir: Path, cfg: Config, buf: SampleBuffer, evals: Evals,
+                 evaluator: Evaluator | None = None) -> None:
+        self.run_dir, self.cfg, self.buf, self.evals = run_dir, cfg, buf, evals
+        self.evaluator = evaluator
+        self._saved: dict[int, CheckpointSaved] = {}  # step -> its checkpoint's record
+
+    def before_commit(self, version: PolicyVersion, state: TrainerState) -> None:
+        """Every ``checkpoint_every`` steps and at the last step (resume replays the rest).
+        Runs on the trainer's thread, before the step's commit.
+
+        ``state()``: the learner's model and optimizer state, asked for only when a
+        checkpoint is due (a trainer actor's are fetched from its process then)."""
+        ev = self.evaluator
+        if ev is not None and ev.due(version.step):  # the policy after the step, pre-commit
+            self.evals[version.step] = ev.evaluate(version.step, ev.policy(state))
+        every = self.cfg.trainer.checkpoint_every
+        if version.step % every and version.step < self.cfg.run.steps:
+            return
+        root = self.run_dir / "checkpoints"
+        target = checkpoint_dir(root, version.step)
+        model_state, optimizer_state = state()
+        try:
+            save_checkpoint(
+                target, model_state=model_state, optimizer=optimizer_state,
+                meta={"step": version.step, "version": str(version)},
+            )
+        except OSError as exc:  # disk full, read-only, ...: the step is not committed
+            raise checkpoint_error(target, exc) from exc
+        # recorded by the pipeline, on its loop (this runs on the trainer's thread), before
+        # the step's commit: durable with it; verify binds the files to the ledger with it
+        self._saved[version.step] = CheckpointSaved(
+            ts=self.buf.clock.now(), step=version.step, version=str(version),
+            files=file_digests(target))
+        keep = self.cfg.trainer.keep_checkpoints
+        for old in sorted(root.glob("step-*"))[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def checkpointed(self, step: int) -> CheckpointSaved | None:
+        """The record of the checkpoint :meth:`before_commit` wrote for ``step``, if any."""
+        return self._saved.pop(step, None)
+
+
+class Recording(Observer):
+    """A run's observers: :class:`Checkpointer`, :class:`MetricsRows` (reconciled now),
+    :class:`ProgressLine`, :class:`~freshroll.runtime.observers.Notes`, then ``extra`` in its
+    order. :attr:`observers` is the list the run's pipeline takes; called itself, it passes
+    each callback to every one of them (as the pipeline does)."""
+
+    def __init__(self, run_dir: Path, cfg: Config, buf: SampleBuffer, stream: TextIO,
+                 evaluator: Evaluator | None = None, extra: Sequence[RunObserver] = ()) -> None:
+        # eval.jsonl (freshroll.runtime.evaluation): its columns join their steps' rows
+        trim_evals(run_dir, buf.version.step if buf.version is not None else 0)
+        evals = evals_by_step(run_dir)
+        self.observers: list[RunObserver] = []
+        self.checkpointer = Checkpointer(run_dir, cfg, buf, evals, evaluator)
+        self.rows = MetricsRows(run_dir, buf, stream, evals, self.observers)
+        self.progress = ProgressLine(cfg, stream)
+        self.observers += [self.checkpointer, self.rows, self.progress, Notes(), *extra]
+
+    def before_commit(self, version: PolicyVersion, state: TrainerState) -> None:
+        self.checkpointer.before_commit(version, state)
+
+    def checkpointed(self, step: int) -> CheckpointSaved | None:
+        return self.checkpointer.checkpointed(step)
+
+    def on_step(self, report: StepReport) -> None:
+        for o in self.observers:
+            o.on_step(report)
+
+    def on_skip(self, step: int, detail: str) -> None:
+        for o in self.observers:
+            o.on_skip(step, detail)
+
+    def on_mode(self, switch: Switch) -> None:
+        for o in self.observers:
+            o.on_mode(switch)
+
+    def on_wait(self, line: str) -> None:
+        for o in self.observers:
+            o.on_wait(line)
+
+    def catch_up(self) -> None:
+        self.rows.catch_up()
+
+    def close(self) -> None:
+        close_all(self.observers)
+
+
+def _reward_details(row: Row) -> str:
+    """The progress line's reward details: the share of groups without learning signal and,
+    for more than one reward function, each one's mean (``metrics.jsonl``'s columns)."""
+    out = ""
+    zero = row.get("frac_reward_zero_std")
+    if zero is not None:
+        out += f"  zero-std groups {_fmt(zero, '.0%')}"
+    means = {k[len("rewards/"):-len("/mean")]: v for k, v in row.items()
+             if k.startswith("rewards/") and k.endswith("/mean")}
+    if len(means) > 1:
+        out += "  [" + ", ".join(f"{n} {_fmt(v, '.3f')}" for n, v in means.items()) + "]"
+    return out
+
+
+_CLEAR = "\x1b[K"  # erase to the end of the line: a shorter redraw leaves nothing behind
+
+
+def checkpoint_error(target: Path, exc: OSError) -> StorageError:
+    """A checkpoint write's failure as one line naming the checkpoint and the file that
+    failed (``exc.filename``: safetensors' own errors come as OSError, see
+    :func:`freshroll.trainer.checkpoint.save_tensors`)."""
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    if exc.filename is None:
+        return StorageError(f"checkpoint {target}: {reason}")
+    return StorageError(f"checkpoint {target}: cannot write {exc.filename}: {reason}")
+
+
+def _fmt(value: Any, spec: str) -> str:
+    """A row value for the progress line; a missing or non-finite one as ``-``."""
+    return format(value, spec) if isinstance(value, int | float) else "-"
+
+
+__all__ = ["Checkpointer", "MetricsRows", "ProgressLine", "Recording", "checkpoint_error"]
