@@ -94,6 +94,17 @@ def test_a_sync_run_settles_each_stage_on_its_own_calls_not_on_a_probe():
                     (_cfg(max_staleness=0, runtime="process"), {}),
                     (_cfg(max_staleness=1), {})):
         assert placement.plan(cfg, **{"cores": 2, **kw}).stages == ()
+    # one compute thread for both stages: every sync hf run inline, its threads set or not
+    for cfg, kw, one in ((_cfg(max_staleness=0), {}, True),
+                         (_cfg(max_staleness=0, torch_threads=2), {}, True),
+                         (_cfg(max_staleness=0), {"cores": 1}, True),
+                         (_cfg(max_staleness=0), {"injected": True}, False),
+                         (_cfg(max_staleness=0, runtime="process"), {}, False),
+                         (_cfg(max_staleness=0, engine="sim"), {}, False),
+                         (_cfg(max_staleness=1, runtime="inline"), {}, False)):
+        p = placement.plan(cfg, **{"cores": 2, **kw})
+        assert (p.compute is not None) == one, (cfg.run, kw)
+        assert ("one compute thread" in p.describe()) == one
     # no probe (explicit threads): the fixed rule, and nothing auto to explain
     p = placement.plan(_cfg(max_staleness=1, runtime="process", torch_threads=3), cores=2)
     assert (p.runtime, p.budget.trainer, p.reason) == ("process", 3, "")

@@ -110,6 +110,8 @@ class Placement:
         if self.stages:
             why += (f"; generation and training on one compute thread, each stage's threads "
                     f"(1 or {self.budget.cores}) settled on its own first calls")
+        elif self.compute is not None:
+            why += "; generation and training on one compute thread"
         return f"{self.runtime}, {self.budget.describe()}{why}"
 
     def settled_stages(self) -> str:
@@ -144,6 +146,14 @@ def tunes_stages(cfg: Config, runtime: Runtime, *, injected: bool = False,
     return cfg.run.max_staleness == 0 and runtime == "inline" and _auto_hf(cfg, injected, cores)
 
 
+def one_compute_thread(cfg: Config, runtime: Runtime, injected: bool = False) -> bool:
+    """Whether a run generates and trains on one thread (:class:`SharedExecutor`): a sync
+    run of the hf engine inline, whose stages take turns. Each thread that computes keeps an
+    OpenMP team, and two teams in one process take the second core's gain from both."""
+    return (cfg.run.max_staleness == 0 and runtime == "inline" and cfg.rollout.engine == "hf"
+            and not injected)
+
+
 def _auto_hf(cfg: Config, injected: bool, cores: int) -> bool:
     return (cfg.run.torch_threads == "auto" and cfg.rollout.engine == "hf" and not injected
             and cores >= 2)
@@ -176,10 +186,9 @@ def plan(cfg: Config, probe: ThreadProbe | None = None, *, injected: bool = Fals
     if probe is not None:
         why = f"{why}; {probe.describe()}" if why else probe.describe()
     stages: tuple[StageThreads, ...] = ()
-    compute = None
     if tunes_stages(cfg, runtime, injected=injected, cores=cores):
         stages = (StageThreads("generate", cores), StageThreads("train", cores))
-        compute = SharedExecutor("compute")
+    compute = SharedExecutor("compute") if one_compute_thread(cfg, runtime, injected) else None
     return Placement(runtime, budget, why if rt_auto or th_auto else "", probe, stages,
                      compute)
 
@@ -200,5 +209,6 @@ def settled(cfg: Config, placement: Placement) -> Config:
 
 
 __all__ = ["Placement", "Runtime", "ThreadBudget", "auto_runtime", "available_cores",
-           "plan", "resolve_runtime", "settled", "thread_budget", "tunes_stages",
+           "one_compute_thread", "plan", "resolve_runtime", "settled", "thread_budget",
+           "tunes_stages",
            "wants_probe"]
