@@ -9,18 +9,17 @@ aggregation and advantage scaling, no KL (beta 0), one optimizer step per genera
 batch. Every TRL setting is derived from the freshroll config (the embedded default,
 plus any ``key=value`` overrides given on the command line), so the two cannot drift.
 
-Systems, interleaved seed by seed (the order rotates with the seed) so that noise on a
-shared machine hits them alike:
+Systems (``--systems``), interleaved seed by seed (the order rotates with the seed) so that
+noise on a shared machine hits them alike:
 
 - ``trl-1t``:       TRL ``GRPOTrainer``, ``torch.set_num_threads(1)``;
-- ``trl-2t``:       the same with 2 intra-op threads (``--trl-threads 1 2``, the default);
-- ``freshroll-sync``:  ``freshroll.runtime.run.run`` with ``run.max_staleness=0``;
-- ``freshroll-async``: the same with ``run.max_staleness=1``.
+- ``trl-default``:  the same at torch's default thread count (all the cores: as a user runs
+  it); every ratio to TRL is to the faster of the two ("best TRL": the peer at its best);
+- ``freshroll-sync``:    ``freshroll.runtime.run.run`` with ``run.max_staleness=0``,
+  ``run.runtime`` and ``run.torch_threads`` auto (each stage's threads settled on its steps);
+- ``freshroll-default``: the embedded default: ``run.max_staleness=1``, both auto;
+- ``freshroll-async-1t``: async inline at one thread (the earlier benchmark's system);
 - ``freshroll-async-ray``: async with ``run.runtime=ray`` (engine in a Ray actor process).
-
-freshroll runs with ``run.torch_threads=1`` (one intra-op thread per compute thread;
-the async pipeline overlaps a generation thread with the trainer thread, so it can
-keep both cores of a 2-core machine busy: compare it with ``trl-2t`` as well).
 
 Figures per run:
 
@@ -33,16 +32,22 @@ Figures per run:
   (TRL: ``trainer.state.log_history`` ``reward`` with ``logging_steps=1``; freshroll:
   ``metrics.jsonl`` ``reward_mean``), and the mean over all steps.
 
-Goal (from the issue): freshroll async >= 1.5x TRL's accepted rollouts/s (TRL at 1
-thread), with reward at equal steps within noise (the last-10% reward of freshroll
-async not below TRL's by more than 2 standard errors of the difference across seeds).
-The script prints PASS/MISS and always the figures it measured.
+- time to reward: the wall seconds from the start of training until the mean reward of the
+  last 10 steps first reaches ``--reward-level`` (0.5: the embedded default's task), NaN
+  where a run never reaches it.
+
+Goals (issue 25, against the best TRL): freshroll-default >= 1.3x its accepted
+rollouts/s, freshroll-sync >= 1.0x; freshroll-default's time to reward <= 0.77x the best
+TRL's and <= freshroll-sync's; reward at equal steps (last 10%) of freshroll-default not
+below the best TRL's or freshroll-sync's by more than 2 standard errors of the difference
+across seeds. The script prints PASS/MISS and always the figures it measured.
 
 Usage::
 
     .venv/bin/pip install -e '.[bench]'          # TRL
     .venv/bin/python benchmarks/vs_trl.py                      # 100 steps x 3 seeds
     .venv/bin/python benchmarks/vs_trl.py --quick              # smoke run (seconds)
+    .venv/bin/python benchmarks/vs_trl.py --steps 400           # time to reward 0.5, 3 seeds
     .venv/bin/python benchmarks/vs_trl.py --steps 200 --seeds 0 1 2 3 --json out.json
     .venv/bin/python benchmarks/vs_trl.py trainer.lr=5e-4      # freshroll config overrides
 
@@ -69,13 +74,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-GOAL_SPEEDUP = 1.5
-# name -> (max_staleness, runtime)
-FRESHROLL_SYSTEMS = {
-    "freshroll-sync": (0, "inline"),
-    "freshroll-async": (1, "inline"),
-    "freshroll-async-ray": (1, "ray"),
+GOAL_DEFAULT, GOAL_SYNC, GOAL_TIME = 1.3, 1.0, 0.77
+#: name -> (max_staleness, run.runtime, run.torch_threads)
+FRESHROLL_SYSTEMS: dict[str, tuple[int, str, int | str]] = {
+    "freshroll-sync": (0, "auto", "auto"),
+    "freshroll-default": (1, "auto", "auto"),
+    "freshroll-async-1t": (1, "inline", 1),
+    "freshroll-async-ray": (1, "ray", "auto"),
 }
+DEFAULT_SYSTEMS = ["trl-1t", "trl-default", "freshroll-sync", "freshroll-default"]
+SMOOTH = 10  # steps of the trailing mean that time to reward reads
 
 
 def _offline() -> None:
@@ -103,6 +111,20 @@ class Result:
     cpu_s: float  # process CPU time (all threads) over the timed span; see ``cpu_ratio``
     rewards: list[float] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+    times: list[float] = field(default_factory=list)  # each step's end, s from training's start
+
+
+def time_to_reward(rewards: list[float], times: list[float], level: float,
+                   smooth: int = SMOOTH) -> float:
+    """Seconds until the trailing mean of ``smooth`` steps' rewards first reaches ``level``
+    (NaN if it never does, or without per-step times)."""
+    if len(times) != len(rewards):
+        return math.nan
+    for i in range(len(rewards)):
+        window = rewards[max(0, i + 1 - smooth): i + 1]
+        if i + 1 >= min(smooth, len(rewards)) and statistics.fmean(window) >= level:
+            return times[i]
+    return math.nan
 
 
 def edge_means(rewards: list[float], frac: float = 0.1) -> tuple[float, float, float]:
@@ -119,15 +141,17 @@ def edge_means(rewards: list[float], frac: float = 0.1) -> tuple[float, float, f
 
 
 def freshroll_config(
-    steps: int, seed: int, system: tuple[int, str], model_dir: Path, overrides: list[str],
-    torch_threads: int | str = 1,
+    steps: int, seed: int, system: tuple[int, str] | tuple[int, str, int | str],
+    model_dir: Path, overrides: list[str], torch_threads: int | str = 1,
 ):
-    """The freshroll config of one run (``system``: (max_staleness, run.runtime)); the TRL
-    settings are derived from it (:func:`trl_args`). ``torch_threads``: ``run.torch_threads``
-    (1 here; ``auto`` for the product's default budget)."""
+    """The freshroll config of one run (``system``: (max_staleness, run.runtime[,
+    run.torch_threads])); the TRL settings are derived from it (:func:`trl_args`).
+    ``torch_threads``: ``run.torch_threads`` where ``system`` names none."""
     from freshroll.config import load_config
 
-    staleness, runtime = system
+    staleness, runtime = system[0], system[1]
+    if len(system) > 2:
+        torch_threads = system[2]  # type: ignore[misc]
     return load_config(None, [
         *overrides, f"run.steps={steps}", f"run.seed={seed}", f"run.max_staleness={staleness}",
         f"run.runtime={runtime}",
@@ -195,7 +219,8 @@ def trl_args(cfg, out_dir: Path):
 # --- the systems ------------------------------------------------------------------------
 
 
-def run_trl(cfg, model_dir: Path, out_dir: Path, threads: int) -> Result:
+def run_trl(cfg, model_dir: Path, out_dir: Path, threads: int | None) -> Result:
+    """One TRL run at ``threads`` intra-op threads (None: torch's default, all the cores)."""
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -208,12 +233,14 @@ def run_trl(cfg, model_dir: Path, out_dir: Path, threads: int) -> Result:
         def __init__(self) -> None:
             self.begin = self.end = 0.0
             self.threads: set[int] = set()
+            self.times: list[float] = []
 
         def on_train_begin(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
             self.begin = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
             self.end = time.perf_counter()
+            self.times.append(self.end - self.begin)
             self.threads.add(torch.get_num_threads())
 
     t_outer = time.perf_counter()
@@ -229,7 +256,8 @@ def run_trl(cfg, model_dir: Path, out_dir: Path, threads: int) -> Result:
         processing_class=tok, callbacks=[clock],
     )
     trainer.remove_callback(PrinterCallback)
-    torch.set_num_threads(threads)
+    default_threads = torch.get_num_threads()
+    torch.set_num_threads(threads or default_threads)
     c0, t0 = time.process_time(), time.perf_counter()
     trainer.train()
     wall = time.perf_counter() - t0
@@ -252,9 +280,12 @@ def run_trl(cfg, model_dir: Path, out_dir: Path, threads: int) -> Result:
     }
     del trainer, model
     gc.collect()
+    torch.set_num_threads(default_threads)
+    name = f"trl-{threads}t" if threads else "trl-default"
     return Result(
-        f"trl-{threads}t", cfg.run.seed, threads, steps, wall, rollouts, rollouts / wall,
-        first, last, mean_all, outer, cpu, rewards, extra,
+        name, cfg.run.seed, threads or default_threads, steps, wall, rollouts, rollouts / wall,
+        first, last, mean_all, outer, cpu, rewards, extra, clock.times[-len(rewards):]
+        if len(clock.times) >= len(rewards) else [],
     )
 
 
@@ -288,12 +319,15 @@ def run_freshroll(cfg, out_dir: Path, name: str | None = None) -> Result:
         "host": s.get("host"),
     }
     if name is None:
-        name = next(n for n, (eta, rt) in FRESHROLL_SYSTEMS.items()
-                    if (eta, rt) == (cfg.run.max_staleness, cfg.run.runtime))
+        name = next(n for n, sys_ in FRESHROLL_SYSTEMS.items()
+                    if sys_ == (cfg.run.max_staleness, cfg.run.runtime, cfg.run.torch_threads))
+    placed = (s.get("host") or {}).get("placement") or {}
+    threads = placed.get("trainer_threads", cfg.run.torch_threads)
+    times = [r["t"] for r in sorted(rows, key=lambda r: r["step"])]
     return Result(
-        name, cfg.run.seed, cfg.run.torch_threads, int(s["steps"]), float(s["wall_s"]),
+        name, cfg.run.seed, threads, int(s["steps"]), float(s["wall_s"]),
         int(s["accepted_rollouts"]), float(s["accepted_rollouts_per_s"]),
-        first, last, mean_all, outer, cpu, rewards, extra,
+        first, last, mean_all, outer, cpu, rewards, extra, times,
     )
 
 
@@ -316,24 +350,32 @@ def mean_sd(xs: list[float]) -> tuple[float, float]:
     return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
 
 
-def aggregate(results: list[Result]) -> dict[str, dict[str, Any]]:
+def aggregate(results: list[Result], level: float) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for name in dict.fromkeys(r.system for r in results):
         rows = [r for r in results if r.system == name]
         agg: dict[str, Any] = {"n": len(rows)}
         for key in ("wall_s", "rollouts_per_s", "reward_first", "reward_last", "reward_all"):
             agg[key], agg[key + "_sd"] = mean_sd([getattr(r, key) for r in rows])
+        reached = [time_to_reward(r.rewards, r.times, level) for r in rows]
+        agg["time_to_reward"] = reached
+        agg["time_to_reward_mean"] = (statistics.fmean(reached)
+                                      if all(math.isfinite(t) for t in reached) else math.nan)
         out[name] = agg
     return out
 
 
+def best_trl(agg: dict[str, dict[str, Any]]) -> str | None:
+    """The TRL system with the most accepted rollouts/s (the peer at its best)."""
+    trls = [s for s in agg if s.startswith("trl-")]
+    return max(trls, key=lambda s: agg[s]["rollouts_per_s"]) if trls else None
+
+
 def ratios(results: list[Result], agg: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """freshroll / TRL rollouts/s: ratio of the means, and per-seed min/max."""
+    """freshroll / each TRL system, rollouts/s: ratio of the means, and per-seed min/max."""
     out = {}
-    for fr in FRESHROLL_SYSTEMS:
+    for fr in (s for s in agg if not s.startswith("trl-")):
         for trl in (s for s in agg if s.startswith("trl-")):
-            if fr not in agg:
-                continue
             paired = [
                 a.rollouts_per_s / b.rollouts_per_s
                 for a in results if a.system == fr
@@ -360,40 +402,70 @@ def reward_check(agg: dict[str, dict[str, Any]], a: str, b: str) -> dict[str, An
             "not_worse": diff >= -2 * se if enough else None}
 
 
+def goals(agg: dict[str, dict[str, Any]], level: float) -> dict[str, Any]:
+    """Each issue-25 goal that the systems run can check: value, goal, PASS/MISS/n/a."""
+    best = best_trl(agg)
+    out: dict[str, Any] = {"best_trl": best, "reward_level": level}
+    if best is None:
+        return out
+
+    def check(name: str, value: float, goal: float, higher: bool = True) -> None:
+        ok = None if not math.isfinite(value) else (value >= goal if higher else value <= goal)
+        out[name] = {"value": value, "goal": goal,
+                     "verdict": "n/a" if ok is None else "PASS" if ok else "MISS"}
+
+    rate = {s: a["rollouts_per_s"] for s, a in agg.items()}
+    ttr = {s: a["time_to_reward_mean"] for s, a in agg.items()}
+    if "freshroll-default" in agg:
+        check("default_vs_best_trl", rate["freshroll-default"] / rate[best], GOAL_DEFAULT)
+        check("default_time_vs_best_trl",
+              ttr["freshroll-default"] / ttr[best] if ttr[best] else math.nan, GOAL_TIME, False)
+        out["default_reward_vs_best_trl"] = reward_check(agg, "freshroll-default", best)
+    if "freshroll-sync" in agg:
+        check("sync_vs_best_trl", rate["freshroll-sync"] / rate[best], GOAL_SYNC)
+    if "freshroll-sync" in agg and "freshroll-default" in agg:
+        check("default_time_vs_sync", ttr["freshroll-default"] / ttr["freshroll-sync"]
+              if ttr["freshroll-sync"] else math.nan, 1.0, False)
+        out["default_reward_vs_sync"] = reward_check(agg, "freshroll-default", "freshroll-sync")
+    return out
+
+
 def print_report(results: list[Result], agg, rat, goal) -> None:
+    level = goal.get("reward_level")
     print()
-    print(f"{'system':<17}{'seed':>5}{'steps':>6}{'wall s':>9}{'rollouts/s':>12}"
-          f"{'reward first -> last':>24}{'mean':>8}{'cpu/wall':>10}")
+    print(f"{'system':<20}{'seed':>5}{'steps':>6}{'thr':>4}{'wall s':>9}{'rollouts/s':>12}"
+          f"{'reward first -> last':>24}{'mean':>8}{f't->{level}':>9}{'cpu/wall':>10}")
     for r in results:
-        print(f"{r.system:<17}{r.seed:>5}{r.steps:>6}{r.wall_s:>9.2f}{r.rollouts_per_s:>12.1f}"
-              f"{r.reward_first:>13.3f} -> {r.reward_last:.3f}{r.reward_all:>10.3f}"
-              f"{cpu_ratio(r):>10.2f}")
+        ttr = time_to_reward(r.rewards, r.times, level) if level is not None else math.nan
+        print(f"{r.system:<20}{r.seed:>5}{r.steps:>6}{r.threads!s:>4}{r.wall_s:>9.2f}"
+              f"{r.rollouts_per_s:>12.1f}{r.reward_first:>13.3f} -> {r.reward_last:.3f}"
+              f"{r.reward_all:>10.3f}{ttr:>9.1f}{cpu_ratio(r):>10.2f}")
     print()
     print("means over seeds (± sample std):")
-    print(f"{'system':<17}{'n':>3}{'wall s':>15}{'rollouts/s':>17}{'reward first':>17}"
-          f"{'reward last':>17}")
+    print(f"{'system':<20}{'n':>3}{'wall s':>15}{'rollouts/s':>17}{'reward first':>17}"
+          f"{'reward last':>17}{'time to reward':>16}")
     for name, a in agg.items():
-        print(f"{name:<17}{a['n']:>3}{a['wall_s']:>9.2f} ± {a['wall_s_sd']:<4.2f}"
+        print(f"{name:<20}{a['n']:>3}{a['wall_s']:>9.2f} ± {a['wall_s_sd']:<4.2f}"
               f"{a['rollouts_per_s']:>9.1f} ± {a['rollouts_per_s_sd']:<5.1f}"
               f"{a['reward_first']:>9.3f} ± {a['reward_first_sd']:<5.3f}"
-              f"{a['reward_last']:>9.3f} ± {a['reward_last_sd']:<5.3f}")
+              f"{a['reward_last']:>9.3f} ± {a['reward_last_sd']:<5.3f}"
+              f"{a['time_to_reward_mean']:>12.1f} s")
     print()
     print("accepted rollouts/s ratios (ratio of means; per-seed range):")
     for k, v in rat.items():
-        print(f"  {k:<34}{v['ratio_of_means']:6.2f}x  "
+        print(f"  {k:<40}{v['ratio_of_means']:6.2f}x  "
               f"[{v['per_seed_min']:.2f}, {v['per_seed_max']:.2f}]")
-    if goal:
-        print()
-        sp, rw = goal["speedup"], goal["reward"]
-        print(f"goal: freshroll-async >= {GOAL_SPEEDUP}x trl-1t rollouts/s: "
-              f"{sp['value']:.2f}x  {'PASS' if sp['pass'] else 'MISS'}")
-        if rw["not_worse"] is None:
-            verdict = "n/a (needs >= 2 seeds)"
-        else:
-            verdict = "PASS" if rw["not_worse"] else "MISS"
-            verdict += "" if rw["within_noise"] else " (outside noise: better)"
-        print(f"goal: reward at equal steps (last 10%) within noise of trl-1t: diff "
-              f"{rw['diff']:+.3f}, 2 SE {rw['two_se']:.3f}  {verdict}")
+    if goal.get("best_trl"):
+        print(f"\ngoals (issue 25), against the best TRL ({goal['best_trl']}):")
+        for key, g in goal.items():
+            if isinstance(g, dict) and "verdict" in g:
+                print(f"  {key:<28} {g['value']:6.2f} (goal {'>=' if 'time' not in key else '<='}"
+                      f" {g['goal']})  {g['verdict']}")
+            elif isinstance(g, dict) and "diff" in g:
+                v = "n/a (needs >= 2 seeds)" if g["not_worse"] is None else (
+                    "PASS" if g["not_worse"] else "MISS")
+                print(f"  {key:<28} last-10% reward diff {g['diff']:+.3f}, 2 SE "
+                      f"{g['two_se']:.3f}  {v}")
 
 
 # --- main -------------------------------------------------------------------------------
@@ -404,14 +476,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("overrides", nargs="*", help="freshroll config overrides (key=value)")
     ap.add_argument("--steps", type=int, default=100, help="optimizer steps per run")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--trl-threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--systems", nargs="+", default=DEFAULT_SYSTEMS,
+                    choices=["trl-1t", "trl-default", *FRESHROLL_SYSTEMS])
+    ap.add_argument("--reward-level", type=float, default=0.5,
+                    help="time to reward: seconds until the last 10 steps' mean reaches it")
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps per system first")
-    ap.add_argument("--quick", action="store_true", help="5 steps, seed 0, TRL at 1 thread")
+    ap.add_argument("--quick", action="store_true", help="5 steps, seed 0")
     ap.add_argument("--json", type=Path, help="write every figure to this file")
     ap.add_argument("--workdir", type=Path, help="keep run dirs here (default: a temp dir)")
     args = ap.parse_args(argv)
     if args.quick:
-        args.steps, args.seeds, args.trl_threads = 5, [0], [1]
+        args.steps, args.seeds = 5, [0]
 
     _offline()
     warnings.filterwarnings("ignore", category=FutureWarning)
@@ -429,9 +504,11 @@ def main(argv: list[str] | None = None) -> int:
     work = args.workdir or Path(tempfile.mkdtemp(prefix="freshroll-vs-trl-"))
     work.mkdir(parents=True, exist_ok=True)
     model_dir = save_tiny(work / "tiny", seed=0)
-    systems = [f"trl-{t}t" for t in args.trl_threads] + list(FRESHROLL_SYSTEMS)
+    systems = list(dict.fromkeys(args.systems))
     print(f"trl {trl.__version__}, transformers {transformers.__version__}, "
-          f"torch {torch.__version__}, {os.cpu_count()} cpus, python {platform.python_version()}")
+          f"torch {torch.__version__}, {os.cpu_count()} cpus (torch's default threads "
+          f"{torch.get_num_threads()}), python {platform.python_version()}, load average "
+          f"{os.getloadavg()[0]:.2f}")
     print(f"steps {args.steps}, seeds {args.seeds}, systems {systems}, work dir {work}")
     base = freshroll_config(args.steps, args.seeds[0], (0, "inline"), model_dir, args.overrides)
     trl_config = {
@@ -440,32 +517,28 @@ def main(argv: list[str] | None = None) -> int:
     }
     print("TRL GRPOConfig:", ", ".join(f"{k}={v}" for k, v in trl_config.items()))
 
+    def one(name: str, steps: int, seed: int, out: Path) -> Result:
+        cfg = freshroll_config(steps, seed, FRESHROLL_SYSTEMS.get(name, (0, "inline")),
+                               model_dir, args.overrides)
+        if name.startswith("trl-"):
+            return run_trl(cfg, model_dir, out, None if name == "trl-default" else 1)
+        return run_freshroll(cfg, out, name)
+
     results: list[Result] = []
     t_all = time.perf_counter()
     try:
         if args.warmup:  # first-call costs (lazy imports, allocator, kernels) hit no system
             for name in systems:
-                cfg = freshroll_config(args.warmup, 0, FRESHROLL_SYSTEMS.get(name, (0, "inline")),
-                                       model_dir, args.overrides)
-                out = work / f"warmup-{name}"
-                if name.startswith("trl-"):
-                    run_trl(cfg, model_dir, out, int(name[4:-1]))
-                else:
-                    run_freshroll(cfg, out)
+                one(name, args.warmup, 0, work / f"warmup-{name}")
             print(f"warmed up ({args.warmup} untimed steps per system)", flush=True)
         for i, seed in enumerate(args.seeds):
             rot = i % len(systems)
             for name in systems[rot:] + systems[:rot]:
-                system = FRESHROLL_SYSTEMS.get(name, (0, "inline"))
-                cfg = freshroll_config(args.steps, seed, system, model_dir, args.overrides)
                 out = work / f"{name}-s{seed}"
                 shutil.rmtree(out, ignore_errors=True)
-                if name.startswith("trl-"):
-                    r = run_trl(cfg, model_dir, out, int(name[4:-1]))
-                else:
-                    r = run_freshroll(cfg, out)
+                r = one(name, args.steps, seed, out)
                 results.append(r)
-                print(f"  {name:<16} seed {seed}: {r.steps} steps in {r.wall_s:6.2f}s "
+                print(f"  {name:<19} seed {seed}: {r.steps} steps in {r.wall_s:6.2f}s "
                       f"({r.rollouts_per_s:7.1f} rollouts/s), reward "
                       f"{r.reward_first:.3f} -> {r.reward_last:.3f}", flush=True)
     finally:
@@ -473,15 +546,9 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(work, ignore_errors=True)
     total = time.perf_counter() - t_all
 
-    agg = aggregate(results)
+    agg = aggregate(results, args.reward_level)
     rat = ratios(results, agg)
-    goal: dict[str, Any] = {}
-    if "trl-1t" in agg:
-        value = rat["freshroll-async / trl-1t"]["ratio_of_means"]
-        goal = {
-            "speedup": {"value": value, "goal": GOAL_SPEEDUP, "pass": value >= GOAL_SPEEDUP},
-            "reward": reward_check(agg, "freshroll-async", "trl-1t"),
-        }
+    goal = goals(agg, args.reward_level)
     print_report(results, agg, rat, goal)
     load = os.getloadavg() if hasattr(os, "getloadavg") else (math.nan,) * 3
     print(f"\nbenchmark wall time {total:.0f}s; load average now {load[0]:.1f} "
@@ -492,9 +559,9 @@ def main(argv: list[str] | None = None) -> int:
                          "torch": torch.__version__, "python": platform.python_version()},
             "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
             "steps": args.steps, "seeds": args.seeds, "overrides": args.overrides,
-            "trl_config": trl_config,
+            "systems": systems, "trl_config": trl_config,
             "results": [{**asdict(r), "cpu_ratio": cpu_ratio(r)} for r in results],
-            "means": agg, "ratios": rat, "goal": goal, "benchmark_s": total,
+            "means": agg, "ratios": rat, "goals": goal, "benchmark_s": total,
         }, indent=1, default=str))
         print(f"wrote {args.json}")
     return 0
