@@ -1,0 +1,127 @@
+"""freshroll's generation and training calls against the floor's, same batch, interleaved.
+
+Issue 25, item 3: is a freshroll step's compute at the machine's floor? For each model size,
+completion length and intra-op thread count, one process loads the model three times (the
+floor's copy, an :class:`~freshroll.engines.hf.HFEngine`, a
+:class:`~freshroll.trainer.grpo.GRPOLearner`) and times, round by round on one thread:
+
+- ``floor gen``  :func:`floor.generate` (KV-cache sampling of the batch, left-padded);
+- ``engine gen`` ``HFEngine.generate`` of the same prompts (what an inline worker runs);
+- ``floor train`` :func:`floor.train` (forward+backward over prompt + completion, completion
+  log-probs only, AdamW);
+- ``learner step`` ``GRPOLearner.step`` on the engine's completions (collation, the GRPO
+  loss with its importance weights, entropy, the finiteness checks, AdamW) and the weights'
+  digest that every commit records.
+
+Each figure is the median of ``--rounds`` after one untimed round; the ratio column is
+freshroll over the floor. Everything runs on the calling thread (one OpenMP team, as a sync
+run's one compute thread: docs/overlap.md).
+
+Usage::
+
+    .venv/bin/python benchmarks/stage_vs_floor.py                 # tiny/1m/5m x 4/16 x 1/2
+    .venv/bin/python benchmarks/stage_vs_floor.py --sizes 1m --lengths 8 --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def measure(model_dir: Path, prompts: list[str], new_tokens: int, threads: int,
+            rounds: int) -> dict[str, float]:
+    """Median seconds of each call, by name (see the module doc)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    import floor
+    from freshroll.config import TrainerSection
+    from freshroll.engines.hf import HFEngine
+    from freshroll.trainer.grpo import GRPOLearner, TrainSample
+    from freshroll.trainer.replay import weights_digest
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    engine = HFEngine.from_pretrained(model_dir)
+    fm = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True)
+    opt = torch.optim.AdamW(fm.parameters(), lr=1e-3)
+    lm = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True)
+    learner = GRPOLearner(lm, TrainerSection(), temperature=1.0, pad_id=engine.pad_id,
+                          max_new_tokens=new_tokens)
+    eos, pad = min(engine.eos_ids), engine.pad_id
+    gen = torch.Generator().manual_seed(0)
+    encoded = [engine.tokenizer.encode(p) for p in prompts]
+    times: dict[str, list[float]] = {k: [] for k in
+                                     ("floor gen", "engine gen", "floor train", "learner step")}
+    for r in range(rounds + 1):
+        t0 = time.perf_counter()
+        comps = engine.generate(prompts, max_new_tokens=new_tokens, seed=r)
+        t1 = time.perf_counter()
+        ids, mask = floor._left_pad(encoded, pad)
+        fm.eval()
+        toks, cmask = floor.generate(fm, ids, mask, new_tokens, 1.0, eos, pad, gen)
+        t2 = time.perf_counter()
+        fm.train()
+        floor.train(fm, opt, ids, mask, toks, cmask, torch.randn(len(prompts), generator=gen),
+                    1.0)
+        t3 = time.perf_counter()
+        group = max(1, len(prompts) // 8)
+        samples = [TrainSample(c.prompt_token_ids, c.token_ids, c.logprobs, float(j % 3),
+                               j // group, 0) for j, c in enumerate(comps)]
+        learner.step(samples)
+        weights_digest(learner.model)
+        t4 = time.perf_counter()
+        if r:
+            for k, v in zip(times, (t2 - t1, t1 - t0, t3 - t2, t4 - t3), strict=True):
+                times[k].append(v)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    import async_sweep
+    import vs_trl
+
+    vs_trl._offline()
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--sizes", nargs="+", choices=list(async_sweep.SIZES),
+                    default=list(async_sweep.SIZES))
+    ap.add_argument("--lengths", nargs="+", type=int, default=[4, 16])
+    ap.add_argument("--threads", nargs="+", type=int, default=[1, os.cpu_count() or 1])
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args(argv)
+    print(f"{os.cpu_count()} cpus, load average {os.getloadavg()[0]:.2f}; medians of "
+          f"{args.rounds} rounds, ms per call (ratio: freshroll / floor)")
+    print("| params | new tok | threads | floor gen | engine gen | ratio | floor train "
+          "| learner step | ratio |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory(prefix="stage-floor-") as tmp:
+        for size in args.sizes:
+            model_dir = async_sweep.build_model(Path(tmp), size)
+            for length in args.lengths:
+                cfg = vs_trl.freshroll_config(1, 0, (0, "inline"), model_dir,
+                                              [f"rollout.max_new_tokens={length}"])
+                prompts, _ = vs_trl.prompt_rows(cfg)
+                rows = cfg.rollout.batch_groups * cfg.rollout.group_size
+                batch = [p for p in prompts[: cfg.rollout.batch_groups]
+                         for _ in range(cfg.rollout.group_size)][:rows]
+                for n in args.threads:
+                    m = {k: v * 1000 for k, v in
+                         measure(model_dir, batch, length, n, args.rounds).items()}
+                    print(f"| {size} | {length} | {n} | {m['floor gen']:.1f} | "
+                          f"{m['engine gen']:.1f} | {m['engine gen'] / m['floor gen']:.2f} | "
+                          f"{m['floor train']:.1f} | {m['learner step']:.1f} | "
+                          f"{m['learner step'] / m['floor train']:.2f} |", flush=True)
+    print(f"load average now {os.getloadavg()[0]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
