@@ -99,9 +99,11 @@ class RunSection(_Section):
     steps: int = Field(400, ge=1, le=10_000_000, description="trainer steps to commit")
     max_staleness: int = Field(1, ge=0, le=1_000, description="eta: 0 = synchronous baseline")
     torch_threads: Annotated[int, Field(ge=1, le=1_024)] | Literal["auto"] = Field(
-        "auto", description="intra-op threads per compute thread; auto: measured at start "
-        "(a thread probe: all the cores where they make a step's work >= 1.15x faster, else "
-        "the cores shared among the run's compute processes; printed at start, docs/overlap.md)"
+        "auto", description="intra-op threads per compute thread; auto: an async run measures "
+        "at start (a thread probe: all the cores where they make a step's work >= 1.15x "
+        "faster, else the cores shared among the run's compute processes); a sync run "
+        "generates and trains on one thread and settles each stage on 1 or all the cores on "
+        "its first steps (printed at start and end, docs/overlap.md)"
     )
     reward_versions: Literal["allow_change", "single"] = Field(
         "allow_change", description="a --resume whose reward functions changed (an edited "
@@ -563,6 +565,17 @@ class RaySection(_Section):
     reward_cpus: float = Field(0.5, ge=0, le=4_096, description="CPUs per reward actor")
 
 
+class MonitorSection(_Section):
+    prometheus_port: int | None = Field(
+        None, ge=1, le=65_535, description="serve the run's live figures for Prometheus at "
+        "http://HOST:PORT/metrics while it runs (docs/metrics.md, 'Live metrics'); unset: off"
+    )
+    prometheus_host: str = Field(
+        "127.0.0.1", min_length=1, description="the address the Prometheus endpoint binds; "
+        "the loopback by default (0.0.0.0 exposes the run's figures to the network)"
+    )
+
+
 class SimSection(_Section):
     """The simulated cluster of rollout.engine: sim (freshroll.sim; docs/simulation.md)."""
 
@@ -641,6 +654,10 @@ class Config(_Section):
     tail: TailSection = Field(
         default_factory=TailSection,
         description="Long-tail handling: group deadlines (off by default).",
+    )
+    monitor: MonitorSection = Field(
+        default_factory=MonitorSection,
+        description="Watching a run live: a Prometheus endpoint (off by default).",
     )
     sim: SimSection = Field(
         default_factory=SimSection,

@@ -93,6 +93,7 @@ RULES: Final[Mapping[str, Rule]] = {
     "trainer.lora": "never",            # the model's structure: which weights a step trains
     # failure and time limits: how the run reacts, not what it trains
     "limits": "free",
+    "monitor": "free",                  # who watches the run, not what it trains
 }
 
 _ABSENT: Final = "<absent>"

@@ -72,6 +72,7 @@ from freshroll.runtime.observers import RunObserver
 from freshroll.runtime.pipeline import Pipeline, run_pipeline
 from freshroll.runtime.placement import Placement, Runtime, resolve_runtime, settled, thread_budget
 from freshroll.runtime.prepare import Prepared, prepare_run_dir
+from freshroll.runtime.prometheus import PrometheusExporter
 from freshroll.runtime.ray_trainer import RayTrainer
 from freshroll.runtime.recording import Recording
 from freshroll.runtime.resume import announce
@@ -384,6 +385,7 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
     random.Random(cfg.run.seed).shuffle(order)
     parts = build_components(prep, buf, out, lambda v, lr: rec.before_commit(v, lr), clock,
                              make_engine, placement)
+    watch: list[RunObserver] = []  # the run's own watchers beside the caller's observers
     try:  # a failure before the pipeline still releases the parts (worker processes, shm)
         evaluator = build_evaluator(cfg, prep.eval_prompts, prep.model_path, out, parts.trainer)
         if chaos is not None:
@@ -392,8 +394,17 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
             stream.write(_start_line(cfg, out, prep.model_path, len(prompts), buf, placement)
                          + "\n")
             stream.flush()
-        rec = Recording(out, cfg, buf, stream, evaluator, extra=observers)
+        mon = cfg.monitor
+        if mon.prometheus_port is not None:  # closed with the observers at the run's end
+            prom = PrometheusExporter(mon.prometheus_port, mon.prometheus_host, out.name)
+            watch.append(prom.start())
+            if cfg.run.progress:
+                stream.write(f"freshroll: live metrics for Prometheus at {prom.url}\n")
+        rec = Recording(out, cfg, buf, stream, evaluator, extra=[*watch, *observers])
     except BaseException:
+        for w in watch:  # a bound port is given back
+            with contextlib.suppress(Exception):
+                w.close()
         parts.close()
         buf.ledger.close()
         raise

@@ -1,0 +1,132 @@
+"""Live metrics for Prometheus: a run's figures at ``http://HOST:PORT/metrics`` while it runs.
+
+``monitor.prometheus_port`` (off by default) starts the endpoint when the run starts and
+stops it when the run ends; ``monitor.prometheus_host`` is the loopback unless set. It is
+an observer (:mod:`freshroll.runtime.observers`): each ``metrics.jsonl`` row sets the
+gauges, so every value is the one :mod:`freshroll.metrics` computed for that row (one
+definition per number) and the endpoint never reads in-memory state of its own. The HTTP
+server answers scrapes on a daemon thread of its own (``prometheus_client``'s WSGI server,
+text exposition format, no pickle); a callback only sets numbers and never blocks the loop.
+
+:data:`GAUGES` maps each exported name to its row field, with the names peers use for the
+same figure in docs/metrics.md ("Live metrics"). A row without a field (a sync run has no
+lag above 0, a step without rewards) leaves that gauge at its last value.
+"""
+
+from __future__ import annotations
+
+import errno
+import math
+import socket
+from typing import Any, Final
+
+from freshroll.errors import ConfigError
+from freshroll.runtime.fallback import Switch
+from freshroll.runtime.observers import Observer, Row
+
+#: exported name -> (metrics.jsonl row field, help text)
+GAUGES: Final[dict[str, tuple[str, str]]] = {
+    "freshroll_step": ("step", "last committed trainer step"),
+    "freshroll_accepted_rollouts_total": ("accepted_total",
+                                          "rollouts consumed by committed steps"),
+    "freshroll_accepted_rollouts_per_second": ("accepted_per_s",
+                                               "accepted rollouts per second of the run's wall"),
+    "freshroll_trainer_idle_ratio": ("trainer_idle_ratio",
+                                     "share of the run's wall the trainer waited for data"),
+    "freshroll_trainer_wait_seconds": ("trainer_wait_s", "the last step's wait for its batch"),
+    "freshroll_train_seconds": ("train_s", "the last step's optimizer step"),
+    "freshroll_discards_total": ("discards", "samples discarded so far (every reason)"),
+    "freshroll_discard_rate": ("discard_rate", "discarded over generated samples"),
+    "freshroll_policy_lag_mean": ("lag_mean", "the last batch's mean policy lag (versions)"),
+    "freshroll_policy_lag_max": ("lag_max", "the last batch's largest policy lag"),
+    "freshroll_reward_mean": ("reward_mean", "the last batch's mean reward"),
+    "freshroll_reward_std": ("reward_std", "the last batch's reward standard deviation"),
+    "freshroll_importance_weight_mean": ("is_weight_mean", "mean importance weight"),
+    "freshroll_importance_weight_max": ("is_weight_max", "largest importance weight"),
+    "freshroll_mismatch_kl": ("mismatch_kl", "KL of behaviour to proximal policy (k3)"),
+    "freshroll_entropy": ("entropy", "mean token entropy of the last batch"),
+    "freshroll_grad_norm": ("grad_norm", "gradient norm before clipping"),
+    "freshroll_learning_rate": ("lr", "the last step's learning rate"),
+}
+#: the sync fallback's mode (1 async, 0 sync), set on each ``mode_decided``
+MODE_GAUGE: Final = "freshroll_async_mode"
+
+
+class PrometheusExporter(Observer):
+    """The endpoint of one run: bound by :meth:`start` (a taken port is a ConfigError naming
+    ``monitor.prometheus_port``), fed by rows, stopped by :meth:`close`."""
+
+    def __init__(self, port: int, host: str = "127.0.0.1", run_id: str = "") -> None:
+        from prometheus_client import CollectorRegistry, Gauge
+
+        self.port, self.host = port, host
+        self.registry = CollectorRegistry()  # the run's own: nothing of another run mixes in
+        labels = {"run": run_id} if run_id else {}
+        self._gauges = {
+            name: Gauge(name, help_, registry=self.registry, labelnames=list(labels))
+            for name, (_, help_) in GAUGES.items()
+        }
+        self._mode = Gauge(MODE_GAUGE, "1 while the run is async, 0 in the sync fallback",
+                           registry=self.registry, labelnames=list(labels))
+        self._labels = labels
+        self._server: Any = None
+
+    def _gauge(self, name: str) -> Any:
+        g = self._gauges[name] if name != MODE_GAUGE else self._mode
+        return g.labels(**self._labels) if self._labels else g
+
+    def start(self) -> PrometheusExporter:
+        from prometheus_client import start_http_server
+
+        try:
+            self._server, _ = start_http_server(self.port, addr=self.host,
+                                                registry=self.registry)
+        except OSError as exc:
+            why = ("is taken (another run or program serves it)"
+                   if exc.errno == errno.EADDRINUSE else f"cannot be bound: {exc.strerror}")
+            raise ConfigError(f"monitor.prometheus_port: {self.host}:{self.port} {why}; "
+                              "choose another port or unset it") from None
+        self._gauge(MODE_GAUGE).set(1)
+        return self
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/metrics"
+
+    def on_row(self, row: Row, live: bool) -> None:
+        for name, (field, _) in GAUGES.items():
+            value = row.get(field)
+            if isinstance(value, int | float) and not isinstance(value, bool) \
+                    and math.isfinite(value):
+                self._gauge(name).set(value)
+
+    def on_mode(self, switch: Switch) -> None:
+        self._gauge(MODE_GAUGE).set(1 if switch.mode == "async" else 0)
+
+    def close(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+
+
+def check_port(port: int | None, host: str) -> None:
+    """``monitor.prometheus_port`` free on ``host`` (``config check`` and a run's checks
+    before any write): a ConfigError naming the key if not. The run binds it again when it
+    starts (a program that takes the port meanwhile is said then)."""
+    if port is None:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            why = ("is taken (another run or program serves it)"
+                   if exc.errno == errno.EADDRINUSE else f"cannot be bound: {exc.strerror}")
+            raise ConfigError(f"monitor.prometheus_port: {host}:{port} {why}; choose "
+                              "another port or unset it") from None
+
+
+__all__ = ["GAUGES", "MODE_GAUGE", "PrometheusExporter", "check_port"]

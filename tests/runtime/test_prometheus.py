@@ -1,0 +1,113 @@
+"""monitor.prometheus_port: a run's figures live at /metrics, from its metrics.jsonl rows."""
+
+from __future__ import annotations
+
+import socket
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from freshroll.config import validate
+from freshroll.errors import ConfigError
+from freshroll.runtime.fallback import Switch
+from freshroll.runtime.observers import Observer
+from freshroll.runtime.prometheus import GAUGES, MODE_GAUGE, PrometheusExporter, check_port
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _scrape(url: str) -> dict[str, float]:
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("freshroll_"):
+            name, _, value = line.rpartition(" ")
+            out[name.split("{")[0]] = float(value)
+    return out
+
+
+def test_rows_set_the_gauges_and_the_mode_follows_the_fallback():
+    prom = PrometheusExporter(_free_port(), run_id="r1").start()
+    try:
+        assert prom.url.startswith("http://127.0.0.1:")
+        prom.on_row({"step": 3, "accepted_per_s": 812.5, "trainer_idle_ratio": 0.25,
+                     "lag_mean": 0.5, "reward_mean": float("nan"), "discards": 2}, True)
+        got = _scrape(prom.url)
+        assert got["freshroll_step"] == 3 and got["freshroll_accepted_rollouts_per_second"] == 812.5
+        assert got["freshroll_trainer_idle_ratio"] == 0.25 and got["freshroll_discards_total"] == 2
+        assert "freshroll_reward_mean" not in got  # no finite value yet: not exported
+        prom.on_row({"step": 4, "reward_mean": 0.3}, True)
+        prom.on_row({"step": 5, "reward_mean": float("nan")}, True)
+        got = _scrape(prom.url)
+        assert got["freshroll_reward_mean"] == 0.3  # a NaN never overwrites: the last value
+        assert got["freshroll_step"] == 5
+        assert got[MODE_GAUGE] == 1
+        prom.on_mode(Switch(4, "sync", 0, "chose", "async did not pay"))
+        assert _scrape(prom.url)[MODE_GAUGE] == 0
+        text = urllib.request.urlopen(prom.url, timeout=5).read().decode()
+        assert 'run="r1"' in text
+    finally:
+        prom.close()
+    with pytest.raises(OSError):  # stopped: nothing answers
+        urllib.request.urlopen(prom.url, timeout=2)
+
+
+def test_a_taken_port_is_one_clear_error_naming_the_key():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(ConfigError, match=rf"monitor\.prometheus_port: 127\.0\.0\.1:{port} is "
+                                              "taken"):
+            check_port(port, "127.0.0.1")
+        with pytest.raises(ConfigError, match=r"monitor\.prometheus_port"):
+            PrometheusExporter(port).start()
+    check_port(None, "127.0.0.1")  # off: nothing checked
+
+
+def test_the_config_keys():
+    cfg = validate({}, "test")
+    assert cfg.monitor.prometheus_port is None and cfg.monitor.prometheus_host == "127.0.0.1"
+    with pytest.raises(ConfigError, match="prometheus_port"):
+        validate({"monitor": {"prometheus_port": 70000}}, "test")
+    with pytest.raises(ConfigError, match="prometheus_scrape"):
+        validate({"monitor": {"prometheus_scrape": 1}}, "test")  # unknown keys refused
+
+
+class _ScrapeAtStep(Observer):
+    """Scrapes the endpoint once, after the row of ``step`` (the run still going)."""
+
+    def __init__(self, url: str, step: int) -> None:
+        self.url, self.step = url, step
+        self.rows: list[dict[str, Any]] = []
+        self.seen: dict[str, float] = {}
+
+    def on_row(self, row: dict[str, Any], live: bool) -> None:
+        self.rows.append(dict(row))
+        if row["step"] == self.step:
+            self.seen = _scrape(self.url)
+
+
+def test_a_real_run_serves_its_rows_while_it_runs_and_frees_the_port(tmp_path: Path):
+    from freshroll.config import load_config
+    from freshroll.runtime.run import run
+
+    port = _free_port()
+    cfg = load_config(None, ["run.steps=3", "run.progress=false", "task.n_prompts=64",
+                             "rollout.group_size=4", "rollout.batch_groups=2",
+                             f"monitor.prometheus_port={port}"])
+    watch = _ScrapeAtStep(f"http://127.0.0.1:{port}/metrics", 2)
+    done = run(cfg, tmp_path / "r", observers=[watch])
+    assert done.ok
+    row = watch.rows[1]
+    assert watch.seen["freshroll_step"] == 2
+    for name, (field, _) in GAUGES.items():  # every exported figure is the row's
+        if isinstance(row.get(field), int | float):
+            assert watch.seen[name] == pytest.approx(row[field]), name
+    check_port(port, "127.0.0.1")  # given back at the run's end
