@@ -171,3 +171,30 @@ def test_ray_runtime_runs_workers_as_actors(tmp_path: Path, small: list[str]):
     assert workers == {"w0", "w1"}
     loads = db.execute("SELECT count(*) FROM events WHERE kind='weights_loaded'").fetchone()[0]
     assert loads >= 2  # each actor received published weights through Ray
+
+
+def test_an_async_inline_run_generates_on_the_compute_thread_in_its_sync_windows(
+        tmp_path: Path, small: list[str], monkeypatch: pytest.MonkeyPatch):
+    """Two intra-op threads inline: the sync fallback's windows run generation on the
+    trainer's thread (one OpenMP team), the async windows on the worker's own."""
+    import threading
+
+    from freshroll.config import load_config
+    from freshroll.engines.hf import HFEngine
+    from freshroll.runtime.run import run
+
+    seen: list[str] = []
+    generate = HFEngine.generate
+
+    def spy(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(threading.current_thread().name)
+        return generate(self, *args, **kwargs)
+
+    monkeypatch.setattr(HFEngine, "generate", spy)
+    cfg = load_config(None, [*small, "run.steps=14", "run.runtime=inline",
+                             "run.torch_threads=2", "control.fallback=true",
+                             "control.fallback_window_steps=2", "control.fallback_window_s=0.01"])
+    done = run(cfg, tmp_path / "r")
+    assert done.ok
+    assert any(n.startswith("compute-") for n in seen), seen
+    assert any(n.startswith("worker-w0-") for n in seen), seen

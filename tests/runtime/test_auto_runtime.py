@@ -68,6 +68,20 @@ def test_where_threads_pay_every_stage_runs_inline_on_all_cores():
     assert (p.runtime, p.budget.trainer) == ("inline", 4)
 
 
+def test_an_async_inline_run_on_many_threads_shares_the_compute_thread_in_sync_windows():
+    p = placement.plan(_cfg(max_staleness=1), _probe(1.6), cores=2)
+    assert p.modes is not None and p.compute is p.modes.compute
+    assert "sync fallback's windows on one compute thread" in p.describe()
+    for cfg, probe in ((_cfg(max_staleness=1), _probe(0.8)),  # process: no teams to share
+                       (_cfg(max_staleness=1, runtime="inline", torch_threads=1), None),
+                       (_cfg(max_staleness=1, runtime="inline", torch_threads=2,
+                             **{}), None)):
+        got = placement.plan(cfg, probe, cores=2)
+        assert (got.modes is not None) == (got.runtime == "inline" and got.budget.trainer > 1)
+    off = validate({"run": {"max_staleness": 1}, "control": {"fallback": False}}, "test")
+    assert placement.plan(off, _probe(1.6), cores=2).modes is None  # no sync windows
+
+
 def test_where_threads_do_not_pay_the_fixed_rule_holds():
     p = placement.plan(_cfg(max_staleness=1), _probe(0.8), cores=2)
     assert (p.runtime, p.budget.trainer, p.budget.worker) == ("process", 1, 1)

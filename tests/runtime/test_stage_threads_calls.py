@@ -54,3 +54,53 @@ def test_a_shared_executor_runs_every_user_on_one_thread_until_the_last_detaches
         assert "shut down" in str(exc)
     else:
         raise AssertionError("a stopped shared executor took a call")
+
+
+def _names_alive() -> set[str]:
+    return {t.name for t in threading.enumerate()}
+
+
+def test_a_mode_executor_moves_calls_to_the_compute_thread_in_sync_windows():
+    from freshroll.runtime.threads import ModeGroup, SharedExecutor
+
+    group = ModeGroup(SharedExecutor("compute"))
+    ex = group.executor("w0")
+    trainer = group.compute.attach()
+    where = lambda: threading.current_thread().name  # noqa: E731
+    assert ex.submit(where).result() == "worker-w0-1"  # async: a thread of its own
+    group.set_mode("sync")
+    assert ex.submit(where).result() == trainer.submit(where).result() == "compute-1"
+    for _ in range(50):  # the engine's own thread exits (its OpenMP team with it)
+        if "worker-w0-1" not in _names_alive():
+            break
+        __import__("time").sleep(0.02)
+    assert "worker-w0-1" not in _names_alive()
+    group.set_mode("async")
+    assert ex.submit(where).result().startswith("worker-w0-")  # a thread of its own again
+    ex.shutdown(wait=True)
+    trainer.shutdown(wait=True)
+
+
+def test_calls_stay_in_order_across_a_switch():
+    import time
+
+    from freshroll.runtime.threads import ModeGroup, SharedExecutor
+
+    group = ModeGroup(SharedExecutor("compute"))
+    ex = group.executor("w0")
+    log: list[str] = []
+
+    def slow() -> None:
+        time.sleep(0.3)
+        log.append("generate done")
+
+    first = ex.submit(slow)  # on the engine's thread
+    group.set_mode("sync")
+    second = ex.submit(lambda: log.append("load weights"))  # on the compute thread: waits
+    second.result(timeout=5)
+    first.result(timeout=5)
+    assert log == ["generate done", "load weights"]
+    ex.abandon()  # the last call's executor (compute) gets a new thread
+    assert ex.abandoned == 1 and ex.submit(lambda: threading.current_thread().name).result() \
+        == "compute-2"
+    ex.shutdown(wait=True)

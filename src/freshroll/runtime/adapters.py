@@ -67,7 +67,12 @@ from freshroll.lineage import PolicyVersion
 from freshroll.rewards.calling import RewardState
 from freshroll.rewards.scoring import RewardSet, Score
 from freshroll.rewards.tasks import Prompt
-from freshroll.runtime.threads import AbandonableExecutor, SharedExecutor, StageExecutor
+from freshroll.runtime.threads import (
+    AbandonableExecutor,
+    ModeGroup,
+    SharedExecutor,
+    StageExecutor,
+)
 from freshroll.runtime.waits import seconds
 from freshroll.stage_threads import StageThreads
 from freshroll.state import Lease
@@ -83,12 +88,12 @@ class ThreadEngine:
     continuous = False
 
     def __init__(self, engine: InferenceEngine, name: str, limits: LimitsSection,
-                 threads: StageThreads | None = None, pool: SharedExecutor | None = None) -> None:
+                 threads: StageThreads | None = None, pool: StageExecutor | None = None) -> None:
         self.engine, self.name, self.limits = engine, name, limits
         self.threads = threads  # a sync run's generate threads, settled on its calls
-        # its calls' thread: its own, or a sync run's one compute thread (threads.py)
-        self._pool: StageExecutor = (pool.attach() if pool is not None
-                                     else AbandonableExecutor(f"worker-{name}"))
+        # its calls' thread: its own, a sync run's one compute thread, or an async inline
+        # run's by the fallback's mode (threads.py)
+        self._pool: StageExecutor = pool or AbandonableExecutor(f"worker-{name}")
         #: (abandoned call, what it was, when it was abandoned, its deadline)
         self._orphans: list[tuple[Future[Any], str, float, float]] = []
         self._inflight: set[str] = set()  # samples of the calls not yet delivered
@@ -216,7 +221,7 @@ class KillableThreadEngine(ThreadEngine):
 
 
 def adapt(engine: InferenceEngine, name: str, limits: LimitsSection,
-          threads: StageThreads | None = None, pool: SharedExecutor | None = None,
+          threads: StageThreads | None = None, pool: StageExecutor | None = None,
           ) -> ThreadEngine:
     """The adapter of a blocking engine: killable when it has ``kill()`` (a Ray actor)."""
     killable = callable(getattr(engine, "kill", None))
@@ -250,10 +255,11 @@ class ThreadEngineFactory:
 
     def __init__(self, make: Callable[[str], InferenceEngine], limits: LimitsSection,
                  serial: bool = True, threads: StageThreads | None = None,
-                 pool: SharedExecutor | None = None) -> None:
+                 pool: SharedExecutor | None = None, modes: ModeGroup | None = None) -> None:
         self.make, self.limits = make, limits
         self.threads = threads  # the generate stage's thread count (a sync run's), shared
         self.pool = pool  # the one compute thread of a sync run, shared with the trainer
+        self.modes = modes  # an async inline run's: the compute thread in sync windows
         self.engines: dict[str, InferenceEngine] = {}
         # transformers' model loading is not thread-safe (it patches torch's init globally):
         # in-process engines are made one at a time; Ray actors start in parallel
@@ -273,16 +279,21 @@ class ThreadEngineFactory:
             def start() -> InferenceEngine:
                 restart()
                 return old
-        pool = AbandonableExecutor(f"start-{name}")
+        starter = AbandonableExecutor(f"start-{name}")
         try:
-            engine = await asyncio.wrap_future(pool.submit(start))
+            engine = await asyncio.wrap_future(starter.submit(start))
         except asyncio.CancelledError:
-            pool.abandon()
+            starter.abandon()
             raise
         finally:
-            pool.shutdown(wait=False)
+            starter.shutdown(wait=False)
         self.engines[name] = engine
-        return adapt(engine, name, self.limits, self.threads, self.pool)
+        calls: StageExecutor | None = None
+        if self.pool is not None:
+            calls = self.pool.attach()
+        elif self.modes is not None:
+            calls = self.modes.executor(name)
+        return adapt(engine, name, self.limits, self.threads, calls)
 
 
 class ThreadScorer:

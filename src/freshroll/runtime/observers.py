@@ -57,6 +57,7 @@ from typing import Any, Protocol
 from freshroll.events import CheckpointSaved
 from freshroll.lineage import PolicyVersion
 from freshroll.runtime.fallback import Switch
+from freshroll.runtime.threads import ModeGroup
 
 Row = dict[str, Any]  # a metrics.jsonl row (freshroll.metrics.Tally; docs/metrics.md)
 
@@ -126,6 +127,18 @@ class Notes(Observer):
     def on_mode(self, switch: Switch) -> None:
         if switch.phase == "chose":
             sys.stderr.write(f"sync fallback (step {switch.step}): {switch.reason}\n")
+
+
+class FollowMode(Observer):
+    """Each ``mode_decided`` moves an async inline run's engine calls: to the trainer's
+    compute thread in the sync fallback's windows, to their own threads while async
+    (:class:`~freshroll.runtime.threads.ModeGroup`)."""
+
+    def __init__(self, group: ModeGroup) -> None:
+        self.group = group
+
+    def on_mode(self, switch: Switch) -> None:
+        self.group.set_mode(switch.mode)
 
 
 class Heartbeats(Observer):

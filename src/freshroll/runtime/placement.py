@@ -22,12 +22,12 @@ thread per compute process, generation in a process of its own for an async run.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from freshroll.config import Config
 from freshroll.procs import available_cores
-from freshroll.runtime.threads import SharedExecutor
+from freshroll.runtime.threads import ModeGroup, SharedExecutor
 from freshroll.stage_threads import StageThreads
 
 if TYPE_CHECKING:
@@ -101,6 +101,8 @@ class Placement:
     stages: tuple[StageThreads, ...] = ()
     #: a sync run's one compute thread for both stages (one OpenMP team: threads.py)
     compute: SharedExecutor | None = None
+    #: an async inline run's: its engines' calls on the compute thread in sync windows
+    modes: ModeGroup | None = None
 
     def stage(self, name: str) -> StageThreads | None:
         return next((s for s in self.stages if s.stage == name), None)
@@ -110,6 +112,8 @@ class Placement:
         if self.stages:
             why += (f"; generation and training on one compute thread, each stage's threads "
                     f"(1 or {self.budget.cores}) settled on its own first calls")
+        elif self.modes is not None:
+            why += "; the sync fallback's windows on one compute thread"
         elif self.compute is not None:
             why += "; generation and training on one compute thread"
         return f"{self.runtime}, {self.budget.describe()}{why}"
@@ -144,6 +148,16 @@ def tunes_stages(cfg: Config, runtime: Runtime, *, injected: bool = False,
     turns) with ``run.torch_threads: auto``, the hf engine inline, two cores or more."""
     cores = available_cores() if cores is None else cores
     return cfg.run.max_staleness == 0 and runtime == "inline" and _auto_hf(cfg, injected, cores)
+
+
+def sync_windows_shared(cfg: Config, runtime: Runtime, threads: int,
+                        injected: bool = False) -> bool:
+    """Whether an async run's sync fallback windows run generation on the trainer's thread
+    (:class:`~freshroll.runtime.threads.ModeGroup`): the hf engine inline, more than one
+    intra-op thread (one thread keeps no OpenMP team), the fallback on. Its async windows
+    keep a thread each (they overlap)."""
+    return (cfg.run.max_staleness > 0 and runtime == "inline" and cfg.rollout.engine == "hf"
+            and not injected and threads > 1 and cfg.control.fallback is not False)
 
 
 def one_compute_thread(cfg: Config, runtime: Runtime, injected: bool = False) -> bool:
@@ -181,7 +195,7 @@ def plan(cfg: Config, probe: ThreadProbe | None = None, *, injected: bool = Fals
     if probe is not None and probe.pays and wants_probe(cfg, injected=injected, cores=cores):
         budget = ThreadBudget(cores, "inline", cores, cores, auto=True)
         why = f"intra-op threads pay here ({probe.describe()}): one process, all {cores} cores"
-        return Placement("inline", budget, why, probe)
+        return _with_modes(cfg, Placement("inline", budget, why, probe), injected)
     budget = _budget(cfg, cores, runtime)
     if probe is not None:
         why = f"{why}; {probe.describe()}" if why else probe.describe()
@@ -189,8 +203,16 @@ def plan(cfg: Config, probe: ThreadProbe | None = None, *, injected: bool = Fals
     if tunes_stages(cfg, runtime, injected=injected, cores=cores):
         stages = (StageThreads("generate", cores), StageThreads("train", cores))
     compute = SharedExecutor("compute") if one_compute_thread(cfg, runtime, injected) else None
-    return Placement(runtime, budget, why if rt_auto or th_auto else "", probe, stages,
-                     compute)
+    return _with_modes(cfg, Placement(runtime, budget, why if rt_auto or th_auto else "", probe,
+                                      stages, compute), injected)
+
+
+def _with_modes(cfg: Config, p: Placement, injected: bool) -> Placement:
+    """``p`` with the sync windows on one compute thread where :func:`sync_windows_shared`."""
+    if not sync_windows_shared(cfg, p.runtime, p.budget.trainer, injected):
+        return p
+    compute = SharedExecutor("compute")
+    return replace(p, compute=compute, modes=ModeGroup(compute))
 
 
 def _budget(cfg: Config, cores: int, runtime: Runtime) -> ThreadBudget:
@@ -208,7 +230,18 @@ def settled(cfg: Config, placement: Placement) -> Config:
     return cfg.model_copy(update={"run": run})
 
 
-__all__ = ["Placement", "Runtime", "ThreadBudget", "auto_runtime", "available_cores",
-           "one_compute_thread", "plan", "resolve_runtime", "settled", "thread_budget",
-           "tunes_stages",
-           "wants_probe"]
+__all__ = [
+    "Placement",
+    "Runtime",
+    "ThreadBudget",
+    "auto_runtime",
+    "available_cores",
+    "one_compute_thread",
+    "plan",
+    "resolve_runtime",
+    "settled",
+    "sync_windows_shared",
+    "thread_budget",
+    "tunes_stages",
+    "wants_probe",
+]

@@ -68,7 +68,7 @@ from freshroll.runtime.endfiles import Finished, finish_run_dir, record_fixed_co
 from freshroll.runtime.evaluation import build_evaluator
 from freshroll.runtime.hooks import ChaosSession
 from freshroll.runtime.learner import build_learner
-from freshroll.runtime.observers import RunObserver
+from freshroll.runtime.observers import FollowMode, RunObserver
 from freshroll.runtime.pipeline import Pipeline, run_pipeline
 from freshroll.runtime.placement import Placement, Runtime, resolve_runtime, settled, thread_budget
 from freshroll.runtime.prepare import Prepared, prepare_run_dir
@@ -270,7 +270,8 @@ def build_components(
     factory = ThreadEngineFactory(
         lambda name: make(cfg, path, name), cfg.limits, serial=runtime == "inline",
         threads=placement.stage("generate") if placement is not None else None,
-        pool=placement.compute if placement is not None else None)
+        pool=placement.compute if placement is not None and placement.modes is None else None,
+        modes=placement.modes if placement is not None else None)
 
     def close() -> None:
         try:
@@ -394,6 +395,8 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
             stream.write(_start_line(cfg, out, prep.model_path, len(prompts), buf, placement)
                          + "\n")
             stream.flush()
+        if placement.modes is not None:  # each mode_decided moves the engines' calls
+            watch.append(FollowMode(placement.modes))
         mon = cfg.monitor
         if mon.prometheus_port is not None:  # closed with the observers at the run's end
             prom = PrometheusExporter(mon.prometheus_port, mon.prometheus_host, out.name)

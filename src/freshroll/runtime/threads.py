@@ -21,7 +21,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor, Future, wait
 from typing import Any, TypeVar
 
 from freshroll.errors import Interrupted
@@ -138,8 +138,112 @@ class SharedExecutor:
             self.inner.shutdown(wait, cancel_futures=cancel_futures, timeout=timeout)
 
 
+class ModeExecutor:
+    """An async inline run's engine calls: on a thread of their own while the run is async
+    (its stages overlap), and in the sync fallback's windows on the run's compute thread,
+    the trainer's (:class:`SharedExecutor`), its own thread stopped meanwhile so that its
+    OpenMP team is freed (a thread's team goes with the thread: measured, the second core's
+    gain comes back). So a sync window measures sync as a sync run runs it, and a run that
+    falls back to sync runs it so.
+
+    Calls stay in order across a switch: a call that goes to the other thread than the last
+    one first waits for that last call (an engine never generates and loads weights at
+    once). ``mode`` changes by :meth:`set_mode` (each ``mode_decided``)."""
+
+    def __init__(self, name: str, compute: SharedExecutor) -> None:
+        self.name = name
+        self.compute = compute.attach()
+        self.own: AbandonableExecutor | None = None
+        self.mode = "async"
+        self._last: Future[Any] | None = None
+        self._on: object = None  # the executor the last call went to
+        self._lock = threading.Lock()
+        self._abandoned = 0
+        self._closed = False
+
+    @property
+    def abandoned(self) -> int:
+        return self._abandoned
+
+    def set_mode(self, mode: str) -> None:
+        with self._lock:
+            self.mode = mode
+            if mode == "sync" and self.own is not None:
+                self.own.shutdown(wait=False)  # its queued calls still run; then it exits
+                self.own = None
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"executor {self.name} is shut down")
+            target: AbandonableExecutor | SharedExecutor
+            if self.mode == "sync":
+                target = self.compute
+            else:
+                if self.own is None:
+                    self.own = AbandonableExecutor(self.name)
+                target = self.own
+            prev = self._last if self._on is not target else None
+            call: Callable[..., T] = fn
+            if prev is not None and not prev.done():
+                call = _after(prev, fn)
+            fut = target.submit(call, *args, **kwargs)
+            self._last, self._on = fut, target
+            return fut
+
+    def abandon(self) -> None:
+        """Leave the thread of the last call behind (its executor's next call gets a new one)."""
+        with self._lock:
+            on, own = self._on, self.own
+            if on is self.compute:
+                self.compute.abandon()
+            elif own is not None and on is own:
+                own.abandon()
+            self._abandoned += 1
+
+    def shutdown(
+        self, wait: bool = True, *, cancel_futures: bool = False, timeout: float | None = None
+    ) -> None:
+        with self._lock:
+            self._closed = True
+            own, self.own = self.own, None
+        if own is not None:
+            own.shutdown(wait, cancel_futures=cancel_futures, timeout=timeout)
+        self.compute.shutdown(wait, cancel_futures=cancel_futures, timeout=timeout)
+
+
+def _after(prev: Future[Any], fn: Callable[..., T]) -> Callable[..., T]:
+    """``fn``, run once ``prev`` is done (whatever its outcome)."""
+    def call(*args: Any, **kwargs: Any) -> T:
+        wait([prev])
+        return fn(*args, **kwargs)
+
+    return call
+
+
+class ModeGroup:
+    """An async inline run's compute thread and its engines' :class:`ModeExecutor`, switched
+    together on each ``mode_decided``."""
+
+    def __init__(self, compute: SharedExecutor) -> None:
+        self.compute = compute
+        self.executors: list[ModeExecutor] = []
+        self.mode = "async"
+
+    def executor(self, name: str) -> ModeExecutor:
+        ex = ModeExecutor(f"worker-{name}", self.compute)
+        ex.set_mode(self.mode)
+        self.executors.append(ex)
+        return ex
+
+    def set_mode(self, mode: str) -> None:
+        self.mode = mode
+        for ex in self.executors:
+            ex.set_mode(mode)
+
+
 #: what a stage's adapter runs its calls on: its own executor or a shared one
-StageExecutor = AbandonableExecutor | SharedExecutor
+StageExecutor = AbandonableExecutor | SharedExecutor | ModeExecutor
 
 
 def _work(q: queue.SimpleQueue[Any]) -> None:
@@ -164,4 +268,5 @@ def _work(q: queue.SimpleQueue[Any]) -> None:
         del item, fut, fn, args, kwargs
 
 
-__all__ = ["AbandonableExecutor", "CallAborted", "SharedExecutor", "StageExecutor"]
+__all__ = ["AbandonableExecutor", "CallAborted", "ModeExecutor", "ModeGroup", "SharedExecutor",
+           "StageExecutor"]
