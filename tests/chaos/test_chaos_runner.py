@@ -213,3 +213,33 @@ def test_a_worker_process_forks_every_seeds_kills_from_one_zygote(tmp_path: Path
             p.close()
         runner._WORKER_CHILDREN.clear()
     assert pool.proc is None  # closed
+
+
+def test_the_digest_is_the_hash_of_every_normalized_event(tmp_path: Path) -> None:
+    """``digest_events`` hashes most events' JSON as it is (no walk of their values): the
+    same digest as the JSON of ``normalize`` of every event, with the run directory in some
+    of them, a path that JSON escapes (a quote, a backslash, a non-ASCII letter), a
+    directory name that is in another path but is not the run's, and on both clocks."""
+    import hashlib
+
+    import msgspec
+
+    from freshroll import events as ev
+    from freshroll.chaos.digest import normalize
+    from freshroll.runtime.run import run
+
+    out = tmp_path / 'r "q" \\ é'
+    run(validate(BASE_WORKLOAD, "base"), out, stream=io.StringIO(), report=False)
+    run_dir = str(out.resolve())
+    events = runner.read_events(out)
+    events.append(ev.FaultInjected(ts=1.0, fault="kill_worker", target="w0",
+                                   detail=f"{run_dir}/x and {run_dir}-other and {out.name}"))
+    enc = msgspec.json.Encoder()
+    holding = [e for e in events if enc.encode(run_dir)[1:-1] in enc.encode(e)]
+    assert holding and len(holding) < len(events)  # both paths of the digest are taken
+    for timing in (True, False):
+        want = hashlib.sha256()
+        for e in events:
+            want.update(enc.encode(normalize(e, run_dir=run_dir, timing=timing)) + b"\n")
+        assert digest_events(events, run_dir=run_dir, timing=timing) == want.hexdigest()
+        assert "RUN_DIR/x" in str(normalize(events[-1], run_dir=run_dir, timing=timing))

@@ -234,6 +234,9 @@ class Incarnations:
     #: incarnations that ended (killed, interrupted) with no new fault recorded: a process
     #: fault must be durable before it ends the process, so each is a violation
     unrecorded: list[str] = field(default_factory=list)
+    #: the faulted run's events as read after its last incarnation (None: no ledger): the
+    #: checks read them from here rather than from the ledger again (nothing writes after)
+    events: list[Event] | None = None
 
 
 def _pending_kill(scenario: Scenario, fired: frozenset[int]) -> bool:
@@ -263,7 +266,8 @@ def _faulted(scenario: Scenario, seed: int, cfg: Config, case_dir: Path, horizon
                                           case_dir / f"incarnation-{inc.count}.log")
         before = fired
         if (out / LEDGER_FILE).exists():
-            fired = checks.fired_indexes(read_events(out))
+            inc.events = read_events(out)
+            fired = checks.fired_indexes(inc.events)
         if status in ("killed", "interrupted"):
             if fired == before:  # no fault of the plan ended it: say so
                 inc.unrecorded.append(f"incarnation {inc.count} {status} with no new fault "
@@ -395,7 +399,7 @@ def run_case(
         result.outcome = f"stopped: {inc.error or inc.liveness}"
         result.wall_s = time.perf_counter() - t0
         return result
-    events = read_events(run_dir)
+    events = inc.events if inc.events is not None else read_events(run_dir)
     found = checks.check_case(scenario, run_dir, events, steps=cfg.run.steps,
                               error=inc.error if inc.liveness is None else inc.liveness,
                               order=checks.planned_order(cfg))
