@@ -185,3 +185,61 @@ def test_jobs_share_out_the_seeds_and_keep_the_order_and_the_histories(tmp_path:
         [[v.invariant for v in r.violations] for r in serial]
     assert len(out.getvalue().splitlines()) == 6
     assert parallel[0].run_dir.is_relative_to(tmp_path / "two")
+
+
+@pytest.mark.slow
+def test_a_worker_process_forks_every_seeds_kills_from_one_zygote(tmp_path: Path) -> None:
+    """``jobs`` > 1: a worker process runs its seeds' kill incarnations as forks of one zygote
+    (a zygote costs a Python start-up, its imports and a warm-up run), kept across its seeds
+    and closed when the worker exits; a zygote of other ``broken`` switches is another one."""
+    def task(seed: int, broken: list[str]) -> list[runner.CaseResult]:
+        args = (PLAN.model_dump(mode="json"), seed, str(tmp_path / f"s{seed}"), ["kill"],
+                ["sim"], broken, INJECTOR, runner.CHILD_TIMEOUT_S, True)
+        return [runner.case_from_json(c) for c in runner._seed_task(args)]
+
+    assert runner._WORKER_CHILDREN == {}
+    try:
+        first = task(0, [])
+        pool = runner._WORKER_CHILDREN[()]
+        assert pool.proc is not None and pool.proc.poll() is None  # kept after the seed
+        zygote = pool.proc.pid
+        second = task(1, [])
+        assert runner._WORKER_CHILDREN[()] is pool and pool.proc.pid == zygote  # the same
+        for r in (*first, *second):
+            assert r.ok and r.incarnations == 3, (r.seed, r.violations)
+        assert runner._worker_children(["dedup"]) is not pool
+    finally:
+        for p in runner._WORKER_CHILDREN.values():
+            p.close()
+        runner._WORKER_CHILDREN.clear()
+    assert pool.proc is None  # closed
+
+
+def test_the_digest_is_the_hash_of_every_normalized_event(tmp_path: Path) -> None:
+    """``digest_events`` hashes most events' JSON as it is (no walk of their values): the
+    same digest as the JSON of ``normalize`` of every event, with the run directory in some
+    of them, a path that JSON escapes (a quote, a backslash, a non-ASCII letter), a
+    directory name that is in another path but is not the run's, and on both clocks."""
+    import hashlib
+
+    import msgspec
+
+    from freshroll import events as ev
+    from freshroll.chaos.digest import normalize
+    from freshroll.runtime.run import run
+
+    out = tmp_path / 'r "q" \\ é'
+    run(validate(BASE_WORKLOAD, "base"), out, stream=io.StringIO(), report=False)
+    run_dir = str(out.resolve())
+    events = runner.read_events(out)
+    events.append(ev.FaultInjected(ts=1.0, fault="kill_worker", target="w0",
+                                   detail=f"{run_dir}/x and {run_dir}-other and {out.name}"))
+    enc = msgspec.json.Encoder()
+    holding = [e for e in events if enc.encode(run_dir)[1:-1] in enc.encode(e)]
+    assert holding and len(holding) < len(events)  # both paths of the digest are taken
+    for timing in (True, False):
+        want = hashlib.sha256()
+        for e in events:
+            want.update(enc.encode(normalize(e, run_dir=run_dir, timing=timing)) + b"\n")
+        assert digest_events(events, run_dir=run_dir, timing=timing) == want.hexdigest()
+        assert "RUN_DIR/x" in str(normalize(events[-1], run_dir=run_dir, timing=timing))

@@ -13,6 +13,7 @@ import random
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -206,3 +207,32 @@ def test_plot_functions_return_png() -> None:
     assert plots.stage_bars({"a": {"queue": 1.0, "generation": 2.0}}).startswith(b"\x89PNG")
     assert plots.off_policy_panels([("kl", [line])]).startswith(b"\x89PNG")
     assert plots.per_step_chart(line, None, None, title="t", ylabel="y").startswith(b"\x89PNG")
+
+
+def test_a_figure_is_drawn_once_to_the_bytes_savefig_writes(
+        runs: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``plots._png`` renders a figure in one draw (savefig draws a figure with a layout
+    engine twice): every figure of a report with a baseline is byte for byte what
+    ``savefig`` writes, and the two pages are the same."""
+    import io
+
+    from matplotlib.figure import Figure
+
+    def savefig(fig: Figure) -> bytes:
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=plots.DPI)
+        return buf.getvalue()
+
+    pngs: dict[str, list[bytes]] = {}
+    for name, draw in (("one draw", plots._png), ("savefig", savefig)):
+        made = pngs[name] = []
+
+        def record(fig: Figure, draw: Any = draw, made: list[bytes] = made) -> bytes:
+            made.append(draw(fig))
+            return made[-1]
+
+        monkeypatch.setattr(plots, "_png", record)
+        write_report(runs[0], baseline=runs[1], out=tmp_path / f"{name}.html")
+    assert len(pngs["one draw"]) == FULL_IMAGES
+    assert pngs["one draw"] == pngs["savefig"]
+    assert (tmp_path / "one draw.html").read_bytes() == (tmp_path / "savefig.html").read_bytes()

@@ -79,3 +79,19 @@ def test_a_sim_run_uses_the_virtual_clock_and_resumes_forward_in_time(
     stamps = [t for _, t in events]
     assert stamps == sorted(stamps)
     assert result.summary is not None
+
+
+def test_a_sim_runs_input_checks_leave_transformers_alone(monkeypatch: pytest.MonkeyPatch):
+    """The simulated cluster loads no model, so its input checks do not import transformers
+    to quiet its progress bars (~0.7 CPU-s of every process that runs only sim runs: the
+    chaos workers and zygotes); a run with a model still quiets them before it loads one."""
+    from freshroll.chaos.plan import BASE_WORKLOAD
+    from freshroll.config import validate
+    from freshroll.runtime import prepare
+
+    quieted: list[str] = []
+    monkeypatch.setattr(prepare, "quiet_transformers", lambda: quieted.append("hf"))
+    sim = prepare.check_inputs(validate(BASE_WORKLOAD, "sim"))
+    assert sim.digest is not None and sim.pending is None and quieted == []
+    real = prepare.check_inputs(load_config(None, ["task.n_prompts=8"]))
+    assert real.pending is not None and quieted == ["hf"]

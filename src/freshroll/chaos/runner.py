@@ -234,6 +234,9 @@ class Incarnations:
     #: incarnations that ended (killed, interrupted) with no new fault recorded: a process
     #: fault must be durable before it ends the process, so each is a violation
     unrecorded: list[str] = field(default_factory=list)
+    #: the faulted run's events as read after its last incarnation (None: no ledger): the
+    #: checks read them from here rather than from the ledger again (nothing writes after)
+    events: list[Event] | None = None
 
 
 def _pending_kill(scenario: Scenario, fired: frozenset[int]) -> bool:
@@ -263,7 +266,8 @@ def _faulted(scenario: Scenario, seed: int, cfg: Config, case_dir: Path, horizon
                                           case_dir / f"incarnation-{inc.count}.log")
         before = fired
         if (out / LEDGER_FILE).exists():
-            fired = checks.fired_indexes(read_events(out))
+            inc.events = read_events(out)
+            fired = checks.fired_indexes(inc.events)
         if status in ("killed", "interrupted"):
             if fired == before:  # no fault of the plan ended it: say so
                 inc.unrecorded.append(f"incarnation {inc.count} {status} with no new fault "
@@ -395,7 +399,7 @@ def run_case(
         result.outcome = f"stopped: {inc.error or inc.liveness}"
         result.wall_s = time.perf_counter() - t0
         return result
-    events = read_events(run_dir)
+    events = inc.events if inc.events is not None else read_events(run_dir)
     found = checks.check_case(scenario, run_dir, events, steps=cfg.run.steps,
                               error=inc.error if inc.liveness is None else inc.liveness,
                               order=checks.planned_order(cfg))
@@ -423,6 +427,7 @@ def run_plan(
     placements: Sequence[str] = ("sim",), progress: TextIO | None = None,
     broken: Sequence[str] = (), injector: str = INJECTOR,
     child_timeout_s: float = CHILD_TIMEOUT_S, fork: bool = True, jobs: int = 1,
+    children: ChildPool | None = None,
 ) -> list[CaseResult]:
     """Every scenario (or those named in ``only``) x seed x placement; one progress line per
     case. Real placements run only the ``real: true`` scenarios whose faults apply there
@@ -432,14 +437,22 @@ def run_plan(
 
     ``jobs`` > 1: the seeds are shared out among that many worker processes (a forkserver's:
     clean processes, not forks of this one), each running every scenario of its seeds; the
-    results come back in the same order as with one job, progress lines seed by seed."""
+    results come back in the same order as with one job, progress lines seed by seed.
+
+    ``children``: the zygote to fork kill incarnations from (its ``broken`` switches must be
+    ``broken``'s), left open; None: one of this call's own, closed at its end. A worker
+    process of ``jobs`` > 1 keeps one for all the seeds it runs (:func:`_worker_children`):
+    a zygote costs a Python start-up, its imports and a warm-up run (~2.5 CPU-s), and the
+    forks it makes are the same whichever seed asks."""
     scenarios = select(plan, only)
     if jobs > 1 and len(seeds) > 1:
         return _run_parallel(plan, seeds, Path(out_dir), only, placements, progress, broken,
                              injector, child_timeout_s, fork, jobs)
     baselines = Baselines(Path(out_dir), tuple(broken))
     results = []
-    with ChildPool(broken) as pool:
+    own = children is None
+    with ChildPool(broken) if own else contextlib.nullcontext(children) as pool:
+        assert pool is not None
         for placement in placements:
             for scenario in scenarios:
                 why = skip_reason(scenario, placement)
@@ -459,13 +472,31 @@ def run_plan(
     return results
 
 
+#: a worker process's zygote (jobs > 1), by its ``broken`` switches: started on its first
+#: kill incarnation, closed when the worker process exits (:func:`_worker_children`)
+_WORKER_CHILDREN: dict[tuple[str, ...], ChildPool] = {}
+
+
+def _worker_children(broken: Sequence[str]) -> ChildPool:
+    """This worker process's zygote for ``broken``, shared by every seed it runs."""
+    key = tuple(broken)
+    if key not in _WORKER_CHILDREN:
+        from multiprocessing import util
+
+        pool = _WORKER_CHILDREN[key] = ChildPool(key)
+        # run when the worker process exits normally (the parent closes and joins the pool)
+        util.Finalize(None, pool.close, exitpriority=10)
+    return _WORKER_CHILDREN[key]
+
+
 def _seed_task(args: tuple[Any, ...]) -> list[dict[str, Any]]:
     """One worker process's task: every case of one seed (as JSON)."""
     plan_data, seed, out_dir, only, placements, broken, injector, child_timeout_s, fork = args
     plan = Plan.model_validate(plan_data)
     return [r.to_json() for r in run_plan(
         plan, [seed], Path(out_dir), only=only, placements=placements, broken=broken,
-        injector=injector, child_timeout_s=child_timeout_s, fork=fork)]
+        injector=injector, child_timeout_s=child_timeout_s, fork=fork,
+        children=_worker_children(broken) if fork else None)]
 
 
 def case_from_json(data: dict[str, Any]) -> CaseResult:
@@ -502,6 +533,8 @@ def _run_parallel(plan: Plan, seeds: Sequence[int], out_dir: Path,
                 for r in done:
                     progress.write(progress_line(r) + "\n")
                 progress.flush()
+        pool.close()  # the workers exit normally: each closes its zygote (_worker_children)
+        pool.join()
     order = {(p, s.name): i for i, (p, s) in enumerate(
         (p, s) for p in placements for s in plan.scenarios)}
     position = {seed: i for i, seed in enumerate(seeds)}

@@ -149,7 +149,6 @@ def check_inputs(cfg: Config, run_dir: Path | None = None, resume: bool = False)
     ``run_dir`` is where the embedded model is saved (None: ``config check``, which builds it
     in memory only); on ``resume`` a run's saved ``model/`` is read instead of a new build.
     """
-    quiet_transformers()
     check_port(cfg.monitor.prometheus_port, cfg.monitor.prometheus_host)
     lim = cfg.limits
     rewards = build_reward_set([e.model_dump(exclude_none=True) for e in cfg.rewards],
@@ -161,7 +160,8 @@ def check_inputs(cfg: Config, run_dir: Path | None = None, resume: bool = False)
         path, digest = Path(), sim_model_digest(cfg)
         prompts = make_prompts(cfg.task.name, cfg.task.n_prompts, cfg.run.seed,
                                **cfg.task.params)
-    else:
+    else:  # a model: transformers' progress bars off first (the simulated cluster has none)
+        quiet_transformers()
         path, pending = _initial_model(cfg, run_dir, resume)
         if cfg.rollout.engine == "vllm":
             _check_vllm(cfg, path, pending)
