@@ -290,10 +290,20 @@ class SampleBuffer(BufferState):
         """Up to ``n`` queued requests, oldest first (they stay queued until started)."""
         return [req.id for req, _ in zip(self._queue, range(n), strict=False)]
 
+    def next_sample(self, request: RequestId) -> SampleId:
+        """The sample id :meth:`start` would give ``request``'s next attempt now."""
+        req = self._requests.get(request)
+        if req is None:
+            raise UnknownSampleError(f"unknown request {request!r}")
+        return sample_id(req.id, req.attempt + 1)
+
     def start(
-        self, request: str, worker: str, epoch: int, version: PolicyVersion | str
+        self, request: str, worker: str, epoch: int, version: PolicyVersion | str,
+        call: str | None = None, seed: int | None = None,
     ) -> SampleId:
-        """Start a new attempt of a queued request on a live worker epoch."""
+        """Start a new attempt of a queued request on a live worker epoch; ``call`` and
+        ``seed`` (recorded as they are) name the episode call it starts in and its sampling
+        seed."""
         req = self._requests.get(request)  # type: ignore[call-overload]
         if req is None:
             raise UnknownSampleError(f"unknown request {request!r}")
@@ -305,7 +315,8 @@ class SampleBuffer(BufferState):
         if v not in self._published:
             raise StateError(f"policy version {version} was never published in this run")
         sid = sample_id(req.id, req.attempt + 1)
-        event = ev.Started(ts=self.clock.now(), sample=sid, worker=worker, epoch=epoch, version=v)
+        event = ev.Started(ts=self.clock.now(), sample=sid, worker=worker, epoch=epoch, version=v,
+                           call=call, seed=seed)
         if self.closed:
             self._refuse(event)
         self.ledger.append(event)

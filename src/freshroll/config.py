@@ -287,6 +287,12 @@ class RolloutSection(_Section):
         "served by vLLM (vllm section; docs/vllm.md); sim: the latency model of an LLM cluster "
         "(sim section), no model is loaded"
     )
+    workflow: str = Field(
+        "single_turn", pattern=r"^[A-Za-z0-9_.-]+$", max_length=100,
+        description="the episode workflow that turns a worker's requests into completions, "
+        "by registered name (freshroll.engines.episodes); single_turn: one generate call per "
+        "batch (multi-turn and tool-using workflows are registered; docs/architecture.md)"
+    )
 
 
 class LoraSection(_Section):

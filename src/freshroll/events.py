@@ -101,6 +101,12 @@ class Started(Event, frozen=True, tag="started"):
     worker: str
     epoch: int
     version: str  # policy version the worker generates with
+    #: the episode call it was started in, named by that call's first member's sample id
+    #: (the members of one call, in order, share it); None: not recorded (an older run)
+    call: str | None = None
+    #: the call's sampling seed (what the workflow and its engine were given); None: not
+    #: recorded
+    seed: int | None = None
 
 
 class Generated(Event, frozen=True, tag="generated"):

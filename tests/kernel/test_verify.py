@@ -595,3 +595,23 @@ def test_cli_verify_allow_open(run: Path) -> None:
     allowed = cli.invoke(main, ["verify", "--allow-open", str(run)])
     assert allowed.exit_code == 0, allowed.output
     assert "NOT closed" in allowed.output and "counts.json not checked" in allowed.output
+
+
+def test_a_call_member_that_disagrees_with_its_call_fails_lineage(run: Path) -> None:
+    """``started.call``: members share the first's worker epoch, version and seed (replay)."""
+    s = _state(run)
+    g, v = f"g{s.next_group}", str(s.version)
+    first, second, third = f"{g}.0#1", f"{g}.1#1", f"{g}.2#1"
+
+    def started(sid: str, call: str, seed: int) -> ev.Started:
+        return ev.Started(ts=s.ts, sample=sid, worker="wx", epoch=0, version=v, call=call,
+                          seed=seed)
+
+    _append(run, ev.WorkerStarted(ts=s.ts, worker="wx", epoch=0),
+            ev.Requested(ts=s.ts, group=g, prompt_id="crafted", size=3, version=v),
+            started(first, first, 5), started(second, first, 5), started(third, first, 6),
+            *[ev.Discarded(ts=s.ts, request=sid[:-2], sample=sid, reason="invalid")
+              for sid in (first, second, third)])
+    report = _check(run)
+    assert _failing(report) == {"lineage"}, report.render()
+    assert len(report.violations["lineage"]) == 1 and third in report.violations["lineage"][0]

@@ -6,9 +6,10 @@ as many samples as it takes for the rates to settle), because they only await th
 seams of :mod:`freshroll.runtime.seams`. Every duration is the event loop's time
 (``loop.time()``), which is the virtual clock under :meth:`VirtualClock.run`.
 
-- **generation** (:func:`measure_generation`): every worker's engine fed without
-  admission limit — a continuous engine keeps ``concurrency`` requests in flight, a
-  lock-step engine gets back-to-back calls of ``concurrency`` requests — with no trainer;
+- **generation** (:func:`measure_generation`): every worker's engine fed, through the run's
+  episode workflow (``rollout.workflow``) as the pool feeds it, without admission limit — a
+  continuous engine keeps ``concurrency`` requests in flight, a lock-step engine gets
+  back-to-back calls of ``concurrency`` requests — with no trainer;
   ``c_gen = n / (time of the n-th completion)`` for the whole pool (the calls still in
   flight then are let finish, uncounted);
 - **reward** (:func:`measure_reward`): the scorer on the stream of those completions, as the
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 from freshroll.bench.figures import Capacities
 from freshroll.buffer import SampleBuffer
 from freshroll.engines.base import Completion
+from freshroll.engines.episodes import EpisodeWorkflow, SingleTurn
 from freshroll.engines.seams import AsyncEngine, EngineFactory, GenRequest, SamplingParams
 from freshroll.rewards.calling import RewardState
 from freshroll.rewards.tasks import Prompt
@@ -56,6 +58,7 @@ class Workload:
     policy_step: int = 0  # the policy step the engines generate at (length drift)
     max_steps: int = 0  # run.steps (what rewards see as max_steps)
     reward_timeout_s: float = 300.0  # limits.reward_timeout_s
+    workflow: EpisodeWorkflow = field(default_factory=SingleTurn)  # rollout.workflow's
 
     @property
     def batch(self) -> int:
@@ -112,7 +115,8 @@ async def measure_generation(
             if done[0] >= n_samples:
                 return
             batch = [next(source) for _ in range(size)]
-            await engine.generate(batch, w.params, w.seed + 7919 * k + call, emit_for(batch))
+            await w.workflow.run_episode(engine, batch, w.params, w.seed + 7919 * k + call,
+                                         emit_for(batch))
 
     async with asyncio.TaskGroup() as tg:
         for k, engine in enumerate(engines):

@@ -26,7 +26,9 @@ fencing        every attempt starts on a registered epoch that is not fenced, an
                only after its previous epoch was fenced, and is newer
 lineage        every committed sample names a policy and a reward version that
                parse; every committed version's digest recomputes from its parent,
-               its batch and its settings digest
+               its batch and its settings digest; an attempt that names its episode
+               call (``started.call``) joins a call its first member opened on the same
+               worker epoch and policy version, with the same seed
 accounting     ``counts.json`` equals the recount; ``summary.json`` equals the summary
                recomputed from the ledger (:mod:`freshroll.figures.summary`, figures of
                :mod:`freshroll.metrics`); ``metrics.jsonl`` holds exactly one row per
@@ -116,6 +118,8 @@ class _Checker:
         self.version: PolicyVersion | None = None
         self.group_size: dict[str, int] = {}
         self.started: dict[str, tuple[str, int, int]] = {}  # sample -> worker, epoch, step
+        #: episode call -> what its first member recorded (worker, epoch, version, seed)
+        self.calls: dict[str, tuple[str, int, str, int | None]] = {}
         self.generated: set[str] = set()
         self.rewarded: dict[str, str] = {}  # sample -> reward version
         self.ready: dict[str, set[str]] = defaultdict(set)  # group -> every sample made ready
@@ -200,6 +204,23 @@ class _Checker:
             self.r.add("lineage", f"seq {seq}: {e.sample} started on unknown policy {e.version}")
         self.started[e.sample] = (e.worker, e.epoch, policy_step(e.version))
         self.counts["started"] += 1
+        if e.call is not None:
+            self._call(seq, e)
+
+    def _call(self, seq: int, e: ev.Started) -> None:
+        """A call's members share its first member's worker epoch, version and seed (what a
+        replay of the generation reads)."""
+        here = (e.worker, e.epoch, e.version, e.seed)
+        assert e.call is not None
+        if e.call == e.sample:
+            self.calls[e.sample] = here
+        elif (opened := self.calls.get(e.call)) is None:
+            self.r.add("lineage", f"seq {seq}: {e.sample} names call {e.call}, which no "
+                                  "attempt opened before it")
+        elif opened != here:
+            self.r.add("lineage", f"seq {seq}: {e.sample} in call {e.call} records "
+                                  f"{e.worker}/{e.epoch} {e.version} seed {e.seed}, its call "
+                                  f"{opened[0]}/{opened[1]} {opened[2]} seed {opened[3]}")
 
     def _generated(self, seq: int, e: ev.Generated) -> None:
         start = self.started.get(e.sample)

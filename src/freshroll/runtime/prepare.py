@@ -17,6 +17,7 @@ from typing import Any
 
 from freshroll import crashpoints
 from freshroll.config import Config
+from freshroll.engines.episodes import workflow_for
 from freshroll.engines.model_dir import check_model_dir, quiet_transformers
 from freshroll.errors import ConfigError, LedgerError, ResumeError
 from freshroll.ledger import LEDGER_FILE, Ledger
@@ -140,7 +141,8 @@ class Inputs:
 
 def check_inputs(cfg: Config, run_dir: Path | None = None, resume: bool = False) -> Inputs:
     """Every check of a run's inputs before it trains, with no write and no weights read:
-    the rewards (importable, callable), the controller's bounds, the model directory
+    the rewards (importable, callable), the controller's bounds, the episode workflow
+    (registered), the model directory
     (:func:`~freshroll.engines.model_dir.check_model_dir`: config, tokenizer files, the
     safetensors headers) and, for vLLM, its runtime and engine arguments; the prompts
     (loadable, rendered, checked against the tokenizer and the context) and the columns the
@@ -154,6 +156,7 @@ def check_inputs(cfg: Config, run_dir: Path | None = None, resume: bool = False)
     rewards = build_reward_set([e.model_dump(exclude_none=True) for e in cfg.rewards],
                                ImportBound(lim.reward_import_timeout_s, lim.heartbeat_s))
     control_config(cfg)  # the controller's bounds (control vs rollout), before any write
+    workflow_for(cfg.rollout.workflow)  # a registered episode workflow, before any write
     pending: tuple[Any, Any] | None = None
     digest = None
     if cfg.rollout.engine == "sim":  # no model: the built-in task's prompts as they are

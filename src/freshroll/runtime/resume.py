@@ -71,6 +71,7 @@ RULES: Final[Mapping[str, Rule]] = {
     "rollout.temperature": "explicit",
     "rollout.top_p": "explicit",
     "rollout.engine": "never",       # the samples of a simulated run are not a model's
+    "rollout.workflow": "explicit",  # what an episode is: the samples from the resume on
     # who sets the live settings, and how: they change speed, never what a sample is
     "control": "free",
     "tail": "explicit",              # a deadline changes which samples a group keeps

@@ -16,7 +16,10 @@ again; on ``--resume`` the workers the dead process had running come back under 
 (new epochs), and new ones get the next free ``n``.
 
 Serving: before starting requests a worker loads the newest published weights
-(``limits.weights_timeout_s``). An engine with ``continuous = True`` keeps up to
+(``limits.weights_timeout_s``). A call's requests go to the run's episode workflow
+(``rollout.workflow``, :mod:`freshroll.engines.episodes`), which drives the engine and emits
+one completion per request (``single_turn``: one generate call); the pool never knows what
+an episode is. An engine with ``continuous = True`` keeps up to
 ``concurrency`` requests in flight, a new generate call starting as soon as slots free
 (several calls overlap; each one is a task of the worker's own task group); with
 ``continuous = False`` one call at a time of at most ``concurrency`` requests. Each
@@ -56,6 +59,7 @@ from freshroll.breaker import quote
 from freshroll.buffer import Outcome
 from freshroll.engines import payload as pl
 from freshroll.engines.base import Completion
+from freshroll.engines.episodes import workflow_for
 from freshroll.engines.seams import (
     AsyncEngine,
     Emit,
@@ -112,6 +116,7 @@ class _Call:
     over: bool = False
     task: asyncio.Task[None] | None = None
     prompts: list[Prompt] = field(default_factory=list)
+    seed: int = 0  # its sampling seed (recorded on each member's ``started``)
     started: float = 0.0  # loop time: its deadline is started + limits.generate_timeout_s
     expired: bool = False  # cancelled by the watchdog: a WorkerTimeout
 
@@ -133,6 +138,7 @@ class WorkerPool:
                              default=-1)
         ro = pipe.cfg.rollout
         self.params = SamplingParams(ro.max_new_tokens, ro.temperature, ro.top_p)
+        self.workflow = workflow_for(ro.workflow)  # drives the engine for each call
         self._rule = pipe.sample_rule()
         self._trusted: Published | None = None  # the newest published version the ledger has
         self._refused: set[str] = set()  # out-of-band versions refused (written once each)
@@ -401,13 +407,18 @@ class WorkerPool:
                 call.task = calls.spawn(self._lane(w, engine, call, order, watch))
 
     def _begin(self, w: Worker, rids: list[RequestId]) -> _Call:
-        """Start attempts of ``rids`` on the worker's epoch: one call's worth."""
+        """Start attempts of ``rids`` on the worker's epoch: one call's worth, named by its
+        first sample id, with the sampling seed that id and the run seed fix (both recorded
+        on every member's ``started``: generation can be replayed)."""
         buf = self.buf
         assert w.loaded is not None
-        sids = [buf.start(r, w.name, w.epoch, w.loaded) for r in rids]
+        first = buf.next_sample(rids[0])
+        seed = generation_seed(self.pipe.cfg.run.seed, first)
+        name, epoch, loaded, start = w.name, w.epoch, w.loaded, buf.start
+        sids = [start(r, name, epoch, loaded, first, seed) for r in rids]
         if buf.next_request() is not None:
             self.requests_queued()
-        call = _Call(sids, w.epoch, w.loaded, len(sids), [False] * len(sids))
+        call = _Call(sids, w.epoch, w.loaded, len(sids), [False] * len(sids), seed=seed)
         w.inflight += call.pending
         return call
 
@@ -504,7 +515,8 @@ class WorkerPool:
         return None
 
     async def _generate(self, w: Worker, engine: AsyncEngine, call: _Call) -> BaseException | None:
-        """One generate call; returns a WorkerLost/WorkerTimeout (replace the worker) or None."""
+        """One episode call (the workflow's ``run_episode``, for ``single_turn`` one generate
+        call); returns a WorkerLost/WorkerTimeout (replace the worker) or None."""
         buf, lim = self.buf, self.pipe.cfg.limits
         prompts, prompt_of = self.pipe.prompts, buf.prompt_of
         step = call.version.step if call.version is not None else 0
@@ -515,14 +527,14 @@ class WorkerPool:
             call.prompts.append(prompt)
             reqs.append(GenRequest(sid, sid.partition(".")[0], pid, prompt.text, step))
         stage = f"inference worker {w.name!r}"
-        seed, emit = generation_seed(self.pipe.cfg.run.seed, call.sids[0]), self._emitter(w, call)
+        seed, emit, episode = call.seed, self._emitter(w, call), self.workflow.run_episode
         waiting = self.pipe.waits.begin(f"{w.name} generate", lim.generate_timeout_s)
         try:
             if engine.continuous:  # the worker's watchdog times it
-                await engine.generate(reqs, self.params, seed, emit)
+                await episode(engine, reqs, self.params, seed, emit)
             else:
                 async with asyncio.timeout(unsafe.timeout(lim.generate_timeout_s)) as cm:
-                    await engine.generate(reqs, self.params, seed, emit)
+                    await episode(engine, reqs, self.params, seed, emit)
         except asyncio.CancelledError:
             if not call.expired:
                 raise
