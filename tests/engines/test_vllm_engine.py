@@ -200,15 +200,21 @@ def test_load_weights_changes_greedy_output_and_is_timed(h: Harness) -> None:
     assert root is not None and len(list(root.iterdir())) == 1  # old weight dirs removed
 
 
+LONG_CALL = 64  # requests of the long call the weight loads below meet
+
+
 def _load_during_long_call(h: Harness, mode: str) -> tuple[BaseException | None, int, bool]:
     """(the long call's exception, completions it emitted, whether it had ended when the
     load returned)."""
     h.engine.on_update = mode
     emitted: list[int] = []
+    # 64 requests of up to 100 tokens: the longest still runs when the load begins (a tiny
+    # random model may end any completion early; with 32 a busy machine once found all done)
 
     async def main() -> tuple[BaseException | None, bool]:
         task = asyncio.create_task(h.engine.generate(
-            h.reqs(32), SamplingParams(100, 1.0, 1.0), 11, lambda i, c: emitted.append(i)))
+            h.reqs(LONG_CALL), SamplingParams(100, 1.0, 1.0), 11,
+            lambda i, c: emitted.append(i)))
         await asyncio.sleep(0.1)
         await h.engine.load_weights(_weights(h, seed=None))
         ended = task.done()
@@ -228,14 +234,14 @@ def _load_during_long_call(h: Harness, mode: str) -> tuple[BaseException | None,
 def test_on_update_abort_raises_superseded_after_the_finished_ones(h: Harness) -> None:
     exc, n, _ = _load_during_long_call(h, "abort")
     assert isinstance(exc, Superseded)
-    assert n < 32
+    assert n < LONG_CALL
 
 
 def test_on_update_finish_waits_and_continue_does_not(h: Harness) -> None:
     exc, n, ended = _load_during_long_call(h, "finish")
-    assert exc is None and n == 32 and ended
+    assert exc is None and n == LONG_CALL and ended
     exc, n, ended = _load_during_long_call(h, "continue")
-    assert exc is None and n == 32 and not ended
+    assert exc is None and n == LONG_CALL and not ended
 
 
 def test_kill_is_a_worker_loss(h: Harness) -> None:
