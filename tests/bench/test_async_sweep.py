@@ -3,31 +3,21 @@ inputs, and one ``--quick`` invocation of the real thing."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from bench_scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "async_sweep.py"
 
 
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("async_sweep", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["async_sweep"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-sweep = _load()
+sweep = load_script("async_sweep")
 
 
 def _cell(load: str = "quiet", **rates: float) -> object:

@@ -4,31 +4,21 @@ default, freshroll sync and default)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from bench_scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "vs_trl.py"
 
 
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("vs_trl", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("vs_trl", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-vs = _load()
+vs = load_script("vs_trl")
 
 
 def test_time_to_reward_reads_the_trailing_mean():

@@ -104,3 +104,22 @@ def test_calls_stay_in_order_across_a_switch():
     assert ex.abandoned == 1 and ex.submit(lambda: threading.current_thread().name).result() \
         == "compute-2"
     ex.shutdown(wait=True)
+
+
+def test_a_call_walked_away_from_never_holds_the_next_one():
+    import time
+
+    from freshroll.runtime.threads import ModeGroup, SharedExecutor
+
+    group = ModeGroup(SharedExecutor("compute"))
+    ex = group.executor("w0")
+    release = threading.Event()
+    stuck = ex.submit(release.wait)  # an engine call that does not return (timed out)
+    ex.abandon()
+    group.set_mode("sync")  # the next call goes to the compute thread
+    t0 = time.monotonic()
+    assert ex.submit(lambda: 7).result(timeout=5) == 7
+    assert time.monotonic() - t0 < 2  # it did not wait on the abandoned call
+    release.set()
+    stuck.result(timeout=5)
+    ex.shutdown(wait=True)

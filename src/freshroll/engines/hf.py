@@ -49,7 +49,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from freshroll.engines.base import FINISH_LENGTH, FINISH_STOP, Completion, encode_prompt
 from freshroll.engines.lora_merge import AdapterMerger, is_adapter
-from freshroll.engines.model_dir import loading_model
+from freshroll.engines.model_dir import loading_model, takes_logits_to_keep
 from freshroll.errors import ConfigError
 
 _TRANSFORMERS_MAJOR = int(transformers.__version__.split(".")[0])
@@ -74,7 +74,7 @@ class HFEngine:
         params = inspect.signature(model.forward).parameters
         # Recent transformers 5.x renamed past_key_values -> cache (old name deprecated).
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
-        self._keep_kwarg = "logits_to_keep" in params
+        self._keep_kwarg = takes_logits_to_keep(model)
         self._merger = AdapterMerger()  # the base weights of a LoRA run's adapter targets
 
     @classmethod

@@ -61,6 +61,17 @@ def read_model_config(path: Path) -> dict[str, Any]:
 _LOAD_LOCK = threading.RLock()
 
 
+def takes_logits_to_keep(model: Any) -> bool:
+    """Whether ``model``'s forward (under a PEFT wrapper, its base model's) names
+    ``logits_to_keep`` (every causal LM of transformers >= 4.45): the engines project only
+    the last position, the learner only the completion positions."""
+    import inspect
+
+    get_base = getattr(model, "get_base_model", None)
+    base = get_base() if callable(get_base) else model
+    return "logits_to_keep" in inspect.signature(base.forward).parameters
+
+
 def quiet_transformers() -> None:
     """No download/loading progress bars: our own progress line is the display."""
     from transformers.utils import logging as hf_logging

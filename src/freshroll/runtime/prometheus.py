@@ -82,10 +82,7 @@ class PrometheusExporter(Observer):
             self._server, _ = start_http_server(self.port, addr=self.host,
                                                 registry=self.registry)
         except OSError as exc:
-            why = ("is taken (another run or program serves it)"
-                   if exc.errno == errno.EADDRINUSE else f"cannot be bound: {exc.strerror}")
-            raise ConfigError(f"monitor.prometheus_port: {self.host}:{self.port} {why}; "
-                              "choose another port or unset it") from None
+            raise _unbound(self.host, self.port, exc) from None
         self._gauge(MODE_GAUGE).set(1)
         return self
 
@@ -123,10 +120,15 @@ def check_port(port: int | None, host: str) -> None:
         try:
             s.bind((host, port))
         except OSError as exc:
-            why = ("is taken (another run or program serves it)"
-                   if exc.errno == errno.EADDRINUSE else f"cannot be bound: {exc.strerror}")
-            raise ConfigError(f"monitor.prometheus_port: {host}:{port} {why}; choose "
-                              "another port or unset it") from None
+            raise _unbound(host, port, exc) from None
+
+
+def _unbound(host: str, port: int, exc: OSError) -> ConfigError:
+    """The one error of a port the endpoint cannot bind, naming the key."""
+    why = ("is taken (another run or program serves it)" if exc.errno == errno.EADDRINUSE
+           else f"cannot be bound: {exc.strerror}")
+    return ConfigError(f"monitor.prometheus_port: {host}:{port} {why}; choose another port "
+                       "or unset it")
 
 
 __all__ = ["GAUGES", "MODE_GAUGE", "PrometheusExporter", "check_port"]

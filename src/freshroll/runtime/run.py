@@ -395,14 +395,7 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
             stream.write(_start_line(cfg, out, prep.model_path, len(prompts), buf, placement)
                          + "\n")
             stream.flush()
-        if placement.modes is not None:  # each mode_decided moves the engines' calls
-            watch.append(FollowMode(placement.modes))
-        mon = cfg.monitor
-        if mon.prometheus_port is not None:  # closed with the observers at the run's end
-            prom = PrometheusExporter(mon.prometheus_port, mon.prometheus_host, out.name)
-            watch.append(prom.start())
-            if cfg.run.progress:
-                stream.write(f"freshroll: live metrics for Prometheus at {prom.url}\n")
+        watch += own_watchers(cfg, placement, out, stream)
         rec = Recording(out, cfg, buf, stream, evaluator, extra=[*watch, *observers])
     except BaseException:
         for w in watch:  # a bound port is given back
@@ -461,6 +454,24 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
                      f"{placement.settled_stages()}\n")
         stream.flush()
     return RunResult(out, done.summary, done.verified.ok)
+
+
+def own_watchers(cfg: Config, placement: Placement, out: Path,
+                 stream: TextIO) -> list[RunObserver]:
+    """The observers a run adds for itself (closed with the others at its end): the engines'
+    calls following the sync fallback's mode (an async inline run on many threads), and the
+    Prometheus endpoint (``monitor.prometheus_port``, bound here: a taken port is a
+    ConfigError)."""
+    found: list[RunObserver] = []
+    if placement.modes is not None:  # each mode_decided moves the engines' calls
+        found.append(FollowMode(placement.modes))
+    mon = cfg.monitor
+    if mon.prometheus_port is not None:
+        prom = PrometheusExporter(mon.prometheus_port, mon.prometheus_host, out.name)
+        found.append(prom.start())
+        if cfg.run.progress:
+            stream.write(f"freshroll: live metrics for Prometheus at {prom.url}\n")
+    return found
 
 
 def _sweep_segments(out: Path, stream: TextIO) -> None:

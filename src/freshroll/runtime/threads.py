@@ -200,6 +200,7 @@ class ModeExecutor:
             elif own is not None and on is own:
                 own.abandon()
             self._abandoned += 1
+            self._last = None  # walked away from: the next call never waits on it
 
     def shutdown(
         self, wait: bool = True, *, cancel_futures: bool = False, timeout: float | None = None

@@ -34,7 +34,6 @@ False`` and the run must stop (``--resume`` goes back to the last checkpoint).
 from __future__ import annotations
 
 import copy
-import inspect
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -44,6 +43,7 @@ import torch
 
 from freshroll.config import TrainerSection
 from freshroll.engines.lora_merge import adapter_bytes
+from freshroll.engines.model_dir import takes_logits_to_keep
 from freshroll.errors import ConfigError, NonFiniteStep
 from freshroll.lineage import digest_json
 from freshroll.trainer.accum import combine_metrics, micro_slices, micro_weight
@@ -169,16 +169,6 @@ def _nonfinite_inputs(batch: Batch) -> str:
     return "rewards and behaviour log-probs finite: the model's output is not"
 
 
-def _takes_logits_to_keep(model: torch.nn.Module) -> bool:
-    """Whether ``model``'s forward (or, under a PEFT wrapper, its base model's) names
-    ``logits_to_keep``."""
-    base = model
-    get_base = getattr(model, "get_base_model", None)
-    if callable(get_base):
-        base = get_base()
-    return "logits_to_keep" in inspect.signature(base.forward).parameters
-
-
 class GRPOLearner:
     """Owns the training copy of the policy, its optimizer and the loss settings.
 
@@ -217,7 +207,7 @@ class GRPOLearner:
             weight_decay=cfg.weight_decay,
         )
         self.ref = copy.deepcopy(model).eval() if cfg.kl_coef > 0 else None
-        self._takes_keep = _takes_logits_to_keep(model)
+        self._takes_keep = takes_logits_to_keep(model)
         # on_nonfinite decides what happens to a step that is never applied: not a setting
         # of the training math, so not part of the digest that versions every commit
         self.settings_digest = settings_digest(cfg, temperature, total_steps)
