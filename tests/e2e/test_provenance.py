@@ -34,8 +34,9 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("verify-files") / "run"
+    # run.runtime=process: the placement under test; auto may choose inline where threads pay
     freshroll("run", "configs/smoke.yaml", "run.steps=6", "run.progress=false",
-              "trainer.checkpoint_every=2", "trainer.keep_checkpoints=3", "--out", str(out))
+              "run.runtime=process", "trainer.checkpoint_every=2", "trainer.keep_checkpoints=3", "--out", str(out))
     return out
 
 
@@ -272,7 +273,7 @@ def test_replay_reproduces_every_digest_of_a_process_placement_run(finished: Pat
     from freshroll.runtime.replay_run import replay_run
 
     host = json.loads((finished / "summary.json").read_text())["host"]
-    assert host["placement"]["runtime"] == "process"  # auto on 2 cores: workers in children
+    assert host["placement"]["runtime"] == "process"  # workers in children
     whole = replay_run(finished)
     assert whole.ok and (whole.from_step, whole.to_step, whole.steps) == (0, 6, 6)
     assert whole.replay_s_per_step is not None and whole.train_s_per_step is not None
