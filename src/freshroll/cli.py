@@ -169,8 +169,15 @@ def run(config: Path | None, overrides: tuple[str, ...], out: Path | None,
         return
     _print_result(result)
     if base is not None:
+        from freshroll.figures import reward_time
+        from freshroll.runtime.endfiles import read_block
+
         click.echo("synchronous baseline:")
         _print_result(base)
+        compared = reward_time.render(read_block(result.run_dir, reward_time.BLOCK) or {},
+                                      "async", "sync")
+        if compared:
+            click.echo(compared, err=True)
     ok = result.ok and (base is None or base.ok)
     sys.exit(0 if ok else 1)
 
@@ -222,10 +229,14 @@ def report(run_dir: Path, baseline: Path | None) -> None:
     from freshroll.runtime.endfiles import finish_run_dir
 
     try:
-        finish_run_dir(run_dir, baseline=baseline)  # one read of the ledger for both
+        done = finish_run_dir(run_dir, baseline=baseline)  # one read of the ledger for both
     except FreshrollError as exc:
         _fail(exc)
         return
+    if baseline is not None:
+        from freshroll.figures import reward_time
+
+        click.echo(reward_time.render(done.summary.get(reward_time.BLOCK) or {}), err=True)
     click.echo(str(run_dir / REPORT_FILE))
 
 

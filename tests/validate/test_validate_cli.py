@@ -80,6 +80,14 @@ def test_the_decision_record_parses(passed: tuple[Result, Path]) -> None:
     assert sections(md) == list(SECTIONS)
     assert "**Recommendation: PRODUCTION-TRANSITION**" in md
     assert "[async-seed0](async-seed0)" in md  # evidence links relative to the record
+    # time to reward: each seed's async repeat against its sync repeat, as compare_dirs says
+    from freshroll.figures.reward_time import compare_dirs
+    assert [c["seed"] for c in d.time_to_reward] == [0, 1, 2]
+    for c in d.time_to_reward:
+        want = compare_dirs(out / f"async-seed{c['seed']}", out / f"sync-seed{c['seed']}")
+        assert c["levels"] == json.loads(json.dumps(want["levels"])) and c["note"] == want["note"]
+        assert c["baseline"] == str(out / f"sync-seed{c['seed']}")
+    assert "| seed | level (reward) | async | sync | seconds ratio | steps ratio |" in md
     ratio = next(c for c in d.criteria if c.name == "accepted_per_s_ratio")
     assert ratio.spread is not None and ratio.spread.n == 3 and ratio.spread.stdev is not None
 

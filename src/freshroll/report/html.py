@@ -34,6 +34,7 @@ from typing import Any
 import yaml
 
 from freshroll import events as ev
+from freshroll.figures import reward_time
 from freshroll.figures.summary import SummaryFold
 from freshroll.harness.verify import INVARIANTS, Report, verify_run
 from freshroll.ledger import LEDGER_FILE
@@ -249,7 +250,40 @@ def _reward_section(run: RunData, baseline: RunData | None) -> str:
     note = ("<p class='hint'>Reward per trainer step and per second of wall time, side by side"
             + (f"; dashed: {escape(baseline.label)}" if baseline is not None else "")
             + ". Throughput alone says nothing about convergence.</p>")
-    return note + f'<div class="grid">{"".join(panels)}</div>' + _reward_fns(run)
+    return (note + f'<div class="grid">{"".join(panels)}</div>' + _time_to_reward(run, baseline)
+            + _reward_fns(run))
+
+
+def _time_to_reward(run: RunData, baseline: RunData | None) -> str:
+    """The seconds and steps each run needed to reach the same rewards
+    (:func:`freshroll.figures.reward_time.compare` of the two runs' rows); empty without a
+    baseline."""
+    if baseline is None:
+        return ""
+    cmp = reward_time.compare(reward_time.curve(run.metrics), reward_time.curve(baseline.metrics))
+    head = "<h3>Time to reward</h3>"
+    if cmp["note"]:
+        return head + f"<p class='hint'>Not compared: {escape(cmp['note'])}.</p>"
+
+    def at(x: dict[str, Any] | None) -> str:
+        return "not reached" if x is None else f"{x['s']:.1f} s (step {x['step']})"
+
+    def ratio(x: float | None) -> str:
+        return "-" if x is None else f"{x:.2f}x"
+
+    rows = [(f"{int(lv['frac'] * 100)}%", f"{lv['reward']:.3f}", escape(at(lv["run"])),
+             escape(at(lv["baseline"])), ratio(lv["s_ratio"]), ratio(lv["steps_ratio"]))
+            for lv in cmp["levels"]]
+    eq = cmp["equal_steps"]
+    table = _table(("level", "reward", run.label, baseline.label, "seconds ratio",
+                    "steps ratio"), rows)
+    return (head + table + "<p class='hint'>The first step whose reward, averaged over the "
+            f"last {cmp['window']} steps, reaches each level (25/50/75% of the way from the "
+            "lower starting reward to the best either run reached), in measured wall seconds; "
+            "a ratio below 1 means this run got there sooner, a steps ratio above 1 that it "
+            f"needed more steps. Reward at equal steps ({eq['steps']}, mean of the last "
+            f"{cmp['window']}): {escape(run.label)} {eq['run']:.3f}, {escape(baseline.label)} "
+            f"{eq['baseline']:.3f}.</p>")
 
 
 def _reward_fns(run: RunData) -> str:
