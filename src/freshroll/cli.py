@@ -183,6 +183,7 @@ def run(config: Path | None, overrides: tuple[str, ...], out: Path | None,
 
 
 def _print_result(result: RunResult) -> None:
+    from freshroll.figures.bias import render as render_bias
     from freshroll.figures.segments import render_segments
     from freshroll.figures.summary import render_reward_versions
     from freshroll.figures.verdict import recovery_line, render
@@ -201,6 +202,9 @@ def _print_result(result: RunResult) -> None:
     rewards = render_reward_versions(s.get("reward_versions"))
     if rewards:
         click.echo(rewards, err=True)
+    biased = render_bias(s.get("sample_bias"))
+    if biased:
+        click.echo(biased, err=True)
     fixed = render_fixed_costs(s)
     if fixed:
         click.echo(fixed, err=True)

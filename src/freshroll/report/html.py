@@ -23,10 +23,8 @@ it (``summary.json`` is the fallback when the ledger cannot be read).
 from __future__ import annotations
 
 import base64
-import json
-import math
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from html import escape
 from pathlib import Path
 from typing import Any
@@ -34,12 +32,17 @@ from typing import Any
 import yaml
 
 from freshroll import events as ev
-from freshroll.figures import reward_time
 from freshroll.figures.summary import SummaryFold
 from freshroll.harness.verify import INVARIANTS, Report, verify_run
 from freshroll.ledger import LEDGER_FILE
 from freshroll.metrics import UNCOUNTED_DISCARD_REASONS, discard_rate, discards_by_reason
 from freshroll.report import plots
+from freshroll.report.bias import sample_bias
+from freshroll.report.markup import fmt
+from freshroll.report.markup import num as _num
+from freshroll.report.markup import pct as _pct
+from freshroll.report.markup import table as _table
+from freshroll.report.reward_time import time_to_reward as _time_to_reward
 from freshroll.report.rundata import RunData, load_run
 from freshroll.report.style import CSS
 from freshroll.timing import percentiles
@@ -60,34 +63,6 @@ SECTIONS = (
 
 
 # -- small helpers ----------------------------------------------------------------------
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
-def fmt(value: Any) -> str:
-    """A number or value as short, escaped text ("—" for missing)."""
-    if value is None:
-        return "—"
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, int):
-        return f"{value:,}"
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return escape(str(value))
-        return f"{value:.4g}" if abs(value) >= 1e-3 or value == 0 else f"{value:.2e}"
-    if isinstance(value, dict | list):
-        return escape(json.dumps(value, sort_keys=True))
-    return escape(str(value))
-
-
-def _pct(value: Any) -> str:
-    v = _num(value)
-    return "—" if v is None else f"{v:.1%}"
-
-
 def _series(
     rows: Sequence[dict[str, Any]], xkey: str, ykey: str
 ) -> tuple[list[float], list[float]]:
@@ -114,13 +89,6 @@ def _nodata(what: str, why: str) -> str:
 def _why(run: RunData, *files: str) -> str:
     hits = [n for n in run.notes if any(n.startswith(f) for f in files)]
     return "; ".join(hits) or f"{' / '.join(files)} has no such values"
-
-
-def _table(header: Sequence[str], rows: Iterable[Sequence[str]], cls: str = "") -> str:
-    """Cells are pre-escaped HTML; the header is escaped here."""
-    head = "".join(f"<th>{escape(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows)
-    return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
 def _labels(run: RunData, baseline: RunData | None) -> None:
@@ -252,38 +220,6 @@ def _reward_section(run: RunData, baseline: RunData | None) -> str:
             + ". Throughput alone says nothing about convergence.</p>")
     return (note + f'<div class="grid">{"".join(panels)}</div>' + _time_to_reward(run, baseline)
             + _reward_fns(run))
-
-
-def _time_to_reward(run: RunData, baseline: RunData | None) -> str:
-    """The seconds and steps each run needed to reach the same rewards
-    (:func:`freshroll.figures.reward_time.compare` of the two runs' rows); empty without a
-    baseline."""
-    if baseline is None:
-        return ""
-    cmp = reward_time.compare(reward_time.curve(run.metrics), reward_time.curve(baseline.metrics))
-    head = "<h3>Time to reward</h3>"
-    if cmp["note"]:
-        return head + f"<p class='hint'>Not compared: {escape(cmp['note'])}.</p>"
-
-    def at(x: dict[str, Any] | None) -> str:
-        return "not reached" if x is None else f"{x['s']:.1f} s (step {x['step']})"
-
-    def ratio(x: float | None) -> str:
-        return "-" if x is None else f"{x:.2f}x"
-
-    rows = [(f"{int(lv['frac'] * 100)}%", f"{lv['reward']:.3f}", escape(at(lv["run"])),
-             escape(at(lv["baseline"])), ratio(lv["s_ratio"]), ratio(lv["steps_ratio"]))
-            for lv in cmp["levels"]]
-    eq = cmp["equal_steps"]
-    table = _table(("level", "reward", run.label, baseline.label, "seconds ratio",
-                    "steps ratio"), rows)
-    return (head + table + "<p class='hint'>The first step whose reward, averaged over the "
-            f"last {cmp['window']} steps, reaches each level (25/50/75% of the way from the "
-            "lower starting reward to the best either run reached), in measured wall seconds; "
-            "a ratio below 1 means this run got there sooner, a steps ratio above 1 that it "
-            f"needed more steps. Reward at equal steps ({eq['steps']}, mean of the last "
-            f"{cmp['window']}): {escape(run.label)} {eq['run']:.3f}, {escape(baseline.label)} "
-            f"{eq['baseline']:.3f}.</p>")
 
 
 def _reward_fns(run: RunData) -> str:
@@ -457,9 +393,10 @@ def _discard_section(run: RunData) -> str:
         raw = run.summary.get("discards")
         counts = {str(k): int(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
         source, rate = "summary.json", _num(run.summary.get("discard_rate"))
+    bias = sample_bias(run.summary.get("sample_bias"))
     if not counts:
         if lv is not None or isinstance(run.summary.get("discards"), dict):
-            return "<p>No discards.</p>"
+            return "<p>No discards.</p>" + bias
         return _nodata("discards", _why(run, LEDGER_FILE, "summary.json"))
     total = sum(counts.values())
     rows = []
@@ -473,7 +410,7 @@ def _discard_section(run: RunData) -> str:
             f"({_pct(rate)}) is the counted discards over the accepted rollouts plus the "
             "counted discards (docs/metrics.md).</p>")
     header = ("reason", "count", "share of discards", "in discard rate")
-    return hint + _table(header, rows, "num")
+    return hint + _table(header, rows, "num") + bias
 
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

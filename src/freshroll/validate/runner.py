@@ -243,9 +243,7 @@ def _last_steps(loaded: Loaded) -> int:
 
 def read_figures(run_dir: Path, loaded: Loaded) -> dict[str, float | None]:
     """The gates' figures of one finished run (None where the run left none)."""
-    out: dict[str, float | None] = dict.fromkeys(
-        ("accepted_per_s", "discard_rate", "lag_p99", "lag_max", "trainer_idle_ratio",
-         "reward_window"))
+    out: dict[str, float | None] = dict.fromkeys(FIGURE_KEYS)
     try:
         figs = run_figures(run_dir, run_dir.name)
     except (FreshrollError, KeyError, TypeError, ValueError):
@@ -256,7 +254,18 @@ def read_figures(run_dir: Path, loaded: Loaded) -> dict[str, float | None]:
     # with eval.file set, convergence is judged on the held-out set's reward (eval/reward)
     column = "eval/reward" if loaded.cfg.eval.file is not None else "reward_mean"
     out["reward_window"] = reward_window(run_dir, _last_steps(loaded), column)
+    out["sample_bias"] = sample_bias_of(run_dir)
     return out
+
+
+def sample_bias_of(run_dir: Path) -> float | None:
+    """``summary.json``'s ``sample_bias.divergence`` (None: no summary or no figure)."""
+    try:
+        bias = json.loads((run_dir / SUMMARY_FILE).read_text()).get("sample_bias")
+    except (OSError, ValueError, AttributeError):
+        return None
+    value = bias.get("divergence") if isinstance(bias, dict) else None
+    return float(value) if isinstance(value, int | float) else None
 
 
 def reward_window(run_dir: Path, last_steps: int, column: str = "reward_mean") -> float | None:
