@@ -18,6 +18,8 @@ from click.testing import CliRunner
 
 from e2e.e2e_helpers import freshroll
 from freshroll import events as ev
+from freshroll.chaos import runner
+from freshroll.chaos.plan import load_plan
 from freshroll.cli import main
 from freshroll.errors import ConfigError, RunDirError
 from freshroll.ledger import Ledger
@@ -369,3 +371,20 @@ def test_a_simulated_run_traced_by_the_cli(tmp_path: Path) -> None:
     kept = {e["args"]["sample"] for e in _x(part) if e["name"] == "generate"}
     assert {s for c in commits[1:] for s in c.samples} <= kept
     assert not kept & set(commits[0].samples)
+
+
+def test_a_run_with_a_stalled_worker_shows_its_fenced_attempts(tmp_path: Path) -> None:
+    """The chaos library's worker-stall case (simulated cluster, virtual time): w1 stalls,
+    its epoch is fenced on timeout and its attempts re-issued."""
+    plan = load_plan(Path(__file__).parents[2] / "chaos" / "library.yaml")
+    scen = next(s for s in plan.scenarios if s.name == "worker-stall")
+    result = runner.run_case(plan, scen, 0, tmp_path)
+    assert result.ok
+    trace = json.loads(write_trace(result.run_dir).read_text())
+    _check_structure(trace)
+    fenced = [e for e in _x(trace) if e["name"] == "generate (fenced)"]
+    assert fenced and all(_track(trace, e).startswith("inference/w1") for e in fenced)
+    retried = {e["args"]["request"] for e in fenced}
+    again = [e for e in _x(trace) if e["name"] == "generate" and e["args"]["request"] in retried]
+    assert {e["args"]["attempt"] for e in again} == {2}
+    assert any(e["name"] == "fenced (timeout)" for e in trace["traceEvents"] if e["ph"] == "i")

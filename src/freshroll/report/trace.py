@@ -24,7 +24,7 @@ and ``step`` (the trainer step that consumed it) in ``args``.
 
 Spans on one track never overlap: a track is split into lanes, one thread each (``w0``,
 ``w0 (2)``, ...), as few as the most spans open at once on it (:func:`lanes`). Times are
-microseconds since the ledger's first event (any clock: virtual runs start at 0).
+whole microseconds since the ledger's first event (any clock: virtual runs start at 0).
 """
 
 from __future__ import annotations
@@ -404,14 +404,16 @@ def _natural(text: str) -> list[Any]:
     return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", text)]
 
 
-def _us(seconds: float) -> float:
-    return round(seconds * 1e6, 3)
+def _us(seconds: float) -> int:
+    """Whole microseconds: integers, so that a span's ``ts + dur`` is exactly its end and
+    spans that touch in one lane never overlap by a rounding error."""
+    return round(seconds * 1e6)
 
 
 def chrome_trace(all_spans: Sequence[Span], marks: Sequence[Mark], t0: float) -> dict[str, Any]:
     """The Chrome trace-event JSON object of ``all_spans`` and ``marks``: ``M`` events naming
     and ordering each process and lane thread, an ``X`` event per span and an ``i`` event per
-    mark, ``ts``/``dur`` in microseconds since ``t0``."""
+    mark, ``ts``/``dur`` in whole microseconds since ``t0``."""
     by_track: dict[Track, list[Span]] = {}
     for s in all_spans:
         by_track.setdefault(s.track, []).append(s)
@@ -422,8 +424,9 @@ def chrome_trace(all_spans: Sequence[Span], marks: Sequence[Mark], t0: float) ->
     out: list[dict[str, Any]] = []
     for s, thread in placed:
         pid, tid = tids[thread]
-        out.append({"name": s.name, "cat": s.track[0], "ph": "X", "ts": _us(s.start - t0),
-                    "dur": _us(max(0.0, s.end - s.start)), "pid": pid, "tid": tid,
+        ts = _us(s.start - t0)
+        out.append({"name": s.name, "cat": s.track[0], "ph": "X", "ts": ts,
+                    "dur": max(0, _us(s.end - t0) - ts), "pid": pid, "tid": tid,
                     "args": s.args})
     for m in marks:
         pid, tid = tids[(m.track, 0)]
