@@ -223,6 +223,27 @@ def test_a_released_lease_splits_the_buffer_wait() -> None:
     assert released[0]["args"]["detail"] == "trainer_error"
 
 
+def test_a_skipped_step_shows_on_the_trainer_and_on_its_samples() -> None:
+    events = _run()
+    i = next(i for i, e in enumerate(events) if isinstance(e, ev.Committed))
+    events[i:i + 1] = [
+        ev.StepSkipped(ts=108.0, lease="l0", version=P0, reason="nonfinite",
+                       detail="step 1: loss is nan"),
+        ev.LeaseReleased(ts=108.0, lease="l0", reason="step_skipped"),
+        ev.Discarded(ts=108.0, request="g0.0", reason="nonfinite_step", sample="g0.0#1"),
+        ev.Discarded(ts=108.0, request="g0.1", reason="nonfinite_step", sample="g0.1#2"),
+    ]
+    trace = build_trace(events)
+    _check_structure(trace)
+    [step] = [e for e in _x(trace) if e["name"].startswith("train step")]
+    assert step["name"] == "train step (skipped)" and "loss is nan" in step["args"]["detail"]
+    assert step["args"]["step"] is None and step["dur"] == 1e6
+    spans = _of(trace, "g0.0#1")
+    assert spans["buffer wait"]["args"]["lease"] == "l0"
+    assert spans["buffer wait (nonfinite_step)"]["dur"] == 0
+    assert spans["buffer wait (nonfinite_step)"]["args"]["step"] is None
+
+
 def test_a_crashed_run_ends_its_open_spans_at_the_last_event_as_unfinished() -> None:
     events = _run()[:12]  # cut after g0.0#1 generated; g0.1#2 still generating
     trace = build_trace(events)

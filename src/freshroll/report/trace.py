@@ -113,14 +113,15 @@ class _Lease:
 class History:
     """A ledger folded for the trace (:func:`fold`)."""
 
-    t0: float = math.nan
-    t_end: float = 0.0
+    t0: float = 0.0  # the first event's ts
+    t_end: float = 0.0  # the last event's ts
     requests: dict[str, _Request] = field(default_factory=dict)
     leases: dict[str, _Lease] = field(default_factory=dict)
     by_group: dict[str, list[_Lease]] = field(default_factory=dict)
     step_of: dict[str, int] = field(default_factory=dict)  # sample -> step that consumed it
     resources: list[Span] = field(default_factory=list)
     marks: list[Mark] = field(default_factory=list)
+    #: (worker, epoch) -> ts of its worker_started, until its worker_ready
     starting: dict[tuple[str, int], float] = field(default_factory=dict)
 
 
@@ -130,13 +131,11 @@ class History:
 def fold(events: Iterable[ev.Event]) -> History:
     """The ledger's events (in ``seq`` order) indexed by request, lease and worker."""
     h = History()
-    for e in events:
-        if math.isnan(h.t0):
-            h.t0 = e.ts
+    for n, e in enumerate(events):
+        if n == 0:
+            h.t0 = h.t_end = e.ts
         h.t_end = max(h.t_end, e.ts)
         _feed(h, e)
-    if math.isnan(h.t0):
-        h.t0 = 0.0
     return h
 
 
@@ -168,7 +167,8 @@ def _feed(h: History, e: ev.Event) -> None:
 
 
 def _request(h: History, request: str) -> _Request:
-    """The request's record (one whose ``requested`` is not in the ledger: from now)."""
+    """The record of ``request``; for one whose ``requested`` the ledger lacks, a new one
+    (never queued)."""
     return h.requests.get(request) or h.requests.setdefault(request, _Request(request, None))
 
 
@@ -301,8 +301,9 @@ def _attempt_spans(h: History, request: str, a: _Attempt) -> list[Span]:
 
 def _buffer_waits(h: History, request: str, a: _Attempt, since: float,
                   args: dict[str, Any]) -> list[Span]:
-    """From its reward to the lease of its group; again from each release of that lease to
-    the next; the last wait ends at its discard (or the ledger's end) if no lease took it."""
+    """From its reward to the lease of its group, and again from each release of a lease
+    to the next; if no lease took it, the last wait ends at its discard (of no length when
+    it came with the release: ``nonfinite_step``, ``shutdown``) or the ledger's end."""
     out = []
     for lease in h.by_group.get(group_of(request), []):
         if lease.leased.ts < since or (a.end is not None and lease.leased.ts > a.end[0]):
@@ -314,8 +315,6 @@ def _buffer_waits(h: History, request: str, a: _Attempt, since: float,
             return out
         since = lease.end[0]
     end = a.end or (h.t_end, UNFINISHED, "")
-    if a.end is not None and end[0] == since and out:
-        return out  # discarded with its released lease (nonfinite_step): no wait after it
     out.append(_span(("buffer", "buffer"), "buffer wait", since, end, "leased", args, request))
     return out
 
@@ -358,8 +357,9 @@ def select_steps(h: History, all_spans: Sequence[Span], first: int, last: int,
     skipped, released or unfinished that were leased within W; and the workers' spans and
     the marks that overlap [the first kept span's start, the end of W].
     """
-    commits = sorted((policy_step(x.committed.version), x.committed)
-                     for x in h.leases.values() if x.committed is not None)
+    commits = sorted(((policy_step(x.committed.version), x.committed)
+                      for x in h.leases.values() if x.committed is not None),
+                     key=lambda sc: sc[0])
     chosen = [c for step, c in commits if first <= step <= last]
     if not chosen:
         have = f"steps {commits[0][0]}..{commits[-1][0]}" if commits else "no step"
