@@ -23,13 +23,8 @@ from freshroll.chaos.plan import load_plan
 from freshroll.cli import main
 from freshroll.errors import ConfigError, RunDirError
 from freshroll.ledger import Ledger
-from freshroll.report.trace import (
-    Span,
-    build_trace,
-    lanes,
-    parse_steps,
-    write_trace,
-)
+from freshroll.report.chrome import Span, lanes
+from freshroll.report.trace import build_trace, parse_steps, write_trace
 
 P0, P1, P2 = "p0-aa", "p1-bb", "p2-cc"
 R = "r:exact:dd"

@@ -22,14 +22,13 @@ run) ends at the ledger's last event with outcome ``unfinished``. A sample's spa
 ``sample``, ``request``, ``attempt``, ``policy_version``, ``reward_version`` (once scored)
 and ``step`` (the trainer step that consumed it) in ``args``.
 
-Spans on one track never overlap: a track is split into lanes, one thread each (``w0``,
-``w0 (2)``, ...), as few as the most spans open at once on it (:func:`lanes`). Times are
-whole microseconds since the ledger's first event (any clock: virtual runs start at 0).
+The file (:mod:`freshroll.report.chrome`) has one process per stage (:data:`PROCESSES`),
+one thread per worker, split into lanes where spans overlap. Times are whole microseconds
+since the ledger's first event (any clock: virtual runs start at 0).
 """
 
 from __future__ import annotations
 
-import heapq
 import json
 import math
 import os
@@ -50,37 +49,14 @@ from freshroll.lineage import (
     request_ids,
     request_of,
 )
+from freshroll.report.chrome import Mark, Span, Track, chrome_trace
 
 TRACE_FILE = "trace.json"
 #: the processes of the trace, top to bottom (pid = position + 1)
 PROCESSES = ("queue", "inference", "reward", "buffer", "trainer")
 UNFINISHED = "unfinished"
 
-Track = tuple[str, str]  # (process, thread): ("inference", "w0")
 End = tuple[float, str, str]  # (ts, outcome, detail)
-
-
-@dataclass(frozen=True, slots=True)
-class Span:
-    """One phase of one sample (``key``: its request id), one trainer step (``key``: the
-    lease id) or one resource activity (``key``: None), in ledger seconds."""
-
-    track: Track
-    name: str
-    start: float
-    end: float
-    args: dict[str, Any]
-    key: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Mark:
-    """A moment on a track (a fence, an injected fault, the run opened or closed)."""
-
-    track: Track
-    name: str
-    at: float
-    args: dict[str, Any]
 
 
 @dataclass
@@ -377,90 +353,7 @@ def select_steps(h: History, all_spans: Sequence[Span], first: int, last: int,
     return kept, [m for m in h.marks if start <= m.at <= hi]
 
 
-# -- the trace-event file ---------------------------------------------------------------------
-
-
-def lanes(track_spans: Sequence[Span]) -> list[int]:
-    """The lane of each span of one track: in order of start, the lowest lane whose last
-    span has ended (end <= start). Spans in one lane never overlap, and there are as many
-    lanes as the most spans open at once."""
-    order = sorted(range(len(track_spans)),
-                   key=lambda i: (track_spans[i].start, track_spans[i].end))
-    busy: list[tuple[float, int]] = []  # (end, lane)
-    free: list[int] = []
-    out = [0] * len(track_spans)
-    for i in order:
-        span = track_spans[i]
-        while busy and busy[0][0] <= span.start:
-            heapq.heappush(free, heapq.heappop(busy)[1])
-        lane = heapq.heappop(free) if free else len(busy)
-        heapq.heappush(busy, (span.end, lane))
-        out[i] = lane
-    return out
-
-
-def _natural(text: str) -> list[Any]:
-    """Sort key: ``w2`` before ``w10``."""
-    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", text)]
-
-
-def _us(seconds: float) -> int:
-    """Whole microseconds: integers, so that a span's ``ts + dur`` is exactly its end and
-    spans that touch in one lane never overlap by a rounding error."""
-    return round(seconds * 1e6)
-
-
-def chrome_trace(all_spans: Sequence[Span], marks: Sequence[Mark], t0: float) -> dict[str, Any]:
-    """The Chrome trace-event JSON object of ``all_spans`` and ``marks``: ``M`` events naming
-    and ordering each process and lane thread, an ``X`` event per span and an ``i`` event per
-    mark, ``ts``/``dur`` in whole microseconds since ``t0``."""
-    by_track: dict[Track, list[Span]] = {}
-    for s in all_spans:
-        by_track.setdefault(s.track, []).append(s)
-    placed = [(s, (s.track, lane)) for spans_ in by_track.values()
-              for s, lane in zip(spans_, lanes(spans_), strict=True)]
-    threads = {t for _, t in placed} | {(m.track, 0) for m in marks}
-    tids = _thread_ids(threads)
-    out: list[dict[str, Any]] = []
-    for s, thread in placed:
-        pid, tid = tids[thread]
-        ts = _us(s.start - t0)
-        out.append({"name": s.name, "cat": s.track[0], "ph": "X", "ts": ts,
-                    "dur": max(0, _us(s.end - t0) - ts), "pid": pid, "tid": tid,
-                    "args": s.args})
-    for m in marks:
-        pid, tid = tids[(m.track, 0)]
-        out.append({"name": m.name, "cat": m.track[0], "ph": "i", "s": "t",
-                    "ts": _us(m.at - t0), "pid": pid, "tid": tid, "args": m.args})
-    out.sort(key=lambda x: x["ts"])
-    return {"traceEvents": _metadata(tids) + out, "displayTimeUnit": "ms"}
-
-
-def _thread_ids(threads: set[tuple[Track, int]]) -> dict[tuple[Track, int], tuple[int, int]]:
-    """(track, lane) -> (pid, tid): pids in :data:`PROCESSES` order, tids from 1 in natural
-    order of thread name, then lane."""
-    ordered = sorted(threads, key=lambda t: (PROCESSES.index(t[0][0]), _natural(t[0][1]), t[1]))
-    out: dict[tuple[Track, int], tuple[int, int]] = {}
-    for (track, lane) in ordered:
-        pid = PROCESSES.index(track[0]) + 1
-        out[(track, lane)] = (pid, 1 + sum(1 for p, _ in out.values() if p == pid))
-    return out
-
-
-def _metadata(tids: dict[tuple[Track, int], tuple[int, int]]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for pid in sorted({p for p, _ in tids.values()}):
-        out += [{"name": "process_name", "ph": "M", "pid": pid, "tid": 0,
-                 "args": {"name": PROCESSES[pid - 1]}},
-                {"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0,
-                 "args": {"sort_index": pid}}]
-    for ((_, thread), lane), (pid, tid) in tids.items():
-        name = thread if lane == 0 else f"{thread} ({lane + 1})"
-        out += [{"name": "thread_name", "ph": "M", "pid": pid, "tid": tid,
-                 "args": {"name": name}},
-                {"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid,
-                 "args": {"sort_index": tid}}]
-    return out
+# -- the run's trace -------------------------------------------------------------------------
 
 
 def build_trace(events: Iterable[ev.Event], steps: tuple[int, int] | None = None,
@@ -470,9 +363,9 @@ def build_trace(events: Iterable[ev.Event], steps: tuple[int, int] | None = None
     h = fold(events)
     all_spans = spans(h)
     if steps is None:
-        return chrome_trace(all_spans, h.marks, h.t0)
+        return chrome_trace(all_spans, h.marks, h.t0, PROCESSES)
     kept, marks = select_steps(h, all_spans, *steps)
-    return chrome_trace(kept, marks, h.t0)
+    return chrome_trace(kept, marks, h.t0, PROCESSES)
 
 
 def write_trace(run_dir: Path, output: Path | None = None, steps: str | None = None) -> Path:
