@@ -23,7 +23,7 @@ Exit statuses:
   1    verify found a violation (run: the finished run failed verify)
   2    usage or config error: nothing was run or changed (a bad value or key,
        --resume refused, an unusable run directory; any error of verify,
-       export, timing or report)
+       export, timing, report or trace)
   3    the run failed (retries or failure budget spent, disk full, a bug);
        the ledger is closed and verifiable; --resume continues once fixed
   130  interrupted (Ctrl-C or SIGTERM); freshroll run --resume DIR continues
@@ -52,7 +52,7 @@ class _Guarded(click.Command):
         ctx.exit(out.status)
 
 
-_READS_ONLY = frozenset({"verify", "export", "timing", "report"})
+_READS_ONLY = frozenset({"verify", "export", "timing", "report", "trace"})
 #: commands that write one run directory (``simulate`` resumes with ``run --resume``)
 _RUNS = frozenset({"run", "simulate"})
 
@@ -488,6 +488,26 @@ def export_samples(run_dir: Path, output: Path) -> None:
     t0 = time.perf_counter()
     n = do_export(run_dir, output)
     click.echo(f"wrote {n} samples to {output} in {time.perf_counter() - t0:.1f} s")
+
+
+@main.command("trace", epilog=EXIT_STATUSES)
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
+              help="Output file (default: RUN_DIR/trace.json).")
+@click.option("--steps", default=None, metavar="A:B",
+              help="Only the samples of trainer steps A..B (inclusive; docs/metrics.md).")
+def trace(run_dir: Path, output: Path | None, steps: str | None) -> None:
+    """Write every sample's spans (queue, generate, reward, buffer wait, train step) and the
+    workers' weight loads from RUN_DIR's ledger as a Chrome trace-event JSON file: open it
+    in ui.perfetto.dev or chrome://tracing (docs/metrics.md, "Per-sample traces")."""
+    from freshroll.report.trace import write_trace
+
+    try:
+        out = write_trace(run_dir, output, steps)
+    except FreshrollError as exc:
+        _fail(exc)
+        return
+    click.echo(str(out))
 
 
 @main.command("replay", epilog="""\b
