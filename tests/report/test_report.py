@@ -28,7 +28,7 @@ from freshroll.report.html import SECTIONS, load_run, write_report
 from freshroll.runtime.endfiles import write_summary
 from kernel.kernel_driver import SimConfig, simulate
 
-FULL_IMAGES = 8  # reward x2, reward functions, lag, stages, idle, throughput, off-policy
+FULL_IMAGES = 9  # reward x2, reward functions, lag, stages, idle, throughput, history, off-policy
 
 
 def make_run(run_dir: Path, *, max_staleness: int = 1, seed: int = 0, mode: str = "async",

@@ -22,7 +22,6 @@ it (``summary.json`` is the fallback when the ledger cannot be read).
 
 from __future__ import annotations
 
-import base64
 import os
 from collections.abc import Sequence
 from html import escape
@@ -32,13 +31,16 @@ from typing import Any
 import yaml
 
 from freshroll import events as ev
+from freshroll.figures import reward_time
 from freshroll.figures.summary import SummaryFold
 from freshroll.harness.verify import INVARIANTS, Report, verify_run
 from freshroll.ledger import LEDGER_FILE
 from freshroll.metrics import UNCOUNTED_DISCARD_REASONS, discard_rate, discards_by_reason
 from freshroll.report import plots
 from freshroll.report.bias import sample_bias
+from freshroll.report.history import history_section
 from freshroll.report.markup import fmt
+from freshroll.report.markup import img as _img
 from freshroll.report.markup import num as _num
 from freshroll.report.markup import pct as _pct
 from freshroll.report.markup import table as _table
@@ -55,6 +57,7 @@ SECTIONS = (
     ("lag", "Lag of committed samples"),
     ("stages", "Time per stage"),
     ("trainer", "Trainer idle and throughput"),
+    ("history", "History"),
     ("offpolicy", "Off-policy health"),
     ("discards", "Discards"),
     ("summary", "Summary"),
@@ -74,11 +77,6 @@ def _series(
             xs.append(x)
             ys.append(y)
     return xs, ys
-
-
-def _img(png: bytes, alt: str) -> str:
-    data = base64.b64encode(png).decode("ascii")
-    return f'<img class="plot" alt="{escape(alt)}" src="data:image/png;base64,{data}">'
 
 
 def _nodata(what: str, why: str) -> str:
@@ -160,12 +158,47 @@ def _header(run: RunData, baseline: RunData | None) -> str:
                if base is not None and baseline is not None else "")
         cards.append(f'<div class="card"><div class="k">{escape(key)}</div>'
                      f'<div class="v">{value}</div>{sub}</div>')
+    cards += _verdict_cards(run, baseline)
     notes = ""
     if run.notes:
         notes = ('<div class="notes">inputs: '
                  + "; ".join(escape(n) for n in run.notes) + "</div>")
     return (f'<div class="cards">{"".join(cards)}</div>{_verdict_html(run)}'
             f"{_segments_html(run)}{_verify_html(run)}{notes}")
+
+
+def _verdict_cards(run: RunData, baseline: RunData | None) -> list[str]:
+    """Did asynchrony pay? The overlap verdict with its ratio (``summary.json`` ``overlap``:
+    measured by the sync fallback, or estimated), and with a baseline the seconds to the
+    middle reward level against it (:mod:`freshroll.figures.reward_time`)."""
+    cards = []
+    o = run.summary.get("overlap")
+    if isinstance(o, dict) and o.get("verdict") in ("paid", "did not pay"):
+        ratio = _num(o.get("ratio"))
+        fb = o.get("fallback") if o.get("verdict_source") == "measured" else None
+        if isinstance(fb, dict) and fb.get("probes"):
+            ratio = _num(fb["probes"][-1].get("ratio"))
+        value = f"{o['verdict']}" + (f" · {ratio:.2f}x" if ratio is not None else "")
+        sub = (f"{escape(str(o.get('verdict_source', '')))}: async vs sync accepted "
+               "rollouts/s")
+        cls = "card good" if o["verdict"] == "paid" else "card bad"
+        cards.append(f'<div class="{cls}"><div class="k">asynchrony</div>'
+                     f'<div class="v">{escape(value)}</div><div class="base">{sub}</div></div>')
+    if baseline is not None:
+        cmp = reward_time.compare(reward_time.curve(run.metrics),
+                                  reward_time.curve(baseline.metrics))
+        mid = next((lv for lv in cmp["levels"] if lv["frac"] == 0.5), None)
+        if mid is not None:
+            s_ratio = mid["s_ratio"]
+            value = "not reached" if mid["run"] is None else f"{mid['run']['s']:.1f} s"
+            theirs = ("not reached" if mid["baseline"] is None
+                      else f"{mid['baseline']['s']:.1f} s")
+            times = "" if s_ratio is None else f" ({s_ratio:.2f}x)"
+            cards.append(f'<div class="card"><div class="k">time to reward '
+                         f'{mid["reward"]:.3g}</div><div class="v">{escape(value)}{times}</div>'
+                         f'<div class="base">{escape(baseline.label)}: {escape(theirs)}</div>'
+                         "</div>")
+    return cards
 
 
 def _segments_html(run: RunData) -> str:
@@ -457,6 +490,7 @@ def render(run: RunData, baseline: RunData | None = None) -> str:
         "lag": _lag_section(run),
         "stages": _stage_section(run, baseline),
         "trainer": _trainer_section(run, baseline),
+        "history": history_section(run.ledger.history if run.ledger is not None else None),
         "offpolicy": _offpolicy_section(run),
         "discards": _discard_section(run),
         "summary": _summary_section(run, baseline),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 from collections.abc import Iterable, Sequence
@@ -44,4 +45,10 @@ def table(header: Sequence[str], rows: Iterable[Sequence[str]], cls: str = "") -
     return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
-__all__ = ["fmt", "num", "pct", "table"]
+def img(png: bytes, alt: str) -> str:
+    """A plot's PNG embedded in the page (the report is one self-contained file)."""
+    data = base64.b64encode(png).decode("ascii")
+    return f'<img class="plot" alt="{escape(alt)}" src="data:image/png;base64,{data}">'
+
+
+__all__ = ["fmt", "img", "num", "pct", "table"]
