@@ -54,6 +54,7 @@ VERIFY_MESSAGES = 8  # violation messages shown per failing invariant
 
 SECTIONS = (
     ("reward", "Reward"),
+    ("learning", "Learning curves"),
     ("lag", "Lag of committed samples"),
     ("stages", "Time per stage"),
     ("trainer", "Trainer idle and throughput"),
@@ -417,6 +418,33 @@ def _offpolicy_section(run: RunData) -> str:
     return _img(plots.off_policy_panels(panels), "off-policy health")
 
 
+def _learning_section(run: RunData, baseline: RunData | None) -> str:
+    """The learner's own curves per step (``metrics.jsonl``): loss, entropy, gradient norm,
+    completion length (the batch's completion tokens over its samples) and reward std."""
+    runs = [run] + ([baseline] if baseline is not None else [])
+    panels = []
+    for ylabel, key in (("loss", "loss"), ("entropy", "entropy"), ("grad norm", "grad_norm"),
+                        ("tokens / completion", "completion_len"), ("reward std", "reward_std")):
+        lines = []
+        for r in runs:
+            rows = r.metrics if key != "completion_len" else [
+                {"step": m["step"], "completion_len": m["tokens"] / m["samples"]}
+                for m in r.metrics if _num(m.get("tokens")) is not None
+                and _num(m.get("samples")) and "step" in m]
+            xs, ys = _series(rows, "step", key)
+            if xs:
+                lines.append(plots.Line(r.label, xs, ys, baseline=r is not run))
+        if lines:
+            panels.append((ylabel, lines))
+    if not panels:
+        return _nodata("learning curves", _why(run, "metrics.jsonl"))
+    hint = ("<p class='hint'>What the learner reported at each step"
+            + (f"; dashed: {escape(baseline.label)}" if baseline is not None else "")
+            + ". Falling entropy and completion length that changes fast are worth a look "
+            "beside the reward.</p>")
+    return hint + _img(plots.off_policy_panels(panels), "learning curves")
+
+
 def _discard_section(run: RunData) -> str:
     lv = run.ledger
     if lv is not None:
@@ -447,28 +475,53 @@ def _discard_section(run: RunData) -> str:
 
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested blocks as dotted keys, down to a block of plain values (shown on one line)."""
     out: dict[str, Any] = {}
     for k, v in d.items():
         key = f"{prefix}{k}"
-        if isinstance(v, dict) and v and prefix.count(".") < 2:
+        if isinstance(v, dict) and v and any(isinstance(x, dict | list) for x in v.values()):
             out.update(_flatten(v, key + "."))
         else:
             out[key] = v
     return out
 
 
+#: summary.json's tables that have a section of their own (shown there, counted here)
+_TABLES = {"stages": "Time per stage", "segments": "the header", "over_time": "Discards",
+           "levels": "Reward"}
+
+
+def _readable(key: str, value: Any) -> str:
+    """A summary value as a person reads it: numbers short, a block of plain values on one
+    line (``0: 104 · 1: 87``), a table counted with the section that shows it."""
+    if isinstance(value, dict):
+        if not value:
+            return "—"
+        return " · ".join(f"{escape(str(k))}: {fmt(v)}" for k, v in value.items())
+    if isinstance(value, list):
+        if not value:
+            return "—"
+        if all(not isinstance(x, dict | list) for x in value):
+            return ", ".join(fmt(x) for x in value)
+        where = _TABLES.get(key.rpartition(".")[2])
+        return f"{len(value)} rows" + (f" (shown in {where})" if where else "")
+    return fmt(value)
+
+
 def _summary_section(run: RunData, baseline: RunData | None) -> str:
     mine = _flatten({k: v for k, v in run.summary.items() if k != "config"})
     if not mine:
         return _nodata("summary", _why(run, "summary.json"))
+    hint = "<p class='hint'>summary.json, one figure per row (docs/metrics.md).</p>"
     if baseline is None:
-        rows: list[tuple[str, ...]] = [(f"<code>{escape(k)}</code>", fmt(v))
+        rows: list[tuple[str, ...]] = [(f"<code>{escape(k)}</code>", _readable(k, v))
                                        for k, v in mine.items()]
-        return _table(("key", "value"), rows, "kv")
+        return hint + _table(("figure", "value"), rows, "kv")
     theirs = _flatten({k: v for k, v in baseline.summary.items() if k != "config"})
     keys = list(dict.fromkeys([*mine, *theirs]))
-    rows = [(f"<code>{escape(k)}</code>", fmt(mine.get(k)), fmt(theirs.get(k))) for k in keys]
-    return _table(("key", run.label, baseline.label), rows, "kv")
+    rows = [(f"<code>{escape(k)}</code>", _readable(k, mine.get(k)), _readable(k, theirs.get(k)))
+            for k in keys]
+    return hint + _table(("figure", run.label, baseline.label), rows, "kv")
 
 
 def _config_section(run: RunData) -> str:
@@ -489,6 +542,7 @@ def render(run: RunData, baseline: RunData | None = None) -> str:
         "reward": _reward_section(run, baseline),
         "lag": _lag_section(run),
         "stages": _stage_section(run, baseline),
+        "learning": _learning_section(run, baseline),
         "trainer": _trainer_section(run, baseline),
         "history": history_section(run.ledger.history if run.ledger is not None else None),
         "offpolicy": _offpolicy_section(run),
