@@ -28,5 +28,10 @@ def test_a_run_with_its_baseline_reports_time_to_reward(tmp_path: Path) -> None:
     assert block["equal_steps"]["steps"] == 8 and block["window"] == 1
     assert ("time to reward (async vs sync" in proc.stderr
             or "time to reward: not compared" in proc.stderr), proc.stderr
-    assert "<h3>Time to reward</h3>" in (out / "report.html").read_text()
+    html = (out / "report.html").read_text()
+    assert "<h3>Time to reward</h3>" in html
+    # what the model wrote: the best, worst and a random sample of each step range
+    section = html[html.index('<section id="completions">'):]
+    section = section[:section.index("</section>")]
+    assert section.count("<td>best</td>") == 3 and "<code>rev " in section  # decoded prompts
     assert verify_run(out).ok and verify_run(base).ok

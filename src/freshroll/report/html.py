@@ -38,6 +38,7 @@ from freshroll.ledger import LEDGER_FILE
 from freshroll.metrics import UNCOUNTED_DISCARD_REASONS, discard_rate, discards_by_reason
 from freshroll.report import plots
 from freshroll.report.bias import sample_bias
+from freshroll.report.completions import completions_section
 from freshroll.report.history import history_section
 from freshroll.report.markup import fmt
 from freshroll.report.markup import img as _img
@@ -59,6 +60,7 @@ SECTIONS = (
     ("stages", "Time per stage"),
     ("trainer", "Trainer idle and throughput"),
     ("history", "History"),
+    ("completions", "Sample completions"),
     ("offpolicy", "Off-policy health"),
     ("discards", "Discards"),
     ("summary", "Summary"),
@@ -543,6 +545,7 @@ def render(run: RunData, baseline: RunData | None = None) -> str:
         "lag": _lag_section(run),
         "stages": _stage_section(run, baseline),
         "learning": _learning_section(run, baseline),
+        "completions": completions_section(run.run_dir),
         "trainer": _trainer_section(run, baseline),
         "history": history_section(run.ledger.history if run.ledger is not None else None),
         "offpolicy": _offpolicy_section(run),
