@@ -106,6 +106,7 @@ def test_report_has_every_section_and_plot(runs: tuple[Path, Path]) -> None:
     assert "stale" in html and "fenced" in html  # discard reasons from the ledger
     for stage in ("queue", "generation", "transfer", "reward", "buffer", "trainer"):
         assert f"<td>{stage}</td>" in html
+    assert "<th>generating s</th>" in html and "<td>w0</td>" in html  # per worker
 
 
 def test_report_with_baseline_overlays_and_labels(runs: tuple[Path, Path],

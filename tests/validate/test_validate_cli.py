@@ -128,3 +128,14 @@ def test_bad_acceptance_file_exit_2(tmp_path: Path, text: str, msg: str) -> None
     assert f"{path}: " in proc.stderr and msg in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1  # one line, no traceback
     assert not (tmp_path / "out").exists()  # nothing was run
+
+
+def test_a_repeats_report_says_which_decision_it_fed(passed: tuple[Result, Path]) -> None:
+    from freshroll.report.html import write_report
+    from freshroll.report.validation import validation_note
+
+    _, out = passed
+    html = write_report(out / "async-seed1", out=out / "seed1.html").read_text()
+    assert "this run is the <code>async-seed1</code> repeat of" in html
+    assert "<td>sample_bias</td>" in html and "production-transition" in html
+    assert validation_note(out) == ""  # not a repeat: no record beside it

@@ -48,6 +48,7 @@ from freshroll.report.markup import table as _table
 from freshroll.report.reward_time import time_to_reward as _time_to_reward
 from freshroll.report.rundata import RunData, load_run
 from freshroll.report.style import CSS
+from freshroll.report.validation import validation_note
 from freshroll.timing import percentiles
 
 REPORT_FILE = "report.html"
@@ -167,7 +168,7 @@ def _header(run: RunData, baseline: RunData | None) -> str:
         notes = ('<div class="notes">inputs: '
                  + "; ".join(escape(n) for n in run.notes) + "</div>")
     return (f'<div class="cards">{"".join(cards)}</div>{_verdict_html(run)}'
-            f"{_segments_html(run)}{_verify_html(run)}{notes}")
+            f"{_segments_html(run)}{_verify_html(run)}{validation_note(run.run_dir)}{notes}")
 
 
 def _verdict_cards(run: RunData, baseline: RunData | None) -> list[str]:
@@ -342,7 +343,26 @@ def _stage_section(run: RunData, baseline: RunData | None) -> str:
             "transfer, reward, buffer (rewarded → leased), trainer (leased → committed), "
             f"over {len(total):,} accepted samples of {escape(run.label)}.</p>")
     return (hint + _img(plots.stage_bars(means), "per-stage time decomposition")
-            + f'<div class="tablewrap">{table}</div>')
+            + f'<div class="tablewrap">{table}</div>' + _per_worker(run))
+
+
+def _per_worker(run: RunData) -> str:
+    """Each inference worker's generation busy time and its share of the run's wall
+    (``summary.json`` ``overlap.gen_busy_s_by_worker``, :mod:`freshroll.figures.overlap`)."""
+    o = run.summary.get("overlap")
+    busy = o.get("gen_busy_s_by_worker") if isinstance(o, dict) else None
+    wall = _num(o.get("wall_s")) if isinstance(o, dict) else None
+    if not isinstance(busy, dict) or not busy:
+        return ""
+    rows = []
+    for w, b in sorted(busy.items()):
+        secs = _num(b)
+        share = secs / wall if secs is not None and wall else None
+        rows.append((escape(str(w)), fmt(secs), _pct(share)))
+    return ("<p class='hint'>Per inference worker: seconds generating (its calls' union) and "
+            "the share of the run's wall it was busy; a worker far below the others waited "
+            "on admission or was replaced.</p>"
+            + _table(("worker", "generating s", "busy share"), rows, "num"))
 
 
 def _running(r: RunData) -> tuple[list[float], list[float], list[float], list[float]]:
