@@ -196,7 +196,8 @@ class ModelSection(_Section):
 
 class TaskSection(_Section):
     name: str = Field(
-        "reverse", description="built-in task when no task.file: reverse, sort or add"
+        "reverse", description="built-in task when no task.file: reverse, sort, add or repeat "
+        "(long-tailed completion lengths: configs/longtail.yaml)"
     )
     n_prompts: int = Field(
         4096, ge=1, le=100_000_000, description="prompts the built-in task generates"

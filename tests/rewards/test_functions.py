@@ -87,3 +87,15 @@ def test_registry_rewards_stay_in_range() -> None:
         assert all(0.0 <= v <= 1.0 for v in values), (name, values)
         assert values[4] == 1.0
         assert max(values[:4] + values[5:]) < 1.0
+
+
+def test_length_score_pays_half_for_length_and_half_for_digits() -> None:
+    from freshroll.rewards.functions import length_score, repeat_reward
+
+    assert length_score("777", "777") == 1.0
+    assert length_score("7777", "777") == pytest.approx(0.75)  # docstring example
+    assert length_score("778", "777") == pytest.approx(0.5 + 0.5 * 2 / 3)
+    run_on = length_score("7" * 40, "777")
+    assert 0 < run_on < length_score("7" * 10, "777") < 1  # shorter earns more
+    assert length_score("", "") == 1.0 and length_score("1", "") == 0.0
+    assert repeat_reward(["p"], [" 77 "], ["77"]) == [1.0]  # stripped, as the others

@@ -62,14 +62,14 @@ def test_prompt_ids_are_stable_and_unique() -> None:
 
 def test_registry_defaults_point_at_known_rewards() -> None:
     assert {name: t.reward for name, t in TASKS.items()} == {
-        "reverse": "reverse", "sort": "sort", "add": "numeric",
+        "reverse": "reverse", "sort": "sort", "add": "numeric", "repeat": "repeat",
     }
     assert all(t.reward in REWARDS for t in TASKS.values())
     assert task_params("reverse") == {"min_len": 3, "max_len": 5}
 
 
 def test_unknown_task_names_it_and_lists_known() -> None:
-    with pytest.raises(ConfigError, match=r"'mul'.*add, reverse, sort"):
+    with pytest.raises(ConfigError, match=r"'mul'.*add, repeat, reverse, sort"):
         make_prompts("mul", 3, seed=0)
 
 
@@ -107,3 +107,21 @@ def test_chat_prompt_hands_rewards_a_copy_of_its_messages() -> None:
     given[0]["content"] = "changed"  # a reward mutating its input cannot change the prompt
     assert p.messages is not None and p.messages[0]["content"] == "hi"
     assert Prompt("x", "t").answer is None
+
+
+def test_repeat_answers_are_correct_and_their_lengths_long_tailed() -> None:
+    import statistics
+
+    prompts = make_prompts("repeat", 4000, seed=0, min_len=2, max_len=48, tail=12)
+    lengths = []
+    for p in prompts:
+        digit, _, count = p.text.removeprefix("rep ").removesuffix("=").partition("x")
+        assert digit.isdigit() and len(digit) == 1 and p.answer == digit * int(count)
+        lengths.append(len(p.answer))
+    assert min(lengths) == 2 and max(lengths) == 48  # the floor and the cap
+    assert statistics.median(lengths) <= 4 < statistics.mean(lengths)  # most short, a tail
+    assert 0.01 < sum(n >= 24 for n in lengths) / len(lengths) < 0.1
+    heavier = make_prompts("repeat", 4000, seed=0, min_len=2, max_len=48, tail=8)
+    assert statistics.mean(len(p.answer) for p in heavier) > statistics.mean(lengths)
+    with pytest.raises(ConfigError, match="tail"):
+        make_prompts("repeat", 1, seed=0, tail=0)

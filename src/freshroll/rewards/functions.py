@@ -97,6 +97,31 @@ def sort_reward(
     return _per_answer(positional_score, completions, answer)
 
 
+def length_score(completion: str, answer: str) -> float:
+    """Half for the length, half for the digits in place, both over the longer of the two::
+
+        score = 0.5 * (1 - |len(c) - len(a)| / m) + 0.5 * matches / m
+        m = max(len(c), len(a)),  matches = #{ i : c[i] == a[i] },  c = completion.strip()
+
+    An empty answer scores 1.0 for an empty completion. A run-on completion still earns a
+    little and a shorter one more, so a model that has not learnt to stop has a signal to
+    learn it from. ``"777"`` vs ``"7777"`` -> 0.5 * 0.75 + 0.5 * 0.75 = 0.75.
+    """
+    c = completion.strip()
+    if not answer:
+        return 1.0 if not c else 0.0
+    m = max(len(c), len(answer))
+    matches = sum(x == y for x, y in zip(c, answer, strict=False))
+    return 0.5 * (1 - abs(len(c) - len(answer)) / m) + 0.5 * matches / m
+
+
+def repeat_reward(
+    prompts: list[str], completions: list[Any], answer: list[str], **kwargs: Any
+) -> list[float]:
+    """Reward for ``repeat``: :func:`length_score` (stopping at the right length is the task)."""
+    return _per_answer(length_score, completions, answer)
+
+
 def exact_match_reward(
     prompts: list[str], completions: list[Any], answer: list[str], **kwargs: Any
 ) -> list[float]:
@@ -119,6 +144,7 @@ def length_penalty(prompts: list[str], completions: list[Any], **kwargs: Any) ->
 REWARDS: dict[str, RewardFn] = {
     "reverse": reverse_reward,
     "sort": sort_reward,
+    "repeat": repeat_reward,
     "exact_match": exact_match_reward,
     "numeric": numeric_reward,
     "length_penalty": length_penalty,

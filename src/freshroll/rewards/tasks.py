@@ -4,7 +4,7 @@ Prompts from a user's dataset are loaded by :mod:`freshroll.rewards.data`.
 
 Guarantees:
 
-* Built-in tasks (``reverse``, ``sort``, ``add``) are generated from a private
+* Built-in tasks (``reverse``, ``sort``, ``add``, ``repeat``: long-tailed lengths) are generated from a private
   ``random.Random(seed)``: the same ``(task, n, seed, params)`` always gives the
   same prompts, in the same order, and global random state is never touched.
 * Generated texts and answers use only :data:`VOCAB` (digits, ``+-*=<>|:,``,
@@ -99,6 +99,19 @@ def _add(rng: random.Random, *, max_operand: int = 50) -> tuple[str, str]:
     return f"{a}+{b}=", str(a + b)
 
 
+def _repeat(rng: random.Random, *, min_len: int = 2, max_len: int = 48,
+            tail: int = 12) -> tuple[str, str]:
+    """A long-tailed task: ``"rep 7x13="`` -> ``"7777777777777"``. The count is heavy-tailed,
+    ``n = min(max_len, floor(min_len * pareto(tail / 10)))`` (Pareto with shape
+    ``tail / 10``: most answers a few digits, a few up to ``max_len``; a smaller ``tail``
+    means a heavier one), so generation lengths vary as a reasoning workload's do."""
+    _check_range("min_len", min_len, 1, "max_len", max_len)
+    _check_range("tail", tail, 1)
+    n = min(max_len, int(min_len * rng.paretovariate(tail / 10)))
+    digit = rng.choice(string.digits)
+    return f"rep {digit}x{n}=", digit * n
+
+
 def _check_range(
     name: str, value: int, low: int, upper_name: str | None = None, upper: int | None = None
 ) -> None:
@@ -112,6 +125,7 @@ TASKS: dict[str, Task] = {
     "reverse": Task(_reverse, "reverse"),
     "sort": Task(_sort, "sort"),
     "add": Task(_add, "numeric"),
+    "repeat": Task(_repeat, "repeat"),
 }
 
 
