@@ -5,8 +5,9 @@ Prompts from a user's dataset are loaded by :mod:`freshroll.rewards.data`.
 Guarantees:
 
 * Built-in tasks (``reverse``, ``sort``, ``add``, ``repeat``: long-tailed lengths) are
-  generated from a private ``random.Random(seed)``: the same ``(task, n, seed, params)`` always gives the
-  same prompts, in the same order, and global random state is never touched.
+  generated from a private ``random.Random(seed)``: the same ``(task, n, seed, params)``
+  always gives the same prompts, in the same order, and global random state is never
+  touched.
 * Generated texts and answers use only :data:`VOCAB` (digits, ``+-*=<>|:,``,
   space and lowercase ``a-z``), the vocabulary of the embedded tokenizer.
 * Generated prompt ids are ``"{task}-s{seed}-{index:06d}"``, unique within a list;
