@@ -580,6 +580,19 @@ class MonitorSection(_Section):
         "127.0.0.1", min_length=1, description="the address the Prometheus endpoint binds; "
         "the loopback by default (0.0.0.0 exposes the run's figures to the network)"
     )
+    tensorboard: bool = Field(
+        False, description="write the run's figures as TensorBoard scalars to "
+        "RUN_DIR/tensorboard/ (docs/metrics.md, 'Live metrics'); needs pip install "
+        "'freshroll[tensorboard]'"
+    )
+    wandb_project: str | None = Field(
+        None, min_length=1, description="log the run's figures to this Weights & Biases "
+        "project (files in RUN_DIR/wandb/); needs pip install 'freshroll[wandb]'; unset: off"
+    )
+    wandb_mode: Literal["offline", "online"] = Field(
+        "offline", description="offline: W&B writes to RUN_DIR/wandb/ only (wandb sync "
+        "uploads it later); online: streams to the W&B server (wandb login first)"
+    )
 
 
 class SimSection(_Section):
@@ -663,7 +676,8 @@ class Config(_Section):
     )
     monitor: MonitorSection = Field(
         default_factory=MonitorSection,
-        description="Watching a run live: a Prometheus endpoint (off by default).",
+        description="Watching a run live: a Prometheus endpoint, TensorBoard, W&B (each off "
+        "by default).",
     )
     sim: SimSection = Field(
         default_factory=SimSection,

@@ -8,9 +8,11 @@ definition per number) and the endpoint never reads in-memory state of its own. 
 server answers scrapes on a daemon thread of its own (``prometheus_client``'s WSGI server,
 text exposition format, no pickle); a callback only sets numbers and never blocks the loop.
 
-:data:`GAUGES` maps each exported name to its row field, with the names peers use for the
-same figure in docs/metrics.md ("Live metrics"). A row without a field (a sync run has no
-lag above 0, a step without rewards) leaves that gauge at its last value.
+:data:`GAUGES` maps each exported name to its row field (from
+:data:`~freshroll.runtime.live_names.NAMES`, the table TensorBoard and W&B share), with the
+names peers use for the same figure in docs/metrics.md ("Live metrics"). A row without a
+field (a sync run has no lag above 0, a step without rewards) leaves that gauge at its last
+value.
 """
 
 from __future__ import annotations
@@ -22,31 +24,12 @@ from typing import Any, Final
 
 from freshroll.errors import ConfigError
 from freshroll.runtime.fallback import Switch
+from freshroll.runtime.live_names import NAMES
 from freshroll.runtime.observers import Observer, Row
 
-#: exported name -> (metrics.jsonl row field, help text)
+#: exported name -> (metrics.jsonl row field, help text), from the one table of live names
 GAUGES: Final[dict[str, tuple[str, str]]] = {
-    "freshroll_step": ("step", "last committed trainer step"),
-    "freshroll_accepted_rollouts_total": ("accepted_total",
-                                          "rollouts consumed by committed steps"),
-    "freshroll_accepted_rollouts_per_second": ("accepted_per_s",
-                                               "accepted rollouts per second of the run's wall"),
-    "freshroll_trainer_idle_ratio": ("trainer_idle_ratio",
-                                     "share of the run's wall the trainer waited for data"),
-    "freshroll_trainer_wait_seconds": ("trainer_wait_s", "the last step's wait for its batch"),
-    "freshroll_train_seconds": ("train_s", "the last step's optimizer step"),
-    "freshroll_discards_total": ("discards", "samples discarded so far (every reason)"),
-    "freshroll_discard_rate": ("discard_rate", "discarded over generated samples"),
-    "freshroll_policy_lag_mean": ("lag_mean", "the last batch's mean policy lag (versions)"),
-    "freshroll_policy_lag_max": ("lag_max", "the last batch's largest policy lag"),
-    "freshroll_reward_mean": ("reward_mean", "the last batch's mean reward"),
-    "freshroll_reward_std": ("reward_std", "the last batch's reward standard deviation"),
-    "freshroll_importance_weight_mean": ("is_weight_mean", "mean importance weight"),
-    "freshroll_importance_weight_max": ("is_weight_max", "largest importance weight"),
-    "freshroll_mismatch_kl": ("mismatch_kl", "KL of behaviour to proximal policy (k3)"),
-    "freshroll_entropy": ("entropy", "mean token entropy of the last batch"),
-    "freshroll_grad_norm": ("grad_norm", "gradient norm before clipping"),
-    "freshroll_learning_rate": ("lr", "the last step's learning rate"),
+    n.gauge: (n.field, n.help) for n in NAMES if n.gauge is not None
 }
 #: the sync fallback's mode (1 async, 0 sync), set on each ``mode_decided``
 MODE_GAUGE: Final = "freshroll_async_mode"

@@ -1,0 +1,91 @@
+"""The names a run's live figures go out under: one table for Prometheus, TensorBoard and W&B.
+
+Every exported value is a field of a ``metrics.jsonl`` row (:mod:`freshroll.metrics`
+computed it; nothing here computes a number). :data:`NAMES` gives each known field its
+Prometheus gauge and its TensorBoard / W&B tag, the tags grouped the way peers group theirs
+(TRL's and verl's ``perf/*``, verl's ``trainer/idle_ratio``, ``async/staleness_*`` for the
+policy lag); docs/metrics.md ("Live metrics") lists the peers' names for the same figures.
+
+:func:`scalars` is what TensorBoard and W&B log for a row: every finite number in it, a
+field of :data:`NAMES` under its tag and any other (the trainer's own metrics such as
+``loss``, ``rewards/<name>/mean``, ``logged/<name>``, ``eval/reward``) under its row name.
+``step`` is the x axis, not a scalar; text (``version``) and ``null`` are left out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Final
+
+from freshroll.runtime.observers import Row
+
+
+@dataclass(frozen=True)
+class LiveName:
+    """One row field and the names it goes out under (None: not exported there)."""
+
+    field: str
+    tag: str | None  # TensorBoard / W&B
+    gauge: str | None  # Prometheus
+    help: str
+
+
+NAMES: Final[tuple[LiveName, ...]] = (
+    LiveName("step", None, "freshroll_step", "last committed trainer step"),
+    LiveName("t", "perf/wall_s", None, "trainer wall time of the run so far"),
+    LiveName("accepted_total", "rollout/accepted_total", "freshroll_accepted_rollouts_total",
+             "rollouts consumed by committed steps"),
+    LiveName("accepted_per_s", "perf/accepted_rollouts_per_s",
+             "freshroll_accepted_rollouts_per_second",
+             "accepted rollouts per second of the run's wall"),
+    LiveName("trainer_idle_ratio", "trainer/idle_ratio", "freshroll_trainer_idle_ratio",
+             "share of the run's wall the trainer waited for data"),
+    LiveName("step_idle_ratio", "trainer/step_idle_ratio", None,
+             "share of the last step's interval the trainer waited for data"),
+    LiveName("trainer_wait_s", "trainer/wait_s", "freshroll_trainer_wait_seconds",
+             "the last step's wait for its batch"),
+    LiveName("train_s", "perf/train_s", "freshroll_train_seconds",
+             "the last step's optimizer step"),
+    LiveName("discards", "rollout/discards", "freshroll_discards_total",
+             "samples discarded so far (every reason)"),
+    LiveName("discard_rate", "rollout/discard_rate", "freshroll_discard_rate",
+             "discarded over generated samples"),
+    LiveName("lag_mean", "async/staleness_mean", "freshroll_policy_lag_mean",
+             "the last batch's mean policy lag (versions)"),
+    LiveName("lag_max", "async/staleness_max", "freshroll_policy_lag_max",
+             "the last batch's largest policy lag"),
+    LiveName("reward_mean", "reward", "freshroll_reward_mean", "the last batch's mean reward"),
+    LiveName("reward_std", "reward_std", "freshroll_reward_std",
+             "the last batch's reward standard deviation"),
+    LiveName("is_weight_mean", "async/is_weight_mean", "freshroll_importance_weight_mean",
+             "mean importance weight"),
+    LiveName("is_weight_max", "async/is_weight_max", "freshroll_importance_weight_max",
+             "largest importance weight"),
+    LiveName("mismatch_kl", "async/mismatch_kl", "freshroll_mismatch_kl",
+             "KL of behaviour to proximal policy (k3)"),
+    LiveName("entropy", "entropy", "freshroll_entropy", "mean token entropy of the last batch"),
+    LiveName("grad_norm", "grad_norm", "freshroll_grad_norm", "gradient norm before clipping"),
+    LiveName("lr", "learning_rate", "freshroll_learning_rate", "the last step's learning rate"),
+    LiveName("kv_cache_usage", "engine/kv_cache_usage", None,
+             "KV cache usage of the engines (0..1, the fullest)"),
+    LiveName("engine_waiting", "engine/waiting", None, "sequences queued inside the engines"),
+    LiveName("engine_running", "engine/running", None, "sequences the engines generate now"),
+    LiveName("preemptions", "engine/preemptions", None, "sequences the engines evicted"),
+)
+
+
+def scalars(row: Row) -> dict[str, float]:
+    """The row's finite numbers by tag (the module's rule); never a recomputed value."""
+    tags = {n.field: n.tag for n in NAMES}
+    out: dict[str, float] = {}
+    for field, value in row.items():
+        tag = tags.get(field, field)
+        if tag is None or not isinstance(value, int | float) or isinstance(value, bool):
+            continue
+        if math.isfinite(value):
+            out[tag] = float(value)
+    return out
+
+
+__all__ = ["NAMES", "LiveName", "scalars"]

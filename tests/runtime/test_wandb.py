@@ -1,0 +1,122 @@
+"""monitor.wandb_project: each metrics.jsonl row logged to an offline W&B run, read back from
+its ``.wandb`` file (no network: offline mode, files in the run directory)."""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from freshroll.config import load_config, validate
+from freshroll.errors import ConfigError
+from freshroll.figures.metrics_log import read_rows
+from freshroll.runtime.live_names import scalars
+from freshroll.runtime.monitors import check_monitors
+from freshroll.runtime.wandb_log import WandbLogger
+
+BLOCK = 32 * 1024  # the .wandb file: a LevelDB-style log of protobuf records in 32 KiB blocks
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb-home"))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "wandb-cache"))
+
+
+def _history(run_dir: Path) -> tuple[dict[int, dict[str, Any]], dict[str, Any]]:
+    """The logged history ({step: {key: value}}) and config of the one offline W&B run in
+    ``run_dir/wandb``, decoded from its ``.wandb`` record file."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    [path] = (run_dir / "wandb").glob("offline-run-*/run-*.wandb")
+    data, pos, records, part = path.read_bytes(), 7, [], b""  # 7: the file's header
+    while pos + 7 <= len(data):
+        if BLOCK - pos % BLOCK < 7:  # a block's tail too short for a header: padding
+            pos += BLOCK - pos % BLOCK
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        if kind in (1, 2):  # full, first
+            part = chunk
+        elif kind in (3, 4):  # middle, last
+            part += chunk
+        else:
+            break
+        if kind in (1, 4):
+            records.append(part)
+    history: dict[int, dict[str, Any]] = {}
+    config: dict[str, Any] = {}
+    for raw in records:
+        rec = pb.Record()
+        rec.ParseFromString(raw)
+        if rec.WhichOneof("record_type") == "history":
+            items = {i.key or "/".join(i.nested_key): i.value_json for i in rec.history.item}
+            history[rec.history.step.num] = {
+                k: json.loads(v) for k, v in items.items() if not k.startswith("_")}
+        elif rec.WhichOneof("record_type") == "run":  # the config given to wandb.init
+            config.update({i.key: json.loads(i.value_json) for i in rec.run.config.update})
+    return history, config
+
+
+def _assert_rows_logged(run_dir: Path, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    history, config = _history(run_dir)
+    assert history == {int(r["step"]): pytest.approx(scalars(r)) for r in rows}
+    return config
+
+
+def test_rows_are_logged_at_their_steps_and_the_run_finishes(tmp_path: Path):
+    rows = [{"step": 1, "version": "p1-ab", "loss": 0.75, "trainer_idle_ratio": 0.25,
+             "lag_max": 1, "reward_mean": float("nan"), "rewards/acc/mean": 0.5},
+            {"step": 2, "version": "p2-cd", "loss": 0.5, "trainer_idle_ratio": 0.125,
+             "lag_max": 2, "reward_mean": 0.3}]
+    logger = WandbLogger("freshroll-test", "offline", tmp_path, {"run": {"steps": 2}}).start()
+    for row in rows:
+        logger.on_row(row, True)
+    assert logger.run.summary["trainer/idle_ratio"] == 0.125  # the last row's
+    logger.close()
+    assert logger.run is None
+    config = _assert_rows_logged(tmp_path, rows)
+    assert config["run"] == {"steps": 2}
+    history, _ = _history(tmp_path)
+    assert history[1]["async/staleness_max"] == 1 and "reward" not in history[1]
+
+
+def test_a_sim_run_with_wandb_on_logs_every_row_and_its_config(tmp_path: Path):
+    from freshroll.runtime.run import run
+
+    cfg = load_config(None, ["rollout.engine=sim", "sim.clock=virtual", "run.progress=false",
+                             "task.n_prompts=64", "rollout.group_size=4",
+                             "rollout.batch_groups=2", "run.steps=5",
+                             "monitor.wandb_project=freshroll-test"])
+    out = tmp_path / "r"
+    assert run(cfg, out, stream=io.StringIO()).ok
+    rows, _ = read_rows(out / "metrics.jsonl")
+    assert len(rows) == 5
+    config = _assert_rows_logged(out, rows)
+    assert config["monitor"]["wandb_mode"] == "offline" and config["run"]["steps"] == 5
+
+
+def test_without_the_package_the_option_is_one_error_naming_it(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # import fails
+    mon = validate({"monitor": {"wandb_project": "p"}}, "test").monitor
+    with pytest.raises(ConfigError, match=r"monitor\.wandb_project: needs the 'wandb' package"
+                                          r".*pip install 'freshroll\[wandb\]'"):
+        check_monitors(mon)
+    with pytest.raises(ConfigError, match=r"monitor\.wandb_project"):
+        WandbLogger("p", "offline", tmp_path, {})
+
+
+def test_the_mode_is_offline_unless_set_and_checked():
+    assert validate({}, "test").monitor.wandb_mode == "offline"
+    assert validate({}, "test").monitor.wandb_project is None
+    with pytest.raises(ConfigError, match="wandb_mode"):
+        validate({"monitor": {"wandb_mode": "cloud"}}, "test")
