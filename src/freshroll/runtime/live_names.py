@@ -67,12 +67,46 @@ NAMES: Final[tuple[LiveName, ...]] = (
     LiveName("entropy", "entropy", "freshroll_entropy", "mean token entropy of the last batch"),
     LiveName("grad_norm", "grad_norm", "freshroll_grad_norm", "gradient norm before clipping"),
     LiveName("lr", "learning_rate", "freshroll_learning_rate", "the last step's learning rate"),
-    LiveName("kv_cache_usage", "engine/kv_cache_usage", None,
-             "KV cache usage of the engines (0..1, the fullest)"),
-    LiveName("engine_waiting", "engine/waiting", None, "sequences queued inside the engines"),
-    LiveName("engine_running", "engine/running", None, "sequences the engines generate now"),
-    LiveName("preemptions", "engine/preemptions", None, "sequences the engines evicted"),
+    LiveName("kv_cache_usage", "engine/kv_cache_usage", "freshroll_kv_cache_usage",
+             "KV cache usage of the engines (0..1, the fullest) at the last decision"),
+    LiveName("engine_waiting", "engine/waiting", "freshroll_engine_waiting",
+             "sequences queued inside the engines at the last decision"),
+    LiveName("engine_running", "engine/running", "freshroll_engine_running",
+             "sequences the engines generated at the last decision"),
+    LiveName("preemptions", "engine/preemptions", "freshroll_engine_preemptions_total",
+             "sequences the engines evicted from their KV cache so far"),
+    LiveName("weight_loads", "weights/loads", "freshroll_weight_loads_total",
+             "policy versions the workers loaded so far"),
+    LiveName("weight_transfer_s_mean", "weights/transfer_s_mean",
+             "freshroll_weight_transfer_seconds_mean", "mean seconds of a worker's weight load"),
+    LiveName("controller_decisions", "control/decisions", "freshroll_controller_decisions_total",
+             "decisions of the steering task so far"),
+    LiveName("buffer_depth", "rollout/buffer_depth", "freshroll_buffer_depth",
+             "samples ready for the trainer at the last decision"),
+    LiveName("in_flight", "rollout/in_flight", "freshroll_in_flight_requests",
+             "requests queued, running or unscored at the last decision"),
+    LiveName("workers", "control/workers", "freshroll_workers",
+             "active inference workers the last decision set"),
+    LiveName("concurrency", "control/concurrency", "freshroll_worker_concurrency",
+             "requests in flight per worker the last decision set"),
+    LiveName("admission_limit", "control/admission_limit", "freshroll_admission_limit",
+             "groups in flight at most the last decision set (0: the freshness window only)"),
 )
+
+#: row fields counted by a label (``discards/<reason>``): the field's prefix -> the labelled
+#: Prometheus gauge, its label and help; TensorBoard and W&B log each under its row name
+LABELLED: Final[dict[str, tuple[str, str, str]]] = {
+    "discards/": ("freshroll_discards_by_reason", "reason",
+                  "samples discarded so far, by reason (counted or not)"),
+    "lag_histogram/": ("freshroll_policy_lag_samples", "lag",
+                       "committed samples so far, by policy lag (versions)"),
+}
+#: text fields: the field -> a Prometheus gauge labelled by the field's value (1 for the
+#: row's value, 0 for the others seen), its label and help; not a TensorBoard / W&B scalar
+STATES: Final[dict[str, tuple[str, str, str]]] = {
+    "controller_bottleneck": ("freshroll_controller_bottleneck", "bottleneck",
+                              "the last decision's bottleneck (1; 0 for earlier ones)"),
+}
 
 
 def scalars(row: Row) -> dict[str, float]:
@@ -88,4 +122,4 @@ def scalars(row: Row) -> dict[str, float]:
     return out
 
 
-__all__ = ["NAMES", "LiveName", "scalars"]
+__all__ = ["LABELLED", "NAMES", "STATES", "LiveName", "scalars"]
