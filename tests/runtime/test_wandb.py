@@ -3,10 +3,13 @@ its ``.wandb`` file (no network: offline mode, files in the run directory)."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
+import os
 import struct
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +26,31 @@ BLOCK = 32 * 1024  # the .wandb file: a LevelDB-style log of protobuf records in
 
 
 @pytest.fixture(autouse=True)
-def _offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def _offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
+    """No network, nothing outside ``tmp_path``; W&B's service process ended after each
+    test (it is shared by the process's W&B runs and would otherwise live on to its exit)."""
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb-home"))
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
     monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "wandb-cache"))
+    yield
+    wandb = sys.modules.get("wandb")
+    if wandb is not None:
+        wandb.teardown()
+    assert not _wandb_core_children()
+
+
+def _wandb_core_children() -> list[str]:
+    """This process's child processes running ``wandb-core``."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == os.getpid() and "wandb-core" in (
+                    stat.parent / "cmdline").read_bytes().decode(errors="replace"):
+                out.append(stat.parent.name)
+    return out
 
 
 def _history(run_dir: Path) -> tuple[dict[int, dict[str, Any]], dict[str, Any]]:
@@ -120,3 +142,16 @@ def test_the_mode_is_offline_unless_set_and_checked():
     assert validate({}, "test").monitor.wandb_project is None
     with pytest.raises(ConfigError, match="wandb_mode"):
         validate({"monitor": {"wandb_mode": "cloud"}}, "test")
+
+
+def test_a_run_wandb_refuses_to_start_is_one_error_naming_the_key(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    import wandb
+
+    def refuse(**kwargs: Any) -> None:
+        raise wandb.errors.UsageError("api_key not configured (no-tty)")
+
+    monkeypatch.setattr(wandb, "init", refuse)  # what online mode without a login meets
+    with pytest.raises(ConfigError, match=r"monitor\.wandb_project: W&B could not start a run "
+                                          r"in online mode: api_key not configured"):
+        WandbLogger("p", "online", tmp_path, {}).start()

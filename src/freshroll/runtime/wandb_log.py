@@ -7,8 +7,10 @@ in ``RUN_DIR/wandb/``. Each ``metrics.jsonl`` row this process writes is one
 ``run.log(scalars, step=row["step"], commit=True)`` (the step is complete: W&B shows it at
 once, not when the next arrives) with the tags of
 :func:`~freshroll.runtime.live_names.scalars` (the table Prometheus and TensorBoard share),
-so each value is the row's. :meth:`close` finishes the W&B run (its service process ends
-with it).
+so each value is the row's. :meth:`close` finishes the W&B run. W&B's service process
+(``wandb-core``, started by the first ``init``) is shared by every W&B run of this process,
+so it is left to W&B: it ends with the process (W&B's exit handler, or its watch of the
+parent's pid); a program that must end it sooner calls ``wandb.teardown()``.
 
 ``monitor.wandb_mode`` is ``offline`` unless set: nothing leaves the machine until the user
 runs ``wandb sync RUN_DIR/wandb/offline-run-*``; ``online`` streams to the W&B server
@@ -16,7 +18,8 @@ runs ``wandb sync RUN_DIR/wandb/offline-run-*``; ``online`` streams to the W&B s
 so the contract's no-blocking rule holds. W&B's console capture is off (the run's progress
 line stays the run's). Each start and ``--resume`` is a W&B run of its own, under the same
 name. Without the ``wandb`` package the option is one ConfigError
-(:func:`~freshroll.runtime.extras.require`).
+(:func:`~freshroll.runtime.extras.require`); so is a run W&B refuses to start (``online``
+without ``wandb login``: W&B's own message, naming the key).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from freshroll.errors import ConfigError
 from freshroll.runtime.extras import require
 from freshroll.runtime.live_names import scalars
 from freshroll.runtime.observers import Observer, Row
@@ -45,11 +49,15 @@ class WandbLogger(Observer):
 
     def start(self) -> WandbLogger:
         wandb = self._wandb
-        self.run = wandb.init(
-            project=self.project, mode=self.mode, dir=str(self.run_dir),
-            name=self.run_dir.name, config=self.config, reinit="create_new",
-            settings=wandb.Settings(console="off"),
-        )
+        try:
+            self.run = wandb.init(
+                project=self.project, mode=self.mode, dir=str(self.run_dir),
+                name=self.run_dir.name, config=self.config, reinit="create_new",
+                settings=wandb.Settings(console="off"),
+            )
+        except wandb.errors.Error as exc:
+            raise ConfigError(f"monitor.wandb_project: W&B could not start a run in "
+                              f"{self.mode} mode: {exc}") from None
         return self
 
     def on_row(self, row: Row, live: bool) -> None:
