@@ -80,3 +80,7 @@ def test_without_the_package_the_option_is_one_error_naming_it(
         check_monitors(mon)
     with pytest.raises(ConfigError, match=r"monitor\.tensorboard"):
         TensorBoardWriter(tmp_path)
+    from freshroll.runtime.prepare import check_inputs
+
+    with pytest.raises(ConfigError, match=r"monitor\.tensorboard"):  # config check's and run's
+        check_inputs(load_config(None, ["monitor.tensorboard=true", "task.n_prompts=8"]))
