@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from monitor_files import read_board
 
 from freshroll.config import load_config, validate
 from freshroll.errors import ConfigError
@@ -16,13 +16,6 @@ from freshroll.figures.metrics_log import read_rows
 from freshroll.runtime.live_names import scalars
 from freshroll.runtime.monitors import check_monitors
 from freshroll.runtime.tensorboard import TENSORBOARD_DIR, TensorBoardWriter
-
-
-def _read(logdir: Path) -> dict[str, dict[int, float]]:
-    """tag -> {step: value} of every scalar under ``logdir``."""
-    acc = EventAccumulator(str(logdir), size_guidance={"scalars": 0})
-    acc.Reload()
-    return {tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in acc.Tags()["scalars"]}
 
 
 def _assert_rows_logged(got: dict[str, dict[int, float]], rows: list[dict[str, Any]]) -> None:
@@ -47,7 +40,7 @@ def test_rows_become_scalars_under_the_shared_tags(tmp_path: Path):
     for row in rows:
         writer.on_row(row, True)
     writer.close()
-    got = _read(tmp_path / "tb")
+    got = read_board(tmp_path / "tb")
     _assert_rows_logged(got, rows)
     assert got["trainer/idle_ratio"] == {1: 0.25, 2: 0.125}  # named as peers name them
     assert got["async/staleness_mean"] == {1: 0.5, 2: 1.0}
@@ -67,7 +60,7 @@ def test_a_sim_run_with_tensorboard_on_writes_every_row(tmp_path: Path):
     assert run(cfg, out, stream=io.StringIO()).ok
     rows, bad = read_rows(out / "metrics.jsonl")
     assert len(rows) == 6 and not bad
-    _assert_rows_logged(_read(out / TENSORBOARD_DIR), rows)
+    _assert_rows_logged(read_board(out / TENSORBOARD_DIR), rows)
 
 
 def test_without_the_package_the_option_is_one_error_naming_it(

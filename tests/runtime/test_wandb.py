@@ -3,17 +3,14 @@ its ``.wandb`` file (no network: offline mode, files in the run directory)."""
 
 from __future__ import annotations
 
-import contextlib
 import io
-import json
-import os
-import struct
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from monitor_files import read_wandb, wandb_offline
 
 from freshroll.config import load_config, validate
 from freshroll.errors import ConfigError
@@ -22,74 +19,15 @@ from freshroll.runtime.live_names import scalars
 from freshroll.runtime.monitors import check_monitors
 from freshroll.runtime.wandb_log import WandbLogger
 
-BLOCK = 32 * 1024  # the .wandb file: a LevelDB-style log of protobuf records in 32 KiB blocks
-
 
 @pytest.fixture(autouse=True)
 def _offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
-    """No network, nothing outside ``tmp_path``; W&B's service process ended after each
-    test (it is shared by the process's W&B runs and would otherwise live on to its exit)."""
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb-home"))
-    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
-    monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "wandb-cache"))
-    yield
-    wandb = sys.modules.get("wandb")
-    if wandb is not None:
-        wandb.teardown()
-    assert not _wandb_core_children()
-
-
-def _wandb_core_children() -> list[str]:
-    """This process's child processes running ``wandb-core``."""
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            if int(fields[1]) == os.getpid() and "wandb-core" in (
-                    stat.parent / "cmdline").read_bytes().decode(errors="replace"):
-                out.append(stat.parent.name)
-    return out
-
-
-def _history(run_dir: Path) -> tuple[dict[int, dict[str, Any]], dict[str, Any]]:
-    """The logged history ({step: {key: value}}) and config of the one offline W&B run in
-    ``run_dir/wandb``, decoded from its ``.wandb`` record file."""
-    from wandb.proto import wandb_internal_pb2 as pb
-
-    [path] = (run_dir / "wandb").glob("offline-run-*/run-*.wandb")
-    data, pos, records, part = path.read_bytes(), 7, [], b""  # 7: the file's header
-    while pos + 7 <= len(data):
-        if BLOCK - pos % BLOCK < 7:  # a block's tail too short for a header: padding
-            pos += BLOCK - pos % BLOCK
-            continue
-        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
-        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
-        if kind in (1, 2):  # full, first
-            part = chunk
-        elif kind in (3, 4):  # middle, last
-            part += chunk
-        else:
-            break
-        if kind in (1, 4):
-            records.append(part)
-    history: dict[int, dict[str, Any]] = {}
-    config: dict[str, Any] = {}
-    for raw in records:
-        rec = pb.Record()
-        rec.ParseFromString(raw)
-        if rec.WhichOneof("record_type") == "history":
-            items = {i.key or "/".join(i.nested_key): i.value_json for i in rec.history.item}
-            history[rec.history.step.num] = {
-                k: json.loads(v) for k, v in items.items() if not k.startswith("_")}
-        elif rec.WhichOneof("record_type") == "run":  # the config given to wandb.init
-            config.update({i.key: json.loads(i.value_json) for i in rec.run.config.update})
-    return history, config
+    with wandb_offline(monkeypatch, tmp_path):
+        yield
 
 
 def _assert_rows_logged(run_dir: Path, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    history, config = _history(run_dir)
+    history, config = read_wandb(run_dir)
     assert history == {int(r["step"]): pytest.approx(scalars(r)) for r in rows}
     return config
 
@@ -107,7 +45,7 @@ def test_rows_are_logged_at_their_steps_and_the_run_finishes(tmp_path: Path):
     assert logger.run is None
     config = _assert_rows_logged(tmp_path, rows)
     assert config["run"] == {"steps": 2}
-    history, _ = _history(tmp_path)
+    history, _ = read_wandb(tmp_path)
     assert history[1]["async/staleness_max"] == 1 and "reward" not in history[1]
 
 
