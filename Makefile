@@ -13,7 +13,7 @@ BIN    := $(VENV)/bin
 TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n + 1 : 5 )))
 PYTEST := $(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile
 
-.PHONY: setup demo test test-fast test-costs lint typecheck bench bench-quick chaos chaos-real validate clean
+.PHONY: setup browser demo test test-fast test-costs lint typecheck bench bench-quick chaos chaos-real validate clean
 
 setup: $(VENV)/.installed
 
@@ -29,6 +29,16 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	touch $@
 
+# the report's browser test (tests/report/test_report_browser.py) drives Debian's chromium
+# through Playwright (a Python package of the test extra; no browser download): installed here
+# when missing (as root, or through sudo)
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || { \
+	  echo "installing Debian's chromium (the report's browser test)"; \
+	  $(SUDO) apt-get install -y -q chromium >/dev/null 2>&1 || { $(SUDO) apt-get update -q \
+	    >/dev/null && $(SUDO) apt-get install -y -q chromium >/dev/null; }; }
+
 # runs/demo is a scratch directory: each `make demo` starts it afresh
 demo: setup
 	rm -rf runs/demo
@@ -43,7 +53,7 @@ typecheck: setup
 # mypy (one core, ~70 s) runs beside the suite, niced, rather than before it: the suite's last
 # minutes leave a core idle (the Ray unit runs on alone); its report is printed after the
 # suite's, and either failing fails make test
-test: lint
+test: lint browser
 	@start=$$(date +%s); \
 	nice -n 10 $(BIN)/mypy > .mypy.out 2>&1 & mypy_pid=$$!; \
 	$(PYTEST); rc=$$?; \

@@ -80,6 +80,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import vs_trl  # benchmarks/ is not a package: imported from beside this file
+from freshroll.bench.figures import attainment  # the one definition of A
 
 #: model shapes (save_tiny overrides); the exact parameter counts are printed
 SIZES: dict[str, dict[str, int]] = {
@@ -133,15 +134,6 @@ def parallel_limit(t_alone: float, t_concurrent: float) -> float:
     """2 x t_alone / t_concurrent: 2 on a machine where two processes do not slow each other,
     1 where they take turns."""
     return 2 * t_alone / t_concurrent if t_concurrent > 0 else math.nan
-
-
-def attainment(speedup: float, bound: float, limit: float) -> float:
-    """A = speedup / min(stage bound, parallel limit) (a non-finite one is left out), the
-    denominator never below 1: a bound under 1 (a probe or capacities measured on a machine
-    busy with other work) would let an async run slower than sync "attain" it, while sync
-    itself is always there to match."""
-    caps = [x for x in (bound, limit) if math.isfinite(x) and x > 0]
-    return speedup / max(1.0, min(caps)) if caps and math.isfinite(speedup) else math.nan
 
 
 def ratio(a: float | None, b: float | None) -> float:

@@ -23,7 +23,7 @@ Exit statuses:
   1    verify found a violation (run: the finished run failed verify)
   2    usage or config error: nothing was run or changed (a bad value or key,
        --resume refused, an unusable run directory; any error of verify,
-       export, timing or report)
+       export, timing, report or trace)
   3    the run failed (retries or failure budget spent, disk full, a bug);
        the ledger is closed and verifiable; --resume continues once fixed
   130  interrupted (Ctrl-C or SIGTERM); freshroll run --resume DIR continues
@@ -52,7 +52,7 @@ class _Guarded(click.Command):
         ctx.exit(out.status)
 
 
-_READS_ONLY = frozenset({"verify", "export", "timing", "report"})
+_READS_ONLY = frozenset({"verify", "export", "timing", "report", "trace"})
 #: commands that write one run directory (``simulate`` resumes with ``run --resume``)
 _RUNS = frozenset({"run", "simulate"})
 
@@ -169,13 +169,21 @@ def run(config: Path | None, overrides: tuple[str, ...], out: Path | None,
         return
     _print_result(result)
     if base is not None:
+        from freshroll.figures import reward_time
+        from freshroll.runtime.endfiles import read_block
+
         click.echo("synchronous baseline:")
         _print_result(base)
+        compared = reward_time.render(read_block(result.run_dir, reward_time.BLOCK) or {},
+                                      "async", "sync")
+        if compared:
+            click.echo(compared, err=True)
     ok = result.ok and (base is None or base.ok)
     sys.exit(0 if ok else 1)
 
 
 def _print_result(result: RunResult) -> None:
+    from freshroll.figures.bias import render as render_bias
     from freshroll.figures.segments import render_segments
     from freshroll.figures.summary import render_reward_versions
     from freshroll.figures.verdict import recovery_line, render
@@ -194,6 +202,9 @@ def _print_result(result: RunResult) -> None:
     rewards = render_reward_versions(s.get("reward_versions"))
     if rewards:
         click.echo(rewards, err=True)
+    biased = render_bias(s.get("sample_bias"))
+    if biased:
+        click.echo(biased, err=True)
     fixed = render_fixed_costs(s)
     if fixed:
         click.echo(fixed, err=True)
@@ -222,10 +233,14 @@ def report(run_dir: Path, baseline: Path | None) -> None:
     from freshroll.runtime.endfiles import finish_run_dir
 
     try:
-        finish_run_dir(run_dir, baseline=baseline)  # one read of the ledger for both
+        done = finish_run_dir(run_dir, baseline=baseline)  # one read of the ledger for both
     except FreshrollError as exc:
         _fail(exc)
         return
+    if baseline is not None:
+        from freshroll.figures import reward_time
+
+        click.echo(reward_time.render(done.summary.get(reward_time.BLOCK) or {}), err=True)
     click.echo(str(run_dir / REPORT_FILE))
 
 
@@ -473,6 +488,26 @@ def export_samples(run_dir: Path, output: Path) -> None:
     t0 = time.perf_counter()
     n = do_export(run_dir, output)
     click.echo(f"wrote {n} samples to {output} in {time.perf_counter() - t0:.1f} s")
+
+
+@main.command("trace", epilog=EXIT_STATUSES)
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
+              help="Output file (default: RUN_DIR/trace.json).")
+@click.option("--steps", default=None, metavar="A:B",
+              help="Only the samples of trainer steps A..B (inclusive; docs/metrics.md).")
+def trace(run_dir: Path, output: Path | None, steps: str | None) -> None:
+    """Write every sample's spans (queue, generate, reward, buffer wait, train step) and the
+    workers' weight loads from RUN_DIR's ledger as a Chrome trace-event JSON file: open it
+    in ui.perfetto.dev or chrome://tracing (docs/metrics.md, "Per-sample traces")."""
+    from freshroll.report.trace import write_trace
+
+    try:
+        out = write_trace(run_dir, output, steps)
+    except FreshrollError as exc:
+        _fail(exc)
+        return
+    click.echo(str(out))
 
 
 @main.command("replay", epilog="""\b

@@ -76,6 +76,11 @@ class Tally:
     #: each commit's ``weights_bytes`` (what its version published to the workers)
     published_bytes: list[float] = field(default_factory=list)
     rewards_first: list[float] = field(default_factory=list)
+    #: each commit's ``mismatch_kl`` and ``is_weight_mean`` (the learner's, where it reported
+    #: them) and the largest ``is_weight_max`` so far
+    mismatch_kls: list[float] = field(default_factory=list)
+    is_weight_means: list[float] = field(default_factory=list)
+    is_weight_top: float | None = None
     rewards_last: deque[float] = field(default_factory=lambda: deque(maxlen=REWARD_WINDOW))
     max_staleness: int | None = None
     step_wait_s: float = 0.0  # wait of the lease the last commit consumed
@@ -183,12 +188,24 @@ class Tally:
         sent = e.metrics.get("weights_bytes")
         if sent is not None and math.isfinite(sent):
             self.published_bytes.append(sent)
+        self._off_policy(e.metrics)
         reward = e.metrics.get("reward_mean")
         if reward is not None and math.isfinite(reward):
             if len(self.rewards_first) < REWARD_WINDOW:
                 self.rewards_first.append(reward)
             self.rewards_last.append(reward)
         return row(self, e)
+
+    def _off_policy(self, metrics: dict[str, float | None]) -> None:
+        for key, into in (("mismatch_kl", self.mismatch_kls),
+                          ("is_weight_mean", self.is_weight_means)):
+            v = metrics.get(key)
+            if v is not None and math.isfinite(v):
+                into.append(v)
+        top = metrics.get("is_weight_max")
+        if top is not None and math.isfinite(top):
+            self.is_weight_top = top if self.is_weight_top is None else max(self.is_weight_top,
+                                                                            top)
 
     def _rewards_of(self, samples: Sequence[str]) -> None:
         """The committed batch's per-reward figures (TRL's ``rewards/<name>/mean|std`` and
@@ -429,6 +446,21 @@ def weights_bytes_mean(t: Tally) -> float | None:
 
 
 @figure
+def mismatch_kl_mean(t: Tally) -> float | None:
+    return sum(t.mismatch_kls) / len(t.mismatch_kls) if t.mismatch_kls else None
+
+
+@figure
+def is_weight_mean(t: Tally) -> float | None:
+    return sum(t.is_weight_means) / len(t.is_weight_means) if t.is_weight_means else None
+
+
+@figure
+def is_weight_max(t: Tally) -> float | None:
+    return t.is_weight_top
+
+
+@figure
 def reward_first(t: Tally) -> float | None:
     return sum(t.rewards_first) / len(t.rewards_first) if t.rewards_first else None
 
@@ -581,6 +613,8 @@ def summary_figures(t: Tally) -> dict[str, Any]:
         "discards": discards_by_reason(t),
         "lag": {"p50": lag_p50(t), "p99": lag_p99(t), "max": lag_max(t), "mean": lag_mean(t),
                 "histogram": lag_histogram(t)},
+        "off_policy": {"mismatch_kl_mean": mismatch_kl_mean(t),
+                       "is_weight_mean": is_weight_mean(t), "is_weight_max": is_weight_max(t)},
         "trainer_idle_ratio": trainer_idle_ratio(t), "trainer_wait_s": trainer_wait_s(t),
         "weight_loads": weight_loads(t), "weight_transfer_s_mean": weight_transfer_s_mean(t),
         "weights_bytes_mean": weights_bytes_mean(t),

@@ -144,3 +144,22 @@ def test_table_rows_against_the_sync_run() -> None:
     assert rows[1]["E"] == pytest.approx(18.0 / 32.0)
     with pytest.raises(ValueError, match="sync"):
         f.table_rows([run("async", 1.0)], "sync", CAPS)
+
+
+def test_bound_attainment_has_one_definition_that_the_docs_name() -> None:
+    """A was defined twice (bench: speedup / bound; the async sweep: over max(1, min(bound,
+    parallel limit))): now one function, which every table's definition names."""
+    import math
+    import re
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    defs = [p for p in [*repo.joinpath("src").rglob("*.py"), *repo.joinpath("benchmarks")
+                        .glob("*.py")] if re.search(r"^def attainment\(", p.read_text(), re.M)]
+    assert [p.relative_to(repo).as_posix() for p in defs] == ["src/freshroll/bench/figures.py"]
+    for doc in ("docs/bench.md", "docs/benchmarks.md"):
+        rows = [ln for ln in (repo / doc).read_text().splitlines() if ln.startswith("| `A` |")]
+        assert rows and all("freshroll.bench.figures.attainment" in r for r in rows), doc
+    assert f.attainment(1.5, 2.0, 1.8) == pytest.approx(1.5 / 1.8)  # the tighter bound
+    assert f.attainment(0.6, 1.4, 0.5) == pytest.approx(0.6)  # never divided by less than 1
+    assert math.isnan(f.attainment(1.2, math.nan, math.nan))

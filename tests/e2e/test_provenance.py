@@ -36,7 +36,8 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("verify-files") / "run"
     # run.runtime=process: the placement under test; auto may choose inline where threads pay
     freshroll("run", "configs/smoke.yaml", "run.steps=6", "run.progress=false",
-              "run.runtime=process", "trainer.checkpoint_every=2", "trainer.keep_checkpoints=3", "--out", str(out))
+              "run.runtime=process", "trainer.checkpoint_every=2", "trainer.keep_checkpoints=3",
+              "--out", str(out))
     return out
 
 

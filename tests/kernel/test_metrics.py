@@ -409,3 +409,19 @@ def test_sample_std_is_torch_std() -> None:
     xs = [0.3, 1.7, -2.0, 0.3]
     assert m.sample_std(xs) == pytest.approx(torch.tensor(xs).std().item(), rel=1e-6)
     assert m.sample_std([4.0]) == 0.0
+
+
+def test_off_policy_figures_stand_next_to_lag() -> None:
+    t = m.Tally()
+    for i, (kl, w, top) in enumerate(((0.02, 1.0, 1.5), (0.04, 1.2, 3.0), (None, None, 2.0))):
+        metrics = {k: v for k, v in (("mismatch_kl", kl), ("is_weight_mean", w),
+                                     ("is_weight_max", top)) if v is not None}
+        t.feed(ev.Committed(ts=float(i), lease=f"l{i}", version=P1, parent=P0,
+                            settings_digest="s", samples=[], metrics=metrics))
+    assert m.mismatch_kl_mean(t) == pytest.approx(0.03)  # steps without one are left out
+    assert m.is_weight_mean(t) == pytest.approx(1.1) and m.is_weight_max(t) == 3.0
+    assert m.summary_figures(t)["off_policy"] == {
+        "mismatch_kl_mean": pytest.approx(0.03), "is_weight_mean": pytest.approx(1.1),
+        "is_weight_max": 3.0}
+    assert m.summary_figures(m.Tally())["off_policy"] == dict.fromkeys(
+        ("mismatch_kl_mean", "is_weight_mean", "is_weight_max"))

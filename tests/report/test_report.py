@@ -28,7 +28,8 @@ from freshroll.report.html import SECTIONS, load_run, write_report
 from freshroll.runtime.endfiles import write_summary
 from kernel.kernel_driver import SimConfig, simulate
 
-FULL_IMAGES = 8  # reward x2, reward functions, lag, stages, idle, throughput, off-policy
+FULL_IMAGES = 10  # reward x2, reward functions, learning, lag, stages, idle, throughput, history,
+#                   off-policy
 
 
 def make_run(run_dir: Path, *, max_staleness: int = 1, seed: int = 0, mode: str = "async",
@@ -105,6 +106,7 @@ def test_report_has_every_section_and_plot(runs: tuple[Path, Path]) -> None:
     assert "stale" in html and "fenced" in html  # discard reasons from the ledger
     for stage in ("queue", "generation", "transfer", "reward", "buffer", "trainer"):
         assert f"<td>{stage}</td>" in html
+    assert "<th>generating s</th>" in html and "<td>w0</td>" in html  # per worker
 
 
 def test_report_with_baseline_overlays_and_labels(runs: tuple[Path, Path],
@@ -132,7 +134,7 @@ def test_report_without_metrics_shows_no_data(tmp_path: Path) -> None:
     html = write_report(run).read_text()
     _assert_self_contained(html)
     assert "no data" in html and "metrics.jsonl is missing" in html
-    assert len(_images(html)) == FULL_IMAGES - 4  # ledger-based plots still render
+    assert len(_images(html)) == FULL_IMAGES - 5  # ledger-based plots still render
     for _, title in SECTIONS:
         assert f"<h2>{title}</h2>" in html
     assert "verify: ok" in html
@@ -146,7 +148,7 @@ def test_report_with_empty_metrics_and_truncated_line(tmp_path: Path) -> None:
     (run / "metrics.jsonl").write_text(good)
     html = write_report(run).read_text()
     assert "skipped 1 unparsable line" in html
-    assert len(_images(html)) == FULL_IMAGES - 2  # reward plots yes; off-policy, reward fns no
+    assert len(_images(html)) == FULL_IMAGES - 3  # no off-policy, reward fns, learning
 
 
 def test_report_of_an_empty_directory(tmp_path: Path) -> None:
@@ -174,7 +176,7 @@ def test_corrupt_ledger_still_renders(tmp_path: Path) -> None:
         (run / extra).unlink(missing_ok=True)
     html = write_report(run).read_text()
     assert "verify: FAIL" in html and "ledger.sqlite is unreadable" in html
-    assert len(_images(html)) == 4  # reward x2, reward fns and off-policy from metrics.jsonl
+    assert len(_images(html)) == 5  # from metrics.jsonl: reward x2, fns, learning, off-policy
 
 
 def test_load_run_reads_everything(runs: tuple[Path, Path]) -> None:

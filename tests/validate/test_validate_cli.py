@@ -61,7 +61,7 @@ def test_the_decision_record_parses(passed: tuple[Result, Path]) -> None:
     assert d.to_json() == raw  # a JSON round trip loses nothing
     assert d.recommendation == PRODUCTION and d.failed == []
     names = [c.name for c in d.criteria]
-    assert names[0] == "verify" and "convergence_parity" in names
+    assert names[0] == "verify" and "convergence_parity" in names and "sample_bias" in names
     assert all(c.passed and c.evidence for c in d.criteria)
     for c in d.criteria:  # every evidence link is a run directory validate wrote
         for ev in c.evidence:
@@ -80,6 +80,14 @@ def test_the_decision_record_parses(passed: tuple[Result, Path]) -> None:
     assert sections(md) == list(SECTIONS)
     assert "**Recommendation: PRODUCTION-TRANSITION**" in md
     assert "[async-seed0](async-seed0)" in md  # evidence links relative to the record
+    # time to reward: each seed's async repeat against its sync repeat, as compare_dirs says
+    from freshroll.figures.reward_time import compare_dirs
+    assert [c["seed"] for c in d.time_to_reward] == [0, 1, 2]
+    for c in d.time_to_reward:
+        want = compare_dirs(out / f"async-seed{c['seed']}", out / f"sync-seed{c['seed']}")
+        assert c["levels"] == json.loads(json.dumps(want["levels"])) and c["note"] == want["note"]
+        assert c["baseline"] == str(out / f"sync-seed{c['seed']}")
+    assert "| seed | level (reward) | async | sync | seconds ratio | steps ratio |" in md
     ratio = next(c for c in d.criteria if c.name == "accepted_per_s_ratio")
     assert ratio.spread is not None and ratio.spread.n == 3 and ratio.spread.stdev is not None
 
@@ -120,3 +128,14 @@ def test_bad_acceptance_file_exit_2(tmp_path: Path, text: str, msg: str) -> None
     assert f"{path}: " in proc.stderr and msg in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1  # one line, no traceback
     assert not (tmp_path / "out").exists()  # nothing was run
+
+
+def test_a_repeats_report_says_which_decision_it_fed(passed: tuple[Result, Path]) -> None:
+    from freshroll.report.html import write_report
+    from freshroll.report.validation import validation_note
+
+    _, out = passed
+    html = write_report(out / "async-seed1", out=out / "seed1.html").read_text()
+    assert "this run is the <code>async-seed1</code> repeat of" in html
+    assert "<td>sample_bias</td>" in html and "production-transition" in html
+    assert validation_note(out) == ""  # not a repeat: no record beside it

@@ -38,4 +38,5 @@ def test_default_acceptance_on_the_real_model(tmp_path: Path) -> None:
     assert record["design"]["engine"] == "hf" and record["design"]["max_staleness"] == 1
     for k in (0, 1):
         assert json.loads((out / f"sync-seed{k}" / "summary.json").read_text())["mode"] == "sync"
+    assert [c["seed"] for c in record["time_to_reward"]] == [0, 1]  # async vs sync, per seed
     assert "## Recommendation" in (out / "decision.md").read_text()

@@ -15,7 +15,7 @@ version)::
     E       = accepted/s / min(c_gen, c_reward, c_train, c_sync)     pipeline efficiency
     speedup = accepted/s / accepted/s of the synchronous baseline (max_staleness 0)
     bound   = (t_gen + t_reward + t_train + t_sync) / max(t_x)      ideal async / sync
-    A       = speedup / bound                                        bound attainment
+    A       = speedup / max(1, min(bound, parallel limit))         bound attainment
 
 ``bound`` is what a perfect pipeline gains over a perfect lock-step loop: the lock-step
 loop pays every stage per batch, the pipeline only the slowest. Asynchrony "pays" on a
@@ -106,10 +106,20 @@ def async_bound(c: Capacities) -> float:
     return sum(times) / top if top > 0 and math.isfinite(top) else math.nan
 
 
-def attainment(speedup_value: float, c: Capacities) -> float:
-    """A = speedup / bound."""
-    bound = async_bound(c)
-    return speedup_value / bound if bound > 0 else math.nan
+def attainment(speedup_value: float, c: Capacities | float,
+               limit: float = math.inf) -> float:
+    """A = speedup / max(1, min(bound, limit)): the speedup over what the tighter of the
+    pipeline's stage bound (:func:`async_bound` of ``c``, or ``c`` itself: a bound measured
+    otherwise) and the machine's parallel limit allows. A non-finite or non-positive bound or
+    limit is left out (NaN: neither is known); the denominator is never below 1, since a
+    bound measured under 1 on a busy machine would let an async run slower than sync "attain"
+    it, while sync itself is always there to match. The one definition of A, for
+    ``freshroll bench`` and ``benchmarks/async_sweep.py``."""
+    bound = async_bound(c) if isinstance(c, Capacities) else c
+    caps = [x for x in (bound, limit) if math.isfinite(x) and x > 0]
+    if not caps or not math.isfinite(speedup_value):
+        return math.nan
+    return speedup_value / max(1.0, min(caps))
 
 
 def async_pays(speedups: Iterable[float]) -> bool:

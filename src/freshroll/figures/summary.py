@@ -28,6 +28,8 @@ from freshroll.events import (
     Rewarded,
     RunConfig,
 )
+from freshroll.figures.bias import SampleBias
+from freshroll.figures.history import HistoryFold
 from freshroll.figures.metrics_log import read_rows
 from freshroll.figures.overlap import OverlapFold
 from freshroll.figures.segments import SegmentFold
@@ -164,6 +166,8 @@ class SummaryFold:
         self.tally = Tally()
         self._rows: list[dict[str, Any]] = []
         self.bias = DiscardBias()
+        self.sample_bias = SampleBias()
+        self.history = HistoryFold()  # the report's timeline (not in summary.json)
         self.spans = SpanFold()
         self.verdict = VerdictFold()
         self.reward_versions = RewardVersions()
@@ -192,8 +196,9 @@ class SummaryFold:
     def _route(self, kind: type) -> tuple[Callable[[Any], None], ...]:
         """The folds that read events of ``kind`` (the tally reads every event)."""
         route: list[Callable[[Any], None]] = [self.segments.feed, self._tally]
-        route += [f.feed for f in (self.bias, self.spans, self.verdict, self.overlap,
-                                   self.reward_versions) if kind in f.KINDS]
+        route += [f.feed for f in (self.bias, self.sample_bias, self.history, self.spans,
+                                   self.verdict, self.overlap, self.reward_versions)
+                  if kind in f.KINDS]
         if kind in (Requested, Opened, Closed):
             route.append(self._lifecycle)
         if kind is RunConfig:
@@ -246,6 +251,7 @@ class SummaryFold:
             **summary_figures(self.tally),
             "engine": self.engine,
             "discard_bias": self.bias.result(),
+            "sample_bias": self.sample_bias.result(),
             "stages": [row.__dict__ for row in self.stages()],
             "verdict": self.verdict.result(),
             "overlap": self.overlap.result(self.tally),

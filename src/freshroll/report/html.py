@@ -22,11 +22,8 @@ it (``summary.json`` is the fallback when the ledger cannot be read).
 
 from __future__ import annotations
 
-import base64
-import json
-import math
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from html import escape
 from pathlib import Path
 from typing import Any
@@ -34,13 +31,24 @@ from typing import Any
 import yaml
 
 from freshroll import events as ev
+from freshroll.figures import reward_time
 from freshroll.figures.summary import SummaryFold
 from freshroll.harness.verify import INVARIANTS, Report, verify_run
 from freshroll.ledger import LEDGER_FILE
 from freshroll.metrics import UNCOUNTED_DISCARD_REASONS, discard_rate, discards_by_reason
 from freshroll.report import plots
+from freshroll.report.bias import sample_bias
+from freshroll.report.completions import completions_section
+from freshroll.report.history import history_section
+from freshroll.report.markup import fmt
+from freshroll.report.markup import img as _img
+from freshroll.report.markup import num as _num
+from freshroll.report.markup import pct as _pct
+from freshroll.report.markup import table as _table
+from freshroll.report.reward_time import time_to_reward as _time_to_reward
 from freshroll.report.rundata import RunData, load_run
 from freshroll.report.style import CSS
+from freshroll.report.validation import validation_note
 from freshroll.timing import percentiles
 
 REPORT_FILE = "report.html"
@@ -48,9 +56,12 @@ VERIFY_MESSAGES = 8  # violation messages shown per failing invariant
 
 SECTIONS = (
     ("reward", "Reward"),
+    ("learning", "Learning curves"),
     ("lag", "Lag of committed samples"),
     ("stages", "Time per stage"),
     ("trainer", "Trainer idle and throughput"),
+    ("history", "History"),
+    ("completions", "Sample completions"),
     ("offpolicy", "Off-policy health"),
     ("discards", "Discards"),
     ("summary", "Summary"),
@@ -59,34 +70,6 @@ SECTIONS = (
 
 
 # -- small helpers ----------------------------------------------------------------------
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
-def fmt(value: Any) -> str:
-    """A number or value as short, escaped text ("—" for missing)."""
-    if value is None:
-        return "—"
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, int):
-        return f"{value:,}"
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return escape(str(value))
-        return f"{value:.4g}" if abs(value) >= 1e-3 or value == 0 else f"{value:.2e}"
-    if isinstance(value, dict | list):
-        return escape(json.dumps(value, sort_keys=True))
-    return escape(str(value))
-
-
-def _pct(value: Any) -> str:
-    v = _num(value)
-    return "—" if v is None else f"{v:.1%}"
-
-
 def _series(
     rows: Sequence[dict[str, Any]], xkey: str, ykey: str
 ) -> tuple[list[float], list[float]]:
@@ -100,11 +83,6 @@ def _series(
     return xs, ys
 
 
-def _img(png: bytes, alt: str) -> str:
-    data = base64.b64encode(png).decode("ascii")
-    return f'<img class="plot" alt="{escape(alt)}" src="data:image/png;base64,{data}">'
-
-
 def _nodata(what: str, why: str) -> str:
     return (f'<div class="nodata"><b>no data</b> for {escape(what)}'
             f'<br><span>{escape(why)}</span></div>')
@@ -113,13 +91,6 @@ def _nodata(what: str, why: str) -> str:
 def _why(run: RunData, *files: str) -> str:
     hits = [n for n in run.notes if any(n.startswith(f) for f in files)]
     return "; ".join(hits) or f"{' / '.join(files)} has no such values"
-
-
-def _table(header: Sequence[str], rows: Iterable[Sequence[str]], cls: str = "") -> str:
-    """Cells are pre-escaped HTML; the header is escaped here."""
-    head = "".join(f"<th>{escape(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows)
-    return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
 def _labels(run: RunData, baseline: RunData | None) -> None:
@@ -191,12 +162,47 @@ def _header(run: RunData, baseline: RunData | None) -> str:
                if base is not None and baseline is not None else "")
         cards.append(f'<div class="card"><div class="k">{escape(key)}</div>'
                      f'<div class="v">{value}</div>{sub}</div>')
+    cards += _verdict_cards(run, baseline)
     notes = ""
     if run.notes:
         notes = ('<div class="notes">inputs: '
                  + "; ".join(escape(n) for n in run.notes) + "</div>")
     return (f'<div class="cards">{"".join(cards)}</div>{_verdict_html(run)}'
-            f"{_segments_html(run)}{_verify_html(run)}{notes}")
+            f"{_segments_html(run)}{_verify_html(run)}{validation_note(run.run_dir)}{notes}")
+
+
+def _verdict_cards(run: RunData, baseline: RunData | None) -> list[str]:
+    """Did asynchrony pay? The overlap verdict with its ratio (``summary.json`` ``overlap``:
+    measured by the sync fallback, or estimated), and with a baseline the seconds to the
+    middle reward level against it (:mod:`freshroll.figures.reward_time`)."""
+    cards = []
+    o = run.summary.get("overlap")
+    if isinstance(o, dict) and o.get("verdict") in ("paid", "did not pay"):
+        ratio = _num(o.get("ratio"))
+        fb = o.get("fallback") if o.get("verdict_source") == "measured" else None
+        if isinstance(fb, dict) and fb.get("probes"):
+            ratio = _num(fb["probes"][-1].get("ratio"))
+        value = f"{o['verdict']}" + (f" · {ratio:.2f}x" if ratio is not None else "")
+        sub = (f"{escape(str(o.get('verdict_source', '')))}: async vs sync accepted "
+               "rollouts/s")
+        cls = "card good" if o["verdict"] == "paid" else "card bad"
+        cards.append(f'<div class="{cls}"><div class="k">asynchrony</div>'
+                     f'<div class="v">{escape(value)}</div><div class="base">{sub}</div></div>')
+    if baseline is not None:
+        cmp = reward_time.compare(reward_time.curve(run.metrics),
+                                  reward_time.curve(baseline.metrics))
+        mid = next((lv for lv in cmp["levels"] if lv["frac"] == 0.5), None)
+        if mid is not None:
+            s_ratio = mid["s_ratio"]
+            value = "not reached" if mid["run"] is None else f"{mid['run']['s']:.1f} s"
+            theirs = ("not reached" if mid["baseline"] is None
+                      else f"{mid['baseline']['s']:.1f} s")
+            times = "" if s_ratio is None else f" ({s_ratio:.2f}x)"
+            cards.append(f'<div class="card"><div class="k">time to reward '
+                         f'{mid["reward"]:.3g}</div><div class="v">{escape(value)}{times}</div>'
+                         f'<div class="base">{escape(baseline.label)}: {escape(theirs)}</div>'
+                         "</div>")
+    return cards
 
 
 def _segments_html(run: RunData) -> str:
@@ -249,7 +255,8 @@ def _reward_section(run: RunData, baseline: RunData | None) -> str:
     note = ("<p class='hint'>Reward per trainer step and per second of wall time, side by side"
             + (f"; dashed: {escape(baseline.label)}" if baseline is not None else "")
             + ". Throughput alone says nothing about convergence.</p>")
-    return note + f'<div class="grid">{"".join(panels)}</div>' + _reward_fns(run)
+    return (note + f'<div class="grid">{"".join(panels)}</div>' + _time_to_reward(run, baseline)
+            + _reward_fns(run))
 
 
 def _reward_fns(run: RunData) -> str:
@@ -336,7 +343,26 @@ def _stage_section(run: RunData, baseline: RunData | None) -> str:
             "transfer, reward, buffer (rewarded → leased), trainer (leased → committed), "
             f"over {len(total):,} accepted samples of {escape(run.label)}.</p>")
     return (hint + _img(plots.stage_bars(means), "per-stage time decomposition")
-            + f'<div class="tablewrap">{table}</div>')
+            + f'<div class="tablewrap">{table}</div>' + _per_worker(run))
+
+
+def _per_worker(run: RunData) -> str:
+    """Each inference worker's generation busy time and its share of the run's wall
+    (``summary.json`` ``overlap.gen_busy_s_by_worker``, :mod:`freshroll.figures.overlap`)."""
+    o = run.summary.get("overlap")
+    busy = o.get("gen_busy_s_by_worker") if isinstance(o, dict) else None
+    wall = _num(o.get("wall_s")) if isinstance(o, dict) else None
+    if not isinstance(busy, dict) or not busy:
+        return ""
+    rows = []
+    for w, b in sorted(busy.items()):
+        secs = _num(b)
+        share = secs / wall if secs is not None and wall else None
+        rows.append((escape(str(w)), fmt(secs), _pct(share)))
+    return ("<p class='hint'>Per inference worker: seconds generating (its calls' union) and "
+            "the share of the run's wall it was busy; a worker far below the others waited "
+            "on admission or was replaced.</p>"
+            + _table(("worker", "generating s", "busy share"), rows, "num"))
 
 
 def _running(r: RunData) -> tuple[list[float], list[float], list[float], list[float]]:
@@ -414,6 +440,33 @@ def _offpolicy_section(run: RunData) -> str:
     return _img(plots.off_policy_panels(panels), "off-policy health")
 
 
+def _learning_section(run: RunData, baseline: RunData | None) -> str:
+    """The learner's own curves per step (``metrics.jsonl``): loss, entropy, gradient norm,
+    completion length (the batch's completion tokens over its samples) and reward std."""
+    runs = [run] + ([baseline] if baseline is not None else [])
+    panels = []
+    for ylabel, key in (("loss", "loss"), ("entropy", "entropy"), ("grad norm", "grad_norm"),
+                        ("tokens / completion", "completion_len"), ("reward std", "reward_std")):
+        lines = []
+        for r in runs:
+            rows = r.metrics if key != "completion_len" else [
+                {"step": m["step"], "completion_len": m["tokens"] / m["samples"]}
+                for m in r.metrics if _num(m.get("tokens")) is not None
+                and _num(m.get("samples")) and "step" in m]
+            xs, ys = _series(rows, "step", key)
+            if xs:
+                lines.append(plots.Line(r.label, xs, ys, baseline=r is not run))
+        if lines:
+            panels.append((ylabel, lines))
+    if not panels:
+        return _nodata("learning curves", _why(run, "metrics.jsonl"))
+    hint = ("<p class='hint'>What the learner reported at each step"
+            + (f"; dashed: {escape(baseline.label)}" if baseline is not None else "")
+            + ". Falling entropy and completion length that changes fast are worth a look "
+            "beside the reward.</p>")
+    return hint + _img(plots.off_policy_panels(panels), "learning curves")
+
+
 def _discard_section(run: RunData) -> str:
     lv = run.ledger
     if lv is not None:
@@ -423,9 +476,10 @@ def _discard_section(run: RunData) -> str:
         raw = run.summary.get("discards")
         counts = {str(k): int(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
         source, rate = "summary.json", _num(run.summary.get("discard_rate"))
+    bias = sample_bias(run.summary.get("sample_bias"))
     if not counts:
         if lv is not None or isinstance(run.summary.get("discards"), dict):
-            return "<p>No discards.</p>"
+            return "<p>No discards.</p>" + bias
         return _nodata("discards", _why(run, LEDGER_FILE, "summary.json"))
     total = sum(counts.values())
     rows = []
@@ -439,32 +493,57 @@ def _discard_section(run: RunData) -> str:
             f"({_pct(rate)}) is the counted discards over the accepted rollouts plus the "
             "counted discards (docs/metrics.md).</p>")
     header = ("reason", "count", "share of discards", "in discard rate")
-    return hint + _table(header, rows, "num")
+    return hint + _table(header, rows, "num") + bias
 
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested blocks as dotted keys, down to a block of plain values (shown on one line)."""
     out: dict[str, Any] = {}
     for k, v in d.items():
         key = f"{prefix}{k}"
-        if isinstance(v, dict) and v and prefix.count(".") < 2:
+        if isinstance(v, dict) and v and any(isinstance(x, dict | list) for x in v.values()):
             out.update(_flatten(v, key + "."))
         else:
             out[key] = v
     return out
 
 
+#: summary.json's tables that have a section of their own (shown there, counted here)
+_TABLES = {"stages": "Time per stage", "segments": "the header", "over_time": "Discards",
+           "levels": "Reward"}
+
+
+def _readable(key: str, value: Any) -> str:
+    """A summary value as a person reads it: numbers short, a block of plain values on one
+    line (``0: 104 · 1: 87``), a table counted with the section that shows it."""
+    if isinstance(value, dict):
+        if not value:
+            return "—"
+        return " · ".join(f"{escape(str(k))}: {fmt(v)}" for k, v in value.items())
+    if isinstance(value, list):
+        if not value:
+            return "—"
+        if all(not isinstance(x, dict | list) for x in value):
+            return ", ".join(fmt(x) for x in value)
+        where = _TABLES.get(key.rpartition(".")[2])
+        return f"{len(value)} rows" + (f" (shown in {where})" if where else "")
+    return fmt(value)
+
+
 def _summary_section(run: RunData, baseline: RunData | None) -> str:
     mine = _flatten({k: v for k, v in run.summary.items() if k != "config"})
     if not mine:
         return _nodata("summary", _why(run, "summary.json"))
+    hint = "<p class='hint'>summary.json, one figure per row (docs/metrics.md).</p>"
     if baseline is None:
-        rows: list[tuple[str, ...]] = [(f"<code>{escape(k)}</code>", fmt(v))
+        rows: list[tuple[str, ...]] = [(f"<code>{escape(k)}</code>", _readable(k, v))
                                        for k, v in mine.items()]
-        return _table(("key", "value"), rows, "kv")
+        return hint + _table(("figure", "value"), rows, "kv")
     theirs = _flatten({k: v for k, v in baseline.summary.items() if k != "config"})
     keys = list(dict.fromkeys([*mine, *theirs]))
-    rows = [(f"<code>{escape(k)}</code>", fmt(mine.get(k)), fmt(theirs.get(k))) for k in keys]
-    return _table(("key", run.label, baseline.label), rows, "kv")
+    rows = [(f"<code>{escape(k)}</code>", _readable(k, mine.get(k)), _readable(k, theirs.get(k)))
+            for k in keys]
+    return hint + _table(("figure", run.label, baseline.label), rows, "kv")
 
 
 def _config_section(run: RunData) -> str:
@@ -485,7 +564,10 @@ def render(run: RunData, baseline: RunData | None = None) -> str:
         "reward": _reward_section(run, baseline),
         "lag": _lag_section(run),
         "stages": _stage_section(run, baseline),
+        "learning": _learning_section(run, baseline),
+        "completions": completions_section(run.run_dir),
         "trainer": _trainer_section(run, baseline),
+        "history": history_section(run.ledger.history if run.ledger is not None else None),
         "offpolicy": _offpolicy_section(run),
         "discards": _discard_section(run),
         "summary": _summary_section(run, baseline),

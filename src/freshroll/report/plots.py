@@ -274,3 +274,34 @@ __all__ = [
     "Line", "lag_histogram", "line_chart", "off_policy_panels", "per_step_chart",
     "rate_chart", "reward_curve", "stage_bars",
 ]
+
+
+@_styled
+def timeline(lanes: Sequence[str], points: Sequence[tuple[float, str]],
+             controls: Sequence[tuple[float, int, int]] = ()) -> bytes:
+    """A run's history: one row per lane with a mark at each entry's time (``points``:
+    ``(t, lane)``), and below it, when the controller decided, its worker count and
+    admission limit over time (``controls``: ``(t, workers, admission_limit)``)."""
+    used = [lane for lane in lanes if any(p[1] == lane for p in points)]
+    rows = 2 if controls else 1
+    fig = _figure(height=1.2 + 0.32 * max(1, len(used)) + (1.8 if controls else 0), width=WIDE)
+    ax = _axes(fig, rows, 1, 1)
+    palette = ("#1f77b4", "#9467bd", "#ff7f0e", "#d62728", "#8c564b", "#2ca02c", "#e377c2")
+    for i, lane in enumerate(used):
+        ts = [t for t, name in points if name == lane]
+        ax.scatter(ts, [i] * len(ts), s=22, marker="|" if len(ts) > 60 else "o",
+                   color=palette[lanes.index(lane) % len(palette)], zorder=3)
+    ax.set_yticks(range(len(used)), used)
+    ax.set_ylim(-0.6, len(used) - 0.4)
+    ax.set_title("Run history")
+    ax.set_xlabel("seconds since the run opened")
+    if controls:
+        cx = _axes(fig, rows, 1, 2)
+        xs = [c[0] for c in controls]
+        cx.step(xs, [c[1] for c in controls], where="post", color=RUN_COLOR, label="workers")
+        cx.step(xs, [c[2] for c in controls], where="post", color=BASELINE_COLOR,
+                linestyle="--", label="admission limit (groups)")
+        cx.set_title("Controller settings after each decision")
+        cx.set_xlabel("seconds since the run opened")
+        cx.legend(loc="best", frameon=False)
+    return _png(fig)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from freshroll.figures.history import HistoryFold
 from freshroll.figures.metrics_log import read_rows
 from freshroll.figures.summary import SummaryFold, fold_events
 from freshroll.harness.verify import Report, check_files, check_ledger, read_counts
@@ -31,6 +32,7 @@ class LedgerView:
     rows: list[dict[str, Any]]  # one per committed step (metrics.row), in order
     requests: int
     closed: bool
+    history: HistoryFold = field(default_factory=HistoryFold)  # the run's timeline
 
     @property
     def figures(self) -> dict[str, Any]:
@@ -85,7 +87,7 @@ def _view(fold: SummaryFold, notes: list[str]) -> LedgerView | None:
     ledger is damaged so that they cannot be computed)."""
     try:
         return LedgerView(fold.spans.result(), fold.stages(), fold.tally, fold.rows,
-                          fold.requests, fold.closed)
+                          fold.requests, fold.closed, fold.history)
     except Exception as exc:  # a damaged ledger: the report still renders
         notes.append(f"{LEDGER_FILE} is unreadable: {exc}")
         return None

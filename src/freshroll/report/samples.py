@@ -55,7 +55,7 @@ def sample_rows(run_dir: Path, decode: Any = None) -> Iterator[dict[str, Any]]:
     if not path.is_file():
         raise RunDirError(f"{run_dir}: not a run directory (no {LEDGER_FILE})")
     if decode is None:
-        decode = _tokenizer_decode(Path(run_dir))
+        decode = tokenizer_decode(Path(run_dir))
     rows: dict[str, dict[str, Any]] = {}
     prompt_of: dict[str, str] = {}  # group -> prompt id
     with Ledger(path, readonly=True) as ledger:
@@ -109,7 +109,7 @@ def _row(e: ev.Generated, start: ev.Started | None,
     return row
 
 
-def _tokenizer_decode(run_dir: Path) -> Any:
+def tokenizer_decode(run_dir: Path) -> Any:
     """The run's tokenizer's ``decode`` (its ``model/`` or ``model.path``), or None."""
     import yaml
 

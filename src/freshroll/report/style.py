@@ -11,6 +11,7 @@ nav{font-size:13px;margin:6px 0 14px}nav a{margin-right:12px;color:#1f5fa8;text-
 .card{background:#fff;border:1px solid #e1e4e8;border-radius:6px;padding:8px 14px;min-width:150px}
 .card .k{font-size:12px;color:#666}.card .v{font-size:20px;font-weight:600;white-space:nowrap}
 .card .base{font-size:12px;color:#b35900;white-space:nowrap}
+.card.good{border-color:#7bc28a}.card.bad{border-color:#e0837a}
 .verdict{border-radius:6px;padding:10px 14px;margin:10px 0}
 .verdict span{font-size:12px;color:#444}
 .ok{background:#e8f6ec;border:1px solid #7cc48d;color:#155724}

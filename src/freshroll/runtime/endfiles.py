@@ -25,6 +25,7 @@ from typing import Any
 
 from freshroll import crashpoints
 from freshroll.errors import RunDirError
+from freshroll.figures import reward_time
 from freshroll.figures.metrics_log import write_atomic
 from freshroll.figures.summary import SUMMARY_FILE, read_host, summarize
 from freshroll.harness.verify import Report, check_files, check_ledger, read_counts
@@ -34,22 +35,29 @@ from freshroll.runtime.evaluation import eval_summary
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any] | None = None,
-                  host: dict[str, Any] | None = None) -> dict[str, Any]:
+                  host: dict[str, Any] | None = None, *,
+                  baseline: Path | None = None) -> dict[str, Any]:
     """Write ``summary.json``: ``summary`` (already computed from this run's ledger, e.g. by a
     :class:`SummaryFold` of the end-of-run pass), or the ledger's summary read now.
 
     ``host``: the host's load at the run's end (:func:`freshroll.figures.overlap.host_now`),
     kept as ``host`` (not from the ledger: ``verify`` does not recompute it); None keeps the
-    ``host`` block of an existing ``summary.json`` (a summary rebuilt later)."""
+    ``host`` block of an existing ``summary.json`` (a summary rebuilt later). ``baseline``: a
+    run to compare time to reward with (:mod:`freshroll.figures.reward_time`, the
+    ``time_to_reward`` block); None keeps the block an earlier comparison wrote."""
     if summary is None:
         summary = summarize(run_dir)
     if host is None:
         host = read_host(run_dir)
     if host is not None:
         summary = {**summary, "host": jsonable(host)}
-    kept = read_block(run_dir, FIXED_COSTS)  # a summary rebuilt later keeps the run's own
-    if kept is not None and FIXED_COSTS not in summary:
-        summary = {**summary, FIXED_COSTS: kept}
+    for key in (FIXED_COSTS, reward_time.BLOCK):  # a summary rebuilt later keeps them
+        kept = read_block(run_dir, key)
+        if kept is not None and key not in summary:
+            summary = {**summary, key: kept}
+    if baseline is not None:
+        summary = {**summary, reward_time.BLOCK: jsonable(reward_time.compare_dirs(run_dir,
+                                                                                 baseline))}
     evaluation = eval_summary(run_dir)  # from eval.jsonl (not the ledger), when there is one
     if evaluation is not None:
         summary = {**summary, "eval": jsonable(evaluation)}
@@ -116,7 +124,7 @@ def finish_run_dir(run_dir: Path, *, baseline: Path | None = None, report: bool 
     if baseline is not None:
         check_baseline(baseline)
     passed = check_ledger(run_dir)
-    summary = write_summary(run_dir, passed.fold.summary(), host)
+    summary = write_summary(run_dir, passed.fold.summary(), host, baseline=baseline)
     crashpoints.reach("summary")
     verified: Report | Exception
     try:

@@ -559,23 +559,19 @@ def _drop_abandoned_interrupt_logs() -> None:
         log.addFilter(_AbandonedInterrupt())
 
 
-def _write_report(run_dir: Path, baseline: Path | None = None) -> None:
-    from freshroll.report.html import write_report
-
-    write_report(run_dir, baseline=baseline)
-
-
 def run_baseline(run_dir: Path, *, stream: TextIO = sys.stderr) -> RunResult:
     """The synchronous baseline of a finished run: same config, max_staleness 0.
 
-    Written to ``RUN_DIR/baseline``; the run's report is rebuilt with it overlaid,
-    so reward per step and per second are always shown beside the baseline.
+    Written to ``RUN_DIR/baseline``; the run's summary and report are rebuilt with it: reward
+    per step and per second shown beside the baseline, and the seconds and steps each run
+    needed to reach the same rewards (``summary.json`` ``time_to_reward``,
+    :mod:`freshroll.figures.reward_time`).
     """
     cfg = validate(read_yaml(run_dir / "config.yaml"), str(run_dir / "config.yaml"))
     sync = cfg.model_copy(update={"run": cfg.run.model_copy(update={"max_staleness": 0})})
     stream.write("synchronous baseline (max_staleness=0):\n")
     result = run(sync, run_dir / "baseline", stream=stream)
-    _write_report(run_dir, baseline=run_dir / "baseline")
+    finish_run_dir(run_dir, baseline=run_dir / "baseline")
     return result
 
 

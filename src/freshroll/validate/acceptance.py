@@ -96,6 +96,14 @@ class AtMostLag(_Strict):
         return float(max_staleness) if self.max == MAX_STALENESS else float(self.max)
 
 
+class AtMostBias(_Strict):
+    """The sample bias of each async repeat (``summary.json`` ``sample_bias.divergence``,
+    :mod:`freshroll.figures.bias`): the largest of |length bias|, |reward bias| (in reward
+    std), 1 - prompt coverage and the version mix's distance, at most ``max``."""
+
+    max: float = Field(gt=0, le=1e3, description="the largest divergence, at most")
+
+
 class Recovery(_Strict):
     """Recovery time under fault plans: one chaos case per scenario x seed."""
 
@@ -145,6 +153,7 @@ class Gates(_Strict):
     lag_p99: AtMostLag | None = None
     lag_max: AtMostLag | None = None
     trainer_idle_ratio: AtMostRatio | None = None
+    sample_bias: AtMostBias | None = None
     recovery: Recovery | None = None
     convergence: Convergence | None = None
 

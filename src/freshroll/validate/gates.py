@@ -35,7 +35,7 @@ from freshroll.validate.acceptance import Gates
 
 #: the figures a repeat carries (keys of :attr:`Repeat.figures`)
 FIGURE_KEYS = ("accepted_per_s", "discard_rate", "lag_p99", "lag_max", "trainer_idle_ratio",
-               "reward_window")
+               "reward_window", "sample_bias")
 
 
 @dataclass(frozen=True)
@@ -341,6 +341,11 @@ def evaluate(gates: Gates, max_staleness: int, m: Measured,
         out.append(bound_gate("trainer_idle_ratio", "trainer wait for data / trainer wall time "
                               "(worst repeat)", "<=", gates.trainer_idle_ratio.max, a,
                               "trainer_idle_ratio"))
+    if gates.sample_bias is not None:
+        out.append(bound_gate("sample_bias", "largest divergence of the accepted samples from "
+                              "those generated: |length bias|, |reward bias| (reward std), "
+                              "1 - prompt coverage, version mix distance (worst repeat)", "<=",
+                              gates.sample_bias.max, a, "sample_bias"))
     if gates.recovery is not None:
         out += recovery_gates(gates.recovery.max_s, gates.recovery.scenarios, m.cases)
     c = gates.convergence

@@ -54,6 +54,9 @@ class Decision:
     wall_s: float
     created: str = ""
     recovery: list[dict[str, Any]] | str = field(default_factory=list)
+    #: per seed, the async repeat's time to reward against the sync repeat's
+    #: (:mod:`freshroll.figures.reward_time`); empty without sync repeats
+    time_to_reward: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -61,7 +64,7 @@ class Decision:
             "created": self.created, "wall_s": self.wall_s, "seeds": self.seeds,
             "diagnosis": self.diagnosis, "design": self.design,
             "validation": [c.to_json() for c in self.criteria],
-            "recovery": self.recovery,
+            "recovery": self.recovery, "time_to_reward": self.time_to_reward,
             "recommendation": self.recommendation, "failed": self.failed,
         }
 
@@ -76,7 +79,7 @@ class Decision:
             criteria=[Criterion.from_json(c) for c in d["validation"]],
             recommendation=d["recommendation"], failed=list(d["failed"]),
             wall_s=float(d["wall_s"]), created=d.get("created", ""),
-            recovery=d.get("recovery", []),
+            recovery=d.get("recovery", []), time_to_reward=list(d.get("time_to_reward", [])),
         )
 
 
@@ -140,7 +143,8 @@ def design(cfg: Config, seeds: Sequence[int]) -> dict[str, Any]:
 def build(*, name: str, acceptance: str, cfg: Config, seeds: Sequence[int],
           criteria: Sequence[Criterion], signals: Sequence[Mapping[str, Any]],
           recovery: list[dict[str, Any]] | str, wall_s: float,
-          environment: Mapping[str, Any] | None = None) -> Decision:
+          environment: Mapping[str, Any] | None = None,
+          time_to_reward: Sequence[Mapping[str, Any]] = ()) -> Decision:
     """The record of one validation; ``environment``: the machine (cpus, load averages)."""
     rec, bad = recommend(criteria)
     diagnosis = diagnose(signals, cfg.control.idle_high)
@@ -150,6 +154,7 @@ def build(*, name: str, acceptance: str, cfg: Config, seeds: Sequence[int],
         diagnosis=diagnosis, design=design(cfg, seeds),
         criteria=list(criteria), recommendation=rec, failed=bad, wall_s=wall_s,
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), recovery=recovery,
+        time_to_reward=[dict(x) for x in time_to_reward],
     )
 
 
@@ -264,6 +269,7 @@ def render_markdown(d: Decision, base: Path | None = None) -> str:
                        f"{case.get('error') or case.get('outcome') or '-'} | "
                        f"{len(case.get('violations') or [])} |")
         out.append("")
+    out += _time_to_reward(d.time_to_reward)
     out += ["Per repeat:", ""]
     for c in d.criteria:
         if c.per_repeat:
@@ -280,6 +286,29 @@ def render_markdown(d: Decision, base: Path | None = None) -> str:
                 out.append(f"- `{c.name}`: measured {_n(c.value)}, required {c.threshold}"
                            + (f" ({c.note})" if c.note else ""))
     return "\n".join(out) + "\n"
+
+
+def _time_to_reward(per_seed: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The time-to-reward table (each seed's async repeat against its sync repeat)."""
+    if not per_seed:
+        return []
+    out = ["Time to reward, async against sync (throughput is not convergence): the wall "
+           "seconds and steps each repeat needed to reach 25/50/75% of the way from the lower "
+           "starting reward to the best either reached (`freshroll.figures.reward_time`).", "",
+           "| seed | level (reward) | async | sync | seconds ratio | steps ratio |",
+           "|---|---|---|---|---|---|"]
+
+    def at(x: Mapping[str, Any] | None) -> str:
+        return "not reached" if x is None else f"{_n(x['s'], '.1f')} s (step {x['step']})"
+
+    for c in per_seed:
+        if c.get("note"):
+            out.append(f"| {c['seed']} | - | {c['note']} | | | |")
+        for lv in c.get("levels") or []:
+            out.append(f"| {c['seed']} | {int(lv['frac'] * 100)}% ({_n(lv['reward'], '.3f')}) "
+                       f"| {at(lv['run'])} | {at(lv['baseline'])} | "
+                       f"{_n(lv['s_ratio'], '.2f')} | {_n(lv['steps_ratio'], '.2f')} |")
+    return [*out, ""]
 
 
 def _machine(env: Mapping[str, Any]) -> list[str]:

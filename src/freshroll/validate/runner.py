@@ -43,9 +43,11 @@ from freshroll.bench.runner import with_overrides
 from freshroll.config import Config
 from freshroll.errors import ConfigError, FreshrollError, Interrupted, RunDirError
 from freshroll.events import DECODER
+from freshroll.figures import reward_time
 from freshroll.figures.summary import SUMMARY_FILE, read_metrics
 from freshroll.figures.verdict import render as render_verdict
 from freshroll.ledger import LEDGER_FILE, Ledger
+from freshroll.metrics import jsonable
 from freshroll.validate import record
 from freshroll.validate.acceptance import Loaded, load, seed_list
 from freshroll.validate.gates import FIGURE_KEYS, Case, Measured, Repeat, evaluate
@@ -100,12 +102,28 @@ def validate(path: str | Path, out: Path, *, stream: TextIO = sys.stderr,
     decision = record.build(
         name=loaded.name, acceptance=str(path), cfg=cfg, seeds=seeds, criteria=criteria,
         signals=signals, recovery=_recovery_json(measured.cases),
+        time_to_reward=time_to_reward(measured),
         wall_s=time.perf_counter() - t0,
         environment={"cpus": os.cpu_count(), "loadavg_start": load_start,
                      "loadavg_end": _loadavg(), "clock": _clock(cfg)},
     )
     record.write(decision, out)
     return Validation(decision, out)
+
+
+def time_to_reward(measured: Measured) -> list[dict[str, Any]]:
+    """Each seed's async repeat against its sync repeat: the seconds and steps each needed
+    to reach the same rewards (:func:`freshroll.figures.reward_time.compare_dirs`); none
+    without sync repeats."""
+    sync = {r.seed: r for r in measured.sync_runs}
+    out = []
+    for a in measured.async_runs:
+        b = sync.get(a.seed)
+        if b is None:
+            continue
+        cmp = reward_time.compare_dirs(Path(a.run_dir), Path(b.run_dir))
+        out.append({"seed": a.seed, **jsonable(cmp), "baseline": b.run_dir})
+    return out
 
 
 def skipped(mode: str, seed: int, out: Path, first: str) -> Repeat:
@@ -225,9 +243,7 @@ def _last_steps(loaded: Loaded) -> int:
 
 def read_figures(run_dir: Path, loaded: Loaded) -> dict[str, float | None]:
     """The gates' figures of one finished run (None where the run left none)."""
-    out: dict[str, float | None] = dict.fromkeys(
-        ("accepted_per_s", "discard_rate", "lag_p99", "lag_max", "trainer_idle_ratio",
-         "reward_window"))
+    out: dict[str, float | None] = dict.fromkeys(FIGURE_KEYS)
     try:
         figs = run_figures(run_dir, run_dir.name)
     except (FreshrollError, KeyError, TypeError, ValueError):
@@ -238,7 +254,18 @@ def read_figures(run_dir: Path, loaded: Loaded) -> dict[str, float | None]:
     # with eval.file set, convergence is judged on the held-out set's reward (eval/reward)
     column = "eval/reward" if loaded.cfg.eval.file is not None else "reward_mean"
     out["reward_window"] = reward_window(run_dir, _last_steps(loaded), column)
+    out["sample_bias"] = sample_bias_of(run_dir)
     return out
+
+
+def sample_bias_of(run_dir: Path) -> float | None:
+    """``summary.json``'s ``sample_bias.divergence`` (None: no summary or no figure)."""
+    try:
+        bias = json.loads((run_dir / SUMMARY_FILE).read_text()).get("sample_bias")
+    except (OSError, ValueError, AttributeError):
+        return None
+    value = bias.get("divergence") if isinstance(bias, dict) else None
+    return float(value) if isinstance(value, int | float) else None
 
 
 def reward_window(run_dir: Path, last_steps: int, column: str = "reward_mean") -> float | None:
