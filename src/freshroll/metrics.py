@@ -22,6 +22,10 @@ Two rules used by several figures, stated once:
   outcome; ``shutdown``: the run ended first, which says nothing about the samples). Every
   other reason counts, including ones added later.
 
+- **controller figures**: the steering task records a ``controller_decided`` event every
+  ``control.interval_s`` (static control too); the buffer depth, the requests in flight and
+  the live settings (workers, per-worker concurrency, admission limit) are those of the
+  last such event, ``None`` before the first (a row leaves their columns out).
 - **engine figures**: an engine that reports its load (vLLM, the simulated server) has it
   measured by the steering meter and recorded in every ``controller_decided`` event's
   inputs; the figures are those of the last decision that carried them (``preemptions``:
@@ -85,6 +89,8 @@ class Tally:
     #: the last decision's engine report (kv_cache_usage, waiting, running); None: none yet
     engine: tuple[float, int, int] | None = None
     preempted: int = 0  # preemptions summed over every decision's window
+    decisions: int = 0  # controller_decided events
+    decided: ev.ControllerDecided | None = None  # the last one
     trainer_restarts: int = 0  # trainer_restarted events
     worker_losses: Counter[str] = field(default_factory=Counter)  # fenced lost/timeout, by reason
     worker_loss_first: str | None = None  # "w1 epoch 0 lost: <the error>"
@@ -141,6 +147,8 @@ class Tally:
         elif isinstance(e, ev.WeightsLoaded):
             self.transfers.append(e.transfer_s)
         elif isinstance(e, ev.ControllerDecided):
+            self.decisions += 1
+            self.decided = e
             self._decided(e.inputs)
         elif isinstance(e, ev.TrainerRestarted):
             self.trainer_restarts += 1
@@ -504,12 +512,60 @@ def preemptions(t: Tally) -> int | None:
     return None if t.engine is None else t.preempted
 
 
+@figure
+def controller_decisions(t: Tally) -> int:
+    return t.decisions
+
+
+@figure
+def controller_bottleneck(t: Tally) -> str | None:
+    return None if t.decided is None else t.decided.bottleneck
+
+
+@figure
+def buffer_depth(t: Tally) -> int | None:
+    return _decided_input(t, "ready_samples")
+
+
+@figure
+def in_flight_requests(t: Tally) -> int | None:
+    return _decided_input(t, "in_flight")
+
+
+@figure
+def active_workers(t: Tally) -> int | None:
+    return None if t.decided is None else t.decided.settings.workers
+
+
+@figure
+def worker_concurrency(t: Tally) -> int | None:
+    return None if t.decided is None else t.decided.settings.concurrency
+
+
+@figure
+def admission_limit(t: Tally) -> int | None:
+    return None if t.decided is None else t.decided.settings.admission_limit
+
+
+def _decided_input(t: Tally, name: str) -> int | None:
+    """An integer input of the last ``controller_decided`` (None: no decision, or one
+    recorded without it)."""
+    value = None if t.decided is None else t.decided.inputs.get(name)
+    return int(value) if isinstance(value, int | float) else None
+
+
 def row(t: Tally, e: ev.Committed) -> dict[str, Any]:
     """The ``metrics.jsonl`` row of the commit ``e`` that ``t`` has just folded (the engine
-    columns only once an engine reported)."""
+    columns only once an engine reported, the controller's once it decided)."""
     engine = {} if t.engine is None else {
         "kv_cache_usage": kv_cache_usage(t), "engine_waiting": engine_waiting(t),
         "engine_running": engine_running(t), "preemptions": preemptions(t),
+    }
+    control = {} if t.decided is None else {
+        "controller_decisions": controller_decisions(t),
+        "controller_bottleneck": controller_bottleneck(t), "buffer_depth": buffer_depth(t),
+        "in_flight": in_flight_requests(t), "workers": active_workers(t),
+        "concurrency": worker_concurrency(t), "admission_limit": admission_limit(t),
     }
     return {
         "step": steps(t), "t": wall_s(t), "version": e.version, **e.metrics,
@@ -519,7 +575,17 @@ def row(t: Tally, e: ev.Committed) -> dict[str, Any]:
         "trainer_idle_ratio": trainer_idle_ratio(t), "discards": counted_discards(t),
         "discard_rate": discard_rate(t), **engine,
         **reward_columns(t),
+        "weight_loads": weight_loads(t), "weight_transfer_s_mean": weight_transfer_s_mean(t),
+        **control, **histogram_columns(t),
     }
+
+
+def histogram_columns(t: Tally) -> dict[str, int]:
+    """A row's counted-by-label columns: ``discards/<reason>`` (:func:`discards_by_reason`,
+    every reason seen so far) and ``lag_histogram/<lag>`` (:func:`lag_histogram`, the
+    committed samples of each lag so far)."""
+    return {**{f"discards/{r}": n for r, n in discards_by_reason(t).items()},
+            **{f"lag_histogram/{k}": n for k, n in lag_histogram(t).items()}}
 
 
 def reward_columns(t: Tally) -> dict[str, Any]:

@@ -37,7 +37,15 @@ def test_every_row_column_is_documented(sim_events: list[ev.Event]) -> None:
     row = m.rows(sim_events)[0]
     engine = {"kv_cache_usage", "engine_waiting", "engine_running", "preemptions"}
     assert engine <= set(columns) and not engine & set(row)  # no engine report: left out
-    assert set(row) == set(columns) - engine  # the simulator records no trainer metrics
+    control = {"controller_decisions", "controller_bottleneck", "buffer_depth", "in_flight",
+               "workers", "concurrency", "admission_limit"}
+    assert control <= set(columns) and not control & set(row)  # no decision yet: left out
+    labelled = {k for k in row if "/" in k}  # documented as `discards/<reason>` etc.
+    assert labelled and all(re.fullmatch(r"(discards|lag_histogram)/[a-z_0-9]+", k)
+                            for k in labelled)
+    assert "| `discards/<reason>` |" in table and "| `lag_histogram/<lag>` |" in table
+    # the simulator records no trainer metrics
+    assert set(row) - labelled == set(columns) - engine - control
     for fig in columns.values():
         name = fig.strip("`")
         if name in m.FIGURES:
@@ -45,6 +53,46 @@ def test_every_row_column_is_documented(sim_events: list[ev.Event]) -> None:
 
 
 # -- the figures ------------------------------------------------------------------------------
+def test_the_controller_figures_are_the_last_decisions_and_rows_carry_them() -> None:
+    def decided(ts: float, workers: int, bottleneck: str, **inputs: int) -> ev.ControllerDecided:
+        live = ev.LiveSettings(admission_limit=4, concurrency=8, workers=workers)
+        return ev.ControllerDecided(ts=ts, mode="adaptive", previous=live, settings=live,
+                                    bottleneck=bottleneck, reason="r", inputs=inputs, state={})
+
+    def committed(ts: float, lease: str) -> ev.Committed:
+        return ev.Committed(ts=ts, lease=lease, version=P1, parent=P0, settings_digest="s",
+                            samples=[f"{lease}.0#1"])
+
+    events: list[ev.Event] = [
+        ev.Opened(ts=0.0, run_id="t", incarnation=0, max_staleness=1, batch_groups=1,
+                  group_size=1),
+        ev.Started(ts=0.5, sample="l0.0#1", worker="w", epoch=0, version=P0),
+        ev.Leased(ts=1.0, lease="l0", version=P1, groups=["g0"], wait_s=0.5),
+        committed(2.0, "l0"),  # before any decision: no controller columns
+        decided(3.0, 2, "producer", ready_samples=5, in_flight=7),
+        ev.Discarded(ts=3.5, request="g9.0", reason="stale", sample="g9.0#1"),
+        ev.Discarded(ts=3.6, request="g8.0", reason="fenced", sample="g8.0#1"),
+        decided(4.0, 3, "trainer"),  # an older record without the inputs
+        ev.WeightsLoaded(ts=4.5, worker="w", epoch=0, version=P1, transfer_s=0.25),
+        ev.Started(ts=4.6, sample="l1.0#1", worker="w", epoch=0, version=P0),
+        ev.Leased(ts=5.0, lease="l1", version=P1, groups=["g1"], wait_s=0.0),
+        committed(6.0, "l1"),
+    ]
+    first, second = m.rows(events)
+    assert "controller_decisions" not in first and first["lag_histogram/1"] == 1
+    assert not any(k.startswith("discards/") for k in first)
+    assert second["controller_decisions"] == 2 and second["controller_bottleneck"] == "trainer"
+    assert second["workers"] == 3 and second["concurrency"] == 8
+    assert second["admission_limit"] == 4
+    assert second["buffer_depth"] is None and second["in_flight"] is None
+    assert second["discards/stale"] == 1 and second["discards/fenced"] == 1
+    assert second["lag_histogram/1"] == 2 and second["discards"] == 1  # fenced not counted
+    assert second["weight_loads"] == 1 and second["weight_transfer_s_mean"] == 0.25
+    t = m.tally(events[:5])
+    assert (m.buffer_depth(t), m.in_flight_requests(t), m.active_workers(t)) == (5, 7, 2)
+    assert m.controller_bottleneck(m.Tally()) is None and m.controller_decisions(m.Tally()) == 0
+
+
 def _two_incarnations() -> list[ev.Event]:
     def opened(ts: float, inc: int) -> ev.Opened:
         return ev.Opened(ts=ts, run_id="t", incarnation=inc, max_staleness=1,

@@ -111,3 +111,76 @@ def test_a_real_run_serves_its_rows_while_it_runs_and_frees_the_port(tmp_path: P
         if isinstance(row.get(field), int | float):
             assert watch.seen[name] == pytest.approx(row[field]), name
     check_port(port, "127.0.0.1")  # given back at the run's end
+
+
+def _scrape_labelled(url: str, name: str, label: str) -> dict[str, float]:
+    """``{label value: value}`` of the series of ``name``."""
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            labels, _, value = line.rpartition(" ")
+            out[labels.split(f'{label}="', 1)[1].split('"', 1)[0]] = float(value)
+    return out
+
+
+def test_labelled_fields_and_the_bottleneck_are_series_of_their_own():
+    prom = PrometheusExporter(_free_port(), run_id="r1").start()
+    try:
+        prom.on_row({"step": 1, "discards/stale": 2, "lag_histogram/0": 8, "lag_histogram/1": 4,
+                     "controller_bottleneck": "producer", "buffer_depth": 3, "in_flight": 16,
+                     "workers": 2, "controller_decisions": 5, "weight_transfer_s_mean": 0.25,
+                     "kv_cache_usage": 0.5, "rewards/acc/mean": 0.5}, True)
+        prom.on_row({"step": 2, "discards/stale": 3, "discards/fenced": 1,
+                     "controller_bottleneck": "trainer"}, True)
+        got = _scrape(prom.url)
+        assert got["freshroll_buffer_depth"] == 3 and got["freshroll_in_flight_requests"] == 16
+        assert got["freshroll_workers"] == 2 and got["freshroll_controller_decisions_total"] == 5
+        assert got["freshroll_weight_transfer_seconds_mean"] == 0.25
+        assert got["freshroll_kv_cache_usage"] == 0.5
+        assert _scrape_labelled(prom.url, "freshroll_discards_by_reason", "reason") == {
+            "stale": 3, "fenced": 1}
+        assert _scrape_labelled(prom.url, "freshroll_policy_lag_samples", "lag") == {
+            "0": 8, "1": 4}
+        assert _scrape_labelled(prom.url, "freshroll_controller_bottleneck", "bottleneck") == {
+            "producer": 0, "trainer": 1}
+    finally:
+        prom.close()
+
+
+def test_a_sim_run_serves_the_controllers_and_engines_figures_and_its_labelled_series(
+        tmp_path: Path):
+    import io
+
+    from freshroll.config import load_config
+    from freshroll.runtime.run import run
+
+    port = _free_port()
+    cfg = load_config(None, ["rollout.engine=sim", "sim.clock=virtual", "run.progress=false",
+                             "task.n_prompts=64", "rollout.group_size=4",
+                             "rollout.batch_groups=2", "run.steps=6",
+                             f"monitor.prometheus_port={port}"])
+    url = f"http://127.0.0.1:{port}/metrics"
+    seen: dict[str, Any] = {}
+
+    class _Scrape(Observer):
+        def on_row(self, row: dict[str, Any], live: bool) -> None:
+            if row["step"] == 6:
+                seen.update(row=dict(row), gauges=_scrape(url), discards=_scrape_labelled(
+                    url, "freshroll_discards_by_reason", "reason"), lags=_scrape_labelled(
+                    url, "freshroll_policy_lag_samples", "lag"), bottleneck=_scrape_labelled(
+                    url, "freshroll_controller_bottleneck", "bottleneck"))
+
+    assert run(cfg, tmp_path / "r", observers=[_Scrape()], stream=io.StringIO()).ok
+    row = seen["row"]
+    for field in ("buffer_depth", "in_flight", "workers", "controller_decisions",
+                  "kv_cache_usage", "engine_running", "weight_transfer_s_mean"):
+        assert field in row, field  # the simulator's run carries them all
+    for name, (field, _) in GAUGES.items():
+        if isinstance(row.get(field), int | float):
+            assert seen["gauges"][name] == pytest.approx(row[field]), name
+    assert seen["discards"] == {k.split("/")[1]: v for k, v in row.items()
+                                if k.startswith("discards/")}
+    assert seen["lags"] == {k.split("/")[1]: v for k, v in row.items()
+                            if k.startswith("lag_histogram/")}
+    assert seen["bottleneck"][row["controller_bottleneck"]] == 1

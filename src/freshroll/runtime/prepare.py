@@ -31,7 +31,7 @@ from freshroll.rewards.data import (
 )
 from freshroll.rewards.scoring import ImportBound, RewardSet, build_reward_set
 from freshroll.rewards.tasks import Prompt, make_prompts
-from freshroll.runtime.prometheus import check_port
+from freshroll.runtime.monitors import check_monitors
 from freshroll.runtime.resume import (
     Change,
     History,
@@ -151,7 +151,7 @@ def check_inputs(cfg: Config, run_dir: Path | None = None, resume: bool = False)
     ``run_dir`` is where the embedded model is saved (None: ``config check``, which builds it
     in memory only); on ``resume`` a run's saved ``model/`` is read instead of a new build.
     """
-    check_port(cfg.monitor.prometheus_port, cfg.monitor.prometheus_host)
+    check_monitors(cfg.monitor)
     lim = cfg.limits
     rewards = build_reward_set([e.model_dump(exclude_none=True) for e in cfg.rewards],
                                ImportBound(lim.reward_import_timeout_s, lim.heartbeat_s))

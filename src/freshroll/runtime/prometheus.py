@@ -8,9 +8,14 @@ definition per number) and the endpoint never reads in-memory state of its own. 
 server answers scrapes on a daemon thread of its own (``prometheus_client``'s WSGI server,
 text exposition format, no pickle); a callback only sets numbers and never blocks the loop.
 
-:data:`GAUGES` maps each exported name to its row field, with the names peers use for the
-same figure in docs/metrics.md ("Live metrics"). A row without a field (a sync run has no
-lag above 0, a step without rewards) leaves that gauge at its last value.
+:data:`GAUGES` maps each exported name to its row field (from
+:data:`~freshroll.runtime.live_names.NAMES`, the table TensorBoard and W&B share), with the
+names peers use for the same figure in docs/metrics.md ("Live metrics"). A row without a
+field (a sync run has no lag above 0, a step without rewards) leaves that gauge at its last
+value. Fields counted by a label (``discards/<reason>``, ``lag_histogram/<lag>``) are one
+labelled gauge each (``freshroll_discards_by_reason{reason="stale"}``), and the last
+decision's bottleneck is a gauge per value seen, 1 for the row's and 0 for the others
+(:data:`~freshroll.runtime.live_names.LABELLED`, :data:`~freshroll.runtime.live_names.STATES`).
 """
 
 from __future__ import annotations
@@ -22,31 +27,12 @@ from typing import Any, Final
 
 from freshroll.errors import ConfigError
 from freshroll.runtime.fallback import Switch
+from freshroll.runtime.live_names import LABELLED, NAMES, STATES
 from freshroll.runtime.observers import Observer, Row
 
-#: exported name -> (metrics.jsonl row field, help text)
+#: exported name -> (metrics.jsonl row field, help text), from the one table of live names
 GAUGES: Final[dict[str, tuple[str, str]]] = {
-    "freshroll_step": ("step", "last committed trainer step"),
-    "freshroll_accepted_rollouts_total": ("accepted_total",
-                                          "rollouts consumed by committed steps"),
-    "freshroll_accepted_rollouts_per_second": ("accepted_per_s",
-                                               "accepted rollouts per second of the run's wall"),
-    "freshroll_trainer_idle_ratio": ("trainer_idle_ratio",
-                                     "share of the run's wall the trainer waited for data"),
-    "freshroll_trainer_wait_seconds": ("trainer_wait_s", "the last step's wait for its batch"),
-    "freshroll_train_seconds": ("train_s", "the last step's optimizer step"),
-    "freshroll_discards_total": ("discards", "samples discarded so far (every reason)"),
-    "freshroll_discard_rate": ("discard_rate", "discarded over generated samples"),
-    "freshroll_policy_lag_mean": ("lag_mean", "the last batch's mean policy lag (versions)"),
-    "freshroll_policy_lag_max": ("lag_max", "the last batch's largest policy lag"),
-    "freshroll_reward_mean": ("reward_mean", "the last batch's mean reward"),
-    "freshroll_reward_std": ("reward_std", "the last batch's reward standard deviation"),
-    "freshroll_importance_weight_mean": ("is_weight_mean", "mean importance weight"),
-    "freshroll_importance_weight_max": ("is_weight_max", "largest importance weight"),
-    "freshroll_mismatch_kl": ("mismatch_kl", "KL of behaviour to proximal policy (k3)"),
-    "freshroll_entropy": ("entropy", "mean token entropy of the last batch"),
-    "freshroll_grad_norm": ("grad_norm", "gradient norm before clipping"),
-    "freshroll_learning_rate": ("lr", "the last step's learning rate"),
+    n.gauge: (n.field, n.help) for n in NAMES if n.gauge is not None
 }
 #: the sync fallback's mode (1 async, 0 sync), set on each ``mode_decided``
 MODE_GAUGE: Final = "freshroll_async_mode"
@@ -68,6 +54,15 @@ class PrometheusExporter(Observer):
         }
         self._mode = Gauge(MODE_GAUGE, "1 while the run is async, 0 in the sync fallback",
                            registry=self.registry, labelnames=list(labels))
+        self._labelled = {
+            prefix: Gauge(name, help_, registry=self.registry, labelnames=[*labels, label])
+            for prefix, (name, label, help_) in LABELLED.items()
+        }
+        self._states = {
+            field: Gauge(name, help_, registry=self.registry, labelnames=[*labels, label])
+            for field, (name, label, help_) in STATES.items()
+        }
+        self._seen: dict[str, set[str]] = {field: set() for field in STATES}
         self._labels = labels
         self._server: Any = None
 
@@ -94,9 +89,20 @@ class PrometheusExporter(Observer):
     def on_row(self, row: Row, live: bool) -> None:
         for name, (field, _) in GAUGES.items():
             value = row.get(field)
-            if isinstance(value, int | float) and not isinstance(value, bool) \
-                    and math.isfinite(value):
+            if _finite(value):
                 self._gauge(name).set(value)
+        for field, value in row.items():
+            prefix = field[:field.find("/") + 1]
+            if prefix in self._labelled and _finite(value):
+                self._labelled[prefix].labels(**self._labels, **{
+                    LABELLED[prefix][1]: field[len(prefix):]}).set(value)
+        for field, gauge in self._states.items():
+            value, label = row.get(field), STATES[field][1]
+            if isinstance(value, str):
+                for seen in self._seen[field] - {value}:
+                    gauge.labels(**self._labels, **{label: seen}).set(0)
+                gauge.labels(**self._labels, **{label: value}).set(1)
+                self._seen[field].add(value)
 
     def on_mode(self, switch: Switch) -> None:
         self._gauge(MODE_GAUGE).set(1 if switch.mode == "async" else 0)
@@ -106,6 +112,11 @@ class PrometheusExporter(Observer):
         if server is not None:
             server.shutdown()
             server.server_close()
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) \
+        and math.isfinite(value)
 
 
 def check_port(port: int | None, host: str) -> None:

@@ -68,11 +68,11 @@ from freshroll.runtime.endfiles import Finished, finish_run_dir, record_fixed_co
 from freshroll.runtime.evaluation import build_evaluator
 from freshroll.runtime.hooks import ChaosSession
 from freshroll.runtime.learner import build_learner
+from freshroll.runtime.monitors import build_monitors
 from freshroll.runtime.observers import FollowMode, RunObserver
 from freshroll.runtime.pipeline import Pipeline, run_pipeline
 from freshroll.runtime.placement import Placement, Runtime, resolve_runtime, settled, thread_budget
 from freshroll.runtime.prepare import Prepared, prepare_run_dir
-from freshroll.runtime.prometheus import PrometheusExporter
 from freshroll.runtime.ray_trainer import RayTrainer
 from freshroll.runtime.recording import Recording
 from freshroll.runtime.resume import announce
@@ -460,18 +460,12 @@ def own_watchers(cfg: Config, placement: Placement, out: Path,
                  stream: TextIO) -> list[RunObserver]:
     """The observers a run adds for itself (closed with the others at its end): the engines'
     calls following the sync fallback's mode (an async inline run on many threads), and the
-    Prometheus endpoint (``monitor.prometheus_port``, bound here: a taken port is a
-    ConfigError)."""
+    watchers of ``monitor.*`` (:func:`~freshroll.runtime.monitors.build_monitors`: the
+    Prometheus endpoint, bound here, a taken port a ConfigError; TensorBoard; W&B)."""
     found: list[RunObserver] = []
     if placement.modes is not None:  # each mode_decided moves the engines' calls
         found.append(FollowMode(placement.modes))
-    mon = cfg.monitor
-    if mon.prometheus_port is not None:
-        prom = PrometheusExporter(mon.prometheus_port, mon.prometheus_host, out.name)
-        found.append(prom.start())
-        if cfg.run.progress:
-            stream.write(f"freshroll: live metrics for Prometheus at {prom.url}\n")
-    return found
+    return found + build_monitors(cfg, out, stream)
 
 
 def _sweep_segments(out: Path, stream: TextIO) -> None:

@@ -1,0 +1,125 @@
+"""The names a run's live figures go out under: one table for Prometheus, TensorBoard and W&B.
+
+Every exported value is a field of a ``metrics.jsonl`` row (:mod:`freshroll.metrics`
+computed it; nothing here computes a number). :data:`NAMES` gives each known field its
+Prometheus gauge and its TensorBoard / W&B tag, the tags grouped the way peers group theirs
+(TRL's and verl's ``perf/*``, verl's ``trainer/idle_ratio``, ``async/staleness_*`` for the
+policy lag); docs/metrics.md ("Live metrics") lists the peers' names for the same figures.
+
+:func:`scalars` is what TensorBoard and W&B log for a row: every finite number in it, a
+field of :data:`NAMES` under its tag and any other (the trainer's own metrics such as
+``loss``, ``rewards/<name>/mean``, ``logged/<name>``, ``eval/reward``) under its row name.
+``step`` is the x axis, not a scalar; text (``version``) and ``null`` are left out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Final
+
+from freshroll.runtime.observers import Row
+
+
+@dataclass(frozen=True)
+class LiveName:
+    """One row field and the names it goes out under (None: not exported there)."""
+
+    field: str
+    tag: str | None  # TensorBoard / W&B
+    gauge: str | None  # Prometheus
+    help: str
+
+
+NAMES: Final[tuple[LiveName, ...]] = (
+    LiveName("step", None, "freshroll_step", "last committed trainer step"),
+    LiveName("t", "perf/wall_s", None, "trainer wall time of the run so far"),
+    LiveName("accepted_total", "rollout/accepted_total", "freshroll_accepted_rollouts_total",
+             "rollouts consumed by committed steps"),
+    LiveName("accepted_per_s", "perf/accepted_rollouts_per_s",
+             "freshroll_accepted_rollouts_per_second",
+             "accepted rollouts per second of the run's wall"),
+    LiveName("trainer_idle_ratio", "trainer/idle_ratio", "freshroll_trainer_idle_ratio",
+             "share of the run's wall the trainer waited for data"),
+    LiveName("step_idle_ratio", "trainer/step_idle_ratio", None,
+             "share of the last step's interval the trainer waited for data"),
+    LiveName("trainer_wait_s", "trainer/wait_s", "freshroll_trainer_wait_seconds",
+             "the last step's wait for its batch"),
+    LiveName("train_s", "perf/train_s", "freshroll_train_seconds",
+             "the last step's optimizer step"),
+    LiveName("discards", "rollout/discards", "freshroll_discards_total",
+             "samples discarded so far (every reason)"),
+    LiveName("discard_rate", "rollout/discard_rate", "freshroll_discard_rate",
+             "discarded over generated samples"),
+    LiveName("lag_mean", "async/staleness_mean", "freshroll_policy_lag_mean",
+             "the last batch's mean policy lag (versions)"),
+    LiveName("lag_max", "async/staleness_max", "freshroll_policy_lag_max",
+             "the last batch's largest policy lag"),
+    LiveName("reward_mean", "reward", "freshroll_reward_mean", "the last batch's mean reward"),
+    LiveName("reward_std", "reward_std", "freshroll_reward_std",
+             "the last batch's reward standard deviation"),
+    LiveName("is_weight_mean", "async/is_weight_mean", "freshroll_importance_weight_mean",
+             "mean importance weight"),
+    LiveName("is_weight_max", "async/is_weight_max", "freshroll_importance_weight_max",
+             "largest importance weight"),
+    LiveName("mismatch_kl", "async/mismatch_kl", "freshroll_mismatch_kl",
+             "KL of behaviour to proximal policy (k3)"),
+    LiveName("entropy", "entropy", "freshroll_entropy", "mean token entropy of the last batch"),
+    LiveName("grad_norm", "grad_norm", "freshroll_grad_norm", "gradient norm before clipping"),
+    LiveName("lr", "learning_rate", "freshroll_learning_rate", "the last step's learning rate"),
+    LiveName("kv_cache_usage", "engine/kv_cache_usage", "freshroll_kv_cache_usage",
+             "KV cache usage of the engines (0..1, the fullest) at the last decision"),
+    LiveName("engine_waiting", "engine/waiting", "freshroll_engine_waiting",
+             "sequences queued inside the engines at the last decision"),
+    LiveName("engine_running", "engine/running", "freshroll_engine_running",
+             "sequences the engines generated at the last decision"),
+    LiveName("preemptions", "engine/preemptions", "freshroll_engine_preemptions_total",
+             "sequences the engines evicted from their KV cache so far"),
+    LiveName("weight_loads", "weights/loads", "freshroll_weight_loads_total",
+             "policy versions the workers loaded so far"),
+    LiveName("weight_transfer_s_mean", "weights/transfer_s_mean",
+             "freshroll_weight_transfer_seconds_mean", "mean seconds of a worker's weight load"),
+    LiveName("controller_decisions", "control/decisions", "freshroll_controller_decisions_total",
+             "decisions of the steering task so far"),
+    LiveName("buffer_depth", "rollout/buffer_depth", "freshroll_buffer_depth",
+             "samples ready for the trainer at the last decision"),
+    LiveName("in_flight", "rollout/in_flight", "freshroll_in_flight_requests",
+             "requests queued, running or unscored at the last decision"),
+    LiveName("workers", "control/workers", "freshroll_workers",
+             "active inference workers the last decision set"),
+    LiveName("concurrency", "control/concurrency", "freshroll_worker_concurrency",
+             "requests in flight per worker the last decision set"),
+    LiveName("admission_limit", "control/admission_limit", "freshroll_admission_limit",
+             "groups in flight at most the last decision set (0: the freshness window only)"),
+)
+
+#: row fields counted by a label (``discards/<reason>``): the field's prefix -> the labelled
+#: Prometheus gauge, its label and help; TensorBoard and W&B log each under its row name
+LABELLED: Final[dict[str, tuple[str, str, str]]] = {
+    "discards/": ("freshroll_discards_by_reason", "reason",
+                  "samples discarded so far, by reason (counted or not)"),
+    "lag_histogram/": ("freshroll_policy_lag_samples", "lag",
+                       "committed samples so far, by policy lag (versions)"),
+}
+#: text fields: the field -> a Prometheus gauge labelled by the field's value (1 for the
+#: row's value, 0 for the others seen), its label and help; not a TensorBoard / W&B scalar
+STATES: Final[dict[str, tuple[str, str, str]]] = {
+    "controller_bottleneck": ("freshroll_controller_bottleneck", "bottleneck",
+                              "the last decision's bottleneck (1; 0 for earlier ones)"),
+}
+
+
+def scalars(row: Row) -> dict[str, float]:
+    """The row's finite numbers by tag (the module's rule); never a recomputed value."""
+    tags = {n.field: n.tag for n in NAMES}
+    out: dict[str, float] = {}
+    for field, value in row.items():
+        tag = tags.get(field, field)
+        if tag is None or not isinstance(value, int | float) or isinstance(value, bool):
+            continue
+        if math.isfinite(value):
+            out[tag] = float(value)
+    return out
+
+
+__all__ = ["LABELLED", "NAMES", "STATES", "LiveName", "scalars"]

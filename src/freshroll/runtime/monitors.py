@@ -1,0 +1,61 @@
+"""The watchers ``monitor.*`` asks for: Prometheus, TensorBoard, W&B (each off by default).
+
+:func:`check_monitors` is every check of the section before a run writes anything (``config
+check`` and a run's input checks): a taken Prometheus port, an option whose package is not
+installed; each is one ConfigError naming its key. :func:`build_monitors` starts the
+observers a run adds for them (:mod:`freshroll.runtime.observers`), all fed by the same
+``metrics.jsonl`` rows under the names of :mod:`freshroll.runtime.live_names`; one that
+fails to start closes those started before it, so no port or W&B process outlives the
+error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import TextIO
+
+from freshroll.config import Config, MonitorSection
+from freshroll.runtime.observers import RunObserver, close_all
+from freshroll.runtime.prometheus import PrometheusExporter, check_port
+from freshroll.runtime.tensorboard import TENSORBOARD_DIR, TensorBoardWriter, check_tensorboard
+from freshroll.runtime.wandb_log import WandbLogger, check_wandb
+
+
+def check_monitors(mon: MonitorSection) -> None:
+    """Every ``monitor.*`` check that needs no write (the module's docstring)."""
+    check_port(mon.prometheus_port, mon.prometheus_host)
+    check_tensorboard(mon.tensorboard)
+    check_wandb(mon.wandb_project)
+
+
+def build_monitors(cfg: Config, out: Path, stream: TextIO) -> list[RunObserver]:
+    """The started observers of ``cfg.monitor`` for the run in ``out``, in the order
+    Prometheus, TensorBoard, W&B; where each one is said on ``stream`` (with progress on)."""
+    mon, found = cfg.monitor, list[RunObserver]()
+    said = stream if cfg.run.progress else None
+    try:
+        if mon.prometheus_port is not None:
+            prom = PrometheusExporter(mon.prometheus_port, mon.prometheus_host, out.name)
+            found.append(prom.start())
+            _say(said, f"live metrics for Prometheus at {prom.url}")
+        if mon.tensorboard:
+            found.append(TensorBoardWriter(out / TENSORBOARD_DIR))
+            _say(said, f"TensorBoard scalars in {out / TENSORBOARD_DIR}")
+        if mon.wandb_project is not None:
+            found.append(WandbLogger(mon.wandb_project, mon.wandb_mode, out,
+                                     cfg.model_dump(mode="json")).start())
+            _say(said, f"W&B project {mon.wandb_project} ({mon.wandb_mode}) in {out / 'wandb'}")
+    except BaseException:
+        with contextlib.suppress(BaseException):
+            close_all(found)
+        raise
+    return found
+
+
+def _say(stream: TextIO | None, line: str) -> None:
+    if stream is not None:
+        stream.write(f"freshroll: {line}\n")
+
+
+__all__ = ["build_monitors", "check_monitors"]
