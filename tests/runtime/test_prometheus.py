@@ -184,3 +184,28 @@ def test_a_sim_run_serves_the_controllers_and_engines_figures_and_its_labelled_s
     assert seen["lags"] == {k.split("/")[1]: v for k, v in row.items()
                             if k.startswith("lag_histogram/")}
     assert seen["bottleneck"][row["controller_bottleneck"]] == 1
+
+
+def test_the_last_scrape_of_a_run_equals_its_summary_json(tmp_path: Path):
+    """What an operator saw last in Prometheus is what summary.json says at the end."""
+    import json
+
+    from freshroll.config import load_config
+    from freshroll.runtime.run import run
+
+    port = _free_port()
+    cfg = load_config(None, ["run.steps=3", "run.progress=false", "task.n_prompts=64",
+                             "rollout.group_size=4", "rollout.batch_groups=2",
+                             f"monitor.prometheus_port={port}"])
+    watch = _ScrapeAtStep(f"http://127.0.0.1:{port}/metrics", 3)  # the last commit's row
+    assert run(cfg, tmp_path / "r", observers=[watch]).ok
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    seen = watch.seen
+    assert seen["freshroll_step"] == summary["steps"] == 3
+    assert seen["freshroll_accepted_rollouts_total"] == summary["accepted_rollouts"]
+    for gauge, key in (("freshroll_accepted_rollouts_per_second", "accepted_rollouts_per_s"),
+                       ("freshroll_trainer_idle_ratio", "trainer_idle_ratio"),
+                       ("freshroll_discards_total", "counted_discards"),
+                       ("freshroll_discard_rate", "discard_rate"),
+                       ("freshroll_weight_loads_total", "weight_loads")):
+        assert seen[gauge] == pytest.approx(summary[key]), gauge
