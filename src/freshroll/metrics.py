@@ -547,6 +547,22 @@ def admission_limit(t: Tally) -> int | None:
     return None if t.decided is None else t.decided.settings.admission_limit
 
 
+@figure
+def producer_blocked_ratio(t: Tally) -> float | None:
+    """Producer backpressure: the share of the active workers' time in the last decision's
+    window that admission kept them blocked."""
+    if t.decided is None:
+        return None
+    i = t.decided.inputs
+    blocked, window = i.get("blocked_s"), i.get("window_s")
+    settings = i.get("settings")
+    workers = settings.get("workers") if isinstance(settings, dict) else None
+    if not (isinstance(blocked, int | float) and isinstance(window, int | float)
+            and isinstance(workers, int) and window > 0 and workers > 0):
+        return None
+    return min(1.0, float(blocked) / (float(window) * workers))
+
+
 def _decided_input(t: Tally, name: str) -> int | None:
     """An integer input of the last ``controller_decided`` (None: no decision, or one
     recorded without it)."""
@@ -566,6 +582,7 @@ def row(t: Tally, e: ev.Committed) -> dict[str, Any]:
         "controller_bottleneck": controller_bottleneck(t), "buffer_depth": buffer_depth(t),
         "in_flight": in_flight_requests(t), "workers": active_workers(t),
         "concurrency": worker_concurrency(t), "admission_limit": admission_limit(t),
+        "blocked_ratio": producer_blocked_ratio(t),
     }
     return {
         "step": steps(t), "t": wall_s(t), "version": e.version, **e.metrics,

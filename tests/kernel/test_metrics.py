@@ -38,7 +38,7 @@ def test_every_row_column_is_documented(sim_events: list[ev.Event]) -> None:
     engine = {"kv_cache_usage", "engine_waiting", "engine_running", "preemptions"}
     assert engine <= set(columns) and not engine & set(row)  # no engine report: left out
     control = {"controller_decisions", "controller_bottleneck", "buffer_depth", "in_flight",
-               "workers", "concurrency", "admission_limit"}
+               "workers", "concurrency", "admission_limit", "blocked_ratio"}
     assert control <= set(columns) and not control & set(row)  # no decision yet: left out
     labelled = {k for k in row if "/" in k}  # documented as `discards/<reason>` etc.
     assert labelled and all(re.fullmatch(r"(discards|lag_histogram)/[a-z_0-9]+", k)
@@ -91,6 +91,24 @@ def test_the_controller_figures_are_the_last_decisions_and_rows_carry_them() -> 
     t = m.tally(events[:5])
     assert (m.buffer_depth(t), m.in_flight_requests(t), m.active_workers(t)) == (5, 7, 2)
     assert m.controller_bottleneck(m.Tally()) is None and m.controller_decisions(m.Tally()) == 0
+    assert second["blocked_ratio"] is None  # an older record without the inputs
+
+
+def test_producer_backpressure_is_the_blocked_share_of_the_workers_time() -> None:
+    live = ev.LiveSettings(admission_limit=4, concurrency=8, workers=2)
+
+    def tallied(**inputs: object) -> m.Tally:
+        return m.tally([ev.ControllerDecided(ts=1.0, mode="adaptive", previous=live,
+                                             settings=live, bottleneck="conflict", reason="r",
+                                             inputs=inputs, state={})])
+
+    settings = {"admission_limit": 4, "concurrency": 8, "workers": 2}
+    assert m.producer_blocked_ratio(tallied(blocked_s=3.0, window_s=5.0, settings=settings)) \
+        == pytest.approx(0.3)  # 3 of 2 x 5 worker-seconds
+    assert m.producer_blocked_ratio(tallied(blocked_s=30.0, window_s=5.0,
+                                            settings=settings)) == 1.0  # capped
+    assert m.producer_blocked_ratio(tallied(window_s=5.0, settings=settings)) is None
+    assert m.producer_blocked_ratio(m.Tally()) is None
 
 
 def _two_incarnations() -> list[ev.Event]:

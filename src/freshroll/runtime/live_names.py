@@ -85,6 +85,8 @@ NAMES: Final[tuple[LiveName, ...]] = (
              "samples ready for the trainer at the last decision"),
     LiveName("in_flight", "rollout/in_flight", "freshroll_in_flight_requests",
              "requests queued, running or unscored at the last decision"),
+    LiveName("blocked_ratio", "rollout/blocked_ratio", "freshroll_producer_blocked_ratio",
+             "share of the workers' time admission kept them blocked (last window)"),
     LiveName("workers", "control/workers", "freshroll_workers",
              "active inference workers the last decision set"),
     LiveName("concurrency", "control/concurrency", "freshroll_worker_concurrency",
