@@ -163,3 +163,25 @@ def test_bound_attainment_has_one_definition_that_the_docs_name() -> None:
     assert f.attainment(1.5, 2.0, 1.8) == pytest.approx(1.5 / 1.8)  # the tighter bound
     assert f.attainment(0.6, 1.4, 0.5) == pytest.approx(0.6)  # never divided by less than 1
     assert math.isnan(f.attainment(1.2, math.nan, math.nan))
+
+
+def test_a_bench_row_says_how_soon_it_reached_the_reward_sync_reached() -> None:
+    from dataclasses import replace
+
+    from freshroll.figures.reward_time import Point
+
+    def figs(label: str, dt: float, gain: float) -> f.RunFigures:
+        curve = tuple(Point(i + 1, dt * (i + 1), min(0.9, gain * i)) for i in range(20))
+        return f.RunFigures(label=label, accepted_per_s=1.0, trainer_idle=0.0,
+                            discard_rate=0.0, lag_p50=0.0, lag_p99=0.0, lag_max=0,
+                            worker_seconds=0.0, steps=20, accepted=20, wall_s=20 * dt,
+                            curve=curve)
+
+    sync, fast = figs("sync", 2.0, 0.1), figs("adaptive", 1.0, 0.05)
+    rows = {r["run"]: r for r in f.table_rows([sync, fast], "sync", CAPS)}
+    assert rows["sync"]["reward_s_ratio"] == pytest.approx(1.0)
+    # half the seconds a step, half the learning a step: the middle level at the same time
+    assert rows["adaptive"]["reward_s_ratio"] == pytest.approx(f.reward_s_ratio(fast, sync))
+    assert 0.8 < rows["adaptive"]["reward_s_ratio"] < 1.2
+    no_reward = replace(fast, curve=())
+    assert math.isnan(f.reward_s_ratio(no_reward, sync))

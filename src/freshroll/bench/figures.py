@@ -16,6 +16,8 @@ version)::
     speedup = accepted/s / accepted/s of the synchronous baseline (max_staleness 0)
     bound   = (t_gen + t_reward + t_train + t_sync) / max(t_x)      ideal async / sync
     A       = speedup / max(1, min(bound, parallel limit))         bound attainment
+    t-reward vs sync = seconds to the middle reward level / sync's (reward_s_ratio: time to
+              reward, freshroll.figures.reward_time; throughput is not convergence)
 
 ``bound`` is what a perfect pipeline gains over a perfect lock-step loop: the lock-step
 loop pays every stage per batch, the pipeline only the slowest. Asynchrony "pays" on a
@@ -38,6 +40,8 @@ from typing import Any, Final
 from freshroll import events as ev
 from freshroll.errors import ConfigError
 from freshroll.events import DECODER
+from freshroll.figures import reward_time
+from freshroll.figures.metrics_log import read_rows
 from freshroll.ledger import LEDGER_FILE, Ledger
 
 #: the speedup below which the table says asynchrony does not pay on the workload
@@ -195,6 +199,8 @@ class RunFigures:
     wall_s: float  # the run's clock (virtual seconds on a virtual clock)
     verify_ok: bool = True
     settings: Mapping[str, Any] | None = None
+    #: (step, t, reward) of each metrics.jsonl row with a reward (time to reward)
+    curve: tuple[reward_time.Point, ...] = ()
 
 
 def run_figures(run_dir: Path, label: str, *, verify_ok: bool = True,
@@ -212,7 +218,17 @@ def run_figures(run_dir: Path, label: str, *, verify_ok: bool = True,
         lag_max=int(s["lag"]["max"]), worker_seconds=worker_seconds(worker_events(run_dir)),
         steps=int(s["steps"]), accepted=int(s["accepted_rollouts"]), wall_s=float(s["wall_s"]),
         verify_ok=verify_ok, settings=settings,
+        curve=tuple(reward_time.curve(read_rows(run_dir / "metrics.jsonl")[0])),
     )
+
+
+def reward_s_ratio(run: RunFigures, sync: RunFigures) -> float:
+    """Seconds ``run`` needed to reach the middle reward level over the seconds ``sync``
+    needed (:func:`freshroll.figures.reward_time.compare`; < 1: it got there sooner); NaN
+    where either has no reward, neither progressed, or one never reached it."""
+    mid = [lv for lv in reward_time.compare(run.curve, sync.curve)["levels"] if lv["frac"] == 0.5]
+    ratio = mid[0]["s_ratio"] if mid else None
+    return float(ratio) if ratio is not None else math.nan
 
 
 def table_rows(runs: Sequence[RunFigures], sync_label: str, c: Capacities) -> list[dict[str, Any]]:
@@ -226,6 +242,7 @@ def table_rows(runs: Sequence[RunFigures], sync_label: str, c: Capacities) -> li
         out.append({
             "run": r.label, "accepted_per_s": r.accepted_per_s,
             "E": efficiency(r.accepted_per_s, c), "speedup": up, "A": attainment(up, c),
+            "reward_s_ratio": reward_s_ratio(r, sync),
             "trainer_idle": r.trainer_idle, "discard_rate": r.discard_rate,
             "lag_p50": r.lag_p50, "lag_p99": r.lag_p99, "lag_max": r.lag_max,
             "worker_s": r.worker_seconds, "steps": r.steps, "wall_s": r.wall_s,

@@ -22,6 +22,7 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("E", "E", ".2f"),
     ("speedup", "speedup", ".2f"),
     ("A", "A", ".2f"),
+    ("reward_s_ratio", "t-reward vs sync", ".2f"),
     ("trainer_idle", "idle", ".1%"),
     ("discard_rate", "discard", ".1%"),
     ("lag", "lag p50/p99/max", ""),
