@@ -522,4 +522,4 @@ def holds_events(path: Path) -> bool:
 
 def open_ledger(run_dir: str | Path, **kwargs: object) -> Ledger:
     """The ledger of a run directory (``RUN_DIR/ledger.sqlite``)."""
-    return Ledger(Path(run_dir) / LEDGER_FILE, **kwargs)  # type: ignore[arg-type]
+    return Ledger(Path(run_dir) / LEDGER_FILE, **kwargs)  # type: ignore[arg-type]  # Ledger's own keywords, passed on

@@ -459,7 +459,7 @@ def _malformed(comp: Any, turn: int) -> Any:
     if how == 0:
         return dataclasses.replace(comp, n_tokens=-3)
     if how == 1:
-        return dataclasses.replace(comp, text=None)  # type: ignore[arg-type]
+        return dataclasses.replace(comp, text=None)  # type: ignore[arg-type]  # malformed on purpose
     if how == 2:
         return dataclasses.replace(comp, gen_s=math.nan)
     return {"text": comp.text, "tokens": comp.tokens}

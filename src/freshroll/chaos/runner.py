@@ -156,7 +156,7 @@ def load_injector(spec: str = INJECTOR) -> Callable[..., ChaosSession]:
     import importlib
 
     module, _, attr = spec.partition(":")
-    return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
+    return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]  # an attribute found by name
 
 
 @contextlib.contextmanager

@@ -99,7 +99,7 @@ def export_model(run_dir: Path, out: Path, step: int | None = None, *,
     model = learner.model if adapter_only or not lora else merged_copy(learner.model)
 
     def fill(tmp: Path) -> None:
-        model.save_pretrained(tmp, safe_serialization=True)  # type: ignore[operator]
+        model.save_pretrained(tmp, safe_serialization=True)  # type: ignore[operator]  # a HF model's method, typed as nn.Module
         tokenizer.save_pretrained(tmp)
         (tmp / "freshroll_export.json").write_text(json.dumps(record, indent=1) + "\n")
 

@@ -250,7 +250,7 @@ class GRPOLearner:
             if not torch.isfinite(loss.detach()):
                 self.optimizer.zero_grad(set_to_none=True)
                 raise NonFiniteStep(f"loss is {float(loss.detach())} ({_nonfinite_inputs(micro)})")
-            loss.backward()  # type: ignore[no-untyped-call]
+            loss.backward()  # type: ignore[no-untyped-call]  # torch: unannotated
             with torch.no_grad():
                 ent = entropy_from_logits(logits, kept, self.temperature)
             share = 1.0 if len(slices) == 1 else tokens / max(1.0, total_tokens)
