@@ -28,7 +28,6 @@ OVERSIZE: dict[str, tuple[int, str]] = {
     "sim/batching.py": (617, "one exact event-skipping batcher: a single state machine"),
     "buffer.py": (603, "SampleBuffer's commands over one state (queries: buffer_queries.py)"),
     "engines/vllm_engine.py": (557, "vLLM behind the seam, with its process reaping"),
-    "ledger.py": (525, "the ledger and its file's life (create, recover a journal)"),
     "runtime/ray_engine.py": (505, "the Ray session and the actor engine proxy"),
 }
 
