@@ -27,7 +27,6 @@ OVERSIZE: dict[str, tuple[int, str]] = {
     "chaos/runner.py": (629, "one chaos case and a plan over seeds; cut planned"),
     "sim/batching.py": (617, "one exact event-skipping batcher: a single state machine"),
     "buffer.py": (603, "SampleBuffer's commands over one state (queries: buffer_queries.py)"),
-    "engines/vllm_engine.py": (557, "vLLM behind the seam, with its process reaping"),
     "runtime/ray_engine.py": (505, "the Ray session and the actor engine proxy"),
 }
 
