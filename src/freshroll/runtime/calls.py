@@ -86,7 +86,6 @@ class Call:
     expired: bool = False  # cancelled by the watchdog: a WorkerTimeout
 
 
-
 class CallRunner:
     """Runs the episode calls of a pool's workers (see the module doc)."""
 
@@ -231,7 +230,6 @@ class CallRunner:
             self.pipe.budget.record(stage, self._rule, 1, 1, detail)
 
         return emit
-
 
 
 def malformed(comp: Any) -> str | None:
