@@ -310,12 +310,12 @@ def _quiet_transformers() -> Iterator[None]:
     from transformers.utils import logging as hf_logging
 
     bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # transformers: unannotated
     try:
         yield
     finally:
         if bars:
-            hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
+            hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]  # transformers: unannotated
 
 
 def _save_dir(path: Path, save: Callable[[str], Any]) -> None:

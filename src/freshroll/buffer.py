@@ -49,6 +49,7 @@ from typing import Any, NoReturn
 
 from freshroll import events as ev
 from freshroll import unsafe
+from freshroll.buffer_queries import BufferQueries
 from freshroll.clock import Clock
 from freshroll.errors import ConfigError, LeaseError, LedgerError, StateError, UnknownSampleError
 from freshroll.freshness import admission_capacity, is_stale
@@ -75,29 +76,10 @@ from freshroll.state import (
     QUEUED,
     REWARDED,
     RUNNING,
-    BufferState,
     Lease,
     _Group,
     _Request,
 )
-
-
-@dataclass(frozen=True, slots=True)
-class GroupStatus:
-    """A running group (admitted, not yet ready or ended), as :meth:`SampleBuffer.running_groups`
-    reports it: what a tail rule (:mod:`freshroll.control_tail`) needs."""
-
-    group: GroupId
-    size: int
-    started_at: float | None  # ts of the first attempt of any member; None: none started yet
-    done: int  # members generated or rewarded
-    running: tuple[tuple[SampleId, str, int], ...]  # (sample, worker, epoch), running attempts
-    queued: tuple[RequestId, ...]  # members waiting for a (new) attempt
-
-    @property
-    def open(self) -> int:
-        """Members still to finish: running or queued."""
-        return len(self.running) + len(self.queued)
 
 
 class Outcome(Enum):
@@ -123,8 +105,9 @@ class KernelConfig:
 
 
 
-class SampleBuffer(BufferState):
-    """The lifecycle kernel. Not thread-safe: one owner (the orchestrator) calls it."""
+class SampleBuffer(BufferQueries):
+    """The lifecycle kernel. Not thread-safe: one owner (the orchestrator) calls it. Its
+    read-only queries are :class:`~freshroll.buffer_queries.BufferQueries`'."""
 
     def __init__(self, ledger: Ledger, config: KernelConfig, clock: Clock, run_id: str) -> None:
         super().__init__()
@@ -282,21 +265,6 @@ class SampleBuffer(BufferState):
             reissued.append(RequestId(rid))
         return reissued
 
-    def next_request(self) -> RequestId | None:
-        """The oldest queued request (re-issued ones first), or None."""
-        return self._queue[0].id if self._queue else None
-
-    def take_requests(self, n: int) -> list[RequestId]:
-        """Up to ``n`` queued requests, oldest first (they stay queued until started)."""
-        return [req.id for req, _ in zip(self._queue, range(n), strict=False)]
-
-    def next_sample(self, request: RequestId) -> SampleId:
-        """The sample id :meth:`start` would give ``request``'s next attempt now."""
-        req = self._requests.get(request)
-        if req is None:
-            raise UnknownSampleError(f"unknown request {request!r}")
-        return sample_id(req.id, req.attempt + 1)
-
     def start(
         self, request: str, worker: str, epoch: int, version: PolicyVersion | str,
         call: str | None = None, seed: int | None = None,
@@ -304,7 +272,7 @@ class SampleBuffer(BufferState):
         """Start a new attempt of a queued request on a live worker epoch; ``call`` and
         ``seed`` (recorded as they are) name the episode call it starts in and its sampling
         seed."""
-        req = self._requests.get(request)  # type: ignore[call-overload]
+        req = self._requests.get(request)  # type: ignore[call-overload]  # NewType: a str on the hot path
         if req is None:
             raise UnknownSampleError(f"unknown request {request!r}")
         if req.state != QUEUED:
@@ -349,7 +317,7 @@ class SampleBuffer(BufferState):
                 return Outcome.REJECTED
         if payload is not None:
             self.ledger.put_payload(sample, payload)
-            self._payloads[req.sample] = payload  # type: ignore[index]
+            self._payloads[req.sample] = payload  # type: ignore[index]  # running: its sample is set
         event = ev.Generated(
             ts=self.clock.now(), sample=sample, tokens=tokens, gen_s=gen_s,
             last_version=None if last_version is None else str(last_version),
@@ -456,9 +424,6 @@ class SampleBuffer(BufferState):
             self._emit(ev.Ready(ts=self.clock.now(), group=group.id, samples=list(group.samples)))
 
     # == trainer =====================================================================
-    def ready_groups(self) -> int:
-        return len(self._ready)
-
     def lease(self, n_groups: int | None = None, *, wait_s: float = 0.0) -> Lease | None:
         """Lease the ``n_groups`` oldest ready groups, or None if there are fewer.
 
@@ -555,21 +520,6 @@ class SampleBuffer(BufferState):
         data = self._payloads.get(SampleId(sample))
         return data if data is not None else self.ledger.payload(sample)
 
-    def unrewarded(self) -> list[SampleId]:
-        """Generated samples still waiting for a reward (after recovery: re-score them)."""
-        return [r.sample for r in self._requests.values() if r.state == GENERATED and r.sample]
-
-    @property
-    def groups_admitted(self) -> int:
-        return len(self._groups)
-
-    def sample_info(self, sample: str) -> tuple[float, int]:
-        """``(reward, policy step it was generated with)`` of a sample's current attempt."""
-        req = self._request(request_of(sample))
-        if req.sample != sample:
-            raise UnknownSampleError(f"{sample} is not the current attempt of {req.id}")
-        return req.reward, req.step
-
     def record(
         self, event: ev.WeightsLoaded | ev.FaultInjected | ev.WorkerReady | ev.ControllerDecided
         | ev.TrainerRestarted | ev.ModeDecided | ev.CheckpointSaved,
@@ -578,34 +528,6 @@ class SampleBuffer(BufferState):
         trainer restarted, checkpoint saved);
         only a decision is kept, as :attr:`decision` (a resume restores its settings)."""
         self._emit(event)
-
-    def running_groups(self) -> list[GroupStatus]:
-        """Every running group (admitted, not yet ready or ended), oldest first.
-
-        Costs O(running groups x group size), not O(groups ever admitted).
-        """
-        out = []
-        for group in self._live.values():
-            done, running, queued = 0, [], []
-            for req in group.members:
-                if req.state == GENERATED or req.state == REWARDED:
-                    done += 1
-                elif req.state == RUNNING:
-                    running.append((req.sample, *req.worker))  # type: ignore[misc]
-                elif req.state == QUEUED:
-                    queued.append(req.id)
-            out.append(GroupStatus(group.id, len(group.members), group.started_at, done,
-                                   tuple(running), tuple(queued)))
-        return out
-
-    def request_state(self, request: str) -> str:
-        """``queued``, ``running``, ``generated``, ``rewarded``, ``committed`` or ``discarded``."""
-        return _STATE_NAMES[self._request(request_of(request)).state]
-
-    def recent_latencies(self) -> list[float]:
-        """Seconds from start to generated of the latest attempts (at most
-        :data:`freshroll.state.LATENCY_WINDOW`), by the events' timestamps, oldest first."""
-        return list(self.latencies)
 
     def drop_group(self, group: str, reason: ev.DiscardReason, detail: str = "") -> int:
         """End a running group whole: every member not yet ended is discarded with ``reason``
@@ -630,20 +552,6 @@ class SampleBuffer(BufferState):
             ended += len(g.samples)
             self._discard_group(g, reason, detail)
         return ended
-
-    def group_of_sample(self, sample: str) -> tuple[GroupId, str]:
-        group = self._request(request_of(sample)).group
-        return group.id, group.prompt_id
-
-    def prompt_of(self, request: str) -> str:
-        return self._request(request_of(request)).group.prompt_id
-
-    def open_leases(self) -> list[Lease]:
-        return list(self._leases.values())
-
-    def in_flight(self) -> int:
-        """Requests queued, running or generated (not yet rewarded or ended)."""
-        return sum(1 for r in self._requests.values() if r.state in (QUEUED, RUNNING, GENERATED))
 
     def stats(self) -> dict[str, Any]:
         """A snapshot of the buffer's counters (JSON-ready)."""

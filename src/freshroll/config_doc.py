@@ -62,7 +62,7 @@ def _default(info: FieldInfo) -> Any:
     if info.default is not PydanticUndefined:
         value = info.default
     elif info.default_factory is not None:
-        value = info.default_factory()  # type: ignore[call-arg]
+        value = info.default_factory()  # type: ignore[call-arg]  # ours take no argument
     else:
         return "(required)"
     return value.model_dump(mode="json") if isinstance(value, BaseModel) else value

@@ -31,7 +31,7 @@ DiscardReason = Literal[
     "filtered",          # a user filter dropped it (e.g. zero-variance group)
     "shutdown",          # the run ended before the request finished
 ]
-DISCARD_REASONS: Final = frozenset(DiscardReason.__args__)  # type: ignore[attr-defined]
+DISCARD_REASONS: Final = frozenset(DiscardReason.__args__)  # type: ignore[attr-defined]  # Literal's __args__ is not in the stubs
 #: reasons after which the request is issued again (a new attempt); all others are terminal
 RETRY_REASONS: Final = frozenset({"fenced"})
 

@@ -17,13 +17,14 @@ Guarantees:
 - Reading an unreadable, truncated or foreign file, or an event this version
   does not know, raises :class:`~freshroll.errors.LedgerError` naming the file
   (and the sequence number), never a bare sqlite or decode error.
-- Creation is atomic (:func:`create_ledger`): the empty ledger is built whole beside
-  its path and linked into place, so a kill leaves no ledger or an empty one, never
-  a half-made file. Every reader first recovers a hot journal or WAL that a killed
-  writer left (:func:`recover_journal`; a read-only connection cannot), or says in
-  one :class:`~freshroll.errors.LedgerError` what to do where it cannot. An
-  uninitialised SQLite file (a creation cut short by an older freshroll) is an empty
-  ledger: readers see no events, a writer replaces it with a whole one.
+- Creation is atomic (:func:`~freshroll.ledger_file.create_ledger`): the empty ledger is
+  built whole beside its path and linked into place, so a kill leaves no ledger or an
+  empty one, never a half-made file. Every reader first recovers a hot journal or WAL that
+  a killed writer left (:func:`~freshroll.ledger_file.recover_journal`; a read-only
+  connection cannot), or says in one :class:`~freshroll.errors.LedgerError` what to do
+  where it cannot. An uninitialised SQLite file (a creation cut short by an older
+  freshroll) is an empty ledger: readers see no events, a writer replaces it with a whole
+  one.
 - A full disk is a :class:`~freshroll.errors.StorageError` naming the file, and loses
   nothing that was flushed. A run's ledger keeps a reserve on the disk
   (:data:`RESERVE_BYTES`) that only its closing write may spend, so a run stopped by a
@@ -43,24 +44,23 @@ from typing import IO, Any, Literal
 
 import msgspec
 
-from freshroll import crashpoints
-from freshroll.atomic import fsync_path
 from freshroll.errors import FreshrollError, LedgerError, StorageError, UnknownEventError
 from freshroll.events import DECODER, ENCODER, EVENT_KINDS, KIND_OF, AnyEvent, Closed, Event
-from freshroll.procs import pid_alive
+from freshroll.ledger_file import (
+    APPLICATION_ID,
+    SCHEMA_VERSION,
+    connect_writable,
+    create_ledger,
+    empty_ledger_db,
+    identity,
+    journals,
+    recover_journal,
+    sweep_aside,
+)
 
-SCHEMA_VERSION = 1
-APPLICATION_ID = 0x46524C31  # "FRL1": marks a freshroll ledger file
 LEDGER_FILE = "ledger.sqlite"
 #: what a run's ledger sets aside for its closing write on a full disk (see Ledger)
 RESERVE_BYTES = 4 << 20
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS events (seq INTEGER PRIMARY KEY, kind TEXT NOT NULL, body BLOB NOT NULL);
-CREATE TABLE IF NOT EXISTS payloads (sample TEXT PRIMARY KEY, data BLOB NOT NULL);
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-"""
-
 
 _encode_lines = ENCODER.encode_lines
 #: rows per INSERT statement: one multi-row ``INSERT .. VALUES (..), (..)`` binds and steps
@@ -158,10 +158,10 @@ class Ledger:
         recover_journal(self.path)
         db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, isolation_level=None)
         try:
-            app_id, tables = _identity(db)
+            app_id, tables = identity(db)
         except sqlite3.DatabaseError as exc:
             db.close()
-            left = _journals(self.path)
+            left = journals(self.path)
             if not left:
                 raise
             raise LedgerError(
@@ -175,21 +175,21 @@ class Ledger:
             raise LedgerError(f"{self.path}: not a freshroll ledger (application_id={app_id})")
         if app_id == 0 and tables == 0:
             db.close()
-            return _empty_ledger_db()
+            return empty_ledger_db()
         return db
 
     def _open_writable(self, sync: str) -> sqlite3.Connection:
         """A read-write connection in WAL mode; a new ledger is created whole first
         (:func:`create_ledger`), so no kill leaves a half-made file at :attr:`path`."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        _sweep_aside(self.path)
+        sweep_aside(self.path)
         if not self.path.exists():
             create_ledger(self.path)
-        db, app_id, tables = _connect_writable(self.path)
+        db, app_id, tables = connect_writable(self.path)
         if app_id == 0 and tables == 0:  # uninitialised (see _open_readonly): make it whole
             db.close()
             create_ledger(self.path, replace=True)
-            db, app_id, tables = _connect_writable(self.path)
+            db, app_id, tables = connect_writable(self.path)
         if app_id != APPLICATION_ID:
             db.close()
             raise LedgerError(f"{self.path}: not a freshroll ledger (application_id={app_id})")
@@ -387,126 +387,6 @@ def _make_reserve(path: Path, size: int) -> Path | None:
     return reserve
 
 
-# -- creating and recovering files -----------------------------------------------------
-_SIDE_FILES = ("-journal", "-wal", "-shm")
-_ASIDE = ".tmp-"  # ledger.sqlite.tmp-<pid>: a ledger being built by process <pid>
-
-
-def _init_sql() -> str:
-    """Tables, mark and version in ONE transaction."""
-    return (f"BEGIN IMMEDIATE;{_SCHEMA}PRAGMA application_id={APPLICATION_ID};"
-            f"INSERT OR IGNORE INTO meta VALUES ('schema_version', '{SCHEMA_VERSION}');COMMIT;")
-
-
-def _identity(db: sqlite3.Connection) -> tuple[int, int]:
-    """``(application_id, number of schema objects)``; the first read of a connection also
-    rolls back a hot journal or recovers a WAL, where the connection may write."""
-    app_id = db.execute("PRAGMA application_id").fetchone()[0]
-    tables = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
-    return int(app_id), int(tables)
-
-
-def _connect_writable(path: Path) -> tuple[sqlite3.Connection, int, int]:
-    db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    try:
-        return (db, *_identity(db))
-    except BaseException:
-        db.close()
-        raise
-
-
-def _empty_ledger_db() -> sqlite3.Connection:
-    """An in-memory ledger with no events (what an uninitialised file holds)."""
-    db = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
-    db.executescript(_init_sql())
-    return db
-
-
-def _journals(path: Path) -> list[Path]:
-    """The rollback journal and WAL beside ``path`` that exist."""
-    return [p for s in ("-journal", "-wal") if (p := path.with_name(path.name + s)).exists()]
-
-
-def recover_journal(path: Path) -> bool:
-    """Let SQLite roll back a hot journal or fold in a WAL that a killed writer left beside
-    ``path``, so that a read-only connection can read it (one cannot: "attempt to write a
-    readonly database"). Opens the file read-write once, reads, closes; changes no committed
-    content. Returns False where nothing needed recovering or the file cannot be written
-    (then a read-only open reports it)."""
-    if not _journals(path):
-        return False
-    try:
-        db = sqlite3.connect(f"file:{path}?mode=rw", uri=True, isolation_level=None)
-    except sqlite3.Error:
-        return False
-    try:
-        _identity(db)
-    except sqlite3.Error:
-        return False
-    finally:
-        db.close()
-    return True
-
-
-def create_ledger(path: Path, *, replace: bool = False) -> None:
-    """Create an empty ledger at ``path`` atomically: built whole beside it (tables, mark,
-    version, WAL mode; ``ledger.sqlite.tmp-<pid>``), closed (SQLite folds and removes its
-    WAL), fsynced, then linked into place. A kill leaves no file at ``path`` or a whole
-    empty ledger, never a half-made one. An existing ``path`` is kept (another process
-    created it first) unless ``replace``. Leftovers of killed builders are removed first,
-    and so are side files with no database (they would be replayed onto the new one)."""
-    _sweep_aside(path)
-    tmp = path.with_name(f"{path.name}{_ASIDE}{os.getpid()}")
-    db = sqlite3.connect(tmp, isolation_level=None)
-    try:
-        db.execute("PRAGMA journal_mode=WAL")
-        db.executescript(_init_sql())
-    finally:
-        db.close()
-    fsync_path(tmp)
-    crashpoints.reach("ledger")
-    if replace or not path.exists():
-        _remove_side_files(path)
-    try:
-        if replace:
-            os.replace(tmp, path)
-        else:
-            _link_new(tmp, path)
-    finally:
-        _remove_db(tmp)
-    fsync_path(path.parent)
-
-
-def _link_new(tmp: Path, path: Path) -> None:
-    """``tmp`` at ``path`` unless a file is there already (then that one stays)."""
-    try:
-        os.link(tmp, path)
-    except FileExistsError:
-        pass
-    except OSError:  # a file system without hard links: rename (the lock keeps others out)
-        if not path.exists():
-            os.replace(tmp, path)
-
-
-def _sweep_aside(path: Path) -> None:
-    """Remove ``<path>.tmp-<pid>`` files (and their side files) of dead processes."""
-    head = path.name + _ASIDE
-    for stale in path.parent.glob(head + "*"):
-        pid = stale.name[len(head):].split("-", 1)[0]
-        if pid.isdigit() and (int(pid) == os.getpid() or not pid_alive(int(pid))):
-            stale.unlink(missing_ok=True)
-
-
-def _remove_side_files(path: Path) -> None:
-    for side in _SIDE_FILES:
-        path.with_name(path.name + side).unlink(missing_ok=True)
-
-
-def _remove_db(path: Path) -> None:
-    path.unlink(missing_ok=True)
-    _remove_side_files(path)
-
-
 def holds_events(path: Path) -> bool:
     """Whether the ledger file ``path`` holds a run: it exists and an event was written to
     it, or it cannot be read as a ledger (never taken for an empty one). A file that a kill
@@ -522,4 +402,4 @@ def holds_events(path: Path) -> bool:
 
 def open_ledger(run_dir: str | Path, **kwargs: object) -> Ledger:
     """The ledger of a run directory (``RUN_DIR/ledger.sqlite``)."""
-    return Ledger(Path(run_dir) / LEDGER_FILE, **kwargs)  # type: ignore[arg-type]
+    return Ledger(Path(run_dir) / LEDGER_FILE, **kwargs)  # type: ignore[arg-type]  # Ledger's own keywords, passed on

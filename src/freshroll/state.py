@@ -198,13 +198,13 @@ class BufferState:
         else:
             queue.remove(req)
         step = self._published.get(e.version)
-        req.state, req.attempt, req.sample = RUNNING, req.attempt + 1, e.sample  # type: ignore[assignment]
+        req.state, req.attempt, req.sample = RUNNING, req.attempt + 1, e.sample  # type: ignore[assignment]  # NewType: a str on the hot path
         req.worker = worker = (e.worker, e.epoch)
         req.step = policy_step(e.version) if step is None else step
         req.started_at = e.ts
         if req.group.started_at is None:
             req.group.started_at = e.ts
-        self._inflight[worker].add(e.sample)  # type: ignore[arg-type]
+        self._inflight[worker].add(e.sample)  # type: ignore[arg-type]  # NewType: a str on the hot path
         self._started_n += 1
 
     def _on_generated(self, e: ev.Generated) -> None:
@@ -213,7 +213,7 @@ class BufferState:
     def _generated(self, req: _Request, e: ev.Generated) -> None:
         req.state = GENERATED
         self.latencies.append(e.ts - req.started_at)
-        self._inflight[req.worker].discard(req.sample)  # type: ignore[index]
+        self._inflight[req.worker].discard(req.sample)  # type: ignore[index]  # running: worker and sample are set
         self._generated_n += 1
 
     def _on_rewarded(self, e: ev.Rewarded) -> None:
@@ -223,7 +223,7 @@ class BufferState:
         req.state, req.reward = REWARDED, e.reward
         group = req.group
         group.open -= 1
-        group.samples.append(e.sample)  # type: ignore[arg-type]
+        group.samples.append(e.sample)  # type: ignore[arg-type]  # NewType: a str on the hot path
         if req.step < group.oldest:
             group.oldest = req.step
         self._rewarded_n += 1
@@ -283,7 +283,7 @@ class BufferState:
         req.state = DISCARDED
         if was == REWARDED:  # a whole ready group discarded (stale / shutdown)
             group.dropping = e.reason
-            group.samples.remove(req.sample)  # type: ignore[arg-type]
+            group.samples.remove(req.sample)  # type: ignore[arg-type]  # rewarded: its sample is set
             if not group.samples:
                 self._ready.remove(group)
                 group.state = G_DONE

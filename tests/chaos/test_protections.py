@@ -25,9 +25,9 @@ from freshroll import events as ev
 from freshroll.engines.base import Completion
 from freshroll.errors import FailureBudgetExceeded, LedgerError, StateError
 from freshroll.rewards.scoring import Score
-from freshroll.runtime import rewarding, workers
+from freshroll.runtime import calls, rewarding, workers
+from freshroll.runtime.calls import malformed
 from freshroll.runtime.rewarding import MAX_LOST_RETRIES, checked_scores
-from freshroll.runtime.workers import malformed
 
 GOOD = Completion((), (), (), "g0.0#1", "stop", 1.5, n_tokens=12)
 
@@ -81,7 +81,7 @@ def test_malformed_completions_are_discarded_invalid_and_the_pool_goes_on(tmp_pa
 
 def test_without_the_check_a_malformed_completion_breaks_the_ledger(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(workers, "malformed", lambda comp: None)
+    monkeypatch.setattr(calls, "malformed", lambda comp: None)
     with pytest.raises(LedgerError, match="malformed event"):  # a NaN gen_s was written
         _malformed_completions(tmp_path)
 

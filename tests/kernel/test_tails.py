@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from freshroll import metrics
-from freshroll.buffer import GroupStatus, KernelConfig, Outcome, SampleBuffer
+from freshroll.buffer import KernelConfig, Outcome, SampleBuffer
+from freshroll.buffer_queries import GroupStatus
 from freshroll.clock import VirtualClock
 from freshroll.config import TailSection
 from freshroll.errors import ConfigError, StateError

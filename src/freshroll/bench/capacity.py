@@ -189,7 +189,7 @@ async def measure_trainer(
             buf.admit(members[0][0].prompt_id)
         flat = [m for members in batch for m in members]
         for rid, (req, c) in zip(buf.take_requests(w.batch), flat, strict=True):
-            sid = buf.start(rid, "bench", epoch, buf.version)  # type: ignore[arg-type]
+            sid = buf.start(rid, "bench", epoch, buf.version)  # type: ignore[arg-type]  # published at open
             buf.complete(sid, tokens=c.tokens, gen_s=c.gen_s, payload=payload(c))
             buf.reward(sid, rewards.get(req.sample, 0.0), reward_version)
         lease = buf.lease()

@@ -5,10 +5,13 @@ Modules::
     plan.py      fault plans as data (YAML, validated, unknown keys rejected)
     inject.py    the Injector: a runtime.hooks.ChaosSession that fires a scenario's faults
                  at the run's hand-offs and records each as a ``fault_injected`` event
+    actions.py   the fault actions (the Injector's base): what each kind does when it
+                 fires, and the faults it leaves armed for the wrappers to ask
     faulty.py    the seam wrappers the Injector puts around the engine factory, the
                  engines, the scorer and the trainer
-    runner.py    one case (scenario x seed): its fault-free twin, the faulted run (resumed
-                 after a kill or an interrupt), the checks; a whole plan over seeds
+    case.py      one case (scenario x seed): its fault-free twin, the faulted run (resumed
+                 after a kill or an interrupt), the checks
+    runner.py    a whole plan over seeds (in worker processes with --jobs); the command
     child.py     the child process of a case whose fault kills the process (a real SIGKILL)
     checks.py    the invariants beyond ``verify`` (every planned fault recorded, no prompt
                  skipped or repeated across resumes, the admission bound after a resume,

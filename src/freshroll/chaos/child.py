@@ -1,6 +1,6 @@
 """The child process of a chaos case whose fault kills the process (a real SIGKILL).
 
-``python -m freshroll.chaos.child SPEC.json``: the runner (:mod:`freshroll.chaos.runner`)
+``python -m freshroll.chaos.child SPEC.json``: the runner (:mod:`freshroll.chaos.case`)
 writes the spec (the scenario, the seed, the config or ``resume``, the fault indexes to skip,
 the liveness horizon, the Injector to use, where to write the result). The child runs one
 incarnation of the faulted run under the liveness guard with an Injector whose ``on_kill``
@@ -44,7 +44,7 @@ def sigkill(kind: str) -> None:
 
 
 def run_spec(spec_path: str) -> int:
-    from freshroll.chaos.runner import Guard, load_injector, outcome_of, run_in_process
+    from freshroll.chaos.case import Guard, load_injector, outcome_of, run_in_process
 
     spec = json.loads(Path(spec_path).read_text())
     scenario = Scenario.model_validate(spec["scenario"])
@@ -110,14 +110,14 @@ def _warm() -> None:
     import io
     import tempfile
 
-    from freshroll.chaos.plan import BASE_WORKLOAD, merge
-    from freshroll.chaos.runner import (
+    from freshroll.chaos.case import (
         BASELINE_HORIZON_S,
         INJECTOR,
         Guard,
         load_injector,
         run_in_process,
     )
+    from freshroll.chaos.plan import BASE_WORKLOAD, merge
 
     with contextlib.suppress(ImportError):  # a build without the Injector: specs name theirs
         load_injector(INJECTOR)

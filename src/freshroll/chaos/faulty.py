@@ -280,7 +280,7 @@ class FaultyEngine:
                 + (f" ({emitted} emitted)" if running else ""))
 
     async def _real_kill(self) -> None:
-        await self.inner.kill()  # type: ignore[attr-defined]
+        await self.inner.kill()  # type: ignore[attr-defined]  # real_kill: it has one
 
     async def generate(
         self, requests: Sequence[GenRequest], params: SamplingParams, seed: int, emit: Emit,

@@ -76,9 +76,8 @@ def quiet_transformers() -> None:
     """No download/loading progress bars: our own progress line is the display."""
     from transformers.utils import logging as hf_logging
 
-    # transformers leaves its logging helpers unannotated
-    hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
-    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]  # transformers: unannotated
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # transformers: unannotated
 
 
 @contextmanager

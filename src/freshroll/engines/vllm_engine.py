@@ -24,7 +24,8 @@ its own. vLLM is imported only inside functions: ``import freshroll`` never impo
   :class:`~freshroll.errors.WorkerLost`; a request vLLM refuses (a prompt longer than
   ``max_model_len``) fails only that request, with an error naming its sample.
 * Metrics: a ``StatLoggerBase`` subclass keeps the scheduler's newest figures
-  (:meth:`VLLMEngine.stats`).
+  (:meth:`VLLMEngine.stats`); it and the engine core's processes are
+  :mod:`freshroll.engines.vllm_core`'s.
 """
 
 from __future__ import annotations
@@ -34,12 +35,11 @@ import contextlib
 import itertools
 import os
 import shutil
-import signal
 import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -48,49 +48,22 @@ from freshroll.engines.base import FINISH_LENGTH, FINISH_STOP, Completion, encod
 from freshroll.engines.lora_merge import is_adapter, merge_state
 from freshroll.engines.seams import Emit, EngineStats, GenRequest, SamplingParams
 from freshroll.engines.vllm_args import engine_args, model_config, quiet_vllm
+from freshroll.engines.vllm_core import (
+    StatSink,
+    core_procs,
+    kill_tree,
+    quiet_del,
+    reap_abandoned,
+    stat_logger_factory,
+)
 from freshroll.errors import ConfigError, Superseded, WorkerLost
 
 if TYPE_CHECKING:
-    import psutil
     import torch
 
     from freshroll.config import VLLMSection
 
 # -- the engine ----------------------------------------------------------------------------
-
-
-@dataclass
-class _StatSink:
-    running: int = 0
-    waiting: int = 0
-    kv_cache_usage: float = 0.0
-    preemptions: int = 0
-    seen: bool = False
-
-
-def _stat_logger_factory(sink: _StatSink) -> Any:
-    """A per-engine stat-logger factory ``(vllm_config, engine_index) -> logger`` filling
-    ``sink`` (runs on the frontend's event loop, in the output handler)."""
-    from vllm.v1.metrics.loggers import StatLoggerBase
-
-    class FreshrollStats(StatLoggerBase):
-        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
-            pass
-
-        def record(self, scheduler_stats: Any, iteration_stats: Any,
-                   mm_cache_stats: Any = None, engine_idx: int = 0) -> None:
-            if scheduler_stats is not None:
-                sink.running = int(scheduler_stats.num_running_reqs)
-                sink.waiting = int(scheduler_stats.num_waiting_reqs)
-                sink.kv_cache_usage = float(scheduler_stats.kv_cache_usage)
-                sink.seen = True
-            if iteration_stats is not None:
-                sink.preemptions += int(getattr(iteration_stats, "num_preempted_reqs", 0))
-
-        def log_engine_initialized(self) -> None:
-            pass
-
-    return FreshrollStats
 
 
 @dataclass(eq=False)
@@ -115,7 +88,7 @@ class VLLMEngine:
     continuous = True
 
     def __init__(self, llm: Any, tokenizer: Any, section: VLLMSection, model_path: Path,
-                 sink: _StatSink, name: str = "vllm", max_model_len: int | None = None) -> None:
+                 sink: StatSink, name: str = "vllm", max_model_len: int | None = None) -> None:
         self._llm, self._tok, self.section, self.model_path = llm, tokenizer, section, model_path
         self.name, self._sink = name, sink
         self.on_update = section.on_update  # what load_weights does to requests in flight
@@ -137,7 +110,7 @@ class VLLMEngine:
         self._weights_dir: Path | None = None
         self._loads = 0
         self._base: dict[str, torch.Tensor] | None = None  # a LoRA run's base weights
-        self._procs = _core_procs(llm)  # psutil handles: never a reused pid
+        self._procs = core_procs(llm)  # psutil handles: never a reused pid
         self.pids = [p.pid for p in self._procs]
 
     # -- the seam --------------------------------------------------------------------------
@@ -329,7 +302,7 @@ class VLLMEngine:
         flight, and later ones, raise :class:`~freshroll.errors.WorkerLost`."""
         if self._dead is None:
             self._dead = "engine core killed"
-        _kill_tree(self._procs)
+        kill_tree(self._procs)
         for call in list(self._calls):
             for t in call.tasks:
                 t.cancel()
@@ -354,8 +327,8 @@ class VLLMEngine:
             await asyncio.gather(handler, return_exceptions=True)
         with contextlib.suppress(Exception):
             await asyncio.to_thread(self._llm.shutdown, 10.0)
-        _quiet_del(self._llm)
-        _kill_tree(self._procs)
+        quiet_del(self._llm)
+        kill_tree(self._procs)
         if self._weights_root is not None:
             shutil.rmtree(self._weights_root, ignore_errors=True)
 
@@ -366,8 +339,8 @@ class VLLMEngine:
             self._dead = self._dead or "engine closed"
             with contextlib.suppress(Exception):
                 self._llm.shutdown(10.0)
-            _quiet_del(self._llm)
-        _kill_tree(self._procs)
+            quiet_del(self._llm)
+        kill_tree(self._procs)
         if self._weights_root is not None:
             shutil.rmtree(self._weights_root, ignore_errors=True)
 
@@ -411,57 +384,6 @@ def _eos_ids(tokenizer: Any, config: Mapping[str, Any]) -> frozenset[int]:
     return frozenset(ids)
 
 
-def _reap(fut: Future[Any]) -> None:
-    """An engine whose start was abandoned: shut it down as soon as it exists."""
-    if fut.cancelled() or fut.exception() is not None:
-        return
-    llm = fut.result()
-    with contextlib.suppress(Exception):
-        llm.shutdown()
-    _quiet_del(llm)
-    _kill_tree(_core_procs(llm))
-
-
-def _quiet_del(llm: Any) -> None:
-    """An AsyncLLM shut down already: its ``__del__`` (which shuts down again) is made a no-op,
-    else at interpreter exit it runs against torn-down modules and prints a TypeError."""
-    with contextlib.suppress(Exception):
-        llm.shutdown = lambda *a, **k: None
-
-
-def _core_procs(llm: Any) -> list[psutil.Process]:
-    """The engine core processes of an AsyncLLM (its multiprocess client's children), as
-    psutil handles (they check the process's start time: a reused pid is never signalled)."""
-    import psutil
-
-    resources = getattr(getattr(llm, "engine_core", None), "resources", None)
-    manager = getattr(resources, "engine_manager", None)
-    out = []
-    for p in getattr(manager, "processes", None) or []:
-        pid = getattr(p, "pid", None)
-        if pid:
-            with contextlib.suppress(psutil.Error):
-                out.append(psutil.Process(pid))
-    return out
-
-
-def _kill_tree(procs: Sequence[psutil.Process]) -> None:
-    """SIGKILL these processes (still the ones we started) and all their descendants."""
-    import psutil
-
-    victims: list[psutil.Process] = []
-    for p in procs:
-        try:
-            if p.is_running():
-                victims += [*p.children(recursive=True), p]
-        except psutil.Error:
-            continue
-    for v in victims:
-        with contextlib.suppress(psutil.Error):
-            v.send_signal(signal.SIGKILL)  # psutil checks the pid is still this process
-    psutil.wait_procs(victims, timeout=5)
-
-
 async def start_vllm_engine(model_path: Path, section: VLLMSection, *, seed: int = 0,
                             name: str = "vllm") -> VLLMEngine:
     """Start an engine over ``model_path`` and warm it up (one tiny generate: the first real
@@ -471,8 +393,8 @@ async def start_vllm_engine(model_path: Path, section: VLLMSection, *, seed: int
     from vllm.v1.engine.async_llm import AsyncLLM
 
     args = engine_args(model_path, section, seed=seed)
-    sink = _StatSink()
-    factory = _stat_logger_factory(sink)
+    sink = StatSink()
+    factory = stat_logger_factory(sink)
     tok = await asyncio.to_thread(AutoTokenizer.from_pretrained, model_path,
                                   local_files_only=True)
     # the engine core's start-up blocks (~30 s: spawn, model load, KV cache): on a thread, so
@@ -484,7 +406,7 @@ async def start_vllm_engine(model_path: Path, section: VLLMSection, *, seed: int
     try:
         llm = await asyncio.wrap_future(starting)
     except asyncio.CancelledError:  # the start timed out (or the run ended): a thread cannot
-        starting.add_done_callback(_reap)  # be stopped; the engine it makes is shut down
+        starting.add_done_callback(reap_abandoned)  # be stopped; the engine it makes is shut down
         raise
     try:
         mml = getattr(getattr(llm, "model_config", None), "max_model_len", None)
@@ -496,8 +418,8 @@ async def start_vllm_engine(model_path: Path, section: VLLMSection, *, seed: int
     except BaseException:
         with contextlib.suppress(Exception):
             llm.shutdown()
-        _quiet_del(llm)
-        _kill_tree(_core_procs(llm))
+        quiet_del(llm)
+        kill_tree(core_procs(llm))
         raise
     return engine
 

@@ -217,7 +217,7 @@ class KillableThreadEngine(ThreadEngine):
     async def kill(self) -> None:
         """Kill the engine's process (``ray.kill``) without waiting for the call in flight:
         that call, or the next one, fails with :class:`~freshroll.errors.WorkerLost`."""
-        await asyncio.to_thread(self.engine.kill)  # type: ignore[attr-defined]
+        await asyncio.to_thread(self.engine.kill)  # type: ignore[attr-defined]  # only a Ray engine (its class checked it) has kill
 
 
 def adapt(engine: InferenceEngine, name: str, limits: LimitsSection,

@@ -23,9 +23,15 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from freshroll.atomic import replace_dir
 from freshroll.errors import ConfigError, LineageError, RunDirError
+from freshroll.lineage import PolicyVersion
+
+if TYPE_CHECKING:
+    from freshroll.config import Config
+    from freshroll.trainer.grpo import GRPOLearner
 
 
 @dataclass(frozen=True)
@@ -47,17 +53,12 @@ def export_model(run_dir: Path, out: Path, step: int | None = None, *,
     """
     from transformers import AutoTokenizer
 
-    from freshroll.buffer import KernelConfig, replay_ledger
-    from freshroll.clock import RealClock
     from freshroll.config import read_yaml, validate
     from freshroll.engines.model_dir import quiet_transformers
-    from freshroll.engines.tiny import model_digest
-    from freshroll.ledger import LEDGER_FILE, Ledger
-    from freshroll.lineage import PolicyVersion
-    from freshroll.runtime.learner import build_learner, initial_model_dir, resume_point
-    from freshroll.runtime.resume import history
+    from freshroll.ledger import LEDGER_FILE
+    from freshroll.runtime.learner import initial_model_dir
     from freshroll.trainer.lora import is_lora, merged_copy
-    from freshroll.trainer.replay import committed_chain, weights_digest
+    from freshroll.trainer.replay import weights_digest
 
     if not (run_dir / LEDGER_FILE).is_file():
         raise RunDirError(f"{run_dir}: not a run directory (no {LEDGER_FILE})")
@@ -69,19 +70,7 @@ def export_model(run_dir: Path, out: Path, step: int | None = None, *,
                           "export it without --adapter-only")
     quiet_transformers()
     source = initial_model_dir(cfg, run_dir)
-    kernel = KernelConfig(cfg.run.max_staleness, cfg.rollout.batch_groups, cfg.rollout.group_size)
-    with Ledger(run_dir / LEDGER_FILE, readonly=True) as ledger:
-        buf = replay_ledger(ledger, kernel, RealClock())
-        assert buf.version is not None
-        last = buf.version.step
-        want = last if step is None else step
-        if not 0 <= want <= last:
-            raise ConfigError(f"--step {want}: the run committed steps 0..{last}")
-        chain = committed_chain(ledger)
-        hist = history(e for _, e in ledger.events())
-        learner = build_learner(cfg, source, buf, run_dir, hist, to_step=want, quiet=True)
-        replayed = want - resume_point(run_dir, chain, want)[1] if want > 0 else 0
-        version = chain[want].version if want > 0 else PolicyVersion.initial(model_digest(source))
+    learner, want, version, replayed = _rebuilt(cfg, run_dir, source, step)
     tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
     digest = weights_digest(learner.model)
     committed = version.weights_digest
@@ -99,9 +88,37 @@ def export_model(run_dir: Path, out: Path, step: int | None = None, *,
     model = learner.model if adapter_only or not lora else merged_copy(learner.model)
 
     def fill(tmp: Path) -> None:
-        model.save_pretrained(tmp, safe_serialization=True)  # type: ignore[operator]
+        model.save_pretrained(tmp, safe_serialization=True)  # type: ignore[operator]  # a HF model's method, typed as nn.Module
         tokenizer.save_pretrained(tmp)
         (tmp / "freshroll_export.json").write_text(json.dumps(record, indent=1) + "\n")
 
     replace_dir(out, fill)
     return Exported(out, want, str(version), digest, replayed)
+
+
+def _rebuilt(cfg: Config, run_dir: Path, source: Path,
+             step: int | None) -> tuple[GRPOLearner, int, PolicyVersion, int]:
+    """The learner at committed ``step`` (default: the last), rebuilt as ``--resume`` does;
+    with that step, its policy version and how many steps were trained again."""
+    from freshroll.buffer import KernelConfig, replay_ledger
+    from freshroll.clock import RealClock
+    from freshroll.engines.tiny import model_digest
+    from freshroll.ledger import LEDGER_FILE, Ledger
+    from freshroll.runtime.learner import build_learner, resume_point
+    from freshroll.runtime.resume import history
+    from freshroll.trainer.replay import committed_chain
+
+    kernel = KernelConfig(cfg.run.max_staleness, cfg.rollout.batch_groups, cfg.rollout.group_size)
+    with Ledger(run_dir / LEDGER_FILE, readonly=True) as ledger:
+        buf = replay_ledger(ledger, kernel, RealClock())
+        assert buf.version is not None
+        last = buf.version.step
+        want = last if step is None else step
+        if not 0 <= want <= last:
+            raise ConfigError(f"--step {want}: the run committed steps 0..{last}")
+        chain = committed_chain(ledger)
+        hist = history(e for _, e in ledger.events())
+        learner = build_learner(cfg, source, buf, run_dir, hist, to_step=want, quiet=True)
+        replayed = want - resume_point(run_dir, chain, want)[1] if want > 0 else 0
+        version = chain[want].version if want > 0 else PolicyVersion.initial(model_digest(source))
+    return learner, want, version, replayed

@@ -84,6 +84,7 @@ from freshroll.engines.seams import EngineFactory
 from freshroll.errors import Interrupted, NonFiniteStep, NoProgress
 from freshroll.lineage import PolicyVersion
 from freshroll.rewards.tasks import Prompt
+from freshroll.runtime.calls import generation_seed
 from freshroll.runtime.fallback import FallbackProbe, Switch, probe_for
 from freshroll.runtime.hooks import Hooks
 from freshroll.runtime.observers import RunObserver, StepReport, default_observers
@@ -92,7 +93,7 @@ from freshroll.runtime.seams import AsyncScorer, AsyncTrainer, SaysItsWaits
 from freshroll.runtime.steering import Steering
 from freshroll.runtime.tailing import Tailing
 from freshroll.runtime.waits import Waits, heartbeat, stall_message
-from freshroll.runtime.workers import MAX_RESTARTS, WorkerPool, generation_seed
+from freshroll.runtime.workers import MAX_RESTARTS, WorkerPool
 
 
 class _Stop(Exception):

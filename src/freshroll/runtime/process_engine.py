@@ -133,8 +133,8 @@ def _child_main(path: str, threads: int, requests: Connection, answers: Connecti
 
     from freshroll.engines.hf import HFEngine
 
-    hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
-    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]  # transformers: unannotated
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # transformers: unannotated
     engine = HFEngine.from_pretrained(path)
     reader = SlotReader(shm, Layout.from_json(layout)) if shm and layout else None
     answers.send_bytes(_dumps({"id": 0, "ready": True, "threads": torch.get_num_threads(),

@@ -67,8 +67,8 @@ from freshroll.engines.seams import EngineStats, ReportsStats
 from freshroll.state import Lease
 
 if TYPE_CHECKING:
+    from freshroll.runtime.calls import Worker
     from freshroll.runtime.pipeline import Pipeline
-    from freshroll.runtime.workers import Worker
 
 
 def control_config(cfg: Config) -> ControlConfig:

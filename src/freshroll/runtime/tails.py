@@ -39,7 +39,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from freshroll.buffer import GroupStatus, SampleBuffer
+from freshroll.buffer import SampleBuffer
+from freshroll.buffer_queries import GroupStatus
 from freshroll.config import TailSection
 from freshroll.control_tail import GroupProgress, TailPolicy, tail_action
 from freshroll.errors import ConfigError, StateError

@@ -122,8 +122,7 @@ def probe_threads(model_path: Path, prompts: Sequence[str], *, max_new_tokens: i
     with loading_model(model_path):
         config = AutoConfig.from_pretrained(model_path, local_files_only=True)
         with torch.device("meta"):
-            # transformers leaves from_config unannotated
-            shell = AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]
+            shell = AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]  # transformers: unannotated
     n_params = sum(p.numel() for p in shell.parameters())
     del shell
     if n_params > LARGE_PARAMS:

@@ -21,8 +21,9 @@ Serving: before starting requests a worker loads the newest published weights
 one completion per request (``single_turn``: one generate call); the pool never knows what
 an episode is. An engine with ``continuous = True`` keeps up to
 ``concurrency`` requests in flight, a new generate call starting as soon as slots free
-(several calls overlap; each one is a task of the worker's own task group); with
-``continuous = False`` one call at a time of at most ``concurrency`` requests. Each
+(several calls overlap: the worker's lanes, :mod:`freshroll.runtime.lanes`); with
+``continuous = False`` one call at a time of at most ``concurrency`` requests. One call,
+from its start to its end, is :mod:`freshroll.runtime.calls`'s. Each
 completion the engine emits goes to ``buf.complete`` (payload only when it has token ids)
 and, if accepted, to the reward stage. A generate call that does not return within
 ``limits.generate_timeout_s`` is a :class:`~freshroll.errors.WorkerTimeout`; whatever it
@@ -31,10 +32,11 @@ emits later is rejected (its epoch is fenced). Any other failure of a call ends 
 
 What an engine hands back is checked, never trusted: a malformed completion (not a
 ``Completion``, a token count that is not a non-negative integer, text that is not a string,
-a ``gen_s`` that is not a finite number >= 0: :func:`malformed`) ends its attempt as an
-``invalid`` discard naming what was wrong, counted against the worker's failure budget; the
-pool goes on. A policy version the ledger never made current (published out of band) is
-refused: the workers keep the last version the ledger committed, and stderr says so once.
+a ``gen_s`` that is not a finite number >= 0: :func:`~freshroll.runtime.calls.malformed`)
+ends its attempt as an ``invalid`` discard naming what was wrong, counted against the
+worker's failure budget; the pool goes on. A policy version the ledger never made current
+(published out of band) is refused: the workers keep the last version the ledger committed,
+and stderr says so once.
 
 Wake-ups are targeted (no broadcast per sample): a worker sleeps on its own event; it is
 woken by its own completions, by queued requests (one idle worker at a time, each waking
@@ -45,80 +47,23 @@ change and by retire/stop.
 from __future__ import annotations
 
 import asyncio
-import math
 import sys
-import zlib
-from collections import deque
-from collections.abc import Coroutine
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from freshroll import events as ev
 from freshroll import unsafe
 from freshroll.breaker import quote
-from freshroll.buffer import Outcome
-from freshroll.engines import payload as pl
-from freshroll.engines.base import Completion
 from freshroll.engines.episodes import workflow_for
-from freshroll.engines.seams import (
-    AsyncEngine,
-    Emit,
-    EngineNotRestartable,
-    GenRequest,
-    SamplingParams,
-)
-from freshroll.errors import Interrupted, RunFailed, Superseded, WorkerLost, WorkerTimeout
+from freshroll.engines.seams import AsyncEngine, EngineNotRestartable, SamplingParams
+from freshroll.errors import Interrupted, RunFailed, WorkerLost, WorkerTimeout
 from freshroll.lineage import PolicyVersion, RequestId, SampleId
-from freshroll.rewards.tasks import Prompt
+from freshroll.runtime.calls import Call, CallRunner, Worker, generation_seed
+from freshroll.runtime.lanes import Lanes
 
 if TYPE_CHECKING:
     from freshroll.runtime.pipeline import Pipeline, Published
 
 MAX_RESTARTS = 3  # per worker, per run (lost or timed out)
-
-
-@dataclass(eq=False)
-class Worker:
-    """One inference worker (one name; a new epoch per (re)start)."""
-
-    name: str
-    epoch: int = -1
-    engine: AsyncEngine | None = None
-    task: asyncio.Task[None] | None = None
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
-    ready: asyncio.Event = field(default_factory=asyncio.Event)
-    retiring: bool = False
-    fenced: bool = False  # its current epoch is fenced (stopped): nothing more to start
-    inflight: int = 0  # requests of live calls not yet emitted
-    calls: int = 0  # live generate calls
-    live: deque[_Call] | None = None  # a continuous epoch's calls (for cancel); None: lock-step
-    loaded: PolicyVersion | None = None
-    failure: BaseException | None = None  # a call's WorkerLost / WorkerTimeout
-    ok_units: int = 0  # successful requests not yet recorded in the failure budget
-    # measured (read by the steering meter)
-    ready_at: float | None = None
-    done: int = 0  # completions emitted by live calls
-    blocked_since: float | None = None  # waiting with free slots while admission is full
-    blocked_share: float = 1.0  # the share of its slots that were free then
-    blocked_s: float = 0.0  # worker-seconds blocked (each weighted by its free share)
-    mark_epoch: int = -1  # the steering meter's marks at its last window (done, blocked_s)
-    mark_done: int = 0
-    mark_blocked: float = 0.0
-
-
-@dataclass(eq=False)
-class _Call:
-    sids: list[SampleId]
-    epoch: int
-    version: PolicyVersion | None
-    pending: int
-    emitted: list[bool]
-    over: bool = False
-    task: asyncio.Task[None] | None = None
-    prompts: list[Prompt] = field(default_factory=list)
-    seed: int = 0  # its sampling seed (recorded on each member's ``started``)
-    started: float = 0.0  # loop time: its deadline is started + limits.generate_timeout_s
-    expired: bool = False  # cancelled by the watchdog: a WorkerTimeout
 
 
 class WorkerPool:
@@ -139,7 +84,8 @@ class WorkerPool:
         ro = pipe.cfg.rollout
         self.params = SamplingParams(ro.max_new_tokens, ro.temperature, ro.top_p)
         self.workflow = workflow_for(ro.workflow)  # drives the engine for each call
-        self._rule = pipe.sample_rule()
+        self.calls = CallRunner(pipe, self.params, self.workflow, self._slot_freed,
+                                self.requests_queued)
         self._trusted: Published | None = None  # the newest published version the ledger has
         self._refused: set[str] = set()  # out-of-band versions refused (written once each)
 
@@ -318,45 +264,17 @@ class WorkerPool:
         """Serve until retired (None) or lost/timed out (the error, to replace it)."""
         assert w.engine is not None
         if not w.engine.continuous:
-            return await self._dispatch(w, w.engine, None, deque(), asyncio.Event())
-        order: deque[_Call] = deque()  # live calls in start order (the watchdog's queue)
-        w.live = order
-        watch = asyncio.Event()
-        calls = _Calls(w)
-        calls.spawn(self._watchdog(order, watch))
+            return await self._dispatch(w, w.engine, None)
+        timeout_s = unsafe.timeout(self.pipe.cfg.limits.generate_timeout_s)
+        lanes = Lanes(w, w.engine, timeout_s, self.calls.generate, self._refill)
         try:
-            return await self._dispatch(w, w.engine, calls, order, watch)
+            return await self._dispatch(w, w.engine, lanes)
         finally:
-            await calls.close()
+            await lanes.close()
 
-    async def _watchdog(self, order: deque[_Call], watch: asyncio.Event) -> None:
-        """Continuous calls: one timer for all of a worker's calls (not one per call). The
-        oldest live call past ``limits.generate_timeout_s`` is cancelled as a timeout."""
-        loop = asyncio.get_running_loop()
-        timeout = unsafe.timeout(self.pipe.cfg.limits.generate_timeout_s)
-        while True:
-            while order and order[0].over:
-                order.popleft()
-            if not order:
-                watch.clear()
-                await watch.wait()
-                continue
-            head = order[0]
-            delay = head.started + timeout - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-                continue
-            head.expired = True
-            assert head.task is not None
-            head.task.cancel()
-            return
-
-    async def _dispatch(
-        self, w: Worker, engine: AsyncEngine, calls: _Calls | None,
-        order: deque[_Call], watch: asyncio.Event,
-    ) -> BaseException | None:
+    async def _dispatch(self, w: Worker, engine: AsyncEngine,
+                        lanes: Lanes | None) -> BaseException | None:
         buf, pipe = self.buf, self.pipe
-        loop = asyncio.get_running_loop()
         w.calls = 0
         while True:
             w.wake.clear()
@@ -364,10 +282,10 @@ class WorkerPool:
             if w.blocked_since is not None:
                 w.blocked_s += (buf.clock.now() - w.blocked_since) * w.blocked_share
                 w.blocked_since = None
-            if calls is not None and calls.crashed is not None:
-                raise calls.crashed  # a call task failed unexpectedly (a bug, an interrupt)
+            if lanes is not None and lanes.crashed is not None:
+                raise lanes.crashed  # a call task failed unexpectedly (a bug, an interrupt)
             if w.failure is not None:
-                return self._end_calls(w, order)
+                return self._end_calls(w, lanes)
             if w.retiring:
                 if w.inflight == 0 and w.calls == 0:
                     w.fenced = True
@@ -381,7 +299,7 @@ class WorkerPool:
                 if pub.weights is not None:
                     exc = await self._load(w, engine, pub.version, pub.weights)
                     if exc is not None:
-                        return self._end_calls(w, order, exc)
+                        return self._end_calls(w, lanes, exc)
                 w.loaded = pub.version
                 continue
             free = self.concurrency - w.inflight
@@ -397,16 +315,14 @@ class WorkerPool:
                 await w.wake.wait()
                 continue
             call = self._begin(w, rids)
-            if calls is None:
-                exc = await self._generate(w, engine, call)
+            if lanes is None:
+                exc = await self.calls.generate(w, engine, call)
                 if exc is not None:
                     return exc
             else:
-                self._track(call, order, watch, loop)
-                w.calls += 1
-                call.task = calls.spawn(self._lane(w, engine, call, order, watch))
+                lanes.start(call)
 
-    def _begin(self, w: Worker, rids: list[RequestId]) -> _Call:
+    def _begin(self, w: Worker, rids: list[RequestId]) -> Call:
         """Start attempts of ``rids`` on the worker's epoch: one call's worth, named by its
         first sample id, with the sampling seed that id and the run seed fix (both recorded
         on every member's ``started``: generation can be replayed)."""
@@ -418,7 +334,7 @@ class WorkerPool:
         sids = [start(r, name, epoch, loaded, first, seed) for r in rids]
         if buf.next_request() is not None:
             self.requests_queued()
-        call = _Call(sids, w.epoch, w.loaded, len(sids), [False] * len(sids), seed=seed)
+        call = Call(sids, w.epoch, w.loaded, len(sids), [False] * len(sids), seed=seed)
         w.inflight += call.pending
         return call
 
@@ -443,39 +359,7 @@ class WorkerPool:
                              f"{self._trusted.version}\n")
         return self._trusted
 
-    @staticmethod
-    def _track(call: _Call, order: deque[_Call], watch: asyncio.Event,
-               loop: asyncio.AbstractEventLoop) -> None:
-        while order and order[0].over:
-            order.popleft()
-        call.started = loop.time()
-        order.append(call)
-        watch.set()
-
-    async def _lane(self, w: Worker, engine: AsyncEngine, call: _Call, order: deque[_Call],
-                    watch: asyncio.Event) -> None:
-        """Runs calls one after another: when its call ends, it starts the next one itself
-        if it may (a free slot, a queued request, nothing else to do first), so a busy
-        continuous worker needs no new task and no dispatcher wake-up per call."""
-        loop = asyncio.get_running_loop()
-        try:
-            while True:
-                exc = await self._generate(w, engine, call)
-                if exc is not None:
-                    if w.failure is None:
-                        w.failure = exc
-                    break
-                nxt = self._refill(w)
-                if nxt is None:
-                    break
-                call = nxt
-                call.task = asyncio.current_task()
-                self._track(call, order, watch, loop)
-        finally:
-            w.calls -= 1
-        w.wake.set()
-
-    def _refill(self, w: Worker) -> _Call | None:
+    def _refill(self, w: Worker) -> Call | None:
         """The next call a lane may start now, or None (the dispatcher decides)."""
         pub = self._published()
         if w.retiring or w.fenced or w.failure is not None or w.loaded is not pub.version:
@@ -484,15 +368,13 @@ class WorkerPool:
         rids = self.buf.take_requests(free) if free > 0 else []
         return self._begin(w, rids) if rids else None
 
-    def _end_calls(self, w: Worker, order: deque[_Call],
+    def _end_calls(self, w: Worker, lanes: Lanes | None,
                    exc: BaseException | None = None) -> BaseException:
         """The worker is lost: its live calls end (their results will be rejected)."""
         failure = exc if exc is not None else w.failure
         w.failure = None
-        for call in order:
-            if not call.over and call.task is not None:
-                call.task.cancel()
-        order.clear()
+        if lanes is not None:
+            lanes.cancel_calls()
         assert failure is not None
         return failure
 
@@ -514,88 +396,6 @@ class WorkerPool:
                                          version=str(version), transfer_s=secs))
         return None
 
-    async def _generate(self, w: Worker, engine: AsyncEngine, call: _Call) -> BaseException | None:
-        """One episode call (the workflow's ``run_episode``, for ``single_turn`` one generate
-        call); returns a WorkerLost/WorkerTimeout (replace the worker) or None."""
-        buf, lim = self.buf, self.pipe.cfg.limits
-        prompts, prompt_of = self.pipe.prompts, buf.prompt_of
-        step = call.version.step if call.version is not None else 0
-        reqs = []
-        for sid in call.sids:
-            pid = prompt_of(sid)
-            prompt = prompts[pid]
-            call.prompts.append(prompt)
-            reqs.append(GenRequest(sid, sid.partition(".")[0], pid, prompt.text, step))
-        stage = f"inference worker {w.name!r}"
-        seed, emit, episode = call.seed, self._emitter(w, call), self.workflow.run_episode
-        waiting = self.pipe.waits.begin(f"{w.name} generate", lim.generate_timeout_s)
-        try:
-            if engine.continuous:  # the worker's watchdog times it
-                await episode(engine, reqs, self.params, seed, emit)
-            else:
-                async with asyncio.timeout(unsafe.timeout(lim.generate_timeout_s)) as cm:
-                    await episode(engine, reqs, self.params, seed, emit)
-        except asyncio.CancelledError:
-            if not call.expired:
-                raise
-            task = asyncio.current_task()
-            if task is not None:
-                task.uncancel()
-            return self._timed_out(w)
-        except TimeoutError:
-            if engine.continuous or not cm.expired():
-                raise
-            return self._timed_out(w)
-        except (WorkerLost, WorkerTimeout) as exc:
-            return exc
-        except Interrupted:  # the operator's stop: not a failure of this worker
-            raise
-        except Superseded as exc:  # aborted for a new policy version: issued again
-            self._reissue(w, call, f"{exc}"[:300])
-            return None
-        except Exception as exc:  # engine failure: these requests end, the run goes on
-            error = f"{type(exc).__name__}: {exc}"[:300]
-            failed = 0
-            if not w.fenced and call.epoch == w.epoch:
-                for sid, done in zip(call.sids, call.emitted, strict=True):
-                    if not done:
-                        buf.discard(sid, "generation_error", error)
-                        failed += 1
-                self.pipe.notify()
-            self._budget_ok(w, stage)
-            self.pipe.budget.record(stage, self._rule, failed, len(call.sids), error)
-            return None
-        finally:
-            self.pipe.waits.end(waiting)
-            call.over = True
-            w.inflight -= call.pending
-        w.ok_units += len(call.sids)
-        if w.ok_units >= 1024:
-            self._budget_ok(w, stage)
-        return None
-
-    def _reissue(self, w: Worker, call: _Call, detail: str) -> None:
-        """The engine aborted the call's unfinished requests (``Superseded``): each live
-        attempt is discarded ``fenced``, so the buffer issues its request again as a new
-        attempt. Not a failure of the worker: nothing counts against its budget."""
-        buf = self.buf
-        if w.fenced or call.epoch != w.epoch:
-            return  # the epoch's fencing already re-issued them
-        for i, (sid, done) in enumerate(zip(call.sids, call.emitted, strict=True)):
-            if not done and buf.request_state(sid) == "running":
-                buf.discard(sid, "fenced", f"aborted by the engine: {detail}")
-                call.emitted[i] = True
-        self.pipe.notify()
-        self.requests_queued()
-
-    def _budget_ok(self, w: Worker, stage: str) -> None:
-        """Successful calls are recorded in the budget together, before the next failure (a
-        success only resets the consecutive-failure counts and fills the ratio window, so
-        the budget's verdicts are the same)."""
-        if w.ok_units:
-            self.pipe.budget.record(stage, self._rule, 0, w.ok_units)
-            w.ok_units = 0
-
     def _slot_freed(self, w: Worker) -> None:
         """A slot freed mid-call: with queued requests, the dispatcher starts one; without,
         the worker just becomes idle (woken when requests are queued), not woken for nothing."""
@@ -612,113 +412,4 @@ class WorkerPool:
         w.blocked_since = now
         w.blocked_share = (self.concurrency - w.inflight) / self.concurrency
 
-    def _timed_out(self, w: Worker) -> WorkerTimeout:
-        return WorkerTimeout(f"worker {w.name} generate did not return within "
-                             f"{self.pipe.cfg.limits.generate_timeout_s:g} s")
-
-    def _emitter(self, w: Worker, call: _Call) -> Emit:
-        buf, put, worker = self.buf, self.pipe.rewarder.put, (w.name, call.epoch)
-        encode, complete, sids, version = pl.encode, buf.complete, call.sids, call.version
-        slot_freed = self._slot_freed
-        prompts = call.prompts
-
-        def emit(i: int, comp: Any) -> None:
-            if buf.closed:
-                return
-            problem = malformed(comp)
-            if problem is not None:
-                invalid(i, problem)
-                return
-            loaded = w.loaded  # tokens that span a weight update name the newest version too
-            last = loaded if loaded is not version and w.epoch == call.epoch else None
-            out = complete(sids[i], tokens=comp.tokens, gen_s=comp.gen_s,
-                           payload=encode(comp) if comp.token_ids else None, last_version=last,
-                           worker=worker)
-            if not call.over and not call.emitted[i]:
-                call.emitted[i] = True
-                call.pending -= 1
-                w.inflight -= 1
-                w.done += 1
-                if call.pending:  # a slot freed mid-call (at the call's end its lane refills)
-                    slot_freed(w)
-            if out is Outcome.ACCEPTED:
-                put(sids[i], comp, prompts[i])
-
-        def invalid(i: int, problem: str) -> None:
-            """A malformed completion: its attempt (if still live) is discarded ``invalid``,
-            counted as a failure of the worker; a late one (a fenced or ended attempt) is
-            dropped: the buffer would reject it anyway."""
-            if call.over or call.emitted[i] or w.epoch != call.epoch or w.fenced \
-                    or buf.request_state(sids[i]) != "running":
-                return
-            detail = f"malformed completion from worker {w.name}: {problem}"
-            buf.discard(sids[i], "invalid", detail)
-            call.emitted[i] = True
-            call.pending -= 1
-            w.inflight -= 1
-            if call.pending:
-                slot_freed(w)
-            self.pipe.notify()
-            stage = f"inference worker {w.name!r}"
-            self._budget_ok(w, stage)
-            self.pipe.budget.record(stage, self._rule, 1, 1, detail)
-
-        return emit
-
-
-class _Calls:
-    """The tasks of one worker epoch's overlapping generate calls (and its watchdog): owned
-    here, cancelled and awaited when the epoch ends; one that fails unexpectedly is raised
-    by the dispatcher. (A task group's bookkeeping costs more per call.)"""
-
-    def __init__(self, w: Worker) -> None:
-        self.w, self.tasks = w, set[asyncio.Task[None]]()
-        self.crashed: BaseException | None = None
-        self._loop = asyncio.get_running_loop()
-
-    def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-        task = self._loop.create_task(coro)
-        self.tasks.add(task)
-        task.add_done_callback(self._done)
-        return task
-
-    def _done(self, task: asyncio.Task[None]) -> None:
-        self.tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None and self.crashed is None:
-            self.crashed = task.exception()
-            self.w.wake.set()
-
-    async def close(self) -> None:
-        tasks = list(self.tasks)
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def malformed(comp: Any) -> str | None:
-    """What is wrong with an emitted completion, or None: not a Completion, a token count
-    that is not a non-negative integer, text that is not a string, a ``gen_s`` that is not a
-    finite non-negative number."""
-    if not isinstance(comp, Completion):
-        return f"not a Completion ({type(comp).__name__})"
-    try:
-        tokens = comp.tokens
-    except Exception as exc:
-        return f"no token count ({type(exc).__name__}: {exc})"
-    if type(tokens) is not int or tokens < 0:
-        return f"token count {tokens!r} is not a non-negative integer"
-    if not isinstance(comp.text, str):
-        return f"text is {type(comp.text).__name__}, not a string"
-    g = comp.gen_s
-    if isinstance(g, bool) or not isinstance(g, int | float) or not (math.isfinite(g) and g >= 0):
-        return f"gen_s {g!r} is not a finite number >= 0"
-    return None
-
-
-def generation_seed(run_seed: int, first_sample: str) -> int:
-    """A sampling seed fixed by the run seed and the batch's first sample id (replayable)."""
-    return (run_seed * 1_000_003) ^ zlib.crc32(first_sample.encode())
-
-
-__all__ = ["MAX_RESTARTS", "Worker", "WorkerPool", "generation_seed", "malformed"]
+__all__ = ["MAX_RESTARTS", "Worker", "WorkerPool"]

@@ -39,7 +39,7 @@ def _i(default: int, lo: int, hi: int) -> Any:
 
 
 def _validate(obj: object, section: str) -> None:
-    for f in fields(obj):  # type: ignore[arg-type]
+    for f in fields(obj):  # type: ignore[arg-type]  # obj: a profile dataclass
         meta = f.metadata
         if "lo" not in meta:
             continue

@@ -250,7 +250,7 @@ class GRPOLearner:
             if not torch.isfinite(loss.detach()):
                 self.optimizer.zero_grad(set_to_none=True)
                 raise NonFiniteStep(f"loss is {float(loss.detach())} ({_nonfinite_inputs(micro)})")
-            loss.backward()  # type: ignore[no-untyped-call]
+            loss.backward()  # type: ignore[no-untyped-call]  # torch: unannotated
             with torch.no_grad():
                 ent = entropy_from_logits(logits, kept, self.temperature)
             share = 1.0 if len(slices) == 1 else tokens / max(1.0, total_tokens)
@@ -260,6 +260,24 @@ class GRPOLearner:
         total_loss = float(losses[0] if len(losses) == 1 else torch.stack(losses).sum())
         metrics = combine_metrics(parts, total_tokens)
         metrics["loss"] = total_loss
+        grad_norm, lr = self._apply_gradients(number, total_loss)
+        self.steps = number
+        lags = [s.lag for s in samples]
+        metrics.update(
+            entropy=entropy, grad_norm=float(grad_norm), lr=lr,
+            reward_mean=float(batch.rewards.mean()), reward_std=float(batch.rewards.std()),
+            adv_abs_mean=float(adv.abs().mean()), lag_mean=sum(lags) / len(lags),
+            lag_max=float(max(lags)), samples=float(len(samples)),
+            tokens=total_tokens, train_s=time.perf_counter() - t0,
+            weights_bytes=float(adapter_bytes(self.published_state())),
+        )
+        return metrics
+
+    def _apply_gradients(self, number: int, total_loss: float) -> tuple[torch.Tensor, float]:
+        """Clip the accumulated gradients and take the optimizer step at step ``number``'s
+        learning rate; returns the gradient norm (before clipping) and that rate. A
+        non-finite norm raises NonFiniteStep before any change; non-finite weights after
+        the step raise it as not recoverable."""
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
         if not torch.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
@@ -276,17 +294,7 @@ class GRPOLearner:
                 f"(trainer.lr={self.cfg.lr}, lr {lr:.4g} at step {number}?); the learner cannot "
                 "be restored: resume from the last checkpoint", recoverable=False,
             )
-        self.steps = number
-        lags = [s.lag for s in samples]
-        metrics.update(
-            entropy=entropy, grad_norm=float(grad_norm), lr=lr,
-            reward_mean=float(batch.rewards.mean()), reward_std=float(batch.rewards.std()),
-            adv_abs_mean=float(adv.abs().mean()), lag_mean=sum(lags) / len(lags),
-            lag_max=float(max(lags)), samples=float(len(samples)),
-            tokens=total_tokens, train_s=time.perf_counter() - t0,
-            weights_bytes=float(adapter_bytes(self.published_state())),
-        )
-        return metrics
+        return grad_norm, lr
 
     def _micro_loss(
         self, batch: Batch, adv: torch.Tensor, loss_cfg: LossConfig

@@ -69,7 +69,7 @@ def wrap(model: torch.nn.Module, cfg: LoraSection) -> torch.nn.Module:
 def _lora_layers(model: torch.nn.Module) -> list[tuple[str, Any]]:
     from peft.tuners.lora import LoraLayer
 
-    inner: torch.nn.Module = model.base_model.model  # type: ignore[union-attr, assignment]
+    inner: torch.nn.Module = model.base_model.model  # type: ignore[union-attr, assignment]  # peft: a Module at run time
     return [(n, m) for n, m in inner.named_modules()
             if isinstance(m, LoraLayer) and _ADAPTER in m.lora_A]
 
@@ -104,5 +104,5 @@ def load_checkpoint_state(model: torch.nn.Module, state: Mapping[str, torch.Tens
 
 def merged_copy(model: torch.nn.Module) -> torch.nn.Module:
     """A plain model with the adapters merged in (the model itself is left as it is)."""
-    out: torch.nn.Module = copy.deepcopy(model).merge_and_unload()  # type: ignore[operator]
+    out: torch.nn.Module = copy.deepcopy(model).merge_and_unload()  # type: ignore[operator]  # peft's method, typed as nn.Module
     return out

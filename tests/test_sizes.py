@@ -1,0 +1,102 @@
+"""Sizes and type ignores of src/freshroll (issue 24, item 6: "types and size").
+
+* No module is longer than :data:`MAX_LINES` lines, unless :data:`OVERSIZE` names it, with
+  its size when it was listed as a cap and why it is not cut (yet). A listed module that
+  grows past its cap fails; one that shrank under :data:`MAX_LINES` must leave the list.
+* Every ``# type: ignore[...]`` says why after it (``# type: ignore[code]  # the reason``),
+  except the ones :data:`UNEXPLAINED` counts per file (files other work was changing when
+  this test came; give them a reason, then drop them from here).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "freshroll"
+
+MAX_LINES = 500
+
+#: module (relative to src/freshroll) -> (its line cap, why it is not cut)
+OVERSIZE: dict[str, tuple[int, str]] = {
+    "config.py": (932, "the config schema, one class per section; under other work now"),
+    "cli.py": (614, "the click commands, one thin function each; under other work now"),
+    "runtime/run.py": (584, "the run recipe; under other work now"),
+    "metrics.py": (571, "one function per figure, held to docs/metrics.md; under other work"),
+    "report/html.py": (506, "the report page; under other work now"),
+    "sim/batching.py": (617, "one exact event-skipping batcher: one state machine, one class"),
+    "buffer.py": (603, "SampleBuffer's commands on one state (its queries: buffer_queries.py)"),
+    "runtime/ray_engine.py": (505, "the Ray session and the actor proxy share one call gate"),
+}
+
+#: file (relative to src/freshroll) -> how many type: ignore in it may still say no reason
+UNEXPLAINED: dict[str, int] = {
+    "runtime/run.py": 1,
+    "report/plots.py": 3,
+    "report/html.py": 1,
+}
+
+_IGNORE = re.compile(r"#\s*type:\s*ignore\b(?P<codes>\[[^\]]*\])?(?P<rest>.*)$")
+
+
+def _sizes(src: Path = SRC) -> dict[str, int]:
+    return {p.relative_to(src).as_posix(): len(p.read_text().splitlines())
+            for p in sorted(src.rglob("*.py"))}
+
+
+def oversize(sizes: dict[str, int], allowed: dict[str, tuple[int, str]]) -> list[str]:
+    """Modules over MAX_LINES and not allowed, or over their cap."""
+    out = []
+    for name, n in sizes.items():
+        cap = allowed[name][0] if name in allowed else MAX_LINES
+        if n > max(cap, MAX_LINES):
+            out.append(f"{name}: {n} lines (cap {cap})")
+    return out
+
+
+def unexplained(src: Path = SRC) -> dict[str, list[str]]:
+    """file -> its ``type: ignore`` lines with no reason after them."""
+    out: dict[str, list[str]] = {}
+    for p in sorted(src.rglob("*.py")):
+        for k, line in enumerate(p.read_text().splitlines(), 1):
+            m = _IGNORE.search(line)
+            if m and not re.match(r"\s+#\s*\S", m.group("rest")):
+                out.setdefault(p.relative_to(src).as_posix(), []).append(f"{k}: {line.strip()}")
+    return out
+
+
+def test_no_module_is_over_the_size_limit_or_its_cap() -> None:
+    assert oversize(_sizes(), OVERSIZE) == []
+
+
+def test_the_oversize_list_is_honest() -> None:
+    sizes = _sizes()
+    assert [n for n in OVERSIZE if n not in sizes] == [], "listed modules that do not exist"
+    assert [n for n in OVERSIZE if sizes[n] <= MAX_LINES] == [], "cut: drop them from OVERSIZE"
+    assert all(reason.strip() for _, reason in OVERSIZE.values())
+
+
+def test_every_type_ignore_says_why() -> None:
+    found = unexplained()
+    over = {f: lines for f, lines in found.items() if len(lines) > UNEXPLAINED.get(f, 0)}
+    assert over == {}, "add the reason: # type: ignore[code]  # why"
+    assert {f: n for f, n in UNEXPLAINED.items() if len(found.get(f, [])) < n} == {}, \
+        "explained now: lower or drop their UNEXPLAINED count"
+
+
+def test_the_checks_see_what_they_guard(tmp_path: Path) -> None:
+    """Load-bearing: a long module and a bare ``type: ignore`` are found, a reason is not."""
+    src = tmp_path / "freshroll"
+    src.mkdir()
+    (src / "long.py").write_text("x = 1\n" * (MAX_LINES + 1))
+    (src / "capped.py").write_text("x = 1\n" * (MAX_LINES + 2))
+    (src / "ok.py").write_text(
+        "a = f()  # type: ignore[no-untyped-call]  # lib: unannotated\n"
+        "b = g()  # type: ignore[misc]\n"
+        "c = h()  # type: ignore\n")
+    sizes = _sizes(src)
+    assert oversize(sizes, {"capped.py": (MAX_LINES + 2, "why")}) == [
+        f"long.py: {MAX_LINES + 1} lines (cap {MAX_LINES})"]
+    assert oversize(sizes, {"capped.py": (MAX_LINES + 1, "why")})[0].startswith("capped.py")
+    assert unexplained(src) == {"ok.py": ["2: b = g()  # type: ignore[misc]",
+                                          "3: c = h()  # type: ignore"]}
