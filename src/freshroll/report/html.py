@@ -31,14 +31,14 @@ from typing import Any
 import yaml
 
 from freshroll import events as ev
-from freshroll.figures import reward_time
 from freshroll.figures.summary import SummaryFold
-from freshroll.harness.verify import INVARIANTS, Report, verify_run
+from freshroll.harness.verify import Report
 from freshroll.ledger import LEDGER_FILE
 from freshroll.metrics import UNCOUNTED_DISCARD_REASONS, discard_rate, discards_by_reason
 from freshroll.report import plots
 from freshroll.report.bias import sample_bias
 from freshroll.report.completions import completions_section
+from freshroll.report.header import header, headline
 from freshroll.report.history import history_section
 from freshroll.report.markup import fmt
 from freshroll.report.markup import img as _img
@@ -48,11 +48,9 @@ from freshroll.report.markup import table as _table
 from freshroll.report.reward_time import time_to_reward as _time_to_reward
 from freshroll.report.rundata import RunData, load_run
 from freshroll.report.style import CSS
-from freshroll.report.validation import validation_note
 from freshroll.timing import percentiles
 
 REPORT_FILE = "report.html"
-VERIFY_MESSAGES = 8  # violation messages shown per failing invariant
 
 SECTIONS = (
     ("reward", "Reward"),
@@ -100,141 +98,6 @@ def _labels(run: RunData, baseline: RunData | None) -> None:
         baseline.label = f"{baseline.label} ({baseline.run_dir.name})"
         if run.label == baseline.label:
             baseline.label += " [baseline]"
-
-
-# -- section 1: headline and verify -----------------------------------------------------
-def headline(run: RunData) -> dict[str, str]:
-    """The headline figures as display strings: :mod:`freshroll.metrics` of the ledger, or
-    ``summary.json`` (the same figures, written at the end of the run) without a ledger."""
-    s = run.ledger.figures if run.ledger is not None else run.summary
-    lag: dict[str, Any] = s["lag"] if isinstance(s.get("lag"), dict) else {}
-    return {
-        "accepted rollouts/s": fmt(_num(s.get("accepted_rollouts_per_s"))),
-        "reward first → last": f"{fmt(_num(s.get('reward_first')))} → "
-                               f"{fmt(_num(s.get('reward_last')))}",
-        "lag p50 / p99 / max": " / ".join(fmt(_num(lag.get(k))) for k in ("p50", "p99", "max")),
-        "trainer idle ratio": _pct(_num(s.get("trainer_idle_ratio"))),
-        "discard rate": _pct(_num(s.get("discard_rate"))),
-        "steps · wall": f"{fmt(s.get('steps'))} · {fmt(_num(s.get('wall_s')))} s",
-    }
-
-
-def _verify_html(run: RunData) -> str:
-    """The verify verdict of ``run``: the one :func:`load_run` (or the end of the run) made in
-    its read of the ledger; a run loaded without it is verified now."""
-    rep = run.verified
-    if rep is None:
-        try:
-            rep = verify_run(run.run_dir)
-        except Exception as exc:  # an unreadable ledger or counts.json is itself a failure
-            rep = exc
-    if isinstance(rep, Exception):
-        return (f'<div class="verdict fail"><b>verify: FAIL</b> — could not verify: '
-                f"{escape(str(rep))}</div>")
-    st = rep.stats
-    facts = (f"{fmt(st.get('events'))} events, {fmt(st.get('requests'))} requests, "
-             f"{fmt(st.get('committed'))} committed samples, {fmt(st.get('steps'))} steps, "
-             + ("closed" if rep.closed else "NOT closed (run in progress or crashed)"))
-    if rep.ok:
-        names = ", ".join(INVARIANTS)
-        return (f'<div class="verdict ok"><b>verify: ok</b> — all {len(INVARIANTS)} invariants '
-                f"hold ({escape(names)})<br><span>{facts}</span></div>")
-    items = []
-    for name in INVARIANTS:
-        bad = rep.violations.get(name, [])
-        if not bad:
-            continue
-        msgs = "".join(f"<li><code>{escape(m)}</code></li>" for m in bad[:VERIFY_MESSAGES])
-        if len(bad) > VERIFY_MESSAGES:
-            msgs += f"<li>… and {len(bad) - VERIFY_MESSAGES} more</li>"
-        items.append(f"<li><b>{escape(name)}</b>: {len(bad)} violation(s)<ul>{msgs}</ul></li>")
-    failed = ", ".join(n for n in INVARIANTS if rep.violations.get(n))
-    return (f'<div class="verdict fail"><b>verify: FAIL</b> — {escape(failed)}'
-            f"<br><span>{facts}</span><ul>{''.join(items)}</ul></div>")
-
-
-def _header(run: RunData, baseline: RunData | None) -> str:
-    figs = headline(run)
-    base = headline(baseline) if baseline is not None else None
-    cards = []
-    for key, value in figs.items():
-        sub = (f'<div class="base">{escape(baseline.label)}: {base[key]}</div>'
-               if base is not None and baseline is not None else "")
-        cards.append(f'<div class="card"><div class="k">{escape(key)}</div>'
-                     f'<div class="v">{value}</div>{sub}</div>')
-    cards += _verdict_cards(run, baseline)
-    notes = ""
-    if run.notes:
-        notes = ('<div class="notes">inputs: '
-                 + "; ".join(escape(n) for n in run.notes) + "</div>")
-    return (f'<div class="cards">{"".join(cards)}</div>{_verdict_html(run)}'
-            f"{_segments_html(run)}{_verify_html(run)}{validation_note(run.run_dir)}{notes}")
-
-
-def _verdict_cards(run: RunData, baseline: RunData | None) -> list[str]:
-    """Did asynchrony pay? The overlap verdict with its ratio (``summary.json`` ``overlap``:
-    measured by the sync fallback, or estimated), and with a baseline the seconds to the
-    middle reward level against it (:mod:`freshroll.figures.reward_time`)."""
-    cards = []
-    o = run.summary.get("overlap")
-    if isinstance(o, dict) and o.get("verdict") in ("paid", "did not pay"):
-        ratio = _num(o.get("ratio"))
-        fb = o.get("fallback") if o.get("verdict_source") == "measured" else None
-        if isinstance(fb, dict) and fb.get("probes"):
-            ratio = _num(fb["probes"][-1].get("ratio"))
-        value = f"{o['verdict']}" + (f" · {ratio:.2f}x" if ratio is not None else "")
-        sub = (f"{escape(str(o.get('verdict_source', '')))}: async vs sync accepted "
-               "rollouts/s")
-        cls = "card good" if o["verdict"] == "paid" else "card bad"
-        cards.append(f'<div class="{cls}"><div class="k">asynchrony</div>'
-                     f'<div class="v">{escape(value)}</div><div class="base">{sub}</div></div>')
-    if baseline is not None:
-        cmp = reward_time.compare(reward_time.curve(run.metrics),
-                                  reward_time.curve(baseline.metrics))
-        mid = next((lv for lv in cmp["levels"] if lv["frac"] == 0.5), None)
-        if mid is not None:
-            s_ratio = mid["s_ratio"]
-            value = "not reached" if mid["run"] is None else f"{mid['run']['s']:.1f} s"
-            theirs = ("not reached" if mid["baseline"] is None
-                      else f"{mid['baseline']['s']:.1f} s")
-            times = "" if s_ratio is None else f" ({s_ratio:.2f}x)"
-            cards.append(f'<div class="card"><div class="k">time to reward '
-                         f'{mid["reward"]:.3g}</div><div class="v">{escape(value)}{times}</div>'
-                         f'<div class="base">{escape(baseline.label)}: {escape(theirs)}</div>'
-                         "</div>")
-    return cards
-
-
-def _segments_html(run: RunData) -> str:
-    """A resumed run segment by segment (:mod:`freshroll.figures.segments`), and the reward
-    versions of one trained under several; empty for one segment of one version."""
-    from freshroll.figures.segments import render_segments
-    from freshroll.figures.summary import render_reward_versions
-
-    segments = run.summary.get("segments")
-    text = render_segments(segments) if isinstance(segments, list) else ""
-    text = "\n".join(x for x in (text, render_reward_versions(
-        run.summary.get("reward_versions"))) if x)
-    if not text:
-        return ""
-    return ('<div class="notes segments">'
-            + "<br>".join(escape(x) for x in text.splitlines()) + "</div>")
-
-
-def _verdict_html(run: RunData) -> str:
-    """A red banner when the run did not train what was asked (fewer steps, none, open); a
-    yellow one for a complete run that recovered from worker losses or trainer restarts."""
-    from freshroll.figures.verdict import recovery_line, render
-
-    v = run.summary.get("verdict")
-    text = "\n".join(x for x in (render(v) if isinstance(v, dict) else "",
-                                 recovery_line(run.summary)) if x)
-    if not text or not isinstance(v, dict):
-        return ""
-    cls = "fail" if v["status"] != "complete" else "warn"
-    lines = "<br>".join(escape(x) for x in text.splitlines())
-    return (f'<div class="verdict {cls}"><b>training verdict: {escape(v["status"])}</b><br>'
-            f"{lines}</div>")
 
 
 # -- sections 2-8 -----------------------------------------------------------------------
@@ -308,7 +171,7 @@ def _lag_section(run: RunData) -> str:
         return _nodata("lag", _why(run, LEDGER_FILE) if lv is None else "no committed samples")
     eta = lv.tally.max_staleness
     if eta is None:
-        eta = _num(run.summary.get("max_staleness"))  # type: ignore[assignment]
+        eta = _num(run.summary.get("max_staleness"))  # type: ignore[assignment]  # int | float: int() below
     eta_i = int(eta) if eta is not None else None
     counts = lv.tally.lags
     n = sum(counts.values())
@@ -584,7 +447,7 @@ def render(run: RunData, baseline: RunData | None = None) -> str:
         f"<title>{escape(title)}</title><style>{CSS}</style></head><body><main>"
         f"<h1>{escape(title)} <small>{escape(run.label)}</small>{versus}</h1>"
         f"<div class=\"hint\"><code>{escape(str(run.run_dir))}</code></div>"
-        f"<nav>{nav}</nav>{_header(run, baseline)}{sections}</main></body></html>\n"
+        f"<nav>{nav}</nav>{header(run, baseline)}{sections}</main></body></html>\n"
     )
 
 

@@ -63,7 +63,7 @@ def _styled(fn: Callable[P, bytes]) -> Callable[P, bytes]:
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> bytes:
-        with matplotlib.rc_context(_RC):  # type: ignore[arg-type]
+        with matplotlib.rc_context(_RC):  # type: ignore[arg-type]  # rc values: Any by design
             return fn(*args, **kwargs)
 
     return wrapper
@@ -85,7 +85,7 @@ def _png(fig: Figure) -> bytes:
     canvas = FigureCanvasAgg(fig)
     canvas.draw()  # type: ignore[no-untyped-call]  # matplotlib leaves these unannotated
     buf = io.BytesIO()
-    rgba = canvas.buffer_rgba()  # type: ignore[no-untyped-call]
+    rgba = canvas.buffer_rgba()  # type: ignore[no-untyped-call]  # matplotlib: unannotated
     matplotlib.image.imsave(buf, rgba, format="png", origin="upper", dpi=fig.dpi)
     return buf.getvalue()
 
@@ -104,7 +104,8 @@ def _draw(ax: Axes, line: Line, color: str | None = None) -> None:
         "markersize": 3,
     }
     style.update(line.style)
-    ax.plot(list(line.x), list(line.y), label=line.label, **style)  # type: ignore[arg-type]
+    kwargs: dict[str, Any] = style  # matplotlib's kwargs are typed per key; ours vary
+    ax.plot(list(line.x), list(line.y), label=line.label, **kwargs)
 
 
 @_styled

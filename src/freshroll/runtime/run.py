@@ -117,7 +117,7 @@ def build_engine(cfg: Config, path: Path, name: str,
         except BaseException:
             child.stop()
             raise
-        return child  # type: ignore[return-value]
+        return child  # type: ignore[return-value]  # the engine protocol, duck-typed
     if runtime == "ray":
         from freshroll.runtime.ray_engine import RayEngine, start_ray
 
