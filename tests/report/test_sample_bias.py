@@ -28,7 +28,7 @@ def test_without_discards_every_figure_is_zero() -> None:
     f = b.figures(out)
     assert (f["length_bias"], f["reward_bias"], f["prompt_coverage"], f["version_tv"]) == \
         (0.0, 0.0, 1.0, 0.0)
-    assert f["divergence"] == 0.0 and f["flagged"] == []
+    assert f["easy_prompt_bias"] == 0.0 and f["divergence"] == 0.0 and f["flagged"] == []
 
 
 def test_discarding_long_old_low_reward_samples_shows_in_each_figure() -> None:
@@ -39,8 +39,11 @@ def test_discarding_long_old_low_reward_samples_shows_in_each_figure() -> None:
     assert f["reward_bias"] == pytest.approx((1.0 - 0.5) / 0.5)  # pstdev of 0,0,1,1 = 0.5
     assert f["prompt_coverage"] == pytest.approx(2 / 3)  # prompt c never trained
     assert f["version_tv"] == pytest.approx(0.5)  # accepted all v2; generated half v0
-    assert f["divergence"] == pytest.approx(1.0)
-    assert f["flagged"] == ["length_bias", "prompt_coverage", "reward_bias", "version_tv"]
+    # prompts' mean rewards a 1, b 1, c 0 (std 0.471): accepted 1.0 against generated 0.5
+    assert f["easy_prompt_bias"] == pytest.approx(0.5 / 0.4714045, rel=1e-6)
+    assert f["divergence"] == pytest.approx(f["easy_prompt_bias"])
+    assert f["flagged"] == ["easy_prompt_bias", "length_bias", "prompt_coverage", "reward_bias",
+                            "version_tv"]
     assert b.figures(kept + lost, threshold=1.5)["flagged"] == []
     line = b.render({**f, "threshold": 0.3})
     assert "length bias -0.500" in line and "prompt coverage 66.7%" in line
@@ -90,7 +93,9 @@ def test_the_fold_reads_the_ledgers_events_and_the_configs_threshold() -> None:
     assert got["threshold"] == 0.4 and got["generated"] == 4 and got["accepted"] == 2
     assert got["length_bias"] == pytest.approx(3 / 6 - 1)  # the fenced attempt is left out
     assert got["prompt_coverage"] == 0.5 and got["version_tv"] == pytest.approx(0.5)
-    assert got["flagged"] == ["length_bias", "prompt_coverage", "reward_bias", "version_tv"]
+    assert got["easy_prompt_bias"] == pytest.approx(1.0)  # easy 1.0, hard 0.0: std 0.5
+    assert got["flagged"] == ["easy_prompt_bias", "length_bias", "prompt_coverage",
+                              "reward_bias", "version_tv"]
     assert [(w["from_step"], w["to_step"], w["generated"]) for w in got["over_time"]] == \
         [(0, 1, 4)]
     assert b.sample_bias(_events(None))["threshold"] == b.DEFAULT_THRESHOLD

@@ -13,7 +13,12 @@ request is re-issued, nor ``shutdown``, which says nothing about the sample)::
     prompt_coverage   prompts with an accepted sample / prompts with a generated one
     version_tv        total variation distance between the generating policy steps of the
                       accepted and of the generated samples (0: the same version mix)
-    divergence        max(|length_bias|, |reward_bias|, 1 - prompt_coverage, version_tv)
+    easy_prompt_bias  per-prompt difficulty, measured on the data itself: each prompt's mean
+                      reward over all its scored samples; (mean of it over the accepted
+                      samples - over the generated) / its std across prompts (> 0: easy
+                      prompts favoured; None with fewer than two prompts or no spread)
+    divergence        max(|length_bias|, |reward_bias|, 1 - prompt_coverage, version_tv,
+                      |easy_prompt_bias|)
                       over the figures that exist; ``flagged``: the figures above
                       ``monitor.bias_threshold`` (the config of the run's ledger)
 
@@ -72,7 +77,8 @@ def figures(outcomes: Sequence[Outcome], threshold: float = DEFAULT_THRESHOLD
     acc = [o for o in outcomes if o.accepted]
     out: dict[str, Any] = {"generated": len(outcomes), "accepted": len(acc),
                            "length_bias": None, "reward_bias": None,
-                           "prompt_coverage": None, "version_tv": None}
+                           "prompt_coverage": None, "version_tv": None,
+                           "easy_prompt_bias": None}
     if acc:
         gen_len = _mean([o.tokens for o in outcomes])
         acc_len = _mean([o.tokens for o in acc])
@@ -85,16 +91,36 @@ def figures(outcomes: Sequence[Outcome], threshold: float = DEFAULT_THRESHOLD
             if sd > 0:
                 out["reward_bias"] = (statistics.fmean(acc_scored) - statistics.fmean(scored)) / sd
         out["version_tv"] = _tv([o.version_step for o in acc], [o.version_step for o in outcomes])
+        out["easy_prompt_bias"] = _easy_prompt_bias(outcomes)
     if outcomes:
         prompts = {o.prompt for o in outcomes}
         out["prompt_coverage"] = len({o.prompt for o in acc}) / len(prompts)
     parts = {"length_bias": _abs(out["length_bias"]), "reward_bias": _abs(out["reward_bias"]),
              "prompt_coverage": None if out["prompt_coverage"] is None
-             else 1 - out["prompt_coverage"], "version_tv": out["version_tv"]}
+             else 1 - out["prompt_coverage"], "version_tv": out["version_tv"],
+             "easy_prompt_bias": _abs(out["easy_prompt_bias"])}
     there = {k: v for k, v in parts.items() if v is not None}
     out["divergence"] = max(there.values()) if there else None
     out["flagged"] = sorted(k for k, v in there.items() if v > threshold)
     return out
+
+
+def _easy_prompt_bias(outcomes: Sequence[Outcome]) -> float | None:
+    """How much easier the accepted samples' prompts were than the generated samples'
+    (the module's formula): None without two scored prompts or without a spread."""
+    by_prompt: dict[str, list[float]] = {}
+    for o in outcomes:
+        if o.reward is not None:
+            by_prompt.setdefault(o.prompt, []).append(o.reward)
+    if len(by_prompt) < 2:
+        return None
+    ease = {p: statistics.fmean(r) for p, r in by_prompt.items()}
+    sd = statistics.pstdev(ease.values())
+    scored = [o for o in outcomes if o.reward is not None]
+    accepted = [ease[o.prompt] for o in scored if o.accepted]
+    if sd <= 0 or not accepted:
+        return None
+    return (statistics.fmean(accepted) - statistics.fmean(ease[o.prompt] for o in scored)) / sd
 
 
 def _abs(x: float | None) -> float | None:

@@ -12,7 +12,9 @@ from freshroll.report.markup import fmt, num, pct, table
 FIGURES = (("length_bias", "length bias", "mean tokens accepted / generated - 1"),
            ("reward_bias", "reward bias", "accepted - generated mean reward, in reward std"),
            ("prompt_coverage", "prompt coverage", "prompts with an accepted sample"),
-           ("version_tv", "version mix distance", "total variation of the generating versions"))
+           ("version_tv", "version mix distance", "total variation of the generating versions"),
+           ("easy_prompt_bias", "easy-prompt bias",
+            "accepted - generated prompts' mean reward, in std across prompts"))
 
 
 def _cell(key: str, value: Any, flagged: bool) -> str:

@@ -123,8 +123,9 @@ def _reward_section(run: RunData, baseline: RunData | None) -> str:
 
 
 def _reward_fns(run: RunData) -> str:
-    """Each reward function's mean per step (``rewards/<name>/mean``) and the share of groups
-    with zero reward std (``frac_reward_zero_std``: no learning signal); empty without."""
+    """Each reward function's mean and std per step (``rewards/<name>/mean|std``) and the
+    share of groups with zero reward std (``frac_reward_zero_std``: no learning signal);
+    empty without."""
     names = sorted({k[len("rewards/"):-len("/mean")] for row in run.metrics for k in row
                     if k.startswith("rewards/") and k.endswith("/mean")})
     lines = []
@@ -132,12 +133,16 @@ def _reward_fns(run: RunData) -> str:
         xs, ys = _series(run.metrics, "step", f"rewards/{name}/mean")
         if xs:
             lines.append(plots.Line(name, xs, ys))
+        xs, ys = _series(run.metrics, "step", f"rewards/{name}/std")
+        if xs:
+            lines.append(plots.Line(f"{name} std", xs, ys, style={"linestyle": ":"}))
     xs, ys = _series(run.metrics, "step", "frac_reward_zero_std")
     if xs:
         lines.append(plots.Line("share of groups with zero reward std", xs, ys, baseline=True))
     if not lines:
         return ""
-    hint = ("<p class='hint'>Per reward function: its raw (unweighted) mean per step; dashed: "
+    hint = ("<p class='hint'>Per reward function: its raw (unweighted) mean per step, dotted "
+            "its std; dashed: "
             "the share of groups whose rewards are all equal (zero std: no learning signal)."
             "</p>")
     return hint + '<div class="grid">' + _img(
