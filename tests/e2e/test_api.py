@@ -159,6 +159,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # a real run (make test-fast leaves it to make test)
 def test_a_script_without_a_main_guard_runs_with_worker_processes(tmp_path: Path) -> None:
     """True subprocess: the script is ``__main__``, as ``python train.py`` makes it (the
     worker children of run.runtime: process once ran it again, failing the run)."""

@@ -50,6 +50,7 @@ def test_a_watcher_that_fails_to_start_closes_those_started_before_it(
     check_port(port, "127.0.0.1")  # the endpoint started first was stopped
 
 
+@pytest.mark.slow  # a real run (make test-fast leaves it to make test)
 def test_a_real_run_with_every_watcher_on_gives_each_the_same_rows(tmp_path: Path):
     from freshroll.runtime.run import run
 

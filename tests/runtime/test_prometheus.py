@@ -94,6 +94,7 @@ class _ScrapeAtStep(Observer):
             self.seen = _scrape(self.url)
 
 
+@pytest.mark.slow  # a real run (make test-fast leaves it to make test)
 def test_a_real_run_serves_its_rows_while_it_runs_and_frees_the_port(tmp_path: Path):
     from freshroll.config import load_config
     from freshroll.runtime.run import run
@@ -186,6 +187,7 @@ def test_a_sim_run_serves_the_controllers_and_engines_figures_and_its_labelled_s
     assert seen["bottleneck"][row["controller_bottleneck"]] == 1
 
 
+@pytest.mark.slow  # a real run (make test-fast leaves it to make test)
 def test_the_last_scrape_of_a_run_equals_its_summary_json(tmp_path: Path):
     """What an operator saw last in Prometheus is what summary.json says at the end."""
     import json
