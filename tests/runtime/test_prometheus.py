@@ -80,22 +80,26 @@ def test_the_config_keys():
         validate({"monitor": {"prometheus_scrape": 1}}, "test")  # unknown keys refused
 
 
-class _ScrapeAtStep(Observer):
-    """Scrapes the endpoint once, after the row of ``step`` (the run still going)."""
+class _ScrapeAtSteps(Observer):
+    """Scrapes the endpoint after the row of each of ``steps`` (the run still going)."""
 
-    def __init__(self, url: str, step: int) -> None:
-        self.url, self.step = url, step
+    def __init__(self, url: str, *steps: int) -> None:
+        self.url, self.steps = url, steps
         self.rows: list[dict[str, Any]] = []
-        self.seen: dict[str, float] = {}
+        self.seen: dict[int, dict[str, float]] = {}
 
     def on_row(self, row: dict[str, Any], live: bool) -> None:
         self.rows.append(dict(row))
-        if row["step"] == self.step:
-            self.seen = _scrape(self.url)
+        if row["step"] in self.steps:
+            self.seen[row["step"]] = _scrape(self.url)
 
 
 @pytest.mark.slow  # a real run (make test-fast leaves it to make test)
-def test_a_real_run_serves_its_rows_while_it_runs_and_frees_the_port(tmp_path: Path):
+def test_a_real_run_serves_its_rows_ends_at_its_summary_and_frees_the_port(tmp_path: Path):
+    """Mid-run every exported figure is the row's; what an operator saw last is what
+    summary.json says at the end; the port is given back."""
+    import json
+
     from freshroll.config import load_config
     from freshroll.runtime.run import run
 
@@ -103,14 +107,23 @@ def test_a_real_run_serves_its_rows_while_it_runs_and_frees_the_port(tmp_path: P
     cfg = load_config(None, ["run.steps=3", "run.progress=false", "task.n_prompts=64",
                              "rollout.group_size=4", "rollout.batch_groups=2",
                              f"monitor.prometheus_port={port}"])
-    watch = _ScrapeAtStep(f"http://127.0.0.1:{port}/metrics", 2)
-    done = run(cfg, tmp_path / "r", observers=[watch])
-    assert done.ok
-    row = watch.rows[1]
-    assert watch.seen["freshroll_step"] == 2
+    watch = _ScrapeAtSteps(f"http://127.0.0.1:{port}/metrics", 2, 3)  # 3: the last commit
+    assert run(cfg, tmp_path / "r", observers=[watch]).ok
+    row, mid = watch.rows[1], watch.seen[2]
+    assert mid["freshroll_step"] == 2
     for name, (field, _) in GAUGES.items():  # every exported figure is the row's
         if isinstance(row.get(field), int | float):
-            assert watch.seen[name] == pytest.approx(row[field]), name
+            assert mid[name] == pytest.approx(row[field]), name
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    seen = watch.seen[3]
+    assert seen["freshroll_step"] == summary["steps"] == 3
+    assert seen["freshroll_accepted_rollouts_total"] == summary["accepted_rollouts"]
+    for gauge, key in (("freshroll_accepted_rollouts_per_second", "accepted_rollouts_per_s"),
+                       ("freshroll_trainer_idle_ratio", "trainer_idle_ratio"),
+                       ("freshroll_discards_total", "counted_discards"),
+                       ("freshroll_discard_rate", "discard_rate"),
+                       ("freshroll_weight_loads_total", "weight_loads")):
+        assert seen[gauge] == pytest.approx(summary[key]), gauge
     check_port(port, "127.0.0.1")  # given back at the run's end
 
 
@@ -185,29 +198,3 @@ def test_a_sim_run_serves_the_controllers_and_engines_figures_and_its_labelled_s
     assert seen["lags"] == {k.split("/")[1]: v for k, v in row.items()
                             if k.startswith("lag_histogram/")}
     assert seen["bottleneck"][row["controller_bottleneck"]] == 1
-
-
-@pytest.mark.slow  # a real run (make test-fast leaves it to make test)
-def test_the_last_scrape_of_a_run_equals_its_summary_json(tmp_path: Path):
-    """What an operator saw last in Prometheus is what summary.json says at the end."""
-    import json
-
-    from freshroll.config import load_config
-    from freshroll.runtime.run import run
-
-    port = _free_port()
-    cfg = load_config(None, ["run.steps=3", "run.progress=false", "task.n_prompts=64",
-                             "rollout.group_size=4", "rollout.batch_groups=2",
-                             f"monitor.prometheus_port={port}"])
-    watch = _ScrapeAtStep(f"http://127.0.0.1:{port}/metrics", 3)  # the last commit's row
-    assert run(cfg, tmp_path / "r", observers=[watch]).ok
-    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
-    seen = watch.seen
-    assert seen["freshroll_step"] == summary["steps"] == 3
-    assert seen["freshroll_accepted_rollouts_total"] == summary["accepted_rollouts"]
-    for gauge, key in (("freshroll_accepted_rollouts_per_second", "accepted_rollouts_per_s"),
-                       ("freshroll_trainer_idle_ratio", "trainer_idle_ratio"),
-                       ("freshroll_discards_total", "counted_discards"),
-                       ("freshroll_discard_rate", "discard_rate"),
-                       ("freshroll_weight_loads_total", "weight_loads")):
-        assert seen[gauge] == pytest.approx(summary[key]), gauge
