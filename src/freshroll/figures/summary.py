@@ -33,6 +33,7 @@ from freshroll.figures.history import HistoryFold
 from freshroll.figures.metrics_log import read_rows
 from freshroll.figures.overlap import OverlapFold
 from freshroll.figures.segments import SegmentFold
+from freshroll.figures.trained import TrainedFold
 from freshroll.figures.verdict import VerdictFold
 from freshroll.ledger import LEDGER_FILE, Ledger
 from freshroll.lineage import policy_step
@@ -168,6 +169,7 @@ class SummaryFold:
         self.bias = DiscardBias()
         self.sample_bias = SampleBias()
         self.history = HistoryFold()  # the report's timeline (not in summary.json)
+        self.trained = TrainedFold()  # the report's sample completions (not in summary.json)
         self.spans = SpanFold()
         self.verdict = VerdictFold()
         self.reward_versions = RewardVersions()
@@ -196,9 +198,9 @@ class SummaryFold:
     def _route(self, kind: type) -> tuple[Callable[[Any], None], ...]:
         """The folds that read events of ``kind`` (the tally reads every event)."""
         route: list[Callable[[Any], None]] = [self.segments.feed, self._tally]
-        route += [f.feed for f in (self.bias, self.sample_bias, self.history, self.spans,
-                                   self.verdict, self.overlap, self.reward_versions)
-                  if kind in f.KINDS]
+        route += [f.feed for f in (self.bias, self.sample_bias, self.history, self.trained,
+                                   self.spans, self.verdict, self.overlap,
+                                   self.reward_versions) if kind in f.KINDS]
         if kind in (Requested, Opened, Closed):
             route.append(self._lifecycle)
         if kind is RunConfig:

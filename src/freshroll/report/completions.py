@@ -4,8 +4,9 @@ The committed steps are cut into up to :data:`RANGES` equal step ranges; in each
 committed sample with the best reward, the one with the worst, and one drawn at random
 (seeded: the same report twice is the same page) are shown with their step, reward, policy
 version, lag, prompt and completion (from the ledger's stored payloads; the simulated engine
-stores none, and the section says so). Reads the ledger's ``started``, ``rewarded`` and
-``committed`` events only, and the payloads of the chosen samples.
+stores none, and the section says so). The samples come from the report's one pass over the
+ledger (:mod:`freshroll.figures.trained`: three per step, whatever the run's size); only the
+chosen samples' payloads are read.
 """
 
 from __future__ import annotations
@@ -14,68 +15,38 @@ import random
 from collections.abc import Sequence
 from html import escape
 from pathlib import Path
-from typing import Final, NamedTuple
+from typing import Final
 
 from freshroll.engines import payload as pl
-from freshroll.events import DECODER, Committed, Rewarded, Started
+from freshroll.figures.trained import StepPicks, Trained
 from freshroll.ledger import LEDGER_FILE, Ledger
-from freshroll.lineage import policy_step
 from freshroll.report.markup import fmt, table
 from freshroll.report.samples import tokenizer_decode
 
 RANGES: Final = 3
 #: characters of a prompt or completion shown (the export has them whole)
 SHOWN: Final = 240
-_KINDS: Final = frozenset({"started", "rewarded", "committed"})
 
 
-class Trained(NamedTuple):
-    sample: str
-    step: int
-    reward: float
-    version_step: int | None
-
-
-def committed_samples(run_dir: Path) -> list[Trained]:
-    """Every committed sample with a reward, in commit order."""
-    gen: dict[str, int | None] = {}
-    reward: dict[str, float] = {}
-    out = []
-    with Ledger(run_dir / LEDGER_FILE, readonly=True) as ledger:
-        for _, kind, body in ledger.rows():
-            if kind not in _KINDS:
-                continue
-            e = DECODER.decode(body)
-            if isinstance(e, Started):
-                gen[e.sample] = policy_step(e.version)
-            elif isinstance(e, Rewarded):
-                reward[e.sample] = e.reward
-            elif isinstance(e, Committed):
-                step = policy_step(e.version)
-                for s in e.samples:
-                    if s in reward:
-                        out.append(Trained(s, step, reward.pop(s), gen.pop(s, None)))
-    return out
-
-
-def pick(samples: Sequence[Trained], ranges: int = RANGES, seed: int = 0
+def pick(steps: Sequence[StepPicks], ranges: int = RANGES, seed: int = 0
          ) -> list[tuple[str, str, Trained]]:
-    """``(step range, "best" | "worst" | "random", sample)`` for each range (module doc)."""
-    if not samples:
+    """``(step range, "best" | "worst" | "random", sample)`` for each range (module doc): the
+    best of the range's steps' bests, the worst of their worsts, and a uniform draw (a step
+    drawn in proportion to its samples, then its kept random one)."""
+    if not steps:
         return []
-    steps = sorted({s.step for s in samples})
-    k = min(ranges, len(steps))
+    ordered = sorted(steps, key=lambda p: p.best.step)
+    k = min(ranges, len(ordered))
     rng = random.Random(seed)
     out = []
     for i in range(k):
-        part = steps[len(steps) * i // k:len(steps) * (i + 1) // k]
-        lo, hi = part[0], part[-1]
-        pool = [s for s in samples if lo <= s.step <= hi]
+        part = ordered[len(ordered) * i // k:len(ordered) * (i + 1) // k]
+        lo, hi = part[0].best.step, part[-1].best.step
         label = f"{lo}-{hi}" if lo != hi else str(lo)
-        best = max(pool, key=lambda s: s.reward)
-        worst = min(pool, key=lambda s: s.reward)
-        out += [(label, "best", best), (label, "worst", worst),
-                (label, "random", pool[rng.randrange(len(pool))])]
+        best = max((p.best for p in part), key=lambda t: t.reward)
+        worst = min((p.worst for p in part), key=lambda t: t.reward)
+        drawn = rng.choices(part, weights=[p.n for p in part])[0].any
+        out += [(label, "best", best), (label, "worst", worst), (label, "random", drawn)]
     return out
 
 
@@ -86,10 +57,14 @@ def _short(text: str | None) -> str:
     return f"<code>{escape(text)}</code>"
 
 
-def completions_section(run_dir: Path) -> str:
-    """The section's HTML (a note when the ledger cannot be read or has no payloads)."""
+def completions_section(run_dir: Path, steps: Sequence[StepPicks] | None) -> str:
+    """The section's HTML from the steps' kept samples (:mod:`freshroll.figures.trained`, of
+    the report's one pass over the ledger; None: no readable ledger) and the chosen samples'
+    payloads; a note when there is nothing to show."""
+    if steps is None:
+        return "<p>No readable ledger: no completions.</p>"
+    chosen = pick(steps)
     try:
-        chosen = pick(committed_samples(run_dir))
         with Ledger(run_dir / LEDGER_FILE, readonly=True) as ledger:
             data = {c.sample: ledger.payload(c.sample) for _, _, c in chosen}
     except Exception as exc:  # a missing or damaged ledger: the rest of the report stands
@@ -116,4 +91,4 @@ def completions_section(run_dir: Path) -> str:
                          "completion", "sample"), rows)
 
 
-__all__ = ["RANGES", "committed_samples", "completions_section", "pick"]
+__all__ = ["RANGES", "completions_section", "pick"]

@@ -433,7 +433,8 @@ def render(run: RunData, baseline: RunData | None = None) -> str:
         "lag": _lag_section(run),
         "stages": _stage_section(run, baseline),
         "learning": _learning_section(run, baseline),
-        "completions": completions_section(run.run_dir),
+        "completions": completions_section(
+            run.run_dir, run.ledger.trained if run.ledger is not None else None),
         "trainer": _trainer_section(run, baseline),
         "history": history_section(run.ledger.history if run.ledger is not None else None),
         "offpolicy": _offpolicy_section(run),

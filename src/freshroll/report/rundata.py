@@ -18,6 +18,7 @@ from typing import Any
 from freshroll.figures.history import HistoryFold
 from freshroll.figures.metrics_log import read_rows
 from freshroll.figures.summary import SummaryFold, fold_events
+from freshroll.figures.trained import StepPicks
 from freshroll.harness.verify import Report, check_files, check_ledger, read_counts
 from freshroll.ledger import LEDGER_FILE, Ledger
 from freshroll.metrics import Tally, summary_figures
@@ -33,6 +34,7 @@ class LedgerView:
     requests: int
     closed: bool
     history: HistoryFold = field(default_factory=HistoryFold)  # the run's timeline
+    trained: list[StepPicks] = field(default_factory=list)  # kept samples per step
 
     @property
     def figures(self) -> dict[str, Any]:
@@ -87,7 +89,7 @@ def _view(fold: SummaryFold, notes: list[str]) -> LedgerView | None:
     ledger is damaged so that they cannot be computed)."""
     try:
         return LedgerView(fold.spans.result(), fold.stages(), fold.tally, fold.rows,
-                          fold.requests, fold.closed, fold.history)
+                          fold.requests, fold.closed, fold.history, fold.trained.steps)
     except Exception as exc:  # a damaged ledger: the report still renders
         notes.append(f"{LEDGER_FILE} is unreadable: {exc}")
         return None
