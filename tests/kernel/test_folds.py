@@ -19,7 +19,8 @@ from freshroll import events as ev
 from freshroll import metrics as m
 from freshroll.buffer import KernelConfig
 from freshroll.clock import VirtualClock
-from freshroll.figures.summary import DiscardBias, SummaryFold, fold_events
+from freshroll.figures.bias import SampleBias
+from freshroll.figures.summary import SummaryFold, fold_events
 from freshroll.figures.verdict import VerdictFold
 from freshroll.ledger import Ledger
 from freshroll.timing import STAGES, SpanFold, percentile
@@ -93,7 +94,7 @@ def test_folds_equal_the_list_based_figures(sim_events: list[ev.Event]) -> None:
     stages, total = _reference_spans(sim_events)
     spans = fold.spans.result()
     assert spans.stages == stages and spans.total == total and total
-    assert fold.bias.result() == _reference_bias(sim_events)
+    assert fold.bias.by_outcome() == _reference_bias(sim_events)  # discard_bias
     assert fold.rows == m.rows(sim_events)
     assert fold.summary()["lag"] == {
         "p50": m.lag_p50(fold.tally), "p99": m.lag_p99(fold.tally),
@@ -112,7 +113,7 @@ def test_no_per_sample_state_outlives_the_sample(sim_events: list[ev.Event]) -> 
     assert not fold.bias.tokens and not fold.bias.reward
 
 
-@pytest.mark.parametrize("cls", [SpanFold, DiscardBias, VerdictFold])
+@pytest.mark.parametrize("cls", [SpanFold, SampleBias, VerdictFold])
 def test_each_fold_is_routed_every_kind_it_reads(cls: type) -> None:
     """SummaryFold sends a fold only the event kinds in its KINDS: every kind its feed
     tests for must be listed, or the fold would silently miss it."""

@@ -22,6 +22,10 @@ request is re-issued, nor ``shutdown``, which says nothing about the sample)::
                       over the figures that exist; ``flagged``: the figures above
                       ``monitor.bias_threshold`` (the config of the run's ledger)
 
+The same fold gives ``summary.json``'s ``discard_bias`` (:meth:`SampleBias.by_outcome`: each
+outcome's count, mean reward and mean length, ``shutdown`` included), so the end-of-run pass
+tracks each sample's length and reward once.
+
 With no counted discard the two populations are the same and every figure is 0 (coverage
 1). ``over_time`` repeats the figures per window of trainer steps: at most
 :data:`WINDOWS` windows of equal step ranges, each over the samples whose outcome fell in
@@ -31,6 +35,7 @@ ledger's alone, so ``verify`` recomputes them with ``summary.json``.
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import statistics
@@ -54,6 +59,8 @@ from freshroll.metrics import UNCOUNTED_DISCARD_REASONS
 DEFAULT_THRESHOLD: Final = 0.1
 #: windows of ``over_time``, at most
 WINDOWS: Final = 10
+#: the outcome of an accepted sample (the others: their discard reason)
+COMMITTED: Final = "committed"
 
 
 class Outcome(NamedTuple):
@@ -65,6 +72,7 @@ class Outcome(NamedTuple):
     reward: float | None
     prompt: str
     version_step: int | None  # the generating policy's step
+    reason: str = COMMITTED  # or the discard reason that ended it
 
 
 def _mean(xs: Sequence[float]) -> float | None:
@@ -143,13 +151,11 @@ def windows(outcomes: Sequence[Outcome], steps: int, threshold: float = DEFAULT_
         return []
     k = min(n, steps)
     edges = [round(steps * (i + 1) / k) for i in range(k)]
-    out, lo = [], 0
-    for hi in edges:
-        last = hi == edges[-1]
-        part = [o for o in outcomes if lo <= o.step < hi or (last and o.step >= hi)]
-        out.append({"from_step": lo, "to_step": hi, **figures(part, threshold)})
-        lo = hi
-    return out
+    parts: list[list[Outcome]] = [[] for _ in edges]
+    for o in outcomes:  # one pass: each outcome to its window (past the last: the last)
+        parts[min(bisect.bisect_right(edges, o.step), k - 1)].append(o)
+    return [{"from_step": lo, "to_step": hi, **figures(part, threshold)}
+            for lo, hi, part in zip([0, *edges[:-1]], edges, parts, strict=True)]
 
 
 class SampleBias:
@@ -176,15 +182,15 @@ class SampleBias:
             self.reward[e.sample] = e.reward
         elif isinstance(e, Committed):
             for s in e.samples:
-                self._end(s, accepted=True)
+                self._end(s, accepted=True, reason=COMMITTED)
             self.steps += 1
         elif isinstance(e, Discarded):
             if e.sample is None:
                 return
-            if e.reason in UNCOUNTED_DISCARD_REASONS:
+            if e.reason == "fenced":  # re-issued under a new attempt: this one is no outcome
                 self._forget(e.sample)
             else:
-                self._end(e.sample, accepted=False)
+                self._end(e.sample, accepted=False, reason=e.reason)
         elif isinstance(e, Requested):
             self.prompt[e.group] = e.prompt_id
         elif isinstance(e, RunConfig):
@@ -195,18 +201,37 @@ class SampleBias:
         self.tokens.pop(sample, None)
         self.reward.pop(sample, None)
 
-    def _end(self, sample: str, *, accepted: bool) -> None:
+    def _end(self, sample: str, *, accepted: bool, reason: str) -> None:
         tokens = self.tokens.pop(sample, None)
         version = self.version.pop(sample, None)
         reward = self.reward.pop(sample, None)
         if tokens is None:  # never generated (discarded before it ran): not a sample
             return
         prompt = self.prompt.get(group_of(request_of(sample)), "")
-        self.outcomes.append(Outcome(self.steps, accepted, tokens, reward, prompt, version))
+        self.outcomes.append(Outcome(self.steps, accepted, tokens, reward, prompt, version,
+                                     reason))
 
     def result(self) -> dict[str, Any]:
-        return {"threshold": self.threshold, **figures(self.outcomes, self.threshold),
-                "over_time": windows(self.outcomes, self.steps, self.threshold)}
+        """The module's figures, over the outcomes that count (a ``shutdown`` discard says
+        nothing about its sample)."""
+        counted = [o for o in self.outcomes if o.reason not in UNCOUNTED_DISCARD_REASONS]
+        return {"threshold": self.threshold, **figures(counted, self.threshold),
+                "over_time": windows(counted, self.steps, self.threshold)}
+
+    def by_outcome(self) -> dict[str, dict[str, Any]]:
+        """``summary.json``'s ``discard_bias``: per outcome (``committed``, then each discard
+        reason, ``shutdown`` included, in the order first seen) the samples' count, mean
+        reward (over those scored) and mean length."""
+        groups: dict[str, tuple[list[float], list[int]]] = {COMMITTED: ([], [])}
+        for o in self.outcomes:
+            rewards, lengths = groups.setdefault(o.reason, ([], []))
+            lengths.append(o.tokens)
+            if o.reward is not None:
+                rewards.append(o.reward)
+        return {name: {"n": len(lengths),  # plain sum / n: the figures as first defined
+                       "reward_mean": sum(rewards) / len(rewards) if rewards else None,
+                       "tokens_mean": sum(lengths) / len(lengths) if lengths else None}
+                for name, (rewards, lengths) in groups.items()}
 
 
 def _step(version: str) -> int | None:

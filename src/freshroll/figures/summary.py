@@ -22,7 +22,6 @@ from freshroll.events import (
     Closed,
     Committed,
     Discarded,
-    Generated,
     Opened,
     Requested,
     Rewarded,
@@ -45,67 +44,19 @@ SUMMARY_FILE = "summary.json"
 read_metrics = read_rows
 
 
-def _stats(rewards: list[float], tokens: list[int]) -> dict[str, Any]:
-    n = len(tokens)
-    return {
-        "n": n,
-        "reward_mean": sum(rewards) / len(rewards) if rewards else None,
-        "tokens_mean": sum(tokens) / n if n else None,
-    }
-
-
-class DiscardBias:
-    """:func:`discard_bias` one event at a time (``feed``). A sample's length and reward are
-    kept only until it is committed or discarded (a sample's last events in a valid ledger),
-    then only the two numbers per committed/discarded sample that the means are taken over."""
-
-    KINDS: ClassVar = (Generated, Rewarded, Committed, Discarded)  # what feed reads
-
-    def __init__(self) -> None:
-        self.tokens: dict[str, int] = {}
-        self.reward: dict[str, float] = {}
-        self.groups: dict[str, tuple[list[float], list[int]]] = {"committed": ([], [])}
-
-    def feed(self, e: Any) -> None:
-        if isinstance(e, Generated):
-            self.tokens[e.sample] = e.tokens
-        elif isinstance(e, Rewarded):
-            self.reward[e.sample] = e.reward
-        elif isinstance(e, Committed):
-            for s in e.samples:
-                self._end("committed", s)
-        elif isinstance(e, Discarded) and e.sample in self.tokens:
-            if e.reason != "fenced":
-                self._end(e.reason, e.sample)
-            else:  # re-issued under a new attempt: this one is out of the comparison
-                del self.tokens[e.sample]
-                self.reward.pop(e.sample, None)
-
-    def _end(self, group: str, sample: str) -> None:
-        tokens = self.tokens.pop(sample, None)
-        if tokens is None:  # committed but never generated: a damaged ledger (verify says so)
-            return
-        rewards, lengths = self.groups.setdefault(group, ([], []))
-        lengths.append(tokens)
-        reward = self.reward.pop(sample, None)
-        if reward is not None:
-            rewards.append(reward)
-
-    def result(self) -> dict[str, Any]:
-        return {name: _stats(r, t) for name, (r, t) in self.groups.items()}
-
-
 def discard_bias(events: Iterable[Any]) -> dict[str, Any]:
     """Do discards skew what the trainer sees? Committed vs discarded completions, by reason.
 
     Compares the mean reward (where one was computed) and mean completion length of the
-    committed samples with those of each discard reason's generated samples. A stale discard
-    that prefers long or low-reward completions biases training even at a small rate.
+    committed samples with those of each discard reason's generated samples
+    (:meth:`freshroll.figures.bias.SampleBias.by_outcome`: the same fold as the sample
+    bias). A stale discard that prefers long or low-reward completions biases training even
+    at a small rate.
     """
-    fold = DiscardBias()
+    fold = SampleBias()
     for e in events:
         fold.feed(e)
-    return fold.result()
+    return fold.by_outcome()
 
 
 class RewardVersions:
@@ -166,8 +117,7 @@ class SummaryFold:
     def __init__(self) -> None:
         self.tally = Tally()
         self._rows: list[dict[str, Any]] = []
-        self.bias = DiscardBias()
-        self.sample_bias = SampleBias()
+        self.bias = SampleBias()  # discard_bias and sample_bias
         self.history = HistoryFold()  # the report's timeline (not in summary.json)
         self.trained = TrainedFold()  # the report's sample completions (not in summary.json)
         self.spans = SpanFold()
@@ -178,6 +128,8 @@ class SummaryFold:
         self.requests = 0  # admitted requests (sum of the groups' sizes)
         self.closed = False  # the ledger ends ``closed``
         self.error: Exception | None = None
+        self._fed = 0  # events fed, so that a summary is computed once per state
+        self._summary: tuple[int, dict[str, Any]] | None = None
         self._stages: tuple[int, list[StageRow]] | None = None  # for that many spans
         self._routes: dict[type, tuple[Callable[[Any], None], ...]] = {}  # by event type
         self.engine: str | None = None  # rollout.engine of the newest run_config
@@ -185,6 +137,7 @@ class SummaryFold:
     def feed(self, e: Any) -> None:
         if self.error is not None:
             return
+        self._fed += 1
         kind = type(e)
         route = self._routes.get(kind)
         if route is None:
@@ -198,7 +151,7 @@ class SummaryFold:
     def _route(self, kind: type) -> tuple[Callable[[Any], None], ...]:
         """The folds that read events of ``kind`` (the tally reads every event)."""
         route: list[Callable[[Any], None]] = [self.segments.feed, self._tally]
-        route += [f.feed for f in (self.bias, self.sample_bias, self.history, self.trained,
+        route += [f.feed for f in (self.bias, self.history, self.trained,
                                    self.spans, self.verdict, self.overlap,
                                    self.reward_versions) if kind in f.KINDS]
         if kind in (Requested, Opened, Closed):
@@ -247,13 +200,20 @@ class SummaryFold:
 
     def summary(self) -> dict[str, Any]:
         """The summary of the events fed (JSON-ready: non-finite floats are ``None``); raises
-        :class:`~freshroll.errors.LedgerError` when a commit's events are missing."""
+        :class:`~freshroll.errors.LedgerError` when a commit's events are missing. Computed
+        once per state of the fold (the end of a run asks for it to write, to verify and to
+        note the overlap): each call returns a copy of its top level."""
         self._check()
+        if self._summary is None or self._summary[0] != self._fed:
+            self._summary = (self._fed, self._compute())
+        return dict(self._summary[1])
+
+    def _compute(self) -> dict[str, Any]:
         summary: dict[str, Any] = jsonable({
             **summary_figures(self.tally),
             "engine": self.engine,
-            "discard_bias": self.bias.result(),
-            "sample_bias": self.sample_bias.result(),
+            "discard_bias": self.bias.by_outcome(),
+            "sample_bias": self.bias.result(),
             "stages": [row.__dict__ for row in self.stages()],
             "verdict": self.verdict.result(),
             "overlap": self.overlap.result(self.tally),

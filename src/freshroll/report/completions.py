@@ -12,7 +12,7 @@ chosen samples' payloads are read.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from html import escape
 from pathlib import Path
 from typing import Final
@@ -21,7 +21,7 @@ from freshroll.engines import payload as pl
 from freshroll.figures.trained import StepPicks, Trained
 from freshroll.ledger import LEDGER_FILE, Ledger
 from freshroll.report.markup import fmt, table
-from freshroll.report.samples import tokenizer_decode
+from freshroll.report.samples import model_dirs
 
 RANGES: Final = 3
 #: characters of a prompt or completion shown (the export has them whole)
@@ -57,6 +57,23 @@ def _short(text: str | None) -> str:
     return f"<code>{escape(text)}</code>"
 
 
+def _fast_decode(run_dir: Path) -> Callable[[Sequence[int]], str] | None:
+    """The run's ``tokenizer.json`` through ``tokenizers`` (~15 ms; importing transformers
+    for ``AutoTokenizer`` costs seconds, at the end of every run that writes a report), or
+    None: the prompts are then not shown (``freshroll export-samples`` decodes them all)."""
+    for path in model_dirs(run_dir):
+        file = path / "tokenizer.json"
+        if file.is_file():
+            from tokenizers import Tokenizer
+
+            try:
+                tok = Tokenizer.from_file(str(file))
+            except Exception:
+                continue
+            return lambda ids: tok.decode(list(ids))
+    return None
+
+
 def completions_section(run_dir: Path, steps: Sequence[StepPicks] | None) -> str:
     """The section's HTML from the steps' kept samples (:mod:`freshroll.figures.trained`, of
     the report's one pass over the ledger; None: no readable ledger) and the chosen samples'
@@ -74,7 +91,7 @@ def completions_section(run_dir: Path, steps: Sequence[StepPicks] | None) -> str
     if all(v is None for v in data.values()):
         return ("<p>No stored completions: this run's engine stored no payloads (the "
                 "simulated engine stores none).</p>")
-    decode = tokenizer_decode(run_dir)
+    decode = _fast_decode(run_dir)
     rows: list[tuple[str, ...]] = []
     for label, which, c in chosen:
         raw = data.get(c.sample)

@@ -109,8 +109,8 @@ def _row(e: ev.Generated, start: ev.Started | None,
     return row
 
 
-def tokenizer_decode(run_dir: Path) -> Any:
-    """The run's tokenizer's ``decode`` (its ``model/`` or ``model.path``), or None."""
+def model_dirs(run_dir: Path) -> list[Path]:
+    """Where the run's tokenizer may be: ``model.path`` of its config, then its ``model/``."""
     import yaml
 
     candidates = [run_dir / "model"]
@@ -120,7 +120,12 @@ def tokenizer_decode(run_dir: Path) -> Any:
             candidates.insert(0, Path(cfg["model"]["path"]))
     except (OSError, yaml.YAMLError):
         pass
-    for path in candidates:
+    return candidates
+
+
+def tokenizer_decode(run_dir: Path) -> Any:
+    """The run's tokenizer's ``decode`` (its ``model/`` or ``model.path``), or None."""
+    for path in model_dirs(run_dir):
         if (path / "tokenizer_config.json").is_file() or (path / "tokenizer.json").is_file():
             from freshroll.engines.model_dir import quiet_transformers
 
