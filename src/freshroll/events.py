@@ -72,6 +72,9 @@ class Requested(Event, frozen=True, tag="requested"):
     prompt_id: str
     size: int
     version: str  # trainer version at admission
+    #: over-provisioned (``tail.overprovision``): the group keeps the first ``target`` members
+    #: generated and the rest are discarded ``cancelled``; None: all ``size`` (no extras)
+    target: int | None = None
 
 
 class WorkerStarted(Event, frozen=True, tag="worker_started"):
