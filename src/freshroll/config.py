@@ -515,8 +515,9 @@ class TailSection(_Section):
     )
     min_keep: int = Field(2, ge=2, le=4_096, description="members a cut group keeps at least")
     overprovision: int | Literal["auto"] = Field(0, description="extra requests per group "
-        "(0: off; auto: the binomial rule of freshroll.control_tail); a group keeps its first "
-        "group_size members done, the rest are discarded cancelled (stop at target)")
+        "(0: off; auto: the binomial rule of freshroll.control_tail, or under control.mode "
+        "adaptive the controller's, which also turns deadlines on: freshroll.control_levers); "
+        "a group keeps its first group_size members done, the rest are discarded cancelled")
     max_extra: int = Field(4, ge=0, le=64, description="extra requests per group at most")
 
     @model_validator(mode="after")

@@ -63,3 +63,30 @@ def test_auto_admits_extras_by_the_binomial_rule_once_measured() -> None:
 class NoLatencies:
     def recent_latencies(self) -> list[float]:
         return []
+
+
+def test_the_controller_moves_the_tail_levers_and_each_admission_follows_them(
+        tmp_path: Path) -> None:
+    """control.mode adaptive + tail.overprovision auto: the extras and deadlines are the
+    controller's outputs (control_levers), each a controller_decided event with its inputs;
+    every group is admitted with the extras of the decision in force."""
+    run = SimRun(tmp_path, [*P2_LONG_TAIL, "control.mode=adaptive", "tail.overprovision=auto",
+                            "tail.max_extra=3", "control.interval_s=2", "run.steps=16",
+                            "control.max_concurrency=16"])  # the rig checks worker_batch slots
+    run.run()
+    events = run.events()
+    assert verify_ledger(run.buf.ledger, dict(run.buf.counts)).ok
+    decided = [e for e in events if isinstance(e, ev.ControllerDecided)]
+    moved = [e for e in decided if e.settings.extra != e.previous.extra]
+    assert moved and all(0 <= e.settings.extra <= 3 for e in decided)
+    assert any(e.settings.deadline for e in decided)
+    assert all("generated" in e.inputs and "fed_rate" in e.inputs for e in decided)
+    extra = 0
+    g = run.cfg.rollout.group_size
+    for e in events:  # each admission carries the amount of the decision in force
+        if isinstance(e, ev.ControllerDecided):
+            extra = e.settings.extra
+        elif isinstance(e, ev.Requested):
+            assert e.size == g + extra
+    tailing = run.pipe.tailing
+    assert tailing is not None and tailing.watch.enabled  # turned on by the controller

@@ -94,7 +94,7 @@ from freshroll.runtime.observers import RunObserver, StepReport, default_observe
 from freshroll.runtime.overprovision import Overprovision
 from freshroll.runtime.rewarding import RewardStage
 from freshroll.runtime.seams import AsyncScorer, AsyncTrainer, SaysItsWaits
-from freshroll.runtime.steering import Steering
+from freshroll.runtime.steering import Steering, tail_levers_on
 from freshroll.runtime.tailing import Tailing
 from freshroll.runtime.waits import Waits, heartbeat, stall_message
 from freshroll.runtime.workers import MAX_RESTARTS, WorkerPool
@@ -161,7 +161,8 @@ class Pipeline:
             self.trainer.waits = self.waits
         self.rewarder = RewardStage(self)
         self.steering = Steering(self)
-        self.tailing = Tailing(self) if self.cfg.tail.deadline else None
+        levers = tail_levers_on(self.cfg)  # the controller may turn deadlines on
+        self.tailing = Tailing(self) if self.cfg.tail.deadline or levers else None
         self.overprov = Overprovision(self.cfg.tail, self.cfg.rollout.group_size)
         self.fallback: FallbackProbe | None = probe_for(self.cfg)
         failure: BaseException | None = None
