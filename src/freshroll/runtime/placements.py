@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 from freshroll.buffer import SampleBuffer
 from freshroll.clock import Clock
 from freshroll.config import Config
-from freshroll.engines.base import InferenceEngine
+from freshroll.engines.base import InferenceEngine, Stoppable
 from freshroll.engines.seams import EngineFactory
 from freshroll.errors import ConfigError
 from freshroll.lineage import PolicyVersion
@@ -178,10 +178,9 @@ def _hf_process(b: Build, stack: ExitStack) -> tuple[EngineFactory, AsyncScorer,
 
     def stop_children() -> None:  # the pool stopped them; a crashed run may not have
         for engine in factory.engines.values():
-            stop = getattr(engine, "stop", None)
-            if callable(stop):
+            if isinstance(engine, Stoppable):
                 with contextlib.suppress(Exception):
-                    stop()
+                    engine.stop()
 
     stack.callback(stop_children)
     return factory, scorer, trainer
