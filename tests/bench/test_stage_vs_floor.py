@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from bench_scripts import load_script
 
 svf = load_script("stage_vs_floor")
@@ -20,6 +21,7 @@ def test_profile_table_ranks_our_ops_beside_the_floors():
                         "| `(wall, profiled)` | 12.00 (1) | 20.00 (1) |"]
 
 
+@pytest.mark.slow  # three model loads and two profiled rounds: ~5 s
 def test_a_profiled_round_of_the_tiny_model(tmp_path: Path):
     from freshroll.engines.tiny import save_tiny
 
