@@ -102,7 +102,7 @@ def test_the_default_workflow_records_each_calls_membership_and_seed(tmp_path: P
     report = h.verify()
     assert report.ok, report.render()
     events = h.events(ev.Started)
-    calls = check_calls(events, h.cfg.run.seed, h.cfg.rollout.worker_batch)
+    calls = check_calls(events, h.cfg.run.seed, h.cfg.rollout.call_batch)
     assert sum(e.calls for e in h.factory.made) == len(calls)  # one generate call each
     assert len(calls) < len(events)  # calls of several requests
 
@@ -117,7 +117,7 @@ def test_a_two_turn_workflow_is_a_module_and_one_registration(
     h.buf.shutdown("done")
     report = h.verify()
     assert report.ok, report.render()
-    calls = check_calls(h.events(ev.Started), h.cfg.run.seed, h.cfg.rollout.worker_batch)
+    calls = check_calls(h.events(ev.Started), h.cfg.run.seed, h.cfg.rollout.call_batch)
     assert two_turn.episodes == len(calls)  # the pool ran every call through it
     # two generate calls per episode (a call cut at the run's end may not reach its second)
     turns = sum(e.calls for e in h.factory.made)
@@ -149,7 +149,7 @@ def test_two_turns_on_the_tiny_model_verify_and_replay_their_generation(
     with Ledger(out / LEDGER_FILE, readonly=True) as ledger:
         events = [e for _, e in ledger.events()]
         payloads = ledger.payloads()
-    calls = check_calls(events, cfg.run.seed, cfg.rollout.worker_batch)
+    calls = check_calls(events, cfg.run.seed, cfg.rollout.call_batch)
     texts = {p.prompt_id: p.text for p in load_task_prompts(cfg, out / "model")}
     prompt_of = {e.group: e.prompt_id for e in events if isinstance(e, ev.Requested)}
     step0 = next(e.version for e in events if isinstance(e, ev.PolicyPublished))
