@@ -43,6 +43,8 @@ def test_extras_are_cancelled_at_target_and_nothing_is_lost(tmp_path: Path,
     assert engine_cancels > 0
     assert max(e.peak for e in run.engines) <= run.cfg.rollout.worker_batch
     assert run.pipe.overprov.admitted == sum(e.size - g for e in over)
+    if "tail.deadline=true" not in extra:  # (deadline cuts cancel on the engines too)
+        assert run.pipe.overprov.cancelled == engine_cancels  # the stops, every one
     bias = sample_bias(events)
     assert bias["generated"] > bias["accepted"]  # the cancelled count (censored lengths)
 
