@@ -125,6 +125,18 @@ def test_where_threads_do_not_pay_the_fixed_rule_holds():
     assert (p.runtime, p.budget.trainer) == ("inline", 1)
 
 
+def test_the_probe_stops_after_one_pair_only_when_the_gain_is_far_from_the_bar():
+    from freshroll.runtime.thread_probe import DECISIVE_HIGH, DECISIVE_LOW, PAYS, _decisive
+
+    assert DECISIVE_LOW < 1.0 < PAYS < DECISIVE_HIGH
+
+    def pair(gain: float) -> bool:  # one pair: 1.0 s on one thread, 1/gain s on two
+        return _decisive({1: [0.4], 2: [0.4 / gain]}, {1: [0.6], 2: [0.6 / gain]}, 2)
+
+    assert pair(DECISIVE_HIGH * 1.01) and pair(DECISIVE_LOW * 0.99)
+    assert not pair(PAYS) and not pair(1.0) and not pair(DECISIVE_HIGH * 0.99)
+
+
 def test_a_sync_run_settles_each_stage_on_its_own_calls_not_on_a_probe():
     # its steps repeat the same work: each stage tries 1 and all the cores on its first calls
     assert not placement.wants_probe(_cfg(max_staleness=0), cores=2)

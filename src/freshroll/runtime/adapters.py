@@ -60,7 +60,7 @@ import torch
 from freshroll import unsafe
 from freshroll.buffer import SampleBuffer
 from freshroll.config import LimitsSection
-from freshroll.engines.base import Completion, InferenceEngine
+from freshroll.engines.base import Completion, InferenceEngine, Killable, Restartable, Stoppable
 from freshroll.engines.seams import Emit, EngineNotRestartable, GenRequest, SamplingParams
 from freshroll.errors import RunFailed, WorkerTimeout
 from freshroll.lineage import PolicyVersion
@@ -194,11 +194,10 @@ class ThreadEngine:
                                      f"{what} to return before its engine closes, limit "
                                      f"{deadline - since:g} s\n")
         self._pool.shutdown(wait=False, cancel_futures=True)
-        stop = getattr(self.engine, "stop", None)
         current = getattr(self.engine, "incarnation", 0) == self._incarnation
-        if callable(stop) and current:  # a process of its own (actor, child): end it now,
-            with contextlib.suppress(Exception):  # so a retired worker frees its CPUs
-                await asyncio.wait_for(asyncio.to_thread(stop), STOP_TIMEOUT_S)
+        if isinstance(self.engine, Stoppable) and current:  # a process of its own (actor,
+            with contextlib.suppress(Exception):  # child): end it now, to free its CPUs
+                await asyncio.wait_for(asyncio.to_thread(self.engine.stop), STOP_TIMEOUT_S)
 
 
 def _consume(fut: asyncio.Future[Any]) -> None:
@@ -224,8 +223,7 @@ def adapt(engine: InferenceEngine, name: str, limits: LimitsSection,
           threads: ThreadCounts | None = None, pool: StageExecutor | None = None,
           ) -> ThreadEngine:
     """The adapter of a blocking engine: killable when it has ``kill()`` (a Ray actor)."""
-    killable = callable(getattr(engine, "kill", None))
-    kind = KillableThreadEngine if killable else ThreadEngine
+    kind = KillableThreadEngine if isinstance(engine, Killable) else ThreadEngine
     return kind(engine, name, limits, threads, pool)
 
 
@@ -272,9 +270,9 @@ class ThreadEngineFactory:
                 with self._lock:
                     return self.make(name)
         else:
-            restart = getattr(old, "restart", None)
-            if restart is None:
+            if not isinstance(old, Restartable):
                 raise EngineNotRestartable(f"the engine of worker {name!r} cannot be restarted")
+            restart = old.restart
 
             def start() -> InferenceEngine:
                 restart()

@@ -11,7 +11,9 @@ threads lose again. No fixed rule holds across model sizes and loads, so the run
 :func:`probe_threads` times the work of one step at its real shape, a ``generate`` of the
 run's prompts and a training forward+backward of prompt + completion tokens, each on a
 thread of its own taking turns as in a sync run, on one intra-op thread and on all the
-cores, interleaved (1, n, 1, n after a warm-up of each), best of two each. (Timed on one
+cores, interleaved (1, n, 1, n after a warm-up of each), best of two each; one pair when
+its gain is already far from :data:`PAYS` (>= :data:`DECISIVE_HIGH` or <=
+:data:`DECISIVE_LOW`), which spares a third of the probe's time. (Timed on one
 thread, the tiny model's work looked 1.0-1.5x faster on two threads, depending on what the
 process had run before, while a run on two threads was 0.75x: each Python thread that
 computes has an OpenMP team of its own, as in a run.) Threads *pay* when the step's work is
@@ -50,6 +52,11 @@ if TYPE_CHECKING:
 
 #: threads pay when the step is at least this much faster on all the cores
 PAYS = 1.15
+#: after the first pair (1 thread, all the cores) the probe stops when the gain is at least
+#: the first or at most the second: far enough from :data:`PAYS` that a second pair (best of
+#: two) would not cross it
+DECISIVE_HIGH = 1.4
+DECISIVE_LOW = 0.9
 #: seconds one probe call (a generate and a forward+backward) should take at most
 CALL_BUDGET_S = 1.0
 #: above this many parameters the probe is skipped and threads are taken to pay
@@ -162,8 +169,19 @@ def probe_threads(model_path: Path, prompts: Sequence[str], *, max_new_tokens: i
             for k in (1, threads, 1, threads):
                 g[k].append(_timed(gens, lambda: generate(batch), k))
                 t[k].append(_timed(trains, lambda: train(len(batch)), k))
+                if k == threads and _decisive(g, t, threads):
+                    break  # the first pair already says it: the second would not change it
     return ThreadProbe(threads, n, width, min(g[1]), min(t[1]), min(g[threads]),
                        min(t[threads]), time.perf_counter() - t_start)
+
+
+def _decisive(g: dict[int, list[float]], t: dict[int, list[float]], threads: int) -> bool:
+    """Whether the pairs so far settle the question beyond the noise of one more pair: the
+    step's work :data:`DECISIVE_HIGH` x faster on all the cores, or at most
+    :data:`DECISIVE_LOW` x (slower or barely faster)."""
+    many = min(g[threads]) + min(t[threads])
+    gain = (min(g[1]) + min(t[1])) / many if many > 0 else 1.0
+    return gain >= DECISIVE_HIGH or gain <= DECISIVE_LOW
 
 
 def settle_placement(cfg: Config, prompts: Sequence[Prompt], model_path: Path, *,
