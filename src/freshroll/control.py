@@ -241,6 +241,7 @@ class ControllerState:
     ceiling: int | None = None
     latched: bool = False
     last_lever_at: float | None = None     # the tail levers' last move
+    demand_ref: float | None = None        # the lowest trainer demand seen (control_levers)
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> ControllerState:
@@ -250,7 +251,7 @@ class ControllerState:
             turnover_mark=int(record.get("turnover_mark", 0)),
             probe=None if probe is None else (int(probe[0]), float(probe[1])),
             ceiling=record.get("ceiling"), latched=bool(record.get("latched", False)),
-            last_lever_at=record.get("last_lever_at"),
+            last_lever_at=record.get("last_lever_at"), demand_ref=record.get("demand_ref"),
         )
 
 
@@ -456,11 +457,10 @@ def decide(snap: Snapshot, state: ControllerState, cfg: ControlConfig) -> Decisi
         head = ("conflict: the trainer waits AND producers are blocked: a measurement fault, or "
                 "admission serializes the pipeline (eta too small, stragglers holding groups)")
     n, state, why_n = _workers(cur, state, cfg, side)
-    w = steer_window(side, cur, n, why_n, cfg, since_levers=_since(now, state.last_lever_at),
-                     since_workers=min(_since(now, state.last_down_at),
-                                       _since(now, state.last_up_at)))
-    state = replace(state, last_down_at=now if w.workers_down else state.last_down_at,
-                    last_lever_at=now if w.levers_moved else state.last_lever_at)
+    w = steer_window(side, cur, n, why_n, cfg, state.demand_ref, now=now,
+                     last=(state.last_up_at, state.last_down_at, state.last_lever_at))
+    state = replace(state, last_down_at=w.last_down, last_up_at=w.last_up,
+                    last_lever_at=w.last_lever, demand_ref=w.demand_ref)
     c, state, why_c = _concurrency(cur, state, cfg, side, w.workers)
     new = cfg.clamp(Settings(0, c, w.workers, w.levers.extra, w.levers.deadline))
     reason = (f"{head} (idle {omega:.1%}, blocked {beta:.1%}{_engine(cur)}); {w.why_workers}; "

@@ -27,13 +27,23 @@ blocked whenever the window is::
 
     n_w = ceil((η + 1) × B × (G + x) × (1 + headroom) / c)
 
-* in a conflict, the worker count is steered down to ``n_w``: ``spare = n − n_w −
-  down_margin``; ``spare ≥ 1`` and the down cooldown passed since the last change ->
-  ``n' = n − min(floor(spare), ceil(spare × down_gain))``; otherwise kept (the worker rules
-  of :mod:`freshroll.control` read the unblocked rate ``p`` of a worker, which over the few
-  unblocked seconds of a blocked one is noise);
-* in every other reading, a scale-down of those rules stops at ``min(n_w, n)``: fewer
-  workers would leave admitted requests queued, and every group they belong to waits.
+* in a conflict, the worker count is steered to a target: ``n_w``, scaled with the
+  trainer's demand ``D`` (``Snapshot.fed_rate``, measured over whole trainer steps) above the
+  lowest demand ``D_0`` seen (the reference, kept in the controller state)::
+
+      target = n_w                              if D < (1 + DEMAND_BAND) × D_0
+               min(max_workers, ceil(n_w × D / D_0))  otherwise
+
+  (a faster trainer while the window binds: more workers run fewer sequences each, every
+  request ends sooner and the window turns over faster). Up at once (after the up
+  cooldown); down by a share of the spare, ``spare = n − target − down_margin ≥ 1`` ->
+  ``n' = n − min(floor(spare), ceil(spare × down_gain))`` after the down cooldown; otherwise
+  kept (the worker rules of :mod:`freshroll.control` read the unblocked rate ``p`` of a
+  worker, which over the few unblocked seconds of a blocked one is noise);
+* in every other reading, a scale-down of those rules stops at ``min(target, n)``: fewer
+  than ``n_w`` would leave admitted requests queued, and every group they belong to waits.
+
+The reference ``D_0`` is the lowest demand measured in any window (with the levers on).
 
 A blocked worker costs its worker-seconds and adds nothing, so neither raises the trainer's
 idle share. When the trainer changes speed the pipeline leaves the conflict
@@ -50,6 +60,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 Side = Literal["producer", "trainer", "balanced", "conflict", "unknown"]
+DEMAND_BAND = 0.5  # demand above the reference by less than this: the pool is not scaled
 
 
 class Bounds(Protocol):
@@ -73,6 +84,10 @@ class Bounds(Protocol):
     def down_cooldown_s(self) -> float: ...
     @property
     def min_workers(self) -> int: ...
+    @property
+    def max_workers(self) -> int: ...
+    @property
+    def up_cooldown_s(self) -> float: ...
 
 
 class Live(Protocol):
@@ -101,6 +116,8 @@ class Window(Protocol):
     def discards(self) -> Mapping[str, int]: ...
     @property
     def generated(self) -> int: ...
+    @property
+    def fed_rate(self) -> float: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,14 +130,16 @@ class Levers:
 
 @dataclass(frozen=True, slots=True)
 class Steered:
-    """:func:`steer_window`'s result."""
+    """:func:`steer_window`'s result: the settings and the controller state's times."""
 
     workers: int
     why_workers: str
     levers: Levers
     why_levers: str  # "" when the levers are off
-    workers_down: bool  # a conflict's scale-down (its time starts the down cooldown)
-    levers_moved: bool
+    last_up: float | None
+    last_down: float | None
+    last_lever: float | None
+    demand_ref: float | None
 
 
 def cancelled_share(discards: Mapping[str, int], generated: int) -> float:
@@ -158,40 +177,66 @@ def window_workers(eta: int, batch_groups: int, group: int, concurrency: int,
     return max(1, math.ceil(requests * (1 + headroom) / max(1, concurrency)))
 
 
-def conflict_workers(workers: int, need: int, cfg: Bounds, *,
-                     since: float) -> tuple[int, str]:
-    """The worker count after a conflict window, steered to ``need`` = ``n_w`` (module
-    docstring), and why; ``since``: seconds since the last change of the worker count."""
-    need = max(cfg.min_workers, need)
-    spare = workers - need - cfg.down_margin
+def conflict_target(need: int, demand: float, demand_ref: float | None, max_workers: int
+                    ) -> tuple[int, float | None]:
+    """The workers a conflict steers to, and the reference demand after this window: ``n_w``,
+    scaled with the trainer's demand above the lowest seen (module docstring)."""
+    if demand <= 0:
+        return need, demand_ref
+    ref = demand if demand_ref is None else min(demand_ref, demand)
+    ratio = demand / ref
+    return (need if ratio < 1 + DEMAND_BAND else min(max_workers, math.ceil(need * ratio))), ref
+
+
+def conflict_workers(workers: int, target: int, cfg: Bounds, *, since_down: float,
+                     since_up: float) -> tuple[int, str]:
+    """The worker count after a conflict window, steered to ``target`` (module docstring),
+    and why; ``since_*``: seconds since the last scale-down / scale-up."""
+    target = max(cfg.min_workers, target)
+    if target > workers:
+        if since_up < cfg.up_cooldown_s:
+            return workers, "window-bound: scale-up cooling down"
+        return target, f"window-bound: +{target - workers} workers: the trainer's demand grew"
+    spare = workers - target - cfg.down_margin
     if spare < 1:
-        return workers, f"window-bound: the window fills {need} workers' slots, {workers} kept"
-    if since < cfg.down_cooldown_s:
+        return workers, f"window-bound: the window fills {target} workers' slots, {workers} kept"
+    if min(since_down, since_up) < cfg.down_cooldown_s:
         return workers, "window-bound: scale-down cooling down"
     k = min(math.floor(spare), math.ceil(spare * cfg.down_gain))
-    return workers - k, f"window-bound: -{k} workers: the window fills {need} workers' slots"
+    return workers - k, f"window-bound: -{k} workers: the window fills {target} workers' slots"
 
 
-def steer_window(side: Side, snap: Window, workers: int, why: str, cfg: Bounds, *,
-                 since_workers: float, since_levers: float) -> Steered:
+def _since(now: float, t: float | None) -> float:
+    return math.inf if t is None else now - t
+
+
+def steer_window(side: Side, snap: Window, workers: int, why: str, cfg: Bounds,
+                 demand_ref: float | None, *, now: float,
+                 last: tuple[float | None, float | None, float | None]) -> Steered:
     """Both rules on one window: ``workers`` and ``why`` are what the worker rules of
-    :mod:`freshroll.control` chose."""
+    :mod:`freshroll.control` chose; ``last``: the last scale-up, scale-down and lever move."""
     s = snap.settings
+    up, down, lever = last
     if cfg.max_extra <= 0:  # the levers off: the worker rules of control.py alone
-        return Steered(workers, why, Levers(s.extra, s.deadline), "", False, False)
+        return Steered(workers, why, Levers(s.extra, s.deadline), "", up, down, lever,
+                       demand_ref)
     need = window_workers(snap.max_staleness, snap.batch_groups, cfg.group_size + s.extra,
                           s.concurrency, cfg.headroom)
-    down = False
+    target, demand_ref = conflict_target(need, snap.fed_rate, demand_ref, cfg.max_workers)
     if side == "conflict":
-        workers, why = conflict_workers(s.workers, need, cfg, since=since_workers)
-        down = workers < s.workers
-    elif workers < min(need, s.workers):  # a scale-down stops at the window's slots
-        workers, why = min(need, s.workers), f"{why} (down to {need}: the window's slots)"
+        workers, why = conflict_workers(s.workers, target, cfg, since_down=_since(now, down),
+                                        since_up=_since(now, up))
+        up = now if workers > s.workers else up
+        down = now if workers < s.workers else down
+    elif workers < min(target, s.workers):  # a scale-down stops at the target
+        workers, why = min(target, s.workers), f"{why} (down to {target}: the window's target)"
     was = Levers(s.extra, s.deadline)
     lev, why_t = tail_levers(side, was, cancelled_share(snap.discards, snap.generated), cfg,
-                             since=since_levers)
-    return Steered(workers, why, lev, why_t, down, lev != was)
+                             since=_since(now, lever))
+    return Steered(workers, why, lev, why_t, up, down, now if lev != was else lever,
+                   demand_ref)
 
 
-__all__ = ["Bounds", "Levers", "Live", "Side", "Steered", "Window", "cancelled_share",
-           "conflict_workers", "steer_window", "tail_levers", "window_workers"]
+__all__ = ["DEMAND_BAND", "Bounds", "Levers", "Live", "Side", "Steered", "Window",
+           "cancelled_share", "conflict_target", "conflict_workers", "steer_window",
+           "tail_levers", "window_workers"]

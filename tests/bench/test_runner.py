@@ -24,7 +24,8 @@ CAPS = f.Capacities(batch=512, gen_per_s=1280.0, reward_per_s=1e4, train_per_s=2
 def test_the_plan_has_sync_three_statics_and_the_controller() -> None:
     plan = plan_runs(_cfg(), CAPS)
     labels = [s.label for s in plan]
-    assert labels[0] == "sync" and labels[-2:] == ["adaptive", "adaptive-deadline"]
+    assert labels[0] == "sync"
+    assert labels[-3:] == ["adaptive", "adaptive-deadline", "adaptive-tails"]
     statics = [s for s in plan if s.label.startswith("static")]
     assert len(statics) >= 3
     assert plan[0].overrides["run.max_staleness"] == 0
@@ -39,6 +40,9 @@ def test_the_plan_has_sync_three_statics_and_the_controller() -> None:
     assert by["adaptive"]["control.mode"] == "adaptive"
     assert by["adaptive"]["control.max_workers"] == 64
     assert by["adaptive-deadline"] == {**by["adaptive"], "tail.deadline": True}
+    assert by["static-overprov"] == {**by["static-all"], "tail.overprovision": "auto"}
+    assert by["static-overprov-deadline"] == {**by["static-overprov"], "tail.deadline": True}
+    assert by["adaptive-tails"] == {**by["adaptive"], "tail.overprovision": "auto"}
     for spec in plan:  # every run's settings make a valid config
         with_overrides(_cfg(), spec.overrides)
 
@@ -110,3 +114,12 @@ def test_a_real_clock_run_scales_the_model_time_settings() -> None:
     assert over["control.interval_s"] == pytest.approx(0.04)
     scaled = with_overrides(cfg, over)  # still a valid config (cooldown order kept)
     assert scaled.control.up_cooldown_s <= scaled.control.down_cooldown_s
+
+
+def test_rebalance_delays_count_steps_to_the_first_worker_change_after_each_change() -> None:
+    from freshroll.bench.tails import rebalance_delays
+
+    decisions = [(3, 16, 24), (20, 24, 24), (23, 24, 30), (41, 30, 30), (44, 30, 20)]
+    assert rebalance_delays(decisions, [20, 40]) == [3, 4]
+    assert rebalance_delays(decisions[:3], [20, 40]) == [3, None]  # none after 40
+    assert rebalance_delays(decisions, []) == []

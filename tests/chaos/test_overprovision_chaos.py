@@ -56,3 +56,17 @@ def test_over_provisioned_runs_survive_a_resume_with_every_check(tmp_path: Path,
     committed = {request_of(s) for e in events if isinstance(e, ev.Committed)
                  for s in e.samples}
     assert cancelled and not cancelled & committed
+
+
+def test_without_the_stop_at_target_the_library_finds_the_violation(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The protection is load-bearing: with the stop at target monkeypatched away, every
+    member of an over-provisioned group is trained on, and the case fails verify (a group
+    ready past its target)."""
+    from freshroll import stop_at_target
+
+    monkeypatch.setattr(stop_at_target, "reached", lambda group: False)
+    scen = next(s for s in PLAN.scenarios if s.name == "interrupt")
+    r = runner.run_case(PLAN, scen, 0, tmp_path, injector=INJECTOR)
+    assert not r.ok
+    assert any("over its target 4" in str(v) for v in r.violations), r.violations[:3]

@@ -13,6 +13,7 @@ from freshroll.control import ControlConfig, ControllerState, Decision, Settings
 from freshroll.control_levers import (
     Levers,
     cancelled_share,
+    conflict_target,
     conflict_workers,
     tail_levers,
     window_workers,
@@ -65,8 +66,23 @@ def test_cancelled_share():
 def test_a_conflict_steers_the_workers_to_the_slots_the_window_fills(
         workers: int, need: int, since: float, after: int) -> None:
     n, why = conflict_workers(workers, need, ControlConfig(group_size=16, max_workers=32),
-                              since=since)
+                              since_down=since, since_up=since)
     assert n == after and "window-bound" in why
+
+
+def test_a_conflict_scales_up_at_once_to_a_higher_target_after_the_up_cooldown() -> None:
+    config = ControlConfig(group_size=16, max_workers=32)
+    assert conflict_workers(13, 26, config, since_down=1.0, since_up=60.0)[0] == 26
+    assert conflict_workers(13, 26, config, since_down=1.0, since_up=1.0)[0] == 13
+
+
+def test_the_conflict_target_scales_with_demand_above_the_lowest_seen() -> None:
+    assert conflict_target(13, 0.0, None, 32) == (13, None)  # no demand measured yet
+    assert conflict_target(13, 24.0, None, 32) == (13, 24.0)  # the first is the reference
+    assert conflict_target(13, 34.0, 24.0, 32) == (13, 24.0)  # within the band (50%)
+    assert conflict_target(13, 48.0, 24.0, 32) == (26, 24.0)  # twice as fast: twice the pool
+    assert conflict_target(13, 96.0, 24.0, 32) == (32, 24.0)  # capped at max_workers
+    assert conflict_target(13, 20.0, 24.0, 32) == (13, 20.0)  # a lower demand: the new ref
 
 
 def test_the_window_workers():

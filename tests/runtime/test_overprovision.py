@@ -43,6 +43,8 @@ def test_extras_are_cancelled_at_target_and_nothing_is_lost(tmp_path: Path,
     assert engine_cancels > 0
     assert max(e.peak for e in run.engines) <= run.cfg.rollout.worker_batch
     assert run.pipe.overprov.admitted == sum(e.size - g for e in over)
+    if "tail.deadline=true" not in extra:  # (deadline cuts cancel on the engines too)
+        assert run.pipe.overprov.cancelled == engine_cancels  # the stops, every one
     bias = sample_bias(events)
     assert bias["generated"] > bias["accepted"]  # the cancelled count (censored lengths)
 
@@ -90,3 +92,24 @@ def test_the_controller_moves_the_tail_levers_and_each_admission_follows_them(
             assert e.size == g + extra
     tailing = run.pipe.tailing
     assert tailing is not None and tailing.watch.enabled  # turned on by the controller
+
+
+@pytest.mark.parametrize("continuous", [True, False], ids=["continuous", "lock-step"])
+def test_stop_at_target_on_the_fake_engines_of_the_real_pipeline(tmp_path: Path,
+                                                                 continuous: bool) -> None:
+    """Engine-agnostic: the async fakes of the pipeline tests (a continuous engine that
+    honours cancel, a lock-step one whose batch runs to its end and whose late results are
+    rejected), in virtual time."""
+    from async_fakes import AsyncHarness, Factory
+
+    h = AsyncHarness(tmp_path, overrides=["tail.overprovision=2", "run.steps=6"],
+                     factory=Factory(continuous=continuous))
+    assert h.run() is None
+    h.buf.shutdown("done")
+    events = [e for _, e in h.buf.ledger.events()]
+    assert verify_ledger(h.buf.ledger, dict(h.buf.counts)).ok
+    over = [e for e in events if isinstance(e, ev.Requested)]
+    assert over and all((e.size, e.target) == (6, 4) for e in over)
+    assert max(committed_group_sizes(events).values()) <= 4
+    cancelled = [e for e in events if isinstance(e, ev.Discarded) and e.reason == "cancelled"]
+    assert cancelled

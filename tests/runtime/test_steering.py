@@ -13,6 +13,7 @@ from async_fakes import AsyncHarness, Factory, Trainer
 
 from freshroll import events as ev
 from freshroll.control import ControllerState, Decision, Settings, Snapshot
+from freshroll.harness.verify import verify_ledger
 from freshroll.runtime.pipeline import Pipeline
 
 
@@ -146,4 +147,38 @@ def test_resume_after_workers_were_added_and_removed_restores_settings_and_budge
     assert again.buf.counts["steps"] == 50
     again.buf.shutdown("done")
     report = again.verify()
+    assert report.ok, report.render()
+
+
+def test_a_resume_restores_the_tail_levers_of_the_last_decision(tmp_path: Path):
+    """Issue 26 item 4: adaptive + tail.overprovision auto; the process dies after a decision
+    set 2 extras and deadlines; the resumed run starts from them (its first admissions carry
+    the 2 extras, the deadline watch is on) and verify passes at the end."""
+    path = tmp_path / "ledger.sqlite"
+    over = ["rollout.workers=2", "control.interval_s=5", "control.mode=adaptive",
+            "run.max_staleness=2", "tail.overprovision=auto", "tail.max_extra=3"]
+    first = AsyncHarness(tmp_path, ledger_path=path, overrides=[*over, "run.steps=20"],
+                         controller=Scripted([Settings(10, 6, 2, extra=2, deadline=True)]))
+    assert first.run() is None
+    last = first.events(ev.ControllerDecided)[-1]
+    assert (last.settings.extra, last.settings.deadline) == (2, True)
+    first.buf.ledger.flush()
+    first.buf.ledger.close()  # no shutdown: the process died here
+    again = AsyncHarness(tmp_path, ledger_path=path, overrides=[*over, "run.steps=30"],
+                         start=last.ts + 1.0, controller=Scripted([]))
+    seen: dict[str, Any] = {}
+
+    async def during(pipe: Pipeline) -> None:
+        while not hasattr(pipe, "pool"):
+            await asyncio.sleep(0)
+        seen.update(settings=pipe.steering.settings, live=pipe.overprov.live,
+                    deadline=pipe.tailing is not None and pipe.tailing.watch.enabled)
+
+    assert again.run(during=during) is None
+    assert (seen["settings"].extra, seen["settings"].deadline, seen["live"]) == (2, True, 2)
+    assert seen["deadline"]
+    resumed = [e for e in again.events(ev.Requested) if e.ts > last.ts]
+    assert resumed and all(e.size == 4 + 2 and e.target == 4 for e in resumed)
+    again.buf.shutdown("done")
+    report = verify_ledger(again.buf.ledger, dict(again.buf.counts))
     assert report.ok, report.render()

@@ -13,7 +13,13 @@ One workload (a config) and one seed; per clock, in one invocation:
 4. ``adaptive``: the controller (``control.mode: adaptive``) within the pool, starting
    from the config's ``rollout.workers``; on simulated engines also ``adaptive-deadline``,
    the same with group deadlines (``tail.deadline: true``, long-tail handling) when the
-   config does not already set them.
+   config does not already set them;
+5. on simulated engines, unless the config over-provisions already, the tail levers:
+   ``static-overprov`` (``static-all`` with ``tail.overprovision: auto``, the binomial rule),
+   ``static-overprov-deadline`` (the same with group deadlines) and ``adaptive-tails`` (the
+   controller with ``tail.overprovision: auto``: it moves the extras and deadlines itself,
+   :mod:`freshroll.control_levers`); each table then carries the long-tail figures of every
+   run (:mod:`freshroll.bench.tails`).
 
 The pool is ``control.max_workers`` (or ``rollout.workers`` when unset); the synchronous
 baseline runs on the whole pool.
@@ -39,6 +45,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from freshroll.bench import figures as f
+from freshroll.bench import tails
 from freshroll.bench.table import make_table, render_json, render_markdown
 from freshroll.config import Config, set_dotted, validate
 
@@ -115,6 +122,11 @@ def plan_runs(cfg: Config, caps: f.Capacities) -> list[RunSpec]:
     adaptive = [RunSpec("adaptive", ctl)]
     if cfg.rollout.engine == "sim" and not cfg.tail.deadline:  # long-tail handling vs none
         adaptive.append(RunSpec("adaptive-deadline", {**ctl, "tail.deadline": True}))
+    if cfg.rollout.engine == "sim" and cfg.tail.overprovision == 0:  # the tail levers
+        over = {**statics[0].overrides, "tail.overprovision": "auto"}
+        statics.append(RunSpec("static-overprov", over))
+        statics.append(RunSpec("static-overprov-deadline", {**over, "tail.deadline": True}))
+        adaptive.append(RunSpec("adaptive-tails", {**ctl, "tail.overprovision": "auto"}))
     return [*specs, *statics, *adaptive]
 
 
@@ -212,10 +224,14 @@ def bench(cfg: Config, out: Path, *, workload: str, quick: bool = False,
 def _table(cfg: Config, caps: f.Capacities, workload: str, clock: str, out: Path,
            stream: TextIO) -> tuple[dict[str, Any], list[f.RunFigures]]:
     """Every planned run of ``cfg`` on one clock, and their table."""
-    runs = [_run(cfg, spec, out / clock, clock, stream) for spec in plan_runs(cfg, caps)]
+    specs = plan_runs(cfg, caps)
+    runs = [_run(cfg, spec, out / clock, clock, stream) for spec in specs]
     table = make_table(workload, clock, caps, f.table_rows(runs, "sync", caps))
     if cfg.rollout.engine == "sim":
         table["time_scale"] = cfg.sim.time_scale
+        changes = [step for step, _ in cfg.sim.trainer_speed]
+        table["tails"] = [tails.tail_row(out / clock / s.label, s.label, changes)
+                          for s in specs]
     table["steps"] = cfg.run.steps
     return table, runs
 

@@ -2,7 +2,8 @@
 
 A table is a plain mapping (:func:`make_table`): the workload's name and clock, the
 stage capacities with their per-batch times and the async bound, one row per run
-(:func:`freshroll.bench.figures.table_rows`), and the verdict line. Renderers only
+(:func:`freshroll.bench.figures.table_rows`), and the verdict line; and on a simulated
+workload the long-tail figures of each run (:mod:`freshroll.bench.tails`). Renderers only
 format; every number comes from :mod:`freshroll.bench.figures`.
 """
 
@@ -14,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from freshroll.bench import figures as f
+from freshroll.bench import tails
 
 #: (key, header, format) of each column, in order
 COLUMNS: tuple[tuple[str, str, str], ...] = (
@@ -105,8 +107,9 @@ def render_text(t: Mapping[str, Any]) -> str:
         return line(c.ljust(w) if i == 0 else c.rjust(w)
                     for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
 
-    return "\n".join([f"== {_title(t)}", _caps_line(t), fmt(head),
+    text = "\n".join([f"== {_title(t)}", _caps_line(t), fmt(head),
                       *(fmt(b) for b in body), t["verdict"]]) + "\n"
+    return text + (tails.render_text(t["tails"]) if t.get("tails") else "")
 
 
 def render_markdown(t: Mapping[str, Any]) -> str:
@@ -115,7 +118,8 @@ def render_markdown(t: Mapping[str, Any]) -> str:
     lines = [f"### {_title(t)}", "", _caps_line(t), "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join([*lines, "", t["verdict"], ""]) + "\n"
+    text = "\n".join([*lines, "", t["verdict"], ""]) + "\n"
+    return text + (tails.render_markdown(t["tails"]) if t.get("tails") else "")
 
 
 def render_json(tables: Sequence[Mapping[str, Any]]) -> str:

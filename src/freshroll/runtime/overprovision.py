@@ -52,10 +52,6 @@ class Overprovision:
         self.cancelled = 0  # running attempts cancelled on their engines
         self._wake = asyncio.Event()
 
-    @property
-    def enabled(self) -> bool:
-        return self.setting != 0 or self.live is not None
-
     def extra(self, buf: SampleBuffer) -> int:
         """Extra requests for the next admitted group (module docstring)."""
         if self.live is not None:
