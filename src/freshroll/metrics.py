@@ -48,7 +48,7 @@ from typing import Any, Final, TypeVar
 
 from freshroll import events as ev
 from freshroll.lineage import policy_step
-from freshroll.timing import percentile
+from freshroll.token_lag import TokenLags, lag_percentile
 
 #: discard reasons left out of the discard rate and the counted discards (see the module doc)
 UNCOUNTED_DISCARD_REASONS: Final = frozenset(ev.RETRY_REASONS | {"shutdown"})
@@ -101,6 +101,7 @@ class Tally:
     step_zero_std: float | None = None
     groups: int = 0  # committed groups (a group split over two steps counts in each)
     groups_zero_std: int = 0  # ... of which the committed members' rewards had zero std
+    tokens: TokenLags = field(default_factory=TokenLags)  # oldest/newest/weighted token lags
     #: attempt -> (total reward, components, logged), until committed or discarded
     _scored: dict[str, tuple[float, dict[str, float], dict[str, float]]] = field(
         default_factory=dict)
@@ -120,6 +121,7 @@ class Tally:
 
     def feed(self, e: ev.Event) -> dict[str, Any] | None:
         """Fold one event; for a ``committed`` event, return its ``metrics.jsonl`` row."""
+        self.tokens.feed(e)
         if isinstance(e, ev.Opened):
             self._wall_done = wall_s(self)
             self._start = self._last = None
@@ -337,36 +339,14 @@ def discard_rate(t: Tally) -> float:
     return counted / (t.accepted + counted) if t.accepted + counted else 0.0
 
 
-def _lag_percentile(t: Tally, q: float) -> float:
-    """:func:`freshroll.timing.percentile` of every committed sample's lag, read off the
-    histogram (the same number, without a list of one entry per sample)."""
-    n = sum(t.lags.values())
-    if not n:
-        return percentile([], q)
-    pos = (n - 1) * q / 100.0
-    lo = int(pos)
-    hi = min(lo + 1, n - 1)
-    x_lo = x_hi = None
-    seen = 0
-    for lag, k in sorted(t.lags.items()):
-        seen += k
-        if x_lo is None and lo < seen:
-            x_lo = float(lag)
-        if hi < seen:
-            x_hi = float(lag)
-            break
-    assert x_lo is not None and x_hi is not None
-    return x_lo + (x_hi - x_lo) * (pos - lo)
-
-
 @figure
 def lag_p50(t: Tally) -> float:
-    return _lag_percentile(t, 50)
+    return lag_percentile(t.lags, 50)
 
 
 @figure
 def lag_p99(t: Tally) -> float:
-    return _lag_percentile(t, 99)
+    return lag_percentile(t.lags, 99)
 
 
 @figure
@@ -383,6 +363,16 @@ def lag_mean(t: Tally) -> float:
 @figure
 def lag_histogram(t: Tally) -> dict[str, int]:
     return {str(lag): n for lag, n in sorted(t.lags.items())}
+
+
+@figure
+def token_lag(t: Tally) -> dict[str, Any]:
+    return t.tokens.summary()
+
+
+@figure
+def step_token_lag(t: Tally) -> dict[str, float] | None:
+    return t.tokens.step
 
 
 @figure
@@ -587,6 +577,7 @@ def row(t: Tally, e: ev.Committed) -> dict[str, Any]:
     return {
         "step": steps(t), "t": wall_s(t), "version": e.version, **e.metrics,
         "lag_mean": step_lag_mean(t), "lag_max": step_lag_max(t),
+        **{f"lag_{k}_mean": x for k, x in (step_token_lag(t) or {}).items() if k != "oldest"},
         "trainer_wait_s": step_wait_s(t), "step_idle_ratio": step_idle_ratio(t),
         "accepted_total": accepted_rollouts(t), "accepted_per_s": accepted_rollouts_per_s(t),
         "trainer_idle_ratio": trainer_idle_ratio(t), "discards": counted_discards(t),
@@ -601,8 +592,11 @@ def histogram_columns(t: Tally) -> dict[str, int]:
     """A row's counted-by-label columns: ``discards/<reason>`` (:func:`discards_by_reason`,
     every reason seen so far) and ``lag_histogram/<lag>`` (:func:`lag_histogram`, the
     committed samples of each lag so far)."""
+    tokens = token_lag(t)
     return {**{f"discards/{r}": n for r, n in discards_by_reason(t).items()},
-            **{f"lag_histogram/{k}": n for k, n in lag_histogram(t).items()}}
+            **{f"lag_histogram/{k}": n for k, n in lag_histogram(t).items()},
+            **{f"lag_{kind}_histogram/{k}": n for kind in ("newest", "weighted")
+               for k, n in tokens[kind]["histogram"].items()}}
 
 
 def reward_columns(t: Tally) -> dict[str, Any]:
@@ -629,7 +623,7 @@ def summary_figures(t: Tally) -> dict[str, Any]:
         "discard_rate": discard_rate(t), "counted_discards": counted_discards(t),
         "discards": discards_by_reason(t),
         "lag": {"p50": lag_p50(t), "p99": lag_p99(t), "max": lag_max(t), "mean": lag_mean(t),
-                "histogram": lag_histogram(t)},
+                "histogram": lag_histogram(t)}, "token_lag": token_lag(t),
         "off_policy": {"mismatch_kl_mean": mismatch_kl_mean(t),
                        "is_weight_mean": is_weight_mean(t), "is_weight_max": is_weight_max(t)},
         "trainer_idle_ratio": trainer_idle_ratio(t), "trainer_wait_s": trainer_wait_s(t),

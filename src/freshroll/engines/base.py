@@ -41,6 +41,11 @@ class Completion:
     gen_s: float  # seconds this sequence's batch took to generate
     #: token count when ``token_ids`` is not materialized (the simulated engine); else None
     n_tokens: int | None = None
+    #: the weights each token came from, as run-length ``(load ordinal, tokens)`` ranges,
+    #: oldest first: ordinal ``k`` is the engine's ``k``-th ``load_weights`` (0: the weights
+    #: it started with). Empty: not reported (every token of the weights the request started
+    #: under). An engine that swaps weights under running requests reports it.
+    version_spans: tuple[tuple[int, int], ...] = ()
 
     @property
     def tokens(self) -> int:

@@ -208,8 +208,8 @@ class WorkerPool:
 
     async def _start(self, w: Worker) -> None:
         buf, lim = self.buf, self.pipe.cfg.limits
-        w.epoch, w.fenced, w.inflight, w.loaded, w.failure = (
-            buf.register_worker(w.name), False, 0, None, None)
+        w.epoch, w.fenced, w.inflight, w.loaded, w.failure, w.loads = (
+            buf.register_worker(w.name), False, 0, None, None, [None])
         w.done, w.blocked_s, w.blocked_since, w.ready_at = 0, 0.0, None, None  # per epoch
         t0 = buf.clock.now()
         try:
@@ -295,11 +295,15 @@ class WorkerPool:
                 await w.wake.wait()
                 continue
             pub = self._published()
-            if w.loaded is not pub.version and (w.calls == 0 or engine.continuous):
+            if w.loaded is not pub.version and (w.calls == 0 or engine.continuous
+                                                or getattr(engine, "swaps_in_flight", False)):
                 if pub.weights is not None:
+                    w.loads.append(pub.version)  # before the swap: a token of it may come first
                     exc = await self._load(w, engine, pub.version, pub.weights)
                     if exc is not None:
                         return self._end_calls(w, lanes, exc)
+                elif w.loads == [None]:  # the engine's own weights are this version
+                    w.loads[0] = pub.version
                 w.loaded = pub.version
                 continue
             free = self.concurrency - w.inflight
