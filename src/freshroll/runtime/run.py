@@ -132,7 +132,9 @@ def build_engine(cfg: Config, path: Path, name: str,
         return actor
     from freshroll.engines.hf import HFEngine  # transformers: only when a model is loaded
 
-    return HFEngine.from_pretrained(path)
+    engine = HFEngine.from_pretrained(path)
+    engine.on_update = cfg.rollout.on_update  # continue / abort: swaps under a running call
+    return engine
 
 
 #: ``(cfg, model path, worker name) -> engine``: what the hf engine factory calls on a thread
