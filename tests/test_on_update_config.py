@@ -35,6 +35,14 @@ def test_the_vllm_alias_still_loads_and_agrees_or_is_refused() -> None:
     assert load_config(None, ["rollout.on_update=abort"]).vllm.on_update == "finish"
 
 
+def test_the_vllm_engine_gets_the_setting_in_force() -> None:
+    from freshroll.engines.vllm_args import in_force
+
+    assert in_force(load_config(None, ["vllm.on_update=abort"])).on_update == "abort"
+    assert in_force(load_config(None, ["rollout.on_update=continue"])).on_update == "continue"
+    assert in_force(load_config(None, [])).on_update == "finish"
+
+
 def test_every_config_in_the_repo_still_loads() -> None:
     for path in sorted((REPO / "configs").glob("*.yaml")):
         load_config(path, [])

@@ -254,11 +254,10 @@ def build_components(
         raise
     del learner  # a trainer actor holds its own copy
     if cfg.rollout.engine == "vllm":  # one vLLM engine per worker (restartable)
+        from freshroll.engines.vllm_args import in_force
         from freshroll.engines.vllm_engine import VLLMEngineFactory
 
-        section = cfg.vllm if cfg.rollout.on_update is None else cfg.vllm.model_copy(
-            update={"on_update": cfg.rollout.on_update})  # rollout.on_update wins its alias
-        engines = VLLMEngineFactory(prep.model_path, section, seed=cfg.run.seed)
+        engines = VLLMEngineFactory(prep.model_path, in_force(cfg), seed=cfg.run.seed)
 
         def close_vllm() -> None:
             scorer.close()
