@@ -25,8 +25,9 @@ def test_unset_by_default_and_each_value_accepted() -> None:
 
 
 def test_the_vllm_alias_still_loads_and_agrees_or_is_refused() -> None:
-    old = load_config(REPO / "configs" / "vllm.yaml", ["vllm.on_update=abort"])
+    old = load_config(None, ["rollout.engine=vllm", "vllm.on_update=abort"])  # an old config
     assert old.vllm.on_update == "abort" and old.rollout.on_update is None
+    assert load_config(REPO / "configs" / "vllm.yaml", []).rollout.on_update == "finish"
     same = load_config(None, ["vllm.on_update=continue", "rollout.on_update=continue"])
     assert same.rollout.on_update == "continue"
     with pytest.raises(ConfigError, match=r"rollout\.on_update.*vllm\.on_update"):
