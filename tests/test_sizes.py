@@ -19,8 +19,9 @@ MAX_LINES = 500
 
 #: module (relative to src/freshroll) -> (its line cap, why it is not cut)
 OVERSIZE: dict[str, tuple[int, str]] = {
-    "config.py": (947, "the config schema, one class per section (a cut per section group is "
-                  "next)"),
+    "config.py": (820, "the config schema, one class per section (its base and the "
+                  "operational sections are cut out: config_base.py, config_ops.py; more by "
+                  "section group next)"),
     "cli.py": (614, "the click commands, one thin function each; under other work now"),
     "runtime/run.py": (584, "the run recipe; under other work now"),
     "metrics.py": (654, "one function per figure in one registry (FIGURES), held to "

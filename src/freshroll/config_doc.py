@@ -11,9 +11,10 @@ heavy imports of a run (torch, transformers).
 from __future__ import annotations
 
 import json
+import types
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Union, get_args, get_origin
 
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
@@ -34,6 +35,15 @@ class Key:
 
 
 def _type_name(ann: Any) -> str:
+    """A field's type as the reference prints it: ``int (>= 1, <= 1024) | Literal['auto']``
+    for a bounded number or a word."""
+    if get_origin(ann) in (Union, types.UnionType) and any(
+            get_origin(a) is Annotated for a in get_args(ann)):
+        return " | ".join(_type_name(a) for a in get_args(ann))
+    if get_origin(ann) is Annotated:
+        base, *meta = get_args(ann)
+        marks = _bounds_of([m for f in meta for m in getattr(f, "metadata", [f])])
+        return f"{_type_name(base)} ({marks})" if marks else _type_name(base)
     text = getattr(ann, "__name__", None) if not getattr(ann, "__args__", None) else None
     return text or str(ann).replace("typing.", "")
 
@@ -49,8 +59,12 @@ def _section_of(ann: Any) -> tuple[type[BaseModel] | None, bool]:
 
 
 def _bounds(info: FieldInfo) -> str:
+    return _bounds_of(info.metadata)
+
+
+def _bounds_of(metadata: Any) -> str:
     marks = []
-    for m in info.metadata:
+    for m in metadata:
         for attr, sym in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
             value = getattr(m, attr, None)
             if value is not None:

@@ -202,8 +202,8 @@ def test_weights_arriving_late_never_let_a_worker_generate_too_stale(
     cfg = _cfg(steps=8, max_staleness=1)
     real_build = run_mod.build_engine
 
-    def slow(c: Config, p: Path, n: str, channel: Any = None) -> Any:
-        engine = real_build(c, p, n, channel)
+    def slow(c: Config, p: Path, n: str, channel: Any = None, threads: Any = None) -> Any:
+        engine = real_build(c, p, n, channel, threads)
         engine.__class__ = SlowLoad
         return engine
 

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from freshroll.stage_threads import MARGIN, StageThreads
+from freshroll.stage_threads import DECISIVE, MARGIN, ModeThreads, StageThreads
 
 
 def _settle(s: StageThreads, per_row: dict[int, float], rows: int = 10) -> list[int]:
@@ -23,12 +23,25 @@ def _settle(s: StageThreads, per_row: dict[int, float], rows: int = 10) -> list[
 
 def test_warm_up_then_alternating_trials_then_the_faster():
     s = StageThreads("train", many=4, warmup=1, trials=3)
-    assert _settle(s, {1: 1.0, 4: 0.5}) == [4, 1, 4, 1, 4, 1, 4]
-    assert s.settled == 4 and s.gain() == pytest.approx(2.0)
+    assert _settle(s, {1: 1.0, 4: 0.85}) == [4, 1, 4, 1, 4, 1, 4]  # 1.18x: every trial
+    assert s.settled == 4 and s.gain() == pytest.approx(1.0 / 0.85)
     assert s.take() == (4, False)  # settled: untimed from now on
-    assert "train 4 thread(s) (2.00x on 4" in s.describe()
+    assert "train 4 thread(s) (1.18x on 4" in s.describe()
     d = s.as_dict()
     assert d["settled"] == 4 and d["seconds_per_row"]["1"] == [1.0, 1.0, 1.0]
+
+
+def test_threads_that_clearly_pay_are_kept_after_one_pair():
+    s = StageThreads("train", many=2, warmup=1, trials=3)
+    assert _settle(s, {1: 1.0, 2: 1.0 / (DECISIVE * 1.001)}) == [2, 1, 2]
+    assert s.settled == 2 and s.timed == {1: [1.0], 2: [pytest.approx(1 / (DECISIVE * 1.001))]}
+    # just below the early bar: the trials run their course, and many still wins the margin
+    s = StageThreads("train", many=2, warmup=1, trials=3)
+    assert _settle(s, {1: 1.0, 2: 1.0 / (DECISIVE * 0.999)}) == [2, 1, 2, 1, 2, 1, 2]
+    assert s.settled == 2
+    # never early for one thread: a slow many-thread call may be an outlier
+    s = StageThreads("train", many=2, warmup=0, trials=3)
+    assert _settle(s, {1: 0.1, 2: 1.0}) == [1, 2, 1, 2, 1, 2] and s.settled == 1
 
 
 def test_many_threads_must_pay_the_margin_a_tie_goes_to_one():
@@ -42,11 +55,12 @@ def test_many_threads_must_pay_the_margin_a_tie_goes_to_one():
 
 def test_seconds_are_per_row_and_a_median_absorbs_one_outlier():
     s = StageThreads("generate", 2, warmup=0, trials=3)
-    calls = [(1, 10.0, 10), (2, 4.0, 8), (1, 100.0, 10), (2, 2.5, 5), (1, 9.0, 10), (2, 3.0, 6)]
+    # per row: one 1.0, 0.9, 1.1; many 0.9, 8.0 (a burst), 0.8
+    calls = [(1, 10.0, 10), (2, 7.2, 8), (1, 9.0, 10), (2, 40.0, 5), (1, 11.0, 10), (2, 5.6, 7)]
     for n, sec, rows in calls:
         assert s.take() == (n, True)
         s.record(n, sec, rows)
-    assert s.settled == 2 and s.gain() == pytest.approx(1.0 / 0.5)
+    assert s.settled == 2 and s.gain() == pytest.approx(1.0 / 0.9)
 
 
 def test_records_of_another_count_or_after_settling_are_ignored():
@@ -56,7 +70,7 @@ def test_records_of_another_count_or_after_settling_are_ignored():
     assert s.timed == {1: [], 2: []} and s.settled is None and s.gain() is None
     _settle(s, {1: 1.0, 2: 0.1})
     s.record(1, 0.0001, 1)
-    assert s.settled == 2 and len(s.timed[1]) == 2
+    assert s.settled == 2 and len(s.timed[1]) == 1  # 10x: settled after one pair
 
 
 def test_workers_sharing_a_stage_are_handed_every_trial_once():
@@ -70,7 +84,7 @@ def test_workers_sharing_a_stage_are_handed_every_trial_once():
             with lock:
                 given.append((n, timed))
             if timed:
-                s.record(n, 0.5 if n == 2 else 1.0, 1)
+                s.record(n, 0.9 if n == 2 else 1.0, 1)
 
     threads = [threading.Thread(target=worker) for _ in range(4)]
     for t in threads:
@@ -85,3 +99,16 @@ def test_nothing_to_choose_is_refused():
         StageThreads("train", 1)
     with pytest.raises(ValueError, match="trials >= 2"):
         StageThreads("train", 2, trials=1)
+
+
+def test_mode_threads_follow_the_fallback_mode_untimed():
+    t = ModeThreads(shared=1, full=4)
+    assert t.take() == (1, False)  # async: the placement's share
+    t.set_mode("sync")
+    assert t.take() == (4, False) and t.count() == 4  # sync windows: every core
+    t.record(4, 1.0, 10)  # nothing to settle
+    t.set_mode("async")
+    assert t.take() == (1, False)
+    for shared, full in ((0, 2), (3, 2)):
+        with pytest.raises(ValueError, match="1 <= shared <= full"):
+            ModeThreads(shared, full)

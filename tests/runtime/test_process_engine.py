@@ -90,6 +90,21 @@ def test_the_child_reports_its_thread_budget(engine: ProcessEngine):
     assert engine.threads() == 1
 
 
+def test_a_call_runs_at_the_count_its_mode_asks_for(model_dir: Path):
+    from freshroll.stage_threads import ModeThreads
+
+    follow = ModeThreads(shared=1, full=2)
+    e = ProcessEngine(model_dir, torch_threads=1, start_timeout_s=120.0, threads=follow)
+    try:
+        e.wait_ready()
+        for mode, want in (("sync", 2), ("async", 1)):
+            follow.set_mode(mode)
+            e.generate(PROMPTS[:1], max_new_tokens=2, seed=0)
+            assert e.threads() == want
+    finally:
+        e.stop()
+
+
 def test_loaded_weights_come_from_the_published_slot(
         engine: ProcessEngine, channel: WeightChannel, model_dir: Path, one_thread: None):
     other, _ = build_tiny(5)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,8 +28,15 @@ def _offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
 
 
 def _assert_rows_logged(run_dir: Path, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    # W&B's service process may still be writing the records file when finish() returned on a
+    # loaded machine (seen once as an empty history): read it again until it holds every row
+    want = {int(r["step"]): pytest.approx(scalars(r)) for r in rows}
+    deadline = time.monotonic() + 20
     history, config = read_wandb(run_dir)
-    assert history == {int(r["step"]): pytest.approx(scalars(r)) for r in rows}
+    while history != want and time.monotonic() < deadline:
+        time.sleep(0.2)
+        history, config = read_wandb(run_dir)
+    assert history == want
     return config
 
 

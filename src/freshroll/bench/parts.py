@@ -43,7 +43,7 @@ def _params(cfg: Config) -> SamplingParams:
 
 def _max_concurrency(cfg: Config) -> int:
     """The most requests the pipeline may keep in flight on one worker."""
-    return cfg.control.max_concurrency or 4 * cfg.rollout.worker_batch
+    return cfg.control.max_concurrency or 4 * cfg.rollout.call_batch
 
 
 def measure_capacities(cfg: Config, *, quick: bool = False) -> Capacities:
@@ -117,7 +117,7 @@ def _measure_hf(cfg: Config, tmp: Path, quick: bool) -> Capacities:
         w = Workload(
             prompts=prep.prompts, group_size=cfg.rollout.group_size,
             batch_groups=cfg.rollout.batch_groups, workers=cfg.rollout.workers,
-            concurrency=cfg.rollout.worker_batch, params=_params(cfg), seed=cfg.run.seed,
+            concurrency=cfg.rollout.call_batch, params=_params(cfg), seed=cfg.run.seed,
             max_steps=cfg.run.steps, reward_timeout_s=cfg.limits.reward_timeout_s,
             workflow=workflow_for(cfg.rollout.workflow),
         )

@@ -76,12 +76,12 @@ def quick_overrides(cfg: Config) -> dict[str, Any]:
                            "rollout.batch_groups": 2}
     if cfg.rollout.engine == "sim":
         out["rollout.workers"] = min(cfg.rollout.workers, 4)
-        out["rollout.worker_batch"] = min(cfg.rollout.worker_batch, 8)
+        out["rollout.worker_batch"] = min(cfg.rollout.call_batch, 8)
         if cfg.control.max_workers is not None:
             out["control.max_workers"] = min(cfg.control.max_workers, 4)
     else:
         out["task.n_prompts"] = min(cfg.task.n_prompts, 256)
-        out["rollout.worker_batch"] = min(cfg.rollout.worker_batch, 8)
+        out["rollout.worker_batch"] = min(cfg.rollout.call_batch, 8)
     return out
 
 
@@ -89,7 +89,7 @@ def plan_runs(cfg: Config, caps: f.Capacities) -> list[RunSpec]:
     """The runs of one table, from the workload and its capacities (see the module doc)."""
     eta = max(1, cfg.run.max_staleness)
     pool = cfg.control.max_workers or cfg.rollout.workers
-    batch = cfg.rollout.worker_batch
+    batch = cfg.rollout.call_batch
     base = {"control.mode": "static", "rollout.max_inflight_groups": None}
     specs = [RunSpec("sync", {**base, "run.max_staleness": 0, "rollout.workers": pool})]
     statics: list[RunSpec] = []

@@ -74,7 +74,7 @@ from freshroll.runtime.threads import (
     StageExecutor,
 )
 from freshroll.runtime.waits import seconds
-from freshroll.stage_threads import StageThreads
+from freshroll.stage_threads import ThreadCounts
 from freshroll.state import Lease
 from freshroll.trainer.grpo import GRPOLearner, TrainSample
 from freshroll.trainer.replay import train_samples, weights_digest
@@ -88,7 +88,7 @@ class ThreadEngine:
     continuous = False
 
     def __init__(self, engine: InferenceEngine, name: str, limits: LimitsSection,
-                 threads: StageThreads | None = None, pool: StageExecutor | None = None) -> None:
+                 threads: ThreadCounts | None = None, pool: StageExecutor | None = None) -> None:
         self.engine, self.name, self.limits = engine, name, limits
         self.threads = threads  # a sync run's generate threads, settled on its calls
         # its calls' thread: its own, a sync run's one compute thread, or an async inline
@@ -229,7 +229,7 @@ class KillableThreadEngine(ThreadEngine):
 
 
 def adapt(engine: InferenceEngine, name: str, limits: LimitsSection,
-          threads: StageThreads | None = None, pool: StageExecutor | None = None,
+          threads: ThreadCounts | None = None, pool: StageExecutor | None = None,
           ) -> ThreadEngine:
     """The adapter of a blocking engine: killable when it has ``kill()`` (a Ray actor)."""
     killable = callable(getattr(engine, "kill", None))
@@ -241,7 +241,7 @@ _current = threading.local()  # the intra-op threads this thread last set
 
 
 @contextlib.contextmanager
-def tuned(threads: StageThreads | None, rows: int) -> Iterator[None]:
+def tuned(threads: ThreadCounts | None, rows: int) -> Iterator[None]:
     """Run the block (a stage's call on its own thread) at the stage's thread count, timing
     it while the stage is still trying counts (:mod:`freshroll.stage_threads`). The count
     is per thread (each thread that computes has its own OpenMP team); set only on a change."""
@@ -262,7 +262,7 @@ class ThreadEngineFactory:
     """Makes workers' blocking engines on a thread; a second call for a name restarts it."""
 
     def __init__(self, make: Callable[[str], InferenceEngine], limits: LimitsSection,
-                 serial: bool = True, threads: StageThreads | None = None,
+                 serial: bool = True, threads: ThreadCounts | None = None,
                  pool: SharedExecutor | None = None, modes: ModeGroup | None = None) -> None:
         self.make, self.limits = make, limits
         self.threads = threads  # the generate stage's thread count (a sync run's), shared
@@ -353,9 +353,9 @@ class ThreadTrainer:
     def __init__(self, learner: GRPOLearner, buf: SampleBuffer,
                  before_commit: Callable[[PolicyVersion], None] = lambda v: None,
                  publish: Publish = clone_weights, timeout_s: float | None = None,
-                 threads: StageThreads | None = None, pool: SharedExecutor | None = None) -> None:
+                 threads: ThreadCounts | None = None, pool: SharedExecutor | None = None) -> None:
         self.learner, self.buf, self._before_commit = learner, buf, before_commit
-        self.threads = threads  # a sync run's train threads, settled on its steps
+        self.threads = threads  # a sync run's train threads (settled), an async run's by mode
         self.publish = publish
         self.settings_digest = learner.settings_digest
         self.timeout_s = timeout_s  # limits.train_timeout_s; None: unbounded (tests only)

@@ -58,6 +58,7 @@ from freshroll.events import CheckpointSaved
 from freshroll.lineage import PolicyVersion
 from freshroll.runtime.fallback import Switch
 from freshroll.runtime.threads import ModeGroup
+from freshroll.stage_threads import ModeThreads
 
 Row = dict[str, Any]  # a metrics.jsonl row (freshroll.metrics.Tally; docs/metrics.md)
 
@@ -132,9 +133,11 @@ class Notes(Observer):
 class FollowMode(Observer):
     """Each ``mode_decided`` moves an async inline run's engine calls: to the trainer's
     compute thread in the sync fallback's windows, to their own threads while async
-    (:class:`~freshroll.runtime.threads.ModeGroup`)."""
+    (:class:`~freshroll.runtime.threads.ModeGroup`); or sets an async process run's thread
+    count per call: every core in those windows, a share while async
+    (:class:`~freshroll.stage_threads.ModeThreads`)."""
 
-    def __init__(self, group: ModeGroup) -> None:
+    def __init__(self, group: ModeGroup | ModeThreads) -> None:
         self.group = group
 
     def on_mode(self, switch: Switch) -> None:

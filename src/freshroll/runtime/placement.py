@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from freshroll.config import Config
 from freshroll.procs import available_cores
 from freshroll.runtime.threads import ModeGroup, SharedExecutor
-from freshroll.stage_threads import StageThreads
+from freshroll.stage_threads import ModeThreads, StageThreads, ThreadCounts
 
 if TYPE_CHECKING:
     from freshroll.runtime.thread_probe import ThreadProbe
@@ -103,9 +103,13 @@ class Placement:
     compute: SharedExecutor | None = None
     #: an async inline run's: its engines' calls on the compute thread in sync windows
     modes: ModeGroup | None = None
+    #: an async process run's: every core for each call in sync windows (:func:`follows_mode`)
+    follow: ModeThreads | None = None
 
-    def stage(self, name: str) -> StageThreads | None:
-        return next((s for s in self.stages if s.stage == name), None)
+    def stage(self, name: str) -> ThreadCounts | None:
+        """The thread counts of a stage's calls: a sync run's settling stage, else an async
+        process run's mode-following count, else None (the process's own)."""
+        return next((s for s in self.stages if s.stage == name), self.follow)
 
     def describe(self) -> str:
         why = f"; auto: {self.reason}" if self.reason else ""
@@ -114,6 +118,8 @@ class Placement:
                     f"(1 or {self.budget.cores}) settled on its own first calls")
         elif self.modes is not None:
             why += "; the sync fallback's windows on one compute thread"
+        elif self.follow is not None:
+            why += f"; the sync fallback's windows on all {self.budget.cores} cores per call"
         elif self.compute is not None:
             why += "; generation and training on one compute thread"
         return f"{self.runtime}, {self.budget.describe()}{why}"
@@ -168,6 +174,17 @@ def one_compute_thread(cfg: Config, runtime: Runtime, injected: bool = False) ->
             and not injected)
 
 
+def follows_mode(cfg: Config, runtime: Runtime, budget: ThreadBudget,
+                 injected: bool = False) -> bool:
+    """Whether an async run's calls take every core in the sync fallback's windows
+    (:class:`~freshroll.stage_threads.ModeThreads`): the hf engine in worker processes,
+    ``run.torch_threads: auto`` sharing the cores among them, the fallback on. Its stages
+    take turns in those windows, as a sync run's do."""
+    return (cfg.run.max_staleness > 0 and runtime == "process" and budget.auto
+            and budget.worker < budget.cores and _auto_hf(cfg, injected, budget.cores)
+            and cfg.control.fallback is not False)
+
+
 def _auto_hf(cfg: Config, injected: bool, cores: int) -> bool:
     return (cfg.run.torch_threads == "auto" and cfg.rollout.engine == "hf" and not injected
             and cores >= 2)
@@ -203,8 +220,10 @@ def plan(cfg: Config, probe: ThreadProbe | None = None, *, injected: bool = Fals
     if tunes_stages(cfg, runtime, injected=injected, cores=cores):
         stages = (StageThreads("generate", cores), StageThreads("train", cores))
     compute = SharedExecutor("compute") if one_compute_thread(cfg, runtime, injected) else None
+    follow = (ModeThreads(budget.worker, cores)
+              if follows_mode(cfg, runtime, budget, injected) else None)
     return _with_modes(cfg, Placement(runtime, budget, why if rt_auto or th_auto else "", probe,
-                                      stages, compute), injected)
+                                      stages, compute, follow=follow), injected)
 
 
 def _with_modes(cfg: Config, p: Placement, injected: bool) -> Placement:
@@ -236,6 +255,7 @@ __all__ = [
     "ThreadBudget",
     "auto_runtime",
     "available_cores",
+    "follows_mode",
     "one_compute_thread",
     "plan",
     "resolve_runtime",

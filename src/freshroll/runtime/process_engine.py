@@ -17,13 +17,16 @@ platform has no ``forkserver`` it is ``spawn``. The child runs one
 ``torch.get_num_threads()`` in its ready message. Weights come through the run's
 :class:`~freshroll.runtime.shm_weights.WeightChannel`: ``load_weights`` is sent a
 :class:`~freshroll.runtime.shm_weights.SlotHandle` (the slot's reader count is held until
-the child answers) and the child copies the slot into its model.
+the child answers) and the child copies the slot into its model. A generate request may
+carry its intra-op thread count (``threads``: an async run's
+:class:`~freshroll.stage_threads.ModeThreads`, every core in the sync fallback's windows);
+the child sets it before the call when it differs.
 
 Messages are JSON objects over two one-way pipes (``Pipe(duplex=False)``, ``send_bytes`` /
 ``recv_bytes``), never pickle; each request carries an id that its answer repeats::
 
     driver -> child   {"id": n, "op": "generate", "prompts": [...], "max_new_tokens": ...,
-                       "temperature": ..., "top_p": ..., "seed": ...}
+                       "temperature": ..., "top_p": ..., "seed": ..., "threads": t | null}
                       {"id": n, "op": "load", "slot": s, "seq": q}   {"id": n, "op": "stop"}
     child -> driver   {"id": 0, "ready": true, "threads": t, "pid": p}
                       {"id": n, "ok": true, "result": ...}  |  {"id": n, "ok": false,
@@ -57,6 +60,7 @@ from typing import Any, NoReturn
 from freshroll.engines.base import Completion
 from freshroll.errors import WorkerLost, WorkerTimeout
 from freshroll.runtime.shm_weights import Layout, SlotHandle, SlotReader, WeightChannel
+from freshroll.stage_threads import ThreadCounts
 
 #: how long one wait on the child's pipe lasts before it looks whether the child is alive
 POLL_S = 0.25
@@ -165,6 +169,11 @@ def _child_main(path: str, threads: int, requests: Connection, answers: Connecti
 def _serve(engine: Any, reader: SlotReader | None, op: str | None,
            msg: Mapping[str, Any]) -> Any:
     if op == "generate":
+        if msg.get("threads"):
+            import torch
+
+            if torch.get_num_threads() != int(msg["threads"]):
+                torch.set_num_threads(int(msg["threads"]))
         comps = engine.generate(msg["prompts"], max_new_tokens=msg["max_new_tokens"],
                                 temperature=msg["temperature"], top_p=msg["top_p"],
                                 seed=msg["seed"])
@@ -210,9 +219,10 @@ class ProcessEngine:
     def __init__(
         self, path: Path, *, channel: WeightChannel | None = None, torch_threads: int = 1,
         generate_timeout_s: float = 600.0, weights_timeout_s: float = 300.0,
-        start_timeout_s: float = 300.0,
+        start_timeout_s: float = 300.0, threads: ThreadCounts | None = None,
     ) -> None:
         self._path, self.channel, self.torch_threads = str(path), channel, torch_threads
+        self.call_threads = threads  # each call's count, when it follows the fallback's mode
         self.generate_timeout_s, self.weights_timeout_s = generate_timeout_s, weights_timeout_s
         self.start_timeout_s = start_timeout_s
         self._lock = threading.Lock()  # one request/answer at a time
@@ -307,9 +317,10 @@ class ProcessEngine:
     ) -> list[Completion]:
         if isinstance(prompts, str):
             raise TypeError("prompts must be a sequence of strings, not a single string")
+        threads = self.call_threads.take()[0] if self.call_threads is not None else None
         result = self._call("generate", self.generate_timeout_s, "generate",
                             prompts=list(prompts), max_new_tokens=max_new_tokens,
-                            temperature=temperature, top_p=top_p, seed=seed)
+                            temperature=temperature, top_p=top_p, seed=seed, threads=threads)
         return [completion_from_json(d) for d in result]
 
     def load_weights(self, handle: Any) -> float:

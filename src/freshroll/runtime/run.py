@@ -80,6 +80,7 @@ from freshroll.runtime.rundir import write_text_atomic
 from freshroll.runtime.seams import AsyncScorer, AsyncTrainer, TrainerState
 from freshroll.runtime.shm_weights import WeightChannel, sweep_segments
 from freshroll.runtime.thread_probe import settle_placement
+from freshroll.stage_threads import ThreadCounts
 from freshroll.trainer.grpo import GRPOLearner
 
 if TYPE_CHECKING:
@@ -98,8 +99,8 @@ def learner_state(learner: GRPOLearner) -> TrainerState:
     return lambda: (learner.model_state(), learner.optimizer.state_dict())
 
 
-def build_engine(cfg: Config, path: Path, name: str,
-                 channel: WeightChannel | None = None) -> InferenceEngine:
+def build_engine(cfg: Config, path: Path, name: str, channel: WeightChannel | None = None,
+                 threads: ThreadCounts | None = None) -> InferenceEngine:
     """The blocking engine of worker ``name``: in this process (inline), in a child process
     reading weights from ``channel`` (process) or in a Ray actor (ray). Called on a thread by
     the engine factory, once per worker (a replacement restarts it instead)."""
@@ -109,7 +110,7 @@ def build_engine(cfg: Config, path: Path, name: str,
 
         lim = cfg.limits
         child = ProcessEngine(path, channel=channel, torch_threads=thread_budget(cfg).worker,
-                              generate_timeout_s=lim.generate_timeout_s,
+                              threads=threads, generate_timeout_s=lim.generate_timeout_s,
                               weights_timeout_s=lim.weights_timeout_s,
                               start_timeout_s=lim.worker_start_timeout_s)
         try:
@@ -267,7 +268,9 @@ def build_components(
         return Components(engines, scorer, trainer, close_vllm)
     path = prep.model_path
     def default_make(c: Config, p: Path, n: str) -> InferenceEngine:  # looked up at call time
-        return build_engine(c, p, n, channel) if channel is not None else build_engine(c, p, n)
+        if channel is None:
+            return build_engine(c, p, n)
+        return build_engine(c, p, n, channel, placement.follow if placement else None)
 
     make = make_engine or default_make
     factory = ThreadEngineFactory(
@@ -465,8 +468,9 @@ def own_watchers(cfg: Config, placement: Placement, out: Path,
     watchers of ``monitor.*`` (:func:`~freshroll.runtime.monitors.build_monitors`: the
     Prometheus endpoint, bound here, a taken port a ConfigError; TensorBoard; W&B)."""
     found: list[RunObserver] = []
-    if placement.modes is not None:  # each mode_decided moves the engines' calls
-        found.append(FollowMode(placement.modes))
+    for follow in (placement.modes, placement.follow):  # each mode_decided moves the calls
+        if follow is not None:
+            found.append(FollowMode(follow))
     return found + build_monitors(cfg, out, stream)
 
 

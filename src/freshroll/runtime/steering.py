@@ -6,6 +6,7 @@ the freshness window), the requests each worker keeps in flight (``concurrency``
 number of active workers. Initially::
 
     static:    (rollout.max_inflight_groups or 0, rollout.worker_batch, rollout.workers)
+    (worker_batch auto: RolloutSection.call_batch, the step's rollouts shared among the workers)
     adaptive:  (rollout.max_inflight_groups or limit_for(workers, concurrency), ...)  clamped
 
 Every ``control.interval_s`` of the run's clock the steering task measures the window just
@@ -79,7 +80,7 @@ def control_config(cfg: Config) -> ControlConfig:
         max_workers=c.max_workers if c.max_workers is not None else max(ro.workers, c.min_workers),
         min_concurrency=c.min_concurrency,
         max_concurrency=(c.max_concurrency if c.max_concurrency is not None
-                         else max(4 * ro.worker_batch, c.min_concurrency)),
+                         else max(4 * ro.call_batch, c.min_concurrency)),
         idle_high=c.idle_high, idle_low=c.idle_low, blocked_high=c.blocked_high,
         up_cooldown_s=c.up_cooldown_s, down_cooldown_s=c.down_cooldown_s, kv_high=c.kv_high,
     )
@@ -213,21 +214,21 @@ class Steering:
             else StaticController(self.config))
         self.state = ControllerState()
         self.meter = Meter(pipe)
-        self.settings = Settings(0, cfg.rollout.worker_batch, cfg.rollout.workers)
+        self.settings = Settings(0, cfg.rollout.call_batch, cfg.rollout.workers)
         self.decisions: list[Decision] = []
 
     def initial(self) -> Settings:
         """The settings to start from (module docstring); on resume, the last decision's."""
         ro = self.pipe.cfg.rollout
         if self.mode != "adaptive":
-            return Settings(ro.max_inflight_groups or 0, ro.worker_batch, ro.workers)
+            return Settings(ro.max_inflight_groups or 0, ro.call_batch, ro.workers)
         last = self.buf.decision
         if last is not None and last.mode == "adaptive":
             was = last.settings
             self.state = ControllerState.from_record(last.state)
             kept = self.config.clamp(Settings(was.admission_limit, was.concurrency, was.workers))
             return Settings(was.admission_limit, kept.concurrency, kept.workers)
-        s = self.config.clamp(Settings(0, ro.worker_batch, ro.workers))
+        s = self.config.clamp(Settings(0, ro.call_batch, ro.workers))
         return Settings(ro.max_inflight_groups or s.admission_limit, s.concurrency, s.workers)
 
     def apply(self, s: Settings) -> None:

@@ -128,7 +128,7 @@ def design(cfg: Config, seeds: Sequence[int]) -> dict[str, Any]:
         "max_staleness": run.max_staleness, "seeds": list(seeds),
         "batch": {"batch_groups": r.batch_groups, "group_size": r.group_size,
                   "rollouts_per_step": r.batch_groups * r.group_size},
-        "workers": r.workers, "worker_batch": r.worker_batch,
+        "workers": r.workers, "worker_batch": r.call_batch,
         "max_inflight_groups": r.max_inflight_groups,
         "control": cfg.control.model_dump(mode="json"),
         "limits": cfg.limits.model_dump(mode="json"),
