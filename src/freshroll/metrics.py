@@ -3,8 +3,7 @@
 Every number freshroll reports about a run — a ``metrics.jsonl`` row, ``summary.json``,
 the progress line and the final line on the terminal, ``report.html`` and ``freshroll
 timing`` — is one of the figures below, computed by its function here and nowhere else.
-docs/metrics.md defines each figure once; a test holds that page and :data:`FIGURES`
-to each other.
+docs/metrics.md defines each figure once; a test holds it and :data:`FIGURES` together.
 
 The ledger is folded once by a :class:`Tally` (``feed(event)``, one event at a time), and
 each figure is a function of a tally. Folding is incremental, so a live run (which feeds
@@ -102,6 +101,7 @@ class Tally:
     groups: int = 0  # committed groups (a group split over two steps counts in each)
     groups_zero_std: int = 0  # ... of which the committed members' rewards had zero std
     tokens: TokenLags = field(default_factory=TokenLags)  # oldest/newest/weighted token lags
+    step_tokens: dict[str, float] | None = None  # ... the last commit's batch means
     #: attempt -> (total reward, components, logged), until committed or discarded
     _scored: dict[str, tuple[float, dict[str, float], dict[str, float]]] = field(
         default_factory=dict)
@@ -121,15 +121,17 @@ class Tally:
 
     def feed(self, e: ev.Event) -> dict[str, Any] | None:
         """Fold one event; for a ``committed`` event, return its ``metrics.jsonl`` row."""
-        self.tokens.feed(e)
         if isinstance(e, ev.Opened):
             self._wall_done = wall_s(self)
             self._start = self._last = None
             self.max_staleness = e.max_staleness
+            self.tokens.basis = e.staleness_basis
         elif isinstance(e, ev.Started):
             self._started[e.sample] = policy_step(e.version)
         elif isinstance(e, ev.Generated):
             self.generated += 1
+            if e.last_version is not None:  # tokens of several versions
+                self.tokens.generated(e, self._started.get(e.sample))
         elif isinstance(e, ev.Rewarded):
             self._scored[e.sample] = (e.reward, e.components, e.logged)
         elif isinstance(e, ev.Leased):
@@ -146,6 +148,7 @@ class Tally:
             if e.sample is not None:
                 self._started.pop(e.sample, None)
                 self._scored.pop(e.sample, None)
+                self.tokens.spans.pop(e.sample, None)
         elif isinstance(e, ev.WeightsLoaded):
             self.transfers.append(e.transfer_s)
         elif isinstance(e, ev.ControllerDecided):
@@ -172,12 +175,15 @@ class Tally:
     def _committed(self, e: ev.Committed) -> dict[str, Any]:
         lease = self._leases.pop(e.lease, None)
         self.step_wait_s = lease[1] if lease is not None else 0.0
-        step_lags = []
+        step_lags, spans = [], self.tokens.spans
         for s in e.samples:
             gen = self._started.pop(s, None)
             if lease is not None and gen is not None:  # else a damaged ledger: verify says so
                 self.lags[lease[0] - gen] += 1
                 step_lags.append(lease[0] - gen)
+                if spans and s in spans:
+                    self.tokens.committed(lease[0], spans.pop(s))
+        self.step_tokens = self.tokens.step(step_lags)
         self.step_lags = (sum(step_lags) / len(step_lags), max(step_lags)) if step_lags else None
         previous = self._last if self._last is not None else self._start
         self.step_interval_s = e.ts - previous if previous is not None else 0.0
@@ -367,12 +373,12 @@ def lag_histogram(t: Tally) -> dict[str, int]:
 
 @figure
 def token_lag(t: Tally) -> dict[str, Any]:
-    return t.tokens.summary()
+    return t.tokens.summary(t.lags)
 
 
 @figure
 def step_token_lag(t: Tally) -> dict[str, float] | None:
-    return t.tokens.step
+    return t.step_tokens
 
 
 @figure

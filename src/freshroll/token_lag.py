@@ -9,10 +9,10 @@ started version. For each committed sample, consumed at trainer step ``v`` (its 
     newest    v - s_last                    (... on newest_token)
     weighted  v - (Σ n_i s_i) / (Σ n_i)     (token-weighted mean; binned to WEIGHTED_BIN)
 
-:class:`TokenLags` folds the ledger one event at a time (as :class:`freshroll.metrics.Tally`
-does, which holds one) and keeps, over the committed samples so far, a histogram of each
-lag, their sums, and the last commit's batch means; the figures of :mod:`freshroll.metrics`
-(``token_lag``, ``step_token_lag``) read it. A sample with no ``token_versions`` has all
+:class:`TokenLags` is fed by :class:`freshroll.metrics.Tally` (which holds one) and keeps,
+over the committed samples so far, a histogram of each lag, their sums, and the last
+commit's batch means; the figures of :mod:`freshroll.metrics` (``token_lag``,
+``step_token_lag``) read it. A sample with no ``token_versions`` has all
 three lags equal; one with ``last_version`` alone (an engine that reports no per-token
 versions: vLLM) weighs its two ends alike. :func:`lag_percentile` reads a percentile off a
 lag histogram (``lag_p50``, ``lag_p99``).
@@ -62,66 +62,59 @@ def lag_percentile(lags: Counter[int], q: float) -> float:
 
 
 class TokenLags:
-    """Per committed sample: the lag of its oldest token, newest token and token-weighted."""
+    """The token lags of the committed samples whose tokens span versions, fed by
+    :class:`freshroll.metrics.Tally` (which counts every committed sample's oldest-token lag
+    in ``Tally.lags``): a sample of one version has its three lags equal, so it costs
+    nothing here; :meth:`summary` adds those back from the oldest-token histogram."""
 
     def __init__(self) -> None:
         self.basis = "oldest_token"  # the last opened's run.staleness_basis
-        self.hist: dict[str, Counter[str]] = {k: Counter() for k in KINDS}
-        self.sums: dict[str, float] = dict.fromkeys(KINDS, 0.0)
-        self.max: dict[str, float] = dict.fromkeys(KINDS, 0.0)
-        self.samples = 0  # committed samples folded
-        self.spanning = 0  # ... of which their tokens span versions
-        self.step: dict[str, float] | None = None  # the last commit's batch means
-        self._started: dict[str, int] = {}  # attempt -> its started step
-        self._spans: dict[str, list[tuple[int, int]]] = {}  # attempt -> (step, tokens)
-        self._leases: dict[str, int] = {}  # lease -> its consuming step
+        self.spans: dict[str, list[tuple[int, int]]] = {}  # attempt -> (step, tokens)
+        self.hist: dict[str, Counter[str]] = {k: Counter() for k in KINDS}  # spanning ones
+        self.sums: dict[str, float] = dict.fromkeys(KINDS, 0.0)  # ... their lags' sums
+        self.top: dict[str, float] = dict.fromkeys(KINDS, 0.0)  # ... their largest lag
+        self.spanning = 0  # committed samples whose tokens span versions
+        self.batch: dict[str, float] = dict.fromkeys(KINDS, 0.0)  # the commit's, per kind
 
-    def feed(self, e: ev.Event) -> None:
-        if isinstance(e, ev.Started):
-            self._started[e.sample] = policy_step(e.version)
-        elif isinstance(e, ev.Generated):
-            if e.token_versions:
-                self._spans[e.sample] = [(policy_step(v), n) for v, n in e.token_versions]
-            elif e.last_version is not None and e.sample in self._started:  # ends only
-                self._spans[e.sample] = [(self._started[e.sample], 0),
-                                         (policy_step(e.last_version), 0)]
-        elif isinstance(e, ev.Leased):
-            self._leases[e.lease] = policy_step(e.version)
-        elif isinstance(e, ev.Committed):
-            self._committed(e)
-        elif isinstance(e, ev.Discarded) and e.sample is not None:
-            self._started.pop(e.sample, None)
-            self._spans.pop(e.sample, None)
-        elif isinstance(e, ev.Opened):
-            self.basis = e.staleness_basis
+    def generated(self, e: ev.Generated, first: int | None) -> None:
+        """A ``generated`` event with ``last_version`` (``first``: its started step)."""
+        if e.token_versions:
+            self.spans[e.sample] = [(policy_step(v), n) for v, n in e.token_versions]
+        elif e.last_version is not None and first is not None:  # its ends only
+            self.spans[e.sample] = [(first, 0), (policy_step(e.last_version), 0)]
 
-    def _committed(self, e: ev.Committed) -> None:
-        v = self._leases.pop(e.lease, None)
-        batch: dict[str, list[float]] = {k: [] for k in KINDS}
-        for s in e.samples:
-            first = self._started.pop(s, None)
-            spans = self._spans.pop(s, None)
-            if v is None or first is None:  # a damaged ledger: verify says so
-                continue
-            lags = token_lags(v, spans or [(first, 1)])
-            self.samples += 1
-            self.spanning += spans is not None
-            for kind, lag in zip(KINDS, lags, strict=True):
-                self.hist[kind][weighted_bin(lag) if kind == "weighted" else str(int(lag))] += 1
-                self.sums[kind] += lag
-                self.max[kind] = max(self.max[kind], lag)
-                batch[kind].append(lag)
-        self.step = ({k: sum(x) / len(x) for k, x in batch.items()} if batch["oldest"]
-                     else None)
+    def committed(self, consumer: int, spans: list[tuple[int, int]]) -> None:
+        """One committed sample of ``spans`` consumed at step ``consumer``."""
+        self.spanning += 1
+        for kind, lag in zip(KINDS, token_lags(consumer, spans), strict=True):
+            self.hist[kind][weighted_bin(lag) if kind == "weighted" else str(int(lag))] += 1
+            self.sums[kind] += lag
+            self.top[kind] = max(self.top[kind], lag)
+            self.batch[kind] += lag
 
-    def summary(self) -> dict[str, Any]:
+    def step(self, oldest_lags: list[int]) -> dict[str, float] | None:
+        """The batch means of the commit just folded (``oldest_lags``: each committed
+        sample's oldest-token lag); resets the batch."""
+        batch, self.batch = self.batch, dict.fromkeys(KINDS, 0.0)
+        if not oldest_lags:
+            return None
+        plain = sum(oldest_lags) - batch["oldest"]  # the one-version samples' lags
+        return {k: (plain + x) / len(oldest_lags) for k, x in batch.items()}
+
+    def summary(self, lags: Counter[int]) -> dict[str, Any]:
         """``{"basis", "samples", "spanning", "oldest" | "newest" | "weighted": {"mean",
-        "max", "histogram"}}`` over the committed samples so far."""
-        n = self.samples
+        "max", "histogram"}}`` over the committed samples so far (``lags``: all of them by
+        oldest-token lag)."""
+        plain = Counter({f"{lag:g}": k for lag, k in lags.items()})
+        plain.subtract(self.hist["oldest"])
+        n = sum(lags.values())
+        plain_sum = sum(lag * k for lag, k in lags.items()) - self.sums["oldest"]
+        plain_top = max((float(x) for x, k in plain.items() if k > 0), default=0.0)
         out: dict[str, Any] = {"basis": self.basis, "samples": n, "spanning": self.spanning}
         for kind in KINDS:
-            hist = self.hist[kind]
-            out[kind] = {"mean": self.sums[kind] / n if n else 0.0, "max": self.max[kind],
+            hist = +(plain + self.hist[kind])
+            out[kind] = {"mean": (plain_sum + self.sums[kind]) / n if n else 0.0,
+                         "max": max(plain_top, self.top[kind]),
                          "histogram": {k: hist[k] for k in sorted(hist, key=float)}}
         return out
 
