@@ -47,3 +47,15 @@ def test_the_vllm_engine_gets_the_setting_in_force() -> None:
 def test_every_config_in_the_repo_still_loads() -> None:
     for path in sorted((REPO / "configs").glob("*.yaml")):
         load_config(path, [])
+
+
+def test_hf_continue_or_abort_needs_inline_workers() -> None:
+    from freshroll.runtime.prepare import check_on_update
+
+    for runtime in ("process", "ray"):
+        with pytest.raises(ConfigError, match=r"run\.runtime=inline"):
+            check_on_update(load_config(None, ["rollout.on_update=continue",
+                                               f"run.runtime={runtime}"]))
+    check_on_update(load_config(None, ["rollout.on_update=continue", "run.runtime=inline"]))
+    check_on_update(load_config(None, ["rollout.on_update=finish", "run.runtime=process"]))
+    check_on_update(load_config(None, ["rollout.engine=sim", "rollout.on_update=continue"]))
