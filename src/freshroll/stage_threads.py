@@ -118,37 +118,37 @@ class ThreadCounts(Protocol):
 
 
 class ModeThreads:
-    """An async run's compute processes' thread count by the sync fallback's mode.
+    """An async run's stage in worker processes: its thread count by the sync fallback's mode.
 
     An async ``process`` run gives the trainer and each worker process a share of the cores
-    (one each on two cores), since their calls overlap. In the fallback's sync windows they
-    take turns, so each call gets all the cores: the window then measures the sync run a
-    user would otherwise run (both stages at full threads), not a sync run on a core's share,
-    and the fallback keeps async only where it beats that (issue 25: at a 1M-parameter
-    model the async run measured "1.53x the sync window" on one thread per process and was
-    0.84x the sync run on two)::
+    (one each on two cores), since their calls overlap. In the fallback's sync windows the
+    stages take turns, as a sync run's do, so there each stage settles 1 or all the cores on
+    its own calls (``sync``, a :class:`StageThreads`): the window then measures the sync run a
+    user would otherwise run, not a sync run on a core's share, and the fallback keeps async
+    only where it beats that (issue 25: at a 1M-parameter model the async run measured "1.53x
+    the sync window" on one thread per process and was 0.84x the sync run on two)::
 
-        async windows    shared   (the placement's budget per process)
-        sync windows     full     (every core this process may use)
+        async windows    shared            (the placement's budget per process), untimed
+        sync windows     sync.take()       trials, then the settled count (module doc)
 
-    Thread-safe (a plain attribute read); :meth:`take` never asks for timing."""
+    A call taken in one mode and finished in the other is not recorded."""
 
-    def __init__(self, shared: int, full: int) -> None:
-        if shared < 1 or full < shared:
-            raise ValueError(f"threads: shared {shared}, full {full}: need 1 <= shared <= full")
-        self.shared, self.full, self.mode = shared, full, "async"
+    def __init__(self, shared: int, sync: StageThreads) -> None:
+        if not 1 <= shared <= sync.many:
+            raise ValueError(f"{sync.stage}: shared {shared} threads, need 1 <= shared <= "
+                             f"{sync.many}")
+        self.shared, self.sync, self.mode = shared, sync, "async"
+        self.stage = sync.stage
 
     def set_mode(self, mode: str) -> None:
         self.mode = mode
 
-    def count(self) -> int:
-        return self.full if self.mode == "sync" else self.shared
-
     def take(self) -> tuple[int, bool]:
-        return self.count(), False
+        return self.sync.take() if self.mode == "sync" else (self.shared, False)
 
     def record(self, threads: int, seconds: float, rows: int) -> None:
-        """Nothing to settle: the count follows the mode."""
+        if self.mode == "sync":
+            self.sync.record(threads, seconds, rows)
 
 
 __all__ = ["DECISIVE", "MARGIN", "ModeThreads", "StageThreads", "ThreadCounts"]

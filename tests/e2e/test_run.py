@@ -69,7 +69,7 @@ def test_a_sync_run_settles_each_stage_on_its_first_steps(tmp_path: Path, small:
         assert got["settled"] in (1, 2) and got["many"] == 2 and got["gain"] > 0
         assert [len(v) for v in got["seconds_per_row"].values()] == [3, 3]
     assert placed["stages"]["train"]["calls"] == 8
-    assert "intra-op threads, settled on the first steps: generate" in proc.stderr
+    assert "intra-op threads, settled on their own calls: generate" in proc.stderr
     assert "settled on its own first calls" in proc.stderr  # the start line says so
     assert "one compute thread" in proc.stderr
 

@@ -101,14 +101,27 @@ def test_nothing_to_choose_is_refused():
         StageThreads("train", 2, trials=1)
 
 
-def test_mode_threads_follow_the_fallback_mode_untimed():
-    t = ModeThreads(shared=1, full=4)
-    assert t.take() == (1, False)  # async: the placement's share
+def test_mode_threads_share_while_async_and_settle_in_sync_windows():
+    t = ModeThreads(shared=1, sync=StageThreads("train", many=4, warmup=1, trials=2))
+    assert t.stage == "train" and t.take() == (1, False)  # async: the placement's share
+    t.record(1, 1.0, 10)  # an async call is never recorded
     t.set_mode("sync")
-    assert t.take() == (4, False) and t.count() == 4  # sync windows: every core
-    t.record(4, 1.0, 10)  # nothing to settle
+    given = []
+    while t.sync.settled is None:  # the sync windows' calls settle the stage
+        n, timed = t.take()
+        given.append(n)
+        if timed:
+            t.record(n, {1: 1.0, 4: 0.9}[n] * 10, 10)
+    assert given == [4, 1, 4, 1, 4] and t.take() == (4, False)
+    assert t.sync.timed == {1: [1.0, 1.0], 4: [0.9, 0.9]}
     t.set_mode("async")
     assert t.take() == (1, False)
-    for shared, full in ((0, 2), (3, 2)):
-        with pytest.raises(ValueError, match="1 <= shared <= full"):
-            ModeThreads(shared, full)
+    t = ModeThreads(shared=1, sync=StageThreads("generate", many=2, warmup=0))
+    t.set_mode("sync")
+    n, timed = t.take()
+    t.set_mode("async")  # switched while the call ran: its time is not a sync window's
+    t.record(n, 1.0, 1)
+    assert t.sync.timed == {1: [], 2: []}
+    for shared in (0, 3):
+        with pytest.raises(ValueError, match="need 1 <= shared <= 2"):
+            ModeThreads(shared, StageThreads("train", 2))

@@ -36,8 +36,9 @@ def test_an_explicit_runtime_is_kept_and_auto_says_why(monkeypatch: pytest.Monke
     assert resolve_runtime(_cfg()) == rt
     # the start line's words: what runs, its threads, and why for what was auto
     p = placement.plan(_cfg(), cores=2)
-    assert p.describe() == (f"{rt}, {p.budget.describe()}; auto: {why}; the sync fallback's "
-                            "windows on all 2 cores per call")
+    assert p.describe() == (f"{rt}, {p.budget.describe()}; auto: {why}; in the sync "
+                            "fallback's windows each stage's threads (1 or 2) settled on its "
+                            "own calls")
     assert placement.plan(_cfg(runtime="inline", torch_threads=1), cores=2).describe() == \
         "inline, torch threads 1 (run.torch_threads, 2 cores)"
 
@@ -91,24 +92,29 @@ def test_an_async_process_run_takes_every_core_per_call_in_sync_windows():
     from freshroll.runtime.run import own_watchers
 
     p = placement.plan(_cfg(max_staleness=1), _probe(0.8), cores=2)
-    assert p.runtime == "process" and p.follow is not None
-    assert (p.follow.shared, p.follow.full) == (1, 2) and p.follow.count() == 1
-    assert p.stage("train") is p.follow and p.stage("generate") is p.follow
-    assert "sync fallback's windows on all 2 cores per call" in p.describe()
-    [follow] = [w for w in own_watchers(_cfg(max_staleness=1), p, Path("."), io.StringIO())
-                if isinstance(w, FollowMode)]
-    for mode, want in (("sync", 2), ("async", 1)):
-        follow.on_mode(Switch(5, cast(Mode, mode), 0, "probe", "a test's switch"))
-        assert p.follow.take() == (want, False)
+    assert p.runtime == "process" and [f.stage for f in p.follow] == ["generate", "train"]
+    gen, train = p.follow
+    assert (gen.shared, gen.sync.many, train.shared, train.sync.many) == (1, 2, 1, 2)
+    assert p.stage("generate") is gen and p.stage("train") is train
+    assert "sync fallback's windows each stage's threads (1 or 2) settled" in p.describe()
+    follows = [w for w in own_watchers(_cfg(max_staleness=1), p, Path("."), io.StringIO())
+               if isinstance(w, FollowMode)]
+    assert len(follows) == 2
+    for mode, want in (("sync", (2, False)), ("async", (1, False))):
+        for f in follows:
+            f.on_mode(Switch(5, cast(Mode, mode), 0, "probe", "a test's switch"))
+        assert gen.take() == want and train.take() == want  # sync: the untimed warm-up call
+    assert p.settled_stages().startswith("sync windows: generate: not settled")
+    assert set(p.as_dict()["sync_window_stages"]) == {"generate", "train"}
     # nothing to follow: a sync run, threads set, the fallback off, one core, inline, sim
     off = validate({"run": {"max_staleness": 1}, "control": {"fallback": False}}, "test")
     for cfg, cores in ((_cfg(max_staleness=0), 2), (_cfg(max_staleness=1, torch_threads=1), 2),
                        (off, 2), (_cfg(max_staleness=1, runtime="process"), 1),
                        (_cfg(max_staleness=1, runtime="inline"), 2),
                        (_cfg(max_staleness=1, engine="sim"), 2)):
-        assert placement.plan(cfg, _probe(0.8), cores=cores).follow is None, cfg.run
+        assert placement.plan(cfg, _probe(0.8), cores=cores).follow == (), cfg.run
     assert placement.plan(_cfg(max_staleness=1), _probe(0.8), cores=2,
-                          injected=True).follow is None
+                          injected=True).follow == ()
 
 
 def test_where_threads_do_not_pay_the_fixed_rule_holds():

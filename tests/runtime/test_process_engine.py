@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -90,17 +91,27 @@ def test_the_child_reports_its_thread_budget(engine: ProcessEngine):
     assert engine.threads() == 1
 
 
-def test_a_call_runs_at_the_count_its_mode_asks_for(model_dir: Path):
-    from freshroll.stage_threads import ModeThreads
+def test_a_call_runs_at_its_calling_threads_count(model_dir: Path):
+    from freshroll.runtime.adapters import tuned
+    from freshroll.stage_threads import ModeThreads, StageThreads
 
-    follow = ModeThreads(shared=1, full=2)
-    e = ProcessEngine(model_dir, torch_threads=1, start_timeout_s=120.0, threads=follow)
+    stage = ModeThreads(shared=1, sync=StageThreads("generate", many=2, warmup=1))
+    e = ProcessEngine(model_dir, torch_threads=1, start_timeout_s=120.0, follow_threads=True)
+    seen: list[tuple[int, int]] = []
+
+    def calls() -> None:  # the adapter's thread: tuned() sets its count, the child follows
+        for mode in ("sync", "sync", "async"):
+            stage.set_mode(mode)
+            with tuned(stage, rows=1):
+                e.generate(PROMPTS[:1], max_new_tokens=2, seed=0)
+                seen.append((torch.get_num_threads(), e.threads()))
+
     try:
         e.wait_ready()
-        for mode, want in (("sync", 2), ("async", 1)):
-            follow.set_mode(mode)
-            e.generate(PROMPTS[:1], max_new_tokens=2, seed=0)
-            assert e.threads() == want
+        t = threading.Thread(target=calls)
+        t.start()
+        t.join()
+        assert seen == [(2, 2), (1, 1), (1, 1)]  # warm-up at 2, a trial at 1, async's share
     finally:
         e.stop()
 

@@ -103,13 +103,15 @@ class Placement:
     compute: SharedExecutor | None = None
     #: an async inline run's: its engines' calls on the compute thread in sync windows
     modes: ModeGroup | None = None
-    #: an async process run's: every core for each call in sync windows (:func:`follows_mode`)
-    follow: ModeThreads | None = None
+    #: an async process run's stages (generate, train): in sync windows each settles 1 or
+    #: all the cores on its own calls, a share while async (:func:`follows_mode`)
+    follow: tuple[ModeThreads, ...] = ()
 
     def stage(self, name: str) -> ThreadCounts | None:
         """The thread counts of a stage's calls: a sync run's settling stage, else an async
-        process run's mode-following count, else None (the process's own)."""
-        return next((s for s in self.stages if s.stage == name), self.follow)
+        process run's mode-following one, else None (the process's own)."""
+        counts: list[StageThreads | ModeThreads] = [*self.stages, *self.follow]
+        return next((s for s in counts if s.stage == name), None)
 
     def describe(self) -> str:
         why = f"; auto: {self.reason}" if self.reason else ""
@@ -118,14 +120,17 @@ class Placement:
                     f"(1 or {self.budget.cores}) settled on its own first calls")
         elif self.modes is not None:
             why += "; the sync fallback's windows on one compute thread"
-        elif self.follow is not None:
-            why += f"; the sync fallback's windows on all {self.budget.cores} cores per call"
+        elif self.follow:
+            why += (f"; in the sync fallback's windows each stage's threads (1 or "
+                    f"{self.budget.cores}) settled on its own calls")
         elif self.compute is not None:
             why += "; generation and training on one compute thread"
         return f"{self.runtime}, {self.budget.describe()}{why}"
 
     def settled_stages(self) -> str:
         """What the stages settled on, for the run's last lines ("" without stages)."""
+        if self.follow:
+            return "sync windows: " + "; ".join(f.sync.describe() for f in self.follow)
         return "; ".join(s.describe() for s in self.stages)
 
     def as_dict(self) -> dict[str, Any]:
@@ -133,7 +138,8 @@ class Placement:
                 "worker_threads": self.budget.worker, "cores": self.budget.cores,
                 "reason": self.reason,
                 "probe": self.probe.as_dict() if self.probe is not None else None,
-                "stages": {s.stage: s.as_dict() for s in self.stages}}
+                "stages": {s.stage: s.as_dict() for s in self.stages},
+                "sync_window_stages": {f.stage: f.sync.as_dict() for f in self.follow}}
 
 
 def wants_probe(cfg: Config, *, injected: bool = False, cores: int | None = None) -> bool:
@@ -220,8 +226,9 @@ def plan(cfg: Config, probe: ThreadProbe | None = None, *, injected: bool = Fals
     if tunes_stages(cfg, runtime, injected=injected, cores=cores):
         stages = (StageThreads("generate", cores), StageThreads("train", cores))
     compute = SharedExecutor("compute") if one_compute_thread(cfg, runtime, injected) else None
-    follow = (ModeThreads(budget.worker, cores)
-              if follows_mode(cfg, runtime, budget, injected) else None)
+    follow = (tuple(ModeThreads(budget.worker, StageThreads(name, cores))
+                    for name in ("generate", "train"))
+              if follows_mode(cfg, runtime, budget, injected) else ())
     return _with_modes(cfg, Placement(runtime, budget, why if rt_auto or th_auto else "", probe,
                                       stages, compute, follow=follow), injected)
 

@@ -18,9 +18,10 @@ platform has no ``forkserver`` it is ``spawn``. The child runs one
 :class:`~freshroll.runtime.shm_weights.WeightChannel`: ``load_weights`` is sent a
 :class:`~freshroll.runtime.shm_weights.SlotHandle` (the slot's reader count is held until
 the child answers) and the child copies the slot into its model. A generate request may
-carry its intra-op thread count (``threads``: an async run's
-:class:`~freshroll.stage_threads.ModeThreads`, every core in the sync fallback's windows);
-the child sets it before the call when it differs.
+carry its intra-op thread count (``threads``); with ``follow_threads`` it is the calling
+thread's own count, which :func:`~freshroll.runtime.adapters.tuned` set for the call (an
+async run's :class:`~freshroll.stage_threads.ModeThreads`: a share while async, in the sync
+fallback's windows 1 or every core); the child sets it before the call when it differs.
 
 Messages are JSON objects over two one-way pipes (``Pipe(duplex=False)``, ``send_bytes`` /
 ``recv_bytes``), never pickle; each request carries an id that its answer repeats::
@@ -60,7 +61,6 @@ from typing import Any, NoReturn
 from freshroll.engines.base import Completion
 from freshroll.errors import WorkerLost, WorkerTimeout
 from freshroll.runtime.shm_weights import Layout, SlotHandle, SlotReader, WeightChannel
-from freshroll.stage_threads import ThreadCounts
 
 #: how long one wait on the child's pipe lasts before it looks whether the child is alive
 POLL_S = 0.25
@@ -192,6 +192,12 @@ def _serve(engine: Any, reader: SlotReader | None, op: str | None,
     raise ValueError(f"unknown request {op!r}")
 
 
+def _calling_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
 def _orphaned(shm: str | None) -> None:
     if shm:
         from freshroll.runtime.shm_weights import unlink_quietly
@@ -219,10 +225,10 @@ class ProcessEngine:
     def __init__(
         self, path: Path, *, channel: WeightChannel | None = None, torch_threads: int = 1,
         generate_timeout_s: float = 600.0, weights_timeout_s: float = 300.0,
-        start_timeout_s: float = 300.0, threads: ThreadCounts | None = None,
+        start_timeout_s: float = 300.0, follow_threads: bool = False,
     ) -> None:
         self._path, self.channel, self.torch_threads = str(path), channel, torch_threads
-        self.call_threads = threads  # each call's count, when it follows the fallback's mode
+        self.follow_threads = follow_threads  # each call at its calling thread's count
         self.generate_timeout_s, self.weights_timeout_s = generate_timeout_s, weights_timeout_s
         self.start_timeout_s = start_timeout_s
         self._lock = threading.Lock()  # one request/answer at a time
@@ -317,7 +323,7 @@ class ProcessEngine:
     ) -> list[Completion]:
         if isinstance(prompts, str):
             raise TypeError("prompts must be a sequence of strings, not a single string")
-        threads = self.call_threads.take()[0] if self.call_threads is not None else None
+        threads = _calling_threads() if self.follow_threads else None
         result = self._call("generate", self.generate_timeout_s, "generate",
                             prompts=list(prompts), max_new_tokens=max_new_tokens,
                             temperature=temperature, top_p=top_p, seed=seed, threads=threads)

@@ -110,7 +110,8 @@ def build_engine(cfg: Config, path: Path, name: str, channel: WeightChannel | No
 
         lim = cfg.limits
         child = ProcessEngine(path, channel=channel, torch_threads=thread_budget(cfg).worker,
-                              threads=threads, generate_timeout_s=lim.generate_timeout_s,
+                              follow_threads=threads is not None,
+                              generate_timeout_s=lim.generate_timeout_s,
                               weights_timeout_s=lim.weights_timeout_s,
                               start_timeout_s=lim.worker_start_timeout_s)
         try:
@@ -270,7 +271,7 @@ def build_components(
     def default_make(c: Config, p: Path, n: str) -> InferenceEngine:  # looked up at call time
         if channel is None:
             return build_engine(c, p, n)
-        return build_engine(c, p, n, channel, placement.follow if placement else None)
+        return build_engine(c, p, n, channel, placement.stage("generate") if placement else None)
 
     make = make_engine or default_make
     factory = ThreadEngineFactory(
@@ -454,8 +455,8 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
     if line and (cfg.run.progress or "did not pay" in line):  # a loss is always said
         stream.write(line + "\n")
         stream.flush()
-    if placement.stages and cfg.run.progress:
-        stream.write(f"intra-op threads, settled on the first steps: "
+    if (placement.stages or placement.follow) and cfg.run.progress:
+        stream.write(f"intra-op threads, settled on their own calls: "
                      f"{placement.settled_stages()}\n")
         stream.flush()
     return RunResult(out, done.summary, done.verified.ok)
@@ -468,7 +469,7 @@ def own_watchers(cfg: Config, placement: Placement, out: Path,
     watchers of ``monitor.*`` (:func:`~freshroll.runtime.monitors.build_monitors`: the
     Prometheus endpoint, bound here, a taken port a ConfigError; TensorBoard; W&B)."""
     found: list[RunObserver] = []
-    for follow in (placement.modes, placement.follow):  # each mode_decided moves the calls
+    for follow in (placement.modes, *placement.follow):  # each mode_decided moves the calls
         if follow is not None:
             found.append(FollowMode(follow))
     return found + build_monitors(cfg, out, stream)
