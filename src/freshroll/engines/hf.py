@@ -102,8 +102,10 @@ class HFEngine:
         path: str | os.PathLike[str],
         device: str | torch.device = "cpu",
         dtype: torch.dtype | str | None = None,
+        on_update: str | None = None,
     ) -> HFEngine:
-        """Load a model directory from local disk only (nothing is ever downloaded)."""
+        """Load a model directory from local disk only (nothing is ever downloaded);
+        ``on_update``: ``rollout.on_update`` (the module docstring)."""
         root = Path(path)
         if not root.is_dir():
             raise ConfigError(f"model path {str(root)!r} does not exist or is not a directory")
@@ -115,7 +117,9 @@ class HFEngine:
         with loading_model(root):
             model = AutoModelForCausalLM.from_pretrained(root, **kwargs)
             tokenizer = AutoTokenizer.from_pretrained(root, local_files_only=True)
-        return cls(model, tokenizer, device=device)
+        engine = cls(model, tokenizer, device=device)
+        engine.on_update = on_update
+        return engine
 
     # --- InferenceEngine ----------------------------------------------------------------
 

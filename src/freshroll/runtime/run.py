@@ -134,9 +134,7 @@ def build_engine(cfg: Config, path: Path, name: str, channel: WeightChannel | No
         return actor
     from freshroll.engines.hf import HFEngine  # transformers: only when a model is loaded
 
-    engine = HFEngine.from_pretrained(path)
-    engine.on_update = cfg.rollout.on_update  # continue / abort: swaps under a running call
-    return engine
+    return HFEngine.from_pretrained(path, on_update=cfg.rollout.on_update)
 
 
 #: ``(cfg, model path, worker name) -> engine``: what the hf engine factory calls on a thread
