@@ -4,16 +4,20 @@ lags, and a resume (also one cut in the middle of an update) keeps every invaria
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
+from async_fakes import AsyncHarness, Factory, Trainer
 
 from freshroll import events as ev
 from freshroll.buffer import KernelConfig, SampleBuffer
 from freshroll.clock import VirtualClock
 from freshroll.config import load_config
+from freshroll.engines.base import Completion
 from freshroll.harness.verify import verify_ledger, verify_run
 from freshroll.ledger import Ledger
 from freshroll.lineage import PolicyVersion, RewardVersion, request_id
@@ -116,3 +120,66 @@ def test_finish_and_abort_sim_runs_verify(tmp_path: Path, mode: str) -> None:
     report = verify_run(out)
     assert report.ok, report.violations
     assert not any(isinstance(e, ev.Generated) and e.token_versions for e in events(out))
+
+
+class SwappingLockStep:
+    """A lock-step engine that takes weights under a running call (as the HF engine under
+    continue): a call of requests making 8 tokens each over ``call_s``; a load at loop time
+    ``t`` splits every running request's tokens at ``t``."""
+
+    continuous, swaps_in_flight = False, True
+
+    def __init__(self, call_s: float) -> None:
+        self.call_s, self.ordinal, self.swaps = call_s, 0, [(0.0, 0)]  # (at, ordinal)
+        self.under_call = 0  # loads that came while a call ran
+
+    async def generate(self, requests: Any, params: Any, seed: int, emit: Any) -> None:
+        t0, first = asyncio.get_running_loop().time(), self.ordinal
+        self.running = True
+        try:
+            await asyncio.sleep(self.call_s)
+        finally:
+            self.running = False
+        spans, prev, made = [], first, 0
+        for at, k in self.swaps:
+            if k > first:
+                upto = min(8, int(8 * (at - t0) / self.call_s))
+                spans.append((prev, upto - made))
+                prev, made = k, upto
+        spans.append((prev, 8 - made))
+        for i in range(len(requests)):
+            emit(i, Completion((), (), (), "ab", "length", self.call_s, n_tokens=8,
+                               version_spans=tuple((k, n) for k, n in spans if n > 0)))
+
+    async def load_weights(self, weights: Any) -> float:
+        self.ordinal += 1
+        self.swaps.append((asyncio.get_running_loop().time(), self.ordinal))
+        self.under_call += getattr(self, "running", False)
+        return 0.0
+
+    async def cancel(self, samples: Any) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+
+def test_a_lock_step_worker_loads_each_version_under_its_running_call(tmp_path: Path) -> None:
+    """The pool loads a new version beside a running lock-step call of an engine that takes
+    weights under it, and the completions' spans become token_versions (virtual time)."""
+    engines: list[SwappingLockStep] = []
+
+    def make(name: str) -> SwappingLockStep:
+        engines.append(SwappingLockStep(call_s=3.0))
+        return engines[-1]
+
+    h = AsyncHarness(tmp_path, factory=Factory(startup_s=0.1, make=make), trainer=Trainer(0.5),
+                     overrides=["run.steps=6", "run.max_staleness=2", "rollout.workers=1",
+                                "rollout.batch_groups=1", "rollout.worker_batch=4"])
+    assert h.run() is None
+    assert sum(e.under_call for e in engines) >= 1
+    spanning = [e for e in h.events(ev.Generated) if e.token_versions]
+    assert spanning and all(sum(n for _, n in e.token_versions) == 8 for e in spanning)
+    h.buf.shutdown("done")
+    report = h.verify()
+    assert report.ok, report.violations
