@@ -81,6 +81,7 @@ from freshroll.state import (
     _Group,
     _Request,
 )
+from freshroll.stop_at_target import stop_at_target
 
 
 class Outcome(Enum):
@@ -107,7 +108,6 @@ class KernelConfig:
         if self.staleness_basis not in STALENESS_BASES:
             raise ConfigError(f"staleness_basis must be one of {STALENESS_BASES}")
 
-
 class SampleBuffer(BufferQueries):
     """The lifecycle kernel. Not thread-safe: one owner (the orchestrator) calls it. Its
     read-only queries are :class:`~freshroll.buffer_queries.BufferQueries`'."""
@@ -117,6 +117,7 @@ class SampleBuffer(BufferQueries):
         self.ledger, self.config, self.clock, self.run_id = ledger, config, clock, run_id
         self._admission_limit = config.max_inflight_groups
         self._lookahead = config.max_staleness
+        self.stopped: list[tuple[SampleId, str, int]] = []  # see freshroll.stop_at_target
 
     # == opening and recovery ============================================================
     @classmethod
@@ -175,8 +176,9 @@ class SampleBuffer(BufferQueries):
             if group.dropping is not None:
                 self._discard_group(group, group.dropping, "completed on recovery")
         for group in self._groups.values():
-            if group.state == G_RUNNING and group.open == 0:
-                self._settle(group)
+            if group.state == G_RUNNING:
+                stop_at_target(self, group)  # a stop at target cut by the crash
+                self._settle(group)  # ready if it has no open member
 
     # == admission ===================================================================
     @property
@@ -221,15 +223,17 @@ class SampleBuffer(BufferQueries):
             free_slots=free,
         )
 
-    def admit(self, prompt_id: str) -> GroupId:
-        """Admit one prompt as a group of ``group_size`` queued requests."""
+    def admit(self, prompt_id: str, extra: int = 0) -> GroupId:
+        """Admit one prompt as a group of ``group_size`` (+ ``extra``: over-provisioned, it
+        stops at target, :mod:`freshroll.stop_at_target`) queued requests."""
         if self.capacity() <= 0:
             raise StateError("admission window is full: check capacity() before admit()")
-        gid = group_id(len(self._groups))
-        self._emit(ev.Requested(
-            ts=self.clock.now(), group=gid, prompt_id=prompt_id, size=self.config.group_size,
-            version=self._version_str,
-        ))
+        if not isinstance(extra, int) or extra < 0:
+            raise StateError(f"extra requests must be an integer >= 0, got {extra!r}")
+        gid, size = group_id(len(self._groups)), self.config.group_size
+        self._emit(ev.Requested(ts=self.clock.now(), group=gid, prompt_id=prompt_id,
+                                size=size + extra, version=self._version_str,
+                                target=size if extra else None))
         return gid
 
     # == workers =====================================================================
@@ -320,6 +324,8 @@ class SampleBuffer(BufferQueries):
             self._refuse(event)
         self.ledger.append(event)
         self._generated(req, event)
+        if req.group.target < len(req.group.members) and stop_at_target(self, req.group):
+            self._settle(req.group)
         return Outcome.ACCEPTED
 
     def reward(
@@ -583,11 +589,8 @@ class SampleBuffer(BufferQueries):
 
     def _discard_group(self, group: _Group, reason: ev.DiscardReason, detail: str) -> None:
         for sid in list(group.samples):
-            self._emit(ev.Discarded(
-                ts=self.clock.now(), request=request_of(sid), sample=sid, reason=reason,
-                detail=detail,
-            ))
-
+            self._emit(ev.Discarded(ts=self.clock.now(), request=request_of(sid), sample=sid,
+                                    reason=reason, detail=detail))
 
 
 def replay_ledger(ledger: Ledger, config: KernelConfig, clock: Clock) -> SampleBuffer:

@@ -37,6 +37,12 @@ class GroupStatus:
     done: int  # members generated or rewarded
     running: tuple[tuple[SampleId, str, int], ...]  # (sample, worker, epoch), running attempts
     queued: tuple[RequestId, ...]  # members waiting for a (new) attempt
+    target: int = 0  # members it keeps (over-provisioned: < size); 0: size
+
+    @property
+    def keeps(self) -> int:
+        """Members the group keeps at most: its target, else its size."""
+        return self.target or self.size
 
     @property
     def open(self) -> int:
@@ -95,8 +101,9 @@ class BufferQueries(BufferState):
                     running.append((req.sample, *req.worker))  # type: ignore[misc]  # running: sample and worker are set
                 elif req.state == QUEUED:
                     queued.append(req.id)
-            out.append(GroupStatus(group.id, len(group.members), group.started_at, done,
-                                   tuple(running), tuple(queued)))
+            size = len(group.members)
+            out.append(GroupStatus(group.id, size, group.started_at, done, tuple(running),
+                                   tuple(queued), group.target if group.target < size else 0))
         return out
 
     def request_state(self, request: str) -> str:

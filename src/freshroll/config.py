@@ -410,7 +410,8 @@ class ControlSection(_Section):
 
 
 class TailSection(_Section):
-    """Long tails: a deadline per group (freshroll.control_tail); off by default."""
+    """Long tails: a deadline per group, over-provisioning with stop at target
+    (freshroll.control_tail, freshroll.stop_at_target); both off by default."""
 
     deadline: bool = Field(
         False, description="cancel a group's stragglers past deadline_factor x the median "
@@ -423,12 +424,20 @@ class TailSection(_Section):
         6.0, gt=0, le=1e4, description="a group with fewer than min_keep done by then is dropped"
     )
     min_keep: int = Field(2, ge=2, le=4_096, description="members a cut group keeps at least")
+    overprovision: Annotated[int, Field(ge=0, le=64)] | Literal["auto"] = Field(
+        0, description="extra requests per group "
+        "(0: off; auto: the binomial rule of freshroll.control_tail, or under control.mode "
+        "adaptive the controller's, which also turns deadlines on: freshroll.control_levers); "
+        "a group keeps its first group_size members done, the rest are discarded cancelled")
+    max_extra: int = Field(4, ge=0, le=64, description="extra requests per group at most")
 
     @model_validator(mode="after")
     def _check(self) -> TailSection:
         if self.drop_factor < self.deadline_factor:
             raise ValueError(f"drop_factor {self.drop_factor} must be >= deadline_factor "
                              f"{self.deadline_factor}")
+        if isinstance(self.overprovision, int) and not 0 <= self.overprovision <= self.max_extra:
+            raise ValueError(f"overprovision must be in [0, max_extra {self.max_extra}]")
         return self
 
 
@@ -536,24 +545,19 @@ class Config(_Section):
         description="Who sets admission, per-worker concurrency and the worker count during a "
         "run: the initial settings (static) or the controller (adaptive; docs/control.md).",
     )
-    tail: TailSection = Field(
-        default_factory=TailSection,
-        description="Long-tail handling: group deadlines (off by default).",
-    )
+    tail: TailSection = Field(default_factory=TailSection, description="Long-tail handling: "
+                              "group deadlines, over-provisioning (off by default).")
     monitor: MonitorSection = Field(
         default_factory=MonitorSection,
         description="Watching a run: a Prometheus endpoint, TensorBoard, W&B (each off by "
         "default); the sample-bias flag's threshold.",
     )
-    sim: SimSection = Field(
-        default_factory=SimSection,
-        description="The simulated cluster used with rollout.engine: sim (freshroll simulate).")
-    vllm: VLLMSection = Field(
-        default_factory=VLLMSection,
-        description="The vLLM engine used with rollout.engine: vllm (docs/vllm.md).")
-    ray: RaySection = Field(
-        default_factory=RaySection,
-        description="Ray actors' resources, used with run.runtime: ray (docs/ray.md).")
+    sim: SimSection = Field(default_factory=SimSection, description="The simulated cluster "
+                            "used with rollout.engine: sim (freshroll simulate).")
+    vllm: VLLMSection = Field(default_factory=VLLMSection, description="The vLLM engine "
+                              "used with rollout.engine: vllm (docs/vllm.md).")
+    ray: RaySection = Field(default_factory=RaySection, description="Ray actors' resources, "
+                            "used with run.runtime: ray (docs/ray.md).")
 
     @model_validator(mode="after")
     def _check(self) -> Config:

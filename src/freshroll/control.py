@@ -11,17 +11,16 @@ Signals of one window of length ``W`` (``n`` active workers, ``c`` requests per 
     β = blocked_s / (n × W)                     producer backpressure: worker time blocked
                                                 by admission (no request to start)
     p = median(worker_rates)                    samples/s of one worker while not blocked
-    D = consumed / (W − trainer_wait_s)         trainer demand: what it eats when fed
+    D = fed_rate (none: consumed / (W − wait))  trainer demand: samples/s eaten when fed
     κ = max over workers of kv_cache_usage      the engines' KV cache in use (None: no
                                                 engine reports: the HF engine)
     π = preemptions in the window (sum)         sequences the engines evicted and recompute
     q = engine_waiting (sum)                    sequences queued inside the engines
 
-**Bottleneck.** producer-bound if ω ≥ idle_high; trainer-bound if β ≥ blocked_high
-or (η > 0 and lag_mean > lag_soft × η), and ω < idle_low; both ω ≥ idle_high and
-β ≥ blocked_high at once is a *conflict*: a measurement fault, or an admission
-window that serializes the pipeline (η too small, stragglers holding groups).
-The decision says so and leaves the worker count alone.
+**Bottleneck.** producer-bound if ω ≥ idle_high; trainer-bound if β ≥ blocked_high or (η > 0
+and lag_mean > lag_soft × η), and ω < idle_low; both ω ≥ idle_high and β ≥ blocked_high at
+once is a *conflict*: a measurement fault, or an admission window that serializes the
+pipeline (η too small, stragglers holding groups): :mod:`freshroll.control_levers` then.
 
 **Workers** (asymmetric hysteresis, benefit against the measured switch cost)::
 
@@ -82,25 +81,23 @@ one trainer batch (below it admission serializes the pipeline), and enough to
 keep every slot fed while stragglers still hold their group. It never widens
 the freshness bound: :func:`admission_budget` is
 :func:`freshroll.freshness.admission_capacity` with ``free_slots = limit − running``.
-The budget is recomputed from the snapshot's counts each time, never kept as a
-counter here; after a resume those counts come from the replayed ledger, so the
-budget is neither reset to ``(η + v + 1) × B`` nor counts re-issued work twice
-(AReaL issue #1388). The controller's own state travels in every decision
-record (:meth:`Decision.record`, :meth:`ControllerState.from_record`), so a
-resumed run keeps its cooldowns, latch and ceiling. A clock that went back
-(a virtual clock restarted on resume) restarts the cooldowns, never blocks them.
+The budget is recomputed from the snapshot's counts each time, never kept as a counter
+here; after a resume those counts come from the replayed ledger, so the budget is neither
+reset to ``(η + v + 1) × B`` nor counts re-issued work twice (AReaL issue #1388). The
+controller's own state travels in every decision record (:meth:`Decision.record`,
+:meth:`ControllerState.from_record`), so a resumed run keeps its cooldowns, latch and
+ceiling. A clock that went back (a virtual clock restarted on resume) restarts the
+cooldowns, never blocks them.
 
-Recorded for the reader but read by no rule: ``ready_samples`` (a deep buffer is
-what β already measures: producers blocked by the budget), ``lag_max`` (a
-committed sample never exceeds η; what would have is a ``stale`` discard) and
-``engine_running``. With no engine report (κ None, π = q = 0) every decision is
-exactly what it was before the engine rules existed; the memory cut runs after the
-latch (a latched cut is not cut again by the preemptions of the old load) and
-before the turnover gate; the engine signals never touch the worker count.
+Recorded for the reader but read by no rule: ``ready_samples`` (a deep buffer is what β
+already measures: producers blocked by the budget), ``lag_max`` (a committed sample never
+exceeds η; what would have is a ``stale`` discard) and ``engine_running``. With no engine
+report (κ None, π = q = 0) every decision is exactly what it was before the engine rules
+existed; the memory cut runs after the latch (a latched cut is not cut again by the
+preemptions of the old load) and before the turnover gate; engine signals never touch n.
 
 :class:`StaticController` never changes a setting (for comparison); it still
-reports the bottleneck. Long tails (group deadline, over-provisioning) are in
-:mod:`freshroll.control_tail`.
+reports the bottleneck. Long tails: :mod:`freshroll.control_tail`, ``control_levers``.
 """
 
 from __future__ import annotations
@@ -111,6 +108,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal, Protocol
 
+from freshroll.control_levers import steer_window
 from freshroll.errors import ConfigError
 from freshroll.freshness import admission_capacity
 
@@ -124,6 +122,8 @@ class Settings:
     admission_limit: int
     concurrency: int
     workers: int
+    extra: int = 0  # over-provisioning: extra requests per group (control_levers)
+    deadline: bool = False  # group deadlines on (control_levers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +153,9 @@ class ControlConfig:
     admission_slack: float = 0.5
     kv_high: float = 0.95  # KV cache usage at which concurrency stops growing
     batch_groups: int = 1  # B: the admission limit never goes below one trainer batch
+    max_extra: int = 0  # the tail levers' bound (0: off; control_levers)
+    chi_high: float = 0.25  # cancelled share above which extras come down
+    lever_cooldown_s: float = 20.0  # seconds between two moves of the tail levers
 
     def __post_init__(self) -> None:
         def need(ok: bool, what: str) -> None:
@@ -178,14 +181,15 @@ class ControlConfig:
         need(0.0 < self.down_gain <= 1.0, f"down_gain must be in (0, 1], got {self.down_gain}")
         need(0.0 < self.kv_high <= 1.0, f"kv_high must be in (0, 1], got {self.kv_high}")
         for name in ("lag_soft", "headroom", "down_margin", "horizon_s", "gain_min",
-                     "admission_slack"):
+                     "admission_slack", "chi_high", "lever_cooldown_s", "max_extra"):
             need(getattr(self, name) >= 0.0, f"{name} must be >= 0, got {getattr(self, name)}")
 
     def clamp(self, s: Settings) -> Settings:
         """``s`` with workers and concurrency inside their bounds and the matching limit."""
         n = min(max(s.workers, self.min_workers), self.max_workers)
         c = min(max(s.concurrency, self.min_concurrency), self.max_concurrency)
-        return Settings(admission_limit=self.limit_for(n, c), concurrency=c, workers=n)
+        return Settings(self.limit_for(n, c), c, n, min(max(s.extra, 0), self.max_extra),
+                        s.deadline and self.max_extra > 0)
 
     def limit_for(self, workers: int, concurrency: int) -> int:
         slots = workers * concurrency * (1 + self.admission_slack)
@@ -222,6 +226,8 @@ class Snapshot:
     engine_waiting: int = 0            # sum: sequences queued inside the engines
     engine_running: int = 0            # sum: sequences the engines generate now
     preemptions: int = 0               # in the window, summed over active workers
+    fed_rate: float = 0.0              # samples/s of the trainer's recent steps while fed
+    generated: int = 0                 # requests generated in the window
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,6 +240,7 @@ class ControllerState:
     probe: tuple[int, float] | None = None  # (c0, p0) before the last additive increase
     ceiling: int | None = None
     latched: bool = False
+    last_lever_at: float | None = None     # the tail levers' last move
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> ControllerState:
@@ -243,6 +250,7 @@ class ControllerState:
             turnover_mark=int(record.get("turnover_mark", 0)),
             probe=None if probe is None else (int(probe[0]), float(probe[1])),
             ceiling=record.get("ceiling"), latched=bool(record.get("latched", False)),
+            last_lever_at=record.get("last_lever_at"),
         )
 
 
@@ -296,6 +304,8 @@ def _rate_error(snap: Snapshot) -> float:
 
 
 def _demand(snap: Snapshot) -> float | None:
+    if snap.fed_rate > 0:  # measured over whole steps: a window shorter than a step is biased
+        return snap.fed_rate
     busy = snap.window_s - snap.trainer_wait_s
     if snap.consumed_samples <= 0 or busy <= 0:
         return None
@@ -417,8 +427,7 @@ def _concurrency(
 
 
 def _kv(snap: Snapshot) -> str:
-    kv = snap.kv_cache_usage
-    return "" if kv is None else f", kv cache {kv:.1%}"
+    return "" if snap.kv_cache_usage is None else f", kv cache {snap.kv_cache_usage:.1%}"
 
 
 def _engine(snap: Snapshot) -> str:
@@ -438,7 +447,8 @@ def decide(snap: Snapshot, state: ControllerState, cfg: ControlConfig) -> Decisi
     """The controller's rules (module docstring) applied to one snapshot."""
     now = snap.now  # a clock that went back restarts the cooldowns, never blocks them
     state = replace(state, last_up_at=_rewind(state.last_up_at, now),
-                    last_down_at=_rewind(state.last_down_at, now))
+                    last_down_at=_rewind(state.last_down_at, now),
+                    last_lever_at=_rewind(state.last_lever_at, now))
     cur = replace(snap, settings=cfg.clamp(snap.settings))
     side, omega, beta = bottleneck(cur, cfg)
     head = f"{side}-bound" if side in ("producer", "trainer") else side
@@ -446,9 +456,15 @@ def decide(snap: Snapshot, state: ControllerState, cfg: ControlConfig) -> Decisi
         head = ("conflict: the trainer waits AND producers are blocked: a measurement fault, or "
                 "admission serializes the pipeline (eta too small, stragglers holding groups)")
     n, state, why_n = _workers(cur, state, cfg, side)
-    c, state, why_c = _concurrency(cur, state, cfg, side, n)
-    new = cfg.clamp(Settings(admission_limit=0, concurrency=c, workers=n))
-    reason = f"{head} (idle {omega:.1%}, blocked {beta:.1%}{_engine(cur)}); {why_n}; {why_c}"
+    w = steer_window(side, cur, n, why_n, cfg, since_levers=_since(now, state.last_lever_at),
+                     since_workers=min(_since(now, state.last_down_at),
+                                       _since(now, state.last_up_at)))
+    state = replace(state, last_down_at=now if w.workers_down else state.last_down_at,
+                    last_lever_at=now if w.levers_moved else state.last_lever_at)
+    c, state, why_c = _concurrency(cur, state, cfg, side, w.workers)
+    new = cfg.clamp(Settings(0, c, w.workers, w.levers.extra, w.levers.deadline))
+    reason = (f"{head} (idle {omega:.1%}, blocked {beta:.1%}{_engine(cur)}); {w.why_workers}; "
+              f"{why_c}" + (f"; {w.why_levers}" if w.why_levers else ""))
     return Decision(at=now, previous=snap.settings, settings=new, state=state,
                     bottleneck=side, reason=reason, inputs=snap)
 

@@ -75,6 +75,9 @@ class Requested(Event, frozen=True, tag="requested"):
     prompt_id: str
     size: int
     version: str  # trainer version at admission
+    #: over-provisioned (``tail.overprovision``): the group keeps the first ``target`` members
+    #: generated and the rest are discarded ``cancelled``; None: all ``size`` (no extras)
+    target: int | None = None
 
 
 class WorkerStarted(Event, frozen=True, tag="worker_started"):
@@ -278,12 +281,15 @@ class SettingsChanged(Event, frozen=True, tag="settings_changed"):
     allowed: list[str]  # the keys changed with --allow-change
 
 
-class LiveSettings(msgspec.Struct, frozen=True, kw_only=True):
-    """The live settings of the orchestrator (:class:`freshroll.control.Settings`)."""
+class LiveSettings(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """The live settings of the orchestrator (:class:`freshroll.control.Settings`); the tail
+    levers are written only when set (a ledger without them reads 0 / false)."""
 
     admission_limit: int  # groups in flight at most; 0: no cap beyond the freshness window
     concurrency: int  # requests in flight per worker
     workers: int  # active inference workers
+    extra: int = 0  # over-provisioning: extra requests per admitted group (control_levers)
+    deadline: bool = False  # group deadlines on (control_levers)
 
 
 class ControllerDecided(Event, frozen=True, tag="controller_decided"):

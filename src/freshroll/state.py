@@ -9,7 +9,9 @@ through the same handlers that replay a ledger after a crash.
 
 Request states: ``queued -> running -> generated -> rewarded -> committed``,
 or ``discarded`` (terminal); a ``fenced`` discard sends a running request back
-to ``queued``. Group states: ``running -> ready -> leased -> done``.
+to ``queued``. Group states: ``running -> ready -> leased -> done``. An over-provisioned
+group (``target`` < its members) keeps its first ``target`` members generated: the buffer
+discards the rest ``cancelled`` (:mod:`freshroll.stop_at_target`).
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ class _Group:
     oldest: int = 2**62  # oldest policy step among its rewarded samples (its staleness)
     newest: int = 2**62  # least newest-token step among them (newest_token basis)
     started_at: float | None = None  # ts of the first attempt of any member
+    target: int = 0  # members it keeps (over-provisioned: fewer than its members; stop at target)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +158,8 @@ class BufferState:
         self._published[e.version] = self.version.step
 
     def _on_requested(self, e: ev.Requested) -> None:
-        group = _Group(GroupId(e.group), e.prompt_id, open=e.size)
+        group = _Group(GroupId(e.group), e.prompt_id, open=e.size,
+                       target=e.size if e.target is None else e.target)
         if group.id in self._groups:
             raise StateError(f"group {group.id} admitted twice")
         self._groups[group.id] = group

@@ -26,6 +26,13 @@ The same fold gives ``summary.json``'s ``discard_bias`` (:meth:`SampleBias.by_ou
 outcome's count, mean reward and mean length, ``shutdown`` included), so the end-of-run pass
 tracks each sample's length and reward once.
 
+A request cancelled while it ran (``cancelled``: over-provisioning's stop at target, or a
+dropped group) has no ``generated`` event: it counts among the generated samples with a
+*censored* length, the longest member of its group generated before it was cancelled (it ran
+at least that long when the members start together, as a group's do; a lower bound), so the
+length bias of stop-at-target shows. One cancelled before any member of its group was
+generated, or before it started, is no sample.
+
 With no counted discard the two populations are the same and every figure is 0 (coverage
 1). ``over_time`` repeats the figures per window of trainer steps: at most
 :data:`WINDOWS` windows of equal step ranges, each over the samples whose outcome fell in
@@ -170,6 +177,7 @@ class SampleBias:
         self.prompt: dict[str, str] = {}  # group -> prompt id
         self.version: dict[str, int | None] = {}  # sample -> generating policy step
         self.tokens: dict[str, int] = {}
+        self.longest: dict[str, int] = {}  # group -> its longest generated member (censoring)
         self.reward: dict[str, float] = {}
         self.outcomes: list[Outcome] = []
 
@@ -178,6 +186,8 @@ class SampleBias:
             self.version[e.sample] = _step(e.version)
         elif isinstance(e, Generated):
             self.tokens[e.sample] = e.tokens
+            g = group_of(request_of(e.sample))
+            self.longest[g] = max(e.tokens, self.longest.get(g, 0))
         elif isinstance(e, Rewarded):
             self.reward[e.sample] = e.reward
         elif isinstance(e, Committed):
@@ -189,6 +199,12 @@ class SampleBias:
                 return
             if e.reason == "fenced":  # re-issued under a new attempt: this one is no outcome
                 self._forget(e.sample)
+            elif e.reason == "cancelled" and e.sample in self.version \
+                    and e.sample not in self.tokens:  # cut while running: censored length
+                longest = self.longest.get(group_of(e.request))
+                if longest is not None:
+                    self.tokens[e.sample] = longest
+                self._end(e.sample, accepted=False, reason=e.reason)
             else:
                 self._end(e.sample, accepted=False, reason=e.reason)
         elif isinstance(e, Requested):

@@ -72,6 +72,7 @@ class HistoryChecker:
         self.newest: dict[str, int] = {}  # generated sample -> the step of its newest token
         self.version: PolicyVersion | None = None
         self.group_size: dict[str, int] = {}
+        self.group_target: dict[str, int] = {}  # over-provisioned group -> its target
         self.started: dict[str, tuple[str, int, int]] = {}  # sample -> worker, epoch, step
         #: episode call -> what its first member recorded (worker, epoch, version, seed)
         self.calls: dict[str, tuple[str, int, str, int | None]] = {}
@@ -119,6 +120,8 @@ class HistoryChecker:
         if e.group in self.group_size:
             self.r.add("duplicates", f"seq {seq}: group {e.group} admitted twice")
         self.group_size[e.group] = e.size
+        if e.target is not None:
+            self.group_target[e.group] = e.target
         self.counts["requests"] += e.size
 
     def _admitted(self, seq: int, what: str, request: str) -> bool:
@@ -245,6 +248,10 @@ class HistoryChecker:
             if s not in self.rewarded:
                 self.r.add("unexpected", f"seq {seq}: {s} ready but never rewarded")
         self.ready[e.group].update(e.samples)
+        target = self.group_target.get(e.group)
+        if target is not None and len(e.samples) > target:
+            self.r.add("unexpected", f"seq {seq}: group {e.group} ready with {len(e.samples)} "
+                                     f"samples, over its target {target} (stop at target)")
         self.group_samples[e.group] = list(e.samples)
 
     def _leased(self, seq: int, e: ev.Leased) -> None:

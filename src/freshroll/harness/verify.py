@@ -19,7 +19,8 @@ loss           every accepted completion (``generated``) is committed or discard
 unexpected     every event names requests and groups that were admitted; every
                committed sample was started, generated, rewarded, made ready and
                leased in the batch that committed it (a lease not released since);
-               only an open lease is released
+               only an open lease is released; an over-provisioned group (``target``)
+               is made ready with at most ``target`` samples (stop at target)
 freshness      every lease is taken at the current policy version; committed lag is
                >= 0 and <= max_staleness in force, on the staleness basis in force
                (``opened.staleness_basis``: the oldest token's or the newest's); every

@@ -188,7 +188,7 @@ class CallRunner:
     def _emitter(self, w: Worker, call: Call) -> Emit:
         buf, put, worker = self.buf, self.pipe.rewarder.put, (w.name, call.epoch)
         encode, complete, sids, version = pl.encode, buf.complete, call.sids, call.version
-        slot_freed = self._slot_freed
+        slot_freed, stopping = self._slot_freed, self.pipe.overprov
         prompts = call.prompts
 
         def emit(i: int, comp: Any) -> None:
@@ -207,6 +207,8 @@ class CallRunner:
             out = complete(sids[i], tokens=comp.tokens, gen_s=comp.gen_s,
                            payload=encode(comp, ranges) if comp.token_ids else None,
                            last_version=last, worker=worker, token_versions=ranges)
+            if buf.stopped:  # a stop at target ended running attempts: cancel them
+                stopping.wake()
             if not call.over and not call.emitted[i]:
                 call.emitted[i] = True
                 call.pending -= 1

@@ -15,6 +15,9 @@ Tasks (all children of one ``asyncio.TaskGroup``; none is fire-and-forget)::
                 the live settings (:mod:`freshroll.runtime.steering`)
     tails       with ``tail.deadline``: cuts the stragglers of groups past their deadline
                 and frees their slots (:mod:`freshroll.runtime.tailing`)
+    overprovision  cancels on their engines the attempts a stop at target ended (the
+                feeder admits each group's extra requests: ``tail.overprovision``,
+                :mod:`freshroll.runtime.overprovision`)
     watch       the heartbeat and the no-progress guard over the waits in flight
                 (:mod:`freshroll.runtime.waits`)
 
@@ -88,9 +91,10 @@ from freshroll.runtime.calls import generation_seed
 from freshroll.runtime.fallback import FallbackProbe, Switch, probe_for
 from freshroll.runtime.hooks import Hooks
 from freshroll.runtime.observers import RunObserver, StepReport, default_observers
+from freshroll.runtime.overprovision import Overprovision
 from freshroll.runtime.rewarding import RewardStage
 from freshroll.runtime.seams import AsyncScorer, AsyncTrainer, SaysItsWaits
-from freshroll.runtime.steering import Steering
+from freshroll.runtime.steering import Steering, tail_levers_on
 from freshroll.runtime.tailing import Tailing
 from freshroll.runtime.waits import Waits, heartbeat, stall_message
 from freshroll.runtime.workers import MAX_RESTARTS, WorkerPool
@@ -157,7 +161,9 @@ class Pipeline:
             self.trainer.waits = self.waits
         self.rewarder = RewardStage(self)
         self.steering = Steering(self)
-        self.tailing = Tailing(self) if self.cfg.tail.deadline else None
+        levers = tail_levers_on(self.cfg)  # the controller may turn deadlines on
+        self.tailing = Tailing(self) if self.cfg.tail.deadline or levers else None
+        self.overprov = Overprovision(self.cfg.tail, self.cfg.rollout.group_size)
         self.fallback: FallbackProbe | None = probe_for(self.cfg)
         failure: BaseException | None = None
         try:
@@ -174,6 +180,7 @@ class Pipeline:
                 tg.create_task(self.steering.run(), name="steering")
                 if self.tailing is not None:
                     tg.create_task(self.tailing.run(), name="tails")
+                tg.create_task(self.overprov.run(self), name="overprovision")
                 tg.create_task(self.hooks.run(self), name="hooks")
         except BaseExceptionGroup as group:
             failure = first_failure(group)
@@ -217,7 +224,7 @@ class Pipeline:
             self._feed.clear()
             n = buf.capacity()
             for _ in range(n):
-                buf.admit(order[buf.groups_admitted % len(order)])
+                buf.admit(order[buf.groups_admitted % len(order)], self.overprov.extra(buf))
             if n:
                 self.pool.requests_queued()
                 self._train.set()

@@ -15,7 +15,9 @@ ended (:class:`Meter` -> :class:`~freshroll.control.Snapshot`), asks the control
 :class:`~freshroll.control.StaticController`), writes the decision to the ledger
 (``controller_decided``: settings before and after, bottleneck, reason, the inputs and the
 controller's state) and applies a change: pool resize (new workers added, the newest retired
-gracefully), per-worker concurrency, admission limit.
+gracefully), per-worker concurrency, admission limit; with the tail levers on
+(:func:`tail_levers_on`: adaptive and ``tail.overprovision: auto``) also the extra requests
+per admitted group and whether group deadlines cut (:mod:`freshroll.control_levers`).
 
 What the meter measures in a window of length ``W``:
 
@@ -26,6 +28,10 @@ What the meter measures in a window of length ``W``:
   that were free (a continuous worker with 1 of 8 slots free is 1/8 blocked);
 * ``worker_rates``: per active worker, completions per second it was up and not blocked;
 * ``switch_cost_s``: the measured start-up time of the last workers (factory call);
+* ``fed_rate``: samples per second the trainer ate while fed over its last
+  :data:`FED_STEPS` steps (its demand ``D``, measured over whole steps; only with the tail
+  levers on, so that a run without them decides exactly as before); ``generated`` in the
+  window;
 * ``consumed_samples``, ``completed`` (cumulative generated), ``in_flight`` (started and not
   yet rewarded: in a worker's slots or waiting for a reward; requests still queued are not
   counted, so "slots full" and the hard cut's drain read the slots), ``ready_samples``,
@@ -48,8 +54,9 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections import deque
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from freshroll import events as ev
@@ -71,6 +78,8 @@ if TYPE_CHECKING:
     from freshroll.runtime.calls import Worker
     from freshroll.runtime.pipeline import Pipeline
 
+FED_STEPS = 3  # trainer steps the demand (Snapshot.fed_rate) is measured over
+
 
 def control_config(cfg: Config) -> ControlConfig:
     """The controller's bounds from the ``control`` section (defaults from ``rollout``)."""
@@ -83,7 +92,14 @@ def control_config(cfg: Config) -> ControlConfig:
                          else max(4 * ro.call_batch, c.min_concurrency)),
         idle_high=c.idle_high, idle_low=c.idle_low, blocked_high=c.blocked_high,
         up_cooldown_s=c.up_cooldown_s, down_cooldown_s=c.down_cooldown_s, kv_high=c.kv_high,
+        max_extra=cfg.tail.max_extra if tail_levers_on(cfg) else 0,
     )
+
+
+def tail_levers_on(cfg: Config) -> bool:
+    """The controller moves the tail levers (over-provisioning, deadlines): adaptive mode
+    with ``tail.overprovision: auto`` (freshroll.control_levers)."""
+    return cfg.control.mode == "adaptive" and cfg.tail.overprovision == "auto"
 
 
 @dataclass
@@ -93,6 +109,7 @@ class _Mark:
     waited: int
     committed: int
     discards: dict[str, int]
+    generated: int = 0
 
 
 class Meter:
@@ -104,6 +121,9 @@ class Meter:
         self.waiting_since: float | None = None
         self.waited_samples = 0
         self.lags: list[int] = []
+        self.levers = tail_levers_on(pipe.cfg)  # fed_rate is measured for them only (for now)
+        self.fed_at = 0.0  # when the trainer last got its batch
+        self.steps: deque[tuple[int, float]] = deque(maxlen=FED_STEPS)  # (samples, busy s)
         self._mark = self._now_mark(self.buf.clock.now())
         self._preempted: dict[str, tuple[object, int]] = {}  # worker -> (engine, count seen)
 
@@ -115,10 +135,19 @@ class Meter:
     def trainer_fed(self, wait_s: float) -> None:
         self.wait_total += wait_s
         self.waiting_since = None
+        self.fed_at = self.buf.clock.now()
 
     def committed(self, lease: Lease) -> None:
         info = self.buf.sample_info
         self.lags.extend(lease.version - info(s)[1] for s in lease.samples)
+        self.steps.append((len(lease.samples), self.buf.clock.now() - self.fed_at))
+
+    def fed_rate(self) -> float:
+        """Samples/s the trainer ate while fed, over its last :data:`FED_STEPS` steps (0:
+        none yet): its demand, measured over whole steps (a window shorter than a step would
+        see either no commit or a whole batch in a fraction of its time)."""
+        busy = sum(b for _, b in self.steps)
+        return sum(n for n, _ in self.steps) / busy if busy > 0 else 0.0
 
     # -- a window ----------------------------------------------------------------------------
     def _wait(self, now: float) -> float:
@@ -128,7 +157,8 @@ class Meter:
     def _now_mark(self, now: float) -> _Mark:
         counts = self.buf.counts
         discards = {k[10:]: v for k, v in counts.items() if k.startswith("discarded_")}
-        return _Mark(now, self._wait(now), self.waited_samples, counts["committed"], discards)
+        return _Mark(now, self._wait(now), self.waited_samples, counts["committed"], discards,
+                     counts["generated"])
 
     def snapshot(self, now: float, settings: Settings) -> Snapshot:
         """The window since the last snapshot; starts the next one."""
@@ -174,6 +204,8 @@ class Meter:
             lag_mean=sum(lags) / len(lags) if lags else 0.0, lag_max=max(lags, default=0),
             discards={k: v - last.discards.get(k, 0) for k, v in mark.discards.items()
                       if v - last.discards.get(k, 0)},
+            fed_rate=self.fed_rate() if self.levers else 0.0,
+            generated=mark.generated - last.generated,
             **engine,
         )
 
@@ -226,8 +258,9 @@ class Steering:
         if last is not None and last.mode == "adaptive":
             was = last.settings
             self.state = ControllerState.from_record(last.state)
-            kept = self.config.clamp(Settings(was.admission_limit, was.concurrency, was.workers))
-            return Settings(was.admission_limit, kept.concurrency, kept.workers)
+            kept = self.config.clamp(Settings(was.admission_limit, was.concurrency, was.workers,
+                                              was.extra, was.deadline))
+            return replace(kept, admission_limit=was.admission_limit)
         s = self.config.clamp(Settings(0, ro.call_batch, ro.workers))
         return Settings(ro.max_inflight_groups or s.admission_limit, s.concurrency, s.workers)
 
@@ -237,6 +270,10 @@ class Steering:
         self.buf.admission_limit = s.admission_limit or None
         pool.set_concurrency(s.concurrency)
         pool.resize(s.workers)
+        if self.config.max_extra > 0:  # the tail levers (control_levers)
+            self.pipe.overprov.live = s.extra
+            if self.pipe.tailing is not None:
+                self.pipe.tailing.watch.enabled = self.pipe.cfg.tail.deadline or s.deadline
         self.settings = s
         self.pipe.notify()
 
@@ -268,4 +305,4 @@ def _finite(x: float) -> float:
     return x if math.isfinite(x) else 0.0
 
 
-__all__ = ["Meter", "Steering", "control_config"]
+__all__ = ["Meter", "Steering", "control_config", "tail_levers_on"]

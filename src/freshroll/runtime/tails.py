@@ -136,7 +136,7 @@ class TailWatch:
 
     def _decide(self, now: float, g: GroupStatus, p50: float) -> Cut | None:
         assert g.started_at is not None
-        progress = GroupProgress(started_at=g.started_at, target=g.size, done=g.done,
+        progress = GroupProgress(started_at=g.started_at, target=g.keeps, done=g.done,
                                  open=g.open)
         action = tail_action(now, progress, p50, self.policy)
         if action.action == "cut_stragglers":
