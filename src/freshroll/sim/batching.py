@@ -177,14 +177,14 @@ class ContinuousBatcher:
         """True while any submitted request has not finished."""
         return bool(self._decoding or self._prefilling or self._waiting)
 
-    def produced(self, request: int) -> int:
-        """Tokens ``request`` has produced by :attr:`now` (decode steps ended since it joined,
-        plus those before a preemption); 0 while it waits or first prefills."""
-        done = self._tokens[request] - self._left[request]
-        if request not in self._leaving and any(r == request for _, r in self._decoding):
-            joined = self._base[request] - self._kvj[request]  # the step count at its join
-            done += self._steps + self._steps_done(self._t) - joined
-        return done
+    def produced(self, requests: Sequence[int]) -> list[int]:
+        """Tokens each of ``requests`` has produced by :attr:`now` (decode steps ended since
+        it joined, plus those before a preemption; 0 while it waits or first prefills)."""
+        decoding = {r for _, r in self._decoding}.difference(self._leaving)
+        steps = self._steps + self._steps_done(self._t)
+        tokens, left, base, kvj = self._tokens, self._left, self._base, self._kvj
+        return [tokens[r] - left[r] + (steps - (base[r] - kvj[r]) if r in decoding else 0)
+                for r in requests]  # base - kvj: the step count at its join
 
     def stats(self) -> dict[str, float | int]:
         """A snapshot: requests submitted, finished, decoding, prefilling, waiting; steps run."""

@@ -236,29 +236,25 @@ class SimEngine:
                 if not call.done.done():
                     call.done.set_exception(Superseded(f"{self.name}: new weights"))
             return
-        for job in self._jobs.values():
-            made = self._produced(job)
+        jobs = list(self._jobs.values())
+        running = [j.rid for j in jobs if j.rid >= 0]
+        in_turn = dict(zip(running, self._batcher.produced(running), strict=True))
+        for job in jobs:
+            done_turns = sum(job.segments[:job.turn])
+            turn_made = job.pre + in_turn[job.rid] if job.rid >= 0 else 0
+            made = done_turns + turn_made
             if made > job.counted:
                 job.spans = [*(job.spans or ()), (old, made - job.counted)]
                 job.counted = made
-            if self.on_update == "continue" and job.rid >= 0:
-                turn_made = made - sum(job.segments[:job.turn])
-                if turn_made > 0:  # its KV was made by the old weights: recomputed
-                    del self._running[job.rid]
-                    self._rest_of.pop(job.rid, None)
-                    self._batcher.cancel(job.rid, now)
-                    job.pre = turn_made
-                    prompt = job.prompt if job.turn == 0 else self._output_tokens
-                    self._submit(job, now, prompt + turn_made)
+            if self.on_update == "continue" and job.rid >= 0 and turn_made > 0:
+                del self._running[job.rid]  # its KV was made by the old weights: recomputed
+                self._rest_of.pop(job.rid, None)
+                self._batcher.cancel(job.rid, now)
+                job.pre = turn_made
+                prompt = job.prompt if job.turn == 0 else self._output_tokens
+                self._submit(job, now, prompt + turn_made)
         self._run_until(now)
         self._rearm()
-
-    def _produced(self, job: _Job) -> int:
-        """Tokens ``job`` has made by now over all its turns."""
-        made = sum(job.segments[:job.turn])
-        if job.rid >= 0:
-            made += job.pre + self._batcher.produced(job.rid)
-        return made
 
     async def cancel(self, samples: Sequence[str]) -> None:
         """Withdraw these samples now (their slots free at once); they are never emitted."""
