@@ -28,7 +28,8 @@ from freshroll.harness.verify import verify_run
 from freshroll.lineage import PolicyVersion
 from freshroll.runtime.adapters import KillableThreadEngine, ThreadEngine, adapt
 from freshroll.runtime.hooks import Hooks
-from freshroll.runtime.run import Components, run
+from freshroll.runtime.placements import Components
+from freshroll.runtime.run import run
 
 
 class KillAfterStep(Hooks):

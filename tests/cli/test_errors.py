@@ -28,6 +28,8 @@ from freshroll.errors import (
     WorkerLost,
 )
 from freshroll.harness.verify import verify_run
+from freshroll.runtime import learner as learner_mod
+from freshroll.runtime import placements
 from freshroll.runtime import recording as recording_mod
 from freshroll.runtime import run as run_mod
 
@@ -222,7 +224,7 @@ def test_a_config_transformers_cannot_load_is_a_config_error(tmp_path: Path):
     with pytest.raises(ConfigError, match=f"model: cannot load {model}"):
         HFEngine.from_pretrained(model)
     with pytest.raises(ConfigError, match=f"model: cannot load {model}"):
-        run_mod.build_learner(Any, model, Any, tmp_path)  # type: ignore[arg-type]
+        learner_mod.build_learner(Any, model, Any, tmp_path)  # type: ignore[arg-type]
 
 
 # -- failures inside a real run ---------------------------------------------------------
@@ -337,7 +339,8 @@ class _AlwaysLost:
 
 
 def test_worker_lost_more_than_max_restarts(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
-    monkeypatch.setattr(run_mod, "build_engine", lambda cfg, path, name, *channel: _AlwaysLost())
+    monkeypatch.setattr(placements, "build_engine",
+                        lambda cfg, path, name, *channel: _AlwaysLost())
     out = tmp_path / "r"
     result = _cli("run", *SMALL, "run.steps=2", "rollout.workers=1", "--out", str(out))
     assert result.exit_code == 3
@@ -349,7 +352,8 @@ def test_worker_lost_more_than_max_restarts(monkeypatch: pytest.MonkeyPatch, tmp
 _ENGINE_INTERRUPTS = """
 import sys
 from freshroll.engines.hf import HFEngine
-from freshroll.runtime import run as run_mod
+from freshroll.runtime import learner as learner_mod
+from freshroll.runtime import placements
 
 class Interrupts:
     def __init__(self, path):
@@ -361,7 +365,7 @@ class Interrupts:
     def state_dict(self):
         return {}
 
-run_mod.build_engine = lambda cfg, path, name, *channel: Interrupts(path)
+placements.build_engine = lambda cfg, path, name, *channel: Interrupts(path)
 from freshroll.cli import main
 sys.argv = ["freshroll", "run", *sys.argv[1:]]
 main()

@@ -25,8 +25,9 @@ from freshroll.harness.verify import verify_run
 from freshroll.lineage import PolicyVersion
 from freshroll.runtime.adapters import KillableThreadEngine
 from freshroll.runtime.hooks import Hooks
+from freshroll.runtime.placements import Components
 from freshroll.runtime.process_engine import ProcessEngine
-from freshroll.runtime.run import Components, run
+from freshroll.runtime.run import run
 from freshroll.runtime.shm_weights import PREFIX, segment_owner, shm_dir
 
 pytestmark = pytest.mark.slow
@@ -196,18 +197,18 @@ class SlowLoad(ProcessEngine):
 
 def test_weights_arriving_late_never_let_a_worker_generate_too_stale(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    import freshroll.runtime.run as run_mod
+    import freshroll.runtime.placements as placements_mod
 
     out = tmp_path / "late"
     cfg = _cfg(steps=8, max_staleness=1)
-    real_build = run_mod.build_engine
+    real_build = placements_mod.build_engine
 
     def slow(c: Config, p: Path, n: str, channel: Any = None, threads: Any = None) -> Any:
         engine = real_build(c, p, n, channel, threads)
         engine.__class__ = SlowLoad
         return engine
 
-    monkeypatch.setattr(run_mod, "build_engine", slow)
+    monkeypatch.setattr(placements_mod, "build_engine", slow)
     result = run(cfg, out, stream=io.StringIO(), report=False)
     assert result.ok, verify_run(out).render()
     eta = cfg.run.max_staleness

@@ -23,8 +23,9 @@ from freshroll.config import Config, load_config
 from freshroll.harness.verify import verify_run
 from freshroll.lineage import PolicyVersion
 from freshroll.runtime.hooks import Hooks
+from freshroll.runtime.placements import Components
 from freshroll.runtime.ray_trainer import RayTrainer
-from freshroll.runtime.run import Components, run
+from freshroll.runtime.run import run
 from freshroll.state import Lease
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]

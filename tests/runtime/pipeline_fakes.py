@@ -39,13 +39,17 @@ def ok_reward(prompts: list[str], completions: list[str], **kw: Any) -> list[flo
 
 
 class FakeEngine:
-    """Returns fixed completions; ``behaviour(call_number)`` may raise, hang or return."""
+    """Returns fixed completions; ``behaviour(call_number)`` may raise, hang or return.
+    ``can_restart=False``: an engine without ``restart`` (not
+    :class:`~freshroll.engines.base.Restartable`)."""
+
+    def __new__(cls, behaviour: Callable[[int], None] | None = None,
+                can_restart: bool = True) -> FakeEngine:
+        return super().__new__(cls if can_restart else _FakeEngineNoRestart)
 
     def __init__(self, behaviour: Callable[[int], None] | None = None,
                  can_restart: bool = True) -> None:
         self.behaviour, self.calls, self.restarts, self.loads = behaviour, 0, 0, 0
-        if not can_restart:
-            self.restart = None  # type: ignore[assignment]
 
     def generate(self, prompts: Sequence[str], **kw: Any) -> list[Completion]:
         self.calls += 1
@@ -60,6 +64,10 @@ class FakeEngine:
 
     def restart(self) -> None:
         self.restarts += 1
+
+
+class _FakeEngineNoRestart(FakeEngine):
+    restart = None  # type: ignore[assignment]  # no restart: the class says so
 
 
 class FakeLearner:

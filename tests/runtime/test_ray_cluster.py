@@ -25,6 +25,7 @@ from freshroll.errors import ClusterUnavailable, ConfigError
 from freshroll.harness.verify import verify_run
 from freshroll.runtime import run as run_mod
 from freshroll.runtime.hooks import Hooks
+from freshroll.runtime.placements import ray_cpus
 from freshroll.runtime.ray_cluster import free_port, start_cluster
 
 pytestmark = pytest.mark.ray
@@ -216,7 +217,7 @@ def test_resize_adds_and_retires_real_actors(tmp_path: Path):
         wrap(parts, buf), trainer=_HeldTrainer(parts.trainer, done))
     cfg = load_config(None, [*SMALL, "run.steps=6", "rollout.workers=1",
                              "ray.reward_actors=0"])
-    assert run_mod.ray_cpus(cfg) == 2
+    assert ray_cpus(cfg) == 2
     out = tmp_path / "run"
     result = run_mod.run(cfg, out, chaos=session)
     assert result.ok, verify_run(out).render()

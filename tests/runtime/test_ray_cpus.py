@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from freshroll.config import load_config
-from freshroll.runtime.run import ray_cpus
+from freshroll.runtime.placements import ray_cpus
 
 
 def _cpus(*over: str) -> int:

@@ -65,7 +65,7 @@ if TYPE_CHECKING:
     from freshroll.lineage import PolicyVersion, SampleId
     from freshroll.rewards.scoring import Score
     from freshroll.runtime.pipeline import Pipeline
-    from freshroll.runtime.run import Components
+    from freshroll.runtime.placements import Components
 
 
 #: faults that end the process with a SIGKILL: their incarnation runs in a child process

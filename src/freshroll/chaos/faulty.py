@@ -43,7 +43,7 @@ import contextlib
 from collections.abc import Coroutine, Sequence
 from typing import Any, Protocol
 
-from freshroll.engines.base import Completion
+from freshroll.engines.base import Completion, Killable
 from freshroll.engines.seams import AsyncEngine, Emit, EngineFactory, GenRequest, SamplingParams
 from freshroll.errors import WorkerLost
 from freshroll.lineage import PolicyVersion
@@ -263,7 +263,7 @@ class FaultyEngine:
 
     @property
     def real_kill(self) -> bool:
-        return callable(getattr(self.inner, "kill", None))
+        return isinstance(self.inner, Killable)
 
     def die_now(self, why: str) -> str:
         """The worker dies now: for real if its engine can (``kill()``), else every call

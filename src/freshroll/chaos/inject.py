@@ -101,7 +101,7 @@ from freshroll.runtime.hooks import Hooks
 if TYPE_CHECKING:
     from freshroll.buffer import SampleBuffer
     from freshroll.runtime.pipeline import Pipeline
-    from freshroll.runtime.run import Components
+    from freshroll.runtime.placements import Components
 
 
 #: kinds that end the process through ``on_kill``
@@ -160,7 +160,7 @@ class Injector(FaultActions, Hooks):
 
     # -- ChaosSession ------------------------------------------------------------------------
     def wrap(self, parts: Components, buf: SampleBuffer) -> Components:
-        from freshroll.runtime.run import Components
+        from freshroll.runtime.placements import Components
 
         self.buf = buf
         for _, event in buf.ledger.events():  # the run started at its first event

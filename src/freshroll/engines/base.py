@@ -89,3 +89,38 @@ class InferenceEngine(Protocol):
     def state_dict(self) -> dict[str, torch.Tensor]:
         """A detached copy of the current weights."""
         ...
+
+
+# Optional capabilities of an engine in a process of its own (a child process, a Ray actor),
+# declared so that the pool and the adapters ask ``isinstance`` rather than probe attributes.
+
+@runtime_checkable
+class Killable(Protocol):
+    """Can die now, as a crash would (the chaos harness, a worker's loss): the call in flight
+    and every later one fail with WorkerLost until a restart."""
+
+    def kill(self) -> None: ...
+
+
+@runtime_checkable
+class Restartable(Protocol):
+    """Can be replaced in place after a loss (a fresh process, the same proxy)."""
+
+    def restart(self) -> None: ...
+
+
+@runtime_checkable
+class Stoppable(Protocol):
+    """Holds a process of its own that must be ended (a retired worker frees its CPUs)."""
+
+    def stop(self) -> None: ...
+
+
+@runtime_checkable
+class SwapsInFlight(Protocol):
+    """May take weights while a call runs (``rollout.on_update`` continue / abort: the HF
+    engine and its thread adapter): ``load_weights`` may come beside ``generate``, so the
+    worker pool loads each new version under a running lock-step call."""
+
+    @property
+    def swaps_in_flight(self) -> bool: ...

@@ -60,7 +60,14 @@ import torch
 from freshroll import unsafe
 from freshroll.buffer import SampleBuffer
 from freshroll.config import LimitsSection
-from freshroll.engines.base import Completion, InferenceEngine
+from freshroll.engines.base import (
+    Completion,
+    InferenceEngine,
+    Killable,
+    Restartable,
+    Stoppable,
+    SwapsInFlight,
+)
 from freshroll.engines.seams import Emit, EngineNotRestartable, GenRequest, SamplingParams
 from freshroll.errors import RunFailed, WorkerTimeout
 from freshroll.lineage import PolicyVersion
@@ -167,7 +174,7 @@ class ThreadEngine:
     def swaps_in_flight(self) -> bool:
         """The engine takes weights while a call runs (the HF engine under
         ``rollout.on_update`` continue / abort): the pool need not wait for the call."""
-        return bool(getattr(self.engine, "swaps_in_flight", False))
+        return isinstance(self.engine, SwapsInFlight) and self.engine.swaps_in_flight
 
     async def load_weights(self, weights: Any) -> float:
         if self.swaps_in_flight:  # beside the call in flight, on a thread of its own
@@ -202,11 +209,10 @@ class ThreadEngine:
                                      f"{what} to return before its engine closes, limit "
                                      f"{deadline - since:g} s\n")
         self._pool.shutdown(wait=False, cancel_futures=True)
-        stop = getattr(self.engine, "stop", None)
         current = getattr(self.engine, "incarnation", 0) == self._incarnation
-        if callable(stop) and current:  # a process of its own (actor, child): end it now,
-            with contextlib.suppress(Exception):  # so a retired worker frees its CPUs
-                await asyncio.wait_for(asyncio.to_thread(stop), STOP_TIMEOUT_S)
+        if isinstance(self.engine, Stoppable) and current:  # a process of its own (actor,
+            with contextlib.suppress(Exception):  # child): end it now, to free its CPUs
+                await asyncio.wait_for(asyncio.to_thread(self.engine.stop), STOP_TIMEOUT_S)
 
 
 def _consume(fut: asyncio.Future[Any]) -> None:
@@ -232,8 +238,7 @@ def adapt(engine: InferenceEngine, name: str, limits: LimitsSection,
           threads: ThreadCounts | None = None, pool: StageExecutor | None = None,
           ) -> ThreadEngine:
     """The adapter of a blocking engine: killable when it has ``kill()`` (a Ray actor)."""
-    killable = callable(getattr(engine, "kill", None))
-    kind = KillableThreadEngine if killable else ThreadEngine
+    kind = KillableThreadEngine if isinstance(engine, Killable) else ThreadEngine
     return kind(engine, name, limits, threads, pool)
 
 
@@ -280,9 +285,9 @@ class ThreadEngineFactory:
                 with self._lock:
                     return self.make(name)
         else:
-            restart = getattr(old, "restart", None)
-            if restart is None:
+            if not isinstance(old, Restartable):
                 raise EngineNotRestartable(f"the engine of worker {name!r} cannot be restarted")
+            restart = old.restart
 
             def start() -> InferenceEngine:
                 restart()

@@ -1,7 +1,7 @@
 """``freshroll export-model``: a trained policy as an ordinary Hugging Face model directory.
 
 The weights of committed step ``N`` are rebuilt the way ``--resume`` rebuilds them
-(:func:`freshroll.runtime.run.build_learner`): the newest checkpoint on the committed chain
+(:func:`freshroll.runtime.learner.build_learner`): the newest checkpoint on the committed chain
 at or before ``N`` (or the initial model for ``N = 0``), then the committed steps after it
 trained again from the ledger under the settings recorded for each, each checked against its
 committed weights digest. The result is written with ``save_pretrained`` beside

@@ -29,7 +29,7 @@ from freshroll.rewards.scoring import Score
 if TYPE_CHECKING:
     from freshroll.buffer import SampleBuffer
     from freshroll.runtime.pipeline import Pipeline
-    from freshroll.runtime.run import Components
+    from freshroll.runtime.placements import Components
 
 
 class Hooks:

@@ -4,9 +4,9 @@ A recipe of plain components (torchtune style)::
 
     config -> run dir (config.yaml) -> model (tiny, or a local from_pretrained path)
            -> prompts + rewards -> ledger + sample buffer (fresh, or recovered on --resume)
-           -> components (rollout.engine): hf: learner (+ checkpoint matching the ledger's
-              version on resume), an engine factory (inline HF or Ray), the reward set, all
-              behind thread adapters; sim: freshroll.sim's latency model (no model)
+           -> placement (run.runtime and threads settled: runtime/placement.py) -> its
+              components from the registry of runtime/placements.py, by (rollout.engine,
+              run.runtime): engines, reward set, trainer, and one exit stack to release them
            -> pipeline.run() on the run's clock -> drain -> counts, then summary, verify and
               report from one read of the ledger (:mod:`freshroll.runtime.endfiles`)
 
@@ -36,55 +36,38 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import random
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, TextIO
 
 import torch
 
 from freshroll.buffer import KernelConfig, SampleBuffer
 from freshroll.clock import Clock, RealClock, VirtualClock
 from freshroll.config import Config, read_yaml, validate
-from freshroll.engines.base import InferenceEngine
-from freshroll.engines.seams import EngineFactory
-from freshroll.errors import ConfigError, Interrupted
+from freshroll.errors import Interrupted
 from freshroll.figures.overlap import host_now
 from freshroll.figures.overlap import render as render_overlap
 from freshroll.ledger import RESERVE_BYTES, Ledger, open_ledger
 from freshroll.lineage import PolicyVersion
-from freshroll.runtime.adapters import (
-    Publish,
-    ThreadEngineFactory,
-    ThreadScorer,
-    ThreadTrainer,
-    clone_weights,
-)
 from freshroll.runtime.endfiles import Finished, finish_run_dir, record_fixed_costs
 from freshroll.runtime.evaluation import build_evaluator
 from freshroll.runtime.hooks import ChaosSession
-from freshroll.runtime.learner import build_learner
 from freshroll.runtime.monitors import build_monitors
 from freshroll.runtime.observers import FollowMode, RunObserver
 from freshroll.runtime.pipeline import Pipeline, run_pipeline
-from freshroll.runtime.placement import Placement, Runtime, resolve_runtime, settled, thread_budget
+from freshroll.runtime.placement import Placement, settled
+from freshroll.runtime.placements import MakeEngine, build_components
 from freshroll.runtime.prepare import Prepared, prepare_run_dir
-from freshroll.runtime.ray_trainer import RayTrainer
 from freshroll.runtime.recording import Recording
 from freshroll.runtime.resume import announce
 from freshroll.runtime.rundir import write_text_atomic
-from freshroll.runtime.seams import AsyncScorer, AsyncTrainer, TrainerState
-from freshroll.runtime.shm_weights import WeightChannel, sweep_segments
+from freshroll.runtime.shm_weights import sweep_segments
 from freshroll.runtime.thread_probe import settle_placement
-from freshroll.stage_threads import ThreadCounts
-from freshroll.trainer.grpo import GRPOLearner
-
-if TYPE_CHECKING:
-    from freshroll.runtime.ray_scorer import RayScorer
 
 
 @dataclass
@@ -92,221 +75,6 @@ class RunResult:
     run_dir: Path
     summary: dict[str, Any]
     ok: bool
-
-
-def learner_state(learner: GRPOLearner) -> TrainerState:
-    """The checkpoint state of a learner in this process."""
-    return lambda: (learner.model_state(), learner.optimizer.state_dict())
-
-
-def build_engine(cfg: Config, path: Path, name: str, channel: WeightChannel | None = None,
-                 threads: ThreadCounts | None = None) -> InferenceEngine:
-    """The blocking engine of worker ``name``: in this process (inline), in a child process
-    reading weights from ``channel`` (process) or in a Ray actor (ray). Called on a thread by
-    the engine factory, once per worker (a replacement restarts it instead)."""
-    runtime = resolve_runtime(cfg)
-    if runtime == "process":
-        from freshroll.runtime.process_engine import ProcessEngine
-
-        lim = cfg.limits
-        child = ProcessEngine(path, channel=channel, torch_threads=thread_budget(cfg).worker,
-                              follow_threads=threads is not None,
-                              generate_timeout_s=lim.generate_timeout_s,
-                              weights_timeout_s=lim.weights_timeout_s,
-                              start_timeout_s=lim.worker_start_timeout_s)
-        try:
-            child.wait_ready()
-        except BaseException:
-            child.stop()
-            raise
-        return child  # type: ignore[return-value]  # the engine protocol, duck-typed
-    if runtime == "ray":
-        from freshroll.runtime.ray_engine import RayEngine, start_ray
-
-        start_ray(num_cpus=ray_cpus(cfg), address=cfg.run.ray_address)  # no-op if started
-        lim = cfg.limits
-        actor = RayEngine(path, torch_threads=thread_budget(cfg).worker,
-                          generate_timeout_s=lim.generate_timeout_s,
-                          weights_timeout_s=lim.weights_timeout_s,
-                          start_timeout_s=lim.worker_start_timeout_s,
-                          num_cpus=cfg.ray.worker_cpus, num_gpus=cfg.ray.worker_gpus)
-        actor.wait_ready()
-        return actor
-    from freshroll.engines.hf import HFEngine  # transformers: only when a model is loaded
-
-    return HFEngine.from_pretrained(path, on_update=cfg.rollout.on_update)
-
-
-#: ``(cfg, model path, worker name) -> engine``: what the hf engine factory calls on a thread
-MakeEngine = Callable[[Config, Path, str], InferenceEngine]
-
-
-def ray_cpus(cfg: Config) -> int:
-    """The logical CPUs of a private Ray instance: enough for every actor the run may have
-    at once (the most workers, the reward actors, the trainer actor), at least 2."""
-    r = cfg.ray
-    workers = max(cfg.rollout.workers, cfg.control.max_workers or 0)
-    need = workers * r.worker_cpus + r.reward_actors * r.reward_cpus
-    if r.trainer == "actor":
-        need += r.trainer_cpus
-    return max(2, math.ceil(need))
-
-
-def build_trainer(
-    prep: Prepared, buf: SampleBuffer, out: Path, learner: GRPOLearner,
-    before_commit: Callable[[PolicyVersion, TrainerState], None], publish: Publish,
-    stages: Placement | None = None,
-) -> ThreadTrainer | RayTrainer:
-    """The trainer of an hf or vLLM run: under ``run.runtime: ray`` with ``ray.trainer:
-    actor`` a :class:`~freshroll.runtime.ray_trainer.RayTrainer` (``learner`` is shipped to
-    its actor; rebuilt at the last durable commit if the actor is lost); with ``ray.trainer:
-    driver`` a ThreadTrainer publishing each version once into Ray's object store; else a
-    ThreadTrainer publishing with the placement's ``publish`` (a copy inline, a shared-memory
-    slot for process workers)."""
-    cfg = prep.cfg
-    ray = resolve_runtime(cfg) == "ray" and cfg.rollout.engine == "hf"
-    if ray and cfg.ray.trainer == "actor":
-        def rebuild() -> GRPOLearner:
-            return build_learner(cfg, prep.model_path, buf, out, prep.history, quiet=True)
-
-        return RayTrainer(learner, buf, cfg, rebuild, before_commit)
-    return ThreadTrainer(learner, buf, _checkpoint(before_commit, learner), publish=publish,
-                         timeout_s=cfg.limits.train_timeout_s,
-                         threads=stages.stage("train") if stages is not None else None,
-                         pool=stages.compute if stages is not None else None)
-
-
-def _checkpoint(before_commit: Callable[[PolicyVersion, TrainerState], None],
-                learner: GRPOLearner) -> Callable[[PolicyVersion], None]:
-    state = learner_state(learner)
-    return lambda v: before_commit(v, state)
-
-
-@dataclass
-class Components:
-    """What the pipeline awaits (:mod:`freshroll.runtime.seams`), and how to release it."""
-
-    engine_factory: EngineFactory
-    scorer: AsyncScorer
-    trainer: AsyncTrainer
-    close: Callable[[], None]
-
-
-def engine_runtime(cfg: Config, injected: bool = False) -> Runtime:
-    """Where the workers' engines run: :func:`resolve_runtime` for ``hf``, inline for the
-    engines that manage their own concurrency; an injected ``make_engine`` is an in-process
-    engine, so ``auto`` resolves to inline for it and an explicit other placement is refused."""
-    runtime = resolve_runtime(cfg) if cfg.rollout.engine == "hf" else "inline"
-    if injected and runtime != "inline":
-        if cfg.run.runtime != "auto":
-            raise ConfigError(f"run.runtime: {cfg.run.runtime} places engines itself; an "
-                              "injected make_engine runs in this process (inline or auto)")
-        runtime = "inline"
-    return runtime
-
-
-def build_components(
-    prep: Prepared, buf: SampleBuffer, out: Path,
-    before_commit: Callable[[PolicyVersion, TrainerState], None], clock: Clock,
-    make_engine: MakeEngine | None = None, placement: Placement | None = None,
-) -> Components:
-    """``rollout.engine: hf``: the model's engines (inline or Ray), the RewardSet and the GRPO
-    learner (at the ledger's version: checkpoint + replay) behind thread adapters; ``vllm``:
-    the same reward set and learner, one vLLM engine per worker
-    (:class:`~freshroll.engines.vllm_engine.VLLMEngineFactory`); ``sim``: the latency model
-    of :mod:`freshroll.sim` (no model, no checkpoints)."""
-    cfg = prep.cfg
-    if cfg.rollout.engine == "sim":
-        from freshroll.sim.components import build_sim
-
-        parts = build_sim(cfg, clock, buf)
-        return Components(parts.engine_factory, parts.scorer, parts.trainer,
-                          getattr(parts, "close", _nothing))
-    learner = build_learner(cfg, prep.model_path, buf, out, prep.history)
-    runtime = engine_runtime(cfg, injected=make_engine is not None)
-    publish: Publish = clone_weights
-    inline = ThreadScorer(prep.rewards)
-    scorer: ThreadScorer | RayScorer = inline
-    channel: WeightChannel | None = None
-    if runtime == "process":  # weights once per version into shared memory (unlinked at close)
-        channel = WeightChannel.create(learner.published_state(),
-                                       wait_s=cfg.limits.weights_timeout_s + 5.0, run_dir=out)
-        publish = channel.publish
-    elif runtime == "ray":  # private: in RUN_DIR/ray.json
-        from freshroll.runtime.ray_engine import ray_publish, start_ray, stop_ray
-
-        start_ray(num_cpus=ray_cpus(cfg), run_dir=out, address=cfg.run.ray_address)
-        publish = ray_publish  # once per version in the object store, one ref for all
-        try:
-            scorer = ray_scorer(cfg, prep, inline)
-        except BaseException:  # e.g. a node's reward version differs: no Ray left behind
-            stop_ray()
-            raise
-    try:
-        trainer = build_trainer(prep, buf, out, learner, before_commit, publish, placement)
-    except BaseException:
-        if channel is not None:
-            channel.close()
-        if runtime == "ray":
-            from freshroll.runtime.ray_engine import stop_ray
-
-            stop_ray()
-        raise
-    del learner  # a trainer actor holds its own copy
-    if cfg.rollout.engine == "vllm":  # one vLLM engine per worker (restartable)
-        from freshroll.engines.vllm_args import in_force
-        from freshroll.engines.vllm_engine import VLLMEngineFactory
-
-        engines = VLLMEngineFactory(prep.model_path, in_force(cfg), seed=cfg.run.seed)
-
-        def close_vllm() -> None:
-            scorer.close()
-            trainer.close()
-            engines.kill_all()  # the pool closed them; a run that crashed may not have
-
-        return Components(engines, scorer, trainer, close_vllm)
-    path = prep.model_path
-    def default_make(c: Config, p: Path, n: str) -> InferenceEngine:  # looked up at call time
-        if channel is None:
-            return build_engine(c, p, n)
-        return build_engine(c, p, n, channel, placement.stage("generate") if placement else None)
-
-    make = make_engine or default_make
-    factory = ThreadEngineFactory(
-        lambda name: make(cfg, path, name), cfg.limits, serial=runtime == "inline",
-        threads=placement.stage("generate") if placement is not None else None,
-        pool=placement.compute if placement is not None and placement.modes is None else None,
-        modes=placement.modes if placement is not None else None)
-
-    def close() -> None:
-        try:
-            scorer.close()
-            trainer.close()
-        finally:
-            if channel is not None:
-                for engine in factory.engines.values():  # the pool stopped them; a crash not
-                    stop = getattr(engine, "stop", None)
-                    if callable(stop):
-                        with contextlib.suppress(Exception):
-                            stop()
-                channel.close()
-
-    return Components(factory, scorer, trainer, close)
-
-
-def ray_scorer(cfg: Config, prep: Prepared, inline: ThreadScorer) -> ThreadScorer | RayScorer:
-    """Under Ray: ``ray.reward_actors`` reward actors (each its own RewardSet, built from
-    the config), or the driver's RewardSet on a thread with ``reward_actors: 0``."""
-    if cfg.ray.reward_actors == 0:
-        return inline
-    from freshroll.runtime.ray_scorer import RayScorer
-
-    inline.close()
-    return RayScorer(cfg, prep.rewards)
-
-
-def _nothing() -> None:
-    pass
 
 
 def run_clock(cfg: Config, ledger: Ledger) -> Clock:
@@ -432,10 +200,6 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
             failure.add_note(f"an observer's close failed too: {type(exc).__name__}: {exc}")
         finally:  # the ledger closes whatever an observer's close raised
             buf.ledger.close()
-            if resolve_runtime(cfg) == "ray":
-                from freshroll.runtime.ray_engine import stop_ray
-
-                stop_ray()
     if failure is not None:
         # a run that stopped still says what it trained and why it stopped (summary.json's
         # verdict, the report's banner); best effort: the error that stopped it comes first

@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 from freshroll import events as ev
 from freshroll import unsafe
 from freshroll.breaker import quote
+from freshroll.engines.base import SwapsInFlight
 from freshroll.engines.episodes import workflow_for
 from freshroll.engines.seams import AsyncEngine, EngineNotRestartable, SamplingParams
 from freshroll.errors import Interrupted, RunFailed, WorkerLost, WorkerTimeout
@@ -298,7 +299,7 @@ class WorkerPool:
                 continue
             pub = self._published()
             if w.loaded is not pub.version and (w.calls == 0 or engine.continuous
-                                                or getattr(engine, "swaps_in_flight", False)):
+                                                or swaps_in_flight(engine)):
                 if pub.weights is not None:
                     w.loads.append(pub.version)  # before the swap: a token of it may come first
                     exc = await self._load(w, engine, pub.version, pub.weights)
@@ -323,7 +324,7 @@ class WorkerPool:
             call = self._begin(w, rids)
             if lanes is None:
                 exc = await (self._swapping_call(w, engine, call)
-                             if getattr(engine, "swaps_in_flight", False)
+                             if swaps_in_flight(engine)
                              else self.calls.generate(w, engine, call))
                 if exc is not None:
                     return exc
@@ -450,4 +451,9 @@ class WorkerPool:
         w.blocked_since = now
         w.blocked_share = (self.concurrency - w.inflight) / self.concurrency
 
-__all__ = ["MAX_RESTARTS", "Worker", "WorkerPool"]
+def swaps_in_flight(engine: AsyncEngine) -> bool:
+    """The engine takes weights under a running call (:class:`SwapsInFlight`, set)."""
+    return isinstance(engine, SwapsInFlight) and engine.swaps_in_flight
+
+
+__all__ = ["MAX_RESTARTS", "Worker", "WorkerPool", "swaps_in_flight"]
