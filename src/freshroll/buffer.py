@@ -16,7 +16,8 @@ A request (``g17.3``) moves through::
 
 A group (one prompt, ``group_size`` requests) becomes *ready* once each member
 is rewarded or terminally discarded; groups are leased whole, oldest first,
-and a group whose oldest member's lag exceeds ``max_staleness`` is discarded
+and a group whose lag exceeds ``max_staleness`` (its stalest member's, on the
+``staleness_basis`` in force: :func:`freshroll.freshness.basis_step`) is discarded
 as ``stale`` instead of leased. Admission follows
 :func:`freshroll.freshness.admission_capacity`.
 
@@ -52,7 +53,7 @@ from freshroll import unsafe
 from freshroll.buffer_queries import BufferQueries
 from freshroll.clock import Clock
 from freshroll.errors import ConfigError, LeaseError, LedgerError, StateError, UnknownSampleError
-from freshroll.freshness import admission_capacity, is_stale
+from freshroll.freshness import STALENESS_BASES, admission_capacity, basis_step, is_stale
 from freshroll.ledger import Ledger
 from freshroll.lineage import (
     GroupId,
@@ -94,6 +95,7 @@ class KernelConfig:
     batch_groups: int = 4
     group_size: int = 4
     max_inflight_groups: int | None = None
+    staleness_basis: str = "oldest_token"  # freshness.STALENESS_BASES
 
     def __post_init__(self) -> None:
         for name in ("max_staleness", "batch_groups", "group_size"):
@@ -103,7 +105,8 @@ class KernelConfig:
                 raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
         if self.max_inflight_groups is not None and self.max_inflight_groups < 1:
             raise ConfigError(f"max_inflight_groups must be >= 1, got {self.max_inflight_groups}")
-
+        if self.staleness_basis not in STALENESS_BASES:
+            raise ConfigError(f"staleness_basis must be one of {STALENESS_BASES}")
 
 class SampleBuffer(BufferQueries):
     """The lifecycle kernel. Not thread-safe: one owner (the orchestrator) calls it. Its
@@ -118,16 +121,9 @@ class SampleBuffer(BufferQueries):
 
     # == opening and recovery ============================================================
     @classmethod
-    def open(
-        cls,
-        ledger: Ledger,
-        config: KernelConfig,
-        clock: Clock,
-        *,
-        run_id: str,
-        initial_version: PolicyVersion,
-        announce: Sequence[ev.RunConfig | ev.SettingsChanged] = (),
-    ) -> SampleBuffer:
+    def open(cls, ledger: Ledger, config: KernelConfig, clock: Clock, *, run_id: str,
+             initial_version: PolicyVersion,
+             announce: Sequence[ev.RunConfig | ev.SettingsChanged] = ()) -> SampleBuffer:
         """A fresh buffer on an empty ledger, or the recovered state of an existing one.
 
         ``announce``: audit events (the config in force, a settings change) written right
@@ -139,7 +135,7 @@ class SampleBuffer(BufferQueries):
             ts=clock.now(), run_id=run_id, incarnation=buf.incarnation + 1,
             max_staleness=config.max_staleness, batch_groups=config.batch_groups,
             group_size=config.group_size, max_inflight_groups=config.max_inflight_groups,
-        ))
+            staleness_basis=config.staleness_basis))
         if buf.version is None:  # a fresh ledger, or a crash before its first version was durable
             buf._emit(ev.PolicyPublished(ts=clock.now(), version=str(initial_version)))
         for event in announce:
@@ -296,22 +292,17 @@ class SampleBuffer(BufferQueries):
         return sid
 
     # == results =====================================================================
-    def complete(
-        self,
-        sample: str,
-        *,
-        tokens: int,
-        gen_s: float,
-        payload: bytes | None = None,
-        last_version: PolicyVersion | str | None = None,
-        worker: tuple[str, int] | None = None,
-    ) -> Outcome:
+    def complete(self, sample: str, *, tokens: int, gen_s: float, payload: bytes | None = None,
+                 last_version: PolicyVersion | str | None = None,
+                 worker: tuple[str, int] | None = None,
+                 token_versions: Sequence[tuple[str, int]] | None = None) -> Outcome:
         """A worker returned the completion of ``sample``.
 
         ``worker`` (name, epoch) names who produced it; when given, a result from any
         other worker epoch than the one the attempt was started on is rejected as
         ``fenced``. (A sample id can be issued again after a crash lost its ``started``
         event, so a worker that outlived the crash must not complete the new attempt.)
+        ``token_versions``: with ``last_version``, its tokens' ``(version, tokens)`` ranges.
         """
         req = self._requests.get(request_of(sample))
         if (req is None or req.state != RUNNING or req.sample != sample
@@ -325,8 +316,10 @@ class SampleBuffer(BufferQueries):
         event = ev.Generated(
             ts=self.clock.now(), sample=sample, tokens=tokens, gen_s=gen_s,
             last_version=None if last_version is None else str(last_version),
-            payload_digest=None if payload is None else payload_digest(payload),
-        )
+            first_version=None if last_version is None or not token_versions
+            else token_versions[0][0], token_versions=None if last_version is None
+            or not token_versions else [(str(v), int(n)) for v, n in token_versions],
+            payload_digest=None if payload is None else payload_digest(payload))
         if self.closed:
             self._refuse(event)
         self.ledger.append(event)
@@ -442,8 +435,8 @@ class SampleBuffer(BufferQueries):
         if self._leases:
             raise LeaseError(f"lease {next(iter(self._leases))} is still open")
         step, eta = self._require_version().step, self.config.max_staleness
-        for group in [g for g in self._ready if is_stale(step, g.oldest, eta)]:
-            self._discard_group(group, "stale", f"lag {step - group.oldest} > {eta}")
+        for group in [g for g in self._ready if is_stale(step, self._oldest_step(g), eta)]:
+            self._discard_group(group, "stale", f"lag {step - self._oldest_step(group)} > {eta}")
         if len(self._ready) < n:
             return None
         fresh = list(itertools.islice(self._ready, n))
@@ -589,6 +582,10 @@ class SampleBuffer(BufferQueries):
         if self.version is None:
             raise StateError("no policy version published yet")
         return self.version
+
+    def _oldest_step(self, group: _Group) -> int:
+        """The step whose lag η bounds for ``group`` on the basis in force."""
+        return basis_step(group.oldest, group.newest, self.config.staleness_basis)
 
     def _discard_group(self, group: _Group, reason: ev.DiscardReason, detail: str) -> None:
         for sid in list(group.samples):

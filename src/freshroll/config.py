@@ -47,33 +47,32 @@ AUTO_CALL_MAX = 256
 
 class RunSection(_Section):
     seed: int = Field(
-        0, ge=0, le=SEED_MAX, description="seed of prompt order, sampling and training"
-    )
+        0, ge=0, le=SEED_MAX, description="seed of prompt order, sampling and training")
     steps: int = Field(400, ge=1, le=10_000_000, description="trainer steps to commit")
     max_staleness: int = Field(1, ge=0, le=1_000, description="eta: 0 = synchronous baseline")
+    staleness_basis: Literal["oldest_token", "newest_token"] = Field(
+        "oldest_token", description="the lag max_staleness bounds at admission and lease: of "
+        "a sample's oldest token (its started version) or of its newest (with "
+        "rollout.on_update: continue, its tokens span versions; docs/freshness.md)")
     torch_threads: Annotated[int, Field(ge=1, le=1_024)] | Literal["auto"] = Field(
         "auto", description="intra-op threads per compute thread; auto: an async run measures "
         "at start (a thread probe: all the cores where they make a step's work >= 1.15x "
         "faster, else the cores shared among the run's compute processes); a sync run "
         "generates and trains on one thread and settles each stage on 1 or all the cores on "
-        "its first steps (printed at start and end, docs/overlap.md)"
-    )
+        "its first steps (printed at start and end, docs/overlap.md)")
     reward_versions: Literal["allow_change", "single"] = Field(
         "allow_change", description="a --resume whose reward functions changed (an edited "
         "reward file: a new reward version). allow_change: it continues, says so and records "
         "the change in the ledger (lineage and the report show both versions); single: it is "
-        "refused (one reward version per run)"
-    )
+        "refused (one reward version per run)")
     runtime: Literal["auto", "inline", "process", "ray"] = Field(
         "auto", description="where workers run. inline: threads of this process; process: "
         "each worker a child process, weights in shared memory; ray: workers, rewards and "
         "trainer as Ray actors; auto: inline where intra-op threads pay (the thread probe), "
-        "else process for an async hf run on >= 2 cores, else inline (docs/overlap.md)"
-    )
+        "else process for an async hf run on >= 2 cores, else inline (docs/overlap.md)")
     ray_address: str | None = Field(
         None, description="runtime ray: an existing cluster to join (e.g. 10.0.0.5:6379, "
-        "ray://host:10001, auto); unset: a private local Ray instance, dashboard off"
-    )
+        "ray://host:10001, auto); unset: a private local Ray instance, dashboard off")
     progress: bool = Field(True, description="print the progress line (stderr)")
 
     @model_validator(mode="after")
@@ -100,13 +99,11 @@ class TinySection(_Section):
 
     hidden_size: int | None = Field(None, ge=1, le=65_536, description="width (default 64)")
     intermediate_size: int | None = Field(
-        None, ge=1, le=262_144, description="MLP width (default 128)"
-    )
+        None, ge=1, le=262_144, description="MLP width (default 128)")
     num_hidden_layers: int | None = Field(None, ge=1, le=256, description="layers (default 2)")
     num_attention_heads: int | None = Field(None, ge=1, le=1_024, description="heads (default 4)")
     num_key_value_heads: int | None = Field(
-        None, ge=1, le=1_024, description="KV heads (default 4)"
-    )
+        None, ge=1, le=1_024, description="KV heads (default 4)")
     max_position_embeddings: int | None = Field(
         None, ge=8, le=1_048_576,
         description="longest prompt + completion in tokens (default 128)",
@@ -246,6 +243,12 @@ class RolloutSection(_Section):
         "served by vLLM (vllm section; docs/vllm.md); sim: the latency model of an LLM cluster "
         "(sim section), no model is loaded"
     )
+    on_update: Literal["finish", "abort", "continue"] | None = Field(
+        None, description="requests in flight when a worker gets a new policy version: finish "
+        "on the old weights, then load (finish); abort and re-issue them (abort); load at once, "
+        "their later tokens from the new weights, each token's version recorded (continue; "
+        "sim: running sequences re-prefill). Unset: each engine as before (hf: finish; vllm: "
+        "vllm.on_update; sim: swaps under running requests at no cost; docs/freshness.md)")
     workflow: str = Field(
         "single_turn", pattern=r"^[A-Za-z0-9_.-]+$", max_length=100,
         description="the episode workflow that turns a worker's requests into completions, "
@@ -457,14 +460,10 @@ class VLLMSection(_Section):
         256, ge=1, le=65_536, description="most sequences the engine runs at once (its batch)"
     )
     max_model_len: int | None = Field(
-        None, ge=8, le=1_048_576, description="longest prompt + completion; unset: the model's"
-    )
+        None, ge=8, le=1_048_576, description="longest prompt + completion; unset: the model's")
     on_update: Literal["finish", "abort", "continue"] = Field(
-        "finish", description="requests in flight when a new policy version arrives: finish on "
-        "the old weights, then load (finish); abort them and re-issue on the new weights "
-        "(abort); or load at once, so their later tokens come from the new weights and the "
-        "ledger records the version range (continue)"
-    )
+        "finish", description="deprecated alias of rollout.on_update (which wins; both set "
+        "and different: an error): finish, abort or continue")
     engine_args: dict[str, Any] = Field(
         default_factory=dict, description="more vLLM engine arguments (AsyncEngineArgs "
         "fields, e.g. {enable_prefix_caching: true}); unknown keys are rejected"
@@ -577,6 +576,10 @@ class Config(_Section):
         if self.eval.file is not None and self.rollout.engine == "sim":
             raise ValueError("eval.file: rollout.engine sim loads no model to evaluate; "
                              "unset eval.file")
+        mode, alias = self.rollout.on_update, self.vllm.on_update
+        if mode is not None and "on_update" in self.vllm.model_fields_set and mode != alias:
+            raise ValueError(f"rollout.on_update ({mode}) and its deprecated alias "
+                             f"vllm.on_update ({alias}) differ: set rollout.on_update alone")
         if self.rollout.temperature == 0:
             raise ValueError("rollout.temperature: 0 (greedy) makes every completion of a group "
                              "identical, so every GRPO advantage is zero; use e.g. 1.0")

@@ -55,6 +55,9 @@ class Opened(Event, frozen=True, tag="opened"):
     batch_groups: int
     group_size: int
     max_inflight_groups: int | None = None
+    #: the lag that max_staleness bounds (``run.staleness_basis``): of a sample's oldest
+    #: token (its started version) or of its newest (``generated.last_version``)
+    staleness_basis: str = "oldest_token"
 
 
 class PolicyPublished(Event, frozen=True, tag="policy_published"):
@@ -117,6 +120,10 @@ class Generated(Event, frozen=True, tag="generated"):
     tokens: int
     gen_s: float  # generation time measured on the worker
     last_version: str | None = None  # set when tokens span a weight update
+    first_version: str | None = None  # with last_version: its oldest token's (= started's)
+    #: with ``last_version``: its tokens' versions as run-length ranges ``[version, tokens]``,
+    #: oldest first (the first is its started version); None: every token is of that version
+    token_versions: list[tuple[str, int]] | None = None
     #: digest of the payload stored with it (``lineage.payload_digest``); None: no payload
     payload_digest: str | None = None
 

@@ -21,10 +21,29 @@ Lease time: a group whose lag exceeds η is discarded as ``stale``
 (:func:`is_stale`), so the bound holds even when admission order breaks down
 (retries, released leases, a resume with a smaller η).
 
+Tokens of several versions (``rollout.on_update: continue``): a sample whose tokens come
+from versions ``s_1 <= ... <= s_k`` with ``n_1 .. n_k`` tokens, consumed at ``v``, has::
+
+    oldest-token lag    v - s_1
+    newest-token lag    v - s_k
+    token-weighted lag  v - (Σ n_i s_i) / (Σ n_i)
+
+``run.staleness_basis`` picks which of the first two η bounds (:func:`basis_step`): the
+oldest (the default, and the rule above) or the newest. A group is as stale as its stalest
+member on that basis. Admission keeps the formula above on either basis: a sample's newest
+token is never older than its oldest, so a group admitted at ``v`` and consumed by
+``v + η`` is fresh on both.
+
 Everything here is pure: integers in, integers out.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final, Literal
+
+StalenessBasis = Literal["oldest_token", "newest_token"]
+STALENESS_BASES: Final = ("oldest_token", "newest_token")
 
 
 def admission_capacity(
@@ -51,3 +70,26 @@ def lag(consumer_version: int, sample_version: int) -> int:
 def is_stale(consumer_version: int, oldest_version: int, max_staleness: int) -> bool:
     """True when a sample or group generated at ``oldest_version`` may not be consumed."""
     return lag(consumer_version, oldest_version) > max_staleness
+
+
+def basis_step(oldest_step: int, newest_step: int, basis: str) -> int:
+    """The generating step whose lag η bounds on ``basis`` (module docstring)."""
+    if basis == "oldest_token":
+        return oldest_step
+    if basis == "newest_token":
+        return newest_step
+    raise ValueError(f"staleness_basis must be one of {STALENESS_BASES}, got {basis!r}")
+
+
+def token_lags(consumer_version: int, spans: Sequence[tuple[int, int]]) -> tuple[int, int, float]:
+    """``(oldest-token lag, newest-token lag, token-weighted lag)`` of a sample consumed at
+    ``consumer_version`` whose tokens are ``spans``: ``(step, tokens)`` run-length ranges,
+    oldest first (module docstring). A sample of no tokens weighs its steps alike."""
+    if not spans:
+        raise ValueError("a sample has at least one version range")
+    steps = [s for s, _ in spans]
+    total = sum(max(n, 0) for _, n in spans)
+    mean = (sum(s * max(n, 0) for s, n in spans) / total if total
+            else sum(steps) / len(steps))
+    return (consumer_version - min(steps), consumer_version - max(steps),
+            consumer_version - mean)

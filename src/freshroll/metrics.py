@@ -3,8 +3,7 @@
 Every number freshroll reports about a run — a ``metrics.jsonl`` row, ``summary.json``,
 the progress line and the final line on the terminal, ``report.html`` and ``freshroll
 timing`` — is one of the figures below, computed by its function here and nowhere else.
-docs/metrics.md defines each figure once; a test holds that page and :data:`FIGURES`
-to each other.
+docs/metrics.md defines each figure once; a test holds it and :data:`FIGURES` together.
 
 The ledger is folded once by a :class:`Tally` (``feed(event)``, one event at a time), and
 each figure is a function of a tally. Folding is incremental, so a live run (which feeds
@@ -48,7 +47,7 @@ from typing import Any, Final, TypeVar
 
 from freshroll import events as ev
 from freshroll.lineage import policy_step
-from freshroll.timing import percentile
+from freshroll.token_lag import TokenLags, lag_percentile
 
 #: discard reasons left out of the discard rate and the counted discards (see the module doc)
 UNCOUNTED_DISCARD_REASONS: Final = frozenset(ev.RETRY_REASONS | {"shutdown"})
@@ -101,6 +100,8 @@ class Tally:
     step_zero_std: float | None = None
     groups: int = 0  # committed groups (a group split over two steps counts in each)
     groups_zero_std: int = 0  # ... of which the committed members' rewards had zero std
+    tokens: TokenLags = field(default_factory=TokenLags)  # oldest/newest/weighted token lags
+    step_tokens: dict[str, float] | None = None  # ... the last commit's batch means
     #: attempt -> (total reward, components, logged), until committed or discarded
     _scored: dict[str, tuple[float, dict[str, float], dict[str, float]]] = field(
         default_factory=dict)
@@ -124,10 +125,13 @@ class Tally:
             self._wall_done = wall_s(self)
             self._start = self._last = None
             self.max_staleness = e.max_staleness
+            self.tokens.basis = e.staleness_basis
         elif isinstance(e, ev.Started):
             self._started[e.sample] = policy_step(e.version)
         elif isinstance(e, ev.Generated):
             self.generated += 1
+            if e.last_version is not None:  # tokens of several versions
+                self.tokens.generated(e, self._started.get(e.sample))
         elif isinstance(e, ev.Rewarded):
             self._scored[e.sample] = (e.reward, e.components, e.logged)
         elif isinstance(e, ev.Leased):
@@ -144,6 +148,7 @@ class Tally:
             if e.sample is not None:
                 self._started.pop(e.sample, None)
                 self._scored.pop(e.sample, None)
+                self.tokens.spans.pop(e.sample, None)
         elif isinstance(e, ev.WeightsLoaded):
             self.transfers.append(e.transfer_s)
         elif isinstance(e, ev.ControllerDecided):
@@ -170,12 +175,15 @@ class Tally:
     def _committed(self, e: ev.Committed) -> dict[str, Any]:
         lease = self._leases.pop(e.lease, None)
         self.step_wait_s = lease[1] if lease is not None else 0.0
-        step_lags = []
+        step_lags, spans = [], self.tokens.spans
         for s in e.samples:
             gen = self._started.pop(s, None)
             if lease is not None and gen is not None:  # else a damaged ledger: verify says so
                 self.lags[lease[0] - gen] += 1
                 step_lags.append(lease[0] - gen)
+                if spans and s in spans:
+                    self.tokens.committed(lease[0], spans.pop(s))
+        self.step_tokens = self.tokens.step(step_lags)
         self.step_lags = (sum(step_lags) / len(step_lags), max(step_lags)) if step_lags else None
         previous = self._last if self._last is not None else self._start
         self.step_interval_s = e.ts - previous if previous is not None else 0.0
@@ -337,36 +345,14 @@ def discard_rate(t: Tally) -> float:
     return counted / (t.accepted + counted) if t.accepted + counted else 0.0
 
 
-def _lag_percentile(t: Tally, q: float) -> float:
-    """:func:`freshroll.timing.percentile` of every committed sample's lag, read off the
-    histogram (the same number, without a list of one entry per sample)."""
-    n = sum(t.lags.values())
-    if not n:
-        return percentile([], q)
-    pos = (n - 1) * q / 100.0
-    lo = int(pos)
-    hi = min(lo + 1, n - 1)
-    x_lo = x_hi = None
-    seen = 0
-    for lag, k in sorted(t.lags.items()):
-        seen += k
-        if x_lo is None and lo < seen:
-            x_lo = float(lag)
-        if hi < seen:
-            x_hi = float(lag)
-            break
-    assert x_lo is not None and x_hi is not None
-    return x_lo + (x_hi - x_lo) * (pos - lo)
-
-
 @figure
 def lag_p50(t: Tally) -> float:
-    return _lag_percentile(t, 50)
+    return lag_percentile(t.lags, 50)
 
 
 @figure
 def lag_p99(t: Tally) -> float:
-    return _lag_percentile(t, 99)
+    return lag_percentile(t.lags, 99)
 
 
 @figure
@@ -383,6 +369,16 @@ def lag_mean(t: Tally) -> float:
 @figure
 def lag_histogram(t: Tally) -> dict[str, int]:
     return {str(lag): n for lag, n in sorted(t.lags.items())}
+
+
+@figure
+def token_lag(t: Tally) -> dict[str, Any]:
+    return t.tokens.summary(t.lags)
+
+
+@figure
+def step_token_lag(t: Tally) -> dict[str, float] | None:
+    return t.step_tokens
 
 
 @figure
@@ -587,6 +583,7 @@ def row(t: Tally, e: ev.Committed) -> dict[str, Any]:
     return {
         "step": steps(t), "t": wall_s(t), "version": e.version, **e.metrics,
         "lag_mean": step_lag_mean(t), "lag_max": step_lag_max(t),
+        **{f"lag_{k}_mean": x for k, x in (step_token_lag(t) or {}).items() if k != "oldest"},
         "trainer_wait_s": step_wait_s(t), "step_idle_ratio": step_idle_ratio(t),
         "accepted_total": accepted_rollouts(t), "accepted_per_s": accepted_rollouts_per_s(t),
         "trainer_idle_ratio": trainer_idle_ratio(t), "discards": counted_discards(t),
@@ -601,8 +598,11 @@ def histogram_columns(t: Tally) -> dict[str, int]:
     """A row's counted-by-label columns: ``discards/<reason>`` (:func:`discards_by_reason`,
     every reason seen so far) and ``lag_histogram/<lag>`` (:func:`lag_histogram`, the
     committed samples of each lag so far)."""
+    tokens = token_lag(t)
     return {**{f"discards/{r}": n for r, n in discards_by_reason(t).items()},
-            **{f"lag_histogram/{k}": n for k, n in lag_histogram(t).items()}}
+            **{f"lag_histogram/{k}": n for k, n in lag_histogram(t).items()},
+            **{f"lag_{kind}_histogram/{k}": n for kind in ("newest", "weighted")
+               for k, n in tokens[kind]["histogram"].items()}}
 
 
 def reward_columns(t: Tally) -> dict[str, Any]:
@@ -629,7 +629,7 @@ def summary_figures(t: Tally) -> dict[str, Any]:
         "discard_rate": discard_rate(t), "counted_discards": counted_discards(t),
         "discards": discards_by_reason(t),
         "lag": {"p50": lag_p50(t), "p99": lag_p99(t), "max": lag_max(t), "mean": lag_mean(t),
-                "histogram": lag_histogram(t)},
+                "histogram": lag_histogram(t)}, "token_lag": token_lag(t),
         "off_policy": {"mismatch_kl_mean": mismatch_kl_mean(t),
                        "is_weight_mean": is_weight_mean(t), "is_weight_max": is_weight_max(t)},
         "trainer_idle_ratio": trainer_idle_ratio(t), "trainer_wait_s": trainer_wait_s(t),

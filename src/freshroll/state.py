@@ -47,7 +47,8 @@ class _Request:
     attempt: int = 0
     sample: SampleId | None = None
     worker: tuple[str, int] | None = None
-    step: int = -1  # policy step its current attempt was generated with
+    step: int = -1  # policy step its current attempt was generated with (oldest token)
+    newest: int = -1  # policy step of its newest token (generated.last_version, else step)
     reward: float = math.nan
     started_at: float = math.nan  # ts of its current attempt's start
 
@@ -62,6 +63,7 @@ class _Group:
     samples: list[SampleId] = field(default_factory=list)  # rewarded samples, in order
     dropping: ev.DiscardReason | None = None  # set once a whole-group discard has begun
     oldest: int = 2**62  # oldest policy step among its rewarded samples (its staleness)
+    newest: int = 2**62  # least newest-token step among them (newest_token basis)
     started_at: float | None = None  # ts of the first attempt of any member
     target: int = 0  # members it keeps (over-provisioned: fewer than its members; stop at target)
 
@@ -216,6 +218,12 @@ class BufferState:
 
     def _generated(self, req: _Request, e: ev.Generated) -> None:
         req.state = GENERATED
+        last = e.last_version
+        if last is None:
+            req.newest = req.step
+        else:
+            step = self._published.get(last)
+            req.newest = policy_step(last) if step is None else step
         self.latencies.append(e.ts - req.started_at)
         self._inflight[req.worker].discard(req.sample)  # type: ignore[index]  # running: worker and sample are set
         self._generated_n += 1
@@ -230,6 +238,8 @@ class BufferState:
         group.samples.append(e.sample)  # type: ignore[arg-type]  # NewType: a str on the hot path
         if req.step < group.oldest:
             group.oldest = req.step
+        if req.newest < group.newest:
+            group.newest = req.newest
         self._rewarded_n += 1
 
     def _on_ready(self, e: ev.Ready) -> None:

@@ -24,6 +24,7 @@ from freshroll.figures.summary import SummaryFold, fold_events
 from freshroll.figures.verdict import VerdictFold
 from freshroll.ledger import Ledger
 from freshroll.timing import STAGES, SpanFold, percentile
+from freshroll.token_lag import lag_percentile
 
 
 def _reference_spans(events: list[ev.Event]) -> tuple[dict[str, list[float]], list[float]]:
@@ -139,10 +140,8 @@ def test_a_damaged_ledger_is_kept_and_raised_where_it_is_used() -> None:
 def test_lag_percentiles_off_the_histogram_equal_the_list_percentile(
     lags: dict[int, int], q: int,
 ) -> None:
-    t = m.Tally()
-    t.lags = Counter(lags)
     expanded = [float(lag) for lag, n in sorted(lags.items()) for _ in range(n)]
-    got = m._lag_percentile(t, q)
+    got = lag_percentile(Counter(lags), q)  # moved from metrics to freshroll.token_lag
     assert got == percentile(expanded, q) and type(got) is float
 
 

@@ -41,9 +41,11 @@ def test_every_row_column_is_documented(sim_events: list[ev.Event]) -> None:
                "workers", "concurrency", "admission_limit", "blocked_ratio"}
     assert control <= set(columns) and not control & set(row)  # no decision yet: left out
     labelled = {k for k in row if "/" in k}  # documented as `discards/<reason>` etc.
-    assert labelled and all(re.fullmatch(r"(discards|lag_histogram)/[a-z_0-9]+", k)
-                            for k in labelled)
+    assert labelled and all(re.fullmatch(
+        r"(discards|lag_histogram|lag_newest_histogram)/[a-z_0-9]+|lag_weighted_histogram/[0-9.]+",
+        k) for k in labelled)
     assert "| `discards/<reason>` |" in table and "| `lag_histogram/<lag>` |" in table
+    assert "| `lag_newest_histogram/<lag>`, `lag_weighted_histogram/<bin>` |" in table
     # the simulator records no trainer metrics
     assert set(row) - labelled == set(columns) - engine - control
     for fig in columns.values():

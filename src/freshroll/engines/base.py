@@ -41,6 +41,11 @@ class Completion:
     gen_s: float  # seconds this sequence's batch took to generate
     #: token count when ``token_ids`` is not materialized (the simulated engine); else None
     n_tokens: int | None = None
+    #: the weights each token came from, as run-length ``(load ordinal, tokens)`` ranges,
+    #: oldest first: ordinal ``k`` is the engine's ``k``-th ``load_weights`` (0: the weights
+    #: it started with). Empty: not reported (every token of the weights the request started
+    #: under). An engine that swaps weights under running requests reports it.
+    version_spans: tuple[tuple[int, int], ...] = ()
 
     @property
     def tokens(self) -> int:
@@ -109,3 +114,13 @@ class Stoppable(Protocol):
     """Holds a process of its own that must be ended (a retired worker frees its CPUs)."""
 
     def stop(self) -> None: ...
+
+
+@runtime_checkable
+class SwapsInFlight(Protocol):
+    """May take weights while a call runs (``rollout.on_update`` continue / abort: the HF
+    engine and its thread adapter): ``load_weights`` may come beside ``generate``, so the
+    worker pool loads each new version under a running lock-step call."""
+
+    @property
+    def swaps_in_flight(self) -> bool: ...

@@ -32,14 +32,23 @@ Guarantees:
   ``ValueError`` (as vLLM refuses one longer than its ``max_model_len``).
 * The engine uses the model object it is given (not a copy), keeps it in eval mode and runs
   generation under ``torch.inference_mode()``.
+* In-flight weight updates (``on_update``, set from ``rollout.on_update``): with ``continue``
+  or ``abort`` a ``load_weights`` may come while ``generate`` runs on another thread; it waits
+  for the decode step under way (one lock holds each forward pass and each load), swaps,
+  and the loop goes on. ``continue``: the next tokens are sampled from the new weights (the
+  KV cache of the earlier ones is kept, as PipelineRL does), each token's log-prob is that of
+  the weights that sampled it, and ``Completion.version_spans`` says how many tokens each
+  load made; ``abort``: the call raises :class:`~freshroll.errors.Superseded` at its next
+  step (its requests are re-issued). Unset or ``finish``: loads come between calls.
 """
 
 from __future__ import annotations
 
 import inspect
 import os
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +59,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from freshroll.engines.base import FINISH_LENGTH, FINISH_STOP, Completion, encode_prompt
 from freshroll.engines.lora_merge import AdapterMerger, is_adapter
 from freshroll.engines.model_dir import loading_model, takes_logits_to_keep
-from freshroll.errors import ConfigError
+from freshroll.errors import ConfigError, Superseded
 
 _TRANSFORMERS_MAJOR = int(transformers.__version__.split(".")[0])
 
@@ -76,6 +85,16 @@ class HFEngine:
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self._keep_kwarg = takes_logits_to_keep(model)
         self._merger = AdapterMerger()  # the base weights of a LoRA run's adapter targets
+        self.on_update: str | None = None  # rollout.on_update (module docstring)
+        self.loads = 0  # weight loads swapped in (the ordinals of Completion.version_spans)
+        self._swap = threading.Lock()  # one forward pass or one load at a time
+        #: called between two decode steps with the step's index (tests: a load mid-call)
+        self.between_steps: Callable[[int], None] | None = None
+
+    @property
+    def swaps_in_flight(self) -> bool:
+        """A load may come while a call runs (``continue`` / ``abort``)."""
+        return self.on_update in ("continue", "abort")
 
     @classmethod
     def from_pretrained(
@@ -83,8 +102,10 @@ class HFEngine:
         path: str | os.PathLike[str],
         device: str | torch.device = "cpu",
         dtype: torch.dtype | str | None = None,
+        on_update: str | None = None,
     ) -> HFEngine:
-        """Load a model directory from local disk only (nothing is ever downloaded)."""
+        """Load a model directory from local disk only (nothing is ever downloaded);
+        ``on_update``: ``rollout.on_update`` (the module docstring)."""
         root = Path(path)
         if not root.is_dir():
             raise ConfigError(f"model path {str(root)!r} does not exist or is not a directory")
@@ -96,7 +117,9 @@ class HFEngine:
         with loading_model(root):
             model = AutoModelForCausalLM.from_pretrained(root, **kwargs)
             tokenizer = AutoTokenizer.from_pretrained(root, local_files_only=True)
-        return cls(model, tokenizer, device=device)
+        engine = cls(model, tokenizer, device=device)
+        engine.on_update = on_update
+        return engine
 
     # --- InferenceEngine ----------------------------------------------------------------
 
@@ -124,13 +147,13 @@ class HFEngine:
         else:
             generator.manual_seed(seed)
         with torch.inference_mode():
-            tokens, logprobs = self._decode_loop(
+            tokens, logprobs, ordinals = self._decode_loop(
                 prompt_ids, max_new_tokens, temperature, top_p, generator
             )
         self._sync()
         gen_s = time.perf_counter() - start
         return [
-            self._completion(p, toks, lps, gen_s)
+            self._completion(p, toks, lps, gen_s, ordinals)
             for p, toks, lps in zip(prompt_ids, tokens.tolist(), logprobs.tolist(), strict=True)
         ]
 
@@ -139,13 +162,14 @@ class HFEngine:
         LoRA adapter publication into the base weights (:mod:`freshroll.engines.lora_merge`);
         seconds taken."""
         start = time.perf_counter()
-        with torch.no_grad():
+        with self._swap, torch.no_grad():
             if is_adapter(state_dict):
                 self._merger.apply(self.model, state_dict)
             else:
                 self.model.load_state_dict(dict(state_dict), strict=True)
                 self._merger.reset()
-        self._sync()
+            self._sync()
+            self.loads += 1
         return time.perf_counter() - start
 
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -180,14 +204,19 @@ class HFEngine:
         temperature: float,
         top_p: float,
         generator: torch.Generator,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Tokens and log-probs, each ``[batch, steps]``; finished rows hold pad / 0.0."""
+    ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """Tokens and log-probs, each ``[batch, steps]`` (finished rows hold pad / 0.0), and
+        the load ordinal of the weights that sampled each step's token."""
         ids, mask = self._left_pad(prompt_ids)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         extra = {"logits_to_keep": 1} if self._keep_kwarg else {}
-        out = self.model(
-            input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **extra
-        )
+        first = self.loads
+        ordinals: list[int] = []
+        with self._swap:
+            out = self.model(
+                input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                **extra)
+            ordinals.append(self.loads)
         cache = _cache_of(out)
         next_pos = positions[:, -1:] + 1
         eos = torch.tensor(sorted(self.eos_ids), device=self.device)
@@ -204,19 +233,23 @@ class HFEngine:
             if step == max_new_tokens - 1 or bool(finished.all()):
                 break
             mask = torch.cat([mask, alive.long()[:, None]], dim=1)
-            out = self.model(
-                input_ids=tok[:, None],
-                attention_mask=mask,
-                position_ids=next_pos,
-                use_cache=True,
-                **{self._cache_kwarg: cache},
-            )
+            if self.between_steps is not None:
+                self.between_steps(step)
+            with self._swap:
+                if self.on_update == "abort" and self.loads != first:
+                    raise Superseded("new weights arrived during the call (on_update: abort)")
+                out = self.model(input_ids=tok[:, None], attention_mask=mask,
+                                 position_ids=next_pos, use_cache=True,
+                                 **{self._cache_kwarg: cache})
+                ordinals.append(self.loads)
             cache = _cache_of(out)
             next_pos = next_pos + 1
-        return torch.stack(tokens, dim=1).cpu(), torch.stack(logprobs, dim=1).float().cpu()
+        return (torch.stack(tokens, dim=1).cpu(), torch.stack(logprobs, dim=1).float().cpu(),
+                ordinals)
 
     def _completion(
-        self, prompt: list[int], tokens: list[int], logprobs: list[float], gen_s: float
+        self, prompt: list[int], tokens: list[int], logprobs: list[float], gen_s: float,
+        ordinals: Sequence[int] = (),
     ) -> Completion:
         finish, end = FINISH_LENGTH, len(tokens)
         for i, t in enumerate(tokens):
@@ -233,6 +266,7 @@ class HFEngine:
             text=self.tokenizer.decode(visible, skip_special_tokens=True),
             finish_reason=finish,
             gen_s=gen_s,
+            version_spans=_spans(ordinals[:end], self.swaps_in_flight),
         )
 
     def _sync(self) -> None:
@@ -282,6 +316,18 @@ def _check_settings(max_new_tokens: int, temperature: float, top_p: float) -> No
         raise ConfigError(f"temperature must be >= 0, got {temperature}")
     if not 0.0 < top_p <= 1.0:
         raise ConfigError(f"top_p must be in (0, 1], got {top_p}")
+
+
+def _spans(ordinals: Sequence[int], always: bool) -> tuple[tuple[int, int], ...]:
+    """Run-length ``(ordinal, tokens)`` of a row's per-token load ordinals; empty when they
+    are all one and not ``always`` (an engine that never swaps under a call)."""
+    out: list[tuple[int, int]] = []
+    for k in ordinals:
+        if out and out[-1][0] == k:
+            out[-1] = (k, out[-1][1] + 1)
+        else:
+            out.append((k, 1))
+    return tuple(out) if len(out) > 1 or always else ()
 
 
 def _eos_ids(model: PreTrainedModel, tokenizer: Any) -> frozenset[int]:

@@ -18,15 +18,20 @@ class RolloutPayload(msgspec.Struct, frozen=True, array_like=True):
     logprobs: list[float]
     text: str
     finish_reason: str
+    #: the tokens' policy versions as run-length ``(version, tokens)`` ranges, oldest first
+    #: (the ``generated`` event's ``token_versions``); empty: all of the started version.
+    #: ``logprobs[i]`` is the behaviour log-prob under the version of token ``i``'s range.
+    versions: list[tuple[str, int]] = []
 
 
 _ENC = msgspec.msgpack.Encoder()
 _DEC = msgspec.msgpack.Decoder(RolloutPayload)
 
 
-def encode(c: Completion) -> bytes:
+def encode(c: Completion, versions: list[tuple[str, int]] | None = None) -> bytes:
     return _ENC.encode(RolloutPayload(
-        list(c.prompt_token_ids), list(c.token_ids), list(c.logprobs), c.text, c.finish_reason
+        list(c.prompt_token_ids), list(c.token_ids), list(c.logprobs), c.text, c.finish_reason,
+        list(versions or ()),
     ))
 
 

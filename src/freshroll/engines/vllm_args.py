@@ -111,6 +111,14 @@ def model_config(model_path: Path) -> dict[str, Any]:
     return data
 
 
+def in_force(cfg: Config) -> VLLMSection:
+    """``cfg.vllm`` with ``rollout.on_update`` in force: ``vllm.on_update`` is its deprecated
+    alias, read only when ``rollout.on_update`` is unset (the config refuses the two set to
+    different values)."""
+    mode = cfg.rollout.on_update
+    return cfg.vllm if mode is None else cfg.vllm.model_copy(update={"on_update": mode})
+
+
 def check_engine_arg_keys(extra: Mapping[str, Any]) -> None:
     """Every ``vllm.engine_args`` key must be an AsyncEngineArgs field freshroll does not set
     (imports vLLM only when there are keys to check)."""

@@ -7,7 +7,9 @@ what            bound by
 payloads        each ``generated`` event records its payload's digest
                 (:func:`~freshroll.lineage.payload_digest`); the ledger's ``payloads`` row of
                 that sample must exist and have that digest: a payload deleted, altered, or
-                swapped with another sample's (within a batch or across steps) fails
+                swapped with another sample's (within a batch or across steps) fails; a
+                sample whose tokens span versions keeps the event's ``token_versions``
+                ranges in its payload, and they cover its tokens
 checkpoints     each ``checkpoints/step-NNNNNN`` directory: its ``meta.json`` names that step
                 and the version the ledger committed at it (the version carries the weights
                 digest); each file the step's ``checkpoint_saved`` event lists is present with
@@ -35,6 +37,7 @@ from typing import Any
 import yaml
 
 from freshroll import events as ev
+from freshroll.engines.payload import decode as decode_payload
 from freshroll.ledger import Ledger
 from freshroll.lineage import file_digests, payload_mismatches, policy_step
 from freshroll.yamlfile import load_plain
@@ -48,6 +51,8 @@ class FileBindings:
 
     def __init__(self) -> None:
         self.payloads: dict[str, str] = {}  # sample -> its payload's digest
+        #: sample -> its tokens' version ranges (a sample whose tokens span versions)
+        self.token_versions: dict[str, list[tuple[str, int]]] = {}
         self.versions: dict[int, str] = {}  # step -> the version committed at it
         self.saved: dict[int, ev.CheckpointSaved] = {}  # step -> its newest record
         self.config: str | None = None  # the newest run_config's canonical JSON
@@ -56,6 +61,8 @@ class FileBindings:
         if isinstance(e, ev.Generated):
             if e.payload_digest is not None:
                 self.payloads[e.sample] = e.payload_digest
+                if e.token_versions is not None:
+                    self.token_versions[e.sample] = [(v, n) for v, n in e.token_versions]
         elif isinstance(e, ev.Committed):
             self.versions[policy_step(e.version)] = e.version
         elif isinstance(e, ev.CheckpointSaved):
@@ -79,6 +86,16 @@ def check_payloads(bindings: FileBindings, ledger: Ledger, add: Any) -> None:
                    else "altered") + " after it was stored"
             add(INVARIANT, f"ledger.sqlite payloads: {sample}'s payload has digest {got}, its "
                            f"generated event recorded {want} ({how})")
+    for sample, ranges in bindings.token_versions.items():
+        data = ledger.payload(sample)
+        if data is None or sample in dict(bad):
+            continue
+        stored = decode_payload(data)
+        kept = [(v, n) for v, n in stored.versions]
+        if kept != ranges or sum(n for _, n in kept) != len(stored.token_ids):
+            add(INVARIANT, f"ledger.sqlite payloads: {sample}'s payload keeps the version "
+                           f"ranges {kept} for {len(stored.token_ids)} tokens, its generated "
+                           f"event recorded {ranges}")
 
 
 def check_checkpoints(bindings: FileBindings, run_dir: Path, add: Any,

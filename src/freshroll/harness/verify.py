@@ -22,8 +22,9 @@ unexpected     every event names requests and groups that were admitted; every
                only an open lease is released; an over-provisioned group (``target``)
                is made ready with at most ``target`` samples (stop at target)
 freshness      every lease is taken at the current policy version; committed lag is
-               >= 0 and <= max_staleness in force; every ``stale`` discard really
-               exceeded it
+               >= 0 and <= max_staleness in force, on the staleness basis in force
+               (``opened.staleness_basis``: the oldest token's or the newest's); every
+               ``stale`` discard really exceeded it
 fencing        every attempt starts on a registered epoch that is not fenced, and no
                result is applied from a fenced one; a worker's new epoch is registered
                only after its previous epoch was fenced, and is newer
@@ -31,7 +32,10 @@ lineage        every committed sample names a policy and a reward version that
                parse; every committed version's digest recomputes from its parent,
                its batch and its settings digest; an attempt that names its episode
                call (``started.call``) joins a call its first member opened on the same
-               worker epoch and policy version, with the same seed
+               worker epoch and policy version, with the same seed; a sample whose
+               tokens span versions (``generated.token_versions``) names published
+               versions, oldest first, from its started version to ``last_version``,
+               their tokens adding up to its own
 accounting     ``counts.json`` equals the recount; ``summary.json`` equals the summary
                recomputed from the ledger (:mod:`freshroll.figures.summary`, figures of
                :mod:`freshroll.metrics`); ``metrics.jsonl`` holds exactly one row per

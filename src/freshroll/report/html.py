@@ -34,7 +34,7 @@ from freshroll import events as ev
 from freshroll.figures.summary import SummaryFold
 from freshroll.harness.verify import Report
 from freshroll.ledger import LEDGER_FILE
-from freshroll.metrics import UNCOUNTED_DISCARD_REASONS, discard_rate, discards_by_reason
+from freshroll.metrics import UNCOUNTED_DISCARD_REASONS, discard_rate, discards_by_reason, token_lag
 from freshroll.report import plots
 from freshroll.report.bias import sample_bias
 from freshroll.report.completions import completions_section
@@ -187,6 +187,15 @@ def _lag_section(run: RunData) -> str:
     hint = ("<p class='hint'>Lag = trainer version that consumed the sample minus the policy "
             "version that generated it; the dashed line is the <code>max_staleness</code> "
             "(η) bound.</p>")
+    tok = token_lag(lv.tally)  # each token's version (rollout.on_update: continue)
+    if tok["spanning"]:
+        hint += (f"<p class='hint'>{fmt(tok['spanning'])} committed samples have tokens of "
+                 f"several policy versions; η bounds the {tok['basis'].replace('_', ' ')} "
+                 "lag (run.staleness_basis). Their lags, by token:</p>" + _table(
+                     ("token", "mean lag", "max", "histogram (lag: samples)"),
+                     [(k, fmt(tok[k]["mean"]), fmt(tok[k]["max"]), ", ".join(
+                         f"{x}: {n}" for x, n in tok[k]["histogram"].items()))
+                      for k in ("oldest", "newest", "weighted")], "num"))
     return (hint + '<div class="row">'
             + _img(plots.lag_histogram(counts, eta_i), "lag histogram")
             + f"<div>{table}</div></div>")

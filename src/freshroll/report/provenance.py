@@ -152,6 +152,8 @@ def _of_sample(hist: History, ident: str) -> dict[str, Any]:
         if a.generated is not None:
             row.update(generated_s=_rel(hist, a.generated.ts), gen_s=a.generated.gen_s,
                        tokens=a.generated.tokens, last_version=a.generated.last_version)
+            if a.generated.token_versions:  # how many of its tokens each version made
+                row["token_versions"] = [[v, n] for v, n in a.generated.token_versions]
         if a.rewarded is not None:
             row.update(reward=a.rewarded.reward, reward_version=a.rewarded.reward_version,
                        rewards=a.rewarded.components, reward_s=a.rewarded.reward_s)
@@ -254,6 +256,8 @@ def _render_sample(info: dict[str, Any]) -> str:
             span = f", tokens up to {a['last_version']}" if a.get("last_version") else ""
             lines.append(f"    {a['tokens']} tokens in {a['gen_s']:.3f} s (done at "
                          f"{a['generated_s']} s){span}")
+            for v, n in a.get("token_versions", ()):
+                lines.append(f"      {n} tokens by {v}")
         if a.get("reward_version") is not None:
             parts = ", ".join(f"{k} {v:g}" for k, v in a["rewards"].items())
             lines.append(f"    reward {a['reward']:g} by {a['reward_version']}"

@@ -60,7 +60,14 @@ import torch
 from freshroll import unsafe
 from freshroll.buffer import SampleBuffer
 from freshroll.config import LimitsSection
-from freshroll.engines.base import Completion, InferenceEngine, Killable, Restartable, Stoppable
+from freshroll.engines.base import (
+    Completion,
+    InferenceEngine,
+    Killable,
+    Restartable,
+    Stoppable,
+    SwapsInFlight,
+)
 from freshroll.engines.seams import Emit, EngineNotRestartable, GenRequest, SamplingParams
 from freshroll.errors import RunFailed, WorkerTimeout
 from freshroll.lineage import PolicyVersion
@@ -163,7 +170,15 @@ class ThreadEngine:
             raise ValueError(f"engine returned {len(comps)} completions for {len(texts)} prompts")
         return comps
 
+    @property
+    def swaps_in_flight(self) -> bool:
+        """The engine takes weights while a call runs (the HF engine under
+        ``rollout.on_update`` continue / abort): the pool need not wait for the call."""
+        return isinstance(self.engine, SwapsInFlight) and self.engine.swaps_in_flight
+
     async def load_weights(self, weights: Any) -> float:
+        if self.swaps_in_flight:  # beside the call in flight, on a thread of its own
+            return float(await asyncio.to_thread(self.engine.load_weights, weights))
         return float(await self._run(self.limits.weights_timeout_s, "load weights",
                                      self.engine.load_weights,
                                      weights))

@@ -56,6 +56,9 @@ class Worker:
     calls: int = 0  # live generate calls
     live: deque[Call] | None = None  # a continuous epoch's calls (for cancel); None: lock-step
     loaded: PolicyVersion | None = None
+    #: the engine's weight loads of this epoch: [k] is the version its k-th load installed
+    #: ([0]: the weights it started with), what ``Completion.version_spans`` name
+    loads: list[PolicyVersion | None] = field(default_factory=lambda: [None])
     failure: BaseException | None = None  # a call's WorkerLost / WorkerTimeout
     ok_units: int = 0  # successful requests not yet recorded in the failure budget
     # measured (read by the steering meter)
@@ -195,11 +198,15 @@ class CallRunner:
             if problem is not None:
                 invalid(i, problem)
                 return
-            loaded = w.loaded  # tokens that span a weight update name the newest version too
-            last = loaded if loaded is not version and w.epoch == call.epoch else None
+            ranges, last = None, None
+            if comp.version_spans and w.epoch == call.epoch:  # each token's version
+                ranges = token_ranges(comp.version_spans, w.loads, version)
+                last = None if ranges is None else ranges[-1][0]
+            elif w.loaded is not version and w.epoch == call.epoch:  # tokens that span an
+                last = str(w.loaded)  # update name the newest version too
             out = complete(sids[i], tokens=comp.tokens, gen_s=comp.gen_s,
-                           payload=encode(comp) if comp.token_ids else None, last_version=last,
-                           worker=worker)
+                           payload=encode(comp, ranges) if comp.token_ids else None,
+                           last_version=last, worker=worker, token_versions=ranges)
             if buf.stopped:  # a stop at target ended running attempts: cancel them
                 stopping.wake()
             if not call.over and not call.emitted[i]:
@@ -232,6 +239,27 @@ class CallRunner:
             self.pipe.budget.record(stage, self._rule, 1, 1, detail)
 
         return emit
+
+
+def token_ranges(spans: Any, loads: list[PolicyVersion | None],
+                 first: PolicyVersion | None) -> list[tuple[str, int]] | None:
+    """A completion's ``version_spans`` (``(load ordinal, tokens)``, oldest first) as the
+    ledger's run-length ``(version, tokens)`` ranges, adjacent ranges of one version merged,
+    the first always ``first`` (the started version: a request whose first token came after a
+    swap gets a ``(first, 0)`` range, its prefill's); None when every token is of ``first``
+    (or an ordinal names no known load: then ``first`` stands for all of them)."""
+    out: list[tuple[str, int]] = []
+    for k, n in spans:
+        v = loads[k] if 0 <= k < len(loads) else None
+        if v is None:
+            return None
+        if out and out[-1][0] == str(v):
+            out[-1] = (out[-1][0], out[-1][1] + n)
+        else:
+            out.append((str(v), n))
+    if first is not None and out and out[0][0] != str(first):
+        out.insert(0, (str(first), 0))
+    return out if len(out) > 1 else None
 
 
 def malformed(comp: Any) -> str | None:

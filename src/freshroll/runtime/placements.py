@@ -202,12 +202,13 @@ def _hf_ray(b: Build, stack: ExitStack) -> tuple[EngineFactory, AsyncScorer, Asy
 
 @register_placement("vllm", "inline")
 def _vllm(b: Build, stack: ExitStack) -> tuple[EngineFactory, AsyncScorer, AsyncTrainer]:
+    from freshroll.engines.vllm_args import in_force
     from freshroll.engines.vllm_engine import VLLMEngineFactory
 
     learner = build_learner(b.cfg, b.prep.model_path, b.buf, b.out, b.prep.history)
     scorer = _scorer(b, stack)
     trainer = _trainer(b, stack, learner, clone_weights)
-    engines = VLLMEngineFactory(b.prep.model_path, b.cfg.vllm, seed=b.cfg.run.seed)
+    engines = VLLMEngineFactory(b.prep.model_path, in_force(b.cfg), seed=b.cfg.run.seed)
     stack.callback(engines.kill_all)  # the pool closed them; a run that crashed may not have
     return engines, scorer, trainer
 
@@ -289,7 +290,7 @@ def build_engine(cfg: Config, path: Path, name: str, channel: WeightChannel | No
         return actor
     from freshroll.engines.hf import HFEngine  # transformers: only when a model is loaded
 
-    return HFEngine.from_pretrained(path)
+    return HFEngine.from_pretrained(path, on_update=cfg.rollout.on_update)
 
 
 def ray_cpus(cfg: Config) -> int:

@@ -139,6 +139,21 @@ class Inputs:
     eval_prompts: list[Prompt] = field(default_factory=list)  # eval.file's ([] while unset)
 
 
+def check_on_update(cfg: Config) -> None:
+    """``rollout.on_update: continue | abort`` on the hf engine swaps weights under a running
+    call, which only an inline worker does: a process or Ray worker loads between calls, so
+    the setting would silently mean ``finish`` there (docs/freshness.md)."""
+    from freshroll.runtime.placement import resolve_runtime
+
+    mode = cfg.rollout.on_update
+    if cfg.rollout.engine == "hf" and mode in ("continue", "abort") \
+            and (runtime := resolve_runtime(cfg)) != "inline":
+        how = " (run.runtime: auto chose it)" if cfg.run.runtime == "auto" else ""
+        raise ConfigError(f"rollout.on_update: {mode} on the hf engine needs run.runtime: "
+                          f"inline, not {runtime}{how}: its {runtime} workers load weights "
+                          "between calls; set run.runtime=inline (or another on_update)")
+
+
 def check_inputs(cfg: Config, run_dir: Path | None = None, resume: bool = False) -> Inputs:
     """Every check of a run's inputs before it trains, with no write and no weights read:
     the rewards (importable, callable), the controller's bounds, the episode workflow
@@ -152,6 +167,7 @@ def check_inputs(cfg: Config, run_dir: Path | None = None, resume: bool = False)
     in memory only); on ``resume`` a run's saved ``model/`` is read instead of a new build.
     """
     check_monitors(cfg.monitor)
+    check_on_update(cfg)
     lim = cfg.limits
     rewards = build_reward_set([e.model_dump(exclude_none=True) for e in cfg.rewards],
                                ImportBound(lim.reward_import_timeout_s, lim.heartbeat_s))

@@ -50,6 +50,7 @@ RULES: Final[Mapping[str, Rule]] = {
     "run.seed": "never",             # fixes the prompt order and every sampling seed
     "run.steps": "free",
     "run.max_staleness": "explicit",  # eta: which samples the trainer may consume
+    "run.staleness_basis": "explicit",  # the lag eta bounds: which samples may be consumed
     "run.torch_threads": "free",
     "run.runtime": "free",           # where workers run, not what they compute
     "run.progress": "free",
@@ -71,6 +72,7 @@ RULES: Final[Mapping[str, Rule]] = {
     "rollout.temperature": "explicit",
     "rollout.top_p": "explicit",
     "rollout.engine": "never",       # the samples of a simulated run are not a model's
+    "rollout.on_update": "explicit",  # which weights a continued request's tokens come from
     "rollout.workflow": "explicit",  # what an episode is: the samples from the resume on
     # who sets the live settings, and how: they change speed, never what a sample is
     "control": "free",

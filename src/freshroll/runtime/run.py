@@ -138,8 +138,7 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
     prompts = prep.prompts
     kernel = KernelConfig(
         cfg.run.max_staleness, cfg.rollout.batch_groups, cfg.rollout.group_size,
-        cfg.rollout.max_inflight_groups,
-    )
+        cfg.rollout.max_inflight_groups, cfg.run.staleness_basis)
     _sweep_segments(out, stream)
     ledger = open_ledger(out, reserve=RESERVE_BYTES)  # closes even on a full disk
     clock = run_clock(cfg, ledger)
@@ -259,7 +258,7 @@ def _start_line(cfg: Config, out: Path, model: Path, n_prompts: int, buf: Sample
                 f"{cfg.rollout.workers} worker(s)")
     elif cfg.rollout.engine == "vllm":
         what = (f"model {model}, {cfg.rollout.workers} vLLM engine(s) ({cfg.vllm.device}, "
-                f"{cfg.vllm.dtype}, on_update {cfg.vllm.on_update}), "
+                f"{cfg.vllm.dtype}, on_update {cfg.rollout.on_update or cfg.vllm.on_update}), "
                 f"torch threads {torch.get_num_threads()}")
     else:
         what = f"model {model}, {cfg.rollout.workers} worker(s) ({placement.describe()})"

@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 from freshroll import events as ev
 from freshroll import unsafe
 from freshroll.breaker import quote
+from freshroll.engines.base import SwapsInFlight
 from freshroll.engines.episodes import workflow_for
 from freshroll.engines.seams import AsyncEngine, EngineNotRestartable, SamplingParams
 from freshroll.errors import Interrupted, RunFailed, WorkerLost, WorkerTimeout
@@ -75,6 +76,7 @@ class WorkerPool:
         self.active: dict[str, Worker] = {}  # starting or serving, not retiring
         self.leaving: dict[str, Worker] = {}  # retiring (finishing what they run)
         self._idle: dict[str, Worker] = {}  # waiting for queued requests
+        self._swapping: dict[str, Worker] = {}  # lock-step, in a call that takes weights
         self._restarts: dict[str, int] = {}
         self.startups: list[float] = []  # measured engine start-up times (switch cost)
         known = self.buf.worker_names()
@@ -186,9 +188,10 @@ class WorkerPool:
         self._published()
 
     def version_published(self) -> None:
-        """A new policy version: idle workers load it now."""
+        """A new policy version: idle workers load it now, and so do lock-step workers whose
+        engine takes weights under a running call (:meth:`_swapping_call`)."""
         idle, self._idle = self._idle, {}
-        for w in idle.values():
+        for w in (*idle.values(), *self._swapping.values()):
             w.wake.set()
 
     # -- a worker's life -----------------------------------------------------------------
@@ -208,8 +211,8 @@ class WorkerPool:
 
     async def _start(self, w: Worker) -> None:
         buf, lim = self.buf, self.pipe.cfg.limits
-        w.epoch, w.fenced, w.inflight, w.loaded, w.failure = (
-            buf.register_worker(w.name), False, 0, None, None)
+        w.epoch, w.fenced, w.inflight, w.loaded, w.failure, w.loads = (
+            buf.register_worker(w.name), False, 0, None, None, [None])
         w.done, w.blocked_s, w.blocked_since, w.ready_at = 0, 0.0, None, None  # per epoch
         t0 = buf.clock.now()
         try:
@@ -295,11 +298,15 @@ class WorkerPool:
                 await w.wake.wait()
                 continue
             pub = self._published()
-            if w.loaded is not pub.version and (w.calls == 0 or engine.continuous):
+            if w.loaded is not pub.version and (w.calls == 0 or engine.continuous
+                                                or swaps_in_flight(engine)):
                 if pub.weights is not None:
+                    w.loads.append(pub.version)  # before the swap: a token of it may come first
                     exc = await self._load(w, engine, pub.version, pub.weights)
                     if exc is not None:
                         return self._end_calls(w, lanes, exc)
+                elif w.loads == [None]:  # the engine's own weights are this version
+                    w.loads[0] = pub.version
                 w.loaded = pub.version
                 continue
             free = self.concurrency - w.inflight
@@ -316,11 +323,43 @@ class WorkerPool:
                 continue
             call = self._begin(w, rids)
             if lanes is None:
-                exc = await self.calls.generate(w, engine, call)
+                exc = await (self._swapping_call(w, engine, call)
+                             if swaps_in_flight(engine)
+                             else self.calls.generate(w, engine, call))
                 if exc is not None:
                     return exc
             else:
                 lanes.start(call)
+
+    async def _swapping_call(self, w: Worker, engine: AsyncEngine,
+                             call: Call) -> BaseException | None:
+        """A lock-step call on an engine that takes weights under it (``rollout.on_update``
+        continue / abort on the HF engine): each version published meanwhile is loaded beside
+        the call (the engine swaps between two decode steps), then the call's outcome."""
+        task = asyncio.ensure_future(self.calls.generate(w, engine, call))
+        self._swapping[w.name] = w
+        try:
+            while not task.done():
+                pub = self._published()
+                if w.loaded is not pub.version and pub.weights is not None:
+                    w.loads.append(pub.version)  # before the swap: a token may come first
+                    exc = await self._load(w, engine, pub.version, pub.weights)
+                    if exc is not None:
+                        return exc  # the finally cancels the call: its worker is lost
+                    w.loaded = pub.version
+                    continue
+                w.wake.clear()
+                woken = asyncio.ensure_future(w.wake.wait())
+                try:
+                    await asyncio.wait([task, woken], return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    woken.cancel()
+            return task.result()
+        finally:
+            self._swapping.pop(w.name, None)
+            if not task.done():
+                task.cancel()
+                await asyncio.wait([task])
 
     def _begin(self, w: Worker, rids: list[RequestId]) -> Call:
         """Start attempts of ``rids`` on the worker's epoch: one call's worth, named by its
@@ -412,4 +451,9 @@ class WorkerPool:
         w.blocked_since = now
         w.blocked_share = (self.concurrency - w.inflight) / self.concurrency
 
-__all__ = ["MAX_RESTARTS", "Worker", "WorkerPool"]
+def swaps_in_flight(engine: AsyncEngine) -> bool:
+    """The engine takes weights under a running call (:class:`SwapsInFlight`, set)."""
+    return isinstance(engine, SwapsInFlight) and engine.swaps_in_flight
+
+
+__all__ = ["MAX_RESTARTS", "Worker", "WorkerPool", "swaps_in_flight"]

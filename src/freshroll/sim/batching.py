@@ -177,6 +177,15 @@ class ContinuousBatcher:
         """True while any submitted request has not finished."""
         return bool(self._decoding or self._prefilling or self._waiting)
 
+    def produced(self, requests: Sequence[int]) -> list[int]:
+        """Tokens each of ``requests`` has produced by :attr:`now` (decode steps ended since
+        it joined, plus those before a preemption; 0 while it waits or first prefills)."""
+        decoding = {r for _, r in self._decoding}.difference(self._leaving)
+        steps = self._steps + self._steps_done(self._t)
+        tokens, left, base, kvj = self._tokens, self._left, self._base, self._kvj
+        return [tokens[r] - left[r] + (steps - (base[r] - kvj[r]) if r in decoding else 0)
+                for r in requests]  # base - kvj: the step count at its join
+
     def stats(self) -> dict[str, float | int]:
         """A snapshot: requests submitted, finished, decoding, prefilling, waiting; steps run."""
         live = len(self._decoding) - len(self._leaving) + len(self._prefilling) + len(
@@ -256,15 +265,11 @@ class ContinuousBatcher:
                 f"arrival {self._last_arrival}: submit requests in arrival order"
             )
         if prompt_tokens < 0 or completion_tokens < 1:
-            raise ValueError(
-                f"need prompt_tokens >= 0 and completion_tokens >= 1, "
-                f"got {prompt_tokens}, {completion_tokens}"
-            )
+            raise ValueError(f"need prompt_tokens >= 0 and completion_tokens >= 1, "
+                             f"got {prompt_tokens}, {completion_tokens}")
         if prompt_tokens + completion_tokens > self._kv_cap:
-            raise ValueError(
-                f"a request of {prompt_tokens} + {completion_tokens} tokens can never fit the "
-                f"KV capacity of {self._kv_cap} tokens"
-            )
+            raise ValueError(f"a request of {prompt_tokens} + {completion_tokens} tokens can "
+                             f"never fit the KV capacity of {self._kv_cap} tokens")
         rid = len(self._arrival)
         self._arrival.append(float(arrival))
         self._prompt.append(int(prompt_tokens))
@@ -532,12 +537,9 @@ class BatchTimes:
     finish: FloatArray
 
 
-def simulate_batch(
-    server: ServerModel,
-    arrivals: Sequence[float] | FloatArray,
-    prompt_tokens: Sequence[int] | npt.NDArray[np.int64],
-    completion_tokens: Sequence[int] | npt.NDArray[np.int64],
-) -> BatchTimes:
+def simulate_batch(server: ServerModel, arrivals: Sequence[float] | FloatArray,
+                   prompt_tokens: Sequence[int] | npt.NDArray[np.int64],
+                   completion_tokens: Sequence[int] | npt.NDArray[np.int64]) -> BatchTimes:
     """Start, decode-start and finish time of every request (ties in arrival: input order)."""
     arr = np.asarray(arrivals, dtype=np.float64)
     prompts = np.asarray(prompt_tokens, dtype=np.int64)
@@ -567,10 +569,8 @@ class Rollout:
 
     def __post_init__(self) -> None:
         if not self.turns or len(self.tool_s) != len(self.turns) - 1:
-            raise ValueError(
-                f"a rollout needs >= 1 turn and one tool latency between two turns, got "
-                f"{len(self.turns)} turns and {len(self.tool_s)} latencies"
-            )
+            raise ValueError(f"a rollout needs >= 1 turn and one tool latency between two "
+                             f"turns, got {len(self.turns)} turns and {len(self.tool_s)}")
 
 
 @dataclass(frozen=True)
@@ -590,8 +590,7 @@ def simulate_rollouts(server: ServerModel, rollouts: Sequence[Rollout]) -> Rollo
     pending: list[tuple[float, int, int, int]] = []  # (arrival, order, rollout, turn)
     for i, r in enumerate(rollouts):
         heapq.heappush(pending, (r.arrival, i, i, 0))
-    counter = len(rollouts)
-    n = len(rollouts)
+    counter = n = len(rollouts)
     start, finish = np.full(n, math.nan), np.full(n, math.nan)
     owner: dict[int, tuple[int, int]] = {}
     batcher = ContinuousBatcher(server)

@@ -105,7 +105,8 @@ def build_sim(cfg: Config, clock: Clock, buf: SampleBuffer) -> SimParts:
 
     async def engine_factory(name: str) -> AsyncEngine:
         await asyncio.sleep(sim.worker_start_s * scale)
-        return SimEngine(name, draws, time_scale=scale, transfer_s=sim.transfer_s)
+        return SimEngine(name, draws, time_scale=scale, transfer_s=sim.transfer_s,
+                         on_update=cfg.rollout.on_update)
 
     scorer = SimScorer(
         draws, time_scale=scale, hang_s=HANG_FACTOR * cfg.limits.reward_timeout_s,

@@ -22,7 +22,15 @@ How a request goes through it::
                          then the next turn is submitted with the tool's output tokens
                          as its prefill
     emit                 Completion((), (), (), sample id, "length" at the cap else "stop",
-                         gen_s = (finish - arrival) x time_scale, n_tokens = L)
+                         gen_s = (finish - arrival) x time_scale, n_tokens = L,
+                         version_spans: the tokens made under each weight load)
+    load_weights         sleep transfer_s, then swap (``rollout.on_update``): unset, swap
+                         under the running requests at no cost (the model before the
+                         setting); continue, swap and every decoding sequence re-prefills
+                         (cancelled and resubmitted with its prefill + the tokens it made as
+                         prompt: a recompute, behind requests already waiting); finish, wait
+                         until no request is open first; abort, cancel every open request
+                         (its call raises Superseded: re-issued) and swap
 
 The driver is a loop timer, not a task that sleeps: every engine of a loop sets
 its next wakeup in one shared heap, served by one ``loop.call_at`` timer. On a
@@ -73,16 +81,16 @@ from __future__ import annotations
 import asyncio
 import heapq
 import math
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from freshroll.engines.base import FINISH_LENGTH, FINISH_STOP, Completion
 from freshroll.engines.seams import Emit, EngineStats, GenRequest, SamplingParams
-from freshroll.errors import WorkerLost
+from freshroll.errors import Superseded, WorkerLost
 from freshroll.sim.batching import _BELOW, ContinuousBatcher, Finished
 from freshroll.sim.keyed import KeyedDraws
+from freshroll.sim.wakeups import Wakeups, wakeups
 
 
 @dataclass(slots=True)
@@ -111,63 +119,10 @@ class _Job:
     rid: int = -1  # the batcher's id of its current turn; -1: in a tool call
     cancelled: bool = False
     start: float = math.nan  # its first turn got a slot (model seconds)
-
-
-class _Wakeups:
-    """One loop timer for every simulated engine of a loop: a heap of ``(loop time, seq,
-    engine)``. An entry is live while the engine's ``_wake_seq`` is its seq (re-arming
-    pushes a new entry, the old one is skipped when it comes up)."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._heap: list[tuple[float, int, SimEngine]] = []
-        self._seq = 0
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = math.inf
-        self._firing = False
-
-    def schedule(self, engine: SimEngine, when: float) -> int:
-        """Wake ``engine`` at loop time ``when``; the entry's seq."""
-        self._seq += 1
-        heapq.heappush(self._heap, (when, self._seq, engine))
-        if when < self._timer_at and not self._firing:
-            self._arm(when)
-        return self._seq
-
-    def _arm(self, when: float) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer_at = when
-        self._timer = self._loop.call_at(when, self._fire)
-
-    def _fire(self) -> None:
-        heap = self._heap
-        limit = max(self._timer_at, self._loop.time())  # the loop may fire a hair early
-        self._timer, self._timer_at = None, math.inf
-        self._firing = True  # wakeups set meanwhile only join the heap
-        try:
-            while heap and heap[0][0] <= limit:
-                when, seq, engine = heapq.heappop(heap)
-                if engine._wake_seq == seq:
-                    engine._on_timer(when)
-        finally:
-            self._firing = False
-            while heap and heap[0][2]._wake_seq != heap[0][1]:  # drop dead entries on top
-                heapq.heappop(heap)
-            if heap:
-                self._arm(heap[0][0])
-
-
-_WAKEUPS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Wakeups] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def _wakeups(loop: asyncio.AbstractEventLoop) -> _Wakeups:
-    w = _WAKEUPS.get(loop)
-    if w is None:
-        w = _WAKEUPS[loop] = _Wakeups(loop)
-    return w
+    prompt: int = 0  # its first turn's prompt tokens
+    pre: int = 0  # tokens of its current turn made before a re-prefill resubmitted it
+    counted: int = 0  # tokens already in spans
+    spans: list[tuple[int, int]] | None = None  # (load ordinal, tokens) closed by swaps
 
 
 class SimEngine:
@@ -177,12 +132,16 @@ class SimEngine:
 
     def __init__(
         self, name: str, draws: KeyedDraws, *, time_scale: float = 1.0, transfer_s: float = 0.0,
+        on_update: str | None = None,
     ) -> None:
         if not (math.isfinite(time_scale) and time_scale > 0):
             raise ValueError(f"time_scale must be > 0, got {time_scale}")
         self.name = name
         self.draws = draws
         self.loaded: Any = None  # the last weights token loaded
+        self.on_update = on_update
+        self._ordinal = 0  # weight loads swapped in so far (Completion.version_spans)
+        self._drained: list[asyncio.Future[None]] = []  # finish: loads waiting for no request
         self._scale = time_scale
         self._transfer_s = transfer_s
         self._output_tokens = draws.profile.tools.output_tokens
@@ -193,7 +152,7 @@ class SimEngine:
         self._slots = draws.profile.server.max_concurrent
         self._kv_roomy = True  # slots x the largest peak seen fit: no preemption ever
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._wakeups: _Wakeups | None = None
+        self._wakeups: Wakeups | None = None
         self._wake_seq = -1  # the live entry in the loop's wakeups (-1: none)
         self._timer_at = math.inf  # model time the wakeup is set for
         self._jobs: dict[str, _Job] = {}  # open requests by sample id
@@ -238,10 +197,8 @@ class SimEngine:
         call = _Call(emit, len(requests), loop.create_future())
         now = self._advance_to_now()
         for i, (r, shape, peak) in enumerate(zip(requests, shapes, peaks, strict=True)):
-            job = _Job(
-                call, i, r.sample, now, shape.length, shape.capped, shape.segments, shape.tool_s,
-                peak,
-            )
+            job = _Job(call, i, r.sample, now, shape.length, shape.capped, shape.segments,
+                       shape.tool_s, peak, prompt=shape.prompt_tokens)
             self._jobs[r.sample] = job
             self._kv_peak += peak
             self._submit(job, now, shape.prompt_tokens)
@@ -250,20 +207,63 @@ class SimEngine:
         await call.done
 
     async def load_weights(self, weights: Any) -> float:
-        """Sleep ``transfer_s`` (x time_scale); generation goes on meanwhile."""
+        """Sleep ``transfer_s`` (x time_scale; generation goes on meanwhile), then swap as
+        ``on_update`` says (module docstring); the seconds from the call to the swap."""
         if self._closed:
             raise WorkerLost(f"simulated engine {self.name} is closed")
-        seconds = self._transfer_s * self._scale
-        await asyncio.sleep(seconds)
+        loop = self._bind()
+        t0 = loop.time()
+        if self.on_update == "finish" and self._jobs:
+            done = loop.create_future()
+            self._drained.append(done)
+            await done
+        await asyncio.sleep(self._transfer_s * self._scale)
+        if self._closed:
+            raise WorkerLost(f"simulated engine {self.name} is closed")
+        self._swap()
         self.loaded = weights
-        return seconds
+        return loop.time() - t0
+
+    def _swap(self) -> None:
+        """The new weights are in: each open request's tokens so far close a span of the old
+        ordinal; with continue its KV is recomputed, with abort it ends (Superseded)."""
+        now = self._advance_to_now()
+        old, self._ordinal = self._ordinal, self._ordinal + 1
+        if self.on_update == "abort" and self._jobs:
+            jobs = list(self._jobs.values())
+            self._cancel_jobs([j.sample for j in jobs], now, count=False)
+            for call in {id(j.call): j.call for j in jobs}.values():
+                if not call.done.done():
+                    call.done.set_exception(Superseded(f"{self.name}: new weights"))
+            return
+        jobs = list(self._jobs.values())
+        running = [j.rid for j in jobs if j.rid >= 0]
+        in_turn = dict(zip(running, self._batcher.produced(running), strict=True))
+        for job in jobs:
+            done_turns = sum(job.segments[:job.turn])
+            turn_made = job.pre + in_turn[job.rid] if job.rid >= 0 else 0
+            made = done_turns + turn_made
+            if made > job.counted:
+                job.spans = [*(job.spans or ()), (old, made - job.counted)]
+                job.counted = made
+            if self.on_update == "continue" and job.rid >= 0 and turn_made > 0:
+                del self._running[job.rid]  # its KV was made by the old weights: recomputed
+                self._rest_of.pop(job.rid, None)
+                self._batcher.cancel(job.rid, now)
+                job.pre = turn_made
+                prompt = job.prompt if job.turn == 0 else self._output_tokens
+                self._submit(job, now, prompt + turn_made)
+        self._run_until(now)
+        self._rearm()
 
     async def cancel(self, samples: Sequence[str]) -> None:
         """Withdraw these samples now (their slots free at once); they are never emitted."""
         if self._closed or not samples:
             return
         self._bind()
-        now = self._advance_to_now()
+        self._cancel_jobs(samples, self._advance_to_now(), count=True)
+
+    def _cancel_jobs(self, samples: Sequence[str], now: float, *, count: bool) -> None:
         for sample in samples:
             job = self._jobs.pop(sample, None)
             if job is None:
@@ -275,9 +275,18 @@ class SimEngine:
                 self._rest_of.pop(job.rid, None)
                 self._batcher.cancel(job.rid, now)
             self._cancelled += 1
-            self._close_one(job.call)
+            if count:
+                self._close_one(job.call)
         self._run_until(now)
         self._rearm()
+        self._check_drained()
+
+    def _check_drained(self) -> None:
+        if not self._jobs:
+            for done in self._drained:
+                if not done.done():
+                    done.set_result(None)
+            self._drained.clear()
 
     async def close(self) -> None:
         """Stop the driver; every open call raises WorkerLost. Idempotent."""
@@ -295,6 +304,7 @@ class SimEngine:
         for call in calls.values():
             if not call.done.done():
                 call.done.set_exception(WorkerLost(f"simulated engine {self.name} closed"))
+        self._check_drained()
 
     # -- observation -----------------------------------------------------------------------
 
@@ -318,7 +328,7 @@ class SimEngine:
         loop = asyncio.get_running_loop()
         if self._loop is None:
             self._loop = loop
-            self._wakeups = _wakeups(loop)
+            self._wakeups = wakeups(loop)
         elif loop is not self._loop:
             raise RuntimeError(f"{self.name}: used from two event loops")
         return loop
@@ -335,7 +345,7 @@ class SimEngine:
         return self._batcher.now
 
     def _submit(self, job: _Job, at: float, prefill: int) -> None:
-        job.rid = rid = self._batcher.submit(at, prefill, job.segments[job.turn])
+        job.rid = rid = self._batcher.submit(at, prefill, job.segments[job.turn] - job.pre)
         self._running[rid] = job
         if job.turn + 1 < len(job.segments):  # not the last turn: what it still needs after
             self._rest_of[rid] = job.tool_s[job.turn] + self._least_from(job, job.turn + 1)
@@ -418,7 +428,7 @@ class SimEngine:
         if job.turn + 1 < len(job.segments):  # a tool call, then the next turn
             back = f.finish + job.tool_s[job.turn]
             heapq.heappush(self._tools, (back, self._seq, job))
-            job.turn += 1
+            job.turn, job.pre = job.turn + 1, 0
             heapq.heappush(self._tool_bounds, (
                 (back + self._least_from(job, job.turn)) * _BELOW, self._seq, job, job.turn,
             ))
@@ -428,9 +438,10 @@ class SimEngine:
         self._kv_peak -= job.peak
         if self.timeline is not None:
             self.timeline[job.sample] = (job.arrival, job.start, f.finish)
+        spans = () if job.spans is None else (*job.spans, (self._ordinal, job.length - job.counted))
         completion = Completion(
             (), (), (), job.sample, FINISH_LENGTH if job.capped else FINISH_STOP,
-            (f.finish - job.arrival) * self._scale, job.length,
+            (f.finish - job.arrival) * self._scale, job.length, tuple(spans),
         )
         self._emitted += 1
         call = job.call
@@ -440,6 +451,7 @@ class SimEngine:
             if not call.done.done():
                 call.done.set_exception(exc)
         self._close_one(call)
+        self._check_drained()
 
     def _least_from(self, job: _Job, turn: int) -> float:
         """The least time from the submission of ``turn`` to the end of the job's last turn:
@@ -469,6 +481,7 @@ class SimEngine:
         self._tool_bounds.clear()
         self._rest_of.clear()
         self._closed = True
+        self._check_drained()
 
 
 __all__ = ["SimEngine"]
