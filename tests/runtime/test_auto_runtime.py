@@ -104,7 +104,7 @@ def test_an_async_process_run_takes_every_core_per_call_in_sync_windows():
         for f in follows:
             f.on_mode(Switch(5, cast(Mode, mode), 0, "probe", "a test's switch"))
         assert gen.take() == want and train.take() == want  # sync: the untimed warm-up call
-    assert p.settled_stages().startswith("sync windows: generate: not settled")
+    assert p.settled_stages().startswith("generate: not settled")
     assert set(p.as_dict()["sync_window_stages"]) == {"generate", "train"}
     # nothing to follow: a sync run, threads set, the fallback off, one core, inline, sim
     off = validate({"run": {"max_staleness": 1}, "control": {"fallback": False}}, "test")

@@ -129,9 +129,7 @@ class Placement:
 
     def settled_stages(self) -> str:
         """What the stages settled on, for the run's last lines ("" without stages)."""
-        if self.follow:
-            return "sync windows: " + "; ".join(f.sync.describe() for f in self.follow)
-        return "; ".join(s.describe() for s in self.stages)
+        return "; ".join(s.describe() for s in (*self.stages, *(f.sync for f in self.follow)))
 
     def as_dict(self) -> dict[str, Any]:
         return {"runtime": self.runtime, "trainer_threads": self.budget.trainer,

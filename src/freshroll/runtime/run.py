@@ -213,11 +213,14 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
         record_fixed_costs(out, done.summary, done.span, called_at, time.time())
     if isinstance(done.verified, Exception):
         raise done.verified
+    if cfg.run.progress and any(f.sync.calls for f in placement.follow):  # windows ran
+        stream.write(f"intra-op threads in the sync fallback's windows, settled on their own "
+                     f"calls: {placement.settled_stages()}\n")
     line = overlap_line(done.summary)
     if line and (cfg.run.progress or "did not pay" in line):  # a loss is always said
         stream.write(line + "\n")
         stream.flush()
-    if (placement.stages or placement.follow) and cfg.run.progress:
+    if placement.stages and cfg.run.progress:
         stream.write(f"intra-op threads, settled on their own calls: "
                      f"{placement.settled_stages()}\n")
         stream.flush()
