@@ -83,6 +83,10 @@ FRESHROLL_SYSTEMS: dict[str, tuple[int, str, int | str]] = {
     "freshroll-async-ray": (1, "ray", "auto"),
 }
 DEFAULT_SYSTEMS = ["trl-1t", "trl-default", "freshroll-sync", "freshroll-default"]
+#: torch's default intra-op threads in this fresh process, read by :func:`main` before any run
+#: sets them (a freshroll run leaves the main thread at its budget, often 1: read afterwards,
+#: "trl-default" ran at one thread, as the 2026-12-05 night measurement found)
+TORCH_DEFAULT_THREADS = 0
 SMOOTH = 10  # steps of the trailing mean that time to reward reads
 
 
@@ -256,7 +260,7 @@ def run_trl(cfg, model_dir: Path, out_dir: Path, threads: int | None) -> Result:
         processing_class=tok, callbacks=[clock],
     )
     trainer.remove_callback(PrinterCallback)
-    default_threads = torch.get_num_threads()
+    default_threads = TORCH_DEFAULT_THREADS or torch.get_num_threads()
     torch.set_num_threads(threads or default_threads)
     c0, t0 = time.process_time(), time.perf_counter()
     trainer.train()
@@ -498,6 +502,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from freshroll.engines.tiny import save_tiny
 
+    global TORCH_DEFAULT_THREADS
+    TORCH_DEFAULT_THREADS = torch.get_num_threads()  # before any run sets it
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
 
