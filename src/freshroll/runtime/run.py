@@ -142,18 +142,7 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
     _sweep_segments(out, stream)
     ledger = open_ledger(out, reserve=RESERVE_BYTES)  # closes even on a full disk
     clock = run_clock(cfg, ledger)
-    step = prep.history.step if prep.history else 0
-    for change in prep.changes:
-        stream.write(f"resume: {change.render()} from step {step} on (recorded in the ledger)\n")
-    buf = SampleBuffer.open(
-        ledger, kernel, clock, run_id=out.name,
-        initial_version=PolicyVersion.initial(prep.model_digest),
-        announce=announce(
-            asked.model_dump(mode="json"), prep.changes, prep.allow_change, step=step,
-            model_digest=prep.model_digest, ts=clock.now(),
-            reward_version=str(prep.rewards.version),
-        ),
-    )
+    buf = _open_buffer(prep, asked, ledger, kernel, clock, out.name, stream)
     order = [p.prompt_id for p in prompts]
     random.Random(cfg.run.seed).shuffle(order)
     parts = build_components(prep, buf, out, lambda v, lr: rec.before_commit(v, lr), clock,
@@ -213,18 +202,42 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
         record_fixed_costs(out, done.summary, done.span, called_at, time.time())
     if isinstance(done.verified, Exception):
         raise done.verified
-    if cfg.run.progress and any(f.sync.calls for f in placement.follow):  # windows ran
-        stream.write(f"intra-op threads in the sync fallback's windows, settled on their own "
-                     f"calls: {placement.settled_stages()}\n")
-    line = overlap_line(done.summary)
-    if line and (cfg.run.progress or "did not pay" in line):  # a loss is always said
-        stream.write(line + "\n")
-        stream.flush()
-    if placement.stages and cfg.run.progress:
-        stream.write(f"intra-op threads, settled on their own calls: "
-                     f"{placement.settled_stages()}\n")
-        stream.flush()
+    _last_lines(stream, cfg, placement, done.summary)
     return RunResult(out, done.summary, done.verified.ok)
+
+
+def _last_lines(stream: TextIO, cfg: Config, placement: Placement,
+                summary: dict[str, Any]) -> None:
+    """What the run says after its summary: the intra-op threads its stages settled on (a
+    sync run's; an async run's sync windows', when they ran, before the overlap line), and
+    whether asynchrony paid (a loss is always said)."""
+    settled = f"settled on their own calls: {placement.settled_stages()}\n"
+    if cfg.run.progress and any(f.sync.calls for f in placement.follow):  # windows ran
+        stream.write(f"intra-op threads in the sync fallback's windows, {settled}")
+    line = overlap_line(summary)
+    if line and (cfg.run.progress or "did not pay" in line):
+        stream.write(line + "\n")
+    if placement.stages and cfg.run.progress:
+        stream.write(f"intra-op threads, {settled}")
+    stream.flush()
+
+
+def _open_buffer(prep: Prepared, asked: Config, ledger: Ledger, kernel: KernelConfig,
+                 clock: Clock, run_id: str, stream: TextIO) -> SampleBuffer:
+    """The run's sample buffer on its ledger (fresh, or replayed and recovered on resume),
+    the config ``asked`` and each resume change announced (and said) in the ledger."""
+    step = prep.history.step if prep.history else 0
+    for change in prep.changes:
+        stream.write(f"resume: {change.render()} from step {step} on (recorded in the ledger)\n")
+    return SampleBuffer.open(
+        ledger, kernel, clock, run_id=run_id,
+        initial_version=PolicyVersion.initial(prep.model_digest),
+        announce=announce(
+            asked.model_dump(mode="json"), prep.changes, prep.allow_change, step=step,
+            model_digest=prep.model_digest, ts=clock.now(),
+            reward_version=str(prep.rewards.version),
+        ),
+    )
 
 
 def own_watchers(cfg: Config, placement: Placement, out: Path,
