@@ -115,3 +115,19 @@ def test_combine_metrics_weighs_by_tokens_and_keeps_extremes() -> None:
              ({"clip_frac": 1.0, "is_weight_max": 1.0, "is_weight_min": 1.0}, 0.0)]
     out = combine_metrics(parts, 8.0)
     assert out == {"clip_frac": 0.125, "is_weight_max": 2.0, "is_weight_min": 0.5}
+
+
+def test_combine_metrics_weighs_each_lag_bucket_by_its_own_tokens() -> None:
+    base = {"loss": 0.0, "mismatch_kl": 0.1, "is_weight_max": 1.0, "is_weight_min": 1.0}
+    a = {**base, "tokens/lag_0": 3.0, "mismatch_kl/lag_0": 0.01, "is_weight_mean/lag_0": 1.0,
+         "is_weight_max/lag_0": 1.2}
+    b = {**base, "tokens/lag_0": 1.0, "mismatch_kl/lag_0": 0.05, "is_weight_mean/lag_0": 2.0,
+         "is_weight_max/lag_0": 3.0, "tokens/lag_1": 5.0, "mismatch_kl/lag_1": 0.2,
+         "is_weight_mean/lag_1": 1.5, "is_weight_max/lag_1": 2.0}
+    out = combine_metrics([(a, 4.0), (b, 6.0)], 10.0)
+    assert out["tokens/lag_0"] == 4.0
+    assert out["mismatch_kl/lag_0"] == pytest.approx((3 * 0.01 + 0.05) / 4)
+    assert out["is_weight_mean/lag_0"] == pytest.approx((3 * 1.0 + 2.0) / 4)
+    assert out["is_weight_max/lag_0"] == 3.0
+    assert out["tokens/lag_1"] == 5.0 and out["mismatch_kl/lag_1"] == pytest.approx(0.2)
+    assert "tokens/lag_2" not in out
