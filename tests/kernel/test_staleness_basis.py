@@ -171,3 +171,4 @@ def test_the_formulas() -> None:
         basis_step(2, 4, "middle")
     with pytest.raises(ConfigError, match="staleness_basis"):
         KernelConfig(staleness_basis="middle")
+

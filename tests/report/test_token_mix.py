@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -10,11 +11,13 @@ import msgspec
 
 from freshroll import events as ev
 from freshroll.figures.metrics_log import reconcile
-from freshroll.ledger import Ledger
+from freshroll.ledger import LEDGER_FILE, Ledger
 from freshroll.metrics import rows
 from freshroll.report.html import write_report
+from freshroll.report.samples import sample_rows
 from freshroll.report.token_mix import off_policy_by_lag, token_mix
 from freshroll.runtime.endfiles import write_summary
+from kernel.test_staleness_basis import spanning_then_consumed
 from report.test_report import make_run
 
 
@@ -70,3 +73,13 @@ def test_the_report_of_a_run_shows_both(tmp_path: Path) -> None:
     lag = html[html.index('<section id="lag">'):]
     assert "<th>trained tokens</th>" in lag and "<th>tokens from older versions</th>" in lag
     assert int(_cells(lag, "1")[0].replace(",", "")) > 0  # the simulator's samples at lag 1
+
+
+def test_export_samples_lists_each_samples_token_versions(tmp_path: Path) -> None:
+    buf, sid = spanning_then_consumed(tmp_path / LEDGER_FILE, "newest_token")
+    buf.ledger.close()
+    rows = {r["sample"]: r for r in sample_rows(tmp_path, decode=lambda ids: "")}
+    ranges = json.loads(rows[sid]["token_versions"])
+    assert [n for _, n in ranges] == [5, 3, 2] and ranges[0][0] == rows[sid]["policy_version"]
+    assert ranges[-1][0] == rows[sid]["last_version"]
+    assert all(r["token_versions"] is None for s, r in rows.items() if s != sid)
