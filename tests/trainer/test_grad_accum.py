@@ -31,7 +31,9 @@ def _samples(n: int = 6, seed: int = 0) -> list[TrainSample]:
         prompt = [rng.randrange(4, 40) for _ in range(rng.randint(2, 6))]
         comp = [rng.randrange(4, 40) for _ in range(rng.randint(1, 7))]
         behaviour = [rng.uniform(-5.0, -2.0) for _ in comp]
-        out.append(TrainSample(prompt, comp, behaviour, rng.uniform(0, 1), i // 2, 0))
+        lag, older = i % 3, len(comp) // 2  # tokens of two versions: lags spread over buckets
+        out.append(TrainSample(prompt, comp, behaviour, rng.uniform(0, 1), i // 2, lag + 2,
+                               token_lags=((lag + 2, older), (lag, len(comp) - older))))
     return out
 
 
@@ -63,6 +65,8 @@ def test_accumulated_gradients_and_step_equal_the_whole_batch(settings: dict[str
         runs[accum] = (metrics, grads, weights)
     whole, whole_grads, whole_weights = runs[1]
     assert whole["loss"] != 0.0 and whole["mismatch_kl"] > 0.0  # off-policy, not trivial
+    buckets = [f"tokens/lag_{b}" for b in ("0", "1", "2", "3+")]
+    assert all(k in whole for k in buckets) and sum(whole[k] for k in buckets) == whole["tokens"]
     for accum, (metrics, grads, weights) in runs.items():
         assert len(grads) == len(whole_grads) > 0
         for g, w in zip(grads, whole_grads, strict=True):
@@ -74,6 +78,7 @@ def test_accumulated_gradients_and_step_equal_the_whole_batch(settings: dict[str
             firm = g.abs() > 1e-5
             assert torch.allclose(p[firm], q[firm], atol=1e-3 * learner.cfg.lr), accum
         assert sum(int((g.abs() > 1e-5).sum()) for g in whole_grads) > 1000
+        assert set(metrics) == set(whole), accum  # every lag bucket, whatever the cut
         for key, value in whole.items():
             if key != "train_s":
                 assert metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-7), (accum, key)
