@@ -568,7 +568,7 @@ def main(argv: list[str] | None = None) -> int:
     TRL_DEFAULT_THREADS = torch.get_num_threads()  # before any run sets it
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-    from freshroll.runtime.placement import available_cores
+    from freshroll.placement.placement import available_cores
 
     work = args.workdir or Path(tempfile.mkdtemp(prefix="freshroll-sweep-"))
     work.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 """Per-sample overhead of the orchestrator: the real Pipeline in virtual time, async fakes.
 
-Runs the real :class:`~freshroll.runtime.pipeline.Pipeline` (worker pool, continuous
+Runs the real :class:`~freshroll.pipeline.pipeline.Pipeline` (worker pool, continuous
 batching, reward stage, trainer, steering task) on a real durable ledger (``sync="full"``,
 one fsync'd transaction per trainer commit) under a :class:`~freshroll.clock.VirtualClock`,
 with fully-async fake engines, scorer and trainer (they only ``asyncio.sleep``), so what is
@@ -35,9 +35,9 @@ from freshroll.engines.base import Completion
 from freshroll.engines.seams import Emit, GenRequest, SamplingParams
 from freshroll.ledger import open_ledger
 from freshroll.lineage import PolicyVersion, RewardVersion
+from freshroll.pipeline.pipeline import Pipeline
 from freshroll.rewards.scoring import Score
 from freshroll.rewards.tasks import make_prompts
-from freshroll.runtime.pipeline import Pipeline
 from kernel_throughput import Workload, drive
 from kernel_throughput import open_buffer as kernel_buffer
 

@@ -29,9 +29,9 @@ from typing import Any
 from freshroll.buffer import SampleBuffer
 from freshroll.config import load_config
 from freshroll.lineage import PolicyVersion
-from freshroll.runtime.hooks import Hooks
+from freshroll.pipeline.hooks import Hooks
+from freshroll.placement.ray_trainer import RayTrainer
 from freshroll.runtime.placements import Components
-from freshroll.runtime.ray_trainer import RayTrainer
 from freshroll.runtime.run import run
 from freshroll.state import Lease
 

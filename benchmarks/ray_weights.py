@@ -35,7 +35,7 @@ def main() -> None:
     ap.add_argument("--join", action="store_true")
     args = ap.parse_args()
     from freshroll.engines.tiny import save_tiny
-    from freshroll.runtime import ray_engine as re
+    from freshroll.placement import ray_engine as re
 
     tmp = Path(tempfile.mkdtemp())
     path = save_tiny(tmp / "tiny", seed=0, **SHAPE)
@@ -80,7 +80,7 @@ def main() -> None:
     for mode in ("before", "after"):
         out[mode] = {k: round(statistics.median(v), 4) for k, v in out[mode].items()}
     if args.join:
-        from freshroll.runtime.ray_cluster import start_cluster
+        from freshroll.placement.ray_cluster import start_cluster
 
         cluster = start_cluster(2, pythonpath=Path(re.__file__).parents[2])
         try:

@@ -15,7 +15,7 @@ import os
 import secrets
 from collections.abc import Iterator
 
-from freshroll.runtime.ray_reaper import TOKEN_ENV, _environs
+from freshroll.placement.ray_reaper import TOKEN_ENV, _environs
 
 OWNER_ENV = "FRESHROLL_TEST_OWNER"
 

@@ -44,7 +44,7 @@ from freshroll.errors import ConfigError
 from freshroll.rewards import inmemory
 
 if TYPE_CHECKING:
-    from freshroll.runtime.observers import RunObserver
+    from freshroll.pipeline.observers import RunObserver
 
 INPUTS = "inputs"  # the run directory's folder of inputs given as Python objects
 
@@ -112,8 +112,8 @@ class GRPOTrainer:
         ``ok``: verify passed). ``allow_change``: keys a resume may change that change
         training (README, "Resume rules"). Progress goes to ``stream`` (default stderr).
         ``observers``: more watchers of the run after its own, e.g.
-        :class:`~freshroll.runtime.exporters.JsonLinesExporter` (the contract:
-        :mod:`freshroll.runtime.observers`)."""
+        :class:`~freshroll.observe.exporters.JsonLinesExporter` (the contract:
+        :mod:`freshroll.pipeline.observers`)."""
         from freshroll.runtime.run import run
         from freshroll.runtime.rundir import check_out_dir
 

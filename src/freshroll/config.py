@@ -376,7 +376,7 @@ class ControlSection(_Section):
         "window cuts it (control.py)"
     )
     fallback: Literal["auto"] | bool = Field(
-        "auto", description="sync fallback (runtime/fallback.py): an async run measures a "
+        "auto", description="sync fallback (pipeline/fallback.py): an async run measures a "
         "sync window beside an async one and keeps the faster mode, probing again as the "
         "load changes; auto: on for async runs of a real engine (hf, vllm), off for sim"
     )

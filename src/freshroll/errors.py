@@ -129,7 +129,7 @@ class NonFiniteStep(RunFailed):
 
 class NoProgress(RunFailed):
     """No trainer step was committed (or skipped) for ``limits.max_no_progress_s``; the
-    message names the wait in flight the longest (:mod:`freshroll.runtime.waits`)."""
+    message names the wait in flight the longest (:mod:`freshroll.ports.waits`)."""
 
 
 class StorageError(RunFailed):

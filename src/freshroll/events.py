@@ -305,7 +305,7 @@ class ControllerDecided(Event, frozen=True, tag="controller_decided"):
 
 
 class ModeDecided(Event, frozen=True, tag="mode_decided"):
-    """The sync fallback (:mod:`freshroll.runtime.fallback`, ``control.fallback``): a probe
+    """The sync fallback (:mod:`freshroll.pipeline.fallback`, ``control.fallback``): a probe
     switched modes to measure the other one (``phase: probe``) or chose the mode from now on
     (``chose``), from the accepted rollouts/s it measured in each mode's window."""
 

@@ -1,6 +1,6 @@
 """How many intra-op threads a stage's calls get, settled on the run's own calls.
 
-A thread probe before the clock starts (:mod:`freshroll.runtime.thread_probe`) times a
+A thread probe before the clock starts (:mod:`freshroll.placement.thread_probe`) times a
 fragment of a step on a copy of the model, and a fragment can misjudge the whole batch: at a
 9M-parameter model it read "0.98x, does not pay" where the full batch gains 1.6x from the
 second core (issue 25). A sync run needs no guess: its steps repeat the same work, so each
@@ -109,8 +109,9 @@ class StageThreads:
 
 
 class ThreadCounts(Protocol):
-    """What a stage's calls ask for their thread count (:func:`~freshroll.runtime.adapters.tuned`):
-    :class:`StageThreads` or :class:`ModeThreads`."""
+    """What a stage's calls ask for their thread count
+    (:func:`~freshroll.placement.adapters.tuned`): :class:`StageThreads` or
+    :class:`ModeThreads`."""
 
     def take(self) -> tuple[int, bool]: ...
 

@@ -15,7 +15,7 @@ from freshroll.ledger import LEDGER_FILE, Ledger
 
 REPO = Path(__file__).resolve().parents[2]
 SIM_READY = all(importlib.util.find_spec(m) is not None
-                for m in ("freshroll.sim.components", "freshroll.runtime.adapters"))
+                for m in ("freshroll.sim.components", "freshroll.placement.adapters"))
 needs_sim = pytest.mark.skipif(not SIM_READY, reason="simulated engines not built yet")
 SMALL = ["run.steps=5", "rollout.workers=4", "control.max_workers=4", "rollout.batch_groups=2",
          "rollout.group_size=4", "rollout.worker_batch=8", "run.progress=false"]
@@ -92,10 +92,16 @@ def test_bench_quick_on_simulated_engines_both_clocks(tmp_path: Path) -> None:
     tables = json.loads((out / "bench.json").read_text())
     _table_checks(out, tables, ["virtual", "real"])
     assert "adaptive-deadline" in [r["run"] for r in tables[0]["rows"]]
+    # its runs are verified but draw no page; `freshroll report` draws one on demand
+    sync = out / "virtual" / "sync"
+    assert (sync / "summary.json").is_file() and not (sync / "report.html").exists()
+    assert f"each run's page: freshroll report {out}/<clock>/<run>" in result.stdout
+    assert CliRunner().invoke(main, ["report", str(sync)]).exit_code == 0
+    assert (sync / "report.html").is_file()
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("freshroll.runtime.adapters") is None,
+@pytest.mark.skipif(importlib.util.find_spec("freshroll.placement.adapters") is None,
                     reason="the pipeline's thread adapters are not built yet")
 def test_bench_quick_on_the_real_embedded_default(tmp_path: Path) -> None:
     out = tmp_path / "bench"

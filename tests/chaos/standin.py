@@ -9,7 +9,7 @@ from typing import Any
 from freshroll import events as ev
 from freshroll.chaos.plan import Scenario
 from freshroll.errors import Interrupted
-from freshroll.runtime.hooks import Hooks
+from freshroll.pipeline.hooks import Hooks
 
 
 class _Hooks(Hooks):

@@ -5,10 +5,10 @@ unreadable ledger, or failed samples that should have been scored again).
 =================================  ===========================  ===========================
 protection                         where                        scenario (library)
 =================================  ===========================  ===========================
-malformed completions -> invalid   runtime/workers.py           malformed-completions
-reward payloads checked            runtime/rewarding.py         malformed-rewards
-lost reward worker -> re-scored    runtime/rewarding.py         reward-worker-lost
-out-of-band version refused        runtime/workers.py           version-bump, zombie-and-bump
+malformed completions -> invalid   pipeline/workers.py           malformed-completions
+reward payloads checked            pipeline/rewarding.py         malformed-rewards
+lost reward worker -> re-scored    pipeline/rewarding.py         reward-worker-lost
+out-of-band version refused        pipeline/workers.py           version-bump, zombie-and-bump
 =================================  ===========================  ===========================
 """
 
@@ -24,10 +24,10 @@ from inject_support import run_case, scenario
 from freshroll import events as ev
 from freshroll.engines.base import Completion
 from freshroll.errors import FailureBudgetExceeded, LedgerError, StateError
+from freshroll.pipeline import calls, rewarding, workers
+from freshroll.pipeline.calls import malformed
+from freshroll.pipeline.rewarding import MAX_LOST_RETRIES, checked_scores
 from freshroll.rewards.scoring import Score
-from freshroll.runtime import calls, rewarding, workers
-from freshroll.runtime.calls import malformed
-from freshroll.runtime.rewarding import MAX_LOST_RETRIES, checked_scores
 
 GOOD = Completion((), (), (), "g0.0#1", "stop", 1.5, n_tokens=12)
 

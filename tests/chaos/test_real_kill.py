@@ -26,8 +26,8 @@ from freshroll.engines.hf import HFEngine
 from freshroll.errors import RunFailed, WorkerLost
 from freshroll.harness.verify import verify_run
 from freshroll.lineage import PolicyVersion
-from freshroll.runtime.adapters import KillableThreadEngine, ThreadEngine, adapt
-from freshroll.runtime.hooks import Hooks
+from freshroll.pipeline.hooks import Hooks
+from freshroll.placement.adapters import KillableThreadEngine, ThreadEngine, adapt
 from freshroll.runtime.placements import Components
 from freshroll.runtime.run import run
 
@@ -137,8 +137,8 @@ def _plan(steps: int = 24) -> Plan:
 @pytest.mark.ray
 def test_ray_kill_really_kills_the_actor_and_the_pool_restarts_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    from freshroll.runtime import ray_reaper
-    from freshroll.runtime.ray_reaper import alive, session_pids
+    from freshroll.placement import ray_reaper
+    from freshroll.placement.ray_reaper import alive, session_pids
 
     plan = _plan()
     cfg = validate(real_workload(plan, plan.scenarios[0], 0, "ray"), "test")
@@ -231,7 +231,7 @@ def test_a_thread_still_in_a_ray_call_leaves_when_ray_stops(tmp_path: Path):
     import threading
 
     from freshroll.engines.tiny import save_tiny
-    from freshroll.runtime.ray_engine import RayEngine, start_ray, stop_ray
+    from freshroll.placement.ray_engine import RayEngine, start_ray, stop_ray
 
     start_ray(num_cpus=2)
     pid = None

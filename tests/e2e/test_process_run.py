@@ -23,12 +23,12 @@ from freshroll.buffer import SampleBuffer
 from freshroll.config import Config, validate
 from freshroll.harness.verify import verify_run
 from freshroll.lineage import PolicyVersion
-from freshroll.runtime.adapters import KillableThreadEngine
-from freshroll.runtime.hooks import Hooks
+from freshroll.pipeline.hooks import Hooks
+from freshroll.placement.adapters import KillableThreadEngine
+from freshroll.placement.process_engine import ProcessEngine
+from freshroll.placement.shm_weights import PREFIX, segment_owner, shm_dir
 from freshroll.runtime.placements import Components
-from freshroll.runtime.process_engine import ProcessEngine
 from freshroll.runtime.run import run
-from freshroll.runtime.shm_weights import PREFIX, segment_owner, shm_dir
 
 pytestmark = pytest.mark.slow
 

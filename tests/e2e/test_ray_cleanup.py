@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from e2e_helpers import REPO, freshroll, metrics, summary
 
-from freshroll.runtime import ray_reaper
-from freshroll.runtime.ray_reaper import TOKEN_ENV, alive, session_pids
+from freshroll.placement import ray_reaper
+from freshroll.placement.ray_reaper import TOKEN_ENV, alive, session_pids
 from ray_owner import live_tokens_of, owned
 
 pytestmark = pytest.mark.ray
@@ -64,7 +64,7 @@ def test_session_pids_finds_exactly_the_token():
 
 _DRIVER = """
 import subprocess, sys, time, os
-from freshroll.runtime import ray_reaper
+from freshroll.placement import ray_reaper
 token = sys.argv[1]
 dog = ray_reaper.start_watchdog(token)
 child = subprocess.Popen(["sleep", "300"], env={**os.environ, ray_reaper.TOKEN_ENV: token},

@@ -1,4 +1,4 @@
-"""``ray.trainer: actor``: the learner in a Ray actor (runtime/ray_trainer.py), for real.
+"""``ray.trainer: actor``: the learner in a Ray actor (placement/ray_trainer.py), for real.
 
 A short real run with the trainer actor verifies and trains exactly what the driver-side
 trainer trains (sync, one worker: the same weights digests step by step); a trainer actor
@@ -22,9 +22,9 @@ from freshroll.buffer import SampleBuffer
 from freshroll.config import Config, load_config
 from freshroll.harness.verify import verify_run
 from freshroll.lineage import PolicyVersion
-from freshroll.runtime.hooks import Hooks
+from freshroll.pipeline.hooks import Hooks
+from freshroll.placement.ray_trainer import RayTrainer
 from freshroll.runtime.placements import Components
-from freshroll.runtime.ray_trainer import RayTrainer
 from freshroll.runtime.run import run
 from freshroll.state import Lease
 
@@ -164,7 +164,7 @@ def test_a_trainer_actor_that_never_answers_in_time_fails_the_run_after_max_rest
     rebuilt, at most MAX_RESTARTS times; then RunFailed names the cause, the ledger is closed
     ``failed`` with every restart recorded, and verify passes."""
     from freshroll.errors import RunFailed
-    from freshroll.runtime.ray_trainer import MAX_RESTARTS
+    from freshroll.placement.ray_trainer import MAX_RESTARTS
 
     out = tmp_path / "slow"
     cfg = _cfg("run.steps=2", "run.runtime=ray", "limits.train_timeout_s=0.001")

@@ -55,7 +55,7 @@ def test_a_sync_run_settles_each_stage_on_its_first_steps(tmp_path: Path, small:
                                                          monkeypatch: pytest.MonkeyPatch):
     """run.torch_threads auto in a sync run: generate and train each try 1 and all the cores
     on their first calls and keep the faster; summary.json and the last lines say which."""
-    from freshroll.runtime import placement, thread_probe
+    from freshroll.placement import placement, thread_probe
 
     monkeypatch.setattr(placement, "available_cores", lambda: 2)
     monkeypatch.setattr(thread_probe, "available_cores", lambda: 2)

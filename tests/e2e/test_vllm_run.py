@@ -16,7 +16,7 @@ from e2e_helpers import REPO, freshroll, summary
 from freshroll import events as ev
 from freshroll.config import load_config
 from freshroll.ledger import LEDGER_FILE, Ledger
-from freshroll.runtime.hooks import Hooks
+from freshroll.pipeline.hooks import Hooks
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 

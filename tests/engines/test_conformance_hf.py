@@ -15,7 +15,7 @@ from conformance import Conformance, EngineUnderTest, Reference, engine_under_te
 from freshroll.config import LimitsSection
 from freshroll.engines.hf import HFEngine
 from freshroll.engines.seams import AsyncEngine
-from freshroll.runtime.adapters import adapt
+from freshroll.placement.adapters import adapt
 
 
 @pytest.fixture(scope="module")

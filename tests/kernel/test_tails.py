@@ -1,4 +1,4 @@
-"""Group deadlines (runtime/tails.py) on a real buffer and ledger, in virtual time."""
+"""Group deadlines (pipeline/tails.py) on a real buffer and ledger, in virtual time."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from freshroll.errors import ConfigError, StateError
 from freshroll.harness.verify import verify_ledger
 from freshroll.ledger import Ledger
 from freshroll.lineage import GroupId, PolicyVersion, RewardVersion, SampleId, request_of
-from freshroll.runtime.tails import Cut, TailWatch, apply_cut
+from freshroll.pipeline.tails import Cut, TailWatch, apply_cut
 from freshroll.trainer.losses import group_advantages
 
 V0 = PolicyVersion.initial("tail-model")

@@ -23,11 +23,11 @@ from freshroll.engines.base import Completion
 from freshroll.engines.seams import Emit, GenRequest, SamplingParams
 from freshroll.ledger import Ledger
 from freshroll.lineage import PolicyVersion, RewardVersion
+from freshroll.pipeline.observers import Callbacks, default_observers
+from freshroll.pipeline.pipeline import Pipeline, StepReport
 from freshroll.rewards.calling import RewardState
 from freshroll.rewards.scoring import Score
 from freshroll.rewards.tasks import Prompt, make_prompts
-from freshroll.runtime.observers import Callbacks, default_observers
-from freshroll.runtime.pipeline import Pipeline, StepReport
 from freshroll.state import Lease
 
 BASE = ["run.progress=false", "task.n_prompts=64", "rollout.group_size=4",

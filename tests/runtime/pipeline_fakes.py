@@ -1,9 +1,9 @@
-"""Fakes to drive the real :class:`~freshroll.runtime.pipeline.Pipeline` in about a second.
+"""Fakes to drive the real :class:`~freshroll.pipeline.pipeline.Pipeline` in about a second.
 
 The buffer, ledger, reward set, pipeline and thread adapters are real; the blocking engines
 and (by default) the learner are scripted fakes, so a test can make a stage fail, hang or
 return late. The engines reach the pipeline the way real ones do: through a
-:class:`~freshroll.runtime.adapters.ThreadEngineFactory` (worker ``w<i>`` gets ``engines[i]``;
+:class:`~freshroll.placement.adapters.ThreadEngineFactory` (worker ``w<i>`` gets ``engines[i]``;
 a replacement restarts it).
 """
 
@@ -24,11 +24,11 @@ from freshroll.engines.base import Completion
 from freshroll.harness.verify import Report, verify_ledger
 from freshroll.ledger import Ledger
 from freshroll.lineage import PolicyVersion
+from freshroll.pipeline.observers import Callbacks, Heartbeats
+from freshroll.pipeline.pipeline import Pipeline, StepReport
+from freshroll.placement.adapters import ThreadEngineFactory, ThreadScorer, ThreadTrainer
 from freshroll.rewards.scoring import RewardSet, RewardSpec
 from freshroll.rewards.tasks import make_prompts
-from freshroll.runtime.adapters import ThreadEngineFactory, ThreadScorer, ThreadTrainer
-from freshroll.runtime.observers import Callbacks, Heartbeats
-from freshroll.runtime.pipeline import Pipeline, StepReport
 
 BASE = ["run.progress=false", "task.n_prompts=64", "rollout.group_size=2",
         "rollout.batch_groups=2", "rollout.worker_batch=4", "run.steps=3"]

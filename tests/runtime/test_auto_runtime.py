@@ -10,9 +10,9 @@ from typing import Any, cast
 import pytest
 
 from freshroll.config import validate
-from freshroll.runtime import placement
-from freshroll.runtime.fallback import Mode, Switch
-from freshroll.runtime.placement import auto_runtime, resolve_runtime
+from freshroll.pipeline.fallback import Mode, Switch
+from freshroll.placement import placement
+from freshroll.placement.placement import auto_runtime, resolve_runtime
 
 
 def _cfg(**run: Any) -> Any:
@@ -47,14 +47,14 @@ def test_an_explicit_runtime_is_kept_and_auto_says_why(monkeypatch: pytest.Monke
 
 
 def _probe(gain: float, skipped: str = "") -> Any:
-    from freshroll.runtime.thread_probe import ThreadProbe
+    from freshroll.placement.thread_probe import ThreadProbe
 
     # a step's work: 1.0 s on one thread, 1/gain s on two
     return ThreadProbe(2, 128, 12, 0.4, 0.6, 0.4 / gain, 0.6 / gain, 0.5, skipped)
 
 
 def test_the_probe_says_whether_threads_pay():
-    from freshroll.runtime.thread_probe import PAYS
+    from freshroll.placement.thread_probe import PAYS
 
     assert _probe(1.6).gain == pytest.approx(1.6) and _probe(1.6).pays
     assert not _probe(PAYS - 0.01).pays and _probe(PAYS).pays
@@ -88,7 +88,7 @@ def test_an_async_inline_run_on_many_threads_shares_the_compute_thread_in_sync_w
 
 
 def test_an_async_process_run_takes_every_core_per_call_in_sync_windows():
-    from freshroll.runtime.observers import FollowMode
+    from freshroll.pipeline.observers import FollowMode
     from freshroll.runtime.run import own_watchers
 
     p = placement.plan(_cfg(max_staleness=1), _probe(0.8), cores=2)
@@ -126,7 +126,7 @@ def test_where_threads_do_not_pay_the_fixed_rule_holds():
 
 
 def test_the_probe_stops_after_one_pair_only_when_the_gain_is_far_from_the_bar():
-    from freshroll.runtime.thread_probe import DECISIVE_HIGH, DECISIVE_LOW, PAYS, _decisive
+    from freshroll.placement.thread_probe import DECISIVE_HIGH, DECISIVE_LOW, PAYS, _decisive
 
     assert DECISIVE_LOW < 1.0 < PAYS < DECISIVE_HIGH
 
@@ -198,7 +198,7 @@ def test_the_real_probe_measures_and_leaves_the_rng_alone(tmp_path):
     import torch
 
     from freshroll.engines.tiny import save_tiny
-    from freshroll.runtime.thread_probe import probe_threads
+    from freshroll.placement.thread_probe import probe_threads
 
     model = save_tiny(tmp_path / "m", seed=0)
     before = torch.get_rng_state()
@@ -217,7 +217,7 @@ def test_a_failing_probe_warns_and_the_fixed_rule_holds(monkeypatch: pytest.Monk
     import io
     from types import SimpleNamespace
 
-    from freshroll.runtime import thread_probe
+    from freshroll.placement import thread_probe
 
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("no forward with labels")

@@ -22,8 +22,8 @@ from freshroll.control import ControlConfig, ControllerState, Decision, Snapshot
 from freshroll.engines.seams import EngineStats
 from freshroll.harness.verify import verify_run
 from freshroll.ledger import Ledger
+from freshroll.pipeline.steering import Meter, control_config
 from freshroll.runtime import run as run_mod
-from freshroll.runtime.steering import Meter, control_config
 
 
 class Reporting(AsyncEngine):

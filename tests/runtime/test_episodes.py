@@ -27,7 +27,7 @@ from freshroll.engines.episodes import (
 )
 from freshroll.errors import ConfigError
 from freshroll.ledger import LEDGER_FILE, Ledger
-from freshroll.runtime.calls import generation_seed
+from freshroll.pipeline.calls import generation_seed
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from pipeline_fakes import FakeEngine, Harness, ok_reward
 from freshroll import events as ev
 from freshroll.breaker import Breaker, FailureBudget, Rule
 from freshroll.errors import FailureBudgetExceeded, FreshrollError, Interrupted
-from freshroll.runtime.observers import Callbacks
+from freshroll.pipeline.observers import Callbacks
 
 # -- the policy, against nothing but itself ------------------------------------------------
 

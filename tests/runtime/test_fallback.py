@@ -1,4 +1,4 @@
-"""The sync fallback (:mod:`freshroll.runtime.fallback`): the probe's state machine on a fake
+"""The sync fallback (:mod:`freshroll.pipeline.fallback`): the probe's state machine on a fake
 clock, the buffer's look-ahead, the ledger fold and verdict it feeds, and one real run."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from freshroll.errors import StateError
 from freshroll.figures.overlap import ModeFold, render
 from freshroll.ledger import Ledger
 from freshroll.lineage import PolicyVersion
-from freshroll.runtime.fallback import FallbackConfig, FallbackProbe, Switch
+from freshroll.pipeline.fallback import FallbackConfig, FallbackProbe, Switch
 
 ROLLOUTS = 16
 
@@ -99,7 +99,7 @@ def test_config_rejects_a_sync_run_and_bad_windows():
 
 def test_probe_for_follows_control_fallback():
     from freshroll.config import load_config
-    from freshroll.runtime.fallback import probe_for
+    from freshroll.pipeline.fallback import probe_for
 
     assert probe_for(load_config(None, [])) is not None  # async hf: auto is on
     assert probe_for(load_config(None, ["run.max_staleness=0"])) is None

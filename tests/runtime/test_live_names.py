@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from freshroll.runtime.live_names import NAMES, scalars
-from freshroll.runtime.prometheus import GAUGES
+from freshroll.observe.live_names import NAMES, scalars
+from freshroll.observe.prometheus import GAUGES
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 

@@ -16,10 +16,10 @@ from monitor_files import read_board, read_wandb, wandb_offline
 from freshroll.config import load_config
 from freshroll.errors import ConfigError
 from freshroll.figures.metrics_log import read_rows
-from freshroll.runtime.live_names import scalars
-from freshroll.runtime.monitors import build_monitors
-from freshroll.runtime.prometheus import check_port
-from freshroll.runtime.tensorboard import TENSORBOARD_DIR
+from freshroll.observe.live_names import scalars
+from freshroll.observe.monitors import build_monitors
+from freshroll.observe.prometheus import check_port
+from freshroll.observe.tensorboard import TENSORBOARD_DIR
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""Run observers (:mod:`freshroll.runtime.observers`): the pipeline calls each one at its
+"""Run observers (:mod:`freshroll.pipeline.observers`): the pipeline calls each one at its
 points, a run's own (rows, progress line, checkpointer, notes) come first, and an exporter
 is one more observer plus one registration: its rows on a real run are metrics.jsonl's."""
 
@@ -16,9 +16,9 @@ from freshroll.config import load_config
 from freshroll.events import CheckpointSaved
 from freshroll.figures.metrics_log import read_rows
 from freshroll.ledger import LEDGER_FILE, Ledger
-from freshroll.runtime.exporters import JsonLinesExporter
-from freshroll.runtime.fallback import Switch
-from freshroll.runtime.observers import (
+from freshroll.observe.exporters import JsonLinesExporter
+from freshroll.pipeline.fallback import Switch
+from freshroll.pipeline.observers import (
     Heartbeats,
     Notes,
     Observer,

@@ -1,4 +1,4 @@
-"""Over-provisioning in the pipeline (runtime/overprovision.py): simulated engines in virtual
+"""Over-provisioning in the pipeline (pipeline/overprovision.py): simulated engines in virtual
 time on a long-tailed P2 (small shapes): extra requests admitted, the first ``group_size``
 done kept, the rest cancelled on their engines, conservation under ``verify`` and the chaos
 library's checks."""
@@ -15,7 +15,7 @@ from freshroll.chaos.checks import admission_bound
 from freshroll.config import TailSection
 from freshroll.figures.bias import sample_bias
 from freshroll.harness.verify import verify_ledger
-from freshroll.runtime.overprovision import MIN_LATENCIES, Overprovision
+from freshroll.pipeline.overprovision import MIN_LATENCIES, Overprovision
 
 
 @pytest.mark.parametrize("extra", [["tail.overprovision=2"],

@@ -1,10 +1,10 @@
-"""Tests for freshroll.runtime.pace: steps/s and the ETA of the progress line."""
+"""Tests for freshroll.observe.pace: steps/s and the ETA of the progress line."""
 
 from __future__ import annotations
 
 import pytest
 
-from freshroll.runtime.pace import Pace, duration
+from freshroll.observe.pace import Pace, duration
 
 
 def test_pace_is_unknown_until_two_steps_then_follows_the_formula():

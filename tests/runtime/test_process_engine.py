@@ -24,13 +24,13 @@ from freshroll.engines.base import Completion
 from freshroll.engines.hf import HFEngine
 from freshroll.engines.tiny import build_tiny, save_tiny
 from freshroll.errors import WorkerLost, WorkerTimeout
-from freshroll.runtime.adapters import KillableThreadEngine, adapt
-from freshroll.runtime.process_engine import (
+from freshroll.placement.adapters import KillableThreadEngine, adapt
+from freshroll.placement.process_engine import (
     ProcessEngine,
     completion_from_json,
     completion_to_json,
 )
-from freshroll.runtime.shm_weights import SlotHandle, WeightChannel
+from freshroll.placement.shm_weights import SlotHandle, WeightChannel
 
 PROMPTS = ["rev 123=", "abc", "q", "rev 9876="]
 
@@ -92,7 +92,7 @@ def test_the_child_reports_its_thread_budget(engine: ProcessEngine):
 
 
 def test_a_call_runs_at_its_calling_threads_count(model_dir: Path):
-    from freshroll.runtime.adapters import tuned
+    from freshroll.placement.adapters import tuned
     from freshroll.stage_threads import ModeThreads, StageThreads
 
     stage = ModeThreads(shared=1, sync=StageThreads("generate", many=2, warmup=1))
@@ -192,8 +192,8 @@ DRIVER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
     from freshroll.engines.hf import HFEngine
-    from freshroll.runtime.process_engine import ProcessEngine
-    from freshroll.runtime.shm_weights import WeightChannel
+    from freshroll.placement.process_engine import ProcessEngine
+    from freshroll.placement.shm_weights import WeightChannel
     if __name__ == "__main__":
         path = Path(sys.argv[1])
         ch = WeightChannel.create(HFEngine.from_pretrained(path).model.state_dict(), 10.0)

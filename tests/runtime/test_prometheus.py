@@ -11,9 +11,9 @@ import pytest
 
 from freshroll.config import validate
 from freshroll.errors import ConfigError
-from freshroll.runtime.fallback import Switch
-from freshroll.runtime.observers import Observer
-from freshroll.runtime.prometheus import GAUGES, MODE_GAUGE, PrometheusExporter, check_port
+from freshroll.observe.prometheus import GAUGES, MODE_GAUGE, PrometheusExporter, check_port
+from freshroll.pipeline.fallback import Switch
+from freshroll.pipeline.observers import Observer
 
 
 def _free_port() -> int:

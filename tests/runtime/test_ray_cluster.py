@@ -23,10 +23,10 @@ from freshroll.buffer import SampleBuffer
 from freshroll.config import load_config, validate
 from freshroll.errors import ClusterUnavailable, ConfigError
 from freshroll.harness.verify import verify_run
+from freshroll.pipeline.hooks import Hooks
+from freshroll.placement.ray_cluster import free_port, start_cluster
 from freshroll.runtime import run as run_mod
-from freshroll.runtime.hooks import Hooks
 from freshroll.runtime.placements import ray_cpus
-from freshroll.runtime.ray_cluster import free_port, start_cluster
 
 pytestmark = pytest.mark.ray
 
@@ -55,7 +55,7 @@ def test_an_address_that_does_not_answer_fails_fast_and_clearly():
     check; nothing of Ray was started (a run says the same: the next test)."""
     import ray
 
-    from freshroll.runtime.ray_engine import start_ray
+    from freshroll.placement.ray_engine import start_ray
 
     address = f"127.0.0.1:{free_port()}"  # bound once, closed again: nothing listens
     t0 = time.monotonic()
@@ -182,7 +182,7 @@ def test_resize_adds_and_retires_real_actors(tmp_path: Path):
     new one; the ledger shows the additions and the retirement, verify passes."""
     import ray
 
-    from freshroll.runtime import ray_engine
+    from freshroll.placement import ray_engine
 
     seen: list[tuple[str, int, float]] = []
 
@@ -261,7 +261,7 @@ def reward_run(tmp_path_factory: pytest.TempPathFactory) -> _RewardRun:
     ~15 CPU-s before its first step): its first reward call hangs past
     limits.reward_timeout_s (the actor is abandoned and replaced), then, after the first
     commit, its actor is killed (the call fails WorkerLost and is retried on a fresh one)."""
-    from freshroll.runtime.ray_scorer import RayScorer
+    from freshroll.placement.ray_scorer import RayScorer
 
     tmp = tmp_path_factory.mktemp("reward-run")
     reward = tmp / "hangs.py"
@@ -323,7 +323,7 @@ def test_a_stuck_reward_call_is_abandoned_and_its_actor_replaced(reward_run: _Re
 def _private_instance() -> Iterator[None]:
     """One private Ray instance (3 CPUs) for the tests of a class that call Ray directly
     (no run: a run starts and stops its own instance): ~5 CPU-s each instance costs."""
-    from freshroll.runtime.ray_engine import start_ray, stop_ray
+    from freshroll.placement.ray_engine import start_ray, stop_ray
 
     start_ray(num_cpus=3)
     try:
@@ -342,8 +342,8 @@ class TestOnOnePrivateInstance:
         """Each reward actor builds the RewardSet from the config; a driver whose set differs
         (here: another weight) is refused before any sample is scored, naming both digests."""
         from freshroll.errors import RunFailed
+        from freshroll.placement.ray_scorer import RayScorer
         from freshroll.rewards.scoring import build_reward_set
-        from freshroll.runtime.ray_scorer import RayScorer
 
         cfg = load_config(None, ["ray.reward_actors=2"])
         same = build_reward_set([e.model_dump(exclude_none=True) for e in cfg.rewards])
@@ -364,7 +364,7 @@ class TestOnOnePrivateInstance:
 
         from freshroll.engines.tiny import save_tiny
         from freshroll.errors import WorkerLost
-        from freshroll.runtime.ray_engine import RayEngine, ray_publish
+        from freshroll.placement.ray_engine import RayEngine, ray_publish
 
         path = save_tiny(tmp_path / "tiny", seed=0)
         a, b = RayEngine(path), RayEngine(path)

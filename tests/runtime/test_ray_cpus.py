@@ -24,12 +24,12 @@ def test_a_driver_trainer_declares_nothing_and_two_is_the_floor():
 
 
 def test_a_reward_actors_module_imports_no_torch():
-    # a reward actor's process imports freshroll.runtime.ray_scorer and scores text: torch
+    # a reward actor's process imports freshroll.placement.ray_scorer and scores text: torch
     # would cost it seconds of CPU at every start (and each Ray run starts one by default)
     import subprocess
     import sys
 
-    code = ("import sys, freshroll.runtime.ray_scorer, freshroll.rewards.scoring; "
+    code = ("import sys, freshroll.placement.ray_scorer, freshroll.rewards.scoring; "
             "print('torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120, check=True)

@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 
-from freshroll.runtime.ray_reaper import TOKEN_ENV, alive, new_token, reap, session_pids
+from freshroll.placement.ray_reaper import TOKEN_ENV, alive, new_token, reap, session_pids
 
 #: a process that ignores SIGTERM (as a busy raylet may), so only SIGKILL ends it
 STUBBORN = ("import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "

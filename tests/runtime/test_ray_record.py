@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from freshroll.runtime.ray_reaper import RECORD_FILE, read_record, remove_record, write_record
+from freshroll.placement.ray_reaper import RECORD_FILE, read_record, remove_record, write_record
 
 
 @pytest.fixture

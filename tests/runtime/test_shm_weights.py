@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from freshroll.errors import WorkerTimeout
-from freshroll.runtime.shm_weights import (
+from freshroll.placement.shm_weights import (
     PREFIX,
     Layout,
     SlotBusy,

@@ -6,7 +6,7 @@ import threading
 
 import torch
 
-from freshroll.runtime.adapters import tuned
+from freshroll.placement.adapters import tuned
 from freshroll.stage_threads import StageThreads
 
 
@@ -37,7 +37,7 @@ def test_no_stage_leaves_the_thread_alone():
 
 
 def test_a_shared_executor_runs_every_user_on_one_thread_until_the_last_detaches():
-    from freshroll.runtime.threads import SharedExecutor
+    from freshroll.ports.threads import SharedExecutor
 
     shared = SharedExecutor("compute")
     a, b = shared.attach(), shared.attach()
@@ -63,7 +63,7 @@ def _names_alive() -> set[str]:
 
 
 def test_a_mode_executor_moves_calls_to_the_compute_thread_in_sync_windows():
-    from freshroll.runtime.threads import ModeGroup, SharedExecutor
+    from freshroll.ports.threads import ModeGroup, SharedExecutor
 
     group = ModeGroup(SharedExecutor("compute"))
     ex = group.executor("w0")
@@ -86,7 +86,7 @@ def test_a_mode_executor_moves_calls_to_the_compute_thread_in_sync_windows():
 def test_calls_stay_in_order_across_a_switch():
     import time
 
-    from freshroll.runtime.threads import ModeGroup, SharedExecutor
+    from freshroll.ports.threads import ModeGroup, SharedExecutor
 
     group = ModeGroup(SharedExecutor("compute"))
     ex = group.executor("w0")
@@ -111,7 +111,7 @@ def test_calls_stay_in_order_across_a_switch():
 def test_a_call_walked_away_from_never_holds_the_next_one():
     import time
 
-    from freshroll.runtime.threads import ModeGroup, SharedExecutor
+    from freshroll.ports.threads import ModeGroup, SharedExecutor
 
     group = ModeGroup(SharedExecutor("compute"))
     ex = group.executor("w0")

@@ -14,7 +14,7 @@ from async_fakes import AsyncHarness, Factory, Trainer
 from freshroll import events as ev
 from freshroll.control import ControllerState, Decision, Settings, Snapshot
 from freshroll.harness.verify import verify_ledger
-from freshroll.runtime.pipeline import Pipeline
+from freshroll.pipeline.pipeline import Pipeline
 
 
 class Scripted:

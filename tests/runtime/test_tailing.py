@@ -1,4 +1,4 @@
-"""Group deadlines in the pipeline (runtime/tailing.py, WorkerPool.cancel): simulated engines
+"""Group deadlines in the pipeline (pipeline/tailing.py, WorkerPool.cancel): simulated engines
 in virtual time (P3 and a long-tailed P2, small shapes), a scripted continuous engine that
 honours cancel, and a real-clock smoke through the thread adapter of real engines."""
 
@@ -24,9 +24,9 @@ from freshroll.engines.seams import Emit, GenRequest, SamplingParams
 from freshroll.harness.verify import verify_ledger
 from freshroll.ledger import Ledger
 from freshroll.lineage import PolicyVersion, request_of
+from freshroll.pipeline.observers import Callbacks
+from freshroll.pipeline.pipeline import Pipeline, StepReport
 from freshroll.rewards.tasks import make_prompts
-from freshroll.runtime.observers import Callbacks
-from freshroll.runtime.pipeline import Pipeline, StepReport
 from freshroll.sim.components import build_sim, sim_model_digest
 from freshroll.sim.engine import SimEngine
 

@@ -13,9 +13,9 @@ from monitor_files import read_board
 from freshroll.config import load_config, validate
 from freshroll.errors import ConfigError
 from freshroll.figures.metrics_log import read_rows
-from freshroll.runtime.live_names import scalars
-from freshroll.runtime.monitors import check_monitors
-from freshroll.runtime.tensorboard import TENSORBOARD_DIR, TensorBoardWriter
+from freshroll.observe.live_names import scalars
+from freshroll.observe.monitors import check_monitors
+from freshroll.observe.tensorboard import TENSORBOARD_DIR, TensorBoardWriter
 
 
 def _assert_rows_logged(got: dict[str, dict[int, float]], rows: list[dict[str, Any]]) -> None:

@@ -25,9 +25,9 @@ from freshroll.errors import (
     WorkerTimeout,
     exit_status,
 )
-from freshroll.runtime.observers import Callbacks
-from freshroll.runtime.threads import AbandonableExecutor, CallAborted
-from freshroll.runtime.workers import MAX_RESTARTS
+from freshroll.pipeline.observers import Callbacks
+from freshroll.pipeline.workers import MAX_RESTARTS
+from freshroll.ports.threads import AbandonableExecutor, CallAborted
 
 # -- the executor that can walk away ------------------------------------------------------
 
@@ -296,7 +296,7 @@ def test_a_stopped_ray_actor_times_out_and_restarts(tmp_path: Path):
     import ray
 
     from freshroll.engines.tiny import save_tiny
-    from freshroll.runtime.ray_engine import RayEngine, start_ray, stop_ray
+    from freshroll.placement.ray_engine import RayEngine, start_ray, stop_ray
 
     path = save_tiny(tmp_path / "tiny", seed=0)
     start_ray(num_cpus=2)

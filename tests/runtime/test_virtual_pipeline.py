@@ -15,7 +15,7 @@ from async_fakes import AsyncEngine, AsyncHarness, Factory
 from freshroll import events as ev
 from freshroll.engines.base import Completion
 from freshroll.errors import WorkerLost
-from freshroll.runtime.pipeline import Pipeline
+from freshroll.pipeline.pipeline import Pipeline
 
 
 async def until_step(pipe: Pipeline, step: int) -> None:

@@ -1,10 +1,10 @@
-"""The waits in flight (runtime/waits.py) against a fake clock: what is overdue, when a
+"""The waits in flight (ports/waits.py) against a fake clock: what is overdue, when a
 heartbeat line is due, when a run is stalled and what the stop says."""
 
 from __future__ import annotations
 
 from freshroll.clock import VirtualClock
-from freshroll.runtime.waits import Waits, heartbeat, stall_message
+from freshroll.ports.waits import Waits, heartbeat, stall_message
 
 
 def test_a_wait_is_overdue_past_the_heartbeat_and_said_once_per_interval():

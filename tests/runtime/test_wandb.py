@@ -16,9 +16,9 @@ from monitor_files import read_wandb, wandb_offline
 from freshroll.config import load_config, validate
 from freshroll.errors import ConfigError
 from freshroll.figures.metrics_log import read_rows
-from freshroll.runtime.live_names import scalars
-from freshroll.runtime.monitors import check_monitors
-from freshroll.runtime.wandb_log import WandbLogger
+from freshroll.observe.live_names import scalars
+from freshroll.observe.monitors import check_monitors
+from freshroll.observe.wandb_log import WandbLogger
 
 
 @pytest.fixture(autouse=True)

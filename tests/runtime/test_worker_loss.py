@@ -27,7 +27,7 @@ from freshroll.runtime import run as run_mod
 def test_killed_ray_actor_raises_worker_lost_and_restarts(tmp_path: Path):
     import ray
 
-    from freshroll.runtime.ray_engine import RayEngine, start_ray, stop_ray
+    from freshroll.placement.ray_engine import RayEngine, start_ray, stop_ray
 
     path = save_tiny(tmp_path / "tiny", seed=0)
     start_ray(num_cpus=2)

@@ -15,9 +15,9 @@ from freshroll.engines.base import Completion
 from freshroll.engines.seams import AsyncEngine, GenRequest, SamplingParams
 from freshroll.errors import ConfigError
 from freshroll.lineage import RewardVersion
+from freshroll.ports.seams import AsyncScorer, AsyncTrainer
 from freshroll.rewards.calling import RewardState
 from freshroll.rewards.tasks import Prompt
-from freshroll.runtime.seams import AsyncScorer, AsyncTrainer
 from freshroll.sim.components import build_sim, resolve_profile, sim_model_digest
 from freshroll.sim.engine import SimEngine
 from freshroll.sim.profiles import P2

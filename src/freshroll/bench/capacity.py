@@ -3,7 +3,7 @@
 The same drivers time the real components (``rollout.engine: hf``, on the real clock,
 a few batches) and the simulated ones (``rollout.engine: sim``, on a virtual clock,
 as many samples as it takes for the rates to settle), because they only await the
-seams of :mod:`freshroll.runtime.seams`. Every duration is the event loop's time
+seams of :mod:`freshroll.ports.seams`. Every duration is the event loop's time
 (``loop.time()``), which is the virtual clock under :meth:`VirtualClock.run`.
 
 - **generation** (:func:`measure_generation`): every worker's engine fed, through the run's
@@ -39,9 +39,9 @@ from freshroll.buffer import SampleBuffer
 from freshroll.engines.base import Completion
 from freshroll.engines.episodes import EpisodeWorkflow, SingleTurn
 from freshroll.engines.seams import AsyncEngine, EngineFactory, GenRequest, SamplingParams
+from freshroll.ports.seams import AsyncScorer, AsyncTrainer
 from freshroll.rewards.calling import RewardState
 from freshroll.rewards.tasks import Prompt
-from freshroll.runtime.seams import AsyncScorer, AsyncTrainer
 
 
 @dataclass(frozen=True, slots=True)

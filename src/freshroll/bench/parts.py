@@ -23,8 +23,8 @@ from freshroll.engines.episodes import workflow_for
 from freshroll.engines.seams import SamplingParams
 from freshroll.ledger import open_ledger
 from freshroll.lineage import PolicyVersion
+from freshroll.placement.placement import thread_budget
 from freshroll.rewards.tasks import Prompt
-from freshroll.runtime.placement import thread_budget
 
 #: samples of the generation measurement on the simulated engine (at most)
 SIM_GEN_MAX = 200_000
@@ -96,7 +96,7 @@ def _measure_hf(cfg: Config, tmp: Path, quick: bool) -> Capacities:
 
     from freshroll.engines import payload as pl
     from freshroll.engines.hf import HFEngine
-    from freshroll.runtime.adapters import ThreadEngineFactory, ThreadScorer, ThreadTrainer
+    from freshroll.placement.adapters import ThreadEngineFactory, ThreadScorer, ThreadTrainer
     from freshroll.runtime.learner import new_learner
     from freshroll.runtime.prepare import prepare_run_dir
 

@@ -3,7 +3,7 @@
 Modules::
 
     plan.py      fault plans as data (YAML, validated, unknown keys rejected)
-    inject.py    the Injector: a runtime.hooks.ChaosSession that fires a scenario's faults
+    inject.py    the Injector: a runtime.placements.ChaosSession that fires a scenario's faults
                  at the run's hand-offs and records each as a ``fault_injected`` event
     actions.py   the fault actions (the Injector's base): what each kind does when it
                  fires, and the faults it leaves armed for the wrappers to ask

@@ -27,7 +27,7 @@ from freshroll.rewards.scoring import Score
 
 if TYPE_CHECKING:
     from freshroll.buffer import SampleBuffer
-    from freshroll.runtime.pipeline import Pipeline
+    from freshroll.pipeline.pipeline import Pipeline
 
 
 @dataclass
@@ -440,7 +440,7 @@ class FaultActions:
 
     def _do_version_bump(self, i: int, f: Fault, ctx: FaultyEngine | None,
                          gen: Gen | None) -> tuple[str, str]:
-        from freshroll.runtime.pipeline import Published
+        from freshroll.pipeline.pipeline import Published
 
         pipe = self.pipe
         assert pipe is not None and pipe.published is not None

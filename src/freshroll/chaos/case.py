@@ -58,13 +58,14 @@ from freshroll.config import Config, validate
 from freshroll.errors import ConfigError, FreshrollError, Interrupted, RunFailed
 from freshroll.events import Event
 from freshroll.ledger import LEDGER_FILE, Ledger
-from freshroll.runtime.hooks import ChaosSession, Hooks
+from freshroll.pipeline.hooks import Hooks
+from freshroll.runtime.placements import ChaosSession
 
 if TYPE_CHECKING:
     from freshroll.buffer import SampleBuffer
     from freshroll.lineage import PolicyVersion, SampleId
+    from freshroll.pipeline.pipeline import Pipeline
     from freshroll.rewards.scoring import Score
-    from freshroll.runtime.pipeline import Pipeline
     from freshroll.runtime.placements import Components
 
 
@@ -120,7 +121,7 @@ class _GuardHooks(Hooks):
 
 
 class Guard:
-    """A :class:`~freshroll.runtime.hooks.ChaosSession`: ``inner`` (None: no faults) with
+    """A :class:`~freshroll.runtime.placements.ChaosSession`: ``inner`` (None: no faults) with
     the liveness watchdog around its hooks."""
 
     def __init__(self, inner: ChaosSession | None, horizon_s: float) -> None:

@@ -47,10 +47,10 @@ from freshroll.engines.base import Completion, Killable
 from freshroll.engines.seams import AsyncEngine, Emit, EngineFactory, GenRequest, SamplingParams
 from freshroll.errors import WorkerLost
 from freshroll.lineage import PolicyVersion
+from freshroll.ports.seams import AsyncScorer, AsyncTrainer
 from freshroll.rewards.calling import RewardState
 from freshroll.rewards.scoring import Score
 from freshroll.rewards.tasks import Prompt
-from freshroll.runtime.seams import AsyncScorer, AsyncTrainer
 from freshroll.state import Lease
 
 

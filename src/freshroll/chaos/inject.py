@@ -1,8 +1,8 @@
 """The Injector: fires one scenario's faults in a run and records each one in the ledger.
 
-An :class:`Injector` is a :class:`~freshroll.runtime.hooks.ChaosSession`: ``run(cfg, out,
+An :class:`Injector` is a :class:`~freshroll.runtime.placements.ChaosSession`: ``run(cfg, out,
 chaos=Injector(scenario, seed))`` wraps the run's parts (:mod:`freshroll.chaos.faulty`) and
-hooks the pipeline's hand-offs (it is its own :class:`~freshroll.runtime.hooks.Hooks`).
+hooks the pipeline's hand-offs (it is its own :class:`~freshroll.pipeline.hooks.Hooks`).
 Each fault of the scenario fires once, when its trigger is met::
 
     s        seconds of run time since the run started (the ledger's first event), on the
@@ -96,11 +96,11 @@ from freshroll.chaos.faulty import FaultyEngine, FaultyFactory, FaultyScorer, Fa
 from freshroll.chaos.plan import Fault, Scenario
 from freshroll.errors import ConfigError, Interrupted, RunFailed
 from freshroll.lineage import PolicyVersion, SampleId
-from freshroll.runtime.hooks import Hooks
+from freshroll.pipeline.hooks import Hooks
 
 if TYPE_CHECKING:
     from freshroll.buffer import SampleBuffer
-    from freshroll.runtime.pipeline import Pipeline
+    from freshroll.pipeline.pipeline import Pipeline
     from freshroll.runtime.placements import Components
 
 
@@ -112,7 +112,7 @@ WORKER_HANDOFFS = frozenset({"load_weights", "generate", "emit"})
 
 class Injector(FaultActions, Hooks):
     """Fires ``scenario``'s faults (those not in ``skip``) in one run; see the module doc.
-    It is its own :class:`~freshroll.runtime.hooks.Hooks` (``hooks`` is itself).
+    It is its own :class:`~freshroll.pipeline.hooks.Hooks` (``hooks`` is itself).
 
     ``on_kill(kind)`` ends the process (the chaos runner's child SIGKILLs itself); it is
     called for ``kill_process`` and ``trainer_crash`` once their event is durable.

@@ -20,8 +20,8 @@ What is real and what is injected (docs/chaos-real.md):
   (:mod:`freshroll.chaos.child`), then a resume from the ledger and the real checkpoints
   (the weights digests of the replayed steps must match the ledger's);
 * ``kill_worker`` / ``kill_all_workers`` on ``ray``: ``ray.kill`` of the worker's actor
-  (:meth:`freshroll.runtime.ray_engine.RayEngine.kill`, reached through
-  :meth:`freshroll.runtime.adapters.KillableThreadEngine.kill`): the call in flight fails as
+  (:meth:`freshroll.placement.ray_engine.RayEngine.kill`, reached through
+  :meth:`freshroll.placement.adapters.KillableThreadEngine.kill`): the call in flight fails as
   a dead actor does (``WorkerLost``), the pool fences the epoch, re-issues its attempts and
   starts a new actor;
 * everything else is injected at the seams, as in the simulation, but around real engines,

@@ -5,7 +5,7 @@ the vLLM engine, the simulated engine) takes :class:`GenRequest` attempts with
 :class:`SamplingParams` and ``emit``\ s one :class:`~freshroll.engines.base.Completion` per
 request as it finishes; an engine that reports its load implements :class:`ReportsStats`.
 The runtime's own seams (the engine factory, the scorer, the trainer) are in
-:mod:`freshroll.runtime.seams`.
+:mod:`freshroll.ports.seams`.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ still pays for staleness. This module says which happened, from the run's own le
 - **verdict**: an async run (``max_staleness > 0``) paid when its accepted rollouts/s is
   above the estimate by more than :data:`PAY_MARGIN`; otherwise it says so plainly (the
   summary, ``freshroll verify``'s notes and the run's last lines on stderr);
-- **measured verdict**: when the sync fallback (:mod:`freshroll.runtime.fallback`) chose a
+- **measured verdict**: when the sync fallback (:mod:`freshroll.pipeline.fallback`) chose a
   mode, the verdict is its last choice instead (``verdict_source: measured``): async and
   sync windows of the same run, under the same load, beat any estimate. ``fallback`` lists
   each probe's rates and counts the steps run in each mode.

@@ -4,7 +4,7 @@ A reward module runs its top-level code when it is imported; one that blocks (a 
 lock, ``time.sleep``) would hang ``freshroll run`` before anything starts, silently.
 :func:`bounded` runs the import on a daemon thread and waits for it in slices of
 ``heartbeat_s``, saying each one past the first (``waiting 30 s on reward import
-path/to/file.py, limit 120 s``, the words of :mod:`freshroll.runtime.waits`); past
+path/to/file.py, limit 120 s``, the words of :mod:`freshroll.ports.waits`); past
 ``timeout_s`` it raises :class:`ImportTimeout` (the caller names the reference in a
 :class:`~freshroll.errors.ConfigError`). The stuck thread is abandoned: a daemon, it never
 holds the process at exit. Whatever the import raised is raised again, unchanged.

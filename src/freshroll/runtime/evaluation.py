@@ -221,7 +221,7 @@ class Evaluator:
 def build_evaluator(cfg: Config, prompts: Sequence[Prompt], model_path: Path, run_dir: Path,
                     trainer: Any) -> Evaluator | None:
     """The run's :class:`Evaluator` (None while ``eval.file`` is unset). An in-process trainer
-    (:class:`~freshroll.runtime.adapters.ThreadTrainer`) is evaluated on its learner's model
+    (:class:`~freshroll.placement.adapters.ThreadTrainer`) is evaluated on its learner's model
     itself; any other (a Ray trainer actor) on a copy of the initial model loaded with the
     state the checkpoint hook fetches. Its own :class:`RewardSet`, built from the config:
     the run's reward thread keeps its own (user code need not be thread-safe)."""
@@ -229,8 +229,8 @@ def build_evaluator(cfg: Config, prompts: Sequence[Prompt], model_path: Path, ru
         return None
     from transformers import AutoTokenizer
 
+    from freshroll.placement.adapters import ThreadTrainer
     from freshroll.rewards.scoring import ImportBound, build_reward_set
-    from freshroll.runtime.adapters import ThreadTrainer
 
     lim = cfg.limits
     rewards = build_reward_set([e.model_dump(exclude_none=True) for e in cfg.rewards],

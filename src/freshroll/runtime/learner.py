@@ -19,8 +19,8 @@ from freshroll.buffer import SampleBuffer
 from freshroll.config import Config, validate
 from freshroll.engines.model_dir import loading_model
 from freshroll.errors import LineageError, ResumeError, RunDirError
+from freshroll.ports.waits import seconds
 from freshroll.runtime.resume import History, canonical
-from freshroll.runtime.waits import seconds
 from freshroll.trainer.checkpoint import load_checkpoint
 from freshroll.trainer.grpo import GRPOLearner
 from freshroll.trainer.lora import wrap

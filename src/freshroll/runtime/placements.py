@@ -2,7 +2,7 @@
 
 :func:`build_components` looks the pair up in :data:`PLACEMENTS` (``run.runtime`` resolved
 first: :func:`engine_runtime`) and calls its builder, which returns what the pipeline awaits
-(:mod:`freshroll.runtime.seams`: the engine factory, the scorer, the trainer) and pushes
+(:mod:`freshroll.ports.seams`: the engine factory, the scorer, the trainer) and pushes
 every release it owes onto the run's one :class:`contextlib.ExitStack`, in the order it
 acquired them. :attr:`Components.close` unwinds that stack: the last thing acquired is
 released first, and a builder that fails part-way releases what it had (no scattered
@@ -12,7 +12,7 @@ released first, and a builder that fails part-way releases what it had (no scatt
                       run's clock, no model
     (hf,   inline)    HF engines on threads of this process, weights published as a copy
     (hf,   process)   each worker an HF engine in a child process, weights once per version
-                      in a shared-memory slot (:class:`~freshroll.runtime.shm_weights.
+                      in a shared-memory slot (:class:`~freshroll.placement.shm_weights.
                       WeightChannel`, unlinked at the end)
     (hf,   ray)       engines (and the trainer, the reward actors) as Ray actors on a private
                       Ray instance (or ``run.ray_address``), weights once per version in the
@@ -33,7 +33,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from freshroll.buffer import SampleBuffer
 from freshroll.clock import Clock
@@ -42,34 +42,46 @@ from freshroll.engines.base import InferenceEngine, Stoppable
 from freshroll.engines.seams import EngineFactory
 from freshroll.errors import ConfigError
 from freshroll.lineage import PolicyVersion
-from freshroll.runtime.adapters import (
+from freshroll.pipeline.hooks import Hooks
+from freshroll.placement.adapters import (
     Publish,
     ThreadEngineFactory,
     ThreadScorer,
     ThreadTrainer,
     clone_weights,
 )
+from freshroll.placement.placement import Placement, Runtime, resolve_runtime, thread_budget
+from freshroll.placement.ray_trainer import RayTrainer
+from freshroll.placement.shm_weights import WeightChannel
+from freshroll.ports.seams import AsyncScorer, AsyncTrainer, TrainerState
 from freshroll.runtime.learner import build_learner
-from freshroll.runtime.placement import Placement, Runtime, resolve_runtime, thread_budget
 from freshroll.runtime.prepare import Prepared
-from freshroll.runtime.ray_trainer import RayTrainer
-from freshroll.runtime.seams import AsyncScorer, AsyncTrainer, TrainerState
-from freshroll.runtime.shm_weights import WeightChannel
 from freshroll.stage_threads import ThreadCounts
 from freshroll.trainer.grpo import GRPOLearner
 
 if TYPE_CHECKING:
-    from freshroll.runtime.ray_scorer import RayScorer
+    from freshroll.placement.ray_scorer import RayScorer
 
 
 @dataclass
 class Components:
-    """What the pipeline awaits (:mod:`freshroll.runtime.seams`), and how to release it."""
+    """What the pipeline awaits (:mod:`freshroll.ports.seams`), and how to release it."""
 
     engine_factory: EngineFactory
     scorer: AsyncScorer
     trainer: AsyncTrainer
     close: Callable[[], None]
+
+
+class ChaosSession(Protocol):
+    """What :func:`freshroll.runtime.run.run` accepts as ``chaos``: it wraps the run's parts
+    (once, after the buffer is open) and gives the pipeline its hooks
+    (:class:`~freshroll.pipeline.hooks.Hooks`)."""
+
+    hooks: Hooks
+
+    def wrap(self, parts: Components, buf: SampleBuffer) -> Components:
+        ...
 
 
 #: ``(cfg, model path, worker name) -> engine``: what the hf engine factory calls on a thread
@@ -188,7 +200,7 @@ def _hf_process(b: Build, stack: ExitStack) -> tuple[EngineFactory, AsyncScorer,
 
 @register_placement("hf", "ray")
 def _hf_ray(b: Build, stack: ExitStack) -> tuple[EngineFactory, AsyncScorer, AsyncTrainer]:
-    from freshroll.runtime.ray_engine import ray_publish, start_ray, stop_ray
+    from freshroll.placement.ray_engine import ray_publish, start_ray, stop_ray
 
     learner = build_learner(b.cfg, b.prep.model_path, b.buf, b.out, b.prep.history)
     # private: in RUN_DIR/ray.json
@@ -219,7 +231,7 @@ def _scorer(b: Build, stack: ExitStack, ray: bool = False) -> ThreadScorer | Ray
     """The reward set on a thread; under Ray ``ray.reward_actors`` reward actors (each its
     own RewardSet, built from the config), or the driver's with ``reward_actors: 0``."""
     if ray and b.cfg.ray.reward_actors > 0:
-        from freshroll.runtime.ray_scorer import RayScorer
+        from freshroll.placement.ray_scorer import RayScorer
 
         actors = RayScorer(b.cfg, b.prep.rewards)
         stack.callback(actors.close)
@@ -262,7 +274,7 @@ def build_engine(cfg: Config, path: Path, name: str, channel: WeightChannel | No
     the engine factory, once per worker (a replacement restarts it instead)."""
     runtime = resolve_runtime(cfg)
     if runtime == "process":
-        from freshroll.runtime.process_engine import ProcessEngine
+        from freshroll.placement.process_engine import ProcessEngine
 
         lim = cfg.limits
         child = ProcessEngine(path, channel=channel, torch_threads=thread_budget(cfg).worker,
@@ -277,7 +289,7 @@ def build_engine(cfg: Config, path: Path, name: str, channel: WeightChannel | No
             raise
         return child  # type: ignore[return-value]  # the engine protocol, duck-typed
     if runtime == "ray":
-        from freshroll.runtime.ray_engine import RayEngine, start_ray
+        from freshroll.placement.ray_engine import RayEngine, start_ray
 
         start_ray(num_cpus=ray_cpus(cfg), address=cfg.run.ray_address)  # no-op if started
         lim = cfg.limits
@@ -315,7 +327,7 @@ def build_trainer(
     stages: Placement | None = None,
 ) -> ThreadTrainer | RayTrainer:
     """The trainer of an hf or vLLM run: under ``run.runtime: ray`` with ``ray.trainer:
-    actor`` a :class:`~freshroll.runtime.ray_trainer.RayTrainer` (``learner`` is shipped to
+    actor`` a :class:`~freshroll.placement.ray_trainer.RayTrainer` (``learner`` is shipped to
     its actor; rebuilt at the last durable commit if the actor is lost); with ``ray.trainer:
     driver`` a ThreadTrainer publishing each version once into Ray's object store; else a
     ThreadTrainer publishing with the placement's ``publish`` (a copy inline, a shared-memory
@@ -338,6 +350,7 @@ __all__ = [
     "PLACEMENTS",
     "Build",
     "Builder",
+    "ChaosSession",
     "Components",
     "MakeEngine",
     "build_components",

@@ -22,6 +22,8 @@ from freshroll.engines.model_dir import check_model_dir, quiet_transformers
 from freshroll.errors import ConfigError, LedgerError, ResumeError
 from freshroll.ledger import LEDGER_FILE, Ledger
 from freshroll.lineage import PolicyVersion
+from freshroll.observe.monitors import check_monitors
+from freshroll.pipeline.steering import control_config
 from freshroll.rewards.calling import reward_columns
 from freshroll.rewards.data import (
     chat_renderer,
@@ -31,7 +33,6 @@ from freshroll.rewards.data import (
 )
 from freshroll.rewards.scoring import ImportBound, RewardSet, build_reward_set
 from freshroll.rewards.tasks import Prompt, make_prompts
-from freshroll.runtime.monitors import check_monitors
 from freshroll.runtime.resume import (
     Change,
     History,
@@ -49,7 +50,6 @@ from freshroll.runtime.rundir import (
     resume_config,
     write_text_atomic,
 )
-from freshroll.runtime.steering import control_config
 
 
 @dataclass
@@ -143,7 +143,7 @@ def check_on_update(cfg: Config) -> None:
     """``rollout.on_update: continue | abort`` on the hf engine swaps weights under a running
     call, which only an inline worker does: a process or Ray worker loads between calls, so
     the setting would silently mean ``finish`` there (docs/freshness.md)."""
-    from freshroll.runtime.placement import resolve_runtime
+    from freshroll.placement.placement import resolve_runtime
 
     mode = cfg.rollout.on_update
     if cfg.rollout.engine == "hf" and mode in ("continue", "abort") \

@@ -1,4 +1,4 @@
-"""A run's own observers (:mod:`freshroll.runtime.observers`): metrics rows, the progress
+"""A run's own observers (:mod:`freshroll.pipeline.observers`): metrics rows, the progress
 line, the checkpointer, and :class:`Recording`, the list of them a run hands its pipeline.
 
 ::
@@ -40,10 +40,9 @@ from freshroll.events import CheckpointSaved
 from freshroll.figures.metrics_log import METRICS_FILE, RowLog, reconcile
 from freshroll.lineage import PolicyVersion, file_digests
 from freshroll.metrics import Tally
-from freshroll.runtime.evaluation import Evaluator, evals_by_step, with_eval
-from freshroll.runtime.evaluation import trim as trim_evals
-from freshroll.runtime.fallback import Switch
-from freshroll.runtime.observers import (
+from freshroll.observe.pace import Pace
+from freshroll.pipeline.fallback import Switch
+from freshroll.pipeline.observers import (
     Notes,
     Observer,
     Row,
@@ -51,8 +50,9 @@ from freshroll.runtime.observers import (
     StepReport,
     close_all,
 )
-from freshroll.runtime.pace import Pace
-from freshroll.runtime.seams import TrainerState
+from freshroll.ports.seams import TrainerState
+from freshroll.runtime.evaluation import Evaluator, evals_by_step, with_eval
+from freshroll.runtime.evaluation import trim as trim_evals
 from freshroll.trainer.checkpoint import checkpoint_dir, save_checkpoint
 
 Evals = dict[int, list[dict[str, Any]]]  # step -> its eval.jsonl records
@@ -135,7 +135,7 @@ class ProgressLine(Observer):
         self._line = line if tty and not end else ""
 
     def on_wait(self, line: str) -> None:
-        """A heartbeat (:mod:`freshroll.runtime.waits`): ``waiting 60 s on w0 generate,
+        """A heartbeat (:mod:`freshroll.ports.waits`): ``waiting 60 s on w0 generate,
         limit 600 s``. On a terminal it is added to the progress line drawn in place (the
         next step redraws it); otherwise, and with ``run.progress`` off, a line of its own."""
         if self._line:
@@ -193,7 +193,7 @@ class Checkpointer(Observer):
 
 class Recording(Observer):
     """A run's observers: :class:`Checkpointer`, :class:`MetricsRows` (reconciled now),
-    :class:`ProgressLine`, :class:`~freshroll.runtime.observers.Notes`, then ``extra`` in its
+    :class:`ProgressLine`, :class:`~freshroll.pipeline.observers.Notes`, then ``extra`` in its
     order. :attr:`observers` is the list the run's pipeline takes; called itself, it passes
     each callback to every one of them (as the pipeline does)."""
 

@@ -4,7 +4,7 @@ A recipe of plain components (torchtune style)::
 
     config -> run dir (config.yaml) -> model (tiny, or a local from_pretrained path)
            -> prompts + rewards -> ledger + sample buffer (fresh, or recovered on --resume)
-           -> placement (run.runtime and threads settled: runtime/placement.py) -> its
+           -> placement (run.runtime and threads settled: placement/placement.py) -> its
               components from the registry of runtime/placements.py, by (rollout.engine,
               run.runtime): engines, reward set, trainer, and one exit stack to release them
            -> pipeline.run() on the run's clock -> drain -> counts, then summary, verify and
@@ -54,20 +54,19 @@ from freshroll.figures.overlap import host_now
 from freshroll.figures.overlap import render as render_overlap
 from freshroll.ledger import RESERVE_BYTES, Ledger, open_ledger
 from freshroll.lineage import PolicyVersion
+from freshroll.observe.monitors import build_monitors
+from freshroll.pipeline.observers import FollowMode, RunObserver
+from freshroll.pipeline.pipeline import Pipeline, run_pipeline
+from freshroll.placement.placement import Placement, settled
+from freshroll.placement.shm_weights import sweep_segments
+from freshroll.placement.thread_probe import settle_placement
 from freshroll.runtime.endfiles import Finished, finish_run_dir, record_fixed_costs
 from freshroll.runtime.evaluation import build_evaluator
-from freshroll.runtime.hooks import ChaosSession
-from freshroll.runtime.monitors import build_monitors
-from freshroll.runtime.observers import FollowMode, RunObserver
-from freshroll.runtime.pipeline import Pipeline, run_pipeline
-from freshroll.runtime.placement import Placement, settled
-from freshroll.runtime.placements import MakeEngine, build_components
+from freshroll.runtime.placements import ChaosSession, MakeEngine, build_components
 from freshroll.runtime.prepare import Prepared, prepare_run_dir
 from freshroll.runtime.recording import Recording
 from freshroll.runtime.resume import announce
 from freshroll.runtime.rundir import write_text_atomic
-from freshroll.runtime.shm_weights import sweep_segments
-from freshroll.runtime.thread_probe import settle_placement
 
 
 @dataclass
@@ -110,10 +109,10 @@ def run(
     change that change training (README, "Resume rules"). ``make_engine``: the blocking
     engine of a worker for ``rollout.engine: hf`` (default :func:`build_engine`). ``chaos``: a
     fault-injection session (:mod:`freshroll.chaos`) that wraps the run's parts and hooks its
-    hand-offs (:mod:`freshroll.runtime.hooks`). ``report``: False skips ``report.html`` (its
+    hand-offs (:mod:`freshroll.pipeline.hooks`). ``report``: False skips ``report.html`` (its
     plots take seconds; the chaos harness runs hundreds of runs). ``observers``: watch the run
-    after its own (metrics rows, progress line, checkpointer; :mod:`freshroll.runtime.observers`
-    states the contract), e.g. :class:`~freshroll.runtime.exporters.JsonLinesExporter`; each
+    after its own (metrics rows, progress line, checkpointer; :mod:`freshroll.pipeline.observers`
+    states the contract), e.g. :class:`~freshroll.observe.exporters.JsonLinesExporter`; each
     is closed when the run ends. The run directory is locked for the whole call.
     """
     called_at = time.time()  # fixed_costs.start_s counts from here
@@ -244,7 +243,7 @@ def own_watchers(cfg: Config, placement: Placement, out: Path,
                  stream: TextIO) -> list[RunObserver]:
     """The observers a run adds for itself (closed with the others at its end): the engines'
     calls following the sync fallback's mode (an async inline run on many threads), and the
-    watchers of ``monitor.*`` (:func:`~freshroll.runtime.monitors.build_monitors`: the
+    watchers of ``monitor.*`` (:func:`~freshroll.observe.monitors.build_monitors`: the
     Prometheus endpoint, bound here, a taken port a ConfigError; TensorBoard; W&B)."""
     found: list[RunObserver] = []
     for follow in (placement.modes, *placement.follow):  # each mode_decided moves the calls
@@ -255,7 +254,7 @@ def own_watchers(cfg: Config, placement: Placement, out: Path,
 
 def _sweep_segments(out: Path, stream: TextIO) -> None:
     """Remove the weight segments a killed process group of this run left in shared memory
-    (:func:`~freshroll.runtime.shm_weights.sweep_segments`), and say so."""
+    (:func:`~freshroll.placement.shm_weights.sweep_segments`), and say so."""
     removed = sweep_segments(out)
     if removed:
         stream.write(f"freshroll: {out}: removed {len(removed)} shared-memory weight "

@@ -1,6 +1,6 @@
 """The simulated reward stage: a seeded success/failure reward after a lognormal latency.
 
-A :class:`SimScorer` is an :class:`~freshroll.runtime.seams.AsyncScorer`. A call
+A :class:`SimScorer` is an :class:`~freshroll.ports.seams.AsyncScorer`. A call
 over ``n`` completions is **one batched reward call**; the pipeline runs up to
 ``sim.reward_workers`` such calls at once (parallel reward workers), each of at most
 one group's completions::

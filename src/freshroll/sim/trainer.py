@@ -1,6 +1,6 @@
 """The simulated trainer: sleeps ``c0 + c1 x tokens`` per step, trains nothing.
 
-A :class:`SimTrainer` is an :class:`~freshroll.runtime.seams.AsyncTrainer`. The
+A :class:`SimTrainer` is an :class:`~freshroll.ports.seams.AsyncTrainer`. The
 step that trains from policy version ``s`` to ``s + 1`` (its *step number* is
 ``k = s + 1``, the step it commits) takes::
 

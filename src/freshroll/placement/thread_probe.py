@@ -17,7 +17,7 @@ its gain is already far from :data:`PAYS` (>= :data:`DECISIVE_HIGH` or <=
 thread, the tiny model's work looked 1.0-1.5x faster on two threads, depending on what the
 process had run before, while a run on two threads was 0.75x: each Python thread that
 computes has an OpenMP team of its own, as in a run.) Threads *pay* when the step's work is
-at least :data:`PAYS` (1.15x) faster on all the cores; :func:`freshroll.runtime.placement.plan`
+at least :data:`PAYS` (1.15x) faster on all the cores; :func:`freshroll.placement.placement.plan`
 then runs every stage in one process on all the cores, else it keeps one thread per compute
 process.
 
@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import torch
 
-from freshroll.runtime.placement import Placement, available_cores, plan, wants_probe
+from freshroll.placement.placement import Placement, available_cores, plan, wants_probe
 
 if TYPE_CHECKING:
     from freshroll.config import Config
@@ -186,7 +186,7 @@ def _decisive(g: dict[int, list[float]], t: dict[int, list[float]], threads: int
 
 def settle_placement(cfg: Config, prompts: Sequence[Prompt], model_path: Path, *,
                      injected: bool = False, stream: TextIO = sys.stderr) -> Placement:
-    """A run's placement and thread budget (:func:`freshroll.runtime.placement.plan`), its
+    """A run's placement and thread budget (:func:`freshroll.placement.placement.plan`), its
     ``auto`` settings settled on a probe of the run's first batch where one is wanted. A
     probe that fails says so in one line and leaves the fixed rule in force: a speed
     measurement never stops a run."""

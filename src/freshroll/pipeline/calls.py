@@ -9,7 +9,7 @@ pool started together on one worker epoch, under one sampling seed
 completion it emits is checked (:func:`malformed`: an ``invalid`` discard, counted against
 the worker's failure budget), handed to ``buf.complete`` and, if accepted, to the reward
 stage. A lock-step call is timed here (``limits.generate_timeout_s``), a continuous one by
-its worker's watchdog (:mod:`freshroll.runtime.lanes`). It returns the worker's failure
+its worker's watchdog (:mod:`freshroll.pipeline.lanes`). It returns the worker's failure
 (WorkerLost / WorkerTimeout: the pool replaces the worker) or None; ``Superseded`` re-issues
 the call's unfinished attempts; any other engine failure ends them ``generation_error``,
 counted against the budget, and the run goes on. The pool's own bookkeeping is reached
@@ -37,7 +37,7 @@ from freshroll.lineage import PolicyVersion, SampleId
 from freshroll.rewards.tasks import Prompt
 
 if TYPE_CHECKING:
-    from freshroll.runtime.pipeline import Pipeline
+    from freshroll.pipeline.pipeline import Pipeline
 
 
 @dataclass(eq=False)

@@ -3,8 +3,8 @@
 :func:`check_monitors` is every check of the section before a run writes anything (``config
 check`` and a run's input checks): a taken Prometheus port, an option whose package is not
 installed; each is one ConfigError naming its key. :func:`build_monitors` starts the
-observers a run adds for them (:mod:`freshroll.runtime.observers`), all fed by the same
-``metrics.jsonl`` rows under the names of :mod:`freshroll.runtime.live_names`; one that
+observers a run adds for them (:mod:`freshroll.pipeline.observers`), all fed by the same
+``metrics.jsonl`` rows under the names of :mod:`freshroll.observe.live_names`; one that
 fails to start closes those started before it, so no port or W&B process outlives the
 error.
 """
@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import TextIO
 
 from freshroll.config import Config, MonitorSection
-from freshroll.runtime.observers import RunObserver, close_all
-from freshroll.runtime.prometheus import PrometheusExporter, check_port
-from freshroll.runtime.tensorboard import TENSORBOARD_DIR, TensorBoardWriter, check_tensorboard
-from freshroll.runtime.wandb_log import WandbLogger, check_wandb
+from freshroll.observe.prometheus import PrometheusExporter, check_port
+from freshroll.observe.tensorboard import TENSORBOARD_DIR, TensorBoardWriter, check_tensorboard
+from freshroll.observe.wandb_log import WandbLogger, check_wandb
+from freshroll.pipeline.observers import RunObserver, close_all
 
 
 def check_monitors(mon: MonitorSection) -> None:

@@ -1,12 +1,12 @@
 """Weights & Biases: a run's figures logged to a W&B run (``monitor.wandb_project``).
 
-An observer (:mod:`freshroll.runtime.observers`). At its start it opens one W&B run:
+An observer (:mod:`freshroll.pipeline.observers`). At its start it opens one W&B run:
 ``wandb.init(project=monitor.wandb_project, mode=monitor.wandb_mode, dir=RUN_DIR,
 name=<the run directory's name>, config=<the run's resolved config>)``; W&B keeps its files
 in ``RUN_DIR/wandb/``. Each ``metrics.jsonl`` row this process writes is one
 ``run.log(scalars, step=row["step"], commit=True)`` (the step is complete: W&B shows it at
 once, not when the next arrives) with the tags of
-:func:`~freshroll.runtime.live_names.scalars` (the table Prometheus and TensorBoard share),
+:func:`~freshroll.observe.live_names.scalars` (the table Prometheus and TensorBoard share),
 so each value is the row's. :meth:`close` finishes the W&B run. W&B's service process
 (``wandb-core``, started by the first ``init``) is shared by every W&B run of this process,
 so it is left to W&B: it ends with the process (W&B's exit handler, or its watch of the
@@ -18,7 +18,7 @@ runs ``wandb sync RUN_DIR/wandb/offline-run-*``; ``online`` streams to the W&B s
 so the contract's no-blocking rule holds. W&B's console capture is off (the run's progress
 line stays the run's). Each start and ``--resume`` is a W&B run of its own, under the same
 name. Without the ``wandb`` package the option is one ConfigError
-(:func:`~freshroll.runtime.extras.require`); so is a run W&B refuses to start (``online``
+(:func:`~freshroll.observe.extras.require`); so is a run W&B refuses to start (``online``
 without ``wandb login``: W&B's own message, naming the key).
 """
 
@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from freshroll.errors import ConfigError
-from freshroll.runtime.extras import require
-from freshroll.runtime.live_names import scalars
-from freshroll.runtime.observers import Observer, Row
+from freshroll.observe.extras import require
+from freshroll.observe.live_names import scalars
+from freshroll.pipeline.observers import Observer, Row
 
 
 def check_wandb(project: str | None) -> None:

@@ -1,7 +1,7 @@
 """``run.runtime: ray`` with ``ray.reward_actors > 0``: rewards scored in Ray actors.
 
-:class:`RayScorer` is an :class:`~freshroll.runtime.seams.AsyncScorer` with the contract of
-:class:`~freshroll.runtime.adapters.ThreadScorer`, over ``ray.reward_actors`` actors of
+:class:`RayScorer` is an :class:`~freshroll.ports.seams.AsyncScorer` with the contract of
+:class:`~freshroll.placement.adapters.ThreadScorer`, over ``ray.reward_actors`` actors of
 ``ray.reward_cpus`` CPUs each. Every actor builds the run's
 :class:`~freshroll.rewards.scoring.RewardSet` from the config's ``rewards:`` entries (file
 references made absolute on the driver) and must arrive at the driver's reward version
@@ -39,10 +39,10 @@ from typing import Any
 from freshroll.config import Config
 from freshroll.engines.base import Completion
 from freshroll.errors import RunFailed, WorkerLost
+from freshroll.placement.ray_engine import _gate, track, untrack
 from freshroll.rewards.calling import RewardState
 from freshroll.rewards.scoring import RewardSet, Score
 from freshroll.rewards.tasks import Prompt
-from freshroll.runtime.ray_engine import _gate, track, untrack
 
 
 class _RewardActor:

@@ -1,7 +1,7 @@
 """The group-deadline task of the pipeline (``tail.deadline: true``): long-tail handling.
 
 The rules are :func:`freshroll.control_tail.tail_action`, applied to the buffer's running
-groups by :class:`~freshroll.runtime.tails.TailWatch`. This task makes them act, every
+groups by :class:`~freshroll.pipeline.tails.TailWatch`. This task makes them act, every
 tick of the run's clock::
 
     tick = min(control.interval_s, p50 / TICKS_PER_P50)     at least control.interval_s
@@ -18,7 +18,7 @@ tick of the run's clock::
 Guarantees: ``due`` and every ``apply_cut`` of a tick run with no ``await`` between them,
 so no result lands between the decision and the discard; a result that arrives later is
 rejected by the buffer. The worker pool frees the slots of the samples a continuous engine
-drops (:meth:`~freshroll.runtime.workers.WorkerPool.cancel`); a lock-step engine finishes
+drops (:meth:`~freshroll.pipeline.workers.WorkerPool.cancel`); a lock-step engine finishes
 its batch and its late results are rejected. A worker epoch that ended meanwhile (fenced,
 replaced) is skipped.
 """
@@ -29,10 +29,10 @@ import asyncio
 from typing import TYPE_CHECKING
 
 from freshroll.lineage import SampleId
-from freshroll.runtime.tails import CutReason, TailWatch, apply_cut
+from freshroll.pipeline.tails import CutReason, TailWatch, apply_cut
 
 if TYPE_CHECKING:
-    from freshroll.runtime.pipeline import Pipeline
+    from freshroll.pipeline.pipeline import Pipeline
 
 TICKS_PER_P50 = 4
 MAX_TICKS_PER_INTERVAL = 64

@@ -16,7 +16,7 @@ is censored, so π is an upper bound and ``auto`` errs towards fewer extras.)
 The stop itself is the buffer's (:mod:`freshroll.stop_at_target`): the ledger first, in
 the same command that accepted the ``G``-th result. The buffer lists the running attempts it
 ended in ``buf.stopped``; the worker's emit wakes :meth:`Overprovision.run`, which takes the
-list and cancels them through :meth:`~freshroll.runtime.workers.WorkerPool.cancel` (their
+list and cancels them through :meth:`~freshroll.pipeline.workers.WorkerPool.cancel` (their
 slots freed; a lock-step engine finishes its batch and its late results are rejected). It
 is engine-agnostic: the sim engine (virtual clock) and the real ones alike.
 """
@@ -33,7 +33,7 @@ from freshroll.control_tail import TailPolicy, extra_requests, on_time_share
 from freshroll.lineage import SampleId
 
 if TYPE_CHECKING:
-    from freshroll.runtime.pipeline import Pipeline
+    from freshroll.pipeline.pipeline import Pipeline
 
 MIN_LATENCIES = 8  # measured requests before ``auto`` admits extras
 

@@ -75,8 +75,8 @@ from freshroll.engines.seams import EngineStats, ReportsStats
 from freshroll.state import Lease
 
 if TYPE_CHECKING:
-    from freshroll.runtime.calls import Worker
-    from freshroll.runtime.pipeline import Pipeline
+    from freshroll.pipeline.calls import Worker
+    from freshroll.pipeline.pipeline import Pipeline
 
 FED_STEPS = 3  # trainer steps the demand (Snapshot.fed_rate) is measured over
 

@@ -1,6 +1,6 @@
 """Run observers: what watches a run (rows, the progress line, checkpoints, exporters).
 
-The :class:`~freshroll.runtime.pipeline.Pipeline` takes a list of observers and calls every
+The :class:`~freshroll.pipeline.pipeline.Pipeline` takes a list of observers and calls every
 one of them, in the list's order, at each of these points::
 
     checkpointed(step)   after the trainer's ``before_commit`` of ``step``, before its commit:
@@ -56,8 +56,8 @@ from typing import Any, Protocol
 
 from freshroll.events import CheckpointSaved
 from freshroll.lineage import PolicyVersion
-from freshroll.runtime.fallback import Switch
-from freshroll.runtime.threads import ModeGroup
+from freshroll.pipeline.fallback import Switch
+from freshroll.ports.threads import ModeGroup
 from freshroll.stage_threads import ModeThreads
 
 Row = dict[str, Any]  # a metrics.jsonl row (freshroll.metrics.Tally; docs/metrics.md)
@@ -133,7 +133,7 @@ class Notes(Observer):
 class FollowMode(Observer):
     """Each ``mode_decided`` moves an async inline run's engine calls: to the trainer's
     compute thread in the sync fallback's windows, to their own threads while async
-    (:class:`~freshroll.runtime.threads.ModeGroup`); or sets an async process run's thread
+    (:class:`~freshroll.ports.threads.ModeGroup`); or sets an async process run's thread
     count per call: every core in those windows, a share while async
     (:class:`~freshroll.stage_threads.ModeThreads`)."""
 

@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from freshroll.engines.seams import AsyncEngine
-from freshroll.runtime.calls import Call, Worker
+from freshroll.pipeline.calls import Call, Worker
 
 #: runs one call on a worker's engine; its failure (replace the worker) or None
 Generate = Callable[[Worker, AsyncEngine, Call], Awaitable[BaseException | None]]

@@ -34,7 +34,7 @@ Lifetime, private instance (``run.ray_address`` unset): the Ray instance is fres
 run: ``stop_ray`` stops every one
 of its processes, a watchdog does the same when the driver is killed (even by
 ``SIGKILL``), and a resume reaps what a previous incarnation recorded in
-``RUN_DIR/ray.json`` left behind (:mod:`freshroll.runtime.ray_reaper`). Only processes
+``RUN_DIR/ray.json`` left behind (:mod:`freshroll.placement.ray_reaper`). Only processes
 carrying that instance's token are ever signalled.
 
 Joined cluster (``run.ray_address``): :func:`start_ray` probes the address with a bounded
@@ -67,7 +67,7 @@ from typing import TYPE_CHECKING, Any
 
 from freshroll.engines.base import Completion
 from freshroll.errors import ClusterUnavailable, ConfigError, WorkerLost, WorkerTimeout
-from freshroll.runtime import ray_reaper
+from freshroll.placement import ray_reaper
 
 if TYPE_CHECKING:  # reward actors import this module and need no torch (seconds of import)
     import torch
@@ -342,7 +342,7 @@ class _EngineActor:
 
 def ray_publish(learner: Any) -> Any:
     """``ray.trainer: driver``: the learner's weights put in the object store once per
-    version (:class:`~freshroll.runtime.adapters.ThreadTrainer`'s ``publish``, on the
+    version (:class:`~freshroll.placement.adapters.ThreadTrainer`'s ``publish``, on the
     trainer thread); every worker's :meth:`RayEngine.load_weights` gets the same ref."""
     import ray
 

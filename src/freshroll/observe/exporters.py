@@ -1,4 +1,4 @@
-"""Exporters: observers that send a run's rows elsewhere (:mod:`freshroll.runtime.observers`).
+"""Exporters: observers that send a run's rows elsewhere (:mod:`freshroll.pipeline.observers`).
 
 :class:`JsonLinesExporter` is the example, and the shape of any other (W&B, TensorBoard,
 Prometheus): one class, registered with ``run(cfg, out, observers=[JsonLinesExporter(path)])``.
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TextIO
 
 from freshroll.figures.metrics_log import encode_row
-from freshroll.runtime.observers import Observer, Row
+from freshroll.pipeline.observers import Observer, Row
 
 
 class JsonLinesExporter(Observer):

@@ -1,6 +1,6 @@
 """The orchestrator's seams: what the pipeline awaits, so every part can run under any clock.
 
-The :class:`~freshroll.runtime.pipeline.Pipeline` never calls a blocking
+The :class:`~freshroll.pipeline.pipeline.Pipeline` never calls a blocking
 component directly. It awaits three kinds of parts, each built by the run's
 component builder (the real ones for ``rollout.engine: hf``, the latency model of
 :mod:`freshroll.sim` for ``rollout.engine: sim``):
@@ -80,12 +80,12 @@ class AsyncTrainer(Protocol):
 class SaysItsWaits(Protocol):
     """A trainer whose step is several waits of their own bounds (a Ray trainer actor lost
     in a step: kill it, rebuild the learner, start a new actor, train the step again). The
-    pipeline hands it its :class:`~freshroll.runtime.waits.Waits` before the run and does
+    pipeline hands it its :class:`~freshroll.ports.waits.Waits` before the run and does
     not wrap its ``step`` and ``before_commit`` in one ``trainer step N`` wait: the trainer
     registers each of its waits with the bound that ends it, so no heartbeat line says a
     limit that a restart lets the wait run past."""
 
-    waits: Any  # freshroll.runtime.waits.Waits, or None until the pipeline sets it
+    waits: Any  # freshroll.ports.waits.Waits, or None until the pipeline sets it
 
 
 __all__ = [

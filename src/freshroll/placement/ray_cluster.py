@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from freshroll.runtime.ray_reaper import _environs, alive
+from freshroll.placement.ray_reaper import _environs, alive
 
 CLUSTER_ENV = "FRESHROLL_RAY_CLUSTER"
 

@@ -1,14 +1,14 @@
 """TensorBoard: a run's figures as scalars in ``RUN_DIR/tensorboard/`` (``monitor.tensorboard``).
 
-An observer (:mod:`freshroll.runtime.observers`): each ``metrics.jsonl`` row this process
+An observer (:mod:`freshroll.pipeline.observers`): each ``metrics.jsonl`` row this process
 writes becomes one scalar per finite number, at the row's ``step``, under the tags of
-:func:`~freshroll.runtime.live_names.scalars` (the table Prometheus and W&B share), so each
+:func:`~freshroll.observe.live_names.scalars` (the table Prometheus and W&B share), so each
 value is the row's, never a second computation. ``torch.utils.tensorboard.SummaryWriter``
 writes the event files on a thread of its own (a row is queued, not waited on: the
 contract's no-blocking rule holds), flushed every :data:`FLUSH_S` seconds and at
 :meth:`close`. A resumed run appends a new event file to the same directory; TensorBoard
 shows its steps after the earlier ones. Without the ``tensorboard`` package the option is
-one ConfigError (:func:`~freshroll.runtime.extras.require`).
+one ConfigError (:func:`~freshroll.observe.extras.require`).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Final
 
-from freshroll.runtime.extras import require
-from freshroll.runtime.live_names import scalars
-from freshroll.runtime.observers import Observer, Row
+from freshroll.observe.extras import require
+from freshroll.observe.live_names import scalars
+from freshroll.pipeline.observers import Observer, Row
 
 #: the writer's flush period: what ``tensorboard --logdir`` may lag behind the run
 FLUSH_S: Final = 10

@@ -1,6 +1,6 @@
 """``ray.trainer: actor``: the GRPO learner in a Ray actor of its own.
 
-:class:`RayTrainer` is the :class:`~freshroll.runtime.seams.AsyncTrainer` of a
+:class:`RayTrainer` is the :class:`~freshroll.ports.seams.AsyncTrainer` of a
 ``run.runtime: ray`` run (the default there). The driver builds the learner at the
 ledger's version as every run does (:func:`freshroll.runtime.learner.build_learner`:
 checkpoint + digest-checked replay), ships it (model and optimizer, pickled by Ray) to a
@@ -36,15 +36,15 @@ version). After :data:`MAX_RESTARTS` restarts in one incarnation the run fails w
 The rebuild runs on the event loop, as the buffer and the ledger it reads are the loop's:
 a rare recovery path; the workers' calls in flight go on in their actors meanwhile.
 
-Every wait is bounded and polled in slices of :data:`~freshroll.runtime.ray_engine.POLL_S`
-inside :data:`~freshroll.runtime.ray_engine._gate` (the discipline of ``RayEngine``), so a
+Every wait is bounded and polled in slices of :data:`~freshroll.placement.ray_engine.POLL_S`
+inside :data:`~freshroll.placement.ray_engine._gate` (the discipline of ``RayEngine``), so a
 call the run walked away from leaves once ``stop_ray`` begins and never touches a Ray that
 is shut down. Timeouts: a step and a state fetch ``limits.train_timeout_s`` (a step is a
 forward and backward pass over the whole batch, a different cost from one generate call of
 a worker, hence a bound of its own); an actor's start (shipping the learner, loading it)
 ``limits.worker_start_timeout_s``; kill ``limits.worker_start_timeout_s``. Each of these
-is its own wait in the pipeline's :class:`~freshroll.runtime.waits.Waits`
-(:class:`~freshroll.runtime.seams.SaysItsWaits`): ``trainer step 3``, ``trainer actor
+is its own wait in the pipeline's :class:`~freshroll.ports.waits.Waits`
+(:class:`~freshroll.ports.seams.SaysItsWaits`): ``trainer step 3``, ``trainer actor
 restart 1: kill``, ``... : start``, ``trainer step 3 (after restart 1)``, so a heartbeat line
 never names a limit that a restart lets the wait run past. The learner's rebuild holds the
 event loop (no heartbeat line from the pipeline then); a long replay says its step itself
@@ -70,11 +70,11 @@ from freshroll.buffer import SampleBuffer
 from freshroll.config import Config
 from freshroll.errors import LineageError, NonFiniteStep, RunFailed, WorkerLost, WorkerTimeout
 from freshroll.lineage import PolicyVersion
-from freshroll.runtime.placement import thread_budget
-from freshroll.runtime.ray_engine import _gate, gated_get
-from freshroll.runtime.seams import TrainerState
-from freshroll.runtime.threads import AbandonableExecutor
-from freshroll.runtime.waits import Waits
+from freshroll.placement.placement import thread_budget
+from freshroll.placement.ray_engine import _gate, gated_get
+from freshroll.ports.seams import TrainerState
+from freshroll.ports.threads import AbandonableExecutor
+from freshroll.ports.waits import Waits
 from freshroll.state import Lease
 from freshroll.trainer.grpo import GRPOLearner, TrainSample
 from freshroll.trainer.replay import train_samples, weights_digest
@@ -134,7 +134,7 @@ Rebuild = Callable[[], GRPOLearner]
 
 
 class RayTrainer:
-    """The GRPO learner in a Ray actor, as an :class:`~freshroll.runtime.seams.AsyncTrainer`
+    """The GRPO learner in a Ray actor, as an :class:`~freshroll.ports.seams.AsyncTrainer`
     (see module docstring). ``learner`` is shipped to the actor and not used afterwards."""
 
     def __init__(

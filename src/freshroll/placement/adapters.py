@@ -1,6 +1,6 @@
 """Thread adapters: the blocking real components behind the async seams.
 
-The pipeline awaits :mod:`freshroll.runtime.seams`; the real components block (torch, user
+The pipeline awaits :mod:`freshroll.ports.seams`; the real components block (torch, user
 reward code, Ray ``get``). Each adapter runs its component on a thread of its own and awaits
 the result, so the event loop never blocks:
 
@@ -8,7 +8,7 @@ the result, so the event loop never blocks:
   ``continuous = False`` (one lock-step call at a time). A lock-step batch cannot drop
   members: a cancelled request is still generated with its batch, but not emitted (the
   seam's promise). Its calls run on an
-  :class:`~freshroll.runtime.threads.AbandonableExecutor`. A Python thread cannot be
+  :class:`~freshroll.ports.threads.AbandonableExecutor`. A Python thread cannot be
   cancelled: when the pipeline's timeout (or the run's end) cancels an awaited call, the
   adapter walks away from the thread (the next call gets a fresh one) and keeps the call's
   ``emit``: if the abandoned call returns after all, its completions are emitted on the loop,
@@ -71,16 +71,16 @@ from freshroll.engines.base import (
 from freshroll.engines.seams import Emit, EngineNotRestartable, GenRequest, SamplingParams
 from freshroll.errors import RunFailed, WorkerTimeout
 from freshroll.lineage import PolicyVersion
-from freshroll.rewards.calling import RewardState
-from freshroll.rewards.scoring import RewardSet, Score
-from freshroll.rewards.tasks import Prompt
-from freshroll.runtime.threads import (
+from freshroll.ports.threads import (
     AbandonableExecutor,
     ModeGroup,
     SharedExecutor,
     StageExecutor,
 )
-from freshroll.runtime.waits import seconds
+from freshroll.ports.waits import seconds
+from freshroll.rewards.calling import RewardState
+from freshroll.rewards.scoring import RewardSet, Score
+from freshroll.rewards.tasks import Prompt
 from freshroll.stage_threads import ThreadCounts
 from freshroll.state import Lease
 from freshroll.trainer.grpo import GRPOLearner, TrainSample
@@ -192,7 +192,7 @@ class ThreadEngine:
         """Stop the executor; a call cancelled by the run's end is waited for until its own
         deadline (its thread may still hold the model), a timed-out one not at all. A wait
         longer than ``limits.heartbeat_s`` is said on stderr, as the pipeline's waits are
-        (:mod:`freshroll.runtime.waits`)."""
+        (:mod:`freshroll.ports.waits`)."""
         loop = asyncio.get_running_loop()
         orphans, self._orphans = self._orphans, []
         for fut, what, since, deadline in orphans:
@@ -310,7 +310,7 @@ class ThreadEngineFactory:
 
 
 class ThreadScorer:
-    """The :class:`RewardSet` as an :class:`~freshroll.runtime.seams.AsyncScorer`."""
+    """The :class:`RewardSet` as an :class:`~freshroll.ports.seams.AsyncScorer`."""
 
     concurrency = 1  # one reward thread: user code need not be thread-safe
     max_batch = 256
@@ -349,7 +349,7 @@ Publish = Callable[[GRPOLearner], Any]
 
 
 class ThreadTrainer:
-    """The :class:`GRPOLearner` as an :class:`~freshroll.runtime.seams.AsyncTrainer`.
+    """The :class:`GRPOLearner` as an :class:`~freshroll.ports.seams.AsyncTrainer`.
 
     The weights of each new version are published once, by ``publish``, on the trainer
     thread right after its step (never on the event loop); :meth:`weights` hands out that

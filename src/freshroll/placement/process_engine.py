@@ -1,9 +1,9 @@
 """``run.runtime: process``: each inference worker an HFEngine in a child process of its own.
 
 :class:`ProcessEngine` is a blocking proxy with the methods of
-:class:`~freshroll.runtime.ray_engine.RayEngine` (``generate``, ``load_weights(handle)``,
+:class:`~freshroll.placement.ray_engine.RayEngine` (``generate``, ``load_weights(handle)``,
 ``wait_ready``, ``kill``, ``restart``, ``stop``), so
-:func:`~freshroll.runtime.adapters.adapt` makes it a ``KillableThreadEngine`` and the worker
+:func:`~freshroll.placement.adapters.adapt` makes it a ``KillableThreadEngine`` and the worker
 pool fences, re-issues and restarts it like an actor. Generation then runs beside the trainer
 instead of taking turns with it on the driver's GIL.
 
@@ -15,11 +15,11 @@ process reuses the server), with no forked torch threads or driver state. Where 
 platform has no ``forkserver`` it is ``spawn``. The child runs one
 ``HFEngine.from_pretrained(path)`` with ``torch.set_num_threads(threads)`` and reports
 ``torch.get_num_threads()`` in its ready message. Weights come through the run's
-:class:`~freshroll.runtime.shm_weights.WeightChannel`: ``load_weights`` is sent a
-:class:`~freshroll.runtime.shm_weights.SlotHandle` (the slot's reader count is held until
+:class:`~freshroll.placement.shm_weights.WeightChannel`: ``load_weights`` is sent a
+:class:`~freshroll.placement.shm_weights.SlotHandle` (the slot's reader count is held until
 the child answers) and the child copies the slot into its model. A generate request may
 carry its intra-op thread count (``threads``); with ``follow_threads`` it is the calling
-thread's own count, which :func:`~freshroll.runtime.adapters.tuned` set for the call (an
+thread's own count, which :func:`~freshroll.placement.adapters.tuned` set for the call (an
 async run's :class:`~freshroll.stage_threads.ModeThreads`: a share while async, in the sync
 fallback's windows 1 or every core); the child sets it before the call when it differs.
 
@@ -60,7 +60,7 @@ from typing import Any, NoReturn
 
 from freshroll.engines.base import Completion
 from freshroll.errors import WorkerLost, WorkerTimeout
-from freshroll.runtime.shm_weights import Layout, SlotHandle, SlotReader, WeightChannel
+from freshroll.placement.shm_weights import Layout, SlotHandle, SlotReader, WeightChannel
 
 #: how long one wait on the child's pipe lasts before it looks whether the child is alive
 POLL_S = 0.25
@@ -200,7 +200,7 @@ def _calling_threads() -> int:
 
 def _orphaned(shm: str | None) -> None:
     if shm:
-        from freshroll.runtime.shm_weights import unlink_quietly
+        from freshroll.placement.shm_weights import unlink_quietly
 
         unlink_quietly(shm)
 

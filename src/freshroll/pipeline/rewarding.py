@@ -4,7 +4,7 @@ Completions the workers emit are queued here (:meth:`RewardStage.put`, called on
 an engine's ``emit``; the queue holds only admitted, generated requests, so the admission
 window bounds it). They are scored in calls of up to ``scorer.max_batch`` completions, with up
 to ``scorer.concurrency`` calls in flight (parallel reward workers; the thread adapter of a
-RewardSet has one), through the run's :class:`~freshroll.runtime.seams.AsyncScorer`, each under
+RewardSet has one), through the run's :class:`~freshroll.ports.seams.AsyncScorer`, each under
 ``limits.reward_timeout_s``:
 
 * a batch that times out is discarded ``reward_timeout`` (a thread adapter abandons the stuck
@@ -15,7 +15,7 @@ RewardSet has one), through the run's :class:`~freshroll.runtime.seams.AsyncScor
   stops the run as :class:`~freshroll.errors.Interrupted` (resumable, not a failure);
 * failures are attributed per reward function: a function named in a sample's error failed
   that sample, the others did not; a failure naming no function counts for the set;
-* the payload is checked after the hand-off hook (:meth:`~freshroll.runtime.hooks.Hooks.scored`,
+* the payload is checked after the hand-off hook (:meth:`~freshroll.pipeline.hooks.Hooks.scored`,
   where a chaos session may corrupt it) by :func:`checked_scores`: a value that is not a
   finite real number (NaN, inf, a string, a bool) fails its sample as ``reward_error``, the
   wrong count of scores fails the whole call; never a reward of 0, never a crash;
@@ -45,13 +45,13 @@ from freshroll.engines import payload as pl
 from freshroll.engines.base import Completion
 from freshroll.errors import Interrupted, WorkerLost, WorkerTimeout
 from freshroll.lineage import SampleId
+from freshroll.ports.threads import CallAborted
 from freshroll.rewards.calling import RewardState
 from freshroll.rewards.scoring import Score
 from freshroll.rewards.tasks import Prompt
-from freshroll.runtime.threads import CallAborted
 
 if TYPE_CHECKING:
-    from freshroll.runtime.pipeline import Pipeline
+    from freshroll.pipeline.pipeline import Pipeline
 
 MAX_BATCH = 256  # completions per reward call
 MAX_LOST_RETRIES = 2  # a sample whose reward worker died is scored again at most this often

@@ -1,10 +1,11 @@
 """Hand-off hooks: where a chaos session sees (and perturbs) what passes between stages.
 
 Faults are injected at the pipeline's hand-offs. Most of them are seams already
-(:mod:`freshroll.runtime.seams`): a chaos session wraps the engine factory, the engines, the
-scorer and the trainer (:meth:`ChaosSession.wrap`) and so sees every ``generate``, ``emit``,
-``load_weights``, ``score``, ``step`` and ``before_commit``. The hand-offs that happen inside
-the pipeline, between a stage and the sample buffer, call a :class:`Hooks` object instead:
+(:mod:`freshroll.ports.seams`): a chaos session wraps the engine factory, the engines, the
+scorer and the trainer (:meth:`freshroll.runtime.placements.ChaosSession.wrap`) and so sees
+every ``generate``, ``emit``, ``load_weights``, ``score``, ``step`` and ``before_commit``.
+The hand-offs that happen inside the pipeline, between a stage and the sample buffer, call
+a :class:`Hooks` object instead:
 
 * ``scored(sids, scores)``: a reward call returned, before its scores reach the buffer (a
   session may fail or corrupt some: the reward stage must discard them, never record 0);
@@ -21,15 +22,13 @@ call per reward call and per step.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from freshroll.lineage import PolicyVersion, SampleId
 from freshroll.rewards.scoring import Score
 
 if TYPE_CHECKING:
-    from freshroll.buffer import SampleBuffer
-    from freshroll.runtime.pipeline import Pipeline
-    from freshroll.runtime.placements import Components
+    from freshroll.pipeline.pipeline import Pipeline
 
 
 class Hooks:
@@ -49,14 +48,4 @@ class Hooks:
         """A trainer step was committed (durably) and its version published."""
 
 
-class ChaosSession(Protocol):
-    """What :func:`freshroll.runtime.run.run` accepts as ``chaos``: it wraps the run's parts
-    (once, after the buffer is open) and gives the pipeline its hooks."""
-
-    hooks: Hooks
-
-    def wrap(self, parts: Components, buf: SampleBuffer) -> Components:
-        ...
-
-
-__all__ = ["ChaosSession", "Hooks"]
+__all__ = ["Hooks"]

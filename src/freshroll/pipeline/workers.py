@@ -21,9 +21,9 @@ Serving: before starting requests a worker loads the newest published weights
 one completion per request (``single_turn``: one generate call); the pool never knows what
 an episode is. An engine with ``continuous = True`` keeps up to
 ``concurrency`` requests in flight, a new generate call starting as soon as slots free
-(several calls overlap: the worker's lanes, :mod:`freshroll.runtime.lanes`); with
+(several calls overlap: the worker's lanes, :mod:`freshroll.pipeline.lanes`); with
 ``continuous = False`` one call at a time of at most ``concurrency`` requests. One call,
-from its start to its end, is :mod:`freshroll.runtime.calls`'s. Each
+from its start to its end, is :mod:`freshroll.pipeline.calls`'s. Each
 completion the engine emits goes to ``buf.complete`` (payload only when it has token ids)
 and, if accepted, to the reward stage. A generate call that does not return within
 ``limits.generate_timeout_s`` is a :class:`~freshroll.errors.WorkerTimeout`; whatever it
@@ -32,7 +32,7 @@ emits later is rejected (its epoch is fenced). Any other failure of a call ends 
 
 What an engine hands back is checked, never trusted: a malformed completion (not a
 ``Completion``, a token count that is not a non-negative integer, text that is not a string,
-a ``gen_s`` that is not a finite number >= 0: :func:`~freshroll.runtime.calls.malformed`)
+a ``gen_s`` that is not a finite number >= 0: :func:`~freshroll.pipeline.calls.malformed`)
 ends its attempt as an ``invalid`` discard naming what was wrong, counted against the
 worker's failure budget; the pool goes on. A policy version the ledger never made current
 (published out of band) is refused: the workers keep the last version the ledger committed,
@@ -58,11 +58,11 @@ from freshroll.engines.episodes import workflow_for
 from freshroll.engines.seams import AsyncEngine, EngineNotRestartable, SamplingParams
 from freshroll.errors import Interrupted, RunFailed, WorkerLost, WorkerTimeout
 from freshroll.lineage import PolicyVersion, RequestId, SampleId
-from freshroll.runtime.calls import Call, CallRunner, Worker, generation_seed
-from freshroll.runtime.lanes import Lanes
+from freshroll.pipeline.calls import Call, CallRunner, Worker, generation_seed
+from freshroll.pipeline.lanes import Lanes
 
 if TYPE_CHECKING:
-    from freshroll.runtime.pipeline import Pipeline, Published
+    from freshroll.pipeline.pipeline import Pipeline, Published
 
 MAX_RESTARTS = 3  # per worker, per run (lost or timed out)
 

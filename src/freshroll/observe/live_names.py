@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Final
 
-from freshroll.runtime.observers import Row
+from freshroll.pipeline.observers import Row
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,8 @@
 
 ``run.runtime`` places the inference workers (and, under Ray, the reward stage and the
 trainer): ``inline`` (threads of the driver), ``process`` (one child process per worker,
-weights in shared memory: :mod:`freshroll.runtime.process_engine`) or ``ray`` (actors:
-:mod:`freshroll.runtime.ray_engine`). ``auto`` resolves to the placement measured best for
+weights in shared memory: :mod:`freshroll.placement.process_engine`) or ``ray`` (actors:
+:mod:`freshroll.placement.ray_engine`). ``auto`` resolves to the placement measured best for
 the run's shape (docs/overlap.md): :func:`resolve_runtime`.
 
 ``run.torch_threads: auto`` sets every compute process's intra-op threads from the cores
@@ -13,7 +13,7 @@ compute threads that run at once (the trainer and each worker), never below one:
 two-core machine) costs more than the threads win on the small ops of these models.
 
 Whether intra-op threads pay at all depends on the model and the load, so a run whose
-``run.torch_threads`` is ``auto`` measures it first (:mod:`freshroll.runtime.thread_probe`)
+``run.torch_threads`` is ``auto`` measures it first (:mod:`freshroll.placement.thread_probe`)
 and :func:`plan` settles both ``auto`` settings on the measurement: where threads pay, every
 stage runs in one process on all the cores (sync and async alike); where they do not, one
 thread per compute process, generation in a process of its own for an async run.
@@ -26,12 +26,12 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from freshroll.config import Config
+from freshroll.ports.threads import ModeGroup, SharedExecutor
 from freshroll.procs import available_cores
-from freshroll.runtime.threads import ModeGroup, SharedExecutor
 from freshroll.stage_threads import ModeThreads, StageThreads, ThreadCounts
 
 if TYPE_CHECKING:
-    from freshroll.runtime.thread_probe import ThreadProbe
+    from freshroll.placement.thread_probe import ThreadProbe
 
 Runtime = Literal["inline", "process", "ray"]
 
@@ -163,7 +163,7 @@ def tunes_stages(cfg: Config, runtime: Runtime, *, injected: bool = False,
 def sync_windows_shared(cfg: Config, runtime: Runtime, threads: int,
                         injected: bool = False) -> bool:
     """Whether an async run's sync fallback windows run generation on the trainer's thread
-    (:class:`~freshroll.runtime.threads.ModeGroup`): the hf engine inline, more than one
+    (:class:`~freshroll.ports.threads.ModeGroup`): the hf engine inline, more than one
     intra-op thread (one thread keeps no OpenMP team), the fallback on. Its async windows
     keep a thread each (they overlap)."""
     return (cfg.run.max_staleness > 0 and runtime == "inline" and cfg.rollout.engine == "hf"

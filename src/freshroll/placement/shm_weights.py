@@ -9,7 +9,7 @@ dtypes, byte offsets, 64-byte aligned) is computed once from the learner's state
     slot    = tensor 0 | pad | tensor 1 | pad | ...     (offsets from Layout.entries)
 
 :meth:`WeightChannel.publish` (the ``publish`` callable of
-:class:`~freshroll.runtime.adapters.ThreadTrainer`, on the trainer thread) copies the
+:class:`~freshroll.placement.adapters.ThreadTrainer`, on the trainer thread) copies the
 learner's parameters into the next slot (``seq % K``) and returns a :class:`SlotHandle`
 (slot, seq): the weights move once per version, whatever the number of workers; a worker
 process copies a slot into its model through ``torch.frombuffer`` views (:class:`SlotReader`;

@@ -5,27 +5,27 @@ Tasks (all children of one ``asyncio.TaskGroup``; none is fire-and-forget)::
     feeder      admits prompts while the freshness window (and the live admission limit)
                 has capacity
     worker i    one per inference worker, added, retired, stopped and replaced by the
-                worker pool (:mod:`freshroll.runtime.workers`): loads the newest published
+                worker pool (:mod:`freshroll.pipeline.workers`): loads the newest published
                 weights, generates, hands completions to the reward stage
-    rewarder    scores completions in batches (:mod:`freshroll.runtime.rewarding`)
+    rewarder    scores completions in batches (:mod:`freshroll.pipeline.rewarding`)
     trainer     waits for a lease of ``batch_groups`` fresh groups (the wait is the trainer's
                 idle time), runs one step, write-ahead checkpoint, commits durably,
                 publishes the new weights
     steering    every ``control.interval_s`` measures a window and lets the controller set
-                the live settings (:mod:`freshroll.runtime.steering`)
+                the live settings (:mod:`freshroll.pipeline.steering`)
     tails       with ``tail.deadline``: cuts the stragglers of groups past their deadline
-                and frees their slots (:mod:`freshroll.runtime.tailing`)
+                and frees their slots (:mod:`freshroll.pipeline.tailing`)
     overprovision  cancels on their engines the attempts a stop at target ended (the
                 feeder admits each group's extra requests: ``tail.overprovision``,
-                :mod:`freshroll.runtime.overprovision`)
+                :mod:`freshroll.pipeline.overprovision`)
     watch       the heartbeat and the no-progress guard over the waits in flight
-                (:mod:`freshroll.runtime.waits`)
+                (:mod:`freshroll.ports.waits`)
 
-The pipeline awaits only the seams of :mod:`freshroll.runtime.seams`: engines come from an
+The pipeline awaits only the seams of :mod:`freshroll.ports.seams`: engines come from an
 :data:`~freshroll.engines.seams.EngineFactory`, rewards from an
-:class:`~freshroll.runtime.seams.AsyncScorer`, steps from an
-:class:`~freshroll.runtime.seams.AsyncTrainer` (thread adapters of the real components in
-:mod:`freshroll.runtime.adapters`; the latency model of :mod:`freshroll.sim`). Every duration
+:class:`~freshroll.ports.seams.AsyncScorer`, steps from an
+:class:`~freshroll.ports.seams.AsyncTrainer` (thread adapters of the real components in
+:mod:`freshroll.placement.adapters`; the latency model of :mod:`freshroll.sim`). Every duration
 comes from the buffer's clock and every sleep or timeout from the event loop, so the same
 pipeline runs under :class:`~freshroll.clock.RealClock` (``asyncio.run``) and under
 :class:`~freshroll.clock.VirtualClock` (``clock.run(pipeline.run())``, fully-async parts only:
@@ -60,7 +60,7 @@ A trainer step whose loss or gradients are not finite is never committed
 of the task group, else its first exception), after closing the buffer
 (``shutdown("failed")``) so that the ledger ends closed and verifiable.
 
-Observers (:mod:`freshroll.runtime.observers`) watch the run: each one's ``checkpointed``
+Observers (:mod:`freshroll.pipeline.observers`) watch the run: each one's ``checkpointed``
 before a commit (the checkpoint's record, durable with it), ``on_step`` after it,
 ``on_skip``, ``on_mode`` and ``on_wait``, on the loop, in the list's order.
 
@@ -86,18 +86,18 @@ from freshroll.control import Controller
 from freshroll.engines.seams import EngineFactory
 from freshroll.errors import Interrupted, NonFiniteStep, NoProgress
 from freshroll.lineage import PolicyVersion
+from freshroll.pipeline.calls import generation_seed
+from freshroll.pipeline.fallback import FallbackProbe, Switch, probe_for
+from freshroll.pipeline.hooks import Hooks
+from freshroll.pipeline.observers import RunObserver, StepReport, default_observers
+from freshroll.pipeline.overprovision import Overprovision
+from freshroll.pipeline.rewarding import RewardStage
+from freshroll.pipeline.steering import Steering, tail_levers_on
+from freshroll.pipeline.tailing import Tailing
+from freshroll.pipeline.workers import MAX_RESTARTS, WorkerPool
+from freshroll.ports.seams import AsyncScorer, AsyncTrainer, SaysItsWaits
+from freshroll.ports.waits import Waits, heartbeat, stall_message
 from freshroll.rewards.tasks import Prompt
-from freshroll.runtime.calls import generation_seed
-from freshroll.runtime.fallback import FallbackProbe, Switch, probe_for
-from freshroll.runtime.hooks import Hooks
-from freshroll.runtime.observers import RunObserver, StepReport, default_observers
-from freshroll.runtime.overprovision import Overprovision
-from freshroll.runtime.rewarding import RewardStage
-from freshroll.runtime.seams import AsyncScorer, AsyncTrainer, SaysItsWaits
-from freshroll.runtime.steering import Steering, tail_levers_on
-from freshroll.runtime.tailing import Tailing
-from freshroll.runtime.waits import Waits, heartbeat, stall_message
-from freshroll.runtime.workers import MAX_RESTARTS, WorkerPool
 
 
 class _Stop(Exception):
@@ -121,13 +121,13 @@ class Pipeline:
     prompts: Mapping[str, Prompt]
     prompt_order: Sequence[str]
     cfg: Config
-    #: who watches the run (:mod:`freshroll.runtime.observers`: the contract), called in
+    #: who watches the run (:mod:`freshroll.pipeline.observers`: the contract), called in
     #: this order; default: the stderr notes of a skipped step, a mode switch and a heartbeat
     observers: list[RunObserver] = field(default_factory=default_observers)
     controller: Controller | None = None
     published: Published | None = None
     budget: FailureBudget = field(default_factory=FailureBudget)
-    #: hand-off hooks (:mod:`freshroll.runtime.hooks`): a chaos session's; no-ops by default
+    #: hand-off hooks (:mod:`freshroll.pipeline.hooks`): a chaos session's; no-ops by default
     hooks: Hooks = field(default_factory=Hooks)
     _feed: asyncio.Event = field(default_factory=asyncio.Event)
     _train: asyncio.Event = field(default_factory=asyncio.Event)
@@ -200,7 +200,7 @@ class Pipeline:
     async def _watch(self) -> None:
         """Every quarter of the shorter of the two periods: say the waits past the heartbeat
         (real clock only: a virtual clock's waits are the simulator's), and stop a run that
-        committed nothing for ``limits.max_no_progress_s`` (:mod:`freshroll.runtime.waits`)."""
+        committed nothing for ``limits.max_no_progress_s`` (:mod:`freshroll.ports.waits`)."""
         lim, waits, clock = self.cfg.limits, self.waits, self.buf.clock
         say = not isinstance(clock, VirtualClock)
         guard = unsafe.timeout(lim.max_no_progress_s)
@@ -296,7 +296,7 @@ class Pipeline:
 
     def _trainer_wait(self, what: str) -> AbstractContextManager[None]:
         """The trainer's wait, bounded by ``limits.train_timeout_s``; none where the trainer
-        says its own waits (:class:`~freshroll.runtime.seams.SaysItsWaits`)."""
+        says its own waits (:class:`~freshroll.ports.seams.SaysItsWaits`)."""
         if self._trainer_says_waits:  # decided once, in run()
             return contextlib.nullcontext()
         return self.waits.waiting(what, self.cfg.limits.train_timeout_s)

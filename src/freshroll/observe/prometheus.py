@@ -2,20 +2,20 @@
 
 ``monitor.prometheus_port`` (off by default) starts the endpoint when the run starts and
 stops it when the run ends; ``monitor.prometheus_host`` is the loopback unless set. It is
-an observer (:mod:`freshroll.runtime.observers`): each ``metrics.jsonl`` row sets the
+an observer (:mod:`freshroll.pipeline.observers`): each ``metrics.jsonl`` row sets the
 gauges, so every value is the one :mod:`freshroll.metrics` computed for that row (one
 definition per number) and the endpoint never reads in-memory state of its own. The HTTP
 server answers scrapes on a daemon thread of its own (``prometheus_client``'s WSGI server,
 text exposition format, no pickle); a callback only sets numbers and never blocks the loop.
 
 :data:`GAUGES` maps each exported name to its row field (from
-:data:`~freshroll.runtime.live_names.NAMES`, the table TensorBoard and W&B share), with the
+:data:`~freshroll.observe.live_names.NAMES`, the table TensorBoard and W&B share), with the
 names peers use for the same figure in docs/metrics.md ("Live metrics"). A row without a
 field (a sync run has no lag above 0, a step without rewards) leaves that gauge at its last
 value. Fields counted by a label (``discards/<reason>``, ``lag_histogram/<lag>``) are one
 labelled gauge each (``freshroll_discards_by_reason{reason="stale"}``), and the last
 decision's bottleneck is a gauge per value seen, 1 for the row's and 0 for the others
-(:data:`~freshroll.runtime.live_names.LABELLED`, :data:`~freshroll.runtime.live_names.STATES`).
+(:data:`~freshroll.observe.live_names.LABELLED`, :data:`~freshroll.observe.live_names.STATES`).
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ import socket
 from typing import Any, Final
 
 from freshroll.errors import ConfigError
-from freshroll.runtime.fallback import Switch
-from freshroll.runtime.live_names import LABELLED, NAMES, STATES
-from freshroll.runtime.observers import Observer, Row
+from freshroll.observe.live_names import LABELLED, NAMES, STATES
+from freshroll.pipeline.fallback import Switch
+from freshroll.pipeline.observers import Observer, Row
 
 #: exported name -> (metrics.jsonl row field, help text), from the one table of live names
 GAUGES: Final[dict[str, tuple[str, str]]] = {
