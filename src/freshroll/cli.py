@@ -385,9 +385,9 @@ def bench(config: Path | None, overrides: tuple[str, ...], out: Path | None, qui
         return
     from freshroll.bench.table import render_text
 
-    for table in result.tables:
-        click.echo(render_text(table))
-    click.echo(f"tables: {result.out / 'bench.md'} {result.out / 'bench.json'}")
+    click.echo("".join(f"{render_text(table)}\n" for table in result.tables), nl=False)
+    click.echo(f"tables: {result.out / 'bench.md'} {result.out / 'bench.json'}\n"
+               f"each run's page: freshroll report {result.out}/<clock>/<run>")
     ok = all(r["verify"] for t in result.tables for r in t["rows"])
     sys.exit(0 if ok else 1)
 

@@ -47,6 +47,7 @@ from typing import Any, Final, TypeVar
 
 from freshroll import events as ev
 from freshroll.lineage import policy_step
+from freshroll.off_policy import OffPolicy
 from freshroll.token_lag import TokenLags, lag_percentile
 
 #: discard reasons left out of the discard rate and the counted discards (see the module doc)
@@ -75,11 +76,8 @@ class Tally:
     #: each commit's ``weights_bytes`` (what its version published to the workers)
     published_bytes: list[float] = field(default_factory=list)
     rewards_first: list[float] = field(default_factory=list)
-    #: each commit's ``mismatch_kl`` and ``is_weight_mean`` (the learner's, where it reported
-    #: them) and the largest ``is_weight_max`` so far
-    mismatch_kls: list[float] = field(default_factory=list)
-    is_weight_means: list[float] = field(default_factory=list)
-    is_weight_top: float | None = None
+    #: the learner's mismatch KL and importance weights, per step and per token-lag bucket
+    off_policy: OffPolicy = field(default_factory=OffPolicy)
     rewards_last: deque[float] = field(default_factory=lambda: deque(maxlen=REWARD_WINDOW))
     max_staleness: int | None = None
     step_wait_s: float = 0.0  # wait of the lease the last commit consumed
@@ -130,8 +128,7 @@ class Tally:
             self._started[e.sample] = policy_step(e.version)
         elif isinstance(e, ev.Generated):
             self.generated += 1
-            if e.last_version is not None:  # tokens of several versions
-                self.tokens.generated(e, self._started.get(e.sample))
+            self.tokens.generated(e, self._started.get(e.sample))
         elif isinstance(e, ev.Rewarded):
             self._scored[e.sample] = (e.reward, e.components, e.logged)
         elif isinstance(e, ev.Leased):
@@ -148,7 +145,7 @@ class Tally:
             if e.sample is not None:
                 self._started.pop(e.sample, None)
                 self._scored.pop(e.sample, None)
-                self.tokens.spans.pop(e.sample, None)
+                self.tokens.dropped(e.sample)
         elif isinstance(e, ev.WeightsLoaded):
             self.transfers.append(e.transfer_s)
         elif isinstance(e, ev.ControllerDecided):
@@ -175,14 +172,13 @@ class Tally:
     def _committed(self, e: ev.Committed) -> dict[str, Any]:
         lease = self._leases.pop(e.lease, None)
         self.step_wait_s = lease[1] if lease is not None else 0.0
-        step_lags, spans = [], self.tokens.spans
+        step_lags: list[int] = []
         for s in e.samples:
             gen = self._started.pop(s, None)
             if lease is not None and gen is not None:  # else a damaged ledger: verify says so
                 self.lags[lease[0] - gen] += 1
                 step_lags.append(lease[0] - gen)
-                if spans and s in spans:
-                    self.tokens.committed(lease[0], spans.pop(s))
+                self.tokens.sample_committed(s, lease[0], lease[0] - gen)
         self.step_tokens = self.tokens.step(step_lags)
         self.step_lags = (sum(step_lags) / len(step_lags), max(step_lags)) if step_lags else None
         previous = self._last if self._last is not None else self._start
@@ -196,24 +192,13 @@ class Tally:
         sent = e.metrics.get("weights_bytes")
         if sent is not None and math.isfinite(sent):
             self.published_bytes.append(sent)
-        self._off_policy(e.metrics)
+        self.off_policy.committed(e.metrics)
         reward = e.metrics.get("reward_mean")
         if reward is not None and math.isfinite(reward):
             if len(self.rewards_first) < REWARD_WINDOW:
                 self.rewards_first.append(reward)
             self.rewards_last.append(reward)
         return row(self, e)
-
-    def _off_policy(self, metrics: dict[str, float | None]) -> None:
-        for key, into in (("mismatch_kl", self.mismatch_kls),
-                          ("is_weight_mean", self.is_weight_means)):
-            v = metrics.get(key)
-            if v is not None and math.isfinite(v):
-                into.append(v)
-        top = metrics.get("is_weight_max")
-        if top is not None and math.isfinite(top):
-            self.is_weight_top = top if self.is_weight_top is None else max(self.is_weight_top,
-                                                                            top)
 
     def _rewards_of(self, samples: Sequence[str]) -> None:
         """The committed batch's per-reward figures (TRL's ``rewards/<name>/mean|std`` and
@@ -443,17 +428,24 @@ def weights_bytes_mean(t: Tally) -> float | None:
 
 @figure
 def mismatch_kl_mean(t: Tally) -> float | None:
-    return sum(t.mismatch_kls) / len(t.mismatch_kls) if t.mismatch_kls else None
+    kls = t.off_policy.mismatch_kls
+    return sum(kls) / len(kls) if kls else None
 
 
 @figure
 def is_weight_mean(t: Tally) -> float | None:
-    return sum(t.is_weight_means) / len(t.is_weight_means) if t.is_weight_means else None
+    ws = t.off_policy.is_weight_means
+    return sum(ws) / len(ws) if ws else None
 
 
 @figure
 def is_weight_max(t: Tally) -> float | None:
-    return t.is_weight_top
+    return t.off_policy.is_weight_top
+
+
+@figure
+def off_policy_by_lag(t: Tally) -> dict[str, dict[str, float] | None]:
+    return t.off_policy.by_lag()
 
 
 @figure
@@ -631,7 +623,8 @@ def summary_figures(t: Tally) -> dict[str, Any]:
         "lag": {"p50": lag_p50(t), "p99": lag_p99(t), "max": lag_max(t), "mean": lag_mean(t),
                 "histogram": lag_histogram(t)}, "token_lag": token_lag(t),
         "off_policy": {"mismatch_kl_mean": mismatch_kl_mean(t),
-                       "is_weight_mean": is_weight_mean(t), "is_weight_max": is_weight_max(t)},
+                       "is_weight_mean": is_weight_mean(t), "is_weight_max": is_weight_max(t),
+                       "by_lag": off_policy_by_lag(t)},
         "trainer_idle_ratio": trainer_idle_ratio(t), "trainer_wait_s": trainer_wait_s(t),
         "weight_loads": weight_loads(t), "weight_transfer_s_mean": weight_transfer_s_mean(t),
         "weights_bytes_mean": weights_bytes_mean(t),

@@ -16,6 +16,13 @@ commit's batch means; the figures of :mod:`freshroll.metrics` (``token_lag``,
 three lags equal; one with ``last_version`` alone (an engine that reports no per-token
 versions: vLLM) weighs its two ends alike. :func:`lag_percentile` reads a percentile off a
 lag histogram (``lag_p50``, ``lag_p99``).
+
+It also says how much of each committed sample came from which version (``token_lag``'s
+``tokens_by_lag`` and ``older_share``): its tokens counted by token lag in the buckets of
+:mod:`freshroll.off_policy` (a sample with no ranges: all at its lag; ends only: all at its
+oldest-token lag, as the learner counts them), and the sample counted by the share of its
+tokens made by a version older than its newest token's, in :data:`SHARE_BINS` (``"0%"``: one
+version; ``"ends only"``: an engine that reports no per-token ranges, so no share).
 """
 
 from __future__ import annotations
@@ -26,11 +33,25 @@ from typing import Any, Final
 from freshroll import events as ev
 from freshroll.freshness import token_lags
 from freshroll.lineage import policy_step
+from freshroll.off_policy import LAG_BUCKETS, bucket_of
 from freshroll.timing import percentile
 
 #: the token-weighted lag is counted in bins of this width (label: the bin's lower edge)
 WEIGHTED_BIN: Final = 0.25
 KINDS: Final = ("oldest", "newest", "weighted")
+#: the bins of a sample's share of tokens older than its newest token's version (upper edges)
+SHARE_BINS: Final = ("0%", "<=25%", "<=50%", "<=75%", "<100%", "ends only")
+
+
+def share_bin(older: int, total: int) -> str:
+    """The :data:`SHARE_BINS` label of ``older`` of ``total`` tokens (``older < total``)."""
+    if older <= 0 or total <= 0:
+        return SHARE_BINS[0]
+    share = older / total
+    for label, top in zip(SHARE_BINS[1:4], (0.25, 0.5, 0.75), strict=True):
+        if share <= top:
+            return label
+    return SHARE_BINS[4]
 
 
 def weighted_bin(lag: float) -> str:
@@ -75,13 +96,40 @@ class TokenLags:
         self.top: dict[str, float] = dict.fromkeys(KINDS, 0.0)  # ... their largest lag
         self.spanning = 0  # committed samples whose tokens span versions
         self.batch: dict[str, float] = dict.fromkeys(KINDS, 0.0)  # the commit's, per kind
+        self.counts: dict[str, int] = {}  # attempt -> its tokens, until committed or dropped
+        self.by_lag: Counter[str] = Counter()  # lag bucket -> committed tokens
+        self.shares: Counter[str] = Counter()  # SHARE_BINS label -> committed samples
 
     def generated(self, e: ev.Generated, first: int | None) -> None:
-        """A ``generated`` event with ``last_version`` (``first``: its started step)."""
+        """A ``generated`` event (``first``: its started step)."""
+        self.counts[e.sample] = e.tokens
+        if e.last_version is None:
+            return
         if e.token_versions:
             self.spans[e.sample] = [(policy_step(v), n) for v, n in e.token_versions]
         elif e.last_version is not None and first is not None:  # its ends only
             self.spans[e.sample] = [(first, 0), (policy_step(e.last_version), 0)]
+
+    def dropped(self, sample: str) -> None:
+        """``sample`` was discarded."""
+        self.spans.pop(sample, None)
+        self.counts.pop(sample, None)
+
+    def sample_committed(self, sample: str, consumer: int, lag: int) -> None:
+        """``sample`` committed at step ``consumer``, ``lag`` its oldest-token lag."""
+        total = self.counts.pop(sample, 0)
+        spans = self.spans.pop(sample, None)
+        if spans:
+            self.committed(consumer, spans)
+        if not spans or not sum(n for _, n in spans):  # one version, or its ends only
+            self.by_lag[bucket_of(lag)] += total
+            self.shares[SHARE_BINS[-1] if spans else SHARE_BINS[0]] += 1
+            return
+        for step, n in spans:
+            self.by_lag[bucket_of(consumer - step)] += n
+        newest = max(step for step, n in spans if n)
+        made = sum(n for _, n in spans)
+        self.shares[share_bin(made - sum(n for s, n in spans if s == newest), made)] += 1
 
     def committed(self, consumer: int, spans: list[tuple[int, int]]) -> None:
         """One committed sample of ``spans`` consumed at step ``consumer``."""
@@ -102,15 +150,18 @@ class TokenLags:
         return {k: (plain + x) / len(oldest_lags) for k, x in batch.items()}
 
     def summary(self, lags: Counter[int]) -> dict[str, Any]:
-        """``{"basis", "samples", "spanning", "oldest" | "newest" | "weighted": {"mean",
-        "max", "histogram"}}`` over the committed samples so far (``lags``: all of them by
-        oldest-token lag)."""
+        """``{"basis", "samples", "spanning", "tokens_by_lag", "older_share", "oldest" |
+        "newest" | "weighted": {"mean", "max", "histogram"}}`` over the committed samples so
+        far (``lags``: all of them by oldest-token lag)."""
         plain = Counter({f"{lag:g}": k for lag, k in lags.items()})
         plain.subtract(self.hist["oldest"])
         n = sum(lags.values())
         plain_sum = sum(lag * k for lag, k in lags.items()) - self.sums["oldest"]
         plain_top = max((float(x) for x, k in plain.items() if k > 0), default=0.0)
-        out: dict[str, Any] = {"basis": self.basis, "samples": n, "spanning": self.spanning}
+        out: dict[str, Any] = {
+            "basis": self.basis, "samples": n, "spanning": self.spanning,
+            "tokens_by_lag": {b: self.by_lag[b] for b in LAG_BUCKETS if self.by_lag[b]},
+            "older_share": {b: self.shares[b] for b in SHARE_BINS if self.shares[b]}}
         for kind in KINDS:
             hist = +(plain + self.hist[kind])
             out[kind] = {"mean": (plain_sum + self.sums[kind]) / n if n else 0.0,
@@ -119,4 +170,5 @@ class TokenLags:
         return out
 
 
-__all__ = ["KINDS", "WEIGHTED_BIN", "TokenLags", "lag_percentile", "weighted_bin"]
+__all__ = ["KINDS", "SHARE_BINS", "WEIGHTED_BIN", "TokenLags", "lag_percentile", "share_bin",
+           "weighted_bin"]

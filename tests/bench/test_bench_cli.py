@@ -92,6 +92,12 @@ def test_bench_quick_on_simulated_engines_both_clocks(tmp_path: Path) -> None:
     tables = json.loads((out / "bench.json").read_text())
     _table_checks(out, tables, ["virtual", "real"])
     assert "adaptive-deadline" in [r["run"] for r in tables[0]["rows"]]
+    # its runs are verified but draw no page; `freshroll report` draws one on demand
+    sync = out / "virtual" / "sync"
+    assert (sync / "summary.json").is_file() and not (sync / "report.html").exists()
+    assert f"each run's page: freshroll report {out}/<clock>/<run>" in result.stdout
+    assert CliRunner().invoke(main, ["report", str(sync)]).exit_code == 0
+    assert (sync / "report.html").is_file()
 
 
 @pytest.mark.slow

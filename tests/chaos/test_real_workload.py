@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from freshroll.chaos.plan import Plan, Scenario
-from freshroll.chaos.real import REAL_WORKLOAD, real_workload, skip_reason
+from freshroll.chaos.real import REAL_WORKLOAD, STALL_STEPS, real_workload, skip_reason
 from freshroll.config import validate
 
 
@@ -33,7 +33,7 @@ def test_only_the_scenario_keys_that_mean_the_same_on_a_real_model_apply():
     cfg = validate(data, "t")
     assert cfg.run.max_staleness == 3 and cfg.trainer.lr == 0.01
     own = REAL_WORKLOAD
-    assert cfg.run.steps == own["run"]["steps"] and cfg.rollout.workers == 2  # its own size
+    assert cfg.run.steps == STALL_STEPS and cfg.rollout.workers == 2  # its own size
     assert cfg.limits.generate_timeout_s == own["limits"]["generate_timeout_s"]
     assert "sim" not in data
 
@@ -64,3 +64,15 @@ def test_process_kills_run_on_both_real_placements_and_unmarked_scenarios_on_nei
     assert skip_reason(s, "inline") is None and skip_reason(s, "ray") is None
     plain = Scenario(name="p", faults=[{"kind": "kill_process", "at": {"step": 1}}])
     assert skip_reason(plain, "inline") == "not marked real"
+
+
+def test_a_run_lasts_3_steps_past_its_trigger_and_a_stalls_run_outlasts_the_timeout():
+    """A kill needs the run to go on past it; a stall needs it to go on past the generate
+    timeout and the late results (STALL_STEPS), unless the plan sets the steps itself."""
+    for kind, steps in (("kill_process", 5), ("kill_worker", 5), ("stall_worker", STALL_STEPS),
+                        ("stall_weights", STALL_STEPS)):
+        s = _scenario(kind, step=2)
+        assert validate(real_workload(Plan(scenarios=[s]), s, 0, "ray"), "t").run.steps == steps
+    s = _scenario("stall_worker", step=2)
+    plan = Plan(real_workload={"run": {"steps": 30}}, scenarios=[s])
+    assert validate(real_workload(plan, s, 0, "ray"), "t").run.steps == 30

@@ -6,6 +6,7 @@ adapter and the worker pool, recorded in the ledger and checked by verify."""
 from __future__ import annotations
 
 import io
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from freshroll.engines.tiny import build_tiny
 from freshroll.errors import Superseded
 from freshroll.harness.verify import verify_run
 from freshroll.ledger import Ledger
+from freshroll.off_policy import LAG_BUCKETS
 
 PROMPTS = ["rev 12=", "add 1+2=", "z:", "sort 3 1 2="]
 SWAP_AT = 3  # the load comes between decode steps 3 and 4: tokens 0..3 are the old weights'
@@ -93,3 +95,16 @@ def test_a_continue_run_on_the_embedded_model_verifies(tmp_path: Path) -> None:
                 assert data is not None
                 assert [tuple(r) for r in pl.decode(data).versions] == \
                     [tuple(r) for r in e.token_versions]
+    # the learner's mismatch KL and importance weights per token-lag bucket: its token counts
+    # are the ledger's (each token's lag from its payload range), and tokens of an older
+    # version than the consuming step's were trained on
+    summary = json.loads((out / "summary.json").read_text())
+    ledger_tokens = summary["token_lag"]["tokens_by_lag"]
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    learner_tokens = {b: sum(r.get(f"tokens/lag_{b}", 0) for r in rows) for b in LAG_BUCKETS}
+    assert {b: n for b, n in learner_tokens.items() if n} == ledger_tokens
+    by_lag = summary["off_policy"]["by_lag"]
+    older = [b for b in LAG_BUCKETS if b != "0" and by_lag[b] is not None]
+    assert older and all(by_lag[b]["tokens"] > 0 and by_lag[b]["mismatch_kl_mean"] >= 0
+                         for b in older), by_lag
+    assert all((by_lag[b] is None) == (b not in ledger_tokens) for b in LAG_BUCKETS)

@@ -440,8 +440,36 @@ def test_off_policy_figures_stand_next_to_lag() -> None:
                             settings_digest="s", samples=[], metrics=metrics))
     assert m.mismatch_kl_mean(t) == pytest.approx(0.03)  # steps without one are left out
     assert m.is_weight_mean(t) == pytest.approx(1.1) and m.is_weight_max(t) == 3.0
+    no_lags = dict.fromkeys(("0", "1", "2", "3+"))
     assert m.summary_figures(t)["off_policy"] == {
         "mismatch_kl_mean": pytest.approx(0.03), "is_weight_mean": pytest.approx(1.1),
-        "is_weight_max": 3.0}
-    assert m.summary_figures(m.Tally())["off_policy"] == dict.fromkeys(
-        ("mismatch_kl_mean", "is_weight_mean", "is_weight_max"))
+        "is_weight_max": 3.0, "by_lag": no_lags}
+    assert m.summary_figures(m.Tally())["off_policy"] == {
+        **dict.fromkeys(("mismatch_kl_mean", "is_weight_mean", "is_weight_max")),
+        "by_lag": no_lags}
+
+
+def test_off_policy_by_lag_is_the_mean_over_each_buckets_tokens() -> None:
+    t = m.Tally()
+    steps = (  # per step: bucket -> (tokens, mismatch_kl, is_weight_mean, is_weight_max)
+        {"0": (30.0, 0.001, 1.0, 1.1), "1": (10.0, 0.02, 1.1, 1.9)},
+        {"1": (30.0, 0.06, 1.3, 2.5)},  # no lag-0 token in this step: bucket 0 absent
+    )
+    for i, buckets in enumerate(steps):
+        metrics: dict[str, float | None] = {"mismatch_kl": 0.0}
+        for b, values in buckets.items():
+            for name, v in zip(("tokens", "mismatch_kl", "is_weight_mean", "is_weight_max"),
+                               values, strict=True):
+                metrics[f"{name}/lag_{b}"] = v
+        row = t.feed(ev.Committed(ts=float(i), lease=f"l{i}", version=P1, parent=P0,
+                                  settings_digest="s", samples=[], metrics=metrics))
+        assert row is not None and row.get("mismatch_kl/lag_1") == buckets["1"][1]
+    got = m.off_policy_by_lag(t)
+    assert got["2"] is None and got["3+"] is None  # no tokens: None, not 0
+    assert got["0"] == {"tokens": 30.0, "mismatch_kl_mean": pytest.approx(0.001),
+                        "is_weight_mean": pytest.approx(1.0), "is_weight_max": 1.1}
+    assert got["1"] == {"tokens": 40.0,  # token-weighted over both steps
+                        "mismatch_kl_mean": pytest.approx((10 * 0.02 + 30 * 0.06) / 40),
+                        "is_weight_mean": pytest.approx((10 * 1.1 + 30 * 1.3) / 40),
+                        "is_weight_max": 2.5}
+    assert m.summary_figures(t)["off_policy"]["by_lag"] == got

@@ -18,6 +18,7 @@ from freshroll.harness.history import HistoryChecker
 from freshroll.harness.verify import verify_ledger
 from freshroll.ledger import Ledger
 from freshroll.lineage import PolicyVersion, RewardVersion, request_id
+from freshroll.token_lag import share_bin
 
 V0 = PolicyVersion.initial("unit-model")
 REWARD = str(RewardVersion.of("unit", config={"k": 1}))
@@ -147,6 +148,20 @@ def test_token_lag_figures_of_a_spanning_sample(tmp_path: Path) -> None:
     row = m.rows(e for _, e in buf.ledger.events())[-1]
     assert row["lag_weighted_histogram/1.25"] == 1 and "lag_newest_mean" in row
 
+    # how much of each trained sample came from which version: the spanning sample's 5, 3, 2
+    # tokens have token lags 2, 1, 0; every other sample is of one version at lag 0
+    assert fig["tokens_by_lag"]["2"] == 5 and fig["tokens_by_lag"]["1"] == 3
+    assert "3+" not in fig["tokens_by_lag"]  # no token of that lag: absent, not 0
+    committed = fig["samples"]
+    # its newest version (v2) made 2 of its 10 tokens: 80% older, the "<100%" bin
+    assert fig["older_share"] == {"0%": committed - 1, "<100%": 1}
+
+
+def test_the_older_share_bins() -> None:
+    assert [share_bin(o, 8) for o in (0, 1, 2, 3, 4, 6, 7)] == [
+        "0%", "<=25%", "<=25%", "<=50%", "<=50%", "<=75%", "<100%"]
+    assert share_bin(0, 0) == "0%"
+
 
 def test_the_formulas() -> None:
     assert token_lags(5, [(2, 6), (4, 2)]) == (3, 1, 5 - 2.5)
@@ -156,3 +171,4 @@ def test_the_formulas() -> None:
         basis_step(2, 4, "middle")
     with pytest.raises(ConfigError, match="staleness_basis"):
         KernelConfig(staleness_basis="middle")
+

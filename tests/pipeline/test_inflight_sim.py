@@ -51,8 +51,19 @@ def test_a_continued_sim_run_records_token_versions_and_resumes(tmp_path: Path) 
     summary = json.loads((out / "summary.json").read_text())
     assert summary["token_lag"]["spanning"] >= 1
     assert summary["token_lag"]["basis"] == "newest_token"
+    # tokens of older versions were trained on: some lag > 0 bucket holds tokens, and every
+    # committed token is counted in one bucket
+    by_lag = summary["token_lag"]["tokens_by_lag"]
+    assert sum(n for b, n in by_lag.items() if b != "0") > 0
+    assert sum(by_lag.values()) == sum(e.tokens for e in evs if isinstance(e, ev.Generated)
+                                       and e.sample in committed_samples(evs))
+    assert sum(summary["token_lag"]["older_share"].values()) == summary["token_lag"]["samples"]
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert any(k.startswith("lag_weighted_histogram/") for k in rows[-1])
+
+
+def committed_samples(evs: list[ev.Event]) -> set[str]:
+    return {s for e in evs if isinstance(e, ev.Committed) for s in e.samples}
 
 
 V0 = PolicyVersion.initial("unit-model")

@@ -61,3 +61,19 @@ def test_a_simulated_run_says_it_stored_no_completions(tmp_path: Path) -> None:
     assert "No stored completions" in completions_section(run, steps)
     assert "No readable ledger" in completions_section(run, None)
     assert "could not be read" in completions_section(tmp_path / "nothing", steps)
+
+
+def test_a_sample_of_several_versions_lists_each_versions_tokens() -> None:
+    from freshroll.engines import payload as pl
+    from freshroll.report.completions import _version_cell
+
+    def payload(versions: list[tuple[str, int]]) -> pl.RolloutPayload:
+        return pl.RolloutPayload([1], [2, 3], [-1.0, -1.0], "x", "stop", versions)
+
+    assert _version_cell(3, payload([("p3-aa", 0), ("p4-bb+wcc", 20), ("p5-dd", 12)])) == \
+        "4 ×20, 5 ×12"  # the prefill range holds no token: left out
+    assert _version_cell(3, payload([])) == "3"  # one version: its step
+    assert _version_cell(3, payload([("p3-aa", 2)])) == "3"
+    # started at 3, every token after the swap to 4: the tokens' version, not the start's
+    assert _version_cell(3, payload([("p3-aa", 0), ("p4-bb", 2)])) == "4 ×2"
+    assert _version_cell(None, None) == "—"

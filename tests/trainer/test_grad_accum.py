@@ -31,7 +31,9 @@ def _samples(n: int = 6, seed: int = 0) -> list[TrainSample]:
         prompt = [rng.randrange(4, 40) for _ in range(rng.randint(2, 6))]
         comp = [rng.randrange(4, 40) for _ in range(rng.randint(1, 7))]
         behaviour = [rng.uniform(-5.0, -2.0) for _ in comp]
-        out.append(TrainSample(prompt, comp, behaviour, rng.uniform(0, 1), i // 2, 0))
+        lag, older = i % 3, len(comp) // 2  # tokens of two versions: lags spread over buckets
+        out.append(TrainSample(prompt, comp, behaviour, rng.uniform(0, 1), i // 2, lag + 2,
+                               token_lags=((lag + 2, older), (lag, len(comp) - older))))
     return out
 
 
@@ -63,6 +65,8 @@ def test_accumulated_gradients_and_step_equal_the_whole_batch(settings: dict[str
         runs[accum] = (metrics, grads, weights)
     whole, whole_grads, whole_weights = runs[1]
     assert whole["loss"] != 0.0 and whole["mismatch_kl"] > 0.0  # off-policy, not trivial
+    buckets = [f"tokens/lag_{b}" for b in ("0", "1", "2", "3+")]
+    assert all(k in whole for k in buckets) and sum(whole[k] for k in buckets) == whole["tokens"]
     for accum, (metrics, grads, weights) in runs.items():
         assert len(grads) == len(whole_grads) > 0
         for g, w in zip(grads, whole_grads, strict=True):
@@ -74,6 +78,7 @@ def test_accumulated_gradients_and_step_equal_the_whole_batch(settings: dict[str
             firm = g.abs() > 1e-5
             assert torch.allclose(p[firm], q[firm], atol=1e-3 * learner.cfg.lr), accum
         assert sum(int((g.abs() > 1e-5).sum()) for g in whole_grads) > 1000
+        assert set(metrics) == set(whole), accum  # every lag bucket, whatever the cut
         for key, value in whole.items():
             if key != "train_s":
                 assert metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-7), (accum, key)
@@ -115,3 +120,19 @@ def test_combine_metrics_weighs_by_tokens_and_keeps_extremes() -> None:
              ({"clip_frac": 1.0, "is_weight_max": 1.0, "is_weight_min": 1.0}, 0.0)]
     out = combine_metrics(parts, 8.0)
     assert out == {"clip_frac": 0.125, "is_weight_max": 2.0, "is_weight_min": 0.5}
+
+
+def test_combine_metrics_weighs_each_lag_bucket_by_its_own_tokens() -> None:
+    base = {"loss": 0.0, "mismatch_kl": 0.1, "is_weight_max": 1.0, "is_weight_min": 1.0}
+    a = {**base, "tokens/lag_0": 3.0, "mismatch_kl/lag_0": 0.01, "is_weight_mean/lag_0": 1.0,
+         "is_weight_max/lag_0": 1.2}
+    b = {**base, "tokens/lag_0": 1.0, "mismatch_kl/lag_0": 0.05, "is_weight_mean/lag_0": 2.0,
+         "is_weight_max/lag_0": 3.0, "tokens/lag_1": 5.0, "mismatch_kl/lag_1": 0.2,
+         "is_weight_mean/lag_1": 1.5, "is_weight_max/lag_1": 2.0}
+    out = combine_metrics([(a, 4.0), (b, 6.0)], 10.0)
+    assert out["tokens/lag_0"] == 4.0
+    assert out["mismatch_kl/lag_0"] == pytest.approx((3 * 0.01 + 0.05) / 4)
+    assert out["is_weight_mean/lag_0"] == pytest.approx((3 * 1.0 + 2.0) / 4)
+    assert out["is_weight_max/lag_0"] == 3.0
+    assert out["tokens/lag_1"] == 5.0 and out["mismatch_kl/lag_1"] == pytest.approx(0.2)
+    assert "tokens/lag_2" not in out

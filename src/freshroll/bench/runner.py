@@ -237,13 +237,15 @@ def _table(cfg: Config, caps: f.Capacities, workload: str, clock: str, out: Path
 
 
 def _run(cfg: Config, spec: RunSpec, root: Path, clock: str, stream: TextIO) -> f.RunFigures:
-    """One run of the table, through the real ``run()``; its figures from its run dir."""
+    """One run of the table, through the real ``run()``; its figures from its run dir. The
+    run is verified but draws no ``report.html`` (~1 CPU-s of plotting a run, a table runs a
+    dozen or more): ``freshroll report OUT/<clock>/<run>`` draws any run's page."""
     from freshroll.runtime.run import run
 
     rcfg = with_overrides(cfg, {"run.progress": False, **spec.overrides})
     path = root / spec.label
     t1 = time.perf_counter()
-    result = run(rcfg, path, stream=io.StringIO())  # the bench prints its own lines
+    result = run(rcfg, path, stream=io.StringIO(), report=False)  # the bench prints its own
     figs = f.run_figures(path, spec.label, verify_ok=result.ok, settings=spec.settings())
     stream.write(f"  {clock:7} {spec.label:18} accepted/s {figs.accepted_per_s:9.2f}  "
                  f"steps {figs.steps}  ({time.perf_counter() - t1:.1f} s wall)\n")

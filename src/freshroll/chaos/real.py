@@ -12,7 +12,7 @@ The config of one real run (:func:`real_workload`), each layer over the last::
     REAL_WORKLOAD  ->  the placement's keys (PLACEMENTS)  ->  the scenario's keys that mean
     the same on a real model (REAL_KEYS: run.max_staleness, trainer, tail, rewards)
     ->  the plan's ``real_workload``  ->  run.seed, and run.steps raised to 3 past the
-    latest step trigger
+    latest step trigger (a stall's run: :data:`STALL_STEPS` unless the plan sets them)
 
 What is real and what is injected (docs/chaos-real.md):
 
@@ -42,9 +42,10 @@ from typing import Any
 
 from freshroll.chaos.plan import Plan, Scenario, merge
 
-#: the tiny real model's workload (configs/smoke.yaml's shape), in real time
+#: the tiny real model's workload (configs/smoke.yaml's shape), in real time; ``run.steps``
+#: is raised to 3 past the latest step trigger, and to :data:`STALL_STEPS` for a stall
 REAL_WORKLOAD: dict[str, Any] = {
-    "run": {"steps": 100, "max_staleness": 1, "progress": False, "torch_threads": 1},
+    "run": {"steps": 5, "max_staleness": 1, "progress": False, "torch_threads": 1},
     "task": {"name": "reverse", "n_prompts": 64},
     "rollout": {"engine": "hf", "group_size": 4, "batch_groups": 4, "max_new_tokens": 6,
                 "workers": 1, "worker_batch": 16},
@@ -54,6 +55,14 @@ REAL_WORKLOAD: dict[str, Any] = {
     "limits": {"generate_timeout_s": 4.0, "weights_timeout_s": 30.0,
                "worker_start_timeout_s": 180.0, "reward_timeout_s": 20.0},
 }
+
+#: fault kinds that hold a call past its timeout: the run must outlast the timeout after them
+#: (the fence, then the late results' rejection, happen while it still runs)
+STALL_KINDS = frozenset({"stall_worker", "stall_weights"})
+#: the steps of a stall scenario's run, unless the plan sets them: a stall at step 2 is fenced
+#: after ``generate_timeout_s`` (4 s) and its results arrive ``delay_s`` later (on a quiet
+#: 2-core machine 40 steps took 3.6 s after it; a loaded one is slower)
+STALL_STEPS = 100
 
 #: the keys of each real placement
 PLACEMENTS: dict[str, dict[str, Any]] = {
@@ -97,6 +106,8 @@ def real_workload(plan: Plan, scenario: Scenario, seed: int, placement: str) -> 
     if placement not in PLACEMENTS:
         raise ValueError(f"placement {placement!r}: one of sim, {', '.join(PLACEMENTS)}")
     data = merge(REAL_WORKLOAD, PLACEMENTS[placement])
+    if any(f.kind in STALL_KINDS for f in scenario.faults):
+        data = merge(data, {"run": {"steps": STALL_STEPS}})
     data = merge(data, applicable(scenario.workload))
     data = merge(data, plan.real_workload)
     steps = [f.at.step for f in scenario.faults if f.at.step is not None]
@@ -120,5 +131,5 @@ def skip_reason(scenario: Scenario, placement: str) -> str | None:
     return None
 
 
-__all__ = ["PLACEMENTS", "REAL_KEYS", "REAL_WORKLOAD", "RESTARTING_KINDS", "applicable",
-           "real_workload", "skip_reason"]
+__all__ = ["PLACEMENTS", "REAL_KEYS", "REAL_WORKLOAD", "RESTARTING_KINDS", "STALL_KINDS",
+           "STALL_STEPS", "applicable", "real_workload", "skip_reason"]

@@ -20,6 +20,7 @@ from typing import Final
 from freshroll.engines import payload as pl
 from freshroll.figures.trained import StepPicks, Trained
 from freshroll.ledger import LEDGER_FILE, Ledger
+from freshroll.lineage import policy_step
 from freshroll.report.markup import fmt, table
 from freshroll.report.samples import model_dirs
 
@@ -74,6 +75,16 @@ def _fast_decode(run_dir: Path) -> Callable[[Sequence[int]], str] | None:
     return None
 
 
+def _version_cell(step: int | None, p: pl.RolloutPayload | None) -> str:
+    """The generating step, or for a sample whose tokens came from another version or several
+    each one's step and tokens (its payload's ranges; a range without tokens, a prefill, left
+    out): ``3 ×20, 4 ×12``."""
+    ranges = [(policy_step(v), n) for v, n in (p.versions if p is not None else ()) if n]
+    if not ranges or [s for s, _ in ranges] == [step]:
+        return fmt(step)
+    return ", ".join(f"{s} ×{n}" for s, n in ranges)
+
+
 def completions_section(run_dir: Path, steps: Sequence[StepPicks] | None) -> str:
     """The section's HTML from the steps' kept samples (:mod:`freshroll.figures.trained`, of
     the report's one pass over the ledger; None: no readable ledger) and the chosen samples'
@@ -98,12 +109,15 @@ def completions_section(run_dir: Path, steps: Sequence[StepPicks] | None) -> str
         p = pl.decode(raw) if raw is not None else None
         prompt = decode(p.prompt_ids) if p is not None and decode is not None else None
         lag = None if c.version_step is None else c.step - 1 - c.version_step
-        rows.append((escape(label), which, fmt(c.step), fmt(c.reward), fmt(c.version_step),
-                     fmt(lag), _short(prompt), _short(p.text if p is not None else None),
+        rows.append((escape(label), which, fmt(c.step), fmt(c.reward),
+                     _version_cell(c.version_step, p), fmt(lag), _short(prompt),
+                     _short(p.text if p is not None else None),
                      f"<code>{escape(c.sample)}</code>"))
     hint = ("<p class='hint'>The best, the worst and a random committed sample of each step "
             "range, as the model wrote them (policy version: the step of the weights that "
-            "generated it). Every sample: <code>freshroll export-samples</code>.</p>")
+            "generated it; a sample whose tokens span weight updates, "
+            "<code>rollout.on_update: continue</code>, lists each version's step × its "
+            "tokens, oldest first). Every sample: <code>freshroll export-samples</code>.</p>")
     return hint + table(("steps", "pick", "step", "reward", "version", "lag", "prompt",
                          "completion", "sample"), rows)
 

@@ -35,6 +35,7 @@ from freshroll.figures.summary import SummaryFold
 from freshroll.harness.verify import Report
 from freshroll.ledger import LEDGER_FILE
 from freshroll.metrics import UNCOUNTED_DISCARD_REASONS, discard_rate, discards_by_reason, token_lag
+from freshroll.metrics import off_policy_by_lag as _by_lag
 from freshroll.report import plots
 from freshroll.report.bias import sample_bias
 from freshroll.report.completions import completions_section
@@ -48,6 +49,7 @@ from freshroll.report.markup import table as _table
 from freshroll.report.reward_time import time_to_reward as _time_to_reward
 from freshroll.report.rundata import RunData, load_run
 from freshroll.report.style import CSS
+from freshroll.report.token_mix import off_policy_by_lag, token_mix
 from freshroll.timing import percentiles
 
 REPORT_FILE = "report.html"
@@ -196,6 +198,7 @@ def _lag_section(run: RunData) -> str:
                      [(k, fmt(tok[k]["mean"]), fmt(tok[k]["max"]), ", ".join(
                          f"{x}: {n}" for x, n in tok[k]["histogram"].items()))
                       for k in ("oldest", "newest", "weighted")], "num"))
+    hint += token_mix(tok)
     return (hint + '<div class="row">'
             + _img(plots.lag_histogram(counts, eta_i), "lag histogram")
             + f"<div>{table}</div></div>")
@@ -312,9 +315,10 @@ def _offpolicy_section(run: RunData) -> str:
                 lines.append(plots.Line(label, xs, ys))
         if lines:
             panels.append((ylabel, lines))
+    by_lag = off_policy_by_lag(_by_lag(run.ledger.tally) if run.ledger is not None else None)
     if not panels:
-        return _nodata("off-policy health", _why(run, "metrics.jsonl"))
-    return _img(plots.off_policy_panels(panels), "off-policy health")
+        return by_lag or _nodata("off-policy health", _why(run, "metrics.jsonl"))
+    return _img(plots.off_policy_panels(panels), "off-policy health") + by_lag
 
 
 def _learning_section(run: RunData, baseline: RunData | None) -> str:

@@ -70,15 +70,59 @@ def _styled(fn: Callable[P, bytes]) -> Callable[P, bytes]:
 
 
 def _figure(height: float = HEIGHT, width: float = WIDTH) -> Figure:
-    return Figure(figsize=(width, height), dpi=DPI, layout="constrained")
+    """A figure without a layout engine: :func:`_fit` sets its margins from its labels."""
+    return Figure(figsize=(width, height), dpi=DPI)
+
+
+#: inches per character of a tick label or legend entry (8 pt DejaVu Sans: digits are 0.64
+#: em, lower-case letters 0.5-0.65 em), of one text line at 8-10 pt, and a small pad
+CHAR_IN, LINE_IN, PAD_IN = 0.072, 0.2, 0.08
+
+
+def _labels(ax: Axes, which: str) -> list[str]:
+    """The tick labels that ``ax`` will draw on its ``which`` ("x" or "y") axis."""
+    axis = ax.yaxis if which == "y" else ax.xaxis
+    lo, hi = sorted(ax.get_ylim() if which == "y" else ax.get_xlim())
+    locs = [v for v in axis.get_majorticklocs() if lo - 1e-9 * abs(hi - lo) <= v <= hi]
+    return [str(t) for t in axis.get_major_formatter().format_ticks(locs)]
+
+
+def _fit(fig: Figure, axes: Sequence[Axes], *, legend_rows: int = 0, right_in: float = 0.0,
+         gap_in: float | None = None) -> None:
+    """Margins (and the gap between stacked axes) in inches, from what the figure draws
+    outside its axes: the widest y tick label and the y label on the left; tick labels, the
+    x label and ``legend_rows`` rows of a figure legend below; a title above; ``right_in``
+    for legends to the right of the axes. matplotlib's ``constrained`` layout measures the
+    same by drawing every label twice before the figure is drawn (about a third of a
+    report's CPU); here each is sized by its characters."""
+    width, height = fig.get_size_inches()
+    ytext = max((len(t) for ax in axes for t in _labels(ax, "y")), default=1)
+    left = 2 * PAD_IN + ytext * CHAR_IN + (LINE_IN if any(ax.get_ylabel() for ax in axes) else 0)
+    low = axes[-1]
+    bottom = (PAD_IN + (LINE_IN if _labels(low, "x") else 0)
+              + (LINE_IN if low.get_xlabel() else 0) + legend_rows * LINE_IN)
+    top = PAD_IN + (1.3 * LINE_IN if axes[0].get_title() else 0)
+    gap = gap_in if gap_in is not None else PAD_IN
+    inner = height - top - bottom
+    span = (inner - gap * (len(axes) - 1)) / len(axes)
+    fig.subplots_adjust(left=left / width, right=1 - (PAD_IN + right_in) / width,
+                        bottom=bottom / height, top=1 - top / height,
+                        hspace=gap / max(span, 1e-3))
+
+
+def _bottom_legend(fig: Figure, ncol: int = 1, **kwargs: Any) -> int:
+    """A legend centred under the axes (``_fit`` leaves it room); its rows."""
+    fig.legend(loc="lower center", bbox_to_anchor=(0.5, 0.0), ncol=ncol, frameon=False,
+               **kwargs)
+    labels = len(fig.axes[0].get_legend_handles_labels()[1]) if fig.axes else 1
+    return max(1, -(-labels // max(ncol, 1)))
 
 
 def _png(fig: Figure) -> bytes:
-    """The figure's PNG, the same bytes as ``fig.savefig(buf, format="png", dpi=DPI)`` with
-    one draw instead of two: ``savefig`` draws a figure with a layout engine once without
-    rendering (to run the layout) and then again to render; an Agg canvas's ``draw`` runs
-    the layout and renders in one pass, and its buffer is written as ``savefig`` writes it
-    (``FigureCanvasAgg._print_pil``). ~15% of a report's CPU."""
+    """The figure's PNG, the same bytes as ``fig.savefig(buf, format="png", dpi=DPI)``: one
+    draw on an Agg canvas, its buffer written as ``savefig`` writes it
+    (``FigureCanvasAgg._print_pil``). (``savefig`` draws a figure with a layout engine twice;
+    the report's figures have none since :func:`_fit`.)"""
     import matplotlib.image
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
@@ -125,6 +169,7 @@ def line_chart(
         ax.set_ylim(*ylim)
     if len(lines) > 1:
         ax.legend(loc="best", frameon=False)
+    _fit(fig, [ax])
     return _png(fig)
 
 
@@ -160,7 +205,6 @@ def lag_histogram(lags: Sequence[int] | Mapping[int, int], max_staleness: int | 
     if max_staleness is not None:
         ax.axvline(max_staleness + 0.5, color=LIMIT_COLOR, linestyle="--", linewidth=1.5,
                    label=f"max_staleness η = {max_staleness} (allowed: lag ≤ η)")
-        fig.legend(loc="outside lower center", frameon=False)
     ax.set_xticks(range(top))
     ax.set_xlim(-0.6, top - 0.4)
     ax.set_ylim(0, max([*counts, 1]) * 1.15)
@@ -168,6 +212,7 @@ def lag_histogram(lags: Sequence[int] | Mapping[int, int], max_staleness: int | 
     ax.set_xlabel("lag (trainer steps)")
     ax.set_ylabel("samples")
     ax.grid(axis="x", visible=False)
+    _fit(fig, [ax], legend_rows=_bottom_legend(fig) if max_staleness is not None else 0)
     return _png(fig)
 
 
@@ -193,7 +238,7 @@ def stage_bars(means: Mapping[str, Mapping[str, float]]) -> bytes:
     ax.set_xlabel("mean seconds per accepted sample (request → commit)")
     ax.set_title("Where an accepted sample's time goes")
     ax.grid(axis="y", visible=False)
-    fig.legend(loc="outside lower center", ncol=len(stages), frameon=False, handlelength=1.2)
+    _fit(fig, [ax], legend_rows=_bottom_legend(fig, ncol=len(stages), handlelength=1.2))
     return _png(fig)
 
 
@@ -245,9 +290,11 @@ def _finish_over_time(
     else:
         ax.set_ylim(bottom=0, top=max(ax.get_ylim()[1], 1e-9) * 1.12)
     ax.set_xlim(left=0)
-    handles, labels = ax.get_legend_handles_labels()
-    ax.figure.legend(handles, labels, loc="outside lower center", ncol=min(3, len(labels)),
-                     frameon=False, fontsize=7.5, handlelength=1.6)
+    fig = ax.get_figure()
+    assert isinstance(fig, Figure)
+    labels = len(ax.get_legend_handles_labels()[1])
+    _fit(fig, [ax], legend_rows=_bottom_legend(fig, ncol=min(3, labels), fontsize=7.5,
+                                               handlelength=1.6))
 
 
 @_styled
@@ -268,6 +315,10 @@ def off_policy_panels(panels: Sequence[tuple[str, Sequence[Line]]]) -> bytes:
             ax.tick_params(labelbottom=False)
     axes[0].set_title("Off-policy health per trainer step")
     axes[-1].set_xlabel("trainer step")
+    # an entry: its handle, the pad and the column spacing (4.8 em of 8 pt), then its label
+    legend_in = max((PAD_IN + sum(4.8 * 8 / 72 + CHAR_IN * len(line.label) for line in lines)
+                     for _, lines in panels if len(lines) > 1), default=0.0)
+    _fit(fig, axes, right_in=legend_in, gap_in=1.5 * PAD_IN)
     return _png(fig)
 
 
@@ -305,4 +356,5 @@ def timeline(lanes: Sequence[str], points: Sequence[tuple[float, str]],
         cx.set_title("Controller settings after each decision")
         cx.set_xlabel("seconds since the run opened")
         cx.legend(loc="best", frameon=False)
+    _fit(fig, fig.axes, gap_in=PAD_IN + 4 * LINE_IN)  # the upper one's ticks, label; a title
     return _png(fig)

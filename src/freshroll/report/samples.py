@@ -8,6 +8,8 @@ completion), from the ledger's events and its stored payloads; nothing is recomp
     worker, epoch                                who generated it
     policy_version, policy_step                  the version it was generated with
     last_version                                 set when its tokens span a weight update
+    token_versions                               then its tokens' versions: a JSON list of
+                                                 [version, tokens] ranges, oldest first
     prompt_ids, prompt                           the prompt's tokens and their text
     completion_ids, completion, finish_reason    the completion (text as the engine decoded it)
     logprobs                                     behaviour log-prob of each completion token
@@ -38,9 +40,9 @@ from freshroll.lineage import parse_sample_id, policy_step
 #: the columns of a row, in order (the module docstring says what each holds)
 COLUMNS = (
     "sample", "request", "group", "attempt", "prompt_id", "worker", "epoch", "policy_version",
-    "policy_step", "last_version", "prompt_ids", "prompt", "completion_ids", "completion",
-    "finish_reason", "logprobs", "reward", "reward_version", "rewards", "gen_s", "reward_s",
-    "outcome", "consumed_step", "consumed_by", "lag",
+    "policy_step", "last_version", "token_versions", "prompt_ids", "prompt", "completion_ids",
+    "completion", "finish_reason", "logprobs", "reward", "reward_version", "rewards", "gen_s",
+    "reward_s", "outcome", "consumed_step", "consumed_by", "lag",
 )
 
 
@@ -105,6 +107,8 @@ def _row(e: ev.Generated, start: ev.Started | None,
         epoch=start.epoch if start else None, policy_version=version,
         policy_step=policy_step(version) if version is not None else None,
         last_version=e.last_version, gen_s=e.gen_s, outcome="pending",
+        token_versions=None if not e.token_versions else json.dumps(
+            [[v, n] for v, n in e.token_versions]),
     )
     return row
 

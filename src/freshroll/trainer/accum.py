@@ -15,13 +15,17 @@ the accumulated gradient is the whole batch's gradient::
 
 where ``T_max`` is the whole batch's (``max_completion_len``, else the batch's width: the
 caller fixes it for every micro-batch). Token-mean metrics combine the same way, by each
-micro-batch's share of the tokens (:func:`combine_metrics`).
+micro-batch's share of the tokens (:func:`combine_metrics`); the per-lag-bucket ones
+(``<name>/lag_<b>``, :mod:`freshroll.off_policy`) by each micro-batch's share of the bucket's
+tokens, a bucket no micro-batch has staying absent.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Literal
+
+from freshroll.off_policy import LAG_BUCKETS, bucket_key, is_bucket_key
 
 Aggregation = Literal["grpo", "dr_grpo", "dapo"]
 
@@ -65,7 +69,7 @@ def combine_metrics(
         return dict(parts[0][0])
     counted = [(m, n) for m, n in parts if n > 0] or [parts[0]]
     out: dict[str, float] = {}
-    for key in parts[0][0]:
+    for key in (k for k in parts[0][0] if not is_bucket_key(k)):
         values = [m[key] for m, _ in counted]
         if key in _MAX:
             out[key] = max(values)
@@ -75,4 +79,23 @@ def combine_metrics(
             out[key] = sum(m[key] * n for m, n in counted) / total_tokens
         else:
             out[key] = values[0]
+    out.update(_combine_buckets([m for m, _ in parts]))
+    return out
+
+
+def _combine_buckets(parts: Sequence[dict[str, float]]) -> dict[str, float]:
+    """The per-lag-bucket metrics of the whole batch from its micro-batches'."""
+    out: dict[str, float] = {}
+    for b in LAG_BUCKETS:
+        tokens = bucket_key("tokens", b)
+        having = [m for m in parts if m.get(tokens, 0.0) > 0]
+        if not having:
+            continue
+        total = sum(m[tokens] for m in having)
+        out[tokens] = total
+        for name in ("mismatch_kl", "is_weight_mean"):
+            key = bucket_key(name, b)
+            out[key] = sum(m[key] * m[tokens] for m in having) / total
+        top = bucket_key("is_weight_max", b)
+        out[top] = max(m[top] for m in having)
     return out

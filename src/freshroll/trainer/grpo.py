@@ -71,6 +71,15 @@ class TrainSample:
     reward: float
     group: int
     lag: int
+    #: each completion token's lag as run-length ``(lag, tokens)`` ranges (its payload's
+    #: ``versions``); empty: every token has the sample's ``lag``
+    token_lags: tuple[tuple[int, int], ...] = ()
+
+    def lags(self) -> list[int]:
+        """One lag per completion token (a range list short of the tokens: the rest at
+        ``lag``)."""
+        out = [lag for lag, n in self.token_lags for _ in range(n)][: len(self.token_ids)]
+        return out + [self.lag] * (len(self.token_ids) - len(out))
 
 
 @dataclass(frozen=True)
@@ -82,6 +91,7 @@ class Batch:
     behaviour: torch.Tensor       # [B, L-1] behaviour log-probs at completion positions
     rewards: torch.Tensor         # [B]
     groups: torch.Tensor          # [B]
+    lags: torch.Tensor            # [B, L-1] each completion target's token lag (0 elsewhere)
 
     def from_target(self, first: int) -> Batch:
         """The targets (and their masks and behaviour log-probs) from index ``first`` on; the
@@ -89,7 +99,8 @@ class Batch:
         if first == 0:
             return self
         return Batch(self.input_ids, self.attention_mask, self.targets[:, first:],
-                     self.mask[:, first:], self.behaviour[:, first:], self.rewards, self.groups)
+                     self.mask[:, first:], self.behaviour[:, first:], self.rewards, self.groups,
+                     self.lags[:, first:])
 
     def rows(self, sl: slice) -> Batch:
         """The sequences ``sl`` as a batch of their own, trimmed to their longest."""
@@ -98,6 +109,7 @@ class Batch:
             self.input_ids[sl, :width], self.attention_mask[sl, :width],
             self.targets[sl, : width - 1], self.mask[sl, : width - 1],
             self.behaviour[sl, : width - 1], self.rewards[sl], self.groups[sl],
+            self.lags[sl, : width - 1],
         )
 
 
@@ -109,6 +121,7 @@ def collate(samples: Sequence[TrainSample], pad_id: int) -> Batch:
     attn = torch.zeros((n, width), dtype=torch.long)
     mask = torch.zeros((n, width - 1))
     behaviour = torch.zeros((n, width - 1))
+    lags = torch.zeros((n, width - 1), dtype=torch.long)
     for i, s in enumerate(samples):
         p, c = len(s.prompt_ids), len(s.token_ids)
         ids[i, : p + c] = torch.tensor([*s.prompt_ids, *s.token_ids], dtype=torch.long)
@@ -116,10 +129,11 @@ def collate(samples: Sequence[TrainSample], pad_id: int) -> Batch:
         # completion token j sits at position p + j and is predicted from position p + j - 1
         mask[i, p - 1 : p - 1 + c] = 1.0
         behaviour[i, p - 1 : p - 1 + c] = torch.tensor(list(s.logprobs), dtype=torch.float32)
+        lags[i, p - 1 : p - 1 + c] = torch.tensor(s.lags(), dtype=torch.long)
     return Batch(
         ids, attn, ids[:, 1:], mask, behaviour,
         torch.tensor([s.reward for s in samples], dtype=torch.float32),
-        torch.tensor([s.group for s in samples], dtype=torch.long),
+        torch.tensor([s.group for s in samples], dtype=torch.long), lags,
     )
 
 
@@ -316,7 +330,8 @@ class GRPOLearner:
         logp = token_logprobs(logits, view.targets, self.temperature)
         ref = self._ref_logprobs(batch, keep) if self.ref is not None else None
         loss, metrics = policy_loss(
-            logp, view.behaviour, adv, view.mask, loss_cfg, ref_logprobs=ref
+            logp, view.behaviour, adv, view.mask, loss_cfg, ref_logprobs=ref,
+            token_lags=view.lags,
         )
         return loss, metrics, logits.detach(), view.mask
 

@@ -56,6 +56,12 @@ truncated for ``tis``, dropped for ``decoupled``, 0.0 for ``none``), ``mismatch_
     mismatch_kl = mean_t [exp(p - b) - (p - b) - 1]
 
 (unbiased for that direction because the samples come from ``b``; 0 iff ``p == b``).
+
+Per token lag (``token_lags`` given: each token's consumer step minus its generating step;
+buckets of :mod:`freshroll.off_policy`): for each bucket ``g`` with tokens,
+``tokens/lag_<g>`` (their count), ``mismatch_kl/lag_<g>`` and ``is_weight_mean/lag_<g>`` (the
+same means over those tokens alone), ``is_weight_max/lag_<g>``; a bucket without tokens is
+absent from the metrics.
 """
 
 from __future__ import annotations
@@ -67,6 +73,7 @@ import torch
 from torch import Tensor
 
 from freshroll.errors import ConfigError
+from freshroll.off_policy import LAG_BUCKETS, TOP_LAG, bucket_key
 
 Aggregation = Literal["grpo", "dr_grpo", "dapo"]
 Correction = Literal["none", "tis", "decoupled"]
@@ -238,6 +245,23 @@ def _aggregate(per_token: Tensor, mask: Tensor, cfg: LossConfig) -> Tensor:
     return masked.sum() / float(batch * length)
 
 
+def _by_lag(raw: Tensor, k3: Tensor, mask: Tensor, lags: Tensor) -> dict[str, float]:
+    """The per-lag-bucket metrics (module docstring) of the masked tokens."""
+    bucket = lags.long().clamp(min=0, max=TOP_LAG)
+    out: dict[str, float] = {}
+    for index, name in enumerate(LAG_BUCKETS):
+        sel = mask & (bucket == index)
+        n = int(sel.sum())
+        if not n:
+            continue
+        w = raw[sel]
+        out[bucket_key("tokens", name)] = float(n)
+        out[bucket_key("mismatch_kl", name)] = float(k3[sel].mean())
+        out[bucket_key("is_weight_mean", name)] = float(w.mean())
+        out[bucket_key("is_weight_max", name)] = float(w.max())
+    return out
+
+
 def policy_loss(
     logprobs: Tensor,
     behaviour_logprobs: Tensor,
@@ -247,6 +271,7 @@ def policy_loss(
     *,
     proximal_logprobs: Tensor | None = None,
     ref_logprobs: Tensor | None = None,
+    token_lags: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """Clipped policy-gradient loss with off-policy correction; see the module docstring.
 
@@ -255,7 +280,9 @@ def policy_loss(
     ``logprobs``. ``proximal_logprobs`` defaults to ``sg[logprobs]``; with correction
     ``none`` it only feeds the ``is_*`` / ``mismatch_kl`` metrics. Values at masked-out
     positions of the non-differentiable inputs are ignored (replaced by ``sg[logprobs]``).
-    Returns ``(loss, metrics)`` with metrics as described in the module docstring.
+    ``token_lags`` (``[B, T]`` integers, any value at masked-out positions) adds the
+    per-lag-bucket metrics. Returns ``(loss, metrics)`` with metrics as described in the
+    module docstring.
     """
     _check_shapes(
         logprobs,
@@ -264,6 +291,7 @@ def policy_loss(
         mask=mask,
         proximal_logprobs=proximal_logprobs,
         ref_logprobs=ref_logprobs,
+        token_lags=token_lags,
     )
     m = mask.bool()
     logp = logprobs.float()
@@ -280,7 +308,10 @@ def policy_loss(
     weight, metrics = _importance_weights(proximal, behaviour, m, cfg)
     per_token = weight * pg
     log_mis = proximal - behaviour
-    metrics["mismatch_kl"] = float(_masked_mean(log_mis.exp() - log_mis - 1.0, m))
+    k3 = log_mis.exp() - log_mis - 1.0
+    metrics["mismatch_kl"] = float(_masked_mean(k3, m))
+    if token_lags is not None:
+        metrics.update(_by_lag(log_mis.exp(), k3, m, token_lags))
     if ref_logprobs is not None:
         ref = torch.where(m, ref_logprobs.detach().float(), fill)
         kl = torch.exp(ref - logp) - (ref - logp) - 1.0

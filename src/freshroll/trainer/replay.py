@@ -25,7 +25,7 @@ from freshroll.buffer import SampleBuffer
 from freshroll.engines import payload as pl
 from freshroll.errors import LineageError
 from freshroll.ledger import Ledger, decode_event
-from freshroll.lineage import PolicyVersion, payload_mismatches
+from freshroll.lineage import PolicyVersion, payload_mismatches, policy_step
 from freshroll.trainer.grpo import GRPOLearner, TrainSample
 
 
@@ -53,7 +53,7 @@ def train_samples(buf: SampleBuffer, samples: Sequence[str], consumer: int) -> l
         gid = sid.partition(".")[0]
         out.append(TrainSample(
             p.prompt_ids, p.token_ids, p.logprobs, reward, groups.setdefault(gid, len(groups)),
-            consumer - step,
+            consumer - step, tuple((consumer - policy_step(v), n) for v, n in p.versions),
         ))
     return out
 
