@@ -85,6 +85,14 @@ def test_the_packages_import_each_other_in_no_circle() -> None:
             visit(u, [u])
 
 
+def test_the_pipeline_and_the_placements_import_each_other_not() -> None:
+    """One layer, two sides (docs/architecture.md): the pipeline awaits the ports, never a
+    placement; a placement implements the ports, never reaches into the pipeline."""
+    graph = _imports()
+    assert dict(graph.get("pipeline", {})).get("placement", []) == []
+    assert dict(graph.get("placement", {})).get("pipeline", []) == []
+
+
 def test_the_check_sees_a_lazy_upward_import(tmp_path: Path) -> None:
     """The walk is load-bearing: a kernel module importing the runtime inside a function (or
     as ``from freshroll import runtime``) is found."""

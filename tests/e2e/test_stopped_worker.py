@@ -5,7 +5,7 @@ with every step and a ledger that verifies (issue 23, defect 3).
 
 Before: a SIGSTOPped worker process printed nothing for 60 s under the default limits, and a
 SIGSTOPped Ray actor caught in a weight load produced no event for 200 s. The in-process
-tests of the same code (tests/runtime/test_timeouts.py) stall fakes; these stop the real
+tests of the same code (tests/pipeline/test_timeouts.py) stall fakes; these stop the real
 process: a process-placement worker forked by the forkserver, a Ray actor.
 """
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 import pytest
-from tests.runtime.test_fallback import _decided
+from tests.pipeline.test_fallback import _decided
 from tests.runtime.test_overlap import B, _ledger
 
 from freshroll import events as ev

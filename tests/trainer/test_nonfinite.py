@@ -1,7 +1,7 @@
 """The learner never applies a step whose loss or gradients are not finite.
 
 Before: a reward of 1e308 (inf in float32) gave loss NaN, the step was applied (NaN weights),
-then committed and published. The pipeline's policy: tests/runtime/test_nonfinite_steps.py.
+then committed and published. The pipeline's policy: tests/pipeline/test_nonfinite_steps.py.
 """
 
 from __future__ import annotations

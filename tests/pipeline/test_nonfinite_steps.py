@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline_fakes import FakeLearner, Harness
-
 from freshroll import events as ev
 from freshroll.errors import FailureBudgetExceeded, NonFiniteStep
+from pipeline_fakes import FakeLearner, Harness
 
 
 def _nonfinite_on(*calls: int):

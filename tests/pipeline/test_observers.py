@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pipeline_fakes import Harness
 
 from freshroll.config import load_config
 from freshroll.events import CheckpointSaved
@@ -27,6 +26,7 @@ from freshroll.pipeline.observers import (
     StepReport,
     default_observers,
 )
+from pipeline_fakes import Harness
 
 
 class Watch(Observer):

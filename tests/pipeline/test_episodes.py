@@ -12,9 +12,9 @@ from typing import Any
 
 import msgspec
 import pytest
-from async_fakes import AsyncHarness
 from two_turn import TwoTurn
 
+from async_fakes import AsyncHarness
 from freshroll import events as ev
 from freshroll.config import load_config
 from freshroll.engines import payload as pl

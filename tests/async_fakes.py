@@ -13,8 +13,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline_fakes import LedgerChecks
-
 from freshroll.buffer import KernelConfig, SampleBuffer
 from freshroll.clock import Clock, RealClock, VirtualClock
 from freshroll.config import Config, load_config
@@ -29,6 +27,7 @@ from freshroll.rewards.calling import RewardState
 from freshroll.rewards.scoring import Score
 from freshroll.rewards.tasks import Prompt, make_prompts
 from freshroll.state import Lease
+from pipeline_fakes import LedgerChecks
 
 BASE = ["run.progress=false", "task.n_prompts=64", "rollout.group_size=4",
         "rollout.batch_groups=4", "rollout.worker_batch=8", "run.steps=20",

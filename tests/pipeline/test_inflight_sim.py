@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from async_fakes import AsyncHarness, Factory, Trainer
 
+from async_fakes import AsyncHarness, Factory, Trainer
 from freshroll import events as ev
 from freshroll.buffer import KernelConfig, SampleBuffer
 from freshroll.clock import VirtualClock

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline_fakes import Harness
-
 from freshroll import events as ev
 from freshroll.buffer import KernelConfig, SampleBuffer
 from freshroll.clock import RealClock
 from freshroll.ledger import Ledger
 from freshroll.lineage import PolicyVersion
+from pipeline_fakes import Harness
 
 
 def _crashed_run_with_a_ready_group_one_step_old(path: Path) -> None:

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from async_fakes import BASE, AsyncEngine, AsyncHarness, Factory
 
+from async_fakes import BASE, AsyncEngine, AsyncHarness, Factory
 from freshroll import events as ev
 from freshroll import metrics as m
 from freshroll.config import load_config

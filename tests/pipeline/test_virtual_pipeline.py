@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from async_fakes import AsyncEngine, AsyncHarness, Factory
-
 from freshroll import events as ev
 from freshroll.engines.base import Completion
 from freshroll.errors import WorkerLost

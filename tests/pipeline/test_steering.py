@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from async_fakes import AsyncHarness, Factory, Trainer
-
 from freshroll import events as ev
 from freshroll.control import ControllerState, Decision, Settings, Snapshot
 from freshroll.harness.verify import verify_ledger

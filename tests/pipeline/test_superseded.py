@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from async_fakes import AsyncEngine, AsyncHarness, Factory, latency
-
 from freshroll import events as ev
 from freshroll.engines.base import Completion
 from freshroll.engines.seams import Emit, GenRequest, SamplingParams

@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pipeline_fakes import FakeEngine, Harness, ok_reward
 
 from freshroll import events as ev
 from freshroll.breaker import Breaker, FailureBudget, Rule
 from freshroll.errors import FailureBudgetExceeded, FreshrollError, Interrupted
 from freshroll.pipeline.observers import Callbacks
+from pipeline_fakes import FakeEngine, Harness, ok_reward
 
 # -- the policy, against nothing but itself ------------------------------------------------
 

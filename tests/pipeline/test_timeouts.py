@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pipeline_fakes import FakeEngine, FakeLearner, Harness, blocker, ok_reward
 
 from freshroll import events as ev
 from freshroll.errors import (
@@ -28,6 +27,7 @@ from freshroll.errors import (
 from freshroll.pipeline.observers import Callbacks
 from freshroll.pipeline.workers import MAX_RESTARTS
 from freshroll.ports.threads import AbandonableExecutor, CallAborted
+from pipeline_fakes import FakeEngine, FakeLearner, Harness, blocker, ok_reward
 
 # -- the executor that can walk away ------------------------------------------------------
 

@@ -12,9 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from async_fakes import AsyncHarness, Scorer, Trainer
-from pipeline_fakes import FakeEngine, Harness
 
+from async_fakes import AsyncHarness, Scorer, Trainer
 from freshroll import events as ev
 from freshroll.buffer import KernelConfig, SampleBuffer
 from freshroll.clock import VirtualClock
@@ -29,6 +28,7 @@ from freshroll.pipeline.pipeline import Pipeline, StepReport
 from freshroll.rewards.tasks import make_prompts
 from freshroll.sim.components import build_sim, sim_model_digest
 from freshroll.sim.engine import SimEngine
+from pipeline_fakes import FakeEngine, Harness
 
 SIM = ["rollout.engine=sim", "sim.clock=virtual", "run.progress=false", "run.steps=12",
        "run.max_staleness=2", "rollout.group_size=8", "rollout.batch_groups=2",
