@@ -43,6 +43,9 @@ def test_the_plan_has_sync_three_statics_and_the_controller() -> None:
     assert by["static-overprov"] == {**by["static-all"], "tail.overprovision": "auto"}
     assert by["static-overprov-deadline"] == {**by["static-overprov"], "tail.deadline": True}
     assert by["adaptive-tails"] == {**by["adaptive"], "tail.overprovision": "auto"}
+    assert by["static-continue"] == {**by["static-all"], "rollout.on_update": "continue"}
+    assert by["static-continue-newest"] == {**by["static-continue"],
+                                            "run.staleness_basis": "newest_token"}
     for spec in plan:  # every run's settings make a valid config
         with_overrides(_cfg(), spec.overrides)
 
