@@ -23,7 +23,8 @@ One workload (a config) and one seed; per clock, in one invocation:
 6. on simulated engines, unless the config sets ``rollout.on_update`` already, in-flight
    weight updates: ``static-continue`` (``static-all`` with ``rollout.on_update: continue``,
    the bound on the oldest token) and ``static-continue-newest`` (the same with
-   ``run.staleness_basis: newest_token``).
+   ``run.staleness_basis: newest_token``), and with the tail levers ``adaptive-all``
+   (``adaptive-tails`` with both).
 
 The pool is ``control.max_workers`` (or ``rollout.workers`` when unset); the synchronous
 baseline runs on the whole pool.
@@ -136,8 +137,11 @@ def plan_runs(cfg: Config, caps: f.Capacities) -> list[RunSpec]:
     if cfg.rollout.engine == "sim" and cfg.rollout.on_update in (None, "finish"):
         cont = {**statics[0].overrides, "rollout.on_update": "continue"}  # in-flight updates
         statics.append(RunSpec("static-continue", cont))
-        statics.append(RunSpec("static-continue-newest",
-                               {**cont, "run.staleness_basis": "newest_token"}))
+        newest = {"rollout.on_update": "continue", "run.staleness_basis": "newest_token"}
+        statics.append(RunSpec("static-continue-newest", {**cont, **newest}))
+        tails = [a for a in adaptive if a.label == "adaptive-tails"]
+        if tails:  # every lever together: the controller's tail levers and in-flight updates
+            adaptive.append(RunSpec("adaptive-all", {**tails[0].overrides, **newest}))
     return [*specs, *statics, *adaptive]
 
 
