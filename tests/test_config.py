@@ -165,6 +165,7 @@ def test_config_errors_come_before_heavy_imports(tmp_path: Path) -> None:
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.slow  # a Python that imports torch and transformers (~5 CPU-s): make test runs it
 def test_python_dash_m_freshroll() -> None:
     out = subprocess.run([sys.executable, "-m", "freshroll", "config", "check"],
                          capture_output=True, text=True, timeout=60, cwd=REPO)

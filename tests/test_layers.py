@@ -6,6 +6,7 @@ does not make an upward dependency go away."""
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections import defaultdict
 from pathlib import Path
@@ -27,8 +28,10 @@ def _unit(path: Path, src: Path = SRC) -> str:
     return path.relative_to(src).with_suffix("").parts[0]
 
 
+@functools.cache
 def _imports(src: Path = SRC) -> dict[str, dict[str, list[str]]]:
-    """unit -> {imported unit: the files (and lines) that import it}."""
+    """unit -> {imported unit: the files (and lines) that import it} (one walk of a tree per
+    session: three tests read it; callers do not change it)."""
     out: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
     for path in sorted(src.rglob("*.py")):
         here = _unit(path, src)

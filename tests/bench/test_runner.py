@@ -25,7 +25,7 @@ def test_the_plan_has_sync_three_statics_and_the_controller() -> None:
     plan = plan_runs(_cfg(), CAPS)
     labels = [s.label for s in plan]
     assert labels[0] == "sync"
-    assert labels[-3:] == ["adaptive", "adaptive-deadline", "adaptive-tails"]
+    assert labels[-4:] == ["adaptive", "adaptive-deadline", "adaptive-tails", "adaptive-all"]
     statics = [s for s in plan if s.label.startswith("static")]
     assert len(statics) >= 3
     assert plan[0].overrides["run.max_staleness"] == 0
@@ -43,6 +43,11 @@ def test_the_plan_has_sync_three_statics_and_the_controller() -> None:
     assert by["static-overprov"] == {**by["static-all"], "tail.overprovision": "auto"}
     assert by["static-overprov-deadline"] == {**by["static-overprov"], "tail.deadline": True}
     assert by["adaptive-tails"] == {**by["adaptive"], "tail.overprovision": "auto"}
+    assert by["static-continue"] == {**by["static-all"], "rollout.on_update": "continue"}
+    assert by["static-continue-newest"] == {**by["static-continue"],
+                                            "run.staleness_basis": "newest_token"}
+    assert by["adaptive-all"] == {**by["adaptive-tails"], "rollout.on_update": "continue",
+                                  "run.staleness_basis": "newest_token"}
     for spec in plan:  # every run's settings make a valid config
         with_overrides(_cfg(), spec.overrides)
 

@@ -75,6 +75,7 @@ def test_abort_ends_the_call_superseded_at_its_next_step() -> None:
         _generate("abort", load=True)
 
 
+@pytest.mark.slow  # a real run of the embedded model: make test runs it
 def test_a_continue_run_on_the_embedded_model_verifies(tmp_path: Path) -> None:
     """The worker pool loads each new version beside a running lock-step call; whatever the
     timing, every spanning sample's ranges are in its payload and verify holds."""

@@ -40,6 +40,7 @@ def _assert_rows_logged(run_dir: Path, rows: list[dict[str, Any]]) -> dict[str, 
     return config
 
 
+@pytest.mark.slow  # W&B's own service process starts: make test runs it
 def test_rows_are_logged_at_their_steps_and_the_run_finishes(tmp_path: Path):
     rows = [{"step": 1, "version": "p1-ab", "loss": 0.75, "trainer_idle_ratio": 0.25,
              "lag_max": 1, "reward_mean": float("nan"), "rewards/acc/mean": 0.5},

@@ -19,7 +19,12 @@ One workload (a config) and one seed; per clock, in one invocation:
    ``static-overprov-deadline`` (the same with group deadlines) and ``adaptive-tails`` (the
    controller with ``tail.overprovision: auto``: it moves the extras and deadlines itself,
    :mod:`freshroll.control_levers`); each table then carries the long-tail figures of every
-   run (:mod:`freshroll.bench.tails`).
+   run (:mod:`freshroll.bench.tails`);
+6. on simulated engines, unless the config sets ``rollout.on_update`` already, in-flight
+   weight updates: ``static-continue`` (``static-all`` with ``rollout.on_update: continue``,
+   the bound on the oldest token) and ``static-continue-newest`` (the same with
+   ``run.staleness_basis: newest_token``), and with the tail levers ``adaptive-all``
+   (``adaptive-tails`` with both).
 
 The pool is ``control.max_workers`` (or ``rollout.workers`` when unset); the synchronous
 baseline runs on the whole pool.
@@ -72,6 +77,8 @@ class RunSpec:
 def with_overrides(cfg: Config, overrides: Mapping[str, Any]) -> Config:
     """``cfg`` with dotted keys set (``{"run.max_staleness": 0}``), validated again."""
     data = cfg.model_dump(mode="json")
+    if "rollout.on_update" in overrides:  # the run's own setting replaces the old alias
+        data["vllm"].pop("on_update", None)
     for key, value in overrides.items():
         set_dotted(data, key, copy.deepcopy(value), f"bench override {key!r}")
     return validate(data, "bench config")
@@ -127,6 +134,14 @@ def plan_runs(cfg: Config, caps: f.Capacities) -> list[RunSpec]:
         statics.append(RunSpec("static-overprov", over))
         statics.append(RunSpec("static-overprov-deadline", {**over, "tail.deadline": True}))
         adaptive.append(RunSpec("adaptive-tails", {**ctl, "tail.overprovision": "auto"}))
+    if cfg.rollout.engine == "sim" and cfg.rollout.on_update in (None, "finish"):
+        cont = {**statics[0].overrides, "rollout.on_update": "continue"}  # in-flight updates
+        statics.append(RunSpec("static-continue", cont))
+        newest = {"rollout.on_update": "continue", "run.staleness_basis": "newest_token"}
+        statics.append(RunSpec("static-continue-newest", {**cont, **newest}))
+        tails = [a for a in adaptive if a.label == "adaptive-tails"]
+        if tails:  # every lever together: the controller's tail levers and in-flight updates
+            adaptive.append(RunSpec("adaptive-all", {**tails[0].overrides, **newest}))
     return [*specs, *statics, *adaptive]
 
 
