@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING
 
 import click
 
+from freshroll import cli_rundir
+from freshroll.cli_base import EXIT_STATUSES, OUT_DIR, Freshroll, fail
 from freshroll.errors import FreshrollError
 
 if TYPE_CHECKING:
@@ -17,98 +18,14 @@ if TYPE_CHECKING:
     from freshroll.runtime.run import RunResult
 
 
-EXIT_STATUSES = """\b
-Exit statuses:
-  0    ok
-  1    verify found a violation (run: the finished run failed verify)
-  2    usage or config error: nothing was run or changed (a bad value or key,
-       --resume refused, an unusable run directory; any error of verify,
-       export, timing, report or trace)
-  3    the run failed (retries or failure budget spent, disk full, a bug);
-       the ledger is closed and verifiable; --resume continues once fixed
-  130  interrupted (Ctrl-C or SIGTERM); freshroll run --resume DIR continues
-Every failure is one line on stderr; a bug's traceback goes to RUN_DIR/error.log
-(or a temp file), and also to stderr with FRESHROLL_DEBUG=1."""
-
-
-class _Guarded(click.Command):
-    """A command inside the error boundary (:mod:`freshroll.boundary`): one line, one status."""
-
-    def invoke(self, ctx: click.Context) -> Any:
-        from freshroll import boundary
-
-        run_dir = _run_dir(ctx)
-        with boundary.sigterm_as_sigint():
-            try:
-                if self.name in _RUNS:
-                    _check_run_dir(ctx)
-                return super().invoke(ctx)
-            except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit):
-                raise
-            except BaseException as exc:  # the boundary: nothing else escapes as a traceback
-                out = boundary.outcome(exc, run_dir=run_dir, resumable=self.name in _RUNS,
-                                       reads_only=self.name in _READS_ONLY)
-        click.echo(out.line, err=True)
-        ctx.exit(out.status)
-
-
-_READS_ONLY = frozenset({"verify", "export", "timing", "report", "trace"})
-#: commands that write one run directory (``simulate`` resumes with ``run --resume``)
-_RUNS = frozenset({"run", "simulate"})
-
-
-class _Freshroll(click.Group):
-    command_class = _Guarded
-
-
-class _DirPath(click.Path):
-    """A directory option's path; an empty one is a usage error naming the option (``--out
-    ''`` would otherwise be the current directory)."""
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if isinstance(value, str) and not value.strip():
-            self.fail("must not be empty (name a directory)", param, ctx)
-        return super().convert(value, param, ctx)
-
-
-#: the type of every option that names a directory to write (or resume) into
-OUT_DIR = _DirPath(path_type=Path)
-
-
-def _run_dir(ctx: click.Context) -> Path | None:
-    """The command's run directory, from its arguments (``run``: as its body resolves it)."""
-    p = ctx.params
-    if ctx.command.name not in _RUNS:
-        value = p.get("run_dir")
-        return value if isinstance(value, Path) else None
-    for key in ("resume_dir", "out"):
-        if isinstance(p.get(key), Path):
-            return Path(p[key])
-    config = p.get("config")
-    if isinstance(config, Path) and not ("=" in str(config) and not config.exists()):
-        return Path("runs") / config.stem
-    return Path("runs") / ("default" if ctx.command.name == "run" else "simulate")
-
-
-def _check_run_dir(ctx: click.Context) -> None:
-    """``run``: refuse a run directory that cannot be used, before anything is loaded."""
-    from freshroll.boundary import check_run_dir
-
-    resume = ctx.params.get("resume_dir")
-    path = resume if isinstance(resume, Path) else ctx.params.get("out")
-    if isinstance(path, Path):
-        check_run_dir(path, "--resume" if resume is not None else "--out")
-
-
-@click.group(cls=_Freshroll, epilog=EXIT_STATUSES)
+@click.group(cls=Freshroll, epilog=EXIT_STATUSES)
 @click.version_option(package_name="freshroll")
 def main() -> None:
     """Fast and trustworthy asynchronous rollouts for RL post-training."""
 
 
-def _fail(exc: FreshrollError) -> NoReturn:
-    """Hand a command's error to the boundary (:class:`_Guarded`): one line, its status."""
-    raise exc
+for _command in cli_rundir.COMMANDS:
+    main.add_command(_command)
 
 
 @main.command(context_settings={"ignore_unknown_options": False}, epilog=EXIT_STATUSES)
@@ -165,7 +82,7 @@ def run(config: Path | None, overrides: tuple[str, ...], out: Path | None,
                 stream=sys.stderr)
         base = run_baseline(result.run_dir, stream=sys.stderr) if baseline else None
     except FreshrollError as exc:
-        _fail(exc)
+        fail(exc)
         return
     _print_result(result)
     if base is not None:
@@ -223,93 +140,6 @@ def _num(value: object, spec: str) -> str:
     return format(value, spec) if isinstance(value, int | float) else "-"
 
 
-@main.command()
-@click.argument("run_dir", type=click.Path(path_type=Path))
-@click.option("--baseline", type=click.Path(path_type=Path), default=None,
-              help="A run to overlay (e.g. the synchronous baseline).")
-def report(run_dir: Path, baseline: Path | None) -> None:
-    """(Re)build RUN_DIR/summary.json and RUN_DIR/report.html from the run directory."""
-    from freshroll.report.html import REPORT_FILE
-    from freshroll.runtime.endfiles import finish_run_dir
-
-    try:
-        done = finish_run_dir(run_dir, baseline=baseline)  # one read of the ledger for both
-    except FreshrollError as exc:
-        _fail(exc)
-        return
-    if baseline is not None:
-        from freshroll.figures import reward_time
-
-        click.echo(reward_time.render(done.summary.get(reward_time.BLOCK) or {}), err=True)
-    click.echo(str(run_dir / REPORT_FILE))
-
-
-@main.command()
-@click.argument("run_dir", type=click.Path(path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-@click.option("--allow-open", is_flag=True,
-              help="Accept a ledger that never closed (a live run, or one that crashed and "
-                   "was not resumed): check what it holds so far.")
-def verify(run_dir: Path, as_json: bool, allow_open: bool) -> None:
-    """Check the lifecycle invariants of RUN_DIR on its ledger; exit 1 on any violation."""
-    from freshroll.harness.verify import verify_run
-
-    try:
-        report = verify_run(run_dir, allow_open=allow_open)
-    except FreshrollError as exc:
-        _fail(exc)
-        return
-    click.echo(json.dumps(report.to_json(), indent=1) if as_json else report.render())
-    sys.exit(0 if report.ok else 1)
-
-
-@main.command()
-@click.argument("run_dir", type=click.Path(path_type=Path))
-@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
-              help="Output file (default: RUN_DIR/ledger.jsonl; '-' for stdout).")
-def export(run_dir: Path, output: Path | None) -> None:
-    """Write the ledger of RUN_DIR as JSON lines (schema: docs/ledger.md)."""
-    from freshroll.ledger import LEDGER_FILE, Ledger
-
-    try:
-        with Ledger(run_dir / LEDGER_FILE, readonly=True) as ledger:
-            if str(output) == "-":
-                n = ledger.export_jsonl(sys.stdout.buffer)
-                return
-            out = output or run_dir / "ledger.jsonl"
-            with open(out, "wb") as fh:
-                n = ledger.export_jsonl(fh)
-    except FreshrollError as exc:
-        _fail(exc)
-        return
-    click.echo(f"wrote {n} events to {out}", err=True)
-
-
-@main.command()
-@click.argument("run_dir", type=click.Path(path_type=Path))
-def timing(run_dir: Path) -> None:
-    """Per-stage time decomposition and run rates of RUN_DIR, from its ledger."""
-    from freshroll import metrics as m
-    from freshroll.ledger import LEDGER_FILE, Ledger
-    from freshroll.timing import collect_spans, decompose, format_table
-
-    try:
-        with Ledger(run_dir / LEDGER_FILE, readonly=True) as ledger:
-            events = [e for _, e in ledger.events()]
-        table = format_table(decompose(collect_spans(events)))
-    except FreshrollError as exc:
-        _fail(exc)
-        return
-    t = m.tally(events)
-    click.echo(table)
-    click.echo(
-        f"accepted rollouts/s {m.accepted_rollouts_per_s(t):.2f}  "
-        f"accepted {m.accepted_rollouts(t)}  steps {m.steps(t)}  "
-        f"trainer idle {m.trainer_idle_ratio(t):.1%}  discard rate {m.discard_rate(t):.1%}  "
-        f"discards {m.discards_by_reason(t)}"
-    )
-
-
 @main.command(epilog=EXIT_STATUSES)
 @click.argument("config", required=False, type=click.Path(path_type=Path))
 @click.argument("overrides", nargs=-1)
@@ -322,7 +152,6 @@ def simulate(config: Path | None, overrides: tuple[str, ...], out: Path | None) 
     section (docs/simulation.md), in virtual time unless sim.clock is real. Writes the same
     run directory, summary and report as a real run, and verifies it.
     """
-    import time
 
     from freshroll.config import load_config
 
@@ -336,7 +165,7 @@ def simulate(config: Path | None, overrides: tuple[str, ...], out: Path | None) 
         result = run_training(cfg, out or Path("runs") / name, stream=sys.stderr)
         wall = time.perf_counter() - t0
     except FreshrollError as exc:
-        _fail(exc)
+        fail(exc)
         return
     _print_result(result)
     s = result.summary
@@ -381,7 +210,7 @@ def bench(config: Path | None, overrides: tuple[str, ...], out: Path | None, qui
         result = run_bench(cfg, out or Path("runs") / f"bench-{name}", workload=name,
                            quick=quick, clocks=clocks, stream=sys.stderr)
     except FreshrollError as exc:
-        _fail(exc)
+        fail(exc)
         return
     from freshroll.bench.table import render_text
 
@@ -423,7 +252,7 @@ def chaos(plan_file: Path, seeds: int, seed_start: int, out: Path, only: tuple[s
                          only=only, real=real, broken=broken, progress=sys.stderr,
                          jobs=jobs)
     except FreshrollError as exc:
-        _fail(exc)
+        fail(exc)
         return
     click.echo(done.table, nl=False)
     click.echo(f"tables: {out / 'chaos.md'} {out / 'chaos.json'}")
@@ -447,7 +276,7 @@ def validate(acceptance: Path, out: Path) -> None:
     try:
         done = run_validate(acceptance, out, stream=sys.stderr)
     except FreshrollError as exc:
-        _fail(exc)
+        fail(exc)
         return
     from freshroll.validate.record import validation_table
 
@@ -457,97 +286,7 @@ def validate(acceptance: Path, out: Path) -> None:
     sys.exit(0 if not done.decision.failed else 1)
 
 
-@main.command("export-model")
-@click.argument("run_dir", type=click.Path(path_type=Path))
-@click.argument("out", type=click.Path(path_type=Path))
-@click.option("--step", type=int, default=None,
-              help="Committed step to export (default: the last).")
-@click.option("--adapter-only", is_flag=True, default=False,
-              help="A LoRA run (trainer.lora): write its peft adapter directory, not the "
-              "merged model.")
-def export_model(run_dir: Path, out: Path, step: int | None, adapter_only: bool) -> None:
-    """Write the policy of RUN_DIR at a committed step to OUT (a from_pretrained directory)."""
-    from freshroll.runtime.export import export_model as do_export
-
-    done = do_export(run_dir, out, step, adapter_only=adapter_only)
-    how = f", {done.replayed} steps replayed from the ledger" if done.replayed else ""
-    click.echo(f"exported step {done.step} ({done.version}{how}) to {done.out}")
-
-
-@main.command("export-samples", epilog=EXIT_STATUSES)
-@click.argument("run_dir", type=click.Path(path_type=Path))
-@click.option("-o", "--output", type=click.Path(path_type=Path), required=True,
-              help="Output file: .parquet, or .jsonl for JSON lines (must not exist).")
-def export_samples(run_dir: Path, output: Path) -> None:
-    """Write every generated sample of RUN_DIR (tokens, text, behaviour log-probs, rewards
-    and their version, policy version, worker, the step that trained on it) to one table:
-    pandas.read_parquet(OUT) or datasets.load_dataset("parquet", data_files=OUT)
-    (columns: docs/guide.md, section 7b)."""
-    from freshroll.report.samples import export_samples as do_export
-
-    t0 = time.perf_counter()
-    n = do_export(run_dir, output)
-    click.echo(f"wrote {n} samples to {output} in {time.perf_counter() - t0:.1f} s")
-
-
-@main.command("trace", epilog=EXIT_STATUSES)
-@click.argument("run_dir", type=click.Path(path_type=Path))
-@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
-              help="Output file (default: RUN_DIR/trace.json).")
-@click.option("--steps", default=None, metavar="A:B",
-              help="Only the samples of trainer steps A..B (inclusive; docs/metrics.md).")
-def trace(run_dir: Path, output: Path | None, steps: str | None) -> None:
-    """Write every sample's spans (queue, generate, reward, buffer wait, train step) and the
-    workers' weight loads from RUN_DIR's ledger as a Chrome trace-event JSON file: open it
-    in ui.perfetto.dev or chrome://tracing (docs/metrics.md, "Per-sample traces")."""
-    from freshroll.report.trace import write_trace
-
-    try:
-        out = write_trace(run_dir, output, steps)
-    except FreshrollError as exc:
-        _fail(exc)
-        return
-    click.echo(str(out))
-
-
-@main.command("replay", epilog="""\b
-Exit statuses:
-  0    every replayed step's weights and policy-version digests match the ledger
-  1    a step diverged: its cause (samples, checkpoint, settings, weights, version) is printed
-  2    usage or input error: nothing was replayed""")
-@click.argument("run_dir", type=click.Path(path_type=Path))
-@click.option("--from", "from_step", type=int, default=0, show_default=True,
-              help="Replay from the newest checkpoint at or before this step (0: the initial "
-              "model).")
-@click.option("--to", "to_step", type=int, default=None, help="The last step (default: the "
-              "run's last).")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def replay_cmd(run_dir: Path, from_step: int, to_step: int | None, as_json: bool) -> None:
-    """Train RUN_DIR's committed steps again from its ledger and check every weights and
-    policy-version digest against it; the first divergence is named with its likely cause."""
-    from freshroll.runtime.replay_run import replay_run
-
-    result = replay_run(run_dir, from_step, to_step)
-    click.echo(json.dumps(result.to_json(), indent=1) if as_json else result.render())
-    sys.exit(0 if result.ok else 1)
-
-
-@main.command("lineage", epilog=EXIT_STATUSES)
-@click.argument("run_dir", type=click.Path(path_type=Path))
-@click.argument("ident", metavar="ID")
-@click.option("--json", "as_json", is_flag=True, help="Print the answer as JSON.")
-def lineage_cmd(run_dir: Path, ident: str, as_json: bool) -> None:
-    """Where ID came from, from RUN_DIR's ledger. ID: a sample (g4.0#2) or request (g4.0):
-    its attempts (worker, epoch, policy version, timings, fence), reward and reward version,
-    the step that trained on it; a policy version (p6-3acd..., p6, or a step: 6): its chain,
-    the batch it was trained on (versions, lags, reward versions), its checkpoint."""
-    from freshroll.report.provenance import lineage, render
-
-    info = lineage(run_dir, ident)
-    click.echo(json.dumps(info, indent=1) if as_json else render(info))
-
-
-@main.group(cls=_Freshroll)
+@main.group(cls=Freshroll)
 def config() -> None:
     """Inspect configs: show the resolved config, check one, print the key reference."""
 

@@ -16,7 +16,7 @@ from e2e_helpers import REPO, freshroll, summary
 from freshroll import events as ev
 from freshroll.config import load_config
 from freshroll.ledger import LEDGER_FILE, Ledger
-from freshroll.pipeline.hooks import Hooks
+from freshroll.pipeline.hooks import HookContext, Hooks
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -36,8 +36,8 @@ class KillOnce(Hooks):
     def hooks(self) -> Hooks:
         return self
 
-    async def run(self, pipe: Any) -> None:
-        while pipe.buf.counts["steps"] < 2:
+    async def run(self, ctx: HookContext) -> None:
+        while ctx.buffer.counts["steps"] < 2:
             await asyncio.sleep(0.02)
         engine = self.factory.engines["w0"]
         while engine.inflight == 0:

@@ -23,7 +23,7 @@ from freshroll.buffer import SampleBuffer
 from freshroll.config import load_config, validate
 from freshroll.errors import ClusterUnavailable, ConfigError
 from freshroll.harness.verify import verify_run
-from freshroll.pipeline.hooks import Hooks
+from freshroll.pipeline.hooks import HookContext, Hooks
 from freshroll.placement.ray_cluster import free_port, start_cluster
 from freshroll.runtime import run as run_mod
 from freshroll.runtime.placements import ray_cpus
@@ -138,8 +138,8 @@ class _Session:
         session = self
 
         class _H(Hooks):
-            async def run(self, pipe: Any) -> None:
-                await session.script(pipe, session)
+            async def run(self, ctx: HookContext) -> None:
+                await session.script(ctx, session)
 
         self.hooks = _H()
 
@@ -190,23 +190,24 @@ def test_resize_adds_and_retires_real_actors(tmp_path: Path):
         cpus = await asyncio.to_thread(lambda: float(ray.available_resources().get("CPU", 0)))
         seen.append((what, ray_engine.live_actors(), cpus))
 
-    async def script(pipe: Any, s: _Session) -> None:
-        pool = pipe.pool
-        await _until(lambda: pipe.buf.version.step >= 1, 120, "the first commit")
+    def two_ready(ctx: HookContext) -> bool:
+        w = ctx.workers()
+        return len(w.live) == 2 and w.ready == w.live
+
+    async def script(ctx: HookContext, s: _Session) -> None:
+        await _until(lambda: ctx.buffer.step >= 1, 120, "the first commit")
         await snapshot("one")
-        pool.resize(2)
-        await _until(lambda: len(pool.active) == 2 and all(
-            w.ready.is_set() for w in pool.active.values()), 120, "a second worker")
+        ctx.resize(2)
+        await _until(lambda: two_ready(ctx), 120, "a second worker")
         await snapshot("two")
-        pool.resize(1)
-        await _until(lambda: not pool.leaving and ray_engine.live_actors() == 1, 60,
+        ctx.resize(1)
+        await _until(lambda: not ctx.workers().leaving and ray_engine.live_actors() == 1, 60,
                      "the retired actor to end")
         # Ray's resource view follows a kill within a moment (the GCS is told asynchronously)
         await asyncio.to_thread(_wait_cpus, ray, 1.0)
         await snapshot("retired")
-        pool.resize(2)  # needs the retired actor's CPU
-        await _until(lambda: len(pool.active) == 2 and all(
-            w.ready.is_set() for w in pool.active.values()), 120, "a third worker")
+        ctx.resize(2)  # needs the retired actor's CPU
+        await _until(lambda: two_ready(ctx), 120, "a third worker")
         await snapshot("again")
         done.set()
 
@@ -268,8 +269,8 @@ def reward_run(tmp_path_factory: pytest.TempPathFactory) -> _RewardRun:
     reward.write_text(_HANGS_ONCE)
     killed: list[str] = []
 
-    async def script(pipe: Any, s: _Session) -> None:
-        await _until(lambda: pipe.buf.version.step >= 1, 120, "the first commit")
+    async def script(ctx: HookContext, s: _Session) -> None:
+        await _until(lambda: ctx.buffer.step >= 1, 120, "the first commit")
         scorer = s.parts.scorer
         assert isinstance(scorer, RayScorer) and scorer.concurrency == 1
         killed.append(scorer.actor_ids()[0])

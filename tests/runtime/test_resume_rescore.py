@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from async_fakes import AsyncHarness, Factory
-
 from freshroll import events as ev
 
 

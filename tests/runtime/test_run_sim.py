@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from async_fakes import Factory, Scorer, Trainer
 
+from async_fakes import Factory, Scorer, Trainer
 from freshroll.config import load_config
 from freshroll.harness.verify import verify_run
 from freshroll.runtime import run as run_mod

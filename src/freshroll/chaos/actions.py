@@ -27,7 +27,7 @@ from freshroll.rewards.scoring import Score
 
 if TYPE_CHECKING:
     from freshroll.buffer import SampleBuffer
-    from freshroll.pipeline.pipeline import Pipeline
+    from freshroll.pipeline.hooks import HookContext
 
 
 @dataclass
@@ -67,15 +67,16 @@ class _Window:
 
 class FaultActions:
     """The fault actions of one scenario on one seed, and the faults they armed (see the
-    module doc). The Injector sets the run's parts (``buf``, the wrappers, ``pipe``) as the
-    run starts; an action before that finds no live worker."""
+    module doc). The Injector sets the run's parts (``buf``, the wrappers) as the run
+    starts and the pipeline's :class:`~freshroll.pipeline.hooks.HookContext` (``ctx``) once
+    its hooks' task runs; an action before that finds no live worker."""
 
     def __init__(self, scenario: Scenario, seed: int) -> None:
         self.scenario, self.seed = scenario, seed
         self.rngs = {i: random.Random(f"{seed}:{scenario.name}:{i}")
                      for i in range(len(scenario.faults))}
         self.buf: SampleBuffer | None = None
-        self.pipe: Pipeline | None = None
+        self.ctx: HookContext | None = None
         self.factory: FaultyFactory | None = None
         self.scorer: FaultyScorer | None = None
         self.trainer: FaultyTrainer | None = None
@@ -99,8 +100,8 @@ class FaultActions:
 
     # -- targets -----------------------------------------------------------------------------
     def _live(self) -> list[str]:
-        if self.pipe is not None and hasattr(self.pipe, "pool"):
-            return sorted(self.pipe.pool.active)
+        if self.ctx is not None:
+            return list(self.ctx.workers().live)
         return sorted(self.factory.engines) if self.factory is not None else []
 
     def _targets(self, i: int, fault: Fault, ctx: FaultyEngine | None) -> list[str]:
@@ -440,14 +441,9 @@ class FaultActions:
 
     def _do_version_bump(self, i: int, f: Fault, ctx: FaultyEngine | None,
                          gen: Gen | None) -> tuple[str, str]:
-        from freshroll.pipeline.pipeline import Published
-
-        pipe = self.pipe
-        assert pipe is not None and pipe.published is not None
-        pub = pipe.published
-        fake = pub.version.child([], f"chaos-version-bump:{self.scenario.name}#{i}")
-        pipe.published = Published(fake, pub.weights)
-        pipe.pool.version_published()
+        assert self.ctx is not None
+        fake = self.ctx.published().child([], f"chaos-version-bump:{self.scenario.name}#{i}")
+        self.ctx.publish_out_of_band(fake)
         return "all", f"published {fake} (never committed) to the workers"
 
 

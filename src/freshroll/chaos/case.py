@@ -58,12 +58,11 @@ from freshroll.config import Config, validate
 from freshroll.errors import ConfigError, FreshrollError, Interrupted, RunFailed
 from freshroll.events import Event
 from freshroll.ledger import LEDGER_FILE, Ledger
-from freshroll.pipeline.hooks import Hooks
+from freshroll.pipeline.hooks import HookContext, Hooks
 
 if TYPE_CHECKING:
     from freshroll.buffer import SampleBuffer
     from freshroll.lineage import PolicyVersion, SampleId
-    from freshroll.pipeline.pipeline import Pipeline
     from freshroll.rewards.scoring import Score
     from freshroll.runtime.placements import ChaosSession, Components
 
@@ -95,19 +94,19 @@ class _GuardHooks(Hooks):
     def __init__(self, inner: Hooks, horizon_s: float) -> None:
         self.inner, self.horizon_s = inner, horizon_s
 
-    async def run(self, pipe: Pipeline) -> None:
+    async def run(self, ctx: HookContext) -> None:
         async with asyncio.TaskGroup() as tg:
-            tg.create_task(self.inner.run(pipe), name="chaos-hooks")
-            tg.create_task(self._watch(pipe), name="liveness")
+            tg.create_task(self.inner.run(ctx), name="chaos-hooks")
+            tg.create_task(self._watch(ctx), name="liveness")
 
-    async def _watch(self, pipe: Pipeline) -> None:
-        clock, start = pipe.buf.clock, pipe.buf.clock.now()
+    async def _watch(self, ctx: HookContext) -> None:
+        clock, start = ctx.clock, ctx.clock.now()
         await asyncio.sleep(self.horizon_s)
-        steps = pipe.buf.counts["steps"]
+        steps = ctx.buffer.counts["steps"]
         raise LivenessTimeout(
             f"liveness: the run did not finish within {self.horizon_s:,.0f} s of run time "
             f"({HORIZON_FACTOR:g}x the fault-free run) since {start:,.1f} s: step {steps} of "
-            f"{pipe.cfg.run.steps} at {clock.now():,.1f} s")
+            f"{ctx.steps} at {clock.now():,.1f} s")
 
     def scored(self, sids: Sequence[SampleId], scores: list[Score]) -> list[Score]:
         return self.inner.scored(sids, scores)

@@ -57,7 +57,7 @@ trainer_crash         at the next ``commit`` hand-off (between the lease and the
                       the event is made durable, then ``on_kill("trainer_crash")``
 interrupt             the hooks' task raises Interrupted (the operator's stop; resumable)
 version_bump          a child version the ledger never committed is published to the
-                      workers (``pipe.published``), the pool woken
+                      workers (``HookContext.publish_out_of_band``), the pool woken
 version_burst         the next ``count`` trainer steps take no time (a trainer with
                       ``step_seconds``: the simulated one)
 delay_weights         weight loads of the target within ``duration_s`` take ``delay_s`` more
@@ -100,7 +100,7 @@ from freshroll.pipeline.hooks import Hooks
 
 if TYPE_CHECKING:
     from freshroll.buffer import SampleBuffer
-    from freshroll.pipeline.pipeline import Pipeline
+    from freshroll.pipeline.hooks import HookContext
     from freshroll.runtime.placements import Components
 
 
@@ -148,7 +148,7 @@ class Injector(FaultActions, Hooks):
         self._seen, self._seen_at = (-1, -1), 0.0  # the liveness guard: progress, since
         self._guard_s = 0.0
         self._stopped = asyncio.Event()
-        self._deferred: list[tuple[int, str | None]] = []  # need the pipeline (version_bump)
+        self._deferred: list[tuple[int, str | None]] = []  # need the context (version_bump)
         self._crash: list[int] = []  # trainer_crash, waiting for the commit hand-off
         by: dict[str, list[int]] = {"step": [], "samples": []}
         for i, f in self.pending.items():
@@ -204,7 +204,7 @@ class Injector(FaultActions, Hooks):
         buf, fault = self.buf, self.pending.get(i)
         if fault is None or buf is None or buf.closed:
             return
-        if fault.kind == "version_bump" and self.pipe is None:
+        if fault.kind == "version_bump" and self.ctx is None:
             self._deferred.append((i, where))
             return
         if fault.kind == "trainer_crash" and where != "commit":
@@ -279,9 +279,9 @@ class Injector(FaultActions, Hooks):
             await asyncio.gather(*tasks, return_exceptions=True)
 
     # -- the hooks' task ---------------------------------------------------------------------
-    async def run(self, pipe: Pipeline) -> None:
-        self.pipe = pipe
-        lim = pipe.cfg.limits
+    async def run(self, ctx: HookContext) -> None:
+        self.ctx = ctx
+        lim = ctx.limits
         self.zombie_s = lim.generate_timeout_s
         self._guard_s = self.liveness_s if self.liveness_s is not None else 10 * max(
             lim.generate_timeout_s, lim.weights_timeout_s, lim.reward_timeout_s,

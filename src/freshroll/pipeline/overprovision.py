@@ -16,7 +16,8 @@ is censored, so π is an upper bound and ``auto`` errs towards fewer extras.)
 The stop itself is the buffer's (:mod:`freshroll.stop_at_target`): the ledger first, in
 the same command that accepted the ``G``-th result. The buffer lists the running attempts it
 ended in ``buf.stopped``; the worker's emit wakes :meth:`Overprovision.run`, which takes the
-list and cancels them through :meth:`~freshroll.pipeline.workers.WorkerPool.cancel` (their
+list and cancels them on their engines, both through the pipeline's
+:class:`~freshroll.pipeline.hooks.HookContext` (``take_stopped``, then ``cancel``: their
 slots freed; a lock-step engine finishes its batch and its late results are rejected). It
 is engine-agnostic: the sim engine (virtual clock) and the real ones alike.
 """
@@ -33,7 +34,7 @@ from freshroll.control_tail import TailPolicy, extra_requests, on_time_share
 from freshroll.lineage import SampleId
 
 if TYPE_CHECKING:
-    from freshroll.pipeline.pipeline import Pipeline
+    from freshroll.pipeline.hooks import HookContext
 
 MIN_LATENCIES = 8  # measured requests before ``auto`` admits extras
 
@@ -73,25 +74,26 @@ class Overprovision:
         """A stop at target ended running attempts (``buf.stopped``): cancel them soon."""
         self._wake.set()
 
-    async def run(self, pipe: Pipeline) -> None:
+    async def run(self, ctx: HookContext) -> None:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            await self.cancel_stopped(pipe)
+            await self.cancel_stopped(ctx)
 
-    async def cancel_stopped(self, pipe: Pipeline) -> int:
-        """Cancel the attempts in ``buf.stopped`` on their engines; returns slots freed."""
-        stopped, pipe.buf.stopped = pipe.buf.stopped, []
+    async def cancel_stopped(self, ctx: HookContext) -> int:
+        """Cancel the attempts a stop at target ended (``buf.stopped``) on their engines;
+        returns the slots freed."""
+        stopped = ctx.take_stopped()
         if not stopped:
             return 0
         work: dict[tuple[str, int], list[SampleId]] = {}
         for sid, worker, epoch in stopped:
             work.setdefault((worker, epoch), []).append(sid)
         self.cancelled += len(stopped)
-        pipe.notify()
+        ctx.notify()
         freed = 0
         for (worker, epoch), samples in work.items():
-            freed += await pipe.pool.cancel(worker, epoch, samples)
+            freed += await ctx.cancel(worker, epoch, samples)
         return freed
 
 

@@ -88,7 +88,7 @@ from freshroll.errors import Interrupted, NonFiniteStep, NoProgress
 from freshroll.lineage import PolicyVersion
 from freshroll.pipeline.calls import generation_seed
 from freshroll.pipeline.fallback import FallbackProbe, Switch, probe_for
-from freshroll.pipeline.hooks import Hooks
+from freshroll.pipeline.hooks import HookContext, Hooks
 from freshroll.pipeline.observers import RunObserver, StepReport, default_observers
 from freshroll.pipeline.overprovision import Overprovision
 from freshroll.pipeline.rewarding import RewardStage
@@ -180,13 +180,30 @@ class Pipeline:
                 tg.create_task(self.steering.run(), name="steering")
                 if self.tailing is not None:
                     tg.create_task(self.tailing.run(), name="tails")
-                tg.create_task(self.overprov.run(self), name="overprovision")
-                tg.create_task(self.hooks.run(self), name="hooks")
+                ctx = self._hook_context()
+                tg.create_task(self.overprov.run(ctx), name="overprovision")
+                tg.create_task(self.hooks.run(ctx), name="hooks")
         except BaseExceptionGroup as group:
             failure = first_failure(group)
         if failure is not None:
             self._close_failed(failure)
             raise failure
+
+    def _hook_context(self) -> HookContext:
+        """The ports the hooks' task and the over-provisioning task get (never ``self``)."""
+        return HookContext(self.buf, self.pool, self.cfg.limits, self.cfg.run.steps,
+                           published=self._published_version,
+                           publish=self._publish_out_of_band, notify=self.notify)
+
+    def _published_version(self) -> PolicyVersion:
+        assert self.published is not None
+        return self.published.version
+
+    def _publish_out_of_band(self, version: PolicyVersion) -> None:
+        """``version`` to the workers with the weights published now, never committed."""
+        assert self.published is not None
+        self.published = Published(version, self.published.weights)
+        self.pool.version_published()
 
     def _close_failed(self, failure: BaseException) -> None:
         """End the ledger closed and verifiable: everything unfinished is discarded."""
