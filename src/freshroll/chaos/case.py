@@ -59,13 +59,12 @@ from freshroll.errors import ConfigError, FreshrollError, Interrupted, RunFailed
 from freshroll.events import Event
 from freshroll.ledger import LEDGER_FILE, Ledger
 from freshroll.pipeline.hooks import HookContext, Hooks
-from freshroll.runtime.placements import ChaosSession
 
 if TYPE_CHECKING:
     from freshroll.buffer import SampleBuffer
     from freshroll.lineage import PolicyVersion, SampleId
     from freshroll.rewards.scoring import Score
-    from freshroll.runtime.placements import Components
+    from freshroll.runtime.placements import ChaosSession, Components
 
 
 #: faults that end the process with a SIGKILL: their incarnation runs in a child process
