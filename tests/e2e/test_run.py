@@ -55,6 +55,7 @@ def test_a_sync_run_settles_each_stage_on_its_first_steps(tmp_path: Path, small:
                                                          monkeypatch: pytest.MonkeyPatch):
     """run.torch_threads auto in a sync run: generate and train each try 1 and all the cores
     on their first calls and keep the faster; summary.json and the last lines say which."""
+    from freshroll import stage_threads
     from freshroll.placement import placement, thread_probe
 
     monkeypatch.setattr(placement, "available_cores", lambda: 2)
@@ -67,7 +68,13 @@ def test_a_sync_run_settles_each_stage_on_its_first_steps(tmp_path: Path, small:
     for stage in ("generate", "train"):
         got = placed["stages"][stage]
         assert got["settled"] in (1, 2) and got["many"] == 2 and got["gain"] > 0
-        assert [len(v) for v in got["seconds_per_row"].values()] == [3, 3]
+        trials = [len(v) for v in got["seconds_per_row"].values()]
+        if trials == [3, 3]:  # every trial ran, then the faster count was kept
+            continue
+        # or two threads were clearly faster after a pair and kept at once (DECISIVE)
+        n = trials[0]
+        assert trials == [n, n] and n < 3 and got["settled"] == 2, got
+        assert got["gain"] >= stage_threads.DECISIVE, got
     assert placed["stages"]["train"]["calls"] == 8
     assert "intra-op threads, settled on their own calls: generate" in proc.stderr
     assert "settled on its own first calls" in proc.stderr  # the start line says so
