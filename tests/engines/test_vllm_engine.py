@@ -200,7 +200,7 @@ def test_load_weights_changes_greedy_output_and_is_timed(h: Harness) -> None:
     assert root is not None and len(list(root.iterdir())) == 1  # old weight dirs removed
 
 
-LONG_CALL = 64  # requests of the long call the weight loads below meet
+LONG_CALL = 128  # requests of the long call the weight loads below meet
 
 
 def _load_during_long_call(h: Harness, mode: str) -> tuple[BaseException | None, int, bool]:
@@ -208,15 +208,18 @@ def _load_during_long_call(h: Harness, mode: str) -> tuple[BaseException | None,
     load returned)."""
     h.engine.on_update = mode
     emitted: list[int] = []
-    # 64 requests of up to 100 tokens: the longest still runs when the load begins (a tiny
-    # random model may end any completion early; with 32 a busy machine once found all done)
+    # 128 requests of up to 100 tokens: the longest still runs when the load begins (a tiny
+    # random model may end any completion early; with 32 a busy machine once found all done,
+    # with 64 once under `make test`). The weights are built before the call starts: built
+    # inside it, their from_pretrained took the call's time on a loaded machine.
+    weights = _weights(h, seed=None)
 
     async def main() -> tuple[BaseException | None, bool]:
         task = asyncio.create_task(h.engine.generate(
             h.reqs(LONG_CALL), SamplingParams(100, 1.0, 1.0), 11,
             lambda i, c: emitted.append(i)))
         await asyncio.sleep(0.1)
-        await h.engine.load_weights(_weights(h, seed=None))
+        await h.engine.load_weights(weights)
         ended = task.done()
         try:
             await task
