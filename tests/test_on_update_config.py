@@ -34,6 +34,12 @@ def test_the_vllm_alias_still_loads_and_agrees_or_is_refused() -> None:
         load_config(None, ["vllm.on_update=abort", "rollout.on_update=continue"])
     # the alias at its default is not "set": rollout.on_update alone decides
     assert load_config(None, ["rollout.on_update=abort"]).vllm.on_update == "finish"
+    # nor in a config written out in full (a run's config.yaml) and loaded with a new mode
+    from freshroll.config import validate
+
+    data = load_config(None, []).model_dump(mode="json")
+    data["rollout"]["on_update"] = "continue"
+    assert validate(data, "t").rollout.on_update == "continue"
 
 
 def test_the_vllm_engine_gets_the_setting_in_force() -> None:

@@ -462,8 +462,8 @@ class VLLMSection(_Section):
     max_model_len: int | None = Field(
         None, ge=8, le=1_048_576, description="longest prompt + completion; unset: the model's")
     on_update: Literal["finish", "abort", "continue"] = Field(
-        "finish", description="deprecated alias of rollout.on_update (which wins; both set "
-        "and different: an error): finish, abort or continue")
+        "finish", description="deprecated alias of rollout.on_update (which wins; the alias "
+        "at abort or continue and different: an error): finish, abort or continue")
     engine_args: dict[str, Any] = Field(
         default_factory=dict, description="more vLLM engine arguments (AsyncEngineArgs "
         "fields, e.g. {enable_prefix_caching: true}); unknown keys are rejected"
@@ -577,7 +577,9 @@ class Config(_Section):
             raise ValueError("eval.file: rollout.engine sim loads no model to evaluate; "
                              "unset eval.file")
         mode, alias = self.rollout.on_update, self.vllm.on_update
-        if mode is not None and "on_update" in self.vllm.model_fields_set and mode != alias:
+        # the alias counts only away from its default: a config written out in full (a run's
+        # config.yaml, a bench's variant) carries vllm.on_update: finish without meaning it
+        if mode is not None and alias != "finish" and mode != alias:
             raise ValueError(f"rollout.on_update ({mode}) and its deprecated alias "
                              f"vllm.on_update ({alias}) differ: set rollout.on_update alone")
         if self.rollout.temperature == 0:

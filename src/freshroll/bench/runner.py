@@ -77,8 +77,6 @@ class RunSpec:
 def with_overrides(cfg: Config, overrides: Mapping[str, Any]) -> Config:
     """``cfg`` with dotted keys set (``{"run.max_staleness": 0}``), validated again."""
     data = cfg.model_dump(mode="json")
-    if "rollout.on_update" in overrides:  # the run's own setting replaces the old alias
-        data["vllm"].pop("on_update", None)
     for key, value in overrides.items():
         set_dotted(data, key, copy.deepcopy(value), f"bench override {key!r}")
     return validate(data, "bench config")
