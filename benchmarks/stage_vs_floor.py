@@ -61,7 +61,7 @@ def measure(model_dir: Path, prompts: list[str], new_tokens: int, threads: int,
     torch.manual_seed(0)
     engine = HFEngine.from_pretrained(model_dir)
     fm = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True)
-    opt = torch.optim.AdamW(fm.parameters(), lr=1e-3)
+    opt = torch.optim.AdamW(fm.parameters(), lr=1e-3, fused=True)  # as floor.py
     lm = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True)
     learner = GRPOLearner(lm, TrainerSection(), temperature=1.0, pad_id=engine.pad_id,
                           max_new_tokens=new_tokens)

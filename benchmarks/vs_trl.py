@@ -196,7 +196,7 @@ def trl_args(cfg, out_dir: Path):
         learning_rate=t.lr,
         lr_scheduler_type="constant",
         warmup_steps=0,
-        optim="adamw_torch",
+        optim=t.optim,  # adamw_torch_fused by default: TRL's own default on torch >= 2.8
         weight_decay=t.weight_decay,
         max_grad_norm=t.max_grad_norm,
         beta=t.kl_coef,

@@ -28,6 +28,7 @@ from pydantic import (
     model_validator,
 )
 
+from freshroll.config_base import TRL_NAMES as TRL_NAMES
 from freshroll.config_base import Section as Section
 from freshroll.config_base import _Section
 from freshroll.config_base import bool_for_number as bool_for_number
@@ -284,6 +285,11 @@ class LoraSection(_Section):
     )
 
 
+#: trainer keys whose default is not what earlier runs trained with: a recorded config
+#: without one of them (an earlier freshroll's) trained with this value
+TRAINER_BEFORE: dict[str, object] = {"optim": "adamw_torch"}
+
+
 class TrainerSection(_Section):
     lr: float = Field(1e-3, gt=0, le=1.0, description="AdamW learning rate")
     weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="AdamW (decoupled) decay")
@@ -301,6 +307,12 @@ class TrainerSection(_Section):
     grad_accum: int = Field(
         1, ge=1, le=1_024, description="micro-batches a step's batch is split into, each "
         "backward on its own, one optimizer step: the same gradient, less activation memory"
+    )
+    optim: Literal["adamw_torch_fused", "adamw_torch"] = Field(
+        "adamw_torch_fused", description="AdamW's kernel, by TRL's optim names: "
+        "adamw_torch_fused (every parameter in one fused kernel: TRL's default on torch >= 2.8) "
+        "or adamw_torch (a loop over the parameters: freshroll's before 2026-12-06); the same "
+        "update up to float rounding"
     )
     bf16: bool = Field(
         False, description="forward and backward under bfloat16 autocast, weights and optimizer "
@@ -718,39 +730,6 @@ def _known_keys(loc: tuple[int | str, ...]) -> list[str]:
             return []
         model = ann
     return list(getattr(model, "model_fields", {}))
-
-
-#: TRL's ``GRPOConfig`` / ``GRPOTrainer`` names -> freshroll's key (docs/guide.md, "TRL to
-#: freshroll"): an unknown key with one of these names says freshroll's
-TRL_NAMES = {
-    "num_generations": "rollout.group_size",
-    "max_completion_length": "rollout.max_new_tokens",
-    "per_device_train_batch_size": "rollout.batch_groups x rollout.group_size (completions)",
-    "generation_batch_size": "rollout.batch_groups x rollout.group_size (completions)",
-    "temperature": "rollout.temperature",
-    "top_p": "rollout.top_p",
-    "learning_rate": "trainer.lr",
-    "weight_decay": "trainer.weight_decay",
-    "max_grad_norm": "trainer.max_grad_norm",
-    "lr_scheduler_type": "trainer.lr_schedule",
-    "warmup_steps": "trainer.warmup_steps",
-    "gradient_accumulation_steps": "trainer.grad_accum",
-    "bf16": "trainer.bf16",
-    "loss_type": "trainer.aggregation",
-    "epsilon": "trainer.clip_low",
-    "epsilon_high": "trainer.clip_high",
-    "beta": "trainer.kl_coef",
-    "max_steps": "run.steps",
-    "seed": "run.seed",
-    "save_steps": "trainer.checkpoint_every",
-    "save_total_limit": "trainer.keep_checkpoints",
-    "reward_funcs": "rewards (a list of {fn: file.py:f})",
-    "reward_weights": "rewards[].weight",
-    "train_dataset": "task.file",
-    "eval_dataset": "eval.file",
-    "eval_steps": "eval.every_steps",
-    "eval_strategy": "eval.every_steps (evaluation is on while eval.file is set)",
-}
 
 
 def _unknown_key(loc: tuple[int | str, ...]) -> str:

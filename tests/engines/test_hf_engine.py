@@ -284,3 +284,28 @@ def test_engines_loaded_from_several_threads_at_once_are_all_whole(tmp_path: Pat
         got = engine.state_dict()
         assert got.keys() == want.keys()
         assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_a_calls_rows_that_share_a_prompt_encode_it_once() -> None:
+    """A group's rows carry one prompt: it is encoded once per call, and every row gets the
+    same ids, left-padded as an encode per row would give them."""
+    engine = _engine()
+    calls: list[str] = []
+    encode = engine.tokenizer.encode
+
+    def counting(text: str, *args: object, **kwargs: object) -> list[int]:
+        calls.append(text)
+        return list(encode(text, *args, **kwargs))
+
+    engine.tokenizer.encode = counting
+    prompts = [p for p in PROMPTS[:3] for _ in range(4)]
+    out = engine.generate(prompts, max_new_tokens=3, seed=5)
+    assert sorted(calls) == sorted(PROMPTS[:3])
+    assert [c.prompt_token_ids for c in out] == [tuple(encode(p)) for p in prompts]
+    ids, mask = engine._left_pad([list(encode(p)) for p in PROMPTS])
+    width = max(len(encode(p)) for p in PROMPTS)
+    for row, p in enumerate(PROMPTS):
+        n = len(encode(p))
+        assert ids[row, width - n:].tolist() == list(encode(p))
+        assert set(ids[row, : width - n].tolist()) <= {engine.pad_id}
+        assert mask[row].tolist() == [0] * (width - n) + [1] * n

@@ -108,3 +108,33 @@ def test_the_learner_asks_the_model_for_the_kept_positions_only():
     width = max(len(s.prompt_ids) + len(s.token_ids) for s in samples)
     shortest = min(len(s.prompt_ids) for s in samples)
     assert seen == [width - shortest + 1]
+
+
+def test_collate_places_every_token_where_its_target_is() -> None:
+    """Ragged prompts and completions, per-token lags: each row right-padded, and completion
+    token j of a p-token prompt is the target at p + j - 1, with its mask, behaviour log-prob
+    and lag there (and zeros elsewhere)."""
+    samples = [
+        TrainSample([4, 5, 6], [7, 8], [-0.5, -1.5], 1.0, 0, 1, token_lags=((2, 1),)),
+        TrainSample([4], [9, 10, 11, 3], [-0.1, -0.2, -0.3, -0.4], 0.0, 0, 0),
+        TrainSample([4, 5], [12], [-2.0], 0.5, 1, 3),
+    ]
+    b = collate(samples, pad_id=99)
+    width = max(len(s.prompt_ids) + len(s.token_ids) for s in samples)
+    assert b.input_ids.shape == (3, width) and b.mask.shape == (3, width - 1)
+    for i, s in enumerate(samples):
+        p, c = len(s.prompt_ids), len(s.token_ids)
+        row = [*s.prompt_ids, *s.token_ids]
+        assert b.input_ids[i].tolist() == row + [99] * (width - p - c)
+        assert b.attention_mask[i].tolist() == [1] * (p + c) + [0] * (width - p - c)
+        where = list(range(p - 1, p - 1 + c))
+        assert [j for j in range(width - 1) if b.mask[i, j] == 1.0] == where
+        assert b.targets[i, where].tolist() == list(s.token_ids)
+        assert b.behaviour[i, where].tolist() == pytest.approx(list(s.logprobs))
+        assert b.lags[i, where].tolist() == s.lags()
+        others = [j for j in range(width - 1) if j not in where]
+        assert not b.behaviour[i, others].any() and not b.lags[i, others].any()
+    assert b.lags[0, 2:4].tolist() == [2, 1]  # a range list short of the tokens: the rest at lag
+    assert (b.mask.dtype, b.behaviour.dtype, b.lags.dtype) == (
+        torch.float32, torch.float32, torch.long)
+    assert b.rewards.tolist() == [1.0, 0.0, 0.5] and b.groups.tolist() == [0, 0, 1]

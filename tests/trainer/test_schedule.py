@@ -100,15 +100,17 @@ def test_a_decaying_schedule_needs_the_run_length() -> None:
 
 
 def test_the_settings_digest() -> None:
-    """At their defaults the new keys leave the digest as before them (earlier runs still
-    resume); set, they change it; a decaying schedule also digests the run's length."""
+    """At the values earlier runs trained with, the new keys leave the digest as before them
+    (earlier runs still resume; ``trainer.optim``'s is adamw_torch, its default now fuses); set
+    otherwise, they change it; a decaying schedule also digests the run's length."""
     old_style = digest_json({
         "trainer": TrainerSection(lr=BASE).model_dump(
             mode="json", exclude={"on_nonfinite", "lr_schedule", "warmup_steps", "grad_accum",
-                                  "bf16", "lora"}),
+                                  "bf16", "lora", "optim"}),
         "temperature": 1.0,
     })
-    assert _learner().settings_digest == old_style
+    assert _learner(optim="adamw_torch").settings_digest == old_style
+    assert _learner().settings_digest != old_style  # the fused kernel: its own digest
     digests = {
         _learner().settings_digest, _learner(warmup_steps=2).settings_digest,
         _learner(grad_accum=2).settings_digest, _learner(lr_schedule="linear").settings_digest,

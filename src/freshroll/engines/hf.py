@@ -139,7 +139,9 @@ class HFEngine:
         if not prompts:
             return []
         start = time.perf_counter()
-        prompt_ids = [self._encode(p) for p in prompts]
+        encoded: dict[str, list[int]] = {}  # a group's rows share their prompt: encode it once
+        prompt_ids = [encoded[p] if p in encoded else encoded.setdefault(p, self._encode(p))
+                      for p in prompts]
         self._check_lengths(prompt_ids)
         generator = torch.Generator(device=self.device)
         if seed is None:
@@ -190,11 +192,10 @@ class HFEngine:
 
     def _left_pad(self, prompt_ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         width = max(len(p) for p in prompt_ids)
-        ids = torch.full((len(prompt_ids), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(prompt_ids), width), dtype=torch.long)
-        for row, p in enumerate(prompt_ids):
-            ids[row, width - len(p) :] = torch.tensor(p, dtype=torch.long)
-            mask[row, width - len(p) :] = 1
+        ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in prompt_ids],
+                           dtype=torch.long)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids],
+                            dtype=torch.long)
         return ids.to(self.device), mask.to(self.device)
 
     def _decode_loop(

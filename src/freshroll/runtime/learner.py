@@ -22,7 +22,7 @@ from freshroll.errors import LineageError, ResumeError, RunDirError
 from freshroll.ports.waits import seconds
 from freshroll.runtime.resume import History, canonical
 from freshroll.trainer.checkpoint import load_checkpoint
-from freshroll.trainer.grpo import GRPOLearner
+from freshroll.trainer.grpo import GRPOLearner, use_kernel
 from freshroll.trainer.lora import wrap
 from freshroll.trainer.replay import CommittedStep, committed_chain, replay
 
@@ -55,6 +55,7 @@ def restore(learner: GRPOLearner, path: Path, step: int) -> None:
     learner.load_model_state(ckpt.model_state)
     if ckpt.optimizer_state is not None:
         learner.optimizer.load_state_dict(ckpt.optimizer_state)
+        use_kernel(learner.optimizer, learner.cfg.optim)
     learner.steps = step
 
 
@@ -182,5 +183,6 @@ def apply_settings(learner: GRPOLearner, cfg: Config) -> None:
     learner.cfg, learner.loss_cfg = fresh.cfg, fresh.loss_cfg
     learner.total_steps = fresh.total_steps
     learner.temperature, learner.settings_digest = fresh.temperature, fresh.settings_digest
+    use_kernel(learner.optimizer, t.optim)
     for group in learner.optimizer.param_groups:
         group["lr"], group["weight_decay"] = t.lr, t.weight_decay

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from freshroll import events as ev
+from freshroll.config import TRAINER_BEFORE
 from freshroll.errors import ResumeError
 from freshroll.lineage import digest_of, policy_step
 
@@ -258,12 +259,23 @@ def history(events: Iterable[ev.Event]) -> History:
         elif isinstance(e, ev.Opened):
             h.opened = e
         elif isinstance(e, ev.RunConfig):
-            h.config = json.loads(e.config)
+            h.config = with_recorded_defaults(json.loads(e.config))
             h.reward_version = e.reward_version
         elif isinstance(e, ev.Committed):
             h.step = policy_step(e.version)
             h.steps[h.step] = (h.config, e.settings_digest)
     return h
+
+
+def with_recorded_defaults(config: dict[str, Any]) -> dict[str, Any]:
+    """A recorded config with the trainer keys an earlier freshroll did not record set to what
+    it trained with (:data:`~freshroll.config.TRAINER_BEFORE`): resuming such a run
+    under today's default is a change of training, and its replay runs the old kernel."""
+    trainer = config.get("trainer")
+    if isinstance(trainer, dict):
+        for key, value in TRAINER_BEFORE.items():
+            trainer.setdefault(key, value)
+    return config
 
 
 def canonical(config: Mapping[str, Any]) -> str:

@@ -114,34 +114,37 @@ class Batch:
 
 
 def collate(samples: Sequence[TrainSample], pad_id: int) -> Batch:
-    """Right-pad prompt+completion; align behaviour log-probs with their targets."""
-    lengths = [len(s.prompt_ids) + len(s.token_ids) for s in samples]
-    n, width = len(samples), max(lengths)
-    ids = torch.full((n, width), pad_id, dtype=torch.long)
-    attn = torch.zeros((n, width), dtype=torch.long)
-    mask = torch.zeros((n, width - 1))
-    behaviour = torch.zeros((n, width - 1))
-    lags = torch.zeros((n, width - 1), dtype=torch.long)
-    for i, s in enumerate(samples):
+    """Right-pad prompt+completion; align behaviour log-probs with their targets.
+
+    Completion token ``j`` of a row with a ``p``-token prompt sits at position ``p + j`` and
+    is predicted from position ``p + j - 1``: its mask, behaviour log-prob and lag sit there.
+    Each tensor is built from whole Python rows in one call (no per-row tensor writes)."""
+    width = max(len(s.prompt_ids) + len(s.token_ids) for s in samples)
+    ids, attn, mask, behaviour, lags = [], [], [], [], []
+    for s in samples:
         p, c = len(s.prompt_ids), len(s.token_ids)
-        ids[i, : p + c] = torch.tensor([*s.prompt_ids, *s.token_ids], dtype=torch.long)
-        attn[i, : p + c] = 1
-        # completion token j sits at position p + j and is predicted from position p + j - 1
-        mask[i, p - 1 : p - 1 + c] = 1.0
-        behaviour[i, p - 1 : p - 1 + c] = torch.tensor(list(s.logprobs), dtype=torch.float32)
-        lags[i, p - 1 : p - 1 + c] = torch.tensor(s.lags(), dtype=torch.long)
+        pad, before = width - p - c, p - 1
+        ids.append([*s.prompt_ids, *s.token_ids, *[pad_id] * pad])
+        attn.append([1] * (p + c) + [0] * pad)
+        mask.append([0.0] * before + [1.0] * c + [0.0] * pad)
+        behaviour.append([0.0] * before + list(s.logprobs) + [0.0] * pad)
+        lags.append([0] * before + s.lags() + [0] * pad)
+    input_ids = torch.tensor(ids, dtype=torch.long)
     return Batch(
-        ids, attn, ids[:, 1:], mask, behaviour,
+        input_ids, torch.tensor(attn, dtype=torch.long), input_ids[:, 1:],
+        torch.tensor(mask, dtype=torch.float32), torch.tensor(behaviour, dtype=torch.float32),
         torch.tensor([s.reward for s in samples], dtype=torch.float32),
-        torch.tensor([s.group for s in samples], dtype=torch.long), lags,
+        torch.tensor([s.group for s in samples], dtype=torch.long),
+        torch.tensor(lags, dtype=torch.long),
     )
 
 
 _NOT_TRAINING_MATH = {"on_nonfinite"}
-#: trainer keys added after runs had recorded settings digests: at these defaults they are
-#: left out of the digest, so the steps of an earlier run still match theirs on --resume
-_OMITTED_AT_DEFAULT: dict[str, object] = {"lr_schedule": "constant", "warmup_steps": 0,
-                                          "grad_accum": 1, "bf16": False, "lora": None}
+#: trainer keys added after runs had recorded settings digests: at the value every earlier
+#: run trained with they are left out of the digest, so the steps of an earlier run still
+#: match theirs on --resume and replay (``optim``: earlier runs looped, the default fuses)
+_OMITTED_AT: dict[str, object] = {"lr_schedule": "constant", "warmup_steps": 0, "grad_accum": 1,
+                                  "bf16": False, "lora": None, "optim": "adamw_torch"}
 
 
 def settings_digest(cfg: TrainerSection, temperature: float, total_steps: int | None) -> str:
@@ -149,13 +152,21 @@ def settings_digest(cfg: TrainerSection, temperature: float, total_steps: int | 
     trainer's training math, the sampling temperature, and the run's total steps when the
     lr schedule decays towards them (they then set every step's lr)."""
     trainer = cfg.model_dump(mode="json", exclude=_NOT_TRAINING_MATH)
-    for key, default in _OMITTED_AT_DEFAULT.items():
-        if trainer[key] == default:
+    for key, value in _OMITTED_AT.items():
+        if trainer[key] == value:
             del trainer[key]
     doc: dict[str, object] = {"trainer": trainer, "temperature": temperature}
     if cfg.lr_schedule != "constant":
         doc["total_steps"] = total_steps
     return digest_json(doc)
+
+
+def use_kernel(optimizer: torch.optim.Optimizer, optim: str) -> None:
+    """Run ``optimizer``'s next steps on ``optim``'s kernel (``trainer.optim``): fused, or
+    torch's per-parameter loop. A loaded optimizer state brings the kernel of the run that
+    saved it in its param groups: a learner sets its own again after loading one."""
+    for group in optimizer.param_groups:
+        group["fused"] = True if optim == "adamw_torch_fused" else None
 
 
 def _first_target(mask: torch.Tensor) -> int:
@@ -220,11 +231,13 @@ class GRPOLearner:
             [p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
             weight_decay=cfg.weight_decay,
         )
+        use_kernel(self.optimizer, cfg.optim)
         self.ref = copy.deepcopy(model).eval() if cfg.kl_coef > 0 else None
         self._takes_keep = takes_logits_to_keep(model)
         # on_nonfinite decides what happens to a step that is never applied: not a setting
         # of the training math, so not part of the digest that versions every commit
         self.settings_digest = settings_digest(cfg, temperature, total_steps)
+        self._bytes: int | None = None  # see _published_bytes
         model.train()
 
     def lr(self, step: int) -> float:
@@ -283,7 +296,7 @@ class GRPOLearner:
             adv_abs_mean=float(adv.abs().mean()), lag_mean=sum(lags) / len(lags),
             lag_max=float(max(lags)), samples=float(len(samples)),
             tokens=total_tokens, train_s=time.perf_counter() - t0,
-            weights_bytes=float(adapter_bytes(self.published_state())),
+            weights_bytes=float(self._published_bytes()),
         )
         return metrics
 
@@ -354,6 +367,14 @@ class GRPOLearner:
         autocast allows it, on the model's device; off: a no-op context."""
         device = next(self.model.parameters()).device.type
         return torch.autocast(device, dtype=torch.bfloat16, enabled=self.cfg.bf16)
+
+    def _published_bytes(self) -> int:
+        """Bytes of :meth:`published_state` (a step's ``weights_bytes``): fixed by the
+        model's shapes and dtypes, so measured on the first step and kept; walking the state
+        dict every step cost as much as a tiny model's collate."""
+        if self._bytes is None:
+            self._bytes = adapter_bytes(self.published_state())
+        return self._bytes
 
     def published_state(self) -> dict[str, torch.Tensor]:
         """What workers load each version, as detached views: the state dict, or a LoRA
