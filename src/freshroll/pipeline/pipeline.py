@@ -74,7 +74,6 @@ import contextlib
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any
 
 from freshroll import crashpoints, unsafe
 from freshroll import events as ev
@@ -87,6 +86,7 @@ from freshroll.engines.seams import EngineFactory
 from freshroll.errors import Interrupted, NonFiniteStep, NoProgress
 from freshroll.lineage import PolicyVersion
 from freshroll.pipeline.calls import generation_seed
+from freshroll.pipeline.context import Published, RunContext
 from freshroll.pipeline.fallback import FallbackProbe, Switch, probe_for
 from freshroll.pipeline.hooks import HookContext, Hooks
 from freshroll.pipeline.observers import RunObserver, StepReport, default_observers
@@ -102,12 +102,6 @@ from freshroll.rewards.tasks import Prompt
 
 class _Stop(Exception):
     """Raised by the trainer task when the run has committed its steps."""
-
-
-@dataclass
-class Published:
-    version: PolicyVersion
-    weights: Any  # what AsyncTrainer.weights() returned; None: the engines' initial weights
 
 
 @dataclass
@@ -139,9 +133,7 @@ class Pipeline:
         self._train.set()
 
     def sample_rule(self) -> Rule:
-        lim = self.cfg.limits
-        return Rule(lim.max_consecutive_failed_calls, lim.max_consecutive_failures,
-                    lim.failure_window, lim.max_failure_ratio)
+        return self.ctx.sample_rule()
 
     async def run(self) -> None:
         """Run until ``cfg.run.steps`` steps are committed in total.
@@ -159,6 +151,7 @@ class Pipeline:
         self._trainer_says_waits = isinstance(self.trainer, SaysItsWaits)
         if isinstance(self.trainer, SaysItsWaits):
             self.trainer.waits = self.waits
+        self.ctx = RunContext(self.cfg, buf, self.prompts, self.waits, self.budget, self.notify)
         self.rewarder = RewardStage(self)
         self.steering = Steering(self)
         levers = tail_levers_on(self.cfg)  # the controller may turn deadlines on

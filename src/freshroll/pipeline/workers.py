@@ -62,7 +62,8 @@ from freshroll.pipeline.calls import Call, CallRunner, Worker, generation_seed
 from freshroll.pipeline.lanes import Lanes
 
 if TYPE_CHECKING:
-    from freshroll.pipeline.pipeline import Pipeline, Published
+    from freshroll.pipeline.context import Published
+    from freshroll.pipeline.pipeline import Pipeline
 
 MAX_RESTARTS = 3  # per worker, per run (lost or timed out)
 
