@@ -152,7 +152,7 @@ class Pipeline:
         if isinstance(self.trainer, SaysItsWaits):
             self.trainer.waits = self.waits
         self.ctx = RunContext(self.cfg, buf, self.prompts, self.waits, self.budget, self.notify)
-        self.rewarder = RewardStage(self)
+        self.rewarder = RewardStage(self.ctx, self.scorer, self.hooks)
         self.steering = Steering(self)
         levers = tail_levers_on(self.cfg)  # the controller may turn deadlines on
         self.tailing = Tailing(self) if self.cfg.tail.deadline or levers else None
