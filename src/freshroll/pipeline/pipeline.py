@@ -81,7 +81,7 @@ from freshroll.breaker import FailureBudget, Rule
 from freshroll.buffer import SampleBuffer
 from freshroll.clock import VirtualClock
 from freshroll.config import Config
-from freshroll.control import Controller
+from freshroll.control import Controller, Settings
 from freshroll.engines.seams import EngineFactory
 from freshroll.errors import Interrupted, NonFiniteStep, NoProgress
 from freshroll.lineage import PolicyVersion
@@ -153,17 +153,14 @@ class Pipeline:
             self.trainer.waits = self.waits
         self.ctx = RunContext(self.cfg, buf, self.prompts, self.waits, self.budget, self.notify)
         self.rewarder = RewardStage(self.ctx, self.scorer, self.hooks)
-        self.steering = Steering(self)
-        levers = tail_levers_on(self.cfg)  # the controller may turn deadlines on
-        self.tailing = Tailing(self) if self.cfg.tail.deadline or levers else None
         self.overprov = Overprovision(self.cfg.tail, self.cfg.rollout.group_size)
         self.fallback: FallbackProbe | None = probe_for(self.cfg)
         failure: BaseException | None = None
         try:
+            settings = self._build_stages()
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self._watch(), name="watch")
-                settings = self.steering.initial()
-                self.pool = WorkerPool(self, tg, settings.concurrency)
+                self.pool.attach(tg)
                 self.steering.apply(settings)
                 await self.pool.started()  # every engine up before the clock counts waits
                 self.waits.progressed()  # and before the no-progress guard's (a start has its own)
@@ -178,9 +175,25 @@ class Pipeline:
                 tg.create_task(self.hooks.run(ctx), name="hooks")
         except BaseExceptionGroup as group:
             failure = first_failure(group)
+        except Exception as exc:  # a stage could not be built
+            failure = exc
         if failure is not None:
             self._close_failed(failure)
             raise failure
+
+    def _build_stages(self) -> Settings:
+        """The worker pool, steering and the tails task, each on the run's context and the
+        ports it uses (:mod:`freshroll.pipeline.context`); returns the settings to start
+        from."""
+        self.pool = WorkerPool(self.ctx, self.rewarder, self.engine_factory,
+                               self._published_now, self.overprov.wake)
+        self.steering = Steering(self)
+        levers = tail_levers_on(self.cfg)  # the controller may turn deadlines on
+        self.tailing = Tailing(self) if self.cfg.tail.deadline or levers else None
+        return self.steering.initial()
+
+    def _published_now(self) -> Published | None:
+        return self.published
 
     def _hook_context(self) -> HookContext:
         """The ports the hooks' task and the over-provisioning task get (never ``self``)."""
