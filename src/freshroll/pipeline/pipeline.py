@@ -189,7 +189,7 @@ class Pipeline:
                                self._published_now, self.overprov.wake)
         self.steering = Steering(self)
         levers = tail_levers_on(self.cfg)  # the controller may turn deadlines on
-        self.tailing = Tailing(self) if self.cfg.tail.deadline or levers else None
+        self.tailing = Tailing(self.ctx, self.pool) if self.cfg.tail.deadline or levers else None
         return self.steering.initial()
 
     def _published_now(self) -> Published | None:
