@@ -187,9 +187,11 @@ class Pipeline:
         from."""
         self.pool = WorkerPool(self.ctx, self.rewarder, self.engine_factory,
                                self._published_now, self.overprov.wake)
-        self.steering = Steering(self)
         levers = tail_levers_on(self.cfg)  # the controller may turn deadlines on
         self.tailing = Tailing(self.ctx, self.pool) if self.cfg.tail.deadline or levers else None
+        self.steering = Steering(self.ctx, self.pool, self.rewarder, self.overprov,
+                                 self.tailing.watch if self.tailing is not None else None,
+                                 self.controller)
         return self.steering.initial()
 
     def _published_now(self) -> Published | None:
