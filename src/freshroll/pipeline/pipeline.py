@@ -21,6 +21,15 @@ Tasks (all children of one ``asyncio.TaskGroup``; none is fire-and-forget)::
     watch       the heartbeat and the no-progress guard over the waits in flight
                 (:mod:`freshroll.ports.waits`)
 
+Each stage is built outside the task group (:meth:`Pipeline.run`, once per run) on one
+:class:`~freshroll.pipeline.context.RunContext` (config, buffer, clock, limits, prompts,
+waits, failure budget, :meth:`notify`) and only the ports it uses
+(:mod:`freshroll.pipeline.context`: the pool emits into the reward stage's inbox, steering
+reads a view of the pool, the tails task cancels through the pool); no stage sees the
+``Pipeline``. Hooks and the over-provisioning task get a
+:class:`~freshroll.pipeline.hooks.HookContext`. The stages' tasks then start in the task
+group, in the order above.
+
 The pipeline awaits only the seams of :mod:`freshroll.ports.seams`: engines come from an
 :data:`~freshroll.engines.seams.EngineFactory`, rewards from an
 :class:`~freshroll.ports.seams.AsyncScorer`, steps from an
@@ -71,9 +80,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from typing import Any
 
 from freshroll import crashpoints, unsafe
 from freshroll import events as ev
@@ -132,9 +142,6 @@ class Pipeline:
         self._feed.set()
         self._train.set()
 
-    def sample_rule(self) -> Rule:
-        return self.ctx.sample_rule()
-
     async def run(self) -> None:
         """Run until ``cfg.run.steps`` steps are committed in total.
 
@@ -164,15 +171,8 @@ class Pipeline:
                 self.steering.apply(settings)
                 await self.pool.started()  # every engine up before the clock counts waits
                 self.waits.progressed()  # and before the no-progress guard's (a start has its own)
-                tg.create_task(self._feeder(), name="feeder")
-                tg.create_task(self.rewarder.run(), name="rewarder")
-                tg.create_task(self._trainer(), name="trainer")
-                tg.create_task(self.steering.run(), name="steering")
-                if self.tailing is not None:
-                    tg.create_task(self.tailing.run(), name="tails")
-                ctx = self._hook_context()
-                tg.create_task(self.overprov.run(ctx), name="overprovision")
-                tg.create_task(self.hooks.run(ctx), name="hooks")
+                for name, task in self._stage_tasks():
+                    tg.create_task(task, name=name)
         except BaseExceptionGroup as group:
             failure = first_failure(group)
         except Exception as exc:  # a stage could not be built
@@ -193,6 +193,16 @@ class Pipeline:
                                  self.tailing.watch if self.tailing is not None else None,
                                  self.controller)
         return self.steering.initial()
+
+    def _stage_tasks(self) -> list[tuple[str, Coroutine[Any, Any, None]]]:
+        """The stages' tasks, in the order they start (once every engine is up)."""
+        hooks = self._hook_context()
+        tasks = [("feeder", self._feeder()), ("rewarder", self.rewarder.run()),
+                 ("trainer", self._trainer()), ("steering", self.steering.run())]
+        if self.tailing is not None:
+            tasks.append(("tails", self.tailing.run()))
+        return [*tasks, ("overprovision", self.overprov.run(hooks)),
+                ("hooks", self.hooks.run(hooks))]
 
     def _published_now(self) -> Published | None:
         return self.published
