@@ -12,8 +12,10 @@ stage. A lock-step call is timed here (``limits.generate_timeout_s``), a continu
 its worker's watchdog (:mod:`freshroll.pipeline.lanes`). It returns the worker's failure
 (WorkerLost / WorkerTimeout: the pool replaces the worker) or None; ``Superseded`` re-issues
 the call's unfinished attempts; any other engine failure ends them ``generation_error``,
-counted against the budget, and the run goes on. The pool's own bookkeeping is reached
-through two ports: a slot freed mid-call, and requests queued again.
+counted against the budget, and the run goes on. The runner gets the run's
+:class:`~freshroll.pipeline.context.RunContext` and the reward stage's inbox (accepted
+completions go there), never the pipeline; the pool's own bookkeeping is reached through
+three ports: a slot freed mid-call, requests queued again, and a stop at target's wake-up.
 """
 
 from __future__ import annotations
