@@ -202,7 +202,7 @@ def test_an_out_of_band_version_is_refused_once_and_generation_goes_on(
 
 def test_without_the_refusal_an_out_of_band_version_crashes_the_run(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(workers.WorkerPool, "_published", lambda self: self.pipe.published)
+    monkeypatch.setattr(workers.WorkerPool, "_published", lambda self: self.published_now())
     case = _bump(tmp_path)
     assert case.errors and isinstance(case.errors[-1], StateError)
     assert "never published" in str(case.errors[-1])

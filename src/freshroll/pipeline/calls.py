@@ -12,8 +12,10 @@ stage. A lock-step call is timed here (``limits.generate_timeout_s``), a continu
 its worker's watchdog (:mod:`freshroll.pipeline.lanes`). It returns the worker's failure
 (WorkerLost / WorkerTimeout: the pool replaces the worker) or None; ``Superseded`` re-issues
 the call's unfinished attempts; any other engine failure ends them ``generation_error``,
-counted against the budget, and the run goes on. The pool's own bookkeeping is reached
-through two ports: a slot freed mid-call, and requests queued again.
+counted against the budget, and the run goes on. The runner gets the run's
+:class:`~freshroll.pipeline.context.RunContext` and the reward stage's inbox (accepted
+completions go there), never the pipeline; the pool's own bookkeeping is reached through
+three ports: a slot freed mid-call, requests queued again, and a stop at target's wake-up.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from freshroll.lineage import PolicyVersion, SampleId
 from freshroll.rewards.tasks import Prompt
 
 if TYPE_CHECKING:
-    from freshroll.pipeline.pipeline import Pipeline
+    from freshroll.pipeline.context import RewardInbox, RunContext
 
 
 @dataclass(eq=False)
@@ -92,18 +94,20 @@ class Call:
 class CallRunner:
     """Runs the episode calls of a pool's workers (see the module doc)."""
 
-    def __init__(self, pipe: Pipeline, params: SamplingParams, workflow: EpisodeWorkflow,
+    def __init__(self, ctx: RunContext, inbox: RewardInbox, on_stopped: Callable[[], None],
+                 params: SamplingParams, workflow: EpisodeWorkflow,
                  slot_freed: Callable[[Worker], None],
                  requests_queued: Callable[[], None]) -> None:
-        self.pipe, self.buf, self.params, self.workflow = pipe, pipe.buf, params, workflow
-        self._rule = pipe.sample_rule()
+        self.ctx, self.buf, self.params, self.workflow = ctx, ctx.buf, params, workflow
+        self.inbox, self._on_stopped = inbox, on_stopped
+        self._rule = ctx.sample_rule()
         self._slot_freed, self._requests_queued = slot_freed, requests_queued
 
     async def generate(self, w: Worker, engine: AsyncEngine, call: Call) -> BaseException | None:
         """One episode call (the workflow's ``run_episode``, for ``single_turn`` one generate
         call); returns a WorkerLost/WorkerTimeout (replace the worker) or None."""
-        buf, lim = self.buf, self.pipe.cfg.limits
-        prompts, prompt_of = self.pipe.prompts, buf.prompt_of
+        buf, lim = self.buf, self.ctx.limits
+        prompts, prompt_of = self.ctx.prompts, buf.prompt_of
         step = call.version.step if call.version is not None else 0
         reqs = []
         for sid in call.sids:
@@ -113,7 +117,7 @@ class CallRunner:
             reqs.append(GenRequest(sid, sid.partition(".")[0], pid, prompt.text, step))
         stage = f"inference worker {w.name!r}"
         seed, emit, episode = call.seed, self._emitter(w, call), self.workflow.run_episode
-        waiting = self.pipe.waits.begin(f"{w.name} generate", lim.generate_timeout_s)
+        waiting = self.ctx.waits.begin(f"{w.name} generate", lim.generate_timeout_s)
         try:
             if engine.continuous:  # the worker's watchdog times it
                 await episode(engine, reqs, self.params, seed, emit)
@@ -146,12 +150,12 @@ class CallRunner:
                     if not done:
                         buf.discard(sid, "generation_error", error)
                         failed += 1
-                self.pipe.notify()
+                self.ctx.notify()
             self._budget_ok(w, stage)
-            self.pipe.budget.record(stage, self._rule, failed, len(call.sids), error)
+            self.ctx.budget.record(stage, self._rule, failed, len(call.sids), error)
             return None
         finally:
-            self.pipe.waits.end(waiting)
+            self.ctx.waits.end(waiting)
             call.over = True
             w.inflight -= call.pending
         w.ok_units += len(call.sids)
@@ -170,7 +174,7 @@ class CallRunner:
             if not done and buf.request_state(sid) == "running":
                 buf.discard(sid, "fenced", f"aborted by the engine: {detail}")
                 call.emitted[i] = True
-        self.pipe.notify()
+        self.ctx.notify()
         self._requests_queued()
 
     def _budget_ok(self, w: Worker, stage: str) -> None:
@@ -178,17 +182,17 @@ class CallRunner:
         success only resets the consecutive-failure counts and fills the ratio window, so
         the budget's verdicts are the same)."""
         if w.ok_units:
-            self.pipe.budget.record(stage, self._rule, 0, w.ok_units)
+            self.ctx.budget.record(stage, self._rule, 0, w.ok_units)
             w.ok_units = 0
 
     def _timed_out(self, w: Worker) -> WorkerTimeout:
         return WorkerTimeout(f"worker {w.name} generate did not return within "
-                             f"{self.pipe.cfg.limits.generate_timeout_s:g} s")
+                             f"{self.ctx.limits.generate_timeout_s:g} s")
 
     def _emitter(self, w: Worker, call: Call) -> Emit:
-        buf, put, worker = self.buf, self.pipe.rewarder.put, (w.name, call.epoch)
+        buf, put, worker = self.buf, self.inbox.put, (w.name, call.epoch)
         encode, complete, sids, version = pl.encode, buf.complete, call.sids, call.version
-        slot_freed, stopping = self._slot_freed, self.pipe.overprov
+        slot_freed, stopping = self._slot_freed, self._on_stopped
         prompts = call.prompts
 
         def emit(i: int, comp: Any) -> None:
@@ -208,7 +212,7 @@ class CallRunner:
                            payload=encode(comp, ranges) if comp.token_ids else None,
                            last_version=last, worker=worker, token_versions=ranges)
             if buf.stopped:  # a stop at target ended running attempts: cancel them
-                stopping.wake()
+                stopping()
             if not call.over and not call.emitted[i]:
                 call.emitted[i] = True
                 call.pending -= 1
@@ -233,10 +237,10 @@ class CallRunner:
             w.inflight -= 1
             if call.pending:
                 slot_freed(w)
-            self.pipe.notify()
+            self.ctx.notify()
             stage = f"inference worker {w.name!r}"
             self._budget_ok(w, stage)
-            self.pipe.budget.record(stage, self._rule, 1, 1, detail)
+            self.ctx.budget.record(stage, self._rule, 1, 1, detail)
 
         return emit
 

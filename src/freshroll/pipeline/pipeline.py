@@ -21,6 +21,15 @@ Tasks (all children of one ``asyncio.TaskGroup``; none is fire-and-forget)::
     watch       the heartbeat and the no-progress guard over the waits in flight
                 (:mod:`freshroll.ports.waits`)
 
+Each stage is built outside the task group (:meth:`Pipeline.run`, once per run) on one
+:class:`~freshroll.pipeline.context.RunContext` (config, buffer, clock, limits, prompts,
+waits, failure budget, :meth:`notify`) and only the ports it uses
+(:mod:`freshroll.pipeline.context`: the pool emits into the reward stage's inbox, steering
+reads a view of the pool, the tails task cancels through the pool); no stage sees the
+``Pipeline``. Hooks and the over-provisioning task get a
+:class:`~freshroll.pipeline.hooks.HookContext`. The stages' tasks then start in the task
+group, in the order above.
+
 The pipeline awaits only the seams of :mod:`freshroll.ports.seams`: engines come from an
 :data:`~freshroll.engines.seams.EngineFactory`, rewards from an
 :class:`~freshroll.ports.seams.AsyncScorer`, steps from an
@@ -71,7 +80,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
@@ -82,11 +91,12 @@ from freshroll.breaker import FailureBudget, Rule
 from freshroll.buffer import SampleBuffer
 from freshroll.clock import VirtualClock
 from freshroll.config import Config
-from freshroll.control import Controller
+from freshroll.control import Controller, Settings
 from freshroll.engines.seams import EngineFactory
 from freshroll.errors import Interrupted, NonFiniteStep, NoProgress
 from freshroll.lineage import PolicyVersion
 from freshroll.pipeline.calls import generation_seed
+from freshroll.pipeline.context import Published, RunContext
 from freshroll.pipeline.fallback import FallbackProbe, Switch, probe_for
 from freshroll.pipeline.hooks import HookContext, Hooks
 from freshroll.pipeline.observers import RunObserver, StepReport, default_observers
@@ -102,12 +112,6 @@ from freshroll.rewards.tasks import Prompt
 
 class _Stop(Exception):
     """Raised by the trainer task when the run has committed its steps."""
-
-
-@dataclass
-class Published:
-    version: PolicyVersion
-    weights: Any  # what AsyncTrainer.weights() returned; None: the engines' initial weights
 
 
 @dataclass
@@ -138,11 +142,6 @@ class Pipeline:
         self._feed.set()
         self._train.set()
 
-    def sample_rule(self) -> Rule:
-        lim = self.cfg.limits
-        return Rule(lim.max_consecutive_failed_calls, lim.max_consecutive_failures,
-                    lim.failure_window, lim.max_failure_ratio)
-
     async def run(self) -> None:
         """Run until ``cfg.run.steps`` steps are committed in total.
 
@@ -159,35 +158,54 @@ class Pipeline:
         self._trainer_says_waits = isinstance(self.trainer, SaysItsWaits)
         if isinstance(self.trainer, SaysItsWaits):
             self.trainer.waits = self.waits
-        self.rewarder = RewardStage(self)
-        self.steering = Steering(self)
-        levers = tail_levers_on(self.cfg)  # the controller may turn deadlines on
-        self.tailing = Tailing(self) if self.cfg.tail.deadline or levers else None
+        self.ctx = RunContext(self.cfg, buf, self.prompts, self.waits, self.budget, self.notify)
+        self.rewarder = RewardStage(self.ctx, self.scorer, self.hooks)
         self.overprov = Overprovision(self.cfg.tail, self.cfg.rollout.group_size)
         self.fallback: FallbackProbe | None = probe_for(self.cfg)
         failure: BaseException | None = None
         try:
+            settings = self._build_stages()
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self._watch(), name="watch")
-                settings = self.steering.initial()
-                self.pool = WorkerPool(self, tg, settings.concurrency)
+                self.pool.attach(tg)
                 self.steering.apply(settings)
                 await self.pool.started()  # every engine up before the clock counts waits
                 self.waits.progressed()  # and before the no-progress guard's (a start has its own)
-                tg.create_task(self._feeder(), name="feeder")
-                tg.create_task(self.rewarder.run(), name="rewarder")
-                tg.create_task(self._trainer(), name="trainer")
-                tg.create_task(self.steering.run(), name="steering")
-                if self.tailing is not None:
-                    tg.create_task(self.tailing.run(), name="tails")
-                ctx = self._hook_context()
-                tg.create_task(self.overprov.run(ctx), name="overprovision")
-                tg.create_task(self.hooks.run(ctx), name="hooks")
+                for name, task in self._stage_tasks():
+                    tg.create_task(task, name=name)
         except BaseExceptionGroup as group:
             failure = first_failure(group)
+        except Exception as exc:  # a stage could not be built
+            failure = exc
         if failure is not None:
             self._close_failed(failure)
             raise failure
+
+    def _build_stages(self) -> Settings:
+        """The worker pool, steering and the tails task, each on the run's context and the
+        ports it uses (:mod:`freshroll.pipeline.context`); returns the settings to start
+        from."""
+        self.pool = WorkerPool(self.ctx, self.rewarder, self.engine_factory,
+                               self._published_now, self.overprov.wake)
+        levers = tail_levers_on(self.cfg)  # the controller may turn deadlines on
+        self.tailing = Tailing(self.ctx, self.pool) if self.cfg.tail.deadline or levers else None
+        self.steering = Steering(self.ctx, self.pool, self.rewarder, self.overprov,
+                                 self.tailing.watch if self.tailing is not None else None,
+                                 self.controller)
+        return self.steering.initial()
+
+    def _stage_tasks(self) -> list[tuple[str, Coroutine[Any, Any, None]]]:
+        """The stages' tasks, in the order they start (once every engine is up)."""
+        hooks = self._hook_context()
+        tasks = [("feeder", self._feeder()), ("rewarder", self.rewarder.run()),
+                 ("trainer", self._trainer()), ("steering", self.steering.run())]
+        if self.tailing is not None:
+            tasks.append(("tails", self.tailing.run()))
+        return [*tasks, ("overprovision", self.overprov.run(hooks)),
+                ("hooks", self.hooks.run(hooks))]
+
+    def _published_now(self) -> Published | None:
+        return self.published
 
     def _hook_context(self) -> HookContext:
         """The ports the hooks' task and the over-provisioning task get (never ``self``)."""

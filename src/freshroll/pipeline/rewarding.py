@@ -51,15 +51,19 @@ from freshroll.rewards.scoring import Score
 from freshroll.rewards.tasks import Prompt
 
 if TYPE_CHECKING:
-    from freshroll.pipeline.pipeline import Pipeline
+    from freshroll.pipeline.context import RunContext
+    from freshroll.pipeline.hooks import Hooks
+    from freshroll.ports.seams import AsyncScorer
 
 MAX_BATCH = 256  # completions per reward call
 MAX_LOST_RETRIES = 2  # a sample whose reward worker died is scored again at most this often
 
 
 class RewardStage:
-    def __init__(self, pipe: Pipeline) -> None:
-        self.pipe, self.buf = pipe, pipe.buf
+    """The reward stage of one run (the module doc); its inbox is :meth:`put`."""
+
+    def __init__(self, ctx: RunContext, scorer: AsyncScorer, hooks: Hooks) -> None:
+        self.ctx, self.buf, self.scorer, self.hooks = ctx, ctx.buf, scorer, hooks
         self._queue: deque[tuple[SampleId, Completion, Prompt]] = deque()
         self._wake = asyncio.Event()
         self.scoring = 0  # completions in the reward calls under way
@@ -67,7 +71,7 @@ class RewardStage:
         self._lost: dict[SampleId, int] = {}  # times a sample's reward worker died
         # generated before a crash and never scored: taken now, before any worker serves
         # (an early worker's new samples reach the queue through put, never twice)
-        self._recovered = pipe.buf.unrewarded()
+        self._recovered = ctx.buf.unrewarded()
 
     def put(self, sid: SampleId, comp: Completion, prompt: Prompt) -> None:
         self._queue.append((sid, comp, prompt))
@@ -79,7 +83,7 @@ class RewardStage:
         return len(self._queue) + self.scoring
 
     async def run(self) -> None:
-        buf, pipe, scorer = self.buf, self.pipe, self.pipe.scorer
+        buf, ctx, scorer = self.buf, self.ctx, self.scorer
         for sid in self._recovered:  # recovered: generated before a crash, never scored
             if buf.request_state(sid) != "generated":
                 continue  # ended meanwhile (its group was dropped)
@@ -90,7 +94,7 @@ class RewardStage:
             p = pl.decode(data)
             comp = Completion(tuple(p.prompt_ids), tuple(p.token_ids), tuple(p.logprobs), p.text,
                               p.finish_reason, 0.0)
-            self.put(sid, comp, pipe.prompts[buf.prompt_of(sid)])
+            self.put(sid, comp, ctx.prompts[buf.prompt_of(sid)])
         queue = self._queue
         limit, size = max(1, scorer.concurrency), max(1, scorer.max_batch)
         async with asyncio.TaskGroup() as calls:
@@ -106,7 +110,7 @@ class RewardStage:
 
     async def _call(self, items: list[tuple[SampleId, Completion, Prompt]]) -> None:
         """One reward call: its samples rewarded or discarded, its outcome budgeted."""
-        buf, pipe, n = self.buf, self.pipe, len(items)
+        buf, ctx, hooks, n = self.buf, self.ctx, self.hooks, len(items)
         t0 = buf.clock.now()
         try:
             scores = await self._score_batch([p for _, _, p in items], [c for _, c, _ in items])
@@ -120,15 +124,15 @@ class RewardStage:
         if scores is None:  # timed out: discarded as reward_timeout
             for sid, _, _ in items:
                 buf.discard(sid, "reward_timeout", self._timeout_error())
-            pipe.notify()
-            pipe.budget.record(self._label() + " (timeouts)", self._timeout_rule(),
-                               1, 1, self._timeout_error())
+            ctx.notify()
+            ctx.budget.record(self._label() + " (timeouts)", self._timeout_rule(),
+                              1, 1, self._timeout_error())
             return
         sids = [sid for sid, _, _ in items]
-        scores = checked_scores(pipe.hooks.scored(sids, scores), n, self._label())
+        scores = checked_scores(hooks.scored(sids, scores), n, self._label())
         per_sample = (buf.clock.now() - t0) / n
         errors: list[str | None] = []
-        version = pipe.scorer.version
+        version = self.scorer.version
         for (sid, _, _), score in zip(items, scores, strict=True):
             if score.value is not None:
                 buf.reward(sid, score.value, version, per_sample, score.components,
@@ -137,15 +141,15 @@ class RewardStage:
             else:
                 buf.discard(sid, "reward_error", score.error or "reward_error")
                 errors.append(score.error or "")
-        pipe.hooks.rewarded(sids)
-        pipe.notify()
+        hooks.rewarded(sids)
+        ctx.notify()
         self._record(errors)
 
     def _lost_call(self, items: list[tuple[SampleId, Completion, Prompt]],
                    exc: WorkerLost) -> None:
         """A reward call whose worker died: its samples are queued again (first), each at
         most MAX_LOST_RETRIES times, then discarded ``reward_error``; budgeted per call."""
-        buf, pipe = self.buf, self.pipe
+        buf, ctx = self.buf, self.ctx
         error = f"reward_error: {self._label()}: its reward worker was lost: {exc}"
         again = []
         for item in items:
@@ -159,11 +163,11 @@ class RewardStage:
                 again.append(item)
         self._queue.extendleft(reversed(again))
         self._wake.set()
-        pipe.notify()
-        pipe.budget.record(self._label() + " (lost workers)", self._lost_rule(), 1, 1, error)
+        ctx.notify()
+        ctx.budget.record(self._label() + " (lost workers)", self._lost_rule(), 1, 1, error)
 
     def _lost_rule(self) -> Rule:
-        lim = self.pipe.cfg.limits
+        lim = self.ctx.limits
         return Rule(lim.max_consecutive_failed_calls, unit="calls",
                     calls_key="limits.max_consecutive_failed_calls")
 
@@ -173,12 +177,12 @@ class RewardStage:
         """The batch's scores; None if the call timed out; the WorkerLost of a call whose
         reward worker died. A call that fails as a whole (the scorer raised, e.g.
         KeyboardInterrupt in a reward) fails every sample."""
-        buf, timeout_s = self.buf, unsafe.timeout(self.pipe.cfg.limits.reward_timeout_s)
-        state = RewardState(buf.version.step if buf.version else 0, self.pipe.cfg.run.steps)
+        buf, timeout_s = self.buf, unsafe.timeout(self.ctx.limits.reward_timeout_s)
+        state = RewardState(buf.version.step if buf.version else 0, self.ctx.cfg.run.steps)
         try:
-            with self.pipe.waits.waiting(self._label(), self.pipe.cfg.limits.reward_timeout_s):
+            with self.ctx.waits.waiting(self._label(), self.ctx.limits.reward_timeout_s):
                 async with asyncio.timeout(timeout_s) as cm:
-                    scores = await self.pipe.scorer.score(prompts, comps, state)
+                    scores = await self.scorer.score(prompts, comps, state)
         except TimeoutError:
             if not cm.expired():
                 raise
@@ -194,29 +198,29 @@ class RewardStage:
         except Exception as exc:
             error = f"reward_error: {self._label()} raised {type(exc).__name__}: {exc}"
             scores = [Score(None, error, {})] * len(comps)
-        self.pipe.budget.record(self._label() + " (timeouts)", self._timeout_rule(), 0)
+        self.ctx.budget.record(self._label() + " (timeouts)", self._timeout_rule(), 0)
         if self._lost:
-            self.pipe.budget.record(self._label() + " (lost workers)", self._lost_rule(), 0)
+            self.ctx.budget.record(self._label() + " (lost workers)", self._lost_rule(), 0)
         return scores
 
     def _label(self) -> str:
-        names = self.pipe.scorer.names
+        names = self.scorer.names
         if len(names) == 1:
             return f"reward function {names[0]!r}"
         return f"reward set ({', '.join(names)})"
 
     def _timeout_rule(self) -> Rule:
-        lim = self.pipe.cfg.limits
+        lim = self.ctx.limits
         return Rule(lim.max_consecutive_timeouts, unit="calls",
                     calls_key="limits.max_consecutive_timeouts")
 
     def _timeout_error(self) -> str:
-        return (f"reward call did not return within {self.pipe.cfg.limits.reward_timeout_s:g} s "
+        return (f"reward call did not return within {self.ctx.limits.reward_timeout_s:g} s "
                 "(limits.reward_timeout_s); its thread was abandoned")
 
     def _record(self, errors: list[str | None]) -> None:
         """One reward call's outcome, per reward function (module docstring)."""
-        names = self.pipe.scorer.names
+        names = self.scorer.names
         stages = {n: f"reward function {n!r}" for n in names}
         set_stage = self._label()
         failed: dict[str, int] = dict.fromkeys([*stages.values(), set_stage], 0)
@@ -234,9 +238,9 @@ class RewardStage:
             for stage, part in (named or {set_stage: "; ".join(parts)}).items():
                 failed[stage] += 1
                 first.setdefault(stage, part)
-        rule = self.pipe.sample_rule()
+        rule = self.ctx.sample_rule()
         for stage, n in failed.items():
-            self.pipe.budget.record(stage, rule, n, len(errors), first.get(stage, ""))
+            self.ctx.budget.record(stage, rule, n, len(errors), first.get(stage, ""))
 
 
 def checked_scores(scores: Sequence[Score], n: int, label: str) -> list[Score]:

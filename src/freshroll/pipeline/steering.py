@@ -76,7 +76,9 @@ from freshroll.state import Lease
 
 if TYPE_CHECKING:
     from freshroll.pipeline.calls import Worker
-    from freshroll.pipeline.pipeline import Pipeline
+    from freshroll.pipeline.context import PoolView, RewardBacklog, RunContext, SteeredPool
+    from freshroll.pipeline.overprovision import Overprovision
+    from freshroll.pipeline.tails import TailWatch
 
 FED_STEPS = 3  # trainer steps the demand (Snapshot.fed_rate) is measured over
 
@@ -113,15 +115,16 @@ class _Mark:
 
 
 class Meter:
-    """Cumulative counters the steering task reads a window from."""
+    """Cumulative counters the steering task reads a window from (ports: the run's context,
+    a read view of the pool and the reward stage's backlog)."""
 
-    def __init__(self, pipe: Pipeline) -> None:
-        self.pipe, self.buf = pipe, pipe.buf
+    def __init__(self, ctx: RunContext, pool: PoolView, rewards: RewardBacklog) -> None:
+        self.ctx, self.buf, self.pool, self.rewards = ctx, ctx.buf, pool, rewards
         self.wait_total = 0.0
         self.waiting_since: float | None = None
         self.waited_samples = 0
         self.lags: list[int] = []
-        self.levers = tail_levers_on(pipe.cfg)  # fed_rate is measured for them only (for now)
+        self.levers = tail_levers_on(ctx.cfg)  # fed_rate is measured for them only (for now)
         self.fed_at = 0.0  # when the trainer last got its batch
         self.steps: deque[tuple[int, float]] = deque(maxlen=FED_STEPS)  # (samples, busy s)
         self._mark = self._now_mark(self.buf.clock.now())
@@ -162,10 +165,10 @@ class Meter:
 
     def snapshot(self, now: float, settings: Settings) -> Snapshot:
         """The window since the last snapshot; starts the next one."""
-        buf, pool, cfg = self.buf, self.pipe.pool, self.pipe.cfg
+        buf, pool, cfg = self.buf, self.pool, self.ctx.cfg
         last, mark = self._mark, self._now_mark(now)
         window = max(0.0, now - last.t)
-        blocked, rates, in_flight, t0 = 0.0, [], self.pipe.rewarder.pending, last.t
+        blocked, rates, in_flight, t0 = 0.0, [], self.rewards.pending, last.t
         for active, workers in ((True, pool.active), (False, pool.leaving)):
             for w in workers.values():
                 in_flight += w.inflight
@@ -235,23 +238,31 @@ class Meter:
 
 
 class Steering:
-    """The live settings of one pipeline and the task that steers them."""
+    """The live settings of one pipeline and the task that steers them.
 
-    def __init__(self, pipe: Pipeline) -> None:
-        self.pipe, self.buf, cfg = pipe, pipe.buf, pipe.cfg
+    Ports: the run's context, the pool it resizes (:class:`SteeredPool`), the reward stage's
+    backlog (the meter's), and the tail levers it moves: the over-provisioning's ``live``
+    extra requests and the deadline watch's ``enabled`` (None: no tails task).
+    ``controller``: None builds the one ``control.mode`` names."""
+
+    def __init__(self, ctx: RunContext, pool: SteeredPool, rewards: RewardBacklog,
+                 overprov: Overprovision, deadlines: TailWatch | None,
+                 controller: Controller | None = None) -> None:
+        self.ctx, self.buf, cfg = ctx, ctx.buf, ctx.cfg
+        self.pool, self.overprov, self.deadlines = pool, overprov, deadlines
         self.config = control_config(cfg)
         self.mode = cfg.control.mode
-        self.controller: Controller = pipe.controller or (
+        self.controller: Controller = controller or (
             AdaptiveController(self.config) if self.mode == "adaptive"
             else StaticController(self.config))
         self.state = ControllerState()
-        self.meter = Meter(pipe)
+        self.meter = Meter(ctx, pool, rewards)
         self.settings = Settings(0, cfg.rollout.call_batch, cfg.rollout.workers)
         self.decisions: list[Decision] = []
 
     def initial(self) -> Settings:
         """The settings to start from (module docstring); on resume, the last decision's."""
-        ro = self.pipe.cfg.rollout
+        ro = self.ctx.cfg.rollout
         if self.mode != "adaptive":
             return Settings(ro.max_inflight_groups or 0, ro.call_batch, ro.workers)
         last = self.buf.decision
@@ -266,19 +277,19 @@ class Steering:
 
     def apply(self, s: Settings) -> None:
         """Make ``s`` the live settings: admission limit, per-worker concurrency, pool size."""
-        pool = self.pipe.pool
+        pool = self.pool
         self.buf.admission_limit = s.admission_limit or None
         pool.set_concurrency(s.concurrency)
         pool.resize(s.workers)
         if self.config.max_extra > 0:  # the tail levers (control_levers)
-            self.pipe.overprov.live = s.extra
-            if self.pipe.tailing is not None:
-                self.pipe.tailing.watch.enabled = self.pipe.cfg.tail.deadline or s.deadline
+            self.overprov.live = s.extra
+            if self.deadlines is not None:
+                self.deadlines.enabled = self.ctx.cfg.tail.deadline or s.deadline
         self.settings = s
-        self.pipe.notify()
+        self.ctx.notify()
 
     async def run(self) -> None:
-        interval = self.pipe.cfg.control.interval_s
+        interval = self.ctx.cfg.control.interval_s
         while True:
             await asyncio.sleep(interval)
             self.step()

@@ -32,24 +32,25 @@ from freshroll.lineage import SampleId
 from freshroll.pipeline.tails import CutReason, TailWatch, apply_cut
 
 if TYPE_CHECKING:
-    from freshroll.pipeline.pipeline import Pipeline
+    from freshroll.pipeline.context import PoolCancel, RunContext
 
 TICKS_PER_P50 = 4
 MAX_TICKS_PER_INTERVAL = 64
 
 
 class Tailing:
-    """The deadline watch of one pipeline and the task that applies it."""
+    """The deadline watch of one pipeline and the task that applies it (ports: the run's
+    context and the pool's cancel)."""
 
-    def __init__(self, pipe: Pipeline) -> None:
-        self.pipe, self.buf = pipe, pipe.buf
-        self.watch = TailWatch(pipe.cfg.tail, group_size=pipe.cfg.rollout.group_size)
+    def __init__(self, ctx: RunContext, pool: PoolCancel) -> None:
+        self.ctx, self.buf, self.pool = ctx, ctx.buf, pool
+        self.watch = TailWatch(ctx.cfg.tail, group_size=ctx.cfg.rollout.group_size)
         self.ended: dict[CutReason, int] = {"deadline": 0, "cancelled": 0}  # requests
         self.freed = 0  # engine slots freed by cancels
 
     def interval(self) -> float:
         """Seconds (of the run's clock) to the next tick (module docstring)."""
-        base = self.pipe.cfg.control.interval_s
+        base = self.ctx.cfg.control.interval_s
         p50 = self.watch.p50(self.buf)
         if p50 is None:
             return base
@@ -74,8 +75,8 @@ class Tailing:
             ended += n
             for key, samples in cut.by_worker().items():
                 work.setdefault(key, []).extend(samples)
-        self.pipe.notify()  # groups became ready, dropped ones freed admission capacity
-        pool = self.pipe.pool
+        self.ctx.notify()  # groups became ready, dropped ones freed admission capacity
+        pool = self.pool
         for (worker, epoch), samples in work.items():
             self.freed += await pool.cancel(worker, epoch, samples)
         return ended

@@ -62,17 +62,27 @@ from freshroll.pipeline.calls import Call, CallRunner, Worker, generation_seed
 from freshroll.pipeline.lanes import Lanes
 
 if TYPE_CHECKING:
-    from freshroll.pipeline.pipeline import Pipeline, Published
+    from collections.abc import Callable
+
+    from freshroll.engines.seams import EngineFactory
+    from freshroll.pipeline.context import Published, PublishedNow, RewardInbox, RunContext
 
 MAX_RESTARTS = 3  # per worker, per run (lost or timed out)
 
 
 class WorkerPool:
-    """The pipeline's inference workers (owned by its task group)."""
+    """The pipeline's inference workers (owned by its task group, :meth:`attach`).
 
-    def __init__(self, pipe: Pipeline, tg: asyncio.TaskGroup, concurrency: int) -> None:
-        self.pipe, self.buf, self.tg = pipe, pipe.buf, tg
-        self.concurrency = concurrency
+    Ports: the run's context, the reward stage's inbox (accepted completions), the engine
+    factory, the version to load (``published_now``) and ``on_stopped`` (a stop at target
+    ended running attempts: the over-provisioning task cancels them)."""
+
+    def __init__(self, ctx: RunContext, inbox: RewardInbox, engine_factory: EngineFactory,
+                 published_now: PublishedNow, on_stopped: Callable[[], None]) -> None:
+        self.ctx, self.buf, self.engine_factory = ctx, ctx.buf, engine_factory
+        self.published_now = published_now
+        self._tg: asyncio.TaskGroup | None = None  # the pipeline's (attach)
+        self.concurrency = 0  # requests per worker: steering sets it before the first worker
         self.active: dict[str, Worker] = {}  # starting or serving, not retiring
         self.leaving: dict[str, Worker] = {}  # retiring (finishing what they run)
         self._idle: dict[str, Worker] = {}  # waiting for queued requests
@@ -83,11 +93,11 @@ class WorkerPool:
         self._reuse = [n for n in known if n not in self.buf.retired]
         self._next = 1 + max((int(n[1:]) for n in known if n[:1] == "w" and n[1:].isdigit()),
                              default=-1)
-        ro = pipe.cfg.rollout
+        ro = ctx.cfg.rollout
         self.params = SamplingParams(ro.max_new_tokens, ro.temperature, ro.top_p)
         self.workflow = workflow_for(ro.workflow)  # drives the engine for each call
-        self.calls = CallRunner(pipe, self.params, self.workflow, self._slot_freed,
-                                self.requests_queued)
+        self.calls = CallRunner(ctx, inbox, on_stopped, self.params, self.workflow,
+                                self._slot_freed, self.requests_queued)
         self._trusted: Published | None = None  # the newest published version the ledger has
         self._refused: set[str] = set()  # out-of-band versions refused (written once each)
 
@@ -99,11 +109,16 @@ class WorkerPool:
         self._next += 1
         return name
 
+    def attach(self, tg: asyncio.TaskGroup) -> None:
+        """Workers from now on are tasks of ``tg`` (the pipeline's task group)."""
+        self._tg = tg
+
     def add(self) -> Worker:
         """Start one more worker (its engine from the factory)."""
+        assert self._tg is not None, "attach the pool to a task group first"
         w = Worker(self._new_name())
         self.active[w.name] = w
-        w.task = self.tg.create_task(self._run(w), name=f"worker {w.name}")
+        w.task = self._tg.create_task(self._run(w), name=f"worker {w.name}")
         return w
 
     def retire(self, name: str) -> None:
@@ -184,7 +199,8 @@ class WorkerPool:
             self._idle.pop(name).wake.set()
 
     def note_committed(self) -> None:
-        """``pipe.published`` was just committed: the fallback of a version refused later."""
+        """The version published now was just committed: the fallback of a version refused
+        later."""
         self._published()
 
     def version_published(self) -> None:
@@ -210,15 +226,15 @@ class WorkerPool:
                 await engine.close()
 
     async def _start(self, w: Worker) -> None:
-        buf, lim = self.buf, self.pipe.cfg.limits
+        buf, lim = self.buf, self.ctx.limits
         w.epoch, w.fenced, w.inflight, w.loaded, w.failure, w.loads = (
             buf.register_worker(w.name), False, 0, None, None, [None])
         w.done, w.blocked_s, w.blocked_since, w.ready_at = 0, 0.0, None, None  # per epoch
         t0 = buf.clock.now()
         try:
-            with self.pipe.waits.waiting(f"{w.name} start", lim.worker_start_timeout_s):
+            with self.ctx.waits.waiting(f"{w.name} start", lim.worker_start_timeout_s):
                 async with asyncio.timeout(unsafe.timeout(lim.worker_start_timeout_s)) as cm:
-                    w.engine = await self.pipe.engine_factory(w.name)
+                    w.engine = await self.engine_factory(w.name)
         except TimeoutError as exc:
             if not cm.expired():
                 raise
@@ -234,7 +250,7 @@ class WorkerPool:
     def _fence(self, w: Worker, reason: str, detail: str = "") -> None:
         w.fenced = True
         self.buf.fence_worker(w.name, w.epoch, reason, detail)
-        self.pipe.notify()
+        self.ctx.notify()
         self.requests_queued()
 
     async def _replace(self, w: Worker, exc: BaseException) -> None:
@@ -268,7 +284,7 @@ class WorkerPool:
         assert w.engine is not None
         if not w.engine.continuous:
             return await self._dispatch(w, w.engine, None)
-        timeout_s = unsafe.timeout(self.pipe.cfg.limits.generate_timeout_s)
+        timeout_s = unsafe.timeout(self.ctx.limits.generate_timeout_s)
         lanes = Lanes(w, w.engine, timeout_s, self.calls.generate, self._refill)
         try:
             return await self._dispatch(w, w.engine, lanes)
@@ -277,7 +293,7 @@ class WorkerPool:
 
     async def _dispatch(self, w: Worker, engine: AsyncEngine,
                         lanes: Lanes | None) -> BaseException | None:
-        buf, pipe = self.buf, self.pipe
+        buf, ctx = self.buf, self.ctx
         w.calls = 0
         while True:
             w.wake.clear()
@@ -293,7 +309,7 @@ class WorkerPool:
                 if w.inflight == 0 and w.calls == 0:
                     w.fenced = True
                     buf.fence_worker(w.name, w.epoch, "retired")
-                    pipe.notify()
+                    ctx.notify()
                     return None
                 await w.wake.wait()
                 continue
@@ -368,7 +384,7 @@ class WorkerPool:
         buf = self.buf
         assert w.loaded is not None
         first = buf.next_sample(rids[0])
-        seed = generation_seed(self.pipe.cfg.run.seed, first)
+        seed = generation_seed(self.ctx.cfg.run.seed, first)
         name, epoch, loaded, start = w.name, w.epoch, w.loaded, buf.start
         sids = [start(r, name, epoch, loaded, first, seed) for r in rids]
         if buf.next_request() is not None:
@@ -378,11 +394,11 @@ class WorkerPool:
         return call
 
     def _published(self) -> Published:
-        """The version workers load: ``pipe.published``, unless the ledger never made it
+        """The version workers load: ``published_now()``, unless the ledger never made it
         current (published out of band: a bug, or a chaos fault). Such a version is refused,
         written to stderr once, and the workers keep the last version the ledger committed;
         without this, ``buf.start`` would raise StateError and end the run."""
-        pub = self.pipe.published
+        pub = self.published_now()
         assert pub is not None
         if pub is self._trusted:
             return pub
@@ -419,9 +435,9 @@ class WorkerPool:
 
     async def _load(self, w: Worker, engine: AsyncEngine, version: PolicyVersion,
                     weights: Any) -> BaseException | None:
-        lim = self.pipe.cfg.limits
+        lim = self.ctx.limits
         try:
-            with self.pipe.waits.waiting(f"{w.name} load weights", lim.weights_timeout_s):
+            with self.ctx.waits.waiting(f"{w.name} load weights", lim.weights_timeout_s):
                 async with asyncio.timeout(unsafe.timeout(lim.weights_timeout_s)) as cm:
                     secs = await engine.load_weights(weights)
         except TimeoutError:
