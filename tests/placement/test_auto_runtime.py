@@ -230,3 +230,16 @@ def test_a_failing_probe_warns_and_the_fixed_rule_holds(monkeypatch: pytest.Monk
                                       "m", stream=err)  # type: ignore[arg-type]
     assert (p.runtime, p.budget.trainer, p.probe) == ("process", 1, None)
     assert "thread probe failed (RuntimeError: no forward with labels)" in err.getvalue()
+
+
+def test_a_run_that_may_fork_workers_is_told_apart():
+    """An async hf run whose runtime may settle on processes pre-starts their forkserver;
+    a sync run, a sim run, an inline or Ray one, an injected engine and one core do not."""
+    assert placement.may_fork_workers(_cfg(max_staleness=1), cores=2)
+    assert placement.may_fork_workers(_cfg(max_staleness=1, runtime="process"), cores=2)
+    assert not placement.may_fork_workers(_cfg(max_staleness=0), cores=2)
+    assert not placement.may_fork_workers(_cfg(max_staleness=1, runtime="inline"), cores=2)
+    assert not placement.may_fork_workers(_cfg(max_staleness=1, runtime="ray"), cores=2)
+    assert not placement.may_fork_workers(_cfg(max_staleness=1, engine="sim"), cores=2)
+    assert not placement.may_fork_workers(_cfg(max_staleness=1), injected=True, cores=2)
+    assert not placement.may_fork_workers(_cfg(max_staleness=1), cores=1)

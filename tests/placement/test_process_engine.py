@@ -235,3 +235,15 @@ def test_the_child_exits_and_the_segment_goes_when_the_driver_is_sigkilled(
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_a_prestarted_forkserver_is_waited_for_once():
+    """A run that may fork workers starts their forkserver at its start; the thread probe
+    waits once for its imports (a child forked from it runs), later waits are no-ops."""
+    from freshroll.placement import process_engine as pe
+
+    pe.workers_ready(60.0)  # whatever an earlier run of this process left pre-started
+    assert pe.workers_ready(60.0) is None  # nothing pre-started: no wait
+    pe.prestart_workers()
+    assert pe.workers_ready(60.0) is True
+    assert pe.workers_ready(60.0) is None

@@ -151,6 +151,16 @@ def wants_probe(cfg: Config, *, injected: bool = False, cores: int | None = None
             and cfg.run.runtime in ("auto", "inline"))
 
 
+def may_fork_workers(cfg: Config, *, injected: bool = False, cores: int | None = None) -> bool:
+    """Whether a run's inference workers may be processes of their own (``run.runtime``
+    process, or auto that :func:`plan` may settle on process): an async run of the hf engine,
+    not injected, on two cores or more. Such a run pre-starts the processes' forkserver
+    (:func:`~freshroll.placement.process_engine.prestart_workers`)."""
+    cores = available_cores() if cores is None else cores
+    return (cfg.run.max_staleness > 0 and cfg.rollout.engine == "hf" and not injected
+            and cfg.run.runtime in ("auto", "process") and cores >= 2)
+
+
 def tunes_stages(cfg: Config, runtime: Runtime, *, injected: bool = False,
                  cores: int | None = None) -> bool:
     """Whether a run settles its stages' intra-op threads on its own calls

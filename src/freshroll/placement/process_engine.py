@@ -99,6 +99,45 @@ def worker_context() -> Any:
 
 
 _MAIN_LOCK = threading.Lock()
+_prestarted = False  # prestart_workers() started the forkserver; workers_ready() not yet
+
+
+def prestart_workers() -> None:
+    """Start the forkserver now, so that it imports torch and transformers beside the run's
+    own start (reading its inputs, building or loading the model) instead of after it: the
+    first worker then forks in milliseconds. Called at a run's start when its workers may be
+    processes; the server is the one :func:`worker_context` starts anyway on first use (a
+    no-op where it runs, or where there is no ``forkserver``)."""
+    global _prestarted
+    ctx = worker_context()
+    if ctx.get_start_method() != "forkserver":
+        return
+    from multiprocessing import forkserver
+
+    forkserver.ensure_running()
+    _prestarted = True
+
+
+def workers_ready(timeout_s: float) -> bool | None:
+    """Wait (at most ``timeout_s``) until a forkserver that :func:`prestart_workers` started
+    has imported what it preloads, by forking a child that does nothing: a measurement that
+    follows (the thread probe) then runs on cores the server no longer uses. Whether that
+    child ran in time; None (no wait) without a pre-started server. A server that fails is
+    left for the first worker's start to report."""
+    global _prestarted
+    if not _prestarted:
+        return None
+    _prestarted = False
+    ctx = worker_context()
+    with _main_not_rerun():
+        child = ctx.Process(target=_nothing, name="freshroll-forkserver-ready", daemon=True)
+        child.start()
+    child.join(timeout_s)
+    return child.exitcode == 0
+
+
+def _nothing() -> None:
+    """A child's whole work in :func:`workers_ready`."""
 
 
 @contextmanager

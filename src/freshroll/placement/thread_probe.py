@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import torch
 
 from freshroll.placement.placement import Placement, available_cores, plan, wants_probe
+from freshroll.placement.process_engine import workers_ready
 
 if TYPE_CHECKING:
     from freshroll.config import Config
@@ -199,6 +200,7 @@ def settle_placement(cfg: Config, prompts: Sequence[Prompt], model_path: Path, *
             stream.write("freshroll: measuring whether intra-op threads pay for this model "
                          f"({cores} cores)...\n")
             stream.flush()
+        workers_ready(cfg.limits.worker_start_timeout_s)  # the forkserver's imports done first
         try:
             probe = probe_threads(model_path, batch, max_new_tokens=r.max_new_tokens,
                                   threads=cores)

@@ -57,7 +57,8 @@ from freshroll.lineage import PolicyVersion
 from freshroll.observe.monitors import build_monitors
 from freshroll.pipeline.observers import FollowMode, RunObserver
 from freshroll.pipeline.pipeline import Pipeline, run_pipeline
-from freshroll.placement.placement import Placement, settled
+from freshroll.placement.placement import Placement, may_fork_workers, settled
+from freshroll.placement.process_engine import prestart_workers
 from freshroll.placement.shm_weights import sweep_segments
 from freshroll.placement.thread_probe import settle_placement
 from freshroll.runtime.endfiles import Finished, finish_run_dir, record_fixed_costs
@@ -116,6 +117,8 @@ def run(
     is closed when the run ends. The run directory is locked for the whole call.
     """
     called_at = time.time()  # fixed_costs.start_s counts from here
+    if cfg is not None and may_fork_workers(cfg, injected=make_engine is not None):
+        prestart_workers()  # its imports beside the run's start, not after it
     prep = prepare_run_dir(cfg, out, resume, allow_change)
     try:
         return _run(prep, out, stream, make_engine, chaos, report, called_at, observers)
