@@ -133,7 +133,7 @@ def workers_ready(timeout_s: float) -> bool | None:
         child = ctx.Process(target=_nothing, name="freshroll-forkserver-ready", daemon=True)
         child.start()
     child.join(timeout_s)
-    return child.exitcode == 0
+    return bool(child.exitcode == 0)
 
 
 def _nothing() -> None:
