@@ -318,15 +318,20 @@ class Pipeline:
             self.published = Published(version, trainer.weights())
             self.pool.note_committed()  # before the hooks: a chaos session may bump it
             self.hooks.committed(version)
-            report = StepReport(version.step, version, metrics, wait_s, metrics["train_s"])
-            for o in self.observers:
-                o.on_step(report)
             if self.fallback is not None:
                 switch = self.fallback.committed(version.step, clock.now())
                 if switch is not None:
                     self._switch_mode(switch)
             self.notify()
             self.pool.version_published()
+            if buf.counts["steps"] < self.cfg.run.steps:
+                # the feeder and the pool first: the next step's generation starts before the
+                # observers' bookkeeping (metrics rows, progress line), which then runs beside
+                # it instead of in front of it (in a sync run it was on every step's path)
+                await asyncio.sleep(0)
+            report = StepReport(version.step, version, metrics, wait_s, metrics["train_s"])
+            for o in self.observers:
+                o.on_step(report)
         raise _Stop
 
     def _trainer_wait(self, what: str) -> AbstractContextManager[None]:
