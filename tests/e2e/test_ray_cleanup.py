@@ -14,14 +14,13 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
-from cli_zygote import Zygote
+from cli_zygote import Forked, Zygote
 from e2e_helpers import REPO, metrics, summary
 
 from freshroll.placement import ray_reaper
@@ -143,40 +142,18 @@ def zygote() -> Iterator[Zygote]:
     z.close()
 
 
-class _Forked:
-    """``freshroll ARGS`` forked from the zygote, waited for on a thread of this test (the
-    zygote answers when the child exits): ``status`` is its exit status (-9: SIGKILL)."""
-
-    def __init__(self, zygote: Zygote, args: list[str], log: Path) -> None:
-        self.status: int | str | None = None
-        env = {OWNER_ENV: os.environ[OWNER_ENV]} if OWNER_ENV in os.environ else {}
-
-        def wait() -> None:
-            self.status = zygote.run(args, log, env=env, timeout_s=400)
-
-        self.thread = threading.Thread(target=wait, daemon=True)
-        self.thread.start()
-
-    def running(self) -> bool:
-        return self.thread.is_alive()
-
-    def wait(self, timeout_s: float = 60) -> int | str | None:
-        self.thread.join(timeout_s)
-        assert not self.thread.is_alive(), "the forked run did not end"
-        return self.status
-
-
 def _start_ray_run(out: Path, small: list[str], steps: int, zygote: Zygote,
-                   ) -> tuple[_Forked, int, str]:
+                   ) -> tuple[Forked, int, str]:
     """A ray-runtime run of ``steps`` steps in a forked process, returned once its first step
     is committed (killed then, it is far from its end) with its driver's pid and its Ray
     token. One inference actor: a second one would cost ~12 CPU-s per start and show nothing
     more (every process of the instance, actors included, carries its token: what the checks
     count)."""
-    run = _Forked(zygote, ["run", *small, f"run.steps={steps}", "run.runtime=ray",
-                           "rollout.workers=1", "rollout.worker_batch=4",
-                           "trainer.checkpoint_every=5", "--out", str(out)],
-                  out.parent / f"{out.name}.log")
+    env = {OWNER_ENV: os.environ[OWNER_ENV]} if OWNER_ENV in os.environ else {}
+    run = zygote.fork(["run", *small, f"run.steps={steps}", "run.runtime=ray",
+                       "rollout.workers=1", "rollout.worker_batch=4",
+                       "trainer.checkpoint_every=5", "--out", str(out)],
+                      out.parent / f"{out.name}.log", env=env, timeout_s=400)
     deadline = time.time() + 240
     while time.time() < deadline:
         if (out / "metrics.jsonl").is_file() and metrics(out):
@@ -223,7 +200,8 @@ def test_resume_reaps_what_a_killed_driver_and_watchdog_left(tmp_path: Path, sma
         assert run.wait() == -9
         assert not (out / "summary.json").exists()  # killed mid-run: the resume has work left
         log = tmp_path / "resume.log"
-        resume = _Forked(zygote, ["run", "--resume", str(out)], log)
+        resume = zygote.fork(["run", "--resume", str(out)], log, env={OWNER_ENV: tag},
+                             timeout_s=400)
         assert resume.wait(400) == 0, log.read_text()
         assert "verify: ok" in log.read_text()
         assert summary(out)["steps"] == 12
