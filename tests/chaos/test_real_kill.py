@@ -140,7 +140,9 @@ def test_ray_kill_really_kills_the_actor_and_the_pool_restarts_it(
     from freshroll.placement import ray_reaper
     from freshroll.placement.ray_reaper import alive, session_pids
 
-    plan = _plan()
+    # 6 steps: the kill comes with w0's first call after step 1, and every step after it
+    # waits for the new actor (_WaitForReplacement), so the new actor serves in step 2
+    plan = _plan(steps=6)
     cfg = validate(real_workload(plan, plan.scenarios[0], 0, "ray"), "test")
     assert cfg.run.runtime == "ray" and cfg.rollout.workers == 2
     session = KillAfterStep(1)

@@ -19,6 +19,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -81,10 +82,38 @@ class Zygote:
         answer: int | str = json.loads(self.proc.stdout.readline())
         return answer
 
+    def fork(self, args: list[str], log: Path, env: dict[str, str] | None = None,
+             timeout_s: float = 300) -> Forked:
+        """:meth:`run` on a thread: returns at once, while the child runs (one at a time)."""
+        return Forked(self, args, log, env or {}, timeout_s)
+
     def close(self) -> None:
         if self.proc.stdin is not None:
             self.proc.stdin.close()
         self.proc.wait(timeout=30)
+
+
+class Forked:
+    """A ``freshroll`` child of the zygote, waited for on a thread of the test (the zygote
+    answers when the child exits): :attr:`status` is its exit status once it ended."""
+
+    def __init__(self, zygote: Zygote, args: list[str], log: Path, env: dict[str, str],
+                 timeout_s: float) -> None:
+        self.status: int | str | None = None
+
+        def wait() -> None:
+            self.status = zygote.run(args, log, env=env, timeout_s=timeout_s)
+
+        self.thread = threading.Thread(target=wait, daemon=True)
+        self.thread.start()
+
+    def running(self) -> bool:
+        return self.thread.is_alive()
+
+    def wait(self, timeout_s: float = 60) -> int | str | None:
+        self.thread.join(timeout_s)
+        assert not self.thread.is_alive(), "the forked run did not end"
+        return self.status
 
 
 if __name__ == "__main__":

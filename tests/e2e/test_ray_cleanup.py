@@ -2,7 +2,9 @@
 
 Fast tests drive the reaper and its watchdog with stand-in processes (no Ray); the slow
 ones SIGKILL the driver of a real ``run.runtime: ray`` run and check, by pid, that no
-process of that Ray instance survives.
+process of that Ray instance survives. Their drivers are real processes forked from one
+zygote of the module (tests/e2e/cli_zygote.py: torch and the CLI imported once, not a
+Python start-up per run).
 """
 
 from __future__ import annotations
@@ -13,14 +15,17 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
-from e2e_helpers import REPO, freshroll, metrics, summary
+from cli_zygote import Forked, Zygote
+from e2e_helpers import REPO, metrics, summary
 
 from freshroll.placement import ray_reaper
 from freshroll.placement.ray_reaper import TOKEN_ENV, alive, session_pids
-from ray_owner import live_tokens_of, owned
+from ray_owner import OWNER_ENV, live_tokens_of, owned
 
 pytestmark = pytest.mark.ray
 
@@ -129,64 +134,76 @@ def test_reap_previous_leaves_a_live_drivers_instance_alone(tmp_path: Path):
 # -- real ray runs ------------------------------------------------------------------------
 
 
-def _start_ray_run(out: Path, small: list[str], steps: int,
-                   ) -> tuple[subprocess.Popen[bytes], str]:
-    """A ray-runtime run of ``steps`` steps in a subprocess, returned once its first step is
-    committed (killed then, it is far from its end). One inference actor: a second one would
-    cost ~12 CPU-s per start and show nothing more (every process of the instance, actors
-    included, carries its token: what the checks count)."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "freshroll.cli", "run", *small, f"run.steps={steps}",
-         "run.runtime=ray", "rollout.workers=1", "rollout.worker_batch=4",
-         "trainer.checkpoint_every=5", "--out", str(out)],
-        cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"},
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
+@pytest.fixture(scope="module")
+def zygote() -> Iterator[Zygote]:
+    """The runs' drivers are real processes, forked from one that imported torch once."""
+    z = Zygote()
+    yield z
+    z.close()
+
+
+def _start_ray_run(out: Path, small: list[str], steps: int, zygote: Zygote,
+                   ) -> tuple[Forked, int, str]:
+    """A ray-runtime run of ``steps`` steps in a forked process, returned once its first step
+    is committed (killed then, it is far from its end) with its driver's pid and its Ray
+    token. One inference actor: a second one would cost ~12 CPU-s per start and show nothing
+    more (every process of the instance, actors included, carries its token: what the checks
+    count)."""
+    env = {OWNER_ENV: os.environ[OWNER_ENV]} if OWNER_ENV in os.environ else {}
+    run = zygote.fork(["run", *small, f"run.steps={steps}", "run.runtime=ray",
+                       "rollout.workers=1", "rollout.worker_batch=4",
+                       "trainer.checkpoint_every=5", "--out", str(out)],
+                      out.parent / f"{out.name}.log", env=env, timeout_s=400)
     deadline = time.time() + 240
     while time.time() < deadline:
         if (out / "metrics.jsonl").is_file() and metrics(out):
             break
-        if proc.poll() is not None:
+        if not run.running():
             pytest.fail("the ray run ended before it could be killed")
         time.sleep(0.05)
     else:
-        proc.kill()
         pytest.fail("the ray run committed no step in time")
     record = json.loads((out / "ray.json").read_text())
-    assert record["driver_pid"] == proc.pid
-    return proc, record["token"]
+    driver = record["driver_pid"]
+    assert psutil.Process(driver).ppid() == zygote.proc.pid  # the run's own forked process
+    return run, driver, record["token"]
 
 
 @pytest.mark.slow
-def test_driver_sigkill_leaves_no_ray_process(tmp_path: Path, small: list[str]):
+def test_driver_sigkill_leaves_no_ray_process(tmp_path: Path, small: list[str],
+                                              zygote: Zygote):
     """Guard 2: the watchdog stops the instance of a SIGKILLed driver."""
     out = tmp_path / "ray"
-    proc, token = _start_ray_run(out, small, steps=40)
+    run, driver, token = _start_ray_run(out, small, steps=40, zygote=zygote)
     pids = session_pids(token)
     assert len(pids) >= 5  # gcs, raylet, agents, the actor...
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    os.kill(driver, signal.SIGKILL)
+    assert run.wait() == -9
     assert _gone(pids, timeout=30), f"still alive: {[p for p in pids if alive(p)]}"
     assert session_pids(token) == []
 
 
 @pytest.mark.slow
-def test_resume_reaps_what_a_killed_driver_and_watchdog_left(tmp_path: Path, small: list[str]):
+def test_resume_reaps_what_a_killed_driver_and_watchdog_left(tmp_path: Path, small: list[str],
+                                                             zygote: Zygote):
     """Guard 3: driver and watchdog both SIGKILLed; the resume stops the leftovers, then
     finishes the run, and its own instance is gone when it exits."""
     out = tmp_path / "ray"
     with owned() as tag:  # other tests' Ray instances may run beside this one
         # 12 steps: the resume trains the 11 or so left (at ~0.3 CPU-s a step)
-        proc, token = _start_ray_run(out, small, steps=12)
+        run, driver, token = _start_ray_run(out, small, steps=12, zygote=zygote)
         assert live_tokens_of(tag) == {token}  # the tag reaches the instance's processes
         record = json.loads((out / "ray.json").read_text())
         pids = session_pids(token)
         os.kill(record["watchdog_pid"], signal.SIGKILL)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        os.kill(driver, signal.SIGKILL)
+        assert run.wait() == -9
         assert not (out / "summary.json").exists()  # killed mid-run: the resume has work left
-        res = freshroll("run", "--resume", str(out), timeout=400, subprocess=True)
-        assert "verify: ok" in res.stdout
+        log = tmp_path / "resume.log"
+        resume = zygote.fork(["run", "--resume", str(out)], log, env={OWNER_ENV: tag},
+                             timeout_s=400)
+        assert resume.wait(400) == 0, log.read_text()
+        assert "verify: ok" in log.read_text()
         assert summary(out)["steps"] == 12
         assert not any(alive(p) for p in pids), f"still alive: {[p for p in pids if alive(p)]}"
         assert live_tokens_of(tag) == set()  # neither the old nor the resumed instance remains

@@ -5,6 +5,10 @@ trainer trains (sync, one worker: the same weights digests step by step); a trai
 killed during a step is survived (rebuilt from the last durable commit, the same lease
 trained again, recorded as ``trainer_restarted``), with every committed step there exactly
 once; and ``freshroll run --resume`` of such a run goes on from its last commit.
+
+The Ray runs join one cluster of the module (tests/ray_shared.py, ``run.ray_address``):
+one cluster's start-up instead of a private instance per run (five of them); what is
+tested here is the trainer actor, not the instance's lifetime (tests/e2e/test_ray_cleanup.py).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import io
 import json
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,15 +28,25 @@ from freshroll.config import Config, load_config
 from freshroll.harness.verify import verify_run
 from freshroll.lineage import PolicyVersion
 from freshroll.pipeline.hooks import Hooks
+from freshroll.placement.ray_cluster import ScratchCluster
 from freshroll.placement.ray_trainer import RayTrainer
 from freshroll.runtime.placements import Components
 from freshroll.runtime.run import run
 from freshroll.state import Lease
+from ray_shared import joining, shared_cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
 SMALL = ["run.progress=false", "task.n_prompts=256", "rollout.group_size=4",
          "rollout.batch_groups=4", "rollout.workers=1", "run.max_staleness=0"]
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[ScratchCluster]:
+    """The module's Ray cluster: 3 CPUs, what a private instance of a trainer-actor run has
+    (one inference actor, one reward actor, the trainer actor: ``ray_cpus``)."""
+    with shared_cluster(4) as c:
+        yield c
 
 
 def _cfg(*over: str) -> Config:
@@ -95,19 +110,20 @@ class _Killing:
         return self.inner.weights()
 
 
-def test_trainer_actor_trains_what_the_driver_and_inline_train(tmp_path: Path):
+def test_trainer_actor_trains_what_the_driver_and_inline_train(tmp_path: Path,
+                                                                cluster: ScratchCluster):
     """Sync and one worker: the trainer actor's run commits the same versions and weights
     digests, step by step, as a ``ray.trainer: driver`` run and an inline run at the same
     seed; they verify."""
     steps = "run.steps=4"
     watch = Watch()
     actor = tmp_path / "actor"
-    res = run(_cfg(steps, "run.runtime=ray", "trainer.checkpoint_every=2"), actor,
-              chaos=watch, stream=io.StringIO(), report=False)
+    res = run(_cfg(steps, "run.runtime=ray", "trainer.checkpoint_every=2", joining(cluster)),
+              actor, chaos=watch, stream=io.StringIO(), report=False)
     assert res.ok, verify_run(actor).render()
     driver = tmp_path / "driver"
     assert run(_cfg(steps, "run.runtime=ray", "trainer.checkpoint_every=2",
-                    "ray.trainer=driver"), driver,
+                    "ray.trainer=driver", joining(cluster)), driver,
                stream=io.StringIO(), report=False).ok
     inline = tmp_path / "inline"
     assert run(_cfg(steps, "run.runtime=inline", "trainer.checkpoint_every=2"), inline,
@@ -124,7 +140,8 @@ def test_trainer_actor_trains_what_the_driver_and_inline_train(tmp_path: Path):
     print("\n" + watch.trainer.describe())
 
 
-def test_a_killed_trainer_actor_is_survived_then_resumed(tmp_path: Path):
+def test_a_killed_trainer_actor_is_survived_then_resumed(tmp_path: Path,
+                                                         cluster: ScratchCluster):
     """The actor killed as step 3 begins: rebuilt at step 2 (the last durable commit), the
     lease retried; killed again before step 4's checkpoint state is fetched: rebuilt at step
     3, step 4 trained again (the same digest), its checkpoint written; 5 steps committed
@@ -132,7 +149,8 @@ def test_a_killed_trainer_actor_is_survived_then_resumed(tmp_path: Path):
     ``--resume`` to 7 steps goes on from step 5."""
     out = tmp_path / "kill"
     watch = Watch(kill_at=3, kill_at_checkpoint=4)
-    cfg = _cfg("run.steps=5", "run.runtime=ray", "trainer.checkpoint_every=2")
+    cfg = _cfg("run.steps=5", "run.runtime=ray", "trainer.checkpoint_every=2",
+               joining(cluster))
     res = run(cfg, out, chaos=watch, stream=io.StringIO(), report=False)
     assert res.ok, verify_run(out).render()
     assert watch.trainer is not None and watch.killed_pid
@@ -159,7 +177,7 @@ def test_a_killed_trainer_actor_is_survived_then_resumed(tmp_path: Path):
 
 
 def test_a_trainer_actor_that_never_answers_in_time_fails_the_run_after_max_restarts(
-        tmp_path: Path):
+        tmp_path: Path, cluster: ScratchCluster):
     """Every step outlives ``limits.train_timeout_s``: each time the actor is killed and
     rebuilt, at most MAX_RESTARTS times; then RunFailed names the cause, the ledger is closed
     ``failed`` with every restart recorded, and verify passes."""
@@ -167,7 +185,8 @@ def test_a_trainer_actor_that_never_answers_in_time_fails_the_run_after_max_rest
     from freshroll.placement.ray_trainer import MAX_RESTARTS
 
     out = tmp_path / "slow"
-    cfg = _cfg("run.steps=2", "run.runtime=ray", "limits.train_timeout_s=0.001")
+    cfg = _cfg("run.steps=2", "run.runtime=ray", "limits.train_timeout_s=0.001",
+               joining(cluster))
     with pytest.raises(RunFailed, match=r"trainer actor timeout .*limits\.train_timeout_s.*"
                                         rf"restarted {MAX_RESTARTS} times"):
         run(cfg, out, stream=io.StringIO(), report=False)

@@ -1,9 +1,10 @@
 """``run.runtime: ray`` on a cluster (issue 9): joining one, a cluster that does not answer,
 reward actors (and one lost mid-run), and elastic workers as real actors.
 
-The fast tests need no Ray process; the slow ones start real Ray (a private instance, or a
-scratch cluster with ``ray start --head`` whose processes are reaped by its own token, never
-``ray stop``, which would stop every Ray process on the machine).
+The fast tests need no Ray process; the slow ones share one real Ray cluster of the module
+(``ray start --head``, 2 CPUs, tests/ray_shared.py: its processes are reaped by its own token,
+never ``ray stop``, which would stop every Ray process on the machine), which each run joins
+with ``run.ray_address``: one cluster's start-up instead of one private instance per run.
 """
 
 from __future__ import annotations
@@ -24,13 +25,13 @@ from freshroll.config import load_config, validate
 from freshroll.errors import ClusterUnavailable, ConfigError
 from freshroll.harness.verify import verify_run
 from freshroll.pipeline.hooks import HookContext, Hooks
-from freshroll.placement.ray_cluster import free_port, start_cluster
+from freshroll.placement.ray_cluster import ScratchCluster, free_port
 from freshroll.runtime import run as run_mod
 from freshroll.runtime.placements import ray_cpus
+from ray_shared import joining, shared_cluster
 
 pytestmark = pytest.mark.ray
 
-SRC = Path(__file__).resolve().parents[2] / "src"
 SMALL = ["run.progress=false", "task.n_prompts=64", "rollout.group_size=4",
          "rollout.batch_groups=2", "rollout.worker_batch=4", "run.runtime=ray",
          "ray.trainer=driver"]
@@ -80,6 +81,21 @@ def test_a_run_against_an_address_that_does_not_answer_stops_clearly(tmp_path: P
     assert not ray.is_initialized()
 
 
+@pytest.fixture(scope="module")
+def marker(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the hanging reward of ``reward_run`` marks its one hang (a path the cluster's
+    workers know from their environment: a joined run's actors inherit the cluster's)."""
+    return tmp_path_factory.mktemp("marker") / "marker"
+
+
+@pytest.fixture(scope="module")
+def cluster(marker: Path) -> Iterator[ScratchCluster]:
+    """The module's one Ray cluster (2 CPUs: the resize test counts them), joined by every
+    run and direct Ray call of its slow tests, stopped (every process of it) at the end."""
+    with shared_cluster(2, env={"FRESHROLL_TEST_MARKER": str(marker)}) as c:
+        yield c
+
+
 def _ledger(out: Path, sql: str) -> list[Any]:
     db = sqlite3.connect(out / "ledger.sqlite")
     try:
@@ -98,35 +114,31 @@ def _wait_cpus(ray: Any, want: float, timeout_s: float = 30.0) -> float:
 
 
 @pytest.mark.slow
-def test_a_run_joins_a_running_cluster_and_leaves_it_running(tmp_path: Path):
+def test_a_run_joins_a_running_cluster_and_leaves_it_running(tmp_path: Path,
+                                                             cluster: ScratchCluster):
     """``ray start --head`` (2 CPUs), a short real run against it (one inference actor,
     one reward actor), verify passes; afterwards the cluster still runs, freshroll's actors
-    are gone (all its CPUs free again) and this process is disconnected."""
+    are gone (all its CPUs free again) and this process is disconnected. (The cluster is
+    the module's, stopped and checked gone when the module ends.)"""
     import ray
 
-    cluster = start_cluster(2, pythonpath=SRC)
+    cfg = load_config(None, [*SMALL, "run.steps=3", "rollout.workers=1", joining(cluster)])
+    out = tmp_path / "joined"
+    result = run_mod.run(cfg, out)
+    assert result.ok, verify_run(out).render()
+    assert not ray.is_initialized()  # disconnected
+    assert not (out / "ray.json").exists()  # no reaper record: not our cluster
+    pids = cluster.pids()
+    assert pids, "the cluster's processes must outlive the run"
+    loads = _ledger(out, "SELECT json_extract(body, '$.transfer_s') FROM events "
+                         "WHERE kind='weights_loaded'")
+    assert loads and all(t >= 0 for (t,) in loads)
+    ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
     try:
-        cfg = load_config(None, [*SMALL, "run.steps=3", "rollout.workers=1",
-                                 f"run.ray_address={cluster.address}"])
-        out = tmp_path / "joined"
-        result = run_mod.run(cfg, out)
-        assert result.ok, verify_run(out).render()
-        assert not ray.is_initialized()  # disconnected
-        assert not (out / "ray.json").exists()  # no reaper record: not our cluster
-        pids = cluster.pids()
-        assert pids, "the cluster's processes must outlive the run"
-        loads = _ledger(out, "SELECT json_extract(body, '$.transfer_s') FROM events "
-                             "WHERE kind='weights_loaded'")
-        assert loads and all(t >= 0 for (t,) in loads)
-        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
-        try:
-            assert _wait_cpus(ray, 2.0) == 2.0  # our actors were killed, the CPUs are free
-        finally:
-            ray.shutdown()
-        assert set(cluster.pids()) >= set(pids)
+        assert _wait_cpus(ray, 2.0) == 2.0  # our actors were killed, the CPUs are free
     finally:
-        cluster.stop()
-    assert not cluster.pids()
+        ray.shutdown()
+    assert set(cluster.pids()) >= set(pids)
 
 
 class _Session:
@@ -176,9 +188,9 @@ async def _until(cond: Any, timeout_s: float, what: str) -> None:
 
 
 @pytest.mark.slow
-def test_resize_adds_and_retires_real_actors(tmp_path: Path):
+def test_resize_adds_and_retires_real_actors(tmp_path: Path, cluster: ScratchCluster):
     """Workers added and retired during a real Ray run are real actors: a retired actor is
-    gone and its CPU free (the private instance has exactly 2), so a later scale-up places a
+    gone and its CPU free (the cluster has exactly 2), so a later scale-up places a
     new one; the ledger shows the additions and the retirement, verify passes."""
     import ray
 
@@ -217,7 +229,7 @@ def test_resize_adds_and_retires_real_actors(tmp_path: Path):
     session.wrap = lambda parts, buf: dataclasses.replace(  # type: ignore[method-assign]
         wrap(parts, buf), trainer=_HeldTrainer(parts.trainer, done))
     cfg = load_config(None, [*SMALL, "run.steps=6", "rollout.workers=1",
-                             "ray.reward_actors=0"])
+                             "ray.reward_actors=0", joining(cluster)])
     assert ray_cpus(cfg) == 2
     out = tmp_path / "run"
     result = run_mod.run(cfg, out, chaos=session)
@@ -254,10 +266,12 @@ class _RewardRun:
     result: Any
     session: _Session
     killed: list[str]  # the reward actor killed after the first commit
+    marker: Path  # written by the reward's one hanging call
 
 
 @pytest.fixture(scope="module")
-def reward_run(tmp_path_factory: pytest.TempPathFactory) -> _RewardRun:
+def reward_run(tmp_path_factory: pytest.TempPathFactory, cluster: ScratchCluster,
+               marker: Path) -> _RewardRun:
     """One real run with one reward actor, shared by the two tests below (a Ray run costs
     ~15 CPU-s before its first step): its first reward call hangs past
     limits.reward_timeout_s (the actor is abandoned and replaced), then, after the first
@@ -278,7 +292,8 @@ def reward_run(tmp_path_factory: pytest.TempPathFactory) -> _RewardRun:
 
     session = _Session(script)
     cfg = validate({
-        "run": {"progress": False, "steps": 4, "runtime": "ray"},
+        "run": {"progress": False, "steps": 4, "runtime": "ray",
+                "ray_address": cluster.address},
         "task": {"n_prompts": 64}, "rollout": {"group_size": 4, "batch_groups": 2,
                                               "worker_batch": 4, "workers": 1},
         "ray": {"trainer": "driver", "reward_actors": 1},
@@ -286,9 +301,9 @@ def reward_run(tmp_path_factory: pytest.TempPathFactory) -> _RewardRun:
         "rewards": [{"fn": f"{reward}:hangs_once"}]}, "test")
     out = tmp / "run"
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("FRESHROLL_TEST_MARKER", str(tmp / "marker"))  # the actors inherit it
+        mp.setenv("FRESHROLL_TEST_MARKER", str(marker))  # the cluster's actors have it too
         result = run_mod.run(cfg, out, chaos=session)
-    return _RewardRun(out, result, session, killed)
+    return _RewardRun(out, result, session, killed, marker)
 
 
 @pytest.mark.slow
@@ -317,26 +332,27 @@ def test_a_stuck_reward_call_is_abandoned_and_its_actor_replaced(reward_run: _Re
     counts = json.loads((out / "counts.json").read_text())
     assert counts.get("discarded_reward_timeout", 0) >= 1
     assert reward_run.session.parts.scorer.restarts >= 1
-    assert (out.parent / "marker").read_text() == "hung"  # the first call did hang
+    assert reward_run.marker.read_text() == "hung"  # the first call did hang
 
 
 @pytest.fixture(scope="class")
-def _private_instance() -> Iterator[None]:
-    """One private Ray instance (3 CPUs) for the tests of a class that call Ray directly
-    (no run: a run starts and stops its own instance): ~5 CPU-s each instance costs."""
+def _joined(cluster: ScratchCluster) -> Iterator[None]:
+    """The tests of a class that call Ray directly (no run: a run joins and leaves on its
+    own) joined to the module's cluster; at the end their actors are killed and this process
+    disconnects (``stop_ray`` on a joined cluster)."""
     from freshroll.placement.ray_engine import start_ray, stop_ray
 
-    start_ray(num_cpus=3)
+    start_ray(address=cluster.address)
     try:
         yield
     finally:
         stop_ray()
 
 
-@pytest.mark.usefixtures("_private_instance")
-class TestOnOnePrivateInstance:
-    """Reward actors and inference actors driven directly, on one shared instance (the
-    reward test's actors are closed before the next test's start: 3 CPUs suffice)."""
+@pytest.mark.usefixtures("_joined")
+class TestOnTheModulesCluster:
+    """Reward actors and inference actors driven directly, on the module's cluster (the
+    reward test's actors are closed before the next test's start: its 2 CPUs suffice)."""
 
     @pytest.mark.slow
     def test_reward_actors_must_build_the_drivers_reward_version(self):
