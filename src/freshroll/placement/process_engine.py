@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from freshroll.engines.base import Completion
+from freshroll.engines.weights import Weights
 from freshroll.errors import WorkerLost, WorkerTimeout
 from freshroll.placement.shm_weights import Layout, SlotHandle, SlotReader, WeightChannel
 
@@ -329,7 +330,7 @@ class ProcessEngine:
                             temperature=temperature, top_p=top_p, seed=seed, threads=threads)
         return [completion_from_json(d) for d in result]
 
-    def load_weights(self, handle: Any) -> float:
+    def load_weights(self, handle: Weights) -> float:
         """Load a published slot (the channel counts this worker as its reader until the
         child answers); seconds of the caller's wall time."""
         if not isinstance(handle, SlotHandle) or self.channel is None:

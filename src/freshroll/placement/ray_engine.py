@@ -66,6 +66,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from freshroll.engines.base import Completion
+from freshroll.engines.weights import Publishing, RayRef, StateDict, Weights, state_dict_of
 from freshroll.errors import ClusterUnavailable, ConfigError, WorkerLost, WorkerTimeout
 from freshroll.placement import ray_reaper
 
@@ -320,7 +321,7 @@ class _EngineActor:
     def generate(self, prompts: Sequence[str], kwargs: dict[str, Any]) -> list[Completion]:
         return self.engine.generate(prompts, **kwargs)
 
-    def load_weights(self, weights: list[Any]) -> tuple[float, float]:
+    def load_weights(self, weights: list[RayRef | StateDict]) -> tuple[float, float]:
         """``weights``: ``[ObjectRef]`` (fetched here from the object store: wrapped in a
         list so that Ray does not resolve it before the call and the fetch is timed here) or
         ``[dict]``; returns this actor's ``(fetch_s, copy_s)``."""
@@ -340,14 +341,21 @@ class _EngineActor:
         return True
 
 
-def ray_publish(learner: Any) -> Any:
+def ray_publish(learner: Publishing) -> RayRef:
     """``ray.trainer: driver``: the learner's weights put in the object store once per
-    version (:class:`~freshroll.placement.adapters.ThreadTrainer`'s ``publish``, on the
-    trainer thread); every worker's :meth:`RayEngine.load_weights` gets the same ref."""
+    version (on the trainer thread, by :class:`RayPut`); every worker's
+    :meth:`RayEngine.load_weights` gets the same ref."""
     import ray
 
     with _gate.entered():
-        return ray.put(learner.weights())
+        return ray.put(dict(learner.weights()))
+
+
+class RayPut:
+    """``ray.trainer: driver``'s :class:`~freshroll.engines.weights.WeightTransfer`."""
+
+    def publish(self, learner: Publishing) -> RayRef:
+        return ray_publish(learner)
 
 
 @dataclass(frozen=True, slots=True)
@@ -470,15 +478,17 @@ class RayEngine:
             "generate", list(prompts), kwargs, timeout_s=self.generate_timeout_s, what="generate")
         return result
 
-    def load_weights(self, weights: Any) -> float:
+    def load_weights(self, weights: Weights) -> float:
         """Install ``weights``: a ``ray.ObjectRef`` to a state dict (the run's publication:
         put once per version, fetched by the actor itself) or a plain mapping (serialised
         for this call); returns the caller-side seconds (the pool records them as
         ``weights_loaded.transfer_s``), the actor's own times in :attr:`loads`."""
+        from ray import ObjectRef
+
         t0 = time.perf_counter()
-        if not isinstance(weights, self._ray.ObjectRef):
-            weights = dict(weights)
-        fetch_s, copy_s = self._call("load_weights", [weights],
+        sent: RayRef | StateDict = (weights if isinstance(weights, ObjectRef)
+                                    else dict(state_dict_of(weights, "a Ray worker")))
+        fetch_s, copy_s = self._call("load_weights", [sent],
                                      timeout_s=self.weights_timeout_s, what="load_weights")
         caller_s = time.perf_counter() - t0
         self.loads.append(LoadStats(caller_s, float(fetch_s), float(copy_s)))

@@ -68,6 +68,7 @@ import torch
 from freshroll import events as ev
 from freshroll.buffer import SampleBuffer
 from freshroll.config import Config
+from freshroll.engines.weights import RayRef
 from freshroll.errors import LineageError, NonFiniteStep, RunFailed, WorkerLost, WorkerTimeout
 from freshroll.lineage import PolicyVersion
 from freshroll.placement.placement import thread_budget
@@ -153,7 +154,7 @@ class RayTrainer:
         self.pid = 0  # the actor's process id
         self._pool = AbandonableExecutor("trainer")
         self._actor: Any = None
-        self._weights: Any = None  # ObjectRef of the newest version's weights
+        self._weights: RayRef | None = None  # the newest version's weights
         self._lease: tuple[Lease, list[TrainSample]] | None = None  # the step just trained
         self._ready: tuple[Any, str, float] | None = None  # (ready ref, digest, t0) of a start
         #: the pipeline's waits (seams.SaysItsWaits): each of this trainer's waits with its bound
@@ -364,7 +365,7 @@ class RayTrainer:
                     raise
                 lost = exc
 
-    def weights(self) -> Any:
+    def weights(self) -> RayRef:
         """The ``ray.ObjectRef`` of the newest version's weights (a ``dict`` of tensors)."""
         if self._weights is None:
             with _gate.entered():

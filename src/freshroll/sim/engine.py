@@ -87,6 +87,7 @@ from typing import Any
 
 from freshroll.engines.base import FINISH_LENGTH, FINISH_STOP, Completion
 from freshroll.engines.seams import Emit, EngineStats, GenRequest, SamplingParams
+from freshroll.engines.weights import Weights
 from freshroll.errors import Superseded, WorkerLost
 from freshroll.sim.batching import _BELOW, ContinuousBatcher, Finished
 from freshroll.sim.keyed import KeyedDraws
@@ -138,7 +139,7 @@ class SimEngine:
             raise ValueError(f"time_scale must be > 0, got {time_scale}")
         self.name = name
         self.draws = draws
-        self.loaded: Any = None  # the last weights token loaded
+        self.loaded: Weights | None = None  # the last weights token loaded
         self.on_update = on_update
         self._ordinal = 0  # weight loads swapped in so far (Completion.version_spans)
         self._drained: list[asyncio.Future[None]] = []  # finish: loads waiting for no request
@@ -206,7 +207,7 @@ class SimEngine:
         self._rearm()
         await call.done
 
-    async def load_weights(self, weights: Any) -> float:
+    async def load_weights(self, weights: Weights) -> float:
         """Sleep ``transfer_s`` (x time_scale; generation goes on meanwhile), then swap as
         ``on_update`` says (module docstring); the seconds from the call to the swap."""
         if self._closed:
