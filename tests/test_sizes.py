@@ -23,7 +23,6 @@ OVERSIZE: dict[str, tuple[int, str]] = {
                   "operational sections are cut out: config_base.py, config_ops.py; more by "
                   "section group next)"),
     "sim/batching.py": (617, "one exact event-skipping batcher: one state machine, one class"),
-    "buffer.py": (603, "SampleBuffer's commands on one state (its queries: buffer_queries.py)"),
     "placement/ray_engine.py": (515, "the Ray session and the actor proxy share one call gate"),
 }
 
