@@ -36,8 +36,8 @@ version). After :data:`MAX_RESTARTS` restarts in one incarnation the run fails w
 The rebuild runs on the event loop, as the buffer and the ledger it reads are the loop's:
 a rare recovery path; the workers' calls in flight go on in their actors meanwhile.
 
-Every wait is bounded and polled in slices of :data:`~freshroll.placement.ray_engine.POLL_S`
-inside :data:`~freshroll.placement.ray_engine._gate` (the discipline of ``RayEngine``), so a
+Every wait is bounded and polled in slices of :data:`~freshroll.placement.ray_session.POLL_S`
+inside :data:`~freshroll.placement.ray_session._gate` (the discipline of ``RayEngine``), so a
 call the run walked away from leaves once ``stop_ray`` begins and never touches a Ray that
 is shut down. Timeouts: a step and a state fetch ``limits.train_timeout_s`` (a step is a
 forward and backward pass over the whole batch, a different cost from one generate call of
@@ -72,7 +72,7 @@ from freshroll.engines.weights import RayRef
 from freshroll.errors import LineageError, NonFiniteStep, RunFailed, WorkerLost, WorkerTimeout
 from freshroll.lineage import PolicyVersion
 from freshroll.placement.placement import thread_budget
-from freshroll.placement.ray_engine import _gate, gated_get
+from freshroll.placement.ray_session import _gate, gated_get
 from freshroll.ports.seams import TrainerState
 from freshroll.ports.threads import AbandonableExecutor
 from freshroll.ports.waits import Waits

@@ -200,7 +200,8 @@ def _hf_process(b: Build, stack: ExitStack) -> tuple[EngineFactory, AsyncScorer,
 
 @register_placement("hf", "ray")
 def _hf_ray(b: Build, stack: ExitStack) -> tuple[EngineFactory, AsyncScorer, AsyncTrainer]:
-    from freshroll.placement.ray_engine import RayPut, start_ray, stop_ray
+    from freshroll.placement.ray_engine import RayPut
+    from freshroll.placement.ray_session import start_ray, stop_ray
 
     learner = build_learner(b.cfg, b.prep.model_path, b.buf, b.out, b.prep.history)
     # private: in RUN_DIR/ray.json
@@ -289,7 +290,8 @@ def build_engine(cfg: Config, path: Path, name: str, channel: WeightChannel | No
             raise
         return child  # type: ignore[return-value]  # the engine protocol, duck-typed
     if runtime == "ray":
-        from freshroll.placement.ray_engine import RayEngine, start_ray
+        from freshroll.placement.ray_engine import RayEngine
+        from freshroll.placement.ray_session import start_ray
 
         start_ray(num_cpus=ray_cpus(cfg), address=cfg.run.ray_address)  # no-op if started
         lim = cfg.limits

@@ -65,8 +65,8 @@ the server, as of the last wakeup or call (the batcher's state then)::
 cancelled) and the batcher's snapshot.
 
 Guarantees: on a virtual clock with ``time_scale = 1`` the timelines are exactly
-:func:`~freshroll.sim.batching.simulate_batch`'s (single-turn) or
-:func:`~freshroll.sim.batching.simulate_rollouts`' (multi-turn) for the same
+:func:`~freshroll.sim.timelines.simulate_batch`'s (single-turn) or
+:func:`~freshroll.sim.timelines.simulate_rollouts`' (multi-turn) for the same
 arrivals; every request of a call is emitted once or cancelled, never both;
 ``generate``'s ``seed`` is not used (draws are keyed by the run seed and ids, so
 they do not depend on which call carried a request); an exception raised by
@@ -353,7 +353,7 @@ class SimEngine:
 
     def _run_until(self, t: float) -> None:
         """Apply batcher events and tool returns at or before ``t``, in time order (a batcher
-        event first at equal times, as :func:`~freshroll.sim.batching.simulate_rollouts`)."""
+        event first at equal times, as :func:`~freshroll.sim.timelines.simulate_rollouts`)."""
         batcher, tools = self._batcher, self._tools
         if self._single_turn:  # no tool call can come between two events: all at once
             for f in batcher.advance(t):
