@@ -73,6 +73,27 @@ def test_the_thread_adapter_checks_the_publication_before_its_thread() -> None:
         asyncio.run(adapter.close())
 
 
+def test_the_thread_adapter_hands_a_proxy_its_placements_publication() -> None:
+    """A process or Ray worker's proxy (TakesPublication) gets the publication as it is."""
+    class _Proxy:
+        takes_publication = True
+
+        def __init__(self) -> None:
+            self.loaded: list[Weights] = []
+
+        def load_weights(self, weights: Weights) -> float:
+            self.loaded.append(weights)
+            return 0.25
+
+    proxy = _Proxy()
+    adapter = ThreadEngine(proxy, "w0", LimitsSection())  # type: ignore[arg-type]  # a stub
+    try:
+        assert asyncio.run(adapter.load_weights(SlotHandle(1, 3))) == 0.25
+        assert proxy.loaded == [SlotHandle(1, 3)]
+    finally:
+        asyncio.run(adapter.close())
+
+
 def test_the_weight_seam_imports_no_torch() -> None:
     """A simulated run imports the engine seam; the tensor types are annotations only."""
     code = ("import sys, freshroll.engines.seams, freshroll.engines.weights, "

@@ -9,13 +9,15 @@ loads exactly what its transfer publishes:
 =================  ===========================================  ====================================
 placement          publication (a :data:`Weights`)              loaded by
 =================  ===========================================  ====================================
-inline threads     :data:`StateDict`: a detached copy of the    the HF engine's thread adapter
+inline, vLLM       :data:`StateDict`: a detached copy of the    the HF engine's thread adapter
                    learner's state dict (a LoRA run: only its   (``engine.load_weights``), vLLM
                    adapters, :mod:`freshroll.engines.lora_merge`)
 process            :class:`SlotHandle`: a shared-memory slot    the process worker's proxy (the
-                   (:mod:`freshroll.placement.shm_weights`)     child copies the slot)
+                   (:mod:`freshroll.placement.shm_weights`)     child copies the slot; a
+                                                                :class:`TakesPublication`)
 Ray                :data:`RayRef`: an ``ObjectRef`` to a        the Ray actor (it fetches the object
-                   state dict, returned by the trainer actor    itself)
+                   state dict (put by ``RayPut``, or the        itself)
+                   trainer actor's return object)
 sim                :data:`SimWeights`: the step number          the simulated engine (a token; it
                                                                 sleeps the transfer time)
 =================  ===========================================  ====================================
@@ -23,9 +25,9 @@ sim                :data:`SimWeights`: the step number          the simulated en
 The contract of a :class:`WeightTransfer`:
 
 * ``publish(learner)`` runs on the trainer's thread, once per version, right after the step
-  that made it (never on the event loop), and once more for the initial weights before the
-  first load; it returns a publication the workers may load any number of times, concurrently,
-  until the next-but-one publication (a shared-memory slot is reused then:
+  that made it (never on the event loop; a resumed run publishes the version it resumes at
+  on its first ask); it returns a publication the workers may load any number of times,
+  concurrently, until the next-but-one publication (a shared-memory slot is reused then:
   :class:`~freshroll.placement.shm_weights.StaleHandle`);
 * the weights move once per version, whatever the number of workers (the publication is a
   copy, a slot or an object, never per-worker serialisation);
@@ -38,9 +40,9 @@ annotations only.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeAlias, TypeVar, runtime_checkable
 
 if TYPE_CHECKING:
     import torch
@@ -97,6 +99,22 @@ class WeightTransfer(Protocol[W_co]):
         ...
 
 
+@runtime_checkable
+class TakesPublication(Protocol):
+    """A blocking engine proxy that loads its placement's publication itself (the process
+    worker's takes a :class:`SlotHandle`, the Ray actor's a :data:`RayRef`); an in-process
+    engine (:class:`~freshroll.engines.base.InferenceEngine`) takes a :data:`StateDict`."""
+
+    takes_publication: bool  # the mark (True): the thread adapter hands it the publication
+
+    def load_weights(self, weights: Weights) -> float: ...
+
+
+def publication_loader(engine: object) -> Callable[[Weights], float] | None:
+    """``engine.load_weights`` when ``engine`` takes publications itself, else None."""
+    return engine.load_weights if isinstance(engine, TakesPublication) else None
+
+
 def state_dict_of(weights: Weights, who: str) -> StateDict:
     """``weights`` as a state dict, for an engine that loads tensors in its own process;
     :class:`TypeError` naming ``who`` for a publication of another placement."""
@@ -105,5 +123,5 @@ def state_dict_of(weights: Weights, who: str) -> StateDict:
     return weights
 
 
-__all__ = ["Publishing", "RayRef", "SimWeights", "SlotHandle", "StateDict", "WeightTransfer",
-           "Weights", "state_dict_of"]
+__all__ = ["Publishing", "RayRef", "SimWeights", "SlotHandle", "StateDict", "TakesPublication",
+           "WeightTransfer", "Weights", "publication_loader", "state_dict_of"]

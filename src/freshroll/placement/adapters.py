@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import sys
 import threading
 import time
@@ -69,7 +70,14 @@ from freshroll.engines.base import (
     SwapsInFlight,
 )
 from freshroll.engines.seams import Emit, EngineNotRestartable, GenRequest, SamplingParams
-from freshroll.engines.weights import Publishing, StateDict, Weights, WeightTransfer, state_dict_of
+from freshroll.engines.weights import (
+    Publishing,
+    StateDict,
+    Weights,
+    WeightTransfer,
+    publication_loader,
+    state_dict_of,
+)
 from freshroll.errors import RunFailed, WorkerTimeout
 from freshroll.lineage import PolicyVersion
 from freshroll.ports.threads import (
@@ -178,12 +186,15 @@ class ThreadEngine:
         return isinstance(self.engine, SwapsInFlight) and self.engine.swaps_in_flight
 
     async def load_weights(self, weights: Weights) -> float:
-        state = state_dict_of(weights, "an inline worker")
+        """Hand ``weights`` to the engine on its thread: as they are to a proxy that takes
+        its placement's publication (a process or Ray worker), as a state dict to an engine
+        in this process (another publication: :class:`TypeError`)."""
+        proxy = publication_loader(self.engine)
+        load = (functools.partial(proxy, weights) if proxy is not None else functools.partial(
+            self.engine.load_weights, state_dict_of(weights, "an in-process engine")))
         if self.swaps_in_flight:  # beside the call in flight, on a thread of its own
-            return float(await asyncio.to_thread(self.engine.load_weights, state))
-        return float(await self._run(self.limits.weights_timeout_s, "load weights",
-                                     self.engine.load_weights,
-                                     state))
+            return float(await asyncio.to_thread(load))
+        return float(await self._run(self.limits.weights_timeout_s, "load weights", load))
 
     async def cancel(self, samples: Sequence[str]) -> None:
         """A lock-step batch cannot drop members: they are generated with the batch, but

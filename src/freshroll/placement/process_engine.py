@@ -223,6 +223,10 @@ def _watch_parent(parent: int, shm: str | None) -> None:
 class ProcessEngine:
     """A blocking proxy to an HFEngine in a child process (see module docstring)."""
 
+    #: it loads the process placement's publication (a SlotHandle) itself
+    #: (:class:`~freshroll.engines.weights.TakesPublication`)
+    takes_publication = True
+
     def __init__(
         self, path: Path, *, channel: WeightChannel | None = None, torch_threads: int = 1,
         generate_timeout_s: float = 600.0, weights_timeout_s: float = 300.0,

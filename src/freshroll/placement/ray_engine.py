@@ -125,6 +125,10 @@ class LoadStats:
 class RayEngine:
     """A blocking proxy to an engine in a Ray actor (see module docstring)."""
 
+    #: it loads the Ray placement's publication (an ObjectRef) itself
+    #: (:class:`~freshroll.engines.weights.TakesPublication`)
+    takes_publication = True
+
     def __init__(
         self, path: Path, *, torch_threads: int = 1, generate_timeout_s: float = 600.0,
         weights_timeout_s: float = 300.0, start_timeout_s: float = 300.0,
