@@ -20,7 +20,12 @@ from freshroll import metrics as m
 from freshroll.buffer import KernelConfig
 from freshroll.clock import VirtualClock
 from freshroll.figures.bias import SampleBias
-from freshroll.figures.summary import SummaryFold, fold_events
+from freshroll.figures.fold import Fold
+from freshroll.figures.history import HistoryFold
+from freshroll.figures.overlap import ModeFold, OverlapFold
+from freshroll.figures.segments import SegmentFold
+from freshroll.figures.summary import RewardVersions, SummaryFold, fold_events
+from freshroll.figures.trained import TrainedFold
 from freshroll.figures.verdict import VerdictFold
 from freshroll.ledger import Ledger
 from freshroll.timing import STAGES, SpanFold, percentile
@@ -114,7 +119,66 @@ def test_no_per_sample_state_outlives_the_sample(sim_events: list[ev.Event]) -> 
     assert not fold.bias.tokens and not fold.bias.reward
 
 
-@pytest.mark.parametrize("cls", [SpanFold, SampleBias, VerdictFold])
+#: every ledger fold (figures.fold.Fold), made fresh
+FOLDS: dict[type, Any] = {
+    SummaryFold: SummaryFold, SpanFold: SpanFold, SampleBias: SampleBias,
+    VerdictFold: VerdictFold, RewardVersions: RewardVersions, OverlapFold: OverlapFold,
+    ModeFold: ModeFold, HistoryFold: HistoryFold, TrainedFold: TrainedFold,
+    SegmentFold: lambda: SegmentFold(m.Tally(), OverlapFold()),
+}
+
+
+@pytest.mark.parametrize("cls", list(FOLDS), ids=lambda c: c.__name__)
+def test_every_fold_is_a_fold(cls: type, sim_events: list[ev.Event]) -> None:
+    """Each fold states the kinds it reads, takes events one at a time and has a result,
+    asked for any number of times (here: midway and at the end of a whole run's events)."""
+    fold = FOLDS[cls]()
+    assert isinstance(fold, Fold)
+    kinds = cls.KINDS  # type: ignore[attr-defined]  # every fold class has one (asserted)
+    assert kinds and all(isinstance(k, type) for k in kinds)
+    tally = m.Tally()  # an OverlapFold's figures need the run's tally (fed every event)
+    if cls is OverlapFold:
+        fold = OverlapFold(tally)
+    half, midway = len(sim_events) // 2, None
+    for i, e in enumerate(sim_events):
+        tally.feed(e)
+        if isinstance(e, kinds):
+            fold.feed(e)
+        if i == half:
+            midway = repr(fold.result())
+    assert midway is not None and fold.result() == fold.result()
+
+
+def test_summary_fold_routes_each_fold_only_the_kinds_it_reads(
+        sim_events: list[ev.Event]) -> None:
+    """No fold inside the SummaryFold (ModeFold inside OverlapFold too) is ever fed an event
+    of a kind outside its KINDS, and each is fed every event of its kinds."""
+    fold = SummaryFold()
+    inner = [fold.segments, fold.bias, fold.history, fold.trained, fold.spans, fold.verdict,
+             fold.overlap, fold.reward_versions, fold.overlap.modes]
+    fed: Counter[str] = Counter()
+
+    def checked(f: Any) -> Any:
+        feed = f.feed
+
+        def check(e: Any) -> Any:
+            assert isinstance(e, f.KINDS), f"{type(f).__name__} fed {type(e).__name__}"
+            fed[type(f).__name__] += 1
+            return feed(e)
+        return check
+
+    for f in inner:
+        f.feed = checked(f)
+    for e in sim_events:
+        fold.feed(e)
+    assert fold.error is None
+    assert fed == {type(f).__name__: sum(isinstance(e, f.KINDS) for e in sim_events)
+                   for f in inner}
+    assert fold.result() == fold.summary()
+
+
+@pytest.mark.parametrize("cls", [SpanFold, SampleBias, VerdictFold, RewardVersions, OverlapFold,
+                                 ModeFold, HistoryFold, TrainedFold], ids=lambda c: c.__name__)
 def test_each_fold_is_routed_every_kind_it_reads(cls: type) -> None:
     """SummaryFold sends a fold only the event kinds in its KINDS: every kind its feed
     tests for must be listed, or the fold would silently miss it."""

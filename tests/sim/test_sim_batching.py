@@ -12,8 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from freshroll.clock import VirtualClock
-from freshroll.sim.batching import ContinuousBatcher, Rollout, simulate_batch, simulate_rollouts
+from freshroll.sim.batching import ContinuousBatcher
 from freshroll.sim.profiles import ServerModel
+from freshroll.sim.timelines import Rollout, simulate_batch, simulate_rollouts
 
 
 def server(t0: float = 1.0, t1: float = 0.0, prefill: float = 0.0, cap: int = 1) -> ServerModel:

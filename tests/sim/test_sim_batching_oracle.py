@@ -15,8 +15,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from freshroll.sim.batching import simulate_batch
 from freshroll.sim.profiles import ServerModel
+from freshroll.sim.timelines import simulate_batch
 
 
 def oracle(t0, t1, prefill, cap, arrivals, prompts, lengths):

@@ -17,10 +17,10 @@ from freshroll.clock import VirtualClock
 from freshroll.engines.base import Completion
 from freshroll.engines.seams import AsyncEngine, GenRequest, SamplingParams
 from freshroll.errors import WorkerLost
-from freshroll.sim.batching import Rollout, simulate_batch, simulate_rollouts
 from freshroll.sim.engine import SimEngine
 from freshroll.sim.keyed import KeyedDraws
 from freshroll.sim.profiles import P2, P3, LengthModel, Profile, ServerModel, ToolModel
+from freshroll.sim.timelines import Rollout, simulate_batch, simulate_rollouts
 
 PARAMS = SamplingParams(max_new_tokens=1)
 

@@ -12,10 +12,11 @@ from test_sim_engine import Arrivals, random_arrivals, req, run, small
 
 from freshroll.engines.seams import EngineStats, ReportsStats
 from freshroll.errors import ConfigError
-from freshroll.sim.batching import ContinuousBatcher, Rollout, simulate_batch, simulate_rollouts
+from freshroll.sim.batching import ContinuousBatcher
 from freshroll.sim.engine import SimEngine
 from freshroll.sim.keyed import KeyedDraws
 from freshroll.sim.profiles import KV_CAPACITY_DEFAULT, P2, P3, Profile, ServerModel
+from freshroll.sim.timelines import Rollout, simulate_batch, simulate_rollouts
 
 
 def server(kv: int, prefill: float = 0.0) -> ServerModel:

@@ -45,6 +45,7 @@ from typing import Any, Protocol
 
 from freshroll.engines.base import Completion, Killable
 from freshroll.engines.seams import AsyncEngine, Emit, EngineFactory, GenRequest, SamplingParams
+from freshroll.engines.weights import Weights
 from freshroll.errors import WorkerLost
 from freshroll.lineage import PolicyVersion
 from freshroll.ports.seams import AsyncScorer, AsyncTrainer
@@ -317,7 +318,7 @@ class FaultyEngine:
                 gen.zombie = zombie
                 self.zombies.append(zombie)
 
-    async def load_weights(self, weights: Any) -> float:
+    async def load_weights(self, weights: Weights) -> float:
         if self.dead is not None:
             raise WorkerLost(self.dead)
         self.ctl.handoff("load_weights", self)
@@ -430,7 +431,7 @@ class FaultyTrainer:
         self.ctl.commit_fault()
         await self.inner.before_commit(version)
 
-    def weights(self) -> Any:
+    def weights(self) -> Weights:
         return self.inner.weights()
 
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from freshroll.engines.base import Completion
+from freshroll.engines.weights import Weights
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,9 +58,11 @@ class AsyncEngine(Protocol):
         any other exception fails these requests (``generation_error``)."""
         ...
 
-    async def load_weights(self, weights: Any) -> float:
-        """Install a published policy's weights (what :meth:`AsyncTrainer.weights` returned);
-        return the seconds the transfer took (a stage of the decomposition)."""
+    async def load_weights(self, weights: Weights) -> float:
+        """Install a published policy's weights (what :meth:`AsyncTrainer.weights` returned:
+        the publication of this placement's :class:`~freshroll.engines.weights.WeightTransfer`;
+        another kind raises :class:`TypeError`); return the seconds the transfer took (a stage
+        of the decomposition)."""
         ...
 
     async def cancel(self, samples: Sequence[str]) -> None:

@@ -56,6 +56,7 @@ from freshroll.engines.vllm_core import (
     reap_abandoned,
     stat_logger_factory,
 )
+from freshroll.engines.weights import Weights, state_dict_of
 from freshroll.errors import ConfigError, Superseded, WorkerLost
 
 if TYPE_CHECKING:
@@ -215,14 +216,15 @@ class VLLMEngine:
         if not self._live:
             self._idle.set()
 
-    async def load_weights(self, weights: Any) -> float:
+    async def load_weights(self, weights: Weights) -> float:
         """Write ``weights`` (a state dict) as safetensors and reload the model in place;
         the seconds this took (the transfer stage)."""
         self._alive()
+        state = state_dict_of(weights, "a vLLM engine")
         start = time.perf_counter()
         mode = self.on_update
         if mode == "continue":
-            return await self._reload(weights, start)
+            return await self._reload(state, start)
         self._open.clear()  # no new request starts until the new weights are in
         try:
             if mode == "abort" and self._live:
@@ -231,7 +233,7 @@ class VLLMEngine:
                     self._live[rid].superseded = True
                 await self._llm.abort(rids)
             await self._idle.wait()
-            return await self._reload(weights, start)
+            return await self._reload(state, start)
         finally:
             self._open.set()
 

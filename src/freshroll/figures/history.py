@@ -50,7 +50,8 @@ class Control(NamedTuple):
 
 
 class HistoryFold:
-    """The entries of a run's history, one event at a time (``feed``)."""
+    """The entries of a run's history, one event at a time (``feed``; a
+    :class:`~freshroll.figures.fold.Fold`)."""
 
     KINDS: ClassVar = (Opened, Closed, Committed, SettingsChanged, ModeDecided, WorkerFenced,
                        WorkerReady, TrainerRestarted, ControllerDecided, FaultInjected)
@@ -62,6 +63,10 @@ class HistoryFold:
         self.controls: list[Control] = []
         self.decisions = 0
         self._lost: set[tuple[str, int]] = set()  # (worker, epoch) lost, not yet ready again
+
+    def result(self) -> list[Entry]:
+        """The entries so far (:attr:`entries`; the controller's settings: :attr:`controls`)."""
+        return list(self.entries)
 
     def _add(self, ts: float, lane: str, text: str) -> None:
         self.entries.append(Entry(ts - (self.t0 or 0.0), self.steps, lane, text))

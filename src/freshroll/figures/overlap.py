@@ -132,12 +132,15 @@ class Call:
 
 
 class OverlapFold:
-    """The stage intervals of a ledger, folded one event at a time (``feed``)."""
+    """The stage intervals of a ledger, folded one event at a time (``feed``; a
+    :class:`~freshroll.figures.fold.Fold`). Its figures need the run's
+    :class:`~freshroll.metrics.Tally` as well: given at construction or to :meth:`result`."""
 
     KINDS: ClassVar = (ev.Opened, ev.Started, ev.Generated, ev.Rewarded, ev.Committed,
                        ev.Discarded, ev.ModeDecided)
 
-    def __init__(self) -> None:
+    def __init__(self, tally: Tally | None = None) -> None:
+        self.tally = tally  # the run's (fed by its owner), for result() without one
         self.worker_of: dict[str, str] = {}  # attempt -> worker, until generated
         self.open: dict[tuple[str, float], list[float]] = {}  # (worker, gen_s) -> start, end, n
         self.done: list[Call] = []
@@ -162,16 +165,16 @@ class OverlapFold:
                 self.handoffs.append(e.ts - t)
         elif isinstance(e, ev.Committed):
             self.train.append((e.ts - e.train_s, e.ts))
-            self.modes.commits += 1
+            self.modes.feed(e)
         elif isinstance(e, ev.ModeDecided):
-            self.modes.decided(e)
+            self.modes.feed(e)
         elif isinstance(e, ev.Discarded) and e.sample is not None:
             self.worker_of.pop(e.sample, None)
             self.generated_at.pop(e.sample, None)
         elif isinstance(e, ev.Opened):
             self.batch = e.batch_groups * e.group_size
             self.max_staleness = e.max_staleness
-            self.modes.opened()
+            self.modes.feed(e)
 
     def _generated(self, e: ev.Generated) -> None:
         """The completions of one call share its ``gen_s`` (one clock reading on the worker)
@@ -191,9 +194,14 @@ class OverlapFold:
     def call_list(self) -> list[Call]:
         return [*self.done, *(_call(w, slot) for (w, _), slot in self.open.items())]
 
-    def result(self, tally: Tally) -> dict[str, Any]:
-        """The ``overlap`` block of ``summary.json`` (see the module doc); computed once per
-        state of the fold (``summary()`` is asked for more than once at a run's end)."""
+    def result(self, tally: Tally | None = None) -> dict[str, Any]:
+        """The ``overlap`` block of ``summary.json`` (see the module doc) with ``tally``'s
+        figures (None: the one given at construction); computed once per state of the fold
+        (``summary()`` is asked for more than once at a run's end)."""
+        if tally is None:
+            if self.tally is None:
+                raise ValueError("an OverlapFold's result needs the run's Tally")
+            tally = self.tally
         if self._cached is not None and self._cached[:2] == (self._fed, tally.steps):
             return self._cached[2]
         result = overlap_figures(self.call_list(), self.train, tally, self.batch,
@@ -210,7 +218,10 @@ class OverlapFold:
 
 class ModeFold:
     """The sync fallback's ``mode_decided`` events: each probe's rates, and the steps
-    committed in each mode (a resume starts again in async)."""
+    committed in each mode (a resume starts again in async). A
+    :class:`~freshroll.figures.fold.Fold` (``feed``); :class:`OverlapFold` feeds it."""
+
+    KINDS: ClassVar = (ev.Opened, ev.Committed, ev.ModeDecided)
 
     def __init__(self) -> None:
         self.commits = 0  # committed steps fed so far
@@ -219,6 +230,14 @@ class ModeFold:
         self._mode, self._since = "async", 0
         self._chosen: str | None = None
         self._seen = False
+
+    def feed(self, e: Any) -> None:
+        if isinstance(e, ev.Committed):
+            self.commits += 1
+        elif isinstance(e, ev.ModeDecided):
+            self.decided(e)
+        elif isinstance(e, ev.Opened):
+            self.opened()
 
     def _close(self) -> None:
         self.steps[self._mode] += self.commits - self._since

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from freshroll import events as ev
 from freshroll.figures.overlap import OverlapFold
@@ -56,7 +56,10 @@ class _Open:
 
 
 class SegmentFold:
-    """``feed`` every event BEFORE the whole run's ``tally`` and ``overlap`` folds see it."""
+    """``feed`` every event BEFORE the whole run's ``tally`` and ``overlap`` folds see it (a
+    :class:`~freshroll.figures.fold.Fold` of every event kind)."""
+
+    KINDS: ClassVar = ev.EVENT_TYPES
 
     def __init__(self, tally: Tally, overlap: OverlapFold) -> None:
         self._whole = (tally, overlap)

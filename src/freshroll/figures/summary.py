@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from freshroll.events import (
+    EVENT_TYPES,
     Closed,
     Committed,
     Discarded,
@@ -112,7 +113,12 @@ class SummaryFold:
     what is wrong): the first error the fold meets is kept in ``error`` and raised by
     :attr:`rows` and :meth:`summary`, as folding the events again would raise it; a commit
     whose events are missing fails only the stage spans (:class:`~freshroll.timing.SpanFold`).
+
+    A :class:`~freshroll.figures.fold.Fold` of every event kind; it feeds each of its folds
+    only the kinds in that fold's ``KINDS``.
     """
+
+    KINDS: ClassVar = EVENT_TYPES
 
     def __init__(self) -> None:
         self.tally = Tally()
@@ -123,7 +129,7 @@ class SummaryFold:
         self.spans = SpanFold()
         self.verdict = VerdictFold()
         self.reward_versions = RewardVersions()
-        self.overlap = OverlapFold()
+        self.overlap = OverlapFold(self.tally)
         self.segments = SegmentFold(self.tally, self.overlap)  # fed before the two above
         self.requests = 0  # admitted requests (sum of the groups' sizes)
         self.closed = False  # the ledger ends ``closed``
@@ -197,6 +203,10 @@ class SummaryFold:
         if self._stages is None or self._stages[0] != len(spans.total):
             self._stages = (len(spans.total), decompose(spans))
         return self._stages[1]
+
+    def result(self) -> dict[str, Any]:
+        """The :class:`~freshroll.figures.fold.Fold` name of :meth:`summary`."""
+        return self.summary()
 
     def summary(self) -> dict[str, Any]:
         """The summary of the events fed (JSON-ready: non-finite floats are ``None``); raises

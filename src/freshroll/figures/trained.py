@@ -38,7 +38,8 @@ class StepPicks(NamedTuple):
 
 
 class TrainedFold:
-    """:class:`StepPicks` per committed step, one event at a time (``feed``)."""
+    """:class:`StepPicks` per committed step, one event at a time (``feed``; a
+    :class:`~freshroll.figures.fold.Fold`)."""
 
     KINDS: ClassVar = (Started, Rewarded, Committed, Discarded)
 
@@ -59,6 +60,10 @@ class TrainedFold:
                 self._reward.pop(e.sample, None)
         elif isinstance(e, Committed):
             self._committed(policy_step(e.version), e.samples)
+
+    def result(self) -> list[StepPicks]:
+        """The picks of every committed step so far (:attr:`steps`), in commit order."""
+        return list(self.steps)
 
     def _committed(self, step: int, samples: list[str]) -> None:
         picks: StepPicks | None = None

@@ -38,11 +38,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from freshroll.breaker import FailureBudget, Rule
 from freshroll.buffer import SampleBuffer
 from freshroll.config import Config
+from freshroll.engines.weights import Weights
 from freshroll.lineage import PolicyVersion, SampleId
 from freshroll.ports.waits import Waits
 from freshroll.rewards.tasks import Prompt
@@ -85,7 +86,7 @@ class Published:
     """A policy version published to the workers, with its weights."""
 
     version: PolicyVersion
-    weights: Any  # what AsyncTrainer.weights() returned; None: the engines' initial weights
+    weights: Weights | None  # what AsyncTrainer.weights() returned; None: the initial weights
 
 
 #: the version the workers should load now (None before the run publishes its first)

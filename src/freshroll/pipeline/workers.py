@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from freshroll import events as ev
 from freshroll import unsafe
@@ -56,6 +56,7 @@ from freshroll.breaker import quote
 from freshroll.engines.base import SwapsInFlight
 from freshroll.engines.episodes import workflow_for
 from freshroll.engines.seams import AsyncEngine, EngineNotRestartable, SamplingParams
+from freshroll.engines.weights import Weights
 from freshroll.errors import Interrupted, RunFailed, WorkerLost, WorkerTimeout
 from freshroll.lineage import PolicyVersion, RequestId, SampleId
 from freshroll.pipeline.calls import Call, CallRunner, Worker, generation_seed
@@ -434,7 +435,7 @@ class WorkerPool:
         return failure
 
     async def _load(self, w: Worker, engine: AsyncEngine, version: PolicyVersion,
-                    weights: Any) -> BaseException | None:
+                    weights: Weights) -> BaseException | None:
         lim = self.ctx.limits
         try:
             with self.ctx.waits.waiting(f"{w.name} load weights", lim.weights_timeout_s):

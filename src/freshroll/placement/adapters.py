@@ -33,7 +33,7 @@ the result, so the event loop never blocks:
   stuck past ``limits.reward_timeout_s`` is abandoned the same way.
 * :class:`ThreadTrainer` wraps the :class:`~freshroll.trainer.grpo.GRPOLearner`: the batch is
   read from the buffer on the loop (:func:`~freshroll.trainer.replay.train_samples`), the
-  step, the weights digest and the publication of the new weights (``publish``: a copy
+  step, the weights digest and the publication of the new weights (``transfer``: a copy
   inline, a shared-memory slot or a Ray object for workers in processes of their own) run
   on the trainer thread, and ``before_commit`` (the Checkpointer's checkpoint) runs there too.
   Each is bounded by ``timeout_s`` (``limits.train_timeout_s``): a torch step on a thread
@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import sys
 import threading
 import time
@@ -69,6 +70,14 @@ from freshroll.engines.base import (
     SwapsInFlight,
 )
 from freshroll.engines.seams import Emit, EngineNotRestartable, GenRequest, SamplingParams
+from freshroll.engines.weights import (
+    Publishing,
+    StateDict,
+    Weights,
+    WeightTransfer,
+    publication_loader,
+    state_dict_of,
+)
 from freshroll.errors import RunFailed, WorkerTimeout
 from freshroll.lineage import PolicyVersion
 from freshroll.ports.threads import (
@@ -176,12 +185,16 @@ class ThreadEngine:
         ``rollout.on_update`` continue / abort): the pool need not wait for the call."""
         return isinstance(self.engine, SwapsInFlight) and self.engine.swaps_in_flight
 
-    async def load_weights(self, weights: Any) -> float:
+    async def load_weights(self, weights: Weights) -> float:
+        """Hand ``weights`` to the engine on its thread: as they are to a proxy that takes
+        its placement's publication (a process or Ray worker), as a state dict to an engine
+        in this process (another publication: :class:`TypeError`)."""
+        proxy = publication_loader(self.engine)
+        load = (functools.partial(proxy, weights) if proxy is not None else functools.partial(
+            self.engine.load_weights, state_dict_of(weights, "an in-process engine")))
         if self.swaps_in_flight:  # beside the call in flight, on a thread of its own
-            return float(await asyncio.to_thread(self.engine.load_weights, weights))
-        return float(await self._run(self.limits.weights_timeout_s, "load weights",
-                                     self.engine.load_weights,
-                                     weights))
+            return float(await asyncio.to_thread(load))
+        return float(await self._run(self.limits.weights_timeout_s, "load weights", load))
 
     async def cancel(self, samples: Sequence[str]) -> None:
         """A lock-step batch cannot drop members: they are generated with the batch, but
@@ -338,42 +351,51 @@ class ThreadScorer:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-def clone_weights(learner: GRPOLearner) -> dict[str, Any]:
+def clone_weights(learner: Publishing) -> StateDict:
     """The inline publication: a detached copy of the learner's weights."""
     return learner.weights()
 
 
-#: ``learner -> what workers load``: a placement's publication of the trainer's weights,
-#: called on the trainer thread once per version (a copy, a shared-memory slot, a Ray ref)
-Publish = Callable[[GRPOLearner], Any]
+class CloneTransfer:
+    """The inline placement's :class:`~freshroll.engines.weights.WeightTransfer`: each version
+    a detached copy of the learner's weights, loaded by every thread worker's engine."""
+
+    def publish(self, learner: Publishing) -> StateDict:
+        return clone_weights(learner)
+
+
+#: a placement's publication of the trainer's weights, called on the trainer thread once per
+#: version (a copy, a shared-memory slot, a Ray ref): :mod:`freshroll.engines.weights`
+Publish = WeightTransfer[Weights]
 
 
 class ThreadTrainer:
     """The :class:`GRPOLearner` as an :class:`~freshroll.ports.seams.AsyncTrainer`.
 
-    The weights of each new version are published once, by ``publish``, on the trainer
+    The weights of each new version are published once, by ``transfer`` (the placement's
+    :class:`~freshroll.engines.weights.WeightTransfer`; a copy by default), on the trainer
     thread right after its step (never on the event loop); :meth:`weights` hands out that
     publication (the initial one is made on its first call)."""
 
     def __init__(self, learner: GRPOLearner, buf: SampleBuffer,
                  before_commit: Callable[[PolicyVersion], None] = lambda v: None,
-                 publish: Publish = clone_weights, timeout_s: float | None = None,
+                 transfer: Publish | None = None, timeout_s: float | None = None,
                  threads: ThreadCounts | None = None, pool: SharedExecutor | None = None) -> None:
         self.learner, self.buf, self._before_commit = learner, buf, before_commit
         self.threads = threads  # a sync run's train threads (settled), an async run's by mode
-        self.publish = publish
+        self.transfer: Publish = transfer if transfer is not None else CloneTransfer()
         self.settings_digest = learner.settings_digest
         self.timeout_s = timeout_s  # limits.train_timeout_s; None: unbounded (tests only)
         self._pool: StageExecutor = (pool.attach() if pool is not None
                                      else AbandonableExecutor("trainer"))
         self._deadline: float | None = None  # of a call cancelled by the run's end
         self._timed_out = False
-        self._weights: Any = None
+        self._weights: Weights | None = None
         self.publish_s = 0.0  # seconds spent publishing, in total
 
-    def _publish(self) -> Any:
+    def _publish(self) -> Weights:
         t0 = time.perf_counter()
-        self._weights = self.publish(self.learner)
+        self._weights = self.transfer.publish(self.learner)
         self.publish_s += time.perf_counter() - t0
         return self._weights
 
@@ -414,7 +436,7 @@ class ThreadTrainer:
                 self._deadline = t0 + self.timeout_s
             raise
 
-    def weights(self) -> Any:
+    def weights(self) -> Weights:
         """The publication of the newest step's weights (of the initial ones before any)."""
         return self._weights if self._weights is not None else self._publish()
 
@@ -429,5 +451,5 @@ class ThreadTrainer:
         self._pool.shutdown(wait=wait != 0.0, cancel_futures=True, timeout=wait)
 
 
-__all__ = ["KillableThreadEngine", "Publish", "ThreadEngine", "ThreadEngineFactory",
-           "ThreadScorer", "ThreadTrainer", "adapt", "clone_weights"]
+__all__ = ["CloneTransfer", "KillableThreadEngine", "Publish", "ThreadEngine",
+           "ThreadEngineFactory", "ThreadScorer", "ThreadTrainer", "adapt", "clone_weights"]

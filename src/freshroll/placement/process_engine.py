@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from freshroll.engines.base import Completion
+from freshroll.engines.weights import Weights
 from freshroll.errors import WorkerLost, WorkerTimeout
 from freshroll.placement.shm_weights import Layout, SlotHandle, SlotReader, WeightChannel
 
@@ -261,6 +262,10 @@ def _watch_parent(parent: int, shm: str | None) -> None:
 class ProcessEngine:
     """A blocking proxy to an HFEngine in a child process (see module docstring)."""
 
+    #: it loads the process placement's publication (a SlotHandle) itself
+    #: (:class:`~freshroll.engines.weights.TakesPublication`)
+    takes_publication = True
+
     def __init__(
         self, path: Path, *, channel: WeightChannel | None = None, torch_threads: int = 1,
         generate_timeout_s: float = 600.0, weights_timeout_s: float = 300.0,
@@ -368,7 +373,7 @@ class ProcessEngine:
                             temperature=temperature, top_p=top_p, seed=seed, threads=threads)
         return [completion_from_json(d) for d in result]
 
-    def load_weights(self, handle: Any) -> float:
+    def load_weights(self, handle: Weights) -> float:
         """Load a published slot (the channel counts this worker as its reader until the
         child answers); seconds of the caller's wall time."""
         if not isinstance(handle, SlotHandle) or self.channel is None:

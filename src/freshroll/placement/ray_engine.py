@@ -29,280 +29,35 @@ Resources: each inference actor declares ``ray.worker_cpus`` / ``ray.worker_gpus
 retired worker's actor is killed and waited for (:meth:`RayEngine.stop`), so its CPUs are
 free for the next scale-up.
 
-Lifetime, private instance (``run.ray_address`` unset): the Ray instance is freshroll's own
-(``address="local"``, never a cluster found through ``RAY_ADDRESS``) and never outlives its
-run: ``stop_ray`` stops every one
-of its processes, a watchdog does the same when the driver is killed (even by
-``SIGKILL``), and a resume reaps what a previous incarnation recorded in
-``RUN_DIR/ray.json`` left behind (:mod:`freshroll.placement.ray_reaper`). Only processes
-carrying that instance's token are ever signalled.
-
-Joined cluster (``run.ray_address``): :func:`start_ray` probes the address with a bounded
-TCP connect (:class:`~freshroll.errors.ClusterUnavailable` within
-:data:`CONNECT_TIMEOUT_S`, naming the address and what to check) and joins it; the
-cluster's processes are not freshroll's: no watchdog, no reaper. At the end only
-freshroll's own actors are killed (:func:`track`) and the driver disconnects.
-
-Network: freshroll itself opens no socket. Ray is started locally without its
-dashboard, but Ray's own gRPC servers (GCS, raylet, workers) listen on ports
-Ray chooses on the node's address or all interfaces (Ray 2.60 turns a
-requested 127.0.0.1 into the node's reachable IP), protected by Ray's token
-authentication, and Ray serialises with pickle between its processes. That is
-why ``runtime: ray`` is opt-in: the default ``inline`` runtime listens on
-nothing. On a shared network, firewall the node or stay inline.
+The Ray instance itself (starting, joining, stopping, the actors freshroll owns and the gate
+every Ray call passes) is :mod:`freshroll.placement.ray_session`'s.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import socket
-import subprocess
-import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from freshroll.engines.base import Completion
-from freshroll.errors import ClusterUnavailable, ConfigError, WorkerLost, WorkerTimeout
-from freshroll.placement import ray_reaper
+from freshroll.engines.weights import Publishing, RayRef, StateDict, Weights, state_dict_of
+from freshroll.errors import WorkerLost, WorkerTimeout
+from freshroll.placement.ray_session import CONNECT_TIMEOUT_S as CONNECT_TIMEOUT_S
+from freshroll.placement.ray_session import POLL_S as POLL_S
+from freshroll.placement.ray_session import _gate, track, untrack
+from freshroll.placement.ray_session import gated_get as gated_get
+from freshroll.placement.ray_session import joined as joined
+from freshroll.placement.ray_session import live_actors as live_actors
+from freshroll.placement.ray_session import probe_address as probe_address
+from freshroll.placement.ray_session import split_address as split_address
+from freshroll.placement.ray_session import start_ray as start_ray
+from freshroll.placement.ray_session import stop_ray as stop_ray
 
 if TYPE_CHECKING:  # reward actors import this module and need no torch (seconds of import)
     import torch
-
-#: seconds a join waits for the cluster's address to answer (``run.ray_address``)
-CONNECT_TIMEOUT_S = 10.0
-
-
-def start_ray(num_cpus: int | None = None, run_dir: Path | None = None,
-              address: str | None = None,
-              connect_timeout_s: float = CONNECT_TIMEOUT_S) -> float:
-    """Start freshroll's private local Ray instance, or join the cluster at ``address``;
-    returns the seconds it took (0.0 when Ray was already initialised: a no-op).
-
-    Private (``address`` None): always a new instance (``address="local"``: never one found
-    through ``RAY_ADDRESS`` or a ``ray start`` on this machine), quiet, without its dashboard,
-    tagged with a token that a watchdog uses to stop every process of it when this process
-    dies in any way (:mod:`.ray_reaper`). With ``run_dir``, a previous incarnation's leftovers
-    are reaped first and this one is recorded in ``RUN_DIR/ray.json``.
-
-    Joined (``run.ray_address``): ``ray.init(address=...)`` after a bounded probe of the
-    address (:func:`probe_address`): a cluster that does not answer is
-    :class:`~freshroll.errors.ClusterUnavailable` within ``connect_timeout_s``, naming the
-    address and what to check. The cluster's processes are not ours: no watchdog, no reaper;
-    :func:`stop_ray` kills only freshroll's own actors and disconnects.
-    """
-    import ray
-
-    global _session
-    if ray.is_initialized():
-        return 0.0
-    t0 = time.perf_counter()
-    _gate.open()
-    if address is not None:
-        _join(ray, address, connect_timeout_s)
-        _session = _RaySession(None, None, None, address)
-        return time.perf_counter() - t0
-    if run_dir is not None:
-        ray_reaper.reap_previous(run_dir)
-    token = ray_reaper.new_token()
-    watchdog = ray_reaper.start_watchdog(token)  # before any Ray process exists
-    _session = _RaySession(token, watchdog, run_dir, None)
-    if run_dir is not None:
-        ray_reaper.write_record(run_dir, token, watchdog.pid)
-    os.environ[ray_reaper.TOKEN_ENV] = token  # inherited by every process of the instance
-    try:
-        ray.init(
-            address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
-            configure_logging=False,
-        )
-    except BaseException:
-        stop_ray()
-        raise
-    finally:
-        os.environ.pop(ray_reaper.TOKEN_ENV, None)
-    return time.perf_counter() - t0
-
-
-def _hint(address: str) -> str:
-    return (f"check that a Ray head runs there (`ray start --head --port PORT` on the head "
-            f"node; `ray status --address {address}` from this one), that the port is the "
-            "head's GCS port (default 6379; a ray:// address: its client server, default "
-            "10001) and that no firewall is in the way; or unset run.ray_address for a "
-            "private local instance")
-
-
-def split_address(address: str) -> tuple[str, int]:
-    """``(host, port)`` of ``host:port``, ``[v6]:port`` or ``ray://host:port``."""
-    rest = address.removeprefix("ray://")
-    host, sep, port = rest.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65_536:
-        raise ConfigError(f"run.ray_address {address!r}: expected host:port, ray://host:port "
-                          "or auto")
-    return host.strip("[]"), int(port)
-
-
-def probe_address(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
-    """Raise :class:`ClusterUnavailable` unless ``address`` (``host:port`` or
-    ``ray://host:port``) accepts a TCP connection within ``timeout_s`` (``auto``: Ray looks
-    the address up itself and fails fast when there is none; not probed here)."""
-    if address == "auto":
-        return
-    host, port = split_address(address)
-    try:
-        with socket.create_connection((host, port), timeout=timeout_s):
-            pass
-    except OSError as exc:
-        why = "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
-        raise ClusterUnavailable(
-            f"run.ray_address {address!r}: nothing answers at {host}:{port} within "
-            f"{timeout_s:g} s ({why}); {_hint(address)}") from exc
-
-
-def _join(ray: Any, address: str, timeout_s: float) -> None:
-    probe_address(address, timeout_s)
-    _token_auth_if_available()
-    try:
-        ray.init(address=address, log_to_driver=False, configure_logging=False)
-    except (ConnectionError, RuntimeError, ValueError, TimeoutError) as exc:
-        text = str(exc)
-        auth = "auth" in text.lower() and "token" in text.lower()
-        why = ("the cluster refused this driver's Ray auth token: make the cluster's token "
-               "available here (~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN; "
-               "`ray get-auth-token` on the head prints it)" if auth else
-               f"{type(exc).__name__}: {text.splitlines()[0][:300] if text else ''}")
-        raise ClusterUnavailable(
-            f"run.ray_address {address!r}: joining the cluster failed ({why}); "
-            f"{_hint(address)}") from exc
-
-
-def _token_auth_if_available() -> None:
-    """Use Ray's token authentication when a token is available and ``RAY_AUTH_MODE`` is
-    unset, as ``ray start`` does (a driver that joins does not by itself in Ray 2.60, and a
-    cluster started with a token then refuses it)."""
-    try:
-        from ray._private.authentication.authentication_token_setup import (
-            maybe_enable_token_auth_if_token_available,
-        )
-    except ImportError:  # another Ray version: its own defaults apply
-        return
-    with contextlib.suppress(Exception):
-        maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
-
-
-def joined() -> bool:
-    """Whether this process is connected to a cluster it did not start."""
-    return _session is not None and _session.address is not None
-
-
-def stop_ray() -> None:
-    """Private instance: shut it down and make sure none of its processes outlive this call.
-    Joined cluster: kill freshroll's own actors (:func:`track`) and disconnect."""
-    import ray
-
-    global _session
-    _gate.close(CLOSE_WAIT_S)  # no thread may touch Ray once it is shut down
-    if ray.is_initialized():
-        for actor in list(_actors.values()):
-            with contextlib.suppress(Exception):
-                ray.kill(actor, no_restart=True)
-        ray.shutdown()
-    _actors.clear()
-    session, _session = _session, None
-    if session is not None and session.token is not None:
-        ray_reaper.reap(session.token)
-        if session.watchdog is not None:
-            ray_reaper.stop_watchdog(session.watchdog)
-        if session.run_dir is not None:
-            ray_reaper.remove_record(session.run_dir, session.token)
-
-
-@dataclass
-class _RaySession:
-    """The Ray instance this process started (token, watchdog, run directory), or the
-    cluster it joined (address)."""
-
-    token: str | None  # None: a joined cluster (not ours to reap)
-    watchdog: subprocess.Popen[bytes] | None
-    run_dir: Path | None
-    address: str | None  # run.ray_address of a joined cluster
-
-
-_session: _RaySession | None = None
-
-#: freshroll's live actors (inference, reward), by id: killed by :func:`stop_ray`
-_actors: dict[int, Any] = {}
-
-
-def track(actor: Any) -> Any:
-    """Record one of freshroll's actors (killed at the end even on a joined cluster)."""
-    _actors[id(actor)] = actor
-    return actor
-
-
-def untrack(actor: Any) -> None:
-    _actors.pop(id(actor), None)
-
-
-def live_actors() -> int:
-    """freshroll's actors this process has started and not killed."""
-    return len(_actors)
-
-
-#: how long one ``ray.get`` waits before it looks whether the instance is stopping
-POLL_S = 0.25
-#: how long :func:`stop_ray` waits for the calls in flight to leave
-CLOSE_WAIT_S = 5.0
-
-
-class _Gate:
-    """The Ray calls of this process in flight, on any thread (abandoned ones too).
-
-    Ray ends the whole process when a thread touches its core worker after ``ray.shutdown``
-    ("The core worker has already been shutdown ... The process will exit"), and a thread
-    the run walked away from (a timed-out call, a restart cut short by the run's end) may
-    still be in ``ray.get``: fatal for a process that runs many runs (the chaos harness,
-    tests). So every call of a :class:`RayEngine` enters the gate and waits in slices of
-    :data:`POLL_S`; :func:`stop_ray` closes the gate first, the calls in flight leave within
-    a slice (:class:`WorkerLost`), later ones are refused, and only then is Ray shut down.
-    """
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._inflight = 0
-        self.closed = False
-
-    @contextlib.contextmanager
-    def entered(self) -> Iterator[None]:
-        with self._cond:
-            if self.closed:
-                raise WorkerLost("the run's Ray instance is shut down")
-            self._inflight += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._inflight -= 1
-                self._cond.notify_all()
-
-    def check(self) -> None:
-        if self.closed:
-            raise WorkerLost("the run's Ray instance is shutting down")
-
-    def open(self) -> None:
-        with self._cond:
-            self.closed = False
-
-    def close(self, wait_s: float) -> None:
-        with self._cond:
-            self.closed = True
-            self._cond.wait_for(lambda: self._inflight == 0, timeout=wait_s)
-
-
-_gate = _Gate()
-
 
 class _EngineActor:
     """Lives in a Ray worker process: one HFEngine on a local model directory."""
@@ -320,7 +75,7 @@ class _EngineActor:
     def generate(self, prompts: Sequence[str], kwargs: dict[str, Any]) -> list[Completion]:
         return self.engine.generate(prompts, **kwargs)
 
-    def load_weights(self, weights: list[Any]) -> tuple[float, float]:
+    def load_weights(self, weights: list[RayRef | StateDict]) -> tuple[float, float]:
         """``weights``: ``[ObjectRef]`` (fetched here from the object store: wrapped in a
         list so that Ray does not resolve it before the call and the fetch is timed here) or
         ``[dict]``; returns this actor's ``(fetch_s, copy_s)``."""
@@ -340,14 +95,21 @@ class _EngineActor:
         return True
 
 
-def ray_publish(learner: Any) -> Any:
+def ray_publish(learner: Publishing) -> RayRef:
     """``ray.trainer: driver``: the learner's weights put in the object store once per
-    version (:class:`~freshroll.placement.adapters.ThreadTrainer`'s ``publish``, on the
-    trainer thread); every worker's :meth:`RayEngine.load_weights` gets the same ref."""
+    version (on the trainer thread, by :class:`RayPut`); every worker's
+    :meth:`RayEngine.load_weights` gets the same ref."""
     import ray
 
     with _gate.entered():
-        return ray.put(learner.weights())
+        return ray.put(dict(learner.weights()))
+
+
+class RayPut:
+    """``ray.trainer: driver``'s :class:`~freshroll.engines.weights.WeightTransfer`."""
+
+    def publish(self, learner: Publishing) -> RayRef:
+        return ray_publish(learner)
 
 
 @dataclass(frozen=True, slots=True)
@@ -360,29 +122,12 @@ class LoadStats:
     copy_s: float
 
 
-def gated_get(ref: Any, timeout_s: float, who: str, late: str) -> Any:
-    """``ray.get(ref)`` within ``timeout_s``, waited in slices of :data:`POLL_S` inside the
-    :class:`_Gate` (so :func:`stop_ray` never finds a thread in Ray): a dead actor is
-    :class:`WorkerLost` ("WHO died: ..."), no answer in time :class:`WorkerTimeout` ("WHO
-    LATE"), a stopping instance WorkerLost; an error raised in the actor propagates."""
-    import ray
-
-    deadline = time.monotonic() + timeout_s
-    with _gate.entered():
-        while True:
-            left = deadline - time.monotonic()
-            try:
-                return ray.get(ref, timeout=max(0.0, min(POLL_S, left)))
-            except ray.exceptions.GetTimeoutError as exc:
-                if time.monotonic() >= deadline:
-                    raise WorkerTimeout(f"{who} {late}") from exc
-                _gate.check()
-            except ray.exceptions.RayActorError as exc:
-                raise WorkerLost(f"{who} died: {exc}"[:500]) from exc
-
-
 class RayEngine:
     """A blocking proxy to an engine in a Ray actor (see module docstring)."""
+
+    #: it loads the Ray placement's publication (an ObjectRef) itself
+    #: (:class:`~freshroll.engines.weights.TakesPublication`)
+    takes_publication = True
 
     def __init__(
         self, path: Path, *, torch_threads: int = 1, generate_timeout_s: float = 600.0,
@@ -470,15 +215,17 @@ class RayEngine:
             "generate", list(prompts), kwargs, timeout_s=self.generate_timeout_s, what="generate")
         return result
 
-    def load_weights(self, weights: Any) -> float:
+    def load_weights(self, weights: Weights) -> float:
         """Install ``weights``: a ``ray.ObjectRef`` to a state dict (the run's publication:
         put once per version, fetched by the actor itself) or a plain mapping (serialised
         for this call); returns the caller-side seconds (the pool records them as
         ``weights_loaded.transfer_s``), the actor's own times in :attr:`loads`."""
+        from ray import ObjectRef
+
         t0 = time.perf_counter()
-        if not isinstance(weights, self._ray.ObjectRef):
-            weights = dict(weights)
-        fetch_s, copy_s = self._call("load_weights", [weights],
+        sent: RayRef | StateDict = (weights if isinstance(weights, ObjectRef)
+                                    else dict(state_dict_of(weights, "a Ray worker")))
+        fetch_s, copy_s = self._call("load_weights", [sent],
                                      timeout_s=self.weights_timeout_s, what="load_weights")
         caller_s = time.perf_counter() - t0
         self.loads.append(LoadStats(caller_s, float(fetch_s), float(copy_s)))

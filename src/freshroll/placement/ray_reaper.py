@@ -2,7 +2,7 @@
 
 Stdlib only (this file also runs as the watchdog script, without importing freshroll).
 
-Which processes are ours: :func:`freshroll.placement.ray_engine.start_ray` puts a fresh
+Which processes are ours: :func:`freshroll.placement.ray_session.start_ray` puts a fresh
 random token in the environment (``FRESHROLL_RAY_SESSION=<token>``) only while
 ``ray.init`` starts the instance. Every process of that instance inherits it — GCS,
 raylet, dashboard and runtime-env agents, log monitor, workers and actors — and no

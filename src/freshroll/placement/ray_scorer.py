@@ -39,7 +39,7 @@ from typing import Any
 from freshroll.config import Config
 from freshroll.engines.base import Completion
 from freshroll.errors import RunFailed, WorkerLost
-from freshroll.placement.ray_engine import _gate, track, untrack
+from freshroll.placement.ray_session import _gate, track, untrack
 from freshroll.rewards.calling import RewardState
 from freshroll.rewards.scoring import RewardSet, Score
 from freshroll.rewards.tasks import Prompt

@@ -36,8 +36,8 @@ version). After :data:`MAX_RESTARTS` restarts in one incarnation the run fails w
 The rebuild runs on the event loop, as the buffer and the ledger it reads are the loop's:
 a rare recovery path; the workers' calls in flight go on in their actors meanwhile.
 
-Every wait is bounded and polled in slices of :data:`~freshroll.placement.ray_engine.POLL_S`
-inside :data:`~freshroll.placement.ray_engine._gate` (the discipline of ``RayEngine``), so a
+Every wait is bounded and polled in slices of :data:`~freshroll.placement.ray_session.POLL_S`
+inside :data:`~freshroll.placement.ray_session._gate` (the discipline of ``RayEngine``), so a
 call the run walked away from leaves once ``stop_ray`` begins and never touches a Ray that
 is shut down. Timeouts: a step and a state fetch ``limits.train_timeout_s`` (a step is a
 forward and backward pass over the whole batch, a different cost from one generate call of
@@ -68,10 +68,11 @@ import torch
 from freshroll import events as ev
 from freshroll.buffer import SampleBuffer
 from freshroll.config import Config
+from freshroll.engines.weights import RayRef
 from freshroll.errors import LineageError, NonFiniteStep, RunFailed, WorkerLost, WorkerTimeout
 from freshroll.lineage import PolicyVersion
 from freshroll.placement.placement import thread_budget
-from freshroll.placement.ray_engine import _gate, gated_get
+from freshroll.placement.ray_session import _gate, gated_get
 from freshroll.ports.seams import TrainerState
 from freshroll.ports.threads import AbandonableExecutor
 from freshroll.ports.waits import Waits
@@ -153,7 +154,7 @@ class RayTrainer:
         self.pid = 0  # the actor's process id
         self._pool = AbandonableExecutor("trainer")
         self._actor: Any = None
-        self._weights: Any = None  # ObjectRef of the newest version's weights
+        self._weights: RayRef | None = None  # the newest version's weights
         self._lease: tuple[Lease, list[TrainSample]] | None = None  # the step just trained
         self._ready: tuple[Any, str, float] | None = None  # (ready ref, digest, t0) of a start
         #: the pipeline's waits (seams.SaysItsWaits): each of this trainer's waits with its bound
@@ -364,7 +365,7 @@ class RayTrainer:
                     raise
                 lost = exc
 
-    def weights(self) -> Any:
+    def weights(self) -> RayRef:
         """The ``ray.ObjectRef`` of the newest version's weights (a ``dict`` of tensors)."""
         if self._weights is None:
             with _gate.entered():

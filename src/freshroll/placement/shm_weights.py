@@ -49,6 +49,7 @@ from typing import Any
 
 import torch
 
+from freshroll.engines.weights import Publishing, SlotHandle
 from freshroll.errors import WorkerTimeout
 from freshroll.procs import pid_alive
 
@@ -104,14 +105,6 @@ class Layout:
 
     def total_bytes(self) -> int:
         return HEADER + K * self.slot_bytes
-
-
-@dataclass(frozen=True, slots=True)
-class SlotHandle:
-    """What a worker loads: the version held in ``slot`` under sequence number ``seq``."""
-
-    slot: int
-    seq: int
 
 
 def shm_dir() -> Path:
@@ -214,8 +207,9 @@ class WeightChannel:
         path = shm_dir() / segment_name(run_dir, os.getpid(), secrets.token_hex(6))
         return cls(_Mapped(path, layout, create=True), wait_s)
 
-    def publish(self, learner: Any) -> SlotHandle:
-        """Copy ``learner.model``'s weights into the next slot (a ThreadTrainer ``publish``)."""
+    def publish(self, learner: Publishing) -> SlotHandle:
+        """Copy the learner's published state into the next slot (the process placement's
+        :class:`~freshroll.engines.weights.WeightTransfer`)."""
         return self.write(learner.published_state())
 
     def write(self, state: Mapping[str, torch.Tensor]) -> SlotHandle:

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from freshroll.engines.base import Completion
+from freshroll.engines.weights import Weights
 from freshroll.lineage import PolicyVersion
 from freshroll.rewards.calling import RewardState
 from freshroll.rewards.scoring import Score
@@ -71,8 +72,10 @@ class AsyncTrainer(Protocol):
         """Write-ahead of the commit (a checkpoint every ``checkpoint_every`` steps)."""
         ...
 
-    def weights(self) -> Any:
-        """What the workers load for the version just committed (tensors, or a token)."""
+    def weights(self) -> Weights:
+        """What the workers load for the version just committed: its placement's publication
+        (:mod:`freshroll.engines.weights`: tensors, a shared-memory slot, a Ray object, or
+        the simulator's token), made once per version."""
         ...
 
 

@@ -44,11 +44,11 @@ from freshroll.errors import ConfigError
 from freshroll.lineage import PolicyVersion
 from freshroll.pipeline.hooks import Hooks
 from freshroll.placement.adapters import (
+    CloneTransfer,
     Publish,
     ThreadEngineFactory,
     ThreadScorer,
     ThreadTrainer,
-    clone_weights,
 )
 from freshroll.placement.placement import Placement, Runtime, resolve_runtime, thread_budget
 from freshroll.placement.ray_trainer import RayTrainer
@@ -173,7 +173,7 @@ def _sim(b: Build, stack: ExitStack) -> tuple[EngineFactory, AsyncScorer, AsyncT
 def _hf_inline(b: Build, stack: ExitStack) -> tuple[EngineFactory, AsyncScorer, AsyncTrainer]:
     learner = build_learner(b.cfg, b.prep.model_path, b.buf, b.out, b.prep.history)
     scorer = _scorer(b, stack)
-    trainer = _trainer(b, stack, learner, clone_weights)
+    trainer = _trainer(b, stack, learner, CloneTransfer())
     return _engines(b, "inline", None), scorer, trainer
 
 
@@ -185,7 +185,7 @@ def _hf_process(b: Build, stack: ExitStack) -> tuple[EngineFactory, AsyncScorer,
                                    wait_s=b.cfg.limits.weights_timeout_s + 5.0, run_dir=b.out)
     stack.callback(channel.close)
     scorer = _scorer(b, stack)
-    trainer = _trainer(b, stack, learner, channel.publish)
+    trainer = _trainer(b, stack, learner, channel)
     factory = _engines(b, "process", channel)
 
     def stop_children() -> None:  # the pool stopped them; a crashed run may not have
@@ -200,7 +200,8 @@ def _hf_process(b: Build, stack: ExitStack) -> tuple[EngineFactory, AsyncScorer,
 
 @register_placement("hf", "ray")
 def _hf_ray(b: Build, stack: ExitStack) -> tuple[EngineFactory, AsyncScorer, AsyncTrainer]:
-    from freshroll.placement.ray_engine import ray_publish, start_ray, stop_ray
+    from freshroll.placement.ray_engine import RayPut
+    from freshroll.placement.ray_session import start_ray, stop_ray
 
     learner = build_learner(b.cfg, b.prep.model_path, b.buf, b.out, b.prep.history)
     # private: in RUN_DIR/ray.json
@@ -208,7 +209,7 @@ def _hf_ray(b: Build, stack: ExitStack) -> tuple[EngineFactory, AsyncScorer, Asy
     stack.callback(stop_ray)
     scorer = _scorer(b, stack, ray=True)  # e.g. a node's reward version differs: Ray stopped
     # once per version in the object store, one ref for all
-    trainer = _trainer(b, stack, learner, ray_publish)
+    trainer = _trainer(b, stack, learner, RayPut())
     return _engines(b, "ray", None), scorer, trainer
 
 
@@ -219,7 +220,7 @@ def _vllm(b: Build, stack: ExitStack) -> tuple[EngineFactory, AsyncScorer, Async
 
     learner = build_learner(b.cfg, b.prep.model_path, b.buf, b.out, b.prep.history)
     scorer = _scorer(b, stack)
-    trainer = _trainer(b, stack, learner, clone_weights)
+    trainer = _trainer(b, stack, learner, CloneTransfer())
     engines = VLLMEngineFactory(b.prep.model_path, in_force(b.cfg), seed=b.cfg.run.seed)
     stack.callback(engines.kill_all)  # the pool closed them; a run that crashed may not have
     return engines, scorer, trainer
@@ -289,7 +290,8 @@ def build_engine(cfg: Config, path: Path, name: str, channel: WeightChannel | No
             raise
         return child  # type: ignore[return-value]  # the engine protocol, duck-typed
     if runtime == "ray":
-        from freshroll.placement.ray_engine import RayEngine, start_ray
+        from freshroll.placement.ray_engine import RayEngine
+        from freshroll.placement.ray_session import start_ray
 
         start_ray(num_cpus=ray_cpus(cfg), address=cfg.run.ray_address)  # no-op if started
         lim = cfg.limits
@@ -340,7 +342,7 @@ def build_trainer(
 
         return RayTrainer(learner, buf, cfg, rebuild, before_commit)
     state = learner_state(learner)
-    return ThreadTrainer(learner, buf, lambda v: before_commit(v, state), publish=publish,
+    return ThreadTrainer(learner, buf, lambda v: before_commit(v, state), transfer=publish,
                          timeout_s=cfg.limits.train_timeout_s,
                          threads=stages.stage("train") if stages is not None else None,
                          pool=stages.compute if stages is not None else None)

@@ -8,6 +8,7 @@ simulated engine then sleeps on the run's :class:`~freshroll.clock.Clock`
 - :mod:`~freshroll.sim.profiles`  parameters (frozen, validated) and the profiles P1, P2, P3
 - :mod:`~freshroll.sim.draws`     lengths with drift and cap, reward/tool latency, trainer time
 - :mod:`~freshroll.sim.batching`  the continuous-batching server, exact and event-skipping
+- :mod:`~freshroll.sim.timelines` that server's timelines for known arrivals (one or more turns)
 - :mod:`~freshroll.sim.calibrate` the figures that pin each profile to its documentation
 - :mod:`~freshroll.sim.keyed`     the draws keyed by run seed and sample / group id
 - :mod:`~freshroll.sim.engine`, :mod:`~freshroll.sim.scorer`, :mod:`~freshroll.sim.trainer`
@@ -17,15 +18,7 @@ simulated engine then sleeps on the run's :class:`~freshroll.clock.Clock`
 docs/simulation.md describes the model and the measured calibration.
 """
 
-from freshroll.sim.batching import (
-    BatchTimes,
-    ContinuousBatcher,
-    Finished,
-    Rollout,
-    RolloutTimes,
-    simulate_batch,
-    simulate_rollouts,
-)
+from freshroll.sim.batching import ContinuousBatcher, Finished
 from freshroll.sim.profiles import (
     P1,
     P2,
@@ -39,6 +32,13 @@ from freshroll.sim.profiles import (
     TrainerModel,
     get_profile,
     profile_from_dict,
+)
+from freshroll.sim.timelines import (
+    BatchTimes,
+    Rollout,
+    RolloutTimes,
+    simulate_batch,
+    simulate_rollouts,
 )
 
 __all__ = [

@@ -15,7 +15,7 @@ profile at policy step ``step`` and measures, each figure computed here only:
   of rollouts, ``sum(top 10% latencies) / sum(latencies)``;
 - ``phase_tail``: a synchronous rollout phase: the rollouts are cut into phases of
   ``max_concurrent`` (one server's slots), each phase starts all its rollouts at
-  t = 0 on a fresh server (:func:`~freshroll.sim.batching.simulate_rollouts`),
+  t = 0 on a fresh server (:func:`~freshroll.sim.timelines.simulate_rollouts`),
   and ``phase_tail`` is the mean over phases of ``(T_100 - T_90) / T_100``: the
   share of the phase's wall time spent waiting for its slowest 10% (``T_q`` is the
   time by which a share ``q`` of its rollouts finished; the issue's "the slowest
@@ -31,7 +31,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from freshroll.sim.batching import Rollout, simulate_batch, simulate_rollouts
 from freshroll.sim.draws import (
     FloatArray,
     completion_lengths,
@@ -41,6 +40,7 @@ from freshroll.sim.draws import (
     tool_latency,
 )
 from freshroll.sim.profiles import Profile
+from freshroll.sim.timelines import Rollout, simulate_batch, simulate_rollouts
 
 TAIL = 0.10  # the slowest share whose weight the tail figures measure
 

@@ -65,8 +65,8 @@ the server, as of the last wakeup or call (the batcher's state then)::
 cancelled) and the batcher's snapshot.
 
 Guarantees: on a virtual clock with ``time_scale = 1`` the timelines are exactly
-:func:`~freshroll.sim.batching.simulate_batch`'s (single-turn) or
-:func:`~freshroll.sim.batching.simulate_rollouts`' (multi-turn) for the same
+:func:`~freshroll.sim.timelines.simulate_batch`'s (single-turn) or
+:func:`~freshroll.sim.timelines.simulate_rollouts`' (multi-turn) for the same
 arrivals; every request of a call is emitted once or cancelled, never both;
 ``generate``'s ``seed`` is not used (draws are keyed by the run seed and ids, so
 they do not depend on which call carried a request); an exception raised by
@@ -87,6 +87,7 @@ from typing import Any
 
 from freshroll.engines.base import FINISH_LENGTH, FINISH_STOP, Completion
 from freshroll.engines.seams import Emit, EngineStats, GenRequest, SamplingParams
+from freshroll.engines.weights import Weights
 from freshroll.errors import Superseded, WorkerLost
 from freshroll.sim.batching import _BELOW, ContinuousBatcher, Finished
 from freshroll.sim.keyed import KeyedDraws
@@ -138,7 +139,7 @@ class SimEngine:
             raise ValueError(f"time_scale must be > 0, got {time_scale}")
         self.name = name
         self.draws = draws
-        self.loaded: Any = None  # the last weights token loaded
+        self.loaded: Weights | None = None  # the last weights token loaded
         self.on_update = on_update
         self._ordinal = 0  # weight loads swapped in so far (Completion.version_spans)
         self._drained: list[asyncio.Future[None]] = []  # finish: loads waiting for no request
@@ -206,7 +207,7 @@ class SimEngine:
         self._rearm()
         await call.done
 
-    async def load_weights(self, weights: Any) -> float:
+    async def load_weights(self, weights: Weights) -> float:
         """Sleep ``transfer_s`` (x time_scale; generation goes on meanwhile), then swap as
         ``on_update`` says (module docstring); the seconds from the call to the swap."""
         if self._closed:
@@ -352,7 +353,7 @@ class SimEngine:
 
     def _run_until(self, t: float) -> None:
         """Apply batcher events and tool returns at or before ``t``, in time order (a batcher
-        event first at equal times, as :func:`~freshroll.sim.batching.simulate_rollouts`)."""
+        event first at equal times, as :func:`~freshroll.sim.timelines.simulate_rollouts`)."""
         batcher, tools = self._batcher, self._tools
         if self._single_turn:  # no tool call can come between two events: all at once
             for f in batcher.advance(t):

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 
 from freshroll.buffer import SampleBuffer
+from freshroll.engines.weights import SimWeights
 from freshroll.errors import ConfigError
 from freshroll.lineage import PolicyVersion, digest_json, digest_of
 from freshroll.sim.draws import trainer_step_s
@@ -102,7 +103,7 @@ class SimTrainer:
     async def before_commit(self, version: PolicyVersion) -> None:
         """Nothing to write ahead: the simulated weights are the step number."""
 
-    def weights(self) -> int:
+    def weights(self) -> SimWeights:
         return self._step
 
 
