@@ -4,24 +4,13 @@ so earlier runs' digests hold)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
+from small_learner import SAMPLES, small_learner
 
 from freshroll.config import TrainerSection
 from freshroll.trainer.grpo import GRPOLearner, settings_digest
-from freshroll.trainer.replay import TrainSample
 
-SAMPLES = [TrainSample([5, 6], [7, 8, 9], [-2.0, -2.0, -2.0], float(i % 2), i // 2, 0)
-           for i in range(4)]
-
-
-def _learner(**trainer: Any) -> GRPOLearner:
-    from freshroll.engines.tiny import build_tiny
-
-    model, _ = build_tiny(seed=1)
-    return GRPOLearner(model, TrainerSection(lr=1e-2, **trainer), temperature=1.0, pad_id=0,
-                       max_new_tokens=4)
+_learner = small_learner
 
 
 def _linear_dtypes(learner: GRPOLearner) -> set[torch.dtype]:
