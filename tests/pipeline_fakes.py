@@ -167,3 +167,15 @@ def blocker() -> tuple[threading.Event, Callable[[int], None]]:
             gate.wait(60)
 
     return gate, behaviour
+
+
+def fill_ready(buf: Any, worker: str = "w0") -> None:
+    """Admit what ``buf`` has room for and run every request to a reward on ``worker`` (one
+    token, reward 0.5): the admission window's groups end ready to lease."""
+    epoch = buf.register_worker(worker)
+    for _ in range(buf.capacity()):
+        buf.admit("p")
+    for rid in buf.take_requests(100):
+        sid = buf.start(rid, worker, epoch, buf.version)
+        buf.complete(sid, tokens=1, gen_s=0.0)
+        buf.reward(sid, 0.5, "r:x:0123456789abcdef0123456789abcdef")

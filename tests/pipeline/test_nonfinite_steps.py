@@ -11,7 +11,7 @@ from pathlib import Path
 
 from freshroll import events as ev
 from freshroll.errors import FailureBudgetExceeded, NonFiniteStep
-from pipeline_fakes import FakeLearner, Harness
+from pipeline_fakes import FakeLearner, Harness, fill_ready
 
 
 def _nonfinite_on(*calls: int):
@@ -77,13 +77,7 @@ def _history_with_a_skipped_step(path: Path) -> list[ev.Event]:
 
     buf = SampleBuffer.open(Ledger(path, sync="off"), KernelConfig(1, 2, 2), VirtualClock(),
                             run_id="t", initial_version=PolicyVersion.initial("m"))
-    epoch = buf.register_worker("w0")
-    for _ in range(buf.capacity()):
-        buf.admit("p")
-    for rid in buf.take_requests(100):
-        sid = buf.start(rid, "w0", epoch, buf.version)  # type: ignore[arg-type]
-        buf.complete(sid, tokens=1, gen_s=0.0)
-        buf.reward(sid, 0.5, "r:x:0123456789abcdef0123456789abcdef")
+    fill_ready(buf)
     lease = buf.lease()
     assert lease is not None
     buf.skip_step(lease.id, "step 1: loss is nan")

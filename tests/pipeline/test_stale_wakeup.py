@@ -12,20 +12,14 @@ from freshroll.buffer import KernelConfig, SampleBuffer
 from freshroll.clock import RealClock
 from freshroll.ledger import Ledger
 from freshroll.lineage import PolicyVersion
-from pipeline_fakes import Harness
+from pipeline_fakes import Harness, fill_ready
 
 
 def _crashed_run_with_a_ready_group_one_step_old(path: Path) -> None:
     """eta=1: two groups ready at p0, one leased and committed (p1), then the process dies."""
     buf = SampleBuffer.open(Ledger(path, sync="off"), KernelConfig(1, 1, 2), RealClock(),
                             run_id="t", initial_version=PolicyVersion.initial("fake-model"))
-    epoch = buf.register_worker("w0")
-    for _ in range(buf.capacity()):
-        buf.admit("p")
-    for rid in buf.take_requests(100):
-        sid = buf.start(rid, "w0", epoch, buf.version)  # type: ignore[arg-type]
-        buf.complete(sid, tokens=1, gen_s=0.0)
-        buf.reward(sid, 0.5, "r:x:0123456789abcdef0123456789abcdef")
+    fill_ready(buf)
     lease = buf.lease()
     assert lease is not None and buf.ready_groups() == 1
     buf.commit(lease.id, "fake-settings")

@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from freshroll.config import TrainerSection
+from freshroll.config import TRAINER_BEFORE, TrainerSection
 from freshroll.engines.lora_merge import adapter_bytes
 from freshroll.engines.model_dir import takes_logits_to_keep
 from freshroll.errors import ConfigError, NonFiniteStep
@@ -142,9 +142,9 @@ def collate(samples: Sequence[TrainSample], pad_id: int) -> Batch:
 _NOT_TRAINING_MATH = {"on_nonfinite"}
 #: trainer keys added after runs had recorded settings digests: at the value every earlier
 #: run trained with they are left out of the digest, so the steps of an earlier run still
-#: match theirs on --resume and replay (``optim``: earlier runs looped, the default fuses)
+#: match theirs on --resume and replay (where that is not the default: TRAINER_BEFORE)
 _OMITTED_AT: dict[str, object] = {"lr_schedule": "constant", "warmup_steps": 0, "grad_accum": 1,
-                                  "bf16": False, "lora": None, "optim": "adamw_torch"}
+                                  "bf16": False, "lora": None, **TRAINER_BEFORE}
 
 
 def settings_digest(cfg: TrainerSection, temperature: float, total_steps: int | None) -> str:
@@ -237,7 +237,6 @@ class GRPOLearner:
         # on_nonfinite decides what happens to a step that is never applied: not a setting
         # of the training math, so not part of the digest that versions every commit
         self.settings_digest = settings_digest(cfg, temperature, total_steps)
-        self._bytes: int | None = None  # see _published_bytes
         model.train()
 
     def lr(self, step: int) -> float:
@@ -296,7 +295,7 @@ class GRPOLearner:
             adv_abs_mean=float(adv.abs().mean()), lag_mean=sum(lags) / len(lags),
             lag_max=float(max(lags)), samples=float(len(samples)),
             tokens=total_tokens, train_s=time.perf_counter() - t0,
-            weights_bytes=float(self._published_bytes()),
+            weights_bytes=float(adapter_bytes(self.published_state())),
         )
         return metrics
 
@@ -367,14 +366,6 @@ class GRPOLearner:
         autocast allows it, on the model's device; off: a no-op context."""
         device = next(self.model.parameters()).device.type
         return torch.autocast(device, dtype=torch.bfloat16, enabled=self.cfg.bf16)
-
-    def _published_bytes(self) -> int:
-        """Bytes of :meth:`published_state` (a step's ``weights_bytes``): fixed by the
-        model's shapes and dtypes, so measured on the first step and kept; walking the state
-        dict every step cost as much as a tiny model's collate."""
-        if self._bytes is None:
-            self._bytes = adapter_bytes(self.published_state())
-        return self._bytes
 
     def published_state(self) -> dict[str, torch.Tensor]:
         """What workers load each version, as detached views: the state dict, or a LoRA
