@@ -38,12 +38,13 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 import torch
 
+from freshroll.placement import probe_cache
 from freshroll.placement.placement import Placement, available_cores, plan, wants_probe
 from freshroll.placement.process_engine import workers_ready
 
@@ -77,6 +78,9 @@ class ThreadProbe:
     train_n: float
     probe_s: float  # wall seconds the whole probe took (model load included)
     skipped: str = ""  # why nothing was measured (a large model)
+    #: when the measurement was taken, if an earlier run's was reused (unix time; 0: measured
+    #: by this run): freshroll.placement.probe_cache
+    reused_from: float = 0.0
 
     @property
     def gain(self) -> float:
@@ -91,10 +95,11 @@ class ThreadProbe:
     def describe(self) -> str:
         if self.skipped:
             return f"threads taken to pay: {self.skipped}"
+        how = (f"reused, measured {time.strftime('%H:%M:%S', time.localtime(self.reused_from))}"
+               if self.reused_from else f"probe {self.probe_s:.1f} s")
         return (f"a step's work {self.gen_1 + self.train_1:.3f} s on 1 thread, "
                 f"{self.gen_n + self.train_n:.3f} s on {self.threads}: {self.gain:.2f}x, "
-                f"{'pays' if self.pays else 'does not pay'} (needs {PAYS:.2f}x; probe "
-                f"{self.probe_s:.1f} s)")
+                f"{'pays' if self.pays else 'does not pay'} (needs {PAYS:.2f}x; {how})")
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "gain": self.gain, "pays": self.pays}
@@ -186,28 +191,64 @@ def _decisive(g: dict[int, list[float]], t: dict[int, list[float]], threads: int
 
 
 def settle_placement(cfg: Config, prompts: Sequence[Prompt], model_path: Path, *,
-                     injected: bool = False, stream: TextIO = sys.stderr) -> Placement:
+                     model_digest: str | None = None, injected: bool = False,
+                     stream: TextIO = sys.stderr) -> Placement:
     """A run's placement and thread budget (:func:`freshroll.placement.placement.plan`), its
     ``auto`` settings settled on a probe of the run's first batch where one is wanted. A
     probe that fails says so in one line and leaves the fixed rule in force: a speed
-    measurement never stops a run."""
+    measurement never stops a run. ``model_digest`` (the initial model's): an earlier run's
+    measurement of the same work is reused where :mod:`~freshroll.placement.probe_cache`
+    allows (None: always measured)."""
     cores = available_cores()
     probe = None
     if wants_probe(cfg, injected=injected, cores=cores):
         r = cfg.rollout
         batch = [p.text for p in prompts[: r.batch_groups] for _ in range(r.group_size)]
-        if cfg.run.progress:
-            stream.write("freshroll: measuring whether intra-op threads pay for this model "
-                         f"({cores} cores)...\n")
-            stream.flush()
-        workers_ready(cfg.limits.worker_start_timeout_s)  # the forkserver's imports done first
-        try:
-            probe = probe_threads(model_path, batch, max_new_tokens=r.max_new_tokens,
-                                  threads=cores)
-        except Exception as exc:
-            stream.write(f"warning: the thread probe failed ({type(exc).__name__}: {exc}); "
-                         "run.torch_threads and run.runtime auto follow the fixed rule\n")
+        key = (None if model_digest is None else probe_cache.probe_key(
+            model_digest, batch, max_new_tokens=r.max_new_tokens, threads=cores))
+        busy = None
+        if key is not None and probe_cache.enabled():
+            workers_ready(cfg.limits.worker_start_timeout_s)  # its imports are not "others"
+            probe, busy = _reused(key)
+        if probe is None:
+            probe = _measured(cfg, model_path, batch, cores, key, busy, stream)
     return plan(cfg, probe, injected=injected, cores=cores)
+
+
+def _reused(key: str) -> tuple[ThreadProbe | None, float | None]:
+    """An earlier run's measurement under ``key`` that may stand for this run's (or None),
+    and the cores other processes keep busy now (:func:`probe_cache.others_busy`)."""
+    t0 = time.perf_counter()
+    busy = probe_cache.others_busy()
+    hit = probe_cache.lookup(key, busy=busy)
+    if hit is None:
+        return None, busy
+    fields, measured_at = hit
+    try:
+        probe = ThreadProbe(**{**fields, "probe_s": 0.0, "reused_from": measured_at})
+    except TypeError:  # an entry of other fields: measured again (and replaced)
+        return None, busy
+    return replace(probe, probe_s=time.perf_counter() - t0), busy
+
+
+def _measured(cfg: Config, model_path: Path, batch: list[str], cores: int, key: str | None,
+              busy: float | None, stream: TextIO) -> ThreadProbe | None:
+    """The probe run now (None if it failed: one warning line), kept under ``key``."""
+    if cfg.run.progress:
+        stream.write("freshroll: measuring whether intra-op threads pay for this model "
+                     f"({cores} cores)...\n")
+        stream.flush()
+    workers_ready(cfg.limits.worker_start_timeout_s)  # the forkserver's imports done first
+    try:
+        probe = probe_threads(model_path, batch, max_new_tokens=cfg.rollout.max_new_tokens,
+                              threads=cores)
+    except Exception as exc:
+        stream.write(f"warning: the thread probe failed ({type(exc).__name__}: {exc}); "
+                     "run.torch_threads and run.runtime auto follow the fixed rule\n")
+        return None
+    if key is not None and not probe.skipped:
+        probe_cache.store(key, asdict(probe), busy=busy, stream=stream)
+    return probe
 
 
 __all__ = ["CALL_BUDGET_S", "LARGE_PARAMS", "PAYS", "ThreadProbe", "probe_threads",

@@ -131,6 +131,7 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
          called_at: float | None = None, observers: Sequence[RunObserver] = ()) -> RunResult:
     asked = prep.cfg
     placement = settle_placement(asked, prep.prompts, prep.model_path,
+                                 model_digest=prep.model_digest,
                                  injected=make_engine is not None, stream=stream)
     prep = replace(prep, cfg=settled(asked, placement))
     cfg = prep.cfg  # run.runtime and run.torch_threads explicit; the ledger records `asked`

@@ -1,0 +1,141 @@
+"""A thread probe reused by the next run of the same work (freshroll.placement.probe_cache):
+what makes a measurement reusable, what does not, and a run that reuses one says so."""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import asdict
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from freshroll.config import validate
+from freshroll.placement import probe_cache, thread_probe
+from freshroll.placement.thread_probe import ThreadProbe
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("FRESHROLL_PROBE_CACHE", "on")
+    monkeypatch.setenv("FRESHROLL_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache" / probe_cache.FILE_NAME
+
+
+def _fields(gain: float = 0.8) -> dict[str, Any]:
+    return asdict(ThreadProbe(2, 16, 9, 0.4, 0.6, 0.4 / gain, 0.6 / gain, 2.5))
+
+
+def _key(**kw: Any) -> str:
+    args: dict[str, Any] = {"model_digest": "m1", "batch": ["12>", "34>"],
+                            "max_new_tokens": 4, "threads": 2, **kw}
+    return probe_cache.probe_key(args.pop("model_digest"), args.pop("batch"), **args)
+
+
+def test_a_measurement_is_reused_only_for_the_same_work_soon_and_at_a_like_load(cache: Path):
+    key = _key()
+    assert probe_cache.store(key, _fields(), busy=1.0, now=1000.0)
+    assert cache.is_file()
+    fields, at = probe_cache.lookup(key, now=1060.0, busy=1.3) or ({}, 0.0)
+    assert fields == _fields() and at == 1000.0
+    # another model, prompts, length or core count: another key
+    assert _key(batch=["35>", "12>"]) == key  # other prompts of the same shape: the same work
+    for other in (_key(model_digest="m2"), _key(batch=["12>", "356>"]), _key(batch=["12>"]),
+                  _key(max_new_tokens=8), _key(threads=4)):
+        assert other != key and probe_cache.lookup(other, now=1060.0, busy=1.0) is None
+    # too old, or measured with another number of busy cores (threads that paid quiet lose
+    # beside a busy core); or with the busy cores unknown (no /proc/stat)
+    assert probe_cache.lookup(key, now=1000.0 + probe_cache.MAX_AGE_S + 1, busy=1.0) is None
+    assert probe_cache.lookup(key, now=1060.0, busy=1.0 + probe_cache.BUSY_TOLERANCE + 0.1) is None
+    assert probe_cache.lookup(key, now=900.0, busy=1.0) is None  # measured "in the future"
+    assert probe_cache.lookup(key, now=1060.0, busy=None) is None
+    assert not probe_cache.store(_key(model_digest="m9"), _fields(), busy=None)
+
+
+def test_the_file_keeps_the_newest_entries_one_per_key(cache: Path):
+    for i in range(probe_cache.MAX_ENTRIES + 5):
+        probe_cache.store(_key(model_digest=f"m{i}"), _fields(), busy=0.0, now=1000.0 + i)
+    probe_cache.store(_key(model_digest="m70"), _fields(1.6), busy=0.0, now=2000.0)  # again
+    entries = json.loads(cache.read_text())["entries"]
+    assert len(entries) == probe_cache.MAX_ENTRIES
+    assert len({e["key"] for e in entries}) == len(entries)
+    hit = probe_cache.lookup(_key(model_digest="m70"), now=2001.0, busy=0.0)
+    assert hit is not None and hit[1] == 2000.0 and hit[0] == _fields(1.6)
+    assert probe_cache.lookup(_key(model_digest="m0"), now=2001.0, busy=0.0) is None  # dropped
+
+
+def test_a_damaged_or_unwritable_cache_is_a_miss_never_an_error(cache: Path):
+    cache.parent.mkdir(parents=True)
+    cache.write_text("{not json")
+    assert probe_cache.lookup(_key(), busy=0.0) is None
+    assert probe_cache.store(_key(), _fields(), busy=0.0)  # written anew
+    assert probe_cache.lookup(_key(), busy=0.0) is not None
+    cache.write_text(json.dumps({"entries": [{"key": _key(), "measured_at": "x"}]}))
+    assert probe_cache.lookup(_key(), busy=0.0) is None
+    cache.unlink()
+    cache.parent.rmdir()
+    cache.parent.write_text("a file where the cache directory should be")
+    err = io.StringIO()
+    assert not probe_cache.store(_key(), _fields(), busy=0.0, stream=err)
+    assert "was not written" in err.getvalue() and "FRESHROLL_PROBE_CACHE=off" in err.getvalue()
+
+
+def test_the_busy_cores_are_the_other_processes_not_this_ones(monkeypatch: pytest.MonkeyPatch):
+    import os
+
+    real = probe_cache.others_busy(0.05)
+    assert real is not None and 0.0 <= real <= (os.cpu_count() or 1) + 0.5
+    # the machine busy 0.45 CPU-s over the window, 0.15 of them this process's own
+    machine, own = iter([10.0, 10.45]), iter([1.0, 1.15])
+    monkeypatch.setattr(probe_cache, "_busy_s", lambda: next(machine))
+    monkeypatch.setattr(probe_cache, "_self_s", lambda: next(own))
+    assert probe_cache.others_busy(0.15) == pytest.approx(2.0, rel=0.25)
+    monkeypatch.setattr(probe_cache, "_busy_s", lambda: (_ for _ in ()).throw(OSError()))
+    assert probe_cache.others_busy(0.01) is None  # no /proc/stat: nothing is reused
+
+
+def test_off_neither_reads_nor_writes(cache: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("FRESHROLL_PROBE_CACHE", "off")
+    assert not probe_cache.store(_key(), _fields(), busy=0.0)
+    assert not cache.exists()
+    monkeypatch.setenv("FRESHROLL_PROBE_CACHE", "on")
+    probe_cache.store(_key(), _fields(), busy=0.0)
+    monkeypatch.setenv("FRESHROLL_PROBE_CACHE", "0")
+    assert probe_cache.lookup(_key(), busy=0.0) is None
+
+
+def test_the_second_run_of_the_same_work_reuses_the_first_ones_probe(
+        cache: Path, monkeypatch: pytest.MonkeyPatch):
+    calls: list[int] = []
+
+    def probe(model_path: Any, batch: Any, *, max_new_tokens: int, threads: int) -> ThreadProbe:
+        calls.append(len(batch))
+        return ThreadProbe(**_fields(0.7))
+
+    monkeypatch.setattr(thread_probe, "probe_threads", probe)
+    monkeypatch.setattr(thread_probe, "available_cores", lambda: 2)
+    monkeypatch.setattr(probe_cache, "others_busy", lambda: 0.5)
+    cfg = validate({"run": {"max_staleness": 1, "progress": True}}, "test")
+    prompts: Any = [SimpleNamespace(text=f"{i}>") for i in range(8)]
+
+    def settle(digest: str | None) -> tuple[Any, str]:
+        err = io.StringIO()
+        got = thread_probe.settle_placement(cfg, prompts, Path("m"), model_digest=digest,
+                                            stream=err)
+        return got, err.getvalue()
+
+    first, said = settle("d1")
+    assert len(calls) == 1 and "measuring whether intra-op threads pay" in said
+    again, said = settle("d1")
+    assert len(calls) == 1 and said == ""  # nothing measured, nothing to wait for
+    assert again.probe is not None and first.probe is not None
+    assert again.probe.reused_from > 0 and first.probe.reused_from == 0
+    assert again.probe.gain == pytest.approx(first.probe.gain)
+    assert (again.runtime, again.budget) == (first.runtime, first.budget)
+    assert "reused, measured" in again.probe.describe()
+    assert again.probe.as_dict()["reused_from"] == again.probe.reused_from  # in summary.json
+    settle("d2")  # another model: measured
+    settle(None)  # no digest to key on: measured, not kept
+    assert len(calls) == 3
