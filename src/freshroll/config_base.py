@@ -14,6 +14,9 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
+#: bounds shared by several fields: a seed torch, numpy and ``random`` all accept
+SEED_MAX = 2**32 - 1
+
 
 class _Section(BaseModel):
     """The base of every config section (and, as :data:`Section`, of the chaos plan and

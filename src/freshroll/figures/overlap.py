@@ -49,7 +49,7 @@ import os
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from freshroll import events as ev
 from freshroll.metrics import Tally, accepted_rollouts_per_s, trainer_wait_s, wall_s
@@ -300,7 +300,9 @@ def _median(xs: Sequence[float]) -> float:
 
 def overlap_figures(calls: Sequence[Call], train: Sequence[Interval], tally: Tally, batch: int,
                     max_staleness: int | None, handoff_s: float = 0.0) -> dict[str, Any]:
-    """Pure: the overlap figures of a run's calls, training steps and tally."""
+    """Pure: the overlap figures of a run's calls, training steps and tally (module doc):
+    each stage's busy time and their overlap, each at its solo speed (:func:`_solo`), the
+    sync step that speed gives, and the verdict (:func:`_verdict`)."""
     wall = wall_s(tally)
     by_worker: dict[str, list[Interval]] = {}
     for c in calls:
@@ -313,8 +315,51 @@ def overlap_figures(calls: Sequence[Call], train: Sequence[Interval], tally: Tal
     both = intersection(gen_all, train_u)
     shorter = min(gen_wall, measure(train_u))
     steps = len(train)
+    solo = _solo(calls, train, gen_all, train_u)
+    per_sample = solo.gen_s / solo.samples if solo.samples else math.nan
+    in_flight = sum(c.end - c.start for c in calls) / gen_wall if gen_wall > 0 else 1.0
+    gen_step = batch * per_sample / max(1.0, in_flight)
+    # solo-equivalent share of the busy time
+    gen_share = solo.gen_s / solo.gen_raw_s if solo.gen_raw_s > 0 else 1.0
+    train_step = _median(solo.train_s)
+    overhead = max(0.0, wall - trainer_wait_s(tally) - train_busy) / steps if steps else 0.0
+    handoff = handoff_s if math.isfinite(handoff_s) else 0.0
+    sync_step = gen_step + handoff + train_step + overhead
+    estimate = batch / sync_step if sync_step > 0 and math.isfinite(sync_step) else math.nan
+    rate = accepted_rollouts_per_s(tally)
+    ratio = rate / estimate if estimate > 0 else math.nan
+    return {
+        "gen_busy_s": gen_busy, "gen_busy_s_by_worker": busy, "train_busy_s": train_busy,
+        "trainer_wait_s": trainer_wait_s(tally), "wall_s": wall,
+        "parallelism": (gen_busy + train_busy) / wall if wall > 0 else math.nan,
+        "effective_parallelism": ((gen_busy * gen_share + sum(solo.train_s)) / wall
+                                  if wall > 0 else math.nan),
+        "overlapped": both / shorter if shorter > 0 else 0.0,
+        "slowdown": {"generation": solo.generation, "training": solo.training},
+        "sync_step_s": {"generation": gen_step, "handoff": handoff, "training": train_step,
+                        "overhead": overhead, "total": sync_step},
+        "sync_estimate_per_s": estimate, "accepted_rollouts_per_s": rate,
+        "ratio": ratio, "verdict": _verdict(max_staleness, steps, ratio),
+    }
 
-    # each call / step: its length, and how much of it the other stage overlapped
+
+class _Solo(NamedTuple):
+    """The two stages at their solo speed: each one's slowdown while the other ran, and
+    the seconds its calls / steps would have taken alone (:func:`solo_seconds`)."""
+
+    generation: float | None  # generation's slowdown (:func:`slowdown`; None: not measured)
+    training: float | None  # training's
+    gen_s: float  # the generate calls' solo seconds, summed
+    gen_raw_s: float  # the same calls' measured seconds, summed
+    samples: int  # the completions they made
+    train_s: list[float]  # each training step's solo seconds
+
+
+def _solo(calls: Sequence[Call], train: Sequence[Interval], gen_all: Sequence[Interval],
+          train_u: Sequence[Interval]) -> _Solo:
+    """Each call / step: its length, and how much of it the other stage overlapped (over
+    ``gen_all`` / ``train_u``: the union of each stage's busy intervals); a stage never
+    measured alone is taken to be slowed as much as the other (module doc)."""
     by_train, by_gen = Cover(train_u), Cover(gen_all)
     gen_parts = [(c.end - c.start, by_train.covered((c.start, c.end)), c.n)
                  for c in calls if c.end > c.start]
@@ -325,40 +370,20 @@ def overlap_figures(calls: Sequence[Call], train: Sequence[Interval], tally: Tal
     train_factor = t if t is not None else g if g is not None else 1.0
     gen_solo = sum(solo_seconds(d, o, gen_factor) for d, o, _ in gen_parts)
     train_solo = [solo_seconds(d, o, train_factor) for d, o, _ in train_parts]
-    samples = sum(n for _, _, n in gen_parts)
-    per_sample = gen_solo / samples if samples else math.nan
-    in_flight = sum(c.end - c.start for c in calls) / gen_wall if gen_wall > 0 else 1.0
-    gen_step = batch * per_sample / max(1.0, in_flight)
-    raw = sum(d for d, _, _ in gen_parts)
-    gen_share = gen_solo / raw if raw > 0 else 1.0  # solo-equivalent share of the busy time
-    train_step = _median(train_solo)
-    overhead = max(0.0, wall - trainer_wait_s(tally) - train_busy) / steps if steps else 0.0
-    handoff = handoff_s if math.isfinite(handoff_s) else 0.0
-    sync_step = gen_step + handoff + train_step + overhead
-    estimate = batch / sync_step if sync_step > 0 and math.isfinite(sync_step) else math.nan
-    rate = accepted_rollouts_per_s(tally)
-    ratio = rate / estimate if estimate > 0 else math.nan
+    return _Solo(g, t, gen_solo, sum(d for d, _, _ in gen_parts),
+                 sum(n for _, _, n in gen_parts), train_solo)
+
+
+def _verdict(max_staleness: int | None, steps: int, ratio: float) -> str | None:
+    """sync (``max_staleness`` 0), paid (``ratio`` above 1 + :data:`PAY_MARGIN`) or did not
+    pay; None without a setting, a step or a finite ratio."""
     if max_staleness is None or not steps:
-        verdict = None
-    elif max_staleness == 0:
-        verdict = "sync"
-    elif not math.isfinite(ratio):
-        verdict = None
-    else:
-        verdict = "paid" if ratio > 1 + PAY_MARGIN else "did not pay"
-    return {
-        "gen_busy_s": gen_busy, "gen_busy_s_by_worker": busy, "train_busy_s": train_busy,
-        "trainer_wait_s": trainer_wait_s(tally), "wall_s": wall,
-        "parallelism": (gen_busy + train_busy) / wall if wall > 0 else math.nan,
-        "effective_parallelism": ((gen_busy * gen_share + sum(train_solo)) / wall
-                                  if wall > 0 else math.nan),
-        "overlapped": both / shorter if shorter > 0 else 0.0,
-        "slowdown": {"generation": g, "training": t},
-        "sync_step_s": {"generation": gen_step, "handoff": handoff, "training": train_step,
-                        "overhead": overhead, "total": sync_step},
-        "sync_estimate_per_s": estimate, "accepted_rollouts_per_s": rate,
-        "ratio": ratio, "verdict": verdict,
-    }
+        return None
+    if max_staleness == 0:
+        return "sync"
+    if not math.isfinite(ratio):
+        return None
+    return "paid" if ratio > 1 + PAY_MARGIN else "did not pay"
 
 
 # == the host (not in the ledger) =====================================================

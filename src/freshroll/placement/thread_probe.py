@@ -125,19 +125,11 @@ def probe_threads(model_path: Path, prompts: Sequence[str], *, max_new_tokens: i
     ``prompts``: the run's prompts, one row each (the batch). Restores the process's RNG
     state; leaves ``torch.get_num_threads()`` at ``threads`` (the caller sets its budget).
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     from freshroll.engines.base import encode_prompt
     from freshroll.engines.hf import HFEngine
-    from freshroll.engines.model_dir import loading_model
 
     t_start = time.perf_counter()
-    with loading_model(model_path):
-        config = AutoConfig.from_pretrained(model_path, local_files_only=True)
-        with torch.device("meta"):
-            shell = AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]  # transformers: unannotated
-    n_params = sum(p.numel() for p in shell.parameters())
-    del shell
+    config, n_params = _shape(model_path)
     if n_params > LARGE_PARAMS:
         return ThreadProbe(threads, 0, 0, 0.0, 0.0, 0.0, 0.0, time.perf_counter() - t_start,
                            skipped=f"{n_params:,} parameters (> {LARGE_PARAMS:,}): long ops")
@@ -158,27 +150,54 @@ def probe_threads(model_path: Path, prompts: Sequence[str], *, max_new_tokens: i
                 model(input_ids=ids, labels=ids).loss.backward()
             model.zero_grad(set_to_none=True)
 
-        g: dict[int, list[float]] = {1: [], threads: []}
-        t: dict[int, list[float]] = {1: [], threads: []}
-        # generation and training on two threads of their own, taking turns as in a sync
-        # run (each thread's OpenMP team spins a while after its op: the other pays for it)
-        with ThreadPoolExecutor(1, "probe-gen") as gens, \
-                ThreadPoolExecutor(1, "probe-train") as trains:
-            # warm-up at 1 thread on a slice; cut the rows so that a call fits the budget
-            first = rows[: min(len(rows), 16)]
-            per_row = (_timed(gens, lambda: generate(first), 1)
-                       + _timed(trains, lambda: train(len(first)), 1)) / len(first)
-            n = max(len(first), min(len(rows), int(CALL_BUDGET_S / max(per_row, 1e-9))))
-            batch = rows[:n]
-            _timed(gens, lambda: generate(batch[:8]), threads)  # the many-thread teams start
-            _timed(trains, lambda: train(8), threads)
-            for k in (1, threads, 1, threads):
-                g[k].append(_timed(gens, lambda: generate(batch), k))
-                t[k].append(_timed(trains, lambda: train(len(batch)), k))
-                if k == threads and _decisive(g, t, threads):
-                    break  # the first pair already says it: the second would not change it
+        n, g, t = _pairs(generate, train, rows, threads)
     return ThreadProbe(threads, n, width, min(g[1]), min(t[1]), min(g[threads]),
                        min(t[threads]), time.perf_counter() - t_start)
+
+
+def _shape(model_path: Path) -> tuple[Any, int]:
+    """The model's transformers config and its parameter count, from a shell of it on the
+    meta device (no weight is read)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from freshroll.engines.model_dir import loading_model
+
+    with loading_model(model_path):
+        config = AutoConfig.from_pretrained(model_path, local_files_only=True)
+        with torch.device("meta"):
+            shell = AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]  # transformers: unannotated
+    return config, sum(p.numel() for p in shell.parameters())
+
+
+#: seconds of each timed call, by intra-op thread count
+_Seconds = dict[int, list[float]]
+
+
+def _pairs(generate: Callable[[Sequence[str]], None], train: Callable[[int], None],
+           rows: list[str], threads: int) -> tuple[int, _Seconds, _Seconds]:
+    """The rows of a timed call and the seconds of generation and of training per thread
+    count (1 and ``threads``): a warm-up at 1 thread cuts the rows so that a call fits
+    :data:`CALL_BUDGET_S`, then pairs of 1 and ``threads`` taking turns, two at most."""
+    g: _Seconds = {1: [], threads: []}
+    t: _Seconds = {1: [], threads: []}
+    # generation and training on two threads of their own, taking turns as in a sync
+    # run (each thread's OpenMP team spins a while after its op: the other pays for it)
+    with ThreadPoolExecutor(1, "probe-gen") as gens, \
+            ThreadPoolExecutor(1, "probe-train") as trains:
+        # warm-up at 1 thread on a slice; cut the rows so that a call fits the budget
+        first = rows[: min(len(rows), 16)]
+        per_row = (_timed(gens, lambda: generate(first), 1)
+                   + _timed(trains, lambda: train(len(first)), 1)) / len(first)
+        n = max(len(first), min(len(rows), int(CALL_BUDGET_S / max(per_row, 1e-9))))
+        batch = rows[:n]
+        _timed(gens, lambda: generate(batch[:8]), threads)  # the many-thread teams start
+        _timed(trains, lambda: train(8), threads)
+        for k in (1, threads, 1, threads):
+            g[k].append(_timed(gens, lambda: generate(batch), k))
+            t[k].append(_timed(trains, lambda: train(len(batch)), k))
+            if k == threads and _decisive(g, t, threads):
+                break  # the first pair already says it: the second would not change it
+    return n, g, t
 
 
 def _decisive(g: dict[int, list[float]], t: dict[int, list[float]], threads: int) -> bool:

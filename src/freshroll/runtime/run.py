@@ -63,7 +63,7 @@ from freshroll.placement.shm_weights import sweep_segments
 from freshroll.placement.thread_probe import settle_placement
 from freshroll.runtime.endfiles import Finished, finish_run_dir, record_fixed_costs
 from freshroll.runtime.evaluation import build_evaluator
-from freshroll.runtime.placements import ChaosSession, MakeEngine, build_components
+from freshroll.runtime.placements import ChaosSession, Components, MakeEngine, build_components
 from freshroll.runtime.prepare import Prepared, prepare_run_dir
 from freshroll.runtime.recording import Recording
 from freshroll.runtime.resume import announce
@@ -129,6 +129,9 @@ def run(
 def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | None,
          chaos: ChaosSession | None = None, report: bool = True,
          called_at: float | None = None, observers: Sequence[RunObserver] = ()) -> RunResult:
+    """The run in ``out``: its placement settled, ledger, clock and buffer opened, its parts
+    assembled (:func:`_assemble`), the pipeline driven to its end (:func:`_drive`), then the
+    end files (a stopped run's too, before its typed error is raised)."""
     asked = prep.cfg
     placement = settle_placement(asked, prep.prompts, prep.model_path,
                                  model_digest=prep.model_digest,
@@ -138,7 +141,6 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
     torch.set_num_threads(placement.budget.trainer)
     torch.manual_seed(cfg.run.seed)
     random.seed(cfg.run.seed)
-    prompts = prep.prompts
     kernel = KernelConfig(
         cfg.run.max_staleness, cfg.rollout.batch_groups, cfg.rollout.group_size,
         cfg.rollout.max_inflight_groups, cfg.run.staleness_basis)
@@ -146,53 +148,13 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
     ledger = open_ledger(out, reserve=RESERVE_BYTES)  # closes even on a full disk
     clock = run_clock(cfg, ledger)
     buf = _open_buffer(prep, asked, ledger, kernel, clock, out.name, stream)
-    order = [p.prompt_id for p in prompts]
+    order = [p.prompt_id for p in prep.prompts]
     random.Random(cfg.run.seed).shuffle(order)
-    parts = build_components(prep, buf, out, lambda v, lr: rec.before_commit(v, lr), clock,
-                             make_engine, placement)
-    watch: list[RunObserver] = []  # the run's own watchers beside the caller's observers
-    try:  # a failure before the pipeline still releases the parts (worker processes, shm)
-        evaluator = build_evaluator(cfg, prep.eval_prompts, prep.model_path, out, parts.trainer)
-        if chaos is not None:
-            parts = chaos.wrap(parts, buf)
-        if cfg.run.progress:
-            stream.write(_start_line(cfg, out, prep.model_path, len(prompts), buf, placement)
-                         + "\n")
-            stream.flush()
-        watch += own_watchers(cfg, placement, out, stream)
-        rec = Recording(out, cfg, buf, stream, evaluator, extra=[*watch, *observers])
-    except BaseException:
-        for w in watch:  # a bound port is given back
-            with contextlib.suppress(Exception):
-                w.close()
-        parts.close()
-        buf.ledger.close()
-        raise
-    failure: BaseException | None = None
-    try:
-        pipe = Pipeline(
-            buf, parts.engine_factory, parts.scorer, parts.trainer,
-            {p.prompt_id: p for p in prompts}, order, cfg, observers=rec.observers,
-        )
-        if chaos is not None:
-            pipe.hooks = chaos.hooks
-        drive(pipe, clock)
-        buf.shutdown("done")
-    except BaseException as exc:  # one typed error; the ledger closed first (resumable)
-        failure, stopped = exc, _stopped(exc, buf, cfg, out)
-        with contextlib.suppress(Exception):  # best effort: the next start writes them too
-            rec.catch_up()
-    finally:
-        parts.close()
-        try:
-            rec.close()  # every observer, even past one whose close failed
-        except Exception as exc:  # raised, unless the run already failed: that error says why
-            if failure is None:
-                raise
-            failure.add_note(f"an observer's close failed too: {type(exc).__name__}: {exc}")
-        finally:  # the ledger closes whatever an observer's close raised
-            buf.ledger.close()
-    if failure is not None:
+    parts, rec = _assemble(prep, buf, out, clock, placement, stream, make_engine, chaos,
+                           observers)
+    stop = _drive(prep, order, buf, clock, parts, rec, chaos, out)
+    if stop is not None:
+        failure, stopped = stop
         # a run that stopped still says what it trained and why it stopped (summary.json's
         # verdict, the report's banner); best effort: the error that stopped it comes first
         with contextlib.suppress(Exception):
@@ -207,6 +169,71 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
         raise done.verified
     _last_lines(stream, cfg, placement, done.summary)
     return RunResult(out, done.summary, done.verified.ok)
+
+
+def _assemble(prep: Prepared, buf: SampleBuffer, out: Path, clock: Clock, placement: Placement,
+              stream: TextIO, make_engine: MakeEngine | None, chaos: ChaosSession | None,
+              observers: Sequence[RunObserver]) -> tuple[Components, Recording]:
+    """The run's parts from the placements' registry (wrapped by ``chaos``), its evaluator,
+    the start line, and the recording of the run with its own watchers and the caller's
+    observers; a failure here releases what was built (watchers, parts, the ledger)."""
+    cfg = prep.cfg
+    parts = build_components(prep, buf, out, lambda v, lr: rec.before_commit(v, lr), clock,
+                             make_engine, placement)
+    watch: list[RunObserver] = []  # the run's own watchers beside the caller's observers
+    try:  # a failure before the pipeline still releases the parts (worker processes, shm)
+        evaluator = build_evaluator(cfg, prep.eval_prompts, prep.model_path, out, parts.trainer)
+        if chaos is not None:
+            parts = chaos.wrap(parts, buf)
+        if cfg.run.progress:
+            stream.write(_start_line(cfg, out, prep.model_path, len(prep.prompts), buf,
+                                     placement) + "\n")
+            stream.flush()
+        watch += own_watchers(cfg, placement, out, stream)
+        rec = Recording(out, cfg, buf, stream, evaluator, extra=[*watch, *observers])
+    except BaseException:
+        for w in watch:  # a bound port is given back
+            with contextlib.suppress(Exception):
+                w.close()
+        parts.close()
+        buf.ledger.close()
+        raise
+    return parts, rec
+
+
+def _drive(prep: Prepared, order: list[str], buf: SampleBuffer, clock: Clock,
+           parts: Components, rec: Recording, chaos: ChaosSession | None,
+           out: Path) -> tuple[BaseException, BaseException] | None:
+    """The pipeline driven to its end; then the parts released, every observer closed and the
+    ledger closed, whatever happened. None: the run ran to its end; else the error that
+    stopped it and the typed error to raise for it (:func:`_stopped`; the same one, or the
+    typed one raised from it)."""
+    cfg = prep.cfg
+    stop: tuple[BaseException, BaseException] | None = None
+    try:
+        pipe = Pipeline(
+            buf, parts.engine_factory, parts.scorer, parts.trainer,
+            {p.prompt_id: p for p in prep.prompts}, order, cfg, observers=rec.observers,
+        )
+        if chaos is not None:
+            pipe.hooks = chaos.hooks
+        drive(pipe, clock)
+        buf.shutdown("done")
+    except BaseException as exc:  # one typed error; the ledger closed first (resumable)
+        stop = exc, _stopped(exc, buf, cfg, out)
+        with contextlib.suppress(Exception):  # best effort: the next start writes them too
+            rec.catch_up()
+    finally:
+        parts.close()
+        try:
+            rec.close()  # every observer, even past one whose close failed
+        except Exception as exc:  # raised, unless the run already failed: that error says why
+            if stop is None:
+                raise
+            stop[0].add_note(f"an observer's close failed too: {type(exc).__name__}: {exc}")
+        finally:  # the ledger closes whatever an observer's close raised
+            buf.ledger.close()
+    return stop
 
 
 def _last_lines(stream: TextIO, cfg: Config, placement: Placement,

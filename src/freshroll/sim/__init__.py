@@ -8,6 +8,7 @@ simulated engine then sleeps on the run's :class:`~freshroll.clock.Clock`
 - :mod:`~freshroll.sim.profiles`  parameters (frozen, validated) and the profiles P1, P2, P3
 - :mod:`~freshroll.sim.draws`     lengths with drift and cap, reward/tool latency, trainer time
 - :mod:`~freshroll.sim.batching`  the continuous-batching server, exact and event-skipping
+  (:mod:`~freshroll.sim.batch_state`: its state and every read of it)
 - :mod:`~freshroll.sim.timelines` that server's timelines for known arrivals (one or more turns)
 - :mod:`~freshroll.sim.calibrate` the figures that pin each profile to its documentation
 - :mod:`~freshroll.sim.keyed`     the draws keyed by run seed and sample / group id

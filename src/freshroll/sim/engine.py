@@ -89,7 +89,8 @@ from freshroll.engines.base import FINISH_LENGTH, FINISH_STOP, Completion
 from freshroll.engines.seams import Emit, EngineStats, GenRequest, SamplingParams
 from freshroll.engines.weights import Weights
 from freshroll.errors import Superseded, WorkerLost
-from freshroll.sim.batching import _BELOW, ContinuousBatcher, Finished
+from freshroll.sim.batch_state import _BELOW
+from freshroll.sim.batching import ContinuousBatcher, Finished
 from freshroll.sim.keyed import KeyedDraws
 from freshroll.sim.wakeups import Wakeups, wakeups
 

@@ -211,15 +211,24 @@ def validation_table(criteria: Sequence[Criterion], base: Path | None = None,
 
 
 def render_markdown(d: Decision, base: Path | None = None) -> str:
-    """The record as markdown; evidence links relative to ``base`` (the record's folder)."""
-    dg, ds = d.diagnosis, d.design
+    """The record as markdown; evidence links relative to ``base`` (the record's folder):
+    the verdict, then its diagnosis, design, validation and recommendation sections."""
     verdict = (f"**Recommendation: {d.recommendation.upper()}**"
                + (f": failed gates: {', '.join(d.failed)}" if d.failed else
                   ": every gate passed"))
     out = [f"# Decision record: {d.name}", "", verdict, "",
            f"Acceptance file `{d.acceptance}`; seeds {d.seeds}; written {d.created}; "
-           f"validation took {d.wall_s:.1f} s.", "",
-           "## Diagnosis", "",
+           f"validation took {d.wall_s:.1f} s.", ""]
+    out += _diagnosis(d.diagnosis, base)
+    out += _design(d.design)
+    out += _validation(d, base)
+    out += _recommendation(d)
+    return "\n".join(out) + "\n"
+
+
+def _diagnosis(dg: Mapping[str, Any], base: Path | None) -> list[str]:
+    """The diagnosis section: the bottleneck, and the failure signals of every repeat."""
+    out = ["## Diagnosis", "",
            f"- Bottleneck: **{dg['bottleneck']}** ({dg['basis']}).",
            f"- Trainer idle (mean over async repeats): {_pct(dg.get('trainer_idle_ratio_mean'))}; "
            f"dominant stage of a sample's time: {dg.get('dominant_stage') or '-'}.",
@@ -237,23 +246,34 @@ def render_markdown(d: Decision, base: Path | None = None) -> str:
     if failures:
         out += ["", "First failure per discard reason:", ""]
         out += [f"- {lbl}: {k} x{v.get('count')}: {v.get('first')}" for lbl, k, v in failures]
+    return out
+
+
+def _design(ds: Mapping[str, Any]) -> list[str]:
+    """The design section: the settings every repeat ran with."""
     b = ds["batch"]
-    out += ["", "## Design", "",
-            "| setting | value |", "|---|---|",
-            f"| engine / runtime | {ds['engine']} / {ds['runtime']} |",
-            f"| steps per repeat | {ds['steps']} |",
-            f"| max_staleness | {ds['max_staleness']} (synchronous baseline: 0) |",
-            f"| batch | {b['batch_groups']} groups x {b['group_size']} = "
-            f"{b['rollouts_per_step']} rollouts per step |",
-            f"| workers / worker_batch | {ds['workers']} / {ds['worker_batch']} |",
-            f"| max_inflight_groups | {_n(ds['max_inflight_groups'])} |",
-            f"| control | {_kv(ds['control'])} |",
-            f"| limits | {_kv(ds['limits'])} |",
-            f"| trainer | {_kv(ds['trainer'])} |",
-            f"| tail | {_kv(ds['tail'])} |"]
+    out = ["", "## Design", "",
+           "| setting | value |", "|---|---|",
+           f"| engine / runtime | {ds['engine']} / {ds['runtime']} |",
+           f"| steps per repeat | {ds['steps']} |",
+           f"| max_staleness | {ds['max_staleness']} (synchronous baseline: 0) |",
+           f"| batch | {b['batch_groups']} groups x {b['group_size']} = "
+           f"{b['rollouts_per_step']} rollouts per step |",
+           f"| workers / worker_batch | {ds['workers']} / {ds['worker_batch']} |",
+           f"| max_inflight_groups | {_n(ds['max_inflight_groups'])} |",
+           f"| control | {_kv(ds['control'])} |",
+           f"| limits | {_kv(ds['limits'])} |",
+           f"| trainer | {_kv(ds['trainer'])} |",
+           f"| tail | {_kv(ds['tail'])} |"]
     if ds.get("sim"):
         out.append(f"| sim | {_kv(ds['sim'])} |")
-    out += ["", "## Validation", "", validation_table(d.criteria, base), ""]
+    return out
+
+
+def _validation(d: Decision, base: Path | None) -> list[str]:
+    """The validation section: the gates' table and notes, the recovery gates' chaos cases,
+    time to reward, and each gate's figure per repeat."""
+    out = ["", "## Validation", "", validation_table(d.criteria, base), ""]
     notes = [c for c in d.criteria if c.note]
     if notes:
         out += ["Notes:", ""] + [f"- {c.name}: {c.note}" for c in notes] + [""]
@@ -275,7 +295,12 @@ def render_markdown(d: Decision, base: Path | None = None) -> str:
         if c.per_repeat:
             out.append(f"- {c.name} ({c.figure}): "
                        + ", ".join(f"{k} {_n(v)}" for k, v in c.per_repeat))
-    out += ["", "## Recommendation", ""]
+    return out
+
+
+def _recommendation(d: Decision) -> list[str]:
+    """The recommendation section: production, or stop with each failed gate's figure."""
+    out = ["", "## Recommendation", ""]
     if d.recommendation == PRODUCTION:
         out.append(f"**{PRODUCTION}**: every gate of `{d.acceptance}` passed on every repeat.")
     else:
@@ -285,7 +310,7 @@ def render_markdown(d: Decision, base: Path | None = None) -> str:
             if not c.passed:
                 out.append(f"- `{c.name}`: measured {_n(c.value)}, required {c.threshold}"
                            + (f" ({c.note})" if c.note else ""))
-    return "\n".join(out) + "\n"
+    return out
 
 
 def _time_to_reward(per_seed: Sequence[Mapping[str, Any]]) -> list[str]:

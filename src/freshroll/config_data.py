@@ -1,0 +1,83 @@
+"""The prompts and what scores them: the task (a built-in task or a dataset), eval (held-out
+prompts) and rewards entry sections. Part of :class:`freshroll.config.Config` (imported from
+there as its other sections are)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from freshroll.config_base import _Section
+
+
+class TaskSection(_Section):
+    name: str = Field(
+        "reverse", description="built-in task when no task.file: reverse, sort, add or repeat "
+        "(long-tailed completion lengths: configs/longtail.yaml)"
+    )
+    n_prompts: int = Field(
+        4096, ge=1, le=100_000_000, description="prompts the built-in task generates"
+    )
+    params: dict[str, Any] = Field(
+        default_factory=lambda: {"min_len": 3, "max_len": 3},
+        description="the built-in task's parameters (e.g. digit-string lengths)",
+    )
+    file: str | None = Field(
+        None, description="dataset instead of a task: a JSONL/JSON/Parquet/CSV file or a "
+        "datasets save_to_disk directory; relative to the config file's folder",
+    )
+    prompt_field: str = Field(
+        "prompt", description="column of prompts: strings or chat messages [{role, content}]"
+    )
+    answer_field: str = Field(
+        "answer", description="column the built-in rewards read as 'answer' (optional if "
+        "'answer'; any other name must exist)",
+    )
+    id_field: str | None = Field(None, description="column of unique prompt ids (str or int)")
+    split: str | None = Field(
+        None, description="split of a saved DatasetDict (default: train, or its only split)"
+    )
+
+
+class EvalSection(_Section):
+    """Evaluation on a held-out set (off while ``file`` is unset; freshroll.runtime.evaluation)."""
+
+    file: str | None = Field(
+        None, description="held-out prompts, as task.file accepts (JSONL/JSON/Parquet/CSV or a "
+        "save_to_disk directory; relative to the config file's folder), read with task's "
+        "prompt_field/answer_field/id_field; unset: no evaluation",
+    )
+    split: str | None = Field(
+        None, description="split of a saved DatasetDict (as task.split; e.g. test)"
+    )
+    every_steps: int = Field(
+        10, ge=1, le=10_000_000, description="committed trainer steps between evaluations "
+        "(and one at the last step)"
+    )
+    n_prompts: int = Field(
+        32, ge=1, le=1_000_000, description="the first n prompts of the file are evaluated"
+    )
+    mode: Literal["greedy", "sampled", "both"] = Field(
+        "greedy", description="greedy decoding, one sample at the run's temperature/top_p "
+        "(seeded from run.seed and the step), or both"
+    )
+    max_new_tokens: int | None = Field(
+        None, ge=1, le=131_072, description="longest eval completion; unset: "
+        "rollout.max_new_tokens"
+    )
+    budget_s: float = Field(
+        30.0, gt=0, le=86_400, description="most seconds one evaluation may hold the trainer; "
+        "prompts not reached within it are skipped (and counted in eval.jsonl)"
+    )
+
+
+class RewardEntry(_Section):
+    fn: str = Field(description="built-in name, module.path:function or path/file.py:function")
+    weight: float = Field(
+        1.0, ge=-1e6, le=1e6, description="weight in the reward sum; negative: a penalty"
+    )
+    name: str | None = Field(None, description="name in metrics and the reward version")
+    args: dict[str, Any] | None = Field(
+        None, description="fn is a factory: called as fn(**args) to make the reward"
+    )

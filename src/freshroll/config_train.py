@@ -1,0 +1,142 @@
+"""The policy and its training: the model (the embedded tiny one's shape) and trainer
+(LoRA) sections, and what earlier runs trained with (:data:`TRAINER_BEFORE`). Part of
+:class:`freshroll.config.Config` (imported from there as its other sections are)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from freshroll.config_base import SEED_MAX, _Section
+
+
+class TinySection(_Section):
+    """The embedded tiny Llama's shape; an unset key keeps the built-in default."""
+
+    hidden_size: int | None = Field(None, ge=1, le=65_536, description="width (default 64)")
+    intermediate_size: int | None = Field(
+        None, ge=1, le=262_144, description="MLP width (default 128)")
+    num_hidden_layers: int | None = Field(None, ge=1, le=256, description="layers (default 2)")
+    num_attention_heads: int | None = Field(None, ge=1, le=1_024, description="heads (default 4)")
+    num_key_value_heads: int | None = Field(
+        None, ge=1, le=1_024, description="KV heads (default 4)")
+    max_position_embeddings: int | None = Field(
+        None, ge=8, le=1_048_576,
+        description="longest prompt + completion in tokens (default 128)",
+    )
+    rms_norm_eps: float | None = Field(
+        None, gt=0, le=1.0, description="RMSNorm epsilon (default 1e-6)"
+    )
+    tie_word_embeddings: bool | None = Field(
+        None, description="share input and output embeddings (default true)"
+    )
+
+    def overrides(self) -> dict[str, Any]:
+        """Only the keys the user set: the unset ones keep the tiny defaults (and digest)."""
+        return self.model_dump(exclude_none=True)
+
+    @model_validator(mode="after")
+    def _heads(self) -> TinySection:
+        width = self.hidden_size or 64
+        heads = self.num_attention_heads or 4
+        kv = self.num_key_value_heads or heads
+        if width % heads:
+            raise ValueError(f"hidden_size {width} is not divisible by num_attention_heads {heads}")
+        if heads % kv:
+            raise ValueError(f"num_attention_heads {heads} is not divisible by "
+                             f"num_key_value_heads {kv}")
+        return self
+
+
+class ModelSection(_Section):
+    path: str | None = Field(
+        None, description="local transformers model dir (from_pretrained); unset = embedded tiny"
+    )
+    tiny_seed: int = Field(
+        0, ge=0, le=SEED_MAX, description="seed of the embedded tiny model's random init"
+    )
+    tiny: TinySection = Field(
+        default_factory=TinySection, description="the embedded tiny model's shape"
+    )
+
+
+class LoraSection(_Section):
+    """LoRA (peft): only low-rank adapters on ``target_modules`` are trained, and only they
+    travel to the inference workers each version (docs/training.md, "LoRA")."""
+
+    r: int = Field(8, ge=1, le=1_024, description="adapter rank")
+    alpha: float = Field(
+        16.0, gt=0, le=1e6, description="scaling numerator: the update is alpha / r x B @ A"
+    )
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the adapter's input")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "v_proj"], min_length=1,
+        description="linear layers that get an adapter, by name or name suffix (peft's "
+        "target_modules), e.g. q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj",
+    )
+
+
+#: trainer keys whose default is not what earlier runs trained with: a recorded config
+#: without one of them (an earlier freshroll's) trained with this value
+TRAINER_BEFORE: dict[str, object] = {"optim": "adamw_torch"}
+
+
+
+class TrainerSection(_Section):
+    lr: float = Field(1e-3, gt=0, le=1.0, description="AdamW learning rate")
+    weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="AdamW (decoupled) decay")
+    max_grad_norm: float = Field(
+        1.0, gt=0, le=1e6, description="gradient clipping (global L2 norm)"
+    )
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="lr after the warmup: constant, linear decay to 0 at run.steps, "
+        "or half a cosine to 0 at run.steps (transformers' get_*_schedule_with_warmup)"
+    )
+    warmup_steps: int = Field(
+        0, ge=0, le=10_000_000, description="steps of linear warmup from lr 0 (the first step "
+        "runs at 0, as in transformers); 0: none"
+    )
+    grad_accum: int = Field(
+        1, ge=1, le=1_024, description="micro-batches a step's batch is split into, each "
+        "backward on its own, one optimizer step: the same gradient, less activation memory"
+    )
+    optim: Literal["adamw_torch_fused", "adamw_torch"] = Field(
+        "adamw_torch_fused", description="AdamW's kernel, by TRL's optim names: "
+        "adamw_torch_fused (every parameter in one fused kernel: TRL's default on torch >= 2.8) "
+        "or adamw_torch (a loop over the parameters: freshroll's before 2026-12-06); the same "
+        "update up to float rounding"
+    )
+    bf16: bool = Field(
+        False, description="forward and backward under bfloat16 autocast, weights and optimizer "
+        "state float32 (TRL's bf16=True); the loss and log-probs are float32"
+    )
+    aggregation: Literal["grpo", "dr_grpo", "dapo"] = Field(
+        "grpo", description="loss aggregation: per-sequence mean (grpo), "
+        "sum / (B x max tokens) (dr_grpo), token mean (dapo)"
+    )
+    correction: Literal["none", "tis", "decoupled"] = Field(
+        "tis", description="off-policy correction: none, truncated importance sampling (tis), "
+        "AReaL decoupled (masks weights above is_cap)"
+    )
+    clip_low: float = Field(0.2, ge=0.0, lt=1.0, description="ratio floor is 1 - clip_low")
+    clip_high: float = Field(0.28, ge=0.0, le=10.0, description="ratio ceiling is 1 + clip_high")
+    is_cap: float = Field(2.0, ge=1.0, le=1e6, description="cap on the importance weight")
+    kl_coef: float = Field(
+        0.0, ge=0, le=1e3, description="KL penalty to the initial policy (k3); 0: off"
+    )
+    checkpoint_every: int = Field(
+        10, ge=1, le=10_000_000,
+        description="steps between checkpoints; resume replays the rest from the ledger",
+    )
+    keep_checkpoints: int = Field(
+        2, ge=1, le=1_000, description="newest checkpoints kept on disk"
+    )
+    on_nonfinite: Literal["skip", "stop"] = Field(
+        "skip", description="a step whose loss or gradients are not finite is never applied: "
+        "skip discards its batch (nonfinite_step) and goes on, stop ends the run (NonFiniteStep)"
+    )
+    lora: LoraSection | None = Field(
+        None, description="LoRA adapters instead of full fine-tuning (peft); unset: every "
+        "weight is trained; {} : the defaults below"
+    )
