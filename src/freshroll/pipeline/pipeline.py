@@ -108,6 +108,7 @@ from freshroll.pipeline.workers import MAX_RESTARTS, WorkerPool
 from freshroll.ports.seams import AsyncScorer, AsyncTrainer, SaysItsWaits
 from freshroll.ports.waits import Waits, heartbeat, stall_message
 from freshroll.rewards.tasks import Prompt
+from freshroll.state import Lease
 
 
 class _Stop(Exception):
@@ -267,29 +268,12 @@ class Pipeline:
 
     # -- trainer -----------------------------------------------------------------------------
     async def _trainer(self) -> None:
-        buf, clock, trainer, meter = self.buf, self.buf.clock, self.trainer, self.steering.meter
+        buf, trainer = self.buf, self.trainer
         lim = self.cfg.limits
         skip_rule = Rule(lim.max_consecutive_skipped_steps, unit="steps",
                          calls_key="limits.max_consecutive_skipped_steps")
-        need = self.cfg.rollout.batch_groups * self.cfg.rollout.group_size
         while buf.counts["steps"] < self.cfg.run.steps:
-            t0 = clock.now()
-            first = True
-            while True:
-                self._train.clear()
-                seq = buf.ledger.last_seq
-                lease = buf.lease(wait_s=clock.now() - t0)
-                if lease is not None:
-                    break
-                if buf.ledger.last_seq != seq:  # stale groups discarded: capacity was freed
-                    self._feed.set()
-                if first:
-                    meter.trainer_waits(t0, need - buf.ready_groups() * self.cfg.rollout.group_size)
-                    first = False
-                await self._train.wait()
-            wait_s = clock.now() - t0
-            meter.trainer_fed(wait_s)
-            self._feed.set()  # stale discards free admission capacity
+            lease, wait_s = await self._leased()
             step = (buf.version.step if buf.version is not None else 0) + 1
             try:
                 with self._trainer_wait(f"trainer step {step}"):
@@ -299,31 +283,7 @@ class Pipeline:
                 self.waits.progressed()
                 continue
             self.budget.record("trainer", skip_rule, 0)
-            parent = buf.version
-            assert parent is not None
-            child = parent.child(lease.samples, trainer.settings_digest, digest)
-            with self._trainer_wait(f"checkpoint of step {step}"):
-                await trainer.before_commit(child)
-            for o in self.observers:  # a checkpoint's record: durable with the commit
-                saved = o.checkpointed(child.step)
-                if saved is not None:
-                    buf.record(saved)
-            version = buf.commit(
-                lease.id, trainer.settings_digest, weights_digest=digest,
-                train_s=metrics["train_s"], metrics=metrics,
-            )
-            crashpoints.reach("commit")
-            meter.committed(lease)
-            self.waits.progressed()
-            self.published = Published(version, trainer.weights())
-            self.pool.note_committed()  # before the hooks: a chaos session may bump it
-            self.hooks.committed(version)
-            if self.fallback is not None:
-                switch = self.fallback.committed(version.step, clock.now())
-                if switch is not None:
-                    self._switch_mode(switch)
-            self.notify()
-            self.pool.version_published()
+            version = await self._committed(lease, step, metrics, digest)
             if buf.counts["steps"] < self.cfg.run.steps:
                 # the feeder and the pool first: the next step's generation starts before the
                 # observers' bookkeeping (metrics rows, progress line), which then runs beside
@@ -333,6 +293,61 @@ class Pipeline:
             for o in self.observers:
                 o.on_step(report)
         raise _Stop
+
+    async def _leased(self) -> tuple[Lease, float]:
+        """The next step's lease, waited for (the trainer's wait, told to the meter), and
+        the seconds waited."""
+        buf, clock, meter = self.buf, self.buf.clock, self.steering.meter
+        need = self.cfg.rollout.batch_groups * self.cfg.rollout.group_size
+        t0 = clock.now()
+        first = True
+        while True:
+            self._train.clear()
+            seq = buf.ledger.last_seq
+            lease = buf.lease(wait_s=clock.now() - t0)
+            if lease is not None:
+                break
+            if buf.ledger.last_seq != seq:  # stale groups discarded: capacity was freed
+                self._feed.set()
+            if first:
+                meter.trainer_waits(t0, need - buf.ready_groups() * self.cfg.rollout.group_size)
+                first = False
+            await self._train.wait()
+        wait_s = clock.now() - t0
+        meter.trainer_fed(wait_s)
+        self._feed.set()  # stale discards free admission capacity
+        return lease, wait_s
+
+    async def _committed(self, lease: Lease, step: int, metrics: Mapping[str, float],
+                         digest: str | None) -> PolicyVersion:
+        """Checkpoint, commit (durable) and publish a trained step; the new version."""
+        buf, trainer = self.buf, self.trainer
+        parent = buf.version
+        assert parent is not None
+        child = parent.child(lease.samples, trainer.settings_digest, digest)
+        with self._trainer_wait(f"checkpoint of step {step}"):
+            await trainer.before_commit(child)
+        for o in self.observers:  # a checkpoint's record: durable with the commit
+            saved = o.checkpointed(child.step)
+            if saved is not None:
+                buf.record(saved)
+        version = buf.commit(
+            lease.id, trainer.settings_digest, weights_digest=digest,
+            train_s=metrics["train_s"], metrics=metrics,
+        )
+        crashpoints.reach("commit")
+        self.steering.meter.committed(lease)
+        self.waits.progressed()
+        self.published = Published(version, trainer.weights())
+        self.pool.note_committed()  # before the hooks: a chaos session may bump it
+        self.hooks.committed(version)
+        if self.fallback is not None:
+            switch = self.fallback.committed(version.step, buf.clock.now())
+            if switch is not None:
+                self._switch_mode(switch)
+        self.notify()
+        self.pool.version_published()
+        return version
 
     def _trainer_wait(self, what: str) -> AbstractContextManager[None]:
         """The trainer's wait, bounded by ``limits.train_timeout_s``; none where the trainer
