@@ -22,12 +22,18 @@ trials' cost where threads clearly pay (a 5M-parameter model's step gains 1.8x f
 core: each trial at one thread costs most of a step, and a 20-step run paid three per stage);
 it only ever settles on ``n``: where threads do not pay, a call on one thread costs nothing
 more, so the trials run their course.
+
+The trials cost most in short runs of large models (each trial at one thread is a step's
+stage at up to 1.3-1.8x its time). A run of the same work as an earlier one, at the same
+load, starts settled on that run's choice (:meth:`StageThreads.reuse`, fed by
+:mod:`freshroll.placement.probe_cache`; ``reused_from`` says when it was measured).
 """
 
 from __future__ import annotations
 
 import statistics
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -50,6 +56,9 @@ class StageThreads:
     calls: int = 0  # calls handed a count so far
     timed: dict[int, list[float]] = field(default_factory=lambda: {1: []})
     settled: int | None = None
+    #: when the settled count was measured, if an earlier run's was reused (unix time; 0: by
+    #: this run's own calls): freshroll.placement.probe_cache
+    reused_from: float = 0.0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
@@ -89,6 +98,20 @@ class StageThreads:
             elif all(len(v) >= self.trials for v in self.timed.values()):
                 self.settled = self.many if many * MARGIN <= one else 1
 
+    def reuse(self, settled: int, timed: dict[int, list[float]], measured_at: float) -> bool:
+        """Start settled on an earlier run's choice for the same work (its timed calls kept
+        for the figures); False, unchanged, when it does not fit this stage (another
+        ``many``, a count that is neither 1 nor ``many``, no timings of either)."""
+        if (settled not in (1, self.many) or set(timed) != {1, self.many}
+                or not all(timed.values())):
+            return False
+        with self._lock:
+            if self.calls or self.settled is not None:
+                return False  # already taking its own calls: those stand
+            self.settled, self.reused_from = settled, measured_at
+            self.timed = {k: list(v) for k, v in timed.items()}
+        return True
+
     def gain(self) -> float | None:
         """How much faster a call ran on ``many`` threads than on one (None until settled)."""
         if self.settled is None:
@@ -99,12 +122,15 @@ class StageThreads:
     def describe(self) -> str:
         if self.settled is None:
             return f"{self.stage}: not settled ({self.calls} call(s))"
+        reused = (f"; reused, measured "
+                  f"{time.strftime('%H:%M:%S', time.localtime(self.reused_from))}"
+                  if self.reused_from else "")
         return (f"{self.stage} {self.settled} thread(s) ({self.gain():.2f}x on {self.many}, "
-                f"needs {MARGIN:.2f}x)")
+                f"needs {MARGIN:.2f}x{reused})")
 
     def as_dict(self) -> dict[str, Any]:
         return {"stage": self.stage, "many": self.many, "settled": self.settled,
-                "gain": self.gain(), "calls": self.calls,
+                "gain": self.gain(), "calls": self.calls, "reused_from": self.reused_from,
                 "seconds_per_row": {str(k): v for k, v in self.timed.items()}}
 
 

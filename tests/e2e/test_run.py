@@ -80,6 +80,34 @@ def test_a_sync_run_settles_each_stage_on_its_first_steps(tmp_path: Path, small:
     assert "settled on its own first calls" in proc.stderr  # the start line says so
     assert "one compute thread" in proc.stderr
 
+
+def test_the_next_sync_run_of_the_same_work_starts_settled(tmp_path: Path, small: list[str],
+                                                          monkeypatch: pytest.MonkeyPatch):
+    """With the probe cache on, a run keeps its stages' settled thread counts and the next
+    run of the same work (another seed: prompts of the same shape) at the same load starts
+    on them: no trials at one thread, ``reused_from`` in summary.json."""
+    from freshroll.placement import placement, probe_cache, thread_probe
+
+    monkeypatch.setattr(placement, "available_cores", lambda: 2)
+    monkeypatch.setattr(thread_probe, "available_cores", lambda: 2)
+    monkeypatch.setattr(probe_cache, "others_busy", lambda window_s=0.0: 0.25)  # a like load
+    monkeypatch.setenv("FRESHROLL_PROBE_CACHE", "on")
+    monkeypatch.setenv("FRESHROLL_CACHE_DIR", str(tmp_path / "cache"))
+    args = [*small, "run.steps=8", "run.max_staleness=0"]
+    freshroll("run", *args, "--out", str(tmp_path / "a"))
+    first = summary(tmp_path / "a")["host"]["placement"]["stages"]
+    assert all(first[s]["settled"] in (1, 2) and not first[s]["reused_from"] for s in first)
+    freshroll("run", *args, "run.seed=1", "--out", str(tmp_path / "b"))
+    again = summary(tmp_path / "b")["host"]["placement"]["stages"]
+    for stage in ("generate", "train"):
+        assert again[stage]["settled"] == first[stage]["settled"], (first, again)
+        assert again[stage]["reused_from"] > 0
+        assert again[stage]["seconds_per_row"] == first[stage]["seconds_per_row"]
+    monkeypatch.setattr(probe_cache, "others_busy", lambda window_s=0.0: 1.25)  # a core taken
+    freshroll("run", *args, "--out", str(tmp_path / "c"))
+    busy = summary(tmp_path / "c")["host"]["placement"]["stages"]
+    assert not any(busy[s]["reused_from"] for s in busy)  # settled on its own calls again
+
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1])
 def test_reward_improves_on_a_short_seeded_run(tmp_path: Path, seed: int):

@@ -139,3 +139,46 @@ def test_the_second_run_of_the_same_work_reuses_the_first_ones_probe(
     settle("d2")  # another model: measured
     settle(None)  # no digest to key on: measured, not kept
     assert len(calls) == 3
+
+
+def test_a_stage_starts_settled_only_on_a_choice_that_fits_it():
+    from freshroll.stage_threads import StageThreads
+
+    st = StageThreads("train", 2)
+    assert not st.reuse(4, {1: [0.2], 4: [0.1]}, 1000.0)  # another core count
+    assert not st.reuse(2, {1: [], 2: [0.1]}, 1000.0)  # no timings at one thread
+    assert st.settled is None
+    assert st.reuse(2, {1: [0.3, 0.3], 2: [0.2, 0.2]}, 1000.0)
+    assert st.take() == (2, False)  # no trials: the earlier run's choice, untimed
+    assert st.gain() == pytest.approx(1.5) and "reused, measured" in st.describe()
+    assert st.as_dict()["reused_from"] == 1000.0
+    fresh = StageThreads("generate", 2)
+    fresh.take()
+    assert not fresh.reuse(1, {1: [0.1], 2: [0.2]}, 1000.0)  # its own calls already began
+
+
+def test_settled_stages_are_kept_and_reused_by_the_next_run(
+        cache: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(thread_probe, "available_cores", lambda: 2)
+    monkeypatch.setattr(probe_cache, "others_busy", lambda window_s=0.0: 0.0)
+    cfg = validate({"run": {"max_staleness": 0}}, "test")  # a sync run: stages settle
+    prompts: Any = [SimpleNamespace(text=f"{i}>") for i in range(8)]
+
+    def settle() -> Any:
+        return thread_probe.settle_placement(cfg, prompts, Path("m"), model_digest="d",
+                                             stream=io.StringIO())
+
+    first = settle()
+    assert [s.stage for s in first.stages] == ["generate", "train"]
+    assert thread_probe.remember_settled(first) == 0  # nothing settled yet
+    for st in first.stages:  # its calls: two threads clearly faster
+        while st.settled is None:
+            k, timed = st.take()
+            if timed:
+                st.record(k, 0.4 if k == 1 else 0.2, 4)
+    assert thread_probe.remember_settled(first) == 2
+    again = settle()
+    assert all(s.settled == 2 and s.reused_from > 0 for s in again.stages)
+    assert thread_probe.remember_settled(again) == 0  # a reused choice is not stored again
+    monkeypatch.setattr(probe_cache, "others_busy", lambda window_s=0.0: 1.0)
+    assert all(s.settled is None for s in settle().stages)  # another load: its own trials

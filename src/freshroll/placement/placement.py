@@ -106,6 +106,9 @@ class Placement:
     #: an async process run's stages (generate, train): in sync windows each settles 1 or
     #: all the cores on its own calls, a share while async (:func:`follows_mode`)
     follow: tuple[ModeThreads, ...] = ()
+    #: the probe cache's key of this run's work and the cores busy by others when it was
+    #: placed (freshroll.placement.thread_probe.remember_settled); None: nothing to keep
+    reuse: tuple[str, float | None] | None = None
 
     def stage(self, name: str) -> ThreadCounts | None:
         """The thread counts of a stage's calls: a sync run's settling stage, else an async

@@ -47,6 +47,7 @@ import torch
 from freshroll.placement import probe_cache
 from freshroll.placement.placement import Placement, available_cores, plan, wants_probe
 from freshroll.placement.process_engine import workers_ready
+from freshroll.stage_threads import StageThreads
 
 if TYPE_CHECKING:
     from freshroll.config import Config
@@ -219,19 +220,66 @@ def settle_placement(cfg: Config, prompts: Sequence[Prompt], model_path: Path, *
     measurement of the same work is reused where :mod:`~freshroll.placement.probe_cache`
     allows (None: always measured)."""
     cores = available_cores()
-    probe = None
+    r = cfg.rollout
+    batch = [p.text for p in prompts[: r.batch_groups] for _ in range(r.group_size)]
+    key = (None if model_digest is None or not probe_cache.enabled() else
+           probe_cache.probe_key(model_digest, batch, max_new_tokens=r.max_new_tokens,
+                                 threads=cores))
+    probe, busy = None, None
     if wants_probe(cfg, injected=injected, cores=cores):
-        r = cfg.rollout
-        batch = [p.text for p in prompts[: r.batch_groups] for _ in range(r.group_size)]
-        key = (None if model_digest is None else probe_cache.probe_key(
-            model_digest, batch, max_new_tokens=r.max_new_tokens, threads=cores))
-        busy = None
-        if key is not None and probe_cache.enabled():
+        if key is not None:
             workers_ready(cfg.limits.worker_start_timeout_s)  # its imports are not "others"
             probe, busy = _reused(key)
         if probe is None:
             probe = _measured(cfg, model_path, batch, cores, key, busy, stream)
-    return plan(cfg, probe, injected=injected, cores=cores)
+    placed = plan(cfg, probe, injected=injected, cores=cores)
+    stages = _settling(placed)
+    if key is None or not stages:
+        return placed
+    if busy is None:
+        workers_ready(cfg.limits.worker_start_timeout_s)
+        busy = probe_cache.others_busy()
+    for stage in stages:
+        hit = probe_cache.lookup(_stage_key(key, stage.stage), busy=busy)
+        if hit is not None:
+            _reuse_stage(stage, hit)
+    return replace(placed, reuse=(key, busy))
+
+
+def _settling(p: Placement) -> list[StageThreads]:
+    """The stages of ``p`` that settle their threads on their own calls."""
+    return [*p.stages, *(f.sync for f in p.follow)]
+
+
+def _stage_key(key: str, stage: str) -> str:
+    return f"{key}:{stage}"
+
+
+def _reuse_stage(stage: StageThreads, hit: tuple[dict[str, Any], float]) -> None:
+    fields, measured_at = hit
+    try:
+        timed = {int(k): [float(x) for x in v] for k, v in fields["timed"].items()}
+        stage.reuse(int(fields["settled"]), timed, measured_at)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        pass  # an entry of other fields: settled again on this run's calls (and replaced)
+
+
+def remember_settled(p: Placement, stream: TextIO | None = None) -> int:
+    """Keep the thread counts the stages of ``p`` settled on their own calls for the next run
+    of the same work (:mod:`~freshroll.placement.probe_cache`); how many were kept. A run's
+    end calls it; nothing where :func:`settle_placement` found no key."""
+    if p.reuse is None:
+        return 0
+    key, busy = p.reuse
+    kept = 0
+    for stage in _settling(p):
+        if stage.settled is None or stage.reused_from:
+            continue
+        fields = {"many": stage.many, "settled": stage.settled,
+                  "timed": {str(k): v for k, v in stage.timed.items()}}
+        kept += probe_cache.store(_stage_key(key, stage.stage), fields, busy=busy,
+                                  stream=stream)
+    return kept
 
 
 def _reused(key: str) -> tuple[ThreadProbe | None, float | None]:
@@ -271,4 +319,4 @@ def _measured(cfg: Config, model_path: Path, batch: list[str], cores: int, key: 
 
 
 __all__ = ["CALL_BUDGET_S", "LARGE_PARAMS", "PAYS", "ThreadProbe", "probe_threads",
-           "settle_placement"]
+           "remember_settled", "settle_placement"]

@@ -60,7 +60,7 @@ from freshroll.pipeline.pipeline import Pipeline, run_pipeline
 from freshroll.placement.placement import Placement, may_fork_workers, settled
 from freshroll.placement.process_engine import prestart_workers
 from freshroll.placement.shm_weights import sweep_segments
-from freshroll.placement.thread_probe import settle_placement
+from freshroll.placement.thread_probe import remember_settled, settle_placement
 from freshroll.runtime.endfiles import Finished, finish_run_dir, record_fixed_costs
 from freshroll.runtime.evaluation import build_evaluator
 from freshroll.runtime.placements import ChaosSession, Components, MakeEngine, build_components
@@ -163,6 +163,7 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
             raise failure
         raise stopped from failure
     done = _write_end_files(out, buf, report, placement)
+    remember_settled(placement, stream)  # the stages' thread counts, for the next such run
     if called_at is not None and done.span is not None and isinstance(clock, RealClock):
         record_fixed_costs(out, done.summary, done.span, called_at, time.time())
     if isinstance(done.verified, Exception):
