@@ -509,6 +509,10 @@ def main(argv: list[str] | None = None) -> int:
 
     work = args.workdir or Path(tempfile.mkdtemp(prefix="freshroll-vs-trl-"))
     work.mkdir(parents=True, exist_ok=True)
+    # freshroll's thread probe and settled stage threads are reused by the next run of the
+    # same work (freshroll.placement.probe_cache): within this invocation (a later seed reuses
+    # the first one's, as a user's re-run does), never from what ran on the machine before
+    os.environ.setdefault("FRESHROLL_CACHE_DIR", str(work / "probe-cache"))
     model_dir = save_tiny(work / "tiny", seed=0)
     systems = list(dict.fromkeys(args.systems))
     print(f"trl {trl.__version__}, transformers {transformers.__version__}, "
