@@ -163,6 +163,8 @@ class Cell:
     rates: dict[str, float] = field(default_factory=dict)  # system -> mean accepted/s
     verdicts: dict[str, list[str | None]] = field(default_factory=dict)  # overlap verdicts
     sync_step_s: float = math.nan
+    #: the fastest sync run's median step after its first (as floor.py times the floor's)
+    sync_median_step_s: float = math.nan
     reward: dict[str, Any] = field(default_factory=dict)  # reward checks (>= 2 seeds)
     #: system -> {"outside_wall_s": run() seconds outside the measured wall (start-up: model
     #: loading, Ray; the end files), "transfer_s": seconds per weight load per worker}
@@ -205,6 +207,12 @@ class Cell:
         """freshroll's sync step (the fastest sync run's wall / steps) / the floor's step."""
         return ratio(self.sync_step_s, self.floor_step())
 
+    def floor_ratio_median(self) -> float:
+        """The same with freshroll's step timed as the floor's is: the median step after the
+        first (a whole run's wall also holds its first step and, on a short run, the stages'
+        thread trials; the floor's median holds neither)."""
+        return ratio(self.sync_median_step_s, self.floor_step())
+
     def a(self, system: str) -> float:
         return attainment(self.speedup(system), self.bound, self.limit)
 
@@ -239,6 +247,9 @@ def goal_checks(cell: Cell, default: str) -> dict[str, str]:
                            else "PASS" if s >= GOAL_SYNC_TRL else "MISS")
     f = cell.floor_ratio()
     out["floor"] = "n/a" if not math.isfinite(f) else "PASS" if f <= GOAL_FLOOR else "MISS"
+    f = cell.floor_ratio_median()
+    out["floor_median"] = ("n/a" if not math.isfinite(f)
+                           else "PASS" if f <= GOAL_FLOOR else "MISS")
     o = cell.costs.get(default, {}).get("outside_wall_s", math.nan)
     out["outside"] = "n/a" if not math.isfinite(o) else "PASS" if o <= GOAL_OUTSIDE_S else "MISS"
     for other, check in cell.reward.items():
@@ -263,7 +274,7 @@ def render_table(cells: Sequence[Cell], systems: Sequence[str], default: str) ->
     head = (["params", "new tok", "load", "steps", "stage bound", "par. limit"]
             + [f"{s} /s" for s in rates]
             + ["best TRL", "sync / TRL", f"speedup {default}", "A", f"{default} / TRL",
-               "sync / floor", "outside s", "verdict", "goals"])
+               "sync / floor", "median / floor", "outside s", "verdict", "goals"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for c in cells:
         g = goal_checks(c, default)
@@ -277,6 +288,7 @@ def render_table(cells: Sequence[Cell], systems: Sequence[str], default: str) ->
                                                 ".2f"),
                   _f(c.speedup(default), ".2f"), _f(c.a(default), ".2f"),
                   _f(c.vs_trl(default), ".2f"), _f(c.floor_ratio(), ".2f"),
+                  _f(c.floor_ratio_median(), ".2f"),
                   _f(c.costs.get(default, {}).get("outside_wall_s"), ".1f"),
                   ",".join(str(v) for v in verdicts) or "-", goals])
         lines.append("| " + " | ".join(row) + " |")
@@ -289,7 +301,8 @@ def render_details(cells: Sequence[Cell], systems: Sequence[str]) -> str:
     lines = []
     for c in cells:
         times = " ".join(f"t_{k} {_f(v, '.4f')}" for k, v in c.stage_times.items())
-        lines.append(f"{c.size} L={c.length} {c.load}: sync step {_f(c.sync_step_s, '.4f')} s, "
+        lines.append(f"{c.size} L={c.length} {c.load}: sync step {_f(c.sync_step_s, '.4f')} s "
+                     f"(median after the first {_f(c.sync_median_step_s, '.4f')} s), "
                      f"{times} (s per batch); parallel probe alone {_f(c.t_alone, '.2f')} s, "
                      f"two at once {_f(c.t_concurrent, '.2f')} s")
         for n, f in sorted(c.floor.items()):
@@ -685,6 +698,9 @@ def _measure_cell(args: argparse.Namespace, size: str, params: int, length: int,
             cell.placements[system] = [settled_as(r) for r in rs]
     cell.sync_step_s = min(statistics.fmean(r.wall_s / r.steps for r in per_system[s] if r.steps)
                            for s in SYNCS if s in per_system)
+    medians = [statistics.fmean(float(r.extra.get("step_period_median", math.nan))
+                                for r in per_system[s]) for s in SYNCS if s in per_system]
+    cell.sync_median_step_s = min((m for m in medians if math.isfinite(m)), default=math.nan)
     if len(args.seeds) >= 2:
         flat = [r for rs in per_system.values() for r in rs]
         agg = vs_trl.aggregate(flat)

@@ -314,6 +314,8 @@ def run_freshroll(cfg, out_dir: Path, name: str | None = None) -> Result:
         "verify_ok": result.ok,
         "train_s_mean": statistics.fmean(r["train_s"] for r in rows),
         "step_period_mean": statistics.fmean(periods) if periods else math.nan,
+        # the median step after the first: measured as floor.py measures the floor's step
+        "step_period_median": statistics.median(periods) if periods else math.nan,
         "trainer_idle_ratio": s.get("trainer_idle_ratio"),
         "lag_mean": s.get("lag", {}).get("mean"),
         "generated_rollouts_per_s": s.get("generated_rollouts_per_s"),

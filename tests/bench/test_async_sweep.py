@@ -45,7 +45,7 @@ def test_bounds_and_attainment():
     assert sweep.choose_steps(math.nan, 15.0) == 5
 
 
-NA = {"floor": "n/a", "outside": "n/a"}
+NA = {"floor": "n/a", "floor_median": "n/a", "outside": "n/a"}
 
 
 def test_cell_figures_and_goals():
@@ -101,6 +101,10 @@ def test_floor_and_outside_wall_goals():
     c.costs["async-auto"] = {"outside_wall_s": 6.0}
     goals = sweep.goal_checks(c, "async-auto")
     assert goals["floor"] == "PASS" and goals["outside"] == "MISS"
+    assert goals["floor_median"] == "n/a"  # the sync run's median step not measured
+    c.sync_median_step_s = 0.18  # timed as the floor's is: median after the first step
+    assert c.floor_ratio_median() == pytest.approx(0.18 / 0.15)
+    assert sweep.goal_checks(c, "async-auto")["floor_median"] == "MISS"
 
 
 def test_speedup_is_over_the_fastest_sync_run():
@@ -146,7 +150,9 @@ def test_quick_sweep_prints_its_table(tmp_path: Path):
     assert "best TRL" in done.stdout and "sync / floor" in done.stdout
     assert cell["t_alone"] > 0 and cell["t_concurrent"] > 0
     # a quiet cell checks every goal of issue 25 (sync vs TRL, the floor, the fixed costs)
-    assert set(cell["goals"]) == {"not_slower", "A", "trl", "sync_trl", "floor", "outside"}
+    assert set(cell["goals"]) == {"not_slower", "A", "trl", "sync_trl", "floor", "floor_median",
+                                  "outside"}
+    assert cell["sync_median_step_s"] > 0  # the sync run's median step after its first
     assert all(v.split(" ")[0] in ("PASS", "MISS", "n/a") for v in cell["goals"].values())
     assert cell["verdicts"]["async-auto"][0] in ("paid", "did not pay")
     # what the default settled on is read back from the run's summary
