@@ -16,7 +16,7 @@ from freshroll.errors import StateError
 from freshroll.figures.overlap import ModeFold, render
 from freshroll.ledger import Ledger
 from freshroll.lineage import PolicyVersion
-from freshroll.pipeline.fallback import FallbackConfig, FallbackProbe, Switch
+from freshroll.pipeline.fallback import EarlierChoice, FallbackConfig, FallbackProbe, Switch
 
 ROLLOUTS = 16
 
@@ -61,6 +61,28 @@ def test_async_that_pays_is_kept_and_probed_again_after_the_hold():
     assert all(s.mode == "sync" for s in probes)  # each probe measures async, then sync
     starts = [s.step for s in switches if s.phase == "probe" and s.mode == "sync"]
     assert len(starts) >= 2 and starts[1] - starts[0] >= 16.0 / 0.05 * 0.9
+
+
+def test_an_earlier_runs_choice_is_held_from_the_start_then_probed_afresh():
+    probe = _probe(every_s=2.0, hold_factor=0.0)
+    start = probe.reuse(EarlierChoice("sync", 100.0, 150.0, 1_000_000.0), step=3)
+    assert (start.step, start.phase, start.mode, start.lookahead) == (3, "chose", "sync", 0)
+    assert "reused" in start.reason and "0.67x" in start.reason
+    assert (start.async_per_s, start.sync_per_s) == (100.0, 150.0)
+    assert probe.last_choice is None  # nothing measured by this run yet
+    # no warm-up, no probe: sync held for every_s after the first commit ...
+    switches = _drive(probe, {"async": 0.05, "sync": 0.10}, 19)
+    assert switches == [] and probe.mode == "sync"
+    # ... then a probe measures afresh (async pays here) and that choice is this run's
+    switches = _drive(probe, {"async": 0.05, "sync": 0.10}, 40)
+    assert [s.phase for s in switches][:2] == ["probe", "chose"]
+    assert probe.mode == "async" and probe.last_choice is not None
+    assert probe.last_choice.mode == "async"
+    assert probe.last_choice.async_per_s == pytest.approx(2 * probe.last_choice.sync_per_s)
+    late = _probe()
+    late.committed(1, 0.1)
+    with pytest.raises(ValueError, match="before the first commit"):
+        late.reuse(EarlierChoice("sync", 1.0, 1.0, 0.0))
 
 
 def test_a_tie_goes_to_sync_and_a_margin_is_needed_for_async():
@@ -196,3 +218,40 @@ def test_a_real_run_probes_records_each_switch_and_verifies(tmp_path: Path):
     assert sum(o["fallback"]["steps"].values()) == 40
     report = verify_run(tmp_path / "r")
     assert report.ok, report.render()
+
+
+def test_the_next_run_of_the_same_work_starts_in_the_choice_the_first_one_measured(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """With the probe cache on, the fallback's last choice is kept at a run's end; the next
+    run of the same work at the same load starts in it (a ``mode_decided`` at step 0 that
+    says "reused"), with no warm-up and no probe until ``every_s`` has passed."""
+    from freshroll.config import load_config
+    from freshroll.harness.verify import verify_run
+    from freshroll.placement import probe_cache
+    from freshroll.runtime.run import run
+
+    monkeypatch.setattr(probe_cache, "others_busy", lambda window_s=0.0: 0.25)  # a like load
+    monkeypatch.setenv("FRESHROLL_PROBE_CACHE", "on")
+    monkeypatch.setenv("FRESHROLL_CACHE_DIR", str(tmp_path / "cache"))
+    args = ["run.progress=false", "task.n_prompts=256", "run.runtime=inline",
+            "control.fallback=true", "control.fallback_window_steps=3",
+            "control.fallback_window_s=0"]
+
+    def decided(name: str, steps: int, *more: str) -> list[ev.ModeDecided]:
+        cfg = load_config(None, [*args, f"run.steps={steps}", *more])
+        assert run(cfg, tmp_path / name, stream=io.StringIO(), report=False).ok
+        with Ledger(tmp_path / name / "ledger.sqlite", readonly=True) as ledger:
+            return [e for _, e in ledger.events() if isinstance(e, ev.ModeDecided)]
+
+    first = decided("a", 16, "control.fallback_every_s=1000")
+    chose = [e for e in first if e.phase == "chose"]
+    assert chose and not chose[-1].reason.startswith("reused")
+    again = decided("b", 6, "run.seed=1", "control.fallback_every_s=1000")
+    assert len(again) == 1, again  # the reused choice only: no probe in a 1000 s hold
+    (start,) = again
+    assert start.phase == "chose" and "reused" in start.reason and start.step == 0
+    assert (start.mode, start.async_per_s, start.sync_per_s) == (
+        chose[-1].mode, chose[-1].async_per_s, chose[-1].sync_per_s)
+    assert verify_run(tmp_path / "b").ok
+    o = json.loads((tmp_path / "b" / "summary.json").read_text())["overlap"]
+    assert o["fallback"]["steps"].get(start.mode) == 6  # every step in the reused mode

@@ -32,11 +32,19 @@ Cost: a probe spends one window in the slower mode, and the hold between probes 
 least ``hold_factor`` (20) probes long: under 3% of a run when the modes differ by 2x,
 however long a step is. A run that ends during a probe ends in the mode it was measuring;
 one shorter than ``warmup_steps`` plus a window never leaves the async mode.
+
+**An earlier run's choice** (:class:`EarlierChoice`, from
+:mod:`freshroll.placement.probe_cache`: the same work at a like load, its last choice kept at
+its end): the run starts in that mode, recorded as a choice at step 0 whose reason says so,
+and holds it as a choice made at its first commit (the next probe ``every_s`` later); no
+warm-up, no first probe. A probe later in the run measures afresh, and its choice is the one
+kept for the next run.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -88,6 +96,17 @@ class Switch:
     sync_per_s: float | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class EarlierChoice:
+    """A choice an earlier run of the same work made (module doc): its mode and the rates
+    it was chosen on, and when (unix time)."""
+
+    mode: Mode
+    async_per_s: float
+    sync_per_s: float
+    measured_at: float
+
+
 def _other(mode: Mode) -> Mode:
     return "sync" if mode == "async" else "async"
 
@@ -104,6 +123,23 @@ class FallbackProbe:
         self._rates: dict[Mode, float] = {}
         self._next_probe = math.inf
         self._probe_t0 = 0.0  # when the probe under way began
+        self._hold_from_start = False  # an earlier run's choice: hold from the first commit
+        #: the last choice this run measured (None: none yet, or only an earlier run's)
+        self.last_choice: EarlierChoice | None = None
+
+    def reuse(self, earlier: EarlierChoice, step: int = 0) -> Switch:
+        """Start in ``earlier``'s mode, held as a choice made at the first commit (module
+        doc); the :class:`Switch` to apply and record before the first step (``step``: the
+        last committed, 0 for a new run)."""
+        if self._mark is not None:
+            raise ValueError("an earlier run's choice is taken before the first commit")
+        self.mode, self.phase, self._hold_from_start = earlier.mode, "hold", True
+        self._rates = {"async": earlier.async_per_s, "sync": earlier.sync_per_s}
+        at = time.strftime("%H:%M:%S", time.localtime(earlier.measured_at))
+        gain = earlier.async_per_s / earlier.sync_per_s if earlier.sync_per_s > 0 else math.nan
+        return self._switch(step, "chose", f"reused: an earlier run of the same work at a like "
+                            f"load measured async {gain:.2f}x the sync window (at {at}); "
+                            f"{earlier.mode} until the next probe")
 
     def committed(self, step: int, t: float) -> Switch | None:
         """Step ``step`` was committed at ``t``; a :class:`Switch` when the mode changes or a
@@ -111,6 +147,8 @@ class FallbackProbe:
         cfg = self.config
         if self._mark is None:
             self._mark = (step, t)
+            if self._hold_from_start:
+                self._next_probe = t + cfg.every_s
             return None
         if self.phase in ("warmup", "settle"):
             if self._left > 0:
@@ -155,6 +193,7 @@ class FallbackProbe:
         self.mode = "async" if ra > (1 + cfg.margin) * rs else "sync"
         self.phase, self._mark = "hold", (step, t)
         self._next_probe = t + max(cfg.every_s, cfg.hold_factor * (t - self._probe_t0))
+        self.last_choice = EarlierChoice(self.mode, ra, rs, time.time())
         if self.mode == "async":
             why = f"async {ra / rs:.2f}x the sync window: asynchrony pays"
         else:
@@ -185,4 +224,4 @@ def probe_for(cfg: Config) -> FallbackProbe | None:
     ))
 
 
-__all__ = ["FallbackConfig", "FallbackProbe", "Mode", "Switch", "probe_for"]
+__all__ = ["EarlierChoice", "FallbackConfig", "FallbackProbe", "Mode", "Switch", "probe_for"]

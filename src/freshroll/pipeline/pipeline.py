@@ -97,7 +97,7 @@ from freshroll.errors import Interrupted, NonFiniteStep, NoProgress
 from freshroll.lineage import PolicyVersion
 from freshroll.pipeline.calls import generation_seed
 from freshroll.pipeline.context import Published, RunContext
-from freshroll.pipeline.fallback import FallbackProbe, Switch, probe_for
+from freshroll.pipeline.fallback import EarlierChoice, FallbackProbe, Switch, probe_for
 from freshroll.pipeline.hooks import HookContext, Hooks
 from freshroll.pipeline.observers import RunObserver, StepReport, default_observers
 from freshroll.pipeline.overprovision import Overprovision
@@ -134,6 +134,9 @@ class Pipeline:
     budget: FailureBudget = field(default_factory=FailureBudget)
     #: hand-off hooks (:mod:`freshroll.pipeline.hooks`): a chaos session's; no-ops by default
     hooks: Hooks = field(default_factory=Hooks)
+    #: an earlier run's sync-fallback choice for the same work, to start in
+    #: (:class:`~freshroll.pipeline.fallback.EarlierChoice`; the runtime reads the cache)
+    earlier: EarlierChoice | None = None
     _feed: asyncio.Event = field(default_factory=asyncio.Event)
     _train: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -163,6 +166,8 @@ class Pipeline:
         self.rewarder = RewardStage(self.ctx, self.scorer, self.hooks)
         self.overprov = Overprovision(self.cfg.tail, self.cfg.rollout.group_size)
         self.fallback: FallbackProbe | None = probe_for(self.cfg)
+        start = (self.fallback.reuse(self.earlier, buf.version.step if buf.version else 0)
+                 if self.fallback is not None and self.earlier is not None else None)
         failure: BaseException | None = None
         try:
             settings = self._build_stages()
@@ -172,6 +177,8 @@ class Pipeline:
                 self.steering.apply(settings)
                 await self.pool.started()  # every engine up before the clock counts waits
                 self.waits.progressed()  # and before the no-progress guard's (a start has its own)
+                if start is not None:  # an earlier run's choice, before the first admission
+                    self._switch_mode(start)
                 for name, task in self._stage_tasks():
                     tg.create_task(task, name=name)
         except BaseExceptionGroup as group:

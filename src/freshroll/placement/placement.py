@@ -109,6 +109,9 @@ class Placement:
     #: the probe cache's key of this run's work and the cores busy by others when it was
     #: placed (freshroll.placement.thread_probe.remember_settled); None: nothing to keep
     reuse: tuple[str, float | None] | None = None
+    #: an earlier run's sync-fallback choice for the same work at a like load: (mode,
+    #: async_per_s, sync_per_s, measured_at) (freshroll.pipeline.fallback.EarlierChoice)
+    earlier_mode: tuple[str, float, float, float] | None = None
 
     def stage(self, name: str) -> ThreadCounts | None:
         """The thread counts of a stage's calls: a sync run's settling stage, else an async

@@ -234,7 +234,8 @@ def settle_placement(cfg: Config, prompts: Sequence[Prompt], model_path: Path, *
             probe = _measured(cfg, model_path, batch, cores, key, busy, stream)
     placed = plan(cfg, probe, injected=injected, cores=cores)
     stages = _settling(placed)
-    if key is None or not stages:
+    falls_back = cfg.run.max_staleness > 0 and cfg.control.fallback is not False
+    if key is None or not (stages or falls_back):
         return placed
     if busy is None:
         workers_ready(cfg.limits.worker_start_timeout_s)
@@ -243,7 +244,33 @@ def settle_placement(cfg: Config, prompts: Sequence[Prompt], model_path: Path, *
         hit = probe_cache.lookup(_stage_key(key, stage.stage), busy=busy)
         if hit is not None:
             _reuse_stage(stage, hit)
-    return replace(placed, reuse=(key, busy))
+    earlier = None
+    if falls_back:
+        hit = probe_cache.lookup(f"{key}:fallback", busy=busy)
+        earlier = _earlier_mode(hit) if hit is not None else None
+    return replace(placed, reuse=(key, busy), earlier_mode=earlier)
+
+
+def _earlier_mode(hit: tuple[dict[str, Any], float]) -> tuple[str, float, float, float] | None:
+    fields, measured_at = hit
+    try:
+        mode = str(fields["mode"])
+        ra, rs = float(fields["async_per_s"]), float(fields["sync_per_s"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return (mode, ra, rs, measured_at) if mode in ("async", "sync") and ra > 0 and rs > 0 else None
+
+
+def remember_choice(p: Placement, mode: str, async_per_s: float, sync_per_s: float,
+                    stream: TextIO | None = None) -> bool:
+    """Keep the sync fallback's last choice this run measured (its mode and rates) for the
+    next run of the same work; nothing where :func:`settle_placement` found no key."""
+    if p.reuse is None:
+        return False
+    key, busy = p.reuse
+    return probe_cache.store(f"{key}:fallback", {"mode": mode, "async_per_s": async_per_s,
+                                                 "sync_per_s": sync_per_s},
+                             busy=busy, stream=stream)
 
 
 def _settling(p: Placement) -> list[StageThreads]:
@@ -319,4 +346,4 @@ def _measured(cfg: Config, model_path: Path, batch: list[str], cores: int, key: 
 
 
 __all__ = ["CALL_BUDGET_S", "LARGE_PARAMS", "PAYS", "ThreadProbe", "probe_threads",
-           "remember_settled", "settle_placement"]
+           "remember_choice", "remember_settled", "settle_placement"]

@@ -55,12 +55,17 @@ from freshroll.figures.overlap import render as render_overlap
 from freshroll.ledger import RESERVE_BYTES, Ledger, open_ledger
 from freshroll.lineage import PolicyVersion
 from freshroll.observe.monitors import build_monitors
+from freshroll.pipeline.fallback import EarlierChoice
 from freshroll.pipeline.observers import FollowMode, RunObserver
 from freshroll.pipeline.pipeline import Pipeline, run_pipeline
 from freshroll.placement.placement import Placement, may_fork_workers, settled
 from freshroll.placement.process_engine import prestart_workers
 from freshroll.placement.shm_weights import sweep_segments
-from freshroll.placement.thread_probe import remember_settled, settle_placement
+from freshroll.placement.thread_probe import (
+    remember_choice,
+    remember_settled,
+    settle_placement,
+)
 from freshroll.runtime.endfiles import Finished, finish_run_dir, record_fixed_costs
 from freshroll.runtime.evaluation import build_evaluator
 from freshroll.runtime.placements import ChaosSession, Components, MakeEngine, build_components
@@ -152,7 +157,7 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
     random.Random(cfg.run.seed).shuffle(order)
     parts, rec = _assemble(prep, buf, out, clock, placement, stream, make_engine, chaos,
                            observers)
-    stop = _drive(prep, order, buf, clock, parts, rec, chaos, out)
+    stop = _drive(prep, order, buf, clock, parts, rec, chaos, out, placement, stream)
     if stop is not None:
         failure, stopped = stop
         # a run that stopped still says what it trained and why it stopped (summary.json's
@@ -204,7 +209,8 @@ def _assemble(prep: Prepared, buf: SampleBuffer, out: Path, clock: Clock, placem
 
 def _drive(prep: Prepared, order: list[str], buf: SampleBuffer, clock: Clock,
            parts: Components, rec: Recording, chaos: ChaosSession | None,
-           out: Path) -> tuple[BaseException, BaseException] | None:
+           out: Path, placement: Placement, stream: TextIO
+           ) -> tuple[BaseException, BaseException] | None:
     """The pipeline driven to its end; then the parts released, every observer closed and the
     ledger closed, whatever happened. None: the run ran to its end; else the error that
     stopped it and the typed error to raise for it (:func:`_stopped`; the same one, or the
@@ -218,8 +224,14 @@ def _drive(prep: Prepared, order: list[str], buf: SampleBuffer, clock: Clock,
         )
         if chaos is not None:
             pipe.hooks = chaos.hooks
+        elif placement.earlier_mode is not None:  # the same work's choice, at a like load
+            mode, ra, rs, at = placement.earlier_mode
+            pipe.earlier = EarlierChoice("sync" if mode == "sync" else "async", ra, rs, at)
         drive(pipe, clock)
         buf.shutdown("done")
+        chose = pipe.fallback.last_choice if pipe.fallback is not None else None
+        if chose is not None and chaos is None:  # kept for the next run of the same work
+            remember_choice(placement, chose.mode, chose.async_per_s, chose.sync_per_s, stream)
     except BaseException as exc:  # one typed error; the ledger closed first (resumable)
         stop = exc, _stopped(exc, buf, cfg, out)
         with contextlib.suppress(Exception):  # best effort: the next start writes them too
