@@ -36,10 +36,12 @@ class RolloutSection(_Section):
         description="cap on groups admitted but not yet ready, below the freshness window "
         "(the initial admission limit; control.mode adaptive then sets it live)",
     )
-    engine: Literal["hf", "vllm", "sim"] = Field(
-        "hf", description="hf: the transformers model (model section); vllm: the same model "
+    engine: str = Field(
+        "hf", pattern=r"^[A-Za-z0-9_.-]+$", max_length=100,
+        description="hf: the transformers model (model section); vllm: the same model "
         "served by vLLM (vllm section; docs/vllm.md); sim: the latency model of an LLM cluster "
-        "(sim section), no model is loaded"
+        "(sim section), no model is loaded; or an engine registered with its placement "
+        "(freshroll.runtime.placements.register_placement; docs/architecture.md)"
     )
     on_update: Literal["finish", "abort", "continue"] | None = Field(
         None, description="requests in flight when a worker gets a new policy version: finish "

@@ -69,3 +69,31 @@ def test_a_registered_placement_runs_a_whole_run_and_is_released_once(
     assert result.ok and result.summary["steps"] == 5
     assert len(built) == 1 and built[0].out == tmp_path / "r" and built[0].cfg.run.steps == 5
     assert released == ["mine"]
+
+
+def test_a_new_engine_is_one_placement_registration(monkeypatch: pytest.MonkeyPatch,
+                                                    tmp_path: Path):
+    """``rollout.engine`` takes any engine registered with a placement (here the hf inline
+    builder under a name of its own); an unknown name is refused before anything is
+    written, naming the field."""
+    from freshroll.engines import names
+
+    monkeypatch.setattr(names, "ENGINES", set(names.ENGINES))
+    over = ["rollout.engine=toy", "run.progress=false", "task.n_prompts=64", "run.steps=3",
+            "rollout.group_size=4", "rollout.batch_groups=2", "run.max_staleness=0"]
+    with pytest.raises(ConfigError, match=r"rollout.engine: 'toy' is not an engine .*hf, sim, "
+                                          r"vllm.*'Adding an engine'"):
+        run(load_config(None, over), tmp_path / "refused", stream=io.StringIO(), report=False)
+    assert not (tmp_path / "refused").exists()
+
+    monkeypatch.setattr(placements, "PLACEMENTS", dict(PLACEMENTS))
+    built: list[str] = []
+
+    @register_placement("toy", "inline")
+    def toy(b: Build, stack: ExitStack) -> Any:  # an engine of its own: hf's, renamed
+        built.append(b.cfg.rollout.engine)
+        return placements._hf_inline(b, stack)
+
+    assert "toy" in names.ENGINES
+    result = run(load_config(None, over), tmp_path / "r", stream=io.StringIO(), report=False)
+    assert result.ok and result.summary["steps"] == 3 and built == ["toy"]

@@ -39,6 +39,7 @@ from freshroll.buffer import SampleBuffer
 from freshroll.clock import Clock
 from freshroll.config import Config
 from freshroll.engines.base import InferenceEngine, Stoppable
+from freshroll.engines.names import register_engine
 from freshroll.engines.seams import EngineFactory
 from freshroll.errors import ConfigError
 from freshroll.lineage import PolicyVersion
@@ -118,6 +119,7 @@ def register_placement(engine: str, runtime: Runtime) -> Callable[[Builder], Bui
         if (engine, runtime) in PLACEMENTS:
             raise ValueError(f"placement ({engine}, {runtime}) is registered already")
         PLACEMENTS[(engine, runtime)] = builder
+        register_engine(engine)  # rollout.engine may name it
         return builder
     return register
 

@@ -19,6 +19,7 @@ from freshroll import crashpoints
 from freshroll.config import Config
 from freshroll.engines.episodes import workflow_for
 from freshroll.engines.model_dir import check_model_dir, quiet_transformers
+from freshroll.engines.names import check_engine
 from freshroll.errors import ConfigError, LedgerError, ResumeError
 from freshroll.ledger import LEDGER_FILE, Ledger
 from freshroll.lineage import PolicyVersion
@@ -166,6 +167,7 @@ def check_inputs(cfg: Config, run_dir: Path | None = None, resume: bool = False)
     ``run_dir`` is where the embedded model is saved (None: ``config check``, which builds it
     in memory only); on ``resume`` a run's saved ``model/`` is read instead of a new build.
     """
+    check_engine(cfg.rollout.engine)  # built in or registered with a placement
     check_monitors(cfg.monitor)
     check_on_update(cfg)
     lim = cfg.limits
