@@ -107,3 +107,12 @@ def test_a_simulated_run_trains_no_faster_than_its_window_allows(
         e = s["accepted_rollouts_per_s"] / (w["trainer_groups_per_s"]
                                              * cfg.rollout.group_size)
         assert 0 < w["bound"] <= 1 and 0 < e <= w["bound"] + 0.05, (profile, eta, e, w)
+
+
+def test_the_report_names_the_bound_when_it_limits_the_trainer(tmp_path: Path) -> None:
+    from freshroll.report.header import _segments_html
+    from freshroll.report.rundata import RunData
+
+    w = summarize_events(_ledger())["window_bound"]
+    assert "window bound 0.75" in _segments_html(RunData(tmp_path, summary={"window_bound": w}))
+    assert _segments_html(RunData(tmp_path, summary={"window_bound": {**w, "bound": 1.0}})) == ""
