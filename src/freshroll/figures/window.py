@@ -19,10 +19,10 @@ and a run's efficiency measured against its own trainer, ``E = accepted/s / (λ 
 (``G`` samples per group; for a run whose trainer steps take ``s`` this is its busy share
 ``1 - trainer idle``), is at most ``bound`` (up to the run's edges: ``T`` is the trainer's
 wall time, from its first wait to its last commit). A group stays in the window past its
-``ready`` (until it is leased) and stale groups take window time without being trained on,
-so the bound is an upper limit, not a forecast; when it is far below 1 no worker count and
-no controller can feed the trainer, only a shorter group latency (deadlines,
-over-provisioning) or a wider window (η) can.
+``ready`` (until the step that trains it commits) and stale groups take window time without
+being trained on, so the bound is an upper limit, not a forecast; when it is far below 1 no
+worker count and no controller can feed the trainer, only a shorter group latency
+(deadlines, over-provisioning) or a wider window (η) can.
 
 Groups that never become ready (every member discarded: dropped, cut at a deadline,
 cancelled) are counted apart, with their mean latency ``requested`` to the discard that ended
