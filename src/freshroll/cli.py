@@ -104,6 +104,7 @@ def _print_result(result: RunResult) -> None:
     from freshroll.figures.segments import render_segments
     from freshroll.figures.summary import render_reward_versions
     from freshroll.figures.verdict import recovery_line, render
+    from freshroll.figures.window import render_window
     from freshroll.runtime.endfiles import render_fixed_costs
 
     s = result.summary
@@ -122,6 +123,9 @@ def _print_result(result: RunResult) -> None:
     biased = render_bias(s.get("sample_bias"))
     if biased:
         click.echo(biased, err=True)
+    window = render_window(s.get("window_bound"))  # the freshness window limits the trainer
+    if window:
+        click.echo(window, err=True)
     fixed = render_fixed_costs(s)
     if fixed:
         click.echo(fixed, err=True)

@@ -130,6 +130,11 @@ def test_run_figures_read_the_run_dir(tmp_path: Path) -> None:
     r = f.run_figures(tmp_path / "a", "async")
     assert r.worker_seconds == pytest.approx(5.0)  # 2 + 2 before the crash, 1 after
     assert (r.accepted_per_s, r.lag_max, r.steps, r.wall_s) == (20.0, 2, 10, 12.5)
+    assert math.isnan(r.window_bound)  # an older summary: no window_bound
+    _write_run(tmp_path / "b", events, {**_summary(20.0), "window_bound": {"bound": 0.45}})
+    r = f.run_figures(tmp_path / "b", "async")
+    assert r.window_bound == 0.45
+    assert f.table_rows([r], "async", CAPS)[0]["window_bound"] == 0.45
 
 
 def test_table_rows_against_the_sync_run() -> None:

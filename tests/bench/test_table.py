@@ -47,8 +47,11 @@ def test_the_title_names_steps_and_time_scale() -> None:
 def test_markdown_and_json() -> None:
     t = _table(19.0)
     md = render_markdown(t)
-    assert "| run | accepted/s | E | speedup | A |" in md
+    assert "| run | accepted/s | E | window bound | speedup | A |" in md
     assert md.count("\n| ") == 4  # header + 3 rows
+    assert "| sync | 10.0 | 0.31 | - | 1.00 |" in md  # no window bound known: "-"
+    t["rows"][0]["window_bound"] = 0.45
+    assert "| sync | 10.0 | 0.31 | 0.45 | 1.00 |" in render_markdown(t)
     data = json.loads(render_json([t]))
     assert data[0]["rows"][1]["speedup"] == 1.9
     assert data[0]["capacities_per_s"]["sync"] == 128.0

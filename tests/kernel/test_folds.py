@@ -27,6 +27,7 @@ from freshroll.figures.segments import SegmentFold
 from freshroll.figures.summary import RewardVersions, SummaryFold, fold_events
 from freshroll.figures.trained import TrainedFold
 from freshroll.figures.verdict import VerdictFold
+from freshroll.figures.window import WindowFold
 from freshroll.ledger import Ledger
 from freshroll.timing import STAGES, SpanFold, percentile
 from freshroll.token_lag import lag_percentile
@@ -124,7 +125,7 @@ FOLDS: dict[type, Any] = {
     SummaryFold: SummaryFold, SpanFold: SpanFold, SampleBias: SampleBias,
     VerdictFold: VerdictFold, RewardVersions: RewardVersions, OverlapFold: OverlapFold,
     ModeFold: ModeFold, HistoryFold: HistoryFold, TrainedFold: TrainedFold,
-    SegmentFold: lambda: SegmentFold(m.Tally(), OverlapFold()),
+    SegmentFold: lambda: SegmentFold(m.Tally(), OverlapFold()), WindowFold: WindowFold,
 }
 
 
@@ -155,7 +156,7 @@ def test_summary_fold_routes_each_fold_only_the_kinds_it_reads(
     of a kind outside its KINDS, and each is fed every event of its kinds."""
     fold = SummaryFold()
     inner = [fold.segments, fold.bias, fold.history, fold.trained, fold.spans, fold.verdict,
-             fold.overlap, fold.reward_versions, fold.overlap.modes]
+             fold.overlap, fold.reward_versions, fold.overlap.modes, fold.window]
     fed: Counter[str] = Counter()
 
     def checked(f: Any) -> Any:

@@ -13,6 +13,10 @@ trainer step, the per-batch stage times are ``t_x = B / c_x`` (``t_sync`` = seco
 version)::
 
     E       = accepted/s / min(c_gen, c_reward, c_train, c_sync)     pipeline efficiency
+    window bound = min(1, (η+1)·B / (λ·L))   the most of the trainer's demand the freshness
+              window can feed (summary.json window_bound, freshroll.figures.window: L the
+              run's mean group latency, λ its own trainer's groups/s; on a train-bound
+              workload E stays under it, up to c_train against the run's own trainer step)
     speedup = accepted/s / accepted/s of the synchronous baseline (max_staleness 0)
     bound   = (t_gen + t_reward + t_train + t_sync) / max(t_x)      ideal async / sync
     A       = speedup / max(1, min(bound, parallel limit))         bound attainment
@@ -201,6 +205,9 @@ class RunFigures:
     settings: Mapping[str, Any] | None = None
     #: (step, t, reward) of each metrics.jsonl row with a reward (time to reward)
     curve: tuple[reward_time.Point, ...] = ()
+    #: summary.json's window_bound.bound: the share of the trainer's demand the freshness
+    #: window can feed (freshroll.figures.window; NaN: not known)
+    window_bound: float = math.nan
 
 
 def run_figures(run_dir: Path, label: str, *, verify_ok: bool = True,
@@ -219,7 +226,15 @@ def run_figures(run_dir: Path, label: str, *, verify_ok: bool = True,
         steps=int(s["steps"]), accepted=int(s["accepted_rollouts"]), wall_s=float(s["wall_s"]),
         verify_ok=verify_ok, settings=settings,
         curve=tuple(reward_time.curve(read_rows(run_dir / "metrics.jsonl")[0])),
+        window_bound=_window_bound(s),
     )
+
+
+def _window_bound(summary: Mapping[str, Any]) -> float:
+    """summary.json's ``window_bound.bound`` (NaN: absent, or null)."""
+    w = summary.get("window_bound")
+    bound = w.get("bound") if isinstance(w, dict) else None
+    return float(bound) if isinstance(bound, int | float) else math.nan
 
 
 def reward_s_ratio(run: RunFigures, sync: RunFigures) -> float:
@@ -241,7 +256,8 @@ def table_rows(runs: Sequence[RunFigures], sync_label: str, c: Capacities) -> li
         up = speedup(r.accepted_per_s, sync.accepted_per_s)
         out.append({
             "run": r.label, "accepted_per_s": r.accepted_per_s,
-            "E": efficiency(r.accepted_per_s, c), "speedup": up, "A": attainment(up, c),
+            "E": efficiency(r.accepted_per_s, c), "window_bound": r.window_bound,
+            "speedup": up, "A": attainment(up, c),
             "reward_s_ratio": reward_s_ratio(r, sync),
             "trainer_idle": r.trainer_idle, "discard_rate": r.discard_rate,
             "lag_p50": r.lag_p50, "lag_p99": r.lag_p99, "lag_max": r.lag_max,

@@ -22,6 +22,7 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("run", "run", ""),
     ("accepted_per_s", "accepted/s", ".1f"),
     ("E", "E", ".2f"),
+    ("window_bound", "window bound", ".2f"),
     ("speedup", "speedup", ".2f"),
     ("A", "A", ".2f"),
     ("reward_s_ratio", "t-reward vs sync", ".2f"),
@@ -78,7 +79,7 @@ def _cells(row: Mapping[str, Any]) -> list[str]:
         if key == "lag":
             out.append(f"{row['lag_p50']:.0f}/{row['lag_p99']:.0f}/{row['lag_max']}")
         else:
-            out.append(_fmt(row[key], spec))
+            out.append(_fmt(row.get(key, math.nan), spec))
     return out
 
 

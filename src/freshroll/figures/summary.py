@@ -7,7 +7,8 @@ check the file. The figures are those of :func:`freshroll.metrics.summary_figure
 discarded completions' reward and length, by reason) and the per-stage time
 decomposition of :mod:`freshroll.timing`, the stages' overlap of
 :mod:`freshroll.figures.overlap` (did asynchrony pay) and the same figures segment by
-segment, one per start and resume (:mod:`freshroll.figures.segments`). Written as strict
+segment, one per start and resume (:mod:`freshroll.figures.segments`), and the freshness
+window's bound on the trainer (:mod:`freshroll.figures.window`). Written as strict
 JSON (a non-finite value as ``null``), atomically.
 """
 
@@ -35,6 +36,7 @@ from freshroll.figures.overlap import OverlapFold
 from freshroll.figures.segments import SegmentFold
 from freshroll.figures.trained import TrainedFold
 from freshroll.figures.verdict import VerdictFold
+from freshroll.figures.window import WindowFold
 from freshroll.ledger import LEDGER_FILE, Ledger
 from freshroll.lineage import policy_step
 from freshroll.metrics import Tally, jsonable, summary_figures
@@ -129,6 +131,7 @@ class SummaryFold:
         self.spans = SpanFold()
         self.verdict = VerdictFold()
         self.reward_versions = RewardVersions()
+        self.window = WindowFold()  # the freshness window's bound on the trainer
         self.overlap = OverlapFold(self.tally)
         self.segments = SegmentFold(self.tally, self.overlap)  # fed before the two above
         self.requests = 0  # admitted requests (sum of the groups' sizes)
@@ -159,7 +162,7 @@ class SummaryFold:
         route: list[Callable[[Any], None]] = [self.segments.feed, self._tally]
         route += [f.feed for f in (self.bias, self.history, self.trained,
                                    self.spans, self.verdict, self.overlap,
-                                   self.reward_versions) if kind in f.KINDS]
+                                   self.reward_versions, self.window) if kind in f.KINDS]
         if kind in (Requested, Opened, Closed):
             route.append(self._lifecycle)
         if kind is RunConfig:
@@ -229,6 +232,7 @@ class SummaryFold:
             "overlap": self.overlap.result(self.tally),
             "segments": self.segments.result(),
             "reward_versions": self.reward_versions.result(),
+            "window_bound": self.window.result(),
         })
         return summary
 

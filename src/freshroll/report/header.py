@@ -118,15 +118,18 @@ def _verdict_cards(run: RunData, baseline: RunData | None) -> list[str]:
 
 
 def _segments_html(run: RunData) -> str:
-    """A resumed run segment by segment (:mod:`freshroll.figures.segments`), and the reward
-    versions of one trained under several; empty for one segment of one version."""
+    """A resumed run segment by segment (:mod:`freshroll.figures.segments`), the reward
+    versions of one trained under several, and the freshness window's bound when it limits
+    the trainer (:mod:`freshroll.figures.window`); empty when none of these applies."""
     from freshroll.figures.segments import render_segments
     from freshroll.figures.summary import render_reward_versions
+    from freshroll.figures.window import render_window
 
     segments = run.summary.get("segments")
     text = render_segments(segments) if isinstance(segments, list) else ""
     text = "\n".join(x for x in (text, render_reward_versions(
-        run.summary.get("reward_versions"))) if x)
+        run.summary.get("reward_versions")), render_window(run.summary.get("window_bound")))
+        if x)
     if not text:
         return ""
     return ('<div class="notes segments">'

@@ -1,0 +1,233 @@
+"""The frontier table on P2 (issue 26): each tail lever at max_staleness η ∈ {1, 2, 4}, with
+the freshness window's bound beside the efficiency it limits.
+
+The workload is ``configs/sim-p2.yaml`` on the virtual clock (the figures do not depend on
+the machine's load; only the wall seconds do). Systems, each at every η (the keys of
+``freshroll bench``'s rows of the same name, :mod:`freshroll.bench.runner`):
+
+- ``static``: ``control.mode=static`` on the whole pool (``rollout.workers=32``, bench's
+  ``static-all``), no tail lever;
+- ``continue-newest``: the same with ``rollout.on_update=continue`` and
+  ``run.staleness_basis=newest_token`` (bench's ``static-continue-newest``);
+- ``overprov``: the same with ``tail.overprovision=4`` (4 extra requests per group, the
+  first 16 done kept, the rest cancelled);
+- ``deadlines``: the same with ``tail.deadline=true`` (group deadlines);
+- ``all``: every lever, the controller steering (bench's ``adaptive-all``:
+  ``control.mode=adaptive control.max_workers=32 tail.overprovision=auto
+  rollout.on_update=continue run.staleness_basis=newest_token``, from the config's 16
+  workers).
+
+Each run is ``freshroll simulate`` in a fresh process, one at a time; its figures come from
+its run directory (``summary.json`` and the ledger, docs/metrics.md):
+
+- ``accepted/s``: ``accepted_rollouts_per_s`` (per simulated second);
+- ``E (own)``: accepted/s over the run's own trainer capacity, ``G × λ`` (``λ``:
+  ``window_bound.trainer_groups_per_s``, B over the mean trainer step); ``E (c_train)``:
+  accepted/s over ``--c-train`` (default 23.1/s: P2's trainer capacity in isolation, B = 512,
+  docs/bench.md), the ``E`` of ``freshroll bench``;
+- ``window bound``: ``window_bound.bound = min(1, (η+1)·B / (λ·L))``
+  (:mod:`freshroll.figures.window`); ``L`` beside it (mean group latency, admission to ready)
+  and ``held by discards``: the share of the window's mean occupancy held by groups discarded
+  in the end (``occupancy_discarded / occupancy_groups``);
+- ``idle``: ``trainer_idle_ratio``;
+- ``stale`` / ``cancelled`` / ``deadline``: discards of that reason over the requests that
+  reached an outcome (accepted + counted discards: ``freshroll bench``'s long-tail table,
+  :func:`freshroll.bench.tails.tail_row`);
+- ``length bias``: ``sample_bias.length_bias``;
+- ``worker-s``: :func:`freshroll.bench.figures.worker_seconds` (simulated seconds);
+- ``verify``: the CLI's exit status (0: finished and verified).
+
+With several seeds each cell is the mean ± the sample sd over them. The 1-minute load average
+is printed before the first run and, per row, its mean after each run.
+
+Usage::
+
+    .venv/bin/python benchmarks/p2_frontier.py                      # 40 steps, seed 0
+    .venv/bin/python benchmarks/p2_frontier.py --seeds 0 1 2
+    .venv/bin/python benchmarks/p2_frontier.py --quick              # 2 steps: a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from freshroll.bench.figures import worker_events, worker_seconds
+from freshroll.bench.tails import tail_row
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "configs" / "sim-p2.yaml"
+STATIC = ["control.mode=static", "rollout.workers=32"]
+NEWEST = ["rollout.on_update=continue", "run.staleness_basis=newest_token"]
+#: system -> its overrides on top of the config
+SYSTEMS: dict[str, list[str]] = {
+    "static": STATIC,
+    "continue-newest": [*STATIC, *NEWEST],
+    "overprov": [*STATIC, "tail.overprovision=4"],
+    "deadlines": [*STATIC, "tail.deadline=true"],
+    "all": ["control.mode=adaptive", "control.max_workers=32", "tail.overprovision=auto",
+            *NEWEST],
+}
+ETAS = (1, 2, 4)
+COMMON = ["run.progress=false", "sim.clock=virtual"]
+#: P2's trainer capacity in isolation (samples/s, B = 512: docs/bench.md)
+C_TRAIN = 23.1
+COLUMNS = ("η", "system", "seeds", "accepted/s", "E (own)", "E (c_train)", "window bound",
+           "L (s)", "held by discards", "idle", "stale", "cancelled", "deadline",
+           "length bias", "worker-s", "load", "verify")
+
+
+@dataclass
+class Run:
+    """One run's figures (read from its run directory)."""
+
+    eta: int
+    system: str
+    seed: int
+    ok: bool
+    accepted_per_s: float
+    e_own: float
+    e_train: float
+    bound: float
+    latency_s: float
+    held_discarded: float
+    idle: float
+    stale: float
+    cancelled: float
+    deadline: float
+    length_bias: float
+    worker_s: float
+    load: float = math.nan
+
+
+def _num(x: Any) -> float:
+    return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else math.nan
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if math.isfinite(a) and math.isfinite(b) and b > 0 else math.nan
+
+
+def read_run(eta: int, system: str, seed: int, out: Path, ok: bool, load: float,
+             c_train: float = C_TRAIN) -> Run:
+    """The figures of the finished run in ``out`` (module docstring)."""
+    s = json.loads((out / "summary.json").read_text())
+    w = s.get("window_bound") or {}
+    tails = tail_row(out, system, [])
+    group = _group_size(out)
+    per_s = _num(s.get("accepted_rollouts_per_s"))
+    return Run(
+        eta, system, seed, ok, per_s,
+        _ratio(per_s, _num(w.get("trainer_groups_per_s")) * group), _ratio(per_s, c_train),
+        _num(w.get("bound")), _num(w.get("latency_s")),
+        _ratio(_num(w.get("occupancy_discarded")), _num(w.get("occupancy_groups"))),
+        _num(s.get("trainer_idle_ratio")), tails["stale"], tails["cancelled"],
+        tails["deadline"], _num(tails["length_bias"]),
+        worker_seconds(worker_events(out)), load)
+
+
+def _group_size(out: Path) -> int:
+    """``rollout.group_size`` of the run (its saved config.yaml)."""
+    from freshroll.config import load_config
+
+    return load_config(out / "config.yaml").rollout.group_size
+
+
+def run_one(eta: int, system: str, seed: int, steps: int, out: Path, extra: Sequence[str],
+            c_train: float = C_TRAIN) -> Run:
+    """One run in a fresh process (the CLI), then its figures."""
+    cmd = [sys.executable, "-m", "freshroll", "simulate", str(CONFIG), "--out", str(out),
+           f"run.steps={steps}", f"run.seed={seed}", f"run.max_staleness={eta}", *COMMON,
+           *SYSTEMS[system], *extra]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH", "")) if p)}
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                          text=True, check=False)
+    if proc.returncode not in (0, 1):  # 1: finished, verify failed (reported in the table)
+        raise RuntimeError(f"η {eta} {system} seed {seed}: exit {proc.returncode}\n"
+                           f"{proc.stderr}")
+    sys.stderr.write(f"η {eta} {system} seed {seed}: {time.perf_counter() - t0:.1f} s\n")
+    return read_run(eta, system, seed, out, proc.returncode == 0, os.getloadavg()[0], c_train)
+
+
+def _mean_sd(xs: Sequence[float], spec: str, scale: float = 1.0, unit: str = "") -> str:
+    vals = [x * scale for x in xs if math.isfinite(x)]
+    if not vals:
+        return "-"
+    mean = format(statistics.fmean(vals), spec)
+    if len(vals) < 2:
+        return mean + unit
+    return f"{mean} ± {format(statistics.stdev(vals), spec.lstrip('+'))}{unit}"
+
+
+def render_table(runs: Sequence[Run]) -> str:
+    """One row per (η, system), in :data:`ETAS` and :data:`SYSTEMS` order, over its seeds."""
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for eta in sorted({r.eta for r in runs}):
+        for system in SYSTEMS:
+            rs = [r for r in runs if r.system == system and r.eta == eta]
+            if not rs:
+                continue
+            cells = [
+                str(eta), system, str(len(rs)),
+                _mean_sd([r.accepted_per_s for r in rs], ".1f"),
+                _mean_sd([r.e_own for r in rs], ".2f"),
+                _mean_sd([r.e_train for r in rs], ".2f"),
+                _mean_sd([r.bound for r in rs], ".2f"),
+                _mean_sd([r.latency_s for r in rs], ".0f"),
+                _mean_sd([r.held_discarded for r in rs], ".0f", 100, "%"),
+                *(_mean_sd([getattr(r, k) for r in rs], ".1f", 100, "%")
+                  for k in ("idle", "stale", "cancelled", "deadline")),
+                _mean_sd([r.length_bias for r in rs], "+.3f"),
+                _mean_sd([r.worker_s for r in rs], ".0f"),
+                _mean_sd([r.load for r in rs], ".2f"),
+                "ok" if all(r.ok for r in rs) else f"FAIL {sum(not r.ok for r in rs)}",
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("overrides", nargs="*", help="more config overrides (key=value), all runs")
+    ap.add_argument("--steps", type=int, default=None, help="trainer steps (default 40; "
+                    "--quick: 2)")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--etas", type=int, nargs="+", default=list(ETAS))
+    ap.add_argument("--systems", nargs="+", choices=list(SYSTEMS), default=list(SYSTEMS))
+    ap.add_argument("--c-train", type=float, default=C_TRAIN,
+                    help=f"the trainer's capacity in isolation, samples/s (default {C_TRAIN})")
+    ap.add_argument("--quick", action="store_true", help="2 steps: a smoke run")
+    ap.add_argument("--work", type=Path, default=None, help="run directories (default: temp)")
+    args = ap.parse_args(argv)
+    steps = args.steps if args.steps is not None else 2 if args.quick else 40
+    work = args.work or Path(tempfile.mkdtemp(prefix="p2-frontier-"))
+    before = os.getloadavg()
+    t0 = time.perf_counter()
+    runs = [run_one(eta, system, seed, steps, work / f"eta{eta}-{system}-s{seed}",
+                    args.overrides, args.c_train)
+            for seed in args.seeds for eta in args.etas for system in args.systems]
+    print(f"## P2 frontier ({CONFIG.name}, virtual clock): {steps} steps, seeds "
+          f"{' '.join(map(str, args.seeds))}{' (quick)' if args.quick else ''}")
+    print(f"overrides: {' '.join([*COMMON, *args.overrides])}; c_train {args.c_train}/s; "
+          f"load average before: {before[0]:.2f} {before[1]:.2f} {before[2]:.2f}; "
+          f"wall {time.perf_counter() - t0:.0f} s\n")
+    print(render_table(runs))
+    print(f"\nrun directories: {work}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
