@@ -12,10 +12,12 @@ the machine's load; only the wall seconds do). Systems, each at every η (the ke
 - ``overprov``: the same with ``tail.overprovision=4`` (4 extra requests per group, the
   first 16 done kept, the rest cancelled);
 - ``deadlines``: the same with ``tail.deadline=true`` (group deadlines);
+- ``doomed``: the same with ``tail.drop_doomed=true`` (a running group that can no longer be
+  fresh discarded stale at once, freeing its place: freshroll.freshness.doomed);
 - ``all``: every lever, the controller steering (bench's ``adaptive-all``:
   ``control.mode=adaptive control.max_workers=32 tail.overprovision=auto
   rollout.on_update=continue run.staleness_basis=newest_token``, from the config's 16
-  workers).
+  workers); ``all-doomed``: the same with ``tail.drop_doomed=true``.
 
 Each run is ``freshroll simulate`` in a fresh process, one at a time; its figures come from
 its run directory (``summary.json`` and the ledger, docs/metrics.md):
@@ -76,8 +78,11 @@ SYSTEMS: dict[str, list[str]] = {
     "continue-newest": [*STATIC, *NEWEST],
     "overprov": [*STATIC, "tail.overprovision=4"],
     "deadlines": [*STATIC, "tail.deadline=true"],
+    "doomed": [*STATIC, "tail.drop_doomed=true"],
     "all": ["control.mode=adaptive", "control.max_workers=32", "tail.overprovision=auto",
             *NEWEST],
+    "all-doomed": ["control.mode=adaptive", "control.max_workers=32", "tail.overprovision=auto",
+                   *NEWEST, "tail.drop_doomed=true"],
 }
 ETAS = (1, 2, 4)
 COMMON = ["run.progress=false", "sim.clock=virtual"]

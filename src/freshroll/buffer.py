@@ -383,6 +383,33 @@ class SampleBuffer(BufferResults):
             self._discard_group(g, reason, detail)
         return ended
 
+    def drop_doomed(self) -> int:
+        """Discard ``stale`` every running group that can no longer be consumed fresh
+        (:meth:`doomed_groups` on the basis in force): its queued and running members, the
+        generated ones, then its rewarded samples once it is ready, as a stale group is at
+        lease. The running attempts it ended are appended to ``stopped`` (the orchestrator
+        cancels them on their engines, as after a stop at target). Returns how many requests
+        ended. Each discard is truthful at its time: ``verify`` rechecks the group's lag."""
+        cfg, ended = self.config, 0
+        for gid, lag in self.doomed_groups(cfg.staleness_basis, cfg.max_staleness):
+            g = self._groups[gid]
+            detail = (f"doomed before it was ready: lag {lag} > {cfg.max_staleness} "
+                      f"({cfg.staleness_basis}) for a member certain to be in it")
+            for req in g.members:
+                if req.state not in (QUEUED, RUNNING, GENERATED):
+                    continue
+                if req.state == RUNNING and req.worker is not None and req.sample is not None:
+                    self.stopped.append((req.sample, *req.worker))
+                self._emit(ev.Discarded(ts=self.clock.now(), request=req.id,
+                                        sample=req.sample if req.state else None,
+                                        reason="stale", detail=detail))
+                ended += 1
+            self._settle(g)  # rewarded samples left: ready, then discarded whole below
+            if g.state == G_READY:
+                ended += len(g.samples)
+                self._discard_group(g, "stale", detail)
+        return ended
+
     def stats(self) -> dict[str, Any]:
         """A snapshot of the buffer's counters (JSON-ready)."""
         states = Counter(_STATE_NAMES[r.state] for r in self._requests.values())

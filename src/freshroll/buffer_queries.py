@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from freshroll.errors import UnknownSampleError
+from freshroll.freshness import doomed
 from freshroll.lineage import GroupId, RequestId, SampleId, request_of, sample_id
 from freshroll.state import (
     _STATE_NAMES,
@@ -104,6 +105,27 @@ class BufferQueries(BufferState):
             size = len(group.members)
             out.append(GroupStatus(group.id, size, group.started_at, done, tuple(running),
                                    tuple(queued), group.target if group.target < size else 0))
+        return out
+
+    def doomed_groups(self, basis: str, max_staleness: int) -> list[tuple[GroupId, int]]:
+        """The running groups that can no longer be consumed fresh at the current version,
+        with their lag (:func:`freshroll.freshness.doomed`: the members certain to be in
+        each on ``basis``), oldest first. O(running groups x group size)."""
+        if self.version is None:
+            return []
+        v, out = self.version.step, []
+        for group in self._live.values():
+            extras = group.target < len(group.members)
+            steps = []
+            for req in group.members:
+                done = req.state == GENERATED or req.state == REWARDED
+                if basis == "newest_token":
+                    if done:
+                        steps.append(req.newest)
+                elif done or (req.state == RUNNING and not extras):
+                    steps.append(req.step)
+            if doomed(v, steps, max_staleness):
+                out.append((group.id, v - min(steps)))
         return out
 
     def request_state(self, request: str) -> str:

@@ -107,7 +107,8 @@ class Config(_Section):
         "run: the initial settings (static) or the controller (adaptive; docs/control.md).",
     )
     tail: TailSection = Field(default_factory=TailSection, description="Long-tail handling: "
-                              "group deadlines, over-provisioning (off by default).")
+                              "group deadlines, over-provisioning, doomed groups discarded "
+                              "early (each off by default).")
     monitor: MonitorSection = Field(
         default_factory=MonitorSection,
         description="Watching a run: a Prometheus endpoint, TensorBoard, W&B (each off by "

@@ -153,6 +153,10 @@ class TailSection(_Section):
         "adaptive the controller's, which also turns deadlines on: freshroll.control_levers); "
         "a group keeps its first group_size members done, the rest are discarded cancelled")
     max_extra: int = Field(4, ge=0, le=64, description="extra requests per group at most")
+    drop_doomed: bool = Field(
+        False, description="discard a running group stale as soon as a member certain to be in "
+        "it is past max_staleness (it could only be discarded stale when done: freshroll."
+        "freshness.doomed), freeing its admission place and workers a tail earlier")
 
     @model_validator(mode="after")
     def _check(self) -> TailSection:

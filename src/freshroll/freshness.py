@@ -34,6 +34,22 @@ member on that basis. Admission keeps the formula above on either basis: a sampl
 token is never older than its oldest, so a group admitted at ``v`` and consumed by
 ``v + η`` is fresh on both.
 
+A running group can be **doomed**: a member certain to be in it already has a lag above
+η, and a lag only grows (:func:`doomed`). Certain on each basis::
+
+    oldest_token   every started member (its oldest token is its first: fixed at its start);
+                   with over-provisioning (fewer kept than admitted) only the members done
+                   (generated or rewarded), since a running one may yet be cancelled at target
+    newest_token   the members done (a running member's newest token moves with in-flight
+                   updates)
+
+    doomed  <=>  v - min(basis steps of the certain members) > η
+
+Such a group would be discarded ``stale`` when its last member finished; the buffer discards it
+at once instead (:meth:`~freshroll.buffer.SampleBuffer.drop_doomed`), so it frees its admission
+place and its workers a whole tail earlier (issue 26: on P2 such groups held 9-32% of the
+window). The rule never discards a group that could still be consumed fresh.
+
 Everything here is pure: integers in, integers out.
 """
 
@@ -70,6 +86,12 @@ def lag(consumer_version: int, sample_version: int) -> int:
 def is_stale(consumer_version: int, oldest_version: int, max_staleness: int) -> bool:
     """True when a sample or group generated at ``oldest_version`` may not be consumed."""
     return lag(consumer_version, oldest_version) > max_staleness
+
+
+def doomed(consumer_version: int, certain_steps: Sequence[int], max_staleness: int) -> bool:
+    """True when a running group can no longer be consumed fresh: a member certain to be in
+    it (``certain_steps``: their basis steps, module docstring) already has a lag above η."""
+    return bool(certain_steps) and consumer_version - min(certain_steps) > max_staleness
 
 
 def basis_step(oldest_step: int, newest_step: int, basis: str) -> int:

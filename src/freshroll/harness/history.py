@@ -80,6 +80,10 @@ class HistoryChecker:
         self.rewarded: dict[str, str] = {}  # sample -> reward version
         self.ready: dict[str, set[str]] = defaultdict(set)  # group -> every sample made ready
         self.group_samples: dict[str, list[str]] = {}  # group -> its samples when ready
+        #: group -> request -> its current attempt (started), for a group discarded stale
+        #: before it was ready (doomed: freshroll.freshness.doomed)
+        self.attempts: dict[str, dict[str, str]] = {}
+        self.stale_groups: set[str] = set()  # groups a stale discard was checked for
         self.leases: dict[str, tuple[int, set[str]]] = {}  # lease -> step, samples
         self.fenced: set[tuple[str, int]] = set()
         self.fenced_samples: set[str] = set()
@@ -162,6 +166,8 @@ class HistoryChecker:
         if e.version not in self.published:
             self.r.add("lineage", f"seq {seq}: {e.sample} started on unknown policy {e.version}")
         self.started[e.sample] = (e.worker, e.epoch, policy_step(e.version))
+        request = e.sample.partition("#")[0]
+        self.attempts.setdefault(request.partition(".")[0], {})[request] = e.sample
         self.counts["started"] += 1
         if e.call is not None:
             self._call(seq, e)
@@ -338,14 +344,22 @@ class HistoryChecker:
                        f"seq {seq}: {e.request} discarded ({e.reason}) but already "
                        f"{self.terminal[e.request]}")
         self.terminal[e.request] = f"discarded {e.reason}"
-        if e.reason == "stale":  # a group is as stale as its stalest member (on the basis)
-            members = self.group_samples.get(e.request.partition(".")[0], [])
+        group = e.request.partition(".")[0]
+        if e.reason == "stale" and group not in self.stale_groups:
+            # a group is as stale as its stalest member (on the basis): checked at its first
+            # stale discard, on its samples when ready, else (discarded while running: doomed)
+            # on its members' current attempts; the group is stale from then on
+            members = self.group_samples.get(group)
+            if members is None:
+                members = list(self.attempts.get(group, {}).values())
             steps = [self._basis_step(s, self.started[s][2]) for s in members
                      if s in self.started]
             now = self.version.step if self.version else 0
             if not steps or now - min(steps) <= self.eta:
                 self.r.add("freshness", f"seq {seq}: {e.sample} discarded stale but its group's "
                                         f"lag is {now - min(steps, default=now)} <= {self.eta}")
+            else:
+                self.stale_groups.add(group)
 
     def _rejected(self, seq: int, e: ev.Rejected) -> None:
         self.counts[f"rejected_{e.reason}"] += 1

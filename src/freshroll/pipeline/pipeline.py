@@ -352,6 +352,8 @@ class Pipeline:
             switch = self.fallback.committed(version.step, buf.clock.now())
             if switch is not None:
                 self._switch_mode(switch)
+        if self.cfg.tail.drop_doomed and buf.drop_doomed():  # groups that can only go stale
+            self.overprov.wake()  # their running attempts cancelled on their engines
         self.notify()
         self.pool.version_published()
         return version

@@ -123,7 +123,8 @@ class RewardStage:
             return
         if scores is None:  # timed out: discarded as reward_timeout
             for sid, _, _ in items:
-                buf.discard(sid, "reward_timeout", self._timeout_error())
+                if buf.request_state(sid) == "generated":  # else ended meanwhile (dropped)
+                    buf.discard(sid, "reward_timeout", self._timeout_error())
             ctx.notify()
             ctx.budget.record(self._label() + " (timeouts)", self._timeout_rule(),
                               1, 1, self._timeout_error())
@@ -139,7 +140,8 @@ class RewardStage:
                            score.logged, score.extras)
                 errors.append(None)
             else:
-                buf.discard(sid, "reward_error", score.error or "reward_error")
+                if buf.request_state(sid) == "generated":  # else ended meanwhile (dropped)
+                    buf.discard(sid, "reward_error", score.error or "reward_error")
                 errors.append(score.error or "")
         hooks.rewarded(sids)
         ctx.notify()
