@@ -107,12 +107,14 @@ def test_lora_resumes_after_a_sigkill_and_verifies(tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "run"
     # killed while the step-2 checkpoint is written: the resume replays from the initial
-    # model (the adapters' fixed init) and the digests must match the ledger's. Inline: a
-    # killed process of its own, without the forkserver (a second Python importing torch)
-    # that run.runtime auto starts; the process placement's LoRA run is tested below
+    # model (the adapters' fixed init) and the digests must match the ledger's. Inline on
+    # one thread: a killed process of its own, without the forkserver (a second Python
+    # importing torch) and the thread probe of run.runtime and run.torch_threads auto; the
+    # process placement's LoRA run is tested below
     monkeypatch.setenv("FRESHROLL_CRASH_AT", "checkpoint")
     proc = freshroll("run", "configs/smoke.yaml", "run.steps=4", "run.progress=false",
-                     "run.runtime=inline", "trainer.checkpoint_every=2", *LORA, "--out", str(out),
+                     "run.runtime=inline", "run.torch_threads=1", "trainer.checkpoint_every=2",
+                     *LORA, "--out", str(out),
                      subprocess=True, check=False)
     assert proc.returncode != 0
     monkeypatch.delenv("FRESHROLL_CRASH_AT")
