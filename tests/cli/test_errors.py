@@ -373,7 +373,9 @@ main()
 
 
 def test_keyboard_interrupt_raised_in_a_worker_thread_is_one_line(tmp_path: Path):
-    """The abandoned pipeline task is not logged with a traceback at exit."""
+    """The abandoned pipeline task is not logged with a traceback at exit. Inline: the
+    replaced engine is this process's (``run.runtime`` auto would start the forkserver, a
+    second Python importing torch, and a thread probe, for a worker that is a thread here)."""
     import subprocess
     import sys
 
@@ -381,7 +383,7 @@ def test_keyboard_interrupt_raised_in_a_worker_thread_is_one_line(tmp_path: Path
     src = str(Path(__file__).resolve().parents[2] / "src")
     proc = subprocess.run(
         [sys.executable, "-c", _ENGINE_INTERRUPTS, *SMALL, "run.steps=2", "rollout.workers=1",
-         "--out", str(out)], capture_output=True, text=True, timeout=300,
+         "run.runtime=inline", "--out", str(out)], capture_output=True, text=True, timeout=300,
         env={**os.environ, "PYTHONPATH": src, "HF_HUB_OFFLINE": "1"},
     )
     assert proc.returncode == 130, proc.stderr

@@ -39,10 +39,12 @@ def test_a_signalled_run_stops_cleanly_and_resumes(tmp_path: Path, small: list[s
     out = tmp_path / "run"
     steps = 30
     # SIGINT at its default in the child whatever this process inherited or was left with
-    # (an ignored SIGINT is inherited: the run would then rightly run on to its end)
+    # (an ignored SIGINT is inherited: the run would then rightly run on to its end). One
+    # intra-op thread: no thread probe, and the workers are processes on two cores or more
+    # (the fixed rule), not wherever the probe settled them
     proc = subprocess.Popen(
         [sys.executable, "-c", _DEFAULT_SIGINT, "run", *small, f"run.steps={steps}",
-         "trainer.checkpoint_every=5", "--out", str(out)],
+         "trainer.checkpoint_every=5", "run.torch_threads=1", "--out", str(out)],
         cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )

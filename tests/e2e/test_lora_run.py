@@ -31,6 +31,16 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 1-step run without LoRA, which two tests read (its weights' bytes; an adapter-only
+    export of it refused)."""
+    out = tmp_path_factory.mktemp("full") / "run"
+    freshroll("run", "configs/smoke.yaml", "run.steps=1", "run.progress=false",
+              "--out", str(out))
+    return out
+
+
 def _adapter_bytes() -> int:
     # 2 layers x (q_proj [64->64], v_proj [64->64 (4 kv heads x 16)], down_proj [128->64]),
     # each A [4, in] + B [out, 4] in float32, plus the scale
@@ -38,7 +48,7 @@ def _adapter_bytes() -> int:
     return (2 * per_layer + 1) * 4
 
 
-def test_lora_run_publishes_only_the_adapter(run_dir: Path, tmp_path: Path) -> None:
+def test_lora_run_publishes_only_the_adapter(run_dir: Path, full_run: Path) -> None:
     rows = metrics(run_dir)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert {r["weights_bytes"] for r in rows} == {_adapter_bytes()}
@@ -50,10 +60,7 @@ def test_lora_run_publishes_only_the_adapter(run_dir: Path, tmp_path: Path) -> N
 
     ckpt = load_file(run_dir / "checkpoints" / "step-000004" / "model.safetensors")
     assert ckpt and all("lora_" in k for k in ckpt)
-    full = tmp_path / "full"
-    freshroll("run", "configs/smoke.yaml", "run.steps=1", "run.progress=false",
-              "--out", str(full))
-    assert metrics(full)[0]["weights_bytes"] > 20 * _adapter_bytes()
+    assert metrics(full_run)[0]["weights_bytes"] > 20 * _adapter_bytes()
 
 
 def test_export_merged_and_adapter_only(run_dir: Path, tmp_path: Path) -> None:
@@ -90,22 +97,24 @@ def test_export_merged_and_adapter_only(run_dir: Path, tmp_path: Path) -> None:
     assert done.step == 4
 
 
-def test_adapter_only_of_a_full_run_is_refused(tmp_path: Path) -> None:
-    full = tmp_path / "full"
-    freshroll("run", "configs/smoke.yaml", "run.steps=1", "run.progress=false",
-              "--out", str(full))
+def test_adapter_only_of_a_full_run_is_refused(full_run: Path, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"--adapter-only: .*\(no trainer\.lora\)"):
-        export_model(full, tmp_path / "x", adapter_only=True)
+        export_model(full_run, tmp_path / "x", adapter_only=True)
+    assert not (tmp_path / "x").exists()
 
 
 def test_lora_resumes_after_a_sigkill_and_verifies(tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "run"
     # killed while the step-2 checkpoint is written: the resume replays from the initial
-    # model (the adapters' fixed init) and the digests must match the ledger's
+    # model (the adapters' fixed init) and the digests must match the ledger's. Inline on
+    # one thread: a killed process of its own, without the forkserver (a second Python
+    # importing torch) and the thread probe of run.runtime and run.torch_threads auto; the
+    # process placement's LoRA run is tested below
     monkeypatch.setenv("FRESHROLL_CRASH_AT", "checkpoint")
     proc = freshroll("run", "configs/smoke.yaml", "run.steps=4", "run.progress=false",
-                     "trainer.checkpoint_every=2", *LORA, "--out", str(out),
+                     "run.runtime=inline", "run.torch_threads=1", "trainer.checkpoint_every=2",
+                     *LORA, "--out", str(out),
                      subprocess=True, check=False)
     assert proc.returncode != 0
     monkeypatch.delenv("FRESHROLL_CRASH_AT")

@@ -86,8 +86,11 @@ def test_a_reward_that_sleeps_forever_times_out_and_the_process_exits(tmp_path: 
             time.sleep(10**6)
     """, "sleeps")
     out = tmp_path / "run"
-    proc = freshroll("run", str(cfg), *REPRO, "limits.reward_timeout_s=1", "--out", str(out),
-                     timeout=90, check=False,
+    # inline on one thread: the abandoned reward thread is the driver's, whatever the
+    # workers' placement; auto would start the forkserver (a second Python importing torch)
+    # and a thread probe
+    proc = freshroll("run", str(cfg), *REPRO, "limits.reward_timeout_s=1", "run.runtime=inline",
+                     "run.torch_threads=1", "--out", str(out), timeout=90, check=False,
                      subprocess=True)
     line = _failed_run(proc, out)
     assert "reward function 'sleeps' (timeouts) failed 3 calls in a row" in line
@@ -99,12 +102,15 @@ def test_a_reward_that_sleeps_forever_times_out_and_the_process_exits(tmp_path: 
 
 @pytest.mark.slow
 def test_resume_with_max_staleness_zero_does_not_hang(tmp_path: Path):
-    """The issue's repro: kill a smoke run mid-way, set max_staleness 0, resume."""
+    """The issue's repro: kill a smoke run mid-way, set max_staleness 0, resume. The killed
+    run is inline on one thread (no forkserver to start, no thread probe, and its sync resume
+    no trial of two threads: placement and threads are not what is tested) and 40 steps,
+    killed after 10: the resume trains the other 30 or so in sync (it was 80: 70 steps)."""
     out = tmp_path / "run"
-    steps = 80
+    steps = 40
     proc = subprocess.Popen(
         [sys.executable, "-m", "freshroll.cli", "run", "configs/smoke.yaml", f"run.steps={steps}",
-         "run.progress=false", "--out", str(out)],
+         "run.progress=false", "run.runtime=inline", "run.torch_threads=1", "--out", str(out)],
         cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"},
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )

@@ -29,9 +29,13 @@ def test_sigkill_then_resume_keeps_every_invariant(
 ):
     out = tmp_path / "run"
     steps = 30  # long enough that the kill lands mid-run even on a fast machine
+    # one intra-op thread (kept by the resume: the saved config): no thread probe, no trial
+    # of two threads on a sync run's first steps, and an async run's workers are processes
+    # on two cores or more (the fixed rule) instead of wherever the probe settled them
     proc = subprocess.Popen(
         [sys.executable, "-m", "freshroll.cli", "run", *small, f"run.steps={steps}",
-         f"run.max_staleness={eta}", f"trainer.checkpoint_every={every}", "--out", str(out)],
+         f"run.max_staleness={eta}", f"trainer.checkpoint_every={every}",
+         "run.torch_threads=1", "--out", str(out)],
         cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"},
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )

@@ -4,12 +4,12 @@ acceptance file, cut to a few steps and one seed (slow: a real model runs)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+
+from e2e.e2e_helpers import freshroll
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -25,9 +25,9 @@ def test_default_acceptance_on_the_real_model(tmp_path: Path) -> None:
     path = tmp_path / "default-short.yaml"
     path.write_text(yaml.safe_dump(data))
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "freshroll.cli", "validate", str(path),
-                           "--out", str(out)], cwd=REPO, text=True, capture_output=True,
-                          timeout=600)
+    # in process (the CLI's own parsing, exit status and output; no second Python importing
+    # torch and transformers, nor a second forkserver for the async runs' workers)
+    proc = freshroll("validate", str(path), "--out", str(out), check=False)
     assert proc.returncode in (0, 1), proc.stderr  # a decision either way, never an error
     record = json.loads((out / "decision.json").read_text())
     assert record["recommendation"] == ("production-transition" if proc.returncode == 0
