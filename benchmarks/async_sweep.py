@@ -703,7 +703,7 @@ def _measure_cell(args: argparse.Namespace, size: str, params: int, length: int,
     cell.sync_median_step_s = min((m for m in medians if math.isfinite(m)), default=math.nan)
     if len(args.seeds) >= 2:
         flat = [r for rs in per_system.values() for r in rs]
-        agg = vs_trl.aggregate(flat)
+        agg = vs_trl.aggregate(flat, 0.5)  # its time to reward is not read here
         target = DEFAULT
         best = cell.best_trl()
         for other in (best[0] if best else "trl", "sync"):
