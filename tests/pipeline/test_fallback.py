@@ -85,6 +85,17 @@ def test_an_earlier_runs_choice_is_held_from_the_start_then_probed_afresh():
         late.reuse(EarlierChoice("sync", 1.0, 1.0, 0.0))
 
 
+def test_a_start_in_sync_for_a_reason_holds_then_measures_both_modes():
+    probe = _probe(every_s=2.0, hold_factor=0.0)
+    start = probe.reuse(EarlierChoice("sync", None, None, 0.0, "the thread probe: threads pay"))
+    assert start.mode == "sync" and start.reason.startswith("the thread probe: threads pay")
+    assert (start.async_per_s, start.sync_per_s) == (None, None)
+    assert _drive(probe, {"async": 0.05, "sync": 0.10}, 19) == []  # held every_s
+    switches = _drive(probe, {"async": 0.05, "sync": 0.10}, 40)
+    chose = [s for s in switches if s.phase == "chose"]
+    assert chose and chose[0].mode == "async" and chose[0].sync_per_s and chose[0].async_per_s
+
+
 def test_a_tie_goes_to_sync_and_a_margin_is_needed_for_async():
     assert _drive(_probe(every_s=1e9), {"async": 0.1, "sync": 0.1}, 40)[-1].mode == "sync"
     within = _drive(_probe(every_s=1e9, margin=0.05), {"async": 0.097, "sync": 0.1}, 40)
@@ -168,6 +179,22 @@ def test_mode_fold_counts_steps_per_mode_and_resume_restarts_async():
     assert r["mode"] is None
     fold.decided(_decided(40, "async", "chose", 130.0, 100.0))  # type: ignore[arg-type]
     assert fold.result()["mode"] == "async"  # type: ignore[index]
+
+
+def test_a_start_without_rates_is_no_measurement_and_the_end_line_says_why():
+    fold = ModeFold()
+    fold.decided(ev.ModeDecided(ts=0.0, step=0, mode="sync", phase="chose", lookahead=0,
+                                reason="the thread probe: threads pay", async_per_s=None,
+                                sync_per_s=None))
+    fold.commits = 11
+    r = fold.result()
+    assert r is not None and r["probes"] == [] and r["mode"] is None
+    assert r["steps"] == {"async": 0, "sync": 11} and r["started"]
+    line = render({"verdict": "did not pay", "verdict_source": "estimated", "overlapped": 0.0,
+                   "parallelism": 0.8, "fallback": r, "accepted_rollouts_per_s": 1.0,
+                   "sync_estimate_per_s": 1.0, "ratio": 1.0})
+    assert line.startswith("the run started in sync mode (the thread probe: threads pay)")
+    assert "0/11 steps" in line
 
 
 def test_measured_verdict_overrides_the_estimate_in_the_summary_and_its_line():

@@ -243,3 +243,17 @@ def test_a_run_that_may_fork_workers_is_told_apart():
     assert not placement.may_fork_workers(_cfg(max_staleness=1, engine="sim"), cores=2)
     assert not placement.may_fork_workers(_cfg(max_staleness=1), injected=True, cores=2)
     assert not placement.may_fork_workers(_cfg(max_staleness=1), cores=1)
+
+
+def test_where_threads_pay_an_async_run_starts_in_the_fallbacks_sync_mode():
+    """Threads that pay on the probe would be split between two stages running at once: the
+    run starts in the sync fallback's sync mode (the stages take turns on all the cores)
+    until its first probe measures async against that (issue 25, item 5)."""
+    p = placement.plan(_cfg(max_staleness=1), _probe(1.6), cores=2)
+    assert p.runtime == "inline" and "intra-op threads pay here (1.60x" in p.start_sync
+    assert placement.plan(_cfg(max_staleness=1), _probe(0.8), cores=2).start_sync == ""
+    off = _cfg(max_staleness=1)
+    off = off.model_copy(update={"control": off.control.model_copy(update={"fallback": False})})
+    assert placement.plan(off, _probe(1.6), cores=2).start_sync == ""  # no fallback: async
+    big = placement.plan(_cfg(max_staleness=1), _probe(0.5, skipped="large"), cores=2)
+    assert big.start_sync == ""  # not measured: taken to pay, not a reason to start sync

@@ -230,6 +230,7 @@ class ModeFold:
         self._mode, self._since = "async", 0
         self._chosen: str | None = None
         self._seen = False
+        self.started: str | None = None  # why the run started in a mode it did not measure
 
     def feed(self, e: Any) -> None:
         if isinstance(e, ev.Committed):
@@ -247,7 +248,9 @@ class ModeFold:
         self._seen = True
         self._close()
         self._mode = e.mode if e.mode in self.steps else "async"
-        if e.phase == "chose":
+        if e.phase == "chose" and (e.async_per_s is None or e.sync_per_s is None):
+            self.started = e.reason  # a start in a mode, not a measurement (the thread probe's)
+        elif e.phase == "chose":
             self._chosen = e.mode
             a, b = e.async_per_s, e.sync_per_s
             self.probes.append({
@@ -267,7 +270,8 @@ class ModeFold:
         if not self._seen:
             return None
         self._close()  # the steps since the last switch, counted in its mode
-        return {"probes": list(self.probes), "mode": self._chosen, "steps": dict(self.steps)}
+        return {"probes": list(self.probes), "mode": self._chosen, "steps": dict(self.steps),
+                "started": self.started}
 
 
 def _call(worker: str, slot: list[float]) -> Call:
@@ -426,6 +430,10 @@ def render(overlap: Mapping[str, Any] | None, host: Mapping[str, Any] | None = N
             return f"asynchrony paid: {measured}; {figures}"
         return (f"asynchrony did not pay in this run: {measured}; the sync fallback kept the "
                 f"faster mode; {figures}")
+    if fb and fb.get("started") and not fb["probes"]:
+        steps = fb["steps"]
+        return (f"the run started in sync mode ({fb['started']}) and ran async/sync "
+                f"{steps['async']}/{steps['sync']} steps, no probe measured async; {figures}")
     if o["verdict"] == "paid":
         return f"asynchrony paid: {rates} ({_num(o['ratio'], '.2f')}x); {figures}"
     return (f"asynchrony did not pay in this run: {figures}; run.max_staleness: 0 would "

@@ -102,9 +102,12 @@ class EarlierChoice:
     it was chosen on, and when (unix time)."""
 
     mode: Mode
-    async_per_s: float
-    sync_per_s: float
+    async_per_s: float | None
+    sync_per_s: float | None
     measured_at: float
+    #: the reason recorded, where the start is not an earlier run's measured choice (the
+    #: thread probe's: threads pay, so the stages take turns on all the cores)
+    why: str = ""
 
 
 def _other(mode: Mode) -> Mode:
@@ -134,9 +137,17 @@ class FallbackProbe:
         if self._mark is not None:
             raise ValueError("an earlier run's choice is taken before the first commit")
         self.mode, self.phase, self._hold_from_start = earlier.mode, "hold", True
-        self._rates = {"async": earlier.async_per_s, "sync": earlier.sync_per_s}
+        ra, rs = earlier.async_per_s, earlier.sync_per_s
+        self._rates = {}
+        if ra is not None:
+            self._rates["async"] = ra
+        if rs is not None:
+            self._rates["sync"] = rs
+        if earlier.why:
+            return self._switch(step, "chose", f"{earlier.why}; {earlier.mode} until the next "
+                                "probe")
         at = time.strftime("%H:%M:%S", time.localtime(earlier.measured_at))
-        gain = earlier.async_per_s / earlier.sync_per_s if earlier.sync_per_s > 0 else math.nan
+        gain = ra / rs if ra is not None and rs else math.nan
         return self._switch(step, "chose", f"reused: an earlier run of the same work at a like "
                             f"load measured async {gain:.2f}x the sync window (at {at}); "
                             f"{earlier.mode} until the next probe")

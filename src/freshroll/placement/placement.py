@@ -112,6 +112,10 @@ class Placement:
     #: an earlier run's sync-fallback choice for the same work at a like load: (mode,
     #: async_per_s, sync_per_s, measured_at) (freshroll.pipeline.fallback.EarlierChoice)
     earlier_mode: tuple[str, float, float, float] | None = None
+    #: why an async run starts in the sync fallback's sync mode ("": it starts async): the
+    #: probe measured that intra-op threads pay, so the stages take turns on all the cores
+    #: until the fallback's first probe measures async against that (issue 25, item 5)
+    start_sync: str = ""
 
     def stage(self, name: str) -> ThreadCounts | None:
         """The thread counts of a stage's calls: a sync run's settling stage, else an async
@@ -232,7 +236,12 @@ def plan(cfg: Config, probe: ThreadProbe | None = None, *, injected: bool = Fals
     if probe is not None and probe.pays and wants_probe(cfg, injected=injected, cores=cores):
         budget = ThreadBudget(cores, "inline", cores, cores, auto=True)
         why = f"intra-op threads pay here ({probe.describe()}): one process, all {cores} cores"
-        return _with_modes(cfg, Placement("inline", budget, why, probe), injected)
+        start = ("" if probe.skipped or cfg.control.fallback is False else
+                 f"the thread probe: intra-op threads pay here ({probe.gain:.2f}x on {cores} "
+                 "cores), so the stages take turns on all of them (a sync run's step) until "
+                 "the fallback measures async against it")
+        placed = Placement("inline", budget, why, probe, start_sync=start)
+        return _with_modes(cfg, placed, injected)
     budget = _budget(cfg, cores, runtime)
     if probe is not None:
         why = f"{why}; {probe.describe()}" if why else probe.describe()

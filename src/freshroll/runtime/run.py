@@ -227,10 +227,13 @@ def _drive(prep: Prepared, order: list[str], buf: SampleBuffer, clock: Clock,
         elif placement.earlier_mode is not None:  # the same work's choice, at a like load
             mode, ra, rs, at = placement.earlier_mode
             pipe.earlier = EarlierChoice("sync" if mode == "sync" else "async", ra, rs, at)
+        elif placement.start_sync:  # threads pay: the stages take turns on all the cores
+            pipe.earlier = EarlierChoice("sync", None, None, time.time(), placement.start_sync)
         drive(pipe, clock)
         buf.shutdown("done")
         chose = pipe.fallback.last_choice if pipe.fallback is not None else None
-        if chose is not None and chaos is None:  # kept for the next run of the same work
+        if (chose is not None and chaos is None and chose.async_per_s is not None
+                and chose.sync_per_s is not None):  # kept for the next run of the same work
             remember_choice(placement, chose.mode, chose.async_per_s, chose.sync_per_s, stream)
     except BaseException as exc:  # one typed error; the ledger closed first (resumable)
         stop = exc, _stopped(exc, buf, cfg, out)
