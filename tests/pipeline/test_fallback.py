@@ -282,3 +282,6 @@ def test_the_next_run_of_the_same_work_starts_in_the_choice_the_first_one_measur
     assert verify_run(tmp_path / "b").ok
     o = json.loads((tmp_path / "b" / "summary.json").read_text())["overlap"]
     assert o["fallback"]["steps"].get(start.mode) == 6  # every step in the reused mode
+    assert o["fallback"]["probes"][-1]["reused"] is True
+    from freshroll.figures.overlap import render
+    assert "measured by an earlier run of the same work at a like load" in render(o)

@@ -256,6 +256,8 @@ class ModeFold:
             self.probes.append({
                 "step": e.step, "async_per_s": a, "sync_per_s": b,
                 "ratio": a / b if a is not None and b else None, "chose": e.mode,
+                # an earlier run's choice this run started in (freshroll.pipeline.fallback)
+                "reused": e.reason.startswith("reused:"),
             })
 
     def opened(self) -> None:
@@ -424,8 +426,10 @@ def render(overlap: Mapping[str, Any] | None, host: Mapping[str, Any] | None = N
         last, steps = fb["probes"][-1], fb["steps"]
         measured = (f"async windows {_num(last['ratio'], '.2f')}x the sync windows "
                     f"({_num(last['async_per_s'], '.1f')} vs {_num(last['sync_per_s'], '.1f')} "
-                    f"accepted rollouts/s, {len(fb['probes'])} probe(s), measured under this "
-                    f"run's load); steps run async/sync: {steps['async']}/{steps['sync']}")
+                    f"accepted rollouts/s, {len(fb['probes'])} probe(s), "
+                    + ("measured by an earlier run of the same work at a like load"
+                       if last.get("reused") else "measured under this run's load")
+                    + f"); steps run async/sync: {steps['async']}/{steps['sync']}")
         if o["verdict"] == "paid":
             return f"asynchrony paid: {measured}; {figures}"
         return (f"asynchrony did not pay in this run: {measured}; the sync fallback kept the "
