@@ -90,7 +90,7 @@ def test_the_next_sync_run_of_the_same_work_starts_settled(tmp_path: Path, small
 
     monkeypatch.setattr(placement, "available_cores", lambda: 2)
     monkeypatch.setattr(thread_probe, "available_cores", lambda: 2)
-    monkeypatch.setattr(probe_cache, "others_busy", lambda window_s=0.0: 0.25)  # a like load
+    monkeypatch.setattr(probe_cache.BusyMeter, "stop", lambda self: 0.25)  # a like load
     monkeypatch.setenv("FRESHROLL_PROBE_CACHE", "on")
     monkeypatch.setenv("FRESHROLL_CACHE_DIR", str(tmp_path / "cache"))
     args = [*small, "run.steps=8", "run.max_staleness=0"]
@@ -103,7 +103,7 @@ def test_the_next_sync_run_of_the_same_work_starts_settled(tmp_path: Path, small
         assert again[stage]["settled"] == first[stage]["settled"], (first, again)
         assert again[stage]["reused_from"] > 0
         assert again[stage]["seconds_per_row"] == first[stage]["seconds_per_row"]
-    monkeypatch.setattr(probe_cache, "others_busy", lambda window_s=0.0: 1.25)  # a core taken
+    monkeypatch.setattr(probe_cache.BusyMeter, "stop", lambda self: 1.25)  # a core taken
     freshroll("run", *args, "--out", str(tmp_path / "c"))
     busy = summary(tmp_path / "c")["host"]["placement"]["stages"]
     assert not any(busy[s]["reused_from"] for s in busy)  # settled on its own calls again

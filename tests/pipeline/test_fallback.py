@@ -257,7 +257,7 @@ def test_the_next_run_of_the_same_work_starts_in_the_choice_the_first_one_measur
     from freshroll.placement import probe_cache
     from freshroll.runtime.run import run
 
-    monkeypatch.setattr(probe_cache, "others_busy", lambda window_s=0.0: 0.25)  # a like load
+    monkeypatch.setattr(probe_cache.BusyMeter, "stop", lambda self: 0.25)  # a like load
     monkeypatch.setenv("FRESHROLL_PROBE_CACHE", "on")
     monkeypatch.setenv("FRESHROLL_CACHE_DIR", str(tmp_path / "cache"))
     args = ["run.progress=false", "task.n_prompts=256", "run.runtime=inline",

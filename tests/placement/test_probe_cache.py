@@ -116,7 +116,7 @@ def test_the_second_run_of_the_same_work_reuses_the_first_ones_probe(
 
     monkeypatch.setattr(thread_probe, "probe_threads", probe)
     monkeypatch.setattr(thread_probe, "available_cores", lambda: 2)
-    monkeypatch.setattr(probe_cache, "others_busy", lambda: 0.5)
+    monkeypatch.setattr(probe_cache.BusyMeter, "stop", lambda self: 0.5)
     cfg = validate({"run": {"max_staleness": 1, "progress": True}}, "test")
     prompts: Any = [SimpleNamespace(text=f"{i}>") for i in range(8)]
 
@@ -160,7 +160,7 @@ def test_a_stage_starts_settled_only_on_a_choice_that_fits_it():
 def test_settled_stages_are_kept_and_reused_by_the_next_run(
         cache: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(thread_probe, "available_cores", lambda: 2)
-    monkeypatch.setattr(probe_cache, "others_busy", lambda window_s=0.0: 0.0)
+    monkeypatch.setattr(probe_cache.BusyMeter, "stop", lambda self: 0.0)
     cfg = validate({"run": {"max_staleness": 0}}, "test")  # a sync run: stages settle
     prompts: Any = [SimpleNamespace(text=f"{i}>") for i in range(8)]
 
@@ -180,5 +180,24 @@ def test_settled_stages_are_kept_and_reused_by_the_next_run(
     again = settle()
     assert all(s.settled == 2 and s.reused_from > 0 for s in again.stages)
     assert thread_probe.remember_settled(again) == 0  # a reused choice is not stored again
-    monkeypatch.setattr(probe_cache, "others_busy", lambda window_s=0.0: 1.0)
+    monkeypatch.setattr(probe_cache.BusyMeter, "stop", lambda self: 1.0)
     assert all(s.settled is None for s in settle().stages)  # another load: its own trials
+
+
+def test_a_simulated_or_injected_run_neither_counts_the_load_nor_touches_the_cache(
+        cache: Path, monkeypatch: pytest.MonkeyPatch):
+    """Nothing of the simulated cluster's or an injected engine's is reused: no key, no
+    0.15 s count of the load at their start (the chaos library runs hundreds of them)."""
+    def counted(self: Any) -> float:
+        raise AssertionError("the load was counted")
+
+    monkeypatch.setattr(probe_cache.BusyMeter, "stop", counted)
+    monkeypatch.setattr(thread_probe, "available_cores", lambda: 2)
+    prompts: Any = [SimpleNamespace(text=f"{i}>") for i in range(8)]
+    sim = validate({"run": {"max_staleness": 1}, "rollout": {"engine": "sim"}}, "test")
+    hf = validate({"run": {"max_staleness": 1, "runtime": "inline"}}, "test")
+    for cfg, injected in ((sim, False), (hf, True)):
+        placed = thread_probe.settle_placement(cfg, prompts, Path("m"), model_digest="d",
+                                               injected=injected, stream=io.StringIO())
+        assert placed.reuse is None and placed.earlier_mode is None
+    assert not cache.exists()

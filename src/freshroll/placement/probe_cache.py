@@ -13,8 +13,10 @@ reward change). A measurement is kept in one JSON file and reused when, and only
     age    now - measured_at <= MAX_AGE_S                   (6 hours)
     load   |busy_now - busy_then| <= BUSY_TOLERANCE         (0.5 cores)
 
-``busy`` (:func:`others_busy`) is the cores that other processes keep busy, counted over
-WINDOW_S (0.15 s) just before the probe would run (after the run's worker forkserver is up):
+``busy`` (:class:`BusyMeter`) is the cores that other processes keep busy, counted over the
+probe itself when one runs, else over WINDOW_S (0.15 s) of sleep just before the run
+starts, and only when the file holds a measurement of the same work (after the run's worker
+forkserver is up; a run that finds none and has something to keep counts at its end):
 the machine's busy CPU time from ``/proc/stat`` less this process's own. The load is part of
 the answer, not of the work: two threads that pay on a quiet machine lose with another
 process on one core (docs/overlap.md), so a measurement taken at another load is measured
@@ -110,17 +112,47 @@ def _self_s() -> float:
     return sum(os.times()[:2])
 
 
+class BusyMeter:
+    """Counts the cores other processes keep busy from :meth:`start` to :meth:`stop`: the
+    machine's busy CPU seconds from ``/proc/stat`` less this process's own (every thread),
+    per second of wall. Wrapped around work of this process (the thread probe), it counts
+    the others at no extra cost; :func:`others_busy` wraps a sleep."""
+
+    def __init__(self) -> None:
+        self._start: tuple[float, float, float] | None = None
+
+    def start(self) -> BusyMeter:
+        try:
+            self._start = (_busy_s(), _self_s(), time.perf_counter())
+        except (OSError, ValueError, IndexError):
+            self._start = None
+        return self
+
+    def stop(self) -> float | None:
+        """The cores busy by others since :meth:`start`; None without ``/proc/stat`` (then
+        nothing is reused: the load cannot be compared)."""
+        if self._start is None:
+            return None
+        try:
+            b1, s1, w1 = _busy_s(), _self_s(), time.perf_counter()
+        except (OSError, ValueError, IndexError):
+            return None
+        b0, s0, w0 = self._start
+        return max(0.0, ((b1 - b0) - (s1 - s0)) / max(w1 - w0, 1e-9))
+
+
 def others_busy(window_s: float = WINDOW_S) -> float | None:
-    """Cores kept busy by other processes now: the machine's busy CPU seconds over
-    ``window_s`` less this process's own, per second. None where ``/proc/stat`` is not
-    there (then nothing is reused: the load cannot be compared)."""
-    try:
-        b0, s0, w0 = _busy_s(), _self_s(), time.perf_counter()
-        time.sleep(window_s)
-        b1, s1, w1 = _busy_s(), _self_s(), time.perf_counter()
-    except (OSError, ValueError, IndexError):
-        return None
-    return max(0.0, ((b1 - b0) - (s1 - s0)) / max(w1 - w0, 1e-9))
+    """Cores kept busy by other processes now, counted over ``window_s`` of sleep
+    (:class:`BusyMeter`); None where ``/proc/stat`` is not there."""
+    meter = BusyMeter().start()
+    time.sleep(window_s)
+    return meter.stop()
+
+
+def holds(key: str, path: Path | None = None) -> bool:
+    """Whether the cache holds any measurement of the work ``key`` names (its probe, its
+    stages', its fallback's): only then is the load worth counting before the run."""
+    return any(str(e.get("key", "")).startswith(key) for e in _entries(path or cache_path()))
 
 
 def _entries(path: Path) -> list[dict[str, Any]]:
@@ -181,4 +213,5 @@ def store(key: str, fields: dict[str, Any], *, busy: float | None, now: float | 
 
 
 __all__ = ["BUSY_TOLERANCE", "FILE_NAME", "MAX_AGE_S", "MAX_ENTRIES", "PROBE_VERSION",
-           "WINDOW_S", "cache_path", "enabled", "lookup", "others_busy", "probe_key", "store"]
+           "WINDOW_S", "BusyMeter", "cache_path", "enabled", "holds", "lookup", "others_busy",
+           "probe_key", "store"]

@@ -222,32 +222,34 @@ def settle_placement(cfg: Config, prompts: Sequence[Prompt], model_path: Path, *
     cores = available_cores()
     r = cfg.rollout
     batch = [p.text for p in prompts[: r.batch_groups] for _ in range(r.group_size)]
-    key = (None if model_digest is None or not probe_cache.enabled() else
+    # nothing to reuse for the simulated cluster (no probe, no stages, no fallback by
+    # default) or an injected engine: no key, no load counted
+    key = (None if model_digest is None or not probe_cache.enabled() or injected
+           or cfg.rollout.engine == "sim" else
            probe_cache.probe_key(model_digest, batch, max_new_tokens=r.max_new_tokens,
                                  threads=cores))
+    known = key is not None and probe_cache.holds(key)
     probe, busy = None, None
+    if key is not None and known:  # a measurement to compare with: count the load now
+        workers_ready(cfg.limits.worker_start_timeout_s)  # its imports are not "others"
+        busy = probe_cache.others_busy()
     if wants_probe(cfg, injected=injected, cores=cores):
-        if key is not None:
-            workers_ready(cfg.limits.worker_start_timeout_s)  # its imports are not "others"
-            probe, busy = _reused(key)
+        if known and key is not None:
+            probe = _reused(key, busy)
         if probe is None:
-            probe = _measured(cfg, model_path, batch, cores, key, busy, stream)
+            probe, measured = _measured(cfg, model_path, batch, cores, key, stream)
+            busy = measured if busy is None else busy
     placed = plan(cfg, probe, injected=injected, cores=cores)
     stages = _settling(placed)
     falls_back = cfg.run.max_staleness > 0 and cfg.control.fallback is not False
     if key is None or not (stages or falls_back):
         return placed
-    if busy is None:
-        workers_ready(cfg.limits.worker_start_timeout_s)
-        busy = probe_cache.others_busy()
-    for stage in stages:
+    for stage in stages if known else ():
         hit = probe_cache.lookup(_stage_key(key, stage.stage), busy=busy)
         if hit is not None:
             _reuse_stage(stage, hit)
-    earlier = None
-    if falls_back:
-        hit = probe_cache.lookup(f"{key}:fallback", busy=busy)
-        earlier = _earlier_mode(hit) if hit is not None else None
+    hit = probe_cache.lookup(f"{key}:fallback", busy=busy) if known and falls_back else None
+    earlier = _earlier_mode(hit) if hit is not None else None
     return replace(placed, reuse=(key, busy), earlier_mode=earlier)
 
 
@@ -268,6 +270,8 @@ def remember_choice(p: Placement, mode: str, async_per_s: float, sync_per_s: flo
     if p.reuse is None:
         return False
     key, busy = p.reuse
+    if busy is None:  # nothing counted the load at the start: count it now
+        busy = probe_cache.others_busy()
     return probe_cache.store(f"{key}:fallback", {"mode": mode, "async_per_s": async_per_s,
                                                  "sync_per_s": sync_per_s},
                              busy=busy, stream=stream)
@@ -302,6 +306,8 @@ def remember_settled(p: Placement, stream: TextIO | None = None) -> int:
     for stage in _settling(p):
         if stage.settled is None or stage.reused_from:
             continue
+        if busy is None:  # nothing counted the load at the start: count it now, once
+            busy = probe_cache.others_busy()
         fields = {"many": stage.many, "settled": stage.settled,
                   "timed": {str(k): v for k, v in stage.timed.items()}}
         kept += probe_cache.store(_stage_key(key, stage.stage), fields, busy=busy,
@@ -309,40 +315,42 @@ def remember_settled(p: Placement, stream: TextIO | None = None) -> int:
     return kept
 
 
-def _reused(key: str) -> tuple[ThreadProbe | None, float | None]:
-    """An earlier run's measurement under ``key`` that may stand for this run's (or None),
-    and the cores other processes keep busy now (:func:`probe_cache.others_busy`)."""
+def _reused(key: str, busy: float | None) -> ThreadProbe | None:
+    """An earlier run's measurement under ``key`` that may stand for this run's, with
+    ``busy`` cores busy by others now; else None."""
     t0 = time.perf_counter()
-    busy = probe_cache.others_busy()
     hit = probe_cache.lookup(key, busy=busy)
     if hit is None:
-        return None, busy
+        return None
     fields, measured_at = hit
     try:
         probe = ThreadProbe(**{**fields, "probe_s": 0.0, "reused_from": measured_at})
     except TypeError:  # an entry of other fields: measured again (and replaced)
-        return None, busy
-    return replace(probe, probe_s=time.perf_counter() - t0), busy
+        return None
+    return replace(probe, probe_s=time.perf_counter() - t0)
 
 
 def _measured(cfg: Config, model_path: Path, batch: list[str], cores: int, key: str | None,
-              busy: float | None, stream: TextIO) -> ThreadProbe | None:
-    """The probe run now (None if it failed: one warning line), kept under ``key``."""
+              stream: TextIO) -> tuple[ThreadProbe | None, float | None]:
+    """The probe run now (None if it failed: one warning line), kept under ``key``, and the
+    cores other processes kept busy meanwhile (counted over the probe: no extra wait)."""
     if cfg.run.progress:
         stream.write("freshroll: measuring whether intra-op threads pay for this model "
                      f"({cores} cores)...\n")
         stream.flush()
     workers_ready(cfg.limits.worker_start_timeout_s)  # the forkserver's imports done first
+    meter = probe_cache.BusyMeter().start()
     try:
         probe = probe_threads(model_path, batch, max_new_tokens=cfg.rollout.max_new_tokens,
                               threads=cores)
     except Exception as exc:
         stream.write(f"warning: the thread probe failed ({type(exc).__name__}: {exc}); "
                      "run.torch_threads and run.runtime auto follow the fixed rule\n")
-        return None
+        return None, None
+    busy = meter.stop()
     if key is not None and not probe.skipped:
         probe_cache.store(key, asdict(probe), busy=busy, stream=stream)
-    return probe
+    return probe, busy
 
 
 __all__ = ["CALL_BUDGET_S", "LARGE_PARAMS", "PAYS", "ThreadProbe", "probe_threads",
