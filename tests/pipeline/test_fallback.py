@@ -85,15 +85,23 @@ def test_an_earlier_runs_choice_is_held_from_the_start_then_probed_afresh():
         late.reuse(EarlierChoice("sync", 1.0, 1.0, 0.0))
 
 
-def test_a_start_in_sync_for_a_reason_holds_then_measures_both_modes():
+def test_a_start_in_sync_for_a_reason_holds_then_measures_both_modes(
+        capsys: pytest.CaptureFixture[str]):
     probe = _probe(every_s=2.0, hold_factor=0.0)
     start = probe.reuse(EarlierChoice("sync", None, None, 0.0, "the thread probe: threads pay"))
     assert start.mode == "sync" and start.reason.startswith("the thread probe: threads pay")
+    assert start.start  # the mode the run starts in: no stderr line of its own
+    from freshroll.pipeline.observers import Notes
+
+    Notes().on_mode(start)
+    assert capsys.readouterr().err == ""
     assert (start.async_per_s, start.sync_per_s) == (None, None)
     assert _drive(probe, {"async": 0.05, "sync": 0.10}, 19) == []  # held every_s
     switches = _drive(probe, {"async": 0.05, "sync": 0.10}, 40)
     chose = [s for s in switches if s.phase == "chose"]
     assert chose and chose[0].mode == "async" and chose[0].sync_per_s and chose[0].async_per_s
+    Notes().on_mode(chose[0])  # a choice made during the run: one line
+    assert capsys.readouterr().err.startswith("sync fallback (step ")
 
 
 def test_a_tie_goes_to_sync_and_a_margin_is_needed_for_async():

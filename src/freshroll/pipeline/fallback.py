@@ -94,6 +94,8 @@ class Switch:
     reason: str
     async_per_s: float | None = None
     sync_per_s: float | None = None
+    #: the mode the run starts in (:meth:`FallbackProbe.reuse`), not a choice made during it
+    start: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,12 +147,12 @@ class FallbackProbe:
             self._rates["sync"] = rs
         if earlier.why:
             return self._switch(step, "chose", f"{earlier.why}; {earlier.mode} until the next "
-                                "probe")
+                                "probe", start=True)
         at = time.strftime("%H:%M:%S", time.localtime(earlier.measured_at))
         gain = ra / rs if ra is not None and rs else math.nan
         return self._switch(step, "chose", f"reused: an earlier run of the same work at a like "
                             f"load measured async {gain:.2f}x the sync window (at {at}); "
-                            f"{earlier.mode} until the next probe")
+                            f"{earlier.mode} until the next probe", start=True)
 
     def committed(self, step: int, t: float) -> Switch | None:
         """Step ``step`` was committed at ``t``; a :class:`Switch` when the mode changes or a
@@ -212,9 +214,10 @@ class FallbackProbe:
                    "asynchrony does not pay here, falling back to sync")
         return self._switch(step, "chose", why)
 
-    def _switch(self, step: int, phase: Literal["probe", "chose"], reason: str) -> Switch:
+    def _switch(self, step: int, phase: Literal["probe", "chose"], reason: str,
+                start: bool = False) -> Switch:
         return Switch(step, self.mode, self.config.lookahead(self.mode), phase, reason,
-                      self._rates.get("async"), self._rates.get("sync"))
+                      self._rates.get("async"), self._rates.get("sync"), start)
 
 
 

@@ -119,14 +119,16 @@ class Observer:
 
 class Notes(Observer):
     """What every run says on stderr however it is watched: a skipped non-finite step and
-    the sync fallback's choice (one line each)."""
+    the sync fallback's choice during the run (one line each)."""
 
     def on_skip(self, step: int, detail: str) -> None:
         sys.stderr.write(f"warning: trainer step {step} skipped, its batch discarded "
                          f"(nonfinite_step): {detail}\n")
 
     def on_mode(self, switch: Switch) -> None:
-        if switch.phase == "chose":
+        # a choice made during the run; the mode a run starts in is in the ledger and its
+        # end line, not a line of stderr of its own (a failing run's one line stays one)
+        if switch.phase == "chose" and not switch.start:
             sys.stderr.write(f"sync fallback (step {switch.step}): {switch.reason}\n")
 
 
