@@ -124,6 +124,8 @@ def test_a_run_joins_a_running_cluster_and_leaves_it_running(tmp_path: Path,
 
     cfg = load_config(None, [*SMALL, "run.steps=3", "rollout.workers=1", joining(cluster)])
     out = tmp_path / "joined"
+    daemons = cluster.daemon_pids()
+    assert len(daemons) == 2, daemons  # gcs_server and raylet
     result = run_mod.run(cfg, out)
     assert result.ok, verify_run(out).render()
     assert not ray.is_initialized()  # disconnected
@@ -138,7 +140,7 @@ def test_a_run_joins_a_running_cluster_and_leaves_it_running(tmp_path: Path,
         assert _wait_cpus(ray, 2.0) == 2.0  # our actors were killed, the CPUs are free
     finally:
         ray.shutdown()
-    assert set(cluster.pids()) >= set(pids)
+    assert set(cluster.daemon_pids()) == set(daemons)  # the same daemons, still running
 
 
 class _Session:

@@ -37,6 +37,17 @@ def cluster_pids(token: str) -> list[int]:
     return [pid for pid, env in _environs() if needle in env]
 
 
+_DAEMONS = (b"gcs_server", b"raylet")
+
+
+def _is_daemon(pid: int) -> bool:
+    try:
+        argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0", 1)[0]
+    except OSError:
+        return False
+    return Path(os.fsdecode(argv0)).name.encode() in _DAEMONS
+
+
 @dataclass
 class ScratchCluster:
     address: str
@@ -45,6 +56,11 @@ class ScratchCluster:
 
     def pids(self) -> list[int]:
         return cluster_pids(self.token)
+
+    def daemon_pids(self) -> list[int]:
+        """The cluster's own daemons (``gcs_server``, ``raylet``): the processes that must
+        outlive any run joining it. Its worker processes come and go (Ray reaps idle ones)."""
+        return [pid for pid in self.pids() if _is_daemon(pid)]
 
     def stop(self, grace: float = 3.0) -> None:
         """SIGTERM, then SIGKILL, to exactly this cluster's processes, until none is left."""
