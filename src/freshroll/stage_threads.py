@@ -14,14 +14,19 @@ The schedule, per stage, with ``n`` the cores this process may use::
     the next 2 x trials calls           1, n, 1, n, ...  each timed, in seconds per row
     then                                n  if  median(n) x MARGIN <= median(1)  else  1
     early, after any pair               n  if  median(n) x DECISIVE <= median(1)
+                                        1  if  max(1) x DECISIVE_LOSS <= min(n)
 
 A tie goes to one thread: it leaves a core to the rest of the run (rewards, the ledger) and
 to other processes. ``trials`` >= 2 each; the median of each set absorbs one outlier (a
 step that met a garbage collection or a burst of another process). The early rule cuts the
 trials' cost where threads clearly pay (a 5M-parameter model's step gains 1.8x from a second
-core: each trial at one thread costs most of a step, and a 20-step run paid three per stage);
-it only ever settles on ``n``: where threads do not pay, a call on one thread costs nothing
-more, so the trials run their course.
+core: each trial at one thread costs most of a step, and a 20-step run paid three per stage).
+It settles on one thread early only when every call on ``n`` lost to every call on one by far
+more than an outlier would (:data:`DECISIVE_LOSS`, 3x): where another process holds a core,
+an OpenMP team of ``n`` waits on its descheduled thread at every barrier, and a call on two
+threads measured 5-10x one thread's (a 1M-parameter model on two cores beside a test suite:
+generate 5.5 against 0.53 ms a row, train 6.3 against 1.3), so each further trial at ``n``
+cost several steps.
 
 The trials cost most in short runs of large models (each trial at one thread is a step's
 stage at up to 1.3-1.8x its time). A run of the same work as an earlier one, at the same
@@ -41,6 +46,8 @@ from typing import Any, Protocol
 MARGIN = 1.05
 #: ... and kept at once, before every trial ran, when at least this much faster
 DECISIVE = 1.25
+#: one thread is kept at once, before every trial ran, when many threads are this much slower
+DECISIVE_LOSS = 3.0
 
 
 @dataclass
@@ -93,8 +100,11 @@ class StageThreads:
                 return
             one = statistics.median(self.timed[1])
             many = statistics.median(self.timed[self.many])
-            if many * DECISIVE <= one and len(self.timed[1]) == len(self.timed[self.many]):
+            paired = len(self.timed[1]) == len(self.timed[self.many])
+            if many * DECISIVE <= one and paired:
                 self.settled = self.many  # early: threads clearly pay (module doc)
+            elif max(self.timed[1]) * DECISIVE_LOSS <= min(self.timed[self.many]) and paired:
+                self.settled = 1  # early: every many call lost far beyond an outlier (doc)
             elif all(len(v) >= self.trials for v in self.timed.values()):
                 self.settled = self.many if many * MARGIN <= one else 1
 
@@ -178,4 +188,4 @@ class ModeThreads:
             self.sync.record(threads, seconds, rows)
 
 
-__all__ = ["DECISIVE", "MARGIN", "ModeThreads", "StageThreads", "ThreadCounts"]
+__all__ = ["DECISIVE", "DECISIVE_LOSS", "MARGIN", "ModeThreads", "StageThreads", "ThreadCounts"]
