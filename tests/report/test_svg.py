@@ -1,0 +1,60 @@
+"""The report's SVG kit (:mod:`freshroll.report.svg`, :mod:`freshroll.report.svg_axes`):
+nice ticks and compact labels, the text width estimate and its cut, escaping, axis ranges
+of awkward data. (tests/report/test_plot_margins.py checks the figures drawn with it.)"""
+
+from __future__ import annotations
+
+import math
+import xml.etree.ElementTree as ET
+
+from freshroll.report import svg
+from freshroll.report.svg_axes import Axis, Panel, figure, series
+
+
+def test_ticks_are_nice_and_labels_compact() -> None:
+    assert svg.nice_ticks(0, 1, 5) == ([0.0, 0.2, 0.4, 0.6000000000000001, 0.8, 1.0], 0.2)
+    assert svg.tick_labels([1000.0, 1200.0, 1400.0], 200.0) == ["1.0k", "1.2k", "1.4k"]
+    assert svg.tick_labels([0.0, 250000.0], 50000.0) == ["0", "250k"]
+    assert svg.tick_labels([0.0, 0.05, 0.1], 0.05) == ["0", "0.05", "0.10"]
+    assert svg.tick_labels([1e-5, 3e-5], 2e-5) == ["1e-05", "3e-05"]
+    assert svg.tick_labels([-2.0, 0.0, 2.0], 2.0) == ["-2", "0", "2"]
+    for lo, hi in ((0.0, 1.0), (-3.3, 123456.0), (1e-9, 2e-9), (5.0, 5.5)):
+        ticks, step = svg.nice_ticks(lo, hi, 6)
+        mantissa = step / 10 ** math.floor(math.log10(step))
+        assert any(math.isclose(mantissa, m) for m in (1, 2, 5)) and 1 <= len(ticks) <= 12
+        assert all(lo - 1e-9 * abs(hi) <= t <= hi + 1e-9 * abs(hi) for t in ticks)
+
+
+def test_the_width_estimate_is_generous_and_fit_cuts() -> None:
+    assert svg.text_width("0123456789", 10) >= 63.6  # DejaVu Sans digits: 0.636 em
+    assert svg.text_width("W", 10) > svg.text_width("i", 10)
+    cut = svg.fit("a long label " * 10, 11, 100)
+    assert cut.endswith("…") and svg.text_width(cut, 11) <= 100
+    assert svg.fit("short", 11, 100) == "short"
+
+
+def test_text_is_escaped_and_kept_on_the_canvas() -> None:
+    t = svg.text('a<b & "c"', -50, 0, 11, canvas=(100.0, 50.0))
+    el = ET.fromstring(t)
+    assert el.text == 'a<b & "c"' and float(el.get("x", "")) >= 0
+    assert float(el.get("y", "")) >= svg.ASCENT * 11
+
+
+def test_axis_ranges_of_awkward_data() -> None:
+    nan, inf = float("nan"), float("inf")
+    assert (Axis.of([]).lo, Axis.of([]).hi) == (0.0, 1.0)
+    a = Axis.of([nan, inf, 2.0])  # one finite value: a small range about it
+    assert a.lo < 2.0 < a.hi
+    a = Axis.of([0.0, 0.0])
+    assert a.lo < 0.0 < a.hi
+    a = Axis.of([0.0, 10.0], lo=0.0)
+    assert a.lo == 0.0 and math.isclose(a.hi, 10.5)
+    assert Axis.of([5.0], lo=9.0).hi > 9.0  # a fixed bound above the data still draws
+    cats = Axis.categories([])
+    assert cats.tick(100, 11, vertical=True) == ([], [])
+
+
+def test_a_figure_of_nothing_is_well_formed() -> None:
+    panel = Panel(Axis.of([]), Axis.of([]), 100.0, [series([], [], "#000")])
+    root = ET.fromstring(figure(300.0, [panel]))
+    assert root.get("viewBox", "").startswith("0 0 300 ")
