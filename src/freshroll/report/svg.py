@@ -152,7 +152,7 @@ DASHES = {"-": "", "--": "5 3", ":": "1.5 2.5", "-.": "6 2.5 1.5 2.5"}
 
 
 def stroke(color: str, width: float, dash: str = "-", opacity: float = 1.0) -> str:
-    """Stroke attributes (``dash`` in matplotlib's notation: ``-``, ``--``, ``:``, ``-.``)."""
+    """Stroke attributes; ``dash``: ``-`` solid, ``--`` dashed, ``:`` dotted, ``-.`` dash-dot."""
     out = f'fill="none" stroke="{esc(color)}" stroke-width="{n(width)}"'
     if DASHES.get(dash, ""):
         out += f' stroke-dasharray="{DASHES[dash]}"'

@@ -101,7 +101,7 @@ Mark = Callable[[Frame], str]
 
 @dataclass(frozen=True)
 class Entry:
-    """A legend entry: a line (``dash`` in matplotlib notation, ``dot`` a marker on it) or,
+    """A legend entry: a line (``dash``: ``-``, ``--``, ``:`` or ``-.``; ``dot`` a marker) or,
     with ``patch``, a filled box."""
 
     label: str
@@ -279,7 +279,7 @@ def series(xs: Sequence[float], ys: Sequence[float], color: str, *, width: float
 
 def steps(xs: Sequence[float], ys: Sequence[float], color: str, *, dash: str = "-",
           width: float = 1.6) -> Mark:
-    """A step line: each value holds until the next x (matplotlib's ``where="post"``)."""
+    """A step line: each value holds until the next x (a post step)."""
     px: list[float] = []
     py: list[float] = []
     for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
