@@ -58,3 +58,14 @@ def test_a_figure_of_nothing_is_well_formed() -> None:
     panel = Panel(Axis.of([]), Axis.of([]), 100.0, [series([], [], "#000")])
     root = ET.fromstring(figure(300.0, [panel]))
     assert root.get("viewBox", "").startswith("0 0 300 ")
+
+
+def test_a_long_y_label_stays_on_a_panel_without_a_title() -> None:
+    from report.test_plot_margins import box, parse
+
+    panel = Panel(Axis.of([0.0, 1e6]), Axis.of([0.0, 1.0]), 60.0,
+                  ylabel="a y label much longer than its panel is high " * 2)
+    root, width, height = parse(figure(300.0, [panel]))
+    for t in root.iter("{http://www.w3.org/2000/svg}text"):
+        b = box(t)
+        assert b.x0 >= 0 and b.y0 >= 0 and b.x1 <= width and b.y1 <= height, t.text

@@ -10,7 +10,8 @@ plot areas (:func:`freshroll.report.svg.text_width`): the left margin holds the 
 tick label and the rotated y label beside it (the label never reaches its tick labels), the
 right one a panel's legend and half of the last x tick label; below each plot area come its
 tick labels and x label, above it its title. Every text is placed on the canvas; a title
-or label too long for it is cut with an ellipsis (a y label first shrinks to 9 px).
+or label too long for it is cut with an ellipsis (a y label, no longer than its plot area
+is high, first shrinks to 9 px).
 Coordinates outside an axis's range are clamped to the plot area's edge.
 """
 
@@ -211,9 +212,9 @@ def _axes_text(p: Panel, f: Frame, canvas: tuple[float, float]) -> list[str]:
     out.append(svg.line(f.left, f.top, f.left, bottom, SPINE))
     out.append(svg.line(f.left, bottom, right, bottom, SPINE))
     if p.ylabel:
-        size = min(LABEL, max(9.0, LABEL * (f.height + 20) / text_width(p.ylabel, LABEL)))
+        size = min(LABEL, max(9.0, LABEL * f.height / text_width(p.ylabel, LABEL)))
         x = f.left - TICK_LEN - GAP - widest - GAP - DESCENT * size
-        label = svg.fit(p.ylabel, size, f.height + 20)
+        label = svg.fit(p.ylabel, size, f.height)
         out.append(svg.text(label, x, f.top + f.height / 2, size, cls="ylabel", rotate=True))
     if p.xlabel:
         label = svg.fit(p.xlabel, LABEL, canvas[0] - 2 * PAD)
