@@ -69,3 +69,16 @@ def test_a_long_y_label_stays_on_a_panel_without_a_title() -> None:
     for t in root.iter("{http://www.w3.org/2000/svg}text"):
         b = box(t)
         assert b.x0 >= 0 and b.y0 >= 0 and b.x1 <= width and b.y1 <= height, t.text
+
+
+def test_axis_ticks_are_as_many_as_fit() -> None:
+    for lo, hi in ((3.8832, 3.8877), (-0.05, 0.95), (0.0, 2.6e5), (0.9, 3.1), (-1e-7, 3e-7)):
+        for length in (120.0, 250.0, 560.0):
+            for vertical in (True, False):
+                ticks, labels = svg.axis_ticks(lo, hi, length, 11, vertical=vertical)
+                assert 2 <= len(ticks) <= 9 and len(set(labels)) == len(labels), (lo, hi)
+                gap = length * (ticks[1] - ticks[0]) / (hi - lo)
+                need = 22 if vertical else max(svg.text_width(s, 11) for s in labels) + 11
+                assert gap >= need - 1e-9
+    assert svg.axis_ticks(-0.6, 2.6, 500, 11, vertical=False, min_step=1.0)[1] == [
+        "0", "1", "2"]

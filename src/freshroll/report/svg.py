@@ -88,12 +88,16 @@ def nice_step(raw: float) -> float:
 def nice_ticks(lo: float, hi: float, count: int, min_step: float = 0.0) -> tuple[list[float],
                                                                                 float]:
     """About ``count`` (at most) multiples of a nice step within [lo, hi], and the step."""
-    span = hi - lo
-    step = nice_step(max(span / max(count, 1), min_step, 1e-300))
+    step = nice_step(max((hi - lo) / max(count, 1), min_step, 1e-300))
+    return ticks_at(lo, hi, step), step
+
+
+def ticks_at(lo: float, hi: float, step: float) -> list[float]:
+    """The multiples of ``step`` within [lo, hi] (0 written as 0)."""
     first = math.ceil(lo / step - 1e-9)
     last = math.floor(hi / step + 1e-9)
     ticks = [i * step for i in range(first, last + 1)] if last - first < 1000 else [lo, hi]
-    return [0.0 if abs(t) < step * 1e-9 else t for t in ticks], step
+    return [0.0 if abs(t) < step * 1e-9 else t for t in ticks]
 
 
 _SUFFIXES = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
@@ -113,16 +117,20 @@ def tick_labels(ticks: Sequence[float], step: float) -> list[str]:
 
 def axis_ticks(lo: float, hi: float, length: float, size: float, *, vertical: bool,
                min_step: float = 0.0) -> tuple[list[float], list[str]]:
-    """Ticks for an axis of ``length`` px showing [lo, hi]: the most (at most 10) whose
-    labels do not overlap (x: their widths plus a gap; y: 2.5 lines apart)."""
-    for count in range(min(10, max(2, int(length / (2.5 * size)))), 0, -1):
-        ticks, step = nice_ticks(lo, hi, count, min_step)
+    """Ticks for an axis of ``length`` px showing [lo, hi]: the finest nice step (at most
+    about 8 ticks) whose labels do not overlap (x: their widths plus a gap; y: 2 lines
+    apart), no finer than ``min_step``."""
+    if not (hi > lo and length > 0):
+        return [], []
+    step = nice_step(max((hi - lo) / 8, min_step, 1e-300))
+    for _ in range(60):
+        ticks = ticks_at(lo, hi, step)
         labels = tick_labels(ticks, step)
-        room = length * step / (hi - lo) if hi > lo else length
-        need = (2.5 * size if vertical
+        need = (2 * size if vertical
                 else max((text_width(s, size) for s in labels), default=0) + size)
-        if room >= need or count == 1:
+        if length * step / (hi - lo) >= need:
             return ticks, labels
+        step = nice_step(step * 1.5)  # the next nice step: 1 -> 2 -> 5 -> 10
     return [], []
 
 
@@ -207,5 +215,5 @@ def _ok(v: object) -> bool:
 __all__ = [
     "ASCENT", "DASHES", "DESCENT", "FONT", "axis_ticks", "char_width", "circles", "esc",
     "finite", "fit", "line", "n", "nice_step", "nice_ticks", "polyline", "rect", "stroke",
-    "svg", "text", "text_width", "tick_labels",
+    "svg", "text", "text_width", "tick_labels", "ticks_at",
 ]
