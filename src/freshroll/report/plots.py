@@ -204,11 +204,10 @@ def rate_chart(
 def _over_time(marks: list[Mark], legend: list[Entry], shown: list[Line],
                cumulative: Line | None, baseline: Line | None, title: str, ylabel: str,
                ratio: bool) -> str:
-    for line, look in ((cumulative, Entry("", RUN_COLOR, width=2.0)),
-                       (baseline, Entry("", BASELINE_COLOR, "--", 2.0))):
-        if line is not None:
-            marks.append(series(line.x, line.y, look.color, width=look.width, dash=look.dash))
-            legend.append(Entry(line.label, look.color, look.dash, look.width))
+    for line, color, dash in ((cumulative, RUN_COLOR, "-"), (baseline, BASELINE_COLOR, "--")):
+        if line is not None:  # the running value, solid; the baseline's, dashed
+            marks.append(series(line.x, line.y, color, width=2.0, dash=dash))
+            legend.append(Entry(line.label, color, dash, 2.0))
             shown.append(line)
     if ratio:
         y = Axis(-0.02, 1.05)
