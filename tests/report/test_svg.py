@@ -82,3 +82,17 @@ def test_axis_ticks_are_as_many_as_fit() -> None:
                 assert gap >= need - 1e-9
     assert svg.axis_ticks(-0.6, 2.6, 500, 11, vertical=False, min_step=1.0)[1] == [
         "0", "1", "2"]
+
+
+def test_a_long_line_is_thinned_to_the_same_shape() -> None:
+    from freshroll.report.svg_axes import thin
+
+    pts = [(i / 10, math.sin(i / 7) * 50) for i in range(5000)]
+    kept = thin(pts)
+    assert len(kept) <= 4 * 500 and kept[0] == pts[0] and kept[-1] == pts[-1]
+    where = {p: i for i, p in enumerate(pts)}
+    assert [where[p] for p in kept] == sorted(where[p] for p in kept)  # in order, a subset
+    for col in {int(x) for x, _ in pts}:  # each column's extremes survive
+        ys = [y for x, y in pts if int(x) == col]
+        got = [y for x, y in kept if int(x) == col]
+        assert min(ys) in got and max(ys) in got

@@ -12,7 +12,8 @@ right one a panel's legend and half of the last x tick label; below each plot ar
 tick labels and x label, above it its title. Every text is placed on the canvas; a title
 or label too long for it is cut with an ellipsis (a y label, no longer than its plot area
 is high, first shrinks to 9 px).
-Coordinates outside an axis's range are clamped to the plot area's edge.
+Coordinates outside an axis's range are clamped to the plot area's edge; a line of more
+points than twice its plot area's width in px keeps four per pixel column (:func:`thin`).
 """
 
 from __future__ import annotations
@@ -270,12 +271,30 @@ def series(xs: Sequence[float], ys: Sequence[float], color: str, *, width: float
         for run in runs:
             pts = [(f.px(x), f.py(y)) for x, y in run]
             if len(pts) > 1:
-                out.append(svg.polyline(pts, svg.stroke(color, width, dash, opacity)))
+                line = thin(pts) if len(pts) > 2 * f.width else pts
+                out.append(svg.polyline(line, svg.stroke(color, width, dash, opacity)))
             if dot or len(pts) == 1:
                 out.append(svg.circles(pts, 2.5, color, opacity))
         return "".join(out)
 
     return draw
+
+
+def thin(pts: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """A long polyline drawn the same with fewer points: of the points whose x falls in one
+    pixel column (in a row), the first, the lowest, the highest and the last, in order."""
+    out: list[tuple[float, float]] = []
+    i = 0
+    while i < len(pts):
+        j = i
+        while j + 1 < len(pts) and int(pts[j + 1][0]) == int(pts[i][0]):
+            j += 1
+        group = pts[i:j + 1]
+        keep = {0, len(group) - 1, min(range(len(group)), key=lambda k: group[k][1]),
+                max(range(len(group)), key=lambda k: group[k][1])}
+        out += [group[k] for k in sorted(keep)]
+        i = j + 1
+    return out
 
 
 def steps(xs: Sequence[float], ys: Sequence[float], color: str, *, dash: str = "-",
@@ -299,4 +318,5 @@ def vline(x: float, color: str, dash: str = "--", width: float = 1.5) -> Mark:
     return draw
 
 
-__all__ = ["Axis", "Entry", "Frame", "Mark", "Panel", "figure", "series", "steps", "vline"]
+__all__ = ["Axis", "Entry", "Frame", "Mark", "Panel", "figure", "series", "steps", "thin",
+           "vline"]
