@@ -74,6 +74,9 @@ CASES: dict[str, Callable[[], str]] = {
         title="A title that is much longer than the figure is wide " * 3,
         xlabel="an x label far too long for the figure's width " * 3,
         ylabel="a y label longer than the plot area is high " * 2),
+    "stage bars, a run label longer than the figure": lambda: plots.stage_bars(
+        {"a run directory label far longer than the figure is wide " * 5: {"queue": 1.0},
+         NASTY: {"queue": 0.5, "trainer": 2.0}}),
     "all empty": lambda: plots.rate_chart([], [], None, None, title="nothing", ylabel="y"),
 }
 

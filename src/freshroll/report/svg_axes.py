@@ -169,12 +169,19 @@ def _rows(entries: Sequence[Entry], room: float) -> list[list[Entry]]:
     return [r for r in rows if r]
 
 
+def _yticks(p: Panel, width: float) -> tuple[list[float], list[str]]:
+    """The panel's y ticks and their labels, each cut to a third of the canvas's width (a
+    long run label or lane name)."""
+    ticks, labels = p.y.tick(p.height, TICK, vertical=True)
+    return ticks, [svg.fit(s, TICK, width / 3) for s in labels]
+
+
 def _margins(width: float, panels: Sequence[Panel]) -> tuple[float, float]:
     """The left and right margins, from the y tick labels, y labels, x tick labels and
     panel legends."""
     left = right = PAD
     for p in panels:
-        _, ylabels = p.y.tick(p.height, TICK, vertical=True)
+        _, ylabels = _yticks(p, width)
         ticks = max((text_width(s, TICK) for s in ylabels), default=0.0)
         label = LABEL * (ASCENT + DESCENT) + GAP if p.ylabel else 0.0
         left = max(left, PAD + label + ticks + TICK_LEN + GAP)
@@ -192,7 +199,7 @@ def _axes_text(p: Panel, f: Frame, canvas: tuple[float, float]) -> list[str]:
     """The panel's ticks, tick labels, grid, spines, title and axis labels."""
     out = []
     right, bottom = f.left + f.width, f.top + f.height
-    yticks, ylabels = p.y.tick(f.height, TICK, vertical=True)
+    yticks, ylabels = _yticks(p, canvas[0])
     widest = max((text_width(s, TICK) for s in ylabels), default=0.0)
     for v, s in zip(yticks, ylabels, strict=True):
         y = f.py(v)
