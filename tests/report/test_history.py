@@ -70,7 +70,7 @@ def test_the_section_draws_the_timeline_and_lists_the_entries() -> None:
     for e in _events():
         h.feed(e)
     html = history_section(h)
-    assert html.count("<img ") == 1 and 'alt="run history"' in html
+    assert html.count("<svg ") == 1 and 'aria-label="run history"' in html
     assert "1 controller decision(s) kept every setting" in html
     assert "<td>trainer.lr" not in html and "changed at step 1: trainer.lr" in html
     assert history_section(None) == "<p>No readable ledger: no history.</p>"

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import re
 import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
-from typing import Any
 
 import msgspec
 import pytest
@@ -77,7 +80,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 def _images(html: str) -> list[str]:
-    return re.findall(r'<img [^>]*src="data:image/png;base64,[A-Za-z0-9+/=]+"', html)
+    """The page's figures: each an inline ``<svg>`` in its ``<figure>``, named (aria-label)."""
+    return re.findall(r'<figure class="plot"><svg [^>]* role="img" aria-label="[^"]+">'
+                      r"<title>[^<]+</title>.*?</svg></figure>", html, re.S)
 
 
 def _assert_self_contained(html: str) -> None:
@@ -179,6 +184,20 @@ def test_corrupt_ledger_still_renders(tmp_path: Path) -> None:
     assert len(_images(html)) == 5  # from metrics.jsonl: reward x2, fns, learning, off-policy
 
 
+def test_writing_a_report_imports_no_plotting_library(runs: tuple[Path, Path],
+                                                      tmp_path: Path) -> None:
+    """The figures are drawn by the report's own SVG kit: a fresh process that writes a
+    report (with a baseline) has imported neither matplotlib nor PIL."""
+    code = ("import sys; from pathlib import Path; from freshroll.report.html import "
+            f"write_report; write_report(Path({str(runs[0])!r}), baseline=Path("
+            f"{str(runs[1])!r}), out=Path({str(tmp_path / 'r.html')!r})); "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'matplotlib', 'PIL'}))")
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": src}, check=True, timeout=120)
+    assert out.stdout.strip() == "[]" and (tmp_path / "r.html").is_file()
+
+
 def test_load_run_reads_everything(runs: tuple[Path, Path]) -> None:
     data = load_run(runs[0])
     assert data.label == "async" and data.ledger is not None
@@ -201,40 +220,31 @@ def test_headline_shows_the_figures_of_summary_json(runs: tuple[Path, Path]) -> 
     assert headline(data) == head
 
 
-def test_plot_functions_return_png() -> None:
-    png = plots.lag_histogram([0, 0, 1, 2], max_staleness=1)
-    assert png.startswith(b"\x89PNG")
+def test_plot_functions_return_svg() -> None:
     line = plots.Line("a", [1, 2, 3], [0.1, 0.2, 0.3])
-    assert plots.reward_curve([line], xlabel="trainer step").startswith(b"\x89PNG")
-    assert plots.stage_bars({"a": {"queue": 1.0, "generation": 2.0}}).startswith(b"\x89PNG")
-    assert plots.off_policy_panels([("kl", [line])]).startswith(b"\x89PNG")
-    assert plots.per_step_chart(line, None, None, title="t", ylabel="y").startswith(b"\x89PNG")
+    for figure in (plots.lag_histogram([0, 0, 1, 2], max_staleness=1),
+                   plots.reward_curve([line], xlabel="trainer step"),
+                   plots.stage_bars({"a": {"queue": 1.0, "generation": 2.0}}),
+                   plots.off_policy_panels([("kl", [line])]),
+                   plots.per_step_chart(line, None, None, title="t", ylabel="y")):
+        assert figure.startswith("<svg ") and figure.endswith("</svg>")
+        assert ET.fromstring(figure).tag == "{http://www.w3.org/2000/svg}svg"
 
 
-def test_a_figure_is_drawn_once_to_the_bytes_savefig_writes(
-        runs: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``plots._png`` renders a figure in one draw (savefig draws a figure with a layout
-    engine twice): every figure of a report with a baseline is byte for byte what
-    ``savefig`` writes, and the two pages are the same."""
-    import io
-
-    from matplotlib.figure import Figure
-
-    def savefig(fig: Figure) -> bytes:
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=plots.DPI)
-        return buf.getvalue()
-
-    pngs: dict[str, list[bytes]] = {}
-    for name, draw in (("one draw", plots._png), ("savefig", savefig)):
-        made = pngs[name] = []
-
-        def record(fig: Figure, draw: Any = draw, made: list[bytes] = made) -> bytes:
-            made.append(draw(fig))
-            return made[-1]
-
-        monkeypatch.setattr(plots, "_png", record)
-        write_report(runs[0], baseline=runs[1], out=tmp_path / f"{name}.html")
-    assert len(pngs["one draw"]) == FULL_IMAGES
-    assert pngs["one draw"] == pngs["savefig"]
-    assert (tmp_path / "one draw.html").read_bytes() == (tmp_path / "savefig.html").read_bytes()
+def test_the_report_draws_its_figures_as_svg_the_same_each_time(
+        runs: tuple[Path, Path], tmp_path: Path) -> None:
+    """Every figure of a report with a baseline is inline SVG, well-formed XML (parsed one by
+    one), no PNG is embedded, and the page is the same byte for byte when written twice."""
+    pages = [write_report(runs[0], baseline=runs[1], out=tmp_path / f"{i}.html").read_bytes()
+             for i in range(2)]
+    assert pages[0] == pages[1]
+    html = pages[0].decode()
+    assert "data:image/png" not in html and "<img" not in html
+    figures = _images(html)
+    assert len(figures) == FULL_IMAGES
+    for figure in figures:
+        svg = ET.fromstring(figure.removeprefix('<figure class="plot">').removesuffix(
+            "</figure>"))
+        assert svg.get("role") == "img" and svg.get("aria-label")
+        assert list(svg.iter("{http://www.w3.org/2000/svg}text"))  # titles, ticks, labels
+    assert html.count("<svg ") == FULL_IMAGES

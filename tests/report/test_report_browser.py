@@ -1,15 +1,16 @@
 """report.html in a real browser: headless Chromium (Debian's ``chromium``, installed by
 ``make test``'s set-up when missing) driven by Playwright.
 
-The page loads from disk with no console error and no page error, every plot decodes to an
-image of the size its PNG says (non-empty), and a full-page screenshot is written to
-``test-artifacts/report.png`` (kept after the run, for a person to look at)."""
+The page loads from disk with no console error and no page error, every plot is an inline
+SVG laid out on the page (non-empty), every text of every figure lies inside its SVG's
+viewBox as the browser measures it with a real font (``getBBox``: the check of the width
+estimate the figures' margins are computed from, :mod:`freshroll.report.svg`), and a
+full-page screenshot is written to ``test-artifacts/report.png`` (kept after the run, for a
+person to look at)."""
 
 from __future__ import annotations
 
-import base64
 import shutil
-import struct
 from pathlib import Path
 
 import pytest
@@ -30,11 +31,24 @@ def _chromium() -> str:
     return path
 
 
-def _png_size(src: str) -> tuple[int, int]:
-    data = base64.b64decode(src.split(",", 1)[1])
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    width, height = struct.unpack(">II", data[16:24])
-    return width, height
+#: per figure: its name, its laid-out width and height, its viewBox, and each text's
+#: content and box in the viewBox's units (a text's box through its own transform: the
+#: figures' texts sit in groups without one)
+FIGURES = """svgs => svgs.map(s => {
+  const vb = s.viewBox.baseVal, r = s.getBoundingClientRect();
+  const texts = [...s.querySelectorAll('text')].map(t => {
+    const b = t.getBBox(), own = t.transform.baseVal.consolidate();  // rotate(-90 x y)
+    const m = own ? own.matrix : {a: 1, b: 0, c: 0, d: 1, e: 0, f: 0};
+    const tm = new DOMMatrix([m.a, m.b, m.c, m.d, m.e, m.f]);
+    const pts = [[b.x, b.y], [b.x + b.width, b.y], [b.x, b.y + b.height],
+                 [b.x + b.width, b.y + b.height]].map(([x, y]) =>
+      new DOMPoint(x, y).matrixTransform(tm));
+    const xs = pts.map(p => p.x), ys = pts.map(p => p.y);
+    return [t.textContent, Math.min(...xs), Math.min(...ys), Math.max(...xs),
+            Math.max(...ys)];
+  });
+  return [s.getAttribute('aria-label'), r.width, r.height, vb.width, vb.height, texts];
+})"""
 
 
 def test_the_report_renders_in_headless_chromium(tmp_path: Path) -> None:
@@ -59,17 +73,18 @@ def test_the_report_renders_in_headless_chromium(tmp_path: Path) -> None:
             page.on("requestfailed", lambda r: problems.append(f"request failed: {r.url}"))
             page.goto(page_path.as_uri())
             page.wait_for_load_state("load")
-            images = page.eval_on_selector_all(
-                "img", "els => els.map(e => [e.alt, e.complete, e.naturalWidth, "
-                       "e.naturalHeight, e.getBoundingClientRect().width, e.src])")
+            figures = page.eval_on_selector_all("figure.plot svg", FIGURES)
             ARTIFACTS.mkdir(exist_ok=True)
             shot = ARTIFACTS / "report.png"
             page.screenshot(path=str(shot), full_page=True)
         finally:
             browser.close()
     assert problems == []
-    assert len(images) >= 8, [alt for alt, *_ in images]
-    for alt, complete, w, h, shown, src in images:
-        assert complete and (w, h) == _png_size(src), alt  # decoded, at the PNG's size
-        assert w > 100 and h > 100 and shown > 100, alt  # and laid out on the page
+    assert len(figures) >= 8, [name for name, *_ in figures]
+    for name, shown_w, shown_h, width, height, texts in figures:
+        assert shown_w > 100 and shown_h > 100, name  # laid out on the page
+        assert texts, name
+        for text, x0, y0, x1, y1 in texts:  # the real font's boxes, inside the viewBox
+            assert x0 >= -0.5 and y0 >= -0.5 and x1 <= width + 0.5 and y1 <= height + 0.5, (
+                f"{name}: {text!r} at {(x0, y0, x1, y1)} is off {width}x{height}")
     assert shot.stat().st_size > 50_000  # a full page, not a blank one

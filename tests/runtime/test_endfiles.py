@@ -24,13 +24,9 @@ SIM = ["rollout.engine=sim", "sim.clock=virtual", "run.progress=false", "run.ste
 
 
 class _Reads:
-    """Counts the ledger reads (``Ledger.events`` calls) made while ``active``. (The report's
-    figures are drawn but not rendered to PNG: what is counted here is the ledger.)"""
+    """Counts the ledger reads (``Ledger.events`` calls) made while ``active``."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        from freshroll.report import plots
-
-        monkeypatch.setattr(plots, "_png", lambda fig: b"png")
         self.active, self.calls = False, 0
         events = Ledger.events
 

@@ -251,8 +251,9 @@ def _table(cfg: Config, caps: f.Capacities, workload: str, clock: str, out: Path
 
 def _run(cfg: Config, spec: RunSpec, root: Path, clock: str, stream: TextIO) -> f.RunFigures:
     """One run of the table, through the real ``run()``; its figures from its run dir. The
-    run is verified but draws no ``report.html`` (~1 CPU-s of plotting a run, a table runs a
-    dozen or more): ``freshroll report OUT/<clock>/<run>`` draws any run's page."""
+    run is verified but draws no ``report.html`` (no table reads it; ~0.02 CPU-s for a short
+    run since its figures are SVG, ~1 CPU-s as PNGs): ``freshroll report OUT/<clock>/<run>``
+    draws any run's page."""
     from freshroll.runtime.run import run
 
     rcfg = with_overrides(cfg, {"run.progress": False, **spec.overrides})

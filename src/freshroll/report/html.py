@@ -2,7 +2,7 @@
 
 Reads only the run directory contract — ``ledger.sqlite``, ``metrics.jsonl``,
 ``summary.json``, ``counts.json``, ``config.yaml`` — and writes a single HTML
-file with every plot inlined as a base64 PNG (no JavaScript, no external CSS,
+file with every plot drawn inline as SVG (no JavaScript, no external CSS,
 fonts or images, nothing fetched over a network). Sections:
 
 1. headline figures and the ``verify`` verdict (ok / FAIL with the invariants);
@@ -281,12 +281,12 @@ def _trainer_section(run: RunData, baseline: RunData | None) -> str:
         bt, _, bidle, brate = _running(baseline)
         base_idle = plots.Line(f"{baseline.label}: running idle ratio", bt, bidle, True)
         base_rate = plots.Line(f"{baseline.label}: running accepted/s", bt, brate, True)
-    idle_png = plots.per_step_chart(
+    idle_svg = plots.per_step_chart(
         plots.Line("wait share of each step", t, share),
         plots.Line("running idle ratio", t, idle), base_idle,
         title="Trainer idle over time", ylabel="waiting for data (share)", ratio=True)
     edges, rates = _rate_bins(lv.rows)
-    tput_png = plots.rate_chart(
+    tput_svg = plots.rate_chart(
         edges, rates, plots.Line("running accepted/s", t, rate), base_rate,
         title="Throughput over time", ylabel="accepted rollouts / s")
     hint = ("<p class='hint'>From the ledger (definitions: docs/metrics.md). Idle: for each "
@@ -295,8 +295,8 @@ def _trainer_section(run: RunData, baseline: RunData | None) -> str:
             "<code>trainer_idle_ratio</code>. Throughput: samples committed per second of "
             "trainer wall time, in equal bins and as the running "
             "<code>accepted_rollouts_per_s</code>.</p>")
-    return (hint + f'<div class="grid">{_img(idle_png, "trainer idle over time")}'
-            f'{_img(tput_png, "throughput over time")}</div>')
+    return (hint + f'<div class="grid">{_img(idle_svg, "trainer idle over time")}'
+            f'{_img(tput_svg, "throughput over time")}</div>')
 
 
 def _offpolicy_section(run: RunData) -> str:

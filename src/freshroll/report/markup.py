@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import json
 import math
 from collections.abc import Iterable, Sequence
@@ -45,10 +44,16 @@ def table(header: Sequence[str], rows: Iterable[Sequence[str]], cls: str = "") -
     return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
-def img(png: bytes, alt: str) -> str:
-    """A plot's PNG embedded in the page (the report is one self-contained file)."""
-    data = base64.b64encode(png).decode("ascii")
-    return f'<img class="plot" alt="{escape(alt)}" src="data:image/png;base64,{data}">'
+def img(figure: str, alt: str) -> str:
+    """A plot (the ``<svg>`` markup of :mod:`freshroll.report.plots`) inline in the page (the
+    report is one self-contained file), named by ``alt``: its accessible name
+    (``role="img"``, ``aria-label``) and its ``<title>`` (a tooltip)."""
+    label = escape(alt, quote=True)
+    head, sep, rest = figure.partition(">")
+    if not head.startswith("<svg") or not sep:
+        raise ValueError("img: not the markup of an <svg> figure")
+    return (f'<figure class="plot">{head} role="img" aria-label="{label}">'
+            f"<title>{label}</title>{rest}</figure>")
 
 
 __all__ = ["fmt", "img", "num", "pct", "table"]

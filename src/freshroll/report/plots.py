@@ -1,55 +1,46 @@
-"""Small matplotlib figures for the HTML run report, each rendered to PNG bytes.
+"""The HTML run report's figures, each returned as the SVG markup of one figure.
 
-One function per figure. Each takes plain data (sequences, mappings, :class:`Line`)
-and returns the PNG bytes of one figure, drawn with the Agg backend on a fresh
-:class:`~matplotlib.figure.Figure` (no pyplot global state: nothing leaks between
-calls and nothing opens a window). :mod:`freshroll.report.html` decides what to
-plot and embeds the bytes; these functions only draw.
+One function per figure. Each takes plain data (sequences, mappings, :class:`Line`) and
+returns a string: an ``<svg>`` drawn with the report's own kit (:mod:`freshroll.report.svg`,
+:mod:`freshroll.report.svg_axes`; no plotting library, nothing imported beyond the standard
+library). :mod:`freshroll.report.html` decides what to plot and embeds the markup inline
+(:func:`freshroll.report.markup.img`); these functions only draw. Every text that comes
+from data (labels, lane and metric names) is escaped; NaN and inf points are left out (a
+line breaks there), and empty, one-point or constant series draw without error.
 
-Conventions shared by every figure: the run under report is drawn in solid
-colour, a baseline (e.g. the synchronous run) dashed in grey-orange; short
-series get point markers so that a 3-step run is still visible.
+Conventions shared by every figure: the run under report is drawn in solid colour, a
+baseline (e.g. the synchronous run) dashed in grey-orange, a limit in red; short series
+(40 points or fewer) get point markers so that a 3-step run is still visible.
 """
 
 from __future__ import annotations
 
-import functools
-import io
+import math
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ParamSpec
 
-import matplotlib
+from freshroll.report import svg
+from freshroll.report.svg_axes import LEGEND, Axis, Entry, Frame, Mark, Panel, figure, series
+from freshroll.report.svg_axes import steps as _steps
+from freshroll.report.svg_axes import vline as _vline
 
-matplotlib.use("Agg")
-
-from matplotlib.axes import Axes
-from matplotlib.figure import Figure
-
-P = ParamSpec("P")
 RUN_COLOR = "#1f77b4"
 BASELINE_COLOR = "#ff7f0e"
 LIMIT_COLOR = "#d62728"
 STAGE_COLORS = ("#8c8c8c", "#1f77b4", "#17becf", "#2ca02c", "#ff7f0e", "#9467bd")
-WIDTH, HEIGHT, WIDE, DPI = 6.0, 3.3, 11.0, 110
-_RC: dict[str, Any] = {
-    "font.size": 9,
-    "axes.titlesize": 10,
-    "axes.labelsize": 9,
-    "legend.fontsize": 8,
-    "xtick.labelsize": 8,
-    "ytick.labelsize": 8,
-    "axes.spines.top": False,
-    "axes.spines.right": False,
-    "axes.grid": True,
-    "grid.alpha": 0.3,
-}
+PALETTE = (RUN_COLOR, "#d62728", "#2ca02c", "#9467bd")
+LANE_COLORS = ("#1f77b4", "#9467bd", "#ff7f0e", "#d62728", "#8c564b", "#2ca02c", "#e377c2")
+#: canvas widths and the plot area's height of a single figure, px
+WIDTH, WIDE, PLOT_HEIGHT = 660.0, 1210.0, 250.0
+FEW = 40  # a series of at most this many points gets markers
 
 
 @dataclass(frozen=True)
 class Line:
-    """One labelled series; ``baseline`` lines are drawn dashed in the baseline colour."""
+    """One labelled series; ``baseline`` lines are drawn dashed in the baseline colour.
+    ``style`` may set ``color``, ``linestyle`` (``-``, ``--``, ``:``, ``-.``), ``linewidth``,
+    ``marker`` (None: no markers; anything else: point markers) and ``alpha``."""
 
     label: str
     x: Sequence[float]
@@ -57,137 +48,57 @@ class Line:
     baseline: bool = False
     style: dict[str, object] = field(default_factory=dict)
 
-
-def _styled(fn: Callable[P, bytes]) -> Callable[P, bytes]:
-    """Draw the whole figure under the report's rc style (fonts, grid, spines)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: P.args, **kwargs: P.kwargs) -> bytes:
-        with matplotlib.rc_context(_RC):  # type: ignore[arg-type]  # rc values: Any by design
-            return fn(*args, **kwargs)
-
-    return wrapper
-
-
-def _figure(height: float = HEIGHT, width: float = WIDTH) -> Figure:
-    """A figure without a layout engine: :func:`_fit` sets its margins from its labels."""
-    return Figure(figsize=(width, height), dpi=DPI)
+    def look(self, color: str | None = None) -> Entry:
+        """The line's colour, dash, width and markers, as its legend entry."""
+        s = self.style
+        width = s.get("linewidth", 1.6)
+        alpha = s.get("alpha", 1.0)
+        dot = s["marker"] is not None if "marker" in s else len(self.x) <= FEW
+        return Entry(self.label,
+                     str(s.get("color") or color or (BASELINE_COLOR if self.baseline
+                                                     else RUN_COLOR)),
+                     str(s.get("linestyle", "--" if self.baseline else "-")),
+                     float(width) if isinstance(width, int | float) else 1.6, dot,
+                     opacity=float(alpha) if isinstance(alpha, int | float) else 1.0)
 
 
-#: inches per character of a tick label or legend entry (8 pt DejaVu Sans: digits are 0.64
-#: em, lower-case letters 0.5-0.65 em), of one text line at 8-10 pt, and a small pad
-CHAR_IN, LINE_IN, PAD_IN = 0.072, 0.2, 0.08
+def _mark(line: Line, look: Entry) -> Mark:
+    return series(line.x, line.y, look.color, width=look.width, dash=look.dash,
+                  dot=look.dot, opacity=look.opacity)
 
 
-def _labels(ax: Axes, which: str) -> list[str]:
-    """The tick labels that ``ax`` will draw on its ``which`` ("x" or "y") axis."""
-    axis = ax.yaxis if which == "y" else ax.xaxis
-    lo, hi = sorted(ax.get_ylim() if which == "y" else ax.get_xlim())
-    locs = [v for v in axis.get_majorticklocs() if lo - 1e-9 * abs(hi - lo) <= v <= hi]
-    return [str(t) for t in axis.get_major_formatter().format_ticks(locs)]
+def _xs(lines: Sequence[Line | None]) -> list[float]:
+    return [v for line in lines if line is not None for v in line.x]
 
 
-def _fit(fig: Figure, axes: Sequence[Axes], *, legend_rows: int = 0, right_in: float = 0.0,
-         gap_in: float | None = None) -> None:
-    """Margins (and the gap between stacked axes) in inches, from what the figure draws
-    outside its axes: the widest y tick label and the y label on the left; tick labels, the
-    x label and ``legend_rows`` rows of a figure legend below; a title above; ``right_in``
-    for legends to the right of the axes. matplotlib's ``constrained`` layout measures the
-    same by drawing every label twice before the figure is drawn (about a third of a
-    report's CPU); here each is sized by its characters."""
-    width, height = fig.get_size_inches()
-    ytext = max((len(t) for ax in axes for t in _labels(ax, "y")), default=1)
-    left = 2 * PAD_IN + ytext * CHAR_IN + (LINE_IN if any(ax.get_ylabel() for ax in axes) else 0)
-    low = axes[-1]
-    bottom = (PAD_IN + (LINE_IN if _labels(low, "x") else 0)
-              + (LINE_IN if low.get_xlabel() else 0) + legend_rows * LINE_IN)
-    top = PAD_IN + (1.3 * LINE_IN if axes[0].get_title() else 0)
-    gap = gap_in if gap_in is not None else PAD_IN
-    inner = height - top - bottom
-    span = (inner - gap * (len(axes) - 1)) / len(axes)
-    fig.subplots_adjust(left=left / width, right=1 - (PAD_IN + right_in) / width,
-                        bottom=bottom / height, top=1 - top / height,
-                        hspace=gap / max(span, 1e-3))
+def _ys(lines: Sequence[Line | None]) -> list[float]:
+    return [v for line in lines if line is not None for v in line.y]
 
 
-def _bottom_legend(fig: Figure, ncol: int = 1, **kwargs: Any) -> int:
-    """A legend centred under the axes (``_fit`` leaves it room); its rows."""
-    fig.legend(loc="lower center", bbox_to_anchor=(0.5, 0.0), ncol=ncol, frameon=False,
-               **kwargs)
-    labels = len(fig.axes[0].get_legend_handles_labels()[1]) if fig.axes else 1
-    return max(1, -(-labels // max(ncol, 1)))
-
-
-def _png(fig: Figure) -> bytes:
-    """The figure's PNG, the same bytes as ``fig.savefig(buf, format="png", dpi=DPI)``: one
-    draw on an Agg canvas, its buffer written as ``savefig`` writes it
-    (``FigureCanvasAgg._print_pil``). (``savefig`` draws a figure with a layout engine twice;
-    the report's figures have none since :func:`_fit`.)"""
-    import matplotlib.image
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    canvas = FigureCanvasAgg(fig)
-    canvas.draw()  # type: ignore[no-untyped-call]  # matplotlib leaves these unannotated
-    buf = io.BytesIO()
-    rgba = canvas.buffer_rgba()  # type: ignore[no-untyped-call]  # matplotlib: unannotated
-    matplotlib.image.imsave(buf, rgba, format="png", origin="upper", dpi=fig.dpi)
-    return buf.getvalue()
-
-
-def _axes(fig: Figure, *args: int) -> Axes:
-    return fig.add_subplot(*args)
-
-
-def _draw(ax: Axes, line: Line, color: str | None = None) -> None:
-    few = len(line.x) <= 40
-    style: dict[str, object] = {
-        "color": color or (BASELINE_COLOR if line.baseline else RUN_COLOR),
-        "linestyle": "--" if line.baseline else "-",
-        "linewidth": 1.6,
-        "marker": "o" if few else None,
-        "markersize": 3,
-    }
-    style.update(line.style)
-    kwargs: dict[str, Any] = style  # matplotlib's kwargs are typed per key; ours vary
-    ax.plot(list(line.x), list(line.y), label=line.label, **kwargs)
-
-
-@_styled
 def line_chart(
     lines: Sequence[Line], *, title: str, xlabel: str, ylabel: str,
     ylim: tuple[float | None, float | None] | None = None,
-) -> bytes:
+) -> str:
     """Generic line chart (reward vs step, reward vs wall time, ...); legend if >1 line."""
-    fig = _figure()
-    ax = _axes(fig)
-    for line in lines:
-        _draw(ax, line)
-    ax.set_title(title)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    if ylim is not None:
-        ax.set_ylim(*ylim)
-    if len(lines) > 1:
-        ax.legend(loc="best", frameon=False)
-    _fit(fig, [ax])
-    return _png(fig)
+    looks = [line.look() for line in lines]
+    lo, hi = ylim if ylim is not None else (None, None)
+    panel = Panel(Axis.of(_xs(lines)), Axis.of(_ys(lines), lo=lo, hi=hi), PLOT_HEIGHT,
+                  [_mark(line, look) for line, look in zip(lines, looks, strict=True)],
+                  title=title, xlabel=xlabel, ylabel=ylabel)
+    return figure(WIDTH, [panel], looks if len(lines) > 1 else ())
 
 
-@_styled
-def reward_curve(lines: Sequence[Line], *, xlabel: str) -> bytes:
+def reward_curve(lines: Sequence[Line], *, xlabel: str) -> str:
     """Mean reward per trainer step against ``xlabel`` (step or wall time)."""
     by = "step" if "step" in xlabel else "wall time"
     return line_chart(lines, title=f"Reward vs {by}", xlabel=xlabel, ylabel="mean reward")
 
 
-@_styled
-def lag_histogram(lags: Sequence[int] | Mapping[int, int], max_staleness: int | None) -> bytes:
+def lag_histogram(lags: Sequence[int] | Mapping[int, int], max_staleness: int | None) -> str:
     """Committed samples per integer lag, with the ``max_staleness`` bound marked.
 
     ``lags``: one lag per sample, or (for a run of any size) the histogram ``lag -> samples``.
     """
-    fig = _figure()
-    ax = _axes(fig)
     hist = dict(lags) if isinstance(lags, Mapping) else dict(Counter(lags))
     n_samples = sum(hist.values())
     top = max([*hist, -1 if max_staleness is None else max_staleness + 1, 0]) + 1
@@ -195,166 +106,179 @@ def lag_histogram(lags: Sequence[int] | Mapping[int, int], max_staleness: int | 
     for lag, k in hist.items():
         if 0 <= lag < top:
             counts[lag] += k
-    over = [max_staleness is not None and lag > max_staleness for lag in range(top)]
-    colors = [LIMIT_COLOR if o else RUN_COLOR for o in over]
-    ax.bar(range(top), counts, width=0.8, color=colors, zorder=2)
-    for x, n in enumerate(counts):
-        if n:
-            ax.annotate(f"{n}", (x, n), ha="center", va="bottom", fontsize=8,
-                        xytext=(0, 2), textcoords="offset points")
+
+    def bars(f: Frame) -> str:
+        out = []
+        half = 0.4 * f.width / (f.x.hi - f.x.lo)
+        for lag, count in enumerate(counts):
+            over = max_staleness is not None and lag > max_staleness
+            x, y = f.px(lag), f.py(count)
+            out.append(svg.rect(x - half, y, 2 * half, f.py(0) - y,
+                                LIMIT_COLOR if over else RUN_COLOR))
+            if count and svg.text_width(f"{count}", LEGEND) < 2.5 * half:  # clear of the next
+                out.append(svg.text(f"{count}", x, y - 3, LEGEND, cls="value"))
+        return "".join(out)
+
+    marks: list[Mark] = [bars]
+    legend = []
     if max_staleness is not None:
-        ax.axvline(max_staleness + 0.5, color=LIMIT_COLOR, linestyle="--", linewidth=1.5,
-                   label=f"max_staleness η = {max_staleness} (allowed: lag ≤ η)")
-    ax.set_xticks(range(top))
-    ax.set_xlim(-0.6, top - 0.4)
-    ax.set_ylim(0, max([*counts, 1]) * 1.15)
-    ax.set_title(f"Lag of committed samples (n = {n_samples})")
-    ax.set_xlabel("lag (trainer steps)")
-    ax.set_ylabel("samples")
-    ax.grid(axis="x", visible=False)
-    _fit(fig, [ax], legend_rows=_bottom_legend(fig) if max_staleness is not None else 0)
-    return _png(fig)
+        marks.append(_vline(max_staleness + 0.5, LIMIT_COLOR))
+        legend.append(Entry(f"max_staleness η = {max_staleness} (allowed: lag ≤ η)",
+                            LIMIT_COLOR, "--", 1.5))
+    panel = Panel(Axis(-0.6, top - 0.4, min_step=1.0), Axis(0, max([*counts, 1]) * 1.15),
+                  PLOT_HEIGHT, marks, title=f"Lag of committed samples (n = {n_samples})",
+                  xlabel="lag (trainer steps)", ylabel="samples", xgrid=False)
+    return figure(WIDTH, [panel], legend)
 
 
-@_styled
-def stage_bars(means: Mapping[str, Mapping[str, float]]) -> bytes:
+def stage_bars(means: Mapping[str, Mapping[str, float]]) -> str:
     """Horizontal stacked bar per run: mean seconds per stage of an accepted sample."""
     runs = list(means)
     stages = list(dict.fromkeys(s for run in runs for s in means[run]))
-    fig = _figure(height=1.6 + 0.5 * len(runs), width=WIDE)
-    ax = _axes(fig)
-    left = [0.0] * len(runs)
-    total = max((sum(means[r].values()) for r in runs), default=0.0) or 1.0
-    for i, stage in enumerate(stages):
-        widths = [means[r].get(stage, 0.0) for r in runs]
-        bars = ax.barh(runs, widths, left=left, height=0.6, label=stage,
-                       color=STAGE_COLORS[i % len(STAGE_COLORS)], zorder=2)
-        for bar, w in zip(bars, widths, strict=True):
-            if w / total > 0.05:
-                ax.text(bar.get_x() + w / 2, bar.get_y() + bar.get_height() / 2, f"{w:.3g}",
-                        ha="center", va="center", fontsize=8, color="white")
-        left = [a + w for a, w in zip(left, widths, strict=True)]
-    ax.invert_yaxis()
-    ax.set_xlabel("mean seconds per accepted sample (request → commit)")
-    ax.set_title("Where an accepted sample's time goes")
-    ax.grid(axis="y", visible=False)
-    _fit(fig, [ax], legend_rows=_bottom_legend(fig, ncol=len(stages), handlelength=1.2))
-    return _png(fig)
+    colors = {s: STAGE_COLORS[i % len(STAGE_COLORS)] for i, s in enumerate(stages)}
+    total = max((sum(_finite(means[r].values())) for r in runs), default=0.0) or 1.0
+
+    def bars(f: Frame) -> str:
+        out = []
+        half = 0.3 * f.height / (f.y.hi - f.y.lo)
+        for i, run in enumerate(runs):
+            left = 0.0
+            for stage in stages:
+                w = _finite([means[run].get(stage, 0.0)])[0]
+                x0, x1, y = f.px(left), f.px(left + w), f.py(i)
+                out.append(svg.rect(x0, y - half, x1 - x0, 2 * half, colors[stage]))
+                value = f"{w:.3g}"
+                if w / total > 0.05 and svg.text_width(value, LEGEND) < x1 - x0 - 4:
+                    out.append(svg.text(value, (x0 + x1) / 2, y + 0.35 * LEGEND, LEGEND,
+                                        fill="#fff", cls="value"))
+                left += w
+        return "".join(out)
+
+    panel = Panel(Axis.of([0.0, total], lo=0.0), Axis.categories(runs), 40.0 * max(1, len(runs)),
+                  [bars], title="Where an accepted sample's time goes",
+                  xlabel="mean seconds per accepted sample (request → commit)", ygrid=False,
+                  flip_y=True)
+    return figure(WIDE, [panel], [Entry(s, colors[s], patch=True) for s in stages])
 
 
-@_styled
+def _finite(values: Iterable[object]) -> list[float]:
+    """The values as floats, 0 for what is not a finite number."""
+    return [float(v) if isinstance(v, int | float) and math.isfinite(v) else 0.0
+            for v in values]
+
+
 def per_step_chart(
     per_step: Line, cumulative: Line | None, baseline: Line | None, *,
     title: str, ylabel: str, ratio: bool = False,
-) -> bytes:
+) -> str:
     """Per-step values as faint points, the running (cumulative) value as a solid line."""
-    fig = _figure()
-    ax = _axes(fig)
-    ax.plot(list(per_step.x), list(per_step.y), color=RUN_COLOR, alpha=0.45, linewidth=1,
-            marker="o", markersize=3, label=per_step.label)
-    _finish_over_time(ax, cumulative, baseline, title, ylabel, ratio)
-    return _png(fig)
+    look = Entry(per_step.label, RUN_COLOR, width=1.0, dot=True, opacity=0.45)
+    return _over_time([_mark(per_step, look)], [look], [per_step], cumulative, baseline,
+                      title, ylabel, ratio)
 
 
-@_styled
 def rate_chart(
     edges: Sequence[float], rates: Sequence[float], cumulative: Line | None,
     baseline: Line | None, *, title: str, ylabel: str,
-) -> bytes:
+) -> str:
     """A rate per time bin (``edges`` has one more entry than ``rates``) as a filled step plot,
     with the running rate as a solid line; robust to bursts of commits at one instant."""
-    fig = _figure()
-    ax = _axes(fig)
+    marks: list[Mark] = []
+    legend = []
     if rates:
-        ax.stairs(list(rates), list(edges), fill=True, color=RUN_COLOR, alpha=0.25,
-                  label=f"per {edges[1] - edges[0]:.3g} s bin", zorder=2)
-    _finish_over_time(ax, cumulative, baseline, title, ylabel, ratio=False)
-    return _png(fig)
+        def stairs(f: Frame) -> str:
+            pts = [(f.px(edges[0]), f.py(0))]
+            for i, r in enumerate(_finite(rates)):
+                pts += [(f.px(edges[i]), f.py(r)), (f.px(edges[i + 1]), f.py(r))]
+            pts.append((f.px(edges[len(rates)]), f.py(0)))
+            d = "M" + " L".join(f"{svg.n(x)},{svg.n(y)}" for x, y in pts) + " Z"
+            return f'<path d="{d}" fill="{RUN_COLOR}" fill-opacity="0.25"/>'
+
+        marks.append(stairs)
+        legend.append(Entry(f"per {edges[1] - edges[0]:.3g} s bin", RUN_COLOR, patch=True,
+                            opacity=0.25))
+    bins = Line("", list(edges), [0.0, *_finite(rates)])
+    return _over_time(marks, legend, [bins], cumulative, baseline, title, ylabel, ratio=False)
 
 
-def _finish_over_time(
-    ax: Axes, cumulative: Line | None, baseline: Line | None, title: str, ylabel: str,
-    ratio: bool,
-) -> None:
-    if cumulative is not None:
-        ax.plot(list(cumulative.x), list(cumulative.y), color=RUN_COLOR, linewidth=2,
-                label=cumulative.label)
-    if baseline is not None:
-        ax.plot(list(baseline.x), list(baseline.y), color=BASELINE_COLOR, linestyle="--",
-                linewidth=2, label=baseline.label)
-    ax.set_title(title)
-    ax.set_xlabel("wall time since run start (s)")
-    ax.set_ylabel(ylabel)
+def _over_time(marks: list[Mark], legend: list[Entry], shown: list[Line],
+               cumulative: Line | None, baseline: Line | None, title: str, ylabel: str,
+               ratio: bool) -> str:
+    for line, color, dash in ((cumulative, RUN_COLOR, "-"), (baseline, BASELINE_COLOR, "--")):
+        if line is not None:  # the running value, solid; the baseline's, dashed
+            marks.append(series(line.x, line.y, color, width=2.0, dash=dash))
+            legend.append(Entry(line.label, color, dash, 2.0))
+            shown.append(line)
     if ratio:
-        ax.set_ylim(-0.02, 1.05)
+        y = Axis(-0.02, 1.05)
     else:
-        ax.set_ylim(bottom=0, top=max(ax.get_ylim()[1], 1e-9) * 1.12)
-    ax.set_xlim(left=0)
-    fig = ax.get_figure()
-    assert isinstance(fig, Figure)
-    labels = len(ax.get_legend_handles_labels()[1])
-    _fit(fig, [ax], legend_rows=_bottom_legend(fig, ncol=min(3, labels), fontsize=7.5,
-                                               handlelength=1.6))
+        top = max(_finite(_ys(shown)), default=0.0)
+        y = Axis(0.0, max(top * 1.05, 1e-9) * 1.12)
+    x = Axis.of(_xs(shown), lo=0.0)
+    panel = Panel(x, y, PLOT_HEIGHT, marks, title=title,
+                  xlabel="wall time since run start (s)", ylabel=ylabel)
+    return figure(WIDTH, [panel], legend)
 
 
-@_styled
-def off_policy_panels(panels: Sequence[tuple[str, Sequence[Line]]]) -> bytes:
+def off_policy_panels(panels: Sequence[tuple[str, Sequence[Line]]]) -> str:
     """Stacked panels sharing the step axis (IS weights, mismatch KL, clip fraction, ...)."""
-    fig = _figure(height=1.0 + 1.55 * len(panels), width=WIDE)
-    axes = [_axes(fig, len(panels), 1, i + 1) for i in range(len(panels))]
-    for i, (ax, (ylabel, lines)) in enumerate(zip(axes, panels, strict=True)):
-        palette = (RUN_COLOR, "#d62728", "#2ca02c", "#9467bd")
-        for j, line in enumerate(lines):
-            _draw(ax, line, None if line.baseline else palette[j % len(palette)])
-        ax.set_ylabel(ylabel)
-        if len(lines) > 1:
-            ax.legend(loc="upper left", frameon=False, ncol=len(lines), bbox_to_anchor=(1.0, 1.0))
-        if i > 0:
-            ax.sharex(axes[0])
-        if i < len(panels) - 1:
-            ax.tick_params(labelbottom=False)
-    axes[0].set_title("Off-policy health per trainer step")
-    axes[-1].set_xlabel("trainer step")
-    # an entry: its handle, the pad and the column spacing (4.8 em of 8 pt), then its label
-    legend_in = max((PAD_IN + sum(4.8 * 8 / 72 + CHAR_IN * len(line.label) for line in lines)
-                     for _, lines in panels if len(lines) > 1), default=0.0)
-    _fit(fig, axes, right_in=legend_in, gap_in=1.5 * PAD_IN)
-    return _png(fig)
+    x = Axis.of(_xs([line for _, lines in panels for line in lines]))
+    drawn = []
+    for i, (ylabel, lines) in enumerate(panels):
+        looks = [line.look(None if line.baseline else PALETTE[j % len(PALETTE)])
+                 for j, line in enumerate(lines)]
+        drawn.append(Panel(
+            x, Axis.of(_ys(lines)), 120.0,
+            [_mark(line, look) for line, look in zip(lines, looks, strict=True)],
+            title="Off-policy health per trainer step" if i == 0 else "",
+            xlabel="trainer step" if i == len(panels) - 1 else "", ylabel=ylabel,
+            xticks=i == len(panels) - 1, legend=looks if len(lines) > 1 else []))
+    return figure(WIDE, drawn, gap=12.0)
 
 
-__all__ = [
-    "Line", "lag_histogram", "line_chart", "off_policy_panels", "per_step_chart",
-    "rate_chart", "reward_curve", "stage_bars",
-]
-
-
-@_styled
 def timeline(lanes: Sequence[str], points: Sequence[tuple[float, str]],
-             controls: Sequence[tuple[float, int, int]] = ()) -> bytes:
+             controls: Sequence[tuple[float, int, int]] = ()) -> str:
     """A run's history: one row per lane with a mark at each entry's time (``points``:
     ``(t, lane)``), and below it, when the controller decided, its worker count and
     admission limit over time (``controls``: ``(t, workers, admission_limit)``)."""
     used = [lane for lane in lanes if any(p[1] == lane for p in points)]
-    rows = 2 if controls else 1
-    fig = _figure(height=1.2 + 0.32 * max(1, len(used)) + (1.8 if controls else 0), width=WIDE)
-    ax = _axes(fig, rows, 1, 1)
-    palette = ("#1f77b4", "#9467bd", "#ff7f0e", "#d62728", "#8c564b", "#2ca02c", "#e377c2")
-    for i, lane in enumerate(used):
-        ts = [t for t, name in points if name == lane]
-        ax.scatter(ts, [i] * len(ts), s=22, marker="|" if len(ts) > 60 else "o",
-                   color=palette[lanes.index(lane) % len(palette)], zorder=3)
-    ax.set_yticks(range(len(used)), used)
-    ax.set_ylim(-0.6, len(used) - 0.4)
-    ax.set_title("Run history")
-    ax.set_xlabel("seconds since the run opened")
+
+    def marks(f: Frame) -> str:
+        out = []
+        for i, lane in enumerate(used):
+            color = LANE_COLORS[lanes.index(lane) % len(LANE_COLORS)]
+            pts = [(f.px(t), f.py(i)) for t, name in points if name == lane and _ok(t)]
+            if len(pts) > 60:
+                out.append(f'<g {svg.stroke(color, 1.2)}>' + "".join(
+                    svg.line(x, y - 6, x, y + 6, "") for x, y in pts) + "</g>")
+            else:
+                out.append(svg.circles(pts, 3.0, color))
+        return "".join(out)
+
+    times = [t for t, _ in points] + [c[0] for c in controls]
+    drawn = [Panel(Axis.of(times), Axis.categories(used), 26.0 * max(1, len(used)), [marks],
+                   title="Run history", xlabel="seconds since the run opened", ygrid=False,
+                   flip_y=True)]
+    legend = []
     if controls:
-        cx = _axes(fig, rows, 1, 2)
         xs = [c[0] for c in controls]
-        cx.step(xs, [c[1] for c in controls], where="post", color=RUN_COLOR, label="workers")
-        cx.step(xs, [c[2] for c in controls], where="post", color=BASELINE_COLOR,
-                linestyle="--", label="admission limit (groups)")
-        cx.set_title("Controller settings after each decision")
-        cx.set_xlabel("seconds since the run opened")
-        cx.legend(loc="best", frameon=False)
-    _fit(fig, fig.axes, gap_in=PAD_IN + 4 * LINE_IN)  # the upper one's ticks, label; a title
-    return _png(fig)
+        look = (Entry("workers", RUN_COLOR),
+                Entry("admission limit (groups)", BASELINE_COLOR, "--"))
+        drawn.append(Panel(
+            Axis.of(times), Axis.of([v for c in controls for v in c[1:]], min_step=1.0),
+            150.0, [_steps(xs, [c[1] for c in controls], RUN_COLOR),
+                    _steps(xs, [c[2] for c in controls], BASELINE_COLOR, dash="--")],
+            title="Controller settings after each decision",
+            xlabel="seconds since the run opened"))
+        legend = list(look)
+    return figure(WIDE, drawn, legend, gap=14.0)
+
+
+def _ok(v: object) -> bool:
+    return isinstance(v, int | float) and math.isfinite(v)
+
+
+__all__ = [
+    "Line", "lag_histogram", "line_chart", "off_policy_panels", "per_step_chart",
+    "rate_chart", "reward_curve", "stage_bars", "timeline",
+]

@@ -20,10 +20,11 @@ nav{font-size:13px;margin:6px 0 14px}nav a{margin-right:12px;color:#1f5fa8;text-
 .warn{background:#fff8e1;border:1px solid #e0c060;color:#6d5200}
 .notes{font-size:12px;color:#8a6d00;margin:4px 0}
 .row{display:flex;gap:18px;align-items:flex-start;flex-wrap:wrap}
-.row img.plot{max-width:660px}
+.row .plot{max-width:660px}
 .grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(460px,1fr));gap:14px}
-img.plot{max-width:100%;height:auto;background:#fff;border:1px solid #e1e4e8;border-radius:6px;
-  display:block}
+.plot{max-width:100%;width:fit-content;background:#fff;border:1px solid #e1e4e8;
+  border-radius:6px;margin:0;display:block;overflow:hidden}
+.plot svg{display:block;max-width:100%;height:auto}
 .nodata{background:#fff;border:1px dashed #bbb;border-radius:6px;padding:40px 16px;
   text-align:center;color:#888}
 .nodata span{font-size:12px}
