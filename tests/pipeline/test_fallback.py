@@ -268,8 +268,10 @@ def test_the_next_run_of_the_same_work_starts_in_the_choice_the_first_one_measur
     monkeypatch.setattr(probe_cache.BusyMeter, "stop", lambda self: 0.25)  # a like load
     monkeypatch.setenv("FRESHROLL_PROBE_CACHE", "on")
     monkeypatch.setenv("FRESHROLL_CACHE_DIR", str(tmp_path / "cache"))
+    # one intra-op thread: no thread probe, whose verdict under load (threads pay: a sync
+    # start, a mode_decided of its own) would vary from run to run
     args = ["run.progress=false", "task.n_prompts=256", "run.runtime=inline",
-            "control.fallback=true", "control.fallback_window_steps=3",
+            "run.torch_threads=1", "control.fallback=true", "control.fallback_window_steps=3",
             "control.fallback_window_s=0"]
 
     def decided(name: str, steps: int, *more: str) -> list[ev.ModeDecided]:
