@@ -71,10 +71,15 @@ def test_a_sync_run_settles_each_stage_on_its_first_steps(tmp_path: Path, small:
         trials = [len(v) for v in got["seconds_per_row"].values()]
         if trials == [3, 3]:  # every trial ran, then the faster count was kept
             continue
-        # or two threads were clearly faster after a pair and kept at once (DECISIVE)
+        # or after a pair: two threads clearly faster and kept at once (DECISIVE), or every
+        # call on two lost by far to every call on one (DECISIVE_LOSS: a loaded machine)
         n = trials[0]
-        assert trials == [n, n] and n < 3 and got["settled"] == 2, got
-        assert got["gain"] >= stage_threads.DECISIVE, got
+        assert trials == [n, n] and n < 3, got
+        if got["settled"] == 2:
+            assert got["gain"] >= stage_threads.DECISIVE, got
+        else:
+            per_row = got["seconds_per_row"]
+            assert max(per_row["1"]) * stage_threads.DECISIVE_LOSS <= min(per_row["2"]), got
     assert placed["stages"]["train"]["calls"] == 8
     assert "intra-op threads, settled on their own calls: generate" in proc.stderr
     assert "settled on its own first calls" in proc.stderr  # the start line says so
