@@ -18,10 +18,10 @@ the machine's load; only the wall seconds do). Systems, each at every η (the ke
   ``control.mode=adaptive control.max_workers=32 tail.overprovision=auto
   rollout.on_update=continue run.staleness_basis=newest_token``, from the config's 16
   workers); ``all-doomed``: the same with ``tail.drop_doomed=true``;
-- ``wide-static``, ``wide-continue-newest``, ``wide-all``: ``static``, ``continue-newest`` and
-  ``all`` with an admission window :data:`WIDE` times the freshness window,
-  ``run.admission_window = WIDE × (η + 1)`` trainer steps of groups (freshroll.freshness; the
-  default is ``η + 1``), η unchanged.
+- ``wide-static``, ``wide-continue-newest``, ``wide-all``, ``wide-all-doomed``: ``static``,
+  ``continue-newest``, ``all`` and ``all-doomed`` with an admission window :data:`WIDE` times
+  the freshness window, ``run.admission_window = WIDE × (η + 1)`` trainer steps of groups
+  (freshroll.freshness; the default is ``η + 1``), η unchanged.
 
 Each run is ``freshroll simulate`` in a fresh process, one at a time; its figures come from
 its run directory (``summary.json`` and the ledger, docs/metrics.md):
@@ -92,7 +92,7 @@ SYSTEMS: dict[str, list[str]] = {
 }
 #: the wide rows' admission window, in freshness windows (η + 1 trainer steps each)
 WIDE = 3
-for _name in ("static", "continue-newest", "all"):
+for _name in ("static", "continue-newest", "all", "all-doomed"):
     SYSTEMS[f"wide-{_name}"] = [*SYSTEMS[_name], "run.admission_window={wide}"]
 ETAS = (1, 2, 4)
 COMMON = ["run.progress=false", "sim.clock=virtual"]
@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = [run_one(eta, system, seed, steps, work / f"eta{eta}-{system}-s{seed}",
                     args.overrides, args.c_train, args.config)
             for seed in args.seeds for eta in args.etas for system in args.systems]
-    print(f"## P2 frontier ({args.config.name}, virtual clock): {steps} steps, seeds "
+    print(f"## Frontier ({args.config.name}, virtual clock): {steps} steps, seeds "
           f"{' '.join(map(str, args.seeds))}{' (quick)' if args.quick else ''}")
     print(f"overrides: {' '.join([*COMMON, *args.overrides])}; c_train {args.c_train}/s; "
           f"load average before: {before[0]:.2f} {before[1]:.2f} {before[2]:.2f}; "

@@ -46,6 +46,14 @@ the window is::
 
 The reference ``D_0`` is the lowest demand measured in any window (with the levers on).
 
+**The admission window is not a lever here** (``run.admission_window``, set by the config
+only). Widening it in a conflict would feed the trainer more, but measured on P2 (docs/bench.md,
+"A wider admission window") three freshness windows cut the trainer's idle share by ~10
+points while the stale discards rose by ~35 (to 42-55% of the outcomes), under
+``continue`` + ``newest_token`` too: a group waits for its slowest member and its first ones
+age meanwhile. A rule would need a stale-share ceiling far above issue 26's 1%, and a live
+window recorded per decision for ``verify`` (today ``opened`` records it).
+
 A blocked worker costs its worker-seconds and adds nothing, so neither raises the trainer's
 idle share. When the trainer changes speed the pipeline leaves the conflict
 (producer-bound: the trainer waits on workers that are not blocked; trainer-bound: it is

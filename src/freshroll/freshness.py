@@ -26,9 +26,10 @@ than the version they were admitted at. On the ``oldest_token`` basis that takes
 group that waits for a worker starts, and so ages, later), so where the window is the limit
 (workers idle, blocked by admission) the extra groups start at once and are mostly discarded
 ``stale``. Under ``rollout.on_update: continue`` with the ``newest_token`` basis a running
-request keeps taking new weights, so a group is as old as its members' last tokens: the extra
-groups run while the trainer steps, and the lease rule below still discards the ones that end
-too old. Either way η is never loosened: the bound is enforced at lease.
+request keeps taking new weights, so a member is as old as its last token; but a group is as
+stale as its stalest member and waits for its slowest, so the members done first age
+meanwhile (measured on P2, docs/bench.md "A wider admission window": no better than the
+oldest-token basis). Either way η is never loosened: the bound is enforced at lease.
 
 Lease time: a group whose lag exceeds η is discarded as ``stale``
 (:func:`is_stale`), so the bound holds even when admission order breaks down
