@@ -227,3 +227,18 @@ def test_a_simulated_run_with_a_wider_window_passes_verify(tmp_path: Path, extra
     assert sum(isinstance(e, ev.Requested) for e in events[:first_commit]) > 4
     summary = json.loads((out / "summary.json").read_text())
     assert summary["window_bound"]["window_groups"] == 8  # 4 steps × B 2
+
+
+def test_a_resume_may_widen_and_narrow_the_window_and_verify_checks_each(tmp_path: Path
+                                                                        ) -> None:
+    out, base = tmp_path / "run", [o for o in SIM if not o.startswith(("run.admission_window",
+                                                                         "run.steps"))]
+    for window, steps in (("auto", 3), ("4", 6), ("2", 9)):
+        run_mod.run(load_config(None, [*base, f"run.admission_window={window}",
+                                       f"run.steps={steps}"]),
+                    out, resume=steps > 3, stream=io.StringIO())
+        report = verify_run(out)
+        assert report.ok, report.violations
+    with Ledger(out / "ledger.sqlite", readonly=True) as ledger:
+        opened = [e for _, e in ledger.events() if isinstance(e, ev.Opened)]
+    assert [e.admission_window for e in opened] == [None, 4, None]  # 2 = η + 1: the default
