@@ -31,7 +31,8 @@ its run directory (``summary.json`` and the ledger, docs/metrics.md):
   ``window_bound.trainer_groups_per_s``, B over the mean trainer step); ``E (c_train)``:
   accepted/s over ``--c-train`` (default 23.1/s: P2's trainer capacity in isolation, B = 512,
   docs/bench.md), the ``E`` of ``freshroll bench``;
-- ``window bound``: ``window_bound.bound = min(1, (η+1)·B / (λ·L))``
+- ``window bound``: ``window_bound.bound = min(1, W·B / (λ·L))`` (``W``: η + 1, or the
+  wide rows' window)
   (:mod:`freshroll.figures.window`); ``L`` beside it (mean group latency, admission to ready)
   and ``held by discards``: the share of the window's mean occupancy held by groups discarded
   in the end (``occupancy_discarded / occupancy_groups``);
