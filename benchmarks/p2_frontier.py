@@ -17,7 +17,11 @@ the machine's load; only the wall seconds do). Systems, each at every η (the ke
 - ``all``: every lever, the controller steering (bench's ``adaptive-all``:
   ``control.mode=adaptive control.max_workers=32 tail.overprovision=auto
   rollout.on_update=continue run.staleness_basis=newest_token``, from the config's 16
-  workers); ``all-doomed``: the same with ``tail.drop_doomed=true``.
+  workers); ``all-doomed``: the same with ``tail.drop_doomed=true``;
+- ``wide-static``, ``wide-continue-newest``, ``wide-all``, ``wide-all-doomed``: ``static``,
+  ``continue-newest``, ``all`` and ``all-doomed`` with an admission window :data:`WIDE` times
+  the freshness window, ``run.admission_window = WIDE × (η + 1)`` trainer steps of groups
+  (freshroll.freshness; the default is ``η + 1``), η unchanged.
 
 Each run is ``freshroll simulate`` in a fresh process, one at a time; its figures come from
 its run directory (``summary.json`` and the ledger, docs/metrics.md):
@@ -27,7 +31,8 @@ its run directory (``summary.json`` and the ledger, docs/metrics.md):
   ``window_bound.trainer_groups_per_s``, B over the mean trainer step); ``E (c_train)``:
   accepted/s over ``--c-train`` (default 23.1/s: P2's trainer capacity in isolation, B = 512,
   docs/bench.md), the ``E`` of ``freshroll bench``;
-- ``window bound``: ``window_bound.bound = min(1, (η+1)·B / (λ·L))``
+- ``window bound``: ``window_bound.bound = min(1, W·B / (λ·L))`` (``W``: η + 1, or the
+  wide rows' window)
   (:mod:`freshroll.figures.window`); ``L`` beside it (mean group latency, admission to ready)
   and ``held by discards``: the share of the window's mean occupancy held by groups discarded
   in the end (``occupancy_discarded / occupancy_groups``);
@@ -47,6 +52,8 @@ Usage::
     .venv/bin/python benchmarks/p2_frontier.py                      # 40 steps, seed 0
     .venv/bin/python benchmarks/p2_frontier.py --seeds 0 1 2
     .venv/bin/python benchmarks/p2_frontier.py --quick              # 2 steps: a smoke run
+    .venv/bin/python benchmarks/p2_frontier.py --etas 1 2 --systems wide-continue-newest wide-all
+    .venv/bin/python benchmarks/p2_frontier.py --config configs/sim-p3.yaml --etas 2
 """
 
 from __future__ import annotations
@@ -84,6 +91,10 @@ SYSTEMS: dict[str, list[str]] = {
     "all-doomed": ["control.mode=adaptive", "control.max_workers=32", "tail.overprovision=auto",
                    *NEWEST, "tail.drop_doomed=true"],
 }
+#: the wide rows' admission window, in freshness windows (η + 1 trainer steps each)
+WIDE = 3
+for _name in ("static", "continue-newest", "all", "all-doomed"):
+    SYSTEMS[f"wide-{_name}"] = [*SYSTEMS[_name], "run.admission_window={wide}"]
 ETAS = (1, 2, 4)
 COMMON = ["run.progress=false", "sim.clock=virtual"]
 #: P2's trainer capacity in isolation (samples/s, B = 512: docs/bench.md)
@@ -149,12 +160,17 @@ def _group_size(out: Path) -> int:
     return load_config(out / "config.yaml").rollout.group_size
 
 
+def overrides(eta: int, system: str) -> list[str]:
+    """The system's overrides at ``η`` (the wide rows' window: ``WIDE × (η + 1)``)."""
+    return [o.format(wide=WIDE * (eta + 1)) for o in SYSTEMS[system]]
+
+
 def run_one(eta: int, system: str, seed: int, steps: int, out: Path, extra: Sequence[str],
-            c_train: float = C_TRAIN) -> Run:
+            c_train: float = C_TRAIN, config: Path = CONFIG) -> Run:
     """One run in a fresh process (the CLI), then its figures."""
-    cmd = [sys.executable, "-m", "freshroll", "simulate", str(CONFIG), "--out", str(out),
+    cmd = [sys.executable, "-m", "freshroll", "simulate", str(config), "--out", str(out),
            f"run.steps={steps}", f"run.seed={seed}", f"run.max_staleness={eta}", *COMMON,
-           *SYSTEMS[system], *extra]
+           *overrides(eta, system), *extra]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH", "")) if p)}
     t0 = time.perf_counter()
@@ -214,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--systems", nargs="+", choices=list(SYSTEMS), default=list(SYSTEMS))
     ap.add_argument("--c-train", type=float, default=C_TRAIN,
                     help=f"the trainer's capacity in isolation, samples/s (default {C_TRAIN})")
+    ap.add_argument("--config", type=Path, default=CONFIG,
+                    help="the workload (default configs/sim-p2.yaml; e.g. sim-p3.yaml)")
     ap.add_argument("--quick", action="store_true", help="2 steps: a smoke run")
     ap.add_argument("--work", type=Path, default=None, help="run directories (default: temp)")
     args = ap.parse_args(argv)
@@ -222,9 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     before = os.getloadavg()
     t0 = time.perf_counter()
     runs = [run_one(eta, system, seed, steps, work / f"eta{eta}-{system}-s{seed}",
-                    args.overrides, args.c_train)
+                    args.overrides, args.c_train, args.config)
             for seed in args.seeds for eta in args.etas for system in args.systems]
-    print(f"## P2 frontier ({CONFIG.name}, virtual clock): {steps} steps, seeds "
+    print(f"## Frontier ({args.config.name}, virtual clock): {steps} steps, seeds "
           f"{' '.join(map(str, args.seeds))}{' (quick)' if args.quick else ''}")
     print(f"overrides: {' '.join([*COMMON, *args.overrides])}; c_train {args.c_train}/s; "
           f"load average before: {before[0]:.2f} {before[1]:.2f} {before[2]:.2f}; "

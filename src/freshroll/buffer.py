@@ -97,7 +97,8 @@ class SampleBuffer(BufferResults):
             ts=clock.now(), run_id=run_id, incarnation=buf.incarnation + 1,
             max_staleness=config.max_staleness, batch_groups=config.batch_groups,
             group_size=config.group_size, max_inflight_groups=config.max_inflight_groups,
-            staleness_basis=config.staleness_basis))
+            staleness_basis=config.staleness_basis,
+            admission_window=_recorded_window(config)))
         if buf.version is None:  # a fresh ledger, or a crash before its first version was durable
             buf._emit(ev.PolicyPublished(ts=clock.now(), version=str(initial_version)))
         for event in announce:
@@ -176,13 +177,17 @@ class SampleBuffer(BufferResults):
 
     def capacity(self) -> int:
         """Groups that may be admitted now (see :mod:`freshroll.freshness`), the look-ahead
-        in place of ``max_staleness``."""
+        in place of ``max_staleness``; the admission window ``W`` (``admission_window``)
+        holds in the async mode only (a look-ahead lowered by the sync fallback admits
+        ``(lookahead + 1) × B``)."""
         limit = self.admission_limit
         free = None if limit is None else limit - self.running
+        cfg = self.config
         return admission_capacity(
             max_staleness=self._lookahead, version=self._require_version().step,
-            batch_groups=self.config.batch_groups, accepted=self.accepted, running=self.running,
-            free_slots=free,
+            batch_groups=cfg.batch_groups, accepted=self.accepted, running=self.running,
+            free_slots=free, admission_window=(
+                cfg.admission_window if self._lookahead == cfg.max_staleness else None),
         )
 
     def admit(self, prompt_id: str, extra: int = 0) -> GroupId:
@@ -427,3 +432,10 @@ def replay_ledger(ledger: Ledger, config: KernelConfig, clock: Clock) -> SampleB
     buf = SampleBuffer(ledger, config, clock, run_id="replay")
     buf.replay()
     return buf
+
+
+def _recorded_window(config: KernelConfig) -> int | None:
+    """``opened.admission_window``: ``W`` when wider than ``η + 1``; None (the default
+    window, as ledgers before the setting recorded it) otherwise."""
+    w = config.admission_window
+    return None if w is None or w == config.max_staleness + 1 else w

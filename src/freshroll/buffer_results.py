@@ -58,6 +58,8 @@ class KernelConfig:
     group_size: int = 4
     max_inflight_groups: int | None = None
     staleness_basis: str = "oldest_token"  # freshness.STALENESS_BASES
+    #: W, the admission window in trainer steps (freshness.window_steps); None: η + 1
+    admission_window: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_staleness", "batch_groups", "group_size"):
@@ -69,6 +71,11 @@ class KernelConfig:
             raise ConfigError(f"max_inflight_groups must be >= 1, got {self.max_inflight_groups}")
         if self.staleness_basis not in STALENESS_BASES:
             raise ConfigError(f"staleness_basis must be one of {STALENESS_BASES}")
+        window = self.admission_window
+        if window is not None and (not isinstance(window, int)
+                                   or window < self.max_staleness + 1):
+            raise ConfigError(f"admission_window must be an integer >= max_staleness + 1 = "
+                              f"{self.max_staleness + 1} or None, got {window!r}")
 
 
 class BufferResults(BufferQueries):

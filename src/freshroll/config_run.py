@@ -20,6 +20,15 @@ class RunSection(_Section):
         "oldest_token", description="the lag max_staleness bounds at admission and lease: of "
         "a sample's oldest token (its started version) or of its newest (with "
         "rollout.on_update: continue, its tokens span versions; docs/freshness.md)")
+    admission_window: Annotated[int, Field(ge=1, le=1_001)] | Literal["auto"] = Field(
+        "auto", description="admission window W in trainer steps: at most W x "
+        "rollout.batch_groups groups admitted and not yet trained or discarded; auto: "
+        "max_staleness + 1 (a group admitted at v is trained by v + eta in admission order). "
+        "Wider keeps max_staleness enforced at lease (a stale group is discarded): meant for "
+        "rollout.on_update: continue with staleness_basis: newest_token (a running request "
+        "keeps taking new weights; otherwise a line at start says the extra groups mostly end "
+        "stale). Measured on P2, 3 x (eta + 1) cut trainer idle ~10 points for ~35 points "
+        "more stale discards (docs/tails.md)")
     torch_threads: Annotated[int, Field(ge=1, le=1_024)] | Literal["auto"] = Field(
         "auto", description="intra-op threads per compute thread; auto: an async run measures "
         "at start (a thread probe: all the cores where they make a step's work >= 1.15x "
@@ -41,8 +50,19 @@ class RunSection(_Section):
         "ray://host:10001, auto); unset: a private local Ray instance, dashboard off")
     progress: bool = Field(True, description="print the progress line (stderr)")
 
+    @property
+    def window_steps(self) -> int | None:
+        """``admission_window`` as the kernel takes it: None for auto (``η + 1``)."""
+        return None if self.admission_window == "auto" else self.admission_window
+
     @model_validator(mode="after")
-    def _ray_address(self) -> RunSection:
+    def _check(self) -> RunSection:
+        window = self.admission_window
+        if window != "auto" and window < self.max_staleness + 1:
+            raise ValueError(
+                f"admission_window {window} is under max_staleness + 1 = "
+                f"{self.max_staleness + 1}: the window is never narrower than the freshness "
+                "window (rollout.max_inflight_groups caps groups in flight)")
         address = self.ray_address
         if address is not None and not _RAY_ADDRESS.fullmatch(address):
             raise ValueError(

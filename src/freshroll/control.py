@@ -216,6 +216,7 @@ class Snapshot:
     version: int = 0                   # trainer policy step v
     max_staleness: int = 0             # η
     batch_groups: int = 1              # B
+    admission_window: int | None = None  # W in trainer steps (run.admission_window); None: η + 1
     groups_accepted: int = 0           # cumulative, from the (replayed) buffer
     groups_running: int = 0
     lag_mean: float = 0.0
@@ -284,6 +285,7 @@ def admission_budget(snap: Snapshot, settings: Settings) -> int:
         max_staleness=snap.max_staleness, version=snap.version, batch_groups=snap.batch_groups,
         accepted=snap.groups_accepted, running=snap.groups_running,
         free_slots=settings.admission_limit - snap.groups_running,
+        admission_window=snap.admission_window,
     )
 
 

@@ -21,11 +21,12 @@ stragglers: groups whose slowest member has not finished. Workers are not the le
                                                           tail does not go away)
 
 **Workers for the window** (:func:`window_workers`; with the levers on, as they are). The
-freshness window admits at most ``(η + 1) × B`` groups ahead of the trainer, each of
-``G + x`` requests; workers beyond those whose slots (``c`` each) hold all of them are
-blocked whenever the window is::
+admission window admits at most ``W × B`` groups ahead of the trainer (``W``: ``η + 1``, or
+``run.admission_window``: :func:`freshroll.freshness.window_steps`), each of ``G + x``
+requests; workers beyond those whose slots (``c`` each) hold all of them are blocked whenever
+the window is::
 
-    n_w = ceil((η + 1) × B × (G + x) × (1 + headroom) / c)
+    n_w = ceil(W × B × (G + x) × (1 + headroom) / c)
 
 * in a conflict, the worker count is steered to a target: ``n_w``, scaled with the
   trainer's demand ``D`` (``Snapshot.fed_rate``, measured over whole trainer steps) above the
@@ -44,6 +45,14 @@ blocked whenever the window is::
   than ``n_w`` would leave admitted requests queued, and every group they belong to waits.
 
 The reference ``D_0`` is the lowest demand measured in any window (with the levers on).
+
+**The admission window is not a lever here** (``run.admission_window``, set by the config
+only). Widening it in a conflict would feed the trainer more, but measured on P2 (docs/bench.md,
+"A wider admission window") three freshness windows cut the trainer's idle share by ~10
+points while the stale discards rose by ~35 (to 42-55% of the outcomes), under
+``continue`` + ``newest_token`` too: a group waits for its slowest member and its first ones
+age meanwhile. A rule would need a stale-share ceiling far above issue 26's 1%, and a live
+window recorded per decision for ``verify`` (today ``opened`` records it).
 
 A blocked worker costs its worker-seconds and adds nothing, so neither raises the trainer's
 idle share. When the trainer changes speed the pipeline leaves the conflict
@@ -113,6 +122,8 @@ class Window(Protocol):
     @property
     def batch_groups(self) -> int: ...
     @property
+    def admission_window(self) -> int | None: ...
+    @property
     def discards(self) -> Mapping[str, int]: ...
     @property
     def generated(self) -> int: ...
@@ -171,9 +182,10 @@ def tail_levers(side: Side, levers: Levers, chi: float, cfg: Bounds, *,
 
 
 def window_workers(eta: int, batch_groups: int, group: int, concurrency: int,
-                   headroom: float) -> int:
-    """``n_w``: the workers whose slots hold every request the freshness window admits."""
-    requests = (max(0, eta) + 1) * batch_groups * group
+                   headroom: float, window: int | None = None) -> int:
+    """``n_w``: the workers whose slots hold every request the admission window admits
+    (``window``: ``W`` in trainer steps; None: ``η + 1``)."""
+    requests = (window if window is not None else max(0, eta) + 1) * batch_groups * group
     return max(1, math.ceil(requests * (1 + headroom) / max(1, concurrency)))
 
 
@@ -221,7 +233,7 @@ def steer_window(side: Side, snap: Window, workers: int, why: str, cfg: Bounds,
         return Steered(workers, why, Levers(s.extra, s.deadline), "", up, down, lever,
                        demand_ref)
     need = window_workers(snap.max_staleness, snap.batch_groups, cfg.group_size + s.extra,
-                          s.concurrency, cfg.headroom)
+                          s.concurrency, cfg.headroom, snap.admission_window)
     target, demand_ref = conflict_target(need, snap.fed_rate, demand_ref, cfg.max_workers)
     if side == "conflict":
         workers, why = conflict_workers(s.workers, target, cfg, since_down=_since(now, down),

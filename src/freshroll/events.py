@@ -58,6 +58,10 @@ class Opened(Event, frozen=True, tag="opened"):
     #: the lag that max_staleness bounds (``run.staleness_basis``): of a sample's oldest
     #: token (its started version) or of its newest (``generated.last_version``)
     staleness_basis: str = "oldest_token"
+    #: ``W``, the admission window in trainer steps (``run.admission_window``): at most
+    #: ``(W + v) × batch_groups`` groups accepted + running at trainer version ``v``; None:
+    #: ``max_staleness + 1`` (the default, and every ledger before the setting)
+    admission_window: int | None = None
 
 
 class PolicyPublished(Event, frozen=True, tag="policy_published"):

@@ -9,13 +9,27 @@ oldest member's). ``max_staleness`` (η) bounds the lag; η = 0 is synchronous.
 Admission (as AReaL's staleness manager, counted in groups)::
 
     capacity = min(free_slots,
-                   (η + v + 1) × B  -  (accepted + running))
+                   (W + v) × B  -  (accepted + running))        W = η + 1 by default
 
 where ``B`` is the number of groups one trainer step consumes, ``accepted`` is
 the number of groups ever accepted into the buffer (ready or consumed; discarded
 groups free their place) and ``running`` the number of admitted groups not yet
-accepted or discarded. A group admitted at version ``v`` is then consumed at a
-version at most ``v + η`` as long as the trainer consumes in admission order.
+accepted or discarded. ``W`` is the **admission window** in trainer steps (at most
+``W × B`` groups admitted and not yet consumed or discarded): ``run.admission_window``,
+``auto`` being ``η + 1`` (:func:`window_steps`). With ``W = η + 1`` a group admitted at
+version ``v`` is consumed at a version at most ``v + η`` as long as the trainer consumes in
+admission order.
+
+A **wider window** (``W > η + 1``) admits groups that, consumed in admission order, reach the
+trainer up to ``W - 1`` versions after their admission: fresh only if their tokens are newer
+than the version they were admitted at. On the ``oldest_token`` basis that takes a queue (a
+group that waits for a worker starts, and so ages, later), so where the window is the limit
+(workers idle, blocked by admission) the extra groups start at once and are mostly discarded
+``stale``. Under ``rollout.on_update: continue`` with the ``newest_token`` basis a running
+request keeps taking new weights, so a member is as old as its last token; but a group is as
+stale as its stalest member and waits for its slowest, so the members done first age
+meanwhile (measured on P2, docs/bench.md "A wider admission window": no better than the
+oldest-token basis). Either way η is never loosened: the bound is enforced at lease.
 
 Lease time: a group whose lag exceeds η is discarded as ``stale``
 (:func:`is_stale`), so the bound holds even when admission order breaks down
@@ -62,6 +76,17 @@ StalenessBasis = Literal["oldest_token", "newest_token"]
 STALENESS_BASES: Final = ("oldest_token", "newest_token")
 
 
+def window_steps(max_staleness: int, admission_window: int | None = None) -> int:
+    """``W``, the admission window in trainer steps (module docstring): ``admission_window``
+    where set (it must be at least ``η + 1``), else ``η + 1``."""
+    if admission_window is None:
+        return max_staleness + 1
+    if admission_window < max_staleness + 1:
+        raise ValueError(f"admission_window {admission_window} is under max_staleness + 1 = "
+                         f"{max_staleness + 1}")
+    return admission_window
+
+
 def admission_capacity(
     *,
     max_staleness: int,
@@ -70,12 +95,33 @@ def admission_capacity(
     accepted: int,
     running: int,
     free_slots: int | None = None,
+    admission_window: int | None = None,
 ) -> int:
-    """How many more groups may be admitted now (never negative)."""
-    cap = (max_staleness + version + 1) * batch_groups - (accepted + running)
+    """How many more groups may be admitted now (never negative); ``admission_window``: ``W``
+    (None: ``η + 1``, :func:`window_steps`)."""
+    window = window_steps(max_staleness, admission_window)
+    cap = (window + version) * batch_groups - (accepted + running)
     if free_slots is not None:
         cap = min(cap, free_slots)
     return max(cap, 0)
+
+
+def window_note(*, max_staleness: int, admission_window: int | None, basis: str,
+                continues: bool) -> str:
+    """The line a run starts with when its window is wider than ``η + 1`` where that mostly
+    makes stale discards (module docstring): on the ``oldest_token`` basis, or when running
+    requests do not take new weights (``continues``: ``rollout.on_update`` continue). Empty
+    otherwise."""
+    w = window_steps(max_staleness, admission_window)
+    if w <= max_staleness + 1 or (basis == "newest_token" and continues):
+        return ""
+    why = ("on staleness_basis oldest_token a group's lag is fixed when it starts"
+           if basis == "oldest_token" else
+           "without rollout.on_update: continue a request's tokens all come from its start")
+    return (f"admission window {w} steps is wider than max_staleness + 1 = "
+            f"{max_staleness + 1}: {why}, so the groups beyond the freshness window that start "
+            "at once mostly end stale (discarded at lease); it pays with rollout.on_update: "
+            "continue and run.staleness_basis: newest_token (docs/tails.md)")
 
 
 def lag(consumer_version: int, sample_version: int) -> int:

@@ -64,5 +64,7 @@ def test_quick_run_prints_every_system_with_finite_figures(tmp_path: Path) -> No
 def test_every_system_names_config_keys_that_exist(system: str) -> None:
     from freshroll.config import load_config
 
-    cfg = load_config(pf.CONFIG, [*pf.COMMON, *pf.SYSTEMS[system], "run.max_staleness=4"])
+    cfg = load_config(pf.CONFIG, [*pf.COMMON, *pf.overrides(4, system), "run.max_staleness=4"])
     assert cfg.run.max_staleness == 4 and cfg.rollout.engine == "sim"
+    # the wide rows: WIDE freshness windows at the same η; every other row the default
+    assert cfg.run.admission_window == (pf.WIDE * 5 if system.startswith("wide-") else "auto")

@@ -89,6 +89,9 @@ def test_the_window_workers():
     assert window_workers(2, 32, 16, 128, 0.05) == math.ceil(3 * 32 * 16 * 1.05 / 128)  # 13
     assert window_workers(2, 32, 20, 128, 0.05) == 16  # four extras per group
     assert window_workers(0, 1, 2, 128, 0.0) == 1
+    # a wider admission window (run.admission_window W = 9 steps at η 2): its requests
+    assert window_workers(2, 32, 16, 128, 0.05, 9) == math.ceil(9 * 32 * 16 * 1.05 / 128)  # 38
+    assert window_workers(2, 32, 16, 128, 0.05, None) == window_workers(2, 32, 16, 128, 0.05)
 
 
 def test_config_bounds() -> None:

@@ -13,8 +13,9 @@ trainer step, the per-batch stage times are ``t_x = B / c_x`` (``t_sync`` = seco
 version)::
 
     E       = accepted/s / min(c_gen, c_reward, c_train, c_sync)     pipeline efficiency
-    window bound = min(1, (η+1)·B / (λ·L))   the most of the trainer's demand the freshness
-              window can feed (summary.json window_bound, freshroll.figures.window: L the
+    window bound = min(1, W·B / (λ·L))       the most of the trainer's demand the freshness
+              window can feed (summary.json window_bound, freshroll.figures.window: W the
+              admission window in trainer steps, η + 1 unless run.admission_window; L the
               run's mean group latency, λ its own trainer's groups/s; on a train-bound
               workload E stays under it, up to c_train against the run's own trainer step)
     speedup = accepted/s / accepted/s of the synchronous baseline (max_staleness 0)

@@ -20,7 +20,8 @@ prompt_sequence      across incarnations, groups are admitted as ``g0, g1, ...``
                      no prompt skipped or repeated across a resume (NeMo-RL #3599)
 admission_bound      at every admission, before and after a resume, the groups in
                      flight stay within the kernel's window:
-                     ``accepted + running <= (eta + v + 1) x B``, and ``running`` within
+                     ``accepted + running <= (W + v) x B`` (``W``: the admission window
+                     in force, ``eta + 1`` by default), and ``running`` within
                      the live admission limit (AReaL #1388; :mod:`freshroll.freshness`)
 reward_failures      every sample the injector failed (``fail_reward``,
                      ``malformed_reward``: the sample ids its records name) is never
@@ -40,15 +41,14 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from freshroll import events as ev
 from freshroll.chaos.plan import Scenario
 from freshroll.chaos.result import Violation
 from freshroll.config import Config
+from freshroll.harness.admission import AdmissionFold
 from freshroll.harness.verify import INVARIANTS, verify_run
-from freshroll.lineage import group_of, policy_step, request_of
 
 #: chaos checks beyond verify's invariants, in report order
 CHECKS = ("faults_recorded", "prompt_sequence", "admission_bound", "reward_failures",
@@ -143,76 +143,27 @@ def prompt_sequence(events: Iterable[ev.Event], order: Sequence[str] | None) -> 
 
 
 # -- admission_bound ----------------------------------------------------------------------
-@dataclass
-class _Window:
-    eta: int = 0
-    batch: int = 1
-    limit: int | None = None
-    last_decision: ev.ControllerDecided | None = None
-    version: int = 0
-    accepted: int = 0  # groups ready or consumed (a discarded ready group frees its place)
-    running: int = 0  # groups admitted, not ready, not ended
-
-
 def admission_bound(events: Iterable[ev.Event]) -> list[Violation]:
-    w = _Window()
-    size: dict[str, int] = {}
-    open_: dict[str, int] = {}  # running group -> members not yet rewarded or ended
-    kept: dict[str, int] = {}  # group -> rewarded members (ready: still held)
-    state: dict[str, str] = {}  # group -> running | accepted | gone
-    rewarded: set[str] = set()  # requests rewarded
+    fold = AdmissionFold()  # the window in force (verify's freshness check shares it)
+    limit: int | None = None  # the live admission limit on groups running
+    last_decision: ev.ControllerDecided | None = None
     out: list[Violation] = []
     incarnation = 0
     for e in events:
         if isinstance(e, ev.Opened):
             incarnation = e.incarnation
-            w.eta, w.batch = e.max_staleness, e.batch_groups
-            d = w.last_decision
-            w.limit = (d.settings.admission_limit or None) if d is not None and \
+            d = last_decision
+            limit = (d.settings.admission_limit or None) if d is not None and \
                 d.mode == "adaptive" else e.max_inflight_groups
         elif isinstance(e, ev.ControllerDecided):
-            w.last_decision, w.limit = e, e.settings.admission_limit or None
-        elif isinstance(e, ev.PolicyPublished | ev.Committed):
-            w.version = policy_step(e.version)
-        elif isinstance(e, ev.Requested):
-            size[e.group] = open_[e.group] = e.size
-            kept[e.group], state[e.group] = 0, "running"
-            w.running += 1
-            window = (w.eta + w.version + 1) * w.batch
-            if w.accepted + w.running > window:
-                out.append(Violation("admission_bound", f"incarnation {incarnation}: {e.group} "
-                                     f"admitted at version {w.version} with {w.accepted} "
-                                     f"accepted + {w.running} running groups > window "
-                                     f"{window} = ({w.eta} + {w.version} + 1) x {w.batch}"))
-            if w.limit is not None and w.running > w.limit:
-                out.append(Violation("admission_bound", f"incarnation {incarnation}: {e.group} "
-                                     f"admitted with {w.running} groups running > the "
-                                     f"admission limit {w.limit}"))
-        elif isinstance(e, ev.Rewarded):
-            req = request_of(e.sample)
-            g = group_of(req)
-            if req not in rewarded and state.get(g) == "running":
-                rewarded.add(req)
-                open_[g] -= 1
-                kept[g] += 1
-        elif isinstance(e, ev.Ready):
-            if state.get(e.group) == "running":
-                state[e.group] = "accepted"
-                w.running -= 1
-                w.accepted += 1
-        elif isinstance(e, ev.Discarded) and e.reason not in ev.RETRY_REASONS:
-            g = group_of(e.request)
-            st = state.get(g)
-            if st == "running" and e.request not in rewarded:
-                open_[g] -= 1
-                if open_[g] == 0 and kept[g] == 0:
-                    state[g] = "gone"
-                    w.running -= 1
-            elif st == "accepted" and e.request in rewarded:
-                kept[g] -= 1
-                if kept[g] == 0:
-                    state[g] = "gone"
-                    w.accepted -= 1
+            last_decision, limit = e, e.settings.admission_limit or None
+        bad = fold.feed(e)
+        if bad is not None:
+            out.append(Violation("admission_bound", f"incarnation {incarnation}: {bad}"))
+        if isinstance(e, ev.Requested) and limit is not None and fold.running > limit:
+            out.append(Violation("admission_bound", f"incarnation {incarnation}: {e.group} "
+                                 f"admitted with {fold.running} groups running > the "
+                                 f"admission limit {limit}"))
     return out
 
 

@@ -1,8 +1,10 @@
 """The freshness window's bound on the trainer (issue 26): how much of the trainer's demand
 admission can meet at all, from the ledger alone.
 
-Admission (:mod:`freshroll.freshness`) keeps at most ``W = (η + 1) × B`` groups admitted and
-not yet consumed or discarded (``B``: groups per trainer step, ``rollout.batch_groups``).
+Admission (:mod:`freshroll.freshness`) keeps at most ``W = w × B`` groups admitted and
+not yet consumed or discarded (``B``: groups per trainer step, ``rollout.batch_groups``; ``w``:
+the admission window in trainer steps in force, ``opened.admission_window``, ``η + 1`` by
+default).
 A group that becomes ``ready`` spent at least its latency ``L_i`` (``requested`` to
 ``ready``: its slowest member's generation and reward) inside that window, so over a run of
 ``T`` seconds ``Σ L_i ≤ W × T`` (Little's law), and groups reach the trainer at most at::
@@ -13,7 +15,7 @@ The trainer, never waiting, consumes ``λ = B / s`` groups per second (``s``: th
 trainer step, ``committed.ts - leased.ts``). So the share of its demand the pipeline can
 meet, whatever the worker count, is at most::
 
-    bound = min(1, W / (λ × L))  =  min(1, (η + 1) × s / L)
+    bound = min(1, W / (λ × L))  =  min(1, w × s / L)          (w = η + 1 by default)
 
 and a run's efficiency measured against its own trainer, ``E = accepted/s / (λ × G)``
 (``G`` samples per group; for a run whose trainer steps take ``s`` this is its busy share
@@ -22,7 +24,7 @@ wall time, from its first wait to its last commit). A group stays in the window 
 ``ready`` (until the step that trains it commits) and stale groups take window time without
 being trained on, so the bound is an upper limit, not a forecast; when it is far below 1 no
 worker count and no controller can feed the trainer, only a shorter group latency
-(deadlines, over-provisioning) or a wider window (η) can.
+(deadlines, over-provisioning) or a wider window (η, or ``run.admission_window``) can.
 
 Groups that never become ready (every member discarded: dropped, cut at a deadline,
 cancelled) are counted apart, with their mean latency ``requested`` to the discard that ended
@@ -37,6 +39,7 @@ import math
 from typing import Any, ClassVar
 
 from freshroll import events as ev
+from freshroll.freshness import window_steps
 from freshroll.lineage import group_of
 from freshroll.tally import UNCOUNTED_DISCARD_REASONS
 
@@ -80,6 +83,7 @@ class WindowFold:
     def __init__(self) -> None:
         self.max_staleness: int | None = None
         self.batch_groups: int | None = None
+        self.window_steps: int | None = None  # w: the last opened's admission window
         self.groups: dict[str, _Group] = {}  # admitted, holding a place
         self.leases: dict[str, tuple[float, list[str]]] = {}  # until committed / released
         self.ready = 0
@@ -97,6 +101,8 @@ class WindowFold:
         self.last = max(self.last, e.ts)
         if isinstance(e, ev.Opened):
             self.max_staleness, self.batch_groups = e.max_staleness, e.batch_groups
+            self.window_steps = window_steps(e.max_staleness) if e.admission_window is None \
+                else e.admission_window
             self.leases.clear()  # a resume re-leases: no commit of the last one comes
         elif isinstance(e, ev.Requested):
             self.groups[e.group] = _Group(e.ts, e.size)
@@ -151,9 +157,9 @@ class WindowFold:
 
     def result(self) -> dict[str, Any] | None:
         """``summary.json``'s ``window_bound``; None before the first ``opened``."""
-        if self.max_staleness is None or self.batch_groups is None:
+        if self.window_steps is None or self.batch_groups is None:
             return None
-        window = (self.max_staleness + 1) * self.batch_groups
+        window = self.window_steps * self.batch_groups
         latency = self.ready_s / self.ready if self.ready else math.nan
         step = self.step_s / self.steps if self.steps else math.nan
         rate = self.batch_groups / step if step > 0 else math.nan

@@ -17,12 +17,17 @@ from typing import Any
 
 from freshroll import events as ev
 from freshroll.errors import LineageError
+from freshroll.harness.admission import AdmissionFold
 from freshroll.lineage import PolicyVersion, RewardVersion, policy_step
 
 INVARIANTS = (
     "conservation", "duplicates", "loss", "unexpected", "freshness", "fencing", "lineage",
     "accounting", "files",
 )
+
+#: the events the admission window's fold reads (:mod:`freshroll.harness.admission`)
+_ADMISSION_KINDS = frozenset({ev.Opened, ev.PolicyPublished, ev.Committed, ev.Requested,
+                              ev.Rewarded, ev.Ready, ev.Discarded})
 
 
 @dataclass
@@ -96,6 +101,7 @@ class HistoryChecker:
         self.opened_at: tuple[int, int] | None = None  # seq, incarnation of the last open
         self.trainer_restarts = 0  # trainer_restarted events (a stat: not in counts.json)
         self._handlers: dict[type, Callable[[int, Any], None] | None] = {}  # by event type
+        self.admission = AdmissionFold()  # groups accepted + running, the window in force
 
     # -- one pass -----------------------------------------------------------------
     def feed(self, seq: int, e: ev.Event) -> None:
@@ -106,6 +112,8 @@ class HistoryChecker:
             handler = self._handlers[kind] = getattr(self, f"_{e.__struct_config__.tag}", None)
         if handler is not None:
             handler(seq, e)
+        if kind in _ADMISSION_KINDS and (bad := self.admission.feed(e)) is not None:
+            self.r.add("freshness", f"seq {seq}: {bad}")
 
     def _opened(self, seq: int, e: ev.Opened) -> None:
         self.eta = e.max_staleness

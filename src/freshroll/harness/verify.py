@@ -24,7 +24,10 @@ unexpected     every event names requests and groups that were admitted; every
 freshness      every lease is taken at the current policy version; committed lag is
                >= 0 and <= max_staleness in force, on the staleness basis in force
                (``opened.staleness_basis``: the oldest token's or the newest's); every
-               ``stale`` discard really exceeded it
+               ``stale`` discard really exceeded it; every admission keeps the groups
+               accepted + running within ``(W + v) x B``, ``W`` the admission window in
+               force (``opened.admission_window``, ``max_staleness + 1`` when null:
+               :mod:`freshroll.harness.admission`)
 fencing        every attempt starts on a registered epoch that is not fenced, and no
                result is applied from a fenced one; a worker's new epoch is registered
                only after its previous epoch was fenced, and is newer

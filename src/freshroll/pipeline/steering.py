@@ -202,7 +202,8 @@ class Meter:
             completed=counts["generated"], in_flight=in_flight,
             ready_samples=buf.ready_groups() * cfg.rollout.group_size,
             version=buf.version.step, max_staleness=cfg.run.max_staleness,
-            batch_groups=cfg.rollout.batch_groups, groups_accepted=buf.accepted,
+            batch_groups=cfg.rollout.batch_groups, admission_window=cfg.run.window_steps,
+            groups_accepted=buf.accepted,
             groups_running=buf.running,
             lag_mean=sum(lags) / len(lags) if lags else 0.0, lag_max=max(lags, default=0),
             discards={k: v - last.discards.get(k, 0) for k, v in mark.discards.items()

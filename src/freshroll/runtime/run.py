@@ -52,6 +52,7 @@ from freshroll.config import Config, read_yaml, validate
 from freshroll.errors import Interrupted
 from freshroll.figures.overlap import host_now
 from freshroll.figures.overlap import render as render_overlap
+from freshroll.freshness import window_note
 from freshroll.ledger import RESERVE_BYTES, Ledger, open_ledger
 from freshroll.lineage import PolicyVersion
 from freshroll.observe.monitors import build_monitors
@@ -148,7 +149,11 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
     random.seed(cfg.run.seed)
     kernel = KernelConfig(
         cfg.run.max_staleness, cfg.rollout.batch_groups, cfg.rollout.group_size,
-        cfg.rollout.max_inflight_groups, cfg.run.staleness_basis)
+        cfg.rollout.max_inflight_groups, cfg.run.staleness_basis, cfg.run.window_steps)
+    if note := window_note(
+            max_staleness=cfg.run.max_staleness, admission_window=cfg.run.window_steps,
+            basis=cfg.run.staleness_basis, continues=_continues(cfg)):
+        stream.write(note + "\n")
     _sweep_segments(out, stream)
     ledger = open_ledger(out, reserve=RESERVE_BYTES)  # closes even on a full disk
     clock = run_clock(cfg, ledger)
@@ -266,6 +271,16 @@ def _last_lines(stream: TextIO, cfg: Config, placement: Placement,
     if placement.stages and cfg.run.progress:
         stream.write(f"intra-op threads, {settled}")
     stream.flush()
+
+
+def _continues(cfg: Config) -> bool:
+    """Do running requests take new weights (``rollout.on_update`` continue; unset: the sim
+    engine's swap, or vllm's ``vllm.on_update``)?"""
+    mode = cfg.rollout.on_update
+    if mode is None:
+        return cfg.rollout.engine == "sim" or (
+            cfg.rollout.engine == "vllm" and cfg.vllm.on_update == "continue")
+    return mode == "continue"
 
 
 def _open_buffer(prep: Prepared, asked: Config, ledger: Ledger, kernel: KernelConfig,
@@ -399,7 +414,8 @@ def run_baseline(run_dir: Path, *, stream: TextIO = sys.stderr) -> RunResult:
     :mod:`freshroll.figures.reward_time`).
     """
     cfg = validate(read_yaml(run_dir / "config.yaml"), str(run_dir / "config.yaml"))
-    sync = cfg.model_copy(update={"run": cfg.run.model_copy(update={"max_staleness": 0})})
+    sync = cfg.model_copy(update={"run": cfg.run.model_copy(
+        update={"max_staleness": 0, "admission_window": "auto"})})
     stream.write("synchronous baseline (max_staleness=0):\n")
     result = run(sync, run_dir / "baseline", stream=stream)
     finish_run_dir(run_dir, baseline=run_dir / "baseline")
