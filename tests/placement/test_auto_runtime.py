@@ -46,21 +46,32 @@ def test_an_explicit_runtime_is_kept_and_auto_says_why(monkeypatch: pytest.Monke
 # -- auto settled on a thread probe ----------------------------------------------------------
 
 
-def _probe(gain: float, skipped: str = "") -> Any:
+def _probe(advantage: float, skipped: str = "") -> Any:
     from freshroll.placement.thread_probe import ThreadProbe
 
-    # a step's work: 1.0 s on one thread, 1/gain s on two
-    return ThreadProbe(2, 128, 12, 0.4, 0.6, 0.4 / gain, 0.6 / gain, 0.5, skipped)
+    # generate 0.4 s and train 0.6 s on one thread (an async step on a core per stage: 0.6 s);
+    # a sync step on two threads 0.6 / advantage s
+    many = 0.6 / advantage
+    return ThreadProbe(2, 128, 12, 0.4, 0.6, 0.4 * many, 0.6 * many, 0.5, skipped)
 
 
 def test_the_probe_says_whether_threads_pay():
-    from freshroll.placement.thread_probe import PAYS
+    from freshroll.placement.thread_probe import PAYS, ThreadProbe
 
-    assert _probe(1.6).gain == pytest.approx(1.6) and _probe(1.6).pays
+    assert _probe(1.6).advantage == pytest.approx(1.6) and _probe(1.6).pays
+    assert _probe(1.6).gain == pytest.approx(1.6 / 0.6)
     assert not _probe(PAYS - 0.01).pays and _probe(PAYS).pays
     assert "does not pay" in _probe(0.7).describe()
     assert _probe(0.5, skipped="large").pays  # a model too large to probe: long ops
     assert _probe(1.6).as_dict()["pays"] is True
+    assert _probe(1.6).as_dict()["advantage"] == pytest.approx(1.6)
+    # threads that speed a step up 1.5x do not pay where the stages are balanced: an async
+    # step on a core per stage (0.5 s) beats a sync step on both cores (0.667 s) ...
+    balanced = ThreadProbe(2, 128, 12, 0.5, 0.5, 1 / 3, 1 / 3, 0.5)
+    assert balanced.gain == pytest.approx(1.5) and not balanced.pays
+    # ... and pay where one stage is most of the step (0.9 s against 0.667 s)
+    lopsided = ThreadProbe(2, 128, 12, 0.1, 0.9, 1 / 15, 0.6, 0.5)
+    assert lopsided.gain == pytest.approx(1.5) and lopsided.pays
 
 
 def test_where_threads_pay_every_stage_runs_inline_on_all_cores():
@@ -130,8 +141,9 @@ def test_the_probe_stops_after_one_pair_only_when_the_gain_is_far_from_the_bar()
 
     assert DECISIVE_LOW < 1.0 < PAYS < DECISIVE_HIGH
 
-    def pair(gain: float) -> bool:  # one pair: 1.0 s on one thread, 1/gain s on two
-        return _decisive({1: [0.4], 2: [0.4 / gain]}, {1: [0.6], 2: [0.6 / gain]}, 2)
+    def pair(advantage: float) -> bool:  # one pair: 0.4 + 0.6 s on one thread, 0.6/adv on two
+        many = 0.6 / advantage
+        return _decisive({1: [0.4], 2: [0.4 * many]}, {1: [0.6], 2: [0.6 * many]}, 2)
 
     assert pair(DECISIVE_HIGH * 1.01) and pair(DECISIVE_LOW * 0.99)
     assert not pair(PAYS) and not pair(1.0) and not pair(DECISIVE_HIGH * 0.99)
@@ -250,7 +262,7 @@ def test_where_threads_pay_an_async_run_starts_in_the_fallbacks_sync_mode():
     run starts in the sync fallback's sync mode (the stages take turns on all the cores)
     until its first probe measures async against that (issue 25, item 5)."""
     p = placement.plan(_cfg(max_staleness=1), _probe(1.6), cores=2)
-    assert p.runtime == "inline" and "intra-op threads pay here (1.60x" in p.start_sync
+    assert p.runtime == "inline" and "is 1.60x an async one on a core per stage" in p.start_sync
     assert placement.plan(_cfg(max_staleness=1), _probe(0.8), cores=2).start_sync == ""
     off = _cfg(max_staleness=1)
     off = off.model_copy(update={"control": off.control.model_copy(update={"fallback": False})})

@@ -218,7 +218,8 @@ def plan(cfg: Config, probe: ThreadProbe | None = None, *, injected: bool = Fals
          cores: int | None = None) -> Placement:
     """The placement and thread budget of ``cfg``'s run, ``auto`` settled on ``probe``::
 
-        threads pay (probe, async)   inline, all the cores
+        threads pay (probe, async)   inline, all the cores (a sync step on them beats an
+                                     async step on a core per stage: thread_probe)
         otherwise                    the fixed rule: auto_runtime, thread_budget
         a sync run (tunes_stages)    also each stage's threads, 1 or all the cores,
                                      settled on its own first calls
@@ -237,9 +238,9 @@ def plan(cfg: Config, probe: ThreadProbe | None = None, *, injected: bool = Fals
         budget = ThreadBudget(cores, "inline", cores, cores, auto=True)
         why = f"intra-op threads pay here ({probe.describe()}): one process, all {cores} cores"
         start = ("" if probe.skipped or cfg.control.fallback is False else
-                 f"the thread probe: intra-op threads pay here ({probe.gain:.2f}x on {cores} "
-                 "cores), so the stages take turns on all of them (a sync run's step) until "
-                 "the fallback measures async against it")
+                 f"the thread probe: a sync step on all {cores} cores is {probe.advantage:.2f}x "
+                 "an async one on a core per stage, so the stages take turns on all of them "
+                 "until the fallback measures async against it")
         placed = Placement("inline", budget, why, probe, start_sync=start)
         return _with_modes(cfg, placed, injected)
     budget = _budget(cfg, cores, runtime)

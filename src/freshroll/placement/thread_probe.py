@@ -9,17 +9,29 @@ the cores 1.2x faster than one thread per process; with another process on one c
 threads lose again. No fixed rule holds across model sizes and loads, so the run measures.
 
 :func:`probe_threads` times the work of one step at its real shape, a ``generate`` of the
-run's prompts and a training forward+backward of prompt + completion tokens, each on a
-thread of its own taking turns as in a sync run, on one intra-op thread and on all the
-cores, interleaved (1, n, 1, n after a warm-up of each), best of two each; one pair when
-its gain is already far from :data:`PAYS` (>= :data:`DECISIVE_HIGH` or <=
-:data:`DECISIVE_LOW`), which spares a third of the probe's time. (Timed on one
-thread, the tiny model's work looked 1.0-1.5x faster on two threads, depending on what the
-process had run before, while a run on two threads was 0.75x: each Python thread that
-computes has an OpenMP team of its own, as in a run.) Threads *pay* when the step's work is
-at least :data:`PAYS` (1.15x) faster on all the cores; :func:`freshroll.placement.placement.plan`
-then runs every stage in one process on all the cores, else it keeps one thread per compute
-process.
+run's prompts and a training forward+backward of prompt + completion tokens, taking turns on
+**one** thread as a sync step does (a sync run's stages, and an async inline run's sync
+windows, share one compute thread: one OpenMP team), on one intra-op thread and on all the
+cores, interleaved (1, n, 1, n after a warm-up of each), best of two each; one pair when the
+answer is already far from :data:`PAYS` (>= :data:`DECISIVE_HIGH` or <= :data:`DECISIVE_LOW`),
+which spares a third of the probe's time. The question is not whether threads speed a step
+up but which of the two placements is faster::
+
+    sync step on all the cores         gen_n + train_n        (the stages take turns)
+    async step, a core per stage       max(gen_1, train_1)    (perfect overlap, a bound)
+    advantage  = max(gen_1, train_1) / (gen_n + train_n)
+    pays       <=>  advantage >= PAYS
+
+Where it *pays*, :func:`freshroll.placement.placement.plan` runs every stage in one process on
+all the cores and starts in the sync mode (the fallback measures async against it later);
+else it keeps one thread per compute process, overlapped. Measured (issue 25, quiet 2-core
+machine, the same probe both ways): timed on two threads of their own (two OpenMP teams, the
+probe before), a step's work on two cores read 0.81-0.84x at the tiny default, 1.08-1.15x at
+1.06M and 1.14-1.54x at 5.13M parameters, so the default ran 1M and 5M/16-token models async
+on a core per stage, 0.68-0.88x a sync run; on one thread it reads 1.44-1.64x, 1.85-2.00x and
+1.81-1.97x (the floor's own gains: 1.57-1.78x), and the advantage 0.92-0.96 at the tiny default
+(async kept: it measured 1.27x a sync run there), 1.38-1.50 at 1.06M and 1.27-1.51 at 5.13M
+(sync started).
 
 Cost: about six step-sized calls before the run's clock starts (outside ``wall_s``; the start
 line prints it; 0.2-0.4 s on the tiny default, 2-4 s at 5M parameters): rows are cut only
@@ -53,9 +65,10 @@ if TYPE_CHECKING:
     from freshroll.config import Config
     from freshroll.rewards.tasks import Prompt
 
-#: threads pay when the step is at least this much faster on all the cores
+#: threads pay when a sync step on all the cores is at least this much faster than an async
+#: step on a core per stage (the module doc's advantage)
 PAYS = 1.15
-#: after the first pair (1 thread, all the cores) the probe stops when the gain is at least
+#: after the first pair (1 thread, all the cores) the probe stops when the advantage is at least
 #: the first or at most the second: far enough from :data:`PAYS` that a second pair (best of
 #: two) would not cross it
 DECISIVE_HIGH = 1.4
@@ -90,8 +103,15 @@ class ThreadProbe:
         return (self.gen_1 + self.train_1) / many if many > 0 else float("inf")
 
     @property
+    def advantage(self) -> float:
+        """How much faster a sync step on all the cores is than an async step with a core
+        per stage, perfectly overlapped (module doc)."""
+        many = self.gen_n + self.train_n
+        return max(self.gen_1, self.train_1) / many if many > 0 else float("inf")
+
+    @property
     def pays(self) -> bool:
-        return bool(self.skipped) or self.gain >= PAYS
+        return bool(self.skipped) or self.advantage >= PAYS
 
     def describe(self) -> str:
         if self.skipped:
@@ -99,16 +119,19 @@ class ThreadProbe:
         how = (f"reused, measured {time.strftime('%H:%M:%S', time.localtime(self.reused_from))}"
                if self.reused_from else f"probe {self.probe_s:.1f} s")
         return (f"a step's work {self.gen_1 + self.train_1:.3f} s on 1 thread, "
-                f"{self.gen_n + self.train_n:.3f} s on {self.threads}: {self.gain:.2f}x, "
+                f"{self.gen_n + self.train_n:.3f} s on {self.threads} ({self.gain:.2f}x); "
+                f"a sync step on {self.threads} cores against an async one on a core per stage "
+                f"(>= {max(self.gen_1, self.train_1):.3f} s): {self.advantage:.2f}x, "
                 f"{'pays' if self.pays else 'does not pay'} (needs {PAYS:.2f}x; {how})")
 
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "gain": self.gain, "pays": self.pays}
+        return {**asdict(self), "gain": self.gain, "advantage": self.advantage,
+                "pays": self.pays}
 
 
 def _timed(pool: ThreadPoolExecutor, fn: Callable[[], None], threads: int) -> float:
     """Seconds of ``fn`` on ``pool``'s thread at ``threads`` intra-op threads (set there:
-    each thread that computes has its own OpenMP team, as in a run)."""
+    each thread that computes has its own OpenMP team)."""
 
     def call() -> float:
         torch.set_num_threads(threads)
@@ -181,10 +204,11 @@ def _pairs(generate: Callable[[Sequence[str]], None], train: Callable[[int], Non
     :data:`CALL_BUDGET_S`, then pairs of 1 and ``threads`` taking turns, two at most."""
     g: _Seconds = {1: [], threads: []}
     t: _Seconds = {1: [], threads: []}
-    # generation and training on two threads of their own, taking turns as in a sync
-    # run (each thread's OpenMP team spins a while after its op: the other pays for it)
-    with ThreadPoolExecutor(1, "probe-gen") as gens, \
-            ThreadPoolExecutor(1, "probe-train") as trains:
+    # generation and training taking turns on one thread, as a sync step's stages do on
+    # the run's compute thread: one OpenMP team (two teams in one process, one thread each
+    # stage, took the second core's gain from both: module doc)
+    with ThreadPoolExecutor(1, "probe-compute") as compute:
+        gens = trains = compute
         # warm-up at 1 thread on a slice; cut the rows so that a call fits the budget
         first = rows[: min(len(rows), 16)]
         per_row = (_timed(gens, lambda: generate(first), 1)
@@ -203,11 +227,10 @@ def _pairs(generate: Callable[[Sequence[str]], None], train: Callable[[int], Non
 
 def _decisive(g: dict[int, list[float]], t: dict[int, list[float]], threads: int) -> bool:
     """Whether the pairs so far settle the question beyond the noise of one more pair: the
-    step's work :data:`DECISIVE_HIGH` x faster on all the cores, or at most
-    :data:`DECISIVE_LOW` x (slower or barely faster)."""
+    advantage (module doc) at least :data:`DECISIVE_HIGH`, or at most :data:`DECISIVE_LOW`."""
     many = min(g[threads]) + min(t[threads])
-    gain = (min(g[1]) + min(t[1])) / many if many > 0 else 1.0
-    return gain >= DECISIVE_HIGH or gain <= DECISIVE_LOW
+    advantage = max(min(g[1]), min(t[1])) / many if many > 0 else 1.0
+    return advantage >= DECISIVE_HIGH or advantage <= DECISIVE_LOW
 
 
 def settle_placement(cfg: Config, prompts: Sequence[Prompt], model_path: Path, *,
