@@ -48,16 +48,16 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from cli_runs import ROOT, mean_sd, num, run_cli
+
 CONFIG = ROOT / "configs" / "longtail.yaml"
 #: system -> its overrides on top of the config
 SYSTEMS: dict[str, list[str]] = {
@@ -92,10 +92,6 @@ class Run:
     load: float = math.nan
 
 
-def _num(x: Any) -> float:
-    return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else math.nan
-
-
 def last_tenth(rewards: Sequence[float]) -> float:
     """The mean of the last ceil(10%) of ``rewards`` (NaN without any)."""
     if not rewards:
@@ -109,44 +105,29 @@ def read_run(system: str, seed: int, out: Path, ok: bool, load: float) -> Run:
     s = json.loads((out / "summary.json").read_text())
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()
             if line.strip()]
-    rewards = [_num(r.get("reward_mean")) for r in sorted(rows, key=lambda r: r["step"])]
+    rewards = [num(r.get("reward_mean")) for r in sorted(rows, key=lambda r: r["step"])]
     discards = s.get("discards") or {}
-    outcomes = _num(s.get("accepted_rollouts")) + _num(s.get("counted_discards"))
+    outcomes = num(s.get("accepted_rollouts")) + num(s.get("counted_discards"))
     off = s.get("off_policy") or {}
     by_lag = off.get("by_lag") or {}
     return Run(
-        system, seed, ok, _num(s.get("accepted_rollouts_per_s")),
-        _num(s.get("trainer_idle_ratio")),
+        system, seed, ok, num(s.get("accepted_rollouts_per_s")),
+        num(s.get("trainer_idle_ratio")),
         discards.get("stale", 0) / outcomes if outcomes else math.nan,
         discards.get("cancelled", 0) / outcomes if outcomes else math.nan,
-        _num(((s.get("token_lag") or {}).get("weighted") or {}).get("mean")),
-        _num(off.get("mismatch_kl_mean")),
-        {b: (_num(x["mismatch_kl_mean"]) if isinstance(x, Mapping) else None)
+        num(((s.get("token_lag") or {}).get("weighted") or {}).get("mean")),
+        num(off.get("mismatch_kl_mean")),
+        {b: (num(x["mismatch_kl_mean"]) if isinstance(x, Mapping) else None)
          for b, x in ((b, by_lag.get(b)) for b in BUCKETS)},
         last_tenth([r for r in rewards if math.isfinite(r)]), load)
 
 
 def run_one(system: str, seed: int, steps: int, out: Path, extra: Sequence[str]) -> Run:
     """One run in a fresh process (the CLI), then its figures."""
-    cmd = [sys.executable, "-m", "freshroll", "run", str(CONFIG), "--out", str(out),
-           f"run.steps={steps}", f"run.seed={seed}", *COMMON, *SYSTEMS[system], *extra]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(
-        p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH", "")) if p)}
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                          text=True, check=False)
-    if proc.returncode not in (0, 1):  # 1: finished, verify failed (reported in the table)
-        raise RuntimeError(f"{system} seed {seed}: exit {proc.returncode}\n{proc.stderr}")
-    sys.stderr.write(f"{system} seed {seed}: {time.perf_counter() - t0:.1f} s\n")
-    return read_run(system, seed, out, proc.returncode == 0, os.getloadavg()[0])
-
-
-def _mean_sd(xs: Sequence[float], spec: str, scale: float = 1.0) -> str:
-    vals = [x * scale for x in xs if math.isfinite(x)]
-    if not vals:
-        return "-"
-    mean = format(statistics.fmean(vals), spec)
-    return mean if len(vals) < 2 else f"{mean} ± {format(statistics.stdev(vals), spec)}"
+    ok, load = run_cli(["run", str(CONFIG), "--out", str(out), f"run.steps={steps}",
+                        f"run.seed={seed}", *COMMON, *SYSTEMS[system], *extra],
+                       f"{system} seed {seed}")
+    return read_run(system, seed, out, ok, load)
 
 
 def _bucket(runs: Sequence[Run], b: str) -> str:
@@ -162,15 +143,15 @@ def render_table(runs: Sequence[Run]) -> str:
         if not rs:
             continue
         cells = [
-            system, str(len(rs)), _mean_sd([r.accepted_per_s for r in rs], ".1f"),
-            _mean_sd([r.idle for r in rs], ".1f", 100) + "%",
-            _mean_sd([r.stale for r in rs], ".2f", 100),
-            _mean_sd([r.cancelled for r in rs], ".2f", 100),
-            _mean_sd([r.token_lag for r in rs], ".3f"),
-            _mean_sd([r.mismatch_kl for r in rs], ".2e"),
+            system, str(len(rs)), mean_sd([r.accepted_per_s for r in rs], ".1f"),
+            mean_sd([r.idle for r in rs], ".1f", 100) + "%",
+            mean_sd([r.stale for r in rs], ".2f", 100),
+            mean_sd([r.cancelled for r in rs], ".2f", 100),
+            mean_sd([r.token_lag for r in rs], ".3f"),
+            mean_sd([r.mismatch_kl for r in rs], ".2e"),
             " / ".join(_bucket(rs, b) for b in BUCKETS),
-            _mean_sd([r.reward_last for r in rs], ".3f"),
-            _mean_sd([r.load for r in rs], ".2f"),
+            mean_sd([r.reward_last for r in rs], ".3f"),
+            mean_sd([r.load for r in rs], ".2f"),
             "ok" if all(r.ok for r in rs) else f"FAIL {sum(not r.ok for r in rs)}",
         ]
         lines.append("| " + " | ".join(cells) + " |")

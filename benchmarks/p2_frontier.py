@@ -62,20 +62,19 @@ import argparse
 import json
 import math
 import os
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from cli_runs import ROOT, mean_sd, num, run_cli
 from freshroll.bench.figures import worker_events, worker_seconds
 from freshroll.bench.tails import tail_row
 
-ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "sim-p2.yaml"
 STATIC = ["control.mode=static", "rollout.workers=32"]
 NEWEST = ["rollout.on_update=continue", "run.staleness_basis=newest_token"]
@@ -127,10 +126,6 @@ class Run:
     load: float = math.nan
 
 
-def _num(x: Any) -> float:
-    return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else math.nan
-
-
 def _ratio(a: float, b: float) -> float:
     return a / b if math.isfinite(a) and math.isfinite(b) and b > 0 else math.nan
 
@@ -142,14 +137,14 @@ def read_run(eta: int, system: str, seed: int, out: Path, ok: bool, load: float,
     w = s.get("window_bound") or {}
     tails = tail_row(out, system, [])
     group = _group_size(out)
-    per_s = _num(s.get("accepted_rollouts_per_s"))
+    per_s = num(s.get("accepted_rollouts_per_s"))
     return Run(
         eta, system, seed, ok, per_s,
-        _ratio(per_s, _num(w.get("trainer_groups_per_s")) * group), _ratio(per_s, c_train),
-        _num(w.get("bound")), _num(w.get("latency_s")),
-        _ratio(_num(w.get("occupancy_discarded")), _num(w.get("occupancy_groups"))),
-        _num(s.get("trainer_idle_ratio")), tails["stale"], tails["cancelled"],
-        tails["deadline"], _num(tails["length_bias"]),
+        _ratio(per_s, num(w.get("trainer_groups_per_s")) * group), _ratio(per_s, c_train),
+        num(w.get("bound")), num(w.get("latency_s")),
+        _ratio(num(w.get("occupancy_discarded")), num(w.get("occupancy_groups"))),
+        num(s.get("trainer_idle_ratio")), tails["stale"], tails["cancelled"],
+        tails["deadline"], num(tails["length_bias"]),
         worker_seconds(worker_events(out)), load)
 
 
@@ -168,29 +163,10 @@ def overrides(eta: int, system: str) -> list[str]:
 def run_one(eta: int, system: str, seed: int, steps: int, out: Path, extra: Sequence[str],
             c_train: float = C_TRAIN, config: Path = CONFIG) -> Run:
     """One run in a fresh process (the CLI), then its figures."""
-    cmd = [sys.executable, "-m", "freshroll", "simulate", str(config), "--out", str(out),
-           f"run.steps={steps}", f"run.seed={seed}", f"run.max_staleness={eta}", *COMMON,
-           *overrides(eta, system), *extra]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH", "")) if p)}
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                          text=True, check=False)
-    if proc.returncode not in (0, 1):  # 1: finished, verify failed (reported in the table)
-        raise RuntimeError(f"η {eta} {system} seed {seed}: exit {proc.returncode}\n"
-                           f"{proc.stderr}")
-    sys.stderr.write(f"η {eta} {system} seed {seed}: {time.perf_counter() - t0:.1f} s\n")
-    return read_run(eta, system, seed, out, proc.returncode == 0, os.getloadavg()[0], c_train)
-
-
-def _mean_sd(xs: Sequence[float], spec: str, scale: float = 1.0, unit: str = "") -> str:
-    vals = [x * scale for x in xs if math.isfinite(x)]
-    if not vals:
-        return "-"
-    mean = format(statistics.fmean(vals), spec)
-    if len(vals) < 2:
-        return mean + unit
-    return f"{mean} ± {format(statistics.stdev(vals), spec.lstrip('+'))}{unit}"
+    ok, load = run_cli(["simulate", str(config), "--out", str(out), f"run.steps={steps}",
+                        f"run.seed={seed}", f"run.max_staleness={eta}", *COMMON,
+                        *overrides(eta, system), *extra], f"η {eta} {system} seed {seed}")
+    return read_run(eta, system, seed, out, ok, load, c_train)
 
 
 def render_table(runs: Sequence[Run]) -> str:
@@ -203,17 +179,17 @@ def render_table(runs: Sequence[Run]) -> str:
                 continue
             cells = [
                 str(eta), system, str(len(rs)),
-                _mean_sd([r.accepted_per_s for r in rs], ".1f"),
-                _mean_sd([r.e_own for r in rs], ".2f"),
-                _mean_sd([r.e_train for r in rs], ".2f"),
-                _mean_sd([r.bound for r in rs], ".2f"),
-                _mean_sd([r.latency_s for r in rs], ".0f"),
-                _mean_sd([r.held_discarded for r in rs], ".0f", 100, "%"),
-                *(_mean_sd([getattr(r, k) for r in rs], ".1f", 100, "%")
+                mean_sd([r.accepted_per_s for r in rs], ".1f"),
+                mean_sd([r.e_own for r in rs], ".2f"),
+                mean_sd([r.e_train for r in rs], ".2f"),
+                mean_sd([r.bound for r in rs], ".2f"),
+                mean_sd([r.latency_s for r in rs], ".0f"),
+                mean_sd([r.held_discarded for r in rs], ".0f", 100, "%"),
+                *(mean_sd([getattr(r, k) for r in rs], ".1f", 100, "%")
                   for k in ("idle", "stale", "cancelled", "deadline")),
-                _mean_sd([r.length_bias for r in rs], "+.3f"),
-                _mean_sd([r.worker_s for r in rs], ".0f"),
-                _mean_sd([r.load for r in rs], ".2f"),
+                mean_sd([r.length_bias for r in rs], "+.3f"),
+                mean_sd([r.worker_s for r in rs], ".0f"),
+                mean_sd([r.load for r in rs], ".2f"),
                 "ok" if all(r.ok for r in rs) else f"FAIL {sum(not r.ok for r in rs)}",
             ]
             lines.append("| " + " | ".join(cells) + " |")
