@@ -99,6 +99,7 @@ SYSTEMS: dict[str, tuple[int, str] | None] = {
     "async-ray": (1, "ray"),
     "trl-1t": None,  # TRL's GRPOTrainer at one intra-op thread
     "trl-default": None,  # ... at torch's default thread count (all the cores)
+    "floor-shared": None,  # the same, each distinct prompt's positions once (floor.py)
     "floor": None,  # benchmarks/floor.py at 1 thread and at all the cores, the faster
 }
 #: the TRL systems; every ratio to TRL is to the faster of those measured
@@ -173,6 +174,8 @@ class Cell:
     placements: dict[str, list[str]] = field(default_factory=dict)
     #: the floor at each thread count measured: threads -> {"gen_s", "train_s", "step_s"}
     floor: dict[int, dict[str, float]] = field(default_factory=dict)
+    #: the floor whose rows share their prompts' positions (``floor-shared``), the same way
+    floor_shared: dict[int, dict[str, float]] = field(default_factory=dict)
 
     @property
     def bound(self) -> float:
@@ -212,6 +215,11 @@ class Cell:
         first (a whole run's wall also holds its first step and, on a short run, the stages'
         thread trials; the floor's median holds neither)."""
         return ratio(self.sync_median_step_s, self.floor_step())
+
+    def shared_floor_ratio_median(self) -> float:
+        """freshroll's median sync step over the shared-prompt floor's (NaN: not measured)."""
+        steps = [f["step_s"] for f in self.floor_shared.values()]
+        return ratio(self.sync_median_step_s, min(steps) if steps else math.nan)
 
     def a(self, system: str) -> float:
         return attainment(self.speedup(system), self.bound, self.limit)
@@ -274,7 +282,8 @@ def render_table(cells: Sequence[Cell], systems: Sequence[str], default: str) ->
     head = (["params", "new tok", "load", "steps", "stage bound", "par. limit"]
             + [f"{s} /s" for s in rates]
             + ["best TRL", "sync / TRL", f"speedup {default}", "A", f"{default} / TRL",
-               "sync / floor", "median / floor", "outside s", "verdict", "goals"])
+               "sync / floor", "median / floor", "median / shared floor", "outside s",
+               "verdict", "goals"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for c in cells:
         g = goal_checks(c, default)
@@ -288,7 +297,7 @@ def render_table(cells: Sequence[Cell], systems: Sequence[str], default: str) ->
                                                 ".2f"),
                   _f(c.speedup(default), ".2f"), _f(c.a(default), ".2f"),
                   _f(c.vs_trl(default), ".2f"), _f(c.floor_ratio(), ".2f"),
-                  _f(c.floor_ratio_median(), ".2f"),
+                  _f(c.floor_ratio_median(), ".2f"), _f(c.shared_floor_ratio_median(), ".2f"),
                   _f(c.costs.get(default, {}).get("outside_wall_s"), ".1f"),
                   ",".join(str(v) for v in verdicts) or "-", goals])
         lines.append("| " + " | ".join(row) + " |")
@@ -461,8 +470,10 @@ def available_threads() -> int:
     return torch.get_num_threads()
 
 
-def measure_floor(model_dir: Path, cfg: Any, quick: bool) -> dict[int, dict[str, float]]:
-    """The floor (:func:`floor.measure`) at one thread and at all the cores."""
+def measure_floor(model_dir: Path, cfg: Any, quick: bool,
+                  shared: bool = False) -> dict[int, dict[str, float]]:
+    """The floor (:func:`floor.measure`; ``shared``: its shared-prompt form) at one thread
+    and at all the cores."""
     import floor
 
     prompts, _ = vs_trl.prompt_rows(cfg)
@@ -472,7 +483,7 @@ def measure_floor(model_dir: Path, cfg: Any, quick: bool) -> dict[int, dict[str,
         f = floor.measure(model_dir, prompts, rows=r.batch_groups * r.group_size,
                           group_size=r.group_size, new_tokens=r.max_new_tokens, threads=n,
                           steps=2 if quick else 5, temperature=r.temperature or 1.0,
-                          lr=cfg.trainer.lr)
+                          lr=cfg.trainer.lr, shared=shared)
         out[n] = {"gen_s": f.gen_s, "train_s": f.train_s, "step_s": f.step_s}
     return out
 
@@ -665,15 +676,21 @@ def _measure_cell(args: argparse.Namespace, size: str, params: int, length: int,
           + " ".join(f"t_{k} {v:.4f}" for k, v in times.items())
           + f" s/batch; parallel limit {cell.limit:.2f}; {steps} steps per run "
           f"({time.perf_counter() - t0:.1f} s)", flush=True)
-    if "floor" in args.systems:
-        cell.floor = measure_floor(model_dir, base, args.quick)
-        best = min(cell.floor.values(), key=lambda f: f["step_s"])
-        cell.rates["floor"] = batch / best["step_s"]
-        print("    floor          " + ", ".join(
-            f"{n} thread(s) step {f['step_s']:.4f} s" for n, f in sorted(cell.floor.items()))
-            + f" ({cell.rates['floor']:.1f} rollouts/s)", flush=True)
+    for name in ("floor", "floor-shared"):
+        if name not in args.systems:
+            continue
+        measured = measure_floor(model_dir, base, args.quick, shared=name == "floor-shared")
+        if name == "floor":
+            cell.floor = measured
+        else:
+            cell.floor_shared = measured
+        best = min(measured.values(), key=lambda f: f["step_s"])
+        cell.rates[name] = batch / best["step_s"]
+        print(f"    {name:<14} " + ", ".join(
+            f"{n} thread(s) step {f['step_s']:.4f} s" for n, f in sorted(measured.items()))
+            + f" ({cell.rates[name]:.1f} rollouts/s)", flush=True)
     per_system: dict[str, list[vs_trl.Result]] = {}
-    systems = [s for s in args.systems if s != "floor"]
+    systems = [s for s in args.systems if s not in ("floor", "floor-shared")]
     for i, seed in enumerate(args.seeds):
         rot = i % len(systems)
         for system in systems[rot:] + systems[:rot]:

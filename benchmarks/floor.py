@@ -11,6 +11,12 @@ The time a step cannot beat on this machine, at the same work as a freshroll or 
    (``logits_to_keep``), the GRPO loss against the detached log-probs (on-policy: ratio 1,
    the gradient of the clipped PPO term), gradient-norm clip and AdamW.
 
+With ``shared=True`` (the ``floor-shared`` system of ``async_sweep.py``) both halves run
+each distinct prompt once and index its KV cache to its group's rows, as freshroll's engine
+and learner do (``freshroll/engines/prefix.py``): the leanest loop for the same work *with*
+that saving, the floor a freshroll step is held to; the plain floor is the leanest loop over
+full rows, as TRL runs them.
+
 No ledger, no reward function, no checks, no metrics beyond the two timings. The rewards
 are random (the work of a step does not depend on their values). At 1 intra-op thread and
 at all the cores (``--threads``); a step's time is the median over ``--steps`` after
@@ -73,19 +79,24 @@ def _left_pad(prompts: list[list[int]], pad: int) -> tuple[Any, Any]:
 
 
 def generate(model: Any, ids: Any, mask: Any, new_tokens: int, temperature: float,
-             eos: int, pad: int, gen: Any) -> tuple[Any, Any]:
-    """Sampled tokens ``[B, T]`` (pad after eos) and the completion mask."""
+             eos: int, pad: int, gen: Any, rows: Any = None) -> tuple[Any, Any]:
+    """Sampled tokens ``[B, T]`` (pad after eos) and the completion mask. ``rows``: each
+    row's prompt, an index into ``ids`` (the distinct prompts); None: ``ids`` are the rows."""
     import torch
 
     with torch.inference_mode():
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
                     logits_to_keep=1)
-        cache, nxt = out.past_key_values, pos[:, -1:] + 1
-        done = torch.zeros(ids.shape[0], dtype=torch.bool)
+        cache, logits = out.past_key_values, out.logits[:, -1]
+        if rows is not None:
+            cache.batch_select_indices(rows)
+            logits, mask, pos = logits[rows], mask[rows], pos[rows]
+        nxt = pos[:, -1:] + 1
+        done = torch.zeros(mask.shape[0], dtype=torch.bool)
         toks, alive_cols = [], []
         for t in range(new_tokens):
-            probs = torch.softmax(out.logits[:, -1].float() / temperature, dim=-1)
+            probs = torch.softmax(logits.float() / temperature, dim=-1)
             tok = torch.multinomial(probs, 1, generator=gen).squeeze(-1).masked_fill(done, pad)
             alive_cols.append(~done)
             toks.append(tok)
@@ -95,21 +106,36 @@ def generate(model: Any, ids: Any, mask: Any, new_tokens: int, temperature: floa
             mask = torch.cat([mask, alive_cols[-1].long()[:, None]], dim=1)
             out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=nxt,
                         past_key_values=cache, use_cache=True)
-            cache, nxt = out.past_key_values, nxt + 1
+            cache, nxt, logits = out.past_key_values, nxt + 1, out.logits[:, -1]
     return torch.stack(toks, 1), torch.stack(alive_cols, 1).long()
 
 
 def train(model: Any, opt: Any, ids: Any, mask: Any, toks: Any, cmask: Any, adv: Any,
-          temperature: float) -> None:
-    """One forward+backward over prompt+completion, completion log-probs only, AdamW."""
+          temperature: float, rows: Any = None) -> None:
+    """One forward+backward over prompt+completion, completion log-probs only, AdamW.
+    ``rows``: as :func:`generate`'s (each distinct prompt's positions run once)."""
     import torch
 
-    full = torch.cat([ids, toks], 1)
-    attn = torch.cat([mask, cmask], 1)
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)
     c = toks.shape[1]
-    logits = model(input_ids=full, attention_mask=attn, position_ids=pos,
-                   logits_to_keep=c + 1).logits[:, :-1].float() / temperature
+    if rows is None:
+        full = torch.cat([ids, toks], 1)
+        attn = torch.cat([mask, cmask], 1)
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        logits = model(input_ids=full, attention_mask=attn, position_ids=pos,
+                       logits_to_keep=c + 1).logits[:, :-1].float() / temperature
+    else:
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                    logits_to_keep=1)
+        first = out.logits[:, -1:][rows]
+        if c > 1:
+            cache = out.past_key_values
+            cache.batch_select_indices(rows)
+            rest = model(input_ids=toks[:, :-1], position_ids=pos[rows, -1:] + 1
+                         + torch.arange(c - 1), past_key_values=cache, use_cache=True,
+                         attention_mask=torch.cat([mask[rows], cmask[:, :-1]], 1)).logits
+            first = torch.cat([first, rest], 1)
+        logits = first.float() / temperature
     logp = logits.gather(-1, toks[:, :, None]).squeeze(-1) - torch.logsumexp(logits, -1)
     m = cmask.float()
     # the clipped PPO term on-policy: -exp(logp - sg[logp]) * A, per-sequence token mean
@@ -123,7 +149,8 @@ def train(model: Any, opt: Any, ids: Any, mask: Any, toks: Any, cmask: Any, adv:
 
 def measure(model_dir: Path, prompts: list[str], *, rows: int, group_size: int,
             new_tokens: int, threads: int, steps: int = 5, warmup: int = 1,
-            temperature: float = 1.0, lr: float = 1e-3, seed: int = 0) -> Floor:
+            temperature: float = 1.0, lr: float = 1e-3, seed: int = 0,
+            shared: bool = False) -> Floor:
     """The floor's median step at ``threads`` threads (the caller's thread count restored)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -142,16 +169,21 @@ def measure(model_dir: Path, prompts: list[str], *, rows: int, group_size: int,
         gens, trains = [], []
         for i in range(warmup + steps):
             picked = [prompts[(i * groups + g) % len(prompts)] for g in range(groups)]
-            encoded = [tok(p, add_special_tokens=False)["input_ids"] or [pad]
-                       for p in picked for _ in range(group_size)]
+            encoded = [tok(p, add_special_tokens=False)["input_ids"] or [pad] for p in picked]
             t0 = time.perf_counter()
-            ids, mask = _left_pad(encoded, pad)
+            if shared:  # each distinct prompt once; its group's rows index it
+                index = torch.arange(groups).repeat_interleave(group_size)
+                ids, mask = _left_pad(encoded, pad)
+            else:
+                index = None
+                ids, mask = _left_pad([e for e in encoded for _ in range(group_size)], pad)
             model.eval()
-            toks, cmask = generate(model, ids, mask, new_tokens, temperature, eos, pad, gen)
+            toks, cmask = generate(model, ids, mask, new_tokens, temperature, eos, pad, gen,
+                                   index)
             t1 = time.perf_counter()
             model.train()
             adv = torch.randn(rows, generator=gen)
-            train(model, opt, ids, mask, toks, cmask, adv, temperature)
+            train(model, opt, ids, mask, toks, cmask, adv, temperature, index)
             t2 = time.perf_counter()
             if i >= warmup:
                 gens.append(t1 - t0)
@@ -174,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lengths", nargs="+", type=int, default=list(async_sweep.LENGTHS))
     ap.add_argument("--threads", nargs="+", type=int, default=[1, os.cpu_count() or 1])
     ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--shared", action="store_true",
+                    help="also the shared-prompt floor (each distinct prompt's positions once)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     out: list[dict[str, Any]] = []
@@ -186,16 +220,19 @@ def main(argv: list[str] | None = None) -> int:
                     [*args.overrides, f"rollout.max_new_tokens={length}"])
                 prompts, _ = vs_trl.prompt_rows(cfg)
                 r = cfg.rollout
-                for n in args.threads:
+                for n, shared in ((n, s) for n in args.threads
+                                  for s in ((False, True) if args.shared else (False,))):
                     f = measure(model_dir, prompts, rows=r.batch_groups * r.group_size,
                                 group_size=r.group_size, new_tokens=length, threads=n,
                                 steps=args.steps, temperature=r.temperature or 1.0,
-                                lr=cfg.trainer.lr)
+                                lr=cfg.trainer.lr, shared=shared)
                     load = os.getloadavg()[0]
-                    print(f"{size:>4} {length:>3} tokens {n} threads: generate {f.gen_s:.3f} s"
+                    kind = "shared" if shared else "plain"
+                    print(f"{size:>4} {length:>3} tokens {kind} {n} threads: "
+                          f"generate {f.gen_s:.3f} s"
                           f"  train {f.train_s:.3f} s  step {f.step_s:.3f} s"
                           f"  {f.rollouts_per_s:.0f} rollouts/s  (load {load:.2f})", flush=True)
-                    out.append({"size": size, "length": length, **asdict(f),
+                    out.append({"size": size, "length": length, "shared": shared, **asdict(f),
                                 "step_s": f.step_s, "load": load})
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))

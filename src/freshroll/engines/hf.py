@@ -19,6 +19,10 @@ Guarantees:
     *untempered* ``softmax(logits)``, i.e. the model's own probability of the chosen token (a
     point mass would always report 0 and carry no information).
 
+* Rows that share a prompt (a group's) share its prefill: each distinct prompt runs once
+  and its KV cache is indexed to its rows (:mod:`freshroll.engines.prefix`); the logits are
+  the full rows' up to float summation order. A model whose cache cannot be indexed runs
+  the full rows from then on.
 * Each row stops independently at an end-of-sequence token (the tokenizer's ``eos_token_id`` and
   the model config's ``eos_token_id``, one or several); the eos is kept in ``token_ids`` and
   stripped from ``text``, as are all special tokens. Finished rows are fed ``pad`` with a zero
@@ -44,7 +48,6 @@ Guarantees:
 
 from __future__ import annotations
 
-import inspect
 import os
 import threading
 import time
@@ -59,6 +62,15 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from freshroll.engines.base import FINISH_LENGTH, FINISH_STOP, Completion, encode_prompt
 from freshroll.engines.lora_merge import AdapterMerger, is_adapter
 from freshroll.engines.model_dir import loading_model, takes_logits_to_keep
+from freshroll.engines.prefix import (
+    cache_kwarg,
+    cache_of,
+    can_index,
+    index_cache,
+    left_pad,
+    positions,
+    unique_rows,
+)
 from freshroll.errors import ConfigError, Superseded
 
 _TRANSFORMERS_MAJOR = int(transformers.__version__.split(".")[0])
@@ -80,9 +92,10 @@ class HFEngine:
             raise ConfigError("model/tokenizer define no eos_token_id; cannot stop generation")
         pad = tokenizer.pad_token_id
         self.pad_id: int = int(pad) if pad is not None else min(self.eos_ids)
-        params = inspect.signature(model.forward).parameters
-        # Recent transformers 5.x renamed past_key_values -> cache (old name deprecated).
-        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self._cache_kwarg = cache_kwarg(model)
+        #: the rows that share a prompt share its prefill (freshroll.engines.prefix); off
+        #: for good once the model's cache turns out not to be indexable
+        self.share_prompts = True
         self._keep_kwarg = takes_logits_to_keep(model)
         self._merger = AdapterMerger()  # the base weights of a LoRA run's adapter targets
         self.on_update: str | None = None  # rollout.on_update (module docstring)
@@ -191,12 +204,7 @@ class HFEngine:
                                  f"max_position_embeddings ({limit})")
 
     def _left_pad(self, prompt_ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        width = max(len(p) for p in prompt_ids)
-        ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in prompt_ids],
-                           dtype=torch.long)
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids],
-                            dtype=torch.long)
-        return ids.to(self.device), mask.to(self.device)
+        return left_pad(prompt_ids, self.pad_id, self.device)
 
     def _decode_loop(
         self,
@@ -208,24 +216,34 @@ class HFEngine:
     ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         """Tokens and log-probs, each ``[batch, steps]`` (finished rows hold pad / 0.0), and
         the load ordinal of the weights that sampled each step's token."""
-        ids, mask = self._left_pad(prompt_ids)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        unique, rows = unique_rows(prompt_ids)
+        share = self.share_prompts and len(unique) < len(prompt_ids)
+        ids, mask = self._left_pad(unique if share else prompt_ids)
+        pos = positions(mask)
         extra = {"logits_to_keep": 1} if self._keep_kwarg else {}
         first = self.loads
         ordinals: list[int] = []
         with self._swap:
             out = self.model(
-                input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                **extra)
+                input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **extra)
             ordinals.append(self.loads)
-        cache = _cache_of(out)
-        next_pos = positions[:, -1:] + 1
+        cache = cache_of(out)
+        logits = out.logits[:, -1, :]
+        if share:  # the prefill ran once per distinct prompt: index it to the rows
+            if not can_index(cache):
+                self.share_prompts = False
+                return self._decode_loop(prompt_ids, max_new_tokens, temperature, top_p,
+                                         generator)
+            index = torch.tensor(rows, device=self.device)
+            index_cache(cache, index)
+            logits, mask, pos = logits[index], mask[index], pos[index]
+        next_pos = pos[:, -1:] + 1
         eos = torch.tensor(sorted(self.eos_ids), device=self.device)
-        finished = torch.zeros(ids.shape[0], dtype=torch.bool, device=self.device)
+        finished = torch.zeros(len(prompt_ids), dtype=torch.bool, device=self.device)
         tokens: list[torch.Tensor] = []
         logprobs: list[torch.Tensor] = []
         for step in range(max_new_tokens):
-            tok, lp = sample_next(out.logits[:, -1, :], temperature, top_p, generator)
+            tok, lp = sample_next(logits, temperature, top_p, generator)
             tok = tok.masked_fill(finished, self.pad_id)
             tokens.append(tok)
             logprobs.append(lp.masked_fill(finished, 0.0))
@@ -243,7 +261,8 @@ class HFEngine:
                                  position_ids=next_pos, use_cache=True,
                                  **{self._cache_kwarg: cache})
                 ordinals.append(self.loads)
-            cache = _cache_of(out)
+            cache = cache_of(out)
+            logits = out.logits[:, -1, :]
             next_pos = next_pos + 1
         return (torch.stack(tokens, dim=1).cpu(), torch.stack(logprobs, dim=1).float().cpu(),
                 ordinals)
@@ -339,8 +358,3 @@ def _eos_ids(model: PreTrainedModel, tokenizer: Any) -> frozenset[int]:
         elif isinstance(source, (list, tuple)):
             ids.update(int(i) for i in source)
     return frozenset(ids)
-
-
-def _cache_of(out: Any) -> Any:
-    cache = getattr(out, "cache", None)
-    return cache if cache is not None else getattr(out, "past_key_values", None)

@@ -49,7 +49,9 @@ from typing import Any, TextIO
 import torch
 
 #: bump when the probe's method changes: an older measurement is then never reused
-PROBE_VERSION = 2  # 2: both stages timed on one thread, the advantage decides (thread_probe)
+#: 2: both stages timed on one thread, the advantage decides (thread_probe); 3: a group's
+#: rows share their prompt's positions (engines/prefix.py), in the probe as in the run
+PROBE_VERSION = 3
 #: a measurement older than this is measured again
 MAX_AGE_S = 6 * 3600.0
 #: a measurement taken with more or fewer cores busy (other processes) than now by more than

@@ -9,7 +9,8 @@ the cores 1.2x faster than one thread per process; with another process on one c
 threads lose again. No fixed rule holds across model sizes and loads, so the run measures.
 
 :func:`probe_threads` times the work of one step at its real shape, a ``generate`` of the
-run's prompts and a training forward+backward of prompt + completion tokens, taking turns on
+run's prompts and a training forward+backward of prompt + completion tokens (a group's rows
+sharing their prompt's positions, as the engine and the learner do), taking turns on
 **one** thread as a sync step does (a sync run's stages, and an async inline run's sync
 windows, share one compute thread: one OpenMP team), on one intra-op thread and on all the
 cores, interleaved (1, n, 1, n after a warm-up of each), best of two each; one pair when the
@@ -163,6 +164,9 @@ def probe_threads(model_path: Path, prompts: Sequence[str], *, max_new_tokens: i
     """
     from freshroll.engines.base import encode_prompt
     from freshroll.engines.hf import HFEngine
+    from freshroll.engines.prefix import cache_kwarg
+    from freshroll.trainer.grpo import TrainSample
+    from freshroll.trainer.shared_batch import collate_shared, completion_logits
 
     t_start = time.perf_counter()
     config, n_params = _shape(model_path)
@@ -173,17 +177,32 @@ def probe_threads(model_path: Path, prompts: Sequence[str], *, max_new_tokens: i
         engine = HFEngine.from_pretrained(model_path)
         model = engine.model
         rows = list(prompts)
-        width = max(len(encode_prompt(engine.tokenizer, p)) for p in rows[:64]) + max_new_tokens
+        encoded = [encode_prompt(engine.tokenizer, p) for p in rows]
+        width = max(len(e) for e in encoded[:64]) + max_new_tokens
         gen = torch.Generator().manual_seed(0)
+        cache_name = cache_kwarg(model)
 
         def generate(batch: Sequence[str]) -> None:
             engine.generate(batch, max_new_tokens=max_new_tokens, seed=0)
 
         def train(n_rows: int) -> None:
-            ids = torch.randint(0, int(config.vocab_size), (n_rows, width), generator=gen)
+            # the learner's forward+backward: a group's rows share their prompt's positions
+            # (freshroll.trainer.shared_batch) where they do, else whole rows
+            tokens = torch.randint(0, int(config.vocab_size), (n_rows, max_new_tokens),
+                                   generator=gen).tolist()
+            shared = collate_shared(
+                [TrainSample(e, t, [0.0] * len(t), 0.0, 0, 0)
+                 for e, t in zip(encoded[:n_rows], tokens, strict=True)], engine.pad_id)
             torch.nn.Module.train(model)
             with torch.enable_grad():
-                model(input_ids=ids, labels=ids).loss.backward()
+                logits = None if shared is None else completion_logits(
+                    model, shared, cache_name=cache_name, keep=True)
+                if logits is None:
+                    ids = torch.randint(0, int(config.vocab_size), (n_rows, width),
+                                        generator=gen)
+                    model(input_ids=ids, labels=ids).loss.backward()
+                else:
+                    torch.log_softmax(logits.float(), -1).mean().backward()  # type: ignore[no-untyped-call]  # torch: unannotated
             model.zero_grad(set_to_none=True)
 
         n, g, t = _pairs(generate, train, rows, threads)

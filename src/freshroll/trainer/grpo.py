@@ -4,9 +4,13 @@ A batch is a list of :class:`TrainSample` (prompt tokens, completion tokens,
 the behaviour log-probs the inference worker reported, the reward, the group
 index and the lag). :meth:`GRPOLearner.step`:
 
-1. right-pads ``prompt + completion`` into one tensor, runs the policy once and
-   takes the log-prob of every completion token under ``softmax(logits / T)``
-   (the same temperature the workers sampled with, so on-policy ratios are 1);
+1. runs the policy once over the batch and takes the log-prob of every completion
+   token under ``softmax(logits / T)`` (the same temperature the workers sampled with,
+   so on-policy ratios are 1). Rows that share a prompt (a group's) share its positions:
+   each distinct prompt runs once and its KV cache is indexed to its rows
+   (:mod:`freshroll.trainer.shared_batch`, the same numbers up to float summation order);
+   where that does not apply (every prompt distinct, a cache that cannot be indexed, a
+   model with dropout) ``prompt + completion`` is right-padded into one tensor;
 2. computes group-normalised advantages (GRPO; Dr. GRPO does not divide by the
    group std);
 3. applies :func:`freshroll.trainer.losses.policy_loss` with the configured
@@ -44,6 +48,7 @@ import torch
 from freshroll.config import TRAINER_BEFORE, TrainerSection
 from freshroll.engines.lora_merge import adapter_bytes
 from freshroll.engines.model_dir import takes_logits_to_keep
+from freshroll.engines.prefix import cache_kwarg, drops_out
 from freshroll.errors import ConfigError, NonFiniteStep
 from freshroll.lineage import digest_json
 from freshroll.trainer.accum import combine_metrics, micro_slices, micro_weight
@@ -61,6 +66,7 @@ from freshroll.trainer.losses import (
     token_logprobs,
 )
 from freshroll.trainer.schedule import lr_at
+from freshroll.trainer.shared_batch import SharedBatch, collate_shared, completion_logits
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,16 +107,6 @@ class Batch:
         return Batch(self.input_ids, self.attention_mask, self.targets[:, first:],
                      self.mask[:, first:], self.behaviour[:, first:], self.rewards, self.groups,
                      self.lags[:, first:])
-
-    def rows(self, sl: slice) -> Batch:
-        """The sequences ``sl`` as a batch of their own, trimmed to their longest."""
-        width = int(self.attention_mask[sl].sum(dim=1).max())
-        return Batch(
-            self.input_ids[sl, :width], self.attention_mask[sl, :width],
-            self.targets[sl, : width - 1], self.mask[sl, : width - 1],
-            self.behaviour[sl, : width - 1], self.rewards[sl], self.groups[sl],
-            self.lags[sl, : width - 1],
-        )
 
 
 def collate(samples: Sequence[TrainSample], pad_id: int) -> Batch:
@@ -184,7 +180,7 @@ def all_finite(tensors: Sequence[torch.Tensor]) -> bool:
     return bool(torch.isfinite(torch.stack(torch._foreach_norm(ts, ord=float("inf")))).all())
 
 
-def _nonfinite_inputs(batch: Batch) -> str:
+def _nonfinite_inputs(batch: Batch | SharedBatch) -> str:
     """Where a non-finite loss came from, for the message."""
     r32 = batch.rewards
     if not bool(torch.isfinite(r32).all()):
@@ -234,6 +230,10 @@ class GRPOLearner:
         use_kernel(self.optimizer, cfg.optim)
         self.ref = copy.deepcopy(model).eval() if cfg.kl_coef > 0 else None
         self._takes_keep = takes_logits_to_keep(model)
+        self._cache_name = cache_kwarg(model)
+        #: rows that share a prompt share its positions (shared_batch); off for a model with
+        #: dropout, and for good once its cache turns out not to be indexable
+        self.share_prompts = not drops_out(model)
         # on_nonfinite decides what happens to a step that is never applied: not a setting
         # of the training math, so not part of the digest that versions every commit
         self.settings_digest = settings_digest(cfg, temperature, total_steps)
@@ -252,22 +252,28 @@ class GRPOLearner:
         """
         t0 = time.perf_counter()
         number = self.steps + 1 if step is None else step
-        batch = collate(samples, self.pad_id)
+        rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
         adv = group_advantages(
-            batch.rewards, batch.groups, scale=self.cfg.aggregation != "dr_grpo"
+            rewards, torch.tensor([s.group for s in samples], dtype=torch.long),
+            scale=self.cfg.aggregation != "dr_grpo",
         )
         loss_cfg = self.loss_cfg
-        if loss_cfg.max_completion_len is None:  # dr_grpo's T_max: the whole batch's
-            loss_cfg = replace(loss_cfg, max_completion_len=int(batch.mask.shape[1]))
+        if loss_cfg.max_completion_len is None:  # dr_grpo's T_max: the whole batch's width
+            width = max(len(s.prompt_ids) + len(s.token_ids) for s in samples) - 1
+            loss_cfg = replace(loss_cfg, max_completion_len=width)
         slices = micro_slices(len(samples), self.cfg.grad_accum)
-        total_tokens = float(batch.mask.sum())
+        total_tokens = float(sum(len(s.token_ids) for s in samples))
         self.optimizer.zero_grad(set_to_none=True)
         parts: list[tuple[dict[str, float], float]] = []
         losses: list[torch.Tensor] = []
         entropy = 0.0
         for sl in slices:
-            micro = batch if len(slices) == 1 else batch.rows(sl)
+            micro = self._layout(samples if len(slices) == 1 else samples[sl])
             loss, metrics, logits, kept = self._micro_loss(micro, adv[sl], loss_cfg)
+            if logits is None:  # the model's cache cannot be indexed: the full rows
+                micro = self._layout(samples if len(slices) == 1 else samples[sl])
+                loss, metrics, logits, kept = self._micro_loss(micro, adv[sl], loss_cfg)
+            assert logits is not None
             tokens = float(micro.mask.sum())
             if len(slices) > 1:
                 loss = loss * micro_weight(
@@ -291,7 +297,7 @@ class GRPOLearner:
         lags = [s.lag for s in samples]
         metrics.update(
             entropy=entropy, grad_norm=float(grad_norm), lr=lr,
-            reward_mean=float(batch.rewards.mean()), reward_std=float(batch.rewards.std()),
+            reward_mean=float(rewards.mean()), reward_std=float(rewards.std()),
             adv_abs_mean=float(adv.abs().mean()), lag_mean=sum(lags) / len(lags),
             lag_max=float(max(lags)), samples=float(len(samples)),
             tokens=total_tokens, train_s=time.perf_counter() - t0,
@@ -322,16 +328,25 @@ class GRPOLearner:
             )
         return grad_norm, lr
 
+    def _layout(self, samples: Sequence[TrainSample]) -> Batch | SharedBatch:
+        """The rows sharing their prompts' positions where that applies, else whole rows."""
+        shared = collate_shared(samples, self.pad_id) if self.share_prompts else None
+        return shared if shared is not None else collate(samples, self.pad_id)
+
     def _micro_loss(
-        self, batch: Batch, adv: torch.Tensor, loss_cfg: LossConfig
-    ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor, torch.Tensor]:
+        self, batch: Batch | SharedBatch, adv: torch.Tensor, loss_cfg: LossConfig
+    ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor | None, torch.Tensor]:
         """The policy loss of ``batch`` (unscaled), its metrics, and the detached logits of the
-        kept positions with their completion mask (for the entropy).
+        kept positions with their completion mask (for the entropy). The logits are None
+        (and the rest not computed) when a shared batch meets a cache that cannot be indexed:
+        sharing is then off, and the caller lays the rows out again.
 
         Only the positions from the first completion target on are projected to the
         vocabulary (``logits_to_keep``, as TRL does): the prompt prefix that every row shares
         attends as context but needs no logits, no log-softmax and no float32 copy. The
         kept positions' logits are the same numbers a full projection gives."""
+        if isinstance(batch, SharedBatch):
+            return self._shared_loss(batch, adv, loss_cfg)
         first = _first_target(batch.mask)
         view = batch.from_target(first)
         keep = batch.input_ids.shape[1] - first  # positions first .. L-1 (L-1 predicts nothing)
@@ -346,6 +361,30 @@ class GRPOLearner:
             token_lags=view.lags,
         )
         return loss, metrics, logits.detach(), view.mask
+
+    def _shared_loss(
+        self, batch: SharedBatch, adv: torch.Tensor, loss_cfg: LossConfig
+    ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor | None, torch.Tensor]:
+        with self._autocast():
+            raw = completion_logits(self.model, batch, cache_name=self._cache_name,
+                                    keep=self._takes_keep)
+        if raw is None:
+            self.share_prompts = False
+            return torch.zeros(()), {}, None, batch.mask
+        logits = raw.float()
+        logp = token_logprobs(logits, batch.targets, self.temperature)
+        ref = None
+        if self.ref is not None:
+            with torch.no_grad(), self._autocast():
+                ref_raw = completion_logits(self.ref, batch, cache_name=self._cache_name,
+                                            keep=self._takes_keep)
+            assert ref_raw is not None  # the same model class as the policy's
+            ref = token_logprobs(ref_raw.float(), batch.targets, self.temperature)
+        loss, metrics = policy_loss(
+            logp, batch.behaviour, adv, batch.mask, loss_cfg, ref_logprobs=ref,
+            token_lags=batch.lags,
+        )
+        return loss, metrics, logits.detach(), batch.mask
 
     def _keep(self, keep: int) -> dict[str, int]:
         """``logits_to_keep`` where the model takes it (every causal LM of transformers >= 4.45;
