@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from freshroll.config import TrainerSection
+from freshroll.config import LoraSection, TrainerSection
 from freshroll.engines.hf import HFEngine
 from freshroll.engines.prefix import drops_out, unique_rows
 from freshroll.engines.tiny import build_tiny
 from freshroll.trainer.grpo import GRPOLearner, TrainSample
+from freshroll.trainer.lora import wrap
 from freshroll.trainer.shared_batch import SharedBatch, collate_shared
 
 
@@ -42,6 +43,8 @@ def _group_samples(group_size: int = 4, temperature: float = 1.0,
 
 def _learner(settings: dict, pad_id: int, share: bool) -> GRPOLearner:
     model, _ = build_tiny(seed=3)
+    if settings.get("lora"):  # a peft model: the learner trains its adapters alone
+        model = wrap(model, LoraSection(**settings["lora"]))
     learner = GRPOLearner(model, TrainerSection(**settings), temperature=1.0, pad_id=pad_id,
                           max_new_tokens=6)
     learner.share_prompts = share
@@ -55,8 +58,10 @@ def test_the_samples_have_ragged_completions():
     assert len({len(s.prompt_ids) for s in samples}) > 1  # and left padding of the prompts
 
 
-@pytest.mark.parametrize("settings", [{}, {"kl_coef": 0.1}, {"grad_accum": 3},
-                                      {"aggregation": "dr_grpo"}, {"aggregation": "dapo"}])
+@pytest.mark.parametrize("settings", [
+    {}, {"kl_coef": 0.1}, {"grad_accum": 3}, {"aggregation": "dr_grpo"}, {"aggregation": "dapo"},
+    {"lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj", "down_proj"]},
+     "lr": 1e-2}])
 def test_a_shared_step_trains_as_the_full_rows(settings: dict):
     """Loss, every metric and the weights after two steps (the second off-policy) agree with
     the full rows' to float summation order."""
