@@ -45,15 +45,19 @@ Profile = dict[str, dict[str, tuple[float, int]]]  # call -> op -> (self CPU ms,
 
 
 def measure(model_dir: Path, prompts: list[str], new_tokens: int, threads: int,
-            rounds: int, profiles: Profile | None = None) -> dict[str, float]:
+            rounds: int, profiles: Profile | None = None,
+            shared: bool = False) -> dict[str, float]:
     """Median seconds of each call, by name (see the module doc); with ``profiles`` (a dict
-    to fill) one more round under ``torch.profiler``: each call's ops by self CPU time."""
+    to fill) one more round under ``torch.profiler``: each call's ops by self CPU time.
+    ``shared``: the floor's halves run each distinct prompt once (``floor.py``'s shared
+    form, as freshroll's engine and learner do), not the full rows."""
     import torch
     from transformers import AutoModelForCausalLM
 
     import floor
     from freshroll.config import TrainerSection
     from freshroll.engines.hf import HFEngine
+    from freshroll.engines.prefix import unique_rows
     from freshroll.trainer.grpo import GRPOLearner, TrainSample
     from freshroll.trainer.replay import weights_digest
 
@@ -68,6 +72,8 @@ def measure(model_dir: Path, prompts: list[str], new_tokens: int, threads: int,
     eos, pad = min(engine.eos_ids), engine.pad_id
     gen = torch.Generator().manual_seed(0)
     encoded = [engine.tokenizer.encode(p) for p in prompts]
+    unique, index = unique_rows(encoded)
+    rows = torch.tensor(index) if shared else None
     times: dict[str, list[float]] = {k: [] for k in
                                      ("floor gen", "engine gen", "floor train", "learner step")}
     for r in range(rounds + 1 + (profiles is not None)):
@@ -80,14 +86,14 @@ def measure(model_dir: Path, prompts: list[str], new_tokens: int, threads: int,
             comps = engine.generate(prompts, max_new_tokens=new_tokens, seed=r)
         t1 = time.perf_counter()
         with marks["floor gen"] if prof else _nothing():
-            ids, mask = floor._left_pad(encoded, pad)
+            ids, mask = floor._left_pad(unique if shared else encoded, pad)
             fm.eval()
-            toks, cmask = floor.generate(fm, ids, mask, new_tokens, 1.0, eos, pad, gen)
+            toks, cmask = floor.generate(fm, ids, mask, new_tokens, 1.0, eos, pad, gen, rows)
         t2 = time.perf_counter()
         with marks["floor train"] if prof else _nothing():
             fm.train()
             floor.train(fm, opt, ids, mask, toks, cmask,
-                        torch.randn(len(prompts), generator=gen), 1.0)
+                        torch.randn(len(prompts), generator=gen), 1.0, rows)
         t3 = time.perf_counter()
         with marks["learner step"] if prof else _nothing():
             group = max(1, len(prompts) // 8)
@@ -157,7 +163,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", type=int, default=0, metavar="TOP",
                     help="after the timing, one round under torch.profiler: the TOP ops by "
                     "self CPU time of each freshroll call beside the floor's (tables)")
+    ap.add_argument("--shared", action="store_true",
+                    help="the shared-prompt floor (each distinct prompt's positions once)")
     args = ap.parse_args(argv)
+    print(f"floor: {'shared prompts' if args.shared else 'full rows'}")
     print(f"{os.cpu_count()} cpus, load average {os.getloadavg()[0]:.2f}; medians of "
           f"{args.rounds} rounds, ms per call (ratio: freshroll / floor)")
     print("| params | new tok | threads | floor gen | engine gen | ratio | floor train "
@@ -177,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
                 for n in args.threads:
                     profiles: Profile | None = {} if args.profile else None
                     m = {k: v * 1000 for k, v in
-                         measure(model_dir, batch, length, n, args.rounds, profiles).items()}
+                         measure(model_dir, batch, length, n, args.rounds, profiles,
+                                 args.shared).items()}
                     print(f"| {size} | {length} | {n} | {m['floor gen']:.1f} | "
                           f"{m['engine gen']:.1f} | {m['engine gen'] / m['floor gen']:.2f} | "
                           f"{m['floor train']:.1f} | {m['learner step']:.1f} | "

@@ -98,3 +98,19 @@ def test_weights_that_overflow_after_the_step_cannot_be_skipped():
 def test_on_nonfinite_is_not_part_of_the_settings_digest():
     assert _learner().settings_digest == _learner(on_nonfinite="stop").settings_digest
     assert _learner().settings_digest != _learner(lr=2e-3).settings_digest
+
+
+def test_all_finite_is_exact_for_nan_inf_and_large_finite_values():
+    """The fast L2-norm check: a NaN or an inf anywhere is found; finite values whose squares
+    overflow the norm (1e30 ** 2 > float32's max) are still finite."""
+    from freshroll.trainer.grpo import all_finite
+
+    ok = [torch.randn(50), torch.zeros(3, 4), torch.empty(0)]
+    assert all_finite(ok)
+    assert all_finite([torch.full((8,), 1e30), torch.full((2, 2), -3e38)])  # norms overflow
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        t = torch.randn(7, 5)
+        t[3, 2] = bad
+        assert not all_finite([*ok, t])
+        assert not all_finite([torch.full((8,), 1e30), t])  # beside an overflowing norm
+    assert all_finite([])
