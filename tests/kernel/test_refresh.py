@@ -141,6 +141,26 @@ def test_a_generated_member_past_the_bound_is_refreshed_at_commit_and_on_arrival
     assert_verified(buf, closed=True)
 
 
+def test_a_refreshed_attempt_still_being_scored_is_superseded(tmp_path: Path) -> None:
+    """The reward stage may hold a generated attempt that is refreshed, re-issued and
+    generated again meanwhile: ``attempt_state`` tells the old attempt apart (its reward is
+    rejected, and it is never discarded in the new one's place)."""
+    buf = new_buffer(tmp_path / "l.sqlite", max_staleness=0, batch_groups=1, group_size=2,
+                     max_refreshes=2, admission_window=3)
+    buf.register_worker("w0")
+    first = members(buf, buf.admit("p"))[0]
+    s1 = buf.start(first, "w0", 0, V0)
+    buf.complete(s1, tokens=2, gen_s=0.1)
+    _advance(buf, 1)
+    s2 = buf.start(first, "w0", 0, buf.version)  # type: ignore[arg-type]
+    buf.complete(s2, tokens=2, gen_s=0.1)
+    assert buf.request_state(s1) == "generated"  # the request's: the new attempt's state
+    assert (buf.attempt_state(s1), buf.attempt_state(s2)) == ("superseded", "generated")
+    assert buf.reward(s1, 1.0, REWARD).value == "rejected"
+    with pytest.raises(StateError, match="not the current attempt"):
+        buf.discard(s1, "reward_error")
+
+
 def test_a_ready_group_loses_only_its_stale_member(tmp_path: Path) -> None:
     """newest_token: a ready group whose short member aged while two groups ahead of it were
     trained goes back to running without it; its fresh member is kept and trained."""
