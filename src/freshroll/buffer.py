@@ -13,6 +13,7 @@ A request (``g17.3``) moves through::
         leased --commit--> committed
     any non-terminal state --discard(reason)--> discarded      (terminal)
     running --fence/discard(fenced)--> queued                   (re-issued as a new attempt)
+    generated/rewarded --refresh_stale(refreshed)--> queued     (tail.refresh: past the bound)
 
 A group (one prompt, ``group_size`` requests) becomes *ready* once each member
 is rewarded or terminally discarded; groups are leased whole, oldest first,
