@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from freshroll import events as ev
+from freshroll.bench.tails import tail_row
 from freshroll.config import load_config
 from freshroll.ledger import Ledger
 from freshroll.runtime.run import run
@@ -46,3 +47,12 @@ def test_refresh_on_p2_verifies_and_cuts_the_stale_share(tmp_path: Path) -> None
                for e in events if isinstance(e, ev.Discarded) and e.reason == "refreshed")
     assert _stale_share(fresh, events) < _stale_share(base, base_events)
     assert "refreshed" not in base
+    # counted apart: summary.json's refreshed figures and the bench's long-tail row
+    summary = json.loads((tmp_path / "refresh" / "summary.json").read_text())
+    started = sum(1 for e in events if isinstance(e, ev.Started))
+    assert summary["refreshed"]["attempts"] == len(refreshed)
+    assert summary["refreshed"]["share"] == len(refreshed) / started
+    assert 0 < summary["refreshed"]["token_share"] < 1
+    row = tail_row(tmp_path / "refresh", "refresh", [])
+    assert row["refreshed"] == summary["refreshed"]["share"] and row["refreshed_worker_s"] > 0
+    assert tail_row(tmp_path / "base", "base", [])["refreshed"] == 0.0
