@@ -306,3 +306,19 @@ def test_verify_flags_a_refreshed_attempt_trained_on(tmp_path: Path) -> None:
     assert any("never trained on" in m for m in bad), bad
     late = _ledger(tmp_path / "late.sqlite", [refreshed, *rewarded])
     assert any("rewarded after it was discarded" in m for m in late), late
+
+
+@pytest.mark.parametrize(("override", "said"), [
+    ("tail.max_refreshes=0", "tail.max_refreshes: Input should be greater than or equal to 1"),
+    ("tail.max_refreshes=65", "tail.max_refreshes: Input should be less than or equal to 64"),
+    ("tail.max_refreshes=true", "tail.max_refreshes: expected a number, got a boolean"),
+    ("tail.refresh=maybe", "tail.refresh: Input should be a valid boolean"),
+])
+def test_the_config_keys_are_checked_with_clear_errors(override: str, said: str) -> None:
+    from freshroll.config import load_config
+
+    with pytest.raises(ConfigError, match=said):
+        load_config(None, [override])
+    cfg = load_config(None, ["tail.refresh=true", "tail.max_refreshes=2"])
+    assert (cfg.tail.refresh, cfg.tail.max_refreshes) == (True, 2)
+    assert load_config(None, []).tail.refresh is False  # off by default

@@ -56,3 +56,5 @@ def test_refresh_on_p2_verifies_and_cuts_the_stale_share(tmp_path: Path) -> None
     row = tail_row(tmp_path / "refresh", "refresh", [])
     assert row["refreshed"] == summary["refreshed"]["share"] and row["refreshed_worker_s"] > 0
     assert tail_row(tmp_path / "base", "base", [])["refreshed"] == 0.0
+    (config,) = [json.loads(e.config) for e in events if isinstance(e, ev.RunConfig)]
+    assert config["tail"]["refresh"] is True and config["tail"]["max_refreshes"] == 3
