@@ -18,8 +18,12 @@ the machine's load; only the wall seconds do). Systems, each at every η (the ke
   ``control.mode=adaptive control.max_workers=32 tail.overprovision=auto
   rollout.on_update=continue run.staleness_basis=newest_token``, from the config's 16
   workers); ``all-doomed``: the same with ``tail.drop_doomed=true``;
-- ``wide-static``, ``wide-continue-newest``, ``wide-all``, ``wide-all-doomed``: ``static``,
-  ``continue-newest``, ``all`` and ``all-doomed`` with an admission window :data:`WIDE` times
+- ``refresh``: ``continue-newest`` with ``tail.refresh=true`` (a finished member past the
+  bound re-issued instead of its group ending stale: freshroll.refresh); ``all-refresh``:
+  ``all`` with ``tail.refresh=true``;
+- ``wide-static``, ``wide-continue-newest``, ``wide-all``, ``wide-all-doomed``,
+  ``wide-refresh``, ``wide-all-refresh``: ``static``, ``continue-newest``, ``all``,
+  ``all-doomed``, ``refresh`` and ``all-refresh`` with an admission window :data:`WIDE` times
   the freshness window, ``run.admission_window = WIDE × (η + 1)`` trainer steps of groups
   (freshroll.freshness; the default is ``η + 1``), η unchanged.
 
@@ -39,6 +43,10 @@ its run directory (``summary.json`` and the ledger, docs/metrics.md):
 - ``idle``: ``trainer_idle_ratio``;
 - ``stale`` / ``cancelled`` / ``deadline``: discards of that reason over the requests that
   reached an outcome (accepted + counted discards: ``freshroll bench``'s long-tail table,
+  :func:`freshroll.bench.tails.tail_row`);
+- ``refreshed``: attempts re-issued by ``tail.refresh`` over every attempt started
+  (``summary.json``'s ``refreshed.share``), and ``refresh-s`` the worker-seconds they cost
+  (``worker-s`` times their share of the tokens generated, ``refreshed.token_share``:
   :func:`freshroll.bench.tails.tail_row`);
 - ``length bias``: ``sample_bias.length_bias``;
 - ``worker-s``: :func:`freshroll.bench.figures.worker_seconds` (simulated seconds);
@@ -89,10 +97,13 @@ SYSTEMS: dict[str, list[str]] = {
             *NEWEST],
     "all-doomed": ["control.mode=adaptive", "control.max_workers=32", "tail.overprovision=auto",
                    *NEWEST, "tail.drop_doomed=true"],
+    "refresh": [*STATIC, *NEWEST, "tail.refresh=true"],
+    "all-refresh": ["control.mode=adaptive", "control.max_workers=32",
+                    "tail.overprovision=auto", *NEWEST, "tail.refresh=true"],
 }
 #: the wide rows' admission window, in freshness windows (η + 1 trainer steps each)
 WIDE = 3
-for _name in ("static", "continue-newest", "all", "all-doomed"):
+for _name in ("static", "continue-newest", "all", "all-doomed", "refresh", "all-refresh"):
     SYSTEMS[f"wide-{_name}"] = [*SYSTEMS[_name], "run.admission_window={wide}"]
 ETAS = (1, 2, 4)
 COMMON = ["run.progress=false", "sim.clock=virtual"]
@@ -100,7 +111,7 @@ COMMON = ["run.progress=false", "sim.clock=virtual"]
 C_TRAIN = 23.1
 COLUMNS = ("η", "system", "seeds", "accepted/s", "E (own)", "E (c_train)", "window bound",
            "L (s)", "held by discards", "idle", "stale", "cancelled", "deadline",
-           "length bias", "worker-s", "load", "verify")
+           "refreshed", "refresh-s", "length bias", "worker-s", "load", "verify")
 
 
 @dataclass
@@ -124,6 +135,8 @@ class Run:
     length_bias: float
     worker_s: float
     load: float = math.nan
+    refreshed: float = 0.0
+    refresh_s: float = 0.0
 
 
 def _ratio(a: float, b: float) -> float:
@@ -145,7 +158,8 @@ def read_run(eta: int, system: str, seed: int, out: Path, ok: bool, load: float,
         _ratio(num(w.get("occupancy_discarded")), num(w.get("occupancy_groups"))),
         num(s.get("trainer_idle_ratio")), tails["stale"], tails["cancelled"],
         tails["deadline"], num(tails["length_bias"]),
-        worker_seconds(worker_events(out)), load)
+        worker_seconds(worker_events(out)), load, tails["refreshed"],
+        tails["refreshed_worker_s"])
 
 
 def _group_size(out: Path) -> int:
@@ -186,7 +200,8 @@ def render_table(runs: Sequence[Run]) -> str:
                 mean_sd([r.latency_s for r in rs], ".0f"),
                 mean_sd([r.held_discarded for r in rs], ".0f", 100, "%"),
                 *(mean_sd([getattr(r, k) for r in rs], ".1f", 100, "%")
-                  for k in ("idle", "stale", "cancelled", "deadline")),
+                  for k in ("idle", "stale", "cancelled", "deadline", "refreshed")),
+                mean_sd([r.refresh_s for r in rs], ".0f"),
                 mean_sd([r.length_bias for r in rs], "+.3f"),
                 mean_sd([r.worker_s for r in rs], ".0f"),
                 mean_sd([r.load for r in rs], ".2f"),

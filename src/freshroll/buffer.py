@@ -13,6 +13,7 @@ A request (``g17.3``) moves through::
         leased --commit--> committed
     any non-terminal state --discard(reason)--> discarded      (terminal)
     running --fence/discard(fenced)--> queued                   (re-issued as a new attempt)
+    generated/rewarded --refresh_stale(refreshed)--> queued     (tail.refresh: past the bound)
 
 A group (one prompt, ``group_size`` requests) becomes *ready* once each member
 is rewarded or terminally discarded; groups are leased whole, oldest first,
@@ -64,6 +65,7 @@ from freshroll.lineage import (
     request_of,
     sample_id,
 )
+from freshroll.refresh import refresh_groups
 from freshroll.state import (
     _STATE_NAMES,
     G_READY,
@@ -142,6 +144,7 @@ class SampleBuffer(BufferResults):
             if group.state == G_RUNNING:
                 stop_at_target(self, group)  # a stop at target cut by the crash
                 self._settle(group)  # ready if it has no open member
+        self.refresh_stale()
 
     # == admission ===================================================================
     @property
@@ -271,6 +274,9 @@ class SampleBuffer(BufferResults):
         if self._leases:
             raise LeaseError(f"lease {next(iter(self._leases))} is still open")
         step, eta = self._require_version().step, self.config.max_staleness
+        if self.config.max_refreshes is not None:  # stale members first, not whole groups
+            refresh_groups(self, [g for g in self._ready
+                                  if is_stale(step, self._oldest_step(g), eta)])
         for group in [g for g in self._ready if is_stale(step, self._oldest_step(g), eta)]:
             self._discard_group(group, "stale", f"lag {step - self._oldest_step(group)} > {eta}")
         if len(self._ready) < n:
@@ -308,6 +314,7 @@ class SampleBuffer(BufferResults):
             metrics={k: float(v) if math.isfinite(v) else None
                      for k, v in (metrics or {}).items()},
         ))
+        self.refresh_stale()  # the version moved: members past the bound now
         self.ledger.flush()
         return child
 
@@ -414,6 +421,15 @@ class SampleBuffer(BufferResults):
                 ended += len(g.samples)
                 self._discard_group(g, "stale", detail)
         return ended
+
+    def refresh_stale(self) -> int:
+        """Re-issue every finished member of a running or ready group that is past the
+        freshness bound now (``refreshed``, :mod:`freshroll.refresh`; nothing when
+        ``config.max_refreshes`` is None). The attempts it ended are appended to
+        ``refreshed`` (the orchestrator wakes its workers). Returns how many."""
+        if self.config.max_refreshes is None or self.version is None:
+            return 0
+        return refresh_groups(self, [*self._live.values(), *self._ready])
 
     def stats(self) -> dict[str, Any]:
         """A snapshot of the buffer's counters (JSON-ready)."""

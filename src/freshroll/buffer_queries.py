@@ -132,6 +132,12 @@ class BufferQueries(BufferState):
         """``queued``, ``running``, ``generated``, ``rewarded``, ``committed`` or ``discarded``."""
         return _STATE_NAMES[self._request(request_of(request)).state]
 
+    def attempt_state(self, sample: str) -> str:
+        """:meth:`request_state` of ``sample``'s request when ``sample`` is its current
+        attempt, else ``superseded`` (a retry re-issued it: ``fenced``, ``refreshed``)."""
+        req = self._request(request_of(sample))
+        return _STATE_NAMES[req.state] if req.sample == sample else "superseded"
+
     def recent_latencies(self) -> list[float]:
         """Seconds from start to generated of the latest attempts (at most
         :data:`freshroll.state.LATENCY_WINDOW`), by the events' timestamps, oldest first."""

@@ -30,6 +30,7 @@ from freshroll.errors import ConfigError, StateError
 from freshroll.freshness import STALENESS_BASES, basis_step
 from freshroll.ledger import Ledger
 from freshroll.lineage import PolicyVersion, SampleId, payload_digest, request_of
+from freshroll.refresh import refresh_member
 from freshroll.state import (
     _STATE_NAMES,
     COMMITTED,
@@ -60,6 +61,8 @@ class KernelConfig:
     staleness_basis: str = "oldest_token"  # freshness.STALENESS_BASES
     #: W, the admission window in trainer steps (freshness.window_steps); None: η + 1
     admission_window: int | None = None
+    #: tail.max_refreshes where tail.refresh is on (freshroll.refresh); None: off
+    max_refreshes: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_staleness", "batch_groups", "group_size"):
@@ -76,6 +79,10 @@ class KernelConfig:
                                    or window < self.max_staleness + 1):
             raise ConfigError(f"admission_window must be an integer >= max_staleness + 1 = "
                               f"{self.max_staleness + 1} or None, got {window!r}")
+        limit = self.max_refreshes
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool)
+                                  or limit < 1):
+            raise ConfigError(f"max_refreshes must be an integer >= 1 or None, got {limit!r}")
 
 
 class BufferResults(BufferQueries):
@@ -88,6 +95,7 @@ class BufferResults(BufferQueries):
         self._admission_limit = config.max_inflight_groups
         self._lookahead = config.max_staleness
         self.stopped: list[tuple[SampleId, str, int]] = []  # see freshroll.stop_at_target
+        self.refreshed: list[SampleId] = []  # see freshroll.refresh
 
     # == results =====================================================================
     def complete(self, sample: str, *, tokens: int, gen_s: float, payload: bytes | None = None,
@@ -122,6 +130,8 @@ class BufferResults(BufferQueries):
             self._refuse(event)
         self.ledger.append(event)
         self._generated(req, event)
+        if self.config.max_refreshes is not None:  # a result already past the bound
+            refresh_member(self, req)
         if req.group.target < len(req.group.members) and stop_at_target(self, req.group):
             self._settle(req.group)
         return Outcome.ACCEPTED
@@ -169,6 +179,8 @@ class BufferResults(BufferQueries):
             raise StateError(f"{sid} is not the current attempt of {req.id} ({req.sample})")
         if req.state in (COMMITTED, DISCARDED) or req.group.state in (G_LEASED, G_DONE):
             raise StateError(f"request {req.id} can no longer be discarded")
+        if reason == "refreshed":
+            raise StateError("refreshed is decided by the refresh rule: see refresh_stale()")
         if reason in ev.RETRY_REASONS and req.state != RUNNING:
             raise StateError(f"only a running attempt can be {reason}, {req.id} is not running")
         if req.state == REWARDED:

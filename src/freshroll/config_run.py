@@ -154,7 +154,8 @@ class ControlSection(_Section):
 
 class TailSection(_Section):
     """Long tails: a deadline per group, over-provisioning with stop at target
-    (freshroll.control_tail, freshroll.stop_at_target); both off by default."""
+    (freshroll.control_tail, freshroll.stop_at_target), dropping doomed groups, refreshing
+    stale finished members (freshroll.refresh); all off by default."""
 
     deadline: bool = Field(
         False, description="cancel a group's stragglers past deadline_factor x the median "
@@ -177,6 +178,14 @@ class TailSection(_Section):
         False, description="discard a running group stale as soon as a member certain to be in "
         "it is past max_staleness (it could only be discarded stale when done: freshroll."
         "freshness.doomed), freeing its admission place and workers a tail earlier")
+    refresh: bool = Field(
+        False, description="re-issue a finished member (generated or rewarded) of a group not "
+        "yet leased once it is past max_staleness on the staleness basis in force (discard "
+        "reason refreshed, a retry: freshroll.refresh), instead of discarding its whole group "
+        "stale at lease; the group's other members are kept")
+    max_refreshes: int = Field(
+        3, ge=1, le=64, description="times one request is refreshed at most (tail.refresh); "
+        "past it the member is left alone and its group may end stale")
 
     @model_validator(mode="after")
     def _check(self) -> TailSection:

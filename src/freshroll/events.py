@@ -30,10 +30,11 @@ DiscardReason = Literal[
     "cancelled",         # its group was dropped, or reached its target without it
     "filtered",          # a user filter dropped it (e.g. zero-variance group)
     "shutdown",          # the run ended before the request finished
+    "refreshed",         # a finished member past the bound, re-issued (tail.refresh)
 ]
 DISCARD_REASONS: Final = frozenset(DiscardReason.__args__)  # type: ignore[attr-defined]  # Literal's __args__ is not in the stubs
 #: reasons after which the request is issued again (a new attempt); all others are terminal
-RETRY_REASONS: Final = frozenset({"fenced"})
+RETRY_REASONS: Final = frozenset({"fenced", "refreshed"})
 
 RejectReason = Literal["fenced", "duplicate", "not_running"]
 

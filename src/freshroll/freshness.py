@@ -64,6 +64,19 @@ at once instead (:meth:`~freshroll.buffer.SampleBuffer.drop_doomed`), so it free
 place and its workers a whole tail earlier (issue 26: on P2 such groups held 9-32% of the
 window). The rule never discards a group that could still be consumed fresh.
 
+A finished member can be **refreshed** instead (``tail.refresh``, issue 26): on P2/P3 under
+``continue`` + ``newest_token`` the stalest member of a group is a *short* one, done early on
+one version and aging while its siblings run. A finished member (generated or rewarded) of a
+group not yet leased, with basis step ``s``, refreshed ``r`` times already, at trainer
+version ``v`` (:func:`refresh_due`)::
+
+    refresh  <=>  v - s > η  and  r < R                R = tail.max_refreshes
+
+is re-issued (a new attempt, with the current policy): only it leaves the group, whose
+other members are kept, where at lease the whole group would be discarded ``stale``. A
+member refreshed ``R`` times is left alone (its group may then end stale, as without the
+lever). The buffer applies the rule (:mod:`freshroll.refresh`).
+
 Everything here is pure: integers in, integers out.
 """
 
@@ -138,6 +151,13 @@ def doomed(consumer_version: int, certain_steps: Sequence[int], max_staleness: i
     """True when a running group can no longer be consumed fresh: a member certain to be in
     it (``certain_steps``: their basis steps, module docstring) already has a lag above η."""
     return bool(certain_steps) and consumer_version - min(certain_steps) > max_staleness
+
+
+def refresh_due(consumer_version: int, step: int, max_staleness: int, refreshes: int,
+                max_refreshes: int) -> bool:
+    """Is a finished member of basis step ``step``, refreshed ``refreshes`` times, re-issued
+    at ``consumer_version`` (module docstring: lag above η, fewer than ``max_refreshes``)?"""
+    return is_stale(consumer_version, step, max_staleness) and refreshes < max_refreshes
 
 
 def basis_step(oldest_step: int, newest_step: int, basis: str) -> int:

@@ -228,6 +228,21 @@ def reissued_attempts(t: Tally) -> int:
 
 
 @figure
+def refreshed_attempts(t: Tally) -> int:
+    return t.discards.get("refreshed", 0)
+
+
+@figure
+def refreshed_share(t: Tally) -> float:
+    return t.discards.get("refreshed", 0) / t.attempts if t.attempts else 0.0
+
+
+@figure
+def refreshed_token_share(t: Tally) -> float:
+    return t.refreshed_tokens / t.generated_tokens if t.generated_tokens else 0.0
+
+
+@figure
 def step_reward_fns(t: Tally) -> dict[str, dict[str, float]]:
     return {n: {"mean": m, "std": sd} for n, (m, sd) in sorted(t.step_rewards.items())}
 
@@ -462,6 +477,8 @@ def summary_figures(t: Tally) -> dict[str, Any]:
         "trainer_restarts": trainer_restarts(t),
         "worker_losses": worker_losses(t), "worker_losses_by_reason": worker_losses_by_reason(t),
         "worker_loss_first": worker_loss_first(t), "reissued_attempts": reissued_attempts(t),
+        "refreshed": {"attempts": refreshed_attempts(t), "share": refreshed_share(t),
+                      "token_share": refreshed_token_share(t)},
         "frac_reward_zero_std": frac_reward_zero_std(t),
         "reward_first": reward_first(t), "reward_last": reward_last(t),
     }

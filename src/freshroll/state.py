@@ -9,7 +9,10 @@ through the same handlers that replay a ledger after a crash.
 
 Request states: ``queued -> running -> generated -> rewarded -> committed``,
 or ``discarded`` (terminal); a ``fenced`` discard sends a running request back
-to ``queued``. Group states: ``running -> ready -> leased -> done``. An over-provisioned
+to ``queued``, a ``refreshed`` one a generated or rewarded request (a finished member past the
+freshness bound, re-issued: :mod:`freshroll.refresh`): its result leaves the group, and a
+ready group goes back to running. Group states: ``running -> ready -> leased -> done``
+(``ready -> running`` by a refresh). An over-provisioned
 group (``target`` < its members) keeps its first ``target`` members generated: the buffer
 discards the rest ``cancelled`` (:mod:`freshroll.stop_at_target`).
 """
@@ -51,6 +54,7 @@ class _Request:
     newest: int = -1  # policy step of its newest token (generated.last_version, else step)
     reward: float = math.nan
     started_at: float = math.nan  # ts of its current attempt's start
+    refreshes: int = 0  # attempts discarded ``refreshed`` (freshroll.refresh)
 
 
 @dataclass(slots=True)
@@ -291,6 +295,8 @@ class BufferState:
             self._payloads.pop(req.sample, None)
         self._counts[f"discarded_{e.reason}"] += 1
         if e.reason in ev.RETRY_REASONS:
+            if was in (GENERATED, REWARDED):  # refreshed: its result leaves the group
+                self._unfinish(req, was)
             req.state = QUEUED
             self._queue.appendleft(req)
             return
@@ -308,6 +314,27 @@ class BufferState:
             group.state = G_DONE
             self._live.pop(group.id, None)
             self.running -= 1
+
+    def _unfinish(self, req: _Request, was: int) -> None:
+        """A finished member is re-issued (``refreshed``): a rewarded one's sample leaves the
+        group (which is open by one more, its staleness recomputed from the rewarded members
+        left) and a ready group goes back to running."""
+        req.refreshes += 1
+        req.reward = math.nan
+        if was != REWARDED:
+            return
+        group = req.group
+        group.samples.remove(req.sample)  # type: ignore[arg-type]  # rewarded: its sample is set
+        group.open += 1
+        kept = [r for r in group.members if r.state == REWARDED and r is not req]
+        group.oldest = min((r.step for r in kept), default=2**62)
+        group.newest = min((r.newest for r in kept), default=2**62)
+        if group.state == G_READY:
+            self._ready.remove(group)
+            group.state = G_RUNNING
+            self._live[group.id] = group
+            self.running += 1
+            self.accepted -= 1
 
     def _on_rejected(self, e: ev.Rejected) -> None:
         self._counts[f"rejected_{e.reason}"] += 1

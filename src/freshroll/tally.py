@@ -40,6 +40,9 @@ class TallyState:
     steps: int = 0
     accepted: int = 0
     generated: int = 0
+    attempts: int = 0  # started events
+    generated_tokens: int = 0  # tokens of every generated event
+    refreshed_tokens: int = 0  # ... of the attempts discarded refreshed
     discards: Counter[str] = field(default_factory=Counter)
     wait_s: float = 0.0  # sum of every leased.wait_s
     lags: Counter[int] = field(default_factory=Counter)  # lag -> committed samples
@@ -78,6 +81,7 @@ class TallyState:
     _start: float | None = None  # the current incarnation's trainer start
     _last: float | None = None  # the current incarnation's last commit
     _started: dict[str, int] = field(default_factory=dict)  # attempt -> policy step
+    _tokens: dict[str, int] = field(default_factory=dict)  # generated attempt -> its tokens
     _leases: dict[str, tuple[int, float]] = field(default_factory=dict)  # -> step, wait
 
     def current_span(self) -> tuple[float, float] | None:
@@ -104,8 +108,11 @@ class TallyState:
             self.tokens.basis = e.staleness_basis
         elif isinstance(e, ev.Started):
             self._started[e.sample] = policy_step(e.version)
+            self.attempts += 1
         elif isinstance(e, ev.Generated):
             self.generated += 1
+            self.generated_tokens += e.tokens
+            self._tokens[e.sample] = e.tokens
             self.tokens.generated(e, self._started.get(e.sample))
         elif isinstance(e, ev.Rewarded):
             self._scored[e.sample] = (e.reward, e.components, e.logged)
@@ -122,6 +129,9 @@ class TallyState:
         elif isinstance(e, ev.Discarded):
             self.discards[e.reason] += 1
             if e.sample is not None:
+                tokens = self._tokens.pop(e.sample, 0)
+                if e.reason == "refreshed":
+                    self.refreshed_tokens += tokens
                 self._started.pop(e.sample, None)
                 self._scored.pop(e.sample, None)
                 self.tokens.dropped(e.sample)
@@ -153,6 +163,7 @@ class TallyState:
         self.step_wait_s = lease[1] if lease is not None else 0.0
         step_lags: list[int] = []
         for s in e.samples:
+            self._tokens.pop(s, None)
             gen = self._started.pop(s, None)
             if lease is not None and gen is not None:  # else a damaged ledger: verify says so
                 self.lags[lease[0] - gen] += 1

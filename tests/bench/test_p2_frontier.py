@@ -38,7 +38,7 @@ def test_the_table_has_one_row_per_eta_and_system_with_mean_and_sd_over_seeds() 
     assert lines[2].endswith("| ok |")
 
 
-@pytest.mark.slow  # 15 fresh `freshroll simulate` processes: ~27 CPU-s, out of make test-fast
+@pytest.mark.slow  # 19 fresh `freshroll simulate` processes: ~35 CPU-s, out of make test-fast
 def test_quick_run_prints_every_system_with_finite_figures(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     done = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--etas", "1",
@@ -58,6 +58,7 @@ def test_quick_run_prints_every_system_with_finite_figures(tmp_path: Path) -> No
         assert 0 < e_own <= bound + 0.05, (system, cells)  # the window bounds the trainer
     assert float(rows["overprov"][11].rstrip("%")) > 0  # extras cancelled
     assert float(rows["deadlines"][12].rstrip("%")) >= 0
+    assert float(rows["static"][13].rstrip("%")) == 0  # no refresh without the lever
 
 
 @pytest.mark.parametrize("system", list(pf.SYSTEMS))

@@ -6,6 +6,12 @@ From a run directory (its ``summary.json`` and ledger)::
     stale, cancelled, deadline, other   requests discarded for each reason, as a share of the
                                         requests that reached an outcome (accepted + every
                                         counted discard: not shutdown)
+    refreshed                           attempts re-issued by tail.refresh (a retry, not an
+                                        outcome: not in the shares above) as a share of every
+                                        attempt started (summary.json's refreshed.share), and
+                                        the worker-seconds they cost: the run's worker-seconds
+                                        (freshroll.bench.figures.worker_seconds) times their
+                                        share of the tokens generated (refreshed.token_share)
     length bias                         summary.json's sample_bias.length_bias (cancelled
                                         running members count with a censored length:
                                         freshroll.figures.bias)
@@ -24,11 +30,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from freshroll.bench.figures import worker_events, worker_seconds
 from freshroll.ledger import LEDGER_FILE, Ledger
 
 REASONS = ("stale", "cancelled", "deadline")
 #: discard reasons that say nothing about a sample (not counted)
-UNCOUNTED = frozenset({"shutdown", "fenced"})
+UNCOUNTED = frozenset({"shutdown", "fenced", "refreshed"})
 
 
 def rebalance_delays(decisions: Sequence[tuple[int, int, int]], changes: Sequence[int]
@@ -73,7 +80,11 @@ def tail_row(run_dir: Path, label: str, changes: Sequence[int]) -> dict[str, Any
     share = {k: (counted.get(k, 0) / total if total else 0.0) for k in REASONS}
     other = sum(v for k, v in counted.items() if k not in REASONS)
     decisions, extra = _decisions(run_dir)
+    refreshed = s.get("refreshed") or {}
+    tokens = float(refreshed.get("token_share", 0.0))
     return {"run": label, **share, "other": other / total if total else 0.0,
+            "refreshed": float(refreshed.get("share", 0.0)),
+            "refreshed_worker_s": tokens and tokens * worker_seconds(worker_events(run_dir)),
             "length_bias": (s.get("sample_bias") or {}).get("length_bias"),
             "rebalance": rebalance_delays(decisions, changes),
             "extra_max": extra}
@@ -83,11 +94,12 @@ def _cells(r: Mapping[str, Any]) -> list[str]:
     bias = r["length_bias"]
     rebalance = ", ".join("-" if d is None else str(d) for d in r["rebalance"]) or "n/a"
     return [r["run"], *(f"{r[k]:.1%}" for k in (*REASONS, "other")),
+            f"{r['refreshed']:.1%} ({r['refreshed_worker_s']:.0f} s)",
             "-" if bias is None else f"{bias:+.3f}", rebalance, str(r["extra_max"])]
 
 
-HEAD = ["run", "stale", "cancelled", "deadline", "other", "length bias",
-        "re-balance (steps)", "extra max"]
+HEAD = ["run", "stale", "cancelled", "deadline", "other", "refreshed (worker-s)",
+        "length bias", "re-balance (steps)", "extra max"]
 
 
 def render_text(rows: Sequence[Mapping[str, Any]]) -> str:
@@ -96,11 +108,12 @@ def render_text(rows: Sequence[Mapping[str, Any]]) -> str:
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
                        for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
              for cells in [HEAD, *body]]
-    return "discards by reason, length bias, re-balance delay:\n" + "\n".join(lines) + "\n"
+    return ("discards by reason, refreshed attempts, length bias, re-balance delay:\n"
+            + "\n".join(lines) + "\n")
 
 
 def render_markdown(rows: Sequence[Mapping[str, Any]]) -> str:
-    lines = ["Discards by reason, length bias, re-balance delay:", "",
+    lines = ["Discards by reason, refreshed attempts, length bias, re-balance delay:", "",
              "| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
     lines += ["| " + " | ".join(_cells(r)) + " |" for r in rows]
     return "\n".join(lines) + "\n\n"

@@ -58,7 +58,21 @@ class AdmissionFold:
                 self.accepted += 1
         elif isinstance(e, ev.Discarded) and e.reason not in ev.RETRY_REASONS:
             self._discarded(e)
+        elif isinstance(e, ev.Discarded) and e.request in self.rewarded:  # refreshed
+            self._unrewarded(e.request)
         return None
+
+    def _unrewarded(self, req: str) -> None:
+        """A rewarded member re-issued (``refreshed``): open again, and its ready group
+        running again (it holds the same place)."""
+        g = group_of(req)
+        self.rewarded.discard(req)
+        self.open[g] = self.open.get(g, 0) + 1
+        self.kept[g] -= 1
+        if self.state.get(g) == "accepted":
+            self.state[g] = "running"
+            self.accepted -= 1
+            self.running += 1
 
     def limit(self) -> int:
         """Groups accepted + running the window allows now: ``(W + v) × B``."""

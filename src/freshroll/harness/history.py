@@ -249,6 +249,9 @@ class HistoryChecker:
             self.r.add("unexpected", f"seq {seq}: {e.sample} rewarded but never generated")
         if e.sample in self.rewarded:
             self.r.add("duplicates", f"seq {seq}: {e.sample} rewarded a second time")
+        elif e.sample in self.fenced_samples:
+            self.r.add("unexpected", f"seq {seq}: {e.sample} rewarded after it was discarded "
+                                     f"({self.sample_end.get(e.sample)}) for a retry")
         try:
             RewardVersion.parse(e.reward_version)
         except LineageError as exc:
@@ -320,6 +323,9 @@ class HistoryChecker:
         self.sample_end[s] = "committed"
         if s not in leased:
             self.r.add("unexpected", f"seq {seq}: {s} committed but not in lease {lease}")
+        if s in self.fenced_samples:
+            self.r.add("unexpected", f"seq {seq}: {s} committed, but the attempt was "
+                                     f"{self.sample_end.get(s)} (a retry: never trained on)")
         start = self.started.get(s)
         if start is None or s not in self.rewarded:
             self.r.add("unexpected", f"seq {seq}: {s} committed without start/reward")
@@ -337,6 +343,8 @@ class HistoryChecker:
         self.counts[f"discarded_{e.reason}"] += 1
         if not self._admitted(seq, f"discard ({e.reason})", e.request):
             return
+        if e.reason == "refreshed":
+            self._refreshed(seq, e)
         if e.sample is not None:
             self.sample_end.setdefault(e.sample, f"discarded {e.reason}")
         if e.reason in ev.RETRY_REASONS:
@@ -368,6 +376,26 @@ class HistoryChecker:
                                         f"lag is {now - min(steps, default=now)} <= {self.eta}")
             else:
                 self.stale_groups.add(group)
+
+    def _refreshed(self, seq: int, e: ev.Discarded) -> None:
+        """A refresh (``tail.refresh``) re-issues a finished attempt (generated, not ended,
+        in no open lease) past the bound: its lag at the current version exceeds η on the
+        basis in force. Its sample leaves its group (no longer ready, leased or checked)."""
+        s, group = e.sample, e.request.partition(".")[0]
+        if s is None or s not in self.generated or s in self.sample_end \
+                or any(s in leased for _, leased in self.leases.values()):
+            self.r.add("unexpected", f"seq {seq}: {e.request} refreshed, but its attempt {s} "
+                                     "is not a finished one outside a lease")
+            return
+        now = self.version.step if self.version else 0
+        lag = now - self._basis_step(s, self.started[s][2])
+        if lag <= self.eta:
+            self.r.add("freshness", f"seq {seq}: {s} refreshed but its lag is {lag} <= "
+                                    f"{self.eta} ({self.basis})")
+        self.ready.get(group, set()).discard(s)
+        self.group_samples.pop(group, None)
+        if self.attempts.get(group, {}).get(e.request) == s:
+            del self.attempts[group][e.request]
 
     def _rejected(self, seq: int, e: ev.Rejected) -> None:
         self.counts[f"rejected_{e.reason}"] += 1

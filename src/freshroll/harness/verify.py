@@ -11,8 +11,9 @@ invariant      what is checked
 conservation   the ledger ends ``closed`` (unless ``allow_open``: a live run, or a crash
                not resumed yet); every request ends in exactly one terminal state
                (committed once, or discarded once with a terminal reason); none in
-               flight once closed; no retry (``fenced`` discard) of a request that
-               already ended
+               flight once closed; no retry (``fenced`` or ``refreshed`` discard) of a
+               request that already ended; a retried attempt is never rewarded or
+               committed afterwards (``unexpected``)
 duplicates     no sample and no request is committed twice, across incarnations; no
                attempt is rewarded twice
 loss           every accepted completion (``generated``) is committed or discarded
@@ -24,7 +25,9 @@ unexpected     every event names requests and groups that were admitted; every
 freshness      every lease is taken at the current policy version; committed lag is
                >= 0 and <= max_staleness in force, on the staleness basis in force
                (``opened.staleness_basis``: the oldest token's or the newest's); every
-               ``stale`` discard really exceeded it; every admission keeps the groups
+               ``stale`` discard really exceeded it, and every ``refreshed`` one
+               (``tail.refresh``) re-issued a finished attempt outside any lease whose lag
+               then exceeded it; every admission keeps the groups
                accepted + running within ``(W + v) x B``, ``W`` the admission window in
                force (``opened.admission_window``, ``max_staleness + 1`` when null:
                :mod:`freshroll.harness.admission`)

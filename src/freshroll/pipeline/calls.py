@@ -193,6 +193,7 @@ class CallRunner:
         buf, put, worker = self.buf, self.inbox.put, (w.name, call.epoch)
         encode, complete, sids, version = pl.encode, buf.complete, call.sids, call.version
         slot_freed, stopping = self._slot_freed, self._on_stopped
+        requests_queued = self._requests_queued
         prompts = call.prompts
 
         def emit(i: int, comp: Any) -> None:
@@ -213,6 +214,11 @@ class CallRunner:
                            last_version=last, worker=worker, token_versions=ranges)
             if buf.stopped:  # a stop at target ended running attempts: cancel them
                 stopping()
+            if buf.refreshed:  # past the bound on arrival: re-issued, not scored
+                if sids[i] in buf.refreshed:
+                    out = Outcome.REJECTED
+                buf.refreshed.clear()
+                requests_queued()
             if not call.over and not call.emitted[i]:
                 call.emitted[i] = True
                 call.pending -= 1

@@ -312,6 +312,9 @@ class Pipeline:
             self._train.clear()
             seq = buf.ledger.last_seq
             lease = buf.lease(wait_s=clock.now() - t0)
+            if buf.refreshed:  # stale members of ready groups re-issued: wake a worker
+                buf.refreshed.clear()
+                self.pool.requests_queued()
             if lease is not None:
                 break
             if buf.ledger.last_seq != seq:  # stale groups discarded: capacity was freed
@@ -352,6 +355,7 @@ class Pipeline:
             switch = self.fallback.committed(version.step, buf.clock.now())
             if switch is not None:
                 self._switch_mode(switch)
+        buf.refreshed.clear()  # re-issued by the commit: the workers are woken below
         if self.cfg.tail.drop_doomed and buf.drop_doomed():  # groups that can only go stale
             self.overprov.wake()  # their running attempts cancelled on their engines
         self.notify()

@@ -85,8 +85,8 @@ class RewardStage:
     async def run(self) -> None:
         buf, ctx, scorer = self.buf, self.ctx, self.scorer
         for sid in self._recovered:  # recovered: generated before a crash, never scored
-            if buf.request_state(sid) != "generated":
-                continue  # ended meanwhile (its group was dropped)
+            if buf.attempt_state(sid) != "generated":
+                continue  # ended meanwhile (its group was dropped) or re-issued (refreshed)
             data = buf.payload(sid)
             if data is None:
                 buf.discard(sid, "invalid", "payload lost")
@@ -123,7 +123,7 @@ class RewardStage:
             return
         if scores is None:  # timed out: discarded as reward_timeout
             for sid, _, _ in items:
-                if buf.request_state(sid) == "generated":  # else ended meanwhile (dropped)
+                if buf.attempt_state(sid) == "generated":  # else ended meanwhile (dropped)
                     buf.discard(sid, "reward_timeout", self._timeout_error())
             ctx.notify()
             ctx.budget.record(self._label() + " (timeouts)", self._timeout_rule(),
@@ -140,7 +140,7 @@ class RewardStage:
                            score.logged, score.extras)
                 errors.append(None)
             else:
-                if buf.request_state(sid) == "generated":  # else ended meanwhile (dropped)
+                if buf.attempt_state(sid) == "generated":  # else ended meanwhile (dropped)
                     buf.discard(sid, "reward_error", score.error or "reward_error")
                 errors.append(score.error or "")
         hooks.rewarded(sids)
@@ -156,8 +156,8 @@ class RewardStage:
         again = []
         for item in items:
             sid = item[0]
-            if buf.closed or buf.request_state(sid) != "generated":
-                continue  # ended meanwhile (its group was dropped)
+            if buf.closed or buf.attempt_state(sid) != "generated":
+                continue  # ended meanwhile (its group was dropped) or re-issued (refreshed)
             n = self._lost[sid] = self._lost.get(sid, 0) + 1
             if n > MAX_LOST_RETRIES:
                 buf.discard(sid, "reward_error", f"{error} ({n} times)")

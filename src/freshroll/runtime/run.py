@@ -149,7 +149,8 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
     random.seed(cfg.run.seed)
     kernel = KernelConfig(
         cfg.run.max_staleness, cfg.rollout.batch_groups, cfg.rollout.group_size,
-        cfg.rollout.max_inflight_groups, cfg.run.staleness_basis, cfg.run.window_steps)
+        cfg.rollout.max_inflight_groups, cfg.run.staleness_basis, cfg.run.window_steps,
+        cfg.tail.max_refreshes if cfg.tail.refresh else None)
     if note := window_note(
             max_staleness=cfg.run.max_staleness, admission_window=cfg.run.window_steps,
             basis=cfg.run.staleness_basis, continues=_continues(cfg)):
