@@ -71,7 +71,7 @@ def test_a_shared_step_trains_as_the_full_rows(settings: dict):
         learner = _learner(settings, pad, share)
         calls: list[bool] = []
         layout = learner._layout
-        learner._layout = lambda s, _l=layout: calls.append(  # type: ignore[method-assign]
+        learner._layout = lambda s, _l=layout, _c=calls: _c.append(  # type: ignore[method-assign]
             isinstance(r := _l(s), SharedBatch)) or r
         m1 = learner.step(samples)
         m2 = learner.step(samples)
