@@ -249,6 +249,24 @@ def test_ray_actors_set_each_calls_threads_as_the_driver_asks():
         torch.set_num_threads(before)
 
 
+def test_a_ray_run_says_what_the_placement_cost_per_step():
+    """The last lines' account of Ray's round trips (issue 25: on one machine Ray has only
+    costs): each generate call beyond the actor's generation, each weight load, the trainer
+    actor's step in the driver against in its actor; nothing measured, nothing said."""
+    from freshroll.placement import ray_engine
+    from freshroll.placement.ray_trainer import TrainerTimings
+
+    eng = ray_engine.RayEngine.__new__(ray_engine.RayEngine)
+    eng.round_trips = [0.004, 0.006, 0.005]
+    eng.loads = [ray_engine.LoadStats(0.007, 0.002, 0.003)]
+    timings = TrainerTimings(step_wall_s=[0.110, 0.100], step_actor_s=[0.095, 0.085])
+    line = ray_engine.costs_line([eng, object()], type("T", (), {"timings": timings})())
+    assert line == ("ray placement, per step (medians): generate round trip 5.0 ms; weights "
+                    "7.0 ms a load (fetch 2.0, copy 3.0 in the actor); trainer step 105.0 ms "
+                    "in the driver, 90.0 in its actor (15.0 ms round trip)")
+    assert ray_engine.costs_line([], object()) == ""
+
+
 def test_where_threads_do_not_pay_the_fixed_rule_holds():
     p = placement.plan(_cfg(max_staleness=1), _probe(0.8), cores=2)
     assert (p.runtime, p.budget.trainer, p.budget.worker) == ("process", 1, 1)

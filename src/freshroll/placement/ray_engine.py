@@ -207,6 +207,8 @@ class RayEngine:
         self.num_cpus, self.num_gpus = num_cpus, num_gpus
         self.incarnation = 0  # +1 per restart: a late close of an older one must not stop it
         self.loads: list[LoadStats] = []  # every weight load through this proxy, in order
+        #: each generate call's seconds in the caller beyond the actor's own generation
+        self.round_trips: list[float] = []
         self._actor = self._spawn()
 
     def _spawn(self) -> Any:
@@ -277,9 +279,12 @@ class RayEngine:
         kwargs = {"max_new_tokens": max_new_tokens, "temperature": temperature,
                   "top_p": top_p, "seed": seed}
         threads = _calling_threads() if self.follow_threads else None
+        t0 = time.perf_counter()
         result: list[Completion] = self._call(
             "generate", list(prompts), kwargs, threads, timeout_s=self.generate_timeout_s,
             what="generate")
+        if result:  # the round trip: the caller's seconds beyond the actor's generation
+            self.round_trips.append(time.perf_counter() - t0 - result[0].gen_s)
         return result
 
     def load_weights(self, weights: Weights) -> float:
@@ -313,6 +318,34 @@ class RayEngine:
         self._kill_actor()
         with contextlib.suppress(WorkerTimeout, WorkerLost):
             self._wait_dead(STOP_WAIT_S)
+
+
+def costs_line(engines: Sequence[object], trainer: object) -> str:
+    """What the Ray placement cost per step beyond the compute, measured by the proxies
+    (a run's last lines on one machine, where Ray has only costs: issue 25): each generate
+    call's round trip, each weight load, the trainer actor's step in the driver against
+    in the actor; "" when nothing was measured."""
+    import statistics
+
+    trips = [x for e in engines if isinstance(e, RayEngine) for x in e.round_trips]
+    loads = [x for e in engines if isinstance(e, RayEngine) for x in e.loads]
+    parts = []
+    if trips:
+        parts.append(f"generate round trip {statistics.median(trips) * 1e3:.1f} ms")
+    if loads:
+        parts.append(f"weights {statistics.median(x.caller_s for x in loads) * 1e3:.1f} ms a "
+                     f"load (fetch {statistics.median(x.fetch_s for x in loads) * 1e3:.1f}, "
+                     f"copy {statistics.median(x.copy_s for x in loads) * 1e3:.1f} in the "
+                     "actor)")
+    timings = getattr(trainer, "timings", None)
+    walls, inside = getattr(timings, "step_wall_s", []), getattr(timings, "step_actor_s", [])
+    if walls and inside:
+        wall, actor = statistics.median(walls), statistics.median(inside)
+        parts.append(f"trainer step {wall * 1e3:.1f} ms in the driver, {actor * 1e3:.1f} in "
+                     f"its actor ({(wall - actor) * 1e3:.1f} ms round trip)")
+    if not parts:
+        return ""
+    return "ray placement, per step (medians): " + "; ".join(parts)
 
 
 def _calling_threads() -> int:

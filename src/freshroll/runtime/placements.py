@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -212,7 +213,18 @@ def _hf_ray(b: Build, stack: ExitStack) -> tuple[EngineFactory, AsyncScorer, Asy
     scorer = _scorer(b, stack, ray=True)  # e.g. a node's reward version differs: Ray stopped
     # once per version in the object store, one ref for all
     trainer = _trainer(b, stack, learner, RayPut())
-    return _engines(b, "ray", None), scorer, trainer
+    factory = _engines(b, "ray", None)
+    if b.cfg.run.progress:  # what Ray cost per step, said as the run closes (before Ray stops)
+        stack.callback(_say_ray_costs, factory, trainer)
+    return factory, scorer, trainer
+
+
+def _say_ray_costs(factory: ThreadEngineFactory, trainer: object) -> None:
+    from freshroll.placement.ray_engine import costs_line
+
+    line = costs_line(list(factory.engines.values()), trainer)
+    if line:
+        sys.stderr.write(line + "\n")
 
 
 @register_placement("vllm", "inline")
