@@ -147,8 +147,14 @@ def test_a_private_ray_run_follows_the_mode_and_starts_sync_where_threads_pay():
         assert p.compute is None and p.modes is None  # the actors compute, not the driver
         pays = probe is not None and probe.pays
         assert bool(p.start_sync) == pays, probe
-    assert "actors take turns on all of them" in placement.plan(ray, _probe(1.6),
-                                                                cores=2).start_sync
+    started = placement.plan(ray, _probe(1.6), cores=2)
+    assert "actors take turns on all of them" in started.start_sync
+    # settled on all the cores by the probe, as the inline placement's sync windows are
+    for f in started.follow:
+        f.set_mode("sync")
+        gain = 1 / (0.6 / 1.6 - 0.0091)  # the probe's (_probe): 1 / many, either stage
+        assert f.take() == (2, False) and f.sync.gain() == pytest.approx(gain)
+    assert all(f.sync.settled is None for f in placement.plan(ray, _probe(0.8), cores=2).follow)
     # a probe that measured nothing (a large model) starts nothing
     assert placement.plan(ray, _probe(0.5, skipped="large"), cores=2).start_sync == ""
     joined = _cfg(max_staleness=1, runtime="ray", ray_address="10.0.0.5:6379")

@@ -271,9 +271,22 @@ def plan(cfg: Config, probe: ThreadProbe | None = None, *, injected: bool = Fals
         start = (f"the thread probe: a sync step on all {cores} cores is "
                  f"{probe.advantage:.2f}x an async one on a core per stage, so the actors "
                  "take turns on all of them until the fallback measures async against it")
+        for f in follow:  # settled by the probe, as the inline placement's sync windows are:
+            _settle_on(f.sync, probe)  # no trials (timed through a round trip, a short
+            # generate call's 1 / n trials read 0.87x where the probe read 1.35x: issue 25)
     return _with_modes(cfg, Placement(runtime, budget, why if rt_auto or th_auto else "", probe,
                                       stages, compute, follow=follow, start_sync=start),
                        injected)
+
+
+def _settle_on(stage: StageThreads, probe: ThreadProbe) -> None:
+    """``stage`` settled on all its cores by ``probe``'s measurement (its seconds per row
+    at 1 and n threads kept as the stage's timings)."""
+    one, many = ((probe.gen_1, probe.gen_n) if stage.stage == "generate"
+                 else (probe.train_1, probe.train_n))
+    rows = max(1, probe.rows)
+    stage.timed = {1: [one / rows], stage.many: [many / rows]}
+    stage.settled = stage.many
 
 
 def _with_modes(cfg: Config, p: Placement, injected: bool) -> Placement:
