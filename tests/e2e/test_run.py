@@ -217,6 +217,35 @@ def test_ray_runtime_runs_workers_as_actors(tmp_path: Path, small: list[str]):
     assert loads >= 2  # each actor received published weights through Ray
 
 
+@pytest.mark.ray
+def test_a_ray_runs_actors_take_every_core_in_the_sync_windows(tmp_path: Path,
+                                                               small: list[str]):
+    """A private Ray run with auto threads: its actors' calls follow the sync fallback's mode
+    (issue 25): in the sync windows both stages try one and every core on their own calls
+    (the trainer's timed in its actor), a core each while async; the run verifies."""
+    from freshroll.placement.placement import available_cores
+
+    out = tmp_path / "ray"
+    proc = freshroll("run", *small, "run.steps=16", "run.runtime=ray", "run.max_staleness=1",
+                     "control.fallback=true", "control.fallback_window_steps=2",
+                     "control.fallback_window_s=0.01", "--out", str(out))
+    assert "verify: ok" in proc.stdout, proc.stderr[-2000:]
+    s = summary(out)
+    placed = s["host"]["placement"]
+    assert placed["runtime"] == "ray" and placed["worker_threads"] == 1
+    fixed = s["fixed_costs"]  # Ray's own start and stop, inside the seconds outside the wall
+    assert 0 < fixed["ray_start_s"] < fixed["start_s"] and fixed["ray_stop_s"] > 0
+    assert "Ray's own start" in proc.stderr
+    if available_cores() < 2:
+        return  # one core: nothing to follow
+    windows = placed["sync_window_stages"]
+    assert set(windows) == {"generate", "train"}
+    assert s["overlap"]["fallback"]["steps"]["sync"] >= 2
+    for stage in windows.values():
+        assert stage["many"] == available_cores() and stage["calls"] >= 2, stage
+        assert stage["seconds_per_row"]["1"], stage  # the first trial: one thread
+
+
 def test_an_async_inline_run_generates_on_the_compute_thread_in_its_sync_windows(
         tmp_path: Path, small: list[str], monkeypatch: pytest.MonkeyPatch):
     """Two intra-op threads inline: the sync fallback's windows run generation on the

@@ -131,6 +131,148 @@ def test_an_async_process_run_takes_every_core_per_call_in_sync_windows():
                           injected=True).follow == ()
 
 
+def test_a_private_ray_run_follows_the_mode_and_starts_sync_where_threads_pay():
+    """``run.runtime: ray`` on its own instance: the actors' calls follow the fallback's mode
+    as a process run's do (a core each while async, 1 or every core in the sync windows);
+    the probe is wanted, and where threads pay the run stays on Ray and starts in the sync
+    mode (issue 25: one thread per actor left a core idle in every sync step). A joined
+    cluster's actors run on cores this process cannot count: neither."""
+    ray = _cfg(max_staleness=1, runtime="ray")
+    assert placement.wants_probe(ray, cores=2)
+    for probe in (_probe(1.6), _probe(0.8), None):
+        p = placement.plan(ray, probe, cores=2)
+        assert (p.runtime, p.budget.trainer, p.budget.worker) == ("ray", 1, 1)
+        assert [(f.stage, f.shared, f.sync.many) for f in p.follow] == [
+            ("generate", 1, 2), ("train", 1, 2)]
+        assert p.compute is None and p.modes is None  # the actors compute, not the driver
+        pays = probe is not None and probe.pays
+        assert bool(p.start_sync) == pays, probe
+    started = placement.plan(ray, _probe(1.6), cores=2)
+    assert "actors take turns on all of them" in started.start_sync
+    # settled on all the cores by the probe, as the inline placement's sync windows are
+    for f in started.follow:
+        f.set_mode("sync")
+        gain = 1 / (0.6 / 1.6 - 0.0091)  # the probe's (_probe): 1 / many, either stage
+        assert f.take() == (2, False) and f.sync.gain() == pytest.approx(gain)
+    assert all(f.sync.settled is None for f in placement.plan(ray, _probe(0.8), cores=2).follow)
+    # a probe that measured nothing (a large model) starts nothing
+    assert placement.plan(ray, _probe(0.5, skipped="large"), cores=2).start_sync == ""
+    joined = _cfg(max_staleness=1, runtime="ray", ray_address="10.0.0.5:6379")
+    off = validate({"run": {"max_staleness": 1, "runtime": "ray"},
+                    "control": {"fallback": False}}, "test")
+    for cfg in (joined, off, _cfg(max_staleness=0, runtime="ray"),
+                _cfg(max_staleness=1, runtime="ray", torch_threads=1)):
+        p = placement.plan(cfg, _probe(1.6), cores=2)
+        assert p.runtime == "ray" and p.follow == () and p.start_sync == "", cfg.run
+    assert not placement.wants_probe(joined, cores=2)
+    assert not placement.wants_probe(_cfg(max_staleness=1, runtime="ray"), cores=1)
+
+
+def test_ray_actors_set_each_calls_threads_as_the_driver_asks():
+    """The wire of :func:`test_a_private_ray_run_follows_the_mode...`: a following
+    :class:`RayEngine` sends its calling thread's count with each generate, a
+    :class:`RayTrainer` each step's count from its stage (timing it in the actor's seconds);
+    the actors set it (only on a change). In-process stubs: no Ray."""
+    import threading
+
+    import torch
+
+    from freshroll.placement import ray_engine, ray_trainer
+    from freshroll.stage_threads import ModeThreads, StageThreads
+
+    before = torch.get_num_threads()
+    try:
+        sent: list[tuple[Any, ...]] = []
+        eng = ray_engine.RayEngine.__new__(ray_engine.RayEngine)
+        eng.follow_threads, eng.generate_timeout_s = True, 1.0
+        eng._call = lambda method, *args, **kw: sent.append(args) or []  # type: ignore[method-assign]
+
+        def call(n: int) -> None:
+            torch.set_num_threads(n)  # what adapters.tuned does on the worker's thread
+            eng.generate(["a"], max_new_tokens=1)
+
+        for n in (2, 1):
+            t = threading.Thread(target=call, args=(n,))
+            t.start()
+            t.join()
+        assert [args[2] for args in sent] == [2, 1]
+        eng.follow_threads = False
+        eng.generate(["a"], max_new_tokens=1)
+        assert sent[-1][2] is None
+
+        class _Engine:
+            def generate(self, prompts: Any, **kw: Any) -> list[int]:
+                return [torch.get_num_threads()]
+
+        actor = ray_engine._EngineActor.__new__(ray_engine._EngineActor)
+        actor.engine = _Engine()  # type: ignore[assignment]
+        assert actor.generate(["a"], {}, 2) == [2] and actor.generate(["a"], {}, 1) == [1]
+        assert actor.generate(["a"], {}, None) == [1]  # unchanged
+
+        class _Learner:
+            model = torch.nn.Linear(2, 2)
+
+            def step(self, samples: Any, step: int) -> dict[str, float]:
+                return {"threads": float(torch.get_num_threads())}
+
+            def published_state(self) -> dict[str, torch.Tensor]:
+                return {k: v.detach() for k, v in self.model.state_dict().items()}
+
+        tr = ray_trainer._TrainerActor(_Learner(), 1)  # type: ignore[arg-type]
+        (metrics, _, inside), packed = tr.step([], 1, 2)
+        assert metrics == {"threads": 2.0} and inside >= 0 and set(packed) == {"weight", "bias"}
+        assert tr.step([], 2)[0][0] == {"threads": 2.0}  # None: as it is
+
+        class _Ref:
+            def __init__(self, value: Any) -> None:
+                self.value = value
+
+        class _Remote:
+            def __init__(self, fn: Any) -> None:
+                self.fn = fn
+
+            def options(self, **kw: Any) -> _Remote:
+                return self
+
+            def remote(self, *args: Any) -> tuple[_Ref, _Ref]:
+                meta, weights = self.fn(*args)
+                return _Ref(meta), _Ref(weights)
+
+        proxy = ray_trainer.RayTrainer.__new__(ray_trainer.RayTrainer)
+        proxy._ready, proxy._actor = None, type("A", (), {"step": _Remote(tr.step)})()
+        proxy._wait = lambda ref, *a: ref.value  # type: ignore[method-assign]
+        proxy._step_no = lambda: 3  # type: ignore[method-assign]
+        proxy.cfg, proxy.timings = validate({}, "test"), ray_trainer.TrainerTimings()
+        proxy.counts = mode = ModeThreads(1, StageThreads("train", 2, warmup=0, trials=2))
+        rows: Any = [None] * 4  # the stub learner reads none of them
+        for want in (1, 1, 1):  # async: the share, untimed
+            assert proxy._step(rows)[0] == {"threads": float(want)}
+        mode.set_mode("sync")
+        got = [proxy._step(rows)[0]["threads"] for _ in range(4)]  # trials: 1, 2, 1, 2
+        assert got == [1.0, 2.0, 1.0, 2.0] and mode.sync.calls == 4
+        assert all(len(v) == 2 for v in mode.sync.timed.values())  # the actor's seconds
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_ray_run_says_what_the_placement_cost_per_step():
+    """The last lines' account of Ray's round trips (issue 25: on one machine Ray has only
+    costs): each generate call beyond the actor's generation, each weight load, the trainer
+    actor's step in the driver against in its actor; nothing measured, nothing said."""
+    from freshroll.placement import ray_engine
+    from freshroll.placement.ray_trainer import TrainerTimings
+
+    eng = ray_engine.RayEngine.__new__(ray_engine.RayEngine)
+    eng.round_trips = [0.004, 0.006, 0.005]
+    eng.loads = [ray_engine.LoadStats(0.007, 0.002, 0.003)]
+    timings = TrainerTimings(step_wall_s=[0.110, 0.100], step_actor_s=[0.095, 0.085])
+    line = ray_engine.costs_line([eng, object()], type("T", (), {"timings": timings})())
+    assert line == ("ray placement, per step (medians): generate round trip 5.0 ms; weights "
+                    "7.0 ms a load (fetch 2.0, copy 3.0 in the actor); trainer step 105.0 ms "
+                    "in the driver, 90.0 in its actor (15.0 ms round trip)")
+    assert ray_engine.costs_line([], object()) == ""
+
+
 def test_where_threads_do_not_pay_the_fixed_rule_holds():
     p = placement.plan(_cfg(max_staleness=1), _probe(0.8), cores=2)
     assert (p.runtime, p.budget.trainer, p.budget.worker) == ("process", 1, 1)

@@ -184,6 +184,36 @@ def test_settled_stages_are_kept_and_reused_by_the_next_run(
     assert all(s.settled is None for s in settle().stages)  # another load: its own trials
 
 
+def test_a_ray_run_keeps_its_own_fallback_choice_and_stage_counts(
+        cache: Path, monkeypatch: pytest.MonkeyPatch):
+    """The probe's compute timings are any placement's, the fallback's rates and the stages'
+    counts a placement's own: a Ray run reuses neither an inline run's choice nor is its
+    own reused by one (in one sweep the Ray run started on the inline run's rates)."""
+    monkeypatch.setattr(thread_probe, "probe_threads",
+                        lambda *a, **k: ThreadProbe(**_fields(0.7)))
+    monkeypatch.setattr(thread_probe, "available_cores", lambda: 2)
+    monkeypatch.setattr(probe_cache.BusyMeter, "stop", lambda self: 0.0)
+    prompts: Any = [SimpleNamespace(text=f"{i}>") for i in range(8)]
+    inline = validate({"run": {"max_staleness": 1}}, "test")
+    ray = validate({"run": {"max_staleness": 1, "runtime": "ray"}}, "test")
+
+    def settle(cfg: Any) -> Any:
+        return thread_probe.settle_placement(cfg, prompts, Path("m"), model_digest="d",
+                                             stream=io.StringIO())
+
+    first = settle(inline)
+    assert thread_probe.remember_choice(first, "sync", 700.0, 800.0)
+    assert settle(inline).earlier_mode is not None
+    ray_first = settle(ray)
+    assert ray_first.runtime == "ray" and ray_first.probe is not None
+    assert ray_first.probe.reused_from > 0  # the compute timings: reused
+    assert ray_first.earlier_mode is None  # the inline run's rates: not
+    assert thread_probe.remember_choice(ray_first, "async", 650.0, 600.0)
+    again = settle(ray).earlier_mode
+    assert again is not None and again[:3] == ("async", 650.0, 600.0)
+    assert settle(inline).earlier_mode[:3] == ("sync", 700.0, 800.0)
+
+
 def test_a_simulated_or_injected_run_neither_counts_the_load_nor_touches_the_cache(
         cache: Path, monkeypatch: pytest.MonkeyPatch):
     """Nothing of the simulated cluster's or an injected engine's is reused: no key, no

@@ -383,7 +383,7 @@ class TestOnTheModulesCluster:
 
         from freshroll.engines.tiny import save_tiny
         from freshroll.errors import WorkerLost
-        from freshroll.placement.ray_engine import RayEngine, ray_publish
+        from freshroll.placement.ray_engine import RayEngine, pack_state, ray_publish
 
         path = save_tiny(tmp_path / "tiny", seed=0)
         a, b = RayEngine(path), RayEngine(path)
@@ -393,7 +393,7 @@ class TestOnTheModulesCluster:
         moved = {k: v + 0.01 for k, v in state.items()}
 
         class _Learner:
-            def weights(self) -> dict[str, Any]:
+            def published_state(self) -> dict[str, Any]:
                 return moved
 
         ref = ray_publish(_Learner())
@@ -413,7 +413,7 @@ class TestOnTheModulesCluster:
                 return [ray.put(value)]
 
         owner = _Owner.remote()  # type: ignore[attr-defined]
-        (orphan,) = ray.get(owner.put.remote(moved), timeout=60)
+        (orphan,) = ray.get(owner.put.remote(pack_state(moved)), timeout=60)
         ray.kill(owner, no_restart=True)
         # the owner's death reaches the object store in its own time (over a second on a
         # loaded machine, the load then still succeeding): every load until then either

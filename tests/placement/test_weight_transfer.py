@@ -101,3 +101,24 @@ def test_the_weight_seam_imports_no_torch() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_a_packed_state_dict_unpacks_to_the_same_tensors_without_a_copy() -> None:
+    """Ray's publication (:func:`~freshroll.placement.ray_engine.pack_state`): every dtype
+    (bfloat16 has no numpy type), 0-d and non-contiguous tensors; a contiguous tensor is
+    packed as a view of its own memory, and unpacked as a view of the packed bytes."""
+    from freshroll.placement.ray_engine import pack_state, unpack_state
+
+    base = torch.arange(12.0).reshape(3, 4)
+    state = {"f32": base, "bf16": torch.randn(5, 3).to(torch.bfloat16),
+             "i64": torch.tensor([1, -2, 3]), "scalar": torch.tensor(2.5),
+             "t": base.t(), "grad": torch.ones(2, requires_grad=True)}
+    packed = pack_state(state)
+    assert packed["f32"][2].ctypes.data == base.data_ptr()  # no copy
+    back = unpack_state(packed)
+    assert list(back) == list(state)
+    for name, t in state.items():
+        got = back[name]
+        assert got.dtype == t.dtype and got.shape == t.shape and torch.equal(got, t.detach())
+    assert back["f32"].data_ptr() == packed["f32"][2].ctypes.data  # a view, no copy
+

@@ -174,3 +174,9 @@ def test_fixed_costs_are_recorded_and_survive_a_rebuilt_summary(sim_run: Path,
     assert verify_run(run).ok  # not a ledger figure: verify does not recompute it
     finish_run_dir(run, report=False)  # `freshroll report` rebuilds summary.json
     assert json.loads((run / "summary.json").read_text())["fixed_costs"] == fixed
+    # a Ray run's: Ray's own start and stop, inside those seconds (issue 25)
+    ray = record_fixed_costs(run, summary, (100.0, 110.0), called_at=90.0, now=114.0,
+                             parts={"ray_start_s": 4.25, "ray_stop_s": 2.5})
+    assert ray == {"start_s": 10.0, "end_s": 4.0, "ray_start_s": 4.25, "ray_stop_s": 2.5}
+    line = render_fixed_costs(summary)
+    assert "Ray's own start 4.2 s" in line and "Ray's own stop 2.5 s" in line

@@ -16,8 +16,8 @@ process            :class:`SlotHandle`: a shared-memory slot    the process work
                    (:mod:`freshroll.placement.shm_weights`)     child copies the slot; a
                                                                 :class:`TakesPublication`)
 Ray                :data:`RayRef`: an ``ObjectRef`` to a        the Ray actor (it fetches the object
-                   state dict (put by ``RayPut``, or the        itself)
-                   trainer actor's return object)
+                   packed state dict (put by ``RayPut``, or     itself)
+                   the trainer actor's return object)
 sim                :data:`SimWeights`: the step number          the simulated engine (a token; it
                                                                 sleeps the transfer time)
 =================  ===========================================  ====================================
@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, TypeAlias, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar, runtime_checkable
 
 if TYPE_CHECKING:
     import torch
@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 #: a full state dict, or a LoRA run's adapter publication (a flat dict of tensors as well)
 StateDict: TypeAlias = "Mapping[str, torch.Tensor]"
 #: a Ray object holding a state dict (the trainer actor's second return object)
-RayRef: TypeAlias = "ObjectRef[dict[str, torch.Tensor]]"
+RayRef: TypeAlias = "ObjectRef[Any]"  # a packed state dict (placement.ray_engine.pack_state)
 #: the simulated trainer's publication: the step number of the last trained step
 SimWeights: TypeAlias = int
 

@@ -153,12 +153,19 @@ class Placement:
 def wants_probe(cfg: Config, *, injected: bool = False, cores: int | None = None) -> bool:
     """Whether :func:`plan` needs a :class:`ThreadProbe`: an async run with
     ``run.torch_threads: auto``, the hf engine in this process or beside it (``run.runtime``
-    auto or inline), two cores or more. A sync run needs none: it settles each stage's
-    threads on its own first steps (:func:`tunes_stages`). An injected engine (tests' fakes)
-    keeps the fixed rule."""
+    auto or inline), or in actors of a private Ray instance on this machine (whether they
+    start in the sync fallback's sync mode, on all the cores: :func:`plan`), two cores or
+    more. A sync run needs none: it settles each stage's threads on its own first steps
+    (:func:`tunes_stages`). An injected engine (tests' fakes) keeps the fixed rule."""
     cores = available_cores() if cores is None else cores
     return (cfg.run.max_staleness > 0 and _auto_hf(cfg, injected, cores)
-            and cfg.run.runtime in ("auto", "inline"))
+            and (cfg.run.runtime in ("auto", "inline") or _private_ray(cfg)))
+
+
+def _private_ray(cfg: Config) -> bool:
+    """``run.runtime: ray`` on freshroll's own Ray instance: its actors share this machine's
+    cores (a joined cluster's actors run on cores this process cannot count)."""
+    return cfg.run.runtime == "ray" and cfg.run.ray_address is None
 
 
 def may_fork_workers(cfg: Config, *, injected: bool = False, cores: int | None = None) -> bool:
@@ -201,10 +208,12 @@ def one_compute_thread(cfg: Config, runtime: Runtime, injected: bool = False) ->
 def follows_mode(cfg: Config, runtime: Runtime, budget: ThreadBudget,
                  injected: bool = False) -> bool:
     """Whether an async run's calls take every core in the sync fallback's windows
-    (:class:`~freshroll.stage_threads.ModeThreads`): the hf engine in worker processes,
-    ``run.torch_threads: auto`` sharing the cores among them, the fallback on. Its stages
-    take turns in those windows, as a sync run's do."""
-    return (cfg.run.max_staleness > 0 and runtime == "process" and budget.auto
+    (:class:`~freshroll.stage_threads.ModeThreads`): the hf engine in worker processes or in
+    the actors of a private Ray instance (the trainer's too), ``run.torch_threads: auto``
+    sharing the cores among them, the fallback on. Its stages take turns in those windows,
+    as a sync run's do."""
+    placed = runtime == "process" or (runtime == "ray" and _private_ray(cfg))
+    return (cfg.run.max_staleness > 0 and placed and budget.auto
             and budget.worker < budget.cores and _auto_hf(cfg, injected, budget.cores)
             and cfg.control.fallback is not False)
 
@@ -220,6 +229,8 @@ def plan(cfg: Config, probe: ThreadProbe | None = None, *, injected: bool = Fals
 
         threads pay (probe, async)   inline, all the cores (a sync step on them beats an
                                      async step on a core per stage: thread_probe)
+        ... under run.runtime: ray   the actors, starting in the sync fallback's sync mode
+                                     with every call on all the cores (follows_mode)
         otherwise                    the fixed rule: auto_runtime, thread_budget
         a sync run (tunes_stages)    also each stage's threads, 1 or all the cores,
                                      settled on its own first calls
@@ -234,7 +245,9 @@ def plan(cfg: Config, probe: ThreadProbe | None = None, *, injected: bool = Fals
         runtime, why = "inline", "an injected engine runs in this process"
     else:
         runtime, why = auto_runtime(cfg, cores)
-    if probe is not None and probe.pays and wants_probe(cfg, injected=injected, cores=cores):
+    pays = probe is not None and probe.pays and wants_probe(cfg, injected=injected,
+                                                            cores=cores)
+    if probe is not None and pays and runtime != "ray":
         budget = ThreadBudget(cores, "inline", cores, cores, auto=True)
         why = f"intra-op threads pay here ({probe.describe()}): one process, all {cores} cores"
         start = ("" if probe.skipped or cfg.control.fallback is False else
@@ -253,8 +266,27 @@ def plan(cfg: Config, probe: ThreadProbe | None = None, *, injected: bool = Fals
     follow = (tuple(ModeThreads(budget.worker, StageThreads(name, cores))
                     for name in ("generate", "train"))
               if follows_mode(cfg, runtime, budget, injected) else ())
+    start = ""
+    if probe is not None and pays and follow and not probe.skipped:  # Ray's actors
+        start = (f"the thread probe: a sync step on all {cores} cores is "
+                 f"{probe.advantage:.2f}x an async one on a core per stage, so the actors "
+                 "take turns on all of them until the fallback measures async against it")
+        for f in follow:  # settled by the probe, as the inline placement's sync windows are:
+            _settle_on(f.sync, probe)  # no trials (timed through a round trip, a short
+            # generate call's 1 / n trials read 0.87x where the probe read 1.35x: issue 25)
     return _with_modes(cfg, Placement(runtime, budget, why if rt_auto or th_auto else "", probe,
-                                      stages, compute, follow=follow), injected)
+                                      stages, compute, follow=follow, start_sync=start),
+                       injected)
+
+
+def _settle_on(stage: StageThreads, probe: ThreadProbe) -> None:
+    """``stage`` settled on all its cores by ``probe``'s measurement (its seconds per row
+    at 1 and n threads kept as the stage's timings)."""
+    one, many = ((probe.gen_1, probe.gen_n) if stage.stage == "generate"
+                 else (probe.train_1, probe.train_n))
+    rows = max(1, probe.rows)
+    stage.timed = {1: [one / rows], stage.many: [many / rows]}
+    stage.settled = stage.many
 
 
 def _with_modes(cfg: Config, p: Placement, injected: bool) -> Placement:

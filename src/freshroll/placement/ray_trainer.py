@@ -13,7 +13,8 @@ copy. Then, per step:
   return object of the same call (``num_returns=2``): written once into the object store by
   the actor's process, **owned by the driver**, and never fetched by it; the driver waits
   only for the small first object (metrics, digest). :meth:`RayTrainer.weights` hands the
-  second one's ``ray.ObjectRef`` (to a ``dict[str, torch.Tensor]``) to every inference
+  second one's ``ray.ObjectRef`` (to a state dict packed as numpy byte views:
+  :func:`~freshroll.placement.ray_engine.pack_state`) to every inference
   worker's ``load_weights``. A ``ray.put`` inside the actor would make the actor the
   owner, and its objects die with it: a worker loading the current version after a trainer
   loss would fail. A task's return object survives its actor.
@@ -22,6 +23,12 @@ Checkpoints (:meth:`RayTrainer.before_commit`): only when the Checkpointer's che
 (every ``trainer.checkpoint_every`` steps and at the last step) are the model and optimizer
 state fetched from the actor, and saved by the driver, so the run directory needs no file
 system shared with the actor's node.
+
+Intra-op threads: the actor starts at the placement's share of the cores; given ``threads``
+(an async run's :class:`~freshroll.stage_threads.ModeThreads`, on a private Ray instance),
+each step carries the count of the sync fallback's mode (a share while the stages overlap,
+1 or every core in the sync windows, settled on the steps' own times in the actor) and the
+actor sets it when it differs.
 
 Losing the trainer actor resumes from the last durable commit: when the actor dies, or
 does not answer within ``limits.train_timeout_s``, during a step (or while its state is
@@ -72,10 +79,12 @@ from freshroll.engines.weights import RayRef
 from freshroll.errors import LineageError, NonFiniteStep, RunFailed, WorkerLost, WorkerTimeout
 from freshroll.lineage import PolicyVersion
 from freshroll.placement.placement import thread_budget
+from freshroll.placement.ray_engine import PackedState, pack_state, set_threads
 from freshroll.placement.ray_session import _gate, gated_get
 from freshroll.ports.seams import TrainerState
 from freshroll.ports.threads import AbandonableExecutor
 from freshroll.ports.waits import Waits
+from freshroll.stage_threads import ThreadCounts
 from freshroll.state import Lease
 from freshroll.trainer.grpo import GRPOLearner, TrainSample
 from freshroll.trainer.replay import train_samples, weights_digest
@@ -95,14 +104,15 @@ class _TrainerActor:
         """The weights digest, the process id and the intra-op threads of this actor."""
         return weights_digest(self.learner.model), os.getpid(), torch.get_num_threads()
 
-    def weights(self) -> dict[str, torch.Tensor]:
+    def weights(self) -> PackedState:
         return _detached(self.learner)
 
-    def step(self, samples: list[TrainSample], step: int
-             ) -> tuple[tuple[dict[str, float], str, float], dict[str, torch.Tensor]]:
+    def step(self, samples: list[TrainSample], step: int, threads: int | None = None
+             ) -> tuple[tuple[dict[str, float], str, float], PackedState]:
         """Step number ``step``: ``((metrics, weights digest, seconds in here), new
         weights)``; the weights are the call's second return object (serialised once, as
-        it returns)."""
+        it returns). ``threads``: the step's intra-op threads (None: as they are)."""
+        set_threads(threads)
         t0 = time.perf_counter()
         metrics = self.learner.step(samples, step)
         digest = weights_digest(self.learner.model)
@@ -112,10 +122,11 @@ class _TrainerActor:
         return self.learner.model_state(), self.learner.optimizer.state_dict()
 
 
-def _detached(learner: GRPOLearner) -> dict[str, torch.Tensor]:
-    """The weights to publish: serialised as the call returns, before the next step runs
-    (an actor runs one call at a time), so no copy is needed."""
-    return learner.published_state()
+def _detached(learner: GRPOLearner) -> PackedState:
+    """The weights to publish, packed as views (:func:`~freshroll.placement.ray_engine.
+    pack_state`): serialised as the call returns, before the next step runs (an actor runs
+    one call at a time), so no copy is needed."""
+    return pack_state(learner.published_state())
 
 
 @dataclass
@@ -141,14 +152,17 @@ class RayTrainer:
     def __init__(
         self, learner: GRPOLearner, buf: SampleBuffer, cfg: Config, rebuild: Rebuild,
         before_commit: Callable[[PolicyVersion, TrainerState], None] = lambda v, s: None,
-        stream: TextIO = sys.stderr,
+        stream: TextIO = sys.stderr, threads: ThreadCounts | None = None,
     ) -> None:
         import ray
 
         self._ray, self.buf, self.cfg, self._rebuild = ray, buf, cfg, rebuild
         self._before_commit, self.stream = before_commit, stream
         self.settings_digest = learner.settings_digest
-        self.threads = thread_budget(cfg).trainer
+        self.threads = thread_budget(cfg).trainer  # the actor's at its start
+        #: each step's intra-op threads (an async run's ModeThreads: the fallback's mode), or
+        #: None: the actor's own
+        self.counts = threads
         self.timings = TrainerTimings()
         self.restarts = 0
         self.pid = 0  # the actor's process id
@@ -245,15 +259,18 @@ class RayTrainer:
 
     def _step(self, samples: list[TrainSample]) -> tuple[dict[str, float], str]:
         self._await_ready()
+        threads, timed = self.counts.take() if self.counts is not None else (None, False)
         t0 = time.perf_counter()
         with _gate.entered():
             meta, weights = self._actor.step.options(num_returns=2).remote(
-                samples, self._step_no())
+                samples, self._step_no(), threads)
         metrics, digest, inside = self._wait(meta, self.cfg.limits.train_timeout_s,
                                              "a step", "train_timeout_s")
         self._weights = weights  # never fetched here: the workers fetch it
         self.timings.step_wall_s.append(time.perf_counter() - t0)
         self.timings.step_actor_s.append(inside)
+        if timed and self.counts is not None and threads is not None:
+            self.counts.record(threads, inside, len(samples))
         return metrics, digest
 
     async def _trained(self, samples: list[TrainSample], what: str) -> tuple[dict[str, float],
@@ -366,7 +383,8 @@ class RayTrainer:
                 lost = exc
 
     def weights(self) -> RayRef:
-        """The ``ray.ObjectRef`` of the newest version's weights (a ``dict`` of tensors)."""
+        """The ``ray.ObjectRef`` of the newest version's weights (a packed state dict:
+        :func:`~freshroll.placement.ray_engine.pack_state`)."""
         if self._weights is None:
             with _gate.entered():
                 self._weights = self._actor.weights.remote()

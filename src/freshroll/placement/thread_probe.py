@@ -305,6 +305,10 @@ def settle_placement(cfg: Config, prompts: Sequence[Prompt], model_path: Path, *
     falls_back = cfg.run.max_staleness > 0 and cfg.control.fallback is not False
     if key is None or not (stages or falls_back):
         return placed
+    # the probe times compute alone: any placement may reuse it; the stages' counts and the
+    # fallback's rates are a placement's own (a Ray run's cross processes and round trips:
+    # an inline run's sync/async rates are not its), so Ray keeps them apart
+    key = f"{key}:ray" if placed.runtime == "ray" else key
     for stage in stages if known else ():
         hit = probe_cache.lookup(_stage_key(key, stage.stage), busy=busy)
         if hit is not None:

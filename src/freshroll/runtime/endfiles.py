@@ -81,13 +81,16 @@ def read_block(run_dir: Path, key: str) -> dict[str, Any] | None:
 
 
 def record_fixed_costs(run_dir: Path, summary: dict[str, Any], span: tuple[float, float],
-                       called_at: float, now: float) -> dict[str, float]:
+                       called_at: float, now: float,
+                       parts: dict[str, float] | None = None) -> dict[str, float]:
     """Add ``fixed_costs`` to ``summary`` and rewrite ``summary.json``: ``start_s``, the
     seconds from the ``run`` call to the measured wall's start (config, model load, thread
     probe, workers), and ``end_s``, from the wall's end (the last commit) to ``now`` (the
     pipeline's close and the end files: summary, verify, report). ``span``: the wall's
-    (start, end) as ledger timestamps; all times on the real clock."""
-    fixed = {"start_s": max(0.0, span[0] - called_at), "end_s": max(0.0, now - span[1])}
+    (start, end) as ledger timestamps; all times on the real clock. ``parts``: named
+    seconds inside those two (a Ray run's ``ray_start_s`` and ``ray_stop_s``: Ray's own)."""
+    fixed = {"start_s": max(0.0, span[0] - called_at), "end_s": max(0.0, now - span[1]),
+             **(parts or {})}
     summary[FIXED_COSTS] = fixed
     write_atomic(run_dir / SUMMARY_FILE, json.dumps(summary, indent=1, allow_nan=False) + "\n")
     return fixed
@@ -98,9 +101,12 @@ def render_fixed_costs(summary: dict[str, Any]) -> str:
     fixed = summary.get(FIXED_COSTS)
     if not isinstance(fixed, dict):
         return ""
+    ray_start, ray_stop = fixed.get("ray_start_s"), fixed.get("ray_stop_s")
+    of_start = f"; Ray's own start {ray_start:.1f} s" if ray_start is not None else ""
+    of_end = f"; Ray's own stop {ray_stop:.1f} s" if ray_stop is not None else ""
     return (f"outside the measured wall: start-up {fixed['start_s']:.1f} s (config, model, "
-            f"thread probe, workers), end {fixed['end_s']:.1f} s (close, summary, verify, "
-            "report)")
+            f"thread probe, workers{of_start}), end {fixed['end_s']:.1f} s (close, summary, "
+            f"verify, report{of_end})")
 
 
 @dataclass

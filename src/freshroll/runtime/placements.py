@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -212,7 +213,18 @@ def _hf_ray(b: Build, stack: ExitStack) -> tuple[EngineFactory, AsyncScorer, Asy
     scorer = _scorer(b, stack, ray=True)  # e.g. a node's reward version differs: Ray stopped
     # once per version in the object store, one ref for all
     trainer = _trainer(b, stack, learner, RayPut())
-    return _engines(b, "ray", None), scorer, trainer
+    factory = _engines(b, "ray", None)
+    if b.cfg.run.progress:  # what Ray cost per step, said as the run closes (before Ray stops)
+        stack.callback(_say_ray_costs, factory, trainer)
+    return factory, scorer, trainer
+
+
+def _say_ray_costs(factory: ThreadEngineFactory, trainer: object) -> None:
+    from freshroll.placement.ray_engine import costs_line
+
+    line = costs_line(list(factory.engines.values()), trainer)
+    if line:
+        sys.stderr.write(line + "\n")
 
 
 @register_placement("vllm", "inline")
@@ -258,8 +270,6 @@ def _engines(b: Build, runtime: Runtime, channel: WeightChannel | None) -> Threa
     cfg, path, p = b.cfg, b.prep.model_path, b.placement
 
     def default_make(c: Config, mp: Path, n: str) -> InferenceEngine:  # looked up at call time
-        if channel is None:
-            return build_engine(c, mp, n)
         return build_engine(c, mp, n, channel, p.stage("generate") if p else None)
 
     make = b.make_engine or default_make
@@ -301,7 +311,8 @@ def build_engine(cfg: Config, path: Path, name: str, channel: WeightChannel | No
                           generate_timeout_s=lim.generate_timeout_s,
                           weights_timeout_s=lim.weights_timeout_s,
                           start_timeout_s=lim.worker_start_timeout_s,
-                          num_cpus=cfg.ray.worker_cpus, num_gpus=cfg.ray.worker_gpus)
+                          num_cpus=cfg.ray.worker_cpus, num_gpus=cfg.ray.worker_gpus,
+                          follow_threads=threads is not None)
         actor.wait_ready()
         return actor
     from freshroll.engines.hf import HFEngine  # transformers: only when a model is loaded
@@ -342,7 +353,8 @@ def build_trainer(
         def rebuild() -> GRPOLearner:
             return build_learner(cfg, prep.model_path, buf, out, prep.history, quiet=True)
 
-        return RayTrainer(learner, buf, cfg, rebuild, before_commit)
+        return RayTrainer(learner, buf, cfg, rebuild, before_commit,
+                          threads=stages.stage("train") if stages is not None else None)
     state = learner_state(learner)
     return ThreadTrainer(learner, buf, lambda v: before_commit(v, state), transfer=publish,
                          timeout_s=cfg.limits.train_timeout_s,

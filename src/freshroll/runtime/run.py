@@ -176,7 +176,8 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
     done = _write_end_files(out, buf, report, placement)
     remember_settled(placement, stream)  # the stages' thread counts, for the next such run
     if called_at is not None and done.span is not None and isinstance(clock, RealClock):
-        record_fixed_costs(out, done.summary, done.span, called_at, time.time())
+        record_fixed_costs(out, done.summary, done.span, called_at, time.time(),
+                           ray_costs(placement))
     if isinstance(done.verified, Exception):
         raise done.verified
     _last_lines(stream, cfg, placement, done.summary)
@@ -256,6 +257,16 @@ def _drive(prep: Prepared, order: list[str], buf: SampleBuffer, clock: Clock,
         finally:  # the ledger closes whatever an observer's close raised
             buf.ledger.close()
     return stop
+
+
+def ray_costs(placement: Placement) -> dict[str, float]:
+    """A Ray run's seconds of Ray's own start and stop (its instance's, or joining and
+    leaving a cluster), for ``summary.json``'s ``fixed_costs``; empty for other placements."""
+    if placement.runtime != "ray":
+        return {}
+    from freshroll.placement.ray_session import COSTS
+
+    return dict(COSTS)
 
 
 def _last_lines(stream: TextIO, cfg: Config, placement: Placement,
