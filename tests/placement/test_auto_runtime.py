@@ -168,17 +168,21 @@ def test_a_private_ray_run_follows_the_mode_and_starts_sync_where_threads_pay():
     assert not placement.wants_probe(_cfg(max_staleness=1, runtime="ray"), cores=1)
 
 
-def test_ray_actors_set_each_calls_threads_as_the_driver_asks():
+def test_ray_actors_set_each_calls_threads_as_the_driver_asks(monkeypatch: pytest.MonkeyPatch):
     """The wire of :func:`test_a_private_ray_run_follows_the_mode...`: a following
     :class:`RayEngine` sends its calling thread's count with each generate, a
     :class:`RayTrainer` each step's count from its stage (timing it in the actor's seconds);
-    the actors set it (only on a change). In-process stubs: no Ray."""
+    the actors set it (only on a change). In-process stubs: no Ray. The process's Ray gate
+    is a fresh, open one (an earlier test in this process may have stopped its Ray and
+    closed the shared gate)."""
     import threading
 
     import torch
 
-    from freshroll.placement import ray_engine, ray_trainer
+    from freshroll.placement import ray_engine, ray_session, ray_trainer
     from freshroll.stage_threads import ModeThreads, StageThreads
+
+    monkeypatch.setattr(ray_trainer, "_gate", ray_session._Gate())
 
     before = torch.get_num_threads()
     try:
