@@ -82,14 +82,7 @@ def refresh_member(buf: Emitter, req: _Request) -> bool:
 
 def refresh_groups(buf: Emitter, groups: Iterable[_Group]) -> int:
     """Apply the rule to every finished member of ``groups``; returns how many it refreshed."""
-    n = 0
-    for group in list(groups):
-        if buf.config.max_refreshes is None:
-            break
-        for req in group.members:
-            if (req.state == GENERATED or req.state == REWARDED) and refresh_member(buf, req):
-                n += 1
-    return n
+    return sum(refresh_member(buf, req) for group in list(groups) for req in group.members)
 
 
 __all__ = ["Emitter", "Settings", "refresh_groups", "refresh_member"]

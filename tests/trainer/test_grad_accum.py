@@ -14,13 +14,7 @@ from freshroll.engines.tiny import build_tiny
 from freshroll.trainer.accum import combine_metrics, micro_slices, micro_weight
 from freshroll.trainer.grpo import GRPOLearner, TrainSample
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/trainer/conftest.py
 
 
 def _samples(n: int = 6, seed: int = 0) -> list[TrainSample]:

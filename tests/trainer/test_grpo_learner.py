@@ -11,13 +11,7 @@ from freshroll.engines.tiny import build_tiny
 from freshroll.trainer.grpo import GRPOLearner, TrainSample, collate
 from freshroll.trainer.losses import token_logprobs
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/trainer/conftest.py
 
 
 def _samples(temperature: float) -> tuple[GRPOLearner, list[TrainSample]]:

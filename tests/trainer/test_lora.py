@@ -20,12 +20,7 @@ from freshroll.trainer.replay import weights_digest
 LORA = LoraSection(r=4, alpha=8, target_modules=["q_proj", "v_proj", "down_proj"])
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/trainer/conftest.py
 
 
 def _learner(lora: LoraSection | None = LORA, lr: float = 1e-2) -> tuple[GRPOLearner, HFEngine]:

@@ -16,13 +16,7 @@ from freshroll.config import TrainerSection
 from freshroll.errors import NonFiniteStep
 from freshroll.trainer.grpo import GRPOLearner, TrainSample
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/trainer/conftest.py
 
 
 def _learner(**cfg: Any) -> GRPOLearner:

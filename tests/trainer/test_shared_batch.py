@@ -14,13 +14,7 @@ from freshroll.trainer.grpo import GRPOLearner, TrainSample
 from freshroll.trainer.lora import wrap
 from freshroll.trainer.shared_batch import SharedBatch, collate_shared
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/trainer/conftest.py
 
 
 PROMPTS = ["rev 123=", "rev 98765=", "sort 31=", "rev 4="]  # 4 groups, prompts of ragged length
