@@ -77,6 +77,55 @@ def test_the_probe_says_whether_threads_pay():
     assert tiny.gain > 1.4 and 0.7 < tiny.advantage < 0.8 and not tiny.pays
 
 
+def test_a_short_run_counts_the_pipelines_fill_against_async():
+    from dataclasses import replace
+
+    from freshroll.placement.thread_probe import STEP_OVERHEAD_S_PER_ROW, ThreadProbe
+
+    # 5.13M parameters / 16 new tokens, measured (issue 25): 327 and 636 ms a stage on one
+    # thread, 231 and 381 ms on two. The overlap alone (636 ms) against a sync step of
+    # 621 ms reads a near-tie (1.02x) that a probe's noise may tip to async; a 7-step async
+    # run also pays the fill (one generate before the first step): 683 ms a step
+    probe = ThreadProbe(2, 128, 24, 0.327, 0.636, 0.231, 0.381, 1.0)
+    sync_s = 0.231 + 0.381 + STEP_OVERHEAD_S_PER_ROW * 128
+    assert probe.advantage == pytest.approx(0.636 / sync_s)
+    short = replace(probe, steps=7)
+    assert short.advantage == pytest.approx((0.636 + 0.327 / 7) / sync_s)
+    assert short.advantage > 1.09 and short.pays
+    assert "the pipeline's fill over 7 steps included" in short.describe()
+    # over a long run the fill fades: the overlap alone decides
+    assert replace(probe, steps=10_000).advantage == pytest.approx(probe.advantage, rel=1e-3)
+    # at the tiny default (400 steps) async keeps its lead (runs measured 1.27x)
+    tiny = ThreadProbe(2, 128, 12, 0.019, 0.034, 0.016, 0.021, 0.1, steps=400)
+    assert not tiny.pays
+
+
+def test_settle_placement_gives_the_probe_the_runs_length(monkeypatch: pytest.MonkeyPatch):
+    from freshroll.placement import thread_probe
+    from freshroll.placement.thread_probe import ThreadProbe
+    from freshroll.rewards.tasks import make_prompts
+
+    seen: dict[str, int] = {}
+
+    def fake_probe(model_path: Path, batch: Any, *, max_new_tokens: int, threads: int,
+                   steps: int = 0) -> ThreadProbe:
+        seen["steps"] = steps
+        return ThreadProbe(2, 128, 24, 0.327, 0.636, 0.231, 0.381, 1.0, steps=steps)
+
+    monkeypatch.setattr(thread_probe, "probe_threads", fake_probe)
+    monkeypatch.setattr(thread_probe, "available_cores", lambda: 2)
+    monkeypatch.setattr(thread_probe, "workers_ready", lambda *a: None)
+    monkeypatch.setattr(thread_probe.probe_cache, "enabled", lambda: False)
+    cfg = _cfg(runtime="auto", torch_threads="auto", steps=7, max_staleness=1, progress=False)
+    prompts = make_prompts("reverse", 64, 0, min_len=3, max_len=3)
+    placed = thread_probe.settle_placement(cfg, prompts, Path("/nonexistent"),
+                                           stream=io.StringIO())
+    assert seen["steps"] == 7
+    assert placed.probe is not None and placed.probe.steps == 7
+    # the near-tie the overlap alone reads (1.02x) is sync's once the fill counts
+    assert placed.runtime == "inline" and placed.start_sync
+
+
 def test_where_threads_pay_every_stage_runs_inline_on_all_cores():
     p = placement.plan(_cfg(max_staleness=1), _probe(1.6), cores=2)
     assert (p.runtime, p.budget.trainer, p.budget.worker) == ("inline", 2, 2)

@@ -110,7 +110,8 @@ def test_the_second_run_of_the_same_work_reuses_the_first_ones_probe(
         cache: Path, monkeypatch: pytest.MonkeyPatch):
     calls: list[int] = []
 
-    def probe(model_path: Any, batch: Any, *, max_new_tokens: int, threads: int) -> ThreadProbe:
+    def probe(model_path: Any, batch: Any, *, max_new_tokens: int, threads: int,
+              steps: int = 0) -> ThreadProbe:
         calls.append(len(batch))
         return ThreadProbe(**_fields(0.7))
 

@@ -19,12 +19,20 @@ which spares a third of the probe's time. The question is not whether threads sp
 up but which of the two placements is faster::
 
     sync step on all the cores         gen_n + train_n + o    (the stages take turns)
-    async step, a core per stage       max(gen_1, train_1)    (overlapped)
+    async step, a core per stage       max(gen_1, train_1) + min(gen_1, train_1) / steps
+                                       (overlapped, and the pipeline's fill: the first
+                                       batch is generated while the trainer waits, the last
+                                       trained while generation has nothing left to do)
     o          = STEP_OVERHEAD_S_PER_ROW x rows   a step's serial work beside its compute
                  (rewards, ledger, collation: 9.1 ms a step of 128 rows on the main thread
                  of a sync run of the embedded default, docs/benchmarks.md), which an async
                  step overlaps
-    advantage  = max(gen_1, train_1) / (gen_n + train_n + o)
+    steps      = the run's run.steps (0: not known, the fill left out); an async run of S
+                 steps takes S x max + min, so the fill weighs on short runs: at 5.13M
+                 parameters / 16 new tokens (327 and 636 ms a stage on one thread) a
+                 7-step run's async step is 7% longer than the overlap alone (measured in
+                 the sweep: the default async 0.91x its sync run, issue 25)
+    advantage  = async step / (gen_n + train_n + o)
     pays       <=>  advantage >= PAYS  (0.95: within 5% a tie, and a tie goes to sync, whose
                                         samples have no policy lag)
 
@@ -107,6 +115,10 @@ class ThreadProbe:
     #: when the measurement was taken, if an earlier run's was reused (unix time; 0: measured
     #: by this run): freshroll.placement.probe_cache
     reused_from: float = 0.0
+    #: the run's steps (0: not known): the pipeline's fill in the advantage (module doc); a
+    #: property of the run, not of the measurement: set by settle_placement on every probe,
+    #: measured or reused
+    steps: int = 0
 
     @property
     def gain(self) -> float:
@@ -118,7 +130,8 @@ class ThreadProbe:
     def advantage(self) -> float:
         """How much faster a sync step on all the cores is than an async step with a core
         per stage (module doc)."""
-        return _advantage(self.gen_1, self.train_1, self.gen_n, self.train_n, self.rows)
+        return _advantage(self.gen_1, self.train_1, self.gen_n, self.train_n, self.rows,
+                          self.steps)
 
     @property
     def pays(self) -> bool:
@@ -130,10 +143,12 @@ class ThreadProbe:
         how = (f"reused, measured {time.strftime('%H:%M:%S', time.localtime(self.reused_from))}"
                if self.reused_from else f"probe {self.probe_s:.1f} s")
         sync_s = self.gen_n + self.train_n + STEP_OVERHEAD_S_PER_ROW * self.rows
+        async_s = _async_step(self.gen_1, self.train_1, self.steps)
+        fill = f", the pipeline's fill over {self.steps} steps included" if self.steps else ""
         return (f"a step's work {self.gen_1 + self.train_1:.3f} s on 1 thread, "
                 f"{self.gen_n + self.train_n:.3f} s on {self.threads} ({self.gain:.2f}x); "
                 f"a sync step on {self.threads} cores ({sync_s:.3f} s) against an async one on "
-                f"a core per stage ({max(self.gen_1, self.train_1):.3f} s): "
+                f"a core per stage ({async_s:.3f} s{fill}): "
                 f"{self.advantage:.2f}x, "
                 f"{'pays' if self.pays else 'does not pay'} (needs {PAYS:.2f}x; {how})")
 
@@ -156,11 +171,12 @@ def _timed(pool: ThreadPoolExecutor, fn: Callable[[], None], threads: int) -> fl
 
 
 def probe_threads(model_path: Path, prompts: Sequence[str], *, max_new_tokens: int,
-                  threads: int) -> ThreadProbe:
+                  threads: int, steps: int = 0) -> ThreadProbe:
     """Time a step's work on 1 and on ``threads`` intra-op threads (see the module doc).
 
-    ``prompts``: the run's prompts, one row each (the batch). Restores the process's RNG
-    state; leaves ``torch.get_num_threads()`` at ``threads`` (the caller sets its budget).
+    ``prompts``: the run's prompts, one row each (the batch); ``steps``: the run's (its
+    pipeline's fill in the advantage; 0: left out). Restores the process's RNG state; leaves
+    ``torch.get_num_threads()`` at ``threads`` (the caller sets its budget).
     """
     from freshroll.engines.base import encode_prompt
     from freshroll.engines.hf import HFEngine
@@ -205,9 +221,9 @@ def probe_threads(model_path: Path, prompts: Sequence[str], *, max_new_tokens: i
                     torch.log_softmax(logits.float(), -1).mean().backward()  # type: ignore[no-untyped-call]  # torch: unannotated
             model.zero_grad(set_to_none=True)
 
-        n, g, t = _pairs(generate, train, rows, threads)
+        n, g, t = _pairs(generate, train, rows, threads, steps)
     return ThreadProbe(threads, n, width, min(g[1]), min(t[1]), min(g[threads]),
-                       min(t[threads]), time.perf_counter() - t_start)
+                       min(t[threads]), time.perf_counter() - t_start, steps=steps)
 
 
 def _shape(model_path: Path) -> tuple[Any, int]:
@@ -229,7 +245,7 @@ _Seconds = dict[int, list[float]]
 
 
 def _pairs(generate: Callable[[Sequence[str]], None], train: Callable[[int], None],
-           rows: list[str], threads: int) -> tuple[int, _Seconds, _Seconds]:
+           rows: list[str], threads: int, steps: int = 0) -> tuple[int, _Seconds, _Seconds]:
     """The rows of a timed call and the seconds of generation and of training per thread
     count (1 and ``threads``): a warm-up at 1 thread cuts the rows so that a call fits
     :data:`CALL_BUDGET_S`, then pairs of 1 and ``threads`` taking turns, two at most."""
@@ -251,23 +267,31 @@ def _pairs(generate: Callable[[Sequence[str]], None], train: Callable[[int], Non
         for k in (1, threads, 1, threads):
             g[k].append(_timed(gens, lambda: generate(batch), k))
             t[k].append(_timed(trains, lambda: train(len(batch)), k))
-            if k == threads and _decisive(g, t, threads, n):
+            if k == threads and _decisive(g, t, threads, n, steps):
                 break  # the first pair already says it: the second would not change it
     return n, g, t
 
 
+def _async_step(gen_1: float, train_1: float, steps: int) -> float:
+    """Seconds of an async step on a core per stage over a run of ``steps`` steps (0: not
+    known): the slower stage, and the faster one's share of the pipeline's fill (module doc)."""
+    fill = min(gen_1, train_1) / steps if steps > 0 else 0.0
+    return max(gen_1, train_1) + fill
+
+
 def _advantage(gen_1: float, train_1: float, gen_n: float, train_n: float,
-               rows: int) -> float:
+               rows: int, steps: int = 0) -> float:
     """An async step on a core per stage over a sync step on all the cores (module doc)."""
     sync_s = gen_n + train_n + STEP_OVERHEAD_S_PER_ROW * rows
-    return max(gen_1, train_1) / sync_s if sync_s > 0 else float("inf")
+    return _async_step(gen_1, train_1, steps) / sync_s if sync_s > 0 else float("inf")
 
 
 def _decisive(g: dict[int, list[float]], t: dict[int, list[float]], threads: int,
-              rows: int) -> bool:
+              rows: int, steps: int = 0) -> bool:
     """Whether the pairs so far settle the question beyond the noise of one more pair: the
     advantage (module doc) at least :data:`DECISIVE_HIGH`, or at most :data:`DECISIVE_LOW`."""
-    advantage = _advantage(min(g[1]), min(t[1]), min(g[threads]), min(t[threads]), rows)
+    advantage = _advantage(min(g[1]), min(t[1]), min(g[threads]), min(t[threads]), rows,
+                           steps)
     return advantage >= DECISIVE_HIGH or advantage <= DECISIVE_LOW
 
 
@@ -300,6 +324,8 @@ def settle_placement(cfg: Config, prompts: Sequence[Prompt], model_path: Path, *
         if probe is None:
             probe, measured = _measured(cfg, model_path, batch, cores, key, stream)
             busy = measured if busy is None else busy
+        if probe is not None:  # an earlier run's measurement, this run's length
+            probe = replace(probe, steps=cfg.run.steps)
     placed = plan(cfg, probe, injected=injected, cores=cores)
     stages = _settling(placed)
     falls_back = cfg.run.max_staleness > 0 and cfg.control.fallback is not False
@@ -407,7 +433,7 @@ def _measured(cfg: Config, model_path: Path, batch: list[str], cores: int, key: 
     meter = probe_cache.BusyMeter().start()
     try:
         probe = probe_threads(model_path, batch, max_new_tokens=cfg.rollout.max_new_tokens,
-                              threads=cores)
+                              threads=cores, steps=cfg.run.steps)
     except Exception as exc:
         stream.write(f"warning: the thread probe failed ({type(exc).__name__}: {exc}); "
                      "run.torch_threads and run.runtime auto follow the fixed rule\n")
