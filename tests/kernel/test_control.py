@@ -221,6 +221,33 @@ def test_both_high_is_reported_as_a_conflict_and_changes_no_worker():
     assert "measurement fault" in d.reason and "serializes" in d.reason
 
 
+def test_after_a_conflict_a_trainer_bound_window_neither_scales_down_nor_cuts():
+    # a window-bound pipeline (P1 at eta 2: decisions every 5 s, trainer steps of 8 s)
+    # alternates between conflict windows (the trainer waits on the window's stragglers
+    # while workers are blocked) and trainer-bound ones (the trainer's busy phase); the
+    # second are not surplus production, and their stale discards are stragglers: before
+    # this guard they removed workers and halved concurrency down to one batch (P1, seed 1:
+    # 33 accepted/s against 52)
+    config = cfg(max_workers=16)
+    conflict = replace(Plant(trainer=200.0).window(W, s(12, 8)), blocked_s=12 * W * 0.5)
+    first = decide(conflict, ControllerState(), config)
+    assert first.bottleneck == "conflict" and first.state.last_conflict_at == W
+    busy = replace(Plant(trainer=50.0).window(2 * W, s(12, 8)), completed=10_000,
+                   in_flight=96, discards={"stale": 16})
+    d = decide(busy, first.state, config)
+    assert d.bottleneck == "trainer"
+    assert d.settings.workers == 12 and d.settings.concurrency == 8
+    assert "window-bound within the down cooldown" in d.reason
+    assert "stragglers of a window-bound run" in d.reason
+    # past the down cooldown with no conflict since, the trainer-bound rules act again
+    later = replace(busy, now=W + config.down_cooldown_s + 1, completed=20_000)
+    again = decide(later, d.state, config)
+    assert again.settings.workers < 12 and "hard cut" in again.reason
+    # the state travels through the decision record (a resume keeps the guard)
+    back = ControllerState.from_record(json.loads(json.dumps(first.record()))["state"])
+    assert back.last_conflict_at == W
+
+
 # == hysteresis, cooldown, switch cost =====================================================
 def test_up_cooldown_and_down_cooldown_are_asymmetric():
     config = cfg(up_cooldown_s=5.0, down_cooldown_s=30.0)
