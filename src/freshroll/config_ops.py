@@ -78,13 +78,9 @@ class RaySection(_Section):
 
     worker_cpus: float = Field(1.0, ge=0, le=4_096, description="CPUs per inference actor")
     worker_gpus: float = Field(0.0, ge=0, le=64, description="GPUs per inference actor")
-    trainer: Literal["auto", "actor", "driver"] = Field(
-        "auto", description="actor: the trainer is a Ray actor (losing it resumes from the "
-        "last durable commit); driver: it trains in the driver process; auto: the driver on "
-        "a private instance (one machine: the actor only adds a round trip per step, the "
-        "samples in and the new weights out, docs/benchmarks.md 'Ray placement, sixth "
-        "session') unless ray.trainer_gpus > 0, the actor on a joined cluster "
-        "(run.ray_address)"
+    trainer: Literal["actor", "driver"] = Field(
+        "actor", description="actor: the trainer is a Ray actor (losing it resumes from the "
+        "last durable commit); driver: it trains in the driver process"
     )
     trainer_cpus: float = Field(1.0, ge=0, le=4_096, description="CPUs of the trainer actor")
     trainer_gpus: float = Field(0.0, ge=0, le=64, description="GPUs of the trainer actor")

@@ -213,12 +213,12 @@ def test_a_ray_run_keeps_its_own_fallback_choice_and_stage_counts(
     assert again is not None and again[:3] == ("async", 650.0, 600.0)
     assert settle(inline).earlier_mode[:3] == ("sync", 700.0, 800.0)
     # the trainer in an actor (its round trips) or in the driver: each its own choice
-    actor = validate({"run": {"max_staleness": 1, "runtime": "ray"},
-                      "ray": {"trainer": "actor"}}, "test")
-    actor_first = settle(actor)
-    assert actor_first.earlier_mode is None  # the driver-trainer Ray run's rates: not
-    assert thread_probe.remember_choice(actor_first, "sync", 500.0, 520.0)
-    assert settle(actor).earlier_mode[:3] == ("sync", 500.0, 520.0)
+    driver = validate({"run": {"max_staleness": 1, "runtime": "ray"},
+                       "ray": {"trainer": "driver"}}, "test")
+    driver_first = settle(driver)
+    assert driver_first.earlier_mode is None  # the actor-trainer Ray run's rates: not
+    assert thread_probe.remember_choice(driver_first, "sync", 500.0, 520.0)
+    assert settle(driver).earlier_mode[:3] == ("sync", 500.0, 520.0)
     assert settle(ray).earlier_mode[:3] == ("async", 650.0, 600.0)
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from freshroll.config import load_config
-from freshroll.placement.placement import ray_trainer
 from freshroll.runtime.placements import ray_cpus
 
 
@@ -13,23 +12,10 @@ def _cpus(*over: str) -> int:
 
 def test_the_sum_of_the_declared_resources_rounded_up():
     # 2 workers x 1 + the trainer actor 1 + 1 reward actor x 0.5 = 3.5 -> 4
-    assert _cpus("rollout.workers=2", "ray.trainer=actor") == 4
+    assert _cpus("rollout.workers=2") == 4
     # the controller may add workers up to max_workers: 4 x 1.5 + 2 + 3 x 0.5 = 9.5 -> 10
     assert _cpus("rollout.workers=2", "control.max_workers=4", "ray.worker_cpus=1.5",
-                 "ray.trainer=actor", "ray.trainer_cpus=2", "ray.reward_actors=3") == 10
-    # ray.trainer auto on a private instance: the trainer in the driver declares nothing
-    assert _cpus("rollout.workers=2") == 3
-
-
-def test_auto_trains_in_the_driver_on_a_private_instance_and_in_an_actor_elsewhere():
-    def where(*over: str) -> str:
-        return ray_trainer(load_config(None, ["run.runtime=ray", *over]))
-
-    assert where() == "driver"  # one machine: an actor only adds a round trip per step
-    assert where("run.ray_address=10.0.0.5:6379") == "actor"  # a cluster: Ray places it
-    assert where("ray.trainer_gpus=1") == "actor"  # it asked Ray for a device
-    assert where("ray.trainer=actor") == "actor"  # set: as set, either way
-    assert where("ray.trainer=driver", "run.ray_address=auto") == "driver"
+                 "ray.trainer_cpus=2", "ray.reward_actors=3") == 10
 
 
 def test_a_driver_trainer_declares_nothing_and_two_is_the_floor():

@@ -162,20 +162,6 @@ def wants_probe(cfg: Config, *, injected: bool = False, cores: int | None = None
             and (cfg.run.runtime in ("auto", "inline") or _private_ray(cfg)))
 
 
-def ray_trainer(cfg: Config) -> Literal["actor", "driver"]:
-    """Where a ``run.runtime: ray`` run's learner trains: ``ray.trainer`` when set; ``auto``:
-    in the driver on a private instance (this machine's cores, which the driver shares with
-    the actors anyway: an actor there only adds a round trip per step, the batch sent in and
-    the new weights serialised out, and a process to the cores' load), unless
-    ``ray.trainer_gpus`` asks Ray for GPUs; in an actor of its own on a joined cluster
-    (``run.ray_address``: the node and devices are Ray's to choose)."""
-    r = cfg.ray
-    if r.trainer != "auto":
-        return r.trainer
-    private = cfg.run.ray_address is None
-    return "driver" if private and r.trainer_gpus == 0 else "actor"
-
-
 def _private_ray(cfg: Config) -> bool:
     """``run.runtime: ray`` on freshroll's own Ray instance: its actors share this machine's
     cores (a joined cluster's actors run on cores this process cannot count)."""
@@ -335,7 +321,6 @@ __all__ = [
     "follows_mode",
     "one_compute_thread",
     "plan",
-    "ray_trainer",
     "resolve_runtime",
     "settled",
     "sync_windows_shared",

@@ -67,13 +67,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import torch
 
 from freshroll.placement import probe_cache
-from freshroll.placement.placement import (
-    Placement,
-    available_cores,
-    plan,
-    ray_trainer,
-    wants_probe,
-)
+from freshroll.placement.placement import Placement, available_cores, plan, wants_probe
 from freshroll.placement.process_engine import workers_ready
 from freshroll.stage_threads import StageThreads
 
@@ -314,8 +308,8 @@ def settle_placement(cfg: Config, prompts: Sequence[Prompt], model_path: Path, *
     # the probe times compute alone: any placement may reuse it; the stages' counts and the
     # fallback's rates are a placement's own (a Ray run's cross processes and round trips:
     # an inline run's sync/async rates are not its), so Ray keeps them apart, and apart
-    # again by where its trainer runs (an actor's round trips or none: ray_trainer)
-    key = f"{key}:ray:{ray_trainer(cfg)}" if placed.runtime == "ray" else key
+    # again by where its trainer runs (ray.trainer: an actor's round trips or none)
+    key = f"{key}:ray:{cfg.ray.trainer}" if placed.runtime == "ray" else key
     for stage in stages if known else ():
         hit = probe_cache.lookup(_stage_key(key, stage.stage), busy=busy)
         if hit is not None:

@@ -52,13 +52,7 @@ from freshroll.placement.adapters import (
     ThreadScorer,
     ThreadTrainer,
 )
-from freshroll.placement.placement import (
-    Placement,
-    Runtime,
-    ray_trainer,
-    resolve_runtime,
-    thread_budget,
-)
+from freshroll.placement.placement import Placement, Runtime, resolve_runtime, thread_budget
 from freshroll.placement.ray_trainer import RayTrainer
 from freshroll.placement.shm_weights import WeightChannel
 from freshroll.ports.seams import AsyncScorer, AsyncTrainer, TrainerState
@@ -332,7 +326,7 @@ def ray_cpus(cfg: Config) -> int:
     r = cfg.ray
     workers = max(cfg.rollout.workers, cfg.control.max_workers or 0)
     need = workers * r.worker_cpus + r.reward_actors * r.reward_cpus
-    if ray_trainer(cfg) == "actor":
+    if r.trainer == "actor":
         need += r.trainer_cpus
     return max(2, math.ceil(need))
 
@@ -347,16 +341,15 @@ def build_trainer(
     before_commit: Callable[[PolicyVersion, TrainerState], None], publish: Publish,
     stages: Placement | None = None,
 ) -> ThreadTrainer | RayTrainer:
-    """The trainer of an hf or vLLM run: under ``run.runtime: ray`` with the trainer in an
-    actor (``ray.trainer``: :func:`~freshroll.placement.placement.ray_trainer`) a
-    :class:`~freshroll.placement.ray_trainer.RayTrainer` (``learner`` is shipped to its actor;
-    rebuilt at the last durable commit if the actor is lost); with the trainer in the driver
-    a ThreadTrainer publishing each version once into Ray's object store; else a
+    """The trainer of an hf or vLLM run: under ``run.runtime: ray`` with ``ray.trainer:
+    actor`` a :class:`~freshroll.placement.ray_trainer.RayTrainer` (``learner`` is shipped to
+    its actor; rebuilt at the last durable commit if the actor is lost); with ``ray.trainer:
+    driver`` a ThreadTrainer publishing each version once into Ray's object store; else a
     ThreadTrainer publishing with the placement's ``publish`` (a copy inline, a shared-memory
     slot for process workers)."""
     cfg = prep.cfg
     ray = resolve_runtime(cfg) == "ray" and cfg.rollout.engine == "hf"
-    if ray and ray_trainer(cfg) == "actor":
+    if ray and cfg.ray.trainer == "actor":
         def rebuild() -> GRPOLearner:
             return build_learner(cfg, prep.model_path, buf, out, prep.history, quiet=True)
 
