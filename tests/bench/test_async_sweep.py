@@ -157,3 +157,17 @@ def test_quick_sweep_prints_its_table(tmp_path: Path):
     assert cell["verdicts"]["async-auto"][0] in ("paid", "did not pay")
     # what the default settled on is read back from the run's summary
     assert cell["placements"]["async-auto"][0].split(" x")[0] in ("inline", "process")
+
+
+def test_the_ray_systems_train_in_an_actor_and_in_the_driver(tmp_path: Path):
+    """``async-ray`` trains where ``ray.trainer``'s default puts it (an actor),
+    ``async-ray-driver`` in the driver: one invocation compares both."""
+    def where(system: str) -> str:
+        over = ["rollout.max_new_tokens=4", *sweep.SYSTEM_OVERRIDES.get(system, ())]
+        cfg = sweep.vs_trl.freshroll_config(3, 0, sweep.SYSTEMS[system], tmp_path, over)
+        assert cfg.run.runtime == "ray"
+        return str(cfg.ray.trainer)
+
+    assert where("async-ray") == "actor"
+    assert where("async-ray-driver") == "driver"
+    assert set(sweep.SYSTEM_OVERRIDES) <= set(sweep.SYSTEMS)

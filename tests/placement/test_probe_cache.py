@@ -213,6 +213,14 @@ def test_a_ray_run_keeps_its_own_fallback_choice_and_stage_counts(
     again = settle(ray).earlier_mode
     assert again is not None and again[:3] == ("async", 650.0, 600.0)
     assert settle(inline).earlier_mode[:3] == ("sync", 700.0, 800.0)
+    # the trainer in an actor (its round trips) or in the driver: each its own choice
+    driver = validate({"run": {"max_staleness": 1, "runtime": "ray"},
+                       "ray": {"trainer": "driver"}}, "test")
+    driver_first = settle(driver)
+    assert driver_first.earlier_mode is None  # the actor-trainer Ray run's rates: not
+    assert thread_probe.remember_choice(driver_first, "sync", 500.0, 520.0)
+    assert settle(driver).earlier_mode[:3] == ("sync", 500.0, 520.0)
+    assert settle(ray).earlier_mode[:3] == ("async", 650.0, 600.0)
 
 
 def test_a_simulated_or_injected_run_neither_counts_the_load_nor_touches_the_cache(

@@ -46,6 +46,14 @@ from freshroll.placement import ray_reaper
 
 #: seconds a join waits for the cluster's address to answer (``run.ray_address``)
 CONNECT_TIMEOUT_S = 10.0
+#: Ray starts its worker processes (every actor: the inference workers, the reward actors,
+#: the trainer) at this niceness, 15 by default: below the driver and every other process
+#: of the machine. A private instance's actors are the run's compute, on the driver's own
+#: cores: they start at 0, as the driver and a ``process`` run's workers do (issue 25: at
+#: 15, any thread of the driver or of another process took an actor's core almost whole,
+#: and an OpenMP team of two in a sync window waited on its descheduled thread). A caller
+#: that sets the variable itself keeps its value; a joined cluster's workers keep theirs.
+NICENESS_ENV = "RAY_worker_niceness"
 
 
 def start_ray(num_cpus: int | None = None, run_dir: Path | None = None,
@@ -87,6 +95,9 @@ def start_ray(num_cpus: int | None = None, run_dir: Path | None = None,
     if run_dir is not None:
         ray_reaper.write_record(run_dir, token, watchdog.pid)
     os.environ[ray_reaper.TOKEN_ENV] = token  # inherited by every process of the instance
+    nice = NICENESS_ENV not in os.environ  # the caller's own setting stands
+    if nice:
+        os.environ[NICENESS_ENV] = "0"  # read by each worker process as it starts
     try:
         ray.init(
             address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
@@ -97,6 +108,8 @@ def start_ray(num_cpus: int | None = None, run_dir: Path | None = None,
         raise
     finally:
         os.environ.pop(ray_reaper.TOKEN_ENV, None)
+        if nice:
+            os.environ.pop(NICENESS_ENV, None)
     COSTS["ray_start_s"] = time.perf_counter() - t0
     return COSTS["ray_start_s"]
 
@@ -309,6 +322,6 @@ def gated_get(ref: Any, timeout_s: float, who: str, late: str) -> Any:
                 raise WorkerLost(f"{who} died: {exc}"[:500]) from exc
 
 
-__all__ = ["CLOSE_WAIT_S", "CONNECT_TIMEOUT_S", "COSTS", "POLL_S", "gated_get", "joined",
-           "live_actors", "probe_address", "split_address", "start_ray", "stop_ray", "track",
-           "untrack"]
+__all__ = ["CLOSE_WAIT_S", "CONNECT_TIMEOUT_S", "COSTS", "NICENESS_ENV", "POLL_S", "gated_get",
+           "joined", "live_actors", "probe_address", "split_address", "start_ray", "stop_ray",
+           "track", "untrack"]

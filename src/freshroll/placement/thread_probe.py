@@ -333,8 +333,9 @@ def settle_placement(cfg: Config, prompts: Sequence[Prompt], model_path: Path, *
         return placed
     # the probe times compute alone: any placement may reuse it; the stages' counts and the
     # fallback's rates are a placement's own (a Ray run's cross processes and round trips:
-    # an inline run's sync/async rates are not its), so Ray keeps them apart
-    key = f"{key}:ray" if placed.runtime == "ray" else key
+    # an inline run's sync/async rates are not its), so Ray keeps them apart, and apart
+    # again by where its trainer runs (ray.trainer: an actor's round trips or none)
+    key = f"{key}:ray:{cfg.ray.trainer}" if placed.runtime == "ray" else key
     for stage in stages if known else ():
         hit = probe_cache.lookup(_stage_key(key, stage.stage), busy=busy)
         if hit is not None:
