@@ -205,15 +205,7 @@ def bench(cfg: Config, out: Path, *, workload: str, quick: bool = False,
     seed-<s>``, and show each figure as the mean ± sd over them; ``None`` (the default): the
     config's seed, once, in ``OUT/<clock>/<run>``. The capacities are measured once, at the
     config's seed. ``jobs``: how many runs at once, each in its own process."""
-    if jobs < 1:
-        raise ConfigError(f"--jobs {jobs}: must be at least 1")
-    if seeds is not None:
-        if not seeds:
-            raise ConfigError("--seeds: give at least one seed")
-        if len(set(seeds)) != len(seeds):
-            raise ConfigError(f"--seeds {' '.join(map(str, seeds))}: a seed given twice")
-        if any(s < 0 for s in seeds):
-            raise ConfigError(f"--seeds {' '.join(map(str, seeds))}: seeds are >= 0")
+    _check_args(seeds, jobs)
     if quick:
         cfg = with_overrides(cfg, quick_overrides(cfg))
     if cfg.rollout.engine == "hf":
@@ -258,6 +250,18 @@ def bench(cfg: Config, out: Path, *, workload: str, quick: bool = False,
     (out / "bench.md").write_text("".join(render_markdown(t) for t in tables))
     (out / "bench.json").write_text(render_json(tables))
     return BenchResult(tables, out)
+
+
+def _check_args(seeds: Sequence[int] | None, jobs: int) -> None:
+    if jobs < 1:
+        raise ConfigError(f"--jobs {jobs}: must be at least 1")
+    if seeds is not None:
+        if not seeds:
+            raise ConfigError("--seeds: give at least one seed")
+        if len(set(seeds)) != len(seeds):
+            raise ConfigError(f"--seeds {' '.join(map(str, seeds))}: a seed given twice")
+        if any(s < 0 for s in seeds):
+            raise ConfigError(f"--seeds {' '.join(map(str, seeds))}: seeds are >= 0")
 
 
 def _table(cfg: Config, caps: f.Capacities, workload: str, clock: str, out: Path,
