@@ -195,16 +195,23 @@ def _simulated_line(wall: float, generated: int, accepted: int, sim_s: float, cl
 @click.option("--clock", "clock", type=click.Choice(["virtual", "real", "both"]),
               default="virtual", show_default=True,
               help="Simulated engines: the clock(s) to run on (a real model: always real).")
+@click.option("--seeds", "seeds", type=int, multiple=True, metavar="S [S ...]",
+              help="Run every row once per seed (run.seed), each in OUT/<clock>/<run>/seed-<s>; "
+                   "each figure the mean ± sd over them (default: the config's run.seed, once).")
+@click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Runs at once, each in its own process (the runs are independent).")
 def bench(config: Path | None, overrides: tuple[str, ...], out: Path | None, quick: bool,
-          clock: str) -> None:
+          clock: str, seeds: tuple[int, ...], jobs: int) -> None:
     """Stage capacities, then sync, static and adaptive runs side by side, in one table.
 
     CONFIG.yaml [key=value ...] (no CONFIG: the embedded default, on the real HF engine).
-    Same workload and seed for every run; docs/bench.md defines every column.
+    Same workload and seed for every run (--seeds: every run per seed, the table their mean
+    ± sd); docs/bench.md defines every column.
     """
     from freshroll.config import load_config
 
     try:
+        config, overrides, seeds = _bench_seeds(config, overrides, seeds)
         config, overrides = _config_and_overrides(config, overrides)
         cfg = load_config(config, overrides)
         from freshroll.bench.runner import bench as run_bench
@@ -212,7 +219,8 @@ def bench(config: Path | None, overrides: tuple[str, ...], out: Path | None, qui
         name = config.stem if config is not None else "default"
         clocks = ("virtual", "real") if clock == "both" else (clock,)
         result = run_bench(cfg, out or Path("runs") / f"bench-{name}", workload=name,
-                           quick=quick, clocks=clocks, stream=sys.stderr)
+                           quick=quick, clocks=clocks, stream=sys.stderr,
+                           seeds=seeds or None, jobs=jobs)
     except FreshrollError as exc:
         fail(exc)
         return
@@ -338,6 +346,25 @@ def _load(config_file: Path | None, overrides: tuple[str, ...]) -> Config:
     from freshroll.config import load_config
 
     return load_config(*_config_and_overrides(config_file, overrides))
+
+
+def _bench_seeds(config: Path | None, overrides: tuple[str, ...], seeds: tuple[int, ...],
+                 ) -> tuple[Path | None, tuple[str, ...], tuple[int, ...]]:
+    """``--seeds 0 1 2``: click takes the first integer as the option's value and leaves the
+    others among the arguments; with ``--seeds`` given, every bare integer argument (never a
+    ``key=value`` override, and not a file) is one more seed, in order."""
+    if not seeds:
+        return config, overrides, seeds
+    args = ([str(config)] if config is not None else []) + list(overrides)
+
+    def is_seed(a: str) -> bool:
+        return a.isdigit() and not Path(a).exists()
+
+    rest = [a for a in args if not is_seed(a)]
+    more = tuple(int(a) for a in args if is_seed(a))
+    # the config is the first remaining argument unless it is an override
+    first = Path(rest[0]) if rest and ("=" not in rest[0] or Path(rest[0]).exists()) else None
+    return first, tuple(rest[1:] if first is not None else rest), (*seeds, *more)
 
 
 def _config_and_overrides(config: Path | None, overrides: tuple[str, ...],

@@ -121,3 +121,62 @@ def test_simulate_refuses_an_unusable_out_before_loading(tmp_path: Path) -> None
                                        "--out", str(target)])
     assert result.exit_code == 2
     assert f"--out {target}: is a file" in result.stderr
+
+
+@needs_sim
+@pytest.mark.slow
+def test_bench_quick_over_two_seeds_runs_each_row_per_seed_and_averages(tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    # "--seeds 0 1": the second seed reaches click as an argument; the bench takes it back
+    result = CliRunner().invoke(main, ["bench", str(REPO / "configs" / "sim-p2.yaml"), "--quick",
+                                       "--seeds", "0", "1", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "== sim-p2 (virtual clock, 4 steps, 2 seeds)" in result.stdout
+    assert "measured once, at the config's seed 0" in result.stdout
+    [table] = json.loads((out / "bench.json").read_text())
+    assert table["seeds"] == [0, 1] and table["runs"] == 2 * len(table["rows"])
+    for row in table["rows"]:
+        assert row["seeds"] == 2 and row["verify"] is True
+        assert [r["seed"] for r in row["per_seed"]] == [0, 1]
+        for seed in (0, 1):  # each seed its own run dir, run with that seed
+            summary = out / "virtual" / row["run"] / f"seed-{seed}" / "summary.json"
+            config = next(e for e in _events(summary.parent) if isinstance(e, ev.RunConfig))
+            assert json.loads(config.config)["run"]["seed"] == seed
+        per_s = [r["accepted_per_s"] for r in row["per_seed"]]
+        assert row["accepted_per_s"] == pytest.approx(sum(per_s) / 2)
+        assert row["sd"]["accepted_per_s"] == pytest.approx(abs(per_s[0] - per_s[1]) / 2 ** 0.5)
+    # the seeds draw different workloads: the synchronous runs differ
+    sync = table["rows"][0]["per_seed"]
+    assert sync[0]["accepted_per_s"] != sync[1]["accepted_per_s"]
+    assert [t["seeds"] for t in table["tails"]] == [2] * len(table["rows"])
+    md = (out / "bench.md").read_text()
+    assert "| seeds | load |" in md and " ± " in md and "seeds 0 1: each cell the mean" in md
+    # --jobs 2: the same runs two at a time in worker processes, the same virtual figures
+    out2 = tmp_path / "bench2"
+    result = CliRunner().invoke(main, ["bench", str(REPO / "configs" / "sim-p2.yaml"), "--quick",
+                                       "--seeds", "0", "1", "--jobs", "2", "--out", str(out2)])
+    assert result.exit_code == 0, result.output
+    [table2] = json.loads((out2 / "bench.json").read_text())
+    keys = ("run", "accepted_per_s", "trainer_idle", "discard_rate", "worker_s", "steps")
+    assert ([[{k: r[k] for k in keys} for r in row["per_seed"]] for row in table2["rows"]]
+            == [[{k: r[k] for k in keys} for r in row["per_seed"]] for row in table["rows"]])
+
+
+def test_bench_seeds_take_back_the_integers_click_left_among_the_arguments() -> None:
+    from freshroll.cli import _bench_seeds
+
+    cfg = Path("configs/sim-p2.yaml")
+    assert _bench_seeds(cfg, ("1", "run.steps=9", "2"), (0,)) == (cfg, ("run.steps=9",),
+                                                                     (0, 1, 2))
+    # --seeds before the config: click took "1" for the config
+    assert _bench_seeds(Path("1"), ("2", str(cfg)), (0,)) == (cfg, (), (0, 1, 2))
+    assert _bench_seeds(Path("1"), ("run.steps=9",), (0,)) == (None, ("run.steps=9",), (0, 1))
+    # no --seeds: nothing is taken (a bare integer stays, and is refused as an override later)
+    assert _bench_seeds(cfg, ("7",), ()) == (cfg, ("7",), ())
+
+
+def test_bench_refuses_a_seed_given_twice(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["bench", str(REPO / "configs" / "sim-p2.yaml"), "--quick",
+                                       "--seeds", "1", "1", "--out", str(tmp_path / "b")])
+    assert result.exit_code == 2
+    assert "--seeds 1 1: a seed given twice" in result.stderr

@@ -128,3 +128,22 @@ def test_rebalance_delays_count_steps_to_the_first_worker_change_after_each_chan
     assert rebalance_delays(decisions, [20, 40]) == [3, 4]
     assert rebalance_delays(decisions[:3], [20, 40]) == [3, None]  # none after 40
     assert rebalance_delays(decisions, []) == []
+
+
+def test_tail_rows_over_seeds_average_and_keep_each_seeds_rebalance() -> None:
+    from freshroll.bench.tails import aggregate_tails, render_markdown
+
+    def row(stale: float, bias: float | None, rebalance: list[int | None], extra: int
+            ) -> dict[str, object]:
+        return {"run": "adaptive", "stale": stale, "cancelled": 0.0, "deadline": 0.0,
+                "other": 0.0, "refreshed": 0.0, "refreshed_worker_s": 0.0,
+                "length_bias": bias, "rebalance": rebalance, "extra_max": extra}
+
+    [agg] = aggregate_tails({0: [row(0.10, -0.2, [3, None], 2)],
+                             1: [row(0.20, None, [5, 4], 4)]})
+    assert abs(agg["stale"] - 0.15) < 1e-12 and agg["length_bias"] == -0.2  # the seed with one
+    assert agg["rebalance"] == [[3, 5], [None, 4]] and agg["extra_max"] == 4
+    md = render_markdown([agg])
+    assert "| adaptive | 15.0% ± 7.1% |" in md and "| 3/5, -/4 | 4 |" in md
+    [none] = aggregate_tails({0: [row(0.1, None, [], 0)], 1: [row(0.1, None, [], 0)]})
+    assert none["length_bias"] is None and "| - | n/a | 0 |" in render_markdown([none])

@@ -55,3 +55,30 @@ def test_markdown_and_json() -> None:
     data = json.loads(render_json([t]))
     assert data[0]["rows"][1]["speedup"] == 1.9
     assert data[0]["capacities_per_s"]["sync"] == 128.0
+
+
+def test_several_seeds_average_each_figure_and_verify_only_if_every_seed_did() -> None:
+    seed0 = f.table_rows([_run("sync", 10.0), _run("static-a", 20.0)], "sync", CAPS)
+    seed1 = f.table_rows([_run("sync", 10.0), _run("static-a", 16.0)], "sync", CAPS)
+    seed1[1]["verify"] = False
+    rows = f.aggregate_rows({0: seed0, 1: seed1})
+    assert [r["run"] for r in rows] == ["sync", "static-a"]
+    assert rows[1]["accepted_per_s"] == 18.0 and rows[1]["speedup"] == 1.8
+    assert abs(rows[1]["sd"]["accepted_per_s"] - 2.8284271) < 1e-6
+    assert rows[0]["verify"] is True and rows[1]["verify"] is False
+    assert [r["seed"] for r in rows[1]["per_seed"]] == [0, 1]
+    t = {**make_table("P2", "virtual", CAPS, rows), "steps": 4, "seeds": [0, 1]}
+    text = render_text(t)
+    assert text.splitlines()[0] == "== P2 (virtual clock, 4 steps, 2 seeds)"
+    assert "18.0 ± 2.8" in text and "FAILED (1 of 2)" in text
+    assert "seeds 0 1: each cell the mean ± sample sd" in text
+    assert t["best"] == "static-a"
+
+
+def test_seeds_must_list_the_same_runs() -> None:
+    import pytest
+
+    seed0 = f.table_rows([_run("sync", 10.0), _run("static-a", 20.0)], "sync", CAPS)
+    seed1 = f.table_rows([_run("sync", 10.0), _run("static-b", 16.0)], "sync", CAPS)
+    with pytest.raises(ValueError, match="seed 1"):
+        f.aggregate_rows({0: seed0, 1: seed1})

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -268,8 +269,51 @@ def table_rows(runs: Sequence[RunFigures], sync_label: str, c: Capacities) -> li
     return out
 
 
+#: the numeric columns of a row that several seeds average (mean ± sample sd)
+SEED_KEYS: Final = ("accepted_per_s", "E", "window_bound", "speedup", "A", "reward_s_ratio",
+                    "trainer_idle", "discard_rate", "lag_p50", "lag_p99", "lag_max", "worker_s",
+                    "steps", "wall_s", "load")
+
+
+def mean_sd(xs: Iterable[float]) -> tuple[float, float]:
+    """The mean and the sample sd of the finite ``xs`` (NaN for none; sd NaN for one)."""
+    vals = [float(x) for x in xs if x is not None and math.isfinite(x)]
+    if not vals:
+        return math.nan, math.nan
+    return statistics.fmean(vals), statistics.stdev(vals) if len(vals) > 1 else math.nan
+
+
+def aggregate_rows(per_seed: Mapping[int, Sequence[Mapping[str, Any]]]) -> list[dict[str, Any]]:
+    """One row per run over several seeds (``per_seed``: seed -> its :func:`table_rows`, the
+    same runs in the same order): each of :data:`SEED_KEYS` the mean over the seeds, its
+    sample sd under ``sd``; ``verify`` true only if every seed's run verified; ``seeds`` the
+    count and ``per_seed`` each seed's own row (``seed`` added; ``load``, where the rows
+    carry it, the 1-minute load average after the run). A seed's speedup, A and
+    t-reward are against the same seed's ``sync``, then averaged."""
+    seeds = list(per_seed)
+    if not seeds:
+        raise ValueError("no seed to aggregate")
+    labels = [r["run"] for r in per_seed[seeds[0]]]
+    for s in seeds:
+        if [r["run"] for r in per_seed[s]] != labels:
+            raise ValueError(f"seed {s}: runs {[r['run'] for r in per_seed[s]]} != {labels}")
+    out = []
+    for i, label in enumerate(labels):
+        rows = [per_seed[s][i] for s in seeds]
+        stats = {k: mean_sd(r[k] for r in rows) for k in SEED_KEYS if k in rows[0]}
+        out.append({
+            "run": label, **{k: m for k, (m, _) in stats.items()},
+            "sd": {k: sd for k, (_, sd) in stats.items()},
+            "verify": all(r["verify"] for r in rows), "settings": dict(rows[0]["settings"]),
+            "seeds": len(rows), "per_seed": [{"seed": s, **r} for s, r in zip(seeds, rows,
+                                                                             strict=True)],
+        })
+    return out
+
+
 __all__ = [
-    "PAYS_AT", "Capacities", "RunFigures", "async_bound", "async_pays", "attainment",
-    "binding_stage", "efficiency", "min_capacity", "run_figures", "speedup", "stage_times",
-    "table_rows", "worker_events", "worker_seconds", "workers_for_demand",
+    "PAYS_AT", "SEED_KEYS", "Capacities", "RunFigures", "aggregate_rows", "async_bound",
+    "async_pays", "attainment", "binding_stage", "efficiency", "mean_sd", "min_capacity",
+    "run_figures", "speedup", "stage_times", "table_rows", "worker_events", "worker_seconds",
+    "workers_for_demand",
 ]

@@ -43,9 +43,12 @@ from __future__ import annotations
 import copy
 import io
 import math
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
+from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -53,6 +56,7 @@ from freshroll.bench import figures as f
 from freshroll.bench import tails
 from freshroll.bench.table import make_table, render_json, render_markdown
 from freshroll.config import Config, set_dotted, validate
+from freshroll.errors import ConfigError
 
 #: --quick: a CI smoke run of seconds
 QUICK_STEPS = 4
@@ -193,8 +197,15 @@ def _measure_capacities(cfg: Config, quick: bool) -> f.Capacities:
 def bench(cfg: Config, out: Path, *, workload: str, quick: bool = False,
           clocks: Sequence[str] = ("virtual",), stream: TextIO,
           capacities: Callable[[Config, bool], f.Capacities] = _measure_capacities,
+          seeds: Sequence[int] | None = None, jobs: int = 1,
           ) -> BenchResult:
-    """Measure the capacities, run every planned run per clock, write the tables."""
+    """Measure the capacities, run every planned run per clock, write the tables.
+
+    ``seeds``: run every row once per seed (``run.seed``), each in ``OUT/<clock>/<run>/
+    seed-<s>``, and show each figure as the mean ± sd over them; ``None`` (the default): the
+    config's seed, once, in ``OUT/<clock>/<run>``. The capacities are measured once, at the
+    config's seed. ``jobs``: how many runs at once, each in its own process."""
+    _check_args(seeds, jobs)
     if quick:
         cfg = with_overrides(cfg, quick_overrides(cfg))
     if cfg.rollout.engine == "hf":
@@ -206,64 +217,153 @@ def bench(cfg: Config, out: Path, *, workload: str, quick: bool = False,
     stream.write(f"  ({time.perf_counter() - t0:.1f} s)\n")
     tables: list[dict[str, Any]] = []
     sync_step_s: float | None = None  # virtual seconds per synchronous step
-    for clock in sorted(clocks, key=lambda c: c != "virtual"):  # virtual first
-        if cfg.rollout.engine != "sim":
-            tables.append(_table(cfg, caps0, workload, clock, out, stream)[0])
-            continue
-        run_cfg = with_overrides(cfg, {"sim.clock": clock})
-        if clock == "virtual":
-            table, runs = _table(run_cfg, caps0, workload, clock, out, stream)
-            sync = runs[0]
-            sync_step_s = sync.wall_s / sync.steps if sync.steps else None
-            tables.append(table)
-            continue
-        steps = min(cfg.run.steps, QUICK_STEPS if quick else REAL_STEPS)
-        if sync_step_s is None:  # a real-clock table alone: time the sync run virtually first
-            probe = _run(with_overrides(run_cfg, {"sim.clock": "virtual", "run.steps": steps}),
-                         plan_runs(run_cfg, caps0)[0], out / "virtual-probe", "virtual", stream)
-            sync_step_s = probe.wall_s / probe.steps if probe.steps else None
-        scale = real_time_scale(caps0, steps, 1.0 if quick else 10.0,
-                                0.02 if quick else MIN_REAL_STEP_S, sync_step_s)
-        real_cfg = with_overrides(run_cfg, {"run.steps": steps,
-                                            "sim.time_scale": scale * cfg.sim.time_scale,
-                                            **scaled_settings(run_cfg, scale)})
-        stream.write(f"  real clock: {steps} steps at sim.time_scale {scale:.4g}\n")
-        tables.append(_table(real_cfg, caps0.scaled(scale), workload, clock, out, stream)[0])
+    runner = _Runner(stream, jobs)
+    try:
+        for clock in sorted(clocks, key=lambda c: c != "virtual"):  # virtual first
+            if cfg.rollout.engine != "sim":
+                tables.append(_table(cfg, caps0, workload, clock, out, runner, seeds)[0])
+                continue
+            run_cfg = with_overrides(cfg, {"sim.clock": clock})
+            if clock == "virtual":
+                table, runs = _table(run_cfg, caps0, workload, clock, out, runner, seeds)
+                sync = runs[0]
+                sync_step_s = sync.wall_s / sync.steps if sync.steps else None
+                tables.append(table)
+                continue
+            steps = min(cfg.run.steps, QUICK_STEPS if quick else REAL_STEPS)
+            if sync_step_s is None:  # a real-clock table alone: time the sync run virtually
+                probe_cfg = with_overrides(run_cfg, {"sim.clock": "virtual", "run.steps": steps})
+                probe = runner.run_all(probe_cfg, [(plan_runs(run_cfg, caps0)[0],
+                                                    out / "virtual-probe" / "sync")],
+                                       "virtual")[0]
+                sync_step_s = probe.wall_s / probe.steps if probe.steps else None
+            scale = real_time_scale(caps0, steps, 1.0 if quick else 10.0,
+                                    0.02 if quick else MIN_REAL_STEP_S, sync_step_s)
+            real_cfg = with_overrides(run_cfg, {"run.steps": steps,
+                                                "sim.time_scale": scale * cfg.sim.time_scale,
+                                                **scaled_settings(run_cfg, scale)})
+            stream.write(f"  real clock: {steps} steps at sim.time_scale {scale:.4g}\n")
+            tables.append(_table(real_cfg, caps0.scaled(scale), workload, clock, out, runner,
+                                 seeds)[0])
+    finally:
+        runner.close()
     (out / "bench.md").write_text("".join(render_markdown(t) for t in tables))
     (out / "bench.json").write_text(render_json(tables))
     return BenchResult(tables, out)
 
 
+def _check_args(seeds: Sequence[int] | None, jobs: int) -> None:
+    if jobs < 1:
+        raise ConfigError(f"--jobs {jobs}: must be at least 1")
+    if seeds is not None:
+        if not seeds:
+            raise ConfigError("--seeds: give at least one seed")
+        if len(set(seeds)) != len(seeds):
+            raise ConfigError(f"--seeds {' '.join(map(str, seeds))}: a seed given twice")
+        if any(s < 0 for s in seeds):
+            raise ConfigError(f"--seeds {' '.join(map(str, seeds))}: seeds are >= 0")
+
+
 def _table(cfg: Config, caps: f.Capacities, workload: str, clock: str, out: Path,
-           stream: TextIO) -> tuple[dict[str, Any], list[f.RunFigures]]:
-    """Every planned run of ``cfg`` on one clock, and their table."""
+           runner: _Runner, seeds: Sequence[int] | None = None,
+           ) -> tuple[dict[str, Any], list[f.RunFigures]]:
+    """Every planned run of ``cfg`` on one clock (per seed of ``seeds``), and their table;
+    the runs returned are the first seed's."""
     specs = plan_runs(cfg, caps)
-    runs = [_run(cfg, spec, out / clock, clock, stream) for spec in specs]
-    table = make_table(workload, clock, caps, f.table_rows(runs, "sync", caps))
+    root = out / clock
+    changes = [step for step, _ in cfg.sim.trainer_speed] if cfg.rollout.engine == "sim" else []
+    if seeds is None:
+        runs = runner.run_all(cfg, [(spec, root / spec.label) for spec in specs], clock)
+        table = make_table(workload, clock, caps, f.table_rows(runs, "sync", caps))
+        if cfg.rollout.engine == "sim":
+            table["tails"] = [tails.tail_row(root / s.label, s.label, changes) for s in specs]
+    else:
+        t0, load0 = time.perf_counter(), _load()
+        jobs = [(RunSpec(spec.label, {**spec.overrides, "run.seed": seed}),
+                 root / spec.label / f"seed-{seed}") for spec in specs for seed in seeds]
+        done = runner.run_all(cfg, jobs, clock)  # row by row, every seed of a row together
+        by_seed = {seed: done[i::len(seeds)] for i, seed in enumerate(seeds)}
+        per_seed = {}
+        for seed, seed_runs in by_seed.items():
+            rows = f.table_rows(seed_runs, "sync", caps)
+            for row, run in zip(rows, seed_runs, strict=True):
+                row["load"] = runner.loads[run.label, seed]
+            per_seed[seed] = rows
+        table = make_table(workload, clock, caps, f.aggregate_rows(per_seed))
+        table.update(seeds=list(seeds), capacity_seed=cfg.run.seed, runs=len(jobs),
+                     wall_s=time.perf_counter() - t0, load_start=load0, load_end=_load())
+        if cfg.rollout.engine == "sim":
+            table["tails"] = tails.aggregate_tails({
+                seed: [tails.tail_row(root / s.label / f"seed-{seed}", s.label, changes)
+                       for s in specs] for seed in seeds})
+        runs = by_seed[seeds[0]]
     if cfg.rollout.engine == "sim":
         table["time_scale"] = cfg.sim.time_scale
-        changes = [step for step, _ in cfg.sim.trainer_speed]
-        table["tails"] = [tails.tail_row(out / clock / s.label, s.label, changes)
-                          for s in specs]
     table["steps"] = cfg.run.steps
     return table, runs
 
 
-def _run(cfg: Config, spec: RunSpec, root: Path, clock: str, stream: TextIO) -> f.RunFigures:
-    """One run of the table, through the real ``run()``; its figures from its run dir. The
-    run is verified but draws no ``report.html`` (no table reads it; ~0.02 CPU-s for a short
-    run since its figures are SVG, ~1 CPU-s as PNGs): ``freshroll report OUT/<clock>/<run>``
-    draws any run's page."""
+def _load() -> float:
+    """The 1-minute load average (NaN where the system has none)."""
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return math.nan
+
+
+def _run(cfg: Config, spec: RunSpec, path: Path) -> tuple[f.RunFigures, float]:
+    """One run of the table, through the real ``run()``; its figures from its run dir, and
+    its wall seconds. The run is verified but draws no ``report.html`` (no table reads it;
+    ~0.02 CPU-s for a short run since its figures are SVG, ~1 CPU-s as PNGs): ``freshroll
+    report OUT/<clock>/<run>`` draws any run's page."""
     from freshroll.runtime.run import run
 
     rcfg = with_overrides(cfg, {"run.progress": False, **spec.overrides})
-    path = root / spec.label
     t1 = time.perf_counter()
     result = run(rcfg, path, stream=io.StringIO(), report=False)  # the bench prints its own
     figs = f.run_figures(path, spec.label, verify_ok=result.ok, settings=spec.settings())
-    stream.write(f"  {clock:7} {spec.label:18} accepted/s {figs.accepted_per_s:9.2f}  "
-                 f"steps {figs.steps}  ({time.perf_counter() - t1:.1f} s wall)\n")
-    return figs
+    return figs, time.perf_counter() - t1
+
+
+class _Runner:
+    """Runs a table's runs, one at a time in this process or ``jobs`` at once in worker
+    processes (each run is independent: its own run directory, ledger and clock), and
+    prints a line per finished run with the load average after it (kept in ``loads``)."""
+
+    def __init__(self, stream: TextIO, jobs: int) -> None:
+        self.stream, self.jobs = stream, jobs
+        self.loads: dict[tuple[str, int | None], float] = {}
+        self._pool: ProcessPoolExecutor | None = None
+
+    def run_all(self, cfg: Config, jobs: Sequence[tuple[RunSpec, Path]], clock: str,
+                ) -> list[f.RunFigures]:
+        """The figures of every ``(spec, run dir)`` of ``jobs``, in their order."""
+        if self.jobs == 1 or len(jobs) == 1:
+            return [self._done(clock, spec, *_run(cfg, spec, path)) for spec, path in jobs]
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(self.jobs, mp_context=get_context("spawn"))
+        futures = {self._pool.submit(_run, cfg, spec, path): i
+                   for i, (spec, path) in enumerate(jobs)}
+        out: list[f.RunFigures | None] = [None] * len(jobs)
+        for fut in as_completed(futures):
+            i = futures[fut]
+            out[i] = self._done(clock, jobs[i][0], *fut.result())
+        return [x for x in out if x is not None]
+
+    def _done(self, clock: str, spec: RunSpec, figs: f.RunFigures, wall: float) -> f.RunFigures:
+        seed = spec.overrides.get("run.seed")
+        load = _load()
+        self.loads[spec.label, seed] = load
+        name = spec.label if seed is None else f"{spec.label} seed {seed}"
+        self.stream.write(f"  {clock:7} {name:25} accepted/s {figs.accepted_per_s:9.2f}  "
+                          f"steps {figs.steps}  ({wall:.1f} s wall, load {load:.2f})\n")
+        self.stream.flush()
+        return figs
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+            self._pool = None
 
 
 __all__ = ["BenchResult", "RunSpec", "bench", "plan_runs", "quick_overrides", "real_time_scale",

@@ -73,13 +73,43 @@ def _fmt(value: Any, spec: str) -> str:
     return str(value)
 
 
-def _cells(row: Mapping[str, Any]) -> list[str]:
+#: a table over several seeds adds these columns (mean over the seeds' runs)
+SEED_COLUMNS: tuple[tuple[str, str, str], ...] = (("seeds", "seeds", "d"), ("load", "load", ".1f"))
+
+
+def _seeded(t: Mapping[str, Any]) -> bool:
+    return bool(t.get("seeds"))
+
+
+def _head(t: Mapping[str, Any]) -> list[str]:
+    return [h for _, h, _ in (*COLUMNS, *(SEED_COLUMNS if _seeded(t) else ()))]
+
+
+def _pm(row: Mapping[str, Any], key: str, spec: str) -> str:
+    """The cell of ``key``: its value, with ``± sd`` where the row averages several seeds."""
+    text = _fmt(row.get(key, math.nan), spec)
+    sd = (row.get("sd") or {}).get(key, math.nan)
+    several = row.get("seeds", 1) > 1 and text != "-"
+    if several and isinstance(sd, int | float) and math.isfinite(sd):
+        text += f" ± {format(sd, spec)}"
+    return text
+
+
+def _cells(row: Mapping[str, Any], seeded: bool = False) -> list[str]:
     out = []
     for key, _, spec in COLUMNS:
         if key == "lag":
-            out.append(f"{row['lag_p50']:.0f}/{row['lag_p99']:.0f}/{row['lag_max']}")
-        else:
+            lag = "{:.0f}/{:.0f}/{:.0f}" if row.get("seeds", 1) == 1 else "{:.1f}/{:.1f}/{:.1f}"
+            out.append(lag.format(row["lag_p50"], row["lag_p99"], row["lag_max"]))
+        elif key == "verify" and row.get("seeds", 1) > 1 and not row["verify"]:
+            bad = sum(not r["verify"] for r in row.get("per_seed", ()))
+            out.append(f"FAILED ({bad} of {row['seeds']})")
+        elif key in ("run", "verify"):
             out.append(_fmt(row.get(key, math.nan), spec))
+        else:
+            out.append(_pm(row, key, spec))
+    if seeded:
+        out += [_fmt(row.get(key, math.nan), spec) for key, _, spec in SEED_COLUMNS]
     return out
 
 
@@ -87,11 +117,29 @@ def _caps_line(t: Mapping[str, Any]) -> str:
     caps, times = t["capacities_per_s"], t["stage_times_s"]
     parts = [f"{s} {_fmt(caps[s], '.1f')}/s ({_fmt(times[s], '.3g')} s/batch)" for s in f.STAGES]
     return (f"stage capacities (samples/s, B={t['batch']}): " + ", ".join(parts)
-            + f"; binding: {t['binding_stage']}; async bound {_fmt(t['bound'], '.2f')}x")
+            + f"; binding: {t['binding_stage']}; async bound {_fmt(t['bound'], '.2f')}x"
+            + (f" (measured once, at the config's seed {t['capacity_seed']})"
+               if _seeded(t) and "capacity_seed" in t else ""))
+
+
+def _seeds_line(t: Mapping[str, Any]) -> str:
+    """Under a table over several seeds: what its cells are, and its wall and load."""
+    if not _seeded(t):
+        return ""
+    seeds = " ".join(str(s) for s in t["seeds"])
+    line = (f"seeds {seeds}: each cell the mean ± sample sd over the seeds (each seed's speedup, "
+            "A and t-reward against its own sync); verify ok only if every seed's run verified; "
+            "load: the 1-minute load average after each run, mean over the seeds.")
+    if "wall_s" in t:
+        line += (f" {t['runs']} runs in {t['wall_s']:.0f} s wall, load average "
+                 f"{t['load_start']:.2f} -> {t['load_end']:.2f}.")
+    return line + "\n"
 
 
 def _title(t: Mapping[str, Any]) -> str:
     extra = [f"{t['steps']} steps"] if "steps" in t else []
+    if _seeded(t):
+        extra.append(f"{len(t['seeds'])} seeds")
     if t.get("time_scale") not in (None, 1.0):
         extra.append(f"sim.time_scale {t['time_scale']:.4g}")
     return f"{t['workload']} ({t['clock']} clock{', ' if extra else ''}{', '.join(extra)})"
@@ -99,8 +147,8 @@ def _title(t: Mapping[str, Any]) -> str:
 
 def render_text(t: Mapping[str, Any]) -> str:
     """A fixed-width table for the terminal."""
-    head = [h for _, h, _ in COLUMNS]
-    body = [_cells(r) for r in t["rows"]]
+    head = _head(t)
+    body = [_cells(r, _seeded(t)) for r in t["rows"]]
     widths = [max(len(x) for x in col) for col in zip(head, *body, strict=True)]
     line = "  ".join
 
@@ -109,17 +157,19 @@ def render_text(t: Mapping[str, Any]) -> str:
                     for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
 
     text = "\n".join([f"== {_title(t)}", _caps_line(t), fmt(head),
-                      *(fmt(b) for b in body), t["verdict"]]) + "\n"
+                      *(fmt(b) for b in body), t["verdict"]]) + "\n" + _seeds_line(t)
     return text + (tails.render_text(t["tails"]) if t.get("tails") else "")
 
 
 def render_markdown(t: Mapping[str, Any]) -> str:
-    head = [h for _, h, _ in COLUMNS]
-    rows = [_cells(r) for r in t["rows"]]
+    head = _head(t)
+    rows = [_cells(r, _seeded(t)) for r in t["rows"]]
     lines = [f"### {_title(t)}", "", _caps_line(t), "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     text = "\n".join([*lines, "", t["verdict"], ""]) + "\n"
+    if _seeded(t):
+        text += _seeds_line(t) + "\n"
     return text + (tails.render_markdown(t["tails"]) if t.get("tails") else "")
 
 

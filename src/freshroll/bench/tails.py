@@ -26,11 +26,12 @@ From a run directory (its ``summary.json`` and ledger)::
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from freshroll.bench.figures import worker_events, worker_seconds
+from freshroll.bench.figures import mean_sd, worker_events, worker_seconds
 from freshroll.ledger import LEDGER_FILE, Ledger
 
 REASONS = ("stale", "cancelled", "deadline")
@@ -90,16 +91,66 @@ def tail_row(run_dir: Path, label: str, changes: Sequence[int]) -> dict[str, Any
             "extra_max": extra}
 
 
+#: the numeric figures of a tail row that several seeds average (mean ± sample sd)
+SEED_KEYS = (*REASONS, "other", "refreshed", "refreshed_worker_s", "length_bias")
+
+
+def aggregate_tails(per_seed: Mapping[int, Sequence[Mapping[str, Any]]]) -> list[dict[str, Any]]:
+    """One tail row per run over several seeds (seed -> its :func:`tail_row` of each run, in
+    the same order): each of :data:`SEED_KEYS` the mean (``sd``: the sample sd; a length
+    bias no seed has stays ``None``), ``rebalance`` per speed change the delay of each seed,
+    ``extra_max`` the largest over the seeds, ``per_seed`` each seed's own row."""
+    seeds = list(per_seed)
+    out = []
+    for i, first in enumerate(per_seed[seeds[0]] if seeds else []):
+        rows = [per_seed[s][i] for s in seeds]
+        if any(r["run"] != first["run"] for r in rows):
+            raise ValueError(f"tail rows of {first['run']!r} differ in order between seeds")
+        stats = {k: mean_sd(r[k] for r in rows if r[k] is not None) for k in SEED_KEYS}
+        row: dict[str, Any] = {"run": first["run"], **{k: m for k, (m, _) in stats.items()},
+                               "sd": {k: sd for k, (_, sd) in stats.items()}}
+        if all(r["length_bias"] is None for r in rows):
+            row["length_bias"] = None
+        row["rebalance"] = [list(ds) for ds in zip(*(r["rebalance"] for r in rows),
+                                                   strict=True)]
+        row["extra_max"] = max(r["extra_max"] for r in rows)
+        row["seeds"] = len(rows)
+        row["per_seed"] = [{"seed": s, **r} for s, r in zip(seeds, rows, strict=True)]
+        out.append(row)
+    return out
+
+
+def _pm(r: Mapping[str, Any], key: str, spec: str) -> str:
+    """``r[key]`` in ``spec``, with ``± sd`` where the row averages seeds."""
+    value = r[key]
+    text = format(value, spec)
+    sd = (r.get("sd") or {}).get(key, math.nan)
+    if r.get("seeds", 1) > 1 and sd is not None and math.isfinite(sd):
+        text += f" ± {format(sd, spec.lstrip('+'))}"
+    return text
+
+
+def _delay(d: Any) -> str:
+    if isinstance(d, list):  # one delay per seed
+        return "/".join(_delay(x) for x in d)
+    return "-" if d is None else str(d)
+
+
 def _cells(r: Mapping[str, Any]) -> list[str]:
     bias = r["length_bias"]
-    rebalance = ", ".join("-" if d is None else str(d) for d in r["rebalance"]) or "n/a"
-    return [r["run"], *(f"{r[k]:.1%}" for k in (*REASONS, "other")),
-            f"{r['refreshed']:.1%} ({r['refreshed_worker_s']:.0f} s)",
-            "-" if bias is None else f"{bias:+.3f}", rebalance, str(r["extra_max"])]
+    rebalance = ", ".join(_delay(d) for d in r["rebalance"]) or "n/a"
+    refreshed = f"{_pm(r, 'refreshed', '.1%')} ({r['refreshed_worker_s']:.0f} s)"
+    return [r["run"], *(_pm(r, k, ".1%") for k in (*REASONS, "other")), refreshed,
+            "-" if bias is None or not math.isfinite(bias) else _pm(r, "length_bias", "+.3f"),
+            rebalance, str(r["extra_max"])]
 
 
 HEAD = ["run", "stale", "cancelled", "deadline", "other", "refreshed (worker-s)",
         "length bias", "re-balance (steps)", "extra max"]
+
+
+def _seeded(rows: Sequence[Mapping[str, Any]]) -> bool:
+    return any(r.get("seeds", 1) > 1 for r in rows)
 
 
 def render_text(rows: Sequence[Mapping[str, Any]]) -> str:
@@ -108,16 +159,20 @@ def render_text(rows: Sequence[Mapping[str, Any]]) -> str:
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
                        for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
              for cells in [HEAD, *body]]
-    return ("discards by reason, refreshed attempts, length bias, re-balance delay:\n"
+    return ("discards by reason, refreshed attempts, length bias, re-balance delay"
+            + (" (several seeds: mean ± sd; re-balance per seed)" if _seeded(rows) else "")
+            + ":\n"
             + "\n".join(lines) + "\n")
 
 
 def render_markdown(rows: Sequence[Mapping[str, Any]]) -> str:
-    lines = ["Discards by reason, refreshed attempts, length bias, re-balance delay:", "",
+    lines = ["Discards by reason, refreshed attempts, length bias, re-balance delay"
+             + (" (several seeds: mean ± sd; re-balance per seed)" if _seeded(rows) else "")
+             + ":", "",
              "| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
     lines += ["| " + " | ".join(_cells(r)) + " |" for r in rows]
     return "\n".join(lines) + "\n\n"
 
 
-__all__ = ["HEAD", "REASONS", "rebalance_delays", "render_markdown", "render_text",
-           "tail_row"]
+__all__ = ["HEAD", "REASONS", "SEED_KEYS", "aggregate_tails", "rebalance_delays",
+           "render_markdown", "render_text", "tail_row"]
