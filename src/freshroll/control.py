@@ -20,7 +20,8 @@ Signals of one window of length ``W`` (``n`` active workers, ``c`` requests per 
 **Bottleneck.** producer-bound if ω ≥ idle_high; trainer-bound if β ≥ blocked_high or (η > 0
 and lag_mean > lag_soft × η), and ω < idle_low; both ω ≥ idle_high and β ≥ blocked_high at
 once is a *conflict*: a measurement fault, or an admission window that serializes the
-pipeline (η too small, stragglers holding groups): :mod:`freshroll.control_levers` then.
+pipeline (η too small, stragglers holding groups): :mod:`freshroll.control_levers` then;
+for ``down_cooldown_s`` after one, no scale-down and no hard cut (its ``window_bound``).
 
 **Workers** (asymmetric hysteresis, benefit against the measured switch cost)::
 
@@ -40,16 +41,6 @@ pipeline (η too small, stragglers holding groups): :mod:`freshroll.control_leve
 At the settled ``n = ceil(D(1+h)/p)`` the surplus is below one worker, so neither
 rule fires: the dead band is one worker plus ``down_margin`` wide.
 
-**Window-bound** (a conflict read within ``down_cooldown_s``: ``ControllerState.
-last_conflict_at``): no scale-down and no hard cut. Where the admission window binds, the
-windows alternate between conflict (the trainer waits on the window's stragglers) and
-trainer-bound (the trainer's busy phase, decisions being shorter than a trainer step); the
-second are not surplus production, and their stale discards are stragglers. Measured on P1
-(virtual clock, 100 steps, seeds 0-2), before this guard the controller removed workers and
-halved concurrency in such windows, down to one batch in flight on seed 1: 47.9 ± 1.1
-accepted/s against 51.7 ± 0.4 on every worker of the pool; with it 51.3 ± 0.3 on 25% fewer
-worker-seconds, and with every tail lever 61.2 ± 0.6 (50.4 ± 3.6 before).
-
 **Concurrency** (AIMD, one decision per pool turnover: ``n × c`` completions
 since the last one)::
 
@@ -57,9 +48,8 @@ since the last one)::
                  recomputing evicted sequences costs throughput on every side)
                  -> c = max(c_min, floor(c × hard_factor)), ceiling = c − 1, latched as
                  the hard cut; it needs no pool turnover (preemption is direct evidence)
-    hard cut   : stale discards in the window, trainer-bound or balanced (producer-bound,
-                 in conflict or window-bound, stale samples are stragglers, not
-                 over-production: no cut)
+    hard cut   : stale discards in the window, trainer-bound or balanced, not window-bound
+                 (else stale samples are stragglers, not over-production: no cut)
                  -> c = max(c_min, floor(c × hard_factor)),
                  ceiling = c − 1, latched (no change at all) until in_flight <= n × c:
                  the stale samples seen after a cut were started before it, so they must
@@ -92,20 +82,13 @@ one trainer batch (below it admission serializes the pipeline), and enough to
 keep every slot fed while stragglers still hold their group. It never widens
 the freshness bound: :func:`admission_budget` is
 :func:`freshroll.freshness.admission_capacity` with ``free_slots = limit − running``.
-The budget is recomputed from the snapshot's counts each time, never kept as a counter
-here; after a resume those counts come from the replayed ledger, so the budget is neither
-reset to ``(η + v + 1) × B`` nor counts re-issued work twice (AReaL issue #1388). The
-controller's own state travels in every decision record (:meth:`Decision.record`,
-:meth:`ControllerState.from_record`), so a resumed run keeps its cooldowns, latch and
-ceiling. A clock that went back (a virtual clock restarted on resume) restarts the
-cooldowns, never blocks them.
+The budget is recomputed from the snapshot's counts each time (after a resume: the replayed
+ledger's), never reset to ``(η + v + 1) × B`` nor counting re-issued work twice (AReaL issue
+#1388). The controller's state travels in every decision record (:meth:`Decision.record`,
+:meth:`ControllerState.from_record`): a resumed run keeps its cooldowns, latch and ceiling;
+a clock that went back restarts the cooldowns, never blocks them.
 
-Recorded for the reader but read by no rule: ``ready_samples`` (a deep buffer is what β
-already measures: producers blocked by the budget), ``lag_max`` (a committed sample never
-exceeds η; what would have is a ``stale`` discard) and ``engine_running``. With no engine
-report (κ None, π = q = 0) every decision is exactly what it was before the engine rules
-existed; the memory cut runs after the latch (a latched cut is not cut again by the
-preemptions of the old load) and before the turnover gate; engine signals never touch n.
+Signals recorded but read by no rule, and the engine rules' order: docs/control.md.
 
 :class:`StaticController` never changes a setting (for comparison); it still
 reports the bottleneck. Long tails: :mod:`freshroll.control_tail`, ``control_levers``.
@@ -119,7 +102,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal, Protocol
 
-from freshroll.control_levers import steer_window
+from freshroll.control_levers import steer_window, window_bound
 from freshroll.errors import ConfigError
 from freshroll.freshness import admission_capacity
 
@@ -374,7 +357,7 @@ def _workers(
         why = f"+{k} workers: the trainer waited on {snap.waited_samples} samples"
         return n + k, replace(st, last_up_at=now), why
     if side == "trainer" and demand is not None and p > 0:
-        if _window_bound(st, cfg, now):
+        if window_bound(st.last_conflict_at, cfg.down_cooldown_s, now):
             return n, st, "window-bound within the down cooldown: workers kept"
         if min(_since(now, st.last_down_at), _since(now, st.last_up_at)) < cfg.down_cooldown_s:
             return n, st, "scale-down cooling down"
@@ -389,13 +372,6 @@ def _workers(
         why = f"-{k} workers: surplus {surplus:.2f} samples/s"
         return n - k, replace(st, last_down_at=now), why
     return n, st, "workers kept"
-
-
-def _window_bound(st: ControllerState, cfg: ControlConfig, now: float) -> bool:
-    """Whether a conflict (the admission window the limit) was read within the down
-    cooldown: a trainer-bound or balanced window then is the trainer's busy phase between
-    two waits on the window's stragglers, not surplus production."""
-    return _since(now, st.last_conflict_at) < cfg.down_cooldown_s
 
 
 def _concurrency(
@@ -416,9 +392,9 @@ def _concurrency(
         return c, st, "concurrency: pool not turned over"
     st = replace(st, turnover_mark=snap.completed)
     stale = snap.discards.get("stale", 0)
-    if stale > 0 and side in ("trainer", "balanced") and _window_bound(st, cfg, snap.now):
-        return c, st, f"concurrency kept: {stale} stale discards, stragglers of a window-bound run"
     if stale > 0 and side in ("trainer", "balanced"):
+        if window_bound(st.last_conflict_at, cfg.down_cooldown_s, snap.now):
+            return c, st, f"concurrency kept: {stale} stale, stragglers (window-bound)"
         cut = max(cfg.min_concurrency, math.floor(c * cfg.hard_factor))
         st = replace(st, probe=None, ceiling=max(cfg.min_concurrency, c - 1),
                      latched=snap.in_flight > s.workers * cut)
@@ -473,10 +449,8 @@ def _rewind(t: float | None, now: float) -> float | None:
 def decide(snap: Snapshot, state: ControllerState, cfg: ControlConfig) -> Decision:
     """The controller's rules (module docstring) applied to one snapshot."""
     now = snap.now  # a clock that went back restarts the cooldowns, never blocks them
-    state = replace(state, last_up_at=_rewind(state.last_up_at, now),
-                    last_down_at=_rewind(state.last_down_at, now),
-                    last_lever_at=_rewind(state.last_lever_at, now),
-                    last_conflict_at=_rewind(state.last_conflict_at, now))
+    state = replace(state, **{t: _rewind(getattr(state, t), now) for t in (
+        "last_up_at", "last_down_at", "last_lever_at", "last_conflict_at")})  # type: ignore[arg-type]
     cur = replace(snap, settings=cfg.clamp(snap.settings))
     side, omega, beta = bottleneck(cur, cfg)
     head = f"{side}-bound" if side in ("producer", "trainer") else side

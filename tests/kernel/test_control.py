@@ -238,7 +238,7 @@ def test_after_a_conflict_a_trainer_bound_window_neither_scales_down_nor_cuts():
     assert d.bottleneck == "trainer"
     assert d.settings.workers == 12 and d.settings.concurrency == 8
     assert "window-bound within the down cooldown" in d.reason
-    assert "stragglers of a window-bound run" in d.reason
+    assert "stragglers (window-bound)" in d.reason
     # past the down cooldown with no conflict since, the trainer-bound rules act again
     later = replace(busy, now=W + config.down_cooldown_s + 1, completed=20_000)
     again = decide(later, d.state, config)
