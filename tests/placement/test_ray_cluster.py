@@ -294,7 +294,9 @@ def reward_run(tmp_path_factory: pytest.TempPathFactory, cluster: ScratchCluster
 
     session = _Session(script)
     cfg = validate({
-        "run": {"progress": False, "steps": 4, "runtime": "ray",
+        # 6 steps: reward calls still follow the kill when the first commit is seen late (a
+        # loaded machine; with 4 the last batch was once scored before it: 1 restart, not 2)
+        "run": {"progress": False, "steps": 6, "runtime": "ray",
                 "ray_address": cluster.address},
         "task": {"n_prompts": 64}, "rollout": {"group_size": 4, "batch_groups": 2,
                                               "worker_batch": 4, "workers": 1},
