@@ -227,7 +227,7 @@ def window_bound(last_conflict_at: float | None, cooldown_s: float, now: float) 
     the window's stragglers) and trainer-bound ones (its busy phase). The second are not
     surplus production, and their stale discards are stragglers. Measured on P1 (virtual
     clock, 100 steps, seeds 0-2), before this guard the controller removed workers and halved
-    concurrency in them, on seed 1 down to one batch in flight: 47.9 ± 1.1 accepted/s against
+    concurrency in them (seed 0: 128 -> 64 -> 32 -> 17): 47.9 ± 1.1 accepted/s against
     51.7 ± 0.4 on every worker of the pool; with it 51.3 ± 0.3 on 25% fewer worker-seconds,
     and with every tail lever 61.1 ± 0.6 (50.4 ± 3.6 before; docs/bench.md)."""
     return _since(now, last_conflict_at) < cooldown_s

@@ -226,8 +226,8 @@ def test_after_a_conflict_a_trainer_bound_window_neither_scales_down_nor_cuts():
     # alternates between conflict windows (the trainer waits on the window's stragglers
     # while workers are blocked) and trainer-bound ones (the trainer's busy phase); the
     # second are not surplus production, and their stale discards are stragglers: before
-    # this guard they removed workers and halved concurrency down to one batch (P1, seed 1:
-    # 33 accepted/s against 52)
+    # this guard they removed workers and halved concurrency (P1 seed 0: workers 12 -> 8 ->
+    # 16 -> 11 -> 16, concurrency 128 -> 64 -> 32 -> 17; 47.9 accepted/s against 51.7)
     config = cfg(max_workers=16)
     conflict = replace(Plant(trainer=200.0).window(W, s(12, 8)), blocked_s=12 * W * 0.5)
     first = decide(conflict, ControllerState(), config)
