@@ -442,7 +442,7 @@ def _engine(snap: Snapshot) -> str:
             f"{snap.engine_running} running in the engines")
 
 
-def _rewind(t: float | None, now: float) -> float | None:
+def _rewind(t: float | None, now: float) -> Any:  # Any: spread into replace() by name
     return None if t is None else min(t, now)
 
 
@@ -450,7 +450,7 @@ def decide(snap: Snapshot, state: ControllerState, cfg: ControlConfig) -> Decisi
     """The controller's rules (module docstring) applied to one snapshot."""
     now = snap.now  # a clock that went back restarts the cooldowns, never blocks them
     state = replace(state, **{t: _rewind(getattr(state, t), now) for t in (
-        "last_up_at", "last_down_at", "last_lever_at", "last_conflict_at")})  # type: ignore[arg-type]
+        "last_up_at", "last_down_at", "last_lever_at", "last_conflict_at")})
     cur = replace(snap, settings=cfg.clamp(snap.settings))
     side, omega, beta = bottleneck(cur, cfg)
     head = f"{side}-bound" if side in ("producer", "trainer") else side
