@@ -4,7 +4,6 @@ the liveness guard, determinism (the same seed gives the same ledger digest)."""
 from __future__ import annotations
 
 import io
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -19,22 +18,7 @@ from freshroll.errors import ConfigError
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
-#: the real Injector (chaos/inject.py) where it exists; else the stand-in of these tests
-try:
-    import freshroll.chaos.inject  # noqa: F401
-
-    INJECTOR = runner.INJECTOR
-except ImportError:
-    INJECTOR = "standin:Injector"
-
-
-@pytest.fixture(autouse=True)
-def _child_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Children import the stand-in too (and this checkout's freshroll)."""
-    src = str(Path(runner.__file__).parents[2])
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([src, str(HERE),
-                                                      os.environ.get("PYTHONPATH", "")]))
-
+from child_support import INJECTOR, child_path  # noqa: E402, F401  (child_path: autouse)
 
 PLAN = parse_plan({"scenarios": [
     {"name": "interrupt", "faults": [{"kind": "interrupt", "at": {"step": 3}}]},

@@ -4,7 +4,6 @@ invariants, the admission bound, ...) holds, and cancelled samples are never tra
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -18,12 +17,7 @@ from freshroll.lineage import request_of
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
-try:
-    import freshroll.chaos.inject  # noqa: F401
-
-    INJECTOR = runner.INJECTOR
-except ImportError:
-    INJECTOR = "standin:Injector"
+from child_support import INJECTOR, child_path  # noqa: E402, F401  (child_path: autouse)
 
 PLAN = parse_plan({
     "workload": {"tail": {"overprovision": 2}},
@@ -31,13 +25,6 @@ PLAN = parse_plan({
         {"name": "interrupt", "faults": [{"kind": "interrupt", "at": {"step": 5}}]},
         {"name": "kill", "faults": [{"kind": "kill_process", "at": {"step": 7}}]},
     ]}, "overprovision plan")
-
-
-@pytest.fixture(autouse=True)
-def _child_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    src = str(Path(runner.__file__).parents[2])
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([src, str(HERE),
-                                                      os.environ.get("PYTHONPATH", "")]))
 
 
 @pytest.mark.parametrize("name", ["interrupt", "kill"])

@@ -5,7 +5,6 @@ admission bound, ...) holds, and every request reaches one outcome."""
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -18,12 +17,7 @@ from freshroll.ledger import LEDGER_FILE, Ledger
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
-try:
-    import freshroll.chaos.inject  # noqa: F401
-
-    INJECTOR = runner.INJECTOR
-except ImportError:
-    INJECTOR = "standin:Injector"
+from child_support import INJECTOR, child_path  # noqa: E402, F401  (child_path: autouse)
 
 PLAN = parse_plan({
     "workload": {"run": {"max_staleness": 1, "staleness_basis": "newest_token"},
@@ -33,13 +27,6 @@ PLAN = parse_plan({
         {"name": "interrupt", "faults": [{"kind": "interrupt", "at": {"step": 5}}]},
         {"name": "kill", "faults": [{"kind": "kill_process", "at": {"step": 7}}]},
     ]}, "refresh plan")
-
-
-@pytest.fixture(autouse=True)
-def _child_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    src = str(Path(runner.__file__).parents[2])
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([src, str(HERE),
-                                                      os.environ.get("PYTHONPATH", "")]))
 
 
 @pytest.mark.parametrize("name", ["interrupt", "kill"])
