@@ -59,10 +59,10 @@ since the last one)::
                  has its knee at a fixed concurrency, independent of response length);
                  se = 1.2533 σ(rates) / (√n × p), the median's relative standard error, so
                  a probe is only judged a failure when the measurement can tell
-    soft trim  : trainer-bound at min_workers (no worker left to remove) ->
-                 c = max(c_min, c − ceil(c × soft_trim), ceil(c × D(1+headroom) / (n × p)))
-                 the last term assumes p ∝ c (the pessimistic case), so a trim never
-                 starves the trainer
+    no trim    : trainer-bound at min_workers, c is kept: the admission limit already sheds
+                 the surplus (a blocked worker costs nothing more), and a smaller batch
+                 costs more per row (embedded default, 3 seeds: a trim 128 -> 112 made the
+                 colocated generator 33% busier and the run 11% slower, docs/control.md)
     increase   : slots full (in_flight >= n × c), c < ceiling, and producer-bound, or
                  balanced / trainer-bound with n' > min_workers and lag below lag_soft × η
                  -> c + 1   (n' the new worker count)
@@ -73,8 +73,8 @@ since the last one)::
 Cost is worker-seconds, and a worker costs the same at any concurrency, so each
 worker should run at the knee: below it, surplus production is shed by removing
 workers, and concurrency keeps probing up while workers can still be consolidated;
-lowering c only pays where no worker can go (min_workers) or freshness demands it
-(the hard cut).
+lowering c only pays where freshness demands it (the hard cut) or memory does (the
+memory cut): at min_workers the admission limit sheds the surplus.
 
 **Admission.** ``admission_limit`` caps the groups in flight (the buffer's
 ``free_slots``): ``max(B, ceil(n × c × (1 + admission_slack) / group_size))``, never below
@@ -142,7 +142,6 @@ class ControlConfig:
     down_cooldown_s: float = 30.0
     horizon_s: float = 120.0
     gain_min: float = 0.25
-    soft_trim: float = 0.125
     hard_factor: float = 0.5
     admission_slack: float = 0.5
     kv_high: float = 0.95  # KV cache usage at which concurrency stops growing
@@ -171,7 +170,6 @@ class ControlConfig:
              f"need 0 <= up_cooldown_s <= down_cooldown_s, got {self.up_cooldown_s}, "
              f"{self.down_cooldown_s}")
         need(0.0 < self.hard_factor < 1.0, f"hard_factor must be in (0, 1), got {self.hard_factor}")
-        need(0.0 < self.soft_trim < 1.0, f"soft_trim must be in (0, 1), got {self.soft_trim}")
         need(0.0 < self.down_gain <= 1.0, f"down_gain must be in (0, 1], got {self.down_gain}")
         need(0.0 < self.kv_high <= 1.0, f"kv_high must be in (0, 1], got {self.kv_high}")
         for name in ("lag_soft", "headroom", "down_margin", "horizon_s", "gain_min",
@@ -408,12 +406,7 @@ def _concurrency(
         if c > c0 and gain + noise < cfg.gain_min * (c / c0 - 1):
             why = f"gain {gain:+.1%} too small"
             return c0, replace(st, ceiling=c0), f"concurrency {c}->{c0}: {why}"
-    demand, eta = _demand(snap), snap.max_staleness
-    if side == "trainer" and workers <= cfg.min_workers and demand is not None and p > 0:
-        keep = math.ceil(min(c * demand * (1 + cfg.headroom) / (workers * p), c))  # p ~ c
-        trim = max(cfg.min_concurrency, keep, c - math.ceil(c * cfg.soft_trim))
-        if trim < c:
-            return trim, st, f"soft trim {c}->{trim}: production ahead, at min_workers"
+    eta = snap.max_staleness
     top = cfg.max_concurrency if st.ceiling is None else min(cfg.max_concurrency, st.ceiling)
     laggy = eta > 0 and snap.lag_mean > cfg.lag_soft * eta
     grow = side == "producer" or (side in ("balanced", "trainer") and workers > cfg.min_workers

@@ -389,21 +389,19 @@ def test_hard_cut_latches_until_drained():
     assert nxt.state.ceiling == 7
 
 
-def test_soft_trim_only_at_min_workers_and_never_below_what_feeds_the_trainer():
+def test_concurrency_is_kept_at_min_workers_with_production_ahead():
+    # trainer-bound at min_workers: no worker to remove, and the admission limit sheds the
+    # surplus; lowering c would only make each call dearer per row (a soft trim 128 -> 112
+    # cost the real embedded default 11%, docs/control.md)
     config = cfg(min_workers=10)
     plant = Plant(trainer=60.0, scale=10.0, t0=16.0, t1=1e-12)  # rate ∝ c: 10/s at c = 16
-    cur, state, cs = s(10, 16), ControllerState(), []
+    cur, state = s(10, 16), ControllerState()
     for i in range(30):
         d = decide(plant.window(W * (i + 1), cur), state, config)
-        assert d.settings.workers == 10
-        if i == 0:
-            assert d.settings.concurrency == 14 and "soft trim" in d.reason  # 16 - ceil(16/8)
+        assert d.settings.workers == 10 and d.settings.concurrency == 16, d.reason
         cur, state = d.settings, d.state
-        cs.append(cur.concurrency)
-    # the floor: 10 workers × 10 c / 16 >= 60 × 1.05  <=>  c >= 10.08
-    assert cs[-1] == 11 and min(cs) == 11 and len(set(cs[-10:])) == 1
-    assert bottleneck(plant.window(400.0, cur), config)[1] < config.idle_high  # still fed
-    # above min_workers the surplus goes by removing workers, concurrency is not trimmed
+    assert bottleneck(plant.window(400.0, cur), config)[0] == "trainer"  # production ahead
+    # above min_workers the surplus goes by removing workers, concurrency is not cut
     d = decide(plant.window(W, s(10, 16)), ControllerState(), cfg(min_workers=1))
     assert d.settings.workers < 10 and d.settings.concurrency >= 16
 
