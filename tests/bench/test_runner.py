@@ -147,3 +147,13 @@ def test_tail_rows_over_seeds_average_and_keep_each_seeds_rebalance() -> None:
     assert "| adaptive | 15.0% ± 7.1% |" in md and "| 3/5, -/4 | 4 |" in md
     [none] = aggregate_tails({0: [row(0.1, None, [], 0)], 1: [row(0.1, None, [], 0)]})
     assert none["length_bias"] is None and "| - | n/a | 0 |" in render_markdown([none])
+
+
+def test_a_real_clock_table_on_a_busy_machine_says_so() -> None:
+    from freshroll.bench.runner import busy_warning
+
+    cfg = _cfg(limits={"reward_timeout_s": 0.27})
+    line = busy_warning(3.1, 2, cfg)
+    assert "load average 3.10 on 2 cores" in line and "reward_timeout_s 0.27 s" in line
+    assert busy_warning(0.4, 2, cfg) == ""
+    assert busy_warning(float("nan"), 2, cfg) == ""  # no load average known: no warning

@@ -182,6 +182,18 @@ def scaled_settings(cfg: Config, scale: float) -> dict[str, Any]:
     return out
 
 
+def busy_warning(load: float, cores: int, cfg: Config) -> str:
+    """A line for a real-clock table started on a busy machine (1-minute load average above
+    half the cores), else "": the scaled timeouts are short, and the orchestrator's event loop
+    is not scaled, so its stalls on a busy machine can read as timed-out calls (three in a
+    row stop a run, ``limits.max_consecutive_timeouts``, and with it the bench)."""
+    if not (load > cores / 2):
+        return ""
+    return (f"  warning: load average {load:.2f} on {cores} cores; the real clock's timeouts are "
+            f"scaled (limits.reward_timeout_s {cfg.limits.reward_timeout_s:.3g} s) and a busy "
+            "machine's stalls can time calls out: measure on a quiet machine\n")
+
+
 @dataclass
 class BenchResult:
     tables: list[dict[str, Any]]
@@ -242,7 +254,8 @@ def bench(cfg: Config, out: Path, *, workload: str, quick: bool = False,
             real_cfg = with_overrides(run_cfg, {"run.steps": steps,
                                                 "sim.time_scale": scale * cfg.sim.time_scale,
                                                 **scaled_settings(run_cfg, scale)})
-            stream.write(f"  real clock: {steps} steps at sim.time_scale {scale:.4g}\n")
+            stream.write(f"  real clock: {steps} steps at sim.time_scale {scale:.4g}\n"
+                         + busy_warning(_load(), os.cpu_count() or 1, real_cfg))
             tables.append(_table(real_cfg, caps0.scaled(scale), workload, clock, out, runner,
                                  seeds)[0])
     finally:
@@ -366,5 +379,5 @@ class _Runner:
             self._pool = None
 
 
-__all__ = ["BenchResult", "RunSpec", "bench", "plan_runs", "quick_overrides", "real_time_scale",
-           "with_overrides"]
+__all__ = ["BenchResult", "RunSpec", "bench", "busy_warning", "plan_runs", "quick_overrides",
+           "real_time_scale", "with_overrides"]
