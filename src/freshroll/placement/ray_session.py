@@ -55,6 +55,11 @@ CONNECT_TIMEOUT_S = 10.0
 #: that sets the variable itself keeps its value; a joined cluster's workers keep theirs.
 NICENESS_ENV = "RAY_worker_niceness"
 
+#: the environment a private instance starts with, where the caller has not set the variable:
+#: its workers at niceness 0 (above), and process titles that keep the reaper's token
+#: (:data:`~freshroll.placement.ray_reaper.NOENV_ENV`)
+_PRIVATE_ENV = {NICENESS_ENV: "0", ray_reaper.NOENV_ENV: "1"}
+
 
 def start_ray(num_cpus: int | None = None, run_dir: Path | None = None,
               address: str | None = None,
@@ -95,9 +100,8 @@ def start_ray(num_cpus: int | None = None, run_dir: Path | None = None,
     if run_dir is not None:
         ray_reaper.write_record(run_dir, token, watchdog.pid)
     os.environ[ray_reaper.TOKEN_ENV] = token  # inherited by every process of the instance
-    nice = NICENESS_ENV not in os.environ  # the caller's own setting stands
-    if nice:
-        os.environ[NICENESS_ENV] = "0"  # read by each worker process as it starts
+    ours = {k: v for k, v in _PRIVATE_ENV.items() if k not in os.environ}  # a caller's stands
+    os.environ.update(ours)  # read by each process of the instance as it starts
     try:
         ray.init(
             address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
@@ -108,8 +112,8 @@ def start_ray(num_cpus: int | None = None, run_dir: Path | None = None,
         raise
     finally:
         os.environ.pop(ray_reaper.TOKEN_ENV, None)
-        if nice:
-            os.environ.pop(NICENESS_ENV, None)
+        for key in ours:
+            os.environ.pop(key, None)
     COSTS["ray_start_s"] = time.perf_counter() - t0
     return COSTS["ray_start_s"]
 
