@@ -1,17 +1,20 @@
 """``run.runtime: ray`` against the default, back to back: the Ray placement's gap, A/B.
 
-Alternates, round after round, fresh-process runs (``async_sweep.py --one``: the sweep's own
-config and shape) of ``async-auto`` (the default placement), ``async-ray`` with Ray's own
-observability defaults (``RAY_task_events_report_interval_ms=1000``,
-``RAY_enable_metrics_collection=1``, ``RAY_event_stats=1``: a caller's own setting stands, so
-these give back Ray's behaviour before the seventh session) and ``async-ray`` as freshroll
-starts its private instance now (:data:`freshroll.placement.ray_session.QUIET_ENV`). Prints
-each run's rollouts/s with the load average before it, the Ray run's per-step cost line
-(its stderr), and the medians per system with their ratio to ``async-auto``.
+Alternates, round after round (the order reversed every other round), fresh-process runs
+(``async_sweep.py --one``: the sweep's own config and shape) of ``async-auto`` (the default
+placement), ``async-ray`` and ``async-ray-driver`` (``ray.trainer: driver``), and, with
+``--ray-env KEY=VALUE ...``, ``async-ray`` with those variables in its environment as a
+further variant ``ray-env`` (the private instance takes a caller's Ray variables as they
+are: how Ray's own settings are tried without a code change). Prints each run's rollouts/s
+with the load average before it and its fixed costs (``summary.json``: seconds outside the
+measured wall, Ray's own start and stop among them; the mean weight transfer per version),
+then the medians per variant with their ratio to ``async-auto``.
 
 Usage::
 
     PYTHONPATH=src .venv/bin/python benchmarks/ray_ab.py --steps 200 --rounds 2
+    PYTHONPATH=src .venv/bin/python benchmarks/ray_ab.py --variants async-ray ray-env \
+        --ray-env RAY_task_events_report_interval_ms=0 RAY_enable_metrics_collection=0
 """
 
 from __future__ import annotations
@@ -30,17 +33,13 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import async_sweep  # noqa: E402
-from freshroll.placement.ray_session import QUIET_ENV  # noqa: E402
 
-#: Ray's own defaults of the variables freshroll sets for its private instance
-RAY_DEFAULTS = {"RAY_task_events_report_interval_ms": "1000",
-                "RAY_enable_metrics_collection": "1", "RAY_event_stats": "1"}
-assert set(RAY_DEFAULTS) == set(QUIET_ENV)
-#: name -> (async_sweep system, extra environment)
+#: name -> (async_sweep system, extra environment); ``ray-env``'s is ``--ray-env``
 VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
     "async-auto": ("async-auto", {}),
-    "ray-defaults": ("async-ray", RAY_DEFAULTS),
-    "ray-quiet": ("async-ray", {}),
+    "async-ray": ("async-ray", {}),
+    "async-ray-driver": ("async-ray-driver", {}),
+    "ray-env": ("async-ray", {}),
 }
 
 
@@ -57,8 +56,7 @@ def run_one(name: str, steps: int, seed: int, model_dir: Path, work: Path,
     job = {"system": system, "steps": steps, "seed": seed, "model_dir": str(model_dir),
            "overrides": overrides, "out": str(out), "threads": "auto",
            "result": str(result)}
-    env = {k: v for k, v in os.environ.items() if k not in RAY_DEFAULTS}
-    env.update(extra)
+    env = {**os.environ, **extra}
     load = loadavg()
     proc = subprocess.run([sys.executable, str(HERE / "async_sweep.py"), "--one",
                            json.dumps(job)], env=env, capture_output=True, text=True,
@@ -89,8 +87,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--length", type=int, default=16)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--variants", nargs="+", default=["async-auto", "async-ray"],
+                    choices=list(VARIANTS))
+    ap.add_argument("--ray-env", nargs="+", default=[], metavar="KEY=VALUE",
+                    help="the ray-env variant's extra environment")
     args = ap.parse_args(argv)
+    for item in args.ray_env:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            ap.error(f"--ray-env {item!r}: expected KEY=VALUE")
+        VARIANTS["ray-env"][1][key] = value
     rates: dict[str, list[float]] = {v: [] for v in args.variants}
     with tempfile.TemporaryDirectory(prefix="ray-ab-") as tmp:
         work = Path(tmp)

@@ -55,23 +55,14 @@ CONNECT_TIMEOUT_S = 10.0
 #: that sets the variable itself keeps its value; a joined cluster's workers keep theirs.
 NICENESS_ENV = "RAY_worker_niceness"
 
-#: Ray's observability a private instance does not start, where the caller has not set the
-#: variable (each is a ``RayConfig`` entry, read by every process of the instance, the
-#: driver's core worker included, as it starts): freshroll reads none of it (no dashboard,
-#: no ``ray list tasks``, no Prometheus), and on the run's own cores it is per-call work of
-#: every actor call and of the raylet. ``task_events_report_interval_ms=0``: no task state
-#: events recorded or sent to the GCS (Ray: "Setting the value to 0 disables the task event
-#: recording and reporting"); ``enable_metrics_collection=0``: no metrics recorded or
-#: exported to the dashboard agent; ``event_stats=0``: no per-handler statistics of the
-#: event loops. Ray's defaults come back by setting the variables (1000, 1, 1).
-QUIET_ENV = {"RAY_task_events_report_interval_ms": "0", "RAY_enable_metrics_collection": "0",
-             "RAY_event_stats": "0"}
-
 #: the environment a private instance starts with, where the caller has not set the variable:
-#: its workers at niceness 0 (above), process titles that keep the reaper's token
-#: (:data:`~freshroll.placement.ray_reaper.NOENV_ENV`), Ray's observability off
-#: (:data:`QUIET_ENV`)
-_PRIVATE_ENV = {NICENESS_ENV: "0", ray_reaper.NOENV_ENV: "1", **QUIET_ENV}
+#: its workers at niceness 0 (above), and process titles that keep the reaper's token
+#: (:data:`~freshroll.placement.ray_reaper.NOENV_ENV`). Ray's observability (task events,
+#: metrics, event-loop statistics: ``RAY_task_events_report_interval_ms=0``,
+#: ``RAY_enable_metrics_collection=0``, ``RAY_event_stats=0``) was switched off here and
+#: measured, then not kept: no difference beyond the noise (docs/benchmarks.md, "Ray
+#: placement, seventh session"); a caller may still set those variables.
+_PRIVATE_ENV = {NICENESS_ENV: "0", ray_reaper.NOENV_ENV: "1"}
 
 
 def start_ray(num_cpus: int | None = None, run_dir: Path | None = None,
@@ -339,6 +330,6 @@ def gated_get(ref: Any, timeout_s: float, who: str, late: str) -> Any:
                 raise WorkerLost(f"{who} died: {exc}"[:500]) from exc
 
 
-__all__ = ["CLOSE_WAIT_S", "CONNECT_TIMEOUT_S", "COSTS", "NICENESS_ENV", "POLL_S", "QUIET_ENV",
-           "gated_get", "joined", "live_actors", "probe_address", "split_address", "start_ray",
+__all__ = ["CLOSE_WAIT_S", "CONNECT_TIMEOUT_S", "COSTS", "NICENESS_ENV", "POLL_S", "gated_get",
+           "joined", "live_actors", "probe_address", "split_address", "start_ray",
            "stop_ray", "track", "untrack"]
