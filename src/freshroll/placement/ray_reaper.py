@@ -10,11 +10,13 @@ other process has it, so a Ray instance that freshroll did not start is never to
 They are found by reading ``/proc/<pid>/environ`` (Linux; processes of the same user), with
 every descendant of such a process (:func:`session_pids`).
 
-A process title must not wipe the token: Ray's agents and workers set their title
-(``ray::DashboardAgent``, ``ray::IDLE``) with a vendored ``setproctitle``, which by default
-writes over the environment's memory too, and so over ``/proc/<pid>/environ``: which
-entries survive depends on their order, which the raylet does not keep. Before, the agents of
-a scratch cluster lost their token that way and outlived it (issue 25, seventh session).
+A process title must not wipe the token: Ray's agents set their title
+(``ray::DashboardAgent``, ``ray::RuntimeEnvAgent``) with a vendored ``setproctitle``, which by
+default writes over the environment's memory too, and so over ``/proc/<pid>/environ``: which
+entries survive depends on their order, which the raylet does not keep (it starts its worker
+processes with ``SPT_NOENV=1`` itself, not its agents). Before, the agents of a scratch
+cluster and of a private instance lost their token that way, and a scratch cluster's
+outlived it (issue 25, seventh session).
 :data:`NOENV_ENV` (``SPT_NOENV=1``, set for the instance's start by ``start_ray`` and by
 :func:`~freshroll.placement.ray_cluster.start_cluster`) keeps a title within the
 argument list's memory; a process whose token was wiped anyway is still found through its
