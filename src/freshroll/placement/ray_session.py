@@ -210,8 +210,9 @@ def stop_ray() -> None:
     session, _session = _session, None
     if session is not None and session.token is not None:
         ray_reaper.reap(session.token)
-        if session.watchdog is not None:
-            ray_reaper.stop_watchdog(session.watchdog)
+        if session.watchdog is not None:  # its own reap only if something is left
+            ray_reaper.stop_watchdog(session.watchdog,
+                                     reaped=not ray_reaper.session_pids(session.token))
         if session.run_dir is not None:
             ray_reaper.remove_record(session.run_dir, session.token)
     if "ray_start_s" in COSTS:
