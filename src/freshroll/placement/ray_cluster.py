@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from freshroll.placement.ray_reaper import _environs, alive
+from freshroll.placement.ray_reaper import NOENV_ENV, alive, environ_pids, with_descendants
 
 CLUSTER_ENV = "FRESHROLL_RAY_CLUSTER"
 
@@ -32,9 +32,10 @@ def free_port() -> int:
 
 
 def cluster_pids(token: str) -> list[int]:
-    """The processes started with ``CLUSTER_ENV=token``."""
-    needle = f"{CLUSTER_ENV}={token}".encode()
-    return [pid for pid, env in _environs() if needle in env]
+    """The processes started with ``CLUSTER_ENV=token``, and their descendants."""
+    me = os.getpid()
+    return [p for p in with_descendants(environ_pids(f"{CLUSTER_ENV}={token}".encode()))
+            if p != me]
 
 
 _DAEMONS = (b"gcs_server", b"raylet")
@@ -90,7 +91,7 @@ def start_cluster(num_cpus: int = 2, timeout_s: float = 120.0,
     client_port = free_port()
     while client_port == port:
         client_port = free_port()
-    env = {**os.environ, CLUSTER_ENV: token}
+    env = {NOENV_ENV: "1", **os.environ, CLUSTER_ENV: token}  # the token survives titles
     if pythonpath is not None:
         env["PYTHONPATH"] = os.pathsep.join(
             [str(pythonpath), *filter(None, [os.environ.get("PYTHONPATH")])])

@@ -55,6 +55,15 @@ CONNECT_TIMEOUT_S = 10.0
 #: that sets the variable itself keeps its value; a joined cluster's workers keep theirs.
 NICENESS_ENV = "RAY_worker_niceness"
 
+#: the environment a private instance starts with, where the caller has not set the variable:
+#: its workers at niceness 0 (above), and process titles that keep the reaper's token
+#: (:data:`~freshroll.placement.ray_reaper.NOENV_ENV`). Ray's observability (task events,
+#: metrics, event-loop statistics: ``RAY_task_events_report_interval_ms=0``,
+#: ``RAY_enable_metrics_collection=0``, ``RAY_event_stats=0``) was switched off here and
+#: measured, then not kept: no difference beyond the noise (docs/benchmarks.md, "Ray
+#: placement, seventh session"); a caller may still set those variables.
+_PRIVATE_ENV = {NICENESS_ENV: "0", ray_reaper.NOENV_ENV: "1"}
+
 
 def start_ray(num_cpus: int | None = None, run_dir: Path | None = None,
               address: str | None = None,
@@ -95,9 +104,8 @@ def start_ray(num_cpus: int | None = None, run_dir: Path | None = None,
     if run_dir is not None:
         ray_reaper.write_record(run_dir, token, watchdog.pid)
     os.environ[ray_reaper.TOKEN_ENV] = token  # inherited by every process of the instance
-    nice = NICENESS_ENV not in os.environ  # the caller's own setting stands
-    if nice:
-        os.environ[NICENESS_ENV] = "0"  # read by each worker process as it starts
+    ours = {k: v for k, v in _PRIVATE_ENV.items() if k not in os.environ}  # a caller's stands
+    os.environ.update(ours)  # read by each process of the instance as it starts
     try:
         ray.init(
             address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
@@ -108,8 +116,8 @@ def start_ray(num_cpus: int | None = None, run_dir: Path | None = None,
         raise
     finally:
         os.environ.pop(ray_reaper.TOKEN_ENV, None)
-        if nice:
-            os.environ.pop(NICENESS_ENV, None)
+        for key in ours:
+            os.environ.pop(key, None)
     COSTS["ray_start_s"] = time.perf_counter() - t0
     return COSTS["ray_start_s"]
 
@@ -202,8 +210,9 @@ def stop_ray() -> None:
     session, _session = _session, None
     if session is not None and session.token is not None:
         ray_reaper.reap(session.token)
-        if session.watchdog is not None:
-            ray_reaper.stop_watchdog(session.watchdog)
+        if session.watchdog is not None:  # its own reap only if something is left
+            ray_reaper.stop_watchdog(session.watchdog,
+                                     reaped=not ray_reaper.session_pids(session.token))
         if session.run_dir is not None:
             ray_reaper.remove_record(session.run_dir, session.token)
     if "ray_start_s" in COSTS:
@@ -323,5 +332,5 @@ def gated_get(ref: Any, timeout_s: float, who: str, late: str) -> Any:
 
 
 __all__ = ["CLOSE_WAIT_S", "CONNECT_TIMEOUT_S", "COSTS", "NICENESS_ENV", "POLL_S", "gated_get",
-           "joined", "live_actors", "probe_address", "split_address", "start_ray", "stop_ray",
-           "track", "untrack"]
+           "joined", "live_actors", "probe_address", "split_address", "start_ray",
+           "stop_ray", "track", "untrack"]
