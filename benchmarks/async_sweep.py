@@ -188,6 +188,11 @@ class Cell:
     floor: dict[int, dict[str, float]] = field(default_factory=dict)
     #: the floor whose rows share their prompts' positions (``floor-shared``), the same way
     floor_shared: dict[int, dict[str, float]] = field(default_factory=dict)
+    #: system -> each seed's collapse step (None: none), for systems where a run collapsed
+    collapsed: dict[str, list[int | None]] = field(default_factory=dict)
+    #: the steps before the first collapse, and each freshroll system's rate over them
+    window_steps: int = 0
+    window_rates: dict[str, float] = field(default_factory=dict)
 
     @property
     def bound(self) -> float:
@@ -239,6 +244,56 @@ class Cell:
     def vs_trl(self, system: str) -> float:
         best = self.best_trl()
         return ratio(self.rates.get(system), best[1] if best else None)
+
+
+#: steps of reward 0 with every group at zero reward std, to the run's end, that make a
+#: collapse (fewer: a dip the run may leave)
+COLLAPSE_MIN_STEPS = 20
+
+
+def collapse_step(rewards: Sequence[float], zero_std: Sequence[float | None],
+                  min_steps: int = COLLAPSE_MIN_STEPS) -> int | None:
+    """The first step (1-based) from which every step to the run's end has reward 0 and no
+    group with reward variance, if that lasts at least ``min_steps`` steps; else None.
+
+    Such a policy has collapsed into an absorbing state: zero advantages give no gradient,
+    so it never leaves, and its completions (here: one token, then the end) make its steps
+    cheaper than a healthy run's. A rate over steps after it is not the same work."""
+    if len(zero_std) != len(rewards):
+        return None
+    k = len(rewards)
+    while k > 0 and rewards[k - 1] == 0 and zero_std[k - 1] == 1:
+        k -= 1
+    return k + 1 if len(rewards) - k >= min_steps else None
+
+
+def window_rate(r: vs_trl.Result, steps: int) -> float:
+    """Accepted rollouts/s of ``r`` between the end of its first step and the end of step
+    ``steps`` (NaN where its per-step times do not reach it)."""
+    if steps < 2 or len(r.times) < steps or not r.steps:
+        return math.nan
+    span = r.times[steps - 1] - r.times[0]
+    return (steps - 1) * (r.rollouts / r.steps) / span if span > 0 else math.nan
+
+
+def healthy_window(cell: Cell, per_system: Mapping[str, Sequence[vs_trl.Result]]) -> None:
+    """Where a freshroll run of the cell collapsed (:func:`collapse_step`), every freshroll
+    system's rate over the steps before the first collapse (the same work for all):
+    ``cell.collapsed`` and ``cell.window_steps`` / ``cell.window_rates``."""
+    for system, rs in per_system.items():
+        if SYSTEMS[system] is None:
+            continue
+        steps = [collapse_step(r.rewards, r.extra.get("zero_std") or []) for r in rs]
+        if any(x is not None for x in steps):
+            cell.collapsed[system] = steps
+    if not cell.collapsed:
+        return
+    n = min(x for xs in cell.collapsed.values() for x in xs if x is not None) - 1
+    if n < COLLAPSE_MIN_STEPS:
+        return
+    cell.window_steps = n
+    cell.window_rates = {s: statistics.fmean(window_rate(r, n) for r in rs)
+                         for s, rs in per_system.items() if SYSTEMS[s] is not None}
 
 
 def goal_checks(cell: Cell, default: str) -> dict[str, str]:
@@ -337,7 +392,23 @@ def render_details(cells: Sequence[Cell], systems: Sequence[str]) -> str:
                          f"ran {','.join(c.placements.get(s, [])) or '-'}  "
                          f"outside wall {_f(cost.get('outside_wall_s'), '.1f')} s  "
                          f"transfer {_f(cost.get('transfer_s'), '.4f')} s/version")
+        lines.extend(collapse_lines(c))
     return "\n".join(lines)
+
+
+def collapse_lines(c: Cell) -> list[str]:
+    """The cell's collapsed runs and the rates over the steps before the first collapse."""
+    lines = [f"    COLLAPSED: {s} at step(s) {', '.join(str(x) for x in xs if x is not None)} "
+             "(reward 0 and no group with reward variance to the end: no learning signal, "
+             "cheaper steps; its whole-run rate is not the others' work)"
+             for s, xs in c.collapsed.items()]
+    if c.window_steps:
+        base = c.window_rates.get(DEFAULT)
+        lines.append(f"    over steps 1-{c.window_steps} (before the first collapse, the same "
+                     "work for every run): " + ", ".join(
+                         f"{s} {_f(v, '.1f')}/s ({_f(ratio(v, base), '.2f')}x {DEFAULT})"
+                         for s, v in c.window_rates.items()))
+    return lines
 
 
 # == measurements ========================================================================
@@ -726,6 +797,9 @@ def _measure_cell(args: argparse.Namespace, size: str, params: int, length: int,
                 "outside_wall_s": statistics.fmean(r.outer_s - r.wall_s for r in rs),
                 "transfer_s": statistics.fmean(transfers) if transfers else math.nan}
             cell.placements[system] = [settled_as(r) for r in rs]
+    healthy_window(cell, per_system)
+    for line in collapse_lines(cell):
+        print(line, flush=True)
     cell.sync_step_s = min(statistics.fmean(r.wall_s / r.steps for r in per_system[s] if r.steps)
                            for s in SYNCS if s in per_system)
     medians = [statistics.fmean(float(r.extra.get("step_period_median", math.nan))

@@ -323,6 +323,9 @@ def run_freshroll(cfg, out_dir: Path, name: str | None = None) -> Result:
         "weight_transfer_s_mean": s.get("weight_transfer_s_mean"),
         "overlap": s.get("overlap"),
         "host": s.get("host"),
+        # each step's share of groups without reward variance (no learning signal): the
+        # sweep's collapse check reads it (async_sweep.collapse_step)
+        "zero_std": [r.get("frac_reward_zero_std") for r in sorted(rows, key=lambda r: r["step"])],
     }
     if name is None:
         name = next(n for n, sys_ in FRESHROLL_SYSTEMS.items()

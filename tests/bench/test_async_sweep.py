@@ -117,6 +117,37 @@ def test_speedup_is_over_the_fastest_sync_run():
     assert _cell(**{"async-auto": 1.0}).best_sync() is None
 
 
+def _result(system: str, rewards: list[float], zero: list[float], step_s: list[float]):
+    vs_trl = load_script("vs_trl")
+    times = [sum(step_s[: i + 1]) for i in range(len(step_s))]
+    return vs_trl.Result(system, 0, 1, len(rewards), times[-1], 128 * len(rewards),
+                         128 * len(rewards) / times[-1], 0.0, 0.0, 0.0, times[-1], 0.0,
+                         rewards, {"zero_std": zero}, times)
+
+
+def test_a_collapsed_run_is_compared_only_over_the_steps_before_it():
+    # the default collapses at step 31 (reward 0, every group zero-std, to the end) and its
+    # steps get 4x cheaper; Ray does not collapse
+    healthy, dead = [0.3] * 30, [0.0] * 30
+    auto = _result("async-auto", healthy + dead, [0.5] * 30 + [1.0] * 30,
+                   [0.10] * 30 + [0.025] * 30)
+    ray = _result("async-ray", healthy * 2, [0.5] * 60, [0.11] * 60)
+    assert sweep.collapse_step(auto.rewards, auto.extra["zero_std"]) == 31
+    assert sweep.collapse_step(ray.rewards, ray.extra["zero_std"]) is None
+    # a dip shorter than COLLAPSE_MIN_STEPS at the end is not a collapse
+    assert sweep.collapse_step([0.3] * 50 + [0.0] * 5, [0.5] * 50 + [1.0] * 5) is None
+    assert sweep.collapse_step([0.0] * 30, [0.5] * 30) is None  # zero reward, still a signal
+    cell = _cell()
+    sweep.healthy_window(cell, {"async-auto": [auto], "async-ray": [ray]})
+    assert cell.collapsed == {"async-auto": [31]} and cell.window_steps == 30
+    # whole runs: the collapsed default looks 1.76x Ray; over steps 1-30 it is 1.1x
+    assert auto.rollouts_per_s / ray.rollouts_per_s == pytest.approx(1.76, abs=0.01)
+    assert cell.window_rates["async-auto"] / cell.window_rates["async-ray"] == \
+        pytest.approx(1.1)
+    text = "\n".join(sweep.collapse_lines(cell))
+    assert "COLLAPSED: async-auto at step(s) 31" in text and "over steps 1-30" in text
+
+
 def test_table_has_a_row_per_shape_and_load():
     cells = [_cell(sync=100.0, **{"async-inline": 150.0, "trl-1t": 90.0}),
              _cell("contended", sync=60.0, **{"async-inline": 55.0, "trl-1t": 50.0})]
