@@ -326,6 +326,9 @@ def run_freshroll(cfg, out_dir: Path, name: str | None = None) -> Result:
         # each step's share of groups without reward variance (no learning signal): the
         # sweep's collapse check reads it (async_sweep.collapse_step)
         "zero_std": [r.get("frac_reward_zero_std") for r in sorted(rows, key=lambda r: r["step"])],
+        # each step's completion tokens: a policy that learns shorter answers makes cheaper
+        # steps, so rates of runs whose lengths differ are not the same work
+        "tokens": [r.get("tokens") for r in sorted(rows, key=lambda r: r["step"])],
     }
     if name is None:
         name = next(n for n, sys_ in FRESHROLL_SYSTEMS.items()
