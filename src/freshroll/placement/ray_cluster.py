@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from freshroll.placement.ray_reaper import NOENV_ENV, alive, environ_pids, with_descendants
+from freshroll.placement.ray_reaper import NOENV_ENV, alive, token_pids
 
 CLUSTER_ENV = "FRESHROLL_RAY_CLUSTER"
 
@@ -33,9 +33,7 @@ def free_port() -> int:
 
 def cluster_pids(token: str) -> list[int]:
     """The processes started with ``CLUSTER_ENV=token``, and their descendants."""
-    me = os.getpid()
-    return [p for p in with_descendants(environ_pids(f"{CLUSTER_ENV}={token}".encode()))
-            if p != me]
+    return token_pids(f"{CLUSTER_ENV}={token}")
 
 
 _DAEMONS = (b"gcs_server", b"raylet")

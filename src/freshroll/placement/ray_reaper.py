@@ -107,17 +107,17 @@ def with_descendants(roots: list[int]) -> list[int]:
     return list(found)
 
 
-def environ_pids(needle: bytes) -> list[int]:
-    """Processes whose ``/proc/<pid>/environ`` holds the entry ``needle``, except this one."""
-    return [pid for pid, env in _environs() if needle in env]
+def token_pids(entry: str) -> list[int]:
+    """Processes whose ``/proc/<pid>/environ`` holds ``entry`` (``KEY=token``) and their
+    descendants (a process whose title wiped its token), except this one."""
+    needle, me = entry.encode(), os.getpid()
+    roots = [pid for pid, env in _environs() if needle in env]
+    return [p for p in with_descendants(roots) if p != me]
 
 
 def session_pids(token: str) -> list[int]:
-    """Processes whose environment carries ``token`` and their descendants (a process whose
-    title wiped its token), except this one."""
-    me = os.getpid()
-    return [p for p in with_descendants(environ_pids(f"{TOKEN_ENV}={token}".encode()))
-            if p != me]
+    """The processes of the private instance that carries ``token`` (:func:`token_pids`)."""
+    return token_pids(f"{TOKEN_ENV}={token}")
 
 
 def live_tokens() -> set[str]:
