@@ -288,8 +288,10 @@ def test_ray_actors_set_each_calls_threads_as_the_driver_asks(monkeypatch: pytes
                 return self
 
             def remote(self, *args: Any) -> tuple[_Ref, _Ref]:
-                meta, weights = self.fn(*args)
-                return _Ref(meta), _Ref(weights)
+                (metrics, digest, _), weights = self.fn(*args)
+                # the actor's seconds fixed: a stub step's microseconds on a loaded machine
+                # could settle the trials early (stage_threads.DECISIVE), as it did once in CI
+                return _Ref((metrics, digest, 0.01)), _Ref(weights)
 
         proxy = ray_trainer.RayTrainer.__new__(ray_trainer.RayTrainer)
         proxy._ready, proxy._actor = None, type("A", (), {"step": _Remote(tr.step)})()
@@ -303,7 +305,7 @@ def test_ray_actors_set_each_calls_threads_as_the_driver_asks(monkeypatch: pytes
         mode.set_mode("sync")
         got = [proxy._step(rows)[0]["threads"] for _ in range(4)]  # trials: 1, 2, 1, 2
         assert got == [1.0, 2.0, 1.0, 2.0] and mode.sync.calls == 4
-        assert all(len(v) == 2 for v in mode.sync.timed.values())  # the actor's seconds
+        assert all(v == [0.01 / 4] * 2 for v in mode.sync.timed.values())  # the actor's seconds
     finally:
         torch.set_num_threads(before)
 
