@@ -193,6 +193,9 @@ class Cell:
     #: the steps before the first collapse, and each freshroll system's rate over them
     window_steps: int = 0
     window_rates: dict[str, float] = field(default_factory=dict)
+    #: system -> mean completion tokens per second of wall (:func:`token_rate`): the work
+    #: done whatever lengths the policies learned
+    token_rates: dict[str, float] = field(default_factory=dict)
 
     @property
     def bound(self) -> float:
@@ -274,6 +277,19 @@ def window_rate(r: vs_trl.Result, steps: int) -> float:
         return math.nan
     span = r.times[steps - 1] - r.times[0]
     return (steps - 1) * (r.rollouts / r.steps) / span if span > 0 else math.nan
+
+
+def token_rate(r: vs_trl.Result) -> float:
+    """Completion tokens per second of ``r``'s measured wall (NaN without per-step tokens).
+
+    Two runs of one config learn apart, and a completion's length (an early end, or
+    ``max_new_tokens``) follows what its policy learned: rollouts/s of runs whose lengths
+    differ are not the same work. Tokens/s is nearer to it (generation and the completion
+    part of training scale with the tokens; a prompt's part does not)."""
+    tokens = r.extra.get("tokens") or []
+    if not tokens or any(not isinstance(t, int | float) for t in tokens) or r.wall_s <= 0:
+        return math.nan
+    return float(sum(tokens)) / r.wall_s
 
 
 def healthy_window(cell: Cell, per_system: Mapping[str, Sequence[vs_trl.Result]]) -> None:
@@ -392,8 +408,18 @@ def render_details(cells: Sequence[Cell], systems: Sequence[str]) -> str:
                          f"ran {','.join(c.placements.get(s, [])) or '-'}  "
                          f"outside wall {_f(cost.get('outside_wall_s'), '.1f')} s  "
                          f"transfer {_f(cost.get('transfer_s'), '.4f')} s/version")
-        lines.extend(collapse_lines(c))
+        lines.extend(collapse_lines(c) + token_lines(c))
     return "\n".join(lines)
+
+
+def token_lines(c: Cell) -> list[str]:
+    """Each freshroll system's completion tokens/s and its ratio to the default's."""
+    if not any(math.isfinite(v) for v in c.token_rates.values()):
+        return []
+    base = c.token_rates.get(DEFAULT)
+    return ["    completion tokens/s (the work done, whatever lengths the policies learned): "
+            + ", ".join(f"{s} {_f(v, '.0f')} ({_f(ratio(v, base), '.2f')}x {DEFAULT})"
+                        for s, v in c.token_rates.items())]
 
 
 def collapse_lines(c: Cell) -> list[str]:
@@ -798,7 +824,9 @@ def _measure_cell(args: argparse.Namespace, size: str, params: int, length: int,
                 "transfer_s": statistics.fmean(transfers) if transfers else math.nan}
             cell.placements[system] = [settled_as(r) for r in rs]
     healthy_window(cell, per_system)
-    for line in collapse_lines(cell):
+    cell.token_rates = {s: statistics.fmean(token_rate(r) for r in rs)
+                        for s, rs in per_system.items() if SYSTEMS[s] is not None}
+    for line in collapse_lines(cell) + token_lines(cell):
         print(line, flush=True)
     cell.sync_step_s = min(statistics.fmean(r.wall_s / r.steps for r in per_system[s] if r.steps)
                            for s in SYNCS if s in per_system)

@@ -7,11 +7,10 @@ docs/metrics.md defines each figure once; a test holds it and :data:`FIGURES` to
 
 The ledger is folded once by a :class:`Tally` (``feed(event)``, one event at a time; the
 state it keeps and how each event changes it: :mod:`freshroll.tally`), and each figure is a
-function of a tally. Folding is incremental, so a live run (which feeds
-the events it reads back from its ledger after each commit) and any later reader of the
-same ledger compute the same numbers, bit for bit.
+function of a tally. Folding is incremental, so a live run (which feeds the events it reads
+back from its ledger after each commit) and any later reader compute the same numbers.
 
-Two rules used by several figures, stated once:
+Rules used by several figures, stated once:
 
 - **trainer wall time**: each incarnation (``opened``) contributes the span from its
   trainer's first wait for data (its first ``leased.ts - leased.wait_s``) to its last
@@ -21,7 +20,6 @@ Two rules used by several figures, stated once:
   :data:`UNCOUNTED_DISCARD_REASONS` (``fenced``: the request is re-issued, so it is not an
   outcome; ``shutdown``: the run ended first, which says nothing about the samples). Every
   other reason counts, including ones added later.
-
 - **controller figures**: the steering task records a ``controller_decided`` event every
   ``control.interval_s`` (static control too); the buffer depth, the requests in flight and
   the live settings (workers, per-worker concurrency, admission limit) are those of the
@@ -263,6 +261,12 @@ def frac_reward_zero_std(t: Tally) -> float | None:
 
 
 @figure
+def no_signal_steps(t: Tally) -> dict[str, int]:
+    (longest, first), now = t.no_signal_longest, t.no_signal_streak
+    return {"longest": longest, "from_step": first, "now": now}
+
+
+@figure
 def weight_transfer_s_mean(t: Tally) -> float:
     return sum(t.transfers) / len(t.transfers) if t.transfers else 0.0
 
@@ -444,14 +448,15 @@ def histogram_columns(t: Tally) -> dict[str, int]:
 
 
 def reward_columns(t: Tally) -> dict[str, Any]:
-    """A row's per-reward columns, named as TRL logs them: ``rewards/<name>/mean``,
-    ``rewards/<name>/std``, ``frac_reward_zero_std``, and ``logged/<name>`` for each
-    ``log_metric`` name (none for a batch no reward set scored, e.g. the simulator's)."""
+    """A row's per-reward columns, named as TRL logs them: ``rewards/<name>/mean|std``,
+    ``frac_reward_zero_std`` (with ours, ``no_signal_steps``: its stretch ``now``), and
+    ``logged/<name>`` per ``log_metric`` name (none where no reward set scored: the sim)."""
     out: dict[str, Any] = {}
     for name, fig in step_reward_fns(t).items():
         out[f"rewards/{name}/mean"], out[f"rewards/{name}/std"] = fig["mean"], fig["std"]
     if t.step_zero_std is not None:
         out["frac_reward_zero_std"] = step_frac_reward_zero_std(t)
+        out["no_signal_steps"] = no_signal_steps(t)["now"]
     out.update({f"logged/{name}": v for name, v in step_logged(t).items()})
     return out
 
@@ -479,7 +484,7 @@ def summary_figures(t: Tally) -> dict[str, Any]:
         "worker_loss_first": worker_loss_first(t), "reissued_attempts": reissued_attempts(t),
         "refreshed": {"attempts": refreshed_attempts(t), "share": refreshed_share(t),
                       "token_share": refreshed_token_share(t)},
-        "frac_reward_zero_std": frac_reward_zero_std(t),
+        "frac_reward_zero_std": frac_reward_zero_std(t), "no_signal_steps": no_signal_steps(t),
         "reward_first": reward_first(t), "reward_last": reward_last(t),
     }
 

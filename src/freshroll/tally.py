@@ -72,6 +72,10 @@ class TallyState:
     step_zero_std: float | None = None
     groups: int = 0  # committed groups (a group split over two steps counts in each)
     groups_zero_std: int = 0  # ... of which the committed members' rewards had zero std
+    #: consecutive commits, up to the last, whose every group had zero std (no learning
+    #: signal), and the longest such stretch of the run: (its length, its first step)
+    no_signal_streak: int = 0
+    no_signal_longest: tuple[int, int] = (0, 0)
     tokens: TokenLags = field(default_factory=TokenLags)  # oldest/newest/weighted token lags
     step_tokens: dict[str, float] | None = None  # ... the last commit's batch means
     #: attempt -> (total reward, components, logged), until committed or discarded
@@ -178,6 +182,11 @@ class TallyState:
             self._start = e.ts
         self._rewards_of(e.samples)
         self.steps += 1
+        if self.step_zero_std is not None:
+            self.no_signal_streak = self.no_signal_streak + 1 if self.step_zero_std >= 1 else 0
+            if self.no_signal_streak > self.no_signal_longest[0]:
+                self.no_signal_longest = (self.no_signal_streak,
+                                          self.steps - self.no_signal_streak + 1)
         self.accepted += len(e.samples)
         sent = e.metrics.get("weights_bytes")
         if sent is not None and math.isfinite(sent):

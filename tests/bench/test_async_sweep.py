@@ -148,6 +148,23 @@ def test_a_collapsed_run_is_compared_only_over_the_steps_before_it():
     assert "COLLAPSED: async-auto at step(s) 31" in text and "over steps 1-30" in text
 
 
+def test_tokens_per_second_is_the_work_done_whatever_the_lengths():
+    # the default's policy learned 1-token answers: more rollouts/s, fewer tokens/s
+    auto = _result("async-auto", [0.3] * 10, [0.5] * 10, [0.05] * 10)
+    ray = _result("async-ray", [0.3] * 10, [0.5] * 10, [0.10] * 10)
+    auto.extra["tokens"], ray.extra["tokens"] = [128] * 10, [512] * 10
+    assert sweep.token_rate(auto) == pytest.approx(128 / 0.05)
+    assert sweep.token_rate(ray) == pytest.approx(512 / 0.10)
+    assert ray.rollouts_per_s / auto.rollouts_per_s == pytest.approx(0.5)
+    cell = _cell()
+    cell.token_rates = {"async-auto": sweep.token_rate(auto), "async-ray": sweep.token_rate(ray)}
+    (line,) = sweep.token_lines(cell)
+    assert "async-ray 5120 (2.00x async-auto)" in line
+    no_tokens = _result("sync", [0.3] * 3, [0.5] * 3, [0.1] * 3)
+    assert math.isnan(sweep.token_rate(no_tokens))  # an older result: no per-step tokens
+    assert sweep.token_lines(_cell()) == []
+
+
 def test_table_has_a_row_per_shape_and_load():
     cells = [_cell(sync=100.0, **{"async-inline": 150.0, "trl-1t": 90.0}),
              _cell("contended", sync=60.0, **{"async-inline": 55.0, "trl-1t": 50.0})]

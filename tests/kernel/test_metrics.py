@@ -424,6 +424,37 @@ def test_per_reward_figures_of_a_step_and_of_the_run() -> None:
     assert "c.0#1" not in t._scored
 
 
+def test_a_stretch_of_steps_without_learning_signal_is_counted() -> None:
+    # a step is without signal when every one of its groups scored its members alike
+    t, k = m.Tally(), 0
+
+    def step(*groups: tuple[float, float]) -> dict[str, object]:
+        nonlocal k
+        k += 1
+        names = []
+        for g, (x, y) in enumerate(groups):
+            for i, v in enumerate((x, y)):
+                names.append(f"s{k}g{g}.{i}#1")
+                t.feed(ev.Rewarded(ts=1.0, sample=names[-1], reward=v, reward_version="r",
+                                   components={"f": v}, logged={}))
+        r = t.feed(ev.Committed(ts=2.0 + k, lease=f"l{k}", version=f"p{k}-aa",
+                                parent=f"p{k - 1}-aa", settings_digest="s", samples=names))
+        assert r is not None
+        return r
+
+    assert step((0.0, 1.0), (0.0, 0.0))["no_signal_steps"] == 0  # one group taught something
+    assert [step((0.0, 0.0), (1.0, 1.0))["no_signal_steps"] for _ in range(3)] == [1, 2, 3]
+    assert m.no_signal_steps(t) == {"longest": 3, "from_step": 2, "now": 3}
+    assert step((0.0, 1.0))["no_signal_steps"] == 0  # the signal back: the stretch ends
+    step((0.0, 0.0))
+    assert m.no_signal_steps(t) == {"longest": 3, "from_step": 2, "now": 1}
+    r = t.feed(ev.Committed(ts=99.0, lease="lx", version="px-aa", parent="p6-aa",
+                            settings_digest="s", samples=[]))
+    assert r is not None and "no_signal_steps" not in r  # no scored group: no news
+    assert m.no_signal_steps(t)["now"] == 1
+    assert m.summary_figures(t)["no_signal_steps"] == m.no_signal_steps(t)
+
+
 def test_sample_std_is_torch_std() -> None:
     torch = pytest.importorskip("torch")
     xs = [0.3, 1.7, -2.0, 0.3]

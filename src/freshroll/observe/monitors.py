@@ -1,4 +1,5 @@
-"""The watchers ``monitor.*`` asks for: Prometheus, TensorBoard, W&B (each off by default).
+"""The watchers ``monitor.*`` asks for: Prometheus, TensorBoard, W&B (each off by default),
+and the no-learning-signal warning (always on: :mod:`freshroll.observe.no_signal`).
 
 :func:`check_monitors` is every check of the section before a run writes anything (``config
 check`` and a run's input checks): a taken Prometheus port, an option whose package is not
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import TextIO
 
 from freshroll.config import Config, MonitorSection
+from freshroll.observe.no_signal import NoSignal
 from freshroll.observe.prometheus import PrometheusExporter, check_port
 from freshroll.observe.tensorboard import TENSORBOARD_DIR, TensorBoardWriter, check_tensorboard
 from freshroll.observe.wandb_log import WandbLogger, check_wandb
@@ -31,8 +33,10 @@ def check_monitors(mon: MonitorSection) -> None:
 
 def build_monitors(cfg: Config, out: Path, stream: TextIO) -> list[RunObserver]:
     """The started observers of ``cfg.monitor`` for the run in ``out``, in the order
-    Prometheus, TensorBoard, W&B; where each one is said on ``stream`` (with progress on)."""
-    mon, found = cfg.monitor, list[RunObserver]()
+    no-signal warning, Prometheus, TensorBoard, W&B; where each of the last three is said on
+    ``stream`` (with progress on)."""
+    mon = cfg.monitor
+    found: list[RunObserver] = [NoSignal(mon.no_signal_steps, stream)]
     said = stream if cfg.run.progress else None
     try:
         if mon.prometheus_port is not None:
