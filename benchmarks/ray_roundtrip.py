@@ -45,6 +45,15 @@ def main(argv: list[str] | None = None) -> int:
             def both(self, samples: Any) -> tuple[tuple[dict[str, float], str, float], Any]:
                 return ({"loss": 0.0}, "digest", 0.0), pack_state(self.state)
 
+            def both_flat(self, samples: Any) -> tuple[tuple[dict[str, float], str, float],
+                                                       Any]:
+                # one buffer: every tensor's bytes copied into one array, then one write
+                flat = torch.cat([t.reshape(-1) for t in self.state.values()])
+                return ({"loss": 0.0}, "digest", 0.0), flat.view(torch.uint8).numpy()
+
+            def weights(self) -> Any:
+                return pack_state(self.state)
+
         actor: Any = ray.remote(num_cpus=1)(Stepper).remote(args.params)
         ray.get(actor.meta.remote(None))
         samples = [{"tokens": list(range(32)), "advantage": 0.1} for _ in range(128)]
@@ -61,12 +70,23 @@ def main(argv: list[str] | None = None) -> int:
             meta, _weights = actor.both.options(num_returns=2).remote(samples)
             ray.get(meta)
 
+        def flat_weights() -> None:
+            meta, _weights = actor.both_flat.options(num_returns=2).remote(samples)
+            ray.get(meta)
+
+        def split() -> None:  # the step's result, then the weights by a call of their own
+            meta = actor.meta.remote(samples)
+            actor.weights.remote()
+            ray.get(meta)
+
         bare = median_ms(lambda: ray.get(actor.meta.remote(None)))
         batch = median_ms(lambda: ray.get(actor.meta.remote(samples)))
         print(f"call, small result          {bare:6.2f} ms")
         print(f"call, batch-like argument   {batch:6.2f} ms")
         print(f"... + the weights returned  {median_ms(with_weights):6.2f} ms "
               f"({args.params:,} parameters)")
+        print(f"... as one flat buffer       {median_ms(flat_weights):6.2f} ms")
+        print(f"... by a call of their own   {median_ms(split):6.2f} ms (the result's wait)")
         print(f"load average {Path('/proc/loadavg').read_text().split()[:3]}")
     finally:
         ray_session.stop_ray()
