@@ -104,6 +104,21 @@ def test_a_start_in_sync_for_a_reason_holds_then_measures_both_modes(
     assert capsys.readouterr().err.startswith("sync fallback (step ")
 
 
+def test_a_start_that_is_an_estimate_is_probed_right_after_the_warm_up():
+    # Ray's actors started in sync on the thread probe's reading: checked at once, not held
+    probe = _probe(every_s=1e9, hold_factor=0.0)
+    start = probe.reuse(EarlierChoice("sync", None, None, 0.0, "the thread probe: threads pay",
+                                      hold=False))
+    assert start.mode == "sync" and start.start and "until the first probe" in start.reason
+    switches = _drive(probe, {"async": 0.05, "sync": 0.10}, 40)  # held: none in 1e9 s
+    chose = [s for s in switches if s.phase == "chose"]
+    assert switches and switches[0].phase == "probe" and switches[0].mode == "async"
+    assert chose and chose[0].mode == "async" and chose[0].sync_per_s is not None
+    held = _probe(every_s=1e9, hold_factor=0.0)
+    held.reuse(EarlierChoice("sync", None, None, 0.0, "the thread probe: threads pay"))
+    assert _drive(held, {"async": 0.05, "sync": 0.10}, 40) == []
+
+
 def test_a_tie_goes_to_sync_and_a_margin_is_needed_for_async():
     assert _drive(_probe(every_s=1e9), {"async": 0.1, "sync": 0.1}, 40)[-1].mode == "sync"
     within = _drive(_probe(every_s=1e9, margin=0.05), {"async": 0.097, "sync": 0.1}, 40)

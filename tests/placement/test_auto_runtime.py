@@ -198,6 +198,13 @@ def test_a_private_ray_run_follows_the_mode_and_starts_sync_where_threads_pay():
         assert bool(p.start_sync) == pays, probe
     started = placement.plan(ray, _probe(1.6), cores=2)
     assert "actors take turns on all of them" in started.start_sync
+    from freshroll.runtime.run import start_choice
+
+    choice = start_choice(started)  # the probe's reading, checked on the actors' own steps
+    assert choice is not None and choice.mode == "sync" and choice.hold is False
+    inline = placement.plan(_cfg(max_staleness=1), _probe(1.6), cores=2)
+    held = start_choice(inline)  # ... held where the probe measured the run's own compute
+    assert inline.runtime == "inline" and held is not None and held.hold is True
     # settled on all the cores by the probe, as the inline placement's sync windows are
     for f in started.follow:
         f.set_mode("sync")

@@ -33,6 +33,11 @@ least ``hold_factor`` (20) probes long: under 3% of a run when the modes differ 
 however long a step is. A run that ends during a probe ends in the mode it was measuring;
 one shorter than ``warmup_steps`` plus a window never leaves the async mode.
 
+**A start that is an estimate** (:class:`EarlierChoice` with ``hold`` False: the thread
+probe's reading for Ray's actors, measured in this process and not through their round
+trips): the run starts in that mode and probes right after the warm-up, as an async start
+does.
+
 **An earlier run's choice** (:class:`EarlierChoice`, from
 :mod:`freshroll.placement.probe_cache`: the same work at a like load, its last choice kept at
 its end): the run starts in that mode, recorded as a choice at step 0 whose reason says so,
@@ -110,6 +115,9 @@ class EarlierChoice:
     #: the reason recorded, where the start is not an earlier run's measured choice (the
     #: thread probe's: threads pay, so the stages take turns on all the cores)
     why: str = ""
+    #: held as a choice until ``every_s`` has passed (True), or an estimate the run checks
+    #: on its own steps at once: its first probe right after the warm-up (False)
+    hold: bool = True
 
 
 def _other(mode: Mode) -> Mode:
@@ -138,6 +146,11 @@ class FallbackProbe:
         last committed, 0 for a new run)."""
         if self._mark is not None:
             raise ValueError("an earlier run's choice is taken before the first commit")
+        if not earlier.hold:  # an estimate: the usual warm-up, then the first probe
+            self.mode, self._rates = earlier.mode, {}
+            return self._switch(step, "chose", f"{earlier.why}; {earlier.mode} until the "
+                                f"first probe, after {self.config.warmup_steps} steps",
+                                start=True)
         self.mode, self.phase, self._hold_from_start = earlier.mode, "hold", True
         ra, rs = earlier.async_per_s, earlier.sync_per_s
         self._rates = {}
