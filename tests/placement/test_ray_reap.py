@@ -53,3 +53,29 @@ def test_a_process_started_while_the_reaper_runs_is_reaped_too():
         for p in (first, *late):
             p.kill()
             p.wait()
+
+
+def test_descendants_are_live_children_only_and_no_roots_scan_nothing(monkeypatch):
+    from freshroll.placement import ray_reaper
+
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    done = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        deadline = time.monotonic() + 10
+        while alive(done.pid) and time.monotonic() < deadline:  # exits, unwaited: a zombie
+            time.sleep(0.02)
+        assert not alive(done.pid) and os.path.exists(f"/proc/{done.pid}")
+        found = ray_reaper.with_descendants([os.getpid()])
+        assert sleeper.pid in found and done.pid not in found
+        assert ray_reaper.start_time(sleeper.pid) == ray_reaper.start_time(sleeper.pid) > 0
+        assert ray_reaper.start_time(done.pid + 10**7) is None  # no such process
+
+        def no_scan() -> dict[int, int]:
+            raise AssertionError("/proc scanned for descendants of no root")
+
+        monkeypatch.setattr(ray_reaper, "parents", no_scan)
+        assert ray_reaper.with_descendants([]) == []
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        done.wait()

@@ -116,6 +116,12 @@ class Placement:
     #: probe measured that intra-op threads pay, so the stages take turns on all the cores
     #: until the fallback's first probe measures async against that (issue 25, item 5)
     start_sync: str = ""
+    #: the start is held as a choice until the fallback's ``every_s`` (the probe timed this
+    #: placement's own compute: inline), or checked at its first probe right after the
+    #: warm-up (False: Ray's actors, whose round trips the probe never saw; at 1.06M
+    #: parameters / 16 tokens their sync windows ran 1.11-1.19x slower than their async mode
+    #: where the probe read sync faster, docs/benchmarks.md)
+    start_held: bool = True
 
     def stage(self, name: str) -> ThreadCounts | None:
         """The thread counts of a stage's calls: a sync run's settling stage, else an async
@@ -275,7 +281,8 @@ def plan(cfg: Config, probe: ThreadProbe | None = None, *, injected: bool = Fals
             _settle_on(f.sync, probe)  # no trials (timed through a round trip, a short
             # generate call's 1 / n trials read 0.87x where the probe read 1.35x: issue 25)
     return _with_modes(cfg, Placement(runtime, budget, why if rt_auto or th_auto else "", probe,
-                                      stages, compute, follow=follow, start_sync=start),
+                                      stages, compute, follow=follow, start_sync=start,
+                                      start_held=not start),
                        injected)
 
 

@@ -78,30 +78,38 @@ def _environs() -> Iterator[tuple[int, list[bytes]]]:
         yield int(entry), env.split(b"\0")
 
 
+def _stat(pid: int | str) -> list[bytes] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (state, ppid, ...; the
+    name may hold spaces and parentheses, so the fields start after its last ``)``), or
+    None for a process gone or not ours to read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return None
+    return stat[stat.rfind(b")") + 2:].split()
+
+
 def parents() -> dict[int, int]:
-    """``pid -> parent pid`` of every process of this machine we may read."""
+    """``pid -> parent pid`` of every live (non-zombie) process of this machine we may read."""
     out: dict[int, int] = {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        out[int(entry)] = int(stat[stat.rfind(b")") + 2:].split()[1])
+        if entry.isdigit() and (f := _stat(entry)) is not None and f[0] not in _DEAD:
+            out[int(entry)] = int(f[1])
     return out
 
 
 def with_descendants(roots: list[int]) -> list[int]:
     """``roots`` and every live descendant of them (children, their children, ...)."""
+    if not roots:  # reap's polling loop, once the instance is gone: no scan of /proc
+        return []
     children: dict[int, list[int]] = {}
-    for pid, ppid in parents().items():
+    for pid, ppid in parents().items():  # a zombie is not waited for: not in parents()
         children.setdefault(ppid, []).append(pid)
     found, todo = dict.fromkeys(roots), list(roots)
     while todo:
         for child in children.get(todo.pop(), []):
-            if child not in found and alive(child):  # a zombie is not waited for
+            if child not in found:
                 found[child] = None
                 todo.append(child)
     return list(found)
@@ -126,24 +134,20 @@ def live_tokens() -> set[str]:
     return {e[len(key):].decode() for _, env in _environs() for e in env if e.startswith(key)}
 
 
+#: a process's states in ``/proc/<pid>/stat`` once it has exited (zombie, dead)
+_DEAD = (b"Z", b"X")
+
+
 def alive(pid: int) -> bool:
     """The process exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-    except OSError:
-        return False
-    return stat[stat.rfind(b")") + 2:][:1] not in (b"Z", b"X")
+    f = _stat(pid)
+    return f is not None and f[0] not in _DEAD
 
 
 def start_time(pid: int) -> int | None:
     """The process's start time in clock ticks since boot (tells a reused pid apart)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-    except OSError:
-        return None
-    return int(stat[stat.rfind(b")") + 2:].split()[19])
+    f = _stat(pid)
+    return int(f[19]) if f is not None else None
 
 
 def reap(token: str, grace: float = 3.0, settle: float = 0.5, limit_s: float = 60.0) -> list[int]:

@@ -313,16 +313,13 @@ def _open_buffer(prep: Prepared, asked: Config, ledger: Ledger, kernel: KernelCo
 def start_choice(placement: Placement) -> EarlierChoice | None:
     """The mode a run starts in, where it is not async: the same work's choice at a like
     load (held, as a choice), or the thread probe's (threads pay: the stages take turns on
-    all the cores). The probe's is held on the inline placement, whose compute it measured;
-    Ray's actors check it at their first probe, right after the warm-up (their sync windows
-    pay round trips the probe never saw: at 1.06M parameters / 16 tokens 1.11-1.19x slower
-    than their async mode where the probe read sync faster, docs/benchmarks.md)."""
+    all the cores), held or checked at once as the placement says (``start_held``)."""
     if placement.earlier_mode is not None:
         mode, ra, rs, at = placement.earlier_mode
         return EarlierChoice("sync" if mode == "sync" else "async", ra, rs, at)
     if placement.start_sync:
         return EarlierChoice("sync", None, None, time.time(), placement.start_sync,
-                             hold=placement.runtime != "ray")
+                             hold=placement.start_held)
     return None
 
 
