@@ -195,7 +195,13 @@ def writable(directory: Path) -> bool:
 
 @contextmanager
 def sigterm_as_sigint() -> Iterator[None]:
-    """While inside, ``SIGTERM`` stops the process as ``SIGINT`` would (graceful)."""
+    """While inside, ``SIGTERM`` stops the process as ``SIGINT`` would (graceful).
+
+    A blocked ``SIGTERM`` is unblocked while inside: a signal mask is inherited through
+    ``fork`` and ``exec``, so a parent that spawned us from a thread blocking it (as
+    ``multiprocessing``'s resource tracker does while it spawns) would otherwise leave a
+    run that ``kill`` cannot stop. The mask is put back on leaving.
+    """
     def on_term(signum: int, frame: FrameType | None) -> None:
         handler = signal.getsignal(signal.SIGINT)
         if callable(handler):  # asyncio's graceful one in a run, else KeyboardInterrupt
@@ -208,7 +214,10 @@ def sigterm_as_sigint() -> Iterator[None]:
     except ValueError:  # not the main thread: leave signals alone
         yield
         return
+    mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     try:
         yield
     finally:
+        if signal.SIGTERM in mask:
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
         signal.signal(signal.SIGTERM, previous)

@@ -410,8 +410,11 @@ import signal, sys, time
 from freshroll.boundary import sigterm_as_sigint
 if sys.argv[1] == "ignored":
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # as in a background job
+if sys.argv[1] == "blocked":  # as inherited from a parent's thread that blocked it
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 try:
     with sigterm_as_sigint():
+        assert signal.SIGTERM not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
         print("ready", flush=True)
         time.sleep(60)
 except KeyboardInterrupt:
@@ -420,8 +423,8 @@ sys.exit(1)
 """
 
 
-@pytest.mark.parametrize("sigint", ["default", "ignored"])
-def test_sigterm_stops_like_sigint_even_when_sigint_is_ignored(sigint: str):
+@pytest.mark.parametrize("sigint", ["default", "ignored", "blocked"])
+def test_sigterm_stops_like_sigint_even_when_sigint_is_ignored_or_sigterm_blocked(sigint: str):
     import signal
     import subprocess
     import sys
@@ -431,4 +434,21 @@ def test_sigterm_stops_like_sigint_even_when_sigint_is_ignored(sigint: str):
                             text=True, env={**os.environ, "PYTHONPATH": src})
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=30) == 130
+    try:
+        assert proc.wait(timeout=30) == 130
+    finally:
+        proc.kill()
+
+
+def test_a_blocked_sigterm_is_blocked_again_on_leaving():
+    import signal
+
+    from freshroll.boundary import sigterm_as_sigint
+
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        with sigterm_as_sigint():
+            assert signal.SIGTERM not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+        assert signal.SIGTERM in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
