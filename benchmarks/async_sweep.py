@@ -13,7 +13,8 @@ overrides; the exact parameter counts are printed) x completion lengths
   product's default: ``run.max_staleness=1``, ``run.runtime`` and ``run.torch_threads``
   auto, placement and threads settled by the run's thread probe; always run),
   ``async-inline``, ``async-process``, ``async-ray`` (``run.runtime`` inline / process /
-  ray), ``async-ray-driver`` (ray with ``ray.trainer: driver``), and
+  ray), ``async-ray-driver`` / ``async-ray-actor`` (ray with ``ray.trainer: driver`` /
+  ``actor``), and
   ``trl-1t`` and ``trl-default`` (TRL's ``GRPOTrainer`` at the same settings: :mod:`vs_trl`'s
   runner and settings mapping, at one intra-op thread and at torch's default, all the
   cores, as a user runs it): every ratio to TRL is to the faster of the two (the peer at its
@@ -106,14 +107,17 @@ SYSTEMS: dict[str, tuple[int, str] | None] = {
     "async-process": (1, "process"),
     "async-ray": (1, "ray"),
     "async-ray-driver": (1, "ray"),  # ... with the trainer in the driver (SYSTEM_OVERRIDES)
+    "async-ray-actor": (1, "ray"),  # ... with the trainer in an actor (SYSTEM_OVERRIDES)
     "trl-1t": None,  # TRL's GRPOTrainer at one intra-op thread
     "trl-default": None,  # ... at torch's default thread count (all the cores)
     "floor-shared": None,  # the same, each distinct prompt's positions once (floor.py)
     "floor": None,  # benchmarks/floor.py at 1 thread and at all the cores, the faster
 }
-#: a system's own config overrides, after the sweep's: ``async-ray`` trains in an actor of
-#: its own (``ray.trainer``'s default), ``async-ray-driver`` in the driver
-SYSTEM_OVERRIDES: dict[str, tuple[str, ...]] = {"async-ray-driver": ("ray.trainer=driver",)}
+#: a system's own config overrides, after the sweep's: ``async-ray`` trains where
+#: ``ray.trainer``'s default (auto) puts it, ``async-ray-driver`` in the driver,
+#: ``async-ray-actor`` in an actor of its own
+SYSTEM_OVERRIDES: dict[str, tuple[str, ...]] = {"async-ray-driver": ("ray.trainer=driver",),
+                                                 "async-ray-actor": ("ray.trainer=actor",)}
 #: the TRL systems; every ratio to TRL is to the faster of those measured
 TRLS = ("trl-1t", "trl-default")
 #: torch's default intra-op threads in a fresh process, read before any run sets them

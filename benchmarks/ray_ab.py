@@ -2,7 +2,8 @@
 
 Alternates, round after round (the order reversed every other round), fresh-process runs
 (``async_sweep.py --one``: the sweep's own config and shape) of ``async-auto`` (the default
-placement), ``async-ray`` and ``async-ray-driver`` (``ray.trainer: driver``), and, with
+placement), ``async-ray``, ``async-ray-driver`` and ``async-ray-actor`` (``ray.trainer:
+driver`` / ``actor``), and, with
 ``--ray-env KEY=VALUE ...``, ``async-ray`` with those variables in its environment as a
 further variant ``ray-env`` (the private instance takes a caller's Ray variables as they
 are: how Ray's own settings are tried without a code change). Prints each run's rollouts/s
@@ -39,6 +40,7 @@ VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
     "async-auto": ("async-auto", {}),
     "async-ray": ("async-ray", {}),
     "async-ray-driver": ("async-ray-driver", {}),
+    "async-ray-actor": ("async-ray-actor", {}),
     "ray-env": ("async-ray", {}),
 }
 

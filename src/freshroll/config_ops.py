@@ -78,9 +78,10 @@ class RaySection(_Section):
 
     worker_cpus: float = Field(1.0, ge=0, le=4_096, description="CPUs per inference actor")
     worker_gpus: float = Field(0.0, ge=0, le=64, description="GPUs per inference actor")
-    trainer: Literal["actor", "driver"] = Field(
-        "actor", description="actor: the trainer is a Ray actor (losing it resumes from the "
-        "last durable commit); driver: it trains in the driver process"
+    trainer: Literal["auto", "actor", "driver"] = Field(
+        "auto", description="actor: the trainer is a Ray actor (losing it resumes from the "
+        "last durable commit); driver: it trains in the driver process; auto: an actor on a "
+        "cluster (run.ray_address) or with ray.trainer_gpus, else the driver (docs/ray.md)"
     )
     trainer_cpus: float = Field(1.0, ge=0, le=4_096, description="CPUs of the trainer actor")
     trainer_gpus: float = Field(0.0, ge=0, le=64, description="GPUs of the trainer actor")

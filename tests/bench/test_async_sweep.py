@@ -208,14 +208,16 @@ def test_quick_sweep_prints_its_table(tmp_path: Path):
 
 
 def test_the_ray_systems_train_in_an_actor_and_in_the_driver(tmp_path: Path):
-    """``async-ray`` trains where ``ray.trainer``'s default puts it (an actor),
-    ``async-ray-driver`` in the driver: one invocation compares both."""
+    """``async-ray`` trains where ``ray.trainer``'s default puts it (auto: the driver on a
+    private instance), ``async-ray-driver`` in the driver, ``async-ray-actor`` in an actor:
+    one invocation compares them."""
     def where(system: str) -> str:
         over = ["rollout.max_new_tokens=4", *sweep.SYSTEM_OVERRIDES.get(system, ())]
         cfg = sweep.vs_trl.freshroll_config(3, 0, sweep.SYSTEMS[system], tmp_path, over)
         assert cfg.run.runtime == "ray"
         return str(cfg.ray.trainer)
 
-    assert where("async-ray") == "actor"
+    assert where("async-ray") == "auto"
     assert where("async-ray-driver") == "driver"
+    assert where("async-ray-actor") == "actor"
     assert set(sweep.SYSTEM_OVERRIDES) <= set(sweep.SYSTEMS)

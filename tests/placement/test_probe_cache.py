@@ -196,7 +196,8 @@ def test_a_ray_run_keeps_its_own_fallback_choice_and_stage_counts(
     monkeypatch.setattr(probe_cache.BusyMeter, "stop", lambda self: 0.0)
     prompts: Any = [SimpleNamespace(text=f"{i}>") for i in range(8)]
     inline = validate({"run": {"max_staleness": 1}}, "test")
-    ray = validate({"run": {"max_staleness": 1, "runtime": "ray"}}, "test")
+    ray = validate({"run": {"max_staleness": 1, "runtime": "ray"}, "ray": {"trainer": "actor"}},
+                   "test")
 
     def settle(cfg: Any) -> Any:
         return thread_probe.settle_placement(cfg, prompts, Path("m"), model_digest="d",
@@ -221,6 +222,9 @@ def test_a_ray_run_keeps_its_own_fallback_choice_and_stage_counts(
     assert thread_probe.remember_choice(driver_first, "sync", 500.0, 520.0)
     assert settle(driver).earlier_mode[:3] == ("sync", 500.0, 520.0)
     assert settle(ray).earlier_mode[:3] == ("async", 650.0, 600.0)
+    # auto is keyed by where it resolves (the driver on a private instance), not by "auto"
+    auto = validate({"run": {"max_staleness": 1, "runtime": "ray"}}, "test")
+    assert settle(auto).earlier_mode[:3] == ("sync", 500.0, 520.0)
 
 
 def test_a_simulated_or_injected_run_neither_counts_the_load_nor_touches_the_cache(

@@ -75,7 +75,13 @@ from typing import TYPE_CHECKING, Any, TextIO
 import torch
 
 from freshroll.placement import probe_cache
-from freshroll.placement.placement import Placement, available_cores, plan, wants_probe
+from freshroll.placement.placement import (
+    Placement,
+    available_cores,
+    plan,
+    trainer_place,
+    wants_probe,
+)
 from freshroll.placement.process_engine import workers_ready
 from freshroll.stage_threads import StageThreads
 
@@ -335,7 +341,7 @@ def settle_placement(cfg: Config, prompts: Sequence[Prompt], model_path: Path, *
     # fallback's rates are a placement's own (a Ray run's cross processes and round trips:
     # an inline run's sync/async rates are not its), so Ray keeps them apart, and apart
     # again by where its trainer runs (ray.trainer: an actor's round trips or none)
-    key = f"{key}:ray:{cfg.ray.trainer}" if placed.runtime == "ray" else key
+    key = f"{key}:ray:{trainer_place(cfg)[0]}" if placed.runtime == "ray" else key
     for stage in stages if known else ():
         hit = probe_cache.lookup(_stage_key(key, stage.stage), busy=busy)
         if hit is not None:

@@ -52,7 +52,13 @@ from freshroll.placement.adapters import (
     ThreadScorer,
     ThreadTrainer,
 )
-from freshroll.placement.placement import Placement, Runtime, resolve_runtime, thread_budget
+from freshroll.placement.placement import (
+    Placement,
+    Runtime,
+    resolve_runtime,
+    thread_budget,
+    trainer_place,
+)
 from freshroll.placement.ray_trainer import RayTrainer
 from freshroll.placement.shm_weights import WeightChannel
 from freshroll.ports.seams import AsyncScorer, AsyncTrainer, TrainerState
@@ -326,7 +332,7 @@ def ray_cpus(cfg: Config) -> int:
     r = cfg.ray
     workers = max(cfg.rollout.workers, cfg.control.max_workers or 0)
     need = workers * r.worker_cpus + r.reward_actors * r.reward_cpus
-    if r.trainer == "actor":
+    if trainer_place(cfg)[0] == "actor":
         need += r.trainer_cpus
     return max(2, math.ceil(need))
 
@@ -349,7 +355,7 @@ def build_trainer(
     slot for process workers)."""
     cfg = prep.cfg
     ray = resolve_runtime(cfg) == "ray" and cfg.rollout.engine == "hf"
-    if ray and cfg.ray.trainer == "actor":
+    if ray and trainer_place(cfg)[0] == "actor":
         def rebuild() -> GRPOLearner:
             return build_learner(cfg, prep.model_path, buf, out, prep.history, quiet=True)
 
