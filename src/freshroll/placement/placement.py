@@ -77,10 +77,11 @@ def trainer_place(cfg: Config) -> tuple[TrainerPlace, str]:
     on 2 cores) and buys an in-run restart when its process alone dies. On a private instance
     it shares this machine with the driver, so it isolates no machine loss, and a crash of
     the driver's trainer resumes from the last durable commit (``--resume``) like any crash.
-    Measured there (docs/ray.md, "Where the trainer runs"): the trainer in the driver 0.92x
-    the best placement against the actor's 0.82x at the embedded default, 0.95-0.97x against
-    0.88-0.89x at 1.06M parameters / 16 new tokens. On a cluster the trainer's resources are
-    the scheduler's to place (a GPU, another node), so there it is an actor.
+    Measured there (docs/ray.md, "Where the trainer runs"): the trainer in the driver 0.89x
+    the best placement against the actor's 0.74x at the embedded default (one invocation);
+    at 1.06M parameters / 16 new tokens 1.00x, where the actor measured 0.88-0.95x. On a
+    cluster the trainer's resources are the scheduler's to place (a GPU, another node), so
+    there it is an actor.
     """
     if cfg.ray.trainer != "auto":
         return cfg.ray.trainer, "ray.trainer"
