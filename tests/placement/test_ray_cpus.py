@@ -26,7 +26,7 @@ def test_a_driver_trainer_declares_nothing_and_two_is_the_floor():
 
 
 def test_the_trainer_is_an_actor_on_a_cluster_or_with_gpus_else_in_the_driver():
-    from freshroll.placement.placement import plan, trainer_place
+    from freshroll.placement.placement import plan, ray_trainer, trainer_place
 
     def place(*over: str) -> str:
         return trainer_place(load_config(None, ["run.runtime=ray", *over]))[0]
@@ -43,6 +43,9 @@ def test_the_trainer_is_an_actor_on_a_cluster_or_with_gpus_else_in_the_driver():
                                       "instance, where an actor's round trip buys nothing)")
     assert placed.as_dict()["trainer"] == "driver"
     assert plan(load_config(None, ["run.runtime=process"])).as_dict()["trainer"] is None
+    # a vLLM run under Ray trains in the driver without the trainer seam: no place, no CPUs
+    vllm = load_config(None, ["run.runtime=ray", "rollout.engine=vllm", "ray.trainer=actor"])
+    assert ray_trainer(vllm, "ray") is None and ray_trainer(vllm, "process") is None
 
 
 def test_a_reward_actors_module_imports_no_torch():

@@ -92,6 +92,14 @@ def trainer_place(cfg: Config) -> tuple[TrainerPlace, str]:
     return "driver", "auto: a private Ray instance, where an actor's round trip buys nothing"
 
 
+def ray_trainer(cfg: Config, runtime: Runtime) -> tuple[TrainerPlace, str] | None:
+    """Where the trainer of a run placed on ``runtime`` runs under Ray (:func:`trainer_place`),
+    or None: not a Ray run, or a vLLM one (its engines are Ray's; its trainer the driver's)."""
+    if runtime != "ray" or cfg.rollout.engine != "hf":
+        return None
+    return trainer_place(cfg)
+
+
 @dataclass(frozen=True, slots=True)
 class ThreadBudget:
     """Intra-op threads per compute process (or thread, inline) of a run."""
@@ -315,11 +323,10 @@ def plan(cfg: Config, probe: ThreadProbe | None = None, *, injected: bool = Fals
         for f in follow:  # settled by the probe, as the inline placement's sync windows are:
             _settle_on(f.sync, probe)  # no trials (timed through a round trip, a short
             # generate call's 1 / n trials read 0.87x where the probe read 1.35x: issue 25)
-    ray_hf = runtime == "ray" and cfg.rollout.engine == "hf"  # build_trainer's condition
     return _with_modes(cfg, Placement(runtime, budget, why if rt_auto or th_auto else "", probe,
                                       stages, compute, follow=follow, start_sync=start,
                                       start_held=not start,
-                                      trainer=trainer_place(cfg) if ray_hf else None),
+                                      trainer=ray_trainer(cfg, runtime)),
                        injected)
 
 

@@ -55,9 +55,9 @@ from freshroll.placement.adapters import (
 from freshroll.placement.placement import (
     Placement,
     Runtime,
+    ray_trainer,
     resolve_runtime,
     thread_budget,
-    trainer_place,
 )
 from freshroll.placement.ray_trainer import RayTrainer
 from freshroll.placement.shm_weights import WeightChannel
@@ -332,7 +332,8 @@ def ray_cpus(cfg: Config) -> int:
     r = cfg.ray
     workers = max(cfg.rollout.workers, cfg.control.max_workers or 0)
     need = workers * r.worker_cpus + r.reward_actors * r.reward_cpus
-    if trainer_place(cfg)[0] == "actor":
+    place = ray_trainer(cfg, "ray")
+    if place is not None and place[0] == "actor":
         need += r.trainer_cpus
     return max(2, math.ceil(need))
 
@@ -347,15 +348,16 @@ def build_trainer(
     before_commit: Callable[[PolicyVersion, TrainerState], None], publish: Publish,
     stages: Placement | None = None,
 ) -> ThreadTrainer | RayTrainer:
-    """The trainer of an hf or vLLM run: under ``run.runtime: ray`` with ``ray.trainer:
-    actor`` a :class:`~freshroll.placement.ray_trainer.RayTrainer` (``learner`` is shipped to
-    its actor; rebuilt at the last durable commit if the actor is lost); with ``ray.trainer:
-    driver`` a ThreadTrainer publishing each version once into Ray's object store; else a
+    """The trainer of an hf or vLLM run: under ``run.runtime: ray`` where ``ray.trainer``
+    puts it in an actor (:func:`~freshroll.placement.placement.ray_trainer`) a
+    :class:`~freshroll.placement.ray_trainer.RayTrainer` (``learner`` is shipped to its
+    actor; rebuilt at the last durable commit if the actor is lost); in the driver a
+    ThreadTrainer publishing each version once into Ray's object store; else a
     ThreadTrainer publishing with the placement's ``publish`` (a copy inline, a shared-memory
     slot for process workers)."""
     cfg = prep.cfg
-    ray = resolve_runtime(cfg) == "ray" and cfg.rollout.engine == "hf"
-    if ray and trainer_place(cfg)[0] == "actor":
+    place = ray_trainer(cfg, resolve_runtime(cfg))
+    if place is not None and place[0] == "actor":
         def rebuild() -> GRPOLearner:
             return build_learner(cfg, prep.model_path, buf, out, prep.history, quiet=True)
 
