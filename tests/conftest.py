@@ -20,6 +20,14 @@ settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
 
+# Each test process shares the cores with the other pytest workers and their children (make
+# test: one worker per core plus one). libgomp's threads spin-wait between parallel regions by
+# default, and a team spinning on oversubscribed cores burns the time the other processes need
+# (docs/testing.md, "Threads that wait asleep"). PASSIVE: they sleep. Set before torch is
+# imported (the test modules import it after this file); worker children, Ray's instances and
+# their actors inherit it. A caller that sets it keeps its value.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 # A run reuses an earlier run's thread probe of the same work (freshroll.placement.probe_cache);
 # in the suite every run measures its own, whatever ran before it (its own tests turn it on)
 os.environ["FRESHROLL_PROBE_CACHE"] = "off"

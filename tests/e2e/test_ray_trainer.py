@@ -37,8 +37,12 @@ from ray_shared import joining, shared_cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
+# run.torch_threads pinned: with auto, a sync inline run settles each stage's threads (1 or
+# all the cores) on its own first steps, by the clock, so under load it may train on another
+# thread count than the actors, and a float reduction over other threads is another digest
 SMALL = ["run.progress=false", "task.n_prompts=256", "rollout.group_size=4",
-         "rollout.batch_groups=4", "rollout.workers=1", "run.max_staleness=0"]
+         "rollout.batch_groups=4", "rollout.workers=1", "run.max_staleness=0",
+         "run.torch_threads=1"]
 
 
 @pytest.fixture(scope="module")
