@@ -48,11 +48,11 @@ The reference ``D_0`` is the lowest demand measured in any window (with the leve
 
 **The admission window is not a lever here** (``run.admission_window``, set by the config
 only). Widening it in a conflict would feed the trainer more, but measured on P2 (docs/bench.md,
-"A wider admission window") three freshness windows cut the trainer's idle share by ~10
-points while the stale discards rose by ~35 (to 42-55% of the outcomes), under
-``continue`` + ``newest_token`` too: a group waits for its slowest member and its first ones
-age meanwhile. A rule would need a stale-share ceiling far above issue 26's 1%, and a live
-window recorded per decision for ``verify`` (today ``opened`` records it).
+"A wider admission window") three freshness windows raised the stale discards several times
+more than they cut the trainer's idle share, under ``continue`` + ``newest_token`` too: a
+group waits for its slowest member and its first ones age meanwhile. A rule would need a
+stale-share ceiling far above issue 26's 1%, and a live window recorded per decision for
+``verify`` (today ``opened`` records it).
 
 A blocked worker costs its worker-seconds and adds nothing, so neither raises the trainer's
 idle share. When the trainer changes speed the pipeline leaves the conflict
@@ -225,11 +225,11 @@ def window_bound(last_conflict_at: float | None, cooldown_s: float, now: float) 
     Decisions come every ``interval_s``, often less than a trainer step (5 s against 8 s on
     P1), so a window-bound pipeline alternates between conflict windows (the trainer waits on
     the window's stragglers) and trainer-bound ones (its busy phase). The second are not
-    surplus production, and their stale discards are stragglers. Measured on P1 (virtual
-    clock, 100 steps, seeds 0-2), before this guard the controller removed workers and halved
-    concurrency in them (seed 0: 128 -> 64 -> 32 -> 17): 47.9 ± 1.1 accepted/s against
-    51.7 ± 0.4 on every worker of the pool; with it 51.3 ± 0.3 on 25% fewer worker-seconds,
-    and with every tail lever 61.1 ± 0.6 (50.4 ± 3.6 before; docs/bench.md)."""
+    surplus production, and their stale discards are stragglers. Measured on P1, before this
+    guard the controller removed workers and halved concurrency in them, and fell below a
+    static run on every worker of the pool; with it, level with that on fewer worker-seconds
+    (before: CHANGELOG.md, 2026-12-06, "After the controller's window-bound guard"; after:
+    docs/bench.md, "The simulated profiles, virtual clock, 100 steps, 3 seeds")."""
     return _since(now, last_conflict_at) < cooldown_s
 
 

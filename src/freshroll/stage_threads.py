@@ -1,9 +1,9 @@
 """How many intra-op threads a stage's calls get, settled on the run's own calls.
 
 A thread probe before the clock starts (:mod:`freshroll.placement.thread_probe`) times a
-fragment of a step on a copy of the model, and a fragment can misjudge the whole batch: at a
-9M-parameter model it read "0.98x, does not pay" where the full batch gains 1.6x from the
-second core (issue 25). A sync run needs no guess: its steps repeat the same work, so each
+fragment of a step on a copy of the model, and a fragment can misjudge the whole batch (a
+9M-parameter model's, issue 25: docs/overlap.md, "A sync run settles each stage on its own
+calls"). A sync run needs no guess: its steps repeat the same work, so each
 stage (``generate`` on the worker's thread, ``train`` on the trainer's) measures both
 counts on its own calls and keeps the faster. Pure policy: no torch, no clock; the caller
 times each call and sets the count.
@@ -19,19 +19,19 @@ The schedule, per stage, with ``n`` the cores this process may use::
 A tie goes to one thread: it leaves a core to the rest of the run (rewards, the ledger) and
 to other processes. ``trials`` >= 2 each; the median of each set absorbs one outlier (a
 step that met a garbage collection or a burst of another process). The early rule cuts the
-trials' cost where threads clearly pay (a 5M-parameter model's step gains 1.8x from a second
-core: each trial at one thread costs most of a step, and a 20-step run paid three per stage).
+trials' cost where threads clearly pay (at a 5M-parameter model each trial at one thread
+costs most of a step, and a 20-step run paid three per stage).
 It settles on one thread early only when every call on ``n`` lost to every call on one by far
 more than an outlier would (:data:`DECISIVE_LOSS`, 3x): where another process holds a core,
-an OpenMP team of ``n`` waits on its descheduled thread at every barrier, and a call on two
-threads measured 5-10x one thread's (a 1M-parameter model on two cores beside a test suite:
-generate 5.5 against 0.53 ms a row, train 6.3 against 1.3), so each further trial at ``n``
-cost several steps.
+an OpenMP team of ``n`` waits on its descheduled thread at every barrier, a call on two
+threads then takes several times one thread's (docs/overlap.md, "A sync run settles each
+stage on its own calls"), and each further trial at ``n`` costs several steps.
 
 The trials cost most in short runs of large models (each trial at one thread is a step's
-stage at up to 1.3-1.8x its time). A run of the same work as an earlier one, at the same
-load, starts settled on that run's choice (:meth:`StageThreads.reuse`, fed by
-:mod:`freshroll.placement.probe_cache`; ``reused_from`` says when it was measured).
+stage at one thread, slower by what the second core gains). A run of the same work as an
+earlier one, at the same load, starts settled on that run's choice
+(:meth:`StageThreads.reuse`, fed by :mod:`freshroll.placement.probe_cache`; ``reused_from``
+says when it was measured).
 """
 
 from __future__ import annotations
@@ -162,8 +162,8 @@ class ModeThreads:
     stages take turns, as a sync run's do, so there each stage settles 1 or all the cores on
     its own calls (``sync``, a :class:`StageThreads`): the window then measures the sync run a
     user would otherwise run, not a sync run on a core's share, and the fallback keeps async
-    only where it beats that (issue 25: at a 1M-parameter model the async run measured "1.53x
-    the sync window" on one thread per process and was 0.84x the sync run on two)::
+    only where it beats that (issue 25: against a window on a core's share, an async run at a
+    1M-parameter model kept async and was slower than the sync run: docs/overlap.md)::
 
         async windows    shared            (the placement's budget per process), untimed
         sync windows     sync.take()       trials, then the settled count (module doc)

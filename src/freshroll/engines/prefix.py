@@ -17,12 +17,11 @@ prompt position's gradient is the sum over its rows, as the full rows' would be)
 The numbers are the full rows' up to the order of float sums (tested: log-probs and
 gradients against the full rows, to 1e-5). What it saves: a step of the embedded default
 (prompts of 8 tokens, groups of 16, 4 new tokens) runs ``U × 8 + B × 4`` = 576 positions
-through the model instead of ``B × 12`` = 1,536 for its forward and backward (2.7x fewer),
-and with 16 new tokens 2,112 instead of 3,072 (1.45x); the prefill runs 64 positions
-instead of 1,024. Measured on the 1.06M and 5.13M models at 128 rows, one thread, the
-training forward + backward took 2.6-3.3x less time at 4 new tokens and 1.45x less at 16
-(docs/benchmarks.md, "2026-12-06, fifth session"). TRL's GRPOTrainer runs the full rows
-(it repeats each prompt ``G`` times into the batch).
+through the model instead of ``B × 12`` = 1,536 for its forward and backward, and with 16
+new tokens 2,112 instead of 3,072; the prefill runs 64 positions instead of 1,024. The time
+that saves, and what it does to freshroll against TRL's GRPOTrainer, which runs the full rows
+(it repeats each prompt ``G`` times into the batch): docs/benchmarks.md, "Larger models,
+quiet, three seeds".
 
 Where it does not apply the callers run the full rows, and nothing else changes: every
 row's prompt its own (nothing to share), a model whose cache cannot be indexed (no

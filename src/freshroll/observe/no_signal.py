@@ -4,8 +4,9 @@ A GRPO advantage is a sample's reward minus its group's mean, over the group's s
 every group of a step scored its members alike (``frac_reward_zero_std`` 1), every advantage
 is 0 and the step teaches nothing. A policy that learned to end every completion at once,
 scored 0 by every reward, stays there: it gets no gradient to leave (seen in three sessions at
-1.06M parameters, 16 new tokens, lr 1e-3: docs/benchmarks.md). Its steps then get cheap, so its
-rate rises while it learns nothing. The metrics row's ``no_signal_steps`` counts the
+1.06M parameters, 16 new tokens, lr 1e-3: docs/benchmarks.md, "Learning at 1.06M
+parameters / 16 new tokens"). Its steps then get cheap, so its rate rises while it learns
+nothing. The metrics row's ``no_signal_steps`` counts the
 stretch (:func:`freshroll.metrics.no_signal_steps`); :class:`NoSignal` reads it and says
 so once per stretch, when it reaches ``monitor.no_signal_steps``, and when it ends.
 """

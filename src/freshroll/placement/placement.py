@@ -73,15 +73,14 @@ def trainer_place(cfg: Config) -> tuple[TrainerPlace, str]:
         actor   if run.ray_address is set or ray.trainer_gpus > 0     (auto)
         driver  otherwise: a private Ray instance on this machine      (auto)
 
-    A trainer actor costs a round trip a step (the batch in, the new weights out: about 8 ms
-    on 2 cores) and buys an in-run restart when its process alone dies. On a private instance
-    it shares this machine with the driver, so it isolates no machine loss, and a crash of
-    the driver's trainer resumes from the last durable commit (``--resume``) like any crash.
-    Measured there (docs/ray.md, "Where the trainer runs"): the trainer in the driver 0.89x
-    the best placement against the actor's 0.74x at the embedded default (one invocation);
-    at 1.06M parameters / 16 new tokens 1.00x, where the actor measured 0.88-0.95x. On a
-    cluster the trainer's resources are the scheduler's to place (a GPU, another node), so
-    there it is an actor.
+    A trainer actor costs a round trip a step on the trainer's critical path (the batch in,
+    the new weights out) and buys an in-run restart when its process alone dies. On a
+    private instance it shares this machine with the driver, so it isolates no machine loss,
+    and a crash of the driver's trainer resumes from the last durable commit (``--resume``)
+    like any crash; there the trainer in the driver measured closer to the best placement
+    than the actor (docs/ray.md, "Where the trainer runs"; docs/benchmarks.md,
+    "`run.runtime: ray` against the best placement"). On a cluster the trainer's resources
+    are the scheduler's to place (a GPU, another node), so there it is an actor.
     """
     if cfg.ray.trainer != "auto":
         return cfg.ray.trainer, "ray.trainer"
@@ -155,9 +154,8 @@ class Placement:
     start_sync: str = ""
     #: the start is held as a choice until the fallback's ``every_s`` (the probe timed this
     #: placement's own compute: inline), or checked at its first probe right after the
-    #: warm-up (False: Ray's actors, whose round trips the probe never saw; at 1.06M
-    #: parameters / 16 tokens their sync windows ran 1.11-1.19x slower than their async mode
-    #: where the probe read sync faster, docs/benchmarks.md)
+    #: warm-up (False: Ray's actors, whose round trips the probe never saw; their sync
+    #: windows ran slower than their async mode where the probe read sync faster, docs/ray.md)
     start_held: bool = True
     #: a Ray run's trainer: where it runs and why (:func:`trainer_place`); None: not Ray
     trainer: tuple[TrainerPlace, str] | None = None
@@ -322,7 +320,7 @@ def plan(cfg: Config, probe: ThreadProbe | None = None, *, injected: bool = Fals
                  "take turns on all of them until the fallback measures async against it")
         for f in follow:  # settled by the probe, as the inline placement's sync windows are:
             _settle_on(f.sync, probe)  # no trials (timed through a round trip, a short
-            # generate call's 1 / n trials read 0.87x where the probe read 1.35x: issue 25)
+            # generate call's 1 / n trials misjudged what the probe measured: docs/ray.md)
     return _with_modes(cfg, Placement(runtime, budget, why if rt_auto or th_auto else "", probe,
                                       stages, compute, follow=follow, start_sync=start,
                                       start_held=not start,

@@ -60,8 +60,8 @@ NICENESS_ENV = "RAY_worker_niceness"
 #: (:data:`~freshroll.placement.ray_reaper.NOENV_ENV`). Ray's observability (task events,
 #: metrics, event-loop statistics: ``RAY_task_events_report_interval_ms=0``,
 #: ``RAY_enable_metrics_collection=0``, ``RAY_event_stats=0``) was switched off here and
-#: measured, then not kept: no difference beyond the noise (docs/benchmarks.md, "Ray
-#: placement, seventh session"); a caller may still set those variables.
+#: measured, then not kept: no difference beyond the noise (CHANGELOG.md, 2026-12-06, "Ray
+#: placement (issue 25), seventh session"); a caller may still set those variables.
 _PRIVATE_ENV = {NICENESS_ENV: "0", ray_reaper.NOENV_ENV: "1"}
 
 

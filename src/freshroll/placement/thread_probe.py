@@ -2,11 +2,11 @@
 
 ``run.torch_threads: auto`` and ``run.runtime: auto`` used to follow a fixed rule: the cores
 shared by the compute that runs at once, one thread each on two cores, generation in a
-process of its own. Measured (docs/overlap.md, "Threads by measurement"): on the tiny default
-two intra-op threads make a sync run 0.75x as fast (the ops are too short to split), while on
-a 5M-parameter model they make it 1.2-1.3x faster, and an async run in one process on all
-the cores 1.2x faster than one thread per process; with another process on one core two
-threads lose again. No fixed rule holds across model sizes and loads, so the run measures.
+process of its own. But whether a second intra-op thread pays depends on the model and the
+load: on the tiny default its ops are too short to split and two threads slow a sync run,
+on a 5M-parameter model they speed it up, and with another process on one core they lose
+again (the figures: docs/overlap.md, "Threads by measurement (the thread probe)"). No fixed
+rule holds across model sizes and loads, so the run measures.
 
 :func:`probe_threads` times the work of one step at its real shape, a ``generate`` of the
 run's prompts and a training forward+backward of prompt + completion tokens (a group's rows
@@ -24,35 +24,31 @@ up but which of the two placements is faster::
                                        batch is generated while the trainer waits, the last
                                        trained while generation has nothing left to do)
     o          = STEP_OVERHEAD_S_PER_ROW x rows   a step's serial work beside its compute
-                 (rewards, ledger, collation: 9.1 ms a step of 128 rows on the main thread
-                 of a sync run of the embedded default, docs/benchmarks.md), which an async
-                 step overlaps
+                 (rewards, ledger, collation, measured on the main thread of a sync run of
+                 the embedded default: docs/overlap.md, "The probe times what the run would
+                 run"), which an async step overlaps
     steps      = the run's run.steps (0: not known, the fill left out); an async run of S
-                 steps takes S x max + min, so the fill weighs on short runs: at 5.13M
-                 parameters / 16 new tokens (327 and 636 ms a stage on one thread) a
-                 7-step run's async step is 7% longer than the overlap alone (measured in
-                 the sweep: the default async 0.91x its sync run, issue 25)
+                 steps takes S x max + min, so the fill weighs on short runs where the
+                 overlap alone is a near tie (docs/overlap.md, "A short run counts the
+                 pipeline's fill")
     advantage  = async step / (gen_n + train_n + o)
     pays       <=>  advantage >= PAYS  (0.95: within 5% a tie, and a tie goes to sync, whose
                                         samples have no policy lag)
 
-The model against runs (quiet 2-core machine, `async_sweep.py`): at the tiny default it
-predicts async 1.29x a sync step (runs: 1.27x), at 1.06M / 16 tokens sync 1.07x async (runs:
-1.07x).
+The model's predictions against runs of `async_sweep.py`: docs/overlap.md, "The probe times
+what the run would run".
 
 Where it *pays*, :func:`freshroll.placement.placement.plan` runs every stage in one process on
 all the cores and starts in the sync mode (the fallback measures async against it later);
-else it keeps one thread per compute process, overlapped. Measured (issue 25, quiet 2-core
-machine, the same probe both ways): timed on two threads of their own (two OpenMP teams, the
-probe before), a step's work on two cores read 0.81-0.84x at the tiny default, 1.08-1.15x at
-1.06M and 1.14-1.54x at 5.13M parameters, so the default ran 1M and 5M/16-token models async
-on a core per stage, 0.68-0.88x a sync run; on one thread it reads 1.44-1.64x, 1.85-2.00x and
-1.81-1.97x (the floor's own gains: 1.57-1.78x), and the advantage 0.92-0.96 at the tiny default
-(async kept: it measured 1.27x a sync run there), 1.38-1.50 at 1.06M and 1.27-1.51 at 5.13M
-(sync started).
+else it keeps one thread per compute process, overlapped. The stages are timed on one thread
+because that is how a sync step runs them: timed on two threads of their own (two OpenMP
+teams, as the probe once did), a step's work on two cores reads as not paying where one team
+gains from the second core as the floor's loop does, and the default then ran 1M and
+5M-parameter models async, slower than a sync run (issue 25; the table of both readings:
+docs/overlap.md, "The probe times what the run would run").
 
 Cost: about six step-sized calls before the run's clock starts (outside ``wall_s``; the start
-line prints it; 0.2-0.4 s on the tiny default, 2-4 s at 5M parameters): rows are cut only
+line prints it; it grows with the model): rows are cut only
 where one call would take over :data:`CALL_BUDGET_S`. A model
 over :data:`LARGE_PARAMS` parameters is not measured (loading it twice would cost more than
 a probe can win): its ops are long, and threads are taken to pay.

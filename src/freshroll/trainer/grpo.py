@@ -174,11 +174,11 @@ def _first_target(mask: torch.Tensor) -> int:
 def all_finite(tensors: Sequence[torch.Tensor]) -> bool:
     """Whether every element of every tensor is finite, in one pass and one host sync.
 
-    The L2 norm of each tensor (``torch._foreach_norm``: one fused kernel, 15x faster on
-    CPU than the max-abs norm at 5M parameters) is NaN or inf when any element is; a finite
-    norm proves its tensor finite. A non-finite norm can also be the overflow of a sum of
-    large finite squares, so those tensors alone are then checked element by element: the
-    answer is exact either way."""
+    The L2 norm of each tensor (``torch._foreach_norm``: one fused kernel, where the max-abs
+    norm has none on CPU: CHANGELOG.md, 2026-12-06, fifth session) is NaN or inf when any
+    element is; a finite norm proves its tensor finite. A non-finite norm can also be the
+    overflow of a sum of large finite squares, so those tensors alone are then checked element
+    by element: the answer is exact either way."""
     ts = [t.detach() for t in tensors if t.numel()]
     if not ts:
         return True
