@@ -297,6 +297,46 @@ def test_a_tokenizer_that_gives_the_text_back_is_accepted(tmp_path: Path) -> Non
     check_round_trip([], tok, model="m")
 
 
+def _sentencepiece_like() -> Any:
+    """A Llama-2/Mistral-style tokenizer: Metaspace pre-tokenizer, byte fallback, and a decoder
+    that strips the dummy prefix (trained here on a few lines)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="always")
+    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(),
+                                         decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    specials = ["<unk>", "<s>", "</s>", "[INST]", *(f"<0x{i:02X}>" for i in range(256))]
+    backend.train_from_iterator(["hello world", "rev 123 = 321", "user: hi"] * 20,
+                                trainers.BpeTrainer(vocab_size=300, special_tokens=specials))
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>",
+                                   bos_token="<s>", eos_token="</s>",
+                                   additional_special_tokens=["[INST]"])
+
+
+def test_spaces_a_sentencepiece_tokenizer_moves_are_not_a_change() -> None:
+    """Its decoder drops a leading space and writes one after a special token ('</s>[INST]'
+    as '</s> [INST]' in a multi-turn template): the model's own way, not a corruption; a
+    space lost between two words still is."""
+    tok = _sentencepiece_like()
+    check_round_trip([Prompt("a", " hello world"), Prompt("b", "hi</s>[INST]rev 123 =")],
+                     tok, model="sp")
+    assert tok.decode(tok("hi</s>[INST]x", add_special_tokens=False)["input_ids"]) != \
+        "hi</s>[INST]x"  # the case is real: the text does change
+    tok.backend_tokenizer.decoder = _decoder_dropping_spaces()
+    with pytest.raises(ConfigError, match="'b' 'rev 123' becomes 'rev123'"):
+        check_round_trip([Prompt("a", "hello"), Prompt("b", "rev 123")], tok, model="sp")
+
+
+def _decoder_dropping_spaces() -> Any:
+    """A decoder that loses every space, as Qwen2Tokenizer did with the character vocabulary."""
+    from tokenizers import decoders
+
+    return decoders.Sequence([decoders.Replace("▁", ""), decoders.ByteFallback(),
+                              decoders.Fuse()])
+
+
 def test_the_round_trip_checks_an_even_sample_of_a_big_set() -> None:
     from freshroll.rewards import data
 
