@@ -210,7 +210,7 @@ def _comparable(tokenizer: Any) -> Callable[[str], str]:
     specials = {str(t) for t in getattr(tokenizer, "all_special_tokens", None) or ()}
     with contextlib.suppress(Exception):  # a tokenizer without added tokens
         specials |= {str(t) for t in tokenizer.get_added_vocab()}
-    names = sorted((t for t in specials if t), key=len, reverse=True)
+    names = sorted((t for t in specials if t.strip()), key=len, reverse=True)  # not "\t"
     if not names:
         return str.lstrip
     around = re.compile(r"\s*(" + "|".join(re.escape(t) for t in names) + r")\s*")
