@@ -52,3 +52,25 @@ def test_width_is_the_terminals_less_one_column_and_none_for_a_file(
     monkeypatch.setattr(fit_mod.shutil, "get_terminal_size", lambda: os.terminal_size((110, 40)))
     assert width(Tty()) == 109
     assert width(io.StringIO()) is None
+
+
+@pytest.mark.parametrize(("cols", "want"), [(50, 49), (0, 109)])
+def test_width_is_the_streams_own_terminals_when_it_has_one(
+    monkeypatch: pytest.MonkeyPatch, cols: int, want: int,
+):
+    """stderr stays a terminal in ``freshroll run > log``, where stdout's size is unknown; a
+    pty that answers 0 columns (not sized yet) falls back to shutil's answer."""
+    import fcntl
+    import struct
+    import termios
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.setattr(fit_mod.shutil, "get_terminal_size", lambda: os.terminal_size((110, 40)))
+    leader, follower = os.openpty()
+    try:
+        fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, cols, 0, 0))
+        with open(follower, "w", closefd=False) as stream:
+            assert width(stream) == want
+    finally:
+        os.close(leader)
+        os.close(follower)

@@ -4,7 +4,8 @@ Why: a line redrawn in place with ``\\r`` that is wider than the terminal wraps,
 redraw then leaves its first rows behind (a 230-character progress line at 110 columns
 left a half-line per step). Pure, given the width::
 
-    width(stream)     = shutil.get_terminal_size().columns - 1 on a terminal, None otherwise
+    width(stream)     = the terminal's columns - 1 on a terminal (``stream``'s own, else
+                        ``shutil.get_terminal_size()``), None otherwise
                         (one column spare: a line that fills the last column puts the cursor
                         in the pending-wrap state, where the erase that follows it eats that
                         column on some terminals)
@@ -23,6 +24,8 @@ So the fields go most important first: a narrow terminal keeps the head of the l
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import textwrap
 from collections.abc import Sequence
@@ -37,7 +40,19 @@ def width(stream: TextIO) -> int | None:
     (a file or a pipe: its lines are kept whole)."""
     if not stream.isatty():
         return None
-    return max(1, shutil.get_terminal_size().columns - 1)
+    return max(1, _columns(stream) - 1)
+
+
+def _columns(stream: TextIO) -> int:
+    """``stream``'s own terminal's columns (stderr stays a terminal in ``run > log``, where
+    stdout's is unknown), else ``shutil.get_terminal_size()``'s answer ($COLUMNS first, then
+    stdout's terminal, else 80); $COLUMNS, when set, wins as it does there."""
+    if not os.environ.get("COLUMNS", "").isdigit():
+        with contextlib.suppress(AttributeError, OSError, ValueError):
+            columns = os.get_terminal_size(stream.fileno()).columns
+            if columns > 0:  # a pty not sized yet answers 0
+                return columns
+    return shutil.get_terminal_size().columns
 
 
 def fit(fields: Sequence[str], most: int | None) -> str:
