@@ -101,6 +101,19 @@ def test_ctrl_c_of_the_process_group_prints_no_worker_traceback(tmp_path: Path, 
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr and "Process freshroll-worker" not in stderr, stderr
     assert [x for x in stderr.splitlines() if x.strip()][-1].startswith("interrupted: ")
+    assert _group_gone(proc.pid, within_s=10.0)  # the driver stopped the workers it left it to
+
+
+def _group_gone(pgid: int, within_s: float) -> bool:
+    """Whether every process of group ``pgid`` has exited (within ``within_s``)."""
+    deadline = time.time() + within_s
+    while time.time() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
 
 
 @pytest.mark.slow
