@@ -227,6 +227,23 @@ def test_a_config_transformers_cannot_load_is_a_config_error(tmp_path: Path):
         learner_mod.build_learner(Any, model, Any, tmp_path)  # type: ignore[arg-type]
 
 
+def test_a_tokenizer_that_changes_the_prompts_is_refused_by_config_check(tmp_path: Path):
+    """Issue 48, item 1: a Qwen2 model saved with the character tokenizer reloads as
+    Qwen2Tokenizer, which drops spaces; ``config check`` (and so ``run``) refuses it in one
+    line naming the class and the model, where it used to say ok."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from freshroll.engines.tiny import TINY_DEFAULTS, build_tokenizer, save_model_dir
+
+    tok = build_tokenizer()
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tok), **TINY_DEFAULTS))
+    path = save_model_dir(model, tok, tmp_path / "qwen")
+    result = _cli("config", "check", *SMALL, f"model.path={path}")
+    assert result.exit_code == 2, result.output
+    line = _one_line(result)
+    assert "Qwen2Tokenizer" in line and str(path) in line and "becomes" in line
+
+
 # -- failures inside a real run ---------------------------------------------------------
 
 

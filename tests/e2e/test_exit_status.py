@@ -7,6 +7,7 @@ ledger is closed (verifiable as it stands); ``--resume`` then finishes the run a
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sqlite3
@@ -72,6 +73,47 @@ def test_a_signalled_run_stops_cleanly_and_resumes(tmp_path: Path, small: list[s
     assert "verify: ok" in res.stdout
     assert summary(out)["steps"] == steps
     assert freshroll("verify", str(out)).returncode == 0
+
+
+@pytest.mark.slow
+def test_ctrl_c_of_the_process_group_prints_no_worker_traceback(tmp_path: Path, small: list[str]):
+    """Issue 48, item 4: a terminal's Ctrl-C goes to the whole process group, worker children
+    included; they leave it to the driver, so stderr holds no worker traceback and no stray
+    ``Process freshroll-worker:`` line, only the driver's one-line "interrupted"."""
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _DEFAULT_SIGINT, "run", *small, "run.steps=30",
+         "run.runtime=process", "run.torch_threads=1", "--out", str(out)],
+        cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"}, start_new_session=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not ((out / "metrics.jsonl").is_file() and metrics(out)):
+            if proc.poll() is not None:
+                pytest.fail("run finished before it could be signalled")
+            time.sleep(0.01)
+        os.killpg(proc.pid, signal.SIGINT)  # as the terminal does
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr and "Process freshroll-worker" not in stderr, stderr
+    assert [x for x in stderr.splitlines() if x.strip()][-1].startswith("interrupted: ")
+    assert _group_gone(proc.pid, within_s=10.0)  # the driver stopped the workers it left it to
+
+
+def _group_gone(pgid: int, within_s: float) -> bool:
+    """Whether every process of group ``pgid`` has exited (within ``within_s``)."""
+    deadline = time.time() + within_s
+    while time.time() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
 
 
 @pytest.mark.slow

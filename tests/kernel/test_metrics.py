@@ -376,6 +376,56 @@ def test_a_heartbeat_joins_the_progress_line_on_a_terminal_else_is_a_line(tmp_pa
     buf.ledger.close()
 
 
+def _progress_row(step: int) -> dict[str, object]:
+    """A metrics row with every field the progress line shows, three rewards included."""
+    return {"step": step, "t": 12.5 * step, "reward_mean": 0.5123, "accepted_per_s": 1234.5,
+            "lag_mean": 1.25, "lag_max": 3, "trainer_idle_ratio": 0.123, "discards": 1234,
+            "discard_rate": 0.051, "frac_reward_zero_std": 0.25,
+            "rewards/correctness/mean": 0.5, "rewards/format_reward/mean": 0.75,
+            "rewards/length_penalty/mean": -0.125}
+
+
+@pytest.mark.parametrize("columns", [40, 80, 110])
+def test_the_progress_line_fits_the_terminal_and_is_whole_in_a_log(
+    monkeypatch: pytest.MonkeyPatch, columns: int,
+):
+    """Issue 48, item 2: the line (about 230 characters) was redrawn in place whole, so each
+    step left a wrapped half-line behind on a terminal of 110 columns. On a terminal every
+    drawn line, heartbeat included, holds at most the width (its leading fields kept); in a
+    log every field is written."""
+    import os
+
+    from freshroll.config import validate
+    from freshroll.observe import fit as fit_mod
+    from freshroll.runtime.recording import ProgressLine
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(fit_mod.shutil, "get_terminal_size",
+                        lambda: os.terminal_size((columns, 24)))
+    cfg = validate({"run": {"steps": 200, "max_staleness": 4}})
+    tty, log = Tty(), io.StringIO()
+    on_tty, in_log = ProgressLine(cfg, tty), ProgressLine(cfg, log)
+    for step in (1, 2, 3):
+        on_tty.on_row(_progress_row(step), live=True)
+        on_tty.on_wait("waiting 60 s on w0 generate, limit 600 s")
+        in_log.on_row(_progress_row(step * 5), live=True)
+    drawn = [x.replace("\x1b[K", "") for x in re.split("[\r\n]", tty.getvalue())]
+    assert max(len(x) for x in drawn) <= columns - 1, drawn
+    assert all(x.startswith("step    ") for x in drawn if x)
+    if columns >= 80:
+        assert all("reward 0.512" in x and "accepted/s" in x for x in drawn
+                   if x and "wait" not in x)
+        assert any(x.endswith("waiting 60 s on w0 generate, limit 600 s") for x in drawn)
+    [*_, last] = log.getvalue().splitlines()
+    assert len(last) > 200 and "\r" not in log.getvalue()
+    for field in ("reward 0.512", "idle 12.3%", "discards 1234 (5.1%)", "ETA",
+                  "zero-std groups 25%", "length_penalty -0.125"):
+        assert field in last
+
+
 def test_final_line_prints_the_summary_figures(sim_events: list[ev.Event], tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     """The final line of ``freshroll run`` reads summary.json's figures; a run whose steps

@@ -137,6 +137,24 @@ def test_an_engine_error_fails_the_call_not_the_worker(engine: ProcessEngine):
     assert engine.generate(PROMPTS[:1], max_new_tokens=2)[0].tokens >= 1
 
 
+def _ignores(pid: int, sig: int) -> bool:
+    """Whether process ``pid`` ignores ``sig`` (its SigIgn mask in /proc)."""
+    with open(f"/proc/{pid}/status") as f:
+        mask = next(int(line.split()[1], 16) for line in f if line.startswith("SigIgn:"))
+    return bool(mask >> (sig - 1) & 1)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs /proc")
+def test_the_child_leaves_sigint_to_the_driver(engine: ProcessEngine):
+    """Issue 48, item 4: Ctrl-C reaches the whole process group; a worker child that took it
+    printed a KeyboardInterrupt traceback above the driver's clean "interrupted" line."""
+    assert engine.pid is not None
+    assert _ignores(engine.pid, signal.SIGINT)
+    os.kill(engine.pid, signal.SIGINT)
+    assert engine.generate(PROMPTS[:1], max_new_tokens=2)[0].tokens >= 1  # alive, answering
+    assert engine.alive()
+
+
 def test_the_proxy_is_adapted_as_a_killable_engine(engine: ProcessEngine):
     assert isinstance(adapt(engine, "w0", validate({}, "t").limits), KillableThreadEngine)  # type: ignore[arg-type]
 

@@ -16,6 +16,7 @@ from freshroll.engines.tiny import build_tokenizer
 from freshroll.errors import ConfigError
 from freshroll.rewards.data import (
     chat_renderer,
+    check_round_trip,
     check_vocabulary,
     load_prompts,
     plain_chat_text,
@@ -258,6 +259,106 @@ def test_text_outside_the_vocabulary_is_refused_with_count_and_characters() -> N
         check_vocabulary(bad, tok, model="tiny")
     msg = str(info.value)
     assert "2 of 3 prompts" in msg and "'p1'" in msg and "'R', '\\n'" in msg and "<unk>" in msg
+
+
+def _saved_char_tokenizer(tmp_path: Path, config: Any) -> Any:
+    """The character tokenizer saved beside ``config`` and reloaded as a user's run loads it."""
+    from transformers import AutoTokenizer
+
+    config.save_pretrained(tmp_path)
+    build_tokenizer().save_pretrained(tmp_path)
+    return AutoTokenizer.from_pretrained(tmp_path, local_files_only=True)
+
+
+def test_a_tokenizer_that_drops_characters_is_refused_naming_class_model_and_prompt(
+    tmp_path: Path,
+) -> None:
+    """Issue 48, item 1: under a Qwen2 config transformers loads the character tokenizer as
+    Qwen2Tokenizer, which drops the space ('rev 123' -> 'rev123') with no <unk> to see."""
+    from transformers import Qwen2Config
+
+    tok = _saved_char_tokenizer(tmp_path, Qwen2Config(vocab_size=64))
+    prompts = [Prompt("p0", "rev 123"), Prompt("p1", "rev12")]
+    check_vocabulary(prompts, tok, model=str(tmp_path))  # no <unk>: this check sees nothing
+    with pytest.raises(ConfigError) as info:
+        check_round_trip(prompts, tok, model=str(tmp_path))
+    msg = str(info.value)
+    assert type(tok).__name__ in msg and str(tmp_path) in msg
+    assert "1 of 2 prompts" in msg and "'p0' 'rev 123' becomes 'rev123'" in msg
+
+
+def test_a_tokenizer_that_gives_the_text_back_is_accepted(tmp_path: Path) -> None:
+    """The same files under the tiny Llama config keep their text (and a chat template's
+    special-token markers are not counted as changes)."""
+    from freshroll.engines.tiny import tiny_config
+
+    tok = _saved_char_tokenizer(tmp_path, tiny_config())
+    check_round_trip([Prompt("p0", "rev 123"), Prompt("p1", "<bos>rev 1=")], tok, model="m")
+    check_round_trip([], tok, model="m")
+
+
+def _sentencepiece_like() -> Any:
+    """A Llama-2/Mistral-style tokenizer: Metaspace pre-tokenizer, byte fallback, and a decoder
+    that strips the dummy prefix (trained here on a few lines)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="always")
+    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(),
+                                         decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    specials = ["<unk>", "<s>", "</s>", "[INST]", *(f"<0x{i:02X}>" for i in range(256))]
+    backend.train_from_iterator(["hello world", "rev 123 = 321", "user: hi"] * 20,
+                                trainers.BpeTrainer(vocab_size=300, special_tokens=specials))
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>",
+                                   bos_token="<s>", eos_token="</s>",
+                                   additional_special_tokens=["[INST]"])
+
+
+def test_spaces_a_sentencepiece_tokenizer_moves_are_not_a_change() -> None:
+    """Its decoder drops a leading space and writes one after a special token ('</s>[INST]'
+    as '</s> [INST]' in a multi-turn template): the model's own way, not a corruption; a
+    space lost between two words still is."""
+    tok = _sentencepiece_like()
+    check_round_trip([Prompt("a", " hello world"), Prompt("b", "hi</s>[INST]rev 123 =")],
+                     tok, model="sp")
+    assert tok.decode(tok("hi</s>[INST]x", add_special_tokens=False)["input_ids"]) != \
+        "hi</s>[INST]x"  # the case is real: the text does change
+    tok.backend_tokenizer.decoder = _decoder_dropping_spaces()
+    with pytest.raises(ConfigError, match="'b' 'rev 123' becomes 'rev123'"):
+        check_round_trip([Prompt("a", "hello"), Prompt("b", "rev 123")], tok, model="sp")
+
+
+def _decoder_dropping_spaces() -> Any:
+    """A decoder that loses every space, as Qwen2Tokenizer did with the character vocabulary."""
+    from tokenizers import decoders
+
+    return decoders.Sequence([decoders.Replace("▁", ""), decoders.ByteFallback(),
+                              decoders.Fuse()])
+
+
+def test_the_round_trip_checks_an_even_sample_of_a_big_set() -> None:
+    from freshroll.rewards import data
+
+    tok = build_tokenizer()
+    prompts = [Prompt(f"p{i}", "rev 1") for i in range(3 * data.ROUND_TRIP_SAMPLE)]
+    seen: list[int] = []
+    check_round_trip(prompts, _Counting(tok, seen), model="m")
+    assert seen == [data.ROUND_TRIP_SAMPLE]
+
+
+class _Counting:
+    """A tokenizer that records how many texts each encoding call receives."""
+
+    def __init__(self, tok: Any, seen: list[int]) -> None:
+        self.tok, self.seen = tok, seen
+
+    def __call__(self, texts: list[str], **kw: Any) -> Any:
+        self.seen.append(len(texts))
+        return self.tok(texts, **kw)
+
+    def decode(self, ids: list[int], **kw: Any) -> str:
+        return str(self.tok.decode(ids, **kw))
 
 
 def test_prompt_lengths_are_checked_against_the_limit_as_the_engines_encode() -> None:

@@ -95,3 +95,35 @@ def test_a_sim_runs_input_checks_leave_transformers_alone(monkeypatch: pytest.Mo
     assert sim.digest is not None and sim.pending is None and quieted == []
     real = prepare.check_inputs(load_config(None, ["task.n_prompts=8"]))
     assert real.pending is not None and quieted == ["hf"]
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_the_start_line_fits_a_terminal_and_is_whole_in_a_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tty: bool,
+):
+    """Issue 48, item 2: the start line (about 600 characters with a model) is wrapped to
+    the terminal's width, its pieces in order; in a log it stays one line."""
+    import os
+    import re
+
+    from freshroll.observe import fit as fit_mod
+
+    class Stream(io.StringIO):
+        def isatty(self) -> bool:
+            return tty
+
+    monkeypatch.setattr(fit_mod.shutil, "get_terminal_size", lambda: os.terminal_size((60, 24)))
+    over = ["rollout.engine=sim", "sim.clock=virtual", "run.steps=2", "task.n_prompts=64",
+            "rollout.group_size=4", "rollout.batch_groups=2"]
+    stream = Stream()
+    out = tmp_path / "a-run-directory-with-a-long-name" / "run"
+    assert run_mod.run(load_config(None, over), out, stream=stream).ok
+    text = stream.getvalue()
+    start = text[text.index("freshroll: "):text.index("control ")].split("\n")
+    if tty:
+        assert len(start) > 1 and all(len(x) <= 59 for x in start), start
+        assert all(x.startswith("  ") for x in start[1:])
+        drawn = re.split("[\r\n]", text[text.index("step "):].replace("\x1b[K", ""))
+        assert all(len(x) <= 59 for x in drawn if x.startswith("step ")), drawn
+    else:
+        assert len(start) == 1 and len(start[0]) > 60

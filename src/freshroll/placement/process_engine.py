@@ -39,7 +39,9 @@ a child that died (or whose pipe closed) is :class:`~freshroll.errors.WorkerLost
 does not answer in time :class:`~freshroll.errors.WorkerTimeout`; either way the engine is
 unusable (WorkerLost) until :meth:`ProcessEngine.restart`. The child exits when its request
 pipe hits EOF or its parent changes (the driver died, even by SIGKILL), unlinking the weight
-segment then so that nothing is left in ``/dev/shm``.
+segment then so that nothing is left in ``/dev/shm``. The child ignores SIGINT
+(:func:`_leave_sigint_to_parent`): Ctrl-C reaches the terminal's whole process group, and
+the driver, which owns the interrupt, stops its workers itself.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ import json
 import math
 import multiprocessing as mp
 import os
+import signal
 import sys
 import threading
 import time
@@ -168,6 +171,7 @@ def _main_not_rerun() -> Iterator[None]:
 def _child_main(path: str, threads: int, requests: Connection, answers: Connection,
                 shm: str | None, layout: dict[str, Any] | None) -> None:
     """The worker process: load the model, answer requests until EOF or ``stop``."""
+    _leave_sigint_to_parent()
     parent = os.getppid()
     _watch_parent(parent, shm)
     import torch
@@ -204,6 +208,15 @@ def _child_main(path: str, threads: int, requests: Connection, answers: Connecti
         except (BrokenPipeError, OSError):
             _orphaned(shm)
             return
+
+
+def _leave_sigint_to_parent() -> None:
+    """Ignore SIGINT in the worker. Why: a terminal's Ctrl-C goes to the whole foreground
+    process group, so the child would raise KeyboardInterrupt in the middle of a generate
+    call and print its traceback (``Process freshroll-worker:``) above the driver's one-line
+    "interrupted ... resume with"; the driver handles the interrupt and stops its workers
+    (:meth:`ProcessEngine.stop`, or the pipe's EOF and the parent watch if it dies)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _serve(engine: Any, reader: SlotReader | None, op: str | None,

@@ -22,6 +22,11 @@ Guarantees:
   ``"{file stem}-{row index}"``.
 * :func:`check_vocabulary` refuses prompts that the tokenizer would encode to its
   unknown token (``<unk>``), naming how many prompts, the first one and the characters.
+* :func:`check_round_trip` refuses a tokenizer that does not give the prompts' text back
+  (``decode(encode(p)) != p``, special tokens kept on both sides, leading spaces and those
+  next to a special token not counted, on at most
+  :data:`ROUND_TRIP_SAMPLE` prompts spread over the set): a tokenizer that drops spaces or
+  characters silently would train on other prompts than the user's.
 * :func:`check_prompt_lengths` refuses prompts longer than the model's context (its
   ``max_position_embeddings``, or ``vllm.max_model_len``) before a run starts, naming how
   many prompts, the longest one and the limit.
@@ -32,6 +37,7 @@ Guarantees:
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -158,6 +164,65 @@ def check_vocabulary(prompts: Sequence[Prompt], tokenizer: Any, *, model: str) -
         f"{first.prompt_id!r} {first.text[:80]!r}{shown}. Use a model whose tokenizer covers "
         "the text, or clean the prompts"
     )
+
+
+#: The most prompts :func:`check_round_trip` decodes (evenly spread over a bigger set).
+ROUND_TRIP_SAMPLE = 1000
+
+
+def check_round_trip(prompts: Sequence[Prompt], tokenizer: Any, *, model: str) -> None:
+    """Refuse a tokenizer that does not give the prompts' text back when decoding its encoding.
+
+    Why: transformers picks the tokenizer class by the model's ``model_type`` (a Qwen2 model
+    saved with a character tokenizer reloads as ``Qwen2Tokenizer``), and such a class can drop
+    spaces and characters without any ``<unk>``, so :func:`check_vocabulary` sees nothing and
+    the run trains on other prompts. Both sides keep special tokens (no BOS/EOS added on
+    encoding, none skipped on decoding, no space clean-up), so a chat template's markers pass;
+    spaces a SentencePiece tokenizer legitimately moves are not counted (:func:`_comparable`).
+    """
+    sample = _spread(prompts, ROUND_TRIP_SAMPLE)
+    if not sample:
+        return
+    ids = tokenizer([p.text for p in sample], add_special_tokens=False)["input_ids"]
+    back = [str(tokenizer.decode(row, skip_special_tokens=False,
+                                 clean_up_tokenization_spaces=False)) for row in ids]
+    same = _comparable(tokenizer)
+    bad = [i for i, (p, text) in enumerate(zip(sample, back, strict=True))
+           if text != p.text and same(text) != same(p.text)]
+    if not bad:
+        return
+    first = sample[bad[0]]
+    raise ConfigError(
+        f"the tokenizer of {model} ({type(tokenizer).__name__}) changes the prompts' text: "
+        f"{len(bad)} of {len(sample)} prompts checked do not decode back to themselves; first: "
+        f"prompt {first.prompt_id!r} {first.text[:80]!r} becomes {back[bad[0]][:80]!r}. "
+        "transformers chooses the tokenizer class by the model's model_type: save the "
+        "tokenizer with a model whose type loads it as it was saved, or use one that covers "
+        "the text"
+    )
+
+
+def _comparable(tokenizer: Any) -> Callable[[str], str]:
+    """The text as :func:`check_round_trip` compares it: without the spaces that a
+    SentencePiece-style tokenizer legitimately moves, its leading ones (the dummy prefix it
+    strips when decoding) and those next to a special or added token (a chat template's
+    markers: ``</s>[INST]`` may decode as ``</s> [INST]``). Every other space must survive."""
+    specials = {str(t) for t in getattr(tokenizer, "all_special_tokens", None) or ()}
+    with contextlib.suppress(Exception):  # a tokenizer without added tokens
+        specials |= {str(t) for t in tokenizer.get_added_vocab()}
+    names = sorted((t for t in specials if t.strip()), key=len, reverse=True)  # not "\t"
+    if not names:
+        return str.lstrip
+    around = re.compile(r"\s*(" + "|".join(re.escape(t) for t in names) + r")\s*")
+    return lambda text: around.sub(r"\1", text).lstrip()
+
+
+def _spread(prompts: Sequence[Prompt], most: int) -> list[Prompt]:
+    """At most ``most`` prompts, evenly spaced over ``prompts`` (all of them when few)."""
+    n = len(prompts)
+    if n <= most:
+        return list(prompts)
+    return [prompts[i * n // most] for i in range(most)]
 
 
 def check_prompt_lengths(

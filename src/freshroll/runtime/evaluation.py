@@ -41,6 +41,7 @@ from freshroll.rewards.calling import RewardState, reward_columns
 from freshroll.rewards.data import (
     chat_renderer,
     check_prompt_lengths,
+    check_round_trip,
     check_vocabulary,
     load_prompts,
 )
@@ -75,6 +76,7 @@ def load_eval_prompts(cfg: Config, model: Path, tok: Any,
         prompts = load_prompts(e.file, t.prompt_field, t.answer_field, t.id_field,
                                split=e.split, render=render)[:e.n_prompts]
         check_vocabulary(prompts, tok, model=str(model))
+        check_round_trip(prompts, tok, model=str(model))
         check_prompt_lengths(prompts, tok, context[0], source=f"eval.file {e.file}",
                              limit_name=context[1])
     except ConfigError as exc:

@@ -29,6 +29,7 @@ from freshroll.rewards.calling import reward_columns
 from freshroll.rewards.data import (
     chat_renderer,
     check_prompt_lengths,
+    check_round_trip,
     check_vocabulary,
     load_prompts,
 )
@@ -349,6 +350,7 @@ def load_task_prompts(cfg: Config, model: Path, tok: Any = None,
     else:
         prompts = make_prompts(t.name, t.n_prompts, cfg.run.seed, **t.params)
     check_vocabulary(prompts, tok, model=str(model))
+    check_round_trip(prompts, tok, model=str(model))
     source = f"task.file {t.file}" if t.file is not None else f"task {t.name!r}"
     check_prompt_lengths(prompts, tok, context[0], source=source, limit_name=context[1])
     return prompts

@@ -8,8 +8,9 @@ line, the checkpointer, and :class:`Recording`, the list of them a run hands its
     MetricsRows    on_step: the ledger's durable events since the last fold, folded into
                    metrics.jsonl rows (reconciled with the ledger at every start); each row
                    then goes to every observer's on_row
-    ProgressLine   on_row: one line per step (redrawn in place on a terminal); on_wait: the
-                   heartbeat, joined to that line on a terminal
+    ProgressLine   on_row: one line per step (redrawn in place on a terminal, cut to its
+                   width: :mod:`freshroll.observe.fit`); on_wait: the heartbeat, joined to
+                   that line on a terminal
     Notes          a skipped step, the sync fallback's choice (stderr)
     ...            what the caller added (``run(..., observers=[...])``), in its order
 
@@ -40,6 +41,7 @@ from freshroll.events import CheckpointSaved
 from freshroll.figures.metrics_log import METRICS_FILE, RowLog, reconcile
 from freshroll.lineage import PolicyVersion, file_digests
 from freshroll.metrics import Tally
+from freshroll.observe.fit import fit, fit_with, width
 from freshroll.observe.pace import Pace
 from freshroll.pipeline.fallback import Switch
 from freshroll.pipeline.observers import (
@@ -103,11 +105,15 @@ class MetricsRows(Observer):
 
 
 class ProgressLine(Observer):
-    """The live progress line (``run.progress``) and the heartbeat."""
+    """The live progress line (``run.progress``) and the heartbeat.
+
+    On a terminal the line is redrawn in place and cut to its width
+    (:mod:`freshroll.observe.fit`: its fields go most important first, so a narrow terminal
+    keeps step, reward, accepted/s, lag and idle); in a log file every field is written."""
 
     def __init__(self, cfg: Config, stream: TextIO) -> None:
         self.cfg, self.stream = cfg, stream
-        self._line = ""  # the progress line drawn in place on a terminal, if any
+        self._fields: list[str] = []  # the progress line drawn in place on a terminal, if any
         self.pace = Pace(cfg.run.steps)  # steps/s and the time left
 
     def on_row(self, row: Row, live: bool) -> None:
@@ -120,26 +126,35 @@ class ProgressLine(Observer):
         tty = self.stream.isatty()
         if not tty and step % max(1, total // 40) and step != total:
             return
-        line = (
-            f"step {step:>4}/{total}  reward {_fmt(row.get('reward_mean'), '.3f')}  "
-            f"accepted/s {_fmt(row['accepted_per_s'], '7.1f')}  "
-            f"lag {_fmt(row.get('lag_mean'), '.2f')} "
-            f"(max {_fmt(row.get('lag_max'), '.0f')}/{self.cfg.run.max_staleness})  "
-            f"idle {_fmt(row['trainer_idle_ratio'], '5.1%')}  "
-            f"discards {row['discards']} ({_fmt(row['discard_rate'], '.1%')})  "
-            f"t {_fmt(row['t'], '6.1f')}s  {self.pace.render()}{_reward_details(row)}"
-        )
+        fields = self._fields_of(row)
         end = "\n" if not tty or step == total else ""
+        line = fit(fields, width(self.stream))
         self.stream.write(("\r" if tty else "") + line + (_CLEAR if tty else "") + end)
         self.stream.flush()
-        self._line = line if tty and not end else ""
+        self._fields = fields if tty and not end else []
+
+    def _fields_of(self, row: Row) -> list[str]:
+        """The progress line's fields, most important first."""
+        return [
+            f"step {row['step']:>4}/{self.cfg.run.steps}",
+            f"reward {_fmt(row.get('reward_mean'), '.3f')}",
+            f"accepted/s {_fmt(row['accepted_per_s'], '7.1f')}",
+            f"lag {_fmt(row.get('lag_mean'), '.2f')} "
+            f"(max {_fmt(row.get('lag_max'), '.0f')}/{self.cfg.run.max_staleness})",
+            f"idle {_fmt(row['trainer_idle_ratio'], '5.1%')}",
+            f"discards {row['discards']} ({_fmt(row['discard_rate'], '.1%')})",
+            f"t {_fmt(row['t'], '6.1f')}s",
+            self.pace.render(),
+            *_reward_details(row),
+        ]
 
     def on_wait(self, line: str) -> None:
         """A heartbeat (:mod:`freshroll.ports.waits`): ``waiting 60 s on w0 generate,
         limit 600 s``. On a terminal it is added to the progress line drawn in place (the
-        next step redraws it); otherwise, and with ``run.progress`` off, a line of its own."""
-        if self._line:
-            self.stream.write("\r" + self._line + "  " + line + _CLEAR)
+        next step redraws it; the line's last fields give way to it on a narrow terminal);
+        otherwise, and with ``run.progress`` off, a line of its own."""
+        if self._fields:
+            self.stream.write("\r" + fit_with(self._fields, line, width(self.stream)) + _CLEAR)
         else:
             self.stream.write(line + "\n")
         self.stream.flush()
@@ -237,17 +252,17 @@ class Recording(Observer):
         close_all(self.observers)
 
 
-def _reward_details(row: Row) -> str:
+def _reward_details(row: Row) -> list[str]:
     """The progress line's reward details: the share of groups without learning signal and,
     for more than one reward function, each one's mean (``metrics.jsonl``'s columns)."""
-    out = ""
+    out = []
     zero = row.get("frac_reward_zero_std")
     if zero is not None:
-        out += f"  zero-std groups {_fmt(zero, '.0%')}"
+        out.append(f"zero-std groups {_fmt(zero, '.0%')}")
     means = {k[len("rewards/"):-len("/mean")]: v for k, v in row.items()
              if k.startswith("rewards/") and k.endswith("/mean")}
     if len(means) > 1:
-        out += "  [" + ", ".join(f"{n} {_fmt(v, '.3f')}" for n, v in means.items()) + "]"
+        out.append("[" + ", ".join(f"{n} {_fmt(v, '.3f')}" for n, v in means.items()) + "]")
     return out
 
 

@@ -55,6 +55,7 @@ from freshroll.figures.overlap import render as render_overlap
 from freshroll.freshness import window_note
 from freshroll.ledger import RESERVE_BYTES, Ledger, open_ledger
 from freshroll.lineage import PolicyVersion
+from freshroll.observe.fit import width, wrap
 from freshroll.observe.monitors import build_monitors
 from freshroll.pipeline.fallback import EarlierChoice
 from freshroll.pipeline.observers import FollowMode, RunObserver
@@ -199,8 +200,8 @@ def _assemble(prep: Prepared, buf: SampleBuffer, out: Path, clock: Clock, placem
         if chaos is not None:
             parts = chaos.wrap(parts, buf)
         if cfg.run.progress:
-            stream.write(_start_line(cfg, out, prep.model_path, len(prep.prompts), buf,
-                                     placement) + "\n")
+            start = _start_line(cfg, out, prep.model_path, len(prep.prompts), buf, placement)
+            stream.write(wrap(start, width(stream)) + "\n")  # whole in a log file
             stream.flush()
         watch += own_watchers(cfg, placement, out, stream)
         rec = Recording(out, cfg, buf, stream, evaluator, extra=[*watch, *observers])
