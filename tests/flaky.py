@@ -17,6 +17,7 @@ green. Exit status: 0 when the rerun ran, 2 when there was nothing recorded to r
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -54,8 +55,9 @@ def main(argv: list[str]) -> int:
         print("flaky check: no failure recorded to run again")
         return 2
     print(f"flaky check: running the {len(before)} failure(s) once more, one process")
+    env = {k: v for k, v in os.environ.items() if k != "FRESHROLL_TEST_COSTS"}  # not costs
     subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "--last-failed",
-                    "--last-failed-no-failures", "none", *argv], check=False)
+                    "--last-failed-no-failures", "none", *argv], check=False, env=env)
     print(render(classify(before, last_failed())))
     return 0
 
