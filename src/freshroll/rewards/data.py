@@ -225,6 +225,15 @@ def _spread(prompts: Sequence[Prompt], most: int) -> list[Prompt]:
     return [prompts[i * n // most] for i in range(most)]
 
 
+def check_prompts(prompts: Sequence[Prompt], tokenizer: Any, limit: int | None, *, model: str,
+                  source: str, limit_name: str) -> None:
+    """Every check a run's prompts pass before it starts (the task's and the eval set's alike):
+    :func:`check_vocabulary`, :func:`check_round_trip`, then :func:`check_prompt_lengths`."""
+    check_vocabulary(prompts, tokenizer, model=model)
+    check_round_trip(prompts, tokenizer, model=model)
+    check_prompt_lengths(prompts, tokenizer, limit, source=source, limit_name=limit_name)
+
+
 def check_prompt_lengths(
     prompts: Sequence[Prompt], tokenizer: Any, limit: int | None, *, source: str, limit_name: str
 ) -> None:

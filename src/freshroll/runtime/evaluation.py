@@ -40,9 +40,7 @@ from freshroll.figures.metrics_log import read_rows, write_atomic
 from freshroll.rewards.calling import RewardState, reward_columns
 from freshroll.rewards.data import (
     chat_renderer,
-    check_prompt_lengths,
-    check_round_trip,
-    check_vocabulary,
+    check_prompts,
     load_prompts,
 )
 from freshroll.rewards.scoring import RewardSet, Score
@@ -75,10 +73,8 @@ def load_eval_prompts(cfg: Config, model: Path, tok: Any,
     try:
         prompts = load_prompts(e.file, t.prompt_field, t.answer_field, t.id_field,
                                split=e.split, render=render)[:e.n_prompts]
-        check_vocabulary(prompts, tok, model=str(model))
-        check_round_trip(prompts, tok, model=str(model))
-        check_prompt_lengths(prompts, tok, context[0], source=f"eval.file {e.file}",
-                             limit_name=context[1])
+        check_prompts(prompts, tok, context[0], model=str(model), source=f"eval.file {e.file}",
+                      limit_name=context[1])
     except ConfigError as exc:
         text = str(exc).replace("task.split=", "eval.split=")
         raise ConfigError(text if text.startswith("eval.file") else f"eval.file: {text}") from None

@@ -28,9 +28,7 @@ from freshroll.pipeline.steering import control_config
 from freshroll.rewards.calling import reward_columns
 from freshroll.rewards.data import (
     chat_renderer,
-    check_prompt_lengths,
-    check_round_trip,
-    check_vocabulary,
+    check_prompts,
     load_prompts,
 )
 from freshroll.rewards.scoring import ImportBound, RewardSet, build_reward_set
@@ -349,8 +347,7 @@ def load_task_prompts(cfg: Config, model: Path, tok: Any = None,
                                split=t.split, render=render)
     else:
         prompts = make_prompts(t.name, t.n_prompts, cfg.run.seed, **t.params)
-    check_vocabulary(prompts, tok, model=str(model))
-    check_round_trip(prompts, tok, model=str(model))
     source = f"task.file {t.file}" if t.file is not None else f"task {t.name!r}"
-    check_prompt_lengths(prompts, tok, context[0], source=source, limit_name=context[1])
+    check_prompts(prompts, tok, context[0], model=str(model), source=source,
+                  limit_name=context[1])
     return prompts
