@@ -223,8 +223,10 @@ def trl_args(cfg, out_dir: Path):
 # --- the systems ------------------------------------------------------------------------
 
 
-def run_trl(cfg, model_dir: Path, out_dir: Path, threads: int | None) -> Result:
-    """One TRL run at ``threads`` intra-op threads (None: torch's default, all the cores)."""
+def run_trl(cfg, model_dir: Path, out_dir: Path, threads: int | None,
+            reward: Any = None) -> Result:
+    """One TRL run at ``threads`` intra-op threads (None: torch's default, all the cores);
+    ``reward``: its reward function (default: the embedded task's, digit reversal)."""
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -255,7 +257,7 @@ def run_trl(cfg, model_dir: Path, out_dir: Path, threads: int | None) -> Result:
     args = trl_args(cfg, out_dir)
     clock = Clock()
     trainer = GRPOTrainer(
-        model=model, reward_funcs=[reverse_reward], args=args,
+        model=model, reward_funcs=[reward or reverse_reward], args=args,
         train_dataset=Dataset.from_dict({"prompt": texts, "answer": answers}),
         processing_class=tok, callbacks=[clock],
     )

@@ -101,6 +101,7 @@ def run(config: Path | None, overrides: tuple[str, ...], out: Path | None,
 
 def _print_result(result: RunResult) -> None:
     from freshroll.figures.bias import render as render_bias
+    from freshroll.figures.learning import render_learning
     from freshroll.figures.segments import render_segments
     from freshroll.figures.summary import render_reward_versions
     from freshroll.figures.verdict import recovery_line, render
@@ -123,9 +124,13 @@ def _print_result(result: RunResult) -> None:
     biased = render_bias(s.get("sample_bias"))
     if biased:
         click.echo(biased, err=True)
-    window = render_window(s.get("window_bound"))  # the freshness window limits the trainer
+    # the freshness window limits the trainer (an async run's line only)
+    window = render_window(s.get("window_bound"), s.get("max_staleness"))
     if window:
         click.echo(window, err=True)
+    learning = render_learning(s.get("learning"))  # a collapse, or asynchrony's cost
+    if learning:
+        click.echo(learning, err=True)
     fixed = render_fixed_costs(s)
     if fixed:
         click.echo(fixed, err=True)

@@ -110,6 +110,23 @@ class MonitorSection(_Section):
         "had no learning signal (every group's completions scored alike: every advantage 0; "
         "metrics.jsonl's no_signal_steps, docs/metrics.md), and when the signal comes back"
     )
+    on_collapse: Literal["stop", "warn"] = Field(
+        "stop", description="a policy that collapsed (collapse_steps dead steps: no learning "
+        "signal or entropy under entropy_floor, after the reward fell by collapse_drop of "
+        "what it had gained; freshroll.observe.collapse): stop the run (exit 3, resumable) "
+        "or warn once and go on"
+    )
+    collapse_steps: int = Field(
+        20, ge=1, le=1_000_000, description="consecutive dead steps that make a collapse"
+    )
+    entropy_floor: float = Field(
+        0.05, ge=0, le=100, description="a step whose policy entropy (nats per token) is "
+        "under this is dead"
+    )
+    collapse_drop: float = Field(
+        0.5, gt=0, le=1, description="the share of the reward gained (best 10-step mean "
+        "minus the first) a collapse has lost"
+    )
     tensorboard: bool = Field(
         False, description="write the run's figures as TensorBoard scalars to "
         "RUN_DIR/tensorboard/ (docs/metrics.md, 'Live metrics'); needs pip install "

@@ -115,9 +115,10 @@ class TrainerSection(_Section):
         "grpo", description="loss aggregation: per-sequence mean (grpo), "
         "sum / (B x max tokens) (dr_grpo), token mean (dapo)"
     )
-    correction: Literal["none", "tis", "decoupled"] = Field(
-        "tis", description="off-policy correction: none, truncated importance sampling (tis), "
-        "AReaL decoupled (masks weights above is_cap)"
+    correction: Literal["none", "tis", "decoupled", "dual_clip"] = Field(
+        "dual_clip", description="off-policy correction: none (PPO clipped against the behaviour "
+        "policy), truncated importance sampling (tis), AReaL decoupled (masks weights above "
+        "is_cap), dual_clip (none with the negative-advantage ratio capped at is_cap)"
     )
     clip_low: float = Field(0.2, ge=0.0, lt=1.0, description="ratio floor is 1 - clip_low")
     clip_high: float = Field(0.28, ge=0.0, le=10.0, description="ratio ceiling is 1 + clip_high")
@@ -140,3 +141,11 @@ class TrainerSection(_Section):
         None, description="LoRA adapters instead of full fine-tuning (peft); unset: every "
         "weight is trained; {} : the defaults below"
     )
+
+    @model_validator(mode="after")
+    def _dual_clip(self) -> TrainerSection:
+        if self.correction == "dual_clip" and self.is_cap <= 1.0 + self.clip_high:
+            raise ValueError(f"is_cap {self.is_cap} must exceed 1 + clip_high = "
+                             f"{1.0 + self.clip_high:g} with correction dual_clip (the cap "
+                             "bounds a ratio the clip has already let through)")
+        return self

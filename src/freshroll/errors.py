@@ -132,6 +132,12 @@ class NoProgress(RunFailed):
     message names the wait in flight the longest (:mod:`freshroll.ports.waits`)."""
 
 
+class LearningCollapsed(RunFailed):
+    """The policy collapsed (no learning signal or entropy under its floor for
+    ``monitor.collapse_steps`` steps after its reward fell) and ``monitor.on_collapse`` is
+    ``stop``: :mod:`freshroll.observe.collapse`; the message names the step and what to change."""
+
+
 class StorageError(RunFailed):
     """A write to the run directory failed (disk full, read-only, ...)."""
 

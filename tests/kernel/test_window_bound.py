@@ -76,6 +76,8 @@ def test_the_bound_of_a_hand_built_ledger() -> None:
     assert summarize_events(events)["window_bound"]["bound"] == pytest.approx(0.75)
     assert "window bound 0.75" in render_window(w) and "75% of the trainer's" in render_window(w)
     assert render_window({**w, "bound": 0.95}) == ""  # not the limit: the end says nothing
+    assert render_window(w, max_staleness=0) == ""  # a sync run has no window to widen
+    assert "window bound 0.75" in render_window(w, max_staleness=1)
 
 
 def test_the_formula() -> None:

@@ -43,6 +43,7 @@ SETTINGS = [
     {"aggregation": "dapo"},
     {"aggregation": "dapo", "correction": "decoupled", "kl_coef": 0.1},
     {"aggregation": "grpo", "correction": "none", "clip_high": 0.1},
+    {"aggregation": "dr_grpo", "correction": "dual_clip"},
 ]
 
 

@@ -219,6 +219,37 @@ def test_decoupled_masks_tokens_above_cap() -> None:
     assert loss2.item() == pytest.approx(-1.8, rel=1e-6)
 
 
+def test_dual_clip_caps_negative_advantage_ratio_and_clips_at_behaviour() -> None:
+    # A=-1: r=3 > C=2 -> the loss is C|A| = 2 with no gradient; r=1.25 inside the clip
+    # range -> -min(-1.25, -1.25) = 1.25, gradient r|A| as plain PPO against behaviour
+    logp = _leaf([[-1.0, -1.0]])
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    cfg = LossConfig(correction="dual_clip", is_cap=2.0)
+    loss, metrics = policy_loss(logp, _behaviour(logp, [[3.0, 1.25]]), torch.tensor([-1.0]),
+                                mask, cfg)
+    assert loss.item() == pytest.approx((2.0 + 1.25) / 2.0, abs=1e-6)
+    assert metrics["is_truncated_frac"] == pytest.approx(0.5)
+    loss.backward()
+    assert logp.grad is not None
+    assert logp.grad[0].tolist() == pytest.approx([0.0, 1.25 / 2.0], abs=1e-6)
+    # A=+1: exactly none's clipped PPO against the behaviour policy, even past the cap
+    for ratios in ([[3.0, 0.5]], [[1.1, 0.9]]):
+        a, b = _leaf([[-1.0, -1.0]]), _leaf([[-1.0, -1.0]])
+        la, _ = policy_loss(a, _behaviour(a, ratios), torch.tensor([1.0]), mask, cfg)
+        lb, _ = policy_loss(b, _behaviour(b, ratios), torch.tensor([1.0]), mask,
+                            LossConfig(correction="none"))
+        la.backward()
+        lb.backward()
+        assert la.item() == pytest.approx(lb.item(), abs=1e-6)
+        assert a.grad is not None and b.grad is not None
+        assert a.grad[0].tolist() == pytest.approx(b.grad[0].tolist(), abs=1e-6)
+
+
+def test_dual_clip_cap_must_exceed_the_clip_range() -> None:
+    with pytest.raises(ConfigError, match="is_cap must exceed 1 \\+ clip_high"):
+        LossConfig(correction="dual_clip", is_cap=1.2, clip_high=0.28)
+
+
 def test_on_policy_sanity_loss_and_gradient() -> None:
     logp = _leaf([[-1.0, -2.0, -3.0], [-0.5, -0.25, -4.0]])
     mask = torch.tensor([[1, 1, 0], [1, 1, 1]], dtype=torch.bool)

@@ -18,7 +18,7 @@ B_A = [-1.1, -0.6, -1.8, -0.7]  # the behaviour log-probs of the old weights' to
 B_B = [-1.5, -0.4]  # ... and of the new weights'
 
 
-@pytest.mark.parametrize("correction", ["tis", "decoupled", "none"])
+@pytest.mark.parametrize("correction", ["tis", "decoupled", "none", "dual_clip"])
 def test_each_token_is_corrected_by_its_own_versions_behaviour_logprob(correction: str) -> None:
     cfg = LossConfig(aggregation="dapo", correction=correction, is_cap=2.0)
     adv = torch.tensor([1.0])

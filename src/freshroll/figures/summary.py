@@ -31,6 +31,7 @@ from freshroll.events import (
 )
 from freshroll.figures.bias import SampleBias
 from freshroll.figures.history import HistoryFold
+from freshroll.figures.learning import LearningFold
 from freshroll.figures.metrics_log import read_rows
 from freshroll.figures.overlap import OverlapFold
 from freshroll.figures.segments import SegmentFold
@@ -132,6 +133,7 @@ class SummaryFold:
         self.verdict = VerdictFold()
         self.reward_versions = RewardVersions()
         self.window = WindowFold()  # the freshness window's bound on the trainer
+        self.learning = LearningFold()  # collapse and the off-policy signals, from the rows
         self.overlap = OverlapFold(self.tally)
         self.segments = SegmentFold(self.tally, self.overlap)  # fed before the two above
         self.requests = 0  # admitted requests (sum of the groups' sizes)
@@ -170,11 +172,16 @@ class SummaryFold:
         return tuple(route)
 
     def _config(self, e: RunConfig) -> None:
-        """The engine that generated the run's samples (hf, vllm, sim), for the summary."""
+        """The engine that generated the run's samples (hf, vllm, sim), and the collapse
+        rule's settings (``monitor.*``), for the summary."""
         try:
-            rollout = json.loads(e.config).get("rollout", {})
+            config = json.loads(e.config)
+            rollout = config.get("rollout", {})
         except (ValueError, AttributeError):
             return
+        monitor = config.get("monitor")
+        if isinstance(monitor, dict):  # the collapse rule's settings in force
+            self.learning.configure(monitor)
         engine = rollout.get("engine", "hf") if isinstance(rollout, dict) else None
         self.engine = engine if isinstance(engine, str) else None
 
@@ -182,6 +189,7 @@ class SummaryFold:
         row = self.tally.feed(e)
         if row is not None:
             self._rows.append(row)
+            self.learning.row(row, self.tally.max_staleness)
 
     def _lifecycle(self, e: Any) -> None:
         if isinstance(e, Requested):
@@ -233,6 +241,7 @@ class SummaryFold:
             "segments": self.segments.result(),
             "reward_versions": self.reward_versions.result(),
             "window_bound": self.window.result(),
+            "learning": self.learning.result(),
         })
         return summary
 

@@ -182,9 +182,12 @@ class WindowFold:
 SAY_BELOW = 0.9
 
 
-def render_window(w: Any) -> str:
+def render_window(w: Any, max_staleness: Any = None) -> str:
     """The line a run's end prints when the window limits the trainer (bound under
-    :data:`SAY_BELOW`); empty otherwise."""
+    :data:`SAY_BELOW`); empty otherwise, and for a synchronous run (``max_staleness`` 0: it
+    has no freshness window to widen; its batches wait on generation by design)."""
+    if max_staleness == 0:
+        return ""
     if not isinstance(w, dict) or not isinstance(w.get("bound"), float):
         return ""
     if not w["bound"] < SAY_BELOW:

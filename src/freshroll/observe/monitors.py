@@ -1,5 +1,6 @@
 """The watchers ``monitor.*`` asks for: Prometheus, TensorBoard, W&B (each off by default),
-and the no-learning-signal warning (always on: :mod:`freshroll.observe.no_signal`).
+the no-learning-signal warning (always on: :mod:`freshroll.observe.no_signal`) and the collapse
+guard (always on, ``monitor.on_collapse``: :mod:`freshroll.observe.collapse`).
 
 :func:`check_monitors` is every check of the section before a run writes anything (``config
 check`` and a run's input checks): a taken Prometheus port, an option whose package is not
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import TextIO
 
 from freshroll.config import Config, MonitorSection
+from freshroll.observe.collapse import collapse_guard
 from freshroll.observe.no_signal import NoSignal
 from freshroll.observe.prometheus import PrometheusExporter, check_port
 from freshroll.observe.tensorboard import TENSORBOARD_DIR, TensorBoardWriter, check_tensorboard
@@ -33,10 +35,11 @@ def check_monitors(mon: MonitorSection) -> None:
 
 def build_monitors(cfg: Config, out: Path, stream: TextIO) -> list[RunObserver]:
     """The started observers of ``cfg.monitor`` for the run in ``out``, in the order
-    no-signal warning, Prometheus, TensorBoard, W&B; where each of the last three is said on
-    ``stream`` (with progress on)."""
+    no-signal warning, collapse guard, Prometheus, TensorBoard, W&B; where each of the last
+    three is said on ``stream`` (with progress on)."""
     mon = cfg.monitor
-    found: list[RunObserver] = [NoSignal(mon.no_signal_steps, stream)]
+    found: list[RunObserver] = [NoSignal(mon.no_signal_steps, stream),
+                                collapse_guard(mon, stream)]
     said = stream if cfg.run.progress else None
     try:
         if mon.prometheus_port is not None:

@@ -85,7 +85,8 @@ def header(run: RunData, baseline: RunData | None) -> str:
 
 def _verdict_cards(run: RunData, baseline: RunData | None) -> list[str]:
     """Did asynchrony pay? The overlap verdict with its ratio (``summary.json`` ``overlap``:
-    measured by the sync fallback, or estimated), and with a baseline the seconds to the
+    measured by the sync fallback, or estimated), what the run's learning signals say
+    (``learning``: :mod:`freshroll.figures.learning`), and with a baseline the seconds to the
     middle reward level against it (:mod:`freshroll.figures.reward_time`)."""
     cards = []
     o = run.summary.get("overlap")
@@ -100,6 +101,17 @@ def _verdict_cards(run: RunData, baseline: RunData | None) -> list[str]:
         cls = "card good" if o["verdict"] == "paid" else "card bad"
         cards.append(f'<div class="{cls}"><div class="k">asynchrony</div>'
                      f'<div class="v">{escape(value)}</div><div class="base">{sub}</div></div>')
+    learning = run.summary.get("learning")
+    if isinstance(learning, dict) and learning.get("verdict") not in (None, "sync"):
+        verdict = str(learning["verdict"])
+        kl = num(learning.get("mismatch_kl_stale"))
+        sub = ("stale steps' mismatch KL " + (f"{kl:.4f}" if kl is not None else "-")
+               + f" (at risk above {learning.get('kl_risk')}); reward at equal steps vs sync: "
+               "benchmarks/learning.py")
+        cls = "card good" if verdict == "no cost seen" else "card bad"
+        cards.append(f'<div class="{cls}"><div class="k">learning</div>'
+                     f'<div class="v">{escape(verdict)}</div><div class="base">'
+                     f"{escape(sub)}</div></div>")
     if baseline is not None:
         cmp = reward_time.compare(reward_time.curve(run.metrics),
                                   reward_time.curve(baseline.metrics))
@@ -128,7 +140,8 @@ def _segments_html(run: RunData) -> str:
     segments = run.summary.get("segments")
     text = render_segments(segments) if isinstance(segments, list) else ""
     text = "\n".join(x for x in (text, render_reward_versions(
-        run.summary.get("reward_versions")), render_window(run.summary.get("window_bound")))
+        run.summary.get("reward_versions")), render_window(run.summary.get("window_bound"),
+                                         run.summary.get("max_staleness")))
         if x)
     if not text:
         return ""

@@ -33,6 +33,17 @@ Off-policy correction (``LossConfig.correction``), with ``w = exp(p - b)`` and c
 * ``decoupled``: ``L_t = sg[w * 1{w <= C}] * P_t(exp(logp - p))`` (AReaL's decoupled PPO:
   tokens with ``w > C`` are dropped, not truncated; as in AReaL they keep counting in the
   ``grpo`` / ``dapo`` denominators, so dropping a token never rescales the others).
+* ``dual_clip``: ``L_t = P_t(r)`` for ``A >= 0`` and ``min(P_t(r), -C A)`` for ``A < 0``, with
+  ``r = exp(logp - b)`` (PPO against the behaviour policy, its negative-advantage term
+  bounded by dual clipping, Ye et al. 2020 / verl's ``clip_ratio_c``; ``C`` must exceed
+  ``1 + clip_high``).
+
+Why the anchor matters: with one optimizer step per batch the proximal policy *is* the
+current one, so ``exp(logp - p) = 1`` and the clip of ``tis`` and ``decoupled`` never acts:
+a stale batch gets an importance weight but no trust region. ``none`` and ``dual_clip`` clip
+the ratio to the policy that sampled the tokens, so a token the policy already moved past
+``1 +- clip`` in the advantage's direction gets no further push (docs/benchmarks.md,
+"Learning under asynchrony", measures the difference).
 
 Optional KL to a reference (k3 estimator of ``KL(pi || ref)``), added per token when
 ``ref_logprobs`` is given and ``kl_coef > 0``::
@@ -76,7 +87,7 @@ from freshroll.errors import ConfigError
 from freshroll.off_policy import LAG_BUCKETS, TOP_LAG, bucket_key
 
 Aggregation = Literal["grpo", "dr_grpo", "dapo"]
-Correction = Literal["none", "tis", "decoupled"]
+Correction = Literal["none", "tis", "decoupled", "dual_clip"]
 
 __all__ = [
     "Aggregation",
@@ -158,7 +169,7 @@ class LossConfig:
     aggregation: Aggregation = "grpo"
     clip_low: float = 0.2
     clip_high: float = 0.2
-    correction: Correction = "tis"
+    correction: Correction = "dual_clip"
     is_cap: float = 2.0
     kl_coef: float = 0.0
     max_completion_len: int | None = None
@@ -174,6 +185,9 @@ class LossConfig:
             raise ConfigError(f"loss.clip_high must be >= 0, got {self.clip_high}")
         if self.is_cap <= 0.0:
             raise ConfigError(f"loss.is_cap must be > 0, got {self.is_cap}")
+        if self.correction == "dual_clip" and self.is_cap <= 1.0 + self.clip_high:
+            raise ConfigError(f"loss.is_cap must exceed 1 + clip_high = {1.0 + self.clip_high} "
+                              f"with correction dual_clip, got {self.is_cap}")
         if self.kl_coef < 0.0:
             raise ConfigError(f"loss.kl_coef must be >= 0, got {self.kl_coef}")
         if self.max_completion_len is not None and self.max_completion_len <= 0:
@@ -210,7 +224,7 @@ def _importance_weights(
         "is_weight_max": 1.0 if empty else float(valid.max()),
         "is_weight_min": 1.0 if empty else float(valid.min()),
         "is_truncated_frac": 0.0
-        if cfg.correction == "none"
+        if cfg.correction in ("none", "dual_clip")
         else float(_masked_mean(over.float(), mask)),
     }
     return weight, metrics
@@ -267,6 +281,23 @@ def _by_lag(raw: Tensor, k3: Tensor, mask: Tensor, lags: Tensor) -> dict[str, fl
     return out
 
 
+def _corrected(
+    logp: Tensor, behaviour: Tensor, proximal: Tensor, adv: Tensor, mask: Tensor,
+    cfg: LossConfig,
+) -> tuple[Tensor, Tensor, Tensor, dict[str, float]]:
+    """The per-token PPO term under ``cfg.correction`` (module docstring), with its detached
+    ratio, its "clipped branch active" map and the ``is_*`` metrics."""
+    anchor = behaviour if cfg.correction in ("none", "dual_clip") else proximal
+    pg, ratio, active = _ppo_term(logp, anchor, adv, cfg)
+    weight, metrics = _importance_weights(proximal, behaviour, mask, cfg)
+    if cfg.correction == "dual_clip":
+        floor = -cfg.is_cap * adv  # the most a negative-advantage token may cost
+        capped = (adv < 0) & (pg.detach() > floor)
+        pg = torch.where(adv < 0, torch.minimum(pg, floor.expand_as(pg)), pg)
+        metrics["is_truncated_frac"] = float(_masked_mean(capped.float(), mask))
+    return weight * pg, ratio, active, metrics
+
+
 def policy_loss(
     logprobs: Tensor,
     behaviour_logprobs: Tensor,
@@ -308,10 +339,7 @@ def policy_loss(
         else torch.where(m, proximal_logprobs.detach().float(), fill)
     )
     adv = advantages.detach().float().unsqueeze(1)
-    anchor = behaviour if cfg.correction == "none" else proximal
-    pg, ratio, active = _ppo_term(logp, anchor, adv, cfg)
-    weight, metrics = _importance_weights(proximal, behaviour, m, cfg)
-    per_token = weight * pg
+    per_token, ratio, active, metrics = _corrected(logp, behaviour, proximal, adv, m, cfg)
     log_mis = proximal - behaviour
     k3 = log_mis.exp() - log_mis - 1.0
     metrics["mismatch_kl"] = float(_masked_mean(k3, m))
