@@ -25,11 +25,11 @@ Figures per shape and system, over seeds (mean, standard error):
 - ``t50 / t75 / t90``: wall seconds from the process's start (model loading and start-up
   included) until the trailing 10-step mean reward reaches 50 / 75 / 90% of ``sync``'s
   mean last-10% reward on that shape (NaN: never; the count that reached it is shown);
-- ``collapses``: runs that held a collapse for 20 steps, after reward is below 90% of
-  the shape's best system: no learning signal (every group scored alike) or entropy below
-  :data:`ENTROPY_FLOOR`; or whose own verdict (``summary.json`` ``learning``) says
-  collapsed. Every freshroll run is made with ``monitor.on_collapse=warn``, so that a
-  collapsed run still trains its steps and its figures compare with the others';
+- ``collapses``: runs where the product's collapse rule held (:func:`collapsed`: 20 steps
+  without learning signal or with entropy under 0.05 after the 10-step reward lost half of
+  what it had gained; the rule of ``summary.json``'s ``learning``). Every freshroll run is
+  made with ``monitor.on_collapse=warn``, so that a collapsed run still trains its steps and
+  its figures compare with the others';
 - ``rollouts/s``: accepted rollouts per second (the run's summary; TRL: steps x batch / wall);
 - ``mismatch_kl``, ``trunc``: mean over steps of the behaviour-vs-proximal k3 KL and of the
   fraction of tokens with importance weight above the cap (freshroll runs).
@@ -62,9 +62,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import vs_trl
 
-ENTROPY_FLOOR = 0.05
-COLLAPSE_STEPS = 20
-SMOOTH = 10
+SMOOTH = vs_trl.SMOOTH  # steps of the trailing reward mean
 LEVELS = (0.5, 0.75, 0.9)
 
 
@@ -248,7 +246,6 @@ def run_one(job: dict[str, Any]) -> dict[str, Any]:
         "wall_s": r.wall_s, "rollouts_per_s": r.rollouts_per_s, "rewards": r.rewards,
         "times": [t + offset for t in r.times], "startup_s": startup, "outer_s": r.outer_s,
         "series": series, "load": os.getloadavg()[0],
-        "mode": (r.extra.get("overlap") or {}).get("mode") if r.extra else None,
         "lag_mean": r.extra.get("lag_mean") if r.extra else None,
         "learning_verdict": learning.get("verdict"),
     }
@@ -258,41 +255,44 @@ def run_one(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def trailing(rewards: list[float], i: int) -> float:
+    """The mean reward of the :data:`SMOOTH` steps ending at index ``i``."""
     window = rewards[max(0, i + 1 - SMOOTH): i + 1]
     return statistics.fmean(window) if window else math.nan
 
 
 def time_to(run: dict[str, Any], level: float) -> float:
-    """Wall s (from the process's start) until the trailing mean first reaches ``level``."""
-    rewards, times = run["rewards"], run["times"]
-    if len(times) != len(rewards):
-        return math.nan
-    for i in range(min(SMOOTH, len(rewards)) - 1, len(rewards)):
-        if trailing(rewards, i) >= level:
-            return times[i]
-    return math.nan
+    """Wall s (from the process's start) until the trailing mean first reaches ``level``
+    (:func:`vs_trl.time_to_reward`, the one definition)."""
+    return vs_trl.time_to_reward(run["rewards"], run["times"], level, SMOOTH)
 
 
 def last10(rewards: list[float]) -> float:
-    k = max(1, round(0.1 * len(rewards)))
-    return statistics.fmean(rewards[-k:]) if rewards else math.nan
+    """The mean reward of the last 10% of steps (:func:`vs_trl.edge_means`)."""
+    return vs_trl.edge_means(rewards)[1]
 
 
-def collapse_step(run: dict[str, Any], ceiling: float) -> int | None:
-    """The first step of a :data:`COLLAPSE_STEPS`-long stretch with no learning signal or
-    entropy under the floor, while the reward is under ``ceiling`` (a solved task has no
-    signal either: that is not a collapse); None if there is none."""
-    zero, ent = run["series"].get("frac_reward_zero_std") or [], run["series"].get(
-        "entropy") or []
-    rewards = run["rewards"]
-    stretch = 0
-    for i in range(len(rewards)):
-        dead = (i < len(zero) and zero[i] is not None and zero[i] >= 0.999) or (
-            i < len(ent) and ent[i] is not None and ent[i] < ENTROPY_FLOOR)
-        stretch = stretch + 1 if dead and trailing(rewards, i) < ceiling else 0
-        if stretch >= COLLAPSE_STEPS:
-            return i + 1 - COLLAPSE_STEPS
-    return None
+def collapsed(run: dict[str, Any]) -> bool:
+    """Whether the product's collapse rule (:class:`freshroll.figures.learning.CollapseWatch`,
+    the one ``summary.json`` and the run's guard apply, at its default settings) held at any
+    step of ``run``'s rewards, no-signal shares and entropies (TRL's runs record none of the
+    last two here: never collapsed by this count)."""
+    from freshroll.figures.learning import (
+        COLLAPSE_DROP,
+        COLLAPSE_STEPS,
+        ENTROPY_FLOOR,
+        CollapseWatch,
+    )
+
+    watch = CollapseWatch(COLLAPSE_STEPS, ENTROPY_FLOOR, COLLAPSE_DROP)
+    series = run["series"]
+    zero, ent = series.get("frac_reward_zero_std") or [], series.get("entropy") or []
+    for i, reward in enumerate(run["rewards"]):
+        row = {"step": i + 1, "reward_mean": reward,
+               "frac_reward_zero_std": zero[i] if i < len(zero) else None,
+               "entropy": ent[i] if i < len(ent) else None}
+        if watch.feed(row) is not None:
+            return True
+    return False
 
 
 def mean_se(xs: list[float]) -> tuple[float, float]:
@@ -315,8 +315,6 @@ def table(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         mine = [r for r in runs if r["shape"] == shape]
         sync = [last10(r["rewards"]) for r in mine if r["system"] == "sync"]
         sync_final = statistics.fmean(sync) if sync else math.nan
-        best = max(mean_se([last10(r["rewards"]) for r in mine if r["system"] == s])[0]
-                   for s in dict.fromkeys(r["system"] for r in mine))
         for system in dict.fromkeys(r["system"] for r in mine):
             cell = [r for r in mine if r["system"] == system]
             row: dict[str, Any] = {"shape": shape, "system": system, "n": len(cell)}
@@ -330,8 +328,7 @@ def table(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 done = [t for t in ts if math.isfinite(t)]
                 row[f"t{round(level * 100)}"] = statistics.fmean(done) if done else math.nan
                 row[f"t{round(level * 100)}_n"] = len(done)
-            row["collapses"] = sum(collapse_step(r, 0.9 * best) is not None
-                                   or r.get("learning_verdict") == "collapsed" for r in cell)
+            row["collapses"] = sum(collapsed(r) for r in cell)
             row["rollouts_per_s"] = mean_se([r["rollouts_per_s"] for r in cell])[0]
             row["startup_s"] = mean_se([r["startup_s"] for r in cell])[0]
             row["mismatch_kl"] = _mean_of([_mean_of(r["series"].get("mismatch_kl") or [])

@@ -6,20 +6,13 @@ gradient flows (seen at 1.06M parameters, 16 new tokens, lr 1e-3: docs/benchmark
 steps then get cheap, so its rate rises while it learns nothing; a run that goes on only
 burns its budget and ends with a worse policy than it had.
 
-**The rule** (pure: :class:`~freshroll.figures.learning.CollapseWatch`, fed each
-committed step's ``metrics.jsonl`` row). A step is *dead* when it taught nothing
-(``frac_reward_zero_std`` 1: every group scored its completions alike) or its policy's
-entropy is under ``monitor.entropy_floor``. With ``R_t`` the mean reward of the last 10
-steps, ``R_0`` its first value and ``R*`` its best so far, the run has **collapsed** at
-step ``t`` when::
-
-    steps t - k + 1 .. t are all dead                       (k = monitor.collapse_steps)
-    and   R* - R_0 > 0                                       (it had learned something)
-    and   R_t < R* - monitor.collapse_drop x (R* - R_0)      (and lost that share of it)
-
-so a run that never learned (``R* = R_0``: the no-signal warning's case,
-:mod:`freshroll.observe.no_signal`) and a run that converged (dead steps at its best reward:
-a solved task has no signal either) are not collapses; the rule is scale-free in the reward.
+**The rule** is :class:`~freshroll.figures.learning.CollapseWatch` (its module states it; the
+same rule gives ``summary.json``'s ``learning.collapse``), fed each committed step's
+``metrics.jsonl`` row with the ``monitor.collapse_steps``, ``entropy_floor`` and
+``collapse_drop`` in force: a stretch of steps without learning signal or with entropy under
+the floor, after the reward lost a share of what it had gained. A run that never learned
+(the no-signal warning's case, :mod:`freshroll.observe.no_signal`) or that converged is not a
+collapse.
 
 **The act** (``monitor.on_collapse``): ``stop`` (the default) ends the run with
 :class:`~freshroll.errors.LearningCollapsed` (exit status 3: the ledger closed ``failed``,
