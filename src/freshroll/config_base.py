@@ -92,6 +92,7 @@ TRL_NAMES = {
     "epsilon": "trainer.clip_low",
     "epsilon_high": "trainer.clip_high",
     "beta": "trainer.kl_coef",
+    "disable_dropout": "trainer.disable_dropout (default true here, false in TRL)",
     "max_steps": "run.steps",
     "seed": "run.seed",
     "save_steps": "trainer.checkpoint_every",

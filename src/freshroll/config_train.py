@@ -69,7 +69,11 @@ class LoraSection(_Section):
     alpha: float = Field(
         16.0, gt=0, le=1e6, description="scaling numerator: the update is alpha / r x B @ A"
     )
-    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the adapter's input")
+    dropout: float = Field(
+        0.0, ge=0.0, lt=1.0,
+        description="dropout on the adapter's input (trained only with trainer.disable_dropout: "
+        "false)"
+    )
     target_modules: list[str] = Field(
         default_factory=lambda: ["q_proj", "v_proj"], min_length=1,
         description="linear layers that get an adapter, by name or name suffix (peft's "
@@ -79,7 +83,7 @@ class LoraSection(_Section):
 
 #: trainer keys whose default is not what earlier runs trained with: a recorded config
 #: without one of them (an earlier freshroll's) trained with this value
-TRAINER_BEFORE: dict[str, object] = {"optim": "adamw_torch"}
+TRAINER_BEFORE: dict[str, object] = {"optim": "adamw_torch", "disable_dropout": False}
 
 
 
@@ -110,6 +114,12 @@ class TrainerSection(_Section):
     bf16: bool = Field(
         False, description="forward and backward under bfloat16 autocast, weights and optimizer "
         "state float32 (TRL's bf16=True); the loss and log-probs are float32"
+    )
+    disable_dropout: bool = Field(
+        True, description="train with every dropout of the policy off (its Dropout modules and "
+        "attention dropout, LoRA's included), as it samples: with dropout on, the trained "
+        "log-probs differ from the behaviour policy's even at lag 0 (TRL's disable_dropout, "
+        "whose default is false)"
     )
     aggregation: Literal["grpo", "dr_grpo", "dapo"] = Field(
         "grpo", description="loss aggregation: per-sequence mean (grpo), "

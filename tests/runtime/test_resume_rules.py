@@ -136,7 +136,8 @@ def _committed(step: int, digest: str) -> ev.Committed:
 
 def test_history_maps_each_committed_step_to_the_config_it_was_trained_under():
     fused = "adamw_torch_fused"  # recorded, as today's freshroll records every key
-    a, b = {"trainer": {"lr": 1, "optim": fused}}, {"trainer": {"lr": 2, "optim": fused}}
+    a = {"trainer": {"lr": 1, "optim": fused, "disable_dropout": True}}
+    b = {"trainer": {"lr": 2, "optim": fused, "disable_dropout": True}}
     h = history([
         ev.Opened(ts=0.0, run_id="r", incarnation=0, max_staleness=1, batch_groups=2,
                   group_size=4),
@@ -144,7 +145,8 @@ def test_history_maps_each_committed_step_to_the_config_it_was_trained_under():
         _committed(1, "d1"), _committed(2, "d1"), _run_config(2, b), _committed(3, "d2"),
     ])
     assert h.initial_version == "p0-" + "0" * 32 and h.step == 3
-    assert h.config == b and h.recorded() == {"trainer.lr": 2, "trainer.optim": fused}
+    assert h.config == b and h.recorded() == {"trainer.lr": 2, "trainer.optim": fused,
+                                              "trainer.disable_dropout": True}
     assert h.steps == {1: (a, "d1"), 2: (a, "d1"), 3: (b, "d2")}
 
 

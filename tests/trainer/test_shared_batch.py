@@ -146,18 +146,56 @@ def test_a_cache_that_cannot_be_indexed_falls_back_to_the_full_rows():
         assert torch.allclose(learner.model.state_dict()[k], v, atol=1e-6), k
 
 
+def _with_attention_dropout(rate: float):
+    model, tok = build_tiny(seed=3)
+    for m in model.modules():  # what the forward reads (set from the config at init)
+        if hasattr(m, "attention_dropout"):
+            m.attention_dropout = rate
+    return model, tok
+
+
 def test_a_model_with_dropout_runs_the_full_rows():
     model, tok = build_tiny(seed=3)
     assert not drops_out(model)
-    model.config.attention_dropout = 0.1
+    model, tok = _with_attention_dropout(0.1)
     assert drops_out(model)
-    learner = GRPOLearner(model, TrainerSection(), temperature=1.0, pad_id=int(tok.pad_token_id),
-                          max_new_tokens=6)
-    assert learner.share_prompts is False
+    learner = GRPOLearner(model, TrainerSection(disable_dropout=False), temperature=1.0,
+                          pad_id=int(tok.pad_token_id), max_new_tokens=6)
+    assert learner.share_prompts is False and drops_out(model)
     other, _ = build_tiny(seed=3)
     other.model.layers[0].mlp = torch.nn.Sequential(other.model.layers[0].mlp,
                                                    torch.nn.Dropout(0.2))
     assert drops_out(other)
+
+
+def test_disable_dropout_trains_as_the_policy_samples():
+    """``trainer.disable_dropout`` (the default): every dropout off in training, so a step's
+    log-probs are the eval-mode ones (the behaviour policy's at lag 0), the shared rows are
+    back, and the model's config (what is saved) is the user's."""
+    model, tok = _with_attention_dropout(0.1)
+    model.model.layers[0].mlp = torch.nn.Sequential(model.model.layers[0].mlp,
+                                                   torch.nn.Dropout(0.3))
+    model.config.attention_dropout = 0.1
+    ids = torch.tensor([[1, 5, 6, 7, 8, 9, 10, 11]])
+    model.eval()
+    with torch.no_grad():
+        sampled = model(input_ids=ids).logits
+    learner = GRPOLearner(model, TrainerSection(), temperature=1.0,
+                          pad_id=int(tok.pad_token_id), max_new_tokens=6)
+    assert model.training and not drops_out(model) and learner.share_prompts
+    with torch.no_grad():
+        trained = model(input_ids=ids).logits
+    assert torch.equal(trained, sampled)
+    assert model.config.attention_dropout == 0.1
+    kept, _ = _with_attention_dropout(0.5)
+    GRPOLearner(kept, TrainerSection(disable_dropout=False), temperature=1.0,
+                pad_id=int(tok.pad_token_id), max_new_tokens=6)
+    with torch.no_grad():
+        torch.manual_seed(0)
+        a = kept(input_ids=ids).logits
+        torch.manual_seed(1)
+        b = kept(input_ids=ids).logits
+    assert not torch.equal(a, b)  # dropout on: two forwards of one row differ
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.0])

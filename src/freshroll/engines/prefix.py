@@ -95,14 +95,29 @@ def index_cache(cache: Any, rows: torch.Tensor) -> None:
 
 def drops_out(model: Any) -> bool:
     """Whether ``model`` applies dropout while training (any ``Dropout`` with ``p > 0``, or a
-    config's attention dropout): shared prompt positions would share their dropout masks."""
-    if any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0
-           for m in model.modules()):
-        return True
-    config = getattr(model, "config", None)
-    return any(float(getattr(config, name, 0.0) or 0.0) > 0
-               for name in ("attention_dropout", "attention_probs_dropout_prob", "attn_pdrop"))
+    module's attention dropout, as Llama's and Qwen2's attention read it at each forward):
+    shared prompt positions would share their dropout masks."""
+    return any(_dropout_of(m) > 0 for m in model.modules())
 
 
-__all__ = ["cache_kwarg", "cache_of", "can_index", "drops_out", "index_cache", "left_pad",
-           "positions", "unique_rows"]
+def disable_dropout(model: Any) -> None:
+    """Every dropout of ``model`` off, in place, for training (``trainer.disable_dropout``):
+    each ``Dropout``'s ``p`` and each module's ``attention_dropout`` set to 0. The model's
+    config is left as it is, so what is saved and exported is the user's model."""
+    for m in model.modules():
+        if isinstance(m, torch.nn.modules.dropout._DropoutNd):
+            m.p = 0.0
+        elif isinstance(getattr(m, "attention_dropout", None), float):
+            m.attention_dropout = 0.0
+
+
+def _dropout_of(module: Any) -> float:
+    """The dropout probability ``module`` applies itself while training (0.0: none)."""
+    if isinstance(module, torch.nn.modules.dropout._DropoutNd):
+        return float(module.p)
+    rate = getattr(module, "attention_dropout", None)
+    return rate if isinstance(rate, float) else 0.0
+
+
+__all__ = ["cache_kwarg", "cache_of", "can_index", "disable_dropout", "drops_out", "index_cache",
+           "left_pad", "positions", "unique_rows"]

@@ -48,7 +48,7 @@ import torch
 from freshroll.config import TRAINER_BEFORE, TrainerSection
 from freshroll.engines.lora_merge import adapter_bytes
 from freshroll.engines.model_dir import takes_logits_to_keep
-from freshroll.engines.prefix import cache_kwarg, drops_out
+from freshroll.engines.prefix import cache_kwarg, disable_dropout, drops_out
 from freshroll.errors import ConfigError, NonFiniteStep
 from freshroll.lineage import digest_json
 from freshroll.trainer.accum import combine_metrics, micro_slices, micro_weight
@@ -236,6 +236,8 @@ class GRPOLearner:
             weight_decay=cfg.weight_decay,
         )
         use_kernel(self.optimizer, cfg.optim)
+        if cfg.disable_dropout:  # trained as sampled: no dropout noise in the ratio
+            disable_dropout(model)
         self.ref = copy.deepcopy(model).eval() if cfg.kl_coef > 0 else None
         self._takes_keep = takes_logits_to_keep(model)
         self._cache_name = cache_kwarg(model)
