@@ -35,6 +35,9 @@ Figures per run:
 - time to reward: the wall seconds from the start of training until the mean reward of the
   last 10 steps first reaches ``--reward-level`` (0.5: the embedded default's task), NaN
   where a run never reaches it.
+- **the headline** (printed first, issue 46): time to 90% of freshroll-sync's last-10%
+  reward, per system, beside accepted rollouts/s and the last-10% reward, each as a ratio to
+  sync and to the best TRL: a rate is never read without the learning it bought.
 
 Goals (issue 25, against the best TRL): freshroll-default >= 1.3x its accepted
 rollouts/s, freshroll-sync >= 1.0x; freshroll-default's time to reward <= 0.77x the best
@@ -444,8 +447,53 @@ def goals(agg: dict[str, dict[str, Any]], level: float) -> dict[str, Any]:
     return out
 
 
+HEADLINE_SHARE = 0.9  # the headline's level: this share of sync's last-10% reward
+
+
+def headline(results: list[Result], agg: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """The report's first figure: wall time (start of training on) to 90% of
+    freshroll-sync's last-10% reward, per system (mean over seeds; NaN where a seed never
+    got there, with how many did), beside accepted rollouts/s and the last-10% reward, and
+    each as a ratio to sync and to the best TRL. None without a freshroll-sync run."""
+    if "freshroll-sync" not in agg:
+        return None
+    level = HEADLINE_SHARE * agg["freshroll-sync"]["reward_last"]
+    best = best_trl(agg)
+    systems: dict[str, dict[str, Any]] = {}
+    for name, a in agg.items():
+        times = [time_to_reward(r.rewards, r.times, level) for r in results if r.system == name]
+        done = [t for t in times if math.isfinite(t)]
+        systems[name] = {"time_s": statistics.fmean(times) if len(done) == len(times)
+                         else math.nan, "reached": len(done), "n": len(times),
+                         "rollouts_per_s": a["rollouts_per_s"], "reward_last": a["reward_last"]}
+    for name, row in systems.items():
+        for base, key in (("freshroll-sync", "vs_sync"), (best, "vs_best_trl")):
+            ref = systems.get(base) if base is not None else None
+            row[key] = {"time": row["time_s"] / ref["time_s"] if ref and ref["time_s"]
+                        else math.nan,
+                        "rollouts_per_s": row["rollouts_per_s"] / ref["rollouts_per_s"]
+                        if ref else math.nan}
+    return {"level": level, "share": HEADLINE_SHARE, "best_trl": best, "systems": systems}
+
+
+def print_headline(head: dict[str, Any] | None) -> None:
+    if head is None:
+        return
+    print(f"\ntime to {head['share']:.0%} of freshroll-sync's last-10% reward "
+          f"({head['level']:.3f}), wall s from the start of training (mean over seeds), "
+          f"beside accepted rollouts/s; ratios to sync and to the best TRL ({head['best_trl']}):")
+    print(f"{'system':<20}{'time s':>9}{'reached':>9}{'x sync':>8}{'x TRL':>8}"
+          f"{'rollouts/s':>12}{'x sync':>8}{'x TRL':>8}{'last-10%':>10}")
+    for name, r in head["systems"].items():
+        vs, vt = r["vs_sync"], r["vs_best_trl"]
+        print(f"{name:<20}{r['time_s']:>9.1f}{r['reached']:>5}/{r['n']:<3}{vs['time']:>8.2f}"
+              f"{vt['time']:>8.2f}{r['rollouts_per_s']:>12.1f}{vs['rollouts_per_s']:>8.2f}"
+              f"{vt['rollouts_per_s']:>8.2f}{r['reward_last']:>10.3f}")
+
+
 def print_report(results: list[Result], agg, rat, goal) -> None:
     level = goal.get("reward_level")
+    print_headline(headline(results, agg))
     print()
     print(f"{'system':<20}{'seed':>5}{'steps':>6}{'thr':>4}{'wall s':>9}{'rollouts/s':>12}"
           f"{'reward first -> last':>24}{'mean':>8}{f't->{level}':>9}{'cpu/wall':>10}")
@@ -582,6 +630,7 @@ def main(argv: list[str] | None = None) -> int:
             "systems": systems, "trl_config": trl_config,
             "results": [{**asdict(r), "cpu_ratio": cpu_ratio(r)} for r in results],
             "means": agg, "ratios": rat, "goals": goal, "benchmark_s": total,
+            "headline": headline(results, agg),
         }, indent=1, default=str))
         print(f"wrote {args.json}")
     return 0

@@ -70,7 +70,7 @@ def run(config: Path | None, overrides: tuple[str, ...], out: Path | None,
         if cfg.run.progress:  # the imports and checks below take seconds: say so at once
             click.echo("freshroll: config ok; loading the model, data and rewards ...", err=True)
         from freshroll.api import GRPOTrainer
-        from freshroll.runtime.run import run_baseline
+        from freshroll.runtime.baseline import run_baseline
 
         # the Python API's run (freshroll.api); the stream as it is now, not as bound at import
         if resume_dir is not None:

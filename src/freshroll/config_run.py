@@ -133,6 +133,12 @@ class ControlSection(_Section):
         60.0, gt=0, le=1e7, description="fewest seconds from a probe's choice to the next probe "
         "(at least 20 x the probe's own length)"
     )
+    fallback_kl_risk: float | None = Field(
+        0.04, gt=0, le=1e3, description="the sync fallback also weighs learning: when the last "
+        "fallback_window_steps stale steps' mean mismatch KL (behaviour vs proximal policy) is "
+        "above this, an async run falls back to sync until the next probe (the run's own "
+        "'at risk' bound, figures/learning.py KL_RISK); null: rates alone decide"
+    )
     fallback_margin: float = Field(
         0.05, ge=0, le=10, description="async is kept only above (1 + margin) x the sync "
         "window's rollouts/s (a tie goes to sync: no policy lag)"

@@ -61,6 +61,33 @@ def test_goals_are_taken_against_the_faster_trl():
     assert ratios["freshroll-default / trl-default"]["ratio_of_means"] == pytest.approx(1.25)
 
 
+def test_the_headline_is_time_to_90pct_of_syncs_reward_beside_the_rate(capsys):
+    results = []
+    for seed in (0, 1):  # every system reaches 0.9 x 1.0 when its trailing mean hits 0.9
+        results += [_result("trl-default", seed, 160.0, 1.0, 20.0),
+                    _result("freshroll-sync", seed, 170.0, 1.0, 18.0),
+                    _result("freshroll-default", seed, 200.0, 1.0, 9.0)]
+    head = vs.headline(results, vs.aggregate(results, 0.5))
+    assert head is not None and head["level"] == pytest.approx(0.9)
+    assert head["best_trl"] == "trl-default"
+    d = head["systems"]["freshroll-default"]
+    assert (d["reached"], d["n"]) == (2, 2)
+    # 0.9 is reached at step 19 of 20: 19/15 of t_half
+    assert d["time_s"] == pytest.approx(9.0 * 19 / 15)
+    assert d["vs_sync"]["time"] == pytest.approx(0.5)
+    assert d["vs_best_trl"]["time"] == pytest.approx(9.0 / 20.0)
+    assert d["vs_best_trl"]["rollouts_per_s"] == pytest.approx(200 / 160)
+    vs.print_report(results, vs.aggregate(results, 0.5), {}, {"reward_level": 0.5})
+    first = capsys.readouterr().out.strip().splitlines()[0]
+    assert first.startswith("time to 90% of freshroll-sync's last-10% reward (0.900)")
+    never = [_result("freshroll-sync", 0, 170.0, 2.0, 18.0),
+             _result("freshroll-default", 0, 200.0, 1.0, 9.0)]
+    late = vs.headline(never, vs.aggregate(never, 0.5))
+    assert late is not None and late["systems"]["freshroll-default"]["reached"] == 0
+    assert math.isnan(late["systems"]["freshroll-default"]["time_s"])
+    assert vs.headline(results[:1], vs.aggregate(results[:1], 0.5)) is None
+
+
 @pytest.mark.slow
 def test_quick_run_compares_with_trl_at_both_thread_counts(tmp_path: Path):
     out = tmp_path / "vs.json"
@@ -77,3 +104,5 @@ def test_quick_run_compares_with_trl_at_both_thread_counts(tmp_path: Path):
     assert data["goals"]["best_trl"] in ("trl-1t", "trl-default")
     assert data["goals"]["sync_vs_best_trl"]["verdict"] in ("PASS", "MISS")
     assert "against the best TRL" in done.stdout
+    assert data["headline"]["best_trl"] == data["goals"]["best_trl"]
+    assert done.stdout.index("time to 90% of freshroll-sync") < done.stdout.index("means over")

@@ -141,6 +141,31 @@ def test_importable_functions_are_recorded_by_reference() -> None:
         inmemory.resolve("python:never_registered")
 
 
+def test_a_local_modules_function_is_recorded_by_its_file(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``rewards.py`` beside the script (importable from its directory only) is recorded
+    by its file's absolute path, which a ``freshroll run --resume`` started from another
+    directory resolves (issue 48: ``rewards:positional`` failed there)."""
+    from freshroll.rewards.scoring import build_reward_set
+
+    home = tmp_path / "project"
+    home.mkdir()
+    (home / "local_rewards_x1.py").write_text(
+        "def positional(completions, **kwargs):\n    return [1.0 for _ in completions]\n")
+    monkeypatch.syspath_prepend(str(home))
+    import local_rewards_x1  # type: ignore[import-not-found]
+
+    ref = inmemory.register(local_rewards_x1.positional)
+    assert ref == f"{(home / 'local_rewards_x1.py').resolve()}:positional"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.delitem(sys.modules, "local_rewards_x1")
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(home)])
+    rewards = build_reward_set([{"fn": ref}])
+    assert [s.name for s in rewards.specs] == ["positional"]
+
+
 SCRIPT = textwrap.dedent("""
     # a notebook's cells saved as a script: no `if __name__ == "__main__":` guard
     import io, json, sys

@@ -143,7 +143,7 @@ def test_the_learning_verdict_reads_the_stale_steps_signals() -> None:
     risky = _fold(far, 1)  # only the stale steps' KL counts: their mean is 3x the bar
     assert risky["verdict"] == "at risk" and risky["stale_steps"] == 20
     assert risky["mismatch_kl_stale"] == pytest.approx(KL_RISK * 3)
-    assert "dual_clip" in render_learning(risky) and "max_staleness" in render_learning(risky)
+    assert "trainer.lr" in render_learning(risky) and "max_staleness" in render_learning(risky)
     assert _fold(base, 0)["verdict"] == "sync"
     dead = _rows([0.1] * SMOOTH + [0.5] * 20 + [0.0] * 10, zero=[0.0] * 30 + [1.0] * 10)
     assert _fold(dead, 0)["verdict"] == "collapsed"  # a sync run can collapse too

@@ -63,6 +63,96 @@ def test_async_that_pays_is_kept_and_probed_again_after_the_hold():
     assert len(starts) >= 2 and starts[1] - starts[0] >= 16.0 / 0.05 * 0.9
 
 
+def _drive_kl(probe: FallbackProbe, step_s: dict[str, float], steps: int,
+              kl: dict[str, float]) -> list[Switch]:
+    """``_drive`` with each step's trainer metrics: a stale step (lag 1) with ``kl[mode]``."""
+    t, out = 0.0, []
+    for step in range(1, steps + 1):
+        t += step_s[probe.mode]
+        lag = 1.0 if probe.mode == "async" else 0.0
+        switch = probe.committed(step, t, {"lag_mean": lag, "mismatch_kl": kl[probe.mode]})
+        if switch is not None:
+            out.append(switch)
+    return out
+
+
+def test_async_that_pays_but_costs_learning_falls_back_to_sync():
+    """The probe chooses sync when the async window's stale steps moved the policy past
+    ``kl_risk``, however much faster async runs; the reason names the figure."""
+    probe = _probe(every_s=1e9, kl_risk=0.04)
+    switches = _drive_kl(probe, {"async": 0.05, "sync": 0.10}, 40, {"async": 0.06, "sync": 0.0})
+    chose = [s for s in switches if s.phase == "chose"]
+    assert [s.mode for s in chose] == ["sync"] and probe.mode == "sync"
+    assert chose[0].reason.startswith("learning: async 2.00x the sync window pays, but the "
+                                      "last 4 stale steps' mismatch KL 0.0600 is above 0.04")
+    calm = _probe(every_s=1e9, kl_risk=0.04)  # the same rates under the bound: async kept
+    kept = _drive_kl(calm, {"async": 0.05, "sync": 0.10}, 40, {"async": 0.02, "sync": 0.0})
+    assert [s.mode for s in kept if s.phase == "chose"] == ["async"]
+    off = _probe(every_s=1e9)  # kl_risk None: rates alone decide
+    assert [s.mode for s in _drive_kl(off, {"async": 0.05, "sync": 0.10}, 40,
+                                      {"async": 0.5, "sync": 0.0}) if s.phase == "chose"] == [
+        "async"]
+
+
+def test_async_held_falls_back_at_once_when_its_stale_steps_go_past_the_risk():
+    """Held in async after a probe, a window of stale steps above ``kl_risk`` switches to sync
+    at once, held until the next probe ``every_s`` later, which judges async afresh."""
+    probe = _probe(every_s=2.0, hold_factor=0.0, kl_risk=0.04)
+    t, switches = 0.0, []
+    for step in range(1, 200):
+        t += 0.05 if probe.mode == "async" else 0.10
+        kl = 0.01 if step < 30 else 0.09  # the policy starts moving fast at step 30
+        lag = 1.0 if probe.mode == "async" else 0.0
+        s = probe.committed(step, t, {"lag_mean": lag, "mismatch_kl": kl})
+        if s is not None:
+            switches.append(s)
+    learned = [s for s in switches if s.reason.startswith("learning:")]
+    assert learned and learned[0].mode == "sync" and learned[0].lookahead == 0
+    assert 30 <= learned[0].step <= 34  # a full window of 4 risky stale steps
+    after = [s for s in switches if s.step > learned[0].step]
+    assert after and after[0].phase == "probe"  # the next probe, every_s later
+    assert all(s.mode == "sync" for s in switches if s.phase == "chose" and s.step > 34)
+
+
+def test_fallback_kl_risk_is_the_runs_own_at_risk_bound():
+    from freshroll.config import Config
+    from freshroll.figures.learning import KL_RISK
+    from freshroll.pipeline.fallback import probe_for
+
+    cfg = Config.model_validate({"run": {"max_staleness": 1}})
+    assert cfg.control.fallback_kl_risk == KL_RISK
+    probe = probe_for(cfg)
+    assert probe is not None and probe.config.kl_risk == KL_RISK
+    off = probe_for(Config.model_validate({"run": {"max_staleness": 1},
+                                           "control": {"fallback_kl_risk": None}}))
+    assert off is not None and off.config.kl_risk is None
+    with pytest.raises(ValueError, match="kl_risk"):
+        FallbackConfig(max_staleness=1, rollouts_per_step=4, kl_risk=0.0)
+
+
+def test_a_learning_fallback_is_listed_apart_from_the_rate_probes_and_said():
+    fold = ModeFold()
+    fold.commits = 12
+    fold.decided(_decided(12, "sync", "probe", 100.0, None))  # type: ignore[arg-type]
+    fold.commits = 20
+    fold.decided(_decided(20, "async", "chose", 200.0, 100.0))  # type: ignore[arg-type]
+    fold.commits = 31
+    fold.decided(ev.ModeDecided(ts=0.0, step=31, mode="sync", phase="chose", lookahead=0,
+                                reason="learning: the last 8 stale steps' mismatch KL 0.0700 "
+                                "is above 0.04", async_per_s=200.0, sync_per_s=100.0))
+    fold.commits = 40
+    r = fold.result()
+    assert r is not None and len(r["probes"]) == 1 and r["mode"] == "sync"
+    assert r["learning"] == [{"step": 31, "reason": "learning: the last 8 stale steps' "
+                              "mismatch KL 0.0700 is above 0.04"}]
+    line = render({"verdict": "paid", "verdict_source": "measured", "overlapped": 0.5,
+                   "parallelism": 1.5, "fallback": r, "accepted_rollouts_per_s": 2.0,
+                   "sync_estimate_per_s": 1.0, "ratio": 2.0})
+    assert line.startswith("asynchrony paid") and line.endswith(
+        "fell back to sync 1 time(s) for learning, last at step 31 (the last 8 stale steps' "
+        "mismatch KL 0.0700 is above 0.04)")
+
+
 def test_an_earlier_runs_choice_is_held_from_the_start_then_probed_afresh():
     probe = _probe(every_s=2.0, hold_factor=0.0)
     start = probe.reuse(EarlierChoice("sync", 100.0, 150.0, 1_000_000.0), step=3)

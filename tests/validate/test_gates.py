@@ -18,6 +18,7 @@ from freshroll.validate.gates import (
     convergence_gate,
     evaluate,
     failed,
+    learning_gates,
     ratio_gate,
     recovery_gates,
     verify_gate,
@@ -148,3 +149,25 @@ def test_criterion_json_round_trip_keeps_infinity() -> None:
     js = c.to_json()
     assert js["value"] == "inf" and js["threshold"] == "<= 5"
     assert Criterion.from_json(js) == c
+
+
+def test_the_learning_gates_count_collapses_and_read_the_worst_mismatch_kl() -> None:
+    runs = [rep("async", 0, collapsed=0.0, mismatch_kl_stale=0.01),
+            rep("async", 1, collapsed=1.0, mismatch_kl_stale=0.05)]
+    collapses, kl = learning_gates(0, 0.04, runs)
+    assert collapses.name == "collapses" and not collapses.passed and collapses.value == 1.0
+    assert collapses.evidence == ("/out/async-seed1",) and "async-seed1" in collapses.note
+    assert kl.name == "mismatch_kl_stale" and not kl.passed and kl.value == 0.05
+    fine = [rep("async", 0, collapsed=0.0, mismatch_kl_stale=0.01)]
+    assert all(c.passed for c in learning_gates(0, 0.04, fine))
+    assert [c.name for c in learning_gates(1, None, runs)] == ["collapses"]
+    assert learning_gates(1, None, runs)[0].passed  # one collapse allowed
+    unknown = learning_gates(0, None, [rep("async", 0, collapsed=None)])[0]
+    assert not unknown.passed and "no figure for async-seed0" in unknown.note
+
+
+def test_the_learning_gate_is_evaluated_when_configured() -> None:
+    spec = parse({"gates": {"learning": {"max_mismatch_kl": 0.04}}}, "a.yaml")
+    m = Measured(async_runs=[rep("async", 0, collapsed=0.0, mismatch_kl_stale=0.02)])
+    names = [c.name for c in evaluate(spec.gates, 1, m)]
+    assert names == ["verify", "collapses", "mismatch_kl_stale"]

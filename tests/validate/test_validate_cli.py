@@ -62,6 +62,7 @@ def test_the_decision_record_parses(passed: tuple[Result, Path]) -> None:
     assert d.recommendation == PRODUCTION and d.failed == []
     names = [c.name for c in d.criteria]
     assert names[0] == "verify" and "convergence_parity" in names and "sample_bias" in names
+    assert "collapses" in names and "mismatch_kl_stale" in names
     assert all(c.passed and c.evidence for c in d.criteria)
     for c in d.criteria:  # every evidence link is a run directory validate wrote
         for ev in c.evidence:

@@ -4,6 +4,7 @@ reads the chaos runner's cases, and OUT is claimed and replaced safely."""
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 from typing import Any
 
@@ -137,3 +138,15 @@ def test_claim(tmp_path: Path) -> None:
         runner._claim(tmp_path / "busy", acc)
     with pytest.raises(RunDirError, match="is a file"):
         runner._claim(acc, acc)
+
+
+def test_learning_of_reads_the_summarys_learning_block(tmp_path: Path) -> None:
+    from freshroll.validate.runner import learning_of
+
+    assert learning_of(tmp_path) == {"collapsed": None, "mismatch_kl_stale": None}
+    (tmp_path / "summary.json").write_text(json.dumps({"learning": {
+        "verdict": "collapsed", "mismatch_kl_stale": 0.03, "stale_steps": 9}}))
+    assert learning_of(tmp_path) == {"collapsed": 1.0, "mismatch_kl_stale": 0.03}
+    (tmp_path / "summary.json").write_text(json.dumps({"learning": {
+        "verdict": "no cost seen", "mismatch_kl_stale": None, "stale_steps": 0}}))
+    assert learning_of(tmp_path) == {"collapsed": 0.0, "mismatch_kl_stale": 0.0}

@@ -181,8 +181,7 @@ def render_learning(learning: Any) -> str:
         return (f"learning: asynchrony may be costing it: the stale steps' mismatch KL "
                 f"{learning['mismatch_kl_stale']:.4f} is above {learning['kl_risk']} (the "
                 "policy moved far from the one that sampled its batches); lower "
-                "run.max_staleness or trainer.lr, or trainer.correction=dual_clip "
-                "(docs/metrics.md, 'Learning')")
+                "run.max_staleness or trainer.lr (docs/metrics.md, 'Learning')")
     return ""
 
 

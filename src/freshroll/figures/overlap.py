@@ -231,6 +231,8 @@ class ModeFold:
         self._chosen: str | None = None
         self._seen = False
         self.started: str | None = None  # why the run started in a mode it did not measure
+        #: the fallbacks to sync for learning (``learning: ...`` reasons), not for rate
+        self.learning: list[dict[str, Any]] = []
 
     def feed(self, e: Any) -> None:
         if isinstance(e, ev.Committed):
@@ -248,7 +250,10 @@ class ModeFold:
         self._seen = True
         self._close()
         self._mode = e.mode if e.mode in self.steps else "async"
-        if e.phase == "chose" and (e.async_per_s is None or e.sync_per_s is None):
+        if e.reason.startswith("learning:"):  # asynchrony costing learning, not its rate
+            self._chosen = e.mode
+            self.learning.append({"step": e.step, "reason": e.reason})
+        elif e.phase == "chose" and (e.async_per_s is None or e.sync_per_s is None):
             self.started = e.reason  # a start in a mode, not a measurement (the thread probe's)
         elif e.phase == "chose":
             self._chosen = e.mode
@@ -273,7 +278,7 @@ class ModeFold:
             return None
         self._close()  # the steps since the last switch, counted in its mode
         return {"probes": list(self.probes), "mode": self._chosen, "steps": dict(self.steps),
-                "started": self.started}
+                "started": self.started, "learning": list(self.learning)}
 
 
 def _call(worker: str, slot: list[float]) -> Call:
@@ -410,6 +415,17 @@ def host_now() -> dict[str, Any]:
 
 def render(overlap: Mapping[str, Any] | None, host: Mapping[str, Any] | None = None) -> str:
     """One plain line for an async run's end (empty for a sync run or without figures)."""
+    line = _render_rate(overlap, host)
+    fb = overlap.get("fallback") if line and overlap else None
+    learned = fb.get("learning") if isinstance(fb, Mapping) else None
+    if learned:
+        last = learned[-1]
+        line += (f"; fell back to sync {len(learned)} time(s) for learning, last at step "
+                 f"{last['step']} ({last['reason'].removeprefix('learning: ')})")
+    return line
+
+
+def _render_rate(overlap: Mapping[str, Any] | None, host: Mapping[str, Any] | None) -> str:
     if not overlap or overlap.get("verdict") not in ("paid", "did not pay"):
         return ""
     o = overlap

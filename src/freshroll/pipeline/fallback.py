@@ -33,6 +33,17 @@ least ``hold_factor`` (20) probes long: under 3% of a run when the modes differ 
 however long a step is. A run that ends during a probe ends in the mode it was measuring;
 one shorter than ``warmup_steps`` plus a window never leaves the async mode.
 
+**Learning, not only rate** (``kl_risk``; ``control.fallback_kl_risk``): every committed step
+that trained on a stale sample (its ``lag_mean`` > 0) feeds its ``mismatch_kl`` (behaviour vs
+proximal policy, k3) to a window of the last ``window_steps`` such steps. When the window is
+full and its mean is above ``kl_risk`` while the run is in the async mode, the policy moved
+far from the one that sampled its batches: the run falls back to sync at once (a ``chose``
+switch whose reason, ``learning: ...``, names the figure) and holds it until the next
+probe, ``every_s`` later; a probe whose async window ends above ``kl_risk`` chooses sync
+whatever the rates. This is
+the run's "at risk" line (:mod:`freshroll.figures.learning`, ``KL_RISK``) acted on: faster
+steps that teach less are not what asynchrony is for.
+
 **A start that is an estimate** (:class:`EarlierChoice` with ``hold`` False: the thread
 probe's reading for Ray's actors, measured in this process and not through their round
 trips): the run starts in that mode and probes right after the warm-up, as an async start
@@ -50,6 +61,8 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -73,6 +86,8 @@ class FallbackConfig:
     margin: float = 0.05
     #: the next probe waits at least this many times the last probe's length
     hold_factor: float = 20.0
+    #: the stale steps' mean mismatch KL above which async falls back to sync (None: off)
+    kl_risk: float | None = None
 
     def __post_init__(self) -> None:
         if self.max_staleness < 1:
@@ -83,6 +98,8 @@ class FallbackConfig:
         if not (self.window_s >= 0 and self.every_s > 0 and self.margin >= 0
                 and self.hold_factor >= 0):
             raise ValueError("window_s, margin and hold_factor must be >= 0, every_s > 0")
+        if self.kl_risk is not None and not self.kl_risk > 0:
+            raise ValueError("kl_risk must be > 0 (None: off)")
 
     def lookahead(self, mode: Mode) -> int:
         return self.max_staleness if mode == "async" else 0
@@ -139,6 +156,8 @@ class FallbackProbe:
         self._hold_from_start = False  # an earlier run's choice: hold from the first commit
         #: the last choice this run measured (None: none yet, or only an earlier run's)
         self.last_choice: EarlierChoice | None = None
+        #: the mismatch KL of the last ``window_steps`` stale steps (module doc)
+        self._kl: deque[float] = deque(maxlen=config.window_steps)
 
     def reuse(self, earlier: EarlierChoice, step: int = 0) -> Switch:
         """Start in ``earlier``'s mode, held as a choice made at the first commit (module
@@ -167,10 +186,16 @@ class FallbackProbe:
                             f"load measured async {gain:.2f}x the sync window (at {at}); "
                             f"{earlier.mode} until the next probe", start=True)
 
-    def committed(self, step: int, t: float) -> Switch | None:
-        """Step ``step`` was committed at ``t``; a :class:`Switch` when the mode changes or a
-        probe has chosen."""
+    def committed(self, step: int, t: float, metrics: Mapping[str, float] | None = None
+                  ) -> Switch | None:
+        """Step ``step`` was committed at ``t`` with the trainer's ``metrics`` (its
+        ``lag_mean`` and ``mismatch_kl`` feed the learning rule); a :class:`Switch` when the
+        mode changes or a probe has chosen."""
         cfg = self.config
+        self._feed_kl(metrics)
+        if self._mark is not None and self.phase == "hold" and self.mode == "async" \
+                and self._at_risk():
+            return self._learning_fallback(step, t)
         if self._mark is None:
             self._mark = (step, t)
             if self._hold_from_start:
@@ -216,15 +241,52 @@ class FallbackProbe:
     def _choose(self, step: int, t: float) -> Switch:
         cfg, r = self.config, self._rates
         ra, rs = r["async"], r["sync"]
-        self.mode = "async" if ra > (1 + cfg.margin) * rs else "sync"
+        pays = ra > (1 + cfg.margin) * rs
+        risky = self._at_risk()
+        self.mode = "async" if pays and not risky else "sync"
         self.phase, self._mark = "hold", (step, t)
         self._next_probe = t + max(cfg.every_s, cfg.hold_factor * (t - self._probe_t0))
         self.last_choice = EarlierChoice(self.mode, ra, rs, time.time())
         if self.mode == "async":
             why = f"async {ra / rs:.2f}x the sync window: asynchrony pays"
+        elif pays:
+            why = f"learning: async {ra / rs:.2f}x the sync window pays, but {self._risk()}"
         else:
             why = (f"async {ra / rs:.2f}x the sync window (needs > {1 + cfg.margin:.2f}x): "
                    "asynchrony does not pay here, falling back to sync")
+        return self._switch(step, "chose", why)
+
+    def _feed_kl(self, metrics: Mapping[str, float] | None) -> None:
+        """A stale async step's mismatch KL into the window (module doc)."""
+        if metrics is None or self.config.kl_risk is None or self.mode != "async":
+            return
+        lag, kl = metrics.get("lag_mean"), metrics.get("mismatch_kl")
+        if isinstance(lag, int | float) and lag > 0 and isinstance(kl, int | float) \
+                and math.isfinite(kl):
+            self._kl.append(float(kl))
+
+    def _kl_mean(self) -> float:
+        return sum(self._kl) / len(self._kl) if self._kl else math.nan
+
+    def _at_risk(self) -> bool:
+        risk = self.config.kl_risk
+        return (risk is not None and len(self._kl) == self._kl.maxlen
+                and self._kl_mean() > risk)
+
+    def _risk(self) -> str:
+        return (f"the last {len(self._kl)} stale steps' mismatch KL {self._kl_mean():.4f} is "
+                f"above {self.config.kl_risk} (control.fallback_kl_risk): asynchrony is "
+                "costing learning, falling back to sync")
+
+    def _learning_fallback(self, step: int, t: float) -> Switch:
+        """Async at risk while held: sync at once, until the next probe ``every_s`` later."""
+        why = f"learning: {self._risk()}"
+        self.mode, self._mark = "sync", (step, t)
+        self._next_probe = t + self.config.every_s
+        self._kl.clear()  # the next async window is judged on its own steps
+        rates = self._rates
+        self.last_choice = EarlierChoice("sync", rates.get("async"), rates.get("sync"),
+                                         time.time())
         return self._switch(step, "chose", why)
 
     def _switch(self, step: int, phase: Literal["probe", "chose"], reason: str,
@@ -248,6 +310,7 @@ def probe_for(cfg: Config) -> FallbackProbe | None:
         rollouts_per_step=cfg.rollout.batch_groups * cfg.rollout.group_size,
         window_steps=ctl.fallback_window_steps, window_s=ctl.fallback_window_s,
         every_s=ctl.fallback_every_s, margin=ctl.fallback_margin,
+        kl_risk=ctl.fallback_kl_risk,
     ))
 
 

@@ -352,7 +352,7 @@ class Pipeline:
         self.pool.note_committed()  # before the hooks: a chaos session may bump it
         self.hooks.committed(version)
         if self.fallback is not None:
-            switch = self.fallback.committed(version.step, buf.clock.now())
+            switch = self.fallback.committed(version.step, buf.clock.now(), metrics)
             if switch is not None:
                 self._switch_mode(switch)
         buf.refreshed.clear()  # re-issued by the commit: the workers are woken below

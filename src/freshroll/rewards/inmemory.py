@@ -3,7 +3,9 @@
 A config names each reward by a reference a fresh process can resolve: a built-in name,
 ``module:function`` or ``path/to/file.py:function``. A function the API is given is
 recorded by such a reference whenever it has one (:func:`reference_of`: defined at the top
-level of an importable module or of a reward file); one defined in a notebook or script
+level of an importable module or of a reward file; a top-level module that no installed
+package provides, such as a ``rewards.py`` beside the script, by its file's absolute path, so
+that ``freshroll run --resume`` finds it from any directory); one defined in a notebook or script
 (``__main__``), a lambda or a closure has none, and is recorded as ``python:<name>``,
 resolved from this process's registry (:func:`register`, :func:`resolve`).
 
@@ -15,11 +17,14 @@ digest, as every reward's), so a resume with changed code is seen in the ledger.
 
 from __future__ import annotations
 
+import functools
 import importlib
+import importlib.metadata
 import re
 import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Final
 
 from freshroll.errors import ConfigError
@@ -53,12 +58,35 @@ def reference_of(fn: Callable[..., Any]) -> str | None:
     if module_name.startswith(FILE_MODULE_PREFIX):
         path = getattr(module, "__file__", None)
         return f"{path}:{qualname}" if isinstance(path, str) else None
+    local = _local_file(module_name, module)
+    if local is not None:  # found on this process's path only: by its file (module doc)
+        return f"{local}:{qualname}"
     try:
         if getattr(importlib.import_module(module_name), qualname, None) is not fn:
             return None
     except Exception:
         return None
     return f"{module_name}:{qualname}"
+
+
+def _local_file(module_name: str, module: Any) -> str | None:
+    """The absolute path of a top-level module that no installed distribution provides (a
+    ``rewards.py`` beside the script or in the working directory), else None: a reference
+    ``rewards:f`` resolves only from that directory, so ``freshroll run --resume`` started
+    elsewhere would not find it; its file's path resolves from anywhere."""
+    path = getattr(module, "__file__", None)
+    if "." in module_name or not isinstance(path, str) or not path.endswith(".py") \
+            or module_name in _installed_top_levels():
+        return None
+    return str(Path(path).resolve())
+
+
+@functools.cache
+def _installed_top_levels() -> frozenset[str]:
+    """The top-level import names installed distributions provide (editable ones included),
+    and the standard library's."""
+    names = set(importlib.metadata.packages_distributions())
+    return frozenset(names | set(sys.stdlib_module_names))
 
 
 def register(fn: Callable[..., Any], name: str | None = None) -> str:

@@ -48,7 +48,7 @@ import torch
 
 from freshroll.buffer import KernelConfig, SampleBuffer
 from freshroll.clock import Clock, RealClock, VirtualClock
-from freshroll.config import Config, read_yaml, validate
+from freshroll.config import Config
 from freshroll.errors import Interrupted
 from freshroll.figures.overlap import host_now
 from freshroll.figures.overlap import render as render_overlap
@@ -428,21 +428,4 @@ def _drop_abandoned_interrupt_logs() -> None:
         log.addFilter(_AbandonedInterrupt())
 
 
-def run_baseline(run_dir: Path, *, stream: TextIO = sys.stderr) -> RunResult:
-    """The synchronous baseline of a finished run: same config, max_staleness 0.
-
-    Written to ``RUN_DIR/baseline``; the run's summary and report are rebuilt with it: reward
-    per step and per second shown beside the baseline, and the seconds and steps each run
-    needed to reach the same rewards (``summary.json`` ``time_to_reward``,
-    :mod:`freshroll.figures.reward_time`).
-    """
-    cfg = validate(read_yaml(run_dir / "config.yaml"), str(run_dir / "config.yaml"))
-    sync = cfg.model_copy(update={"run": cfg.run.model_copy(
-        update={"max_staleness": 0, "admission_window": "auto"})})
-    stream.write("synchronous baseline (max_staleness=0):\n")
-    result = run(sync, run_dir / "baseline", stream=stream)
-    finish_run_dir(run_dir, baseline=run_dir / "baseline")
-    return result
-
-
-__all__ = ["RunResult", "run", "run_baseline"]
+__all__ = ["RunResult", "run"]

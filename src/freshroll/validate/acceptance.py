@@ -104,6 +104,18 @@ class AtMostBias(_Strict):
     max: float = Field(gt=0, le=1e3, description="the largest divergence, at most")
 
 
+class Learning(_Strict):
+    """What each async repeat's own learning signals say (``summary.json`` ``learning``,
+    :mod:`freshroll.figures.learning`): how many repeats collapsed, and how far the policy
+    moved from the one that sampled its stale batches."""
+
+    max_collapses: int = Field(0, ge=0, le=MAX_REPEATS,
+                               description="async repeats whose policy collapsed, at most")
+    max_mismatch_kl: float | None = Field(
+        None, gt=0, le=1e3, description="the stale steps' mean mismatch KL (behaviour vs "
+        "proximal, k3), at most, on every repeat (unset: not gated)")
+
+
 class Recovery(_Strict):
     """Recovery time under fault plans: one chaos case per scenario x seed."""
 
@@ -154,6 +166,7 @@ class Gates(_Strict):
     lag_max: AtMostLag | None = None
     trainer_idle_ratio: AtMostRatio | None = None
     sample_bias: AtMostBias | None = None
+    learning: Learning | None = None
     recovery: Recovery | None = None
     convergence: Convergence | None = None
 

@@ -14,6 +14,9 @@ repeats (``worst`` = the repeat furthest on the wrong side of the threshold)::
     recovery_s[NAME]    worst seed's recovery time under scenario NAME (never recovered: inf)
                                                                     <= max_s
     chaos_invariants    invariant violations over every chaos case  <= 0
+    collapses           async repeats whose policy collapsed (summary.json learning)
+                                                                    <= max_collapses
+    mismatch_kl_stale   worst repeat's stale steps' mean mismatch KL <= max_mismatch_kl
     convergence_parity  mean over seeds of (async - sync) reward of the last K steps
                         >= -tol  (two_sided: |.| <= tol), tol = max(tolerance,
                         tolerance_sd x stdev of the sync figure across seeds)
@@ -35,7 +38,7 @@ from freshroll.validate.acceptance import Gates
 
 #: the figures a repeat carries (keys of :attr:`Repeat.figures`)
 FIGURE_KEYS = ("accepted_per_s", "discard_rate", "lag_p99", "lag_max", "trainer_idle_ratio",
-               "reward_window", "sample_bias")
+               "reward_window", "sample_bias", "collapsed", "mismatch_kl_stale")
 
 
 @dataclass(frozen=True)
@@ -302,6 +305,36 @@ def recovery_gates(max_s: float, scenarios: Sequence[str], cases: Sequence[Case]
     return out
 
 
+def learning_gates(max_collapses: int, max_kl: float | None,
+                   async_runs: Sequence[Repeat]) -> list[Criterion]:
+    """The async repeats' learning (``summary.json`` ``learning``): collapses counted over
+    the repeats (each repeat 1 or 0), and the stale steps' mismatch KL, worst repeat."""
+    labels = [r.label for r in async_runs]
+    dirs = [r.run_dir for r in async_runs]
+    flags = [r.figures.get("collapsed") for r in async_runs]
+    got = [f for f in flags if f is not None]
+    missing = [lbl for lbl, f in zip(labels, flags, strict=True) if f is None]
+    count = float(sum(got)) if got else None
+    fell = [lbl for lbl, f in zip(labels, flags, strict=True) if f]
+    notes = ([f"collapsed: {', '.join(fell)}"] if fell else []) + (
+        [f"no figure for {', '.join(missing)}"] if missing else [])
+    note = "; ".join(notes)
+    out = [Criterion(
+        name="collapses", figure="async repeats whose policy collapsed (no learning signal or "
+        "entropy under the floor while the reward fell; docs/metrics.md, 'Learning')", op="<=",
+        limit=max_collapses, value=count, spread=Spread.of(flags),
+        passed=bool(async_runs) and not missing and count is not None
+        and count <= max_collapses,
+        evidence=tuple(d for d, f in zip(dirs, flags, strict=True) if f) or tuple(dirs),
+        per_repeat=tuple(zip(labels, flags, strict=True)),
+        note=note or ("" if async_runs else "nothing measured"))]
+    if max_kl is not None:
+        out.append(bound_gate("mismatch_kl_stale", "the stale steps' mean mismatch KL, "
+                              "behaviour vs proximal policy (worst repeat)", "<=", max_kl,
+                              async_runs, "mismatch_kl_stale"))
+    return out
+
+
 _RECOVERY = ("seconds (run clock) from the first fault until accepted rollouts/s is back to "
              ">= 80% of the fault-free run; worst seed")
 _VIOLATIONS = "invariant violations (verify + chaos checks) over every chaos case"
@@ -346,6 +379,8 @@ def evaluate(gates: Gates, max_staleness: int, m: Measured,
                               "those generated: |length bias|, |reward bias| (reward std), "
                               "1 - prompt coverage, version mix distance (worst repeat)", "<=",
                               gates.sample_bias.max, a, "sample_bias"))
+    if gates.learning is not None:
+        out += learning_gates(gates.learning.max_collapses, gates.learning.max_mismatch_kl, a)
     if gates.recovery is not None:
         out += recovery_gates(gates.recovery.max_s, gates.recovery.scenarios, m.cases)
     c = gates.convergence
@@ -361,6 +396,6 @@ def failed(criteria: Sequence[Criterion]) -> list[str]:
 
 __all__ = [
     "FIGURE_KEYS", "Case", "Criterion", "Measured", "Repeat", "Spread", "bound_gate",
-    "convergence_gate", "evaluate", "failed", "ratio_gate", "recovery_gates",
+    "convergence_gate", "evaluate", "failed", "learning_gates", "ratio_gate", "recovery_gates",
     "reward_tolerance", "verify_gate",
 ]

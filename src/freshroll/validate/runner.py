@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import shutil
 import statistics
@@ -255,7 +256,23 @@ def read_figures(run_dir: Path, loaded: Loaded) -> dict[str, float | None]:
     column = "eval/reward" if loaded.cfg.eval.file is not None else "reward_mean"
     out["reward_window"] = reward_window(run_dir, _last_steps(loaded), column)
     out["sample_bias"] = sample_bias_of(run_dir)
+    out.update(learning_of(run_dir))
     return out
+
+
+def learning_of(run_dir: Path) -> dict[str, float | None]:
+    """``summary.json``'s ``learning``: ``collapsed`` (1.0 or 0.0) and the stale steps'
+    ``mismatch_kl_stale`` (0.0 when no step trained on a stale sample); None without one."""
+    learning = _read_summary(run_dir).get("learning")
+    if not isinstance(learning, dict) or "verdict" not in learning:
+        return {"collapsed": None, "mismatch_kl_stale": None}
+    kl = learning.get("mismatch_kl_stale")
+    stale = learning.get("stale_steps")
+    if isinstance(kl, int | float) and math.isfinite(kl):
+        value: float | None = float(kl)
+    else:
+        value = 0.0 if stale == 0 else None
+    return {"collapsed": float(learning["verdict"] == "collapsed"), "mismatch_kl_stale": value}
 
 
 def sample_bias_of(run_dir: Path) -> float | None:
