@@ -87,7 +87,8 @@ def run(config: Path | None, overrides: tuple[str, ...], out: Path | None,
     _print_result(result)
     if base is not None:
         from freshroll.figures import reward_time
-        from freshroll.runtime.endfiles import read_block
+        from freshroll.figures.headline import render_headline
+        from freshroll.runtime.endfiles import ASYNCHRONY, read_block
 
         click.echo("synchronous baseline:")
         _print_result(base)
@@ -95,6 +96,9 @@ def run(config: Path | None, overrides: tuple[str, ...], out: Path | None,
                                       "async", "sync")
         if compared:
             click.echo(compared, err=True)
+        said = render_headline(read_block(result.run_dir, ASYNCHRONY))
+        if said:  # the one answer, now from the baseline run (figures/headline.py)
+            click.echo(said, err=True)
     ok = result.ok and (base is None or base.ok)
     sys.exit(0 if ok else 1)
 

@@ -30,6 +30,10 @@ def test_a_run_with_its_baseline_reports_time_to_reward(tmp_path: Path) -> None:
         stages = summary["host"]["placement"]["stages"]
         assert stages and all(s["reused_from"] > 0 for s in stages.values())
     assert not list(out.glob("baseline-settle-*"))  # the scratch directory is gone
+    asynchrony = json.loads((out / "summary.json").read_text())["asynchrony"]
+    assert asynchrony["source"] == "baseline"  # one answer, from the most direct reading
+    assert asynchrony["sync_per_s"] == summary["accepted_rollouts_per_s"]
+    assert "source: the synchronous baseline run of the same work" in proc.stderr
     block = json.loads((out / "summary.json").read_text())[BLOCK]
     assert block["baseline"] == "baseline"  # relative: the baseline lies inside the run
     want = compare_dirs(out, base)
@@ -39,6 +43,7 @@ def test_a_run_with_its_baseline_reports_time_to_reward(tmp_path: Path) -> None:
             or "time to reward: not compared" in proc.stderr), proc.stderr
     html = (out / "report.html").read_text()
     assert "<h3>Time to reward</h3>" in html
+    assert "baseline: async vs sync accepted rollouts/s" in html  # the header card's source
     # what the model wrote: the best, worst and a random sample of each step range
     section = html[html.index('<section id="completions">'):]
     section = section[:section.index("</section>")]

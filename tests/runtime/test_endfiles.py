@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from freshroll.config import load_config
+from freshroll.figures.headline import headline
 from freshroll.figures.summary import summarize
 from freshroll.harness.verify import verify_run
 from freshroll.ledger import Ledger
@@ -95,6 +96,8 @@ def test_end_products_equal_the_standalone_computations(sim_run: Path) -> None:
     assert set(host) == {"loadavg", "cores", "cpu_count", "placement"}
     # where the run placed its compute: the simulated engine runs inline, nothing probed
     assert host["placement"]["runtime"] == "inline" and host["placement"]["probe"] is None
+    said = written.pop("asynchrony")  # the headline: derived from the summary's own figures
+    assert said == json.loads(json.dumps(headline(written)))
     assert written == summarize(sim_run)
     report = verify_run(sim_run)
     assert report.ok, report.render()

@@ -90,7 +90,16 @@ def _verdict_cards(run: RunData, baseline: RunData | None) -> list[str]:
     middle reward level against it (:mod:`freshroll.figures.reward_time`)."""
     cards = []
     o = run.summary.get("overlap")
-    if isinstance(o, dict) and o.get("verdict") in ("paid", "did not pay"):
+    h = run.summary.get("asynchrony")
+    if isinstance(h, dict) and h.get("verdict") in ("paid", "did not pay"):
+        # the one answer, its source named (freshroll.figures.headline)
+        ratio = num(h.get("ratio"))
+        value = f"{h['verdict']}" + (f" · {ratio:.2f}x" if ratio is not None else "")
+        sub = f"{escape(str(h.get('source', '')))}: async vs sync accepted rollouts/s"
+        cls = "card good" if h["verdict"] == "paid" else "card bad"
+        cards.append(f'<div class="{cls}"><div class="k">asynchrony</div>'
+                     f'<div class="v">{escape(value)}</div><div class="base">{sub}</div></div>')
+    elif isinstance(o, dict) and o.get("verdict") in ("paid", "did not pay"):
         ratio = num(o.get("ratio"))
         fb = o.get("fallback") if o.get("verdict_source") == "measured" else None
         if isinstance(fb, dict) and fb.get("probes"):

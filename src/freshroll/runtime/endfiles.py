@@ -26,6 +26,7 @@ from typing import Any
 from freshroll import crashpoints
 from freshroll.errors import RunDirError
 from freshroll.figures import reward_time
+from freshroll.figures.headline import headline
 from freshroll.figures.metrics_log import write_atomic
 from freshroll.figures.summary import SUMMARY_FILE, read_host, summarize
 from freshroll.harness.verify import Report, check_files, check_ledger, read_counts
@@ -61,9 +62,33 @@ def write_summary(run_dir: Path, summary: dict[str, Any] | None = None,
     evaluation = eval_summary(run_dir)  # from eval.jsonl (not the ledger), when there is one
     if evaluation is not None:
         summary = {**summary, "eval": jsonable(evaluation)}
+    asynchrony = headline(summary, _baseline_rate(run_dir, baseline, summary))
+    if asynchrony is not None:  # the one answer to "did asynchrony pay", its source named
+        summary = {**summary, ASYNCHRONY: jsonable(asynchrony)}
     write_atomic(run_dir / SUMMARY_FILE, json.dumps(summary, indent=1, allow_nan=False) + "\n")
     return summary
 
+
+
+#: ``summary.json``'s answer to "did asynchrony pay" (:mod:`freshroll.figures.headline`)
+ASYNCHRONY = "asynchrony"
+
+
+def _baseline_rate(run_dir: Path, baseline: Path | None, summary: dict[str, Any]
+                   ) -> float | None:
+    """The accepted rollouts/s of the run's synchronous baseline: ``baseline``, or the one
+    its ``time_to_reward`` block names (a summary rebuilt later); None without one."""
+    if baseline is None:
+        kept = summary.get(reward_time.BLOCK)
+        name = kept.get("baseline") if isinstance(kept, dict) else None
+        if not isinstance(name, str):
+            return None
+        baseline = run_dir / name if not Path(name).is_absolute() else Path(name)
+    try:
+        rate = json.loads((baseline / SUMMARY_FILE).read_text()).get("accepted_rollouts_per_s")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return float(rate) if isinstance(rate, int | float) else None
 
 
 #: ``summary.json``'s block of the seconds a run spent outside its measured wall (written by
