@@ -39,6 +39,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from freshroll import trl_args
 from freshroll.config import Config, apply_override, read_yaml, resolve_paths, validate
 from freshroll.errors import ConfigError
 from freshroll.rewards import inmemory
@@ -79,9 +80,21 @@ class GRPOTrainer:
         reward_weights: Sequence[float] | None = None,
         output_dir: str | Path | None = None,
         peft_config: Any = None,
+        callbacks: Sequence[Any] | None = None,
+        freshroll_args: Mapping[str, Any] | None = None,
     ) -> None:
+        self.trl_args: Any = None  # the GRPOConfig given as args (the callbacks' args)
+        if trl_args.is_grpo_config(args):
+            self.trl_args, converted = args, trl_args.convert(args)
+            data = converted.data
+            output_dir = output_dir if output_dir is not None else converted.output_dir
+            if reward_weights is None and reward_funcs is not None:
+                reward_weights = converted.reward_weights
+        else:
+            data = _config_data(args)
+        _merge(data, freshroll_args or {}, "freshroll_args")
         self.output_dir = Path(output_dir) if output_dir is not None else Path("runs/python")
-        data = _config_data(args)
+        self.callbacks = [] if callbacks is None else _callbacks(callbacks)
         self._model = _model_input(model, processing_class, data)
         self._train = _dataset_input(train_dataset, "train_dataset", "task", data)
         self._eval = _dataset_input(eval_dataset, "eval_dataset", "eval", data)
@@ -98,7 +111,7 @@ class GRPOTrainer:
             data.setdefault("task", {})["file"] = str(inputs / "train")
         if self._eval is not None:
             data.setdefault("eval", {})["file"] = str(inputs / "eval")
-        given = (model, reward_funcs, train_dataset, eval_dataset)
+        given = (model, reward_funcs, train_dataset, eval_dataset, freshroll_args)
         # a Config alone is taken as it is (the CLI's); anything else is merged and validated
         self.config: Config = (args if isinstance(args, Config) and all(x is None for x in given)
                                else validate(data, "args"))
@@ -121,6 +134,12 @@ class GRPOTrainer:
         check_out_dir(out, resume=resume)
         if not resume:
             self._write_inputs(out / INPUTS)
+        if self.callbacks:
+            from freshroll.observe.trl_callbacks import TrainerCallbacks
+
+            watch = TrainerCallbacks(self.callbacks, self.trl_args, self.config.run.steps)
+            observers = (*observers, watch)
+            watch.begin()
         self.result = run(self.config, out, resume=resume, allow_change=tuple(allow_change),
                           stream=stream if stream is not None else sys.stderr,
                           observers=observers)
@@ -164,12 +183,29 @@ def _config_data(args: Config | Mapping[str, Any] | str | Path | None) -> dict[s
         resolve_paths(from_file, Path(args).resolve().parent)
         return from_file
     if not isinstance(args, Mapping):
-        raise ConfigError(f"args: expected a Config, a mapping of freshroll keys or a YAML "
-                          f"path, got {type(args).__name__}")
+        raise ConfigError(f"args: expected a Config, a mapping of freshroll keys, a YAML path "
+                          f"or TRL's GRPOConfig, got {type(args).__name__}")
     data: dict[str, Any] = {}
-    for key, value in args.items():
+    _merge(data, args, "args")
+    return data
+
+
+def _callbacks(callbacks: Any) -> list[Any]:
+    """TRL's ``callbacks`` checked (transformers imported only when some are given)."""
+    from freshroll.observe.trl_callbacks import check_callbacks
+
+    return check_callbacks(callbacks)
+
+
+def _merge(data: dict[str, Any], keys: Mapping[str, Any], what: str) -> None:
+    """``keys`` (freshroll's: nested sections, dotted keys, or both) set over ``data``, paths
+    made absolute from the current directory."""
+    if not isinstance(keys, Mapping):
+        raise ConfigError(f"{what}: expected a mapping of freshroll keys, got "
+                          f"{type(keys).__name__}")
+    for key, value in keys.items():
         if not isinstance(key, str):
-            raise ConfigError(f"args: key {key!r} is not a string")
+            raise ConfigError(f"{what}: key {key!r} is not a string")
         if "." in key:
             apply_override(data, f"{key}={_yaml(value)}")
         elif isinstance(value, Mapping) and isinstance(data.get(key), dict):
@@ -177,7 +213,6 @@ def _config_data(args: Config | Mapping[str, Any] | str | Path | None) -> dict[s
         else:
             data[key] = dict(value) if isinstance(value, Mapping) else value
     resolve_paths(data, Path.cwd())
-    return data
 
 
 def _yaml(value: Any) -> str:

@@ -1,0 +1,76 @@
+"""A TRL script's objects given to freshroll.GRPOTrainer (issue 48, item 6): ``args`` as TRL's
+GRPOConfig (mapped, warned or refused by :mod:`freshroll.trl_args`) and ``callbacks`` as
+transformers TrainerCallbacks, called through the observer seam on a real run."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from freshroll import GRPOTrainer
+from freshroll.errors import ConfigError
+
+trl = pytest.importorskip("trl")
+transformers = pytest.importorskip("transformers")
+
+FAST = {"run": {"progress": False, "max_staleness": 1}, "run.runtime": "inline",
+        "task.n_prompts": 64}
+
+
+class Recorder(transformers.TrainerCallback):
+    def __init__(self) -> None:
+        self.events: list[tuple[str, int]] = []
+        self.logs: list[dict[str, float]] = []
+        self.args: Any = None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        self.args = args
+        self.events.append(("begin", state.global_step))
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        self.events.append(("step_end", state.global_step))
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
+        self.events.append(("log", state.global_step))
+        self.logs.append(dict(logs))
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        self.events.append(("end", state.global_step))
+
+
+def test_a_grpoconfig_and_callbacks_train(tmp_path: Path) -> None:
+    args = trl.GRPOConfig(use_cpu=True, output_dir=str(tmp_path / "run"), max_steps=2,
+                          num_generations=4, per_device_train_batch_size=8,
+                          max_completion_length=4, learning_rate=3e-4, seed=5)
+    seen = Recorder()
+    trainer = GRPOTrainer(args=args, reward_funcs="reverse", callbacks=[seen],
+                          freshroll_args=FAST)
+    cfg = trainer.config
+    assert (cfg.run.steps, cfg.run.seed, cfg.trainer.lr) == (2, 5, 3e-4)
+    assert (cfg.rollout.group_size, cfg.rollout.batch_groups, cfg.rollout.max_new_tokens) == (
+        4, 2, 4)
+    assert trainer.output_dir == tmp_path / "run"  # GRPOConfig's output_dir
+    result = trainer.train(stream=io.StringIO())
+    assert result.ok and result.summary["steps"] == 2
+    assert seen.events == [("begin", 0), ("step_end", 1), ("log", 1), ("step_end", 2),
+                           ("log", 2), ("end", 2)]
+    assert seen.args is args
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [log["reward"] for log in seen.logs] == [r["reward_mean"] for r in rows]
+    assert all("rewards/reverse/mean" in log and "completions/mean_length" in log
+               for log in seen.logs)
+
+
+def test_a_grpoconfig_that_would_train_otherwise_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"scale_rewards='none'"):
+        GRPOTrainer(args=trl.GRPOConfig(use_cpu=True, scale_rewards="none"),
+                    output_dir=tmp_path / "run")
+
+
+def test_callbacks_that_are_not_trainercallbacks_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"callbacks: expected transformers.TrainerCallback"):
+        GRPOTrainer(callbacks=[print], output_dir=tmp_path / "run")
