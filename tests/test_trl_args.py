@@ -44,14 +44,22 @@ def test_the_fields_a_user_sets_become_freshrolls_keys() -> None:
                     "temperature": 0.7, "top_p": 0.9},
         "trainer": {"lr": 3e-4, "grad_accum": 2, "kl_coef": 0.04, "clip_low": 0.1,
                     "clip_high": 0.3, "correction": "dual_clip", "is_cap": 2.5,
-                    "warmup_steps": 4, "lr_schedule": "cosine", "weight_decay": 0.01,
+                    "warmup_ratio": 0.1, "lr_schedule": "cosine", "weight_decay": 0.01,
                     "max_grad_norm": 0.5, "checkpoint_every": 5, "keep_checkpoints": 3,
-                    "aggregation": "dr_grpo"}}
+                    "aggregation": "dr_grpo", "scale_rewards": "group"}}
     assert (got.output_dir, got.reward_weights) == ("runs/x", [1.0, 0.5])
 
 
+def test_the_features_trl_names_land_on_their_keys() -> None:
+    got = convert(_cfg(scale_rewards="batch", importance_sampling_level="sequence",
+                       warmup_steps=3))
+    assert got.data == {"trainer": {"scale_rewards": "batch", "ratio_level": "sequence",
+                                    "warmup_steps": 3}}
+
+
 def test_bnpo_is_dapo_on_one_micro_batch_only() -> None:
-    assert convert(_cfg(loss_type="bnpo")).data == {"trainer": {"aggregation": "dapo"}}
+    assert convert(_cfg(loss_type="bnpo")).data == {"trainer": {"aggregation": "dapo",
+                                                                "scale_rewards": "group"}}
     with pytest.raises(ConfigError, match=r"loss_type='bnpo' is not supported"):
         convert(_cfg(loss_type="bnpo", gradient_accumulation_steps=2))
 
@@ -60,7 +68,7 @@ def test_bnpo_is_dapo_on_one_micro_batch_only() -> None:
     ({"loss_type": "sapo"}, "loss_type='sapo' is not supported; trainer.aggregation takes"),
     ({"lr_scheduler_type": "polynomial"}, "lr_scheduler_type='polynomial' is not supported"),
     ({"optim": "sgd"}, "optim='sgd' is not supported; trainer.optim takes"),
-    ({"warmup_steps": 0.1}, "warmup_steps=0.1 is a share of max_steps"),
+    ({"scale_rewards": "max"}, "scale_rewards='max' is not supported"),
     ({"eval_strategy": "epoch"}, "eval_strategy='epoch' is not supported"),
 ])
 def test_a_value_freshroll_cannot_take_names_the_field(kw: dict[str, Any], said: str) -> None:
@@ -70,10 +78,11 @@ def test_a_value_freshroll_cannot_take_names_the_field(kw: dict[str, Any], said:
 
 def test_unsupported_fields_that_change_training_are_one_error_naming_each() -> None:
     with pytest.raises(ConfigError) as err:
-        convert(_cfg(scale_rewards="batch", num_iterations=2, top_k=5, learning_rate=1e-4))
+        convert(_cfg(mask_truncated_completions=True, num_iterations=2, top_k=5,
+                     learning_rate=1e-4))
     msg = str(err.value)
     assert msg.startswith("args (GRPOConfig): not supported in freshroll")
-    for name in ("scale_rewards='batch'", "num_iterations=2", "top_k=5"):
+    for name in ("mask_truncated_completions=True", "num_iterations=2", "top_k=5"):
         assert name in msg
     assert "nearest: run.max_staleness" not in msg  # each says its own nearest feature
     assert "learning_rate" not in msg  # mapped, not refused
@@ -110,7 +119,7 @@ def test_the_table_and_the_converter_agree() -> None:
     """One table: every converted field has its freshroll key in TRL_NAMES, no name is both
     mapped and not supported, and every GRPOConfig field a user reaches for is in it."""
     fields = {f.name for f in dataclasses.fields(trl.GRPOConfig)}
-    assert set(CONVERT) <= set(TRL_NAMES) & fields
+    assert set(CONVERT) <= set(TRL_NAMES)
     assert set(TRL_NAMES) & set(NOT_SUPPORTED) == set()
     reached = {"scale_rewards", "use_vllm", "vllm_mode", "delta", "num_iterations",
                "log_completions", "report_to", "push_to_hub", "gradient_checkpointing",
@@ -121,7 +130,8 @@ def test_the_table_and_the_converter_agree() -> None:
 
 
 @pytest.mark.parametrize(("override", "said"), [
-    ("trainer.scale_rewards=batch", "TRL's scale_rewards is not supported in freshroll"),
+    ("rollout.scale_rewards=batch", "freshroll's key for TRL's scale_rewards is "
+                                    "trainer.scale_rewards"),
     ("use_vllm=true", "freshroll's key for TRL's use_vllm is rollout.engine: vllm"),
     ("rollout.vllm_mode=server", "TRL's vllm_mode is not supported in freshroll; nearest: "
                                  "rollout.engine: vllm"),
@@ -130,7 +140,8 @@ def test_the_table_and_the_converter_agree() -> None:
     ("log_completions=true", "nearest: every completion is in the ledger"),
     ("report_to=wandb", "nearest: monitor.tensorboard: true, monitor.wandb_project"),
     ("push_to_hub=true", "nearest: freshroll export-model"),
-    ("trainer.warmup_ratio=0.1", "TRL's warmup_ratio is not supported"),
+    ("rollout.warmup_ratio=0.1", "freshroll's key for TRL's warmup_ratio is trainer.warmup"),
+    ("importance_sampling_level=sequence", "TRL's importance_sampling_level is trainer.ratio"),
     ("max_prompt_length=64", "TRL's max_prompt_length is not supported"),
     ("trainer.gradient_checkpointing=true", "TRL's gradient_checkpointing is not supported"),
     ("rollout.top_k=5", "TRL's top_k is not supported"),

@@ -34,7 +34,10 @@ TRL_NAMES: Final[dict[str, str]] = {
     "weight_decay": "trainer.weight_decay",
     "max_grad_norm": "trainer.max_grad_norm",
     "lr_scheduler_type": "trainer.lr_schedule",
-    "warmup_steps": "trainer.warmup_steps",
+    "warmup_steps": "trainer.warmup_steps (under 1: trainer.warmup_ratio)",
+    "warmup_ratio": "trainer.warmup_ratio",
+    "scale_rewards": "trainer.scale_rewards (group, batch, none)",
+    "importance_sampling_level": "trainer.ratio_level (token, sequence: GSPO)",
     "gradient_accumulation_steps": "trainer.grad_accum",
     "bf16": "trainer.bf16",
     "optim": "trainer.optim (adamw_torch_fused, adamw_torch)",
@@ -77,9 +80,6 @@ _REPORT = ("monitor.tensorboard: true, monitor.wandb_project, monitor.prometheus
 
 #: TRL (and transformers' ``TrainingArguments``) names with no freshroll key
 NOT_SUPPORTED: Final[dict[str, NotSupported]] = {
-    "scale_rewards": NotSupported(
-        "the advantage is divided by the group's reward std (TRL's 'group') except with "
-        "trainer.aggregation: dr_grpo (TRL's 'none')"),
     "vllm_mode": NotSupported("rollout.engine: vllm runs vLLM as freshroll's own inference "
                               "workers, see docs/vllm.md", trains=False),
     "vllm_server_base_url": NotSupported("rollout.engine: vllm (freshroll starts its own "
@@ -95,8 +95,6 @@ NOT_SUPPORTED: Final[dict[str, NotSupported]] = {
     "steps_per_generation": NotSupported(
         "one optimizer step per generated batch; run.max_staleness bounds how far behind a "
         "batch may be"),
-    "importance_sampling_level": NotSupported(
-        "token-level ratios only; trainer.correction picks the off-policy correction"),
     "mask_truncated_completions": NotSupported(
         "a reward can score a completion that hit rollout.max_new_tokens"),
     "top_k": NotSupported(_SAMPLING),
@@ -106,7 +104,6 @@ NOT_SUPPORTED: Final[dict[str, NotSupported]] = {
     "max_prompt_length": NotSupported(
         "prompts are kept whole and refused when longer than the model's context; trim the "
         "dataset"),
-    "warmup_ratio": NotSupported("trainer.warmup_steps (the ratio times run.steps)"),
     "num_train_epochs": NotSupported("run.steps (max_steps): freshroll counts trainer steps"),
     "multi_objective_aggregation": NotSupported(
         "rewards are summed with their weights, then normalised (TRL's sum_then_normalize)"),

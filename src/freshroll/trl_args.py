@@ -25,7 +25,6 @@ follows :mod:`freshroll.config_trl`'s one table:
 from __future__ import annotations
 
 import dataclasses
-import math
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -88,21 +87,24 @@ def _batch(value: Any, args: Any) -> Values:
 
 
 def _loss_type(value: Any, args: Any) -> Values:
-    """bnpo is dapo's token mean taken per micro-batch: the same with one micro-batch."""
+    """bnpo is dapo's token mean taken per micro-batch: the same with one micro-batch. TRL's
+    scale_rewards does not follow loss_type (freshroll's ``auto`` does): it goes with it."""
     allowed = {"grpo": "grpo", "dr_grpo": "dr_grpo", "dapo": "dapo"}
     if args.gradient_accumulation_steps == 1:
         allowed["bnpo"] = "dapo"
-    return _choice("loss_type", "trainer.aggregation", allowed)(value, args)
+    return {**_choice("loss_type", "trainer.aggregation", allowed)(value, args),
+            **_SCALE(args.scale_rewards, args)}
 
 
 def _warmup(value: Any, args: Any) -> Values:
     """transformers 5's warmup_steps: a count, or under 1 a share of the run's steps."""
     if value >= 1:
         return {"trainer.warmup_steps": int(value)}
-    if args.max_steps <= 0:
-        raise ConfigError(f"args (GRPOConfig): warmup_steps={value} is a share of max_steps, "
-                          "which is not set; give max_steps")
-    return {"trainer.warmup_steps": math.ceil(args.max_steps * value)}
+    return {"trainer.warmup_ratio": float(value)}
+
+
+_SCALE: Final = _choice("scale_rewards", "trainer.scale_rewards",
+                        {"group": "group", "batch": "batch", "none": "none"})
 
 
 def _eval(value: Any, args: Any) -> Values:
@@ -160,6 +162,10 @@ CONVERT: Final[dict[str, Convert]] = {
     "use_vllm": lambda value, args: {"rollout.engine": "vllm"} if value else {},
     "vllm_gpu_memory_utilization": _to("vllm.gpu_memory_utilization"),
     "vllm_max_model_length": _to("vllm.max_model_len"),
+    "scale_rewards": _SCALE,
+    "importance_sampling_level": _choice("importance_sampling_level", "trainer.ratio_level",
+                                         {"token": "token", "sequence": "sequence"}),
+    "warmup_ratio": lambda value, args: {"trainer.warmup_ratio": float(value)},
     "eval_steps": _eval,
     "eval_strategy": _eval,
 }

@@ -65,7 +65,7 @@ from freshroll.trainer.losses import (
     policy_loss,
     token_logprobs,
 )
-from freshroll.trainer.schedule import lr_at
+from freshroll.trainer.schedule import lr_at, warmup_of
 from freshroll.trainer.shared_batch import SharedBatch, collate_shared, completion_logits
 
 
@@ -140,7 +140,9 @@ _NOT_TRAINING_MATH = {"on_nonfinite"}
 #: run trained with they are left out of the digest, so the steps of an earlier run still
 #: match theirs on --resume and replay (where that is not the default: TRAINER_BEFORE)
 _OMITTED_AT: dict[str, object] = {"lr_schedule": "constant", "warmup_steps": 0, "grad_accum": 1,
-                                  "bf16": False, "lora": None, **TRAINER_BEFORE}
+                                  "bf16": False, "lora": None, "warmup_ratio": 0.0,
+                                  "scale_rewards": "auto", "ratio_level": "token",
+                                  **TRAINER_BEFORE}
 
 
 def settings_digest(cfg: TrainerSection, temperature: float, total_steps: int | None) -> str:
@@ -152,9 +154,17 @@ def settings_digest(cfg: TrainerSection, temperature: float, total_steps: int | 
         if trainer[key] == value:
             del trainer[key]
     doc: dict[str, object] = {"trainer": trainer, "temperature": temperature}
-    if cfg.lr_schedule != "constant":
+    if cfg.lr_schedule != "constant" or cfg.warmup_ratio:
         doc["total_steps"] = total_steps
     return digest_json(doc)
+
+
+def scale_of(cfg: TrainerSection) -> str:
+    """``trainer.scale_rewards`` in force: ``auto`` is ``group``, or ``none`` under
+    ``dr_grpo`` (Dr. GRPO does not divide by the std)."""
+    if cfg.scale_rewards != "auto":
+        return cfg.scale_rewards
+    return "none" if cfg.aggregation == "dr_grpo" else "group"
 
 
 def use_kernel(optimizer: torch.optim.Optimizer, optim: str) -> None:
@@ -218,6 +228,8 @@ class GRPOLearner:
     ) -> None:
         if cfg.lr_schedule != "constant" and total_steps is None:
             raise ValueError(f"trainer.lr_schedule={cfg.lr_schedule} needs the run's total steps")
+        if cfg.warmup_ratio and total_steps is None:
+            raise ValueError("trainer.warmup_ratio needs the run's total steps")
         self.model, self.cfg, self.pad_id = model, cfg, pad_id
         device = next(model.parameters()).device
         if cfg.bf16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
@@ -228,6 +240,7 @@ class GRPOLearner:
         self.loss_cfg = LossConfig(
             aggregation=cfg.aggregation, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
             correction=cfg.correction, is_cap=cfg.is_cap, kl_coef=cfg.kl_coef,
+            ratio_level=cfg.ratio_level,
             max_completion_len=max_new_tokens,
         )
         # every parameter, or a LoRA model's adapters alone (freshroll.trainer.lora.wrap)
@@ -250,7 +263,9 @@ class GRPOLearner:
     def lr(self, step: int) -> float:
         """The learning rate of step ``step`` (1-based) under the settings in force."""
         c = self.cfg
-        return lr_at(step, c.lr, c.lr_schedule, c.warmup_steps, self.total_steps or 0)
+        total = self.total_steps or 0
+        return lr_at(step, c.lr, c.lr_schedule, warmup_of(c.warmup_steps, c.warmup_ratio, total),
+                     total)
 
     def step(self, samples: Sequence[TrainSample], step: int | None = None) -> dict[str, float]:
         """One optimizer step on ``samples``; returns metrics (python floats).
@@ -261,10 +276,9 @@ class GRPOLearner:
         t0 = time.perf_counter()
         number = self.steps + 1 if step is None else step
         rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
-        adv = group_advantages(
-            rewards, torch.tensor([s.group for s in samples], dtype=torch.long),
-            scale=self.cfg.aggregation != "dr_grpo",
-        )
+        scale = scale_of(self.cfg)
+        adv = group_advantages(rewards, torch.tensor([s.group for s in samples]),
+                               scale=scale != "none", batch_std=scale == "batch")
         loss_cfg = self.loss_cfg
         if loss_cfg.max_completion_len is None:  # dr_grpo's T_max: the whole batch's width
             width = max(len(s.prompt_ids) + len(s.token_ids) for s in samples) - 1
