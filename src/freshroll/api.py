@@ -12,7 +12,8 @@
         model="models/my-policy",              # a save_pretrained dir, a model object, or None
         reward_funcs=[exact, "my_rewards.py:g"],
         train_dataset=Dataset.from_list(rows),  # a Dataset, a DatasetDict, rows, or a file
-        args={"run.steps": 50, "trainer": {"lr": 3e-4}},  # freshroll keys (or a YAML path)
+        args={"run.steps": 50, "trainer": {"lr": 3e-4}},  # freshroll keys, a YAML path,
+                                                          # or TRL's GRPOConfig(...)
         output_dir="runs/notebook",
     )
     result = trainer.train()                    # RunResult: run_dir, summary (dict), ok
@@ -63,10 +64,15 @@ class GRPOTrainer:
     ``train_dataset`` / ``eval_dataset``: a ``datasets.Dataset`` or ``DatasetDict``, a list
     of row dicts, or a file path (None: ``args``' ``task`` / ``eval``). ``args``: a
     :class:`~freshroll.config.Config`, a mapping of freshroll keys (nested sections or dotted
-    keys, as the command line's ``key=value``), or a YAML file (the same file ``freshroll
-    run`` takes). ``output_dir``: the run directory (default ``runs/python``).
+    keys, as the command line's ``key=value``), a YAML file (the same file ``freshroll
+    run`` takes), or TRL's ``GRPOConfig`` (its fields set away from TRL's defaults mapped,
+    refused or dropped with one warning: :mod:`freshroll.trl_args`; its ``output_dir`` and
+    ``reward_weights`` used where not given here). ``freshroll_args``: freshroll keys set
+    over ``args``. ``output_dir``: the run directory (default ``runs/python``).
     ``peft_config``: a ``peft.LoraConfig`` (or a mapping of ``trainer.lora``'s keys): LoRA,
-    as TRL's ``peft_config`` (:func:`lora_section`).
+    as TRL's ``peft_config`` (:func:`lora_section`). ``callbacks``: transformers
+    ``TrainerCallback``s, called at the run's points
+    (:mod:`freshroll.observe.trl_callbacks`).
     """
 
     def __init__(
