@@ -52,9 +52,10 @@ def test_the_fields_a_user_sets_become_freshrolls_keys() -> None:
 
 def test_the_features_trl_names_land_on_their_keys() -> None:
     got = convert(_cfg(scale_rewards="batch", importance_sampling_level="sequence",
-                       warmup_steps=3))
+                       warmup_steps=3, top_k=20, min_p=0.05, repetition_penalty=1.1))
     assert got.data == {"trainer": {"scale_rewards": "batch", "ratio_level": "sequence",
-                                    "warmup_steps": 3}}
+                                    "warmup_steps": 3},
+                        "rollout": {"top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1}}
 
 
 def test_bnpo_is_dapo_on_one_micro_batch_only() -> None:
@@ -78,11 +79,12 @@ def test_a_value_freshroll_cannot_take_names_the_field(kw: dict[str, Any], said:
 
 def test_unsupported_fields_that_change_training_are_one_error_naming_each() -> None:
     with pytest.raises(ConfigError) as err:
-        convert(_cfg(mask_truncated_completions=True, num_iterations=2, top_k=5,
-                     learning_rate=1e-4))
+        convert(_cfg(mask_truncated_completions=True, num_iterations=2,
+                     generation_kwargs={"top_a": 1}, learning_rate=1e-4))
     msg = str(err.value)
     assert msg.startswith("args (GRPOConfig): not supported in freshroll")
-    for name in ("mask_truncated_completions=True", "num_iterations=2", "top_k=5"):
+    for name in ("mask_truncated_completions=True", "num_iterations=2",
+                 "generation_kwargs={'top_a': 1}"):
         assert name in msg
     assert "nearest: run.max_staleness" not in msg  # each says its own nearest feature
     assert "learning_rate" not in msg  # mapped, not refused
@@ -144,7 +146,8 @@ def test_the_table_and_the_converter_agree() -> None:
     ("importance_sampling_level=sequence", "TRL's importance_sampling_level is trainer.ratio"),
     ("max_prompt_length=64", "TRL's max_prompt_length is not supported"),
     ("trainer.gradient_checkpointing=true", "TRL's gradient_checkpointing is not supported"),
-    ("rollout.top_k=5", "TRL's top_k is not supported"),
+    ("trainer.top_k=5", "freshroll's key for TRL's top_k is rollout.top_k"),
+    ("generation_kwargs={}", "TRL's generation_kwargs is not supported"),
 ])
 def test_a_trl_name_is_never_a_misleading_did_you_mean(override: str, said: str) -> None:
     with pytest.raises(ConfigError) as err:

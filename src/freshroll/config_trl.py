@@ -30,6 +30,9 @@ TRL_NAMES: Final[dict[str, str]] = {
     "generation_batch_size": "rollout.batch_groups x rollout.group_size (completions)",
     "temperature": "rollout.temperature",
     "top_p": "rollout.top_p",
+    "top_k": "rollout.top_k",
+    "min_p": "rollout.min_p",
+    "repetition_penalty": "rollout.repetition_penalty",
     "learning_rate": "trainer.lr",
     "weight_decay": "trainer.weight_decay",
     "max_grad_norm": "trainer.max_grad_norm",
@@ -74,7 +77,8 @@ class NotSupported:
     trains: bool = True
 
 
-_SAMPLING = "rollout.temperature and rollout.top_p are freshroll's sampling settings"
+_SAMPLING = ("rollout.temperature, rollout.top_p, rollout.top_k, rollout.min_p and "
+             "rollout.repetition_penalty are freshroll's sampling settings")
 _REPORT = ("monitor.tensorboard: true, monitor.wandb_project, monitor.prometheus_port; every "
            "run writes metrics.jsonl")
 
@@ -97,9 +101,6 @@ NOT_SUPPORTED: Final[dict[str, NotSupported]] = {
         "batch may be"),
     "mask_truncated_completions": NotSupported(
         "a reward can score a completion that hit rollout.max_new_tokens"),
-    "top_k": NotSupported(_SAMPLING),
-    "min_p": NotSupported(_SAMPLING),
-    "repetition_penalty": NotSupported(_SAMPLING),
     "generation_kwargs": NotSupported(_SAMPLING),
     "max_prompt_length": NotSupported(
         "prompts are kept whole and refused when longer than the model's context; trim the "

@@ -74,3 +74,19 @@ def test_a_grpoconfig_that_would_train_otherwise_is_refused(tmp_path: Path) -> N
 def test_callbacks_that_are_not_trainercallbacks_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"callbacks: expected transformers.TrainerCallback"):
         GRPOTrainer(callbacks=[print], output_dir=tmp_path / "run")
+
+
+def test_trls_top_k_reaches_the_inline_engine(tmp_path: Path) -> None:
+    """GRPOConfig(top_k=1) -> rollout.top_k -> every worker call: a group's completions are
+    then one greedy path, so every group's rewards are alike (without it they are not)."""
+    def zero_std(top_k: int, out: str) -> list[float]:
+        args = trl.GRPOConfig(use_cpu=True, output_dir=str(tmp_path / out), max_steps=2,
+                              num_generations=4, per_device_train_batch_size=16,
+                              max_completion_length=4, top_k=top_k, seed=1)
+        GRPOTrainer(args=args, reward_funcs="reverse", freshroll_args=FAST).train(
+            stream=io.StringIO())
+        rows = (tmp_path / out / "metrics.jsonl").read_text().splitlines()
+        return [json.loads(r)["frac_reward_zero_std"] for r in rows]
+
+    assert zero_std(1, "k1") == [1.0, 1.0]
+    assert min(zero_std(0, "k0")) < 1.0

@@ -137,7 +137,9 @@ class VLLMEngine:
                               f"vllm.max_model_len {self.max_model_len}")
                 continue
             sp = VSP(max_tokens=params.max_new_tokens, temperature=params.temperature,
-                     top_p=params.top_p, logprobs=0, seed=(seed + i) % (2**63),
+                     top_p=params.top_p, top_k=params.top_k or -1, min_p=params.min_p,
+                     repetition_penalty=params.repetition_penalty,
+                     logprobs=0, seed=(seed + i) % (2**63),
                      stop_token_ids=sorted(self._eos), detokenize=False,
                      output_kind=RequestOutputKind.FINAL_ONLY)
             rid = f"{r.sample}/{next(self._ids)}"
