@@ -52,9 +52,10 @@ def test_the_fields_a_user_sets_become_freshrolls_keys() -> None:
 
 def test_the_features_trl_names_land_on_their_keys() -> None:
     got = convert(_cfg(scale_rewards="batch", importance_sampling_level="sequence",
-                       warmup_steps=3, top_k=20, min_p=0.05, repetition_penalty=1.1))
+                       warmup_steps=3, top_k=20, min_p=0.05, repetition_penalty=1.1,
+                       mask_truncated_completions=True))
     assert got.data == {"trainer": {"scale_rewards": "batch", "ratio_level": "sequence",
-                                    "warmup_steps": 3},
+                                    "warmup_steps": 3, "mask_truncated": True},
                         "rollout": {"top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1}}
 
 
@@ -79,11 +80,11 @@ def test_a_value_freshroll_cannot_take_names_the_field(kw: dict[str, Any], said:
 
 def test_unsupported_fields_that_change_training_are_one_error_naming_each() -> None:
     with pytest.raises(ConfigError) as err:
-        convert(_cfg(mask_truncated_completions=True, num_iterations=2,
+        convert(_cfg(top_entropy_quantile=0.5, num_iterations=2,
                      generation_kwargs={"top_a": 1}, learning_rate=1e-4))
     msg = str(err.value)
     assert msg.startswith("args (GRPOConfig): not supported in freshroll")
-    for name in ("mask_truncated_completions=True", "num_iterations=2",
+    for name in ("top_entropy_quantile=0.5", "num_iterations=2",
                  "generation_kwargs={'top_a': 1}"):
         assert name in msg
     assert "nearest: run.max_staleness" not in msg  # each says its own nearest feature

@@ -129,6 +129,11 @@ class TrainerSection(_Section):
         "token", description="the PPO ratio per token, or per sequence: exp of the mean of "
         "its tokens' log-ratios, GSPO (TRL's importance_sampling_level)"
     )
+    mask_truncated: bool = Field(
+        False, description="a completion that ended at rollout.max_new_tokens (no end token) "
+        "gets no loss and counts in no token total (TRL's mask_truncated_completions); its "
+        "reward still counts in its group's mean"
+    )
     correction: Literal["none", "tis", "decoupled", "dual_clip"] = Field(
         "dual_clip", description="off-policy correction: none (PPO clipped against the behaviour "
         "policy), truncated importance sampling (tis), AReaL decoupled (masks weights above "

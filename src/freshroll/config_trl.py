@@ -41,6 +41,7 @@ TRL_NAMES: Final[dict[str, str]] = {
     "warmup_ratio": "trainer.warmup_ratio",
     "scale_rewards": "trainer.scale_rewards (group, batch, none)",
     "importance_sampling_level": "trainer.ratio_level (token, sequence: GSPO)",
+    "mask_truncated_completions": "trainer.mask_truncated",
     "gradient_accumulation_steps": "trainer.grad_accum",
     "bf16": "trainer.bf16",
     "optim": "trainer.optim (adamw_torch_fused, adamw_torch)",
@@ -99,8 +100,6 @@ NOT_SUPPORTED: Final[dict[str, NotSupported]] = {
     "steps_per_generation": NotSupported(
         "one optimizer step per generated batch; run.max_staleness bounds how far behind a "
         "batch may be"),
-    "mask_truncated_completions": NotSupported(
-        "a reward can score a completion that hit rollout.max_new_tokens"),
     "generation_kwargs": NotSupported(_SAMPLING),
     "max_prompt_length": NotSupported(
         "prompts are kept whole and refused when longer than the model's context; trim the "

@@ -10,10 +10,10 @@ follows :mod:`freshroll.config_trl`'s one table:
 
 * a name with a freshroll key is converted (:data:`CONVERT`; a value freshroll cannot take,
   such as ``loss_type="sapo"``, is a ConfigError naming the field);
-* a name not supported that changes what is trained (``scale_rewards``, ``num_iterations``,
-  ``top_k``, ...) is refused: one ConfigError naming every such field with its nearest
-  freshroll feature, since running without it would train something the user did not ask
-  for under the user's other settings;
+* a name not supported that changes what is trained (``num_iterations``,
+  ``steps_per_generation``, ``generation_kwargs``, ...) is refused: one ConfigError naming
+  every such field with its nearest freshroll feature, since running without it would train
+  something the user did not ask for under the user's other settings;
 * anything else set (``report_to``, ``logging_steps``, ``push_to_hub``, a field of
   transformers' ``TrainingArguments`` freshroll has no use for) is dropped, named in one
   :class:`DroppedTrlArgs` warning with the nearest feature where there is one.
@@ -169,6 +169,7 @@ CONVERT: Final[dict[str, Convert]] = {
     "importance_sampling_level": _choice("importance_sampling_level", "trainer.ratio_level",
                                          {"token": "token", "sequence": "sequence"}),
     "warmup_ratio": lambda value, args: {"trainer.warmup_ratio": float(value)},
+    "mask_truncated_completions": _to("trainer.mask_truncated"),
     "eval_steps": _eval,
     "eval_strategy": _eval,
 }

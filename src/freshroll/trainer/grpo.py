@@ -80,6 +80,8 @@ class TrainSample:
     #: each completion token's lag as run-length ``(lag, tokens)`` ranges (its payload's
     #: ``versions``); empty: every token has the sample's ``lag``
     token_lags: tuple[tuple[int, int], ...] = ()
+    #: it ended at max_new_tokens without an end token (its payload's finish reason)
+    truncated: bool = False
 
     def lags(self) -> list[int]:
         """One lag per completion token (a range list short of the tokens: the rest at
@@ -142,6 +144,7 @@ _NOT_TRAINING_MATH = {"on_nonfinite"}
 _OMITTED_AT: dict[str, object] = {"lr_schedule": "constant", "warmup_steps": 0, "grad_accum": 1,
                                   "bf16": False, "lora": None, "warmup_ratio": 0.0,
                                   "scale_rewards": "auto", "ratio_level": "token",
+                                  "mask_truncated": False,
                                   **TRAINER_BEFORE}
 
 
@@ -165,6 +168,12 @@ def scale_of(cfg: TrainerSection) -> str:
     if cfg.scale_rewards != "auto":
         return cfg.scale_rewards
     return "none" if cfg.aggregation == "dr_grpo" else "group"
+
+
+def loss_rows(samples: Sequence[TrainSample]) -> torch.Tensor:
+    """``[B]``: 0.0 for a truncated sample (``trainer.mask_truncated``: no loss, as TRL's
+    ``mask_truncated_completions`` zeroes its completion mask), 1.0 for the others."""
+    return torch.tensor([0.0 if s.truncated else 1.0 for s in samples])
 
 
 def use_kernel(optimizer: torch.optim.Optimizer, optim: str) -> None:
@@ -275,31 +284,28 @@ class GRPOLearner:
         """
         t0 = time.perf_counter()
         number = self.steps + 1 if step is None else step
-        rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
-        scale = scale_of(self.cfg)
-        adv = group_advantages(rewards, torch.tensor([s.group for s in samples]),
-                               scale=scale != "none", batch_std=scale == "batch")
-        loss_cfg = self.loss_cfg
-        if loss_cfg.max_completion_len is None:  # dr_grpo's T_max: the whole batch's width
-            width = max(len(s.prompt_ids) + len(s.token_ids) for s in samples) - 1
-            loss_cfg = replace(loss_cfg, max_completion_len=width)
+        rewards, adv, loss_cfg = self._advantages(samples)
         slices = micro_slices(len(samples), self.cfg.grad_accum)
         total_tokens = float(sum(len(s.token_ids) for s in samples))
+        rows = loss_rows(samples) if self.cfg.mask_truncated else None
+        loss_tokens = total_tokens if rows is None else float(
+            sum(len(s.token_ids) for s, k in zip(samples, rows.tolist(), strict=True) if k))
         self.optimizer.zero_grad(set_to_none=True)
         parts: list[tuple[dict[str, float], float]] = []
         losses: list[torch.Tensor] = []
         entropy = 0.0
         for sl in slices:
+            part = None if rows is None else rows[sl]
             micro = self._layout(samples if len(slices) == 1 else samples[sl])
-            loss, metrics, logits, kept = self._micro_loss(micro, adv[sl], loss_cfg)
+            loss, metrics, logits, kept = self._micro_loss(micro, adv[sl], loss_cfg, part)
             if logits is None:  # the model's cache cannot be indexed: the full rows
                 micro = self._layout(samples if len(slices) == 1 else samples[sl])
-                loss, metrics, logits, kept = self._micro_loss(micro, adv[sl], loss_cfg)
+                loss, metrics, logits, kept = self._micro_loss(micro, adv[sl], loss_cfg, part)
             assert logits is not None
-            tokens = float(micro.mask.sum())
+            tokens = float(kept.sum())  # the micro-batch's loss tokens
             if len(slices) > 1:
                 loss = loss * micro_weight(
-                    self.cfg.aggregation, len(micro.rewards), tokens, len(samples), total_tokens
+                    self.cfg.aggregation, len(micro.rewards), tokens, len(samples), loss_tokens
                 )
             if not torch.isfinite(loss.detach()):
                 self.optimizer.zero_grad(set_to_none=True)
@@ -307,12 +313,12 @@ class GRPOLearner:
             loss.backward()  # type: ignore[no-untyped-call]  # torch: unannotated
             with torch.no_grad():
                 ent = entropy_from_logits(logits, kept, self.temperature)
-            share = 1.0 if len(slices) == 1 else tokens / max(1.0, total_tokens)
+            share = 1.0 if len(slices) == 1 else tokens / max(1.0, loss_tokens)
             entropy += float(ent) * share  # the token mean over the whole batch
             parts.append((metrics, tokens))
             losses.append(loss.detach())
         total_loss = float(losses[0] if len(losses) == 1 else torch.stack(losses).sum())
-        metrics = combine_metrics(parts, total_tokens)
+        metrics = combine_metrics(parts, loss_tokens)
         metrics["loss"] = total_loss
         grad_norm, lr = self._apply_gradients(number, total_loss)
         self.steps = number
@@ -326,6 +332,20 @@ class GRPOLearner:
             weights_bytes=float(adapter_bytes(self.published_state())),
         )
         return metrics
+
+    def _advantages(self, samples: Sequence[TrainSample]
+                    ) -> tuple[torch.Tensor, torch.Tensor, LossConfig]:
+        """The batch's rewards, their advantages (``trainer.scale_rewards``: :func:`scale_of`)
+        and the step's loss settings (dr_grpo's T_max: the whole batch's width)."""
+        rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
+        scale = scale_of(self.cfg)
+        adv = group_advantages(rewards, torch.tensor([s.group for s in samples]),
+                               scale=scale != "none", batch_std=scale == "batch")
+        loss_cfg = self.loss_cfg
+        if loss_cfg.max_completion_len is None:
+            width = max(len(s.prompt_ids) + len(s.token_ids) for s in samples) - 1
+            loss_cfg = replace(loss_cfg, max_completion_len=width)
+        return rewards, adv, loss_cfg
 
     def _apply_gradients(self, number: int, total_loss: float) -> tuple[torch.Tensor, float]:
         """Clip the accumulated gradients and take the optimizer step at step ``number``'s
@@ -356,7 +376,8 @@ class GRPOLearner:
         return shared if shared is not None else collate(samples, self.pad_id)
 
     def _micro_loss(
-        self, batch: Batch | SharedBatch, adv: torch.Tensor, loss_cfg: LossConfig
+        self, batch: Batch | SharedBatch, adv: torch.Tensor, loss_cfg: LossConfig,
+        rows: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor | None, torch.Tensor]:
         """The policy loss of ``batch`` (unscaled), its metrics, and the detached logits of the
         kept positions with their completion mask (for the entropy). The logits are None
@@ -366,9 +387,11 @@ class GRPOLearner:
         Only the positions from the first completion target on are projected to the
         vocabulary (``logits_to_keep``, as TRL does): the prompt prefix that every row shares
         attends as context but needs no logits, no log-softmax and no float32 copy. The
-        kept positions' logits are the same numbers a full projection gives."""
+        kept positions' logits are the same numbers a full projection gives. ``rows``: 1.0
+        for a row that gets loss, 0.0 for one that does not (``trainer.mask_truncated``);
+        the mask returned is the loss's."""
         if isinstance(batch, SharedBatch):
-            return self._shared_loss(batch, adv, loss_cfg)
+            return self._shared_loss(batch, adv, loss_cfg, rows)
         first = _first_target(batch.mask)
         view = batch.from_target(first)
         keep = batch.input_ids.shape[1] - first  # positions first .. L-1 (L-1 predicts nothing)
@@ -378,14 +401,15 @@ class GRPOLearner:
         logits = out.logits[:, -keep:][:, :-1].float()
         logp = token_logprobs(logits, view.targets, self.temperature)
         ref = self._ref_logprobs(batch, keep) if self.ref is not None else None
+        mask = view.mask if rows is None else view.mask * rows[:, None]
         loss, metrics = policy_loss(
-            logp, view.behaviour, adv, view.mask, loss_cfg, ref_logprobs=ref,
-            token_lags=view.lags,
+            logp, view.behaviour, adv, mask, loss_cfg, ref_logprobs=ref, token_lags=view.lags,
         )
-        return loss, metrics, logits.detach(), view.mask
+        return loss, metrics, logits.detach(), mask
 
     def _shared_loss(
-        self, batch: SharedBatch, adv: torch.Tensor, loss_cfg: LossConfig
+        self, batch: SharedBatch, adv: torch.Tensor, loss_cfg: LossConfig,
+        rows: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor | None, torch.Tensor]:
         with self._autocast():
             raw = completion_logits(self.model, batch, cache_name=self._cache_name,
@@ -402,11 +426,11 @@ class GRPOLearner:
                                             keep=self._takes_keep)
             assert ref_raw is not None  # the same model class as the policy's
             ref = token_logprobs(ref_raw.float(), batch.targets, self.temperature)
+        mask = batch.mask if rows is None else batch.mask * rows[:, None]
         loss, metrics = policy_loss(
-            logp, batch.behaviour, adv, batch.mask, loss_cfg, ref_logprobs=ref,
-            token_lags=batch.lags,
+            logp, batch.behaviour, adv, mask, loss_cfg, ref_logprobs=ref, token_lags=batch.lags,
         )
-        return loss, metrics, logits.detach(), batch.mask
+        return loss, metrics, logits.detach(), mask
 
     def _keep(self, keep: int) -> dict[str, int]:
         """``logits_to_keep`` where the model takes it (every causal LM of transformers >= 4.45;
