@@ -145,7 +145,7 @@ def test_the_table_and_the_converter_agree() -> None:
     ("push_to_hub=true", "nearest: freshroll export-model"),
     ("rollout.warmup_ratio=0.1", "freshroll's key for TRL's warmup_ratio is trainer.warmup"),
     ("importance_sampling_level=sequence", "TRL's importance_sampling_level is trainer.ratio"),
-    ("max_prompt_length=64", "TRL's max_prompt_length is not supported"),
+    ("max_prompt_length=64", "TRL's max_prompt_length is task.max_prompt_tokens"),
     ("trainer.gradient_checkpointing=true", "TRL's gradient_checkpointing is not supported"),
     ("trainer.top_k=5", "freshroll's key for TRL's top_k is rollout.top_k"),
     ("generation_kwargs={}", "TRL's generation_kwargs is not supported"),

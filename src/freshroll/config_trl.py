@@ -42,6 +42,7 @@ TRL_NAMES: Final[dict[str, str]] = {
     "scale_rewards": "trainer.scale_rewards (group, batch, none)",
     "importance_sampling_level": "trainer.ratio_level (token, sequence: GSPO)",
     "mask_truncated_completions": "trainer.mask_truncated",
+    "max_prompt_length": "task.max_prompt_tokens (a longer prompt is refused, not truncated)",
     "gradient_accumulation_steps": "trainer.grad_accum",
     "bf16": "trainer.bf16",
     "optim": "trainer.optim (adamw_torch_fused, adamw_torch)",
@@ -101,9 +102,6 @@ NOT_SUPPORTED: Final[dict[str, NotSupported]] = {
         "one optimizer step per generated batch; run.max_staleness bounds how far behind a "
         "batch may be"),
     "generation_kwargs": NotSupported(_SAMPLING),
-    "max_prompt_length": NotSupported(
-        "prompts are kept whole and refused when longer than the model's context; trim the "
-        "dataset"),
     "num_train_epochs": NotSupported("run.steps (max_steps): freshroll counts trainer steps"),
     "multi_objective_aggregation": NotSupported(
         "rewards are summed with their weights, then normalised (TRL's sum_then_normalize)"),

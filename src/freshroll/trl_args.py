@@ -170,6 +170,8 @@ CONVERT: Final[dict[str, Convert]] = {
                                          {"token": "token", "sequence": "sequence"}),
     "warmup_ratio": lambda value, args: {"trainer.warmup_ratio": float(value)},
     "mask_truncated_completions": _to("trainer.mask_truncated"),
+    "max_prompt_length": lambda value, args: {} if value is None else {
+        "task.max_prompt_tokens": value},
     "eval_steps": _eval,
     "eval_strategy": _eval,
 }
