@@ -88,13 +88,20 @@ class GRPOTrainer:
         peft_config: Any = None,
         callbacks: Sequence[Any] | None = None,
         freshroll_args: Mapping[str, Any] | None = None,
+        *,
+        reward_processing_classes: Any = None,
+        optimizers: Any = None,
+        tools: Any = None,
+        rollout_func: Any = None,
     ) -> None:
+        _refuse_unsupported(reward_processing_classes=reward_processing_classes,
+                            optimizers=optimizers, tools=tools, rollout_func=rollout_func)
         self.trl_args: Any = None  # the GRPOConfig given as args (the callbacks' args)
         if trl_args.is_grpo_config(args):
             self.trl_args, converted = args, trl_args.convert(args)
             data = converted.data
             output_dir = output_dir if output_dir is not None else converted.output_dir
-            if reward_weights is None and reward_funcs is not None:
+            if reward_weights is None:
                 reward_weights = converted.reward_weights
         else:
             data = _config_data(args)
@@ -194,6 +201,17 @@ def _config_data(args: Config | Mapping[str, Any] | str | Path | None) -> dict[s
     data: dict[str, Any] = {}
     _merge(data, args, "args")
     return data
+
+
+def _refuse_unsupported(**given: Any) -> None:
+    """TRL's GRPOTrainer arguments freshroll has no counterpart for: one ConfigError naming
+    each one given, with the nearest feature (:data:`freshroll.config_trl.NOT_SUPPORTED`)."""
+    from freshroll.config_trl import NOT_SUPPORTED
+
+    named = [f"{k} (nearest: {NOT_SUPPORTED[k].nearest})" for k, v in given.items()
+             if v is not None and (not isinstance(v, list | tuple) or v)]
+    if named:
+        raise ConfigError(f"{'; '.join(named)}: not supported in freshroll")
 
 
 def _callbacks(callbacks: Any) -> list[Any]:
@@ -326,6 +344,10 @@ def _reward_entries(funcs: RewardFunc | Sequence[RewardFunc],
                           "reward_funcs (one each)")
     entries = []
     for i, fn in enumerate(items):
+        if hasattr(fn, "parameters") and hasattr(fn, "forward"):  # a torch module
+            raise ConfigError(f"reward_funcs[{i}]: a reward model ({type(fn).__name__}) is not "
+                              "supported; give a function that scores with it "
+                              "(completions, **kwargs) -> list[float] (docs/rewards.md)")
         ref = fn if isinstance(fn, str) else inmemory.register(fn)
         entry: dict[str, Any] = {"fn": ref}
         if weights is not None:

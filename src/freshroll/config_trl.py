@@ -144,6 +144,14 @@ NOT_SUPPORTED: Final[dict[str, NotSupported]] = {
                                 trains=False),
     "hub_model_id": NotSupported("freshroll export-model RUN_DIR OUT", trains=False),
     "run_name": NotSupported("the run directory's name (output_dir)", trains=False),
+    "reward_processing_classes": NotSupported(
+        "reward models are not loaded by freshroll: give a reward function that scores with "
+        "your model (docs/rewards.md)"),
+    "optimizers": NotSupported("trainer.optim (AdamW), trainer.lr_schedule, "
+                               "trainer.warmup_steps"),
+    "tools": NotSupported("rollout.workflow (multi-turn and tool-using workflows are "
+                          "registered; docs/architecture.md)"),
+    "rollout_func": NotSupported("rollout.workflow (an episode workflow, registered by name)"),
     "resume_from_checkpoint": NotSupported("GRPOTrainer.train(resume=True), freshroll run "
                                            "--resume RUN_DIR", trains=False),
 }

@@ -90,3 +90,31 @@ def test_trls_top_k_reaches_the_inline_engine(tmp_path: Path) -> None:
 
     assert zero_std(1, "k1") == [1.0, 1.0]
     assert min(zero_std(0, "k0")) < 1.0
+
+
+@pytest.mark.parametrize(("kwargs", "said"), [
+    ({"tools": [print]}, r"tools \(nearest: rollout\.workflow"),
+    ({"optimizers": (object(), None)}, r"optimizers \(nearest: trainer\.optim"),
+    ({"reward_processing_classes": [object()]}, r"reward_processing_classes \(nearest: "),
+    ({"rollout_func": print}, r"rollout_func \(nearest: rollout\.workflow"),
+])
+def test_trl_arguments_without_a_counterpart_are_one_clear_error(
+        kwargs: dict[str, Any], said: str, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=said):
+        GRPOTrainer(output_dir=tmp_path / "run", **kwargs)
+
+
+def test_a_reward_model_as_reward_func_is_refused_naming_it(tmp_path: Path) -> None:
+    import torch
+
+    with pytest.raises(ConfigError, match=r"reward_funcs\[1\]: a reward model \(Linear\)"):
+        GRPOTrainer(reward_funcs=["reverse", torch.nn.Linear(2, 1)], output_dir=tmp_path)
+
+
+def test_grpoconfig_reward_weights_need_reward_funcs(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="reward_weights: given without reward_funcs"):
+        GRPOTrainer(args=trl.GRPOConfig(use_cpu=True, reward_weights=[1.0]),
+                    output_dir=tmp_path)
+    got = GRPOTrainer(args=trl.GRPOConfig(use_cpu=True, reward_weights=[2.0]),
+                      reward_funcs="reverse", output_dir=tmp_path).config
+    assert got.rewards[0].weight == 2.0
