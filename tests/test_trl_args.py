@@ -59,6 +59,13 @@ def test_the_features_trl_names_land_on_their_keys() -> None:
                         "rollout": {"top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1}}
 
 
+def test_num_iterations_counts_run_steps_in_batches() -> None:
+    assert convert(_cfg(num_iterations=2, max_steps=10)).data == {
+        "run": {"steps": 5}, "trainer": {"num_iterations": 2}}
+    with pytest.raises(ConfigError, match="max_steps 9 is not a multiple of num_iterations 2"):
+        convert(_cfg(num_iterations=2, max_steps=9))
+
+
 def test_bnpo_is_dapo_on_one_micro_batch_only() -> None:
     assert convert(_cfg(loss_type="bnpo")).data == {"trainer": {"aggregation": "dapo",
                                                                 "scale_rewards": "group"}}
@@ -80,11 +87,11 @@ def test_a_value_freshroll_cannot_take_names_the_field(kw: dict[str, Any], said:
 
 def test_unsupported_fields_that_change_training_are_one_error_naming_each() -> None:
     with pytest.raises(ConfigError) as err:
-        convert(_cfg(top_entropy_quantile=0.5, num_iterations=2,
+        convert(_cfg(top_entropy_quantile=0.5, steps_per_generation=2,
                      generation_kwargs={"top_a": 1}, learning_rate=1e-4))
     msg = str(err.value)
     assert msg.startswith("args (GRPOConfig): not supported in freshroll")
-    for name in ("top_entropy_quantile=0.5", "num_iterations=2",
+    for name in ("top_entropy_quantile=0.5", "steps_per_generation=2",
                  "generation_kwargs={'top_a': 1}"):
         assert name in msg
     assert "nearest: run.max_staleness" not in msg  # each says its own nearest feature
@@ -139,7 +146,8 @@ def test_the_table_and_the_converter_agree() -> None:
     ("rollout.vllm_mode=server", "TRL's vllm_mode is not supported in freshroll; nearest: "
                                  "rollout.engine: vllm"),
     ("trainer.delta=3", "freshroll's key for TRL's delta is trainer.is_cap"),
-    ("trainer.num_iterations=2", "TRL's num_iterations is not supported"),
+    ("rollout.num_iterations=2", "TRL's num_iterations is trainer.num_iterations"),
+    ("steps_per_generation=2", "TRL's steps_per_generation is not supported"),
     ("log_completions=true", "nearest: every completion is in the ledger"),
     ("report_to=wandb", "nearest: monitor.tensorboard: true, monitor.wandb_project"),
     ("push_to_hub=true", "nearest: freshroll export-model"),

@@ -134,6 +134,11 @@ class TrainerSection(_Section):
         "gets no loss and counts in no token total (TRL's mask_truncated_completions); its "
         "reward still counts in its group's mean"
     )
+    num_iterations: int = Field(
+        1, ge=1, le=64, description="optimizer updates per trainer step on its batch (TRL's "
+        "num_iterations), each clipped against the behaviour log-probs; > 1 needs correction "
+        "none or dual_clip"
+    )
     correction: Literal["none", "tis", "decoupled", "dual_clip"] = Field(
         "dual_clip", description="off-policy correction: none (PPO clipped against the behaviour "
         "policy), truncated importance sampling (tis), AReaL decoupled (masks weights above "
@@ -163,6 +168,10 @@ class TrainerSection(_Section):
 
     @model_validator(mode="after")
     def _dual_clip(self) -> TrainerSection:
+        if self.num_iterations > 1 and self.correction not in ("none", "dual_clip"):
+            raise ValueError(f"num_iterations {self.num_iterations} needs correction none or "
+                             "dual_clip (their ratio is to the behaviour policy; "
+                             f"{self.correction}'s proximal policy would move with each update)")
         if self.warmup_ratio and self.warmup_steps:
             raise ValueError(f"warmup_ratio {self.warmup_ratio} and warmup_steps "
                              f"{self.warmup_steps} both set: give one")

@@ -42,6 +42,8 @@ TRL_NAMES: Final[dict[str, str]] = {
     "scale_rewards": "trainer.scale_rewards (group, batch, none)",
     "importance_sampling_level": "trainer.ratio_level (token, sequence: GSPO)",
     "mask_truncated_completions": "trainer.mask_truncated",
+    "num_iterations": "trainer.num_iterations (run.steps counts batches: max_steps / "
+                      "num_iterations)",
     "max_prompt_length": "task.max_prompt_tokens (a longer prompt is refused, not truncated)",
     "gradient_accumulation_steps": "trainer.grad_accum",
     "bf16": "trainer.bf16",
@@ -95,12 +97,9 @@ NOT_SUPPORTED: Final[dict[str, NotSupported]] = {
     "vllm_tensor_parallel_size": NotSupported(
         "vllm.engine_args: {tensor_parallel_size: N}", trains=False),
     "vllm_enable_sleep_mode": NotSupported("rollout.engine: vllm", trains=False),
-    "num_iterations": NotSupported(
-        "one optimizer step per batch; run.max_staleness lets a batch be trained on by a "
-        "later policy (with trainer.correction)"),
     "steps_per_generation": NotSupported(
-        "one optimizer step per generated batch; run.max_staleness bounds how far behind a "
-        "batch may be"),
+        "trainer.num_iterations (updates per batch); run.max_staleness bounds how far "
+        "behind a batch may be"),
     "generation_kwargs": NotSupported(_SAMPLING),
     "num_train_epochs": NotSupported("run.steps (max_steps): freshroll counts trainer steps"),
     "multi_objective_aggregation": NotSupported(

@@ -123,6 +123,19 @@ def _eval(value: Any, args: Any) -> Values:
     return {"eval.every_steps": int(every)}
 
 
+def _steps(max_steps: int, args: Any) -> Values:
+    """TRL's max_steps counts optimizer updates, num_iterations of them per batch; freshroll's
+    run.steps counts batches (each of trainer.num_iterations updates)."""
+    if max_steps <= 0:
+        return {}
+    per = int(args.num_iterations)
+    if max_steps % per:
+        raise ConfigError(f"args (GRPOConfig): max_steps {max_steps} is not a multiple of "
+                          f"num_iterations {per} (freshroll's run.steps counts batches of "
+                          f"{per} updates)")
+    return {"run.steps": max_steps // per}
+
+
 def _save_steps(value: Any, args: Any) -> Values:
     if value < 1:
         raise ConfigError(f"args (GRPOConfig): save_steps={value} (a share of the run) is not "
@@ -158,7 +171,9 @@ CONVERT: Final[dict[str, Convert]] = {
     "epsilon_high": _to("trainer.clip_high"),
     "delta": lambda value, args: {"trainer.correction": "dual_clip", "trainer.is_cap": value},
     "beta": _to("trainer.kl_coef"),
-    "max_steps": lambda value, args: {"run.steps": value} if value > 0 else {},
+    "max_steps": lambda value, args: _steps(value, args),
+    "num_iterations": lambda value, args: {"trainer.num_iterations": value,
+                                           **_steps(args.max_steps, args)},
     "seed": _to("run.seed"),
     "save_steps": _save_steps,
     "save_total_limit": _to("trainer.keep_checkpoints"),

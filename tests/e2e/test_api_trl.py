@@ -66,8 +66,8 @@ def test_a_grpoconfig_and_callbacks_train(tmp_path: Path) -> None:
 
 
 def test_a_grpoconfig_that_would_train_otherwise_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"num_iterations=2"):
-        GRPOTrainer(args=trl.GRPOConfig(use_cpu=True, num_iterations=2),
+    with pytest.raises(ConfigError, match=r"steps_per_generation=2"):
+        GRPOTrainer(args=trl.GRPOConfig(use_cpu=True, steps_per_generation=2),
                     output_dir=tmp_path / "run")
 
 

@@ -107,7 +107,7 @@ def test_the_settings_digest() -> None:
         "trainer": TrainerSection(lr=BASE).model_dump(
             mode="json", exclude={"on_nonfinite", "lr_schedule", "warmup_steps", "grad_accum",
                                   "bf16", "lora", "optim", "warmup_ratio", "scale_rewards",
-                                  "ratio_level", "mask_truncated"}),
+                                  "ratio_level", "mask_truncated", "num_iterations"}),
         "temperature": 1.0,
     })
     assert _learner(optim="adamw_torch").settings_digest == old_style
@@ -119,8 +119,9 @@ def test_the_settings_digest() -> None:
         _learner(warmup_ratio=0.5).settings_digest, _learner(scale_rewards="batch").settings_digest,
         _learner(ratio_level="sequence").settings_digest,
         _learner(mask_truncated=True).settings_digest,
+        _learner(num_iterations=2).settings_digest,
     }
-    assert len(digests) == 9
+    assert len(digests) == 10
     from freshroll.trainer.grpo import settings_digest
 
     linear = TrainerSection(lr_schedule="linear")

@@ -144,7 +144,7 @@ _NOT_TRAINING_MATH = {"on_nonfinite"}
 _OMITTED_AT: dict[str, object] = {"lr_schedule": "constant", "warmup_steps": 0, "grad_accum": 1,
                                   "bf16": False, "lora": None, "warmup_ratio": 0.0,
                                   "scale_rewards": "auto", "ratio_level": "token",
-                                  "mask_truncated": False,
+                                  "mask_truncated": False, "num_iterations": 1,
                                   **TRAINER_BEFORE}
 
 
@@ -277,19 +277,49 @@ class GRPOLearner:
                      total)
 
     def step(self, samples: Sequence[TrainSample], step: int | None = None) -> dict[str, float]:
-        """One optimizer step on ``samples``; returns metrics (python floats).
+        """One trainer step on ``samples``: ``trainer.num_iterations`` optimizer updates on
+        the batch (TRL's ``num_iterations``; each update's ratio against the behaviour
+        log-probs, so a later update is clipped against the policy that sampled); returns
+        metrics (python floats; the loss figures are the last update's).
 
         ``step`` is the number of the step being trained (1-based; default: the one after
-        the last this learner applied): it alone sets the step's learning rate.
+        the last this learner applied): it alone sets the learning rate of its updates.
+        A non-finite update after the first cannot be undone (the earlier ones were
+        applied): it stops the run (``NonFiniteStep``, not recoverable).
         """
         t0 = time.perf_counter()
         number = self.steps + 1 if step is None else step
         rewards, adv, loss_cfg = self._advantages(samples)
+        total = self.cfg.num_iterations
+        for i in range(total):
+            try:
+                metrics = self._update(samples, number, adv, loss_cfg)
+            except NonFiniteStep as exc:
+                if i == 0:
+                    raise
+                raise NonFiniteStep(f"{exc} (update {i + 1} of trainer.num_iterations={total}; "
+                                    "the earlier ones were applied)", recoverable=False) from exc
+        self.steps = number
+        lags = [s.lag for s in samples]
+        metrics.update(
+            reward_mean=float(rewards.mean()), reward_std=float(rewards.std()),
+            adv_abs_mean=float(adv.abs().mean()), lag_mean=sum(lags) / len(lags),
+            lag_max=float(max(lags)), samples=float(len(samples)),
+            tokens=float(sum(len(s.token_ids) for s in samples)),
+            train_s=time.perf_counter() - t0,
+            weights_bytes=float(adapter_bytes(self.published_state())),
+        )
+        return metrics
+
+    def _update(self, samples: Sequence[TrainSample], number: int, adv: torch.Tensor,
+                loss_cfg: LossConfig) -> dict[str, float]:
+        """One optimizer update on the batch at step ``number``'s learning rate: its
+        micro-batches' gradients accumulated, clipped, applied; the loss metrics, entropy,
+        gradient norm and lr."""
         slices = micro_slices(len(samples), self.cfg.grad_accum)
-        total_tokens = float(sum(len(s.token_ids) for s in samples))
         rows = loss_rows(samples) if self.cfg.mask_truncated else None
-        loss_tokens = total_tokens if rows is None else float(
-            sum(len(s.token_ids) for s, k in zip(samples, rows.tolist(), strict=True) if k))
+        loss_tokens = float(sum(len(s.token_ids) for i, s in enumerate(samples)
+                                if rows is None or rows[i]))
         self.optimizer.zero_grad(set_to_none=True)
         parts: list[tuple[dict[str, float], float]] = []
         losses: list[torch.Tensor] = []
@@ -319,18 +349,8 @@ class GRPOLearner:
             losses.append(loss.detach())
         total_loss = float(losses[0] if len(losses) == 1 else torch.stack(losses).sum())
         metrics = combine_metrics(parts, loss_tokens)
-        metrics["loss"] = total_loss
         grad_norm, lr = self._apply_gradients(number, total_loss)
-        self.steps = number
-        lags = [s.lag for s in samples]
-        metrics.update(
-            entropy=entropy, grad_norm=float(grad_norm), lr=lr,
-            reward_mean=float(rewards.mean()), reward_std=float(rewards.std()),
-            adv_abs_mean=float(adv.abs().mean()), lag_mean=sum(lags) / len(lags),
-            lag_max=float(max(lags)), samples=float(len(samples)),
-            tokens=total_tokens, train_s=time.perf_counter() - t0,
-            weights_bytes=float(adapter_bytes(self.published_state())),
-        )
+        metrics.update(loss=total_loss, entropy=entropy, grad_norm=float(grad_norm), lr=lr)
         return metrics
 
     def _advantages(self, samples: Sequence[TrainSample]
