@@ -148,9 +148,11 @@ class GRPOTrainer:
         if not resume:
             self._write_inputs(out / INPUTS)
         if self.callbacks:
-            from freshroll.observe.trl_callbacks import TrainerCallbacks
+            from freshroll.observe.trl_callbacks import TrainerCallbacks, training_arguments
 
-            watch = TrainerCallbacks(self.callbacks, self.trl_args, self.config.run.steps)
+            args = self.trl_args if self.trl_args is not None else training_arguments(
+                self.config, out)
+            watch = TrainerCallbacks(self.callbacks, args, self.config.run.steps)
             observers = (*observers, watch)
             watch.begin()
         self.result = run(self.config, out, resume=resume, allow_change=tuple(allow_change),

@@ -118,3 +118,23 @@ def test_grpoconfig_reward_weights_need_reward_funcs(tmp_path: Path) -> None:
     got = GRPOTrainer(args=trl.GRPOConfig(use_cpu=True, reward_weights=[2.0]),
                       reward_funcs="reverse", output_dir=tmp_path).config
     assert got.rewards[0].weight == 2.0
+
+
+def test_stock_transformers_callbacks_run_with_the_runs_own_arguments(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Given freshroll's keys, a callback's ``args`` is a TrainingArguments of the run's own
+    settings; transformers' PrinterCallback and ProgressCallback run through a whole run."""
+    seen = Recorder()
+    out = tmp_path / "run"
+    trainer = GRPOTrainer(reward_funcs="reverse", output_dir=out,
+                          args={**FAST, "run.steps": 2, "run.seed": 4, "trainer.lr": 5e-4,
+                                "rollout": {"group_size": 4, "batch_groups": 2,
+                                            "max_new_tokens": 4}},
+                          callbacks=[seen, transformers.PrinterCallback,
+                                     transformers.ProgressCallback()])
+    assert trainer.train(stream=io.StringIO()).ok
+    assert isinstance(seen.args, transformers.TrainingArguments)
+    assert (seen.args.output_dir, seen.args.max_steps, seen.args.seed,
+            seen.args.learning_rate) == (str(out), 2, 4, 5e-4)
+    assert "'reward':" in capsys.readouterr().out  # PrinterCallback printed each log
+

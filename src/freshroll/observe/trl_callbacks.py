@@ -7,28 +7,33 @@ order, where transformers' ``Trainer`` would::
     on_train_begin   from begin(), before the run starts (GRPOTrainer.train)
     on_step_end      after each committed step (on_step, or its row where that comes
                      first); state.global_step is the step
-    on_log           after it, with each metrics.jsonl row this process writes (on_row), its figures
-                     under TRL's names (:func:`trl_logs`); the row is also appended to
-                     state.log_history
+    on_log           after it, with each metrics.jsonl row this process writes (on_row),
+                     its figures under TRL's names (:func:`trl_logs`); the row is also
+                     appended to state.log_history
     on_train_end     once, when the run ends (close), finished or stopped
 
 Each callback gets ``(args, state, control)``: ``args`` the ``GRPOConfig`` the trainer was
-given (None when ``args`` was freshroll's keys), ``state`` a ``transformers.TrainerState``
-(``global_step``, ``max_steps``, ``log_history``), ``control`` a ``TrainerControl``. An
-observer never steers a run (the contract), so what a callback sets on ``control``
-(``should_training_stop``, ``should_save``, ...) is not acted on: ``run.steps`` and the
-stop-at-target rule end a run, ``trainer.checkpoint_every`` saves it. A callback's error ends
-the run as any observer's does (the run stays resumable).
+given, or else a ``transformers.TrainingArguments`` holding the run's own settings
+(:func:`training_arguments`: output_dir, max_steps, seed, learning_rate), ``state`` a
+``transformers.TrainerState`` (``global_step``, ``max_steps``, ``log_history``), ``control``
+a ``TrainerControl``. An observer never steers a run (the contract), so what a callback
+sets on ``control`` (``should_training_stop``, ``should_save``, ...) is not acted on:
+``run.steps`` and the stop-at-target rule end a run, ``trainer.checkpoint_every`` saves it.
+A callback's error ends the run as any observer's does (the run stays resumable).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Final
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
 
 from freshroll.errors import ConfigError
 from freshroll.observe.live_names import scalars
 from freshroll.pipeline.observers import Observer, Row, StepReport
+
+if TYPE_CHECKING:
+    from freshroll.config import Config
 
 #: a row field -> TRL's name for it, where :func:`scalars`' tag is not TRL's already
 _TRL: Final[dict[str, str]] = {"kl_ref": "kl", "clip_frac": "clip_ratio/region_mean"}
@@ -66,6 +71,16 @@ def check_callbacks(callbacks: Any) -> list[Any]:
                               "to train(observers=[...]))")
         out.append(cb)
     return out
+
+
+def training_arguments(cfg: Config, out: Path) -> Any:
+    """The ``args`` a callback gets when the trainer was given freshroll's keys: transformers'
+    ``TrainingArguments`` with the run's directory, steps, seed and learning rate (what stock
+    callbacks read), reporting nowhere."""
+    from transformers import TrainingArguments
+
+    return TrainingArguments(output_dir=str(out), max_steps=cfg.run.steps, seed=cfg.run.seed,
+                             learning_rate=cfg.trainer.lr, report_to="none", use_cpu=True)
 
 
 class TrainerCallbacks(Observer):
