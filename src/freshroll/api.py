@@ -51,6 +51,8 @@ if TYPE_CHECKING:
 INPUTS = "inputs"  # the run directory's folder of inputs given as Python objects
 
 RewardFunc = Callable[..., Any] | str
+#: TRL's ``GRPOConfig`` (typed loosely: trl is imported only when one is given)
+TrlConfig = Any
 
 
 class GRPOTrainer:
@@ -79,7 +81,7 @@ class GRPOTrainer:
         self,
         model: Any = None,
         reward_funcs: RewardFunc | Sequence[RewardFunc] | None = None,
-        args: Config | Mapping[str, Any] | str | Path | None = None,
+        args: Config | Mapping[str, Any] | str | Path | TrlConfig | None = None,
         train_dataset: Any = None,
         eval_dataset: Any = None,
         processing_class: Any = None,
