@@ -12,7 +12,8 @@
         model="models/my-policy",              # a save_pretrained dir, a model object, or None
         reward_funcs=[exact, "my_rewards.py:g"],
         train_dataset=Dataset.from_list(rows),  # a Dataset, a DatasetDict, rows, or a file
-        args={"run.steps": 50, "trainer": {"lr": 3e-4}},  # freshroll keys (or a YAML path)
+        args={"run.steps": 50, "trainer": {"lr": 3e-4}},  # freshroll keys, a YAML path,
+                                                          # or TRL's GRPOConfig(...)
         output_dir="runs/notebook",
     )
     result = trainer.train()                    # RunResult: run_dir, summary (dict), ok
@@ -39,6 +40,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from freshroll import trl_args
 from freshroll.config import Config, apply_override, read_yaml, resolve_paths, validate
 from freshroll.errors import ConfigError
 from freshroll.rewards import inmemory
@@ -49,6 +51,8 @@ if TYPE_CHECKING:
 INPUTS = "inputs"  # the run directory's folder of inputs given as Python objects
 
 RewardFunc = Callable[..., Any] | str
+#: TRL's ``GRPOConfig`` (typed loosely: trl is imported only when one is given)
+TrlConfig = Any
 
 
 class GRPOTrainer:
@@ -62,26 +66,50 @@ class GRPOTrainer:
     ``train_dataset`` / ``eval_dataset``: a ``datasets.Dataset`` or ``DatasetDict``, a list
     of row dicts, or a file path (None: ``args``' ``task`` / ``eval``). ``args``: a
     :class:`~freshroll.config.Config`, a mapping of freshroll keys (nested sections or dotted
-    keys, as the command line's ``key=value``), or a YAML file (the same file ``freshroll
-    run`` takes). ``output_dir``: the run directory (default ``runs/python``).
+    keys, as the command line's ``key=value``), a YAML file (the same file ``freshroll
+    run`` takes), or TRL's ``GRPOConfig`` (its fields set away from TRL's defaults mapped,
+    refused or dropped with one warning: :mod:`freshroll.trl_args`; its ``output_dir`` and
+    ``reward_weights`` used where not given here). ``freshroll_args``: freshroll keys set
+    over ``args``. ``output_dir``: the run directory (default ``runs/python``).
     ``peft_config``: a ``peft.LoraConfig`` (or a mapping of ``trainer.lora``'s keys): LoRA,
-    as TRL's ``peft_config`` (:func:`lora_section`).
+    as TRL's ``peft_config`` (:func:`lora_section`). ``callbacks``: transformers
+    ``TrainerCallback``s, called at the run's points
+    (:mod:`freshroll.observe.trl_callbacks`).
     """
 
     def __init__(
         self,
         model: Any = None,
         reward_funcs: RewardFunc | Sequence[RewardFunc] | None = None,
-        args: Config | Mapping[str, Any] | str | Path | None = None,
+        args: Config | Mapping[str, Any] | str | Path | TrlConfig | None = None,
         train_dataset: Any = None,
         eval_dataset: Any = None,
         processing_class: Any = None,
         reward_weights: Sequence[float] | None = None,
         output_dir: str | Path | None = None,
         peft_config: Any = None,
+        callbacks: Sequence[Any] | None = None,
+        freshroll_args: Mapping[str, Any] | None = None,
+        *,
+        reward_processing_classes: Any = None,
+        optimizers: Any = None,
+        tools: Any = None,
+        rollout_func: Any = None,
     ) -> None:
+        _refuse_unsupported(reward_processing_classes=reward_processing_classes,
+                            optimizers=optimizers, tools=tools, rollout_func=rollout_func)
+        self.trl_args: Any = None  # the GRPOConfig given as args (the callbacks' args)
+        if trl_args.is_grpo_config(args):
+            self.trl_args, converted = args, trl_args.convert(args)
+            data = converted.data
+            output_dir = output_dir if output_dir is not None else converted.output_dir
+            if reward_weights is None:
+                reward_weights = converted.reward_weights
+        else:
+            data = _config_data(args)
+        _merge(data, freshroll_args or {}, "freshroll_args")
         self.output_dir = Path(output_dir) if output_dir is not None else Path("runs/python")
-        data = _config_data(args)
+        self.callbacks = [] if callbacks is None else _callbacks(callbacks)
         self._model = _model_input(model, processing_class, data)
         self._train = _dataset_input(train_dataset, "train_dataset", "task", data)
         self._eval = _dataset_input(eval_dataset, "eval_dataset", "eval", data)
@@ -98,7 +126,7 @@ class GRPOTrainer:
             data.setdefault("task", {})["file"] = str(inputs / "train")
         if self._eval is not None:
             data.setdefault("eval", {})["file"] = str(inputs / "eval")
-        given = (model, reward_funcs, train_dataset, eval_dataset)
+        given = (model, reward_funcs, train_dataset, eval_dataset, freshroll_args)
         # a Config alone is taken as it is (the CLI's); anything else is merged and validated
         self.config: Config = (args if isinstance(args, Config) and all(x is None for x in given)
                                else validate(data, "args"))
@@ -121,6 +149,14 @@ class GRPOTrainer:
         check_out_dir(out, resume=resume)
         if not resume:
             self._write_inputs(out / INPUTS)
+        if self.callbacks:
+            from freshroll.observe.trl_callbacks import TrainerCallbacks, training_arguments
+
+            args = self.trl_args if self.trl_args is not None else training_arguments(
+                self.config, out)
+            watch = TrainerCallbacks(self.callbacks, args, self.config.run.steps)
+            observers = (*observers, watch)
+            watch.begin()
         self.result = run(self.config, out, resume=resume, allow_change=tuple(allow_change),
                           stream=stream if stream is not None else sys.stderr,
                           observers=observers)
@@ -164,12 +200,40 @@ def _config_data(args: Config | Mapping[str, Any] | str | Path | None) -> dict[s
         resolve_paths(from_file, Path(args).resolve().parent)
         return from_file
     if not isinstance(args, Mapping):
-        raise ConfigError(f"args: expected a Config, a mapping of freshroll keys or a YAML "
-                          f"path, got {type(args).__name__}")
+        raise ConfigError(f"args: expected a Config, a mapping of freshroll keys, a YAML path "
+                          f"or TRL's GRPOConfig, got {type(args).__name__}")
     data: dict[str, Any] = {}
-    for key, value in args.items():
+    _merge(data, args, "args")
+    return data
+
+
+def _refuse_unsupported(**given: Any) -> None:
+    """TRL's GRPOTrainer arguments freshroll has no counterpart for: one ConfigError naming
+    each one given, with the nearest feature (:data:`freshroll.config_trl.NOT_SUPPORTED`)."""
+    from freshroll.config_trl import NOT_SUPPORTED
+
+    named = [f"{k} (nearest: {NOT_SUPPORTED[k].nearest})" for k, v in given.items()
+             if v is not None and (not isinstance(v, list | tuple) or v)]
+    if named:
+        raise ConfigError(f"{'; '.join(named)}: not supported in freshroll")
+
+
+def _callbacks(callbacks: Any) -> list[Any]:
+    """TRL's ``callbacks`` checked (transformers imported only when some are given)."""
+    from freshroll.observe.trl_callbacks import check_callbacks
+
+    return check_callbacks(callbacks)
+
+
+def _merge(data: dict[str, Any], keys: Mapping[str, Any], what: str) -> None:
+    """``keys`` (freshroll's: nested sections, dotted keys, or both) set over ``data``, paths
+    made absolute from the current directory."""
+    if not isinstance(keys, Mapping):
+        raise ConfigError(f"{what}: expected a mapping of freshroll keys, got "
+                          f"{type(keys).__name__}")
+    for key, value in keys.items():
         if not isinstance(key, str):
-            raise ConfigError(f"args: key {key!r} is not a string")
+            raise ConfigError(f"{what}: key {key!r} is not a string")
         if "." in key:
             apply_override(data, f"{key}={_yaml(value)}")
         elif isinstance(value, Mapping) and isinstance(data.get(key), dict):
@@ -177,7 +241,6 @@ def _config_data(args: Config | Mapping[str, Any] | str | Path | None) -> dict[s
         else:
             data[key] = dict(value) if isinstance(value, Mapping) else value
     resolve_paths(data, Path.cwd())
-    return data
 
 
 def _yaml(value: Any) -> str:
@@ -285,6 +348,10 @@ def _reward_entries(funcs: RewardFunc | Sequence[RewardFunc],
                           "reward_funcs (one each)")
     entries = []
     for i, fn in enumerate(items):
+        if hasattr(fn, "parameters") and hasattr(fn, "forward"):  # a torch module
+            raise ConfigError(f"reward_funcs[{i}]: a reward model ({type(fn).__name__}) is not "
+                              "supported; give a function that scores with it "
+                              "(completions, **kwargs) -> list[float] (docs/rewards.md)")
         ref = fn if isinstance(fn, str) else inmemory.register(fn)
         entry: dict[str, Any] = {"fn": ref}
         if weights is not None:

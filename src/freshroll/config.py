@@ -36,7 +36,6 @@ from pydantic import (
 )
 
 from freshroll.config_base import SEED_MAX as SEED_MAX
-from freshroll.config_base import TRL_NAMES as TRL_NAMES
 from freshroll.config_base import Section as Section
 from freshroll.config_base import _Section
 from freshroll.config_base import bool_for_number as bool_for_number
@@ -58,6 +57,8 @@ from freshroll.config_train import LoraSection as LoraSection
 from freshroll.config_train import ModelSection as ModelSection
 from freshroll.config_train import TinySection as TinySection
 from freshroll.config_train import TrainerSection as TrainerSection
+from freshroll.config_trl import TRL_NAMES as TRL_NAMES
+from freshroll.config_trl import trl_hint
 from freshroll.errors import ConfigError
 from freshroll.yamlfile import dump_plain, parse_yaml, read_yaml_file
 
@@ -284,11 +285,9 @@ def _known_keys(loc: tuple[int | str, ...]) -> list[str]:
 
 def _unknown_key(loc: tuple[int | str, ...]) -> str:
     known = _known_keys(loc[:-1])
-    trl = TRL_NAMES.get(str(loc[-1]))
+    trl = trl_hint(str(loc[-1]))
     close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
-    hint = (f"; freshroll's key for TRL's {loc[-1]} is {trl} (docs/guide.md, 'TRL to "
-            "freshroll')"
-            if trl is not None else f"; did you mean {close[0]!r}?" if close else "")
+    hint = (f"; {trl}" if trl is not None else f"; did you mean {close[0]!r}?" if close else "")
     return f"unknown key{hint} (known: {', '.join(known)})" if known else f"unknown key{hint}"
 
 

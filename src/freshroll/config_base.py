@@ -69,38 +69,3 @@ def _admits(ann: Any, kinds: tuple[type, ...]) -> bool:
 
 
 __all__ = ["Section", "bool_for_number"]
-
-
-#: TRL's ``GRPOConfig`` / ``GRPOTrainer`` names -> freshroll's key (docs/guide.md, "TRL to
-#: freshroll"): an unknown key with one of these names says freshroll's
-TRL_NAMES = {
-    "num_generations": "rollout.group_size",
-    "max_completion_length": "rollout.max_new_tokens",
-    "per_device_train_batch_size": "rollout.batch_groups x rollout.group_size (completions)",
-    "generation_batch_size": "rollout.batch_groups x rollout.group_size (completions)",
-    "temperature": "rollout.temperature",
-    "top_p": "rollout.top_p",
-    "learning_rate": "trainer.lr",
-    "weight_decay": "trainer.weight_decay",
-    "max_grad_norm": "trainer.max_grad_norm",
-    "lr_scheduler_type": "trainer.lr_schedule",
-    "warmup_steps": "trainer.warmup_steps",
-    "gradient_accumulation_steps": "trainer.grad_accum",
-    "bf16": "trainer.bf16",
-    "optim": "trainer.optim (adamw_torch_fused, adamw_torch)",
-    "loss_type": "trainer.aggregation",
-    "epsilon": "trainer.clip_low",
-    "epsilon_high": "trainer.clip_high",
-    "beta": "trainer.kl_coef",
-    "disable_dropout": "trainer.disable_dropout (default true here, false in TRL)",
-    "max_steps": "run.steps",
-    "seed": "run.seed",
-    "save_steps": "trainer.checkpoint_every",
-    "save_total_limit": "trainer.keep_checkpoints",
-    "reward_funcs": "rewards (a list of {fn: file.py:f})",
-    "reward_weights": "rewards[].weight",
-    "train_dataset": "task.file",
-    "eval_dataset": "eval.file",
-    "eval_steps": "eval.every_steps",
-    "eval_strategy": "eval.every_steps (evaluation is on while eval.file is set)",
-}

@@ -35,6 +35,12 @@ class TaskSection(_Section):
         "'answer'; any other name must exist)",
     )
     id_field: str | None = Field(None, description="column of unique prompt ids (str or int)")
+    max_prompt_tokens: int | None = Field(
+        None, ge=1, le=1_048_576, description="task and eval prompts of more tokens are refused "
+        "before the run starts, naming the longest (TRL's max_prompt_length; not truncated: a "
+        "cut prompt is another prompt, perhaps without its question); unset: the model's "
+        "context bounds them"
+    )
     split: str | None = Field(
         None, description="split of a saved DatasetDict (default: train, or its only split)"
     )

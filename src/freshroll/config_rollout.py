@@ -31,6 +31,16 @@ class RolloutSection(_Section):
     )
     temperature: float = Field(1.0, ge=0.0, le=100.0, description="0: greedy")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling mass; 1: off")
+    top_k: int = Field(
+        0, ge=0, le=1_000_000, description="sample among the k most likely tokens (TRL's "
+        "top_k); 0: off")
+    min_p: float = Field(
+        0.0, ge=0.0, le=1.0, description="drop tokens under min_p x the most likely one's "
+        "probability (TRL's min_p); 0: off")
+    repetition_penalty: float = Field(
+        1.0, gt=0.0, le=100.0, description="divide (multiply, if negative) the logit of every "
+        "token already in the prompt or completion by this (TRL's repetition_penalty, "
+        "transformers' rule); 1: off")
     max_inflight_groups: int | None = Field(
         None, ge=1, le=1_000_000,
         description="cap on groups admitted but not yet ready, below the freshness window "

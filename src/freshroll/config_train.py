@@ -101,6 +101,11 @@ class TrainerSection(_Section):
         0, ge=0, le=10_000_000, description="steps of linear warmup from lr 0 (the first step "
         "runs at 0, as in transformers); 0: none"
     )
+    warmup_ratio: float = Field(
+        0.0, ge=0.0, lt=1.0, description="warmup as a share of run.steps: ceil(ratio x "
+        "run.steps) steps (TRL's warmup_ratio, transformers' get_warmup_steps); 0: "
+        "warmup_steps; both set is an error"
+    )
     grad_accum: int = Field(
         1, ge=1, le=1_024, description="micro-batches a step's batch is split into, each "
         "backward on its own, one optimizer step: the same gradient, less activation memory"
@@ -124,6 +129,25 @@ class TrainerSection(_Section):
     aggregation: Literal["grpo", "dr_grpo", "dapo"] = Field(
         "grpo", description="loss aggregation: per-sequence mean (grpo), "
         "sum / (B x max tokens) (dr_grpo), token mean (dapo)"
+    )
+    scale_rewards: Literal["auto", "group", "batch", "none"] = Field(
+        "auto", description="what a reward minus its group's mean is divided by (TRL's "
+        "scale_rewards): the group's reward std (group), the whole batch's (batch), nothing "
+        "(none); auto: group, or none with aggregation dr_grpo (as before 2026-12-07)"
+    )
+    ratio_level: Literal["token", "sequence"] = Field(
+        "token", description="the PPO ratio per token, or per sequence: exp of the mean of "
+        "its tokens' log-ratios, GSPO (TRL's importance_sampling_level)"
+    )
+    mask_truncated: bool = Field(
+        False, description="a completion that ended at rollout.max_new_tokens (no end token) "
+        "gets no loss and counts in no token total (TRL's mask_truncated_completions); its "
+        "reward still counts in its group's mean"
+    )
+    num_iterations: int = Field(
+        1, ge=1, le=64, description="optimizer updates per trainer step on its batch (TRL's "
+        "num_iterations), each clipped against the behaviour log-probs; > 1 needs correction "
+        "none or dual_clip"
     )
     correction: Literal["none", "tis", "decoupled", "dual_clip"] = Field(
         "dual_clip", description="off-policy correction: none (PPO clipped against the behaviour "
@@ -154,6 +178,13 @@ class TrainerSection(_Section):
 
     @model_validator(mode="after")
     def _dual_clip(self) -> TrainerSection:
+        if self.num_iterations > 1 and self.correction not in ("none", "dual_clip"):
+            raise ValueError(f"num_iterations {self.num_iterations} needs correction none or "
+                             "dual_clip (their ratio is to the behaviour policy; "
+                             f"{self.correction}'s proximal policy would move with each update)")
+        if self.warmup_ratio and self.warmup_steps:
+            raise ValueError(f"warmup_ratio {self.warmup_ratio} and warmup_steps "
+                             f"{self.warmup_steps} both set: give one")
         if self.correction == "dual_clip" and self.is_cap <= 1.0 + self.clip_high:
             raise ValueError(f"is_cap {self.is_cap} must exceed 1 + clip_high = "
                              f"{1.0 + self.clip_high:g} with correction dual_clip (the cap "

@@ -98,3 +98,17 @@ def test_engine_args_passthrough_and_refusals(tmp_path: Path) -> None:
     assert json.loads((tiny4 / "config.json").read_text())["num_attention_heads"] == 4
     with pytest.raises(ConfigError, match="head_dim 16"):
         engine_args(tiny4, VLLMSection(), seed=0)
+
+
+def test_a_requests_sampling_params_carry_trls_knobs() -> None:
+    """rollout.top_k / min_p / repetition_penalty reach vLLM (issue 48); top_k 0 is off."""
+    pytest.importorskip("vllm")
+    from freshroll.engines.seams import SamplingParams
+    from freshroll.engines.vllm_args import sampling_params
+
+    sp = sampling_params(SamplingParams(8, 0.9, 0.95, 20, 0.05, 1.2), 7, {2, 1})
+    assert (sp.max_tokens, sp.temperature, sp.top_p, sp.top_k, sp.min_p,
+            sp.repetition_penalty, sp.seed, sp.logprobs) == (8, 0.9, 0.95, 20, 0.05, 1.2, 7, 0)
+    assert list(sp.stop_token_ids) == [1, 2]
+    off = sampling_params(SamplingParams(8), 0, {2})
+    assert (off.top_k, off.min_p, off.repetition_penalty) in {(-1, 0.0, 1.0), (0, 0.0, 1.0)}

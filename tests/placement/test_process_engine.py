@@ -86,6 +86,17 @@ def test_generation_in_the_child_equals_the_engine_in_this_process(
         assert all(c.gen_s > 0 for c in got)
 
 
+def test_trls_sampling_knobs_reach_the_childs_engine(
+        engine: ProcessEngine, model_dir: Path, one_thread: None):
+    """rollout.top_k / min_p / repetition_penalty travel in the generate message (issue 48)."""
+    ref = HFEngine.from_pretrained(model_dir)
+    knobs = {"top_k": 1, "repetition_penalty": 1.5}
+    got = engine.generate(PROMPTS, max_new_tokens=6, temperature=1.0, seed=3, **knobs)
+    want = ref.generate(PROMPTS, max_new_tokens=6, temperature=1.0, seed=3, **knobs)
+    assert [c.token_ids for c in got] == [c.token_ids for c in want]
+    assert all(lp == 0.0 for c in got for lp in c.logprobs)  # k=1: a point mass
+
+
 def test_the_child_reports_its_thread_budget(engine: ProcessEngine):
     assert engine.child_threads == 1  # the budget, not the machine's default
     assert engine.threads() == 1

@@ -163,6 +163,23 @@ def test_a_prompt_longer_than_the_context_is_refused_before_anything_is_written(
     assert not out.exists()
 
 
+def test_task_max_prompt_tokens_refuses_a_longer_prompt_before_anything_is_written(
+        tmp_path: Path):
+    """TRL's max_prompt_length (issue 48): refused, not truncated, naming the key."""
+    from freshroll.runtime.prepare import prepare_run_dir
+
+    cfg = validate({"task": {"params": {"min_len": 8, "max_len": 8}, "n_prompts": 8,
+                             "max_prompt_tokens": 10}})
+    out = tmp_path / "run"
+    with pytest.raises(ConfigError, match=r"8 of 8 prompts have more than 10 tokens, "
+                                          r"task\.max_prompt_tokens \(10\)"):
+        prepare_run_dir(cfg, out, resume=False)
+    assert not out.exists()
+    fits = validate({"task": {"params": {"min_len": 3, "max_len": 3}, "n_prompts": 8,
+                              "max_prompt_tokens": 10}})
+    prepare_run_dir(fits, tmp_path / "ok", resume=False).lock.release()
+
+
 def test_prompts_that_fit_the_context_pass(tmp_path: Path):
     from freshroll.runtime.prepare import prepare_run_dir
 

@@ -106,7 +106,8 @@ def test_the_settings_digest() -> None:
     old_style = digest_json({
         "trainer": TrainerSection(lr=BASE).model_dump(
             mode="json", exclude={"on_nonfinite", "lr_schedule", "warmup_steps", "grad_accum",
-                                  "bf16", "lora", "optim"}),
+                                  "bf16", "lora", "optim", "warmup_ratio", "scale_rewards",
+                                  "ratio_level", "mask_truncated", "num_iterations"}),
         "temperature": 1.0,
     })
     assert _learner(optim="adamw_torch").settings_digest == old_style
@@ -115,10 +116,16 @@ def test_the_settings_digest() -> None:
         _learner().settings_digest, _learner(warmup_steps=2).settings_digest,
         _learner(grad_accum=2).settings_digest, _learner(lr_schedule="linear").settings_digest,
         _learner(lr_schedule="cosine").settings_digest,
+        _learner(warmup_ratio=0.5).settings_digest, _learner(scale_rewards="batch").settings_digest,
+        _learner(ratio_level="sequence").settings_digest,
+        _learner(mask_truncated=True).settings_digest,
+        _learner(num_iterations=2).settings_digest,
     }
-    assert len(digests) == 5
+    assert len(digests) == 10
     from freshroll.trainer.grpo import settings_digest
 
     linear = TrainerSection(lr_schedule="linear")
     assert settings_digest(linear, 1.0, 10) != settings_digest(linear, 1.0, 20)
     assert settings_digest(TrainerSection(), 1.0, 10) == settings_digest(TrainerSection(), 1.0, 20)
+    ratio = TrainerSection(warmup_ratio=0.1)  # its warmup is a share of the run's length
+    assert settings_digest(ratio, 1.0, 10) != settings_digest(ratio, 1.0, 20)

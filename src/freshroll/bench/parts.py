@@ -38,7 +38,8 @@ def _kernel(cfg: Config) -> KernelConfig:
 
 def _params(cfg: Config) -> SamplingParams:
     ro = cfg.rollout
-    return SamplingParams(ro.max_new_tokens, ro.temperature, ro.top_p)
+    return SamplingParams(ro.max_new_tokens, ro.temperature, ro.top_p, ro.top_k, ro.min_p,
+                          ro.repetition_penalty)
 
 
 def _max_concurrency(cfg: Config) -> int:

@@ -18,6 +18,9 @@ Guarantees:
   - ``temperature == 0``: greedy (argmax; ``top_p`` is ignored). The log-prob is taken from the
     *untempered* ``softmax(logits)``, i.e. the model's own probability of the chosen token (a
     point mass would always report 0 and carry no information).
+  - ``top_k``, ``min_p``, ``repetition_penalty`` (TRL's; off by default) cut or reshape that
+    distribution in transformers' order (:mod:`freshroll.engines.sampling`), and the log-prob
+    is the sampled token's under the result.
 
 * Rows that share a prompt (a group's) share its prefill: each distinct prompt runs once
   and its KV cache is indexed to its rows (:mod:`freshroll.engines.prefix`); the logits are
@@ -71,6 +74,9 @@ from freshroll.engines.prefix import (
     positions,
     unique_rows,
 )
+from freshroll.engines.sampling import Cuts, Draw
+from freshroll.engines.sampling import nucleus_logprobs as nucleus_logprobs
+from freshroll.engines.sampling import sample_next as sample_next
 from freshroll.errors import ConfigError, Superseded
 
 _TRANSFORMERS_MAJOR = int(transformers.__version__.split(".")[0])
@@ -144,9 +150,14 @@ class HFEngine:
         temperature: float = 1.0,
         top_p: float = 1.0,
         seed: int | None = None,
+        top_k: int = 0,
+        min_p: float = 0.0,
+        repetition_penalty: float = 1.0,
     ) -> list[Completion]:
-        """Sample one completion per prompt, in prompt order (blocking)."""
+        """Sample one completion per prompt, in prompt order (blocking); ``top_k``,
+        ``min_p``, ``repetition_penalty``: :mod:`freshroll.engines.sampling`."""
         _check_settings(max_new_tokens, temperature, top_p)
+        cuts = Cuts(top_k, min_p, repetition_penalty)
         if isinstance(prompts, str):
             raise TypeError("prompts must be a sequence of strings, not a single string")
         if not prompts:
@@ -163,7 +174,7 @@ class HFEngine:
             generator.manual_seed(seed)
         with torch.inference_mode():
             tokens, logprobs, ordinals = self._decode_loop(
-                prompt_ids, max_new_tokens, temperature, top_p, generator
+                prompt_ids, max_new_tokens, Draw(temperature, top_p, generator, cuts, prompt_ids)
             )
         self._sync()
         gen_s = time.perf_counter() - start
@@ -210,9 +221,7 @@ class HFEngine:
         self,
         prompt_ids: list[list[int]],
         max_new_tokens: int,
-        temperature: float,
-        top_p: float,
-        generator: torch.Generator,
+        draw: Draw,
     ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         """Tokens and log-probs, each ``[batch, steps]`` (finished rows hold pad / 0.0), and
         the load ordinal of the weights that sampled each step's token."""
@@ -232,8 +241,7 @@ class HFEngine:
         if share:  # the prefill ran once per distinct prompt: index it to the rows
             if not can_index(cache):
                 self.share_prompts = False
-                return self._decode_loop(prompt_ids, max_new_tokens, temperature, top_p,
-                                         generator)
+                return self._decode_loop(prompt_ids, max_new_tokens, draw)
             index = torch.tensor(rows, device=self.device)
             index_cache(cache, index)
             logits, mask, pos = logits[index], mask[index], pos[index]
@@ -243,7 +251,7 @@ class HFEngine:
         tokens: list[torch.Tensor] = []
         logprobs: list[torch.Tensor] = []
         for step in range(max_new_tokens):
-            tok, lp = sample_next(logits, temperature, top_p, generator)
+            tok, lp = draw(logits)
             tok = tok.masked_fill(finished, self.pad_id)
             tokens.append(tok)
             logprobs.append(lp.masked_fill(finished, 0.0))
@@ -292,41 +300,6 @@ class HFEngine:
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-
-
-def sample_next(
-    logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token per row of ``logits [batch, vocab]`` and its behaviour log-prob.
-
-    See the module docstring for the exact distribution each setting samples from.
-    """
-    logits = logits.float()
-    if temperature == 0.0:
-        tok = logits.argmax(dim=-1)
-        logp = torch.log_softmax(logits, dim=-1)
-        return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
-    logp = torch.log_softmax(logits / temperature, dim=-1)
-    if top_p < 1.0:
-        logp = nucleus_logprobs(logp, top_p)
-    tok = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
-    return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
-
-
-def nucleus_logprobs(logp: torch.Tensor, top_p: float) -> torch.Tensor:
-    """``logp`` truncated to the top-``top_p`` nucleus (others ``-inf``) and renormalised.
-
-    The nucleus is the smallest prefix of tokens sorted by probability whose mass reaches
-    ``top_p``; the most likely token is always kept.
-    """
-    sorted_lp, order = logp.sort(dim=-1, descending=True)
-    probs = sorted_lp.exp()
-    mass_before = probs.cumsum(dim=-1) - probs
-    drop_sorted = mass_before >= top_p
-    drop_sorted[..., 0] = False
-    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-    kept = logp.masked_fill(drop, float("-inf"))
-    return kept - torch.logsumexp(kept, dim=-1, keepdim=True)
 
 
 def _check_settings(max_new_tokens: int, temperature: float, top_p: float) -> None:

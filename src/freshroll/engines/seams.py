@@ -23,6 +23,22 @@ class SamplingParams:
     max_new_tokens: int
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0  # TRL's sampling knobs, off by default (freshroll.engines.sampling)
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+
+    def extras(self) -> dict[str, float]:
+        """``top_k`` / ``min_p`` / ``repetition_penalty`` where set: the keyword arguments
+        an engine's ``generate`` gets beyond temperature and top-p (none when all are off,
+        so an engine that takes none of them is called as before)."""
+        out: dict[str, float] = {}
+        if self.top_k:
+            out["top_k"] = self.top_k
+        if self.min_p:
+            out["min_p"] = self.min_p
+        if self.repetition_penalty != 1.0:
+            out["repetition_penalty"] = self.repetition_penalty
+        return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,8 @@ engine whenever one step's prompts exceed ``max_num_batched_tokens`` (2048 by de
 prompts of 40 tokens). freshroll seeds every request (reproducible sampling), so it turns
 chunking off and lets one step hold a whole prompt of ``max_model_len`` tokens, as vLLM
 itself does on cpu for the models it cannot chunk. :func:`engine_args` builds the
-``AsyncEngineArgs`` of one engine; the engine itself is :mod:`.vllm_engine`. vLLM is
+``AsyncEngineArgs`` of one engine, :func:`sampling_params` a request's ``SamplingParams``;
+the engine itself is :mod:`.vllm_engine`. vLLM is
 imported only inside functions.
 """
 
@@ -23,7 +24,7 @@ import dataclasses
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +32,7 @@ from freshroll.errors import ConfigError
 
 if TYPE_CHECKING:
     from freshroll.config import Config, VLLMSection
+    from freshroll.engines.seams import SamplingParams
 
 #: head sizes vLLM's CPU attention backend supports
 CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
@@ -208,6 +210,20 @@ def engine_args(model_path: Path, section: VLLMSection, *, seed: int,
         kw["gpu_memory_utilization"] = section.gpu_memory_utilization
     kw.update(section.engine_args)
     return AsyncEngineArgs(**kw)
+
+
+def sampling_params(params: SamplingParams, seed: int, eos: Iterable[int]) -> Any:
+    """vLLM's ``SamplingParams`` of one request: the run's sampling (temperature, top-p and
+    TRL's top_k / min_p / repetition_penalty; top_k 0 is vLLM's -1, off), its seed, the
+    behaviour log-prob of each sampled token, and the end tokens; token ids out only."""
+    from vllm import SamplingParams as VSP
+    from vllm.sampling_params import RequestOutputKind
+
+    return VSP(max_tokens=params.max_new_tokens, temperature=params.temperature,
+               top_p=params.top_p, top_k=params.top_k or -1, min_p=params.min_p,
+               repetition_penalty=params.repetition_penalty, logprobs=0, seed=seed,
+               stop_token_ids=sorted(eos), detokenize=False,
+               output_kind=RequestOutputKind.FINAL_ONLY)
 
 
 def _batched_tokens(section: VLLMSection, config: Mapping[str, Any]) -> int:

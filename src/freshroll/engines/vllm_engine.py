@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 from freshroll.engines.base import FINISH_LENGTH, FINISH_STOP, Completion, encode_prompt
 from freshroll.engines.lora_merge import is_adapter, merge_state
 from freshroll.engines.seams import Emit, EngineStats, GenRequest, SamplingParams
-from freshroll.engines.vllm_args import engine_args, model_config, quiet_vllm
+from freshroll.engines.vllm_args import engine_args, model_config, quiet_vllm, sampling_params
 from freshroll.engines.vllm_core import (
     StatSink,
     core_procs,
@@ -121,9 +121,6 @@ class VLLMEngine:
         self._alive()
         await self._open.wait()
         self._alive()
-        from vllm import SamplingParams as VSP
-        from vllm.sampling_params import RequestOutputKind
-
         call = _LiveCall()
         errors: list[str] = []
         for i, r in enumerate(requests):
@@ -136,10 +133,7 @@ class VLLMEngine:
                 errors.append(f"sample {r.sample}: prompt of {len(ids)} tokens does not fit "
                               f"vllm.max_model_len {self.max_model_len}")
                 continue
-            sp = VSP(max_tokens=params.max_new_tokens, temperature=params.temperature,
-                     top_p=params.top_p, logprobs=0, seed=(seed + i) % (2**63),
-                     stop_token_ids=sorted(self._eos), detokenize=False,
-                     output_kind=RequestOutputKind.FINAL_ONLY)
+            sp = sampling_params(params, (seed + i) % (2**63), self._eos)
             rid = f"{r.sample}/{next(self._ids)}"
             req = _Req(r.sample)
             self._live[rid] = req

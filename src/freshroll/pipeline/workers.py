@@ -95,7 +95,8 @@ class WorkerPool:
         self._next = 1 + max((int(n[1:]) for n in known if n[:1] == "w" and n[1:].isdigit()),
                              default=-1)
         ro = ctx.cfg.rollout
-        self.params = SamplingParams(ro.max_new_tokens, ro.temperature, ro.top_p)
+        self.params = SamplingParams(ro.max_new_tokens, ro.temperature, ro.top_p, ro.top_k,
+                                     ro.min_p, ro.repetition_penalty)
         self.workflow = workflow_for(ro.workflow)  # drives the engine for each call
         self.calls = CallRunner(ctx, inbox, on_stopped, self.params, self.workflow,
                                 self._slot_freed, self.requests_queued)

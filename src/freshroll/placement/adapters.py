@@ -173,7 +173,7 @@ class ThreadEngine:
         with tuned(self.threads, len(texts)):
             comps = self.engine.generate(
                 texts, max_new_tokens=params.max_new_tokens, temperature=params.temperature,
-                top_p=params.top_p, seed=seed,
+                top_p=params.top_p, seed=seed, **params.extras(),
             )
         if len(comps) != len(texts):
             raise ValueError(f"engine returned {len(comps)} completions for {len(texts)} prompts")

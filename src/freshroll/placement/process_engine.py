@@ -27,7 +27,8 @@ Messages are JSON objects over two one-way pipes (``Pipe(duplex=False)``, ``send
 ``recv_bytes``), never pickle; each request carries an id that its answer repeats::
 
     driver -> child   {"id": n, "op": "generate", "prompts": [...], "max_new_tokens": ...,
-                       "temperature": ..., "top_p": ..., "seed": ..., "threads": t | null}
+                       "temperature": ..., "top_p": ..., "seed": ..., "threads": t | null,
+                       "sampling": {"top_k": ..., ...} (the knobs set, if any)}
                       {"id": n, "op": "load", "slot": s, "seq": q}   {"id": n, "op": "stop"}
     child -> driver   {"id": 0, "ready": true, "threads": t, "pid": p}
                       {"id": n, "ok": true, "result": ...}  |  {"id": n, "ok": false,
@@ -229,7 +230,7 @@ def _serve(engine: Any, reader: SlotReader | None, op: str | None,
                 torch.set_num_threads(int(msg["threads"]))
         comps = engine.generate(msg["prompts"], max_new_tokens=msg["max_new_tokens"],
                                 temperature=msg["temperature"], top_p=msg["top_p"],
-                                seed=msg["seed"])
+                                seed=msg["seed"], **msg.get("sampling", {}))
         return [completion_to_json(c) for c in comps]
     if op == "load":
         if reader is None:
@@ -376,14 +377,18 @@ class ProcessEngine:
 
     def generate(
         self, prompts: Sequence[str], *, max_new_tokens: int, temperature: float = 1.0,
-        top_p: float = 1.0, seed: int | None = None,
+        top_p: float = 1.0, seed: int | None = None, **sampling: float,
     ) -> list[Completion]:
+        """``sampling``: TRL's knobs where set (``top_k``, ``min_p``,
+        ``repetition_penalty``), passed on to the child's engine."""
         if isinstance(prompts, str):
             raise TypeError("prompts must be a sequence of strings, not a single string")
         threads = _calling_threads() if self.follow_threads else None
+        extra = {"sampling": sampling} if sampling else {}
         result = self._call("generate", self.generate_timeout_s, "generate",
                             prompts=list(prompts), max_new_tokens=max_new_tokens,
-                            temperature=temperature, top_p=top_p, seed=seed, threads=threads)
+                            temperature=temperature, top_p=top_p, seed=seed, threads=threads,
+                            **extra)
         return [completion_from_json(d) for d in result]
 
     def load_weights(self, handle: Weights) -> float:

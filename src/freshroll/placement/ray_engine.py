@@ -274,10 +274,11 @@ class RayEngine:
 
     def generate(
         self, prompts: Sequence[str], *, max_new_tokens: int, temperature: float = 1.0,
-        top_p: float = 1.0, seed: int | None = None,
+        top_p: float = 1.0, seed: int | None = None, **sampling: float,
     ) -> list[Completion]:
+        """``sampling``: TRL's knobs where set, passed on to the actor's engine."""
         kwargs = {"max_new_tokens": max_new_tokens, "temperature": temperature,
-                  "top_p": top_p, "seed": seed}
+                  "top_p": top_p, "seed": seed, **sampling}
         threads = _calling_threads() if self.follow_threads else None
         t0 = time.perf_counter()
         result: list[Completion] = self._call(

@@ -197,7 +197,10 @@ class Evaluator:
             return engine.generate([p.text for p in chunk], max_new_tokens=max_new,
                                    temperature=0.0 if greedy else r.temperature,
                                    top_p=1.0 if greedy else r.top_p,
-                                   seed=eval_seed(cfg.run.seed, step, offset))
+                                   seed=eval_seed(cfg.run.seed, step, offset),
+                                   top_k=0 if greedy else r.top_k,
+                                   min_p=0.0 if greedy else r.min_p,
+                                   repetition_penalty=1.0 if greedy else r.repetition_penalty)
 
         state = RewardState(global_step=step, max_steps=cfg.run.steps)
 

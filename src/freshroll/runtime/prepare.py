@@ -299,9 +299,21 @@ def _check_resume(
 def context_limit(
     cfg: Config, path: Path, pending: tuple[Any, Any] | None
 ) -> tuple[int | None, str]:
-    """The most tokens a prompt may have, and its name in an error: the engine refuses a
-    longer one mid-run (hf: more than ``max_position_embeddings``; vllm: ``max_model_len``
-    or more). ``(None, "")`` when the model's config names no limit."""
+    """The most tokens a prompt may have, and its name in an error: ``task.max_prompt_tokens``
+    where it is the tighter bound, else the model's (:func:`_model_limit`)."""
+    limit, name = _model_limit(cfg, path, pending)
+    most = cfg.task.max_prompt_tokens
+    if most is not None and (limit is None or most < limit):
+        return most, f"task.max_prompt_tokens ({most})"
+    return limit, name
+
+
+def _model_limit(
+    cfg: Config, path: Path, pending: tuple[Any, Any] | None
+) -> tuple[int | None, str]:
+    """The most tokens the engine takes in a prompt: it refuses a longer one mid-run (hf:
+    more than ``max_position_embeddings``; vllm: ``max_model_len`` or more). ``(None, "")``
+    when the model's config names no limit."""
     if cfg.rollout.engine == "vllm" and cfg.vllm.max_model_len is not None:
         mml = cfg.vllm.max_model_len
         return mml - 1, f"the most a prompt may have under vllm.max_model_len {mml}"

@@ -73,6 +73,9 @@ RULES: Final[Mapping[str, Rule]] = {
     "rollout.max_new_tokens": "explicit",
     "rollout.temperature": "explicit",
     "rollout.top_p": "explicit",
+    "rollout.top_k": "explicit",          # TRL's sampling knobs: what a sample is drawn from
+    "rollout.min_p": "explicit",
+    "rollout.repetition_penalty": "explicit",
     "rollout.engine": "never",       # the samples of a simulated run are not a model's
     "rollout.on_update": "explicit",  # which weights a continued request's tokens come from
     "rollout.workflow": "explicit",  # what an episode is: the samples from the resume on

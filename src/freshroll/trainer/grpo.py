@@ -65,7 +65,7 @@ from freshroll.trainer.losses import (
     policy_loss,
     token_logprobs,
 )
-from freshroll.trainer.schedule import lr_at
+from freshroll.trainer.schedule import lr_at, warmup_of
 from freshroll.trainer.shared_batch import SharedBatch, collate_shared, completion_logits
 
 
@@ -80,6 +80,8 @@ class TrainSample:
     #: each completion token's lag as run-length ``(lag, tokens)`` ranges (its payload's
     #: ``versions``); empty: every token has the sample's ``lag``
     token_lags: tuple[tuple[int, int], ...] = ()
+    #: it ended at max_new_tokens without an end token (its payload's finish reason)
+    truncated: bool = False
 
     def lags(self) -> list[int]:
         """One lag per completion token (a range list short of the tokens: the rest at
@@ -140,7 +142,10 @@ _NOT_TRAINING_MATH = {"on_nonfinite"}
 #: run trained with they are left out of the digest, so the steps of an earlier run still
 #: match theirs on --resume and replay (where that is not the default: TRAINER_BEFORE)
 _OMITTED_AT: dict[str, object] = {"lr_schedule": "constant", "warmup_steps": 0, "grad_accum": 1,
-                                  "bf16": False, "lora": None, **TRAINER_BEFORE}
+                                  "bf16": False, "lora": None, "warmup_ratio": 0.0,
+                                  "scale_rewards": "auto", "ratio_level": "token",
+                                  "mask_truncated": False, "num_iterations": 1,
+                                  **TRAINER_BEFORE}
 
 
 def settings_digest(cfg: TrainerSection, temperature: float, total_steps: int | None) -> str:
@@ -152,9 +157,23 @@ def settings_digest(cfg: TrainerSection, temperature: float, total_steps: int | 
         if trainer[key] == value:
             del trainer[key]
     doc: dict[str, object] = {"trainer": trainer, "temperature": temperature}
-    if cfg.lr_schedule != "constant":
+    if cfg.lr_schedule != "constant" or cfg.warmup_ratio:
         doc["total_steps"] = total_steps
     return digest_json(doc)
+
+
+def scale_of(cfg: TrainerSection) -> str:
+    """``trainer.scale_rewards`` in force: ``auto`` is ``group``, or ``none`` under
+    ``dr_grpo`` (Dr. GRPO does not divide by the std)."""
+    if cfg.scale_rewards != "auto":
+        return cfg.scale_rewards
+    return "none" if cfg.aggregation == "dr_grpo" else "group"
+
+
+def loss_rows(samples: Sequence[TrainSample]) -> torch.Tensor:
+    """``[B]``: 0.0 for a truncated sample (``trainer.mask_truncated``: no loss, as TRL's
+    ``mask_truncated_completions`` zeroes its completion mask), 1.0 for the others."""
+    return torch.tensor([0.0 if s.truncated else 1.0 for s in samples])
 
 
 def use_kernel(optimizer: torch.optim.Optimizer, optim: str) -> None:
@@ -218,6 +237,8 @@ class GRPOLearner:
     ) -> None:
         if cfg.lr_schedule != "constant" and total_steps is None:
             raise ValueError(f"trainer.lr_schedule={cfg.lr_schedule} needs the run's total steps")
+        if cfg.warmup_ratio and total_steps is None:
+            raise ValueError("trainer.warmup_ratio needs the run's total steps")
         self.model, self.cfg, self.pad_id = model, cfg, pad_id
         device = next(model.parameters()).device
         if cfg.bf16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
@@ -228,6 +249,7 @@ class GRPOLearner:
         self.loss_cfg = LossConfig(
             aggregation=cfg.aggregation, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
             correction=cfg.correction, is_cap=cfg.is_cap, kl_coef=cfg.kl_coef,
+            ratio_level=cfg.ratio_level,
             max_completion_len=max_new_tokens,
         )
         # every parameter, or a LoRA model's adapters alone (freshroll.trainer.lora.wrap)
@@ -252,42 +274,70 @@ class GRPOLearner:
     def lr(self, step: int) -> float:
         """The learning rate of step ``step`` (1-based) under the settings in force."""
         c = self.cfg
-        return lr_at(step, c.lr, c.lr_schedule, c.warmup_steps, self.total_steps or 0)
+        total = self.total_steps or 0
+        return lr_at(step, c.lr, c.lr_schedule, warmup_of(c.warmup_steps, c.warmup_ratio, total),
+                     total)
 
     def step(self, samples: Sequence[TrainSample], step: int | None = None) -> dict[str, float]:
-        """One optimizer step on ``samples``; returns metrics (python floats).
+        """One trainer step on ``samples``: ``trainer.num_iterations`` optimizer updates on
+        the batch (TRL's ``num_iterations``; each update's ratio against the behaviour
+        log-probs, so a later update is clipped against the policy that sampled); returns
+        metrics (python floats; the loss figures are the last update's).
 
         ``step`` is the number of the step being trained (1-based; default: the one after
-        the last this learner applied): it alone sets the step's learning rate.
+        the last this learner applied): it alone sets the learning rate of its updates.
+        A non-finite update after the first cannot be undone (the earlier ones were
+        applied): it stops the run (``NonFiniteStep``, not recoverable).
         """
         t0 = time.perf_counter()
         number = self.steps + 1 if step is None else step
-        rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
-        adv = group_advantages(
-            rewards, torch.tensor([s.group for s in samples], dtype=torch.long),
-            scale=self.cfg.aggregation != "dr_grpo",
+        rewards, adv, loss_cfg = self._advantages(samples)
+        total = self.cfg.num_iterations
+        for i in range(total):
+            try:
+                metrics = self._update(samples, number, adv, loss_cfg)
+            except NonFiniteStep as exc:
+                if i == 0:
+                    raise
+                raise NonFiniteStep(f"{exc} (update {i + 1} of trainer.num_iterations={total}; "
+                                    "the earlier ones were applied)", recoverable=False) from exc
+        self.steps = number
+        lags = [s.lag for s in samples]
+        metrics.update(
+            reward_mean=float(rewards.mean()), reward_std=float(rewards.std()),
+            adv_abs_mean=float(adv.abs().mean()), lag_mean=sum(lags) / len(lags),
+            lag_max=float(max(lags)), samples=float(len(samples)),
+            tokens=float(sum(len(s.token_ids) for s in samples)),
+            train_s=time.perf_counter() - t0,
+            weights_bytes=float(adapter_bytes(self.published_state())),
         )
-        loss_cfg = self.loss_cfg
-        if loss_cfg.max_completion_len is None:  # dr_grpo's T_max: the whole batch's width
-            width = max(len(s.prompt_ids) + len(s.token_ids) for s in samples) - 1
-            loss_cfg = replace(loss_cfg, max_completion_len=width)
+        return metrics
+
+    def _update(self, samples: Sequence[TrainSample], number: int, adv: torch.Tensor,
+                loss_cfg: LossConfig) -> dict[str, float]:
+        """One optimizer update on the batch at step ``number``'s learning rate: its
+        micro-batches' gradients accumulated, clipped, applied; the loss metrics, entropy,
+        gradient norm and lr."""
         slices = micro_slices(len(samples), self.cfg.grad_accum)
-        total_tokens = float(sum(len(s.token_ids) for s in samples))
+        rows = loss_rows(samples) if self.cfg.mask_truncated else None
+        loss_tokens = float(sum(len(s.token_ids) for i, s in enumerate(samples)
+                                if rows is None or rows[i]))
         self.optimizer.zero_grad(set_to_none=True)
         parts: list[tuple[dict[str, float], float]] = []
         losses: list[torch.Tensor] = []
         entropy = 0.0
         for sl in slices:
+            part = None if rows is None else rows[sl]
             micro = self._layout(samples if len(slices) == 1 else samples[sl])
-            loss, metrics, logits, kept = self._micro_loss(micro, adv[sl], loss_cfg)
+            loss, metrics, logits, kept = self._micro_loss(micro, adv[sl], loss_cfg, part)
             if logits is None:  # the model's cache cannot be indexed: the full rows
                 micro = self._layout(samples if len(slices) == 1 else samples[sl])
-                loss, metrics, logits, kept = self._micro_loss(micro, adv[sl], loss_cfg)
+                loss, metrics, logits, kept = self._micro_loss(micro, adv[sl], loss_cfg, part)
             assert logits is not None
-            tokens = float(micro.mask.sum())
+            tokens = float(kept.sum())  # the micro-batch's loss tokens
             if len(slices) > 1:
                 loss = loss * micro_weight(
-                    self.cfg.aggregation, len(micro.rewards), tokens, len(samples), total_tokens
+                    self.cfg.aggregation, len(micro.rewards), tokens, len(samples), loss_tokens
                 )
             if not torch.isfinite(loss.detach()):
                 self.optimizer.zero_grad(set_to_none=True)
@@ -295,25 +345,29 @@ class GRPOLearner:
             loss.backward()  # type: ignore[no-untyped-call]  # torch: unannotated
             with torch.no_grad():
                 ent = entropy_from_logits(logits, kept, self.temperature)
-            share = 1.0 if len(slices) == 1 else tokens / max(1.0, total_tokens)
+            share = 1.0 if len(slices) == 1 else tokens / max(1.0, loss_tokens)
             entropy += float(ent) * share  # the token mean over the whole batch
             parts.append((metrics, tokens))
             losses.append(loss.detach())
         total_loss = float(losses[0] if len(losses) == 1 else torch.stack(losses).sum())
-        metrics = combine_metrics(parts, total_tokens)
-        metrics["loss"] = total_loss
+        metrics = combine_metrics(parts, loss_tokens)
         grad_norm, lr = self._apply_gradients(number, total_loss)
-        self.steps = number
-        lags = [s.lag for s in samples]
-        metrics.update(
-            entropy=entropy, grad_norm=float(grad_norm), lr=lr,
-            reward_mean=float(rewards.mean()), reward_std=float(rewards.std()),
-            adv_abs_mean=float(adv.abs().mean()), lag_mean=sum(lags) / len(lags),
-            lag_max=float(max(lags)), samples=float(len(samples)),
-            tokens=total_tokens, train_s=time.perf_counter() - t0,
-            weights_bytes=float(adapter_bytes(self.published_state())),
-        )
+        metrics.update(loss=total_loss, entropy=entropy, grad_norm=float(grad_norm), lr=lr)
         return metrics
+
+    def _advantages(self, samples: Sequence[TrainSample]
+                    ) -> tuple[torch.Tensor, torch.Tensor, LossConfig]:
+        """The batch's rewards, their advantages (``trainer.scale_rewards``: :func:`scale_of`)
+        and the step's loss settings (dr_grpo's T_max: the whole batch's width)."""
+        rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
+        scale = scale_of(self.cfg)
+        adv = group_advantages(rewards, torch.tensor([s.group for s in samples]),
+                               scale=scale != "none", batch_std=scale == "batch")
+        loss_cfg = self.loss_cfg
+        if loss_cfg.max_completion_len is None:
+            width = max(len(s.prompt_ids) + len(s.token_ids) for s in samples) - 1
+            loss_cfg = replace(loss_cfg, max_completion_len=width)
+        return rewards, adv, loss_cfg
 
     def _apply_gradients(self, number: int, total_loss: float) -> tuple[torch.Tensor, float]:
         """Clip the accumulated gradients and take the optimizer step at step ``number``'s
@@ -344,7 +398,8 @@ class GRPOLearner:
         return shared if shared is not None else collate(samples, self.pad_id)
 
     def _micro_loss(
-        self, batch: Batch | SharedBatch, adv: torch.Tensor, loss_cfg: LossConfig
+        self, batch: Batch | SharedBatch, adv: torch.Tensor, loss_cfg: LossConfig,
+        rows: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor | None, torch.Tensor]:
         """The policy loss of ``batch`` (unscaled), its metrics, and the detached logits of the
         kept positions with their completion mask (for the entropy). The logits are None
@@ -354,9 +409,11 @@ class GRPOLearner:
         Only the positions from the first completion target on are projected to the
         vocabulary (``logits_to_keep``, as TRL does): the prompt prefix that every row shares
         attends as context but needs no logits, no log-softmax and no float32 copy. The
-        kept positions' logits are the same numbers a full projection gives."""
+        kept positions' logits are the same numbers a full projection gives. ``rows``: 1.0
+        for a row that gets loss, 0.0 for one that does not (``trainer.mask_truncated``);
+        the mask returned is the loss's."""
         if isinstance(batch, SharedBatch):
-            return self._shared_loss(batch, adv, loss_cfg)
+            return self._shared_loss(batch, adv, loss_cfg, rows)
         first = _first_target(batch.mask)
         view = batch.from_target(first)
         keep = batch.input_ids.shape[1] - first  # positions first .. L-1 (L-1 predicts nothing)
@@ -366,14 +423,15 @@ class GRPOLearner:
         logits = out.logits[:, -keep:][:, :-1].float()
         logp = token_logprobs(logits, view.targets, self.temperature)
         ref = self._ref_logprobs(batch, keep) if self.ref is not None else None
+        mask = view.mask if rows is None else view.mask * rows[:, None]
         loss, metrics = policy_loss(
-            logp, view.behaviour, adv, view.mask, loss_cfg, ref_logprobs=ref,
-            token_lags=view.lags,
+            logp, view.behaviour, adv, mask, loss_cfg, ref_logprobs=ref, token_lags=view.lags,
         )
-        return loss, metrics, logits.detach(), view.mask
+        return loss, metrics, logits.detach(), mask
 
     def _shared_loss(
-        self, batch: SharedBatch, adv: torch.Tensor, loss_cfg: LossConfig
+        self, batch: SharedBatch, adv: torch.Tensor, loss_cfg: LossConfig,
+        rows: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor | None, torch.Tensor]:
         with self._autocast():
             raw = completion_logits(self.model, batch, cache_name=self._cache_name,
@@ -390,11 +448,11 @@ class GRPOLearner:
                                             keep=self._takes_keep)
             assert ref_raw is not None  # the same model class as the policy's
             ref = token_logprobs(ref_raw.float(), batch.targets, self.temperature)
+        mask = batch.mask if rows is None else batch.mask * rows[:, None]
         loss, metrics = policy_loss(
-            logp, batch.behaviour, adv, batch.mask, loss_cfg, ref_logprobs=ref,
-            token_lags=batch.lags,
+            logp, batch.behaviour, adv, mask, loss_cfg, ref_logprobs=ref, token_lags=batch.lags,
         )
-        return loss, metrics, logits.detach(), batch.mask
+        return loss, metrics, logits.detach(), mask
 
     def _keep(self, keep: int) -> dict[str, int]:
         """``logits_to_keep`` where the model takes it (every causal LM of transformers >= 4.45;

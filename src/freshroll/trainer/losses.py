@@ -11,6 +11,8 @@ Group advantages (GRPO / Dr. GRPO)::
 
     A_i = (r_i - mean_g r) / (std_g r + eps)      scale=True  (GRPO)
     A_i =  r_i - mean_g r                         scale=False (Dr. GRPO)
+    A_i = (r_i - mean_g r) / (std_B r + eps)      scale=True, batch_std=True (TRL's
+                                                  scale_rewards="batch": the batch's std)
 
 where ``g`` is the group of ``i`` and ``std_g`` the *unbiased sample* standard deviation
 (``sum (r - mean)^2 / (n_g - 1)``, as ``torch.std`` and TRL use). A group of one sample
@@ -24,6 +26,12 @@ Token log-probabilities and entropy (``z = logits / temperature``)::
 PPO term with asymmetric clipping (``clip(r) = clamp(r, 1 - clip_low, 1 + clip_high)``)::
 
     P_t(r) = -min(r A, clip(r) A)
+
+With ``ratio_level="sequence"`` (GSPO; TRL's ``importance_sampling_level="sequence"``) the
+ratio is one per sequence, the exponential of its tokens' mean log-ratio, and every token of
+the sequence takes it (the gradient still flows through each token's log-prob)::
+
+    r_it = exp( sum_t m_it (logp_it - anchor_it) / max(1, sum_t m_it) )
 
 Off-policy correction (``LossConfig.correction``), with ``w = exp(p - b)`` and cap ``C``:
 
@@ -88,11 +96,13 @@ from freshroll.off_policy import LAG_BUCKETS, TOP_LAG, bucket_key
 
 Aggregation = Literal["grpo", "dr_grpo", "dapo"]
 Correction = Literal["none", "tis", "decoupled", "dual_clip"]
+RatioLevel = Literal["token", "sequence"]
 
 __all__ = [
     "Aggregation",
     "Correction",
     "LossConfig",
+    "RatioLevel",
     "entropy_from_logits",
     "group_advantages",
     "policy_loss",
@@ -101,9 +111,12 @@ __all__ = [
 
 
 def group_advantages(
-    rewards: Tensor, groups: Tensor, *, scale: bool = True, eps: float = 1e-6
+    rewards: Tensor, groups: Tensor, *, scale: bool = True, eps: float = 1e-6,
+    batch_std: bool = False,
 ) -> Tensor:
-    """Group-relative advantages ``r_i - mean_g r`` (divided by ``std_g + eps`` if ``scale``).
+    """Group-relative advantages ``r_i - mean_g r`` (divided by ``std_g + eps`` if ``scale``;
+    by the whole batch's ``std + eps`` instead with ``batch_std``, TRL's
+    ``scale_rewards="batch"``).
 
     ``std_g`` is the unbiased sample standard deviation (``torch.std``); size-1 groups get 0.
     ``groups`` holds any integer label per sample; labels need not be contiguous or sorted.
@@ -125,6 +138,9 @@ def group_advantages(
     centred = r - mean[inverse]
     if not scale:
         return centred.to(out_dtype)
+    if batch_std:
+        spread = r.std() if r.numel() > 1 else torch.zeros((), dtype=r.dtype, device=r.device)
+        return (centred / (spread + eps)).to(out_dtype)
     sq = zeros.index_add(0, inverse, centred * centred)
     std = (sq / (counts - 1).clamp(min=1)).sqrt()
     return (centred / (std[inverse] + eps)).to(out_dtype)
@@ -173,8 +189,11 @@ class LossConfig:
     is_cap: float = 2.0
     kl_coef: float = 0.0
     max_completion_len: int | None = None
+    ratio_level: RatioLevel = "token"
 
     def __post_init__(self) -> None:
+        if self.ratio_level not in get_args(RatioLevel):
+            raise ConfigError(f"loss.ratio_level: unknown value {self.ratio_level!r}")
         if self.aggregation not in get_args(Aggregation):
             raise ConfigError(f"loss.aggregation: unknown value {self.aggregation!r}")
         if self.correction not in get_args(Correction):
@@ -231,13 +250,20 @@ def _importance_weights(
 
 
 def _ppo_term(
-    logprobs: Tensor, anchor: Tensor, adv: Tensor, cfg: LossConfig
+    logprobs: Tensor, anchor: Tensor, adv: Tensor, mask: Tensor, cfg: LossConfig
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Per-token ``-min(r A, clip(r) A)`` with ``r = exp(logprobs - anchor)``.
+    """Per-token ``-min(r A, clip(r) A)`` with ``r = exp(logprobs - anchor)`` (with
+    ``ratio_level`` sequence, every token of a row has its row's ratio, module docstring).
 
     Returns the term, the detached ratio and the bool "clipped branch strictly active" map.
     """
-    ratio = torch.exp(logprobs - anchor)
+    log_ratio = logprobs - anchor
+    if cfg.ratio_level == "sequence":
+        m = mask.to(log_ratio.dtype)
+        per_row = (log_ratio * m).sum(dim=1, keepdim=True) / m.sum(dim=1, keepdim=True).clamp(
+            min=1.0)
+        log_ratio = per_row.expand_as(log_ratio)
+    ratio = torch.exp(log_ratio)
     clipped = ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
     unclipped_loss = -ratio * adv
     clipped_loss = -clipped * adv
@@ -288,7 +314,7 @@ def _corrected(
     """The per-token PPO term under ``cfg.correction`` (module docstring), with its detached
     ratio, its "clipped branch active" map and the ``is_*`` metrics."""
     anchor = behaviour if cfg.correction in ("none", "dual_clip") else proximal
-    pg, ratio, active = _ppo_term(logp, anchor, adv, cfg)
+    pg, ratio, active = _ppo_term(logp, anchor, adv, mask, cfg)
     weight, metrics = _importance_weights(proximal, behaviour, mask, cfg)
     if cfg.correction == "dual_clip":
         floor = -cfg.is_cap * adv  # the most a negative-advantage token may cost

@@ -23,6 +23,7 @@ import torch
 from freshroll import events as ev
 from freshroll.buffer import SampleBuffer
 from freshroll.engines import payload as pl
+from freshroll.engines.base import FINISH_LENGTH
 from freshroll.errors import LineageError
 from freshroll.ledger import Ledger, decode_event
 from freshroll.lineage import PolicyVersion, payload_mismatches, policy_step
@@ -54,6 +55,7 @@ def train_samples(buf: SampleBuffer, samples: Sequence[str], consumer: int) -> l
         out.append(TrainSample(
             p.prompt_ids, p.token_ids, p.logprobs, reward, groups.setdefault(gid, len(groups)),
             consumer - step, tuple((consumer - policy_step(v), n) for v, n in p.versions),
+            truncated=p.finish_reason == FINISH_LENGTH,
         ))
     return out
 

@@ -58,3 +58,9 @@ def lr_at(
     """The learning rate of step ``step`` (1-based): ``base_lr * f(step - 1)`` (``f = 1``,
     exactly ``base_lr``, for ``constant`` past the warmup)."""
     return base_lr * lr_factor(step, schedule, warmup_steps, total_steps)
+
+
+def warmup_of(warmup_steps: int, warmup_ratio: float, total_steps: int) -> int:
+    """The warmup in steps: ``ceil(warmup_ratio x total_steps)`` where a ratio is set (as
+    transformers' ``TrainingArguments.get_warmup_steps``), else ``warmup_steps``."""
+    return math.ceil(warmup_ratio * total_steps) if warmup_ratio else warmup_steps
