@@ -217,7 +217,9 @@ def test_a_run_evaluates_at_every_steps_and_at_the_end(runs: tuple[Path, Path, C
 @pytest.mark.slow
 def test_eval_samples_never_enter_the_ledger(runs: tuple[Path, Path, Config]) -> None:
     run_dir, plain, _ = runs
-    assert _kinds(run_dir) == _kinds(plain)  # a sync run: the same events, eval or not
+    kinds = _kinds(run_dir)
+    assert kinds.pop("Evaluated") == 3  # its lines recorded (verify binds eval.jsonl), no sample
+    assert kinds == _kinds(plain)  # a sync run: the same events, eval or not
     assert json.loads((run_dir / "counts.json").read_text()) == json.loads(
         (plain / "counts.json").read_text())
     assert not (plain / EVAL_FILE).exists()

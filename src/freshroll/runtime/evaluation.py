@@ -36,6 +36,14 @@ from typing import Any
 from freshroll.config import Config
 from freshroll.engines.base import Completion
 from freshroll.errors import ConfigError
+from freshroll.figures.evals import (
+    EVAL_FILE,
+    eval_summary,
+    evals_by_step,
+    metrics_columns,
+    read_eval,
+    with_eval,
+)
 from freshroll.figures.metrics_log import read_rows, write_atomic
 from freshroll.rewards.calling import RewardState, reward_columns
 from freshroll.rewards.data import (
@@ -46,7 +54,6 @@ from freshroll.rewards.data import (
 from freshroll.rewards.scoring import RewardSet, Score
 from freshroll.rewards.tasks import Prompt
 
-EVAL_FILE = "eval.jsonl"
 #: prompts per generate call: the budget is checked between batches
 EVAL_BATCH = 8
 
@@ -262,43 +269,6 @@ def _loaded_policy(model_path: Path) -> Policy:
     return policy
 
 
-def metrics_columns(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """``eval/reward`` (greedy's when there is one) and, with both modes, each mode's."""
-    by_mode = {r["mode"]: r.get("reward") for r in rows}
-    if not by_mode:
-        return {}
-    main = "greedy" if "greedy" in by_mode else next(iter(by_mode))
-    out = {"eval/reward": by_mode[main]}
-    if len(by_mode) > 1:
-        out.update({f"eval/reward_{m}": v for m, v in sorted(by_mode.items())})
-    return out
-
-
-def with_eval(rows: Sequence[dict[str, Any]], evals: dict[int, list[dict[str, Any]]]
-              ) -> list[dict[str, Any]]:
-    """``metrics.jsonl`` rows with the eval columns of their steps."""
-    return [{**row, **metrics_columns(evals.get(int(row["step"]), []))} for row in rows]
-
-
-def read_eval(run_dir: Path) -> list[dict[str, Any]]:
-    """``eval.jsonl``'s lines (a torn last line skipped); the later line of a step and mode
-    wins (a step evaluated again after a resume)."""
-    rows, _ = read_rows(run_dir / EVAL_FILE)
-    last: dict[tuple[int, str], dict[str, Any]] = {}
-    for row in rows:
-        if isinstance(row.get("step"), int) and isinstance(row.get("mode"), str):
-            last[(row["step"], row["mode"])] = row
-    return [last[k] for k in sorted(last)]
-
-
-def evals_by_step(run_dir: Path) -> dict[int, list[dict[str, Any]]]:
-    """:func:`read_eval`'s lines by step."""
-    out: dict[int, list[dict[str, Any]]] = {}
-    for row in read_eval(run_dir):
-        out.setdefault(int(row["step"]), []).append(row)
-    return out
-
-
 def trim(run_dir: Path, committed_step: int) -> int:
     """Drop ``eval.jsonl``'s lines of steps after ``committed_step`` (evaluated, then killed
     before the commit: the step is trained and evaluated again); the lines dropped."""
@@ -310,29 +280,6 @@ def trim(run_dir: Path, committed_step: int) -> int:
     if len(keep) != len(rows) or bad:
         write_atomic(path, "".join(json.dumps(r, allow_nan=False) + "\n" for r in keep))
     return len(rows) - len(keep)
-
-
-def eval_summary(run_dir: Path) -> dict[str, Any] | None:
-    """``summary.json``'s ``eval``: the first, last and best ``eval/reward`` and every step's
-    eval columns with its skipped count; None without ``eval.jsonl``."""
-    rows = read_eval(run_dir)
-    if not rows:
-        return None
-    steps = evals_by_step(run_dir)
-    per_step = [{"step": s, **metrics_columns(rs), "n_scored": rs[0].get("n_scored"),
-                 "n_skipped": rs[0].get("n_skipped"), "wall_s": rs[0].get("wall_s")}
-                for s, rs in sorted(steps.items())]
-    scored = [p for p in per_step if isinstance(p.get("eval/reward"), int | float)]
-    best = max(scored, key=lambda p: p["eval/reward"]) if scored else None
-    return {
-        "modes": sorted({r["mode"] for r in rows}),
-        "first": scored[0]["eval/reward"] if scored else None,
-        "last": scored[-1]["eval/reward"] if scored else None,
-        "best": best["eval/reward"] if best else None,
-        "best_step": best["step"] if best else None,
-        "skipped": sum(int(p.get("n_skipped") or 0) for p in per_step),
-        "steps": per_step,
-    }
 
 
 __all__ = [

@@ -22,7 +22,7 @@ from freshroll.engines.model_dir import check_model_dir, quiet_transformers
 from freshroll.engines.names import check_engine
 from freshroll.errors import ConfigError, LedgerError, ResumeError
 from freshroll.ledger import LEDGER_FILE, Ledger
-from freshroll.lineage import PolicyVersion
+from freshroll.lineage import PolicyVersion, input_digests
 from freshroll.observe.monitors import check_monitors
 from freshroll.pipeline.steering import control_config
 from freshroll.rewards.calling import reward_columns
@@ -66,6 +66,9 @@ class Prepared:
     changes: list[Change] = field(default_factory=list)  # accepted on resume
     allow_change: tuple[str, ...] = ()
     eval_prompts: list[Prompt] = field(default_factory=list)  # eval.file's (evaluation)
+    #: the sha256 of every file of the run directory's model/ and inputs/, as written and
+    #: read now (``run_config.input_files``: verify binds them to the ledger)
+    input_files: dict[str, str] = field(default_factory=dict)
 
 
 def prepare_run_dir(
@@ -108,12 +111,13 @@ def prepare_run_dir(
             from freshroll.engines.tiny import save_model_dir
 
             save_model_dir(*pending, path)
+        files = input_digests(out)
     except BaseException:
         if lock is not None:
             lock.release()
         raise
     return Prepared(cfg, lock, prompts, rewards, path, digest, hist, changes, allow_change,
-                    eval_prompts)
+                    eval_prompts, files)
 
 
 def _eval_prompts(cfg: Config, path: Path, pending: tuple[Any, Any] | None,

@@ -306,7 +306,7 @@ def _open_buffer(prep: Prepared, asked: Config, ledger: Ledger, kernel: KernelCo
         announce=announce(
             asked.model_dump(mode="json"), prep.changes, prep.allow_change, step=step,
             model_digest=prep.model_digest, ts=clock.now(),
-            reward_version=str(prep.rewards.version),
+            reward_version=str(prep.rewards.version), input_files=prep.input_files,
         ),
     )
 
