@@ -318,6 +318,18 @@ class Ledger:
                 )
             yield seq, event
 
+    def last_of(self, kind: str) -> AnyEvent | None:
+        """The durable event of ``kind`` with the highest ``seq`` (None: none), found without
+        decoding the others (a finished run's last commit, read before anything starts)."""
+        try:
+            row = self._db.execute("SELECT seq, body FROM events WHERE kind=? ORDER BY seq DESC "
+                                   "LIMIT 1", (kind,)).fetchone()
+        except sqlite3.DatabaseError as exc:
+            raise LedgerError(f"{self.path}: read failed: {exc}") from exc
+        if row is None:
+            return None
+        return decode_event(bytes(row[1]), where=f"{self.path} seq {row[0]}", kind=kind)
+
     def payload(self, sample: str) -> bytes | None:
         row = self._db.execute("SELECT data FROM payloads WHERE sample=?", (sample,)).fetchone()
         return None if row is None else bytes(row[0])

@@ -74,7 +74,7 @@ from freshroll.runtime.placements import ChaosSession, Components, MakeEngine, b
 from freshroll.runtime.prepare import Prepared, prepare_run_dir
 from freshroll.runtime.recording import Recording
 from freshroll.runtime.resume import announce
-from freshroll.runtime.rundir import write_text_atomic
+from freshroll.runtime.rundir import finished_run, resume_config, write_text_atomic
 
 
 @dataclass
@@ -124,6 +124,10 @@ def run(
     is closed when the run ends. The run directory is locked for the whole call.
     """
     called_at = time.time()  # fixed_costs.start_s counts from here
+    if resume:
+        done = nothing_to_do(out, cfg, allow_change, stream)
+        if done is not None:
+            return done
     if cfg is not None and may_fork_workers(cfg, injected=make_engine is not None):
         prestart_workers()  # its imports beside the run's start, not after it
     prep = prepare_run_dir(cfg, out, resume, allow_change)
@@ -131,6 +135,25 @@ def run(
         return _run(prep, out, stream, make_engine, chaos, report, called_at, observers)
     finally:
         prep.lock.release()
+
+
+def nothing_to_do(out: Path, cfg: Config | None, allow_change: tuple[str, ...],
+                  stream: TextIO) -> RunResult | None:
+    """A resume of a finished run with nothing left to train (:func:`finished_run`): said,
+    verified, and answered from the run directory, which is left as it is (no lock taken,
+    no config, event or row written). None: a run to resume."""
+    from freshroll.harness.verify import verify_run
+
+    if cfg is None:
+        cfg = resume_config(out)
+    summary = finished_run(out, cfg, allow_change)
+    if summary is None:
+        return None
+    stream.write(f"freshroll: {out}: finished at step {summary['steps']} (run.steps "
+                 f"{cfg.run.steps}): nothing to do; to train on, resume with a larger "
+                 f"run.steps (freshroll run --resume {out} run.steps=N)\n")
+    stream.flush()
+    return RunResult(out, summary, verify_run(out).ok)
 
 
 def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | None,
