@@ -230,3 +230,30 @@ def test_resume_reaps_what_a_killed_driver_and_watchdog_left(tmp_path: Path, sma
         assert not any(alive(p) for p in pids), f"still alive: {[p for p in pids if alive(p)]}"
         assert live_tokens_of(tag) == set()  # neither the old nor the resumed instance remains
     assert not (out / "ray.json").exists()
+
+
+@pytest.mark.slow
+def test_driver_sigterm_stops_the_run_as_ctrl_c_does(tmp_path: Path, small: list[str],
+                                                     zygote: Zygote):
+    """Issue 48: ``ray.init`` installed Ray's own SIGTERM handlers (a native one that printed
+    a stack and aborted: status 134, the ledger closed ``failed``). A SIGTERM of the driver
+    (a container stop, a CI cancel) now ends the run as Ctrl-C does: the resume line, status
+    130, the ledger closed ``interrupted``, and no process of its instance left."""
+    import sqlite3
+
+    out = tmp_path / "ray"
+    run, driver, token = _start_ray_run(out, small, steps=200, zygote=zygote)
+    pids = session_pids(token)
+    os.kill(driver, signal.SIGTERM)
+    status = run.wait(180)
+    log = (out.parent / f"{out.name}.log").read_text()
+    assert status == 130, log
+    assert "interrupted" in log and f"resume with: freshroll run --resume {out}" in log, log
+    assert "Traceback" not in log and "SIGABRT" not in log and "*** " not in log, log
+    db = sqlite3.connect(out / "ledger.sqlite")
+    try:
+        (body,), = db.execute("SELECT body FROM events ORDER BY seq DESC LIMIT 1").fetchall()
+    finally:
+        db.close()
+    assert json.loads(body) == {**json.loads(body), "kind": "closed", "reason": "interrupted"}
+    assert _gone(pids, timeout=30), f"still alive: {[p for p in pids if alive(p)]}"
