@@ -106,3 +106,25 @@ def test_a_resume_of_a_finished_run_exits_at_once_writing_nothing(finished: Path
     more = run(load_config(None, [*SIM, "run.steps=5"]), out, resume=True,
                stream=io.StringIO())
     assert more.ok and more.summary["steps"] == 5
+
+
+def test_a_config_error_found_while_the_parts_are_built_leaves_it_re_runnable(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A config error found after the ledger was opened (the model, the learner, the engines:
+    e.g. a LoRA setting the skeleton check missed) leaves a new run's directory as if it
+    never started: the fixed command runs there, not "already holds a run"."""
+    from freshroll.errors import ConfigError
+    from freshroll.runtime import run as run_mod
+
+    real = run_mod.build_components
+
+    def broken(*args: object, **kwargs: object) -> object:
+        raise ConfigError("trainer.lora: found at the learner's build")
+
+    out = tmp_path / "run"
+    monkeypatch.setattr(run_mod, "build_components", broken)
+    with pytest.raises(ConfigError, match="found at the learner's build"):
+        run_mod.run(load_config(None, SIM), out, stream=io.StringIO())
+    assert not (out / "ledger.sqlite").exists()
+    monkeypatch.setattr(run_mod, "build_components", real)
+    assert run_mod.run(load_config(None, SIM), out, stream=io.StringIO()).ok

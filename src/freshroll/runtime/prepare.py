@@ -187,6 +187,7 @@ def check_inputs(cfg: Config, run_dir: Path | None = None, resume: bool = False)
     else:  # a model: transformers' progress bars off first (the simulated cluster has none)
         quiet_transformers()
         path, pending = _initial_model(cfg, run_dir, resume)
+        _check_lora(cfg, path, pending)
         if cfg.rollout.engine == "vllm":
             _check_vllm(cfg, path, pending)
         prompts = load_task_prompts(cfg, path, pending[1] if pending is not None else None,
@@ -194,6 +195,22 @@ def check_inputs(cfg: Config, run_dir: Path | None = None, resume: bool = False)
     rewards.check_columns(reward_columns(prompts[:1]))
     return Inputs(prompts, rewards, path, pending, digest,
                   _eval_prompts(cfg, path, pending, rewards))
+
+
+def _check_lora(cfg: Config, path: Path, pending: tuple[Any, Any] | None) -> None:
+    """``trainer.lora`` on the model's skeleton (:func:`~freshroll.trainer.lora.
+    check_on_skeleton`), before any write."""
+    if cfg.trainer.lora is None:
+        return
+    from freshroll.trainer.lora import check_on_skeleton
+
+    if pending is not None:
+        model_config = pending[0].config
+    else:
+        from transformers import AutoConfig
+
+        model_config = AutoConfig.from_pretrained(path, local_files_only=True)
+    check_on_skeleton(model_config, cfg.trainer.lora)
 
 
 def _digest(inputs: Inputs) -> str:

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -178,7 +178,7 @@ def replay_run(run_dir: Path, from_step: int = 0, to_step: int | None = None,
     return r.result(None)
 
 
-def _tampered_input(run_dir: Path, source: Path, events: list[ev.Event],
+def _tampered_input(run_dir: Path, source: Path, events: Sequence[ev.Event],
                     start: int) -> Divergence | None:
     """The run's recorded inputs re-read (module docstring, cause ``inputs``): a tampered
     starting model is named as such, never blamed on the kernels."""

@@ -49,11 +49,11 @@ import torch
 from freshroll.buffer import KernelConfig, SampleBuffer
 from freshroll.clock import Clock, RealClock, VirtualClock
 from freshroll.config import Config, read_yaml, validate
-from freshroll.errors import Interrupted
+from freshroll.errors import ConfigError, Interrupted
 from freshroll.figures.overlap import host_now
 from freshroll.figures.overlap import render as render_overlap
 from freshroll.freshness import window_note
-from freshroll.ledger import RESERVE_BYTES, Ledger, open_ledger
+from freshroll.ledger import LEDGER_FILE, RESERVE_BYTES, Ledger, open_ledger
 from freshroll.lineage import PolicyVersion
 from freshroll.observe.fit import width, wrap
 from freshroll.observe.monitors import build_monitors
@@ -185,8 +185,13 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
     buf = _open_buffer(prep, asked, ledger, kernel, clock, out.name, stream)
     order = [p.prompt_id for p in prep.prompts]
     random.Random(cfg.run.seed).shuffle(order)
-    parts, rec = _assemble(prep, buf, out, clock, placement, stream, make_engine, chaos,
-                           observers)
+    try:
+        parts, rec = _assemble(prep, buf, out, clock, placement, stream, make_engine, chaos,
+                               observers)
+    except ConfigError:
+        if prep.history is None:  # a new run: left as if it never started (re-runnable)
+            _undo_start(buf, out)
+        raise
     stop = _drive(prep, order, buf, clock, parts, rec, chaos, out, placement, stream)
     if stop is not None:
         failure, stopped = stop
@@ -278,6 +283,24 @@ def _drive(prep: Prepared, order: list[str], buf: SampleBuffer, clock: Clock,
         finally:  # the ledger closes whatever an observer's close raised
             buf.ledger.close()
     return stop
+
+
+def _undo_start(buf: SampleBuffer, out: Path) -> None:
+    """A new run's ledger removed after a config error found while its parts were built
+    (the model, the learner, the engines: after the ledger was opened), so that the fixed
+    command runs in the same directory instead of finding "already holds a run". Only a
+    ledger that admitted nothing is removed: it records no sample, no step, nothing to
+    resume; ``config.yaml`` and ``model/`` stay (the next start rewrites them)."""
+    with contextlib.suppress(Exception):  # closed already where _assemble released it
+        buf.ledger.close()
+    try:
+        with Ledger(out / LEDGER_FILE, readonly=True) as ledger:
+            if ledger.last_of("requested") is not None:
+                return
+    except Exception:  # unreadable: kept as it is, for the resume to report
+        return
+    for suffix in ("", "-wal", "-shm", "-journal", ".reserve"):
+        (out / f"{LEDGER_FILE}{suffix}").unlink(missing_ok=True)
 
 
 def ray_costs(placement: Placement) -> dict[str, float]:
