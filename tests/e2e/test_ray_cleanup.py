@@ -153,6 +153,36 @@ def test_reap_previous_leaves_a_live_drivers_instance_alone(tmp_path: Path):
             p.wait()
 
 
+def test_any_start_removes_a_dead_drivers_token_and_leftovers(tmp_path: Path):
+    """Issue 48: after a SIGKILL of driver and watchdog, ``ray.json`` (the instance's token)
+    stayed in the run directory until a resume of that directory. Any run's start on the
+    machine now reaps such an instance and removes its record
+    (:func:`ray_reaper.sweep_dead_drivers`); a live driver's record stays."""
+    dead_dir, live_dir = tmp_path / "dead", tmp_path / "live"
+    dead_dir.mkdir()
+    live_dir.mkdir()
+    token = ray_reaper.new_token()
+    leftover = _tagged_sleeper(token)  # a process of the dead driver's instance
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; "
+                    "from freshroll.placement.ray_reaper import write_record; "
+                    "write_record(Path(sys.argv[1]), sys.argv[2], None)",
+                    str(dead_dir), token], env=env, check=True, timeout=60)
+    ray_reaper.write_record(live_dir, ray_reaper.new_token(), None)  # this process: alive
+    try:
+        assert (dead_dir / "ray.json").is_file()
+        assert dead_dir in ray_reaper.sweep_dead_drivers()
+        assert not (dead_dir / "ray.json").exists()
+        assert leftover.wait(timeout=30) is not None  # reaped
+        assert (live_dir / "ray.json").is_file()
+        assert ray_reaper.sweep_dead_drivers() == []
+    finally:
+        ray_reaper.remove_record(live_dir, json.loads((live_dir / "ray.json").read_text())[
+            "token"])
+        if leftover.poll() is None:
+            leftover.kill()
+
+
 # -- real ray runs ------------------------------------------------------------------------
 
 

@@ -29,8 +29,8 @@ died (its pipe hit EOF) unlinks it too (:func:`unlink_quietly`), so a SIGKILLed 
 nothing in ``/dev/shm`` once its workers are gone. A kill of the whole process group leaves
 it, so a segment names its owner: ``freshroll-w-<run key>-<pid>-<random>``, the run key
 being 12 hex digits of the resolved run directory's path (:func:`run_key`) and the pid the
-driver's. Every start and resume of a run calls :func:`sweep_segments`, which removes that
-run directory's segments whose owner is dead, never a live process's, never another run's.
+driver's. Every start and resume of any run on the machine calls :func:`sweep_segments`,
+which removes the segments whose owner is dead (every run's), never a live process's.
 """
 
 from __future__ import annotations
@@ -136,14 +136,16 @@ def segment_owner(name: str) -> tuple[str, int] | None:
     return parts[0], int(parts[1])
 
 
-def sweep_segments(run_dir: Path) -> list[Path]:
-    """Remove ``run_dir``'s segments whose owner process is dead (a kill of the whole
-    process group leaves them); returns the removed paths. A segment of a live owner, of
-    another run directory, or of another name form is kept."""
-    key, removed = run_key(run_dir), []
-    for path in sorted(shm_dir().glob(f"{PREFIX}{key}-*")):
+def sweep_segments(run_dir: Path | None = None) -> list[Path]:
+    """Remove the segments whose owner process is dead (a kill of the whole process group
+    leaves them), of ``run_dir`` or (None) of every run on the machine: a run that is never
+    resumed must not keep its segment until a reboot. Returns the removed paths. A segment
+    of a live owner, of another run directory (given one), or of another name form is kept."""
+    key = run_key(run_dir) if run_dir is not None else None
+    removed = []
+    for path in sorted(shm_dir().glob(f"{PREFIX}{key or ''}*")):
         owner = segment_owner(path.name)
-        if owner is not None and owner[0] == key and not pid_alive(owner[1]):
+        if owner is not None and key in (None, owner[0]) and not pid_alive(owner[1]):
             unlink_quietly(path)
             removed.append(path)
     return removed

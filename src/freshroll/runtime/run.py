@@ -124,6 +124,7 @@ def run(
     is closed when the run ends. The run directory is locked for the whole call.
     """
     called_at = time.time()  # fixed_costs.start_s counts from here
+    _sweep_segments(out, stream)  # what killed runs on this machine left, whatever runs now
     if resume:
         done = nothing_to_do(out, cfg, allow_change, stream)
         if done is not None:
@@ -179,7 +180,6 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
             max_staleness=cfg.run.max_staleness, admission_window=cfg.run.window_steps,
             basis=cfg.run.staleness_basis, continues=_continues(cfg)):
         stream.write(note + "\n")
-    _sweep_segments(out, stream)
     ledger = open_ledger(out, reserve=RESERVE_BYTES)  # closes even on a full disk
     clock = run_clock(cfg, ledger)
     buf = _open_buffer(prep, asked, ledger, kernel, clock, out.name, stream)
@@ -384,12 +384,20 @@ def own_watchers(cfg: Config, placement: Placement, out: Path,
 
 
 def _sweep_segments(out: Path, stream: TextIO) -> None:
-    """Remove the weight segments a killed process group of this run left in shared memory
-    (:func:`~freshroll.placement.shm_weights.sweep_segments`), and say so."""
-    removed = sweep_segments(out)
+    """Remove what killed runs on this machine left behind, and say so: the weight segments
+    in shared memory of dead drivers (:func:`~freshroll.placement.shm_weights.sweep_segments`:
+    a killed process group's, this run's or any other's) and the Ray instances and
+    ``ray.json`` credentials of dead drivers
+    (:func:`~freshroll.placement.ray_reaper.sweep_dead_drivers`)."""
+    from freshroll.placement.ray_reaper import sweep_dead_drivers
+
+    removed = sweep_segments()
     if removed:
         stream.write(f"freshroll: {out}: removed {len(removed)} shared-memory weight "
-                     f"segment(s) a killed run left: {', '.join(p.name for p in removed)}\n")
+                     f"segment(s) killed runs left: {', '.join(p.name for p in removed)}\n")
+    for run_dir in sweep_dead_drivers():
+        stream.write(f"freshroll: removed {run_dir}/ray.json (a Ray token) and the Ray "
+                     "processes its killed driver left\n")
 
 
 def _start_line(cfg: Config, out: Path, model: Path, n_prompts: int, buf: SampleBuffer,
