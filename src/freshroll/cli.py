@@ -338,6 +338,10 @@ def config_check(config_file: Path | None, overrides: tuple[str, ...]) -> None:
     names = ", ".join(s.name for s in inputs.rewards.specs)
     click.echo(f"{config_file or 'the embedded default'}: ok ({model}; {len(inputs.prompts)} "
                f"prompts from {data}; rewards {names}; engine {cfg.rollout.engine})")
+    from freshroll.observe.prometheus import exposure_warning
+
+    if warning := exposure_warning(cfg.monitor.prometheus_port, cfg.monitor.prometheus_host):
+        click.echo(warning, err=True)
 
 
 @config.command("reference")
