@@ -5,9 +5,12 @@ Where it runs: on the trainer's thread, inside the Checkpointer's ``before_commi
 (after the step, before its commit), with the trainer's own copy of the model
 (``model.eval()``, then its training mode restored; generation under
 ``torch.inference_mode``). Rollouts go on meanwhile; only the trainer waits, and never
-longer than ``eval.budget_s`` once the first batch is measured: a batch is started only when
-the time spent plus the slowest batch so far fits the budget, and the prompts not reached
-are counted as ``n_skipped``.
+longer than ``eval.budget_s`` (plus one decoding step): a batch is started only when the
+time spent plus the slowest batch so far fits the budget, a generate call still running
+when the budget is spent stops between two decoding steps (its batch dropped), and the
+prompts not scored are counted as ``n_skipped``. An ``eval.max_new_tokens`` (or, unset,
+``rollout.max_new_tokens``) that leaves no room for the eval prompts in the model's
+positions is refused before the run writes anything.
 
 What it writes: nothing to the ledger (its completions are no training samples: no
 ``generated``/``rewarded`` event), one line per mode to ``RUN_DIR/eval.jsonl``::
@@ -133,12 +136,19 @@ class _Tally:
                 self.parts.setdefault(name, []).append(v)
 
 
+class OutOfBudget(Exception):
+    """Raised inside a generate call (between two decoding steps) once the evaluation's
+    ``eval.budget_s`` is spent: the call's batch is dropped and counted as skipped."""
+
+
 def run_eval(prompts: Sequence[Prompt], modes: Sequence[str], generate: Generate,
              score: ScoreFn, *, step: int, budget_s: float, batch: int = EVAL_BATCH,
              now: Callable[[], float] = time.monotonic) -> list[dict[str, Any]]:
     """One evaluation: the ``eval.jsonl`` line of each mode. Batches of ``batch`` prompts,
     each generated and scored in every mode (so the modes cover the same prompts); a batch
-    starts only while the time spent plus the slowest batch so far is within ``budget_s``."""
+    starts only while the time spent plus the slowest batch so far is within ``budget_s``,
+    and a batch whose generation raises :class:`OutOfBudget` (the budget spent inside the
+    call) ends the evaluation, its prompts counted as skipped with those not reached."""
     t0 = now()
     tallies = {m: _Tally() for m in modes}
     done, slowest = 0, 0.0
@@ -147,9 +157,12 @@ def run_eval(prompts: Sequence[Prompt], modes: Sequence[str], generate: Generate
             break
         chunk = list(prompts[i:i + batch])
         c0 = now()
-        for mode in modes:
-            comps = generate(chunk, mode, i)
-            tallies[mode].add(score(chunk, comps))
+        try:
+            scored = [(mode, score(chunk, generate(chunk, mode, i))) for mode in modes]
+        except OutOfBudget:
+            break
+        for mode, scores in scored:
+            tallies[mode].add(scores)
         slowest = max(slowest, now() - c0)
         done += len(chunk)
     wall = now() - t0
@@ -182,6 +195,7 @@ class Evaluator:
         self.cfg, self.prompts, self.rewards = cfg, list(prompts), rewards
         self.tokenizer, self.policy = tokenizer, policy
         self.path = run_dir / EVAL_FILE
+        self.now: Callable[[], float] = time.monotonic  # the budget's clock inside a call
 
     def due(self, step: int) -> bool:
         return step % self.cfg.eval.every_steps == 0 or step == self.cfg.run.steps
@@ -212,6 +226,13 @@ class Evaluator:
             return self.rewards.score_prompts(list(chunk), [c.text for c in comps],
                                               [c.token_ids for c in comps], state)
 
+        deadline = self.now() + cfg.eval.budget_s
+
+        def within_budget(decode_step: int) -> None:  # a long generate call stops in time
+            if self.now() > deadline:
+                raise OutOfBudget(f"eval.budget_s {cfg.eval.budget_s} spent at step {step}")
+
+        engine.between_steps = within_budget
         try:
             with torch.no_grad():
                 rows = run_eval(self.prompts, modes_of(cfg), generate, score, step=step,
@@ -285,6 +306,7 @@ def trim(run_dir: Path, committed_step: int) -> int:
 __all__ = [
     "EVAL_FILE",
     "Evaluator",
+    "OutOfBudget",
     "build_evaluator",
     "check_eval_columns",
     "eval_summary",

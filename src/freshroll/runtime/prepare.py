@@ -128,7 +128,25 @@ def _eval_prompts(cfg: Config, path: Path, pending: tuple[Any, Any] | None,
     from freshroll.runtime.evaluation import prepare_eval
 
     return prepare_eval(cfg, path, pending[1] if pending is not None else None, rewards,
-                        context_limit(cfg, path, pending))
+                        eval_context(cfg, context_limit(cfg, path, pending)))
+
+
+def eval_context(cfg: Config, context: tuple[int | None, str]) -> tuple[int | None, str]:
+    """The most tokens an eval prompt may have: the model's positions less the tokens an
+    evaluation generates (``eval.max_new_tokens``, else ``rollout.max_new_tokens``). A count
+    that leaves no position for a prompt is refused, naming the key: it can never finish a
+    completion (with a rotary model it would generate past the positions it was trained on,
+    holding the trainer for the whole ``eval.budget_s``)."""
+    limit, name = context
+    key = "eval.max_new_tokens" if cfg.eval.max_new_tokens else "rollout.max_new_tokens"
+    new = cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
+    if limit is None:
+        return context
+    if new >= limit:
+        raise ConfigError(f"{key} ({new}): the model has {limit} positions ({name}); an "
+                          f"evaluation's prompt and completion must fit them: at most "
+                          f"{limit - 1}")
+    return limit - new, f"{name} less {key} ({new})"
 
 
 @dataclass
