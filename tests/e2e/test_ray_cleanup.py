@@ -157,7 +157,8 @@ def test_any_start_removes_a_dead_drivers_token_and_leftovers(tmp_path: Path):
     """Issue 48: after a SIGKILL of driver and watchdog, ``ray.json`` (the instance's token)
     stayed in the run directory until a resume of that directory. Any run's start on the
     machine now reaps such an instance and removes its record
-    (:func:`ray_reaper.sweep_dead_drivers`); a live driver's record stays."""
+    (:func:`ray_reaper.sweep_dead_drivers`: its own run's at once, another's once a minute
+    old); a live driver's record stays."""
     dead_dir, live_dir = tmp_path / "dead", tmp_path / "live"
     dead_dir.mkdir()
     live_dir.mkdir()
@@ -171,11 +172,12 @@ def test_any_start_removes_a_dead_drivers_token_and_leftovers(tmp_path: Path):
     ray_reaper.write_record(live_dir, ray_reaper.new_token(), None)  # this process: alive
     try:
         assert (dead_dir / "ray.json").is_file()
-        assert dead_dir in ray_reaper.sweep_dead_drivers()
+        assert dead_dir not in ray_reaper.sweep_dead_drivers()  # laid a moment ago: left
+        assert dead_dir in ray_reaper.sweep_dead_drivers(dead_dir)  # its own run: at once
         assert not (dead_dir / "ray.json").exists()
         assert leftover.wait(timeout=30) is not None  # reaped
         assert (live_dir / "ray.json").is_file()
-        assert ray_reaper.sweep_dead_drivers() == []
+        assert live_dir not in ray_reaper.sweep_dead_drivers(live_dir, grace_s=0.0)
     finally:
         ray_reaper.remove_record(live_dir, json.loads((live_dir / "ray.json").read_text())[
             "token"])

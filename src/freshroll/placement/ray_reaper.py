@@ -221,22 +221,32 @@ def _index_entry(pid: int, run_dir: Path) -> Path:
     return _index_dir() / f"{INDEX_PREFIX}{pid}-{key}"
 
 
-def sweep_dead_drivers() -> list[Path]:
+#: a dead driver's entry of another run directory is swept once it is this old (seconds):
+#: a start on a shared machine leaves alone what was laid a moment ago (a test's)
+GRACE_S = 60.0
+
+
+def sweep_dead_drivers(own: Path | None = None, *, grace_s: float = GRACE_S) -> list[Path]:
     """Every run directory of the index whose driver is dead: its Ray instance's leftovers
     reaped and its ``ray.json`` (the instance's token, a credential) removed
     (:func:`reap_previous`), at the start of any run on the machine, resumed or not; a
     driver SIGKILLed with its watchdog otherwise left the token in its run directory until
-    a resume of that very directory. Returns the directories cleaned. A live driver's entry
-    and directory are kept."""
-    cleaned = []
+    a resume of that very directory. ``own``: the starting run's directory, swept whatever
+    the entry's age; another's once its entry is ``grace_s`` old. Returns the directories
+    cleaned. A live driver's entry and directory are kept."""
+    cleaned, now = [], time.time()
+    mine = own.resolve() if own is not None else None
     for entry in sorted(_index_dir().glob(INDEX_PREFIX + "*")):
         pid = entry.name.removeprefix(INDEX_PREFIX).split("-", 1)[0]
         if not pid.isdigit() or int(pid) == os.getpid() or alive(int(pid)):
             continue
         try:
-            run_dir = Path(entry.read_text().strip())
+            run_dir: Path | None = Path(entry.read_text().strip())
+            young = now - entry.stat().st_mtime < grace_s
         except (OSError, UnicodeDecodeError):
-            run_dir = None
+            run_dir, young = None, False
+        if young and run_dir != mine:
+            continue
         if run_dir is not None and run_dir.is_dir():
             record = read_record(run_dir)
             if record is not None and record.get("driver_pid") == int(pid):

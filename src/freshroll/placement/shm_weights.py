@@ -136,16 +136,27 @@ def segment_owner(name: str) -> tuple[str, int] | None:
     return parts[0], int(parts[1])
 
 
-def sweep_segments(run_dir: Path | None = None) -> list[Path]:
+#: a dead owner's segment of another run directory is swept once it is this old (seconds
+#: since its last write): a start on a shared machine leaves alone what a run killed a
+#: moment ago, or a test, has just laid (its own directory's go at once)
+GRACE_S = 60.0
+
+
+def sweep_segments(run_dir: Path | None = None, *, grace_s: float = GRACE_S) -> list[Path]:
     """Remove the segments whose owner process is dead (a kill of the whole process group
-    leaves them), of ``run_dir`` or (None) of every run on the machine: a run that is never
-    resumed must not keep its segment until a reboot. Returns the removed paths. A segment
-    of a live owner, of another run directory (given one), or of another name form is kept."""
+    leaves them): ``run_dir``'s, or (None) every run's on the machine last written more
+    than ``grace_s`` ago, so a run that is never resumed does not keep its segment until a
+    reboot. Returns the removed paths. A segment of a live owner, of another run directory
+    (given one), or of another name form is kept."""
     key = run_key(run_dir) if run_dir is not None else None
-    removed = []
+    removed, now = [], time.time()
     for path in sorted(shm_dir().glob(f"{PREFIX}{key or ''}*")):
         owner = segment_owner(path.name)
-        if owner is not None and key in (None, owner[0]) and not pid_alive(owner[1]):
+        if owner is None or key not in (None, owner[0]) or pid_alive(owner[1]):
+            continue
+        with contextlib.suppress(OSError):  # gone meanwhile: nothing to remove
+            if key is None and now - path.stat().st_mtime < grace_s:
+                continue
             unlink_quietly(path)
             removed.append(path)
     return removed

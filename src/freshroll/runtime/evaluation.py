@@ -12,8 +12,10 @@ prompts not scored are counted as ``n_skipped``. An ``eval.max_new_tokens`` (or,
 ``rollout.max_new_tokens``) that leaves no room for the eval prompts in the model's
 positions is refused before the run writes anything.
 
-What it writes: nothing to the ledger (its completions are no training samples: no
-``generated``/``rewarded`` event), one line per mode to ``RUN_DIR/eval.jsonl``::
+What it writes: one line per mode to ``RUN_DIR/eval.jsonl``, and the same lines to the
+ledger as one ``evaluated`` event, durable with the step's commit (so ``verify`` can bind the
+file and the figures drawn from it; its completions are no training samples: no
+``generated``/``rewarded`` event)::
 
     {"step": 10, "mode": "greedy", "reward": 0.41, "rewards": {"reverse": 0.41},
      "n_scored": 32, "n_failed": 0, "n_skipped": 0, "wall_s": 1.2, "budget_s": 30.0}

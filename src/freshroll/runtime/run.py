@@ -386,16 +386,16 @@ def own_watchers(cfg: Config, placement: Placement, out: Path,
 def _sweep_segments(out: Path, stream: TextIO) -> None:
     """Remove what killed runs on this machine left behind, and say so: the weight segments
     in shared memory of dead drivers (:func:`~freshroll.placement.shm_weights.sweep_segments`:
-    a killed process group's, this run's or any other's) and the Ray instances and
-    ``ray.json`` credentials of dead drivers
-    (:func:`~freshroll.placement.ray_reaper.sweep_dead_drivers`)."""
+    a killed process group's, this run's at once, any other's once a minute old) and the Ray
+    instances and ``ray.json`` credentials of dead drivers
+    (:func:`~freshroll.placement.ray_reaper.sweep_dead_drivers`, on the same terms)."""
     from freshroll.placement.ray_reaper import sweep_dead_drivers
 
-    removed = sweep_segments()
+    removed = sweep_segments(out) + sweep_segments()  # its own at once, others' once stale
     if removed:
         stream.write(f"freshroll: {out}: removed {len(removed)} shared-memory weight "
                      f"segment(s) killed runs left: {', '.join(p.name for p in removed)}\n")
-    for run_dir in sweep_dead_drivers():
+    for run_dir in sweep_dead_drivers(out):
         stream.write(f"freshroll: removed {run_dir}/ray.json (a Ray token) and the Ray "
                      "processes its killed driver left\n")
 

@@ -130,7 +130,8 @@ def finished_run(run_dir: Path, cfg: Config, allow_change: tuple[str, ...] = ()
                  ) -> dict[str, Any] | None:
     """``summary.json`` of a run that a plain resume under ``cfg`` has nothing left to do
     for: its ledger closed ``done`` after committing step ``cfg.run.steps``, ``cfg`` the
-    config it recorded last (no key changed, no ``allow_change``), its end files written.
+    config it recorded last (no key changed, no ``allow_change``), its end files written
+    (``summary.json`` and ``report.html``).
     None otherwise: a run to continue, a change for the resume rules to judge, or end
     files for a resume to rewrite.
 
@@ -156,6 +157,8 @@ def finished_run(run_dir: Path, cfg: Config, allow_change: tuple[str, ...] = ()
     defaults = flatten(Config().model_dump(mode="json"))
     if diff(flatten(json.loads(config.config)), flatten(cfg.model_dump(mode="json")), defaults):
         return None
+    if not (run_dir / "report.html").is_file():  # a kill after summary.json: the resume
+        return None                               # writes the report
     try:
         summary = json.loads((run_dir / "summary.json").read_text())
     except (OSError, ValueError):
