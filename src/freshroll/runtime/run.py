@@ -140,9 +140,10 @@ def run(
 
 def nothing_to_do(out: Path, cfg: Config | None, allow_change: tuple[str, ...],
                   stream: TextIO) -> RunResult | None:
-    """A resume of a finished run with nothing left to train (:func:`finished_run`): said,
-    verified, and answered from the run directory, which is left as it is (no lock taken,
-    no config, event or row written). None: a run to resume."""
+    """A resume of a finished run with nothing left to train (:func:`finished_run`) whose
+    directory verifies: said, and answered from the run directory, which is left as it is
+    (no lock taken, no config, event or row written). None: a run to resume (one whose
+    files fail verify is resumed as before: the resume rebuilds them from the ledger)."""
     from freshroll.harness.verify import verify_run
 
     if cfg is None:
@@ -150,11 +151,13 @@ def nothing_to_do(out: Path, cfg: Config | None, allow_change: tuple[str, ...],
     summary = finished_run(out, cfg, allow_change)
     if summary is None:
         return None
+    if not verify_run(out).ok:  # files to rebuild from the ledger (metrics rows...): resumed
+        return None
     stream.write(f"freshroll: {out}: finished at step {summary['steps']} (run.steps "
                  f"{cfg.run.steps}): nothing to do; to train on, resume with a larger "
                  f"run.steps (freshroll run --resume {out} run.steps=N)\n")
     stream.flush()
-    return RunResult(out, summary, verify_run(out).ok)
+    return RunResult(out, summary, True)
 
 
 def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | None,
