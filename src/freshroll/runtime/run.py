@@ -53,7 +53,7 @@ from freshroll.errors import ConfigError, Interrupted
 from freshroll.figures.overlap import host_now
 from freshroll.figures.overlap import render as render_overlap
 from freshroll.freshness import window_note
-from freshroll.ledger import LEDGER_FILE, RESERVE_BYTES, Ledger, open_ledger
+from freshroll.ledger import RESERVE_BYTES, Ledger, open_ledger
 from freshroll.lineage import PolicyVersion
 from freshroll.observe.fit import width, wrap
 from freshroll.observe.monitors import build_monitors
@@ -62,7 +62,6 @@ from freshroll.pipeline.observers import FollowMode, RunObserver
 from freshroll.pipeline.pipeline import Pipeline, run_pipeline
 from freshroll.placement.placement import Placement, may_fork_workers, settled
 from freshroll.placement.process_engine import prestart_workers
-from freshroll.placement.shm_weights import sweep_segments
 from freshroll.placement.thread_probe import (
     remember_choice,
     remember_settled,
@@ -70,6 +69,7 @@ from freshroll.placement.thread_probe import (
 )
 from freshroll.runtime.endfiles import Finished, finish_run_dir, record_fixed_costs
 from freshroll.runtime.evaluation import build_evaluator
+from freshroll.runtime.leftovers import sweep_leftovers, undo_start
 from freshroll.runtime.placements import ChaosSession, Components, MakeEngine, build_components
 from freshroll.runtime.prepare import Prepared, prepare_run_dir
 from freshroll.runtime.recording import Recording
@@ -124,7 +124,7 @@ def run(
     is closed when the run ends. The run directory is locked for the whole call.
     """
     called_at = time.time()  # fixed_costs.start_s counts from here
-    _sweep_segments(out, stream)  # what killed runs on this machine left, whatever runs now
+    sweep_leftovers(out, stream)  # what killed runs on this machine left, whatever runs now
     if resume:
         done = nothing_to_do(out, cfg, allow_change, stream)
         if done is not None:
@@ -193,7 +193,7 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
                                observers)
     except ConfigError:
         if prep.history is None:  # a new run: left as if it never started (re-runnable)
-            _undo_start(buf, out)
+            undo_start(buf.ledger, out)
         raise
     stop = _drive(prep, order, buf, clock, parts, rec, chaos, out, placement, stream)
     if stop is not None:
@@ -288,24 +288,6 @@ def _drive(prep: Prepared, order: list[str], buf: SampleBuffer, clock: Clock,
     return stop
 
 
-def _undo_start(buf: SampleBuffer, out: Path) -> None:
-    """A new run's ledger removed after a config error found while its parts were built
-    (the model, the learner, the engines: after the ledger was opened), so that the fixed
-    command runs in the same directory instead of finding "already holds a run". Only a
-    ledger that admitted nothing is removed: it records no sample, no step, nothing to
-    resume; ``config.yaml`` and ``model/`` stay (the next start rewrites them)."""
-    with contextlib.suppress(Exception):  # closed already where _assemble released it
-        buf.ledger.close()
-    try:
-        with Ledger(out / LEDGER_FILE, readonly=True) as ledger:
-            if ledger.last_of("requested") is not None:
-                return
-    except Exception:  # unreadable: kept as it is, for the resume to report
-        return
-    for suffix in ("", "-wal", "-shm", "-journal", ".reserve"):
-        (out / f"{LEDGER_FILE}{suffix}").unlink(missing_ok=True)
-
-
 def ray_costs(placement: Placement) -> dict[str, float]:
     """A Ray run's seconds of Ray's own start and stop (its instance's, or joining and
     leaving a cluster), for ``summary.json``'s ``fixed_costs``; empty for other placements."""
@@ -384,23 +366,6 @@ def own_watchers(cfg: Config, placement: Placement, out: Path,
         if follow is not None:
             found.append(FollowMode(follow))
     return found + build_monitors(cfg, out, stream)
-
-
-def _sweep_segments(out: Path, stream: TextIO) -> None:
-    """Remove what killed runs on this machine left behind, and say so: the weight segments
-    in shared memory of dead drivers (:func:`~freshroll.placement.shm_weights.sweep_segments`:
-    a killed process group's, this run's at once, any other's once a minute old) and the Ray
-    instances and ``ray.json`` credentials of dead drivers
-    (:func:`~freshroll.placement.ray_reaper.sweep_dead_drivers`, on the same terms)."""
-    from freshroll.placement.ray_reaper import sweep_dead_drivers
-
-    removed = sweep_segments(out) + sweep_segments()  # its own at once, others' once stale
-    if removed:
-        stream.write(f"freshroll: {out}: removed {len(removed)} shared-memory weight "
-                     f"segment(s) killed runs left: {', '.join(p.name for p in removed)}\n")
-    for run_dir in sweep_dead_drivers(out):
-        stream.write(f"freshroll: removed {run_dir}/ray.json (a Ray token) and the Ray "
-                     "processes its killed driver left\n")
 
 
 def _start_line(cfg: Config, out: Path, model: Path, n_prompts: int, buf: SampleBuffer,
