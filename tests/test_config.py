@@ -277,3 +277,14 @@ def test_config_show_leaves_out_the_keys_a_file_or_model_makes_moot(tmp_path: Pa
     assert "# not shown, not used with task.file set: task.name, task.n_prompts" in res.output
     plain = CliRunner().invoke(main, ["config", "show"]).output
     assert "n_prompts: 4096" in plain and "not shown" not in plain
+
+
+def test_grad_accum_beyond_the_rows_of_a_step_is_refused_naming_both():
+    """Issue 48: trainer.grad_accum=1000 with 16 rows per step was accepted silently."""
+    with pytest.raises(ConfigError, match=r"trainer\.grad_accum \(1000\) exceeds the rows of a "
+                                          r"step, rollout\.batch_groups x rollout\.group_size "
+                                          r"\(4 x 4 = 16\)"):
+        load_config(None, ["trainer.grad_accum=1000", "rollout.batch_groups=4",
+                           "rollout.group_size=4"])
+    assert load_config(None, ["trainer.grad_accum=16", "rollout.batch_groups=4",
+                              "rollout.group_size=4"]).trainer.grad_accum == 16

@@ -364,10 +364,10 @@ class SampleBuffer(BufferResults):
 
     def record(
         self, event: ev.WeightsLoaded | ev.FaultInjected | ev.WorkerReady | ev.ControllerDecided
-        | ev.TrainerRestarted | ev.ModeDecided | ev.CheckpointSaved,
+        | ev.TrainerRestarted | ev.ModeDecided | ev.CheckpointSaved | ev.Evaluated,
     ) -> None:
         """Append an audit event (weights loaded, fault, worker ready, controller decision,
-        trainer restarted, checkpoint saved);
+        trainer restarted, checkpoint saved, evaluation);
         only a decision is kept, as :attr:`decision` (a resume restores its settings)."""
         self._emit(event)
 

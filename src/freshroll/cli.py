@@ -51,7 +51,7 @@ def run(config: Path | None, overrides: tuple[str, ...], out: Path | None,
     """
     from freshroll.config import load_config
     from freshroll.errors import ConfigError
-    from freshroll.runtime.rundir import resume_config
+    from freshroll.runtime.rundir import finished_run, resume_config
 
     try:
         config, overrides = _config_and_overrides(config, overrides)
@@ -67,7 +67,8 @@ def run(config: Path | None, overrides: tuple[str, ...], out: Path | None,
             if allow_change:
                 raise ConfigError("--allow-change applies only with --resume")
             cfg = load_config(config, overrides)
-        if cfg.run.progress:  # the imports and checks below take seconds: say so at once
+        finished = resume_dir is not None and finished_run(resume_dir, cfg, allow_change)
+        if cfg.run.progress and not finished:  # the imports and checks below take seconds
             click.echo("freshroll: config ok; loading the model, data and rewards ...", err=True)
         from freshroll.api import GRPOTrainer
         from freshroll.runtime.baseline import run_baseline
@@ -341,6 +342,10 @@ def config_check(config_file: Path | None, overrides: tuple[str, ...]) -> None:
     names = ", ".join(s.name for s in inputs.rewards.specs)
     click.echo(f"{config_file or 'the embedded default'}: ok ({model}; {len(inputs.prompts)} "
                f"prompts from {data}; rewards {names}; engine {cfg.rollout.engine})")
+    from freshroll.observe.prometheus import exposure_warning
+
+    if warning := exposure_warning(cfg.monitor.prometheus_port, cfg.monitor.prometheus_host):
+        click.echo(warning, err=True)
 
 
 @config.command("reference")

@@ -13,7 +13,7 @@ from freshroll.errors import FreshrollError
 
 EXIT_STATUSES = """\b
 Exit statuses:
-  0    ok
+  0    ok (also when the reader of the output went away: | head)
   1    verify found a violation (run: the finished run failed verify)
   2    usage or config error: nothing was run or changed (a bad value or key,
        --resume refused, an unusable run directory; any error of verify,
@@ -39,14 +39,40 @@ class Guarded(click.Command):
                 return super().invoke(ctx)
             except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit):
                 raise
+            except BrokenPipeError:
+                if self.name in _RUNS:  # a run's own pipes (its workers'): the boundary's
+                    raise
+                _reader_gone()
+                ctx.exit(0)
             except BaseException as exc:  # the boundary: nothing else escapes as a traceback
-                out = boundary.outcome(exc, run_dir=run_dir, resumable=self.name in _RUNS,
-                                       reads_only=self.name in _READS_ONLY)
+                reads_only = self.name in _READS_ONLY  # its error.log: never in RUN_DIR
+                out = boundary.outcome(exc, run_dir=None if reads_only else run_dir,
+                                       resumable=self.name in _RUNS, reads_only=reads_only)
         click.echo(out.line, err=True)
         ctx.exit(out.status)
 
 
-_READS_ONLY = frozenset({"verify", "export", "timing", "report", "trace"})
+def _reader_gone() -> None:
+    """The reader of the command's output went away (``freshroll export RUN -o - | head``):
+    the command ends quietly with status 0, as the reader asked for no more, never as an
+    "internal error" with an ``error.log`` in the run directory. What is left buffered for
+    stdout goes to /dev/null, so the interpreter's flush at exit raises nothing either."""
+    import os
+    import sys
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no real stdout (a test runner's): nothing to flush
+        pass
+    finally:
+        os.close(devnull)
+
+
+#: commands that read a run directory (``report`` rewrites its summary and page): any error
+#: of theirs is a usage or input error (2), and a bug's traceback goes to a temp file
+_READS_ONLY = frozenset({"verify", "export", "timing", "report", "trace", "replay", "lineage",
+                         "export-samples"})
 #: commands that write one run directory (``simulate`` resumes with ``run --resume``)
 _RUNS = frozenset({"run", "simulate"})
 

@@ -158,8 +158,12 @@ def trace(run_dir: Path, output: Path | None, steps: str | None) -> None:
 @click.command("replay", cls=Guarded, epilog="""\b
 Exit statuses:
   0    every replayed step's weights and policy-version digests match the ledger
-  1    a step diverged: its cause (samples, checkpoint, settings, weights, version) is printed
-  2    usage or input error: nothing was replayed""")
+  1    a step diverged: its cause (inputs, samples, checkpoint, settings, weights,
+       version) is printed
+  2    usage or input error (a damaged ledger, a run with nothing to replay): nothing
+       was replayed
+  3    a bug (its traceback in a temp file)
+  130  interrupted""")
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option("--from", "from_step", type=int, default=0, show_default=True,
               help="Replay from the newest checkpoint at or before this step (0: the initial "

@@ -136,6 +136,12 @@ class Config(_Section):
             raise ValueError(f"tail.min_keep ({self.tail.min_keep}) exceeds rollout.group_size "
                              f"({self.rollout.group_size}): no group could be kept at its "
                              "deadline")
+        rows = self.rollout.batch_groups * self.rollout.group_size
+        if self.trainer.grad_accum > rows:  # micro-batches of no row: a setting that is a typo
+            raise ValueError(f"trainer.grad_accum ({self.trainer.grad_accum}) exceeds the rows "
+                             f"of a step, rollout.batch_groups x rollout.group_size "
+                             f"({self.rollout.batch_groups} x {self.rollout.group_size} = "
+                             f"{rows}): a micro-batch needs at least one row")
         if self.eval.file is not None and self.rollout.engine == "sim":
             raise ValueError("eval.file: rollout.engine sim loads no model to evaluate; "
                              "unset eval.file")

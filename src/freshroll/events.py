@@ -208,6 +208,17 @@ class CheckpointSaved(Event, frozen=True, tag="checkpoint_saved"):
     files: dict[str, str]
 
 
+class Evaluated(Event, frozen=True, tag="evaluated"):
+    """The evaluation of policy step ``step`` (``eval:``) ran, before that step's
+    ``committed`` and durable with it: ``lines`` are its ``eval.jsonl`` lines, one per mode,
+    as written. ``verify`` recomputes ``eval.jsonl``, the ``eval/*`` columns of
+    ``metrics.jsonl`` and ``summary.json``'s ``eval`` from them (no eval sample is a
+    training sample: nothing else of the evaluation enters the ledger)."""
+
+    step: int
+    lines: list[dict[str, Any]]
+
+
 class Discarded(Event, frozen=True, tag="discarded"):
     """``request`` (attempt ``sample``, if one was started) ended without being consumed."""
 
@@ -274,6 +285,10 @@ class RunConfig(Event, frozen=True, tag="run_config"):
     model_digest: str
     #: the reward set's version in force from ``step`` on (None: written before it was)
     reward_version: str | None = None
+    #: every file of the run directory's ``model/`` and ``inputs/`` (the embedded model, the
+    #: Python API's saved model and datasets) -> its sha256 hex, as this start or resume
+    #: read them; verify re-reads them (None: written before they were recorded)
+    input_files: dict[str, str] | None = None
 
 
 class SettingsChanged(Event, frozen=True, tag="settings_changed"):
@@ -325,7 +340,8 @@ class ModeDecided(Event, frozen=True, tag="mode_decided"):
 
 AnyEvent = (
     Opened | PolicyPublished | Requested | WorkerStarted | WorkerFenced | Started | Generated
-    | Rewarded | Ready | Leased | LeaseReleased | Committed | CheckpointSaved | StepSkipped
+    | Rewarded | Ready | Leased | LeaseReleased | Committed | CheckpointSaved | Evaluated
+    | StepSkipped
     | Discarded | Rejected
     | WeightsLoaded | FaultInjected | Closed | RunConfig | SettingsChanged | WorkerReady
     | ControllerDecided | TrainerRestarted | ModeDecided

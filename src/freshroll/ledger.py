@@ -37,6 +37,7 @@ from __future__ import annotations
 import functools
 import os
 import sqlite3
+import urllib.parse
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -104,6 +105,19 @@ def _insert(db: sqlite3.Connection, head: str, width: int, flat: Sequence[Any]) 
         i += k
 
 
+def _readonly_uri(path: Path) -> str:
+    """The URI of a read-only connection to ``path``. With no journal or WAL beside it (no
+    writer is live, no kill left one: a closed run's ledger) the file is opened
+    ``immutable``: SQLite then creates no ``-wal`` or ``-shm`` beside it, so ``verify``,
+    ``export``, ``timing``, ``report`` and ``replay`` leave the run directory as they found
+    it (a plain read-only open of a WAL-mode file creates both). Beside a live writer's WAL,
+    a plain read-only connection, which reads what the writer committed."""
+    quoted = urllib.parse.quote(str(path))
+    if journals(path):
+        return f"file:{quoted}?mode=ro"
+    return f"file:{quoted}?mode=ro&immutable=1"
+
+
 class Ledger:
     """Append-only event store over one SQLite file.
 
@@ -156,13 +170,13 @@ class Ledger:
         if not self.path.is_file():
             raise LedgerError(f"{self.path}: no such ledger file")
         recover_journal(self.path)
-        db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, isolation_level=None)
+        db = sqlite3.connect(_readonly_uri(self.path), uri=True, isolation_level=None)
         try:
             app_id, tables = identity(db)
         except sqlite3.DatabaseError as exc:
             db.close()
-            left = journals(self.path)
-            if not left:
+            left = [p for p in journals(self.path) if p.stat().st_size > 0]
+            if not left:  # a damaged file, not a killed writer's (an empty -wal holds nothing)
                 raise
             raise LedgerError(
                 f"{self.path}: cannot open ledger: {exc}; a process killed while writing it "
@@ -317,6 +331,18 @@ class Ledger:
                     f"event body ({kind_of[type(event)]!r})"
                 )
             yield seq, event
+
+    def last_of(self, kind: str) -> AnyEvent | None:
+        """The durable event of ``kind`` with the highest ``seq`` (None: none), found without
+        decoding the others (a finished run's last commit, read before anything starts)."""
+        try:
+            row = self._db.execute("SELECT seq, body FROM events WHERE kind=? ORDER BY seq DESC "
+                                   "LIMIT 1", (kind,)).fetchone()
+        except sqlite3.DatabaseError as exc:
+            raise LedgerError(f"{self.path}: read failed: {exc}") from exc
+        if row is None:
+            return None
+        return decode_event(bytes(row[1]), where=f"{self.path} seq {row[0]}", kind=kind)
 
     def payload(self, sample: str) -> bytes | None:
         row = self._db.execute("SELECT data FROM payloads WHERE sample=?", (sample,)).fetchone()

@@ -80,12 +80,35 @@ def file_digests(directory: Path) -> dict[str, str]:
     out = {}
     for path in sorted(directory.iterdir()):
         if path.is_file():
-            h = hashlib.sha256()
-            with path.open("rb") as fh:
-                while chunk := fh.read(1 << 20):
-                    h.update(chunk)
-            out[path.name] = h.hexdigest()
+            out[path.name] = _sha256(path)
     return out
+
+
+#: the run directory's folders of inputs a run reads and never writes after its start: the
+#: embedded model (``model/``) and what the Python API saved (``inputs/``)
+INPUT_FOLDERS = ("model", "inputs")
+
+
+def input_digests(run_dir: Path) -> dict[str, str]:
+    """``{path relative to run_dir: sha256 hex}`` of every file under ``run_dir``'s
+    :data:`INPUT_FOLDERS` (the ``run_config`` event records them, verify re-reads them)."""
+    out = {}
+    for folder in INPUT_FOLDERS:
+        root = run_dir / folder
+        if not root.is_dir():
+            continue
+        for path in sorted(root.rglob("*")):
+            if path.is_file() and not path.is_symlink():
+                out[path.relative_to(run_dir).as_posix()] = _sha256(path)
+    return out
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def digest_json(obj: Any) -> str:

@@ -121,6 +121,7 @@ class BufferState:
             ev.Closed: self._on_closed, ev.RunConfig: _noop, ev.SettingsChanged: _noop,
             ev.WorkerReady: _noop, ev.ControllerDecided: self._on_decided,
             ev.TrainerRestarted: _noop, ev.ModeDecided: _noop, ev.CheckpointSaved: _noop,
+            ev.Evaluated: _noop,
         }
 
     @property

@@ -151,3 +151,24 @@ def test_lora_with_vllm_merges_on_the_driver(tmp_path: Path) -> None:
               "--out", str(out))
     assert {r["weights_bytes"] for r in metrics(out)} == {_adapter_bytes()}
     freshroll("verify", str(out))
+
+
+def test_a_bad_target_is_refused_before_the_run_directory_is_written(tmp_path: Path) -> None:
+    """Issue 48: a ``target_modules`` entry that matches nothing was found when the learner
+    was built, after config.yaml, model/ and the ledger were written; the fixed command then
+    said "already holds a run". Now ``config check`` and ``run`` refuse it first, and the
+    fixed command runs in the same directory."""
+    bad = "trainer.lora.target_modules=[q_proj,qkv]"
+    check = freshroll("config", "check", "configs/smoke.yaml", bad, check=False)
+    assert check.returncode == 2, check.stdout + check.stderr
+    assert "trainer.lora.target_modules: 'qkv' matches no linear layer" in check.stderr
+    out = tmp_path / "run"
+    proc = freshroll("run", "configs/smoke.yaml", "run.steps=1", "run.progress=false", bad,
+                     "--out", str(out), check=False)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "trainer.lora.target_modules: 'qkv'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not out.exists() or not any(p.name != "run.lock" for p in out.iterdir())
+    fixed = freshroll("run", "configs/smoke.yaml", "run.steps=1", "run.progress=false",
+                      "trainer.lora.target_modules=[q_proj]", "--out", str(out))
+    assert "verify: ok" in fixed.stdout

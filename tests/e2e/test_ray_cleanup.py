@@ -153,6 +153,38 @@ def test_reap_previous_leaves_a_live_drivers_instance_alone(tmp_path: Path):
             p.wait()
 
 
+def test_any_start_removes_a_dead_drivers_token_and_leftovers(tmp_path: Path):
+    """Issue 48: after a SIGKILL of driver and watchdog, ``ray.json`` (the instance's token)
+    stayed in the run directory until a resume of that directory. Any run's start on the
+    machine now reaps such an instance and removes its record
+    (:func:`ray_reaper.sweep_dead_drivers`: its own run's at once, another's once a minute
+    old); a live driver's record stays."""
+    dead_dir, live_dir = tmp_path / "dead", tmp_path / "live"
+    dead_dir.mkdir()
+    live_dir.mkdir()
+    token = ray_reaper.new_token()
+    leftover = _tagged_sleeper(token)  # a process of the dead driver's instance
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; "
+                    "from freshroll.placement.ray_reaper import write_record; "
+                    "write_record(Path(sys.argv[1]), sys.argv[2], None)",
+                    str(dead_dir), token], env=env, check=True, timeout=60)
+    ray_reaper.write_record(live_dir, ray_reaper.new_token(), None)  # this process: alive
+    try:
+        assert (dead_dir / "ray.json").is_file()
+        assert dead_dir not in ray_reaper.sweep_dead_drivers()  # laid a moment ago: left
+        assert dead_dir in ray_reaper.sweep_dead_drivers(dead_dir)  # its own run: at once
+        assert not (dead_dir / "ray.json").exists()
+        assert leftover.wait(timeout=30) is not None  # reaped
+        assert (live_dir / "ray.json").is_file()
+        assert live_dir not in ray_reaper.sweep_dead_drivers(live_dir, grace_s=0.0)
+    finally:
+        ray_reaper.remove_record(live_dir, json.loads((live_dir / "ray.json").read_text())[
+            "token"])
+        if leftover.poll() is None:
+            leftover.kill()
+
+
 # -- real ray runs ------------------------------------------------------------------------
 
 
@@ -230,3 +262,30 @@ def test_resume_reaps_what_a_killed_driver_and_watchdog_left(tmp_path: Path, sma
         assert not any(alive(p) for p in pids), f"still alive: {[p for p in pids if alive(p)]}"
         assert live_tokens_of(tag) == set()  # neither the old nor the resumed instance remains
     assert not (out / "ray.json").exists()
+
+
+@pytest.mark.slow
+def test_driver_sigterm_stops_the_run_as_ctrl_c_does(tmp_path: Path, small: list[str],
+                                                     zygote: Zygote):
+    """Issue 48: ``ray.init`` installed Ray's own SIGTERM handlers (a native one that printed
+    a stack and aborted: status 134, the ledger closed ``failed``). A SIGTERM of the driver
+    (a container stop, a CI cancel) now ends the run as Ctrl-C does: the resume line, status
+    130, the ledger closed ``interrupted``, and no process of its instance left."""
+    import sqlite3
+
+    out = tmp_path / "ray"
+    run, driver, token = _start_ray_run(out, small, steps=200, zygote=zygote)
+    pids = session_pids(token)
+    os.kill(driver, signal.SIGTERM)
+    status = run.wait(180)
+    log = (out.parent / f"{out.name}.log").read_text()
+    assert status == 130, log
+    assert "interrupted" in log and f"resume with: freshroll run --resume {out}" in log, log
+    assert "Traceback" not in log and "SIGABRT" not in log and "*** " not in log, log
+    db = sqlite3.connect(out / "ledger.sqlite")
+    try:
+        (body,), = db.execute("SELECT body FROM events ORDER BY seq DESC LIMIT 1").fetchall()
+    finally:
+        db.close()
+    assert json.loads(body) == {**json.loads(body), "kind": "closed", "reason": "interrupted"}
+    assert _gone(pids, timeout=30), f"still alive: {[p for p in pids if alive(p)]}"

@@ -103,6 +103,8 @@ def test_every_event_kind_round_trips(tmp_path: Path) -> None:
         ev.Committed(ts=1, lease="l0", version="p1-cd", parent="p0-ab", settings_digest="s",
                      samples=["g0.0#1"], train_s=1.5),
         ev.CheckpointSaved(ts=1, step=1, version="p1-cd", files={"meta.json": "ab" * 32}),
+        ev.Evaluated(ts=1, step=1, lines=[{"step": 1, "mode": "greedy", "reward": 0.25,
+                                           "rewards": {"reverse": 0.25}, "n_scored": 4}]),
         ev.StepSkipped(ts=1, lease="l1", version="p1-cd", reason="nonfinite", detail="loss nan"),
         ev.Discarded(ts=1, request="g0.1", reason="stale", sample="g0.1#1", detail="lag 3"),
         ev.Rejected(ts=1, sample="g0.0#1", reason="duplicate"),

@@ -71,6 +71,46 @@ def test_a_taken_port_is_one_clear_error_naming_the_key():
     check_port(None, "127.0.0.1")  # off: nothing checked
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize("host,match", [
+    ("no-such-host.invalid", r"monitor\.prometheus_host: 'no-such-host\.invalid' is not an "
+                             "address or a host name that resolves"),
+    ("10.255.255.254", r"monitor\.prometheus_host: 10\.255\.255\.254 is not an address of "
+                       "this machine"),
+])
+def test_a_bad_host_is_blamed_on_the_host_key(host: str, match: str):
+    """Issue 48: a host that is not this machine's was blamed on monitor.prometheus_port."""
+    with pytest.raises(ConfigError, match=match):
+        check_port(_free_port(), host)
+
+
+def test_a_host_beyond_localhost_is_warned_about(tmp_path: Path):
+    """Issue 48: monitor.prometheus_host=0.0.0.0 ran without a word; the run and config check
+    now say that the endpoint listens beyond localhost (and the loopback stays silent)."""
+    from click.testing import CliRunner
+
+    from freshroll.cli import main
+    from freshroll.observe.prometheus import exposure_warning
+
+    port = _free_port()
+    for host in ("127.0.0.1", "localhost", "::1"):
+        assert exposure_warning(port, host) is None
+    assert exposure_warning(None, "0.0.0.0") is None  # the endpoint is off
+    said = exposure_warning(port, "0.0.0.0")
+    assert said is not None and "listens on every interface" in said and "beyond localhost" \
+        in said and str(port) in said
+    result = CliRunner().invoke(main, ["config", "check", "rollout.engine=sim",
+                                       f"monitor.prometheus_port={port}",
+                                       "monitor.prometheus_host=0.0.0.0"])
+    assert result.exit_code == 0, result.output
+    assert "warning: monitor.prometheus_host 0.0.0.0" in result.stderr
+
+
 def test_the_config_keys():
     cfg = validate({}, "test")
     assert cfg.monitor.prometheus_port is None and cfg.monitor.prometheus_host == "127.0.0.1"

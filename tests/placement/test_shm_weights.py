@@ -197,9 +197,32 @@ def test_sweep_removes_only_dead_owners_segments_of_its_run(tmp_path: Path, segm
     assert sweep_segments(run) == []
 
 
+def test_a_sweep_of_the_machine_removes_every_dead_owners_segment(tmp_path: Path, segments):
+    """Issue 48: a group-killed run that is never resumed kept its segment forever; the
+    machine-wide sweep (every run's start) removes any run's segment of a dead owner."""
+    dead = _dead_pid()
+    mine = _aged(_lay(segments, segment_name(tmp_path / "run", dead, "ab12")))
+    never_resumed = _aged(_lay(segments, segment_name(tmp_path / "other", dead, "cd34")))
+    live = _aged(_lay(segments, segment_name(tmp_path / "other", os.getpid(), "ef56")))
+    just_killed = _lay(segments, segment_name(tmp_path / "other", dead, "ab78"))
+    removed = sweep_segments()
+    assert {mine, never_resumed} <= set(removed)
+    assert not mine.exists() and not never_resumed.exists()
+    assert live.exists()  # its owner runs
+    assert just_killed.exists()  # written a moment ago: left for a minute (GRACE_S)
+    assert just_killed in sweep_segments(grace_s=0.0)
+
+
+def _aged(path: Path) -> Path:
+    """``path`` last written two minutes ago (past the sweep's grace)."""
+    old = path.stat().st_mtime - 120
+    os.utime(path, (old, old))
+    return path
+
+
 def test_a_start_and_a_resume_sweep_what_a_killed_run_left(tmp_path: Path, segments):
     """What ``kill -9 -- -PGID`` of a ``run.runtime: process`` run leaves: its segment, owned
-    by a dead driver. The next start (and resume) of that run directory removes it."""
+    by a dead driver. The next start (and resume) of any run directory removes it."""
     from freshroll.config import load_config
     from freshroll.runtime import run as run_mod
 
@@ -209,10 +232,14 @@ def test_a_start_and_a_resume_sweep_what_a_killed_run_left(tmp_path: Path, segme
     live = _lay(segments, segment_name(out, os.getpid(), "ee55"))
     for resume in (False, True):
         leaked = _lay(segments, segment_name(out, _dead_pid(), "ff66"))
+        elsewhere = _aged(_lay(segments, segment_name(tmp_path / "never-resumed", _dead_pid(),
+                                                      "a7")))
         stream = io.StringIO()
         cfg = None if resume else load_config(None, sim)
         assert run_mod.run(cfg, out, resume=resume, stream=stream, report=False).ok
         assert not leaked.exists(), "the killed run's segment leaked"
-        assert f"removed 1 shared-memory weight segment(s) a killed run left: {leaked.name}" \
-            in stream.getvalue()
+        assert not elsewhere.exists(), "another killed run's segment leaked"
+        said = stream.getvalue()
+        assert "shared-memory weight segment(s) killed runs left:" in said
+        assert leaked.name in said and elsewhere.name in said
         assert live.exists()

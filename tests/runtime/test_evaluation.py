@@ -164,6 +164,43 @@ def test_a_tiny_budget_returns_promptly_and_restores_training_mode(
     model.eval()
 
 
+def test_the_budget_stops_a_generate_call_that_runs_past_it(
+        tmp_path: Path, tiny: tuple[Any, Any]) -> None:
+    """Issue 48: the budget was checked only between batches, so one long generate call
+    (eval.max_new_tokens=100000) held the trainer for minutes. Now a call stops between two
+    decoding steps once the budget is spent, its batch counted as skipped. The clock jumps
+    past the budget at the first decoding step (no real time involved)."""
+    from freshroll.rewards.scoring import build_reward_set
+
+    model, tok = tiny
+    prompts = make_prompts("reverse", 16, 1, min_len=3, max_len=3)
+    cfg = load_config(None, ["eval.file=x.jsonl", "eval.budget_s=30", "eval.max_new_tokens=60",
+                             "eval.mode=greedy"])
+    ev = Evaluator(cfg, prompts, build_reward_set([{"fn": "reverse"}]), tok, tmp_path,
+                   lambda state: model)
+    ticks = iter([0.0])
+    ev.now = lambda: next(ticks, 1e6)  # the deadline is set at 0, then time is far past it
+    rows = ev.evaluate(3, model)
+    assert [(r["n_scored"], r["n_skipped"]) for r in rows] == [(0, 16)]
+    model.eval()
+
+
+def test_an_eval_max_new_tokens_beyond_the_models_positions_is_refused(tmp_path: Path) -> None:
+    """Issue 48: eval.max_new_tokens=100000 with a 128-position model passed config check."""
+    from click.testing import CliRunner
+
+    from freshroll.cli import main
+
+    held = _eval_file(tmp_path / "held.jsonl")
+    for new, ok in (("100000", False), ("128", False), ("32", True)):
+        result = CliRunner().invoke(main, ["config", "check", f"eval.file={held}",
+                                           f"eval.max_new_tokens={new}"])
+        assert (result.exit_code == 0) == ok, result.output
+        if not ok:
+            assert result.exit_code == 2
+            assert f"eval.max_new_tokens ({new}): the model has 128 positions" in result.stderr
+
+
 # -- a real run --------------------------------------------------------------------------------
 
 
@@ -217,7 +254,9 @@ def test_a_run_evaluates_at_every_steps_and_at_the_end(runs: tuple[Path, Path, C
 @pytest.mark.slow
 def test_eval_samples_never_enter_the_ledger(runs: tuple[Path, Path, Config]) -> None:
     run_dir, plain, _ = runs
-    assert _kinds(run_dir) == _kinds(plain)  # a sync run: the same events, eval or not
+    kinds = _kinds(run_dir)
+    assert kinds.pop("Evaluated") == 3  # its lines recorded (verify binds eval.jsonl), no sample
+    assert kinds == _kinds(plain)  # a sync run: the same events, eval or not
     assert json.loads((run_dir / "counts.json").read_text()) == json.loads(
         (plain / "counts.json").read_text())
     assert not (plain / EVAL_FILE).exists()

@@ -16,6 +16,12 @@ checkpoints     each ``checkpoints/step-NNNNNN`` directory: its ``meta.json`` na
                 its recorded sha256 (weights, optimizer state, meta, manifest), and no other
                 file is there
 config.yaml     equals the config of the newest ``run_config`` event (the config in force)
+model/,         each file the newest ``run_config`` recorded (``input_files``: the embedded
+inputs/         model, the Python API's saved model and datasets) has its recorded sha256
+eval.jsonl      each line is one an ``evaluated`` event recorded, and each recorded line is
+                there (:mod:`freshroll.harness.eval_files`; the ``eval/*`` columns of
+                ``metrics.jsonl`` and ``summary.json``'s ``eval`` are recomputed from them)
+report.html     still has the sha256 it was sealed with when written (:func:`seal`)
 ==============  =============================================================================
 
 Where a closed run's checkpoint has no ``checkpoint_saved`` record and the run records none
@@ -29,6 +35,7 @@ Reads only the ledger's payloads, the directory's files and JSON: no model, no t
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -39,7 +46,13 @@ import yaml
 from freshroll import events as ev
 from freshroll.engines.payload import decode as decode_payload
 from freshroll.ledger import Ledger
-from freshroll.lineage import file_digests, payload_mismatches, policy_step
+from freshroll.lineage import (
+    INPUT_FOLDERS,
+    file_digests,
+    input_digests,
+    payload_mismatches,
+    policy_step,
+)
 from freshroll.yamlfile import load_plain
 
 INVARIANT = "files"
@@ -56,6 +69,12 @@ class FileBindings:
         self.versions: dict[int, str] = {}  # step -> the version committed at it
         self.saved: dict[int, ev.CheckpointSaved] = {}  # step -> its newest record
         self.config: str | None = None  # the newest run_config's canonical JSON
+        #: the newest run_config's record of model/ and inputs/ (None: it records none)
+        self.input_files: dict[str, str] | None = None
+        #: the step of the first run_config that recorded them: evaluations are recorded
+        #: (``evaluated``) from the next step on; None: the run binds no evaluation
+        self.bound_from: int | None = None
+        self.evaluated: dict[int, list[dict[str, Any]]] = {}  # step -> its eval.jsonl lines
 
     def feed(self, e: ev.Event) -> None:
         if isinstance(e, ev.Generated):
@@ -69,6 +88,12 @@ class FileBindings:
             self.saved[e.step] = e
         elif isinstance(e, ev.RunConfig):
             self.config = e.config
+            if e.input_files is not None:
+                self.input_files = e.input_files
+                if self.bound_from is None:
+                    self.bound_from = e.step
+        elif isinstance(e, ev.Evaluated):
+            self.evaluated[e.step] = list(e.lines)
 
 
 def check_payloads(bindings: FileBindings, ledger: Ledger, add: Any) -> None:
@@ -185,6 +210,62 @@ def check_config(bindings: FileBindings, run_dir: Path, closed: bool, add: Any,
                      "resume stopped before it opened the ledger; the next resume records it")
 
 
+def check_inputs(bindings: FileBindings, run_dir: Path, add: Any, notes: list[str]) -> None:
+    """Every file of ``model/`` and ``inputs/`` the newest ``run_config`` recorded, present
+    with its sha256 (a file added later, such as a ``datasets`` cache, is not read by the
+    run: not checked). A run that records none (written before verify bound them) is noted."""
+    if bindings.input_files is None:
+        there = [f for f in INPUT_FOLDERS if (run_dir / f).is_dir()]
+        if there and bindings.config is not None:
+            notes.append(f"{', '.join(f + '/' for f in there)} not checked: the run records "
+                         "no input_files (written before verify bound them)")
+        return
+    have = input_digests(run_dir)
+    for name, want in sorted(bindings.input_files.items()):
+        got = have.get(name)
+        if got is None:
+            add(INVARIANT, f"{name}: missing (the ledger recorded sha256 {want})")
+        elif got != want:
+            add(INVARIANT, f"{name}: sha256 {got}, the ledger recorded {want} (altered "
+                           "after the run read it)")
+
+
+REPORT_FILE = "report.html"
+_SEAL = "<!-- freshroll-sha256: "
+
+
+def seal(page: str) -> str:
+    """``page`` with its own sha256 appended as a last comment line. ``report.html`` is drawn
+    from the run directory after the ledger closes, so the ledger cannot record it; the seal
+    makes an edit after the write (a hand edit, a copy tool) a named violation, as for the
+    other files. It proves no authorship: whoever rewrites the page can reseal it, as they
+    could rewrite the ledger; ``freshroll report RUN_DIR`` redraws it from the run."""
+    return f"{page}{_SEAL}{hashlib.sha256(page.encode('utf-8')).hexdigest()} -->\n"
+
+
+def check_report(run_dir: Path, add: Any, notes: list[str]) -> None:
+    """``report.html`` against its seal (:func:`seal`); one without a seal (written before
+    reports carried one) is noted."""
+    path = run_dir / REPORT_FILE
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        return
+    except (OSError, UnicodeDecodeError) as exc:
+        add(INVARIANT, f"{REPORT_FILE}: unreadable ({exc})")
+        return
+    page, found, tail = text.rpartition(_SEAL)
+    if not found:
+        notes.append(f"{REPORT_FILE} not checked: it carries no sha256 (written before reports "
+                     "were sealed); `freshroll report RUN_DIR` redraws it")
+        return
+    want = tail.removesuffix(" -->\n")
+    got = hashlib.sha256(page.encode("utf-8")).hexdigest()
+    if got != want:
+        add(INVARIANT, f"{REPORT_FILE}: sha256 {got}, it was written with {want} (edited "
+                       "after it was written; `freshroll report RUN_DIR` redraws it)")
+
+
 def _differing(a: Any, b: Any, prefix: str = "") -> list[str]:
     """The dotted keys at which two config mappings differ (at most 5)."""
     if not (isinstance(a, dict) and isinstance(b, dict)):
@@ -199,4 +280,5 @@ def _differing(a: Any, b: Any, prefix: str = "") -> list[str]:
     return out[:5]
 
 
-__all__ = ["INVARIANT", "FileBindings", "check_checkpoints", "check_config", "check_payloads"]
+__all__ = ["INVARIANT", "REPORT_FILE", "FileBindings", "check_checkpoints", "check_config",
+           "check_inputs", "check_payloads", "check_report", "seal"]

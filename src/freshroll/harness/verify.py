@@ -74,7 +74,15 @@ from typing import Any
 
 from freshroll import events as ev
 from freshroll.errors import LedgerError
-from freshroll.harness.files import FileBindings, check_checkpoints, check_config, check_payloads
+from freshroll.harness.eval_files import bound, check_eval_file, recorded, summary_block
+from freshroll.harness.files import (
+    FileBindings,
+    check_checkpoints,
+    check_config,
+    check_inputs,
+    check_payloads,
+    check_report,
+)
 from freshroll.harness.history import INVARIANTS, HistoryChecker, Report
 from freshroll.ledger import LEDGER_FILE, Ledger
 
@@ -168,11 +176,21 @@ def check_files(
     else:
         if counts is not None:
             _compare_counts(report, counts, passed.recount)
-        _check_summary(report, run_dir / SUMMARY_FILE, passed.fold)
+        _check_summary(report, run_dir / SUMMARY_FILE, passed.fold, passed.files)
         _note_overlap(report, run_dir, passed.fold)
-    _check_rows(report, run_dir / METRICS_FILE, passed.fold.rows)
-    check_checkpoints(passed.files, run_dir, report.add, report.notes)
-    check_config(passed.files, run_dir, report.closed, report.add, report.notes)
+    _check_rows(report, run_dir / METRICS_FILE, passed.fold.rows, passed.files)
+    files = passed.files
+    check_checkpoints(files, run_dir, report.add, report.notes)
+    check_config(files, run_dir, report.closed, report.add, report.notes)
+    check_inputs(files, run_dir, report.add, report.notes)
+    check_eval_file(files, run_dir, report.closed, report.add, report.notes)
+    return report
+
+
+def check_report_file(run_dir: str | Path, report: Report) -> Report:
+    """``report.html`` still has the sha256 it was written with (not part of
+    :func:`check_files`: the end of a run writes the report after that check)."""
+    check_report(Path(run_dir), report.add, report.notes)
     return report
 
 
@@ -183,7 +201,8 @@ def verify_run(run_dir: str | Path, *, allow_open: bool = False) -> Report:
     One read of the ledger (:func:`check_ledger`), then the files (:func:`check_files`).
     """
     counts = read_counts(Path(run_dir) / "counts.json")
-    return check_files(run_dir, check_ledger(run_dir, allow_open=allow_open), counts)
+    report = check_files(run_dir, check_ledger(run_dir, allow_open=allow_open), counts)
+    return check_report_file(run_dir, report)
 
 
 def read_counts(path: Path) -> dict[str, int] | None:
@@ -211,9 +230,11 @@ def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix.rstrip("."): value}
 
 
-def _check_summary(report: Report, path: Path, fold: Any) -> None:
+def _check_summary(report: Report, path: Path, fold: Any, files: FileBindings) -> None:
     """``summary.json`` equals the summary recomputed from the ledger (``fold``: the
-    :class:`~freshroll.figures.summary.SummaryFold` of the pass), figure by figure."""
+    :class:`~freshroll.figures.summary.SummaryFold` of the pass), figure by figure; its
+    ``eval`` the block the ledger's ``evaluated`` records give, where the run recorded every
+    evaluation (:mod:`freshroll.harness.eval_files`)."""
     if not path.is_file():
         return
     try:
@@ -229,6 +250,17 @@ def _check_summary(report: Report, path: Path, fold: Any) -> None:
     except LedgerError as exc:  # a damaged ledger: its own invariants say what is wrong
         report.notes.append(f"{path.name} not checked: the ledger cannot be summarised: {exc}")
         return
+    evals_bound, block = summary_block(files)
+    if evals_bound:
+        if block is not None:
+            want["eval"] = block
+        elif "eval" in reported:
+            report.add("accounting", f"{path.name} eval: reported, the ledger records no "
+                                     "evaluation")
+    elif "eval" in reported and files.bound_from is not None:
+        report.notes.append(f"{path.name} eval not checked: evaluations before step "
+                            f"{files.bound_from + 1} were not recorded (a resume of an "
+                            "older run)")
     have, flat = _flat(reported), _flat(want)
     for key, value in flat.items():
         if key not in have:
@@ -256,17 +288,25 @@ def _note_overlap(report: Report, run_dir: Path, fold: Any) -> None:
         report.notes.append(render(overlap, read_host(run_dir)))
 
 
-def _check_rows(report: Report, path: Path, rows: Sequence[dict[str, Any]]) -> None:
+def _check_rows(report: Report, path: Path, rows: Sequence[dict[str, Any]],
+                files: FileBindings) -> None:
     """One ``metrics.jsonl`` row per committed step, in order, each the row the ledger implies
-    (``rows``: :func:`freshroll.metrics.rows` of the ledger)."""
+    (``rows``: :func:`freshroll.metrics.rows` of the ledger, with the ``eval/*`` columns of
+    the ``evaluated`` records; a step evaluated before the run recorded evaluations has its
+    eval columns left out of the comparison)."""
+    from freshroll.figures.evals import with_eval
     from freshroll.figures.metrics_log import encode_row, read_rows
 
     if not path.is_file():
         return
     have, bad = read_rows(path)
-    # the eval columns (eval/...) come from eval.jsonl, not the ledger: not compared here
-    have = [{k: v for k, v in h.items() if not k.startswith("eval/")} for h in have]
-    want = [json.loads(encode_row(r)) for r in rows]
+    want = [json.loads(encode_row(r)) for r in with_eval(rows, recorded(files))]
+    for i, h in enumerate(have):
+        step = h.get("step")
+        if not bound(files, step if isinstance(step, int) else 0):
+            have[i] = _no_eval(h)
+            if i < len(want):
+                want[i] = _no_eval(want[i])
     torn_ok = 0 if report.closed else 1  # a live or killed run may be mid-write
     if bad > torn_ok:
         report.add("accounting", f"{path.name}: {bad} unparsable line(s)")
@@ -287,6 +327,10 @@ def _check_rows(report: Report, path: Path, rows: Sequence[dict[str, Any]]) -> N
                                  "holds no such committed step")
 
 
+def _no_eval(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in row.items() if not k.startswith("eval/")}
+
+
 class _Missing:
     def __repr__(self) -> str:
         return "<missing>"
@@ -296,6 +340,16 @@ _MISSING = _Missing()
 
 
 __all__ = [
-    "INVARIANTS", "METRICS_FILE", "SUMMARY_FILE", "LedgerPass", "Report", "check_files",
-    "check_ledger", "read_counts", "verify_events", "verify_ledger", "verify_run",
+    "INVARIANTS",
+    "METRICS_FILE",
+    "SUMMARY_FILE",
+    "LedgerPass",
+    "Report",
+    "check_files",
+    "check_ledger",
+    "check_report_file",
+    "read_counts",
+    "verify_events",
+    "verify_ledger",
+    "verify_run",
 ]

@@ -20,7 +20,7 @@ from typing import TextIO
 from freshroll.config import Config, MonitorSection
 from freshroll.observe.collapse import collapse_guard
 from freshroll.observe.no_signal import NoSignal
-from freshroll.observe.prometheus import PrometheusExporter, check_port
+from freshroll.observe.prometheus import PrometheusExporter, check_port, exposure_warning
 from freshroll.observe.tensorboard import TENSORBOARD_DIR, TensorBoardWriter, check_tensorboard
 from freshroll.observe.wandb_log import WandbLogger, check_wandb
 from freshroll.pipeline.observers import RunObserver, close_all
@@ -43,6 +43,8 @@ def build_monitors(cfg: Config, out: Path, stream: TextIO) -> list[RunObserver]:
     said = stream if cfg.run.progress else None
     try:
         if mon.prometheus_port is not None:
+            if warning := exposure_warning(mon.prometheus_port, mon.prometheus_host):
+                stream.write(warning + "\n")  # said whatever run.progress says
             prom = PrometheusExporter(mon.prometheus_port, mon.prometheus_host, out.name)
             found.append(prom.start())
             _say(said, f"live metrics for Prometheus at {prom.url}")

@@ -125,6 +125,12 @@ def check_port(port: int | None, host: str) -> None:
     starts (a program that takes the port meanwhile is said then)."""
     if port is None:
         return
+    try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        why = exc.strerror if isinstance(exc, socket.gaierror) else str(exc)
+        raise ConfigError(f"monitor.prometheus_host: {host!r} is not an address or a host "
+                          f"name that resolves ({why}); the default is 127.0.0.1") from None
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
@@ -134,12 +140,35 @@ def check_port(port: int | None, host: str) -> None:
             raise _unbound(host, port, exc) from None
 
 
+#: the addresses the endpoint may bind without a warning: this machine alone
+LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def exposure_warning(port: int | None, host: str) -> str | None:
+    """The warning a run and ``config check`` print when the endpoint listens beyond the
+    loopback (``0.0.0.0``, ``::``, a network address): the run's figures, its config's
+    names and its progress are then served to whoever reaches the port, with no
+    authentication; None on the loopback (the default) or with the endpoint off."""
+    if port is None or host in LOOPBACK or host.startswith("127."):
+        return None
+    where = "every interface of this machine" if host in ("0.0.0.0", "::") else host
+    return (f"warning: monitor.prometheus_host {host}: the Prometheus endpoint listens on "
+            f"{where}, beyond localhost: anyone who reaches port {port} reads the run's live "
+            "figures (no authentication); bind 127.0.0.1 and scrape through a tunnel unless "
+            "that is meant")
+
+
 def _unbound(host: str, port: int, exc: OSError) -> ConfigError:
-    """The one error of a port the endpoint cannot bind, naming the key."""
+    """The one error of an endpoint that cannot bind, naming the key at fault: the host
+    when it is not an address of this machine, else the port."""
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return ConfigError(f"monitor.prometheus_host: {host} is not an address of this "
+                           f"machine ({exc.strerror}); the default is 127.0.0.1")
     why = ("is taken (another run or program serves it)" if exc.errno == errno.EADDRINUSE
            else f"cannot be bound: {exc.strerror}")
     return ConfigError(f"monitor.prometheus_port: {host}:{port} {why}; choose another port "
                        "or unset it")
 
 
-__all__ = ["GAUGES", "MODE_GAUGE", "PrometheusExporter", "check_port"]
+__all__ = ["GAUGES", "LOOPBACK", "MODE_GAUGE", "PrometheusExporter", "check_port",
+           "exposure_warning"]

@@ -4,7 +4,8 @@ The :class:`~freshroll.pipeline.pipeline.Pipeline` takes a list of observers and
 one of them, in the list's order, at each of these points::
 
     checkpointed(step)   after the trainer's ``before_commit`` of ``step``, before its commit:
-                         a ``checkpoint_saved`` record to make durable with the commit, or None
+                         a record to make durable with the commit (``checkpoint_saved``,
+                         ``evaluated``), or None
     on_step(report)      after a step's durable commit (and its weights' publication)
     on_skip(step, detail)  after a non-finite step was skipped (its batch discarded)
     on_mode(switch)      after the sync fallback's decision was recorded (``mode_decided``)
@@ -54,13 +55,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from freshroll.events import CheckpointSaved
+from freshroll.events import CheckpointSaved, Evaluated
 from freshroll.lineage import PolicyVersion
 from freshroll.pipeline.fallback import Switch
 from freshroll.ports.threads import ModeGroup
 from freshroll.stage_threads import ModeThreads
 
 Row = dict[str, Any]  # a metrics.jsonl row (freshroll.metrics.Tally; docs/metrics.md)
+#: what a write-ahead of a commit records with it (``checkpointed``)
+WriteAhead = CheckpointSaved | Evaluated
 
 
 @dataclass
@@ -77,7 +80,7 @@ class StepReport:
 class RunObserver(Protocol):
     """What watches a run (the contract: this module's docstring)."""
 
-    def checkpointed(self, step: int) -> CheckpointSaved | None: ...
+    def checkpointed(self, step: int) -> WriteAhead | None: ...
 
     def on_step(self, report: StepReport) -> None: ...
 
@@ -95,7 +98,7 @@ class RunObserver(Protocol):
 class Observer:
     """A :class:`RunObserver` that watches nothing: subclass it and override what you watch."""
 
-    def checkpointed(self, step: int) -> CheckpointSaved | None:
+    def checkpointed(self, step: int) -> WriteAhead | None:
         return None
 
     def on_step(self, report: StepReport) -> None:
@@ -205,4 +208,4 @@ def close_all(observers: Iterable[RunObserver]) -> None:
 
 
 __all__ = ["Callbacks", "Heartbeats", "Notes", "Observer", "Row", "RunObserver", "StepReport",
-           "close_all", "default_observers"]
+           "WriteAhead", "close_all", "default_observers"]

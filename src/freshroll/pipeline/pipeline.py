@@ -335,7 +335,7 @@ class Pipeline:
         parent = buf.version
         assert parent is not None
         child = parent.child(lease.samples, trainer.settings_digest, digest)
-        with self._trainer_wait(f"checkpoint of step {step}"):
+        with self._trainer_wait(f"evaluation and checkpoint of step {step}"):
             await trainer.before_commit(child)
         for o in self.observers:  # a checkpoint's record: durable with the commit
             saved = o.checkpointed(child.step)

@@ -411,7 +411,8 @@ class ThreadTrainer:
         return await self._call("step", self._step, samples, lease.version + 1)
 
     async def before_commit(self, version: PolicyVersion) -> None:
-        await self._call(f"checkpoint of step {version.step}", self._before_commit, version)
+        await self._call(f"evaluation and checkpoint of step {version.step}",
+                         self._before_commit, version)
 
     async def _call(self, what: str, fn: Callable[..., T], *args: Any) -> T:
         """``fn`` on the trainer thread, within ``timeout_s`` (module docstring)."""

@@ -42,6 +42,7 @@ process started meanwhile is found too), for at most a minute.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import secrets
@@ -198,6 +199,61 @@ def write_record(run_dir: Path, token: str, watchdog_pid: int | None) -> None:
     with os.fdopen(fd, "w") as fh:
         fh.write(json.dumps(record) + "\n")
     os.replace(tmp, run_dir / RECORD_FILE)
+    entry = _index_entry(me, run_dir)
+    with contextlib.suppress(OSError):  # best effort: the resume of run_dir still reaps
+        fd = os.open(entry, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(str(run_dir.resolve()))
+
+
+#: the machine-wide index of the run directories that hold a ``ray.json``: one file per
+#: driver and run directory, ``<shm>/freshroll-ray-<driver pid>-<12 hex of the path>``,
+#: holding the directory's path (never the token). Gone with a reboot, as the processes are.
+INDEX_PREFIX = "freshroll-ray-"
+
+
+def _index_dir() -> Path:
+    return Path("/dev/shm") if Path("/dev/shm").is_dir() else Path("/tmp")
+
+
+def _index_entry(pid: int, run_dir: Path) -> Path:
+    key = hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:12]
+    return _index_dir() / f"{INDEX_PREFIX}{pid}-{key}"
+
+
+#: a dead driver's entry of another run directory is swept once it is this old (seconds):
+#: a start on a shared machine leaves alone what was laid a moment ago (a test's)
+GRACE_S = 60.0
+
+
+def sweep_dead_drivers(own: Path | None = None, *, grace_s: float = GRACE_S) -> list[Path]:
+    """Every run directory of the index whose driver is dead: its Ray instance's leftovers
+    reaped and its ``ray.json`` (the instance's token, a credential) removed
+    (:func:`reap_previous`), at the start of any run on the machine, resumed or not; a
+    driver SIGKILLed with its watchdog otherwise left the token in its run directory until
+    a resume of that very directory. ``own``: the starting run's directory, swept whatever
+    the entry's age; another's once its entry is ``grace_s`` old. Returns the directories
+    cleaned. A live driver's entry and directory are kept."""
+    cleaned, now = [], time.time()
+    mine = own.resolve() if own is not None else None
+    for entry in sorted(_index_dir().glob(INDEX_PREFIX + "*")):
+        pid = entry.name.removeprefix(INDEX_PREFIX).split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid() or alive(int(pid)):
+            continue
+        try:
+            run_dir: Path | None = Path(entry.read_text().strip())
+            young = now - entry.stat().st_mtime < grace_s
+        except (OSError, UnicodeDecodeError):
+            run_dir, young = None, False
+        if young and run_dir != mine:
+            continue
+        if run_dir is not None and run_dir.is_dir():
+            record = read_record(run_dir)
+            if record is not None and record.get("driver_pid") == int(pid):
+                reap_previous(run_dir)
+                cleaned.append(run_dir)
+        entry.unlink(missing_ok=True)
+    return cleaned
 
 
 def read_record(run_dir: Path) -> dict[str, Any] | None:
@@ -212,6 +268,7 @@ def remove_record(run_dir: Path, token: str) -> None:
     record = read_record(run_dir)
     if record is not None and record["token"] == token:
         (run_dir / RECORD_FILE).unlink(missing_ok=True)
+    _index_entry(os.getpid(), run_dir).unlink(missing_ok=True)
 
 
 def reap_previous(run_dir: Path) -> list[int]:
@@ -224,6 +281,8 @@ def reap_previous(run_dir: Path) -> list[int]:
         return []  # that driver still runs: its instance is not ours to stop
     pids = reap(record["token"])
     (run_dir / RECORD_FILE).unlink(missing_ok=True)
+    if isinstance(pid, int):
+        _index_entry(pid, run_dir).unlink(missing_ok=True)
     return pids
 
 

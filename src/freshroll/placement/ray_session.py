@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import threading
@@ -92,7 +93,8 @@ def start_ray(num_cpus: int | None = None, run_dir: Path | None = None,
     _gate.open()
     COSTS.clear()
     if address is not None:
-        _join(ray, address, connect_timeout_s)
+        with keep_signal_handlers():
+            _join(ray, address, connect_timeout_s)
         _session = _RaySession(None, None, None, address)
         COSTS["ray_start_s"] = time.perf_counter() - t0
         return COSTS["ray_start_s"]
@@ -107,10 +109,11 @@ def start_ray(num_cpus: int | None = None, run_dir: Path | None = None,
     ours = {k: v for k, v in _PRIVATE_ENV.items() if k not in os.environ}  # a caller's stands
     os.environ.update(ours)  # read by each process of the instance as it starts
     try:
-        ray.init(
-            address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
-            configure_logging=False,
-        )
+        with keep_signal_handlers():
+            ray.init(
+                address="local", num_cpus=num_cpus, include_dashboard=False,
+                log_to_driver=False, configure_logging=False,
+            )
     except BaseException:
         stop_ray()
         raise
@@ -120,6 +123,35 @@ def start_ray(num_cpus: int | None = None, run_dir: Path | None = None,
             os.environ.pop(key, None)
     COSTS["ray_start_s"] = time.perf_counter() - t0
     return COSTS["ray_start_s"]
+
+
+#: the signals a run stops on gracefully (``freshroll.boundary.sigterm_as_sigint``)
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextlib.contextmanager
+def keep_signal_handlers() -> Iterator[None]:
+    """The driver's SIGTERM and SIGINT handlers as they were before ``ray.init``, put back
+    after it (also when it fails).
+
+    ``ray.init`` installs its own: a Python SIGTERM handler that kills the node's processes
+    and exits 1, and, under it, the core worker's native failure-signal handler, which on
+    SIGTERM prints a native stack and aborts (SIGABRT, exit 134). A ``kill`` (a container
+    stop, ``systemctl stop``, a CI cancel) then left the ledger closed ``failed`` with no
+    resume line. With ours back, SIGTERM stops a Ray run as Ctrl-C does: the ``interrupted
+    ... resume with`` line and status 130; the instance is stopped by the run's teardown
+    (:func:`stop_ray`) and, failing that, by its watchdog. Outside the main thread (where
+    handlers cannot be set) nothing is done."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {sig: signal.getsignal(sig) for sig in _STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            if handler is not None:  # None: not installed from Python; nothing to restore
+                signal.signal(sig, handler)
 
 
 def _hint(address: str) -> str:

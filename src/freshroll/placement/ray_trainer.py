@@ -373,7 +373,7 @@ class RayTrainer:
                         raise LineageError(f"the step of lease {lease.id} trained again gave "
                                            f"weights {digest}, not {version.weights_digest}")
                     lost = None
-                with self._waiting(f"checkpoint of step {version.step}",
+                with self._waiting(f"evaluation and checkpoint of step {version.step}",
                                    self.cfg.limits.train_timeout_s):
                     await self._call(self._before_commit, version, self._state)
                 return

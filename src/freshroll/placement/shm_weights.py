@@ -29,8 +29,8 @@ died (its pipe hit EOF) unlinks it too (:func:`unlink_quietly`), so a SIGKILLed 
 nothing in ``/dev/shm`` once its workers are gone. A kill of the whole process group leaves
 it, so a segment names its owner: ``freshroll-w-<run key>-<pid>-<random>``, the run key
 being 12 hex digits of the resolved run directory's path (:func:`run_key`) and the pid the
-driver's. Every start and resume of a run calls :func:`sweep_segments`, which removes that
-run directory's segments whose owner is dead, never a live process's, never another run's.
+driver's. Every start and resume of any run on the machine calls :func:`sweep_segments`,
+which removes the segments whose owner is dead (every run's), never a live process's.
 """
 
 from __future__ import annotations
@@ -136,14 +136,27 @@ def segment_owner(name: str) -> tuple[str, int] | None:
     return parts[0], int(parts[1])
 
 
-def sweep_segments(run_dir: Path) -> list[Path]:
-    """Remove ``run_dir``'s segments whose owner process is dead (a kill of the whole
-    process group leaves them); returns the removed paths. A segment of a live owner, of
-    another run directory, or of another name form is kept."""
-    key, removed = run_key(run_dir), []
-    for path in sorted(shm_dir().glob(f"{PREFIX}{key}-*")):
+#: a dead owner's segment of another run directory is swept once it is this old (seconds
+#: since its last write): a start on a shared machine leaves alone what a run killed a
+#: moment ago, or a test, has just laid (its own directory's go at once)
+GRACE_S = 60.0
+
+
+def sweep_segments(run_dir: Path | None = None, *, grace_s: float = GRACE_S) -> list[Path]:
+    """Remove the segments whose owner process is dead (a kill of the whole process group
+    leaves them): ``run_dir``'s, or (None) every run's on the machine last written more
+    than ``grace_s`` ago, so a run that is never resumed does not keep its segment until a
+    reboot. Returns the removed paths. A segment of a live owner, of another run directory
+    (given one), or of another name form is kept."""
+    key = run_key(run_dir) if run_dir is not None else None
+    removed, now = [], time.time()
+    for path in sorted(shm_dir().glob(f"{PREFIX}{key or ''}*")):
         owner = segment_owner(path.name)
-        if owner is not None and owner[0] == key and not pid_alive(owner[1]):
+        if owner is None or key not in (None, owner[0]) or pid_alive(owner[1]):
+            continue
+        with contextlib.suppress(OSError):  # gone meanwhile: nothing to remove
+            if key is None and now - path.stat().st_mtime < grace_s:
+                continue
             unlink_quietly(path)
             removed.append(path)
     return removed

@@ -32,6 +32,7 @@ import yaml
 
 from freshroll import events as ev
 from freshroll.figures.summary import SummaryFold
+from freshroll.harness.files import REPORT_FILE, seal
 from freshroll.harness.verify import Report
 from freshroll.ledger import LEDGER_FILE
 from freshroll.metrics import UNCOUNTED_DISCARD_REASONS, discard_rate, discards_by_reason, token_lag
@@ -51,8 +52,6 @@ from freshroll.report.rundata import RunData, load_run
 from freshroll.report.style import CSS
 from freshroll.report.token_mix import off_policy_by_lag, token_mix
 from freshroll.timing import percentiles
-
-REPORT_FILE = "report.html"
 
 SECTIONS = (
     ("reward", "Reward"),
@@ -486,7 +485,7 @@ def write_report(
     run_dir = Path(run_dir)
     run = load_run(run_dir, fold=fold, verified=verified)
     base = load_run(Path(baseline), verify=False) if baseline is not None else None
-    page = render(run, base)
+    page = seal(render(run, base))  # verify re-reads its sha256
     target = Path(out) if out is not None else run_dir / REPORT_FILE
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")

@@ -5,12 +5,17 @@ Where it runs: on the trainer's thread, inside the Checkpointer's ``before_commi
 (after the step, before its commit), with the trainer's own copy of the model
 (``model.eval()``, then its training mode restored; generation under
 ``torch.inference_mode``). Rollouts go on meanwhile; only the trainer waits, and never
-longer than ``eval.budget_s`` once the first batch is measured: a batch is started only when
-the time spent plus the slowest batch so far fits the budget, and the prompts not reached
-are counted as ``n_skipped``.
+longer than ``eval.budget_s`` (plus one decoding step): a batch is started only when the
+time spent plus the slowest batch so far fits the budget, a generate call still running
+when the budget is spent stops between two decoding steps (its batch dropped), and the
+prompts not scored are counted as ``n_skipped``. An ``eval.max_new_tokens`` (or, unset,
+``rollout.max_new_tokens``) that leaves no room for the eval prompts in the model's
+positions is refused before the run writes anything.
 
-What it writes: nothing to the ledger (its completions are no training samples: no
-``generated``/``rewarded`` event), one line per mode to ``RUN_DIR/eval.jsonl``::
+What it writes: one line per mode to ``RUN_DIR/eval.jsonl``, and the same lines to the
+ledger as one ``evaluated`` event, durable with the step's commit (so ``verify`` can bind the
+file and the figures drawn from it; its completions are no training samples: no
+``generated``/``rewarded`` event)::
 
     {"step": 10, "mode": "greedy", "reward": 0.41, "rewards": {"reverse": 0.41},
      "n_scored": 32, "n_failed": 0, "n_skipped": 0, "wall_s": 1.2, "budget_s": 30.0}
@@ -36,6 +41,14 @@ from typing import Any
 from freshroll.config import Config
 from freshroll.engines.base import Completion
 from freshroll.errors import ConfigError
+from freshroll.figures.evals import (
+    EVAL_FILE,
+    eval_summary,
+    evals_by_step,
+    metrics_columns,
+    read_eval,
+    with_eval,
+)
 from freshroll.figures.metrics_log import read_rows, write_atomic
 from freshroll.rewards.calling import RewardState, reward_columns
 from freshroll.rewards.data import (
@@ -46,7 +59,6 @@ from freshroll.rewards.data import (
 from freshroll.rewards.scoring import RewardSet, Score
 from freshroll.rewards.tasks import Prompt
 
-EVAL_FILE = "eval.jsonl"
 #: prompts per generate call: the budget is checked between batches
 EVAL_BATCH = 8
 
@@ -126,12 +138,19 @@ class _Tally:
                 self.parts.setdefault(name, []).append(v)
 
 
+class OutOfBudget(Exception):
+    """Raised inside a generate call (between two decoding steps) once the evaluation's
+    ``eval.budget_s`` is spent: the call's batch is dropped and counted as skipped."""
+
+
 def run_eval(prompts: Sequence[Prompt], modes: Sequence[str], generate: Generate,
              score: ScoreFn, *, step: int, budget_s: float, batch: int = EVAL_BATCH,
              now: Callable[[], float] = time.monotonic) -> list[dict[str, Any]]:
     """One evaluation: the ``eval.jsonl`` line of each mode. Batches of ``batch`` prompts,
     each generated and scored in every mode (so the modes cover the same prompts); a batch
-    starts only while the time spent plus the slowest batch so far is within ``budget_s``."""
+    starts only while the time spent plus the slowest batch so far is within ``budget_s``,
+    and a batch whose generation raises :class:`OutOfBudget` (the budget spent inside the
+    call) ends the evaluation, its prompts counted as skipped with those not reached."""
     t0 = now()
     tallies = {m: _Tally() for m in modes}
     done, slowest = 0, 0.0
@@ -140,9 +159,12 @@ def run_eval(prompts: Sequence[Prompt], modes: Sequence[str], generate: Generate
             break
         chunk = list(prompts[i:i + batch])
         c0 = now()
-        for mode in modes:
-            comps = generate(chunk, mode, i)
-            tallies[mode].add(score(chunk, comps))
+        try:
+            scored = [(mode, score(chunk, generate(chunk, mode, i))) for mode in modes]
+        except OutOfBudget:
+            break
+        for mode, scores in scored:
+            tallies[mode].add(scores)
         slowest = max(slowest, now() - c0)
         done += len(chunk)
     wall = now() - t0
@@ -175,6 +197,7 @@ class Evaluator:
         self.cfg, self.prompts, self.rewards = cfg, list(prompts), rewards
         self.tokenizer, self.policy = tokenizer, policy
         self.path = run_dir / EVAL_FILE
+        self.now: Callable[[], float] = time.monotonic  # the budget's clock inside a call
 
     def due(self, step: int) -> bool:
         return step % self.cfg.eval.every_steps == 0 or step == self.cfg.run.steps
@@ -208,6 +231,13 @@ class Evaluator:
             return self.rewards.score_prompts(list(chunk), [c.text for c in comps],
                                               [c.token_ids for c in comps], state)
 
+        deadline = self.now() + cfg.eval.budget_s
+
+        def within_budget(decode_step: int) -> None:  # a long generate call stops in time
+            if self.now() > deadline:
+                raise OutOfBudget(f"eval.budget_s {cfg.eval.budget_s} spent at step {step}")
+
+        engine.between_steps = within_budget
         try:
             with torch.no_grad():
                 rows = run_eval(self.prompts, modes_of(cfg), generate, score, step=step,
@@ -265,43 +295,6 @@ def _loaded_policy(model_path: Path) -> Policy:
     return policy
 
 
-def metrics_columns(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """``eval/reward`` (greedy's when there is one) and, with both modes, each mode's."""
-    by_mode = {r["mode"]: r.get("reward") for r in rows}
-    if not by_mode:
-        return {}
-    main = "greedy" if "greedy" in by_mode else next(iter(by_mode))
-    out = {"eval/reward": by_mode[main]}
-    if len(by_mode) > 1:
-        out.update({f"eval/reward_{m}": v for m, v in sorted(by_mode.items())})
-    return out
-
-
-def with_eval(rows: Sequence[dict[str, Any]], evals: dict[int, list[dict[str, Any]]]
-              ) -> list[dict[str, Any]]:
-    """``metrics.jsonl`` rows with the eval columns of their steps."""
-    return [{**row, **metrics_columns(evals.get(int(row["step"]), []))} for row in rows]
-
-
-def read_eval(run_dir: Path) -> list[dict[str, Any]]:
-    """``eval.jsonl``'s lines (a torn last line skipped); the later line of a step and mode
-    wins (a step evaluated again after a resume)."""
-    rows, _ = read_rows(run_dir / EVAL_FILE)
-    last: dict[tuple[int, str], dict[str, Any]] = {}
-    for row in rows:
-        if isinstance(row.get("step"), int) and isinstance(row.get("mode"), str):
-            last[(row["step"], row["mode"])] = row
-    return [last[k] for k in sorted(last)]
-
-
-def evals_by_step(run_dir: Path) -> dict[int, list[dict[str, Any]]]:
-    """:func:`read_eval`'s lines by step."""
-    out: dict[int, list[dict[str, Any]]] = {}
-    for row in read_eval(run_dir):
-        out.setdefault(int(row["step"]), []).append(row)
-    return out
-
-
 def trim(run_dir: Path, committed_step: int) -> int:
     """Drop ``eval.jsonl``'s lines of steps after ``committed_step`` (evaluated, then killed
     before the commit: the step is trained and evaluated again); the lines dropped."""
@@ -315,32 +308,10 @@ def trim(run_dir: Path, committed_step: int) -> int:
     return len(rows) - len(keep)
 
 
-def eval_summary(run_dir: Path) -> dict[str, Any] | None:
-    """``summary.json``'s ``eval``: the first, last and best ``eval/reward`` and every step's
-    eval columns with its skipped count; None without ``eval.jsonl``."""
-    rows = read_eval(run_dir)
-    if not rows:
-        return None
-    steps = evals_by_step(run_dir)
-    per_step = [{"step": s, **metrics_columns(rs), "n_scored": rs[0].get("n_scored"),
-                 "n_skipped": rs[0].get("n_skipped"), "wall_s": rs[0].get("wall_s")}
-                for s, rs in sorted(steps.items())]
-    scored = [p for p in per_step if isinstance(p.get("eval/reward"), int | float)]
-    best = max(scored, key=lambda p: p["eval/reward"]) if scored else None
-    return {
-        "modes": sorted({r["mode"] for r in rows}),
-        "first": scored[0]["eval/reward"] if scored else None,
-        "last": scored[-1]["eval/reward"] if scored else None,
-        "best": best["eval/reward"] if best else None,
-        "best_step": best["step"] if best else None,
-        "skipped": sum(int(p.get("n_skipped") or 0) for p in per_step),
-        "steps": per_step,
-    }
-
-
 __all__ = [
     "EVAL_FILE",
     "Evaluator",
+    "OutOfBudget",
     "build_evaluator",
     "check_eval_columns",
     "eval_summary",

@@ -22,7 +22,7 @@ from freshroll.engines.model_dir import check_model_dir, quiet_transformers
 from freshroll.engines.names import check_engine
 from freshroll.errors import ConfigError, LedgerError, ResumeError
 from freshroll.ledger import LEDGER_FILE, Ledger
-from freshroll.lineage import PolicyVersion
+from freshroll.lineage import PolicyVersion, input_digests
 from freshroll.observe.monitors import check_monitors
 from freshroll.pipeline.steering import control_config
 from freshroll.rewards.calling import reward_columns
@@ -66,6 +66,9 @@ class Prepared:
     changes: list[Change] = field(default_factory=list)  # accepted on resume
     allow_change: tuple[str, ...] = ()
     eval_prompts: list[Prompt] = field(default_factory=list)  # eval.file's (evaluation)
+    #: the sha256 of every file of the run directory's model/ and inputs/, as written and
+    #: read now (``run_config.input_files``: verify binds them to the ledger)
+    input_files: dict[str, str] = field(default_factory=dict)
 
 
 def prepare_run_dir(
@@ -108,12 +111,13 @@ def prepare_run_dir(
             from freshroll.engines.tiny import save_model_dir
 
             save_model_dir(*pending, path)
+        files = input_digests(out)
     except BaseException:
         if lock is not None:
             lock.release()
         raise
     return Prepared(cfg, lock, prompts, rewards, path, digest, hist, changes, allow_change,
-                    eval_prompts)
+                    eval_prompts, files)
 
 
 def _eval_prompts(cfg: Config, path: Path, pending: tuple[Any, Any] | None,
@@ -124,7 +128,25 @@ def _eval_prompts(cfg: Config, path: Path, pending: tuple[Any, Any] | None,
     from freshroll.runtime.evaluation import prepare_eval
 
     return prepare_eval(cfg, path, pending[1] if pending is not None else None, rewards,
-                        context_limit(cfg, path, pending))
+                        eval_context(cfg, context_limit(cfg, path, pending)))
+
+
+def eval_context(cfg: Config, context: tuple[int | None, str]) -> tuple[int | None, str]:
+    """The most tokens an eval prompt may have: the model's positions less the tokens an
+    evaluation generates (``eval.max_new_tokens``, else ``rollout.max_new_tokens``). A count
+    that leaves no position for a prompt is refused, naming the key: it can never finish a
+    completion (with a rotary model it would generate past the positions it was trained on,
+    holding the trainer for the whole ``eval.budget_s``)."""
+    limit, name = context
+    key = "eval.max_new_tokens" if cfg.eval.max_new_tokens else "rollout.max_new_tokens"
+    new = cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
+    if limit is None:
+        return context
+    if new >= limit:
+        raise ConfigError(f"{key} ({new}): the model has {limit} positions ({name}); an "
+                          f"evaluation's prompt and completion must fit them: at most "
+                          f"{limit - 1}")
+    return limit - new, f"{name} less {key} ({new})"
 
 
 @dataclass
@@ -183,6 +205,7 @@ def check_inputs(cfg: Config, run_dir: Path | None = None, resume: bool = False)
     else:  # a model: transformers' progress bars off first (the simulated cluster has none)
         quiet_transformers()
         path, pending = _initial_model(cfg, run_dir, resume)
+        _check_lora(cfg, path, pending)
         if cfg.rollout.engine == "vllm":
             _check_vllm(cfg, path, pending)
         prompts = load_task_prompts(cfg, path, pending[1] if pending is not None else None,
@@ -190,6 +213,22 @@ def check_inputs(cfg: Config, run_dir: Path | None = None, resume: bool = False)
     rewards.check_columns(reward_columns(prompts[:1]))
     return Inputs(prompts, rewards, path, pending, digest,
                   _eval_prompts(cfg, path, pending, rewards))
+
+
+def _check_lora(cfg: Config, path: Path, pending: tuple[Any, Any] | None) -> None:
+    """``trainer.lora`` on the model's skeleton (:func:`~freshroll.trainer.lora.
+    check_on_skeleton`), before any write."""
+    if cfg.trainer.lora is None:
+        return
+    from freshroll.trainer.lora import check_on_skeleton
+
+    if pending is not None:
+        model_config = pending[0].config
+    else:
+        from transformers import AutoConfig
+
+        model_config = AutoConfig.from_pretrained(path, local_files_only=True)
+    check_on_skeleton(model_config, cfg.trainer.lora)
 
 
 def _digest(inputs: Inputs) -> str:

@@ -3,8 +3,10 @@ line, the checkpointer, and :class:`Recording`, the list of them a run hands its
 
 ::
 
-    Checkpointer   before_commit (trainer thread): the due evaluation and checkpoint of a
-                   step, written before its commit; checkpointed (loop): their record
+    Evaluations    before_commit (trainer thread): the due evaluation of a step (eval.jsonl),
+                   before its commit; checkpointed (loop): its ``evaluated`` record
+    Checkpointer   before_commit (trainer thread): the due checkpoint of a step, written
+                   before its commit; checkpointed (loop): its ``checkpoint_saved`` record
     MetricsRows    on_step: the ledger's durable events since the last fold, folded into
                    metrics.jsonl rows (reconciled with the ledger at every start); each row
                    then goes to every observer's on_row
@@ -37,7 +39,7 @@ from typing import Any, TextIO
 from freshroll.buffer import SampleBuffer
 from freshroll.config import Config
 from freshroll.errors import StorageError
-from freshroll.events import CheckpointSaved
+from freshroll.events import CheckpointSaved, Evaluated
 from freshroll.figures.metrics_log import METRICS_FILE, RowLog, reconcile
 from freshroll.lineage import PolicyVersion, file_digests
 from freshroll.metrics import Tally
@@ -160,14 +162,36 @@ class ProgressLine(Observer):
         self.stream.flush()
 
 
-class Checkpointer(Observer):
-    """The write-ahead of a commit: the due evaluation (``eval.jsonl``'s columns, into
-    ``evals``) and checkpoint of a step, before the step's commit (this module's docstring)."""
+class Evaluations(Observer):
+    """The write-ahead of a commit's due evaluation: ``eval.jsonl``'s lines (their columns
+    into ``evals``), and their ``evaluated`` record, durable with the step's commit, which
+    binds eval.jsonl, the eval columns and summary.json's ``eval`` to the ledger (verify)."""
 
-    def __init__(self, run_dir: Path, cfg: Config, buf: SampleBuffer, evals: Evals,
-                 evaluator: Evaluator | None = None) -> None:
-        self.run_dir, self.cfg, self.buf, self.evals = run_dir, cfg, buf, evals
-        self.evaluator = evaluator
+    def __init__(self, buf: SampleBuffer, evals: Evals, evaluator: Evaluator | None) -> None:
+        self.buf, self.evals, self.evaluator = buf, evals, evaluator
+        self._done: dict[int, Evaluated] = {}  # step -> its evaluation's record
+
+    def before_commit(self, version: PolicyVersion, state: TrainerState) -> None:
+        """Evaluate the policy after the step, before its commit, when it is due (on the
+        trainer's thread)."""
+        ev = self.evaluator
+        if ev is None or not ev.due(version.step):
+            return
+        lines = ev.evaluate(version.step, ev.policy(state))
+        self.evals[version.step] = lines
+        self._done[version.step] = Evaluated(ts=self.buf.clock.now(), step=version.step,
+                                             lines=lines)
+
+    def checkpointed(self, step: int) -> Evaluated | None:
+        return self._done.pop(step, None)
+
+
+class Checkpointer(Observer):
+    """The write-ahead of a commit's checkpoint, before the step's commit (this module's
+    docstring)."""
+
+    def __init__(self, run_dir: Path, cfg: Config, buf: SampleBuffer) -> None:
+        self.run_dir, self.cfg, self.buf = run_dir, cfg, buf
         self._saved: dict[int, CheckpointSaved] = {}  # step -> its checkpoint's record
 
     def before_commit(self, version: PolicyVersion, state: TrainerState) -> None:
@@ -176,9 +200,6 @@ class Checkpointer(Observer):
 
         ``state()``: the learner's model and optimizer state, asked for only when a
         checkpoint is due (a trainer actor's are fetched from its process then)."""
-        ev = self.evaluator
-        if ev is not None and ev.due(version.step):  # the policy after the step, pre-commit
-            self.evals[version.step] = ev.evaluate(version.step, ev.policy(state))
         every = self.cfg.trainer.checkpoint_every
         if version.step % every and version.step < self.cfg.run.steps:
             return
@@ -218,16 +239,16 @@ class Recording(Observer):
         trim_evals(run_dir, buf.version.step if buf.version is not None else 0)
         evals = evals_by_step(run_dir)
         self.observers: list[RunObserver] = []
-        self.checkpointer = Checkpointer(run_dir, cfg, buf, evals, evaluator)
+        self.evaluations = Evaluations(buf, evals, evaluator)
+        self.checkpointer = Checkpointer(run_dir, cfg, buf)
         self.rows = MetricsRows(run_dir, buf, stream, evals, self.observers)
         self.progress = ProgressLine(cfg, stream)
-        self.observers += [self.checkpointer, self.rows, self.progress, Notes(), *extra]
+        self.observers += [self.evaluations, self.checkpointer, self.rows, self.progress,
+                           Notes(), *extra]
 
     def before_commit(self, version: PolicyVersion, state: TrainerState) -> None:
+        self.evaluations.before_commit(version, state)
         self.checkpointer.before_commit(version, state)
-
-    def checkpointed(self, step: int) -> CheckpointSaved | None:
-        return self.checkpointer.checkpointed(step)
 
     def on_step(self, report: StepReport) -> None:
         for o in self.observers:
@@ -284,4 +305,5 @@ def _fmt(value: Any, spec: str) -> str:
     return format(value, spec) if isinstance(value, int | float) else "-"
 
 
-__all__ = ["Checkpointer", "MetricsRows", "ProgressLine", "Recording", "checkpoint_error"]
+__all__ = ["Checkpointer", "Evaluations", "MetricsRows", "ProgressLine", "Recording",
+           "checkpoint_error"]

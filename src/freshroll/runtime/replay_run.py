@@ -11,6 +11,10 @@ each, the weights digest and the policy-version digest (parent, batch, settings 
 =========  ==============================================================================
 cause      meaning
 =========  ==============================================================================
+inputs     a file of the run directory's ``model/`` or ``inputs/`` does not have the sha256
+           the ledger's ``run_config`` recorded, or (a replay from step 0) the initial
+           model's digest is not the one the run started from: a tampered input, named,
+           before any training
 samples    a stored sample of the replayed steps does not match the digest its
            ``generated`` event recorded (altered data: ``verify`` names every file)
 checkpoint the checkpoint replayed from does not hold the committed weights of its step
@@ -30,7 +34,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,7 +47,7 @@ from freshroll.config import Config, read_yaml, validate
 from freshroll.engines.model_dir import quiet_transformers
 from freshroll.errors import ConfigError, RunDirError
 from freshroll.ledger import LEDGER_FILE, Ledger
-from freshroll.lineage import policy_step
+from freshroll.lineage import input_digests, policy_step
 from freshroll.runtime.learner import (
     Heartbeat,
     initial_model_dir,
@@ -67,7 +71,7 @@ from freshroll.trainer.replay import (
 @dataclass(frozen=True)
 class Divergence:
     step: int
-    cause: str  # samples | checkpoint | settings | weights | version
+    cause: str  # inputs | samples | checkpoint | settings | weights | version
     message: str
 
 
@@ -154,6 +158,9 @@ def replay_run(run_dir: Path, from_step: int = 0, to_step: int | None = None,
         r.train_s = {policy_step(e.version): e.train_s for e in events
                      if isinstance(e, ev.Committed)}
         ckpt_path, r.start = resume_point(run_dir, chain, from_step)
+        tampered = _tampered_input(run_dir, source, events, r.start)
+        if tampered is not None:
+            return r.result(tampered)
         if r.start > 0:
             bad = r.restore(ckpt_path, ckpt_path.relative_to(run_dir))
             if bad is not None:
@@ -169,6 +176,39 @@ def replay_run(run_dir: Path, from_step: int = 0, to_step: int | None = None,
             if say is not None:
                 say(f"step {step}: weights and version {chain[step].version.digest} match")
     return r.result(None)
+
+
+def _tampered_input(run_dir: Path, source: Path, events: Sequence[ev.Event],
+                    start: int) -> Divergence | None:
+    """The run's recorded inputs re-read (module docstring, cause ``inputs``): a tampered
+    starting model is named as such, never blamed on the kernels."""
+    configs = [e for e in events if isinstance(e, ev.RunConfig)]
+    recorded = next((e.input_files for e in reversed(configs) if e.input_files is not None),
+                    None)
+    if recorded is not None:
+        have = input_digests(run_dir)
+        for name, want in sorted(recorded.items()):
+            got = have.get(name)
+            if got != want:
+                how = "missing" if got is None else f"sha256 {got}"
+                return Divergence(start + 1, "inputs", (
+                    f"{name}: {how}, the ledger recorded sha256 {want}: an input of the run "
+                    "was altered after the run read it, not the kernels (freshroll verify "
+                    "names every file)"))
+    if start > 0 or not configs:  # from step 0: the model itself (a model.path outside too)
+        return None
+    from freshroll.engines.tiny import model_digest
+
+    try:
+        got = model_digest(source)
+    except Exception as exc:  # garbage weights do not load at all
+        got = f"unreadable ({type(exc).__name__})"
+    want = configs[0].model_digest
+    if got == want:
+        return None
+    return Divergence(1, "inputs", (
+        f"the initial model {source} has digest {got}, the run started from {want}: it was "
+        "altered after the run read it, not the kernels"))
 
 
 class _Replay:

@@ -290,8 +290,10 @@ def canonical(config: Mapping[str, Any]) -> str:
 def announce(
     config: Mapping[str, Any], changes: Iterable[Change], allow: Collection[str], *,
     step: int, model_digest: str, ts: float, reward_version: str | None = None,
+    input_files: dict[str, str] | None = None,
 ) -> list[ev.RunConfig | ev.SettingsChanged]:
-    """The events a start or resume writes with its ``opened``: the changes, then the config."""
+    """The events a start or resume writes with its ``opened``: the changes, then the config
+    (with ``input_files``: the run directory's inputs' sha256, verify's binding of them)."""
     out: list[ev.RunConfig | ev.SettingsChanged] = []
     changes = list(changes)
     if changes:
@@ -304,7 +306,7 @@ def announce(
     text = canonical(config)
     out.append(ev.RunConfig(
         ts=ts, step=step, config=text, config_digest=digest_of(text), model_digest=model_digest,
-        reward_version=reward_version,
+        reward_version=reward_version, input_files=input_files,
     ))
     return out
 

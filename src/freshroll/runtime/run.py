@@ -49,7 +49,7 @@ import torch
 from freshroll.buffer import KernelConfig, SampleBuffer
 from freshroll.clock import Clock, RealClock, VirtualClock
 from freshroll.config import Config
-from freshroll.errors import Interrupted
+from freshroll.errors import ConfigError, Interrupted
 from freshroll.figures.overlap import host_now
 from freshroll.figures.overlap import render as render_overlap
 from freshroll.freshness import window_note
@@ -62,7 +62,6 @@ from freshroll.pipeline.observers import FollowMode, RunObserver
 from freshroll.pipeline.pipeline import Pipeline, run_pipeline
 from freshroll.placement.placement import Placement, may_fork_workers, settled
 from freshroll.placement.process_engine import prestart_workers
-from freshroll.placement.shm_weights import sweep_segments
 from freshroll.placement.thread_probe import (
     remember_choice,
     remember_settled,
@@ -70,11 +69,12 @@ from freshroll.placement.thread_probe import (
 )
 from freshroll.runtime.endfiles import Finished, finish_run_dir, record_fixed_costs
 from freshroll.runtime.evaluation import build_evaluator
+from freshroll.runtime.leftovers import sweep_leftovers, undo_start
 from freshroll.runtime.placements import ChaosSession, Components, MakeEngine, build_components
 from freshroll.runtime.prepare import Prepared, prepare_run_dir
 from freshroll.runtime.recording import Recording
 from freshroll.runtime.resume import announce
-from freshroll.runtime.rundir import write_text_atomic
+from freshroll.runtime.rundir import finished_run, resume_config, write_text_atomic
 
 
 @dataclass
@@ -124,6 +124,11 @@ def run(
     is closed when the run ends. The run directory is locked for the whole call.
     """
     called_at = time.time()  # fixed_costs.start_s counts from here
+    sweep_leftovers(out, stream)  # what killed runs on this machine left, whatever runs now
+    if resume:
+        done = nothing_to_do(out, cfg, allow_change, stream)
+        if done is not None:
+            return done
     if cfg is not None and may_fork_workers(cfg, injected=make_engine is not None):
         prestart_workers()  # its imports beside the run's start, not after it
     prep = prepare_run_dir(cfg, out, resume, allow_change)
@@ -131,6 +136,28 @@ def run(
         return _run(prep, out, stream, make_engine, chaos, report, called_at, observers)
     finally:
         prep.lock.release()
+
+
+def nothing_to_do(out: Path, cfg: Config | None, allow_change: tuple[str, ...],
+                  stream: TextIO) -> RunResult | None:
+    """A resume of a finished run with nothing left to train (:func:`finished_run`) whose
+    directory verifies: said, and answered from the run directory, which is left as it is
+    (no lock taken, no config, event or row written). None: a run to resume (one whose
+    files fail verify is resumed as before: the resume rebuilds them from the ledger)."""
+    from freshroll.harness.verify import verify_run
+
+    if cfg is None:
+        cfg = resume_config(out)
+    summary = finished_run(out, cfg, allow_change)
+    if summary is None:
+        return None
+    if not verify_run(out).ok:  # files to rebuild from the ledger (metrics rows...): resumed
+        return None
+    stream.write(f"freshroll: {out}: finished at step {summary['steps']} (run.steps "
+                 f"{cfg.run.steps}): nothing to do; to train on, resume with a larger "
+                 f"run.steps (freshroll run --resume {out} run.steps=N)\n")
+    stream.flush()
+    return RunResult(out, summary, True)
 
 
 def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | None,
@@ -156,14 +183,18 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
             max_staleness=cfg.run.max_staleness, admission_window=cfg.run.window_steps,
             basis=cfg.run.staleness_basis, continues=_continues(cfg)):
         stream.write(note + "\n")
-    _sweep_segments(out, stream)
     ledger = open_ledger(out, reserve=RESERVE_BYTES)  # closes even on a full disk
     clock = run_clock(cfg, ledger)
     buf = _open_buffer(prep, asked, ledger, kernel, clock, out.name, stream)
     order = [p.prompt_id for p in prep.prompts]
     random.Random(cfg.run.seed).shuffle(order)
-    parts, rec = _assemble(prep, buf, out, clock, placement, stream, make_engine, chaos,
-                           observers)
+    try:
+        parts, rec = _assemble(prep, buf, out, clock, placement, stream, make_engine, chaos,
+                               observers)
+    except ConfigError:
+        if prep.history is None:  # a new run: left as if it never started (re-runnable)
+            undo_start(buf.ledger, out)
+        raise
     stop = _drive(prep, order, buf, clock, parts, rec, chaos, out, placement, stream)
     if stop is not None:
         failure, stopped = stop
@@ -306,7 +337,7 @@ def _open_buffer(prep: Prepared, asked: Config, ledger: Ledger, kernel: KernelCo
         announce=announce(
             asked.model_dump(mode="json"), prep.changes, prep.allow_change, step=step,
             model_digest=prep.model_digest, ts=clock.now(),
-            reward_version=str(prep.rewards.version),
+            reward_version=str(prep.rewards.version), input_files=prep.input_files,
         ),
     )
 
@@ -335,15 +366,6 @@ def own_watchers(cfg: Config, placement: Placement, out: Path,
         if follow is not None:
             found.append(FollowMode(follow))
     return found + build_monitors(cfg, out, stream)
-
-
-def _sweep_segments(out: Path, stream: TextIO) -> None:
-    """Remove the weight segments a killed process group of this run left in shared memory
-    (:func:`~freshroll.placement.shm_weights.sweep_segments`), and say so."""
-    removed = sweep_segments(out)
-    if removed:
-        stream.write(f"freshroll: {out}: removed {len(removed)} shared-memory weight "
-                     f"segment(s) a killed run left: {', '.join(p.name for p in removed)}\n")
 
 
 def _start_line(cfg: Config, out: Path, model: Path, n_prompts: int, buf: SampleBuffer,

@@ -19,13 +19,16 @@ Guarantees:
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
+from freshroll import events as ev
 from freshroll.config import Config, load_config
-from freshroll.errors import RunDirError
-from freshroll.ledger import LEDGER_FILE, holds_events
+from freshroll.errors import LedgerError, RunDirError
+from freshroll.ledger import LEDGER_FILE, Ledger, holds_events
+from freshroll.lineage import policy_step
 
 LOCK_FILE = "run.lock"
 
@@ -80,17 +83,87 @@ def check_out_dir(run_dir: Path, *, resume: bool) -> None:
     holds no run: a new run may start in it, and ``--resume`` starts the run from step 0
     with the directory's ``config.yaml``. So does ``--resume`` of a directory with a
     ``config.yaml`` and no ledger yet (a start killed after writing its config: the model
-    save or the ledger's creation)."""
+    save or the ledger's creation). But a missing or empty ledger beside files that only a
+    run with a ledger writes (:func:`earlier_run`) is refused, naming them."""
     if run_dir.exists() and not run_dir.is_dir():
         raise RunDirError(f"{run_dir}: not a directory (--out and --resume name a run directory)")
     ledger = run_dir / LEDGER_FILE
+    held = holds_events(ledger)
+    if not held and (found := earlier_run(run_dir)):
+        state = "holds no event" if ledger.exists() else "is missing"
+        raise RunDirError(
+            f"{run_dir}: holds files of an earlier run ({', '.join(found)}) but its "
+            f"{LEDGER_FILE} {state}: the run's record is gone, and a run started here would "
+            f"rewrite them; restore {LEDGER_FILE} from a copy, or use another --out")
     if resume and not ledger.is_file() and not (run_dir / "config.yaml").is_file():
         raise RunDirError(f"{run_dir}: nothing to resume (no {LEDGER_FILE}); start the run "
                           f"with --out {run_dir}")
-    if not resume and holds_events(ledger):
+    if not resume and held:
         raise RunDirError(
             f"{run_dir}: already holds a run; use --resume {run_dir} or another --out"
         )
+
+
+#: files a run writes only once its ledger holds events (a start killed before that leaves
+#: at most config.yaml, model/, run.lock and a ledger being built)
+_RUN_FILES = ("metrics.jsonl", "summary.json", "counts.json", "eval.jsonl", "report.html")
+
+
+def earlier_run(run_dir: Path) -> list[str]:
+    """What in ``run_dir`` only a run with a ledger writes: its checkpoints and end files.
+    Beside a missing or empty ledger they mean the run's record was lost (deleted,
+    truncated, not copied), not that no run was made: such a directory is refused rather
+    than started over (its checkpoints would be rewritten as a new run's)."""
+    found = []
+    steps = sorted(p.name for p in (run_dir / "checkpoints").glob("step-*") if p.is_dir())
+    if steps:
+        found.append(f"checkpoints/{steps[-1]}" + (f" and {len(steps) - 1} more"
+                                                   if len(steps) > 1 else ""))
+    for name in _RUN_FILES:
+        path = run_dir / name
+        if path.is_file() and path.stat().st_size > 0:
+            found.append(name)
+    return found
+
+
+def finished_run(run_dir: Path, cfg: Config, allow_change: tuple[str, ...] = ()
+                 ) -> dict[str, Any] | None:
+    """``summary.json`` of a run that a plain resume under ``cfg`` has nothing left to do
+    for: its ledger closed ``done`` after committing step ``cfg.run.steps``, ``cfg`` the
+    config it recorded last (no key changed, no ``allow_change``), its end files written
+    (``summary.json`` and ``report.html``).
+    None otherwise: a run to continue, a change for the resume rules to judge, or end
+    files for a resume to rewrite.
+
+    A resume of such a run would start the placement, admit groups and append events only
+    to drain them again; it is answered from the directory instead, before anything is
+    locked or written."""
+    from freshroll.runtime.resume import diff, flatten
+
+    ledger = run_dir / LEDGER_FILE
+    if allow_change or not holds_events(ledger):
+        return None
+    try:
+        with Ledger(ledger, readonly=True) as read:
+            last = next(read.events(after=read.last_seq - 1), (0, None))[1]
+            commit, config = read.last_of("committed"), read.last_of("run_config")
+    except LedgerError:
+        return None  # the resume itself reports a damaged ledger
+    if not (isinstance(last, ev.Closed) and last.reason == "done"
+            and isinstance(commit, ev.Committed) and isinstance(config, ev.RunConfig)):
+        return None
+    if policy_step(commit.version) != cfg.run.steps:  # fewer: to train; more: refused later
+        return None
+    defaults = flatten(Config().model_dump(mode="json"))
+    if diff(flatten(json.loads(config.config)), flatten(cfg.model_dump(mode="json")), defaults):
+        return None
+    if not (run_dir / "report.html").is_file():  # a kill after summary.json: the resume
+        return None                               # writes the report
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return summary if isinstance(summary, dict) and "steps" in summary else None
 
 
 def write_text_atomic(path: Path, text: str) -> None:
@@ -123,6 +196,7 @@ def resume_config(
 
 
 __all__ = [
-    "LOCK_FILE", "RunDirLock", "check_out_dir", "lock_run_dir", "resume_config",
+    "LOCK_FILE", "RunDirLock", "check_out_dir", "earlier_run", "finished_run", "lock_run_dir",
+    "resume_config",
     "write_text_atomic",
 ]

@@ -52,6 +52,31 @@ def check_targets(model: torch.nn.Module, cfg: LoraSection) -> None:
             f"linear layers: {', '.join(linear_names(model))}")
 
 
+def check_on_skeleton(model_config: Any, cfg: LoraSection) -> None:
+    """``cfg`` put on the model's skeleton (built from its config on the meta device: no
+    weights read, nothing allocated), as :func:`wrap` puts it on the learner's model: a
+    target that matches nothing, or anything else peft refuses, is a
+    :class:`~freshroll.errors.ConfigError` naming ``trainer.lora`` before the run directory
+    is written (found at the learner's build, it left a directory that could neither be
+    re-run nor resumed)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):
+            skeleton = AutoModelForCausalLM.from_config(model_config)  # type: ignore[no-untyped-call]  # transformers: unannotated
+    except Exception:  # the model's own checks report an unloadable config elsewhere
+        return
+    check_targets(skeleton, cfg)
+    try:
+        get_peft_model(skeleton, LoraConfig(
+            r=cfg.r, lora_alpha=cfg.alpha,  # type: ignore[arg-type]  # a float works
+            lora_dropout=cfg.dropout, target_modules=list(cfg.target_modules), bias="none",
+            task_type="CAUSAL_LM"))
+    except Exception as exc:  # peft raises ValueError, TypeError, its own errors...
+        raise ConfigError(f"trainer.lora: {type(exc).__name__}: {exc}"[:500]) from None
+
+
 def wrap(model: torch.nn.Module, cfg: LoraSection) -> torch.nn.Module:
     """``model`` with LoRA adapters on ``cfg.target_modules``; only they are trainable."""
     from peft import LoraConfig, get_peft_model
