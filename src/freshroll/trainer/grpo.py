@@ -249,8 +249,7 @@ class GRPOLearner:
         self.loss_cfg = LossConfig(
             aggregation=cfg.aggregation, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
             correction=cfg.correction, is_cap=cfg.is_cap, kl_coef=cfg.kl_coef,
-            ratio_level=cfg.ratio_level,
-            max_completion_len=max_new_tokens,
+            ratio_level=cfg.ratio_level, max_completion_len=max_new_tokens,
         )
         # every parameter, or a LoRA model's adapters alone (freshroll.trainer.lora.wrap)
         self.optimizer = torch.optim.AdamW(
@@ -263,11 +262,10 @@ class GRPOLearner:
         self.ref = copy.deepcopy(model).eval() if cfg.kl_coef > 0 else None
         self._takes_keep = takes_logits_to_keep(model)
         self._cache_name = cache_kwarg(model)
-        #: rows that share a prompt share its positions (shared_batch); off for a model with
-        #: dropout, and for good once its cache turns out not to be indexable
+        #: rows share their prompt's positions (shared_batch): off with dropout, or for good
+        #: once the cache turns out not to be indexable
         self.share_prompts = not drops_out(model)
-        # on_nonfinite decides what happens to a step that is never applied: not a setting
-        # of the training math, so not part of the digest that versions every commit
+        # the digest that versions every commit: the training math (on_nonfinite is not)
         self.settings_digest = settings_digest(cfg, temperature, total_steps)
         model.train()
 
