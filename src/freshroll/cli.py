@@ -106,6 +106,7 @@ def run(config: Path | None, overrides: tuple[str, ...], out: Path | None,
 
 def _print_result(result: RunResult) -> None:
     from freshroll.figures.bias import render as render_bias
+    from freshroll.figures.evals import render_eval
     from freshroll.figures.learning import render_learning
     from freshroll.figures.segments import render_segments
     from freshroll.figures.summary import render_reward_versions
@@ -136,6 +137,9 @@ def _print_result(result: RunResult) -> None:
     learning = render_learning(s.get("learning"))  # a collapse, or asynchrony's cost
     if learning:
         click.echo(learning, err=True)
+    evaluated = render_eval(s.get("eval"))  # the held-out reward, and what it scored
+    if evaluated:
+        click.echo(evaluated, err=True)
     fixed = render_fixed_costs(s)
     if fixed:
         click.echo(fixed, err=True)

@@ -15,6 +15,7 @@ import pytest
 from freshroll.config import Config, load_config
 from freshroll.engines.base import Completion
 from freshroll.errors import ConfigError
+from freshroll.figures.evals import render_eval
 from freshroll.ledger import LEDGER_FILE, Ledger
 from freshroll.rewards.scoring import Score
 from freshroll.rewards.tasks import Prompt, make_prompts
@@ -143,6 +144,32 @@ def test_metric_columns_trim_and_summary(tmp_path: Path) -> None:
         0.1, 0.5, 0.5, 4)
     assert summary["skipped"] == 1 and [s["step"] for s in summary["steps"]] == [2, 4]
     assert eval_summary(tmp_path / "none") is None
+    # the end line says what was scored and how (issue 48 item 7: 32 greedy prompts by
+    # default, never said)
+    assert render_eval(summary) == (
+        "eval: reward 0.100 -> 0.500 (best 0.500 at step 4) on the first 4 prompts of "
+        "eval.file (eval.n_prompts), greedy/sampled, at 2 step(s), 1 prompt(s) skipped over "
+        "the run (eval.budget_s)")
+    assert render_eval(None) == "" and render_eval({"last": None}) == ""
+
+
+def test_the_progress_line_shows_each_evaluation_and_keeps_it() -> None:
+    """Issue 48 item 7: a log's line is throttled to every ~2.5% of the run, so step 20's
+    evaluation was never printed; now a row with an evaluation is always drawn, and the last
+    evaluation stays in the lines after it."""
+    from freshroll.config import validate
+    from freshroll.runtime.recording import ProgressLine
+
+    log = io.StringIO()
+    line = ProgressLine(validate({"run": {"steps": 400}}), log)
+    base = {"t": 1.0, "reward_mean": 0.5, "accepted_per_s": 10.0, "trainer_idle_ratio": 0.0,
+            "discards": 0, "discard_rate": 0.0}
+    for step in range(1, 31):
+        extra = {"eval/reward": 0.25} if step == 13 else {}
+        line.on_row({"step": step, **base, **extra}, live=True)
+    drawn = log.getvalue().splitlines()
+    assert [ln.split()[1] for ln in drawn] == ["10/400", "13/400", "20/400", "30/400"]
+    assert "eval" not in drawn[0] and all("eval 0.250@13" in ln for ln in drawn[1:])
 
 
 def test_a_tiny_budget_returns_promptly_and_restores_training_mode(

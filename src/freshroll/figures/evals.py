@@ -96,7 +96,24 @@ def summary_of(lines: Sequence[Line]) -> dict[str, Any] | None:
     }
 
 
+def render_eval(block: Any) -> str:
+    """``summary.json``'s ``eval`` as the end line: what was scored and how (the number of
+    prompts of the last evaluation and its decoding, so 32 greedy prompts are never read as
+    the whole held-out set), the first, last and best reward; empty without a score."""
+    if not isinstance(block, dict) or block.get("last") is None:
+        return ""
+    steps = block.get("steps") or [{}]
+    last = steps[-1]
+    n = int(last.get("n_scored") or 0) + int(last.get("n_skipped") or 0)
+    how = "/".join(block.get("modes") or []) or "?"
+    skipped = f", {block['skipped']} prompt(s) skipped over the run (eval.budget_s)" \
+        if block.get("skipped") else ""
+    return (f"eval: reward {block['first']:.3f} -> {block['last']:.3f} (best "
+            f"{block['best']:.3f} at step {block['best_step']}) on the first {n} prompts of "
+            f"eval.file (eval.n_prompts), {how}, at {len(steps)} step(s){skipped}")
+
+
 __all__ = [
     "EVAL_FILE", "Line", "by_step", "eval_summary", "evals_by_step", "latest", "metrics_columns",
-    "read_eval", "summary_of", "with_eval",
+    "read_eval", "render_eval", "summary_of", "with_eval",
 ]

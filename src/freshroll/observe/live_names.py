@@ -65,6 +65,8 @@ NAMES: Final[tuple[LiveName, ...]] = (
     LiveName("mismatch_kl", "async/mismatch_kl", "freshroll_mismatch_kl",
              "KL of behaviour to proximal policy (k3)"),
     LiveName("entropy", "entropy", "freshroll_entropy", "mean token entropy of the last batch"),
+    LiveName("eval/reward", "eval/reward", "freshroll_eval_reward",
+             "the last evaluation's mean reward on the held-out prompts (eval.file)"),
     LiveName("grad_norm", "grad_norm", "freshroll_grad_norm", "gradient norm before clipping"),
     LiveName("lr", "learning_rate", "freshroll_learning_rate", "the last step's learning rate"),
     LiveName("kv_cache_usage", "engine/kv_cache_usage", "freshroll_kv_cache_usage",

@@ -117,16 +117,20 @@ class ProgressLine(Observer):
         self.cfg, self.stream = cfg, stream
         self._fields: list[str] = []  # the progress line drawn in place on a terminal, if any
         self.pace = Pace(cfg.run.steps)  # steps/s and the time left
+        self._eval: tuple[int, float] | None = None  # the last evaluation: step, reward
 
     def on_row(self, row: Row, live: bool) -> None:
-        """One line per step on a terminal (redrawn in place); every ~2.5% of the run in logs.
-        The rows a stopped run catches up on are not drawn."""
+        """One line per step on a terminal (redrawn in place); every ~2.5% of the run in logs,
+        and each step with an evaluation. The rows a stopped run catches up on are not drawn."""
         if not live or not self.cfg.run.progress:
             return
         step, total = row["step"], self.cfg.run.steps
         self.pace.feed(step, row["t"])
+        evaluated = row.get("eval/reward")
+        if isinstance(evaluated, int | float):
+            self._eval = (step, float(evaluated))
         tty = self.stream.isatty()
-        if not tty and step % max(1, total // 40) and step != total:
+        if not tty and step % max(1, total // 40) and step != total and evaluated is None:
             return
         fields = self._fields_of(row)
         end = "\n" if not tty or step == total else ""
@@ -140,6 +144,7 @@ class ProgressLine(Observer):
         return [
             f"step {row['step']:>4}/{self.cfg.run.steps}",
             f"reward {_fmt(row.get('reward_mean'), '.3f')}",
+            *([f"eval {self._eval[1]:.3f}@{self._eval[0]}"] if self._eval else []),
             f"accepted/s {_fmt(row['accepted_per_s'], '7.1f')}",
             f"lag {_fmt(row.get('lag_mean'), '.2f')} "
             f"(max {_fmt(row.get('lag_max'), '.0f')}/{self.cfg.run.max_staleness})",
