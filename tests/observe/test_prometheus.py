@@ -58,6 +58,28 @@ def test_rows_set_the_gauges_and_the_mode_follows_the_fallback():
         urllib.request.urlopen(prom.url, timeout=2)
 
 
+def test_totals_are_counters_and_each_reward_function_has_its_series():
+    """Issue 48 item 9: ``*_total`` were typed as gauges (``rate()`` warns on a gauge); the
+    per-reward means, the loss, the clip fraction and the zero-std share were absent."""
+    prom = PrometheusExporter(_free_port(), run_id="r1").start()
+    try:
+        prom.on_row({"step": 2, "accepted_total": 256, "discards": 3, "loss": -0.25,
+                     "clip_frac": 0.125, "frac_reward_zero_std": 0.5,
+                     "rewards/exact/mean": 0.75, "rewards/format_reward/mean": 1.0}, True)
+        text = urllib.request.urlopen(prom.url, timeout=5).read().decode()
+        for name in ("freshroll_accepted_rollouts_total", "freshroll_discards_total"):
+            assert f"# TYPE {name} counter" in text, text
+        assert 'freshroll_accepted_rollouts_total{run="r1"} 256.0' in text
+        assert "# TYPE freshroll_step gauge" in text
+        assert 'freshroll_reward_fn_mean{fn="exact",run="r1"} 0.75' in text
+        assert 'freshroll_reward_fn_mean{fn="format_reward",run="r1"} 1.0' in text
+        got = _scrape(prom.url)
+        assert (got["freshroll_loss"], got["freshroll_clip_fraction"],
+                got["freshroll_zero_std_group_share"]) == (-0.25, 0.125, 0.5)
+    finally:
+        prom.close()
+
+
 def test_a_taken_port_is_one_clear_error_naming_the_key():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

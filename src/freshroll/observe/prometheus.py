@@ -16,6 +16,8 @@ value. Fields counted by a label (``discards/<reason>``, ``lag_histogram/<lag>``
 labelled gauge each (``freshroll_discards_by_reason{reason="stale"}``), and the last
 decision's bottleneck is a gauge per value seen, 1 for the row's and 0 for the others
 (:data:`~freshroll.observe.live_names.LABELLED`, :data:`~freshroll.observe.live_names.STATES`).
+The ``*_total`` names are counters (typed ``counter`` in the exposition, so ``rate()`` reads
+them), each reward function's batch mean is ``freshroll_reward_fn_mean{fn="..."}``.
 """
 
 from __future__ import annotations
@@ -36,6 +38,26 @@ GAUGES: Final[dict[str, tuple[str, str]]] = {
 }
 #: the sync fallback's mode (1 async, 0 sync), set on each ``mode_decided``
 MODE_GAUGE: Final = "freshroll_async_mode"
+#: each reward function's mean over the last batch (``rewards/<name>/mean``), labelled ``fn``
+REWARD_FN_GAUGE: Final = "freshroll_reward_fn_mean"
+
+
+class _Totals:
+    """The ``*_total`` names of :data:`GAUGES`, exposed as Prometheus counters (a counter only
+    grows; each row's value is the run's count so far, read from the row, never added up
+    here): a custom collector, since ``prometheus_client``'s ``Counter`` cannot be set."""
+
+    def __init__(self, names: dict[str, str], labels: dict[str, str]) -> None:
+        self.help, self.labels = names, labels
+        self.values: dict[str, float] = {}
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily
+
+        for name, value in self.values.items():
+            family = CounterMetricFamily(name, self.help[name], labels=list(self.labels))
+            family.add_metric(list(self.labels.values()), value)
+            yield family
 
 
 class PrometheusExporter(Observer):
@@ -48,10 +70,16 @@ class PrometheusExporter(Observer):
         self.port, self.host = port, host
         self.registry = CollectorRegistry()  # the run's own: nothing of another run mixes in
         labels = {"run": run_id} if run_id else {}
+        self._totals = _Totals({n: h for n, (_, h) in GAUGES.items() if n.endswith("_total")},
+                               labels)
+        self.registry.register(self._totals)
         self._gauges = {
             name: Gauge(name, help_, registry=self.registry, labelnames=list(labels))
-            for name, (_, help_) in GAUGES.items()
+            for name, (_, help_) in GAUGES.items() if name not in self._totals.help
         }
+        self._reward_fns = Gauge(REWARD_FN_GAUGE, "each reward function's mean over the last "
+                                 "batch (rewards/<fn>/mean)", registry=self.registry,
+                                 labelnames=[*labels, "fn"])
         self._mode = Gauge(MODE_GAUGE, "1 while the run is async, 0 in the sync fallback",
                            registry=self.registry, labelnames=list(labels))
         self._labelled = {
@@ -89,9 +117,15 @@ class PrometheusExporter(Observer):
     def on_row(self, row: Row, live: bool) -> None:
         for name, (field, _) in GAUGES.items():
             value = row.get(field)
-            if _finite(value):
+            if not _finite(value):
+                continue
+            if name in self._totals.help:
+                self._totals.values[name] = float(value)  # type: ignore[arg-type]
+            else:
                 self._gauge(name).set(value)
         for field, value in row.items():
+            if field.startswith("rewards/") and field.endswith("/mean") and _finite(value):
+                self._reward_fns.labels(**self._labels, fn=field[8:-5]).set(value)
             prefix = field[:field.find("/") + 1]
             if prefix in self._labelled and _finite(value):
                 self._labelled[prefix].labels(**self._labels, **{
