@@ -184,6 +184,14 @@ def test_replay_names_a_tampered_starting_model(finished: Path, tmp_path: Path) 
     assert result.divergence.cause == "inputs", result.render()
     assert "model/model.safetensors" in result.divergence.message
     assert "non-deterministic" not in result.render()
+    # a flipped header byte: the model does not even load; named before it is loaded
+    path = run / "model" / "model.safetensors"
+    data = bytearray(path.read_bytes())
+    data[3] ^= 0xFF
+    path.write_bytes(bytes(data))
+    result = replay_run(run)
+    assert result.divergence is not None and result.divergence.cause == "inputs"
+    assert "no step from the initial model was matched" in result.render()
 
 
 def test_a_python_api_runs_saved_dataset_is_bound(tmp_path: Path) -> None:

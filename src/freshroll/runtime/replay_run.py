@@ -102,6 +102,9 @@ class ReplayResult:
                     f"{self.threads} thread(s): every weights and policy-version digest "
                     f"matches the ledger ({self.steps} steps{pace})")
         d = self.divergence
+        if not self.steps:  # the first step (or an input) diverged: nothing matched yet
+            return (f"replay: DIVERGED at step {d.step} ({d.cause}): {d.message}\n"
+                    f"replay: no step from {start} was matched before it")
         return (f"replay: DIVERGED at step {d.step} ({d.cause}): {d.message}\n"
                 f"replay: steps {self.from_step + 1}-{d.step - 1} from {start} matched "
                 f"({self.steps} steps{pace})")
@@ -154,13 +157,14 @@ def replay_run(run_dir: Path, from_step: int = 0, to_step: int | None = None,
                               "(0 <= FROM <= TO)")
         events = [e for _, e in ledger.events()]
         chain = committed_chain(ledger)
+        ckpt_path, start = resume_point(run_dir, chain, from_step)
+        tampered = _tampered_input(run_dir, source, events, start)
+        if tampered is not None:  # before the model is loaded: a tampered one may not load
+            return ReplayResult(start, to, 0, None, None, threads, tampered)
         r = _Replay(cfg, source, buf, chain, history(events), threads, to)
         r.train_s = {policy_step(e.version): e.train_s for e in events
                      if isinstance(e, ev.Committed)}
-        ckpt_path, r.start = resume_point(run_dir, chain, from_step)
-        tampered = _tampered_input(run_dir, source, events, r.start)
-        if tampered is not None:
-            return r.result(tampered)
+        r.start = start
         if r.start > 0:
             bad = r.restore(ckpt_path, ckpt_path.relative_to(run_dir))
             if bad is not None:
