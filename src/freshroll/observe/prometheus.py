@@ -141,7 +141,7 @@ class PrometheusExporter(Observer):
             if not _finite(value):
                 continue
             if name in self._totals.help:
-                self._totals.values[name] = float(value)  # type: ignore[arg-type]
+                self._totals.values[name] = float(value)  # type: ignore[arg-type]  # _finite
             else:
                 self._gauge(name).set(value)
         for field, value in row.items():
