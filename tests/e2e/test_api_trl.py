@@ -13,6 +13,7 @@ import pytest
 
 from freshroll import GRPOTrainer
 from freshroll.errors import ConfigError
+from freshroll.trl_args import DroppedTrlArgs
 
 trl = pytest.importorskip("trl")
 transformers = pytest.importorskip("transformers")
@@ -138,3 +139,40 @@ def test_stock_transformers_callbacks_run_with_the_runs_own_arguments(
             seen.args.learning_rate) == (str(out), 2, 4, 5e-4)
     assert "'reward':" in capsys.readouterr().out  # PrinterCallback printed each log
 
+
+
+def exact(completions: list[str], target: list[str], **kwargs: Any) -> list[float]:
+    return [float(c.strip() == t) for c, t in zip(completions, target, strict=True)]
+
+
+def test_a_trl_script_runs_with_only_its_import_changed(tmp_path: Path) -> None:
+    """The issue's goal: TRL's GRPOConfig, callbacks, LoRA and an eval set, as a TRL script
+    writes them (``from trl import GRPOTrainer`` became ``from freshroll import ...``)."""
+    from datasets import Dataset
+    from peft import LoraConfig
+
+    from freshroll.engines.tiny import save_tiny
+
+    model_dir = save_tiny(tmp_path / "tiny", seed=0)
+    rows = [{"prompt": f"rev {i:03d}=", "target": str(i).zfill(3)[::-1]} for i in range(16)]
+    seen = Recorder()
+    # --- the TRL script, unchanged but for the import ---
+    training_args = trl.GRPOConfig(
+        output_dir=str(tmp_path / "run"), use_cpu=True, max_steps=2, learning_rate=1e-3,
+        num_generations=4, per_device_train_batch_size=8, max_completion_length=4,
+        eval_strategy="steps", eval_steps=1, logging_steps=1, report_to="none", seed=3)
+    with pytest.warns(DroppedTrlArgs, match=r"logging_steps=1 \(nearest: every committed"):
+        trainer = GRPOTrainer(
+            model=str(model_dir), reward_funcs=exact, args=training_args,
+            train_dataset=Dataset.from_list(rows), eval_dataset=Dataset.from_list(rows[:4]),
+            peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+            callbacks=[seen])
+    trainer.train()
+    # ---
+    assert trainer.result.ok and trainer.result.summary["steps"] == 2
+    cfg = trainer.config
+    assert cfg.trainer.lora is not None and cfg.trainer.lora.r == 4
+    assert (cfg.eval.every_steps, cfg.rollout.batch_groups) == (1, 2)
+    assert [e for e in seen.events if e[0] != "log"] == [
+        ("begin", 0), ("step_end", 1), ("step_end", 2), ("end", 2)]
+    assert all("eval/reward" in log for log in seen.logs)
