@@ -101,12 +101,12 @@ def test_unsupported_fields_that_change_training_are_one_error_naming_each() -> 
 def test_operational_fields_are_dropped_with_one_warning() -> None:
     with pytest.warns(DroppedTrlArgs) as caught:
         got = convert(_cfg(report_to="tensorboard", logging_steps=1, push_to_hub=False,
-                           gradient_checkpointing=False, learning_rate=1e-4))
+                           log_completions=True, learning_rate=1e-4))
     assert len(caught) == 1
     msg = str(caught[0].message)
     assert "report_to=['tensorboard'] (nearest: monitor.tensorboard: true" in msg
-    assert "gradient_checkpointing=False" in msg and "logging_steps=1" in msg
-    assert set(got.dropped) == {"report_to", "logging_steps", "gradient_checkpointing"}
+    assert "log_completions=True (nearest: every completion" in msg and "logging_steps=1" in msg
+    assert set(got.dropped) == {"report_to", "logging_steps", "log_completions"}
     assert got.data == {"trainer": {"lr": 1e-4}}
 
 
@@ -154,7 +154,7 @@ def test_the_table_and_the_converter_agree() -> None:
     ("rollout.warmup_ratio=0.1", "freshroll's key for TRL's warmup_ratio is trainer.warmup"),
     ("importance_sampling_level=sequence", "TRL's importance_sampling_level is trainer.ratio"),
     ("max_prompt_length=64", "TRL's max_prompt_length is task.max_prompt_tokens"),
-    ("trainer.gradient_checkpointing=true", "TRL's gradient_checkpointing is not supported"),
+    ("gradient_checkpointing=true", "TRL's gradient_checkpointing is trainer.gradient_check"),
     ("trainer.top_k=5", "freshroll's key for TRL's top_k is rollout.top_k"),
     ("generation_kwargs={}", "TRL's generation_kwargs is not supported"),
 ])

@@ -47,6 +47,7 @@ TRL_NAMES: Final[dict[str, str]] = {
     "max_prompt_length": "task.max_prompt_tokens (a longer prompt is refused, not truncated)",
     "gradient_accumulation_steps": "trainer.grad_accum",
     "bf16": "trainer.bf16",
+    "gradient_checkpointing": "trainer.gradient_checkpointing",
     "optim": "trainer.optim (adamw_torch_fused, adamw_torch)",
     "loss_type": "trainer.aggregation",
     "epsilon": "trainer.clip_low",
@@ -127,9 +128,6 @@ NOT_SUPPORTED: Final[dict[str, NotSupported]] = {
     "fp16": NotSupported("trainer.bf16"),
     "label_smoothing_factor": NotSupported("no label smoothing in a policy-gradient loss"),
     "neftune_noise_alpha": NotSupported("no embedding noise"),
-    "gradient_checkpointing": NotSupported(
-        "trainer.grad_accum (micro-batches: less activation memory); freshroll does not "
-        "checkpoint activations", trains=False),
     "log_completions": NotSupported(
         "every completion is in the ledger: freshroll export-samples RUN_DIR, freshroll "
         "trace", trains=False),

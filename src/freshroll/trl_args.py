@@ -164,6 +164,7 @@ CONVERT: Final[dict[str, Convert]] = {
     "gradient_accumulation_steps": lambda value, args: {"trainer.grad_accum": value,
                                                         **_batch(value, args)},
     "bf16": lambda value, args: {"trainer.bf16": bool(value)},
+    "gradient_checkpointing": _to("trainer.gradient_checkpointing"),
     "optim": _choice("optim", "trainer.optim", {"adamw_torch_fused": "adamw_torch_fused",
                                                 "adamw_torch": "adamw_torch"}),
     "loss_type": _loss_type,
