@@ -133,7 +133,8 @@ class GRPOTrainer:
         _check_placement(self.config)
         self.result: Any = None  # the last train()'s RunResult
 
-    def train(self, *, resume: bool = False, allow_change: Sequence[str] = (),
+    def train(self, resume_from_checkpoint: bool | str | Path | None = None, *,
+              resume: bool = False, allow_change: Sequence[str] = (),
               stream: TextIO | None = None, observers: Sequence[RunObserver] = ()) -> Any:
         """Run (``resume``: continue) the training run in ``output_dir``; returns its
         :class:`~freshroll.runtime.run.RunResult` (``summary``: summary.json's figures,
@@ -141,8 +142,12 @@ class GRPOTrainer:
         training (README, "Resume rules"). Progress goes to ``stream`` (default stderr).
         ``observers``: more watchers of the run after its own, e.g.
         :class:`~freshroll.observe.exporters.JsonLinesExporter` (the contract:
-        :mod:`freshroll.pipeline.observers`)."""
+        :mod:`freshroll.pipeline.observers`). ``resume_from_checkpoint``: TRL's name for
+        ``resume`` (True, or a path: ``output_dir`` or a checkpoint in it; freshroll resumes
+        from the run's last checkpoint and its ledger)."""
         from freshroll.runtime.run import run
+
+        resume = resume or _resumes(resume_from_checkpoint, self.output_dir)
         from freshroll.runtime.rundir import check_out_dir
 
         out = self.output_dir
@@ -205,6 +210,20 @@ def _config_data(args: Config | Mapping[str, Any] | str | Path | None) -> dict[s
     data: dict[str, Any] = {}
     _merge(data, args, "args")
     return data
+
+
+def _resumes(checkpoint: bool | str | Path | None, out: Path) -> bool:
+    """TRL's ``resume_from_checkpoint`` as freshroll's ``resume``: a run resumes in its own
+    directory, so a path must be ``out`` or lie inside it."""
+    if checkpoint is None or checkpoint is False:
+        return False
+    if checkpoint is not True:
+        where, run_dir = Path(checkpoint).resolve(), out.resolve()
+        if where != run_dir and run_dir not in where.parents:
+            raise ConfigError(f"resume_from_checkpoint: {checkpoint} is not in output_dir "
+                              f"{out}; freshroll resumes a run in its own directory, from its "
+                              "last checkpoint and its ledger")
+    return True
 
 
 def _refuse_unsupported(**given: Any) -> None:

@@ -149,8 +149,8 @@ NOT_SUPPORTED: Final[dict[str, NotSupported]] = {
     "tools": NotSupported("rollout.workflow (multi-turn and tool-using workflows are "
                           "registered; docs/architecture.md)"),
     "rollout_func": NotSupported("rollout.workflow (an episode workflow, registered by name)"),
-    "resume_from_checkpoint": NotSupported("GRPOTrainer.train(resume=True), freshroll run "
-                                           "--resume RUN_DIR", trains=False),
+    "resume_from_checkpoint": NotSupported("GRPOTrainer.train(resume_from_checkpoint=True), "
+                                           "freshroll run --resume RUN_DIR", trains=False),
 }
 
 

@@ -176,3 +176,18 @@ def test_a_trl_script_runs_with_only_its_import_changed(tmp_path: Path) -> None:
     assert [e for e in seen.events if e[0] != "log"] == [
         ("begin", 0), ("step_end", 1), ("step_end", 2), ("end", 2)]
     assert all("eval/reward" in log for log in seen.logs)
+
+
+def test_trls_resume_from_checkpoint_resumes_the_run(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+
+    def build(steps: int) -> GRPOTrainer:
+        return GRPOTrainer(reward_funcs="reverse", output_dir=out,
+                           args={**FAST, "run.steps": steps, "rollout": {
+                               "group_size": 4, "batch_groups": 2, "max_new_tokens": 4}})
+
+    assert build(2).train(stream=io.StringIO()).summary["steps"] == 2
+    resumed = build(3).train(resume_from_checkpoint=True, stream=io.StringIO())
+    assert resumed.ok and resumed.summary["steps"] == 3
+    with pytest.raises(ConfigError, match=r"resume_from_checkpoint: .* is not in output_dir"):
+        build(4).train(resume_from_checkpoint=str(tmp_path / "elsewhere"))
