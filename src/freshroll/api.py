@@ -154,18 +154,29 @@ class GRPOTrainer:
         check_out_dir(out, resume=resume)
         if not resume:
             self._write_inputs(out / INPUTS)
-        if self.callbacks:
-            from freshroll.observe.trl_callbacks import TrainerCallbacks, training_arguments
-
-            args = self.trl_args if self.trl_args is not None else training_arguments(
-                self.config, out)
-            watch = TrainerCallbacks(self.callbacks, args, self.config.run.steps)
+        watch = self._trainer_callbacks(out)
+        if watch is not None:
             observers = (*observers, watch)
             watch.begin()
-        self.result = run(self.config, out, resume=resume, allow_change=tuple(allow_change),
-                          stream=stream if stream is not None else sys.stderr,
-                          observers=observers)
+        try:
+            self.result = run(self.config, out, resume=resume, allow_change=tuple(allow_change),
+                              stream=stream if stream is not None else sys.stderr,
+                              observers=observers)
+        finally:  # on_train_end once, also when the run failed before its observers closed
+            if watch is not None:
+                watch.close()
         return self.result
+
+    def _trainer_callbacks(self, out: Path) -> Any:
+        """The observer calling the TRL callbacks (None without any); their ``args``: the
+        GRPOConfig given, else the run's own settings as TrainingArguments."""
+        if not self.callbacks:
+            return None
+        from freshroll.observe.trl_callbacks import TrainerCallbacks, training_arguments
+
+        args = self.trl_args if self.trl_args is not None else training_arguments(
+            self.config, out)
+        return TrainerCallbacks(self.callbacks, args, self.config.run.steps)
 
     def save_model(self, output_dir: str | Path, step: int | None = None) -> Path:
         """Write the policy at committed ``step`` (default: the last) as a ``from_pretrained``

@@ -191,3 +191,12 @@ def test_trls_resume_from_checkpoint_resumes_the_run(tmp_path: Path) -> None:
     assert resumed.ok and resumed.summary["steps"] == 3
     with pytest.raises(ConfigError, match=r"resume_from_checkpoint: .* is not in output_dir"):
         build(4).train(resume_from_checkpoint=str(tmp_path / "elsewhere"))
+
+
+def test_a_run_refused_at_its_checks_still_ends_its_callbacks(tmp_path: Path) -> None:
+    seen = Recorder()
+    trainer = GRPOTrainer(model=str(tmp_path / "no-model"), reward_funcs="reverse",
+                          output_dir=tmp_path / "run", callbacks=[seen])
+    with pytest.raises(ConfigError, match="model"):
+        trainer.train(stream=io.StringIO())
+    assert seen.events == [("begin", 0), ("end", 0)]
