@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from freshroll import trl_args
 from freshroll.config import Config, apply_override, read_yaml, resolve_paths, validate
 from freshroll.errors import ConfigError
-from freshroll.rewards import inmemory
+from freshroll.rewards import inmemory, reward_model
 
 if TYPE_CHECKING:
     from freshroll.pipeline.observers import RunObserver
@@ -379,9 +379,13 @@ def _reward_entries(funcs: RewardFunc | Sequence[RewardFunc],
     entries = []
     for i, fn in enumerate(items):
         if hasattr(fn, "parameters") and hasattr(fn, "forward"):  # a torch module
-            raise ConfigError(f"reward_funcs[{i}]: a reward model ({type(fn).__name__}) is not "
-                              "supported; give a function that scores with it "
-                              "(completions, **kwargs) -> list[float] (docs/rewards.md)")
+            raise ConfigError(f"reward_funcs[{i}]: a reward model object ({type(fn).__name__}) "
+                              "is not taken; give its save_pretrained directory (a path), or a "
+                              "function that scores with it (docs/rewards.md)")
+        if isinstance(fn, str) and reward_model.is_model_dir(fn):  # TRL: a reward model's path
+            entries.append({**reward_model.entry(fn), **(
+                {} if weights is None else {"weight": float(weights[i])})})
+            continue
         ref = fn if isinstance(fn, str) else inmemory.register(fn)
         entry: dict[str, Any] = {"fn": ref}
         if weights is not None:

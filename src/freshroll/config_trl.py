@@ -62,7 +62,8 @@ TRL_NAMES: Final[dict[str, str]] = {
     "use_vllm": "rollout.engine: vllm",
     "vllm_gpu_memory_utilization": "vllm.gpu_memory_utilization",
     "vllm_max_model_length": "vllm.max_model_len",
-    "reward_funcs": "rewards (a list of {fn: file.py:f})",
+    "reward_funcs": "rewards (a list of {fn: file.py:f}; a reward model's directory: "
+                    "{fn: freshroll.rewards.reward_model:reward_model, args: {path: DIR}})",
     "reward_weights": "rewards[].weight",
     "train_dataset": "task.file",
     "eval_dataset": "eval.file",
@@ -142,8 +143,8 @@ NOT_SUPPORTED: Final[dict[str, NotSupported]] = {
     "hub_model_id": NotSupported("freshroll export-model RUN_DIR OUT", trains=False),
     "run_name": NotSupported("the run directory's name (output_dir)", trains=False),
     "reward_processing_classes": NotSupported(
-        "reward models are not loaded by freshroll: give a reward function that scores with "
-        "your model (docs/rewards.md)"),
+        "a reward model's directory in reward_funcs is scored with that directory's own "
+        "tokenizer (freshroll.rewards.reward_model)"),
     "optimizers": NotSupported("trainer.optim (AdamW), trainer.lr_schedule, "
                                "trainer.warmup_steps"),
     "tools": NotSupported("rollout.workflow (multi-turn and tool-using workflows are "

@@ -108,7 +108,8 @@ def test_trl_arguments_without_a_counterpart_are_one_clear_error(
 def test_a_reward_model_as_reward_func_is_refused_naming_it(tmp_path: Path) -> None:
     import torch
 
-    with pytest.raises(ConfigError, match=r"reward_funcs\[1\]: a reward model \(Linear\)"):
+    with pytest.raises(ConfigError, match=r"reward_funcs\[1\]: a reward model object \(Linear\) "
+                                          r"is not taken; give its save_pretrained directory"):
         GRPOTrainer(reward_funcs=["reverse", torch.nn.Linear(2, 1)], output_dir=tmp_path)
 
 
