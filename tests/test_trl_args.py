@@ -110,6 +110,13 @@ def test_operational_fields_are_dropped_with_one_warning() -> None:
     assert got.data == {"trainer": {"lr": 1e-4}}
 
 
+def test_a_field_the_table_does_not_know_is_dropped_said_unknown() -> None:
+    with pytest.warns(DroppedTrlArgs) as caught:
+        convert(_cfg(logging_first_step=True))
+    assert "logging_first_step=True (not in freshroll's table of TRL names" in str(
+        caught[0].message)
+
+
 def test_num_train_epochs_counts_only_without_max_steps() -> None:
     assert convert(_cfg(num_train_epochs=1, max_steps=5)).data == {"run": {"steps": 5}}
     with pytest.raises(ConfigError, match="num_train_epochs=1"):

@@ -104,6 +104,16 @@ NOT_SUPPORTED: Final[dict[str, NotSupported]] = {
         "behind a batch may be"),
     "generation_kwargs": NotSupported(_SAMPLING),
     "num_train_epochs": NotSupported("run.steps (max_steps): freshroll counts trainer steps"),
+    "shuffle_dataset": NotSupported("the prompt order is freshroll's own, seeded by run.seed"),
+    "model_init_kwargs": NotSupported("model.path's own config.json (dtype: trainer.bf16)"),
+    "chat_template_kwargs": NotSupported("chat prompts are rendered by the tokenizer's own "
+                                         "template, as saved with the model"),
+    "vllm_structured_outputs_regex": NotSupported("no constrained decoding"),
+    "router_aux_loss_coef": NotSupported("no mixture-of-experts auxiliary loss"),
+    "max_tool_calling_iterations": NotSupported("rollout.workflow (a registered multi-turn "
+                                                "workflow bounds its own turns)"),
+    "num_generations_eval": NotSupported("eval.mode: greedy, sampled (one completion per "
+                                         "prompt) or both", trains=False),
     "multi_objective_aggregation": NotSupported(
         "rewards are summed with their weights, then normalised (TRL's sum_then_normalize)"),
     "top_entropy_quantile": NotSupported("every completion token is trained on"),

@@ -10,13 +10,14 @@ follows :mod:`freshroll.config_trl`'s one table:
 
 * a name with a freshroll key is converted (:data:`CONVERT`; a value freshroll cannot take,
   such as ``loss_type="sapo"``, is a ConfigError naming the field);
-* a name not supported that changes what is trained (``num_iterations``,
-  ``steps_per_generation``, ``generation_kwargs``, ...) is refused: one ConfigError naming
+* a name not supported that changes what is trained (``steps_per_generation``,
+  ``generation_kwargs``, ``shuffle_dataset``, ...) is refused: one ConfigError naming
   every such field with its nearest freshroll feature, since running without it would train
   something the user did not ask for under the user's other settings;
-* anything else set (``report_to``, ``logging_steps``, ``push_to_hub``, a field of
-  transformers' ``TrainingArguments`` freshroll has no use for) is dropped, named in one
-  :class:`DroppedTrlArgs` warning with the nearest feature where there is one.
+* anything else set is dropped, named in one :class:`DroppedTrlArgs` warning: a name the
+  table knows (``report_to``, ``logging_steps``, ``push_to_hub``, ...) with its nearest
+  feature, a name it does not know (a field of transformers' ``TrainingArguments`` such as
+  ``torch_compile``) said to be unknown, so the user can check it trains nothing.
 
 ``trl`` is not imported here: a GRPOConfig is recognised by its class's name and module
 (:func:`is_grpo_config`), and its fields are read as a dataclass's.
@@ -256,11 +257,12 @@ def convert(args: Any) -> Converted:
             set_dotted(data, key, v, f"args (GRPOConfig).{name}")
     dropped = [n for n in given if n not in CONVERT and n not in _OWN]
     if dropped:
-        said = "; ".join(f"{n}={given[n]!r}" + (f" (nearest: {NOT_SUPPORTED[n].nearest})"
-                                                if n in NOT_SUPPORTED else "")
-                         for n in dropped)
-        warnings.warn(f"args (GRPOConfig): dropped, freshroll has no such setting (none of "
-                      f"them changes what is trained): {said}", DroppedTrlArgs, stacklevel=3)
+        said = "; ".join(f"{n}={given[n]!r} " + (
+            f"(nearest: {NOT_SUPPORTED[n].nearest})" if n in NOT_SUPPORTED else
+            "(not in freshroll's table of TRL names: check it changes nothing trained)")
+            for n in dropped)
+        warnings.warn(f"args (GRPOConfig): dropped, freshroll has no such setting: {said}",
+                      DroppedTrlArgs, stacklevel=3)
     weights = given.get("reward_weights")
     return Converted(data, given.get("output_dir"),
                      None if weights is None else [float(w) for w in weights], tuple(dropped))
