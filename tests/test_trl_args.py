@@ -66,6 +66,11 @@ def test_num_iterations_counts_run_steps_in_batches() -> None:
         convert(_cfg(num_iterations=2, max_steps=9))
 
 
+def test_generation_kwargs_land_on_the_rollout_keys() -> None:
+    assert convert(_cfg(generation_kwargs={"top_k": 3, "repetition_penalty": 1.1})).data == {
+        "rollout": {"top_k": 3, "repetition_penalty": 1.1}}
+
+
 def test_bnpo_is_dapo_on_one_micro_batch_only() -> None:
     assert convert(_cfg(loss_type="bnpo")).data == {"trainer": {"aggregation": "dapo",
                                                                 "scale_rewards": "group"}}
@@ -78,6 +83,7 @@ def test_bnpo_is_dapo_on_one_micro_batch_only() -> None:
     ({"lr_scheduler_type": "polynomial"}, "lr_scheduler_type='polynomial' is not supported"),
     ({"optim": "sgd"}, "optim='sgd' is not supported; trainer.optim takes"),
     ({"scale_rewards": "max"}, "scale_rewards='max' is not supported"),
+    ({"generation_kwargs": {"top_a": 0.1, "top_k": 3}}, "generation_kwargs top_a not supported"),
     ({"eval_strategy": "epoch"}, "eval_strategy='epoch' is not supported"),
 ])
 def test_a_value_freshroll_cannot_take_names_the_field(kw: dict[str, Any], said: str) -> None:
@@ -88,11 +94,11 @@ def test_a_value_freshroll_cannot_take_names_the_field(kw: dict[str, Any], said:
 def test_unsupported_fields_that_change_training_are_one_error_naming_each() -> None:
     with pytest.raises(ConfigError) as err:
         convert(_cfg(top_entropy_quantile=0.5, steps_per_generation=2,
-                     generation_kwargs={"top_a": 1}, learning_rate=1e-4))
+                     shuffle_dataset=False, learning_rate=1e-4))
     msg = str(err.value)
     assert msg.startswith("args (GRPOConfig): not supported in freshroll")
     for name in ("top_entropy_quantile=0.5", "steps_per_generation=2",
-                 "generation_kwargs={'top_a': 1}"):
+                 "shuffle_dataset=False"):
         assert name in msg
     assert "nearest: run.max_staleness" not in msg  # each says its own nearest feature
     assert "learning_rate" not in msg  # mapped, not refused
@@ -163,7 +169,8 @@ def test_the_table_and_the_converter_agree() -> None:
     ("max_prompt_length=64", "TRL's max_prompt_length is task.max_prompt_tokens"),
     ("gradient_checkpointing=true", "TRL's gradient_checkpointing is trainer.gradient_check"),
     ("trainer.top_k=5", "freshroll's key for TRL's top_k is rollout.top_k"),
-    ("generation_kwargs={}", "TRL's generation_kwargs is not supported"),
+    ("generation_kwargs={}", "TRL's generation_kwargs is rollout.*"),
+    ("shuffle_dataset=false", "TRL's shuffle_dataset is not supported"),
 ])
 def test_a_trl_name_is_never_a_misleading_did_you_mean(override: str, said: str) -> None:
     with pytest.raises(ConfigError) as err:

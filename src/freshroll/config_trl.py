@@ -33,6 +33,8 @@ TRL_NAMES: Final[dict[str, str]] = {
     "top_k": "rollout.top_k",
     "min_p": "rollout.min_p",
     "repetition_penalty": "rollout.repetition_penalty",
+    "generation_kwargs": "rollout.* (its top_k, min_p, repetition_penalty, temperature, top_p, "
+                         "max_new_tokens: each its rollout key; any other key is refused)",
     "learning_rate": "trainer.lr",
     "weight_decay": "trainer.weight_decay",
     "max_grad_norm": "trainer.max_grad_norm",
@@ -83,8 +85,6 @@ class NotSupported:
     trains: bool = True
 
 
-_SAMPLING = ("rollout.temperature, rollout.top_p, rollout.top_k, rollout.min_p and "
-             "rollout.repetition_penalty are freshroll's sampling settings")
 _REPORT = ("monitor.tensorboard: true, monitor.wandb_project, monitor.prometheus_port; every "
            "run writes metrics.jsonl")
 
@@ -102,7 +102,6 @@ NOT_SUPPORTED: Final[dict[str, NotSupported]] = {
     "steps_per_generation": NotSupported(
         "trainer.num_iterations (updates per batch); run.max_staleness bounds how far "
         "behind a batch may be"),
-    "generation_kwargs": NotSupported(_SAMPLING),
     "num_train_epochs": NotSupported("run.steps (max_steps): freshroll counts trainer steps"),
     "shuffle_dataset": NotSupported("the prompt order is freshroll's own, seeded by run.seed"),
     "model_init_kwargs": NotSupported("model.path's own config.json (dtype: trainer.bf16)"),

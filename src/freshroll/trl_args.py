@@ -11,7 +11,7 @@ follows :mod:`freshroll.config_trl`'s one table:
 * a name with a freshroll key is converted (:data:`CONVERT`; a value freshroll cannot take,
   such as ``loss_type="sapo"``, is a ConfigError naming the field);
 * a name not supported that changes what is trained (``steps_per_generation``,
-  ``generation_kwargs``, ``shuffle_dataset``, ...) is refused: one ConfigError naming
+  ``shuffle_dataset``, ``top_entropy_quantile``, ...) is refused: one ConfigError naming
   every such field with its nearest freshroll feature, since running without it would train
   something the user did not ask for under the user's other settings;
 * anything else set is dropped, named in one :class:`DroppedTrlArgs` warning: a name the
@@ -137,6 +137,26 @@ def _steps(max_steps: int, args: Any) -> Values:
     return {"run.steps": max_steps // per}
 
 
+#: generate() keywords freshroll samples with -> their rollout keys
+_GENERATION: Final = {"top_k": "rollout.top_k", "min_p": "rollout.min_p",
+                      "repetition_penalty": "rollout.repetition_penalty",
+                      "temperature": "rollout.temperature", "top_p": "rollout.top_p",
+                      "max_new_tokens": "rollout.max_new_tokens"}
+
+
+def _generation_kwargs(value: Any, args: Any) -> Values:
+    """TRL's extra generate() keywords: the sampling knobs freshroll has, each its key; any
+    other would sample something else, so it is refused."""
+    if not value:
+        return {}
+    other = sorted(k for k in value if k not in _GENERATION)
+    if other:
+        raise ConfigError(f"args (GRPOConfig): generation_kwargs {', '.join(other)} not "
+                          f"supported (freshroll samples with {', '.join(_GENERATION)}) "
+                          f"({GUIDE})")
+    return {_GENERATION[k]: v for k, v in value.items()}
+
+
 def _save_steps(value: Any, args: Any) -> Values:
     if value < 1:
         raise ConfigError(f"args (GRPOConfig): save_steps={value} (a share of the run) is not "
@@ -155,6 +175,7 @@ CONVERT: Final[dict[str, Convert]] = {
     "top_k": _to("rollout.top_k"),
     "min_p": _to("rollout.min_p"),
     "repetition_penalty": _to("rollout.repetition_penalty"),
+    "generation_kwargs": _generation_kwargs,
     "learning_rate": _to("trainer.lr"),
     "weight_decay": _to("trainer.weight_decay"),
     "max_grad_norm": _to("trainer.max_grad_norm"),
