@@ -466,7 +466,7 @@ def headline(results: list[Result], agg: dict[str, dict[str, Any]]) -> dict[str,
         systems[name] = {"time_s": statistics.fmean(times) if len(done) == len(times)
                          else math.nan, "reached": len(done), "n": len(times),
                          "rollouts_per_s": a["rollouts_per_s"], "reward_last": a["reward_last"]}
-    for name, row in systems.items():
+    for row in systems.values():
         for base, key in (("freshroll-sync", "vs_sync"), (best, "vs_best_trl")):
             ref = systems.get(base) if base is not None else None
             row[key] = {"time": row["time_s"] / ref["time_s"] if ref and ref["time_s"]
