@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from freshroll import trl_args
 from freshroll.config import Config, apply_override, read_yaml, resolve_paths, validate
+from freshroll.config_train import ALL_LINEAR
 from freshroll.errors import ConfigError
 from freshroll.rewards import inmemory
 
@@ -287,10 +288,14 @@ def lora_section(peft_config: Any) -> dict[str, Any]:
                            "dropout": peft_config.lora_dropout}
     targets = peft_config.target_modules
     if targets is not None:
-        if isinstance(targets, str):
+        if isinstance(targets, str) and targets.lower() == ALL_LINEAR:
+            out["target_modules"] = ALL_LINEAR  # peft's shorthand, as peft reads it
+        elif isinstance(targets, str):
             raise ConfigError(f"peft_config.target_modules: a regular expression "
-                              f"({targets!r}) is not supported; give a list of names")
-        out["target_modules"] = sorted(targets)
+                              f"({targets!r}) is not supported; give a list of names or "
+                              f"{ALL_LINEAR!r}")
+        else:
+            out["target_modules"] = sorted(targets)
     return out
 
 

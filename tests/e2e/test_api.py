@@ -211,6 +211,8 @@ def test_peft_config_is_trainer_lora(tmp_path: Path) -> None:
         4, 8.0, ["q_proj", "v_proj"])
     assert trainer.train(stream=io.StringIO()).ok
     assert GRPOTrainer(peft_config={"r": 2}).config.trainer.lora.r == 2  # type: ignore[union-attr]
+    every = GRPOTrainer(peft_config=LoraConfig(target_modules="all-linear")).config.trainer.lora
+    assert every is not None and every.target_modules == "all-linear"  # peft's shorthand
     for bad, said in [(LoraConfig(use_dora=True), "use_dora set"),
                       (LoraConfig(target_modules=".*proj"), "a regular expression"),
                       ("lora", "expected a peft.LoraConfig")]:
