@@ -135,14 +135,18 @@ class GRPOTrainer:
         self.result: Any = None  # the last train()'s RunResult
 
     def train(self, *, resume: bool = False, allow_change: Sequence[str] = (),
-              stream: TextIO | None = None, observers: Sequence[RunObserver] = ()) -> Any:
+              stream: TextIO | None = None, observers: Sequence[RunObserver] = (),
+              end_lines: bool = True) -> Any:
         """Run (``resume``: continue) the training run in ``output_dir``; returns its
         :class:`~freshroll.runtime.run.RunResult` (``summary``: summary.json's figures,
         ``ok``: verify passed). ``allow_change``: keys a resume may change that change
         training (README, "Resume rules"). Progress goes to ``stream`` (default stderr).
         ``observers``: more watchers of the run after its own, e.g.
         :class:`~freshroll.observe.exporters.JsonLinesExporter` (the contract:
-        :mod:`freshroll.pipeline.observers`)."""
+        :mod:`freshroll.pipeline.observers`). ``end_lines``: print the lines ``freshroll run``
+        ends with (the verdict and notes, then run dir, figures, ``verify:`` and ``report:``;
+        :mod:`freshroll.runtime.end_lines`) on ``stream`` (the CLI prints its own)."""
+        from freshroll.runtime.end_lines import end_lines as render_end
         from freshroll.runtime.run import run
         from freshroll.runtime.rundir import check_out_dir
 
@@ -158,17 +162,23 @@ class GRPOTrainer:
             watch = TrainerCallbacks(self.callbacks, args, self.config.run.steps)
             observers = (*observers, watch)
             watch.begin()
+        stream = stream if stream is not None else sys.stderr
         self.result = run(self.config, out, resume=resume, allow_change=tuple(allow_change),
-                          stream=stream if stream is not None else sys.stderr,
-                          observers=observers)
+                          stream=stream, observers=observers)
+        if end_lines:
+            render_end(self.result).write(stream)
         return self.result
 
-    def save_model(self, output_dir: str | Path, step: int | None = None) -> Path:
+    def save_model(self, output_dir: str | Path, step: int | None = None, *,
+                   adapter_only: bool = False) -> Path:
         """Write the policy at committed ``step`` (default: the last) as a ``from_pretrained``
-        directory (``freshroll export-model``)."""
+        directory (``freshroll export-model``). A LoRA run is written merged, or with
+        ``adapter_only`` as peft's adapter directory (``save_pretrained`` of the adapter:
+        ``adapter_config.json``, ``adapter_model.safetensors``, for
+        ``PeftModel.from_pretrained(initial_model, output_dir)``)."""
         from freshroll.runtime.export import export_model
 
-        done = export_model(self.output_dir, Path(output_dir), step)
+        done = export_model(self.output_dir, Path(output_dir), step, adapter_only=adapter_only)
         return Path(done.out)
 
     def _write_inputs(self, inputs: Path) -> None:
