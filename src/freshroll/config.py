@@ -39,6 +39,7 @@ from freshroll.config_base import SEED_MAX as SEED_MAX
 from freshroll.config_base import Section as Section
 from freshroll.config_base import _Section, key_errors
 from freshroll.config_base import bool_for_number as bool_for_number
+from freshroll.config_data import BUILTIN_TASK as BUILTIN_TASK
 from freshroll.config_data import EvalSection as EvalSection
 from freshroll.config_data import RewardEntry as RewardEntry
 from freshroll.config_data import TaskSection as TaskSection
@@ -142,6 +143,9 @@ class Config(_Section):
                              f"of a step, rollout.batch_groups x rollout.group_size "
                              f"({self.rollout.batch_groups} x {self.rollout.group_size} = "
                              f"{rows}): a micro-batch needs at least one row")
+        if self.task.file is not None and self.rollout.engine == "sim":
+            raise ValueError("task.file: rollout.engine sim generates the built-in task's "
+                             "prompts (task.name); unset task.file")
         if self.eval.file is not None and self.rollout.engine == "sim":
             raise ValueError("eval.file: rollout.engine sim loads no model to evaluate; "
                              "unset eval.file")

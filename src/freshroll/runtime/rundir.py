@@ -138,7 +138,7 @@ def finished_run(run_dir: Path, cfg: Config, allow_change: tuple[str, ...] = ()
     A resume of such a run would start the placement, admit groups and append events only
     to drain them again; it is answered from the directory instead, before anything is
     locked or written."""
-    from freshroll.runtime.resume import diff, flatten
+    from freshroll.runtime.resume import diff, flatten, with_recorded_defaults
 
     ledger = run_dir / LEDGER_FILE
     if allow_change or not holds_events(ledger):
@@ -155,7 +155,8 @@ def finished_run(run_dir: Path, cfg: Config, allow_change: tuple[str, ...] = ()
     if policy_step(commit.version) != cfg.run.steps:  # fewer: to train; more: refused later
         return None
     defaults = flatten(Config().model_dump(mode="json"))
-    if diff(flatten(json.loads(config.config)), flatten(cfg.model_dump(mode="json")), defaults):
+    recorded = with_recorded_defaults(json.loads(config.config))
+    if diff(flatten(recorded), flatten(cfg.model_dump(mode="json")), defaults):
         return None
     if not (run_dir / "report.html").is_file():  # a kill after summary.json: the resume
         return None                               # writes the report
