@@ -165,6 +165,35 @@ def test_config_errors_come_before_heavy_imports(tmp_path: Path) -> None:
     assert not (tmp_path / "r").exists()
 
 
+def test_input_path_errors_come_before_heavy_imports(tmp_path: Path) -> None:
+    """Issue 48 item 8: a missing model path or prompt file, or a JSONL without the prompt
+    column, took 34-47 s (the model and datasets loaded first); each is now one line before
+    torch, transformers or datasets is imported (freshroll.runtime.precheck)."""
+    nocol = tmp_path / "nocol.jsonl"
+    nocol.write_text('{"question": "abc"}\n')
+    model = tmp_path / "model"
+    model.mkdir()
+    cases = [(f"model.path={tmp_path / 'missing'}", "model.path: ", "is not a directory"),
+             (f"model.path={model}", "model.path: ", "has no config.json"),
+             (f"task.file={tmp_path / 'none.jsonl'}", "task.file: prompt file", "does not exist"),
+             (f"task.file={nocol}", "missing column 'prompt'", "columns: ['question']")]
+    for override, said, more in cases:
+        code = (
+            "import sys\n"
+            "from freshroll.cli import main\n"
+            "try:\n"
+            f"    main(['run', {override!r}, '--out', {str(tmp_path / 'r')!r}])\n"
+            "except SystemExit as e:\n"
+            "    print('exit', e.code, *(m in sys.modules for m in ('torch', 'transformers',"
+            " 'datasets')))\n"
+        )
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=120)
+        assert "exit 2 False False False" in out.stdout, out.stdout + out.stderr
+        assert said in out.stderr and more in out.stderr, out.stderr
+        assert not (tmp_path / "r").exists()
+
+
 @pytest.mark.slow  # a Python that imports torch and transformers (~5 CPU-s): make test runs it
 def test_python_dash_m_freshroll() -> None:
     out = subprocess.run([sys.executable, "-m", "freshroll", "config", "check"],

@@ -66,6 +66,11 @@ def test_num_iterations_counts_run_steps_in_batches() -> None:
         convert(_cfg(num_iterations=2, max_steps=9))
 
 
+def test_generation_kwargs_land_on_the_rollout_keys() -> None:
+    assert convert(_cfg(generation_kwargs={"top_k": 3, "repetition_penalty": 1.1})).data == {
+        "rollout": {"top_k": 3, "repetition_penalty": 1.1}}
+
+
 def test_bnpo_is_dapo_on_one_micro_batch_only() -> None:
     assert convert(_cfg(loss_type="bnpo")).data == {"trainer": {"aggregation": "dapo",
                                                                 "scale_rewards": "group"}}
@@ -78,6 +83,7 @@ def test_bnpo_is_dapo_on_one_micro_batch_only() -> None:
     ({"lr_scheduler_type": "polynomial"}, "lr_scheduler_type='polynomial' is not supported"),
     ({"optim": "sgd"}, "optim='sgd' is not supported; trainer.optim takes"),
     ({"scale_rewards": "max"}, "scale_rewards='max' is not supported"),
+    ({"generation_kwargs": {"top_a": 0.1, "top_k": 3}}, "generation_kwargs top_a not supported"),
     ({"eval_strategy": "epoch"}, "eval_strategy='epoch' is not supported"),
 ])
 def test_a_value_freshroll_cannot_take_names_the_field(kw: dict[str, Any], said: str) -> None:
@@ -88,11 +94,11 @@ def test_a_value_freshroll_cannot_take_names_the_field(kw: dict[str, Any], said:
 def test_unsupported_fields_that_change_training_are_one_error_naming_each() -> None:
     with pytest.raises(ConfigError) as err:
         convert(_cfg(top_entropy_quantile=0.5, steps_per_generation=2,
-                     generation_kwargs={"top_a": 1}, learning_rate=1e-4))
+                     shuffle_dataset=False, learning_rate=1e-4))
     msg = str(err.value)
     assert msg.startswith("args (GRPOConfig): not supported in freshroll")
     for name in ("top_entropy_quantile=0.5", "steps_per_generation=2",
-                 "generation_kwargs={'top_a': 1}"):
+                 "shuffle_dataset=False"):
         assert name in msg
     assert "nearest: run.max_staleness" not in msg  # each says its own nearest feature
     assert "learning_rate" not in msg  # mapped, not refused
@@ -101,13 +107,20 @@ def test_unsupported_fields_that_change_training_are_one_error_naming_each() -> 
 def test_operational_fields_are_dropped_with_one_warning() -> None:
     with pytest.warns(DroppedTrlArgs) as caught:
         got = convert(_cfg(report_to="tensorboard", logging_steps=1, push_to_hub=False,
-                           gradient_checkpointing=False, learning_rate=1e-4))
+                           log_completions=True, learning_rate=1e-4))
     assert len(caught) == 1
     msg = str(caught[0].message)
     assert "report_to=['tensorboard'] (nearest: monitor.tensorboard: true" in msg
-    assert "gradient_checkpointing=False" in msg and "logging_steps=1" in msg
-    assert set(got.dropped) == {"report_to", "logging_steps", "gradient_checkpointing"}
+    assert "log_completions=True (nearest: every completion" in msg and "logging_steps=1" in msg
+    assert set(got.dropped) == {"report_to", "logging_steps", "log_completions"}
     assert got.data == {"trainer": {"lr": 1e-4}}
+
+
+def test_a_field_the_table_does_not_know_is_dropped_said_unknown() -> None:
+    with pytest.warns(DroppedTrlArgs) as caught:
+        convert(_cfg(logging_first_step=True))
+    assert "logging_first_step=True (not in freshroll's table of TRL names" in str(
+        caught[0].message)
 
 
 def test_num_train_epochs_counts_only_without_max_steps() -> None:
@@ -154,9 +167,10 @@ def test_the_table_and_the_converter_agree() -> None:
     ("rollout.warmup_ratio=0.1", "freshroll's key for TRL's warmup_ratio is trainer.warmup"),
     ("importance_sampling_level=sequence", "TRL's importance_sampling_level is trainer.ratio"),
     ("max_prompt_length=64", "TRL's max_prompt_length is task.max_prompt_tokens"),
-    ("trainer.gradient_checkpointing=true", "TRL's gradient_checkpointing is not supported"),
+    ("gradient_checkpointing=true", "TRL's gradient_checkpointing is trainer.gradient_check"),
     ("trainer.top_k=5", "freshroll's key for TRL's top_k is rollout.top_k"),
-    ("generation_kwargs={}", "TRL's generation_kwargs is not supported"),
+    ("generation_kwargs={}", "TRL's generation_kwargs is rollout.*"),
+    ("shuffle_dataset=false", "TRL's shuffle_dataset is not supported"),
 ])
 def test_a_trl_name_is_never_a_misleading_did_you_mean(override: str, said: str) -> None:
     with pytest.raises(ConfigError) as err:

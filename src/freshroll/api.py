@@ -44,7 +44,7 @@ from freshroll import trl_args
 from freshroll.config import Config, apply_override, read_yaml, resolve_paths, validate
 from freshroll.config_train import ALL_LINEAR
 from freshroll.errors import ConfigError
-from freshroll.rewards import inmemory
+from freshroll.rewards import inmemory, reward_model
 
 if TYPE_CHECKING:
     from freshroll.pipeline.observers import RunObserver
@@ -134,7 +134,8 @@ class GRPOTrainer:
         _check_placement(self.config)
         self.result: Any = None  # the last train()'s RunResult
 
-    def train(self, *, resume: bool = False, allow_change: Sequence[str] = (),
+    def train(self, resume_from_checkpoint: bool | str | Path | None = None, *,
+              resume: bool = False, allow_change: Sequence[str] = (),
               stream: TextIO | None = None, observers: Sequence[RunObserver] = (),
               end_lines: bool = True) -> Any:
         """Run (``resume``: continue) the training run in ``output_dir``; returns its
@@ -143,31 +144,47 @@ class GRPOTrainer:
         training (README, "Resume rules"). Progress goes to ``stream`` (default stderr).
         ``observers``: more watchers of the run after its own, e.g.
         :class:`~freshroll.observe.exporters.JsonLinesExporter` (the contract:
-        :mod:`freshroll.pipeline.observers`). ``end_lines``: print the lines ``freshroll run``
-        ends with (the verdict and notes, then run dir, figures, ``verify:`` and ``report:``;
-        :mod:`freshroll.runtime.end_lines`) on ``stream`` (the CLI prints its own)."""
+        :mod:`freshroll.pipeline.observers`). ``resume_from_checkpoint``: TRL's name for
+        ``resume`` (True, or a path: ``output_dir`` or a checkpoint in it; freshroll resumes
+        from the run's last checkpoint and its ledger). ``end_lines``: print the lines
+        ``freshroll run`` ends with (the verdict and notes, then run dir, figures, ``verify:``
+        and ``report:``; :mod:`freshroll.runtime.end_lines`) on ``stream`` (the CLI prints its
+        own)."""
         from freshroll.runtime.end_lines import end_lines as render_end
         from freshroll.runtime.run import run
+
+        resume = resume or _resumes(resume_from_checkpoint, self.output_dir)
         from freshroll.runtime.rundir import check_out_dir
 
         out = self.output_dir
         check_out_dir(out, resume=resume)
         if not resume:
             self._write_inputs(out / INPUTS)
-        if self.callbacks:
-            from freshroll.observe.trl_callbacks import TrainerCallbacks, training_arguments
-
-            args = self.trl_args if self.trl_args is not None else training_arguments(
-                self.config, out)
-            watch = TrainerCallbacks(self.callbacks, args, self.config.run.steps)
+        watch = self._trainer_callbacks(out)
+        if watch is not None:
             observers = (*observers, watch)
             watch.begin()
         stream = stream if stream is not None else sys.stderr
-        self.result = run(self.config, out, resume=resume, allow_change=tuple(allow_change),
-                          stream=stream, observers=observers)
+        try:
+            self.result = run(self.config, out, resume=resume, allow_change=tuple(allow_change),
+                              stream=stream, observers=observers)
+        finally:  # on_train_end once, also when the run failed before its observers closed
+            if watch is not None:
+                watch.close()
         if end_lines:
             render_end(self.result).write(stream)
         return self.result
+
+    def _trainer_callbacks(self, out: Path) -> Any:
+        """The observer calling the TRL callbacks (None without any); their ``args``: the
+        GRPOConfig given, else the run's own settings as TrainingArguments."""
+        if not self.callbacks:
+            return None
+        from freshroll.observe.trl_callbacks import TrainerCallbacks, training_arguments
+
+        args = self.trl_args if self.trl_args is not None else training_arguments(
+            self.config, out)
+        return TrainerCallbacks(self.callbacks, args, self.config.run.steps)
 
     def save_model(self, output_dir: str | Path, step: int | None = None, *,
                    adapter_only: bool = False) -> Path:
@@ -216,6 +233,20 @@ def _config_data(args: Config | Mapping[str, Any] | str | Path | None) -> dict[s
     data: dict[str, Any] = {}
     _merge(data, args, "args")
     return data
+
+
+def _resumes(checkpoint: bool | str | Path | None, out: Path) -> bool:
+    """TRL's ``resume_from_checkpoint`` as freshroll's ``resume``: a run resumes in its own
+    directory, so a path must be ``out`` or lie inside it."""
+    if checkpoint is None or checkpoint is False:
+        return False
+    if checkpoint is not True:
+        where, run_dir = Path(checkpoint).resolve(), out.resolve()
+        if where != run_dir and run_dir not in where.parents:
+            raise ConfigError(f"resume_from_checkpoint: {checkpoint} is not in output_dir "
+                              f"{out}; freshroll resumes a run in its own directory, from its "
+                              "last checkpoint and its ledger")
+    return True
 
 
 def _refuse_unsupported(**given: Any) -> None:
@@ -364,9 +395,13 @@ def _reward_entries(funcs: RewardFunc | Sequence[RewardFunc],
     entries = []
     for i, fn in enumerate(items):
         if hasattr(fn, "parameters") and hasattr(fn, "forward"):  # a torch module
-            raise ConfigError(f"reward_funcs[{i}]: a reward model ({type(fn).__name__}) is not "
-                              "supported; give a function that scores with it "
-                              "(completions, **kwargs) -> list[float] (docs/rewards.md)")
+            raise ConfigError(f"reward_funcs[{i}]: a reward model object ({type(fn).__name__}) "
+                              "is not taken; give its save_pretrained directory (a path), or a "
+                              "function that scores with it (docs/rewards.md)")
+        if isinstance(fn, str) and reward_model.is_model_dir(fn):  # TRL: a reward model's path
+            entries.append({**reward_model.entry(fn), **(
+                {} if weights is None else {"weight": float(weights[i])})})
+            continue
         ref = fn if isinstance(fn, str) else inmemory.register(fn)
         entry: dict[str, Any] = {"fn": ref}
         if weights is not None:

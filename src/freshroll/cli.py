@@ -51,6 +51,7 @@ def run(config: Path | None, overrides: tuple[str, ...], out: Path | None,
     """
     from freshroll.config import load_config
     from freshroll.errors import ConfigError
+    from freshroll.runtime.precheck import precheck
     from freshroll.runtime.rundir import finished_run, resume_config
 
     try:
@@ -67,6 +68,7 @@ def run(config: Path | None, overrides: tuple[str, ...], out: Path | None,
             if allow_change:
                 raise ConfigError("--allow-change applies only with --resume")
             cfg = load_config(config, overrides)
+        precheck(cfg)  # a wrong path or column fails here, before the heavy imports
         finished = resume_dir is not None and finished_run(resume_dir, cfg, allow_change)
         if cfg.run.progress and not finished:  # the imports and checks below take seconds
             click.echo("freshroll: config ok; loading the model, data and rewards ...", err=True)
@@ -87,21 +89,27 @@ def run(config: Path | None, overrides: tuple[str, ...], out: Path | None,
         return
     _print_result(result)
     if base is not None:
-        from freshroll.figures import reward_time
-        from freshroll.figures.headline import render_headline
-        from freshroll.runtime.endfiles import ASYNCHRONY, read_block
-
-        click.echo("synchronous baseline:")
-        _print_result(base)
-        compared = reward_time.render(read_block(result.run_dir, reward_time.BLOCK) or {},
-                                      "async", "sync")
-        if compared:
-            click.echo(compared, err=True)
-        said = render_headline(read_block(result.run_dir, ASYNCHRONY))
-        if said:  # the one answer, now from the baseline run (figures/headline.py)
-            click.echo(said, err=True)
+        _print_baseline(result, base)
     ok = result.ok and (base is None or base.ok)
     sys.exit(0 if ok else 1)
+
+
+def _print_baseline(result: RunResult, base: RunResult) -> None:
+    """The baseline's end lines, time to reward against it, and the one answer to "did
+    asynchrony pay", now from the baseline run (:mod:`freshroll.figures.headline`)."""
+    from freshroll.figures import reward_time
+    from freshroll.figures.headline import render_headline
+    from freshroll.runtime.endfiles import ASYNCHRONY, read_block
+
+    click.echo("synchronous baseline:")
+    _print_result(base)
+    compared = reward_time.render(read_block(result.run_dir, reward_time.BLOCK) or {},
+                                  "async", "sync")
+    if compared:
+        click.echo(compared, err=True)
+    said = render_headline(read_block(result.run_dir, ASYNCHRONY))
+    if said:
+        click.echo(said, err=True)
 
 
 def _print_result(result: RunResult) -> None:

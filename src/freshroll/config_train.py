@@ -115,6 +115,11 @@ class TrainerSection(_Section):
         1, ge=1, le=1_024, description="micro-batches a step's batch is split into, each "
         "backward on its own, one optimizer step: the same gradient, less activation memory"
     )
+    gradient_checkpointing: bool = Field(
+        False, description="recompute activations in the backward pass instead of keeping "
+        "them (TRL's gradient_checkpointing): less memory, more compute, the same gradients; "
+        "rows sharing a prompt then run whole"
+    )
     optim: Literal["adamw_torch_fused", "adamw_torch"] = Field(
         "adamw_torch_fused", description="AdamW's kernel, by TRL's optim names: "
         "adamw_torch_fused (every parameter in one fused kernel: TRL's default on torch >= 2.8) "

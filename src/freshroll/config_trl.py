@@ -33,6 +33,8 @@ TRL_NAMES: Final[dict[str, str]] = {
     "top_k": "rollout.top_k",
     "min_p": "rollout.min_p",
     "repetition_penalty": "rollout.repetition_penalty",
+    "generation_kwargs": "rollout.* (its top_k, min_p, repetition_penalty, temperature, top_p, "
+                         "max_new_tokens: each its rollout key; any other key is refused)",
     "learning_rate": "trainer.lr",
     "weight_decay": "trainer.weight_decay",
     "max_grad_norm": "trainer.max_grad_norm",
@@ -47,6 +49,7 @@ TRL_NAMES: Final[dict[str, str]] = {
     "max_prompt_length": "task.max_prompt_tokens (a longer prompt is refused, not truncated)",
     "gradient_accumulation_steps": "trainer.grad_accum",
     "bf16": "trainer.bf16",
+    "gradient_checkpointing": "trainer.gradient_checkpointing",
     "optim": "trainer.optim (adamw_torch_fused, adamw_torch)",
     "loss_type": "trainer.aggregation",
     "epsilon": "trainer.clip_low",
@@ -62,7 +65,8 @@ TRL_NAMES: Final[dict[str, str]] = {
     "use_vllm": "rollout.engine: vllm",
     "vllm_gpu_memory_utilization": "vllm.gpu_memory_utilization",
     "vllm_max_model_length": "vllm.max_model_len",
-    "reward_funcs": "rewards (a list of {fn: file.py:f})",
+    "reward_funcs": "rewards (a list of {fn: file.py:f}; a reward model's directory: "
+                    "{fn: freshroll.rewards.reward_model:reward_model, args: {path: DIR}})",
     "reward_weights": "rewards[].weight",
     "train_dataset": "task.file",
     "eval_dataset": "eval.file",
@@ -82,8 +86,6 @@ class NotSupported:
     trains: bool = True
 
 
-_SAMPLING = ("rollout.temperature, rollout.top_p, rollout.top_k, rollout.min_p and "
-             "rollout.repetition_penalty are freshroll's sampling settings")
 _REPORT = ("monitor.tensorboard: true, monitor.wandb_project, monitor.prometheus_port; every "
            "run writes metrics.jsonl")
 
@@ -101,8 +103,17 @@ NOT_SUPPORTED: Final[dict[str, NotSupported]] = {
     "steps_per_generation": NotSupported(
         "trainer.num_iterations (updates per batch); run.max_staleness bounds how far "
         "behind a batch may be"),
-    "generation_kwargs": NotSupported(_SAMPLING),
     "num_train_epochs": NotSupported("run.steps (max_steps): freshroll counts trainer steps"),
+    "shuffle_dataset": NotSupported("the prompt order is freshroll's own, seeded by run.seed"),
+    "model_init_kwargs": NotSupported("model.path's own config.json (dtype: trainer.bf16)"),
+    "chat_template_kwargs": NotSupported("chat prompts are rendered by the tokenizer's own "
+                                         "template, as saved with the model"),
+    "vllm_structured_outputs_regex": NotSupported("no constrained decoding"),
+    "router_aux_loss_coef": NotSupported("no mixture-of-experts auxiliary loss"),
+    "max_tool_calling_iterations": NotSupported("rollout.workflow (a registered multi-turn "
+                                                "workflow bounds its own turns)"),
+    "num_generations_eval": NotSupported("eval.mode: greedy, sampled (one completion per "
+                                         "prompt) or both", trains=False),
     "multi_objective_aggregation": NotSupported(
         "rewards are summed with their weights, then normalised (TRL's sum_then_normalize)"),
     "top_entropy_quantile": NotSupported("every completion token is trained on"),
@@ -127,9 +138,6 @@ NOT_SUPPORTED: Final[dict[str, NotSupported]] = {
     "fp16": NotSupported("trainer.bf16"),
     "label_smoothing_factor": NotSupported("no label smoothing in a policy-gradient loss"),
     "neftune_noise_alpha": NotSupported("no embedding noise"),
-    "gradient_checkpointing": NotSupported(
-        "trainer.grad_accum (micro-batches: less activation memory); freshroll does not "
-        "checkpoint activations", trains=False),
     "log_completions": NotSupported(
         "every completion is in the ledger: freshroll export-samples RUN_DIR, freshroll "
         "trace", trains=False),
@@ -144,15 +152,15 @@ NOT_SUPPORTED: Final[dict[str, NotSupported]] = {
     "hub_model_id": NotSupported("freshroll export-model RUN_DIR OUT", trains=False),
     "run_name": NotSupported("the run directory's name (output_dir)", trains=False),
     "reward_processing_classes": NotSupported(
-        "reward models are not loaded by freshroll: give a reward function that scores with "
-        "your model (docs/rewards.md)"),
+        "a reward model's directory in reward_funcs is scored with that directory's own "
+        "tokenizer (freshroll.rewards.reward_model)"),
     "optimizers": NotSupported("trainer.optim (AdamW), trainer.lr_schedule, "
                                "trainer.warmup_steps"),
     "tools": NotSupported("rollout.workflow (multi-turn and tool-using workflows are "
                           "registered; docs/architecture.md)"),
     "rollout_func": NotSupported("rollout.workflow (an episode workflow, registered by name)"),
-    "resume_from_checkpoint": NotSupported("GRPOTrainer.train(resume=True), freshroll run "
-                                           "--resume RUN_DIR", trains=False),
+    "resume_from_checkpoint": NotSupported("GRPOTrainer.train(resume_from_checkpoint=True), "
+                                           "freshroll run --resume RUN_DIR", trains=False),
 }
 
 

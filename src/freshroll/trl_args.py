@@ -10,13 +10,14 @@ follows :mod:`freshroll.config_trl`'s one table:
 
 * a name with a freshroll key is converted (:data:`CONVERT`; a value freshroll cannot take,
   such as ``loss_type="sapo"``, is a ConfigError naming the field);
-* a name not supported that changes what is trained (``num_iterations``,
-  ``steps_per_generation``, ``generation_kwargs``, ...) is refused: one ConfigError naming
+* a name not supported that changes what is trained (``steps_per_generation``,
+  ``shuffle_dataset``, ``top_entropy_quantile``, ...) is refused: one ConfigError naming
   every such field with its nearest freshroll feature, since running without it would train
   something the user did not ask for under the user's other settings;
-* anything else set (``report_to``, ``logging_steps``, ``push_to_hub``, a field of
-  transformers' ``TrainingArguments`` freshroll has no use for) is dropped, named in one
-  :class:`DroppedTrlArgs` warning with the nearest feature where there is one.
+* anything else set is dropped, named in one :class:`DroppedTrlArgs` warning: a name the
+  table knows (``report_to``, ``logging_steps``, ``push_to_hub``, ...) with its nearest
+  feature, a name it does not know (a field of transformers' ``TrainingArguments`` such as
+  ``torch_compile``) said to be unknown, so the user can check it trains nothing.
 
 ``trl`` is not imported here: a GRPOConfig is recognised by its class's name and module
 (:func:`is_grpo_config`), and its fields are read as a dataclass's.
@@ -136,6 +137,26 @@ def _steps(max_steps: int, args: Any) -> Values:
     return {"run.steps": max_steps // per}
 
 
+#: generate() keywords freshroll samples with -> their rollout keys
+_GENERATION: Final = {"top_k": "rollout.top_k", "min_p": "rollout.min_p",
+                      "repetition_penalty": "rollout.repetition_penalty",
+                      "temperature": "rollout.temperature", "top_p": "rollout.top_p",
+                      "max_new_tokens": "rollout.max_new_tokens"}
+
+
+def _generation_kwargs(value: Any, args: Any) -> Values:
+    """TRL's extra generate() keywords: the sampling knobs freshroll has, each its key; any
+    other would sample something else, so it is refused."""
+    if not value:
+        return {}
+    other = sorted(k for k in value if k not in _GENERATION)
+    if other:
+        raise ConfigError(f"args (GRPOConfig): generation_kwargs {', '.join(other)} not "
+                          f"supported (freshroll samples with {', '.join(_GENERATION)}) "
+                          f"({GUIDE})")
+    return {_GENERATION[k]: v for k, v in value.items()}
+
+
 def _save_steps(value: Any, args: Any) -> Values:
     if value < 1:
         raise ConfigError(f"args (GRPOConfig): save_steps={value} (a share of the run) is not "
@@ -154,6 +175,7 @@ CONVERT: Final[dict[str, Convert]] = {
     "top_k": _to("rollout.top_k"),
     "min_p": _to("rollout.min_p"),
     "repetition_penalty": _to("rollout.repetition_penalty"),
+    "generation_kwargs": _generation_kwargs,
     "learning_rate": _to("trainer.lr"),
     "weight_decay": _to("trainer.weight_decay"),
     "max_grad_norm": _to("trainer.max_grad_norm"),
@@ -164,6 +186,7 @@ CONVERT: Final[dict[str, Convert]] = {
     "gradient_accumulation_steps": lambda value, args: {"trainer.grad_accum": value,
                                                         **_batch(value, args)},
     "bf16": lambda value, args: {"trainer.bf16": bool(value)},
+    "gradient_checkpointing": _to("trainer.gradient_checkpointing"),
     "optim": _choice("optim", "trainer.optim", {"adamw_torch_fused": "adamw_torch_fused",
                                                 "adamw_torch": "adamw_torch"}),
     "loss_type": _loss_type,
@@ -256,11 +279,12 @@ def convert(args: Any) -> Converted:
             set_dotted(data, key, v, f"args (GRPOConfig).{name}")
     dropped = [n for n in given if n not in CONVERT and n not in _OWN]
     if dropped:
-        said = "; ".join(f"{n}={given[n]!r}" + (f" (nearest: {NOT_SUPPORTED[n].nearest})"
-                                                if n in NOT_SUPPORTED else "")
-                         for n in dropped)
-        warnings.warn(f"args (GRPOConfig): dropped, freshroll has no such setting (none of "
-                      f"them changes what is trained): {said}", DroppedTrlArgs, stacklevel=3)
+        said = "; ".join(f"{n}={given[n]!r} " + (
+            f"(nearest: {NOT_SUPPORTED[n].nearest})" if n in NOT_SUPPORTED else
+            "(not in freshroll's table of TRL names: check it changes nothing trained)")
+            for n in dropped)
+        warnings.warn(f"args (GRPOConfig): dropped, freshroll has no such setting: {said}",
+                      DroppedTrlArgs, stacklevel=3)
     weights = given.get("reward_weights")
     return Converted(data, given.get("output_dir"),
                      None if weights is None else [float(w) for w in weights], tuple(dropped))

@@ -13,6 +13,7 @@ import pytest
 
 from freshroll import GRPOTrainer
 from freshroll.errors import ConfigError
+from freshroll.trl_args import DroppedTrlArgs
 
 trl = pytest.importorskip("trl")
 transformers = pytest.importorskip("transformers")
@@ -107,7 +108,8 @@ def test_trl_arguments_without_a_counterpart_are_one_clear_error(
 def test_a_reward_model_as_reward_func_is_refused_naming_it(tmp_path: Path) -> None:
     import torch
 
-    with pytest.raises(ConfigError, match=r"reward_funcs\[1\]: a reward model \(Linear\)"):
+    with pytest.raises(ConfigError, match=r"reward_funcs\[1\]: a reward model object \(Linear\) "
+                                          r"is not taken; give its save_pretrained directory"):
         GRPOTrainer(reward_funcs=["reverse", torch.nn.Linear(2, 1)], output_dir=tmp_path)
 
 
@@ -138,3 +140,64 @@ def test_stock_transformers_callbacks_run_with_the_runs_own_arguments(
             seen.args.learning_rate) == (str(out), 2, 4, 5e-4)
     assert "'reward':" in capsys.readouterr().out  # PrinterCallback printed each log
 
+
+
+def exact(completions: list[str], target: list[str], **kwargs: Any) -> list[float]:
+    return [float(c.strip() == t) for c, t in zip(completions, target, strict=True)]
+
+
+def test_a_trl_script_runs_with_only_its_import_changed(tmp_path: Path) -> None:
+    """The issue's goal: TRL's GRPOConfig, callbacks, LoRA and an eval set, as a TRL script
+    writes them (``from trl import GRPOTrainer`` became ``from freshroll import ...``)."""
+    from datasets import Dataset
+    from peft import LoraConfig
+
+    from freshroll.engines.tiny import save_tiny
+
+    model_dir = save_tiny(tmp_path / "tiny", seed=0)
+    rows = [{"prompt": f"rev {i:03d}=", "target": str(i).zfill(3)[::-1]} for i in range(16)]
+    seen = Recorder()
+    # --- the TRL script, unchanged but for the import ---
+    training_args = trl.GRPOConfig(
+        output_dir=str(tmp_path / "run"), use_cpu=True, max_steps=2, learning_rate=1e-3,
+        num_generations=4, per_device_train_batch_size=8, max_completion_length=4,
+        eval_strategy="steps", eval_steps=1, logging_steps=1, report_to="none", seed=3)
+    with pytest.warns(DroppedTrlArgs, match=r"logging_steps=1 \(nearest: every committed"):
+        trainer = GRPOTrainer(
+            model=str(model_dir), reward_funcs=exact, args=training_args,
+            train_dataset=Dataset.from_list(rows), eval_dataset=Dataset.from_list(rows[:4]),
+            peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+            callbacks=[seen])
+    trainer.train()
+    # ---
+    assert trainer.result.ok and trainer.result.summary["steps"] == 2
+    cfg = trainer.config
+    assert cfg.trainer.lora is not None and cfg.trainer.lora.r == 4
+    assert (cfg.eval.every_steps, cfg.rollout.batch_groups) == (1, 2)
+    assert [e for e in seen.events if e[0] != "log"] == [
+        ("begin", 0), ("step_end", 1), ("step_end", 2), ("end", 2)]
+    assert all("eval/reward" in log for log in seen.logs)
+
+
+def test_trls_resume_from_checkpoint_resumes_the_run(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+
+    def build(steps: int) -> GRPOTrainer:
+        return GRPOTrainer(reward_funcs="reverse", output_dir=out,
+                           args={**FAST, "run.steps": steps, "rollout": {
+                               "group_size": 4, "batch_groups": 2, "max_new_tokens": 4}})
+
+    assert build(2).train(stream=io.StringIO()).summary["steps"] == 2
+    resumed = build(3).train(resume_from_checkpoint=True, stream=io.StringIO())
+    assert resumed.ok and resumed.summary["steps"] == 3
+    with pytest.raises(ConfigError, match=r"resume_from_checkpoint: .* is not in output_dir"):
+        build(4).train(resume_from_checkpoint=str(tmp_path / "elsewhere"))
+
+
+def test_a_run_refused_at_its_checks_still_ends_its_callbacks(tmp_path: Path) -> None:
+    seen = Recorder()
+    trainer = GRPOTrainer(model=str(tmp_path / "no-model"), reward_funcs="reverse",
+                          output_dir=tmp_path / "run", callbacks=[seen])
+    with pytest.raises(ConfigError, match="model"):
+        trainer.train(stream=io.StringIO())
+    assert seen.events == [("begin", 0), ("end", 0)]

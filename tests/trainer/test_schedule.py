@@ -107,10 +107,14 @@ def test_the_settings_digest() -> None:
         "trainer": TrainerSection(lr=BASE).model_dump(
             mode="json", exclude={"on_nonfinite", "lr_schedule", "warmup_steps", "grad_accum",
                                   "bf16", "lora", "optim", "warmup_ratio", "scale_rewards",
-                                  "ratio_level", "mask_truncated", "num_iterations"}),
+                                  "ratio_level", "mask_truncated", "num_iterations",
+                                  "gradient_checkpointing"}),
         "temperature": 1.0,
     })
     assert _learner(optim="adamw_torch").settings_digest == old_style
+    # activations recomputed: the same training math, the same digest
+    assert _learner(optim="adamw_torch", gradient_checkpointing=True).settings_digest == (
+        old_style)
     assert _learner().settings_digest != old_style  # the fused kernel: its own digest
     digests = {
         _learner().settings_digest, _learner(warmup_steps=2).settings_digest,

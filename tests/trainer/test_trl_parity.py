@@ -75,13 +75,13 @@ def test_sequence_level_ratio_matches_trls_gspo_loss_and_gradient() -> None:
     theirs = _trl_loss(theirs_leaf, old, adv, mask, 0.2, 0.28)
     ours.backward()
     theirs.backward()
-    assert float(ours) == pytest.approx(float(theirs), abs=1e-6)
+    assert float(ours.detach()) == pytest.approx(float(theirs.detach()), abs=1e-6)
     assert ours_leaf.grad is not None and theirs_leaf.grad is not None
     assert torch.allclose(ours_leaf.grad, theirs_leaf.grad, atol=1e-6)
     token, _ = policy_loss(base.clone().requires_grad_(True), old, adv, mask.bool(),
                            LossConfig(aggregation="grpo", clip_low=0.2, clip_high=0.28,
                                       correction="none"))
-    assert float(token) != pytest.approx(float(ours), abs=1e-4)  # the level is load-bearing
+    assert float(token.detach()) != pytest.approx(float(ours.detach()), abs=1e-4)  # load-bearing
     assert metrics["ratio_mean"] > 0
 
 
@@ -102,3 +102,23 @@ def test_warmup_ratio_is_transformers_get_warmup_steps(ratio: float, total: int)
 def test_warmup_ratio_and_steps_together_are_refused() -> None:
     with pytest.raises(ValueError, match=r"warmup_ratio 0\.1 and warmup_steps 3 both set"):
         TrainerSection(warmup_ratio=0.1, warmup_steps=3)
+
+
+def test_gradient_checkpointing_gives_the_same_gradients() -> None:
+    """trainer.gradient_checkpointing (TRL's): activations recomputed, gradients unchanged."""
+    from freshroll.engines.tiny import build_tiny
+    from freshroll.trainer.grpo import GRPOLearner, TrainSample
+
+    samples = [TrainSample([5, 6, 7], [8 + i, 9, 10], [-3.0, -2.5, -3.5], float(i % 2), i // 2,
+                           0) for i in range(4)]
+    grads = []
+    for on in (False, True):
+        model, _ = build_tiny(seed=3)
+        learner = GRPOLearner(model, TrainerSection(gradient_checkpointing=on), temperature=1.0,
+                              pad_id=0, max_new_tokens=3)
+        assert model.is_gradient_checkpointing is on
+        learner.step(samples)
+        grads.append([p.grad for p in model.parameters() if p.grad is not None])
+    assert len(grads[0]) == len(grads[1]) > 0
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)

@@ -30,8 +30,10 @@ TOKENIZER_FILES = (
 )
 
 
-def read_model_config(path: Path) -> dict[str, Any]:
-    """``config.json`` of ``path`` as a dict, or a ConfigError naming the file."""
+def read_config_json(path: Path) -> dict[str, Any]:
+    """``config.json`` of ``path`` read as JSON, with no transformers import (checked before
+    any heavy import: :mod:`freshroll.runtime.precheck`): a ConfigError naming the file when
+    ``path`` is not a model directory."""
     if not path.is_dir():
         raise ConfigError(f"model.path: {path} is not a directory")
     cfg_file = path / "config.json"
@@ -45,12 +47,19 @@ def read_model_config(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
         raise ConfigError(f"model.path: {cfg_file} has no model_type (not a transformers "
                           "config)")
+    return data
+
+
+def read_model_config(path: Path) -> dict[str, Any]:
+    """``config.json`` of ``path`` as a dict, or a ConfigError naming the file."""
+    data = read_config_json(path)
     from transformers import AutoConfig
 
     try:
         AutoConfig.from_pretrained(path, local_files_only=True)
     except Exception as exc:  # transformers raises ValueError, KeyError, OSError, ...
-        raise ConfigError(f"model.path: {cfg_file} does not load: {exc}"[:500]) from None
+        raise ConfigError(f"model.path: {path / 'config.json'} does not load: "
+                          f"{exc}"[:500]) from None
     return data
 
 

@@ -16,8 +16,11 @@ value. Fields counted by a label (``discards/<reason>``, ``lag_histogram/<lag>``
 labelled gauge each (``freshroll_discards_by_reason{reason="stale"}``), and the last
 decision's bottleneck is a gauge per value seen, 1 for the row's and 0 for the others
 (:data:`~freshroll.observe.live_names.LABELLED`, :data:`~freshroll.observe.live_names.STATES`).
-The ``*_total`` names are counters (typed ``counter`` in the exposition, so ``rate()`` reads
-them), each reward function's batch mean is ``freshroll_reward_fn_mean{fn="..."}``.
+``freshroll_phase{phase="starting"}`` is 1 from the endpoint's start (a run binds it right
+after its input checks, before its placement and workers:
+:func:`freshroll.observe.monitors.start_early`), ``training`` from the first row. The
+``*_total`` names are counters (typed ``counter`` in the exposition, so ``rate()`` reads
+them); each reward function's batch mean is ``freshroll_reward_fn_mean{fn="..."}``.
 """
 
 from __future__ import annotations
@@ -40,6 +43,9 @@ GAUGES: Final[dict[str, tuple[str, str]]] = {
 MODE_GAUGE: Final = "freshroll_async_mode"
 #: each reward function's mean over the last batch (``rewards/<name>/mean``), labelled ``fn``
 REWARD_FN_GAUGE: Final = "freshroll_reward_fn_mean"
+#: the run's phase: 1 for the current one (``starting`` until the first row, then
+#: ``training``), 0 for the one before
+PHASE_GAUGE: Final = "freshroll_phase"
 
 
 class _Totals:
@@ -77,6 +83,10 @@ class PrometheusExporter(Observer):
             name: Gauge(name, help_, registry=self.registry, labelnames=list(labels))
             for name, (_, help_) in GAUGES.items() if name not in self._totals.help
         }
+        self._phase = Gauge(PHASE_GAUGE, "the run's phase (1: the current one): starting "
+                            "(checks, placement, workers), then training",
+                            registry=self.registry, labelnames=[*labels, "phase"])
+        self._phase_now: str | None = None
         self._reward_fns = Gauge(REWARD_FN_GAUGE, "each reward function's mean over the last "
                                  "batch (rewards/<fn>/mean)", registry=self.registry,
                                  labelnames=[*labels, "fn"])
@@ -107,7 +117,17 @@ class PrometheusExporter(Observer):
         except OSError as exc:
             raise _unbound(self.host, self.port, exc) from None
         self._gauge(MODE_GAUGE).set(1)
+        self.phase("starting")
         return self
+
+    def phase(self, name: str) -> None:
+        """The run is now in phase ``name`` (the gauge's module doc)."""
+        if name == self._phase_now:
+            return
+        if self._phase_now is not None:
+            self._phase.labels(**self._labels, phase=self._phase_now).set(0)
+        self._phase.labels(**self._labels, phase=name).set(1)
+        self._phase_now = name
 
     @property
     def url(self) -> str:
@@ -115,12 +135,13 @@ class PrometheusExporter(Observer):
         return f"http://{host}:{self.port}/metrics"
 
     def on_row(self, row: Row, live: bool) -> None:
+        self.phase("training")
         for name, (field, _) in GAUGES.items():
             value = row.get(field)
             if not _finite(value):
                 continue
             if name in self._totals.help:
-                self._totals.values[name] = float(value)  # type: ignore[arg-type]
+                self._totals.values[name] = float(value)  # type: ignore[arg-type]  # _finite
             else:
                 self._gauge(name).set(value)
         for field, value in row.items():

@@ -121,16 +121,7 @@ def _verdict_cards(run: RunData, baseline: RunData | None) -> list[str]:
         cards.append(f'<div class="{cls}"><div class="k">learning</div>'
                      f'<div class="v">{escape(verdict)}</div><div class="base">'
                      f"{escape(sub)}</div></div>")
-    evaluated = run.summary.get("eval")
-    if isinstance(evaluated, dict) and num(evaluated.get("last")) is not None:
-        steps = evaluated.get("steps") or [{}]
-        n = int(steps[-1].get("n_scored") or 0) + int(steps[-1].get("n_skipped") or 0)
-        how = "/".join(evaluated.get("modes") or [])
-        sub = (f"first {n} prompts of eval.file, {how}; best {num(evaluated.get('best')):.3f} "
-               f"at step {evaluated.get('best_step')}")
-        cards.append(f'<div class="card"><div class="k">eval reward</div><div class="v">'
-                     f"{num(evaluated['last']):.3f}</div><div class=\"base\">{escape(sub)}"
-                     "</div></div>")
+    cards += _eval_card(run.summary.get("eval"))
     if baseline is not None:
         cmp = reward_time.compare(reward_time.curve(run.metrics),
                                   reward_time.curve(baseline.metrics))
@@ -146,6 +137,20 @@ def _verdict_cards(run: RunData, baseline: RunData | None) -> list[str]:
                          f'<div class="base">{escape(baseline.label)}: {escape(theirs)}</div>'
                          "</div>")
     return cards
+
+
+def _eval_card(evaluated: Any) -> list[str]:
+    """The last evaluation's reward, and what it scored (``summary.json`` ``eval``)."""
+    if not isinstance(evaluated, dict) or num(evaluated.get("last")) is None:
+        return []
+    steps = evaluated.get("steps") or [{}]
+    n = int(steps[-1].get("n_scored") or 0) + int(steps[-1].get("n_skipped") or 0)
+    how = "/".join(evaluated.get("modes") or [])
+    best = num(evaluated.get("best"))
+    sub = (f"first {n} prompts of eval.file, {how}; best "
+           f"{'-' if best is None else f'{best:.3f}'} at step {evaluated.get('best_step')}")
+    return [f'<div class="card"><div class="k">eval reward</div><div class="v">'
+            f"{num(evaluated['last']):.3f}</div><div class=\"base\">{escape(sub)}</div></div>"]
 
 
 def _segments_html(run: RunData) -> str:

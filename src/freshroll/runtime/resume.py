@@ -96,6 +96,7 @@ RULES: Final[Mapping[str, Rule]] = {
     "trainer.warmup_steps": "explicit",
     "trainer.grad_accum": "explicit",   # the same gradient, in other float sums: new weights
     "trainer.bf16": "explicit",         # other arithmetic: other weights
+    "trainer.gradient_checkpointing": "free",  # memory: the same gradients, recomputed
     "trainer.checkpoint_every": "free",
     "trainer.keep_checkpoints": "free",
     "trainer.lora": "never",            # the model's structure: which weights a step trains

@@ -56,7 +56,7 @@ from freshroll.freshness import window_note
 from freshroll.ledger import RESERVE_BYTES, Ledger, open_ledger
 from freshroll.lineage import PolicyVersion
 from freshroll.observe.fit import width, wrap
-from freshroll.observe.monitors import build_monitors
+from freshroll.observe.monitors import build_monitors, release_early, start_early
 from freshroll.pipeline.fallback import EarlierChoice
 from freshroll.pipeline.observers import FollowMode, RunObserver
 from freshroll.pipeline.pipeline import Pipeline, run_pipeline
@@ -133,8 +133,10 @@ def run(
         prestart_workers()  # its imports beside the run's start, not after it
     prep = prepare_run_dir(cfg, out, resume, allow_change)
     try:
+        start_early(prep.cfg, out, stream)  # live metrics through the start-up too
         return _run(prep, out, stream, make_engine, chaos, report, called_at, observers)
     finally:
+        release_early(out)  # not taken by the run's monitors: it failed before them
         prep.lock.release()
 
 

@@ -45,12 +45,11 @@ from typing import Any
 
 import torch
 
-from freshroll.config import TRAINER_BEFORE, TrainerSection
+from freshroll.config import TrainerSection
 from freshroll.engines.lora_merge import adapter_bytes
 from freshroll.engines.model_dir import takes_logits_to_keep
 from freshroll.engines.prefix import cache_kwarg, disable_dropout, drops_out
 from freshroll.errors import ConfigError, NonFiniteStep
-from freshroll.lineage import digest_json
 from freshroll.trainer.accum import combine_metrics, micro_slices, micro_weight
 from freshroll.trainer.lora import (
     adapter_state,
@@ -66,6 +65,8 @@ from freshroll.trainer.losses import (
     token_logprobs,
 )
 from freshroll.trainer.schedule import lr_at, warmup_of
+from freshroll.trainer.settings import scale_of as scale_of
+from freshroll.trainer.settings import settings_digest as settings_digest
 from freshroll.trainer.shared_batch import SharedBatch, collate_shared, completion_logits
 
 
@@ -135,39 +136,6 @@ def collate(samples: Sequence[TrainSample], pad_id: int) -> Batch:
         torch.tensor([s.group for s in samples], dtype=torch.long),
         torch.tensor(lags, dtype=torch.long),
     )
-
-
-_NOT_TRAINING_MATH = {"on_nonfinite"}
-#: trainer keys added after runs had recorded settings digests: at the value every earlier
-#: run trained with they are left out of the digest, so the steps of an earlier run still
-#: match theirs on --resume and replay (where that is not the default: TRAINER_BEFORE)
-_OMITTED_AT: dict[str, object] = {"lr_schedule": "constant", "warmup_steps": 0, "grad_accum": 1,
-                                  "bf16": False, "lora": None, "warmup_ratio": 0.0,
-                                  "scale_rewards": "auto", "ratio_level": "token",
-                                  "mask_truncated": False, "num_iterations": 1,
-                                  **TRAINER_BEFORE}
-
-
-def settings_digest(cfg: TrainerSection, temperature: float, total_steps: int | None) -> str:
-    """The digest of the settings a step is trained under (every commit records it): the
-    trainer's training math, the sampling temperature, and the run's total steps when the
-    lr schedule decays towards them (they then set every step's lr)."""
-    trainer = cfg.model_dump(mode="json", exclude=_NOT_TRAINING_MATH)
-    for key, value in _OMITTED_AT.items():
-        if trainer[key] == value:
-            del trainer[key]
-    doc: dict[str, object] = {"trainer": trainer, "temperature": temperature}
-    if cfg.lr_schedule != "constant" or cfg.warmup_ratio:
-        doc["total_steps"] = total_steps
-    return digest_json(doc)
-
-
-def scale_of(cfg: TrainerSection) -> str:
-    """``trainer.scale_rewards`` in force: ``auto`` is ``group``, or ``none`` under
-    ``dr_grpo`` (Dr. GRPO does not divide by the std)."""
-    if cfg.scale_rewards != "auto":
-        return cfg.scale_rewards
-    return "none" if cfg.aggregation == "dr_grpo" else "group"
 
 
 def loss_rows(samples: Sequence[TrainSample]) -> torch.Tensor:
@@ -262,9 +230,12 @@ class GRPOLearner:
         self.ref = copy.deepcopy(model).eval() if cfg.kl_coef > 0 else None
         self._takes_keep = takes_logits_to_keep(model)
         self._cache_name = cache_kwarg(model)
-        #: rows share their prompt's positions (shared_batch): off with dropout, or for good
-        #: once the cache turns out not to be indexable
-        self.share_prompts = not drops_out(model)
+        #: rows share their prompt's positions (shared_batch): off with dropout or checkpointed
+        #: activations (no cache in that forward), or for good once the cache is not indexable
+        self.share_prompts = not drops_out(model) and not cfg.gradient_checkpointing
+        if cfg.gradient_checkpointing:  # the same gradients, activations recomputed
+            model.gradient_checkpointing_enable(  # type: ignore[operator]  # a transformers model's
+                gradient_checkpointing_kwargs={"use_reentrant": False})
         # the digest that versions every commit: the training math (on_nonfinite is not)
         self.settings_digest = settings_digest(cfg, temperature, total_steps)
         model.train()
