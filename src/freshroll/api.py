@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from freshroll import trl_args
 from freshroll.config import Config, apply_override, read_yaml, resolve_paths, validate
+from freshroll.config_train import ALL_LINEAR
 from freshroll.errors import ConfigError
 from freshroll.rewards import inmemory, reward_model
 
@@ -135,7 +136,8 @@ class GRPOTrainer:
 
     def train(self, resume_from_checkpoint: bool | str | Path | None = None, *,
               resume: bool = False, allow_change: Sequence[str] = (),
-              stream: TextIO | None = None, observers: Sequence[RunObserver] = ()) -> Any:
+              stream: TextIO | None = None, observers: Sequence[RunObserver] = (),
+              end_lines: bool = True) -> Any:
         """Run (``resume``: continue) the training run in ``output_dir``; returns its
         :class:`~freshroll.runtime.run.RunResult` (``summary``: summary.json's figures,
         ``ok``: verify passed). ``allow_change``: keys a resume may change that change
@@ -144,7 +146,11 @@ class GRPOTrainer:
         :class:`~freshroll.observe.exporters.JsonLinesExporter` (the contract:
         :mod:`freshroll.pipeline.observers`). ``resume_from_checkpoint``: TRL's name for
         ``resume`` (True, or a path: ``output_dir`` or a checkpoint in it; freshroll resumes
-        from the run's last checkpoint and its ledger)."""
+        from the run's last checkpoint and its ledger). ``end_lines``: print the lines
+        ``freshroll run`` ends with (the verdict and notes, then run dir, figures, ``verify:``
+        and ``report:``; :mod:`freshroll.runtime.end_lines`) on ``stream`` (the CLI prints its
+        own)."""
+        from freshroll.runtime.end_lines import end_lines as render_end
         from freshroll.runtime.run import run
 
         resume = resume or _resumes(resume_from_checkpoint, self.output_dir)
@@ -158,13 +164,15 @@ class GRPOTrainer:
         if watch is not None:
             observers = (*observers, watch)
             watch.begin()
+        stream = stream if stream is not None else sys.stderr
         try:
             self.result = run(self.config, out, resume=resume, allow_change=tuple(allow_change),
-                              stream=stream if stream is not None else sys.stderr,
-                              observers=observers)
+                              stream=stream, observers=observers)
         finally:  # on_train_end once, also when the run failed before its observers closed
             if watch is not None:
                 watch.close()
+        if end_lines:
+            render_end(self.result).write(stream)
         return self.result
 
     def _trainer_callbacks(self, out: Path) -> Any:
@@ -178,12 +186,16 @@ class GRPOTrainer:
             self.config, out)
         return TrainerCallbacks(self.callbacks, args, self.config.run.steps)
 
-    def save_model(self, output_dir: str | Path, step: int | None = None) -> Path:
+    def save_model(self, output_dir: str | Path, step: int | None = None, *,
+                   adapter_only: bool = False) -> Path:
         """Write the policy at committed ``step`` (default: the last) as a ``from_pretrained``
-        directory (``freshroll export-model``)."""
+        directory (``freshroll export-model``). A LoRA run is written merged, or with
+        ``adapter_only`` as peft's adapter directory (``save_pretrained`` of the adapter:
+        ``adapter_config.json``, ``adapter_model.safetensors``, for
+        ``PeftModel.from_pretrained(initial_model, output_dir)``)."""
         from freshroll.runtime.export import export_model
 
-        done = export_model(self.output_dir, Path(output_dir), step)
+        done = export_model(self.output_dir, Path(output_dir), step, adapter_only=adapter_only)
         return Path(done.out)
 
     def _write_inputs(self, inputs: Path) -> None:
@@ -317,10 +329,14 @@ def lora_section(peft_config: Any) -> dict[str, Any]:
                            "dropout": peft_config.lora_dropout}
     targets = peft_config.target_modules
     if targets is not None:
-        if isinstance(targets, str):
+        if isinstance(targets, str) and targets.lower() == ALL_LINEAR:
+            out["target_modules"] = ALL_LINEAR  # peft's shorthand, as peft reads it
+        elif isinstance(targets, str):
             raise ConfigError(f"peft_config.target_modules: a regular expression "
-                              f"({targets!r}) is not supported; give a list of names")
-        out["target_modules"] = sorted(targets)
+                              f"({targets!r}) is not supported; give a list of names or "
+                              f"{ALL_LINEAR!r}")
+        else:
+            out["target_modules"] = sorted(targets)
     return out
 
 

@@ -5,7 +5,11 @@ stale one, left by a kill, is removed first), fsyncs every file in it and the di
 itself, then renames it into place; an existing ``<dir>`` is first renamed to ``<dir>.old``
 and deleted after the swap, and the parent directory is fsynced so the rename is durable.
 A failure inside ``fill`` removes the temp directory and leaves the target untouched.
-Used for checkpoints, the embedded model's directory and exported models.
+Every file in it gets the mode a file created now gets (``0666`` less the umask: ``0644``
+under the usual ``022``), whatever its writer used: transformers 5 writes
+``model.safetensors`` through a private temp file (``0600``), which left an exported model
+readable by its owner alone. Used for checkpoints, the embedded model's directory and
+exported models.
 """
 
 from __future__ import annotations
@@ -41,8 +45,10 @@ def replace_dir(directory: Path, fill: Callable[[Path], None],
     tmp.mkdir(parents=True)
     try:
         fill(tmp)
+        mode = _new_file_mode(tmp)
         for file in tmp.iterdir():
-            if file.is_file():
+            if file.is_file() and not file.is_symlink():
+                os.chmod(file, mode)
                 fsync_path(file)
         fsync_path(tmp)
     except BaseException:
@@ -56,3 +62,14 @@ def replace_dir(directory: Path, fill: Callable[[Path], None],
     fsync_path(directory.parent)
     shutil.rmtree(old, ignore_errors=True)
     return directory
+
+
+def _new_file_mode(directory: Path) -> int:
+    """The mode a file created in ``directory`` now gets (``0666`` less the umask), read off
+    a probe file: ``os.umask`` can only be read by setting it, which races other threads."""
+    probe = directory / ".mode-probe"
+    os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+    try:
+        return probe.stat().st_mode & 0o777
+    finally:
+        probe.unlink()

@@ -78,11 +78,11 @@ def run(config: Path | None, overrides: tuple[str, ...], out: Path | None,
         # the Python API's run (freshroll.api); the stream as it is now, not as bound at import
         if resume_dir is not None:
             result = GRPOTrainer(args=cfg, output_dir=resume_dir).train(
-                resume=True, allow_change=allow_change, stream=sys.stderr)
+                resume=True, allow_change=allow_change, stream=sys.stderr, end_lines=False)
         else:
             name = config.stem if config is not None else "default"
             result = GRPOTrainer(args=cfg, output_dir=out or Path("runs") / name).train(
-                stream=sys.stderr)
+                stream=sys.stderr, end_lines=False)
         base = run_baseline(result.run_dir, stream=sys.stderr) if baseline else None
     except FreshrollError as exc:
         fail(exc)
@@ -113,57 +113,11 @@ def _print_baseline(result: RunResult, base: RunResult) -> None:
 
 
 def _print_result(result: RunResult) -> None:
-    from freshroll.figures.bias import render as render_bias
-    from freshroll.figures.evals import render_eval
-    from freshroll.figures.learning import render_learning
-    from freshroll.figures.segments import render_segments
-    from freshroll.figures.summary import render_reward_versions
-    from freshroll.figures.verdict import recovery_line, render
-    from freshroll.figures.window import render_window
-    from freshroll.runtime.endfiles import render_fixed_costs
+    """The end lines (:mod:`freshroll.runtime.end_lines`): notes on stderr, the closing
+    lines on stdout."""
+    from freshroll.runtime.end_lines import end_lines
 
-    s = result.summary
-    plain = render(s["verdict"]) if "verdict" in s else ""
-    if plain:
-        click.echo(plain, err=True)
-    recovered = recovery_line(s)
-    if recovered:
-        click.echo(recovered, err=True)
-    segments = render_segments(s.get("segments") or [])  # a resumed run, segment by segment
-    if segments:
-        click.echo(segments, err=True)
-    rewards = render_reward_versions(s.get("reward_versions"))
-    if rewards:
-        click.echo(rewards, err=True)
-    biased = render_bias(s.get("sample_bias"))
-    if biased:
-        click.echo(biased, err=True)
-    # the freshness window limits the trainer (an async run's line only)
-    window = render_window(s.get("window_bound"), s.get("max_staleness"))
-    if window:
-        click.echo(window, err=True)
-    learning = render_learning(s.get("learning"))  # a collapse, or asynchrony's cost
-    if learning:
-        click.echo(learning, err=True)
-    evaluated = render_eval(s.get("eval"))  # the held-out reward, and what it scored
-    if evaluated:
-        click.echo(evaluated, err=True)
-    fixed = render_fixed_costs(s)
-    if fixed:
-        click.echo(fixed, err=True)
-    click.echo(
-        f"run dir {result.run_dir}\n"
-        f"steps {s['steps']}  accepted rollouts/s {s['accepted_rollouts_per_s']:.1f}  "
-        f"reward {_num(s['reward_first'], '.3f')} -> {_num(s['reward_last'], '.3f')}  "
-        f"lag p50/p99/max {s['lag']['p50']:.0f}/{s['lag']['p99']:.0f}/{s['lag']['max']}  "
-        f"trainer idle {s['trainer_idle_ratio']:.1%}  discard rate {s['discard_rate']:.1%}\n"
-        f"verify: {'ok' if result.ok else 'FAILED'}  report: {result.run_dir / 'report.html'}"
-    )
-
-
-def _num(value: object, spec: str) -> str:
-    """A summary figure for the final line; ``null`` (none recorded) as ``-``."""
-    return format(value, spec) if isinstance(value, int | float) else "-"
+    end_lines(result).write(sys.stderr, sys.stdout)
 
 
 @main.command(epilog=EXIT_STATUSES)

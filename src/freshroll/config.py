@@ -37,8 +37,9 @@ from pydantic import (
 
 from freshroll.config_base import SEED_MAX as SEED_MAX
 from freshroll.config_base import Section as Section
-from freshroll.config_base import _Section
+from freshroll.config_base import _Section, key_errors
 from freshroll.config_base import bool_for_number as bool_for_number
+from freshroll.config_data import BUILTIN_TASK as BUILTIN_TASK
 from freshroll.config_data import EvalSection as EvalSection
 from freshroll.config_data import RewardEntry as RewardEntry
 from freshroll.config_data import TaskSection as TaskSection
@@ -142,6 +143,9 @@ class Config(_Section):
                              f"of a step, rollout.batch_groups x rollout.group_size "
                              f"({self.rollout.batch_groups} x {self.rollout.group_size} = "
                              f"{rows}): a micro-batch needs at least one row")
+        if self.task.file is not None and self.rollout.engine == "sim":
+            raise ValueError("task.file: rollout.engine sim generates the built-in task's "
+                             "prompts (task.name); unset task.file")
         if self.eval.file is not None and self.rollout.engine == "sim":
             raise ValueError("eval.file: rollout.engine sim loads no model to evaluate; "
                              "unset eval.file")
@@ -243,19 +247,19 @@ def parse_mapping(model: type[M], data: Any, source: str, what: str) -> M:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(f"{source}: {describe_errors(exc)}") from None
+        raise ConfigError(f"{source}: {describe_errors(model, exc)}") from None
 
 
-def describe_errors(exc: ValidationError) -> str:
-    """Every error of a pydantic validation as ``where: what`` (``where`` like
-    ``scenarios[3].faults[0].at``), joined by ``; ``: the message of a file's ConfigError."""
+def describe_errors(model: type[BaseModel], exc: ValidationError) -> str:
+    """Every error of ``model``'s validation as ``where: what`` (``where`` like
+    ``scenarios[3].faults[0].at``; one per key, :func:`~freshroll.config_base.key_errors`),
+    joined by ``; ``: the message of a file's ConfigError."""
     problems = []
-    for err in exc.errors():
+    for loc, kind, msg in key_errors(model, exc):
         where = ""
-        for part in err["loc"]:
+        for part in loc:
             where += f"[{part}]" if isinstance(part, int) else (f".{part}" if where else str(part))
-        what = "unknown key" if err["type"] == "extra_forbidden" else (
-            err["msg"].removeprefix("Value error, "))
+        what = "unknown key" if kind == "extra_forbidden" else msg
         problems.append(f"{where or '(top level)'}: {what}")
     return "; ".join(problems)
 
@@ -297,19 +301,37 @@ def _unknown_key(loc: tuple[int | str, ...]) -> str:
     return f"unknown key{hint} (known: {', '.join(known)})" if known else f"unknown key{hint}"
 
 
-def validate(data: dict[str, Any], source: str = "config") -> Config:
+def validate(data: dict[str, Any], source: str = "config",
+             overrides: Sequence[str] = ()) -> Config:
+    """``data`` as a :class:`Config`; a ConfigError names each bad key and where it was set:
+    ``source`` (the file), or the override of ``overrides`` (``key=value`` items applied to
+    ``data``) that set it or a section above it."""
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
-        problems = []
-        for err in exc.errors():
-            where = ".".join(str(x) for x in err["loc"]) or "(top level)"
-            if err["type"] == "extra_forbidden":
-                msg = _unknown_key(tuple(err["loc"]))
-            else:
-                msg = err["msg"].removeprefix("Value error, ")
-            problems.append(f"{where}: {msg}" if err["loc"] else msg)
-        raise ConfigError(f"{source}: " + "; ".join(problems)) from None
+        by_source: dict[str, list[str]] = {}
+        for loc, kind, msg in key_errors(Config, exc):
+            where = ".".join(str(x) for x in loc)
+            if kind == "extra_forbidden":
+                msg = _unknown_key(loc)
+            by_source.setdefault(_set_by(where, source, overrides), []).append(
+                f"{where}: {msg}" if loc else msg)
+        raise ConfigError("; ".join(f"{src}: " + "; ".join(problems)
+                                    for src, problems in by_source.items())) from None
+
+
+def _set_by(where: str, source: str, overrides: Sequence[str]) -> str:
+    """Who set the key at ``where``: the last override naming it or a section above it
+    (the later wins, as when applied), else ``source``; a section's check (``where`` above
+    an override's key) names both."""
+    keys = [(item.partition("=")[0].strip(), item) for item in overrides]
+    hit = [item for key, item in keys if where == key or where.startswith(key + ".")]
+    if hit:
+        return f"override {hit[-1]!r}"
+    below = [repr(item) for key, item in keys if not where or key.startswith(where + ".")]
+    if not below:
+        return source
+    return f"{source} with override{'s' if len(below) > 1 else ''} {', '.join(below)}"
 
 
 def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
@@ -325,7 +347,7 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
     for item in overrides:
         apply_override(data, item)
     resolve_paths(data, Path.cwd())
-    return validate(data, str(path) if path else "config")
+    return validate(data, str(path) if path else "config", overrides)
 
 
 def resolve_paths(data: dict[str, Any], base: Path) -> None:

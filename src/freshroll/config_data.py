@@ -4,24 +4,39 @@ there as its other sections are)."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import copy
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, Final, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from freshroll.config_base import _Section
 
+#: the built-in task's keys and their defaults (a run without ``task.file``)
+BUILTIN_TASK: Final[Mapping[str, Any]] = MappingProxyType(
+    {"name": "reverse", "n_prompts": 4096, "params": {"min_len": 3, "max_len": 3}})
+
 
 class TaskSection(_Section):
-    name: str = Field(
-        "reverse", description="built-in task when no task.file: reverse, sort, add or repeat "
-        "(long-tailed completion lengths: configs/longtail.yaml)"
+    """The prompts: the built-in task (``name``, ``n_prompts``, ``params``), or a dataset
+    (``file``). With ``file`` set the built-in task's keys are not used, so the section holds
+    them as null (a base config's ``task.name``, or an older freshroll's record of a run, says
+    nothing about the prompts then); without it, each unset one takes its default
+    (:data:`BUILTIN_TASK`)."""
+
+    name: str | None = Field(
+        None, description="built-in task when no task.file: reverse, sort, add or repeat "
+        "(long-tailed completion lengths: configs/longtail.yaml); null (not used) with "
+        "task.file"
     )
-    n_prompts: int = Field(
-        4096, ge=1, le=100_000_000, description="prompts the built-in task generates"
+    n_prompts: int | None = Field(
+        None, ge=1, le=100_000_000, description="prompts the built-in task generates; null (not "
+        "used) with task.file"
     )
-    params: dict[str, Any] = Field(
-        default_factory=lambda: {"min_len": 3, "max_len": 3},
-        description="the built-in task's parameters (e.g. digit-string lengths)",
+    params: dict[str, Any] | None = Field(
+        None, description="the built-in task's parameters (e.g. digit-string lengths); "
+        "null (not used) with task.file",
     )
     file: str | None = Field(
         None, description="dataset instead of a task: a JSONL/JSON/Parquet/CSV file or a "
@@ -44,6 +59,25 @@ class TaskSection(_Section):
     split: str | None = Field(
         None, description="split of a saved DatasetDict (default: train, or its only split)"
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _builtin_or_file(cls, data: Any) -> Any:
+        if not isinstance(data, Mapping):
+            return data
+        out = dict(data)
+        for key, default in BUILTIN_TASK.items():
+            if out.get("file") is not None:
+                out[key] = None  # a dataset's run: the built-in task's keys apply to nothing
+            elif out.get(key) is None:
+                out[key] = copy.deepcopy(default)
+        return out
+
+    def builtin(self) -> tuple[str, int, dict[str, Any]]:
+        """The built-in task's name, prompt count and parameters (a run without ``file``)."""
+        if self.name is None or self.n_prompts is None or self.params is None:
+            raise ValueError("task.file is set: the run's prompts are the dataset's")
+        return self.name, self.n_prompts, self.params
 
 
 class EvalSection(_Section):

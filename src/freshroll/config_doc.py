@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Annotated, Any, Union, get_args, get_origin
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
@@ -83,14 +83,21 @@ def _default(info: FieldInfo) -> Any:
 
 
 def keys(model: type[BaseModel] = Config, prefix: str = "") -> Iterator[Key]:
-    """Every leaf key of ``model`` in declaration order (sections are walked into)."""
+    """Every leaf key of ``model`` in declaration order (sections are walked into). A key's
+    default is its value in a section built with no key set (a section's validator may fill
+    it: ``task.name`` is ``reverse`` unless ``task.file`` is set)."""
+    try:
+        built: dict[str, Any] = model().model_dump(mode="json")
+    except ValidationError:  # a section with a required key (a rewards entry's fn)
+        built = {}
     for name, info in model.model_fields.items():
         path = f"{prefix}{name}"
         section, is_list = _section_of(info.annotation)
         if section is not None:
             yield from keys(section, f"{path}[]." if is_list else f"{path}.")
             continue
-        yield Key(path, _type_name(info.annotation), _default(info), _bounds(info),
+        default = built[name] if name in built else _default(info)
+        yield Key(path, _type_name(info.annotation), default, _bounds(info),
                   info.description or "")
 
 

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import Field, model_validator
 
@@ -74,11 +74,16 @@ class LoraSection(_Section):
         description="dropout on the adapter's input (trained only with trainer.disable_dropout: "
         "false)"
     )
-    target_modules: list[str] = Field(
-        default_factory=lambda: ["q_proj", "v_proj"], min_length=1,
+    target_modules: Annotated[list[str], Field(min_length=1)] | Literal["all-linear"] = Field(
+        default_factory=lambda: ["q_proj", "v_proj"],
         description="linear layers that get an adapter, by name or name suffix (peft's "
-        "target_modules), e.g. q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj",
+        "target_modules), e.g. q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; "
+        "or all-linear: every linear layer but the output head (peft's shorthand)",
     )
+
+
+#: ``trainer.lora.target_modules``: every linear layer but the output head (peft's shorthand)
+ALL_LINEAR: Final = "all-linear"
 
 
 #: trainer keys whose default is not what earlier runs trained with: a recorded config

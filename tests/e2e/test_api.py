@@ -38,8 +38,10 @@ def _rows(n: int = 12) -> list[dict[str, Any]]:
 def test_the_embedded_default_trains_from_python(tmp_path: Path) -> None:
     out = tmp_path / "run"
     trainer = GRPOTrainer(args={**FAST, "run.steps": 2, "task.n_prompts": 64}, output_dir=out)
-    result = trainer.train(stream=io.StringIO())
+    stream = io.StringIO()
+    result = trainer.train(stream=stream)
     assert result.ok and result.summary["steps"] == 2
+    assert f"verify: ok  report: {out / 'report.html'}" in stream.getvalue()  # as the CLI ends
     assert not (out / "inputs").exists()  # nothing given as an object: nothing saved
     exported = trainer.save_model(tmp_path / "exported")
     assert (exported / "config.json").is_file()
@@ -210,7 +212,13 @@ def test_peft_config_is_trainer_lora(tmp_path: Path) -> None:
     assert lora is not None and (lora.r, lora.alpha, lora.target_modules) == (
         4, 8.0, ["q_proj", "v_proj"])
     assert trainer.train(stream=io.StringIO()).ok
+    adapter = trainer.save_model(tmp_path / "adapter", adapter_only=True)
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= {
+        f.name for f in adapter.iterdir()}
+    assert not (adapter / "model.safetensors").exists()
     assert GRPOTrainer(peft_config={"r": 2}).config.trainer.lora.r == 2  # type: ignore[union-attr]
+    every = GRPOTrainer(peft_config=LoraConfig(target_modules="all-linear")).config.trainer.lora
+    assert every is not None and every.target_modules == "all-linear"  # peft's shorthand
     for bad, said in [(LoraConfig(use_dora=True), "use_dora set"),
                       (LoraConfig(target_modules=".*proj"), "a regular expression"),
                       ("lora", "expected a peft.LoraConfig")]:

@@ -10,6 +10,9 @@ import pytest
 import yaml
 from e2e_helpers import freshroll, summary
 
+from freshroll import events as ev
+from freshroll.ledger import LEDGER_FILE, Ledger
+
 USER_REWARD = textwrap.dedent("""
     def match_target(prompts, completions, completion_ids, target, level, trainer_state,
                      **kwargs):
@@ -59,6 +62,13 @@ def test_chat_dataset_with_own_and_trl_rewards_beside_the_config(tmp_path: Path)
     assert "reward_error" not in s["discards"], s["discards"]
     saved = yaml.safe_load((out / "config.yaml").read_text())
     assert saved["task"]["file"] == str(tmp_path / "project" / "data" / "chat.jsonl")
+    # the built-in task's keys are recorded as unused, here and in the ledger (issue 48)
+    assert {k: saved["task"][k] for k in ("name", "n_prompts", "params")} == dict.fromkeys(
+        ("name", "n_prompts", "params"))
+    with Ledger(out / LEDGER_FILE, readonly=True) as ledger:
+        recorded = [json.loads(e.config) for _, e in ledger.events()
+                    if isinstance(e, ev.RunConfig)]
+    assert recorded and recorded[-1]["task"]["name"] is None
     assert saved["rewards"][0]["fn"] == f"{tmp_path / 'project' / 'my_rewards.py'}:match_target"
 
 

@@ -48,6 +48,9 @@ def test_export_last_step_loads_with_from_pretrained(run_dir: Path, tmp_path: Pa
         assert torch.isfinite(model(ids).logits).all()
     meta = json.loads((tmp_path / "m" / "freshroll_export.json").read_text())
     assert meta["step"] == 5 and meta["policy_version"] == done.version
+    # every file at the mode a new file gets (model.safetensors was 0600: issue 48)
+    modes = {f.name: f.stat().st_mode & 0o777 for f in (tmp_path / "m").iterdir()}
+    assert set(modes.values()) == {modes["config.json"]}, modes
 
 
 def test_export_an_older_step_replays_from_the_ledger(run_dir: Path, tmp_path: Path) -> None:

@@ -98,7 +98,8 @@ def test_export_merged_and_adapter_only(run_dir: Path, tmp_path: Path) -> None:
 
 
 def test_adapter_only_of_a_full_run_is_refused(full_run: Path, tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"--adapter-only: .*\(no trainer\.lora\)"):
+    with pytest.raises(ConfigError,
+                       match=r"--adapter-only \(adapter_only=True\): .*\(no trainer\.lora\)"):
         export_model(full_run, tmp_path / "x", adapter_only=True)
     assert not (tmp_path / "x").exists()
 

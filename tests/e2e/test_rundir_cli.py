@@ -45,9 +45,10 @@ def test_a_second_process_on_a_running_run_dir_fails_at_once(tmp_path: Path, sma
             time.sleep(0.05)
         res = freshroll("run", "--resume", str(out), check=False)
         assert res.returncode == 2, res.stderr
-        assert f"in use by another freshroll process (pid {first.pid})" in res.stderr
+        live = f"{out}: a run is live in it (pid {first.pid} holds run.lock); do not resume"
+        assert live in res.stderr
         res = freshroll("run", *small, "--out", str(out), check=False)
-        assert res.returncode == 2 and "already holds a run" in res.stderr
+        assert res.returncode == 2 and live in res.stderr  # not "use --resume" (issue 48)
         assert first.poll() is None  # the first run went on undisturbed
     finally:
         first.kill()

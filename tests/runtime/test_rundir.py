@@ -20,6 +20,8 @@ from freshroll.errors import ConfigError, RunDirError
 from freshroll.runtime.rundir import (
     LOCK_FILE,
     check_out_dir,
+    live_holder,
+    live_message,
     lock_run_dir,
     write_text_atomic,
 )
@@ -49,8 +51,33 @@ def holder(tmp_path: Path) -> typing.Iterator[tuple[Path, subprocess.Popen[str]]
 
 def test_a_second_process_is_refused_at_once_naming_the_holder(holder):
     run_dir, proc = holder
-    with pytest.raises(RunDirError, match=rf"another freshroll process \(pid {proc.pid}\)"):
+    with pytest.raises(RunDirError, match=rf"a run is live in it \(pid {proc.pid} holds "):
         lock_run_dir(run_dir)
+
+
+@pytest.mark.parametrize("resume", [False, True])
+def test_a_live_run_is_never_pointed_at_with_resume(holder, resume: bool):
+    """Issue 48, item 10: a new run on a live run's directory was told "already holds a run;
+    use --resume DIR" (a resume into a run that is running), and the lock's message was not
+    the documented one. Both a start and a resume now say the run is live, before any
+    check, in docs/runbook.md's words."""
+    run_dir, proc = holder
+    (run_dir / "ledger.sqlite").write_bytes(b"")  # what the live run's files are is moot
+    with pytest.raises(RunDirError) as info:
+        check_out_dir(run_dir, resume=resume)
+    said = str(info.value)
+    assert said == live_message(run_dir, str(proc.pid))
+    assert said.startswith(f"{run_dir}: a run is live in it (pid {proc.pid} holds run.lock); "
+                           "do not resume it while it runs")
+    runbook = (Path(__file__).resolve().parents[2] / "docs" / "runbook.md").read_text()
+    assert live_message(Path("RUN_DIR"), "N") in runbook
+
+
+def test_a_processs_own_lock_is_not_a_live_run(tmp_path: Path):
+    with lock_run_dir(tmp_path / "r"):
+        assert live_holder(tmp_path / "r") is None
+        check_out_dir(tmp_path / "r", resume=False)
+    assert live_holder(tmp_path / "r") is None  # released: no run is live
 
 
 def test_the_lock_is_released_when_its_holder_is_killed(holder):
@@ -63,7 +90,7 @@ def test_the_lock_is_released_when_its_holder_is_killed(holder):
 
 
 def test_the_lock_is_released_by_release_and_can_be_taken_again(tmp_path: Path):
-    with lock_run_dir(tmp_path / "r"), pytest.raises(RunDirError, match="in use"):
+    with lock_run_dir(tmp_path / "r"), pytest.raises(RunDirError, match="a run is live"):
         lock_run_dir(tmp_path / "r")
     lock_run_dir(tmp_path / "r").release()
 
@@ -200,7 +227,7 @@ def test_prepare_writes_config_and_model_then_holds_the_lock(tmp_path: Path):
     try:
         assert validate(yaml.safe_load((out / "config.yaml").read_text())) == prep.cfg
         assert json.loads((out / "model" / "config.json").read_text())["model_type"] == "llama"
-        with pytest.raises(RunDirError, match="in use"):
+        with pytest.raises(RunDirError, match="a run is live in it"):
             lock_run_dir(out)
     finally:
         prep.lock.release()

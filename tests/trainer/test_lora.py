@@ -7,14 +7,14 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from freshroll.config import LoraSection, TrainerSection
+from freshroll.config import LoraSection, TrainerSection, load_config
 from freshroll.engines.hf import HFEngine
 from freshroll.engines.lora_merge import SCALE_KEY, adapter_bytes, is_adapter, merge_state
 from freshroll.engines.tiny import build_tiny
 from freshroll.errors import ConfigError
 from freshroll.runtime.resume import flatten, rule_of
 from freshroll.trainer.grpo import GRPOLearner, TrainSample
-from freshroll.trainer.lora import merged_copy, wrap
+from freshroll.trainer.lora import adapter_state, merged_copy, wrap
 from freshroll.trainer.replay import weights_digest
 
 LORA = LoraSection(r=4, alpha=8, target_modules=["q_proj", "v_proj", "down_proj"])
@@ -52,6 +52,28 @@ def test_a_target_matching_no_linear_layer_is_one_clear_error() -> None:
     with pytest.raises(ConfigError, match=r"trainer\.lora\.target_modules: 'qkv' matches no "
                        r"linear layer.*down_proj, gate_proj, k_proj.*q_proj"):
         wrap(model, LoraSection(target_modules=["q_proj", "qkv"]))
+
+
+def test_all_linear_puts_an_adapter_on_every_linear_layer_but_the_head() -> None:
+    """Issue 48, item 10: peft's ``target_modules="all-linear"`` was refused."""
+    lora = LoraSection(target_modules="all-linear")
+    model = wrap(build_tiny()[0], lora)
+    adapted = {k.split(".")[-2] for k in adapter_state(model) if k.endswith(".A")}
+    assert adapted == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                       "down_proj"}
+    assert not any("lm_head" in n for n, p in model.named_parameters() if p.requires_grad)
+    with pytest.raises(ConfigError, match=r'trainer\.lora\.target_modules: expected a list or '
+                       r'"all-linear" \(got "all"\)'):
+        load_config(None, ["trainer.lora.target_modules=all"])
+
+
+def test_the_adapters_dropout_is_applied() -> None:
+    """``trainer.lora.dropout`` reached peft only in the skeleton check, never the learner's
+    model (a type-ignore comment had swallowed the argument)."""
+    model = wrap(build_tiny()[0], LoraSection(dropout=0.25))
+    drops = [m.p for n, m in model.named_modules()
+             if n.endswith("lora_dropout.default") and isinstance(m, torch.nn.Dropout)]
+    assert drops and set(drops) == {0.25}
 
 
 def test_changing_lora_on_resume_is_refused() -> None:

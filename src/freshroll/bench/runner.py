@@ -96,7 +96,8 @@ def quick_overrides(cfg: Config) -> dict[str, Any]:
         if cfg.control.max_workers is not None:
             out["control.max_workers"] = min(cfg.control.max_workers, 4)
     else:
-        out["task.n_prompts"] = min(cfg.task.n_prompts, 256)
+        if cfg.task.n_prompts is not None:  # the built-in task's (a dataset is as it is)
+            out["task.n_prompts"] = min(cfg.task.n_prompts, 256)
         out["rollout.worker_batch"] = min(cfg.rollout.call_batch, 8)
     return out
 

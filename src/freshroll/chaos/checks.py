@@ -115,7 +115,8 @@ def planned_order(cfg: Config) -> list[str] | None:
         return None
     from freshroll.rewards.tasks import make_prompts
 
-    order = [p.prompt_id for p in make_prompts(t.name, t.n_prompts, cfg.run.seed, **t.params)]
+    name, n, params = t.builtin()
+    order = [p.prompt_id for p in make_prompts(name, n, cfg.run.seed, **params)]
     random.Random(cfg.run.seed).shuffle(order)
     return order
 

@@ -130,24 +130,26 @@ def _reward_fns(run: RunData) -> str:
     names = sorted({k[len("rewards/"):-len("/mean")] for row in run.metrics for k in row
                     if k.startswith("rewards/") and k.endswith("/mean")})
     lines = []
-    for name in names:
+    for i, name in enumerate(names):  # one colour per function: its mean solid, its std dotted
+        color = plots.SERIES_COLORS[i % len(plots.SERIES_COLORS)]
         xs, ys = _series(run.metrics, "step", f"rewards/{name}/mean")
         if xs:
-            lines.append(plots.Line(name, xs, ys))
+            lines.append(plots.Line(name, xs, ys, style={"color": color}))
         xs, ys = _series(run.metrics, "step", f"rewards/{name}/std")
         if xs:
-            lines.append(plots.Line(f"{name} std", xs, ys, style={"linestyle": ":"}))
+            lines.append(plots.Line(f"{name} std", xs, ys,
+                                    style={"color": color, "linestyle": ":"}))
     xs, ys = _series(run.metrics, "step", "frac_reward_zero_std")
     if xs:
         lines.append(plots.Line("share of groups with zero reward std", xs, ys, baseline=True))
     if not lines:
         return ""
-    hint = ("<p class='hint'>Per reward function: its raw (unweighted) mean per step, dotted "
-            "its std; dashed: "
+    hint = ("<p class='hint'>Per reward function, in its own colour: its raw (unweighted) "
+            "mean per step, dotted its std; dashed: "
             "the share of groups whose rewards are all equal (zero std: no learning signal)."
             "</p>")
     return hint + '<div class="grid">' + _img(
-        plots.reward_curve(lines, xlabel="trainer step"), "reward functions vs step") + "</div>"
+        plots.reward_functions(lines), "reward functions vs step") + "</div>"
 
 
 def _eval_panel(runs: Sequence[RunData]) -> list[str]:

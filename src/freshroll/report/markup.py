@@ -8,6 +8,8 @@ from collections.abc import Iterable, Sequence
 from html import escape
 from typing import Any
 
+from freshroll.report.svg import number
+
 
 def num(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -26,7 +28,7 @@ def fmt(value: Any) -> str:
     if isinstance(value, float):
         if not math.isfinite(value):
             return escape(str(value))
-        return f"{value:.4g}" if abs(value) >= 1e-3 or value == 0 else f"{value:.2e}"
+        return number(value)
     if isinstance(value, dict | list):
         return escape(json.dumps(value, sort_keys=True))
     return escape(str(value))

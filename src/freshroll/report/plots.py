@@ -31,6 +31,10 @@ LIMIT_COLOR = "#d62728"
 STAGE_COLORS = ("#8c8c8c", "#1f77b4", "#17becf", "#2ca02c", "#ff7f0e", "#9467bd")
 PALETTE = (RUN_COLOR, "#d62728", "#2ca02c", "#9467bd")
 LANE_COLORS = ("#1f77b4", "#9467bd", "#ff7f0e", "#d62728", "#8c564b", "#2ca02c", "#e377c2")
+#: one colour per series where a chart draws several of the run's own (none is the
+#: baseline's grey-orange, which a dashed reference line keeps)
+SERIES_COLORS = ("#1f77b4", "#2ca02c", "#9467bd", "#d62728", "#8c564b", "#e377c2", "#17becf",
+                 "#bcbd22")
 #: canvas widths and the plot area's height of a single figure, px
 WIDTH, WIDE, PLOT_HEIGHT = 660.0, 1210.0, 250.0
 FEW = 40  # a series of at most this many points gets markers
@@ -94,6 +98,13 @@ def reward_curve(lines: Sequence[Line], *, xlabel: str) -> str:
     return line_chart(lines, title=f"Reward vs {by}", xlabel=xlabel, ylabel="mean reward")
 
 
+def reward_functions(lines: Sequence[Line]) -> str:
+    """Each reward function's raw (unweighted) mean and std per step: the lines as given (one
+    colour per function, :data:`SERIES_COLORS`; the caller pairs each mean with its std)."""
+    return line_chart(lines, title="Reward functions vs step", xlabel="trainer step",
+                      ylabel="raw reward")
+
+
 def lag_histogram(lags: Sequence[int] | Mapping[int, int], max_staleness: int | None) -> str:
     """Committed samples per integer lag, with the ``max_staleness`` bound marked.
 
@@ -147,7 +158,7 @@ def stage_bars(means: Mapping[str, Mapping[str, float]]) -> str:
                 w = _finite([means[run].get(stage, 0.0)])[0]
                 x0, x1, y = f.px(left), f.px(left + w), f.py(i)
                 out.append(svg.rect(x0, y - half, x1 - x0, 2 * half, colors[stage]))
-                value = f"{w:.3g}"
+                value = svg.number(w, 3)
                 if w / total > 0.05 and svg.text_width(value, LEGEND) < x1 - x0 - 4:
                     out.append(svg.text(value, (x0 + x1) / 2, y + 0.35 * LEGEND, LEGEND,
                                         fill="#fff", cls="value"))

@@ -69,6 +69,20 @@ def n(v: float) -> str:
     return "0" if s in ("-0", "") else s
 
 
+def number(value: float, digits: int = 4) -> str:
+    """``value`` as text for a reader: at most ``digits`` significant digits, and never in
+    scientific notation from 1e-3 up (``123,456`` and ``12,346``, not ``1.235e+05`` and
+    ``1.235e+04``: a whole count written as a float in JSON is still a count); smaller, as
+    ``1.20e-05``."""
+    if value == 0 or not math.isfinite(value):
+        return "0" if value == 0 else str(value)
+    if abs(value) >= 10 ** (digits - 1):
+        return f"{value:,.0f}"
+    if abs(value) >= 1e-3:
+        return f"{value:.{digits}g}"
+    return f"{value:.2e}"
+
+
 def esc(s: str) -> str:
     """Text (or an attribute value) escaped for XML."""
     return escape(s, quote=True)

@@ -66,8 +66,8 @@ def export_model(run_dir: Path, out: Path, step: int | None = None, *,
         raise RunDirError(f"{out}: already exists; choose a new output directory")
     cfg = validate(read_yaml(run_dir / "config.yaml"), str(run_dir / "config.yaml"))
     if adapter_only and cfg.trainer.lora is None:
-        raise ConfigError(f"--adapter-only: {run_dir} trained every weight (no trainer.lora); "
-                          "export it without --adapter-only")
+        raise ConfigError(f"--adapter-only (adapter_only=True): {run_dir} trained every weight "
+                          "(no trainer.lora); export it whole")
     quiet_transformers()
     source = initial_model_dir(cfg, run_dir)
     learner, want, version, replayed = _rebuilt(cfg, run_dir, source, step)

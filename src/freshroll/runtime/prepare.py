@@ -200,8 +200,8 @@ def check_inputs(cfg: Config, run_dir: Path | None = None, resume: bool = False)
     digest = None
     if cfg.rollout.engine == "sim":  # no model: the built-in task's prompts as they are
         path, digest = Path(), sim_model_digest(cfg)
-        prompts = make_prompts(cfg.task.name, cfg.task.n_prompts, cfg.run.seed,
-                               **cfg.task.params)
+        name, n, params = cfg.task.builtin()
+        prompts = make_prompts(name, n, cfg.run.seed, **params)
     else:  # a model: transformers' progress bars off first (the simulated cluster has none)
         quiet_transformers()
         path, pending = _initial_model(cfg, run_dir, resume)
@@ -397,7 +397,8 @@ def load_task_prompts(cfg: Config, model: Path, tok: Any = None,
         prompts = load_prompts(t.file, t.prompt_field, t.answer_field, t.id_field,
                                split=t.split, render=render)
     else:
-        prompts = make_prompts(t.name, t.n_prompts, cfg.run.seed, **t.params)
+        name, n, params = t.builtin()
+        prompts = make_prompts(name, n, cfg.run.seed, **params)
     source = f"task.file {t.file}" if t.file is not None else f"task {t.name!r}"
     check_prompts(prompts, tok, context[0], model=str(model), source=source,
                   limit_name=context[1])

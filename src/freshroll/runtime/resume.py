@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from freshroll import events as ev
-from freshroll.config import TRAINER_BEFORE
+from freshroll.config import BUILTIN_TASK, TRAINER_BEFORE
 from freshroll.errors import ResumeError
 from freshroll.lineage import digest_of, policy_step
 
@@ -275,11 +275,16 @@ def history(events: Iterable[ev.Event]) -> History:
 def with_recorded_defaults(config: dict[str, Any]) -> dict[str, Any]:
     """A recorded config with the trainer keys an earlier freshroll did not record set to what
     it trained with (:data:`~freshroll.config.TRAINER_BEFORE`): resuming such a run
-    under today's default is a change of training, and its replay runs the old kernel."""
+    under today's default is a change of training, and its replay runs the old kernel. A
+    dataset's run (``task.file``) recorded by an earlier freshroll with the built-in task's
+    keys holds them as null, as the config does now (they never applied)."""
     trainer = config.get("trainer")
     if isinstance(trainer, dict):
         for key, value in TRAINER_BEFORE.items():
             trainer.setdefault(key, value)
+    task = config.get("task")
+    if isinstance(task, dict) and task.get("file") is not None:
+        task.update(dict.fromkeys(BUILTIN_TASK))
     return config
 
 

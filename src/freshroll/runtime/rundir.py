@@ -4,7 +4,10 @@ Guarantees:
 
 * :func:`lock_run_dir` takes an exclusive ``flock`` on ``RUN_DIR/run.lock`` and writes the
   holder's pid into it. A second process fails at once with
-  :class:`~freshroll.errors.RunDirError` naming that pid. The lock is held until
+  :class:`~freshroll.errors.RunDirError` naming that pid (:func:`live_message`: the run is
+  live, do not resume it while it runs); :func:`check_out_dir` says the same before any
+  check of a new run or a resume, rather than "already holds a run; use --resume", which
+  pointed at a run that is running. The lock is held until
   :meth:`RunDirLock.release` or the end of the process, however it ends: the kernel drops
   the locks of a dead process, also after SIGKILL. The file itself stays (deleting a locked
   file would let a third process lock a new one beside the holder).
@@ -33,14 +36,20 @@ from freshroll.lineage import policy_step
 LOCK_FILE = "run.lock"
 
 
+#: the lock files this process holds (its own lock is not another process's live run)
+_HELD: set[Path] = set()
+
+
 class RunDirLock:
     """An exclusive lock on a run directory, held by this process (see module docstring)."""
 
     def __init__(self, path: Path, handle: IO[str]) -> None:
         self.path, self._handle = path, handle
+        _HELD.add(path.resolve())
 
     def release(self) -> None:
         if not self._handle.closed:
+            _HELD.discard(self.path.resolve())
             fcntl.flock(self._handle, fcntl.LOCK_UN)
             self._handle.close()
 
@@ -65,15 +74,40 @@ def lock_run_dir(run_dir: Path) -> RunDirLock:
         handle.seek(0)
         holder = handle.read().strip() or "unknown"
         handle.close()
-        raise RunDirError(
-            f"{run_dir}: in use by another freshroll process (pid {holder}); wait for it to "
-            "end or stop it, then try again"
-        ) from None
+        raise RunDirError(live_message(run_dir, holder)) from None
     handle.seek(0)
     handle.truncate()
     handle.write(f"{os.getpid()}\n")
     handle.flush()
     return RunDirLock(path, handle)
+
+
+def live_message(run_dir: Path, holder: str) -> str:
+    """What a start or a resume on a run directory that a live process holds is told."""
+    return (f"{run_dir}: a run is live in it (pid {holder} holds {LOCK_FILE}); do not resume "
+            f"it while it runs: wait for it to end, or stop it (kill -INT {holder}) and then "
+            f"freshroll run --resume {run_dir}; or start elsewhere with another --out")
+
+
+def live_holder(run_dir: Path) -> str | None:
+    """The pid another live process holds ``run_dir``'s lock with (``"unknown"`` if it wrote
+    none yet), or None. Probed with a shared ``flock`` taken and dropped at once (it
+    conflicts with a holder's exclusive one), which creates nothing; a start that tries the
+    lock in that instant is told the directory is in use and may try again."""
+    path = run_dir / LOCK_FILE
+    if path.resolve() in _HELD:
+        return None
+    try:
+        handle = path.open("r")
+    except OSError:  # no lock file (a new directory) or unreadable: the lock itself decides
+        return None
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return handle.read().strip() or "unknown"
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    return None
 
 
 def check_out_dir(run_dir: Path, *, resume: bool) -> None:
@@ -87,6 +121,9 @@ def check_out_dir(run_dir: Path, *, resume: bool) -> None:
     run with a ledger writes (:func:`earlier_run`) is refused, naming them."""
     if run_dir.exists() and not run_dir.is_dir():
         raise RunDirError(f"{run_dir}: not a directory (--out and --resume name a run directory)")
+    holder = live_holder(run_dir)
+    if holder is not None:
+        raise RunDirError(live_message(run_dir, holder))
     ledger = run_dir / LEDGER_FILE
     held = holds_events(ledger)
     if not held and (found := earlier_run(run_dir)):
@@ -138,7 +175,7 @@ def finished_run(run_dir: Path, cfg: Config, allow_change: tuple[str, ...] = ()
     A resume of such a run would start the placement, admit groups and append events only
     to drain them again; it is answered from the directory instead, before anything is
     locked or written."""
-    from freshroll.runtime.resume import diff, flatten
+    from freshroll.runtime.resume import diff, flatten, with_recorded_defaults
 
     ledger = run_dir / LEDGER_FILE
     if allow_change or not holds_events(ledger):
@@ -155,7 +192,8 @@ def finished_run(run_dir: Path, cfg: Config, allow_change: tuple[str, ...] = ()
     if policy_step(commit.version) != cfg.run.steps:  # fewer: to train; more: refused later
         return None
     defaults = flatten(Config().model_dump(mode="json"))
-    if diff(flatten(json.loads(config.config)), flatten(cfg.model_dump(mode="json")), defaults):
+    recorded = with_recorded_defaults(json.loads(config.config))
+    if diff(flatten(recorded), flatten(cfg.model_dump(mode="json")), defaults):
         return None
     if not (run_dir / "report.html").is_file():  # a kill after summary.json: the resume
         return None                               # writes the report
@@ -196,7 +234,8 @@ def resume_config(
 
 
 __all__ = [
-    "LOCK_FILE", "RunDirLock", "check_out_dir", "earlier_run", "finished_run", "lock_run_dir",
+    "LOCK_FILE", "RunDirLock", "check_out_dir", "earlier_run", "finished_run", "live_holder",
+    "live_message", "lock_run_dir",
     "resume_config",
     "write_text_atomic",
 ]

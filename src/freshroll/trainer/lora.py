@@ -1,10 +1,11 @@
 """``trainer.lora``: the learner's model as a peft LoRA model, and what it publishes.
 
 :func:`wrap` puts LoRA adapters (peft ``LoraConfig``: ``r``, ``lora_alpha``,
-``lora_dropout``, ``target_modules``) on the model and freezes everything else, so the
-optimizer holds the adapters alone. The adapters' initial ``A`` comes from a fixed seed (peft
-draws it from torch's global generator): a learner rebuilt for ``--resume`` or
-``export-model`` starts from the same adapters, so replayed steps give the committed digests.
+``lora_dropout``, ``target_modules``, which may be peft's ``"all-linear"``) on the model
+and freezes everything else, so the optimizer holds the adapters alone. The adapters'
+initial ``A`` comes from a fixed seed (peft draws it from torch's global generator): a
+learner rebuilt for ``--resume`` or ``export-model`` starts from the same adapters, so
+replayed steps give the committed digests.
 
 :func:`adapter_state` is the per-version publication (the format of
 :mod:`freshroll.engines.lora_merge`); :func:`checkpoint_state` the adapters' tensors a
@@ -21,6 +22,7 @@ from typing import Any
 import torch
 
 from freshroll.config import LoraSection
+from freshroll.config_train import ALL_LINEAR
 from freshroll.engines.lora_merge import PREFIX, SCALE_KEY
 from freshroll.errors import ConfigError
 
@@ -40,9 +42,23 @@ def linear_names(model: torch.nn.Module) -> list[str]:
                    if isinstance(m, torch.nn.Linear) and n})
 
 
+def targets(cfg: LoraSection) -> list[str] | str:
+    """``target_modules`` as peft's ``LoraConfig`` takes it (``"all-linear"``: peft puts an
+    adapter on every linear layer but the output head)."""
+    return cfg.target_modules if isinstance(cfg.target_modules, str) else list(cfg.target_modules)
+
+
 def check_targets(model: torch.nn.Module, cfg: LoraSection) -> None:
-    """Every ``target_modules`` entry must name (or end) some linear layer's name."""
+    """Every ``target_modules`` entry must name (or end) some linear layer's name;
+    ``all-linear`` needs a linear layer besides the output head."""
     names = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and n]
+    if cfg.target_modules == ALL_LINEAR:
+        head = getattr(model, "get_output_embeddings", lambda: None)()
+        if not any(m is not head for _, m in model.named_modules()
+                   if isinstance(m, torch.nn.Linear)):
+            raise ConfigError("trainer.lora.target_modules: all-linear: the model has no "
+                              "linear layer besides its output head")
+        return
     missing = [t for t in cfg.target_modules
                if not any(n == t or n.endswith("." + t) for n in names)]
     if missing:
@@ -71,7 +87,7 @@ def check_on_skeleton(model_config: Any, cfg: LoraSection) -> None:
     try:
         get_peft_model(skeleton, LoraConfig(
             r=cfg.r, lora_alpha=cfg.alpha,  # type: ignore[arg-type]  # a float works
-            lora_dropout=cfg.dropout, target_modules=list(cfg.target_modules), bias="none",
+            lora_dropout=cfg.dropout, target_modules=targets(cfg), bias="none",
             task_type="CAUSAL_LM"))
     except Exception as exc:  # peft raises ValueError, TypeError, its own errors...
         raise ConfigError(f"trainer.lora: {type(exc).__name__}: {exc}"[:500]) from None
@@ -82,8 +98,8 @@ def wrap(model: torch.nn.Module, cfg: LoraSection) -> torch.nn.Module:
     from peft import LoraConfig, get_peft_model
 
     check_targets(model, cfg)
-    config = LoraConfig(r=cfg.r, lora_alpha=cfg.alpha,  # type: ignore[arg-type]  # a float works lora_dropout=cfg.dropout,
-                        target_modules=list(cfg.target_modules), bias="none",
+    config = LoraConfig(r=cfg.r, lora_alpha=cfg.alpha,  # type: ignore[arg-type]  # a float works
+                        lora_dropout=cfg.dropout, target_modules=targets(cfg), bias="none",
                         task_type="CAUSAL_LM")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(INIT_SEED)
