@@ -124,7 +124,7 @@ def test_a_restarted_engine_counts_its_preemptions_from_zero():
             return EngineStats(running=1, waiting=0, kv_cache_usage=0.5, preemptions=self.n)
 
     meter = Meter.__new__(Meter)
-    meter._preempted = {}
+    meter._preempted, meter._reports = {}, {}
     first = Fixed(5)
     assert meter._engines({"w0": W(first)})["preemptions"] == 5  # type: ignore[dict-item]
     first.n = 7

@@ -57,7 +57,7 @@ import math
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from freshroll import events as ev
 from freshroll.config import Config
@@ -129,6 +129,7 @@ class Meter:
         self.steps: deque[tuple[int, float]] = deque(maxlen=FED_STEPS)  # (samples, busy s)
         self._mark = self._now_mark(self.buf.clock.now())
         self._preempted: dict[str, tuple[object, int]] = {}  # worker -> (engine, count seen)
+        self._reports: dict[str, tuple[object, bool]] = {}  # worker -> (engine, has stats())
 
     # -- fed by the trainer task -------------------------------------------------------------
     def trainer_waits(self, since: float, missing: int) -> None:
@@ -219,9 +220,12 @@ class Meter:
         preempted, seen = 0, self._preempted
         for name, w in active.items():
             engine = w.engine
-            if not isinstance(engine, ReportsStats):
+            known = self._reports.get(name)
+            if known is None or known[0] is not engine:  # a Protocol check is slow: once
+                known = self._reports[name] = (engine, isinstance(engine, ReportsStats))
+            if not known[1]:
                 continue
-            st = engine.stats()
+            st = cast(ReportsStats, engine).stats()
             if not isinstance(st, EngineStats):  # None: no report yet
                 continue
             reports.append(st)

@@ -29,6 +29,7 @@ waits in flight (a handful per worker).
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -56,6 +57,7 @@ class Waits:
     def __init__(self, clock: Clock, heartbeat_s: float) -> None:
         self.clock, self.heartbeat_s = clock, heartbeat_s
         self._waits: dict[int, Wait] = {}
+        self._open: Counter[str] = Counter()  # waits in flight per ``what`` (O(1) end)
         self._ids = itertools.count()
         self._said: dict[str, float] = {}  # what -> when its last heartbeat line was due
         self.last_progress: float | None = None  # None: not counting yet (workers starting)
@@ -64,12 +66,17 @@ class Waits:
         """Register a wait starting now; returns its token for :meth:`end`."""
         token = next(self._ids)
         self._waits[token] = Wait(what, self.clock.now(), limit_s)
+        self._open[what] += 1
         return token
 
     def end(self, token: int) -> None:
         """The wait is over (returned, failed, timed out or cancelled)."""
         wait = self._waits.pop(token, None)
-        if wait is not None and not any(w.what == wait.what for w in self._waits.values()):
+        if wait is None:
+            return
+        self._open[wait.what] -= 1
+        if self._open[wait.what] <= 0:  # the last wait on it: its heartbeat starts over
+            del self._open[wait.what]
             self._said.pop(wait.what, None)
 
     @contextmanager
