@@ -153,13 +153,7 @@ def check_checkpoints(bindings: FileBindings, run_dir: Path, add: Any,
             add(INVARIANT, f"{where}: its checkpoint_saved names version {record.version}, "
                            f"the ledger committed {committed} at step {step}")
         have = file_digests(d)
-        for name, want in sorted(record.files.items()):
-            got = have.get(name)
-            if got is None:
-                add(INVARIANT, f"{where}/{name}: missing (the ledger recorded sha256 {want})")
-            elif got != want:
-                add(INVARIANT, f"{where}/{name}: sha256 {got}, the ledger recorded {want} "
-                               "(altered after it was written)")
+        _check_digests(have, record.files, f"{where}/", "after it was written", add)
         for name in sorted(set(have) - set(record.files)):
             add(INVARIANT, f"{where}/{name}: not a file the checkpoint was written with")
     if unbound:
@@ -220,14 +214,20 @@ def check_inputs(bindings: FileBindings, run_dir: Path, add: Any, notes: list[st
             notes.append(f"{', '.join(f + '/' for f in there)} not checked: the run records "
                          "no input_files (written before verify bound them)")
         return
-    have = input_digests(run_dir)
-    for name, want in sorted(bindings.input_files.items()):
+    _check_digests(input_digests(run_dir), bindings.input_files, "", "after the run read it",
+                   add)
+
+
+def _check_digests(have: dict[str, str], recorded: dict[str, str], prefix: str, when: str,
+                   add: Any) -> None:
+    """Every file the ledger ``recorded`` (name -> sha256) present in ``have`` with its digest."""
+    for name, want in sorted(recorded.items()):
         got = have.get(name)
         if got is None:
-            add(INVARIANT, f"{name}: missing (the ledger recorded sha256 {want})")
+            add(INVARIANT, f"{prefix}{name}: missing (the ledger recorded sha256 {want})")
         elif got != want:
-            add(INVARIANT, f"{name}: sha256 {got}, the ledger recorded {want} (altered "
-                           "after the run read it)")
+            add(INVARIANT, f"{prefix}{name}: sha256 {got}, the ledger recorded {want} "
+                           f"(altered {when})")
 
 
 REPORT_FILE = "report.html"
