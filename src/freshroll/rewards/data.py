@@ -72,7 +72,7 @@ def load_prompts(
     columns = sorted(rows[0])
     for column in (prompt_field, id_field):
         if column is not None and column not in rows[0]:
-            raise ConfigError(f"prompt file {path}: missing column {column!r}; columns: {columns}")
+            raise missing_column(path, column, columns)
     alias = _answer_alias(path, answer_field, columns)
     chat = _is_chat(rows[0][prompt_field])
     prompts = []
@@ -267,6 +267,13 @@ def _unknown_chars(tokenizer: Any, text: str, unk: int) -> list[str]:
         if token == unk and piece not in found:
             found.append(piece)
     return found
+
+
+def missing_column(path: Path, column: str, columns: Sequence[str]) -> ConfigError:
+    """The one error of a prompt file without ``column`` (also said before the heavy imports:
+    :mod:`freshroll.runtime.precheck`)."""
+    return ConfigError(f"prompt file {path}: missing column {column!r}; columns: "
+                       f"{sorted(columns)}")
 
 
 # --- reading -------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from pathlib import Path
 from freshroll.config import Config
 from freshroll.engines.model_dir import read_config_json
 from freshroll.errors import ConfigError
+from freshroll.rewards.data import missing_column
 
 
 def precheck(cfg: Config) -> None:
@@ -44,8 +45,7 @@ def _prompt_file(key: str, path: Path, field: str) -> None:
     except (OSError, UnicodeDecodeError, ValueError):
         return  # the full checks say what is wrong with it, in their own words
     if isinstance(row, dict) and field not in row:
-        raise ConfigError(f"prompt file {path}: missing column {field!r}; columns: "
-                          f"{sorted(row)}")
+        raise missing_column(path, field, list(row))
 
 
 __all__ = ["precheck"]
