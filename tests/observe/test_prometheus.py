@@ -192,27 +192,29 @@ def test_a_real_run_serves_its_rows_ends_at_its_summary_and_frees_the_port(tmp_p
 
 def test_the_endpoint_answers_from_the_start_in_its_starting_phase(tmp_path: Path):
     """Issue 48 item 9: the endpoint came up only after the start-up (placement, workers:
-    tens of seconds). A run binds it right after its input checks (``start_early``), in
+    tens of seconds). A run binds it right after its input checks (``start_endpoint``), in
     phase ``starting``; its monitors take that endpoint over (``training`` from the first
-    row); a run that fails first gives the port back (``release_early``)."""
-    from freshroll.observe.monitors import build_monitors, release_early, start_early
+    row); a run that fails first gives the port back (it closes the endpoint)."""
+    from freshroll.observe.monitors import build_monitors, start_endpoint
 
     port = _free_port()
     cfg = validate({"run": {"progress": False}, "monitor": {"prometheus_port": port}})
     out = tmp_path / "run"
-    start_early(cfg, out, io.StringIO())
+    early = start_endpoint(cfg, out, io.StringIO())
     url = f"http://127.0.0.1:{port}/metrics"
     assert _scrape_labelled(url, "freshroll_phase", "phase") == {"starting": 1.0}
-    found = build_monitors(cfg, out, io.StringIO())
+    found = build_monitors(cfg, out, io.StringIO(), early)
     [prom] = [o for o in found if isinstance(o, PrometheusExporter)]
     prom.on_row({"step": 1}, True)
     assert _scrape_labelled(url, "freshroll_phase", "phase") == {"starting": 0.0,
                                                                 "training": 1.0}
-    release_early(out)  # taken by the monitors: nothing to release
+    assert prom is early  # the run's monitors took the endpoint over
     assert _scrape(url)["freshroll_step"] == 1
     prom.close()
-    start_early(cfg, out, io.StringIO())  # a run that fails before its monitors
-    release_early(out)
+    early.close()  # closing twice is harmless: a run closes it again whatever happened
+    failed = start_endpoint(cfg, out, io.StringIO())  # a run that fails before its monitors
+    assert failed is not None
+    failed.close()
     check_port(port, "127.0.0.1")
 
 

@@ -33,7 +33,8 @@ def check_monitors(mon: MonitorSection) -> None:
     check_wandb(mon.wandb_project)
 
 
-def build_monitors(cfg: Config, out: Path, stream: TextIO) -> list[RunObserver]:
+def build_monitors(cfg: Config, out: Path, stream: TextIO,
+                   prometheus: PrometheusExporter | None = None) -> list[RunObserver]:
     """The started observers of ``cfg.monitor`` for the run in ``out``, in the order
     no-signal warning, collapse guard, Prometheus, TensorBoard, W&B; where each of the last
     three is said on ``stream`` (with progress on)."""
@@ -42,11 +43,9 @@ def build_monitors(cfg: Config, out: Path, stream: TextIO) -> list[RunObserver]:
                                 collapse_guard(mon, stream)]
     said = stream if cfg.run.progress else None
     try:
-        early = _EARLY.pop(out.resolve(), None)
-        if early is not None:  # bound at the run's start (start_early): said then
-            found.append(early)
-        elif mon.prometheus_port is not None:
-            found.append(_endpoint(cfg, out, stream))
+        prom = prometheus or start_endpoint(cfg, out, stream)  # a run binds it at its start
+        if prom is not None:
+            found.append(prom)
         if mon.tensorboard:
             found.append(TensorBoardWriter(out / TENSORBOARD_DIR))
             _say(said, f"TensorBoard scalars in {out / TENSORBOARD_DIR}")
@@ -61,14 +60,14 @@ def build_monitors(cfg: Config, out: Path, stream: TextIO) -> list[RunObserver]:
     return found
 
 
-#: endpoints bound by :func:`start_early`, by run directory, until the run's monitors take
-#: them (:func:`build_monitors`) or :func:`release_early` closes them
-_EARLY: dict[Path, PrometheusExporter] = {}
-
-
-def _endpoint(cfg: Config, out: Path, stream: TextIO) -> PrometheusExporter:
+def start_endpoint(cfg: Config, out: Path, stream: TextIO) -> PrometheusExporter | None:
+    """``cfg``'s Prometheus endpoint, bound now (None: none asked). A run binds it right
+    after its input checks, before its placement and workers (tens of seconds of start-up),
+    in phase ``starting``, and hands it to :func:`build_monitors`; closing it twice is
+    harmless, so the run closes it again whatever happened."""
     mon = cfg.monitor
-    assert mon.prometheus_port is not None
+    if mon.prometheus_port is None:
+        return None
     if warning := exposure_warning(mon.prometheus_port, mon.prometheus_host):
         stream.write(warning + "\n")  # said whatever run.progress says
     prom = PrometheusExporter(mon.prometheus_port, mon.prometheus_host, out.name).start()
@@ -76,23 +75,9 @@ def _endpoint(cfg: Config, out: Path, stream: TextIO) -> PrometheusExporter:
     return prom
 
 
-def start_early(cfg: Config, out: Path, stream: TextIO) -> None:
-    """Bind ``cfg``'s Prometheus endpoint now, before the run's placement and workers (tens
-    of seconds of start-up), its phase ``starting``; the run's monitors take it over."""
-    if cfg.monitor.prometheus_port is not None and out.resolve() not in _EARLY:
-        _EARLY[out.resolve()] = _endpoint(cfg, out, stream)
-
-
-def release_early(out: Path) -> None:
-    """Close an endpoint :func:`start_early` bound that no run took (the run failed first)."""
-    prom = _EARLY.pop(out.resolve(), None)
-    if prom is not None:
-        prom.close()
-
-
 def _say(stream: TextIO | None, line: str) -> None:
     if stream is not None:
         stream.write(f"freshroll: {line}\n")
 
 
-__all__ = ["build_monitors", "check_monitors", "release_early", "start_early"]
+__all__ = ["build_monitors", "check_monitors", "start_endpoint"]

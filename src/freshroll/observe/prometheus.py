@@ -18,7 +18,7 @@ decision's bottleneck is a gauge per value seen, 1 for the row's and 0 for the o
 (:data:`~freshroll.observe.live_names.LABELLED`, :data:`~freshroll.observe.live_names.STATES`).
 ``freshroll_phase{phase="starting"}`` is 1 from the endpoint's start (a run binds it right
 after its input checks, before its placement and workers:
-:func:`freshroll.observe.monitors.start_early`), ``training`` from the first row. The
+:func:`freshroll.observe.monitors.start_endpoint`), ``training`` from the first row. The
 ``*_total`` names are counters (typed ``counter`` in the exposition, so ``rate()`` reads
 them); each reward function's batch mean is ``freshroll_reward_fn_mean{fn="..."}``.
 """

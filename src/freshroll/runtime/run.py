@@ -56,7 +56,8 @@ from freshroll.freshness import window_note
 from freshroll.ledger import RESERVE_BYTES, Ledger, open_ledger
 from freshroll.lineage import PolicyVersion
 from freshroll.observe.fit import width, wrap
-from freshroll.observe.monitors import build_monitors, release_early, start_early
+from freshroll.observe.monitors import build_monitors, start_endpoint
+from freshroll.observe.prometheus import PrometheusExporter
 from freshroll.pipeline.fallback import EarlierChoice
 from freshroll.pipeline.observers import FollowMode, RunObserver
 from freshroll.pipeline.pipeline import Pipeline, run_pipeline
@@ -132,11 +133,13 @@ def run(
     if cfg is not None and may_fork_workers(cfg, injected=make_engine is not None):
         prestart_workers()  # its imports beside the run's start, not after it
     prep = prepare_run_dir(cfg, out, resume, allow_change)
+    prom = None
     try:
-        start_early(prep.cfg, out, stream)  # live metrics through the start-up too
-        return _run(prep, out, stream, make_engine, chaos, report, called_at, observers)
+        prom = start_endpoint(prep.cfg, out, stream)  # live metrics through the start-up too
+        return _run(prep, out, stream, make_engine, chaos, report, called_at, observers, prom)
     finally:
-        release_early(out)  # not taken by the run's monitors: it failed before them
+        if prom is not None:  # closed with the run's observers, or here if it failed first
+            prom.close()
         prep.lock.release()
 
 
@@ -164,7 +167,8 @@ def nothing_to_do(out: Path, cfg: Config | None, allow_change: tuple[str, ...],
 
 def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | None,
          chaos: ChaosSession | None = None, report: bool = True,
-         called_at: float | None = None, observers: Sequence[RunObserver] = ()) -> RunResult:
+         called_at: float | None = None, observers: Sequence[RunObserver] = (),
+         prom: PrometheusExporter | None = None) -> RunResult:
     """The run in ``out``: its placement settled, ledger, clock and buffer opened, its parts
     assembled (:func:`_assemble`), the pipeline driven to its end (:func:`_drive`), then the
     end files (a stopped run's too, before its typed error is raised)."""
@@ -192,7 +196,7 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
     random.Random(cfg.run.seed).shuffle(order)
     try:
         parts, rec = _assemble(prep, buf, out, clock, placement, stream, make_engine, chaos,
-                               observers)
+                               observers, prom)
     except ConfigError:
         if prep.history is None:  # a new run: left as if it never started (re-runnable)
             undo_start(buf.ledger, out)
@@ -220,7 +224,8 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
 
 def _assemble(prep: Prepared, buf: SampleBuffer, out: Path, clock: Clock, placement: Placement,
               stream: TextIO, make_engine: MakeEngine | None, chaos: ChaosSession | None,
-              observers: Sequence[RunObserver]) -> tuple[Components, Recording]:
+              observers: Sequence[RunObserver], prom: PrometheusExporter | None = None
+              ) -> tuple[Components, Recording]:
     """The run's parts from the placements' registry (wrapped by ``chaos``), its evaluator,
     the start line, and the recording of the run with its own watchers and the caller's
     observers; a failure here releases what was built (watchers, parts, the ledger)."""
@@ -236,7 +241,7 @@ def _assemble(prep: Prepared, buf: SampleBuffer, out: Path, clock: Clock, placem
             start = _start_line(cfg, out, prep.model_path, len(prep.prompts), buf, placement)
             stream.write(wrap(start, width(stream)) + "\n")  # whole in a log file
             stream.flush()
-        watch += own_watchers(cfg, placement, out, stream)
+        watch += own_watchers(cfg, placement, out, stream, prom)
         rec = Recording(out, cfg, buf, stream, evaluator, extra=[*watch, *observers])
     except BaseException:
         for w in watch:  # a bound port is given back
@@ -357,8 +362,8 @@ def start_choice(placement: Placement) -> EarlierChoice | None:
     return None
 
 
-def own_watchers(cfg: Config, placement: Placement, out: Path,
-                 stream: TextIO) -> list[RunObserver]:
+def own_watchers(cfg: Config, placement: Placement, out: Path, stream: TextIO,
+                 prom: PrometheusExporter | None = None) -> list[RunObserver]:
     """The observers a run adds for itself (closed with the others at its end): the engines'
     calls following the sync fallback's mode (an async inline run on many threads), and the
     watchers of ``monitor.*`` (:func:`~freshroll.observe.monitors.build_monitors`: the
@@ -367,7 +372,7 @@ def own_watchers(cfg: Config, placement: Placement, out: Path,
     for follow in (placement.modes, *placement.follow):  # each mode_decided moves the calls
         if follow is not None:
             found.append(FollowMode(follow))
-    return found + build_monitors(cfg, out, stream)
+    return found + build_monitors(cfg, out, stream, prom)
 
 
 def _start_line(cfg: Config, out: Path, model: Path, n_prompts: int, buf: SampleBuffer,
