@@ -244,3 +244,19 @@ def test_a_simulated_or_injected_run_neither_counts_the_load_nor_touches_the_cac
                                                injected=injected, stream=io.StringIO())
         assert placed.reuse is None and placed.earlier_mode is None
     assert not cache.exists()
+
+
+def test_pinned_reuses_whatever_the_load_but_not_other_work_or_old(
+        cache: Path, monkeypatch: pytest.MonkeyPatch):
+    # the baseline's private cache (runtime/baseline.py): settled seconds before on the same work
+    key = _key()
+    monkeypatch.setenv("FRESHROLL_PROBE_CACHE", "pinned")
+    assert probe_cache.enabled() and probe_cache.pinned()
+    assert probe_cache.store(key, _fields(), busy=0.0, now=1000.0)
+    far = probe_cache.BUSY_TOLERANCE + 1.5
+    assert (probe_cache.lookup(key, now=1060.0, busy=far) or ({}, 0.0))[0] == _fields()
+    assert probe_cache.lookup(_key(model_digest="m2"), now=1060.0, busy=far) is None
+    assert probe_cache.lookup(key, now=1000.0 + probe_cache.MAX_AGE_S + 1, busy=0.0) is None
+    monkeypatch.setenv("FRESHROLL_PROBE_CACHE", "on")
+    assert not probe_cache.pinned()
+    assert probe_cache.lookup(key, now=1060.0, busy=far) is None

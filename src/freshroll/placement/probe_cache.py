@@ -29,7 +29,11 @@ A reused measurement says so on the run's start line and in ``summary.json``
 Where: ``$FRESHROLL_CACHE_DIR/thread_probes.json`` (default ``$XDG_CACHE_HOME/freshroll``, or
 ``~/.cache/freshroll``); at most :data:`MAX_ENTRIES` measurements, the newest kept.
 ``FRESHROLL_PROBE_CACHE=off`` (or ``0``/``false``/``no``) neither reads nor writes it (the
-test suite runs with it off). A cache file that cannot be read or parsed is a cache miss,
+test suite runs with it off); ``pinned`` reuses a measurement whatever the load (the key and
+the age still hold): the synchronous baseline's private cache, settled seconds before on the
+same work (:mod:`freshroll.runtime.baseline`), where another load means other processes came
+and went, not another machine, and a re-measured baseline would pay its tuning on its clock.
+A cache file that cannot be read or parsed is a cache miss,
 never an error: the probe measures and the file is written anew; a file that cannot be
 written is skipped with one warning line. A speed measurement never stops a run.
 """
@@ -63,11 +67,17 @@ WINDOW_S = 0.15
 MAX_ENTRIES = 64
 FILE_NAME = "thread_probes.json"
 _OFF = {"0", "off", "false", "no"}
+_PINNED = "pinned"
 
 
 def enabled() -> bool:
     """Whether runs read and write the cache (``FRESHROLL_PROBE_CACHE``; on by default)."""
     return os.environ.get("FRESHROLL_PROBE_CACHE", "on").strip().lower() not in _OFF
+
+
+def pinned() -> bool:
+    """Whether a measurement is reused whatever the load (``FRESHROLL_PROBE_CACHE=pinned``)."""
+    return os.environ.get("FRESHROLL_PROBE_CACHE", "on").strip().lower() == _PINNED
 
 
 def cache_path() -> Path:
@@ -179,7 +189,8 @@ def lookup(key: str, *, busy: float | None, now: float | None = None,
             continue
         try:
             at, then = float(entry["measured_at"]), float(entry["busy"])
-            if not (0.0 <= now - at <= MAX_AGE_S and abs(busy - then) <= BUSY_TOLERANCE):
+            like = pinned() or abs(busy - then) <= BUSY_TOLERANCE
+            if not (0.0 <= now - at <= MAX_AGE_S and like):
                 return None
             fields = entry["probe"]
         except (KeyError, TypeError, ValueError):
@@ -216,4 +227,4 @@ def store(key: str, fields: dict[str, Any], *, busy: float | None, now: float | 
 
 __all__ = ["BUSY_TOLERANCE", "FILE_NAME", "MAX_AGE_S", "MAX_ENTRIES", "PROBE_VERSION",
            "WINDOW_S", "BusyMeter", "cache_path", "enabled", "holds", "lookup", "others_busy",
-           "probe_key", "store"]
+           "pinned", "probe_key", "store"]

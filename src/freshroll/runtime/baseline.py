@@ -13,7 +13,9 @@ steps/s against 13-15 later, so "time to reward" charged the baseline for its ow
 So the stages are settled first, on :data:`SETTLE_STEPS` untimed steps of the same work in a
 scratch directory, and the measured baseline starts on that choice, taken from a private
 probe cache (:mod:`freshroll.placement.probe_cache`, the same rule a re-run uses: same work,
-like load); its start line says "reused". Where the baseline would not settle anything (its
+whatever the load: ``FRESHROLL_PROBE_CACHE=pinned``, since other processes coming and going
+between the settling and the baseline are no reason to charge the baseline a new tuning); its
+start line says "reused". Where the baseline would not settle anything (its
 threads fixed, another engine) nothing is run first. The settling's seconds are said on the
 stream, outside the baseline's wall.
 """
@@ -66,7 +68,7 @@ def settled_first(cfg: Config, run_dir: Path, stream: TextIO) -> Iterator[None]:
         return
     scratch = Path(tempfile.mkdtemp(prefix="baseline-settle-", dir=run_dir))
     saved = {k: os.environ.get(k) for k in ("FRESHROLL_CACHE_DIR", "FRESHROLL_PROBE_CACHE")}
-    os.environ.update(FRESHROLL_CACHE_DIR=str(scratch / "cache"), FRESHROLL_PROBE_CACHE="on")
+    os.environ.update(FRESHROLL_CACHE_DIR=str(scratch / "cache"), FRESHROLL_PROBE_CACHE="pinned")
     try:
         short = cfg.model_copy(update={"run": cfg.run.model_copy(
             update={"steps": SETTLE_STEPS, "progress": False})})
