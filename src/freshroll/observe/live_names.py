@@ -1,7 +1,8 @@
 """The names a run's live figures go out under: one table for Prometheus, TensorBoard and W&B.
 
 Every exported value is a field of a ``metrics.jsonl`` row (:mod:`freshroll.metrics`
-computed it; nothing here computes a number). :data:`NAMES` gives each known field its
+computed it; nothing here computes a figure, :data:`RATIOS` only divides two of a row's).
+:data:`NAMES` gives each known field its
 Prometheus gauge and its TensorBoard / W&B tag, the tags grouped the way peers group theirs
 (TRL's and verl's ``perf/*``, verl's ``trainer/idle_ratio``, ``async/staleness_*`` for the
 policy lag); docs/metrics.md ("Live metrics") lists the peers' names for the same figures.
@@ -9,6 +10,11 @@ policy lag); docs/metrics.md ("Live metrics") lists the peers' names for the sam
 :func:`scalars` is what TensorBoard and W&B log for a row: every finite number in it, a
 field of :data:`NAMES` under its tag and any other (the trainer's own metrics such as
 ``loss``, ``rewards/<name>/mean``, ``logged/<name>``, ``eval/reward``) under its row name.
+Their tags are grouped as TRL groups its own where TRL has the figure (``reward``,
+``rewards/<f>/mean``, ``loss``, ``entropy``, ``clip_ratio/region_mean``,
+``completions/mean_length``, ``learning_rate``), and otherwise under one namespace per concern
+(``async/`` for every figure of the policy lag and the importance weights, per-lag buckets
+included; ``rollout/``, ``trainer/``, ``perf/``, ``weights/``, ``engine/``, ``control/``).
 ``step`` is the x axis, not a scalar; text (``version``) and ``null`` are left out.
 """
 
@@ -100,7 +106,37 @@ NAMES: Final[tuple[LiveName, ...]] = (
              "requests in flight per worker the last decision set"),
     LiveName("admission_limit", "control/admission_limit", "freshroll_admission_limit",
              "groups in flight at most the last decision set (0: the freshness window only)"),
+    LiveName("is_weight_min", "async/is_weight_min", None, "smallest importance weight"),
+    LiveName("is_truncated_frac", "async/is_truncated_frac", None,
+             "share of the last batch's tokens whose importance weight the cap truncated"),
+    LiveName("ratio_mean", "async/ratio_mean", None, "mean PPO ratio of the last batch"),
+    LiveName("lag_newest_mean", "async/staleness_newest_mean", None,
+             "the last batch's mean lag counted from its newest token's version"),
+    LiveName("lag_weighted_mean", "async/staleness_weighted_mean", None,
+             "the last batch's mean lag weighted by tokens per version"),
+    LiveName("adv_abs_mean", "train/advantage_abs_mean", None,
+             "mean absolute advantage of the last batch"),
+    LiveName("samples", "rollout/samples", None, "rows the last step trained on"),
+    LiveName("tokens", "rollout/tokens", None, "completion tokens the last step trained on"),
+    LiveName("no_signal_steps", "rollout/no_signal_steps", None,
+             "steps in a row whose every group had equal rewards"),
+    LiveName("weights_bytes", "weights/bytes", None, "bytes of the last published weights"),
 )
+
+#: row-field prefixes and the tag prefix each goes out under (TensorBoard / W&B): every
+#: figure of the asynchrony under ``async/``, counts by reason under ``rollout/``; a field
+#: ``<figure>/lag_<k>`` (the per-lag buckets of :mod:`freshroll.off_policy`) goes to
+#: ``async/<figure>/lag_<k>``
+PREFIXES: Final[dict[str, str]] = {
+    "discards/": "rollout/discards/",
+    "lag_histogram/": "async/staleness_histogram/",
+    "lag_newest_histogram/": "async/staleness_newest_histogram/",
+    "lag_weighted_histogram/": "async/staleness_weighted_histogram/",
+}
+#: TRL's tags that are a ratio of two row fields: tag -> (numerator, denominator)
+RATIOS: Final[dict[str, tuple[str, str]]] = {
+    "completions/mean_length": ("tokens", "samples"),
+}
 
 #: row fields counted by a label (``discards/<reason>``): the field's prefix -> the labelled
 #: Prometheus gauge, its label and help; TensorBoard and W&B log each under its row name
@@ -118,17 +154,43 @@ STATES: Final[dict[str, tuple[str, str, str]]] = {
 }
 
 
+_TAGS: Final = {n.field: n.tag for n in NAMES}
+
+
+def tag_of(field: str) -> str | None:
+    """The TensorBoard / W&B tag of a row field: its :data:`NAMES` tag, its :data:`PREFIXES`
+    one, ``async/<figure>/lag_<k>`` for a per-lag bucket, else the field's own name (the
+    trainer's ``loss``, TRL's ``rewards/<name>/mean``, ``logged/<name>``, ``eval/reward``)."""
+    if field in _TAGS:
+        return _TAGS[field]
+    for prefix, tag in PREFIXES.items():
+        if field.startswith(prefix):
+            return tag + field[len(prefix):]
+    head, _, tail = field.partition("/")
+    if tail.startswith("lag_") and head in _TAGS:
+        return f"async/{head}/{tail}"
+    return field
+
+
+def _number(value: object) -> float | None:
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
 def scalars(row: Row) -> dict[str, float]:
-    """The row's finite numbers by tag (the module's rule); never a recomputed value."""
-    tags = {n.field: n.tag for n in NAMES}
+    """The row's finite numbers by tag (:func:`tag_of`), and the :data:`RATIOS` of two of
+    them; never a recomputed figure."""
     out: dict[str, float] = {}
     for field, value in row.items():
-        tag = tags.get(field, field)
-        if tag is None or not isinstance(value, int | float) or isinstance(value, bool):
-            continue
-        if math.isfinite(value):
-            out[tag] = float(value)
+        tag, number = tag_of(field), _number(value)
+        if tag is not None and number is not None:
+            out[tag] = number
+    for tag, (num, den) in RATIOS.items():
+        top, bottom = _number(row.get(num)), _number(row.get(den))
+        if top is not None and bottom:
+            out[tag] = top / bottom
     return out
 
 
-__all__ = ["LABELLED", "NAMES", "STATES", "LiveName", "scalars"]
+__all__ = ["LABELLED", "NAMES", "PREFIXES", "RATIOS", "STATES", "LiveName", "scalars", "tag_of"]
