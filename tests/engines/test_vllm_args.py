@@ -5,12 +5,14 @@ No engine is started here; the engine_args tests import vLLM (~15 s on a busy ma
 from __future__ import annotations
 
 import json
+import logging
+import os
 from pathlib import Path
 
 import pytest
 
 from freshroll.config import Config, VLLMSection, validate
-from freshroll.engines.vllm_args import check_config, check_head_dim, head_dim
+from freshroll.engines.vllm_args import check_config, check_head_dim, head_dim, quiet_vllm
 from freshroll.errors import ConfigError
 
 
@@ -112,3 +114,22 @@ def test_a_requests_sampling_params_carry_trls_knobs() -> None:
     assert list(sp.stop_token_ids) == [1, 2]
     off = sampling_params(SamplingParams(8), 0, {2})
     assert (off.top_k, off.min_p, off.repetition_penalty) in {(-1, 0.0, 1.0), (0, 0.0, 1.0)}
+
+
+def test_quiet_vllm_holds_the_cpu_flood_unless_the_user_set_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in ("VLLM_LOGGING_LEVEL", "PYTHONWARNINGS", "TORCH_CPP_LOG_LEVEL"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setattr(logging.getLogger("vllm"), "level", logging.NOTSET)
+    quiet_vllm()
+    assert os.environ["VLLM_LOGGING_LEVEL"] == "ERROR"
+    assert os.environ["TORCH_CPP_LOG_LEVEL"] == "ERROR"  # torch's NUMA warning (C++)
+    assert "vllm.triton_utils" in os.environ["PYTHONWARNINGS"]
+    assert logging.getLogger("vllm").level == logging.ERROR  # before vLLM configures it
+    # a user's own settings win
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "INFO")
+    monkeypatch.setenv("TORCH_CPP_LOG_LEVEL", "WARNING")
+    monkeypatch.setattr(logging.getLogger("vllm"), "level", logging.NOTSET)
+    quiet_vllm()
+    assert os.environ["TORCH_CPP_LOG_LEVEL"] == "WARNING"
+    assert logging.getLogger("vllm").level == logging.NOTSET

@@ -51,6 +51,9 @@ def test_a_second_call_for_a_name_closes_the_old_engine_and_starts_a_new_one(
     assert factory.engines == {"w0": a2, "w1": b}
     text = err.getvalue()
     assert "starting vLLM engine w0" in text and "restarting vLLM engine w0" in text
+    # vLLM on CPU says once what to expect of it there, before the first engine starts
+    assert text.count(vllm_engine.CPU_HEADS_UP) == (VLLMSection().device == "cpu")
+    assert text.index("starting vLLM engine w0") > text.find(vllm_engine.CPU_HEADS_UP)
     factory.kill_all()  # the run's end: every engine it still holds is made sure gone
     assert a2.abandoned == 1 and b.abandoned == 1 and a.abandoned == 0
     assert factory.engines == {}

@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import os
+import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -63,8 +65,23 @@ def quiet_vllm() -> None:
     """Before vLLM's first import (it configures its logger then, and its processes inherit
     the environment): its INFO lines for every start, load and shutdown, and a warning per
     weight load (the rotary cache, which no checkpoint holds, is "not loaded"), would drown
-    the run's progress on stderr. Errors still show; a user's ``VLLM_LOGGING_LEVEL`` wins."""
+    the run's progress on stderr. Errors still show; a user's ``VLLM_LOGGING_LEVEL`` wins.
+
+    On CPU three more kinds of line come before vLLM's logger is configured, in this process
+    and in the engine core's: "Triton is installed, but doesn't include CPU backend" (a
+    warning through Python's last-resort handler, whatever ``VLLM_LOGGING_LEVEL`` says), torch's
+    ``reduce_op`` FutureWarning from vLLM's Triton dispatcher, and torch's "NUMA binding"
+    warning from C++ (``TORCH_CPP_LOG_LEVEL``). The first two are held at the ``vllm`` logger and
+    by a warnings filter on vLLM's own modules (``PYTHONWARNINGS`` for its processes); the
+    third by ``TORCH_CPP_LOG_LEVEL=ERROR`` for the engine's processes. A user's own setting of
+    any of these wins."""
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    if os.environ["VLLM_LOGGING_LEVEL"].upper() == "ERROR":
+        logging.getLogger("vllm").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
+    os.environ.setdefault("PYTHONWARNINGS",
+                          "ignore::FutureWarning:vllm.triton_utils.dispatcher")
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
 
 def head_dim(config: Mapping[str, Any]) -> int | None:

@@ -67,6 +67,13 @@ if TYPE_CHECKING:
 # -- the engine ----------------------------------------------------------------------------
 
 
+#: said once per run before the first engine on CPU starts: what to expect of vLLM there
+CPU_HEADS_UP = ("vLLM on CPU (vllm.device: cpu) runs the same path as on a GPU, for checks "
+                "and tests: each engine takes ~30-80 s to start, and at small models it "
+                "generates slower than the hf engine on the same cores (rollout.engine: hf; "
+                "docs/vllm.md)\n")
+
+
 @dataclass(eq=False)
 class _Req:
     sample: str
@@ -430,12 +437,16 @@ class VLLMEngineFactory:
         self.model_path, self.section, self.seed = model_path, section, seed
         self.stream = stream if stream is not None else sys.stderr
         self.engines: dict[str, VLLMEngine] = {}
+        self._told_cpu = False
 
     async def __call__(self, name: str) -> VLLMEngine:
         old = self.engines.pop(name, None)
         if old is not None:
             await old.close()
         what = "restarting" if old is not None else "starting"
+        if self.section.device == "cpu" and not self._told_cpu:
+            self._told_cpu = True
+            self.stream.write(CPU_HEADS_UP)
         self.stream.write(f"{what} vLLM engine {name} ({self.section.device}, ~30 s) ...\n")
         self.stream.flush()
         t0 = time.perf_counter()
@@ -458,7 +469,7 @@ class VLLMEngineFactory:
             e.abandon()
 
 
-__all__ = ["VLLMEngine", "VLLMEngineFactory", "start_vllm_engine"]
+__all__ = ["CPU_HEADS_UP", "VLLMEngine", "VLLMEngineFactory", "start_vllm_engine"]
 
 
 def _read_safetensors(model_path: Path) -> dict[str, torch.Tensor]:
