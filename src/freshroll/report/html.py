@@ -50,6 +50,7 @@ from freshroll.report.markup import table as _table
 from freshroll.report.reward_time import time_to_reward as _time_to_reward
 from freshroll.report.rundata import RunData, load_run
 from freshroll.report.style import CSS
+from freshroll.report.summary_table import summary_section
 from freshroll.report.token_mix import off_policy_by_lag, token_mix
 from freshroll.timing import percentiles
 
@@ -378,56 +379,6 @@ def _discard_section(run: RunData) -> str:
     return hint + _table(header, rows, "num") + bias
 
 
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested blocks as dotted keys, down to a block of plain values (shown on one line)."""
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict) and v and any(isinstance(x, dict | list) for x in v.values()):
-            out.update(_flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
-#: summary.json's tables that have a section of their own (shown there, counted here)
-_TABLES = {"stages": "Time per stage", "segments": "the header", "over_time": "Discards",
-           "levels": "Reward"}
-
-
-def _readable(key: str, value: Any) -> str:
-    """A summary value as a person reads it: numbers short, a block of plain values on one
-    line (``0: 104 · 1: 87``), a table counted with the section that shows it."""
-    if isinstance(value, dict):
-        if not value:
-            return "—"
-        return " · ".join(f"{escape(str(k))}: {fmt(v)}" for k, v in value.items())
-    if isinstance(value, list):
-        if not value:
-            return "—"
-        if all(not isinstance(x, dict | list) for x in value):
-            return ", ".join(fmt(x) for x in value)
-        where = _TABLES.get(key.rpartition(".")[2])
-        return f"{len(value)} rows" + (f" (shown in {where})" if where else "")
-    return fmt(value)
-
-
-def _summary_section(run: RunData, baseline: RunData | None) -> str:
-    mine = _flatten({k: v for k, v in run.summary.items() if k != "config"})
-    if not mine:
-        return _nodata("summary", _why(run, "summary.json"))
-    hint = "<p class='hint'>summary.json, one figure per row (docs/metrics.md).</p>"
-    if baseline is None:
-        rows: list[tuple[str, ...]] = [(f"<code>{escape(k)}</code>", _readable(k, v))
-                                       for k, v in mine.items()]
-        return hint + _table(("figure", "value"), rows, "kv")
-    theirs = _flatten({k: v for k, v in baseline.summary.items() if k != "config"})
-    keys = list(dict.fromkeys([*mine, *theirs]))
-    rows = [(f"<code>{escape(k)}</code>", _readable(k, mine.get(k)), _readable(k, theirs.get(k)))
-            for k in keys]
-    return hint + _table(("figure", run.label, baseline.label), rows, "kv")
-
-
 def _config_section(run: RunData) -> str:
     if run.config_text is not None:
         return f"<p class='hint'>config.yaml, verbatim</p><pre>{escape(run.config_text)}</pre>"
@@ -453,7 +404,8 @@ def render(run: RunData, baseline: RunData | None = None) -> str:
         "history": history_section(run.ledger.history if run.ledger is not None else None),
         "offpolicy": _offpolicy_section(run),
         "discards": _discard_section(run),
-        "summary": _summary_section(run, baseline),
+        "summary": summary_section(run, baseline, _nodata(
+            "summary", _why(run, "summary.json"))),
         "config": _config_section(run),
     }
     nav = "".join(f'<a href="#{key}">{escape(title)}</a>' for key, title in SECTIONS)

@@ -33,6 +33,7 @@ table{border-collapse:collapse;background:#fff;margin:10px 0;font-size:13px}
 th,td{border:1px solid #e1e4e8;padding:4px 10px;text-align:left}
 th{background:#f0f2f5}table.num td+td{text-align:right;font-variant-numeric:tabular-nums}
 table.kv td+td{font-variant-numeric:tabular-nums}
+details.block{margin:2px 0}details.block>summary{cursor:pointer;font-size:13px;padding:2px 0}
 .tag{font-size:11px;background:#eef;color:#335;border-radius:3px;padding:0 4px}
 pre{background:#fff;border:1px solid #e1e4e8;border-radius:6px;padding:10px 14px;
   overflow-x:auto;font-size:12px}
