@@ -33,7 +33,7 @@ only (:mod:`freshroll.rewards.inmemory`): resume such a run from Python with the
 
 from __future__ import annotations
 
-import shutil
+import functools
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from freshroll import trl_args
+from freshroll.atomic import replace_dir
 from freshroll.config import Config, apply_override, read_yaml, resolve_paths, validate
 from freshroll.config_train import ALL_LINEAR
 from freshroll.errors import ConfigError
@@ -209,11 +210,16 @@ class GRPOTrainer:
         with quiet_datasets(), _quiet_transformers():
             if self._model is not None:
                 model, tokenizer = self._model
-                _save_dir(inputs / "model", lambda d: (model.save_pretrained(d),
-                                                       tokenizer.save_pretrained(d)))
+
+
+                def save_model(d: Path) -> None:
+                    model.save_pretrained(str(d))
+                    tokenizer.save_pretrained(str(d))
+
+                replace_dir(inputs / "model", save_model)
             for name, dataset in (("train", self._train), ("eval", self._eval)):
                 if dataset is not None:
-                    _save_dir(inputs / name, dataset.save_to_disk)
+                    replace_dir(inputs / name, functools.partial(_save_dataset, dataset))
 
 
 def _config_data(args: Config | Mapping[str, Any] | str | Path | None) -> dict[str, Any]:
@@ -435,11 +441,6 @@ def _quiet_transformers() -> Iterator[None]:
             hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]  # transformers: unannotated
 
 
-def _save_dir(path: Path, save: Callable[[str], Any]) -> None:
-    """``save(tmp)`` then rename to ``path`` (a crash never leaves half a directory there)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.parent.mkdir(parents=True, exist_ok=True)
-    save(str(tmp))
-    shutil.rmtree(path, ignore_errors=True)
-    tmp.rename(path)
+def _save_dataset(dataset: Any, directory: Path) -> None:
+    """``datasets``' own save, into the directory :func:`~freshroll.atomic.replace_dir` fills."""
+    dataset.save_to_disk(str(directory))

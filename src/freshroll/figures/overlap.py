@@ -126,10 +126,6 @@ class Call:
     end: float
     n: int
 
-    @property
-    def per_sample_s(self) -> float:
-        return (self.end - self.start) / self.n
-
 
 class OverlapFold:
     """The stage intervals of a ledger, folded one event at a time (``feed``; a

@@ -129,12 +129,6 @@ def session_pids(token: str) -> list[int]:
     return token_pids(f"{TOKEN_ENV}={token}")
 
 
-def live_tokens() -> set[str]:
-    """The tokens of every freshroll Ray instance with a process alive on this machine."""
-    key = f"{TOKEN_ENV}=".encode()
-    return {e[len(key):].decode() for _, env in _environs() for e in env if e.startswith(key)}
-
-
 #: a process's states in ``/proc/<pid>/stat`` once it has exited (zombie, dead)
 _DEAD = (b"Z", b"X")
 
