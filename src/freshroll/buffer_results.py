@@ -20,7 +20,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from freshroll import events as ev
 from freshroll import unsafe
@@ -45,6 +45,9 @@ from freshroll.state import (
     _Request,
 )
 from freshroll.stop_at_target import stop_at_target
+
+if TYPE_CHECKING:
+    from freshroll.config import Config
 
 
 class Outcome(Enum):
@@ -83,6 +86,16 @@ class KernelConfig:
         if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool)
                                   or limit < 1):
             raise ConfigError(f"max_refreshes must be an integer >= 1 or None, got {limit!r}")
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> KernelConfig:
+        """The kernel's settings of a run's config: the one build, for the run, its resume,
+        replay and export (a replayed buffer judges leases on the run's own basis/window)."""
+        return cls(cfg.run.max_staleness, cfg.rollout.batch_groups, cfg.rollout.group_size,
+                   max_inflight_groups=cfg.rollout.max_inflight_groups,
+                   staleness_basis=cfg.run.staleness_basis,
+                   admission_window=cfg.run.window_steps,
+                   max_refreshes=cfg.tail.max_refreshes if cfg.tail.refresh else None)
 
 
 class BufferResults(BufferQueries):

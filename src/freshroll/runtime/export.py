@@ -108,7 +108,7 @@ def _rebuilt(cfg: Config, run_dir: Path, source: Path,
     from freshroll.runtime.resume import history
     from freshroll.trainer.replay import committed_chain
 
-    kernel = KernelConfig(cfg.run.max_staleness, cfg.rollout.batch_groups, cfg.rollout.group_size)
+    kernel = KernelConfig.from_config(cfg)
     with Ledger(run_dir / LEDGER_FILE, readonly=True) as ledger:
         buf = replay_ledger(ledger, kernel, RealClock())
         assert buf.version is not None

@@ -146,7 +146,7 @@ def replay_run(run_dir: Path, from_step: int = 0, to_step: int | None = None,
     quiet_transformers()
     threads = _run_threads(run_dir) or torch.get_num_threads()
     torch.set_num_threads(threads)
-    kernel = KernelConfig(cfg.run.max_staleness, cfg.rollout.batch_groups, cfg.rollout.group_size)
+    kernel = KernelConfig.from_config(cfg)
     with Ledger(run_dir / LEDGER_FILE, readonly=True) as ledger:
         buf = replay_ledger(ledger, kernel, RealClock())
         assert buf.version is not None

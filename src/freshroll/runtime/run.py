@@ -181,10 +181,7 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
     torch.set_num_threads(placement.budget.trainer)
     torch.manual_seed(cfg.run.seed)
     random.seed(cfg.run.seed)
-    kernel = KernelConfig(
-        cfg.run.max_staleness, cfg.rollout.batch_groups, cfg.rollout.group_size,
-        cfg.rollout.max_inflight_groups, cfg.run.staleness_basis, cfg.run.window_steps,
-        cfg.tail.max_refreshes if cfg.tail.refresh else None)
+    kernel = KernelConfig.from_config(cfg)
     if note := window_note(
             max_staleness=cfg.run.max_staleness, admission_window=cfg.run.window_steps,
             basis=cfg.run.staleness_basis, continues=_continues(cfg)):
