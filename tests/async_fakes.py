@@ -16,7 +16,7 @@ from typing import Any
 from freshroll.buffer import KernelConfig, SampleBuffer
 from freshroll.clock import Clock, RealClock, VirtualClock
 from freshroll.config import Config, load_config
-from freshroll.control import Controller
+from freshroll.control.controller import Controller
 from freshroll.engines.base import Completion
 from freshroll.engines.seams import Emit, GenRequest, SamplingParams
 from freshroll.ledger import Ledger

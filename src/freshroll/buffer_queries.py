@@ -30,7 +30,7 @@ from freshroll.state import (
 @dataclass(frozen=True, slots=True)
 class GroupStatus:
     """A running group (admitted, not yet ready or ended), as :meth:`BufferQueries.running_groups`
-    reports it: what a tail rule (:mod:`freshroll.control_tail`) needs."""
+    reports it: what a tail rule (:mod:`freshroll.control.tail`) needs."""
 
     group: GroupId
     size: int

@@ -101,7 +101,7 @@ class Config(_Section):
     limits: LimitsSection = Field(
         default_factory=LimitsSection,
         description="Timeouts on every hand-off and the failure budgets that stop a run which "
-        "would otherwise fail forever (rules in freshroll/breaker.py).",
+        "would otherwise fail forever (rules in freshroll/control/breaker.py).",
     )
     control: ControlSection = Field(
         default_factory=ControlSection,

@@ -12,7 +12,7 @@ from freshroll.config_base import _Section
 
 
 class LimitsSection(_Section):
-    """Timeouts on every hand-off and the failure budget (rules in freshroll.breaker)."""
+    """Timeouts on every hand-off and the failure budget (rules in freshroll.control.breaker)."""
 
     generate_timeout_s: float = Field(
         600.0, gt=0, le=86_400, description="max seconds of one generate call; then the worker "

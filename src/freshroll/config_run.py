@@ -81,7 +81,8 @@ _RAY_ADDRESS = re.compile(
 
 
 class ControlSection(_Section):
-    """Live settings: admission limit, per-worker concurrency, active workers (control.py)."""
+    """Live settings: admission limit, per-worker concurrency, active workers
+    (control/controller.py)."""
 
     mode: Literal["static", "adaptive"] = Field(
         "static", description="static: the initial settings all run long (rollout.workers, "
@@ -116,7 +117,7 @@ class ControlSection(_Section):
     kv_high: float = Field(
         0.95, gt=0, le=1, description="KV cache usage (the most of any engine that reports "
         "it: vllm, sim) at which per-worker concurrency stops growing; a preemption in a "
-        "window cuts it (control.py)"
+        "window cuts it (control/controller.py)"
     )
     fallback: Literal["auto"] | bool = Field(
         "auto", description="sync fallback (pipeline/fallback.py): an async run measures a "
@@ -160,7 +161,7 @@ class ControlSection(_Section):
 
 class TailSection(_Section):
     """Long tails: a deadline per group, over-provisioning with stop at target
-    (freshroll.control_tail, freshroll.stop_at_target), dropping doomed groups, refreshing
+    (freshroll.control.tail, freshroll.stop_at_target), dropping doomed groups, refreshing
     stale finished members (freshroll.refresh); all off by default."""
 
     deadline: bool = Field(
@@ -176,8 +177,8 @@ class TailSection(_Section):
     min_keep: int = Field(2, ge=2, le=4_096, description="members a cut group keeps at least")
     overprovision: Annotated[int, Field(ge=0, le=64)] | Literal["auto"] = Field(
         0, description="extra requests per group "
-        "(0: off; auto: the binomial rule of freshroll.control_tail, or under control.mode "
-        "adaptive the controller's, which also turns deadlines on: freshroll.control_levers); "
+        "(0: off; auto: the binomial rule of freshroll.control.tail, or under control.mode "
+        "adaptive the controller's, which also turns deadlines on: freshroll.control.levers); "
         "a group keeps its first group_size members done, the rest are discarded cancelled")
     max_extra: int = Field(4, ge=0, le=64, description="extra requests per group at most")
     drop_doomed: bool = Field(

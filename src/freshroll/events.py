@@ -308,8 +308,8 @@ class LiveSettings(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True
     admission_limit: int  # groups in flight at most; 0: no cap beyond the freshness window
     concurrency: int  # requests in flight per worker
     workers: int  # active inference workers
-    extra: int = 0  # over-provisioning: extra requests per admitted group (control_levers)
-    deadline: bool = False  # group deadlines on (control_levers)
+    extra: int = 0  # over-provisioning: extra requests per admitted group (control/levers.py)
+    deadline: bool = False  # group deadlines on (control/levers.py)
 
 
 class ControllerDecided(Event, frozen=True, tag="controller_decided"):

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from freshroll.buffer import KernelConfig, SampleBuffer
 from freshroll.clock import VirtualClock
-from freshroll.control import (
+from freshroll.control.controller import (
     ControlConfig,
     ControllerState,
     Decision,

@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 from freshroll import events as ev
-from freshroll.control import (
+from freshroll.control.controller import (
     ControlConfig,
     ControllerState,
     Settings,

@@ -1,4 +1,4 @@
-"""The controller when the window is the limit (control_levers.py): the tail levers and the
+"""The controller when the window is the limit (control/levers.py): the tail levers and the
 re-balancing of a conflict, as pure functions and in closed loop against a window-bound fake
 plant whose trainer changes speed (virtual time: every snapshot carries its ``now``)."""
 
@@ -9,8 +9,15 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from freshroll.control import ControlConfig, ControllerState, Decision, Settings, Snapshot, decide
-from freshroll.control_levers import (
+from freshroll.control.controller import (
+    ControlConfig,
+    ControllerState,
+    Decision,
+    Settings,
+    Snapshot,
+    decide,
+)
+from freshroll.control.levers import (
     Levers,
     cancelled_share,
     conflict_target,

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from freshroll.control_tail import (
+from freshroll.control.tail import (
     GroupProgress,
     TailPolicy,
     at_least,

@@ -18,7 +18,13 @@ from async_fakes import BASE, AsyncEngine, AsyncHarness, Factory
 from freshroll import events as ev
 from freshroll import metrics as m
 from freshroll.config import load_config
-from freshroll.control import ControlConfig, ControllerState, Decision, Snapshot, StaticController
+from freshroll.control.controller import (
+    ControlConfig,
+    ControllerState,
+    Decision,
+    Snapshot,
+    StaticController,
+)
 from freshroll.engines.seams import EngineStats
 from freshroll.harness.verify import verify_run
 from freshroll.ledger import Ledger

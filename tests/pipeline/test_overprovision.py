@@ -70,7 +70,7 @@ class NoLatencies:
 def test_the_controller_moves_the_tail_levers_and_each_admission_follows_them(
         tmp_path: Path) -> None:
     """control.mode adaptive + tail.overprovision auto: the extras and deadlines are the
-    controller's outputs (control_levers), each a controller_decided event with its inputs;
+    controller's outputs (control/levers.py), each a controller_decided event with its inputs;
     every group is admitted with the extras of the decision in force."""
     run = SimRun(tmp_path, [*P2_LONG_TAIL, "control.mode=adaptive", "tail.overprovision=auto",
                             "tail.max_extra=3", "control.interval_s=2", "run.steps=16",

@@ -11,7 +11,7 @@ from typing import Any
 
 from async_fakes import AsyncHarness, Factory, Trainer
 from freshroll import events as ev
-from freshroll.control import ControllerState, Decision, Settings, Snapshot
+from freshroll.control.controller import ControllerState, Decision, Settings, Snapshot
 from freshroll.harness.verify import verify_ledger
 from freshroll.pipeline.pipeline import Pipeline
 

@@ -18,7 +18,7 @@ One workload (a config) and one seed; per clock, in one invocation:
    ``static-overprov`` (``static-all`` with ``tail.overprovision: auto``, the binomial rule),
    ``static-overprov-deadline`` (the same with group deadlines) and ``adaptive-tails`` (the
    controller with ``tail.overprovision: auto``: it moves the extras and deadlines itself,
-   :mod:`freshroll.control_levers`); each table then carries the long-tail figures of every
+   :mod:`freshroll.control.levers`); each table then carries the long-tail figures of every
    run (:mod:`freshroll.bench.tails`);
 6. on simulated engines, unless the config sets ``rollout.on_update`` already, in-flight
    weight updates: ``static-continue`` (``static-all`` with ``rollout.on_update: continue``,

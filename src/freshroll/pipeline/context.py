@@ -16,7 +16,7 @@ their tasks in its task group.
     prompts   prompt id -> Prompt (read only)
     waits     the waits in flight (freshroll.ports.waits): a stage registers each wait
               that may never come back, for as long as it lasts
-    budget    the failure budget (freshroll.breaker): a stage records each outcome in it
+    budget    the failure budget (freshroll.control.breaker): a stage records each outcome in it
     notify()  something changed that the feeder or the trainer may act on: wake them
     sample_rule()  the budget's rule for per-sample failures (limits.max_consecutive_*)
 
@@ -40,9 +40,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from freshroll.breaker import FailureBudget, Rule
 from freshroll.buffer import SampleBuffer
 from freshroll.config import Config
+from freshroll.control.breaker import FailureBudget, Rule
 from freshroll.engines.weights import Weights
 from freshroll.lineage import PolicyVersion, SampleId
 from freshroll.ports.waits import Waits

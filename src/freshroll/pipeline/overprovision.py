@@ -6,7 +6,7 @@ The amount per admitted group (:meth:`Overprovision.extra`)::
 
     controller's live amount             when the controller set one (bounded by max_extra)
     N                                    tail.overprovision: N
-    extra_requests(G, π, policy)         tail.overprovision: auto (freshroll.control_tail):
+    extra_requests(G, π, policy)         tail.overprovision: auto (freshroll.control.tail):
         π = on_time_share(latencies, deadline_factor × p50)   of the buffer's recent window
         0 while the window holds fewer than MIN_LATENCIES
 
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from freshroll.buffer import SampleBuffer
 from freshroll.config import TailSection
-from freshroll.control_tail import TailPolicy, extra_requests, on_time_share
+from freshroll.control.tail import TailPolicy, extra_requests, on_time_share
 from freshroll.lineage import SampleId
 
 if TYPE_CHECKING:

@@ -56,7 +56,7 @@ run). Every such wait is registered in :attr:`Pipeline.waits` while it lasts: on
 ``limits.heartbeat_s`` is said to the observers' ``on_wait`` ("waiting 60 s on w0 generate,
 limit 600 s"; real clock only), and a run that commits no step for
 ``limits.max_no_progress_s`` stops with :class:`~freshroll.errors.NoProgress` naming the
-oldest wait in flight. Failures are budgeted (:mod:`freshroll.breaker`): per reward
+oldest wait in flight. Failures are budgeted (:mod:`freshroll.control.breaker`): per reward
 function, per worker, for reward timeouts and for skipped non-finite trainer steps; a stage
 that keeps failing ends the run with one :class:`~freshroll.errors.FailureBudgetExceeded`
 line naming it.
@@ -87,11 +87,11 @@ from typing import Any
 
 from freshroll import crashpoints, unsafe
 from freshroll import events as ev
-from freshroll.breaker import FailureBudget, Rule
 from freshroll.buffer import SampleBuffer
 from freshroll.clock import VirtualClock
 from freshroll.config import Config
-from freshroll.control import Controller, Settings
+from freshroll.control.breaker import FailureBudget, Rule
+from freshroll.control.controller import Controller, Settings
 from freshroll.engines.seams import EngineFactory
 from freshroll.errors import Interrupted, NonFiniteStep, NoProgress
 from freshroll.lineage import PolicyVersion

@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from freshroll import unsafe
-from freshroll.breaker import Rule
+from freshroll.control.breaker import Rule
 from freshroll.engines import payload as pl
 from freshroll.engines.base import Completion
 from freshroll.errors import Interrupted, WorkerLost, WorkerTimeout

@@ -17,7 +17,7 @@ ended (:class:`Meter` -> :class:`~freshroll.control.Snapshot`), asks the control
 controller's state) and applies a change: pool resize (new workers added, the newest retired
 gracefully), per-worker concurrency, admission limit; with the tail levers on
 (:func:`tail_levers_on`: adaptive and ``tail.overprovision: auto``) also the extra requests
-per admitted group and whether group deadlines cut (:mod:`freshroll.control_levers`).
+per admitted group and whether group deadlines cut (:mod:`freshroll.control.levers`).
 
 What the meter measures in a window of length ``W``:
 
@@ -61,7 +61,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from freshroll import events as ev
 from freshroll.config import Config
-from freshroll.control import (
+from freshroll.control.controller import (
     AdaptiveController,
     ControlConfig,
     Controller,
@@ -100,7 +100,7 @@ def control_config(cfg: Config) -> ControlConfig:
 
 def tail_levers_on(cfg: Config) -> bool:
     """The controller moves the tail levers (over-provisioning, deadlines): adaptive mode
-    with ``tail.overprovision: auto`` (freshroll.control_levers)."""
+    with ``tail.overprovision: auto`` (freshroll.control.levers)."""
     return cfg.control.mode == "adaptive" and cfg.tail.overprovision == "auto"
 
 
@@ -286,7 +286,7 @@ class Steering:
         self.buf.admission_limit = s.admission_limit or None
         pool.set_concurrency(s.concurrency)
         pool.resize(s.workers)
-        if self.config.max_extra > 0:  # the tail levers (control_levers)
+        if self.config.max_extra > 0:  # the tail levers (control/levers.py)
             self.overprov.live = s.extra
             if self.deadlines is not None:
                 self.deadlines.enabled = self.ctx.cfg.tail.deadline or s.deadline

@@ -1,6 +1,6 @@
 """The group-deadline task of the pipeline (``tail.deadline: true``): long-tail handling.
 
-The rules are :func:`freshroll.control_tail.tail_action`, applied to the buffer's running
+The rules are :func:`freshroll.control.tail.tail_action`, applied to the buffer's running
 groups by :class:`~freshroll.pipeline.tails.TailWatch`. This task makes them act, every
 tick of the run's clock::
 

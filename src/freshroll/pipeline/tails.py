@@ -1,6 +1,6 @@
 """Group deadlines: which running requests to cut, and cutting them in the buffer.
 
-The rules are :func:`freshroll.control_tail.tail_action` (pure); this module
+The rules are :func:`freshroll.control.tail.tail_action` (pure); this module
 applies them to the buffer's running groups. The orchestrator calls, every tick::
 
     for cut in watch.due(clock.now(), buf):
@@ -42,7 +42,7 @@ from typing import Literal
 from freshroll.buffer import SampleBuffer
 from freshroll.buffer_queries import GroupStatus
 from freshroll.config import TailSection
-from freshroll.control_tail import GroupProgress, TailPolicy, tail_action
+from freshroll.control.tail import GroupProgress, TailPolicy, tail_action
 from freshroll.errors import ConfigError, StateError
 from freshroll.lineage import GroupId, RequestId, SampleId, request_of
 

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING
 
 from freshroll import events as ev
 from freshroll import unsafe
-from freshroll.breaker import quote
+from freshroll.control.breaker import quote
 from freshroll.engines.base import SwapsInFlight
 from freshroll.engines.episodes import workflow_for
 from freshroll.engines.seams import AsyncEngine, EngineNotRestartable, SamplingParams

@@ -36,7 +36,7 @@ FORMAT: Final = "freshroll.decision/1"
 PRODUCTION: Final = "production-transition"
 STOP: Final = "stop"
 SECTIONS: Final = ("Diagnosis", "Design", "Validation", "Recommendation")
-#: the controller's bottleneck words (control.py) in the record's words
+#: the controller's bottleneck words (control/controller.py) in the record's words
 BOUND_WORDS: Final = {"producer": "generation-bound", "trainer": "trainer-bound",
                       "balanced": "balanced"}
 

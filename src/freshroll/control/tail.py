@@ -3,7 +3,7 @@
 A group is ready only when every member is done, and until then it holds its
 admission place: with long-tailed response lengths one slow request holds a
 whole group, and a few such groups hold the admission window. Two rules, after
-slime's APRIL (active partial rollouts), pure like :mod:`freshroll.control`.
+slime's APRIL (active partial rollouts), pure like :mod:`freshroll.control.controller`.
 
 **Over-provisioning.** A request finishes within its group's deadline with
 probability π (measured: :func:`on_time_share` of recent request latencies).

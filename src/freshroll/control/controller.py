@@ -20,7 +20,7 @@ Signals of one window of length ``W`` (``n`` active workers, ``c`` requests per 
 **Bottleneck.** producer-bound if ω ≥ idle_high; trainer-bound if β ≥ blocked_high or (η > 0
 and lag_mean > lag_soft × η), and ω < idle_low; both ω ≥ idle_high and β ≥ blocked_high at
 once is a *conflict*: a measurement fault, or an admission window that serializes the
-pipeline (η too small, stragglers holding groups): :mod:`freshroll.control_levers` then;
+pipeline (η too small, stragglers holding groups): :mod:`freshroll.control.levers` then;
 for ``down_cooldown_s`` after one, no scale-down and no hard cut (its ``window_bound``).
 
 **Workers** (asymmetric hysteresis, benefit against the measured switch cost)::
@@ -91,7 +91,7 @@ a clock that went back restarts the cooldowns, never blocks them.
 Signals recorded but read by no rule, and the engine rules' order: docs/control.md.
 
 :class:`StaticController` never changes a setting (for comparison); it still
-reports the bottleneck. Long tails: :mod:`freshroll.control_tail`, ``control_levers``.
+reports the bottleneck. Long tails: :mod:`freshroll.control.tail`, :mod:`freshroll.control.levers`.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal, Protocol
 
-from freshroll.control_levers import steer_window, window_bound
+from freshroll.control.levers import steer_window, window_bound
 from freshroll.errors import ConfigError
 from freshroll.freshness import admission_capacity
 
@@ -116,8 +116,8 @@ class Settings:
     admission_limit: int
     concurrency: int
     workers: int
-    extra: int = 0  # over-provisioning: extra requests per group (control_levers)
-    deadline: bool = False  # group deadlines on (control_levers)
+    extra: int = 0  # over-provisioning: extra requests per group (control/levers.py)
+    deadline: bool = False  # group deadlines on (control/levers.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,7 +234,7 @@ class ControllerState:
     ceiling: int | None = None
     latched: bool = False
     last_lever_at: float | None = None     # the tail levers' last move
-    demand_ref: float | None = None        # the lowest trainer demand seen (control_levers)
+    demand_ref: float | None = None        # the lowest trainer demand seen (control/levers.py)
     last_conflict_at: float | None = None  # the last window-bound (conflict) reading
 
     @classmethod

@@ -1,15 +1,15 @@
 """The controller when the window is the limit: long-tail levers, and workers for the window.
 
-Pure, like :mod:`freshroll.control` (whose ``decide`` calls :func:`steer_window` after its
-worker rule). A *conflict* window (``ω ≥ idle_high`` and ``β ≥ blocked_high``: the trainer
-waits while workers sit blocked by admission) says the admission window is held by
+Pure, like :mod:`freshroll.control.controller` (whose ``decide`` calls :func:`steer_window`
+after its worker rule). A *conflict* window (``ω ≥ idle_high`` and ``β ≥ blocked_high``: the
+trainer waits while workers sit blocked by admission) says the admission window is held by
 stragglers: groups whose slowest member has not finished. Workers are not the lever there
 (more would be blocked too); the levers free the window sooner:
 
     over-provisioning   x extra requests per admitted group, stop at target
                         (freshroll.stop_at_target), x ∈ [0, max_extra]
     group deadlines     a group's stragglers cut past deadline_factor × p50
-                        (freshroll.control_tail), on or off
+                        (freshroll.control.tail), on or off
 
 **Lever rule** (:func:`tail_levers`; only with ``max_extra > 0``; one move per
 ``lever_cooldown_s``, so each step is measured before the next)::
@@ -39,7 +39,7 @@ the window is::
   request ends sooner and the window turns over faster). Up at once (after the up
   cooldown); down by a share of the spare, ``spare = n − target − down_margin ≥ 1`` ->
   ``n' = n − min(floor(spare), ceil(spare × down_gain))`` after the down cooldown; otherwise
-  kept (the worker rules of :mod:`freshroll.control` read the unblocked rate ``p`` of a
+  kept (the worker rules of :mod:`freshroll.control.controller` read the unblocked rate ``p`` of a
   worker, which over the few unblocked seconds of a blocked one is noise);
 * in every other reading, a scale-down of those rules stops at ``min(target, n)``: fewer
   than ``n_w`` would leave admitted requests queued, and every group they belong to waits.
@@ -57,8 +57,8 @@ stale-share ceiling far above issue 26's 1%, and a live window recorded per deci
 A blocked worker costs its worker-seconds and adds nothing, so neither raises the trainer's
 idle share. When the trainer changes speed the pipeline leaves the conflict
 (producer-bound: the trainer waits on workers that are not blocked; trainer-bound: it is
-fed while workers are blocked) and the rules of :mod:`freshroll.control` re-balance from the
-demand ``D`` (measured over whole trainer steps, ``Snapshot.fed_rate``) and ``p``.
+fed while workers are blocked) and the rules of :mod:`freshroll.control.controller` re-balance
+from the demand ``D`` (measured over whole trainer steps, ``Snapshot.fed_rate``) and ``p``.
 """
 
 from __future__ import annotations
@@ -220,7 +220,8 @@ def conflict_workers(workers: int, target: int, cfg: Bounds, *, since_down: floa
 
 def window_bound(last_conflict_at: float | None, cooldown_s: float, now: float) -> bool:
     """Whether a conflict (the admission window the limit) was read within ``cooldown_s``
-    (``down_cooldown_s``): :mod:`freshroll.control` then neither scales down nor hard-cuts.
+    (``down_cooldown_s``): :mod:`freshroll.control.controller` then neither scales down nor
+    hard-cuts.
 
     Decisions come every ``interval_s``, often less than a trainer step (5 s against 8 s on
     P1), so a window-bound pipeline alternates between conflict windows (the trainer waits on
@@ -241,10 +242,11 @@ def steer_window(side: Side, snap: Window, workers: int, why: str, cfg: Bounds,
                  demand_ref: float | None, *, now: float,
                  last: tuple[float | None, float | None, float | None]) -> Steered:
     """Both rules on one window: ``workers`` and ``why`` are what the worker rules of
-    :mod:`freshroll.control` chose; ``last``: the last scale-up, scale-down and lever move."""
+    :mod:`freshroll.control.controller` chose; ``last``: the last scale-up, scale-down and
+    lever move."""
     s = snap.settings
     up, down, lever = last
-    if cfg.max_extra <= 0:  # the levers off: the worker rules of control.py alone
+    if cfg.max_extra <= 0:  # the levers off: the worker rules of controller.py alone
         return Steered(workers, why, Levers(s.extra, s.deadline), "", up, down, lever,
                        demand_ref)
     need = window_workers(snap.max_staleness, snap.batch_groups, cfg.group_size + s.extra,
