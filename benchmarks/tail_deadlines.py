@@ -4,7 +4,7 @@ Runs ``freshroll simulate``'s recipe (:func:`freshroll.runtime.run.run`, the rea
 on the config's simulated cluster, in virtual time) once with ``tail.deadline: false`` and
 once with ``true``, same config and seed, in one invocation, each run verified; then prints
 the figures of both side by side (every figure from the run's ``summary.json``, i.e.
-:mod:`freshroll.metrics`): trainer idle ratio, accepted rollouts per simulated second, lag
+:mod:`freshroll.figures.metrics`): trainer idle ratio, accepted rollouts per simulated second, lag
 p50/p99/max, discard rate and discards by reason; and from the ledger, the age of each
 committed sample at its commit (seconds from its start), freshness in time rather than in
 policy versions. Virtual time: the figures do not depend

@@ -81,9 +81,9 @@ def export(run_dir: Path, output: Path | None) -> None:
 @click.argument("run_dir", type=click.Path(path_type=Path))
 def timing(run_dir: Path) -> None:
     """Per-stage time decomposition and run rates of RUN_DIR, from its ledger."""
-    from freshroll import metrics as m
+    from freshroll.figures import metrics as m
+    from freshroll.figures.timing import collect_spans, decompose, format_table
     from freshroll.ledger import LEDGER_FILE, Ledger
-    from freshroll.timing import collect_spans, decompose, format_table
 
     try:
         with Ledger(run_dir / LEDGER_FILE, readonly=True) as ledger:

@@ -3,12 +3,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
 from freshroll.config_base import SEED_MAX, _Section
+from freshroll.control.controller import ControlConfig
+from freshroll.control.tail import TailPolicy
+
+#: the controller's own defaults (control/controller.py), written once: the control
+#: section's keys that map onto ControlConfig take theirs
+_CONTROL: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(ControlConfig)}
+#: the tail rule's own defaults (control/tail.py), likewise
+_TAIL: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(TailPolicy)}
 
 
 class RunSection(_Section):
@@ -91,31 +100,45 @@ class ControlSection(_Section):
     interval_s: float = Field(
         5.0, gt=0, le=86_400, description="seconds (of the run's clock) between decisions"
     )
-    min_workers: int = Field(1, ge=1, le=4_096, description="fewest active inference workers")
+    min_workers: int = Field(
+        _CONTROL["min_workers"], ge=1, le=4_096,
+        description="fewest active inference workers"
+    )
     max_workers: int | None = Field(
         None, ge=1, le=4_096, description="most active inference workers (unset: rollout.workers)"
     )
-    min_concurrency: int = Field(1, ge=1, le=65_536, description="fewest requests per worker")
+    min_concurrency: int = Field(
+        _CONTROL["min_concurrency"], ge=1, le=65_536,
+        description="fewest requests per worker"
+    )
     max_concurrency: int | None = Field(
         None, ge=1, le=65_536,
         description="most requests in flight per worker (unset: 4 x rollout.worker_batch)",
     )
-    up_cooldown_s: float = Field(5.0, ge=0, le=86_400, description="seconds between scale-ups")
+    up_cooldown_s: float = Field(
+        _CONTROL["up_cooldown_s"], ge=0, le=86_400,
+        description="seconds between scale-ups"
+    )
     down_cooldown_s: float = Field(
-        30.0, ge=0, le=86_400, description="seconds after any switch before a scale-down"
+        _CONTROL["down_cooldown_s"], ge=0, le=86_400,
+        description="seconds after any switch before a scale-down"
     )
     idle_high: float = Field(
-        0.03, gt=0, le=1, description="trainer idle ratio above which production is short"
+        _CONTROL["idle_high"], gt=0, le=1,
+        description="trainer idle ratio above which production is short"
     )
     idle_low: float = Field(
-        0.01, ge=0, lt=1, description="trainer idle ratio below which production may shrink"
+        _CONTROL["idle_low"], ge=0, lt=1,
+        description="trainer idle ratio below which production may shrink"
     )
     blocked_high: float = Field(
-        0.10, gt=0, le=1, description="worker backpressure ratio that marks the trainer the "
+        _CONTROL["blocked_high"], gt=0, le=1,
+        description="worker backpressure ratio that marks the trainer the "
         "bottleneck"
     )
     kv_high: float = Field(
-        0.95, gt=0, le=1, description="KV cache usage (the most of any engine that reports "
+        _CONTROL["kv_high"], gt=0, le=1,
+        description="KV cache usage (the most of any engine that reports "
         "it: vllm, sim) at which per-worker concurrency stops growing; a preemption in a "
         "window cuts it (control/controller.py)"
     )
@@ -169,18 +192,26 @@ class TailSection(_Section):
         "request latency once min_keep members are done (discard reason deadline)"
     )
     deadline_factor: float = Field(
-        3.0, gt=0, le=1e4, description="group deadline in medians of request latency"
+        _TAIL["deadline_factor"], gt=0, le=1e4,
+        description="group deadline in medians of request latency"
     )
     drop_factor: float = Field(
-        6.0, gt=0, le=1e4, description="a group with fewer than min_keep done by then is dropped"
+        _TAIL["drop_factor"], gt=0, le=1e4,
+        description="a group with fewer than min_keep done by then is dropped"
     )
-    min_keep: int = Field(2, ge=2, le=4_096, description="members a cut group keeps at least")
+    min_keep: int = Field(
+        _TAIL["min_keep"], ge=2, le=4_096,
+        description="members a cut group keeps at least"
+    )
     overprovision: Annotated[int, Field(ge=0, le=64)] | Literal["auto"] = Field(
         0, description="extra requests per group "
         "(0: off; auto: the binomial rule of freshroll.control.tail, or under control.mode "
         "adaptive the controller's, which also turns deadlines on: freshroll.control.levers); "
         "a group keeps its first group_size members done, the rest are discarded cancelled")
-    max_extra: int = Field(4, ge=0, le=64, description="extra requests per group at most")
+    max_extra: int = Field(
+        _TAIL["max_extra"], ge=0, le=64,
+        description="extra requests per group at most"
+    )
     drop_doomed: bool = Field(
         False, description="discard a running group stale as soon as a member certain to be in "
         "it is past max_staleness (it could only be discarded stale when done: freshroll."

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from e2e_helpers import freshroll, metrics
 
-from freshroll import metrics as m
+from freshroll.figures import metrics as m
 from freshroll.figures.metrics_log import encode_row
 from freshroll.ledger import LEDGER_FILE, Ledger
 

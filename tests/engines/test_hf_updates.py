@@ -19,9 +19,9 @@ from freshroll.engines import payload as pl
 from freshroll.engines.hf import HFEngine
 from freshroll.engines.tiny import build_tiny
 from freshroll.errors import Superseded
+from freshroll.figures.off_policy import LAG_BUCKETS
 from freshroll.harness.verify import verify_run
 from freshroll.ledger import Ledger
-from freshroll.off_policy import LAG_BUCKETS
 
 PROMPTS = ["rev 12=", "add 1+2=", "z:", "sort 3 1 2="]
 SWAP_AT = 3  # the load comes between decode steps 3 and 4: tokens 0..3 are the old weights'

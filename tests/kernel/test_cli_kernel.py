@@ -14,8 +14,8 @@ from kernel_driver import SimConfig, simulate
 
 from freshroll.buffer import KernelConfig
 from freshroll.cli import main
+from freshroll.figures.timing import STAGES
 from freshroll.ledger import LEDGER_FILE, Ledger
-from freshroll.timing import STAGES
 
 
 @pytest.fixture(scope="module")

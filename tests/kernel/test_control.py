@@ -567,3 +567,15 @@ def test_the_admission_limit_never_goes_below_one_trainer_batch():
     assert cfg(group_size=4, batch_groups=2).limit_for(8, 8) == 24  # slots above B: unchanged
     with pytest.raises(ConfigError, match="batch_groups"):
         cfg(batch_groups=0)
+
+
+def test_the_control_section_takes_the_controllers_defaults():
+    import dataclasses
+
+    from freshroll.config_run import ControlSection
+
+    defaults = {f.name: f.default for f in dataclasses.fields(ControlConfig)}
+    sec = ControlSection()
+    shared = ("idle_high", "idle_low", "blocked_high", "up_cooldown_s", "down_cooldown_s",
+              "kv_high", "min_workers", "min_concurrency")
+    assert {k: getattr(sec, k) for k in shared} == {k: defaults[k] for k in shared}

@@ -113,3 +113,13 @@ def test_one_slow_request_no_longer_holds_its_group():
     p99 = int(0.99 * len(plain))
     assert handled[p99] <= group_deadline(0.0, p50, policy) < plain[p99]
     assert sum(handled) < 0.6 * sum(plain)
+
+
+def test_the_tail_section_maps_onto_the_policy_in_one_place():
+    from freshroll.config_run import TailSection
+
+    # the defaults are the rule's own (written once), and every key that sets the rule reaches it
+    assert TailPolicy.from_section(TailSection()) == TailPolicy()
+    sec = TailSection(deadline_factor=2.0, drop_factor=5.0, min_keep=3, max_extra=7)
+    assert TailPolicy.from_section(sec) == TailPolicy(deadline_factor=2.0, drop_factor=5.0,
+                                                      min_keep=3, max_extra=7)

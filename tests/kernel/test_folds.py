@@ -1,5 +1,5 @@
 """The one-pass folds of the end of a run (:class:`freshroll.figures.summary.SummaryFold`,
-:class:`~freshroll.timing.SpanFold`, ...) give the figures of the list-based readers they
+:class:`~freshroll.figures.timing.SpanFold`, ...) give the figures of the list-based readers they
 replaced, bit for bit, and keep no per-sample state past a sample's end."""
 
 from __future__ import annotations
@@ -16,21 +16,21 @@ from hypothesis import strategies as st
 from kernel_driver import SimConfig, simulate
 
 from freshroll import events as ev
-from freshroll import metrics as m
 from freshroll.buffer import KernelConfig
 from freshroll.clock import VirtualClock
+from freshroll.figures import metrics as m
 from freshroll.figures.bias import SampleBias
 from freshroll.figures.fold import Fold
 from freshroll.figures.history import HistoryFold
 from freshroll.figures.overlap import ModeFold, OverlapFold
 from freshroll.figures.segments import SegmentFold
 from freshroll.figures.summary import RewardVersions, SummaryFold, fold_events
+from freshroll.figures.timing import STAGES, SpanFold, percentile
+from freshroll.figures.token_lag import lag_percentile
 from freshroll.figures.trained import TrainedFold
 from freshroll.figures.verdict import VerdictFold
 from freshroll.figures.window import WindowFold
 from freshroll.ledger import Ledger
-from freshroll.timing import STAGES, SpanFold, percentile
-from freshroll.token_lag import lag_percentile
 
 
 def _reference_spans(events: list[ev.Event]) -> tuple[dict[str, list[float]], list[float]]:
@@ -206,7 +206,7 @@ def test_lag_percentiles_off_the_histogram_equal_the_list_percentile(
     lags: dict[int, int], q: int,
 ) -> None:
     expanded = [float(lag) for lag, n in sorted(lags.items()) for _ in range(n)]
-    got = lag_percentile(Counter(lags), q)  # moved from metrics to freshroll.token_lag
+    got = lag_percentile(Counter(lags), q)  # moved from metrics to freshroll.figures.token_lag
     assert got == percentile(expanded, q) and type(got) is float
 
 

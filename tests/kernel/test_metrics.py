@@ -1,4 +1,5 @@
-"""freshroll.metrics: one function per reported figure, from ledger events; metrics.jsonl rows."""
+"""freshroll.figures.metrics: one function per reported figure, from ledger events; metrics.jsonl
+rows."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ import pytest
 from kernel_driver import SimConfig, simulate
 
 from freshroll import events as ev
-from freshroll import metrics as m
 from freshroll.buffer import KernelConfig
 from freshroll.clock import VirtualClock
+from freshroll.figures import metrics as m
 from freshroll.figures.metrics_log import encode_row, read_rows, reconcile
 from freshroll.figures.summary import summarize_events
+from freshroll.figures.tally import sample_std
 from freshroll.ledger import LEDGER_FILE, Ledger
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
@@ -464,7 +466,7 @@ def test_per_reward_figures_of_a_step_and_of_the_run() -> None:
     r = t.feed(commit(["a.0#1", "a.1#1", "b.0#1", "b.1#1"]))
     assert r is not None
     assert r["rewards/f/mean"] == pytest.approx(0.5)
-    assert r["rewards/f/std"] == pytest.approx(m.sample_std([1.0, 0.0, 0.5, 0.5]))
+    assert r["rewards/f/std"] == pytest.approx(sample_std([1.0, 0.0, 0.5, 0.5]))
     assert r["rewards/g/mean"] == 0.0 and r["rewards/g/std"] == 0.0
     assert r["frac_reward_zero_std"] == 0.5  # group b: zero std; group a: not
     assert r["logged/len"] == pytest.approx(5.0)
@@ -508,8 +510,8 @@ def test_a_stretch_of_steps_without_learning_signal_is_counted() -> None:
 def test_sample_std_is_torch_std() -> None:
     torch = pytest.importorskip("torch")
     xs = [0.3, 1.7, -2.0, 0.3]
-    assert m.sample_std(xs) == pytest.approx(torch.tensor(xs).std().item(), rel=1e-6)
-    assert m.sample_std([4.0]) == 0.0
+    assert sample_std(xs) == pytest.approx(torch.tensor(xs).std().item(), rel=1e-6)
+    assert sample_std([4.0]) == 0.0
 
 
 def test_off_policy_figures_stand_next_to_lag() -> None:

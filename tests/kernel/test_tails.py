@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from freshroll import metrics
 from freshroll.buffer import KernelConfig, Outcome, SampleBuffer
 from freshroll.buffer_queries import GroupStatus
 from freshroll.clock import VirtualClock
 from freshroll.config import TailSection
 from freshroll.errors import ConfigError, StateError
+from freshroll.figures import metrics
 from freshroll.harness.verify import verify_ledger
 from freshroll.ledger import Ledger
 from freshroll.lineage import GroupId, PolicyVersion, RewardVersion, SampleId, request_of

@@ -15,14 +15,14 @@ from freshroll import events as ev
 from freshroll.buffer import KernelConfig
 from freshroll.clock import VirtualClock
 from freshroll.errors import LedgerError
-from freshroll.ledger import Ledger
-from freshroll.timing import (
+from freshroll.figures.timing import (
     STAGES,
     collect_spans,
     decompose,
     format_table,
     percentile,
 )
+from freshroll.ledger import Ledger
 
 P0, P1, P2 = "p0-aa", "p1-bb", "p2-cc"
 R = "r:len:ab"
@@ -69,8 +69,9 @@ def test_six_stages_match_hand_computed_values() -> None:
     assert spans.total == [7.0, 7.0]  # committed - requested
     for i, total in enumerate(spans.total):
         assert sum(spans.stages[s][i] for s in STAGES) == total
-    # lease version p1 minus the generating version: one lag definition, in freshroll.metrics
-    from freshroll.metrics import lag_histogram, tally
+    # lease version p1 minus the generating version: one lag definition, in
+    # freshroll.figures.metrics
+    from freshroll.figures.metrics import lag_histogram, tally
 
     assert lag_histogram(tally(_one_group())) == {"0": 1, "1": 1}
 
@@ -132,7 +133,7 @@ def test_simulated_run_stages_add_up(tmp_path: Path) -> None:
         parts = [spans.stages[s][i] for s in STAGES]
         assert all(p >= 0 for p in parts)
         assert math.isclose(sum(parts), total, rel_tol=1e-9, abs_tol=1e-9)
-    from freshroll.metrics import lag_histogram, tally
+    from freshroll.figures.metrics import lag_histogram, tally
 
     lags = lag_histogram(tally(events))
     assert sum(lags.values()) == committed and set(lags) <= {"0", "1"}  # max_staleness 1

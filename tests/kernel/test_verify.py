@@ -494,8 +494,8 @@ def test_result_applied_after_its_attempt_was_discarded_is_unexpected(tmp_path):
 @pytest.fixture
 def reported(run: Path) -> Path:
     """The healthy run with summary.json and metrics.jsonl written as a real run writes them."""
+    from freshroll.figures.metrics import rows
     from freshroll.figures.metrics_log import reconcile
-    from freshroll.metrics import rows
     from freshroll.runtime.endfiles import write_summary
 
     write_summary(run)

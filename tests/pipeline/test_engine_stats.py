@@ -16,7 +16,6 @@ import pytest
 
 from async_fakes import BASE, AsyncEngine, AsyncHarness, Factory
 from freshroll import events as ev
-from freshroll import metrics as m
 from freshroll.config import load_config
 from freshroll.control.controller import (
     ControlConfig,
@@ -26,6 +25,7 @@ from freshroll.control.controller import (
     StaticController,
 )
 from freshroll.engines.seams import EngineStats
+from freshroll.figures import metrics as m
 from freshroll.harness.verify import verify_run
 from freshroll.ledger import Ledger
 from freshroll.pipeline.steering import Meter, control_config

@@ -23,9 +23,9 @@ import pytest
 
 from freshroll import events as ev
 from freshroll.buffer import KernelConfig
+from freshroll.figures.metrics import rows
 from freshroll.figures.metrics_log import reconcile
 from freshroll.ledger import Ledger
-from freshroll.metrics import rows
 from freshroll.report import plots
 from freshroll.report.html import SECTIONS, load_run, write_report
 from freshroll.runtime.endfiles import write_summary

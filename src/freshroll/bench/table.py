@@ -174,7 +174,7 @@ def render_markdown(t: Mapping[str, Any]) -> str:
 
 
 def render_json(tables: Sequence[Mapping[str, Any]]) -> str:
-    from freshroll.metrics import jsonable
+    from freshroll.figures.metrics import jsonable
 
     return json.dumps(jsonable(list(tables)), indent=1, sort_keys=False) + "\n"
 

@@ -27,7 +27,7 @@ same figure on all but 4 of 66 cases; three steps are too few (the two runs dive
 fault, and three-step rates swing 0.6x-1.4x on their own).
 
 **Throughput under faults**: the faulted run's accepted rollouts/s over the fault-free run's
-(:func:`freshroll.metrics.accepted_rollouts_per_s` of each: one figure, one function).
+(:func:`freshroll.figures.metrics.accepted_rollouts_per_s` of each: one figure, one function).
 
 Everything here is numbers in, numbers out.
 """
@@ -39,7 +39,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from freshroll import events as ev
-from freshroll import metrics
+from freshroll.figures import metrics
 
 #: the share of the fault-free rate that counts as recovered
 RECOVERED = 0.8

@@ -39,9 +39,24 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 from freshroll.errors import ConfigError
+
+
+class TailKeys(Protocol):
+    """What :meth:`TailPolicy.from_section` reads of a run's ``tail`` section
+    (``config_run.TailSection``; a protocol, so the kernel's config imports the rule, not
+    the other way round)."""
+
+    @property
+    def deadline_factor(self) -> float: ...
+    @property
+    def drop_factor(self) -> float: ...
+    @property
+    def min_keep(self) -> int: ...
+    @property
+    def max_extra(self) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +78,13 @@ class TailPolicy:
             raise ConfigError(f"tail: target_prob must be in (0, 1), got {self.target_prob}")
         if self.max_extra < 0:
             raise ConfigError(f"tail: max_extra must be >= 0, got {self.max_extra}")
+
+    @classmethod
+    def from_section(cls, tail: TailKeys) -> TailPolicy:
+        """The policy of a run's ``tail`` section: the one mapping, for the deadline watch and
+        over-provisioning alike (``target_prob`` is the rule's own: no key sets it)."""
+        return cls(deadline_factor=tail.deadline_factor, drop_factor=tail.drop_factor,
+                   min_keep=tail.min_keep, max_extra=tail.max_extra)
 
 
 def on_time_share(latencies: Sequence[float], limit_s: float) -> float:

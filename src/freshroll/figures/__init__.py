@@ -3,4 +3,4 @@
 of an async run and the verdict on what was trained), and the ``metrics.jsonl`` rows
 (:mod:`~freshroll.figures.metrics_log`). Below the runtime: ``verify``, the report and the
 run's end files all read them, and they read only the ledger, its events and
-:mod:`freshroll.metrics`."""
+:mod:`freshroll.figures.metrics`."""

@@ -59,8 +59,8 @@ from freshroll.events import (
     RunConfig,
     Started,
 )
+from freshroll.figures.tally import UNCOUNTED_DISCARD_REASONS
 from freshroll.lineage import group_of, policy_step, request_of
-from freshroll.metrics import UNCOUNTED_DISCARD_REASONS
 
 #: the default of ``monitor.bias_threshold`` (a ledger of an older run has none)
 DEFAULT_THRESHOLD: Final = 0.1

@@ -5,8 +5,8 @@ its figures need (no per-sample state past a sample's end). The folds:
 
 * :class:`~freshroll.figures.summary.SummaryFold`: everything ``summary.json`` says, by
   routing each event to the folds below that read its kind (and the
-  :class:`~freshroll.metrics.Tally`, which reads every event);
-* :class:`~freshroll.timing.SpanFold` (the stage spans),
+  :class:`~freshroll.figures.metrics.Tally`, which reads every event);
+* :class:`~freshroll.figures.timing.SpanFold` (the stage spans),
   :class:`~freshroll.figures.bias.SampleBias`, :class:`~freshroll.figures.verdict.VerdictFold`,
   :class:`~freshroll.figures.summary.RewardVersions`,
   :class:`~freshroll.figures.overlap.OverlapFold` (and its

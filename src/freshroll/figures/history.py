@@ -30,7 +30,7 @@ from freshroll.events import (
     WorkerFenced,
     WorkerReady,
 )
-from freshroll.metrics import WORKER_LOSS_REASONS
+from freshroll.figures.tally import WORKER_LOSS_REASONS
 
 LANES: Final = ("segments", "settings", "mode", "workers", "trainer", "controller", "faults")
 

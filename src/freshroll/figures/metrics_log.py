@@ -1,10 +1,11 @@
 """``metrics.jsonl``: one row per committed step, derived from the ledger.
 
-The rows are :func:`freshroll.metrics.row` of the ledger up to each ``committed`` event,
+The rows are :func:`freshroll.figures.metrics.row` of the ledger up to each ``committed`` event,
 so the file is derived data and the ledger is its truth:
 
 - rows are written as strict JSON: every non-finite float becomes ``null``
-  (:func:`freshroll.metrics.jsonable`, then ``allow_nan=False``), never ``NaN``/``Infinity``;
+  (:func:`freshroll.figures.metrics.jsonable`, then ``allow_nan=False``), never
+  ``NaN``/``Infinity``;
 - :func:`reconcile` (run at every start and ``--resume``) compares the file with the rows
   the ledger implies. A missing row (a kill between the durable commit and the row's
   write) is written; a row for a step the ledger does not hold (a resume on an empty or
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from freshroll.metrics import jsonable
+from freshroll.figures.metrics import jsonable
 
 METRICS_FILE = "metrics.jsonl"
 

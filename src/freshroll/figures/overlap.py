@@ -11,7 +11,8 @@ still pays for staleness. This module says which happened, from the run's own le
   ``gen_busy_s`` is the sum over workers;
 - **training busy**: ``train_s`` summed over the committed steps (intervals ``[t(committed)
   - train_s, t(committed)]``); trainer wait: ``leased.wait_s`` summed
-  (:func:`freshroll.metrics.trainer_wait_s`); wall: :func:`freshroll.metrics.wall_s`;
+  (:func:`freshroll.figures.metrics.trainer_wait_s`); wall:
+  :func:`freshroll.figures.metrics.wall_s`;
 - **parallelism** ``p = (gen_busy_s + train_busy_s) / wall_s`` (1: one stage at a time;
   2: both stages busy all the time), and **overlapped**: the share of the shorter stage's
   busy time during which the other stage was busy too;
@@ -52,7 +53,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
 from freshroll import events as ev
-from freshroll.metrics import Tally, accepted_rollouts_per_s, trainer_wait_s, wall_s
+from freshroll.figures.metrics import Tally, accepted_rollouts_per_s, trainer_wait_s, wall_s
 
 #: an async run "paid" when its accepted rollouts/s beats the sync estimate by more than this
 PAY_MARGIN = 0.05
@@ -130,7 +131,8 @@ class Call:
 class OverlapFold:
     """The stage intervals of a ledger, folded one event at a time (``feed``; a
     :class:`~freshroll.figures.fold.Fold`). Its figures need the run's
-    :class:`~freshroll.metrics.Tally` as well: given at construction or to :meth:`result`."""
+    :class:`~freshroll.figures.metrics.Tally` as well: given at construction or to
+    :meth:`result`."""
 
     KINDS: ClassVar = (ev.Opened, ev.Started, ev.Generated, ev.Rewarded, ev.Committed,
                        ev.Discarded, ev.ModeDecided)

@@ -1,9 +1,9 @@
 """A run segment by segment: each start and each ``--resume`` (an ``opened`` event) begins
 one, so a run that fell back to sync and was then resumed async says both, not one muddle.
 
-A segment's figures are those of :mod:`freshroll.metrics` (and the overlap verdict of
+A segment's figures are those of :mod:`freshroll.figures.metrics` (and the overlap verdict of
 :mod:`freshroll.figures.overlap`) over that segment's events alone: a fresh
-:class:`~freshroll.metrics.Tally` and :class:`~freshroll.figures.overlap.OverlapFold` per
+:class:`~freshroll.figures.metrics.Tally` and :class:`~freshroll.figures.overlap.OverlapFold` per
 segment. ``from_step`` is the number of steps committed before it (a resume goes on from
 its checkpoint and replays the rest from the ledger without committing them again), so
 ``to_step = from_step + steps``; ``stopped`` is the reason of its ``closed`` event (None: a
@@ -20,8 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from freshroll import events as ev
-from freshroll.figures.overlap import OverlapFold
-from freshroll.metrics import (
+from freshroll.figures.metrics import (
     Tally,
     accepted_rollouts,
     accepted_rollouts_per_s,
@@ -33,8 +32,9 @@ from freshroll.metrics import (
     wall_s,
     worker_losses,
 )
+from freshroll.figures.overlap import OverlapFold
 
-#: the figures of :mod:`freshroll.metrics` each segment reports, by name
+#: the figures of :mod:`freshroll.figures.metrics` each segment reports, by name
 SEGMENT_FIGURES: dict[str, Callable[[Tally], Any]] = {
     "wall_s": wall_s, "accepted_rollouts": accepted_rollouts,
     "accepted_rollouts_per_s": accepted_rollouts_per_s,

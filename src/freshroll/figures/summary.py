@@ -2,10 +2,10 @@
 
 Reads only ``ledger.sqlite`` (the run directory is the report contract), so a
 summary can be rebuilt on a saved run, and ``freshroll verify`` recomputes it to
-check the file. The figures are those of :func:`freshroll.metrics.summary_figures`
+check the file. The figures are those of :func:`freshroll.figures.metrics.summary_figures`
 (defined once, in docs/metrics.md), plus the discard-bias check (committed vs
 discarded completions' reward and length, by reason) and the per-stage time
-decomposition of :mod:`freshroll.timing`, the stages' overlap of
+decomposition of :mod:`freshroll.figures.timing`, the stages' overlap of
 :mod:`freshroll.figures.overlap` (did asynchrony pay) and the same figures segment by
 segment, one per start and resume (:mod:`freshroll.figures.segments`), and the freshness
 window's bound on the trainer (:mod:`freshroll.figures.window`). Written as strict
@@ -32,16 +32,16 @@ from freshroll.events import (
 from freshroll.figures.bias import SampleBias
 from freshroll.figures.history import HistoryFold
 from freshroll.figures.learning import LearningFold
+from freshroll.figures.metrics import Tally, jsonable, summary_figures
 from freshroll.figures.metrics_log import read_rows
 from freshroll.figures.overlap import OverlapFold
 from freshroll.figures.segments import SegmentFold
+from freshroll.figures.timing import SpanFold, StageRow, decompose
 from freshroll.figures.trained import TrainedFold
 from freshroll.figures.verdict import VerdictFold
 from freshroll.figures.window import WindowFold
 from freshroll.ledger import LEDGER_FILE, Ledger
 from freshroll.lineage import policy_step
-from freshroll.metrics import Tally, jsonable, summary_figures
-from freshroll.timing import SpanFold, StageRow, decompose
 
 SUMMARY_FILE = "summary.json"
 #: the tolerant ``metrics.jsonl`` reader (kept here for its callers)
@@ -108,14 +108,16 @@ def render_reward_versions(versions: Any) -> str:
 
 class SummaryFold:
     """Everything ``summary.json`` (and the report's ledger figures) is computed from, folded
-    one event at a time: the :class:`~freshroll.metrics.Tally` (and the ``metrics.jsonl`` rows
+    one event at a time: the :class:`~freshroll.figures.metrics.Tally` (and the ``metrics.jsonl``
+    rows
     it implies, one per commit), the discard bias, the stage spans and the verdict. So one
     pass over a ledger serves the summary, ``verify``'s checks of the files and the report.
 
     A damaged ledger never stops the pass that feeds the fold (``verify`` reads on and says
     what is wrong): the first error the fold meets is kept in ``error`` and raised by
     :attr:`rows` and :meth:`summary`, as folding the events again would raise it; a commit
-    whose events are missing fails only the stage spans (:class:`~freshroll.timing.SpanFold`).
+    whose events are missing fails only the stage spans
+    (:class:`~freshroll.figures.timing.SpanFold`).
 
     A :class:`~freshroll.figures.fold.Fold` of every event kind; it feeds each of its folds
     only the kinds in that fold's ``KINDS``.
@@ -203,7 +205,7 @@ class SummaryFold:
 
     @property
     def rows(self) -> list[dict[str, Any]]:
-        """The ``metrics.jsonl`` rows of the events fed (:func:`freshroll.metrics.rows`)."""
+        """The ``metrics.jsonl`` rows of the events fed (:func:`freshroll.figures.metrics.rows`)."""
         self._check()
         return self._rows
 

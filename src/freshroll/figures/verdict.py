@@ -16,7 +16,7 @@ detail, the message a user acts on (e.g. a reward's first ``KeyError``). ``stopp
 reason of the last ``closed`` event (``done``, or the failure that ended the run).
 
 :func:`recovery_line` says what a run survived (worker losses, re-issued attempts, trainer
-restarts: the figures of :mod:`freshroll.metrics`), so a run that recovered from crashes
+restarts: the figures of :mod:`freshroll.figures.metrics`), so a run that recovered from crashes
 ends neither green nor silent.
 """
 

@@ -39,9 +39,9 @@ import math
 from typing import Any, ClassVar
 
 from freshroll import events as ev
+from freshroll.figures.tally import UNCOUNTED_DISCARD_REASONS
 from freshroll.freshness import window_steps
 from freshroll.lineage import group_of
-from freshroll.tally import UNCOUNTED_DISCARD_REASONS
 
 
 def window_bound(*, window_groups: float, trainer_groups_per_s: float,

@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from freshroll.figures.evals import EVAL_FILE, Line, by_step, latest, summary_of
+from freshroll.figures.metrics import jsonable
 from freshroll.figures.metrics_log import read_rows
 from freshroll.harness.files import INVARIANT, FileBindings
-from freshroll.metrics import jsonable
 
 UNBOUND_NOTE = ("eval.jsonl, the eval/* columns of metrics.jsonl and summary.json's eval not "
                 "checked: the run records no evaluations (written before verify bound them)")

@@ -44,9 +44,9 @@ lineage        every committed sample names a policy and a reward version that
                their tokens adding up to its own
 accounting     ``counts.json`` equals the recount; ``summary.json`` equals the summary
                recomputed from the ledger (:mod:`freshroll.figures.summary`, figures of
-               :mod:`freshroll.metrics`); ``metrics.jsonl`` holds exactly one row per
+               :mod:`freshroll.figures.metrics`); ``metrics.jsonl`` holds exactly one row per
                committed step, in order, each equal to the row the ledger implies
-               (:func:`freshroll.metrics.row`). A file that is absent is not checked;
+               (:func:`freshroll.figures.metrics.row`). A file that is absent is not checked;
                with an open ledger ``counts.json`` and ``summary.json`` (written at
                the end of a run) are not checked, and ``metrics.jsonl`` may lack the
                row of the last commit (a kill between the commit and the row's write)
@@ -291,7 +291,7 @@ def _note_overlap(report: Report, run_dir: Path, fold: Any) -> None:
 def _check_rows(report: Report, path: Path, rows: Sequence[dict[str, Any]],
                 files: FileBindings) -> None:
     """One ``metrics.jsonl`` row per committed step, in order, each the row the ledger implies
-    (``rows``: :func:`freshroll.metrics.rows` of the ledger, with the ``eval/*`` columns of
+    (``rows``: :func:`freshroll.figures.metrics.rows` of the ledger, with the ``eval/*`` columns of
     the ``evaluated`` records; a step evaluated before the run recorded evaluations has its
     eval columns left out of the comparison)."""
     from freshroll.figures.evals import with_eval

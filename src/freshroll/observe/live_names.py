@@ -1,6 +1,6 @@
 """The names a run's live figures go out under: one table for Prometheus, TensorBoard and W&B.
 
-Every exported value is a field of a ``metrics.jsonl`` row (:mod:`freshroll.metrics`
+Every exported value is a field of a ``metrics.jsonl`` row (:mod:`freshroll.figures.metrics`
 computed it; nothing here computes a figure, :data:`RATIOS` only divides two of a row's).
 :data:`NAMES` gives each known field its
 Prometheus gauge and its TensorBoard / W&B tag, the tags grouped the way peers group theirs
@@ -125,7 +125,7 @@ NAMES: Final[tuple[LiveName, ...]] = (
 
 #: row-field prefixes and the tag prefix each goes out under (TensorBoard / W&B): every
 #: figure of the asynchrony under ``async/``, counts by reason under ``rollout/``; a field
-#: ``<figure>/lag_<k>`` (the per-lag buckets of :mod:`freshroll.off_policy`) goes to
+#: ``<figure>/lag_<k>`` (the per-lag buckets of :mod:`freshroll.figures.off_policy`) goes to
 #: ``async/<figure>/lag_<k>``
 PREFIXES: Final[dict[str, str]] = {
     "discards/": "rollout/discards/",

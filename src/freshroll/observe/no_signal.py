@@ -7,7 +7,7 @@ scored 0 by every reward, stays there: it gets no gradient to leave (seen in thr
 1.06M parameters, 16 new tokens, lr 1e-3: docs/benchmarks.md, "Learning at 1.06M
 parameters / 16 new tokens"). Its steps then get cheap, so its rate rises while it learns
 nothing. The metrics row's ``no_signal_steps`` counts the
-stretch (:func:`freshroll.metrics.no_signal_steps`); :class:`NoSignal` reads it and says
+stretch (:func:`freshroll.figures.metrics.no_signal_steps`); :class:`NoSignal` reads it and says
 so once per stretch, when it reaches ``monitor.no_signal_steps``, and when it ends.
 """
 

@@ -3,7 +3,7 @@
 ``monitor.prometheus_port`` (off by default) starts the endpoint when the run starts and
 stops it when the run ends; ``monitor.prometheus_host`` is the loopback unless set. It is
 an observer (:mod:`freshroll.pipeline.observers`): each ``metrics.jsonl`` row sets the
-gauges, so every value is the one :mod:`freshroll.metrics` computed for that row (one
+gauges, so every value is the one :mod:`freshroll.figures.metrics` computed for that row (one
 definition per number) and the endpoint never reads in-memory state of its own. The HTTP
 server answers scrapes on a daemon thread of its own (``prometheus_client``'s WSGI server,
 text exposition format, no pickle); a callback only sets numbers and never blocks the loop.

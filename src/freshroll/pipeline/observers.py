@@ -61,7 +61,7 @@ from freshroll.pipeline.fallback import Switch
 from freshroll.ports.threads import ModeGroup
 from freshroll.stage_threads import ModeThreads
 
-Row = dict[str, Any]  # a metrics.jsonl row (freshroll.metrics.Tally; docs/metrics.md)
+Row = dict[str, Any]  # a metrics.jsonl row (freshroll.figures.metrics.Tally; docs/metrics.md)
 #: what a write-ahead of a commit records with it (``checkpointed``)
 WriteAhead = CheckpointSaved | Evaluated
 

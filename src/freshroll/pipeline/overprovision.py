@@ -45,9 +45,7 @@ class Overprovision:
     def __init__(self, cfg: TailSection, group_size: int) -> None:
         self.setting = cfg.overprovision
         self.group_size = group_size
-        self.policy = TailPolicy(deadline_factor=cfg.deadline_factor,
-                                 drop_factor=cfg.drop_factor, min_keep=cfg.min_keep,
-                                 max_extra=cfg.max_extra)
+        self.policy = TailPolicy.from_section(cfg)
         self.live: int | None = None  # the controller's amount (steering), when it set one
         self.admitted = 0  # extra requests admitted so far
         self.cancelled = 0  # running attempts cancelled on their engines

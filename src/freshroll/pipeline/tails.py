@@ -85,8 +85,7 @@ class TailWatch:
         min_latencies: int = 8,
     ) -> None:
         self.enabled = cfg.deadline
-        self.policy = TailPolicy(deadline_factor=cfg.deadline_factor,
-                                 drop_factor=cfg.drop_factor, min_keep=cfg.min_keep)
+        self.policy = TailPolicy.from_section(cfg)
         if self.enabled and cfg.min_keep > group_size:
             raise ConfigError(f"tail.min_keep ({cfg.min_keep}) exceeds rollout.group_size "
                               f"({group_size}): no group could ever be kept at its deadline")

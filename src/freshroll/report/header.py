@@ -16,7 +16,7 @@ from freshroll.report.validation import validation_note
 VERIFY_MESSAGES = 8  # violation messages shown per failing invariant
 
 def headline(run: RunData) -> dict[str, str]:
-    """The headline figures as display strings: :mod:`freshroll.metrics` of the ledger, or
+    """The headline figures as display strings: :mod:`freshroll.figures.metrics` of the ledger, or
     ``summary.json`` (the same figures, written at the end of the run) without a ledger."""
     s = run.ledger.figures if run.ledger is not None else run.summary
     lag: dict[str, Any] = s["lag"] if isinstance(s.get("lag"), dict) else {}

@@ -16,7 +16,7 @@ fonts or images, nothing fetched over a network). Sections:
 
 Every input may be missing or partial (a run that crashed early): the panel
 says "no data" and why, and the report is still written. The ledger is the
-source of truth: every figure is the one function of :mod:`freshroll.metrics` applied to
+source of truth: every figure is the one function of :mod:`freshroll.figures.metrics` applied to
 it (``summary.json`` is the fallback when the ledger cannot be read).
 """
 
@@ -31,12 +31,14 @@ from typing import Any
 import yaml
 
 from freshroll import events as ev
+from freshroll.figures.metrics import discard_rate, discards_by_reason, token_lag
+from freshroll.figures.metrics import off_policy_by_lag as _by_lag
 from freshroll.figures.summary import SummaryFold
+from freshroll.figures.tally import UNCOUNTED_DISCARD_REASONS
+from freshroll.figures.timing import percentiles
 from freshroll.harness.files import REPORT_FILE, seal
 from freshroll.harness.verify import Report
 from freshroll.ledger import LEDGER_FILE
-from freshroll.metrics import UNCOUNTED_DISCARD_REASONS, discard_rate, discards_by_reason, token_lag
-from freshroll.metrics import off_policy_by_lag as _by_lag
 from freshroll.report import plots
 from freshroll.report.bias import sample_bias
 from freshroll.report.completions import completions_section
@@ -52,7 +54,6 @@ from freshroll.report.rundata import RunData, load_run
 from freshroll.report.style import CSS
 from freshroll.report.summary_table import summary_section
 from freshroll.report.token_mix import off_policy_by_lag, token_mix
-from freshroll.timing import percentiles
 
 SECTIONS = (
     ("reward", "Reward"),

@@ -1,7 +1,7 @@
 """Loading a run directory for the report: every input optional, every problem noted.
 
 :func:`load_run` reads ``metrics.jsonl``, ``summary.json``, ``counts.json``,
-``config.yaml`` and the ledger (stage spans; the figures of :mod:`freshroll.metrics`
+``config.yaml`` and the ledger (stage spans; the figures of :mod:`freshroll.figures.metrics`
 and the per-step rows they imply, the same rows ``metrics.jsonl`` holds), and verifies the
 run directory in the same read of the ledger. A missing, empty or broken input never raises:
 it is left empty and a human-readable note says what was wrong, so a report can still be
@@ -16,20 +16,20 @@ from pathlib import Path
 from typing import Any
 
 from freshroll.figures.history import HistoryFold
+from freshroll.figures.metrics import Tally, summary_figures
 from freshroll.figures.metrics_log import read_rows
 from freshroll.figures.summary import SummaryFold, fold_events
+from freshroll.figures.timing import Spans, StageRow
 from freshroll.figures.trained import StepPicks
 from freshroll.harness.verify import Report, check_files, check_ledger, read_counts
 from freshroll.ledger import LEDGER_FILE, Ledger
-from freshroll.metrics import Tally, summary_figures
-from freshroll.timing import Spans, StageRow
 
 
 @dataclass
 class LedgerView:
     spans: Spans
     stages: list[StageRow]
-    tally: Tally  # every figure of freshroll.metrics is a function of it
+    tally: Tally  # every figure of freshroll.figures.metrics is a function of it
     rows: list[dict[str, Any]]  # one per committed step (metrics.row), in order
     requests: int
     closed: bool

@@ -1,7 +1,7 @@
 """The report's token-lag tables: how much of each trained sample came from which policy
-version (``token_lag``'s ``tokens_by_lag`` and ``older_share``, :mod:`freshroll.token_lag`),
+version (``token_lag``'s ``tokens_by_lag`` and ``older_share``, :mod:`freshroll.figures.token_lag`),
 and the learner's mismatch KL and importance weights per token-lag bucket
-(``off_policy_by_lag``, :mod:`freshroll.off_policy`)."""
+(``off_policy_by_lag``, :mod:`freshroll.figures.off_policy`)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from collections.abc import Mapping
 from html import escape
 from typing import Any
 
-from freshroll.off_policy import LAG_BUCKETS
+from freshroll.figures.off_policy import LAG_BUCKETS
+from freshroll.figures.token_lag import SHARE_BINS
 from freshroll.report.markup import fmt, pct, table
-from freshroll.token_lag import SHARE_BINS
 
 
 def token_mix(tok: Mapping[str, Any]) -> str:

@@ -28,11 +28,11 @@ from freshroll.errors import RunDirError
 from freshroll.figures import reward_time
 from freshroll.figures.evals import eval_summary
 from freshroll.figures.headline import headline
+from freshroll.figures.metrics import jsonable
 from freshroll.figures.metrics_log import write_atomic
 from freshroll.figures.summary import SUMMARY_FILE, read_host, summarize
 from freshroll.harness.verify import Report, check_files, check_ledger, read_counts
 from freshroll.ledger import LEDGER_FILE
-from freshroll.metrics import jsonable
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any] | None = None,

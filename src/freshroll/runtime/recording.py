@@ -19,7 +19,7 @@ line, the checkpointer, and :class:`Recording`, the list of them a run hands its
 Rows are derived from the ledger, never from in-memory state: at start (and on
 ``--resume``) ``metrics.jsonl`` is reconciled with the ledger
 (:mod:`freshroll.figures.metrics_log`), and after each commit the events the ledger made
-durable since are folded into a :class:`freshroll.metrics.Tally`, whose row for the
+durable since are folded into a :class:`freshroll.figures.metrics.Tally`, whose row for the
 ``committed`` event is written. So a kill between the durable commit and the row's write
 costs nothing: the next start writes the row.
 
@@ -40,9 +40,9 @@ from freshroll.buffer import SampleBuffer
 from freshroll.config import Config
 from freshroll.errors import StorageError
 from freshroll.events import CheckpointSaved, Evaluated
+from freshroll.figures.metrics import Tally
 from freshroll.figures.metrics_log import METRICS_FILE, RowLog, reconcile
 from freshroll.lineage import PolicyVersion, file_digests
-from freshroll.metrics import Tally
 from freshroll.observe.fit import fit, fit_with, width
 from freshroll.observe.pace import Pace
 from freshroll.pipeline.fallback import Switch

@@ -16,7 +16,8 @@ the accumulated gradient is the whole batch's gradient::
 where ``T_max`` is the whole batch's (``max_completion_len``, else the batch's width: the
 caller fixes it for every micro-batch). Token-mean metrics combine the same way, by each
 micro-batch's share of the tokens (:func:`combine_metrics`); the per-lag-bucket ones
-(``<name>/lag_<b>``, :mod:`freshroll.off_policy`) by each micro-batch's share of the bucket's
+(``<name>/lag_<b>``, :mod:`freshroll.figures.off_policy`) by each micro-batch's share of the
+bucket's
 tokens, a bucket no micro-batch has staying absent.
 """
 
@@ -25,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from freshroll.off_policy import LAG_BUCKETS, bucket_key, is_bucket_key
+from freshroll.figures.off_policy import LAG_BUCKETS, bucket_key, is_bucket_key
 
 Aggregation = Literal["grpo", "dr_grpo", "dapo"]
 

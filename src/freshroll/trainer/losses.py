@@ -77,7 +77,7 @@ truncated for ``tis``, dropped for ``decoupled``, 0.0 for ``none``), ``mismatch_
 (unbiased for that direction because the samples come from ``b``; 0 iff ``p == b``).
 
 Per token lag (``token_lags`` given: each token's consumer step minus its generating step;
-buckets of :mod:`freshroll.off_policy`): for each bucket ``g`` with tokens,
+buckets of :mod:`freshroll.figures.off_policy`): for each bucket ``g`` with tokens,
 ``tokens/lag_<g>`` (their count), ``mismatch_kl/lag_<g>`` and ``is_weight_mean/lag_<g>`` (the
 same means over those tokens alone), ``is_weight_max/lag_<g>``; a bucket without tokens is
 absent from the metrics.
@@ -92,7 +92,7 @@ import torch
 from torch import Tensor
 
 from freshroll.errors import ConfigError
-from freshroll.off_policy import LAG_BUCKETS, TOP_LAG, bucket_key
+from freshroll.figures.off_policy import LAG_BUCKETS, TOP_LAG, bucket_key
 
 Aggregation = Literal["grpo", "dr_grpo", "dapo"]
 Correction = Literal["none", "tis", "decoupled", "dual_clip"]

@@ -21,7 +21,7 @@ the gates, each with its threshold::
         tolerance: 0.05                  # absolute, and/or
         tolerance_sd: 2.0                # in standard deviations of the baseline across seeds
 
-How each gate is read (the figures are those of :mod:`freshroll.metrics`, from each repeat's
+How each gate is read (the figures are those of :mod:`freshroll.figures.metrics`, from each repeat's
 ``summary.json``): a threshold is met by every repeat (the worst repeat is compared), except
 convergence, whose figure is a mean over seeds (:mod:`freshroll.validate.gates`). The
 ``verify`` gate is always on: every repeat must finish its steps and pass ``freshroll verify``.
@@ -65,7 +65,8 @@ class _Strict(Section):
 
 
 class Throughput(_Strict):
-    """Accepted rollouts/s (:func:`freshroll.metrics.accepted_rollouts_per_s`), each repeat."""
+    """Accepted rollouts/s (:func:`freshroll.figures.metrics.accepted_rollouts_per_s`), each
+    repeat."""
 
     min: float | None = Field(None, ge=0, description="accepted rollouts/s, at least")
     min_ratio_to_sync: float | None = Field(

@@ -13,7 +13,7 @@ The six stages add up to ``t(committed) - t(requested)``. :func:`decompose`
 gives p50/p95/p99, the mean and each stage's share of the summed total.
 
 Run-level figures (accepted rollouts/s, trainer idle ratio, discard rate, ...) are
-not computed here: each has its one function in :mod:`freshroll.metrics`.
+not computed here: each has its one function in :mod:`freshroll.figures.metrics`.
 """
 
 from __future__ import annotations

@@ -9,9 +9,9 @@ started version. For each committed sample, consumed at trainer step ``v`` (its 
     newest    v - s_last                    (... on newest_token)
     weighted  v - (Σ n_i s_i) / (Σ n_i)     (token-weighted mean; binned to WEIGHTED_BIN)
 
-:class:`TokenLags` is fed by :class:`freshroll.metrics.Tally` (which holds one) and keeps,
+:class:`TokenLags` is fed by :class:`freshroll.figures.metrics.Tally` (which holds one) and keeps,
 over the committed samples so far, a histogram of each lag, their sums, and the last
-commit's batch means; the figures of :mod:`freshroll.metrics` (``token_lag``,
+commit's batch means; the figures of :mod:`freshroll.figures.metrics` (``token_lag``,
 ``step_token_lag``) read it. A sample with no ``token_versions`` has all
 three lags equal; one with ``last_version`` alone (an engine that reports no per-token
 versions: vLLM) weighs its two ends alike. :func:`lag_percentile` reads a percentile off a
@@ -19,7 +19,7 @@ lag histogram (``lag_p50``, ``lag_p99``).
 
 It also says how much of each committed sample came from which version (``token_lag``'s
 ``tokens_by_lag`` and ``older_share``): its tokens counted by token lag in the buckets of
-:mod:`freshroll.off_policy` (a sample with no ranges: all at its lag; ends only: all at its
+:mod:`freshroll.figures.off_policy` (a sample with no ranges: all at its lag; ends only: all at its
 oldest-token lag, as the learner counts them), and the sample counted by the share of its
 tokens made by a version older than its newest token's, in :data:`SHARE_BINS` (``"0%"``: one
 version; ``"ends only"``: an engine that reports no per-token ranges, so no share).
@@ -31,10 +31,10 @@ from collections import Counter
 from typing import Any, Final
 
 from freshroll import events as ev
+from freshroll.figures.off_policy import LAG_BUCKETS, bucket_of
+from freshroll.figures.timing import percentile
 from freshroll.freshness import token_lags
 from freshroll.lineage import policy_step
-from freshroll.off_policy import LAG_BUCKETS, bucket_of
-from freshroll.timing import percentile
 
 #: the token-weighted lag is counted in bins of this width (label: the bin's lower edge)
 WEIGHTED_BIN: Final = 0.25
@@ -61,7 +61,7 @@ def weighted_bin(lag: float) -> str:
 
 
 def lag_percentile(lags: Counter[int], q: float) -> float:
-    """:func:`freshroll.timing.percentile` of the lags a histogram (lag -> samples) counts,
+    """:func:`freshroll.figures.timing.percentile` of the lags a histogram (lag -> samples) counts,
     read off the histogram (the same number, without a list of one entry per sample)."""
     n = sum(lags.values())
     if not n:
@@ -84,7 +84,7 @@ def lag_percentile(lags: Counter[int], q: float) -> float:
 
 class TokenLags:
     """The token lags of the committed samples whose tokens span versions, fed by
-    :class:`freshroll.metrics.Tally` (which counts every committed sample's oldest-token lag
+    :class:`freshroll.figures.metrics.Tally` (which counts every committed sample's oldest-token lag
     in ``Tally.lags``): a sample of one version has its three lags equal, so it costs
     nothing here; :meth:`summary` adds those back from the oldest-token histogram."""
 

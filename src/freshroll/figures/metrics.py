@@ -6,7 +6,7 @@ timing`` — is one of the figures below, computed by its function here and nowh
 docs/metrics.md defines each figure once; a test holds it and :data:`FIGURES` together.
 
 The ledger is folded once by a :class:`Tally` (``feed(event)``, one event at a time; the
-state it keeps and how each event changes it: :mod:`freshroll.tally`), and each figure is a
+state it keeps and how each event changes it: :mod:`freshroll.figures.tally`), and each figure is a
 function of a tally. Folding is incremental, so a live run (which feeds the events it reads
 back from its ledger after each commit) and any later reader compute the same numbers.
 
@@ -44,19 +44,15 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from freshroll import events as ev
-from freshroll.tally import REWARD_WINDOW as REWARD_WINDOW
-from freshroll.tally import UNCOUNTED_DISCARD_REASONS as UNCOUNTED_DISCARD_REASONS
-from freshroll.tally import WORKER_LOSS_REASONS as WORKER_LOSS_REASONS
-from freshroll.tally import ZERO_STD as ZERO_STD
-from freshroll.tally import TallyState
-from freshroll.tally import sample_std as sample_std
-from freshroll.token_lag import lag_percentile
+from freshroll.figures.tally import UNCOUNTED_DISCARD_REASONS, TallyState
+from freshroll.figures.token_lag import lag_percentile
 
 
 @dataclass
 class Tally(TallyState):
     """What every figure is computed from: the ledger folded one event at a time
-    (:class:`~freshroll.tally.TallyState`), with the ``metrics.jsonl`` row of each commit."""
+    (:class:`~freshroll.figures.tally.TallyState`), with the ``metrics.jsonl`` row of each
+    commit."""
 
     def feed(self, e: ev.Event) -> dict[str, Any] | None:
         """Fold one event; for a ``committed`` event, return its ``metrics.jsonl`` row."""

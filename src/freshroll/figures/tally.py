@@ -1,8 +1,8 @@
 """The fold behind every figure: a run's ledger folded into counts, one event at a time.
 
-:class:`TallyState` keeps what the figures of :mod:`freshroll.metrics` are computed from
+:class:`TallyState` keeps what the figures of :mod:`freshroll.figures.metrics` are computed from
 (the rules they share, trainer wall time and counted discards, are stated in that module's
-docstring); :class:`freshroll.metrics.Tally` is this state with its output, the
+docstring); :class:`freshroll.figures.metrics.Tally` is this state with its output, the
 ``metrics.jsonl`` row of each commit. Folding is incremental and reads events alone, so a
 live run and any later reader of the same ledger hold the same state, bit for bit.
 """
@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from freshroll import events as ev
+from freshroll.figures.off_policy import OffPolicy
+from freshroll.figures.token_lag import TokenLags
 from freshroll.lineage import policy_step
-from freshroll.off_policy import OffPolicy
-from freshroll.token_lag import TokenLags
 
 #: discard reasons left out of the discard rate and the counted discards (see the module doc)
 UNCOUNTED_DISCARD_REASONS: Final = frozenset(ev.RETRY_REASONS | {"shutdown"})
@@ -34,7 +34,7 @@ REWARD_WINDOW: Final = 3
 @dataclass
 class TallyState:
     """What every figure is computed from: the ledger folded one event at a time
-    (:meth:`fold`). :class:`freshroll.metrics.Tally` is this state with its output: the
+    (:meth:`fold`). :class:`freshroll.figures.metrics.Tally` is this state with its output: the
     ``metrics.jsonl`` row of each commit."""
 
     steps: int = 0
@@ -97,7 +97,7 @@ class TallyState:
         return self._start, self._last
 
     def trainer_wall_s(self) -> float:
-        """The trainer wall time so far (the rule: :mod:`freshroll.metrics`' docstring): the
+        """The trainer wall time so far (the rule: :mod:`freshroll.figures.metrics`' docstring): the
         incarnations before the current one, and the current one's span."""
         if self._start is None or self._last is None:
             return self._wall_done

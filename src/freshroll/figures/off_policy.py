@@ -66,7 +66,7 @@ class _Bucket:
 @dataclass
 class OffPolicy:
     """The learner's off-policy metrics over the committed steps (fed by
-    :class:`freshroll.metrics.Tally`, one commit at a time)."""
+    :class:`freshroll.figures.metrics.Tally`, one commit at a time)."""
 
     #: each commit's ``mismatch_kl`` and ``is_weight_mean`` (where the learner reported them)
     mismatch_kls: list[float] = field(default_factory=list)
