@@ -51,8 +51,9 @@ from typing import Any
 
 import msgspec
 
-from freshroll.buffer import KernelConfig, SampleBuffer, replay_ledger
 from freshroll.clock import RealClock
+from freshroll.kernel.buffer import SampleBuffer, replay_ledger
+from freshroll.kernel.results import KernelConfig
 from freshroll.ledger import LEDGER_FILE, Ledger, open_ledger
 from freshroll.lineage import PolicyVersion, RewardVersion
 

@@ -13,19 +13,19 @@ the machine's load; only the wall seconds do). Systems, each at every η (the ke
   first 16 done kept, the rest cancelled);
 - ``deadlines``: the same with ``tail.deadline=true`` (group deadlines);
 - ``doomed``: the same with ``tail.drop_doomed=true`` (a running group that can no longer be
-  fresh discarded stale at once, freeing its place: freshroll.freshness.doomed);
+  fresh discarded stale at once, freeing its place: freshroll.kernel.freshness.doomed);
 - ``all``: every lever, the controller steering (bench's ``adaptive-all``:
   ``control.mode=adaptive control.max_workers=32 tail.overprovision=auto
   rollout.on_update=continue run.staleness_basis=newest_token``, from the config's 16
   workers); ``all-doomed``: the same with ``tail.drop_doomed=true``;
 - ``refresh``: ``continue-newest`` with ``tail.refresh=true`` (a finished member past the
-  bound re-issued instead of its group ending stale: freshroll.refresh); ``all-refresh``:
+  bound re-issued instead of its group ending stale: freshroll.kernel.refresh); ``all-refresh``:
   ``all`` with ``tail.refresh=true``;
 - ``wide-static``, ``wide-continue-newest``, ``wide-all``, ``wide-all-doomed``,
   ``wide-refresh``, ``wide-all-refresh``: ``static``, ``continue-newest``, ``all``,
   ``all-doomed``, ``refresh`` and ``all-refresh`` with an admission window :data:`WIDE` times
   the freshness window, ``run.admission_window = WIDE × (η + 1)`` trainer steps of groups
-  (freshroll.freshness; the default is ``η + 1``), η unchanged.
+  (freshroll.kernel.freshness; the default is ``η + 1``), η unchanged.
 
 Each run is ``freshroll simulate`` in a fresh process, one at a time; its figures come from
 its run directory (``summary.json`` and the ledger, docs/metrics.md):

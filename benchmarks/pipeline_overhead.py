@@ -28,11 +28,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from freshroll.buffer import KernelConfig, SampleBuffer
 from freshroll.clock import VirtualClock
 from freshroll.config import load_config
 from freshroll.engines.base import Completion
 from freshroll.engines.seams import Emit, GenRequest, SamplingParams
+from freshroll.kernel.buffer import SampleBuffer
+from freshroll.kernel.results import KernelConfig
 from freshroll.ledger import open_ledger
 from freshroll.lineage import PolicyVersion, RewardVersion
 from freshroll.pipeline.pipeline import Pipeline

@@ -26,14 +26,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from freshroll.buffer import SampleBuffer
 from freshroll.config import load_config
+from freshroll.kernel.buffer import SampleBuffer
+from freshroll.kernel.state import Lease
 from freshroll.lineage import PolicyVersion
 from freshroll.pipeline.hooks import Hooks
 from freshroll.placement.ray_trainer import RayTrainer
 from freshroll.runtime.placements import Components
 from freshroll.runtime.run import run
-from freshroll.state import Lease
 
 
 class Session(Hooks):

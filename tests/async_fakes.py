@@ -13,12 +13,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from freshroll.buffer import KernelConfig, SampleBuffer
 from freshroll.clock import Clock, RealClock, VirtualClock
 from freshroll.config import Config, load_config
 from freshroll.control.controller import Controller
 from freshroll.engines.base import Completion
 from freshroll.engines.seams import Emit, GenRequest, SamplingParams
+from freshroll.kernel.buffer import SampleBuffer
+from freshroll.kernel.results import KernelConfig
+from freshroll.kernel.state import Lease
 from freshroll.ledger import Ledger
 from freshroll.lineage import PolicyVersion, RewardVersion
 from freshroll.pipeline.observers import Callbacks, default_observers
@@ -26,7 +28,6 @@ from freshroll.pipeline.pipeline import Pipeline, StepReport
 from freshroll.rewards.calling import RewardState
 from freshroll.rewards.scoring import Score
 from freshroll.rewards.tasks import Prompt, make_prompts
-from freshroll.state import Lease
 from pipeline_fakes import LedgerChecks
 
 BASE = ["run.progress=false", "task.n_prompts=64", "rollout.group_size=4",

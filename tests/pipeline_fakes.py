@@ -17,11 +17,12 @@ from typing import Any
 
 import torch
 
-from freshroll.buffer import KernelConfig, SampleBuffer
 from freshroll.clock import RealClock
 from freshroll.config import Config, load_config
 from freshroll.engines.base import Completion
 from freshroll.harness.verify import Report, verify_ledger
+from freshroll.kernel.buffer import SampleBuffer
+from freshroll.kernel.results import KernelConfig
 from freshroll.ledger import Ledger
 from freshroll.lineage import PolicyVersion
 from freshroll.pipeline.observers import Callbacks, Heartbeats

@@ -184,8 +184,8 @@ class ControlSection(_Section):
 
 class TailSection(_Section):
     """Long tails: a deadline per group, over-provisioning with stop at target
-    (freshroll.control.tail, freshroll.stop_at_target), dropping doomed groups, refreshing
-    stale finished members (freshroll.refresh); all off by default."""
+    (freshroll.control.tail, freshroll.kernel.stop_at_target), dropping doomed groups, refreshing
+    stale finished members (freshroll.kernel.refresh); all off by default."""
 
     deadline: bool = Field(
         False, description="cancel a group's stragglers past deadline_factor x the median "
@@ -219,7 +219,8 @@ class TailSection(_Section):
     refresh: bool = Field(
         False, description="re-issue a finished member (generated or rewarded) of a group not "
         "yet leased once it is past max_staleness on the staleness basis in force (discard "
-        "reason refreshed, a retry: freshroll.refresh), instead of discarding its whole group "
+        "reason refreshed, a retry: freshroll.kernel.refresh), instead of discarding its "
+        "whole group "
         "stale at lease; the group's other members are kept")
     max_refreshes: int = Field(
         3, ge=1, le=64, description="times one request is refreshed at most (tail.refresh); "

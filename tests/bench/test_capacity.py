@@ -10,16 +10,17 @@ from typing import Any
 import pytest
 
 from freshroll.bench.capacity import Plan, Workload, measure, measure_generation
-from freshroll.buffer import KernelConfig, SampleBuffer
 from freshroll.clock import VirtualClock
 from freshroll.engines.base import Completion
 from freshroll.engines.seams import Emit, GenRequest, SamplingParams
+from freshroll.kernel.buffer import SampleBuffer
+from freshroll.kernel.results import KernelConfig
+from freshroll.kernel.state import Lease
 from freshroll.ledger import open_ledger
 from freshroll.lineage import PolicyVersion
 from freshroll.rewards.calling import RewardState
 from freshroll.rewards.scoring import Score
 from freshroll.rewards.tasks import Prompt
-from freshroll.state import Lease
 
 
 def _completion(tokens: int) -> Completion:

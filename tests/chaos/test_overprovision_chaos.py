@@ -50,7 +50,7 @@ def test_without_the_stop_at_target_the_library_finds_the_violation(
     """The protection is load-bearing: with the stop at target monkeypatched away, every
     member of an over-provisioned group is trained on, and the case fails verify (a group
     ready past its target)."""
-    from freshroll import stop_at_target
+    from freshroll.kernel import stop_at_target
 
     monkeypatch.setattr(stop_at_target, "reached", lambda group: False)
     scen = next(s for s in PLAN.scenarios if s.name == "interrupt")

@@ -66,9 +66,10 @@ def test_lora_run_publishes_only_the_adapter(run_dir: Path, full_run: Path) -> N
 def test_export_merged_and_adapter_only(run_dir: Path, tmp_path: Path) -> None:
     from peft import PeftModel
 
-    from freshroll.buffer import KernelConfig, replay_ledger
     from freshroll.clock import RealClock
     from freshroll.config import read_yaml, validate
+    from freshroll.kernel.buffer import replay_ledger
+    from freshroll.kernel.results import KernelConfig
     from freshroll.ledger import LEDGER_FILE, Ledger
     from freshroll.runtime.learner import build_learner
 

@@ -19,9 +19,9 @@ import pytest
 from e2e_helpers import freshroll, summary
 
 from freshroll import events as ev
-from freshroll.buffer import SampleBuffer
 from freshroll.config import Config, validate
 from freshroll.harness.verify import verify_run
+from freshroll.kernel.buffer import SampleBuffer
 from freshroll.lineage import PolicyVersion
 from freshroll.pipeline.hooks import Hooks
 from freshroll.placement.adapters import KillableThreadEngine

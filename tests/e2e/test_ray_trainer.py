@@ -23,16 +23,16 @@ from typing import Any
 import pytest
 from e2e_helpers import freshroll, summary
 
-from freshroll.buffer import SampleBuffer
 from freshroll.config import Config, load_config
 from freshroll.harness.verify import verify_run
+from freshroll.kernel.buffer import SampleBuffer
+from freshroll.kernel.state import Lease
 from freshroll.lineage import PolicyVersion
 from freshroll.pipeline.hooks import Hooks
 from freshroll.placement.ray_cluster import ScratchCluster
 from freshroll.placement.ray_trainer import RayTrainer
 from freshroll.runtime.placements import Components
 from freshroll.runtime.run import run
-from freshroll.state import Lease
 from ray_shared import joining, shared_cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]

@@ -1,7 +1,7 @@
 """A seeded, synchronous driver of the whole kernel lifecycle (no models).
 
 It plays inference workers, a reward function and a trainer against a real
-:class:`~freshroll.buffer.SampleBuffer` on a real durable ledger: admit up to
+:class:`~freshroll.kernel.buffer.SampleBuffer` on a real durable ledger: admit up to
 capacity, start attempts on workers whose loaded policy may lag, complete,
 score, lease, commit. With ``faults=True`` it also fences workers mid-flight,
 delivers late and duplicate results, releases leases and returns NaN rewards.
@@ -23,9 +23,10 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from freshroll.buffer import KernelConfig, Outcome, SampleBuffer
 from freshroll.clock import Clock, RealClock, VirtualClock
 from freshroll.errors import StateError
+from freshroll.kernel.buffer import SampleBuffer
+from freshroll.kernel.results import KernelConfig, Outcome
 from freshroll.ledger import open_ledger
 from freshroll.lineage import PolicyVersion, RewardVersion, SampleId
 

@@ -16,14 +16,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from freshroll import events as ev
-from freshroll.buffer import KernelConfig, SampleBuffer
 from freshroll.chaos import checks
 from freshroll.clock import VirtualClock
 from freshroll.config import load_config
 from freshroll.errors import ConfigError
 from freshroll.figures.window import WindowFold
-from freshroll.freshness import admission_capacity, window_note, window_steps
 from freshroll.harness.verify import verify_events, verify_run
+from freshroll.kernel.buffer import SampleBuffer
+from freshroll.kernel.freshness import admission_capacity, window_note, window_steps
+from freshroll.kernel.results import KernelConfig
 from freshroll.ledger import Ledger
 from freshroll.lineage import PolicyVersion
 from freshroll.runtime import run as run_mod

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from freshroll import events as ev
-from freshroll.buffer import KernelConfig, Outcome, SampleBuffer, replay_ledger
 from freshroll.clock import VirtualClock
 from freshroll.errors import ConfigError, LeaseError, StateError, UnknownSampleError
 from freshroll.harness.verify import verify_ledger
+from freshroll.kernel.buffer import SampleBuffer, replay_ledger
+from freshroll.kernel.results import KernelConfig, Outcome
 from freshroll.ledger import Ledger
 from freshroll.lineage import (
     GroupId,

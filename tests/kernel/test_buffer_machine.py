@@ -30,10 +30,11 @@ from hypothesis.stateful import (
 from kernel_driver import SimConfig, Simulator
 
 from freshroll import events as ev
-from freshroll.buffer import KernelConfig, Outcome, SampleBuffer, replay_ledger
 from freshroll.clock import VirtualClock
 from freshroll.errors import LeaseError, StateError, UnknownSampleError
 from freshroll.harness.verify import verify_ledger
+from freshroll.kernel.buffer import SampleBuffer, replay_ledger
+from freshroll.kernel.results import KernelConfig, Outcome
 from freshroll.ledger import Ledger
 from freshroll.lineage import PolicyVersion, RewardVersion
 

@@ -12,9 +12,9 @@ import pytest
 from click.testing import CliRunner
 from kernel_driver import SimConfig, simulate
 
-from freshroll.buffer import KernelConfig
 from freshroll.cli import main
 from freshroll.figures.timing import STAGES
+from freshroll.kernel.results import KernelConfig
 from freshroll.ledger import LEDGER_FILE, Ledger
 
 

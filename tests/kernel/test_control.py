@@ -14,7 +14,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from freshroll.buffer import KernelConfig, SampleBuffer
 from freshroll.clock import VirtualClock
 from freshroll.control.controller import (
     ControlConfig,
@@ -28,8 +27,10 @@ from freshroll.control.controller import (
     decide,
 )
 from freshroll.errors import ConfigError
-from freshroll.freshness import admission_capacity
 from freshroll.harness.verify import verify_ledger
+from freshroll.kernel.buffer import SampleBuffer
+from freshroll.kernel.freshness import admission_capacity
+from freshroll.kernel.results import KernelConfig
 from freshroll.ledger import Ledger
 from freshroll.lineage import PolicyVersion, RewardVersion
 

@@ -32,10 +32,11 @@ from kernel_driver import SimConfig, Simulator, open_buffer, simulate
 from killed import kill_inside_ledger_creation
 
 from freshroll import events as ev
-from freshroll.buffer import KernelConfig, SampleBuffer
 from freshroll.clock import VirtualClock
 from freshroll.errors import LedgerError, StateError
 from freshroll.harness.verify import verify_run
+from freshroll.kernel.buffer import SampleBuffer
+from freshroll.kernel.results import KernelConfig
 from freshroll.ledger import LEDGER_FILE, Ledger, decode_event, holds_events
 from freshroll.lineage import PolicyVersion, SampleId, request_of
 

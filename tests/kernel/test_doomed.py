@@ -1,5 +1,5 @@
 """A running group that can no longer be consumed fresh is discarded stale at once
-(freshroll.freshness.doomed, SampleBuffer.drop_doomed), freeing its admission place; a group
+(freshroll.kernel.freshness.doomed, SampleBuffer.drop_doomed), freeing its admission place; a group
 that could still be fresh is never touched; verify rechecks every such discard."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from test_buffer import (
 )
 
 from freshroll import events as ev
-from freshroll.freshness import doomed
+from freshroll.kernel.freshness import doomed
 
 
 def test_the_rule_counts_only_members_certain_to_be_in_the_group():

@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 from kernel_driver import SimConfig, simulate
 
 from freshroll import events as ev
-from freshroll.buffer import KernelConfig
 from freshroll.clock import VirtualClock
 from freshroll.figures import metrics as m
 from freshroll.figures.bias import SampleBias
@@ -30,6 +29,7 @@ from freshroll.figures.token_lag import lag_percentile
 from freshroll.figures.trained import TrainedFold
 from freshroll.figures.verdict import VerdictFold
 from freshroll.figures.window import WindowFold
+from freshroll.kernel.results import KernelConfig
 from freshroll.ledger import Ledger
 
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from freshroll.freshness import admission_capacity, is_stale, lag
+from freshroll.kernel.freshness import admission_capacity, is_stale, lag
 
 
 def cap(eta: int, v: int, b: int, accepted: int = 0, running: int = 0, free: int | None = None):

@@ -13,9 +13,9 @@ import pytest
 from kernel_driver import SimConfig, main, simulate
 
 from freshroll import events as ev
-from freshroll.buffer import KernelConfig
 from freshroll.errors import ConfigError
 from freshroll.harness.verify import INVARIANTS, verify_run
+from freshroll.kernel.results import KernelConfig
 from freshroll.ledger import LEDGER_FILE, Ledger
 
 

@@ -40,7 +40,7 @@ def _read(path: Path) -> list[tuple[int, ev.Event]]:
 @pytest.fixture(scope="module")
 def real_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A closed, simulated run with every event kind the simulator writes."""
-    from freshroll.buffer import KernelConfig
+    from freshroll.kernel.results import KernelConfig
 
     run = tmp_path_factory.mktemp("run") / "sim"
     buf = simulate(run, KernelConfig(1, 2, 3),

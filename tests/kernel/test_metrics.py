@@ -13,12 +13,12 @@ import pytest
 from kernel_driver import SimConfig, simulate
 
 from freshroll import events as ev
-from freshroll.buffer import KernelConfig
 from freshroll.clock import VirtualClock
 from freshroll.figures import metrics as m
 from freshroll.figures.metrics_log import encode_row, read_rows, reconcile
 from freshroll.figures.summary import summarize_events
 from freshroll.figures.tally import sample_std
+from freshroll.kernel.results import KernelConfig
 from freshroll.ledger import LEDGER_FILE, Ledger
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
@@ -266,7 +266,7 @@ def test_non_finite_values_are_written_as_null() -> None:
 
 
 def test_commit_records_non_finite_trainer_metrics_as_null(tmp_path: Path) -> None:
-    from freshroll.buffer import SampleBuffer
+    from freshroll.kernel.buffer import SampleBuffer
     from freshroll.lineage import PolicyVersion
 
     buf = SampleBuffer.open(Ledger(tmp_path / "l.sqlite", sync="off"), KernelConfig(1, 1, 1),

@@ -1,4 +1,4 @@
-"""Refreshing stale finished members (``tail.refresh``, freshroll/refresh.py): the reducer's
+"""Refreshing stale finished members (``tail.refresh``, freshroll/kernel/refresh.py): the reducer's
 transition, the rule as a pure function, the buffer applying it at a commit, on arrival and at
 lease, bounded by ``max_refreshes``; verify accepts a refresh as a retry and flags a refresh of
 a fresh member or a refreshed attempt trained on; a crash right after a refresh resumes with
@@ -25,13 +25,13 @@ from test_buffer import (
 )
 
 from freshroll import events as ev
-from freshroll.buffer import KernelConfig
 from freshroll.errors import ConfigError, StateError
-from freshroll.freshness import is_stale, refresh_due
 from freshroll.harness.verify import verify_ledger
+from freshroll.kernel.freshness import is_stale, refresh_due
+from freshroll.kernel.results import KernelConfig
+from freshroll.kernel.state import G_READY, G_RUNNING, BufferState
 from freshroll.ledger import Ledger
 from freshroll.lineage import GroupId, PolicyVersion
-from freshroll.state import G_READY, G_RUNNING, BufferState
 
 
 # == the rule ========================================================================

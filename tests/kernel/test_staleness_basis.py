@@ -9,14 +9,15 @@ from pathlib import Path
 import pytest
 
 from freshroll import events as ev
-from freshroll.buffer import KernelConfig, Outcome, SampleBuffer
 from freshroll.clock import VirtualClock
 from freshroll.errors import ConfigError
 from freshroll.figures import metrics as m
 from freshroll.figures.token_lag import share_bin
-from freshroll.freshness import basis_step, token_lags
 from freshroll.harness.history import HistoryChecker
 from freshroll.harness.verify import verify_ledger
+from freshroll.kernel.buffer import SampleBuffer
+from freshroll.kernel.freshness import basis_step, token_lags
+from freshroll.kernel.results import KernelConfig, Outcome
 from freshroll.ledger import Ledger
 from freshroll.lineage import PolicyVersion, RewardVersion, request_id
 

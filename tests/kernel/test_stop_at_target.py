@@ -1,4 +1,5 @@
-"""Over-provisioning's stop at target (freshroll/stop_at_target.py) on a real buffer and ledger:
+"""Over-provisioning's stop at target (freshroll/kernel/stop_at_target.py) on a real buffer and
+ledger:
 the first ``group_size`` members done are kept, the rest discarded ``cancelled`` (never trained
 on, never lost), also across a crash and a resume, in virtual time."""
 
@@ -9,11 +10,12 @@ from pathlib import Path
 import pytest
 
 from freshroll import events as ev
-from freshroll.buffer import KernelConfig, Outcome, SampleBuffer
 from freshroll.clock import VirtualClock
 from freshroll.errors import StateError
 from freshroll.figures.bias import SampleBias
 from freshroll.harness.verify import verify_ledger
+from freshroll.kernel.buffer import SampleBuffer
+from freshroll.kernel.results import KernelConfig, Outcome
 from freshroll.ledger import Ledger
 from freshroll.lineage import GroupId, PolicyVersion, RewardVersion, SampleId
 

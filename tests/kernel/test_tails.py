@@ -9,13 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from freshroll.buffer import KernelConfig, Outcome, SampleBuffer
-from freshroll.buffer_queries import GroupStatus
 from freshroll.clock import VirtualClock
 from freshroll.config import TailSection
 from freshroll.errors import ConfigError, StateError
 from freshroll.figures import metrics
 from freshroll.harness.verify import verify_ledger
+from freshroll.kernel.buffer import SampleBuffer
+from freshroll.kernel.queries import GroupStatus
+from freshroll.kernel.results import KernelConfig, Outcome
 from freshroll.ledger import Ledger
 from freshroll.lineage import GroupId, PolicyVersion, RewardVersion, SampleId, request_of
 from freshroll.pipeline.tails import Cut, TailWatch, apply_cut

@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 from kernel_driver import SimConfig, simulate
 
 from freshroll import events as ev
-from freshroll.buffer import KernelConfig
 from freshroll.clock import VirtualClock
 from freshroll.errors import LedgerError
 from freshroll.figures.timing import (
@@ -22,6 +21,7 @@ from freshroll.figures.timing import (
     format_table,
     percentile,
 )
+from freshroll.kernel.results import KernelConfig
 from freshroll.ledger import Ledger
 
 P0, P1, P2 = "p0-aa", "p1-bb", "p2-cc"

@@ -18,11 +18,11 @@ from click.testing import CliRunner
 from kernel_driver import REWARD, SETTINGS, SimConfig, simulate
 
 from freshroll import events as ev
-from freshroll.buffer import KernelConfig
 from freshroll.cli import main
 from freshroll.clock import VirtualClock
 from freshroll.errors import LedgerError
 from freshroll.harness.verify import INVARIANTS, Report, verify_ledger, verify_run
+from freshroll.kernel.results import KernelConfig
 from freshroll.ledger import LEDGER_FILE, Ledger
 from freshroll.lineage import PolicyVersion
 

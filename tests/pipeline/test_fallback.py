@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from freshroll import events as ev
-from freshroll.buffer import KernelConfig, SampleBuffer
 from freshroll.clock import VirtualClock
 from freshroll.errors import StateError
 from freshroll.figures.overlap import ModeFold, render
+from freshroll.kernel.buffer import SampleBuffer
+from freshroll.kernel.results import KernelConfig
 from freshroll.ledger import Ledger
 from freshroll.lineage import PolicyVersion
 from freshroll.pipeline.fallback import EarlierChoice, FallbackConfig, FallbackProbe, Switch

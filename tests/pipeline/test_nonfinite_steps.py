@@ -70,8 +70,9 @@ def test_repeated_skips_end_the_run_on_the_trainer_budget(tmp_path: Path):
 
 
 def _history_with_a_skipped_step(path: Path) -> list[ev.Event]:
-    from freshroll.buffer import KernelConfig, SampleBuffer
     from freshroll.clock import VirtualClock
+    from freshroll.kernel.buffer import SampleBuffer
+    from freshroll.kernel.results import KernelConfig
     from freshroll.ledger import Ledger
     from freshroll.lineage import PolicyVersion
 
@@ -91,9 +92,10 @@ def _history_with_a_skipped_step(path: Path) -> list[ev.Event]:
 
 
 def test_skip_step_survives_a_crash_at_every_point(tmp_path: Path):
-    from freshroll.buffer import KernelConfig, SampleBuffer
     from freshroll.clock import VirtualClock
     from freshroll.harness.verify import verify_ledger
+    from freshroll.kernel.buffer import SampleBuffer
+    from freshroll.kernel.results import KernelConfig
     from freshroll.ledger import Ledger
     from freshroll.lineage import PolicyVersion
 

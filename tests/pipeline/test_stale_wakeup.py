@@ -8,8 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from freshroll import events as ev
-from freshroll.buffer import KernelConfig, SampleBuffer
 from freshroll.clock import RealClock
+from freshroll.kernel.buffer import SampleBuffer
+from freshroll.kernel.results import KernelConfig
 from freshroll.ledger import Ledger
 from freshroll.lineage import PolicyVersion
 from pipeline_fakes import Harness, fill_ready

@@ -15,12 +15,13 @@ import pytest
 
 from async_fakes import AsyncHarness, Scorer, Trainer
 from freshroll import events as ev
-from freshroll.buffer import KernelConfig, SampleBuffer
 from freshroll.clock import VirtualClock
 from freshroll.config import Config, load_config
 from freshroll.engines.base import Completion
 from freshroll.engines.seams import Emit, GenRequest, SamplingParams
 from freshroll.harness.verify import verify_ledger
+from freshroll.kernel.buffer import SampleBuffer
+from freshroll.kernel.results import KernelConfig
 from freshroll.ledger import Ledger
 from freshroll.lineage import PolicyVersion, request_of
 from freshroll.pipeline.observers import Callbacks

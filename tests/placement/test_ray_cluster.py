@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
-from freshroll.buffer import SampleBuffer
 from freshroll.config import load_config, validate
 from freshroll.errors import ClusterUnavailable, ConfigError
 from freshroll.harness.verify import verify_run
+from freshroll.kernel.buffer import SampleBuffer
 from freshroll.pipeline.hooks import HookContext, Hooks
 from freshroll.placement.ray_cluster import ScratchCluster, free_port
 from freshroll.runtime import run as run_mod

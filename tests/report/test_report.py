@@ -22,9 +22,9 @@ import msgspec
 import pytest
 
 from freshroll import events as ev
-from freshroll.buffer import KernelConfig
 from freshroll.figures.metrics import rows
 from freshroll.figures.metrics_log import reconcile
+from freshroll.kernel.results import KernelConfig
 from freshroll.ledger import Ledger
 from freshroll.report import plots
 from freshroll.report.html import SECTIONS, load_run, write_report

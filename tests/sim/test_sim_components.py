@@ -14,6 +14,7 @@ from freshroll.config import Config
 from freshroll.engines.base import Completion
 from freshroll.engines.seams import AsyncEngine, GenRequest, SamplingParams
 from freshroll.errors import ConfigError
+from freshroll.kernel.state import Lease
 from freshroll.lineage import RewardVersion
 from freshroll.ports.seams import AsyncScorer, AsyncTrainer
 from freshroll.rewards.calling import RewardState
@@ -21,7 +22,6 @@ from freshroll.rewards.tasks import Prompt
 from freshroll.sim.components import build_sim, resolve_profile, sim_model_digest
 from freshroll.sim.engine import SimEngine
 from freshroll.sim.profiles import P2
-from freshroll.state import Lease
 
 
 def config(**sim: Any) -> Config:

@@ -35,10 +35,10 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from freshroll.bench.figures import Capacities
-from freshroll.buffer import SampleBuffer
 from freshroll.engines.base import Completion
 from freshroll.engines.episodes import EpisodeWorkflow, SingleTurn
 from freshroll.engines.seams import AsyncEngine, EngineFactory, GenRequest, SamplingParams
+from freshroll.kernel.buffer import SampleBuffer
 from freshroll.ports.seams import AsyncScorer, AsyncTrainer
 from freshroll.rewards.calling import RewardState
 from freshroll.rewards.tasks import Prompt

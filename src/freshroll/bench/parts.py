@@ -15,12 +15,13 @@ from pathlib import Path
 
 from freshroll.bench.capacity import Plan, Workload, measure
 from freshroll.bench.figures import Capacities
-from freshroll.buffer import KernelConfig, SampleBuffer
 from freshroll.clock import RealClock, VirtualClock
 from freshroll.config import Config
 from freshroll.engines.base import Completion
 from freshroll.engines.episodes import workflow_for
 from freshroll.engines.seams import SamplingParams
+from freshroll.kernel.buffer import SampleBuffer
+from freshroll.kernel.results import KernelConfig
 from freshroll.ledger import open_ledger
 from freshroll.lineage import PolicyVersion
 from freshroll.placement.placement import thread_budget

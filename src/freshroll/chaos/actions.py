@@ -26,7 +26,7 @@ from freshroll.lineage import SampleId
 from freshroll.rewards.scoring import Score
 
 if TYPE_CHECKING:
-    from freshroll.buffer import SampleBuffer
+    from freshroll.kernel.buffer import SampleBuffer
     from freshroll.pipeline.hooks import HookContext
 
 

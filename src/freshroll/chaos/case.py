@@ -61,7 +61,7 @@ from freshroll.ledger import LEDGER_FILE, Ledger
 from freshroll.pipeline.hooks import HookContext, Hooks
 
 if TYPE_CHECKING:
-    from freshroll.buffer import SampleBuffer
+    from freshroll.kernel.buffer import SampleBuffer
     from freshroll.lineage import PolicyVersion, SampleId
     from freshroll.rewards.scoring import Score
     from freshroll.runtime.placements import ChaosSession, Components

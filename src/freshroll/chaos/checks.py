@@ -1,7 +1,7 @@
 """The checks of one chaos case: every ``verify`` invariant, and what faults must not break.
 
 Like :mod:`freshroll.harness.verify` these read the run directory and its ledger only, and
-share no state-machine code with :mod:`freshroll.buffer`.
+share no state-machine code with :mod:`freshroll.kernel.buffer`.
 
 ===================  ===============================================================
 invariant            what is checked
@@ -22,7 +22,7 @@ admission_bound      at every admission, before and after a resume, the groups i
                      flight stay within the kernel's window:
                      ``accepted + running <= (W + v) x B`` (``W``: the admission window
                      in force, ``eta + 1`` by default), and ``running`` within
-                     the live admission limit (AReaL #1388; :mod:`freshroll.freshness`)
+                     the live admission limit (AReaL #1388; :mod:`freshroll.kernel.freshness`)
 reward_failures      every sample the injector failed (``fail_reward``,
                      ``malformed_reward``: the sample ids its records name) is never
                      committed, and is discarded ``reward_error``

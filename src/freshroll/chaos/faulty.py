@@ -47,12 +47,12 @@ from freshroll.engines.base import Completion, Killable
 from freshroll.engines.seams import AsyncEngine, Emit, EngineFactory, GenRequest, SamplingParams
 from freshroll.engines.weights import Weights
 from freshroll.errors import WorkerLost
+from freshroll.kernel.state import Lease
 from freshroll.lineage import PolicyVersion
 from freshroll.ports.seams import AsyncScorer, AsyncTrainer
 from freshroll.rewards.calling import RewardState
 from freshroll.rewards.scoring import Score
 from freshroll.rewards.tasks import Prompt
-from freshroll.state import Lease
 
 
 class Control(Protocol):

@@ -99,7 +99,7 @@ from freshroll.lineage import PolicyVersion, SampleId
 from freshroll.pipeline.hooks import Hooks
 
 if TYPE_CHECKING:
-    from freshroll.buffer import SampleBuffer
+    from freshroll.kernel.buffer import SampleBuffer
     from freshroll.pipeline.hooks import HookContext
     from freshroll.runtime.placements import Components
 

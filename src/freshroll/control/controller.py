@@ -1,6 +1,6 @@
 """The controller: admission, per-worker concurrency and worker count from a measured snapshot.
 
-Pure, like :mod:`freshroll.freshness`: a :class:`Snapshot` of one measuring
+Pure, like :mod:`freshroll.kernel.freshness`: a :class:`Snapshot` of one measuring
 window, the previous :class:`ControllerState` and a :class:`ControlConfig` in,
 a :class:`Decision` out (new :class:`Settings`, new state, the inputs used and
 a reason a person can read). No I/O, no clock: ``Snapshot.now`` is the time.
@@ -81,7 +81,7 @@ memory cut): at min_workers the admission limit sheds the surplus.
 one trainer batch (below it admission serializes the pipeline), and enough to
 keep every slot fed while stragglers still hold their group. It never widens
 the freshness bound: :func:`admission_budget` is
-:func:`freshroll.freshness.admission_capacity` with ``free_slots = limit − running``.
+:func:`freshroll.kernel.freshness.admission_capacity` with ``free_slots = limit − running``.
 The budget is recomputed from the snapshot's counts each time (after a resume: the replayed
 ledger's), never reset to ``(η + v + 1) × B`` nor counting re-issued work twice (AReaL issue
 #1388). The controller's state travels in every decision record (:meth:`Decision.record`,
@@ -104,7 +104,7 @@ from typing import Any, Literal, Protocol
 
 from freshroll.control.levers import steer_window, window_bound
 from freshroll.errors import ConfigError
-from freshroll.freshness import admission_capacity
+from freshroll.kernel.freshness import admission_capacity
 
 Bottleneck = Literal["producer", "trainer", "balanced", "conflict", "unknown"]
 

@@ -7,7 +7,7 @@ stragglers: groups whose slowest member has not finished. Workers are not the le
 (more would be blocked too); the levers free the window sooner:
 
     over-provisioning   x extra requests per admitted group, stop at target
-                        (freshroll.stop_at_target), x ∈ [0, max_extra]
+                        (freshroll.kernel.stop_at_target), x ∈ [0, max_extra]
     group deadlines     a group's stragglers cut past deadline_factor × p50
                         (freshroll.control.tail), on or off
 
@@ -22,7 +22,7 @@ stragglers: groups whose slowest member has not finished. Workers are not the le
 
 **Workers for the window** (:func:`window_workers`; with the levers on, as they are). The
 admission window admits at most ``W × B`` groups ahead of the trainer (``W``: ``η + 1``, or
-``run.admission_window``: :func:`freshroll.freshness.window_steps`), each of ``G + x``
+``run.admission_window``: :func:`freshroll.kernel.freshness.window_steps`), each of ``G + x``
 requests; workers beyond those whose slots (``c`` each) hold all of them are blocked whenever
 the window is::
 

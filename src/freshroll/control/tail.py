@@ -27,7 +27,7 @@ in time with probability at least ``q``::
 ``min_keep`` >= 2 for GRPO: a group of one has no baseline to compare with.
 Cancelled requests are neither failures nor retried; the kernel records them
 with a discard reason of their own. Wired: deadlines in :mod:`freshroll.pipeline.tails`
-(``tail.deadline``), over-provisioning in :mod:`freshroll.stop_at_target` (the buffer's
+(``tail.deadline``), over-provisioning in :mod:`freshroll.kernel.stop_at_target` (the buffer's
 stop) and :mod:`freshroll.pipeline.overprovision` (``tail.overprovision``: the amount).
 
 Bias to watch: stop-at-target keeps the samples that finished first, which are

@@ -3,7 +3,7 @@
 With ``rollout.on_update: continue`` a sample's tokens may come from several policy
 versions (the ``generated`` event's ``token_versions``); otherwise every token is of its
 started version. For each committed sample, consumed at trainer step ``v`` (its lease's),
-:func:`freshroll.freshness.token_lags` gives::
+:func:`freshroll.kernel.freshness.token_lags` gives::
 
     oldest    v - s_first                   (the lag max_staleness bounds on oldest_token)
     newest    v - s_last                    (... on newest_token)
@@ -33,7 +33,7 @@ from typing import Any, Final
 from freshroll import events as ev
 from freshroll.figures.off_policy import LAG_BUCKETS, bucket_of
 from freshroll.figures.timing import percentile
-from freshroll.freshness import token_lags
+from freshroll.kernel.freshness import token_lags
 from freshroll.lineage import policy_step
 
 #: the token-weighted lag is counted in bins of this width (label: the bin's lower edge)

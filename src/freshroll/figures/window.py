@@ -1,7 +1,7 @@
 """The freshness window's bound on the trainer (issue 26): how much of the trainer's demand
 admission can meet at all, from the ledger alone.
 
-Admission (:mod:`freshroll.freshness`) keeps at most ``W = w × B`` groups admitted and
+Admission (:mod:`freshroll.kernel.freshness`) keeps at most ``W = w × B`` groups admitted and
 not yet consumed or discarded (``B``: groups per trainer step, ``rollout.batch_groups``; ``w``:
 the admission window in trainer steps in force, ``opened.admission_window``, ``η + 1`` by
 default).
@@ -40,7 +40,7 @@ from typing import Any, ClassVar
 
 from freshroll import events as ev
 from freshroll.figures.tally import UNCOUNTED_DISCARD_REASONS
-from freshroll.freshness import window_steps
+from freshroll.kernel.freshness import window_steps
 from freshroll.lineage import group_of
 
 

@@ -3,21 +3,21 @@ invariant that reads admissions, and the chaos ``admission_bound`` check's count
 
 At every ``requested`` event, with ``v`` the trainer version then and ``W`` the admission
 window in trainer steps the last ``opened`` recorded (``opened.admission_window``; null:
-``max_staleness + 1``, :func:`freshroll.freshness.window_steps`)::
+``max_staleness + 1``, :func:`freshroll.kernel.freshness.window_steps`)::
 
     accepted + running  <=  (W + v) × B
 
 ``accepted``: groups made ready and not discarded whole since (trained ones keep their
 place, as in the kernel's count); ``running``: groups admitted, neither ready nor ended (every
 member discarded). The counts are recomputed here from the events, sharing no code with
-:mod:`freshroll.state`. The window bounds the async mode; the sync fallback only narrows
+:mod:`freshroll.kernel.state`. The window bounds the async mode; the sync fallback only narrows
 admission (``mode_decided.lookahead`` <= η), so the check holds in either.
 """
 
 from __future__ import annotations
 
 from freshroll import events as ev
-from freshroll.freshness import window_steps
+from freshroll.kernel.freshness import window_steps
 from freshroll.lineage import group_of, policy_step, request_of
 
 

@@ -5,7 +5,7 @@ the events alone.
 invariants need (its handler per event kind is the method named after the event's tag), and
 its ``finish`` returns the :class:`Report`: the violations by invariant (:data:`INVARIANTS`;
 what each checks is tabled in :mod:`freshroll.harness.verify`'s doc) and the stats. It shares
-no state machine code with :mod:`freshroll.buffer`, so a bug there shows up here.
+no state machine code with :mod:`freshroll.kernel.buffer`, so a bug there shows up here.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ class HistoryChecker:
         self.ready: dict[str, set[str]] = defaultdict(set)  # group -> every sample made ready
         self.group_samples: dict[str, list[str]] = {}  # group -> its samples when ready
         #: group -> request -> its current attempt (started), for a group discarded stale
-        #: before it was ready (doomed: freshroll.freshness.doomed)
+        #: before it was ready (doomed: freshroll.kernel.freshness.doomed)
         self.attempts: dict[str, dict[str, str]] = {}
         self.stale_groups: set[str] = set()  # groups a stale discard was checked for
         self.leases: dict[str, tuple[int, set[str]]] = {}  # lease -> step, samples

@@ -1,7 +1,7 @@
 """``freshroll verify``: the invariants of DESIGN.md, checked on the ledger alone.
 
 This is an independent re-reading of the event history; it shares no state
-machine code with :mod:`freshroll.buffer`, so a bug there shows up here. The pass over the
+machine code with :mod:`freshroll.kernel.buffer`, so a bug there shows up here. The pass over the
 events is :mod:`freshroll.harness.history`'s; this module runs it on a run directory's ledger
 and checks the directory's files against it.
 
@@ -57,7 +57,7 @@ files          every payload, checkpoint and ``config.yaml`` is bound to the led
                ``run_config`` (:mod:`freshroll.harness.files`)
 =============  =====================================================================
 
-The legal orders of worker epochs: :meth:`~freshroll.buffer.SampleBuffer.register_worker`
+The legal orders of worker epochs: :meth:`~freshroll.kernel.buffer.SampleBuffer.register_worker`
 fences a live previous epoch before it registers the next, and every ``opened`` of a
 resume fences each epoch still live in the ledger before anything else runs; so an
 epoch is always fenced before its successor's ``worker_started``.

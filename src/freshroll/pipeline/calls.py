@@ -29,12 +29,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from freshroll import unsafe
-from freshroll.buffer import Outcome
 from freshroll.engines import payload as pl
 from freshroll.engines.base import Completion
 from freshroll.engines.episodes import EpisodeWorkflow
 from freshroll.engines.seams import AsyncEngine, Emit, GenRequest, SamplingParams
 from freshroll.errors import Interrupted, Superseded, WorkerLost, WorkerTimeout
+from freshroll.kernel.results import Outcome
 from freshroll.lineage import PolicyVersion, SampleId
 from freshroll.rewards.tasks import Prompt
 

@@ -40,10 +40,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from freshroll.buffer import SampleBuffer
 from freshroll.config import Config
 from freshroll.control.breaker import FailureBudget, Rule
 from freshroll.engines.weights import Weights
+from freshroll.kernel.buffer import SampleBuffer
 from freshroll.lineage import PolicyVersion, SampleId
 from freshroll.ports.waits import Waits
 from freshroll.rewards.tasks import Prompt

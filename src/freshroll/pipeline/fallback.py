@@ -8,7 +8,7 @@ staleness. :mod:`freshroll.figures.overlap` *estimates* this after the run; this
 :class:`Switch` when the look-ahead must change; no I/O, no clock of its own.
 
 **Look-ahead.** Admission lets groups be generated up to ``lookahead`` policy versions ahead
-of the trainer (:func:`freshroll.freshness.admission_capacity` with ``lookahead`` in place of
+of the trainer (:func:`freshroll.kernel.freshness.admission_capacity` with ``lookahead`` in place of
 ``max_staleness``): ``max_staleness`` is the async mode, 0 the sync mode (a batch is
 generated only by the current policy, while the trainer waits). A look-ahead never exceeds
 ``max_staleness``, so the freshness bound that ``verify`` checks holds in both modes and a

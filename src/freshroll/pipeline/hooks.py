@@ -39,9 +39,9 @@ from freshroll.lineage import PolicyVersion, SampleId
 from freshroll.rewards.scoring import Score
 
 if TYPE_CHECKING:
-    from freshroll.buffer import SampleBuffer
     from freshroll.clock import Clock
     from freshroll.config_ops import LimitsSection
+    from freshroll.kernel.buffer import SampleBuffer
     from freshroll.pipeline.workers import WorkerPool
 
 
@@ -66,7 +66,7 @@ class BufferView:
 
     @property
     def counts(self) -> Mapping[str, int]:
-        """The accounting counters (:attr:`freshroll.state.BufferState.counts`; a key absent
+        """The accounting counters (:attr:`freshroll.kernel.state.BufferState.counts`; a key absent
         reads 0), read-only."""
         return MappingProxyType(self._buf.counts)
 
@@ -127,7 +127,8 @@ class HookContext:
     # -- the buffer's hand-offs --------------------------------------------------------------
     def take_stopped(self) -> list[tuple[SampleId, str, int]]:
         """The running attempts a stop at target ended since the last call, as
-        ``(sample, worker, epoch)`` (:mod:`freshroll.stop_at_target`); the list is emptied."""
+        ``(sample, worker, epoch)`` (:mod:`freshroll.kernel.stop_at_target`); the list is
+        emptied."""
         stopped, self._buf.stopped = self._buf.stopped, []
         return stopped
 

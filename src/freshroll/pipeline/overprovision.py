@@ -13,7 +13,7 @@ The amount per admitted group (:meth:`Overprovision.extra`)::
 (The window holds the attempts that were generated: an attempt cancelled at stop at target
 is censored, so π is an upper bound and ``auto`` errs towards fewer extras.)
 
-The stop itself is the buffer's (:mod:`freshroll.stop_at_target`): the ledger first, in
+The stop itself is the buffer's (:mod:`freshroll.kernel.stop_at_target`): the ledger first, in
 the same command that accepted the ``G``-th result. The buffer lists the running attempts it
 ended in ``buf.stopped``; the worker's emit wakes :meth:`Overprovision.run`, which takes the
 list and cancels them on their engines, both through the pipeline's
@@ -28,9 +28,9 @@ import asyncio
 import statistics
 from typing import TYPE_CHECKING
 
-from freshroll.buffer import SampleBuffer
 from freshroll.config import TailSection
 from freshroll.control.tail import TailPolicy, extra_requests, on_time_share
+from freshroll.kernel.buffer import SampleBuffer
 from freshroll.lineage import SampleId
 
 if TYPE_CHECKING:

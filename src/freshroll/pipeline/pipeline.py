@@ -40,7 +40,7 @@ pipeline runs under :class:`~freshroll.clock.RealClock` (``asyncio.run``) and un
 :class:`~freshroll.clock.VirtualClock` (``clock.run(pipeline.run())``, fully-async parts only:
 a blocking thread under a virtual clock would see its timeouts fire at once).
 
-Every state change goes through the :class:`~freshroll.buffer.SampleBuffer`, so the ledger
+Every state change goes through the :class:`~freshroll.kernel.buffer.SampleBuffer`, so the ledger
 sees it. Every task that changes what another task may do next wakes it: :meth:`notify`
 wakes the feeder and the trainer (admission capacity, ready groups, a new version); a lease
 attempt that only discarded stale groups counts, since it frees admission capacity; workers
@@ -87,13 +87,14 @@ from typing import Any
 
 from freshroll import crashpoints, unsafe
 from freshroll import events as ev
-from freshroll.buffer import SampleBuffer
 from freshroll.clock import VirtualClock
 from freshroll.config import Config
 from freshroll.control.breaker import FailureBudget, Rule
 from freshroll.control.controller import Controller, Settings
 from freshroll.engines.seams import EngineFactory
 from freshroll.errors import Interrupted, NonFiniteStep, NoProgress
+from freshroll.kernel.buffer import SampleBuffer
+from freshroll.kernel.state import Lease
 from freshroll.lineage import PolicyVersion
 from freshroll.pipeline.calls import generation_seed
 from freshroll.pipeline.context import Published, RunContext
@@ -108,7 +109,6 @@ from freshroll.pipeline.workers import MAX_RESTARTS, WorkerPool
 from freshroll.ports.seams import AsyncScorer, AsyncTrainer, SaysItsWaits
 from freshroll.ports.waits import Waits, heartbeat, stall_message
 from freshroll.rewards.tasks import Prompt
-from freshroll.state import Lease
 
 
 class _Stop(Exception):

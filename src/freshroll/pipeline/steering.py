@@ -1,7 +1,7 @@
 """Live settings: the meter, the steering task, and their resume.
 
 The orchestrator's live :class:`~freshroll.control.Settings` are the admission limit (groups in
-flight, the buffer's :attr:`~freshroll.buffer.SampleBuffer.admission_limit`; 0: none beyond
+flight, the buffer's :attr:`~freshroll.kernel.buffer.SampleBuffer.admission_limit`; 0: none beyond
 the freshness window), the requests each worker keeps in flight (``concurrency``) and the
 number of active workers. Initially::
 
@@ -45,7 +45,7 @@ What the meter measures in a window of length ``W``:
   (the HF engine), so such a run's snapshots carry no engine signal.
 
 Resume (``control.mode: adaptive``): the ledger's last ``controller_decided`` (replayed into
-:attr:`~freshroll.state.BufferState.decision`) gives the settings and the controller state
+:attr:`~freshroll.kernel.state.BufferState.decision`) gives the settings and the controller state
 to start from; the admission budget is recomputed from the replayed buffer's counts, never
 reset. Static mode starts from the config in force.
 """
@@ -72,7 +72,7 @@ from freshroll.control.controller import (
     StaticController,
 )
 from freshroll.engines.seams import EngineStats, ReportsStats
-from freshroll.state import Lease
+from freshroll.kernel.state import Lease
 
 if TYPE_CHECKING:
     from freshroll.pipeline.calls import Worker

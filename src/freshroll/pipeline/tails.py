@@ -39,11 +39,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from freshroll.buffer import SampleBuffer
-from freshroll.buffer_queries import GroupStatus
 from freshroll.config import TailSection
 from freshroll.control.tail import GroupProgress, TailPolicy, tail_action
 from freshroll.errors import ConfigError, StateError
+from freshroll.kernel.buffer import SampleBuffer
+from freshroll.kernel.queries import GroupStatus
 from freshroll.lineage import GroupId, RequestId, SampleId, request_of
 
 CutReason = Literal["deadline", "cancelled"]

@@ -59,7 +59,6 @@ from typing import Any, TypeVar
 import torch
 
 from freshroll import unsafe
-from freshroll.buffer import SampleBuffer
 from freshroll.config import LimitsSection
 from freshroll.engines.base import (
     Completion,
@@ -79,6 +78,8 @@ from freshroll.engines.weights import (
     state_dict_of,
 )
 from freshroll.errors import RunFailed, WorkerTimeout
+from freshroll.kernel.buffer import SampleBuffer
+from freshroll.kernel.state import Lease
 from freshroll.lineage import PolicyVersion
 from freshroll.ports.threads import (
     AbandonableExecutor,
@@ -91,7 +92,6 @@ from freshroll.rewards.calling import RewardState
 from freshroll.rewards.scoring import RewardSet, Score
 from freshroll.rewards.tasks import Prompt
 from freshroll.stage_threads import ThreadCounts
-from freshroll.state import Lease
 from freshroll.trainer.grpo import GRPOLearner, TrainSample
 from freshroll.trainer.replay import train_samples, weights_digest
 

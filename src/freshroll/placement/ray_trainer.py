@@ -73,10 +73,11 @@ from typing import Any, TextIO
 import torch
 
 from freshroll import events as ev
-from freshroll.buffer import SampleBuffer
 from freshroll.config import Config
 from freshroll.engines.weights import RayRef
 from freshroll.errors import LineageError, NonFiniteStep, RunFailed, WorkerLost, WorkerTimeout
+from freshroll.kernel.buffer import SampleBuffer
+from freshroll.kernel.state import Lease
 from freshroll.lineage import PolicyVersion
 from freshroll.placement.placement import thread_budget
 from freshroll.placement.ray_engine import PackedState, pack_state, set_threads
@@ -85,7 +86,6 @@ from freshroll.ports.seams import TrainerState
 from freshroll.ports.threads import AbandonableExecutor
 from freshroll.ports.waits import Waits
 from freshroll.stage_threads import ThreadCounts
-from freshroll.state import Lease
 from freshroll.trainer.grpo import GRPOLearner, TrainSample
 from freshroll.trainer.replay import train_samples, weights_digest
 

@@ -100,15 +100,16 @@ def _rebuilt(cfg: Config, run_dir: Path, source: Path,
              step: int | None) -> tuple[GRPOLearner, int, PolicyVersion, int]:
     """The learner at committed ``step`` (default: the last), rebuilt as ``--resume`` does;
     with that step, its policy version and how many steps were trained again."""
-    from freshroll.buffer import KernelConfig, replay_ledger
     from freshroll.clock import RealClock
     from freshroll.engines.tiny import model_digest
+    from freshroll.kernel.buffer import replay_ledger
     from freshroll.ledger import LEDGER_FILE, Ledger
+    from freshroll.runtime.kernel_settings import kernel_config
     from freshroll.runtime.learner import build_learner, resume_point
     from freshroll.runtime.resume import history
     from freshroll.trainer.replay import committed_chain
 
-    kernel = KernelConfig.from_config(cfg)
+    kernel = kernel_config(cfg)
     with Ledger(run_dir / LEDGER_FILE, readonly=True) as ledger:
         buf = replay_ledger(ledger, kernel, RealClock())
         assert buf.version is not None

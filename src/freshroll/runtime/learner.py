@@ -15,10 +15,10 @@ from typing import Any
 
 import torch
 
-from freshroll.buffer import SampleBuffer
 from freshroll.config import Config, validate
 from freshroll.engines.model_dir import loading_model
 from freshroll.errors import LineageError, ResumeError, RunDirError
+from freshroll.kernel.buffer import SampleBuffer
 from freshroll.ports.waits import seconds
 from freshroll.runtime.resume import History, canonical
 from freshroll.trainer.checkpoint import load_checkpoint

@@ -36,13 +36,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from freshroll.buffer import SampleBuffer
 from freshroll.clock import Clock
 from freshroll.config import Config
 from freshroll.engines.base import InferenceEngine, Stoppable
 from freshroll.engines.names import register_engine
 from freshroll.engines.seams import EngineFactory
 from freshroll.errors import ConfigError
+from freshroll.kernel.buffer import SampleBuffer
 from freshroll.lineage import PolicyVersion
 from freshroll.pipeline.hooks import Hooks
 from freshroll.placement.adapters import (

@@ -41,13 +41,14 @@ from pathlib import Path
 import torch
 
 from freshroll import events as ev
-from freshroll.buffer import KernelConfig, SampleBuffer, replay_ledger
 from freshroll.clock import RealClock
 from freshroll.config import Config, read_yaml, validate
 from freshroll.engines.model_dir import quiet_transformers
 from freshroll.errors import ConfigError, RunDirError
+from freshroll.kernel.buffer import SampleBuffer, replay_ledger
 from freshroll.ledger import LEDGER_FILE, Ledger
 from freshroll.lineage import input_digests, policy_step
+from freshroll.runtime.kernel_settings import kernel_config
 from freshroll.runtime.learner import (
     Heartbeat,
     initial_model_dir,
@@ -146,7 +147,7 @@ def replay_run(run_dir: Path, from_step: int = 0, to_step: int | None = None,
     quiet_transformers()
     threads = _run_threads(run_dir) or torch.get_num_threads()
     torch.set_num_threads(threads)
-    kernel = KernelConfig.from_config(cfg)
+    kernel = kernel_config(cfg)
     with Ledger(run_dir / LEDGER_FILE, readonly=True) as ledger:
         buf = replay_ledger(ledger, kernel, RealClock())
         assert buf.version is not None

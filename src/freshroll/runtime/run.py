@@ -46,13 +46,14 @@ from typing import Any, TextIO
 
 import torch
 
-from freshroll.buffer import KernelConfig, SampleBuffer
 from freshroll.clock import Clock, RealClock, VirtualClock
 from freshroll.config import Config
 from freshroll.errors import ConfigError, Interrupted
 from freshroll.figures.overlap import host_now
 from freshroll.figures.overlap import render as render_overlap
-from freshroll.freshness import window_note
+from freshroll.kernel.buffer import SampleBuffer
+from freshroll.kernel.freshness import window_note
+from freshroll.kernel.results import KernelConfig
 from freshroll.ledger import RESERVE_BYTES, Ledger, open_ledger
 from freshroll.lineage import PolicyVersion
 from freshroll.observe.fit import width, wrap
@@ -70,6 +71,7 @@ from freshroll.placement.thread_probe import (
 )
 from freshroll.runtime.endfiles import Finished, finish_run_dir, record_fixed_costs
 from freshroll.runtime.evaluation import build_evaluator
+from freshroll.runtime.kernel_settings import kernel_config
 from freshroll.runtime.leftovers import sweep_leftovers, undo_start
 from freshroll.runtime.placements import ChaosSession, Components, MakeEngine, build_components
 from freshroll.runtime.prepare import Prepared, prepare_run_dir
@@ -181,7 +183,7 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
     torch.set_num_threads(placement.budget.trainer)
     torch.manual_seed(cfg.run.seed)
     random.seed(cfg.run.seed)
-    kernel = KernelConfig.from_config(cfg)
+    kernel = kernel_config(cfg)
     if note := window_note(
             max_staleness=cfg.run.max_staleness, admission_window=cfg.run.window_steps,
             basis=cfg.run.staleness_basis, continues=_continues(cfg)):

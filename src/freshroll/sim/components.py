@@ -19,11 +19,11 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from freshroll.buffer import SampleBuffer
 from freshroll.clock import Clock
 from freshroll.config import Config, SimSection
 from freshroll.engines.seams import AsyncEngine, EngineFactory
 from freshroll.errors import ConfigError
+from freshroll.kernel.buffer import SampleBuffer
 from freshroll.lineage import digest_json
 from freshroll.sim.engine import SimEngine
 from freshroll.sim.keyed import KeyedDraws

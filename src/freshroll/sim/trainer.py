@@ -25,13 +25,13 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict
 
-from freshroll.buffer import SampleBuffer
 from freshroll.engines.weights import SimWeights
 from freshroll.errors import ConfigError
+from freshroll.kernel.buffer import SampleBuffer
+from freshroll.kernel.state import Lease
 from freshroll.lineage import PolicyVersion, digest_json, digest_of
 from freshroll.sim.draws import trainer_step_s
 from freshroll.sim.keyed import KeyedDraws
-from freshroll.state import Lease
 
 
 def check_speed(speed: Sequence[tuple[int, float]]) -> tuple[tuple[int, float], ...]:

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 import torch
 
 from freshroll import events as ev
-from freshroll.buffer import SampleBuffer
 from freshroll.engines import payload as pl
 from freshroll.engines.base import FINISH_LENGTH
 from freshroll.errors import LineageError
+from freshroll.kernel.buffer import SampleBuffer
 from freshroll.ledger import Ledger, decode_event
 from freshroll.lineage import PolicyVersion, payload_mismatches, policy_step
 from freshroll.trainer.grpo import GRPOLearner, TrainSample

@@ -18,13 +18,13 @@ A request (``g17.3``) moves through::
 A group (one prompt, ``group_size`` requests) becomes *ready* once each member
 is rewarded or terminally discarded; groups are leased whole, oldest first,
 and a group whose lag exceeds ``max_staleness`` (its stalest member's, on the
-``staleness_basis`` in force: :func:`freshroll.freshness.basis_step`) is discarded
+``staleness_basis`` in force: :func:`freshroll.kernel.freshness.basis_step`) is discarded
 as ``stale`` instead of leased. Admission follows
-:func:`freshroll.freshness.admission_capacity`.
+:func:`freshroll.kernel.freshness.admission_capacity`.
 
 Results from a fenced attempt, a superseded attempt, or a second completion of
 the same attempt are recorded as ``rejected`` events and never applied
-(:mod:`freshroll.buffer_results`: the results and the core every command shares). An
+(:mod:`freshroll.kernel.results`: the results and the core every command shares). An
 attempt can only start with a policy version the ledger has published, and
 ``stale`` is decided by :meth:`SampleBuffer.lease` alone. After
 :meth:`SampleBuffer.shutdown` the buffer refuses every further command.
@@ -49,12 +49,21 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from freshroll import events as ev
-from freshroll.buffer_results import BufferResults
-from freshroll.buffer_results import KernelConfig as KernelConfig
-from freshroll.buffer_results import Outcome as Outcome
 from freshroll.clock import Clock
 from freshroll.errors import LeaseError, LedgerError, StateError, UnknownSampleError
-from freshroll.freshness import admission_capacity, is_stale
+from freshroll.kernel.freshness import admission_capacity, is_stale
+from freshroll.kernel.refresh import refresh_groups
+from freshroll.kernel.results import BufferResults, KernelConfig
+from freshroll.kernel.state import (
+    _STATE_NAMES,
+    G_READY,
+    G_RUNNING,
+    GENERATED,
+    QUEUED,
+    RUNNING,
+    Lease,
+)
+from freshroll.kernel.stop_at_target import stop_at_target
 from freshroll.ledger import Ledger
 from freshroll.lineage import (
     GroupId,
@@ -65,23 +74,12 @@ from freshroll.lineage import (
     request_of,
     sample_id,
 )
-from freshroll.refresh import refresh_groups
-from freshroll.state import (
-    _STATE_NAMES,
-    G_READY,
-    G_RUNNING,
-    GENERATED,
-    QUEUED,
-    RUNNING,
-    Lease,
-)
-from freshroll.stop_at_target import stop_at_target
 
 
 class SampleBuffer(BufferResults):
     """The lifecycle kernel. Not thread-safe: one owner (the orchestrator) calls it. Its
-    read-only queries are :class:`~freshroll.buffer_queries.BufferQueries`', the results of
-    attempts and the core of every command :class:`~freshroll.buffer_results.BufferResults`'."""
+    read-only queries are :class:`~freshroll.kernel.queries.BufferQueries`', the results of
+    attempts and the core of every command :class:`~freshroll.kernel.results.BufferResults`'."""
 
     # == opening and recovery ============================================================
     @classmethod
@@ -179,7 +177,7 @@ class SampleBuffer(BufferResults):
         self._lookahead = versions
 
     def capacity(self) -> int:
-        """Groups that may be admitted now (see :mod:`freshroll.freshness`), the look-ahead
+        """Groups that may be admitted now (see :mod:`freshroll.kernel.freshness`), the look-ahead
         in place of ``max_staleness``; the admission window ``W`` (``admission_window``)
         holds in the async mode only (a look-ahead lowered by the sync fallback admits
         ``(lookahead + 1) × B``)."""
@@ -195,7 +193,7 @@ class SampleBuffer(BufferResults):
 
     def admit(self, prompt_id: str, extra: int = 0) -> GroupId:
         """Admit one prompt as a group of ``group_size`` (+ ``extra``: over-provisioned, it
-        stops at target, :mod:`freshroll.stop_at_target`) queued requests."""
+        stops at target, :mod:`freshroll.kernel.stop_at_target`) queued requests."""
         if self.capacity() <= 0:
             raise StateError("admission window is full: check capacity() before admit()")
         if not isinstance(extra, int) or extra < 0:
@@ -424,7 +422,7 @@ class SampleBuffer(BufferResults):
 
     def refresh_stale(self) -> int:
         """Re-issue every finished member of a running or ready group that is past the
-        freshness bound now (``refreshed``, :mod:`freshroll.refresh`; nothing when
+        freshness bound now (``refreshed``, :mod:`freshroll.kernel.refresh`; nothing when
         ``config.max_refreshes`` is None). The attempts it ended are appended to
         ``refreshed`` (the orchestrator wakes its workers). Returns how many."""
         if self.config.max_refreshes is None or self.version is None:

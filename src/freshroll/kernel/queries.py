@@ -1,12 +1,12 @@
 """The sample buffer's read-only queries: what the runtime asks of the buffer's state.
 
-:class:`BufferQueries` adds to :class:`~freshroll.state.BufferState` the questions the
+:class:`BufferQueries` adds to :class:`~freshroll.kernel.state.BufferState` the questions the
 orchestrator, the tail rules and the chaos injector ask between commands: the queue
 (``next_request``, ``take_requests``, ``next_sample``), a request's or a sample's state
 (``request_state``, ``sample_info``, ``group_of_sample``, ``prompt_of``), the running groups
 (:class:`GroupStatus`), ready groups, open leases, what is in flight and the recent
 latencies. None of them changes state, appends an event or reads the clock or the ledger;
-the commands are :class:`freshroll.buffer.SampleBuffer`'s, which is a ``BufferQueries``.
+the commands are :class:`freshroll.kernel.buffer.SampleBuffer`'s, which is a ``BufferQueries``.
 """
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from freshroll.errors import UnknownSampleError
-from freshroll.freshness import doomed
-from freshroll.lineage import GroupId, RequestId, SampleId, request_of, sample_id
-from freshroll.state import (
+from freshroll.kernel.freshness import doomed
+from freshroll.kernel.state import (
     _STATE_NAMES,
     GENERATED,
     QUEUED,
@@ -25,6 +24,7 @@ from freshroll.state import (
     BufferState,
     Lease,
 )
+from freshroll.lineage import GroupId, RequestId, SampleId, request_of, sample_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +109,7 @@ class BufferQueries(BufferState):
 
     def doomed_groups(self, basis: str, max_staleness: int) -> list[tuple[GroupId, int]]:
         """The running groups that can no longer be consumed fresh at the current version,
-        with their lag (:func:`freshroll.freshness.doomed`: the members certain to be in
+        with their lag (:func:`freshroll.kernel.freshness.doomed`: the members certain to be in
         each on ``basis``), oldest first. O(running groups x group size)."""
         if self.version is None:
             return []
@@ -140,7 +140,7 @@ class BufferQueries(BufferState):
 
     def recent_latencies(self) -> list[float]:
         """Seconds from start to generated of the latest attempts (at most
-        :data:`freshroll.state.LATENCY_WINDOW`), by the events' timestamps, oldest first."""
+        :data:`freshroll.kernel.state.LATENCY_WINDOW`), by the events' timestamps, oldest first."""
         return list(self.latencies)
 
     def group_of_sample(self, sample: str) -> tuple[GroupId, str]:

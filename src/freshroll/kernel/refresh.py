@@ -1,6 +1,7 @@
 """Refreshing stale finished members, as a buffer command (``tail.refresh``, issue 26).
 
-The rule (:func:`freshroll.freshness.refresh_due`, formula in :mod:`freshroll.freshness`): at
+The rule (:func:`freshroll.kernel.freshness.refresh_due`, formula in
+:mod:`freshroll.kernel.freshness`): at
 trainer version ``v``, every group running or ready (not leased, no whole-group discard
 begun) is walked, and each member generated or rewarded, of basis step ``s`` (its oldest or
 newest token's, on ``run.staleness_basis``) and refreshed ``r`` times already::
@@ -9,7 +10,8 @@ newest token's, on ``run.staleness_basis``) and refreshed ``r`` times already::
 
 ``refreshed`` is a retry reason (:data:`freshroll.events.RETRY_REASONS`, as ``fenced``): the
 request is queued again and its next attempt is generated with the policy then current. The
-attempt's result leaves its group (a ready group goes back to running, :mod:`freshroll.state`),
+attempt's result leaves its group (a ready group goes back to running,
+:mod:`freshroll.kernel.state`),
 so it is never leased and never trained on; the group's other members are kept. Where the
 rule does not fire (a member refreshed ``R`` times) the group is discarded ``stale`` at lease
 as without the lever.
@@ -30,13 +32,13 @@ from typing import Protocol
 
 from freshroll import events as ev
 from freshroll.clock import Clock
-from freshroll.freshness import basis_step, refresh_due
+from freshroll.kernel.freshness import basis_step, refresh_due
+from freshroll.kernel.state import G_READY, G_RUNNING, GENERATED, REWARDED, _Group, _Request
 from freshroll.lineage import PolicyVersion, SampleId
-from freshroll.state import G_READY, G_RUNNING, GENERATED, REWARDED, _Group, _Request
 
 
 class Settings(Protocol):
-    """What the rule reads of :class:`~freshroll.buffer.KernelConfig`."""
+    """What the rule reads of :class:`~freshroll.kernel.results.KernelConfig`."""
 
     @property
     def max_staleness(self) -> int: ...
@@ -47,7 +49,7 @@ class Settings(Protocol):
 
 
 class Emitter(Protocol):
-    """What the rule needs of :class:`~freshroll.buffer.SampleBuffer`."""
+    """What the rule needs of :class:`~freshroll.kernel.buffer.SampleBuffer`."""
 
     clock: Clock
     @property

@@ -60,7 +60,8 @@ A running group can be **doomed**: a member certain to be in it already has a la
     doomed  <=>  v - min(basis steps of the certain members) > η
 
 Such a group would be discarded ``stale`` when its last member finished; the buffer discards it
-at once instead (:meth:`~freshroll.buffer.SampleBuffer.drop_doomed`), so it frees its admission
+at once instead (:meth:`~freshroll.kernel.buffer.SampleBuffer.drop_doomed`), so it frees its
+admission
 place and its workers a whole tail earlier (issue 26: on P2 such groups held 9-32% of the
 window). The rule never discards a group that could still be consumed fresh.
 
@@ -75,7 +76,7 @@ version ``v`` (:func:`refresh_due`)::
 is re-issued (a new attempt, with the current policy): only it leaves the group, whose
 other members are kept, where at lease the whole group would be discarded ``stale``. A
 member refreshed ``R`` times is left alone (its group may then end stale, as without the
-lever). The buffer applies the rule (:mod:`freshroll.refresh`).
+lever). The buffer applies the rule (:mod:`freshroll.kernel.refresh`).
 
 Everything here is pure: integers in, integers out.
 """

@@ -1,6 +1,6 @@
 """What the sample buffer does with a worker's result, and the core every command shares.
 
-:class:`BufferResults` is the base of :class:`~freshroll.buffer.SampleBuffer` (whose module
+:class:`BufferResults` is the base of :class:`~freshroll.kernel.buffer.SampleBuffer` (whose module
 docstring draws the state machine): the results of an attempt (``complete``, ``reward``,
 ``discard``) and the one path of every command (``_emit``: append one event to the
 :class:`~freshroll.ledger.Ledger`, then apply it through the handler that also replays it).
@@ -20,18 +20,16 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 from freshroll import events as ev
 from freshroll import unsafe
-from freshroll.buffer_queries import BufferQueries
 from freshroll.clock import Clock
 from freshroll.errors import ConfigError, StateError
-from freshroll.freshness import STALENESS_BASES, basis_step
-from freshroll.ledger import Ledger
-from freshroll.lineage import PolicyVersion, SampleId, payload_digest, request_of
-from freshroll.refresh import refresh_member
-from freshroll.state import (
+from freshroll.kernel.freshness import STALENESS_BASES, basis_step
+from freshroll.kernel.queries import BufferQueries
+from freshroll.kernel.refresh import refresh_member
+from freshroll.kernel.state import (
     _STATE_NAMES,
     COMMITTED,
     DISCARDED,
@@ -44,10 +42,9 @@ from freshroll.state import (
     _Group,
     _Request,
 )
-from freshroll.stop_at_target import stop_at_target
-
-if TYPE_CHECKING:
-    from freshroll.config import Config
+from freshroll.kernel.stop_at_target import stop_at_target
+from freshroll.ledger import Ledger
+from freshroll.lineage import PolicyVersion, SampleId, payload_digest, request_of
 
 
 class Outcome(Enum):
@@ -64,7 +61,7 @@ class KernelConfig:
     staleness_basis: str = "oldest_token"  # freshness.STALENESS_BASES
     #: W, the admission window in trainer steps (freshness.window_steps); None: η + 1
     admission_window: int | None = None
-    #: tail.max_refreshes where tail.refresh is on (freshroll.refresh); None: off
+    #: tail.max_refreshes where tail.refresh is on (freshroll.kernel.refresh); None: off
     max_refreshes: int | None = None
 
     def __post_init__(self) -> None:
@@ -87,16 +84,6 @@ class KernelConfig:
                                   or limit < 1):
             raise ConfigError(f"max_refreshes must be an integer >= 1 or None, got {limit!r}")
 
-    @classmethod
-    def from_config(cls, cfg: Config) -> KernelConfig:
-        """The kernel's settings of a run's config: the one build, for the run, its resume,
-        replay and export (a replayed buffer judges leases on the run's own basis/window)."""
-        return cls(cfg.run.max_staleness, cfg.rollout.batch_groups, cfg.rollout.group_size,
-                   max_inflight_groups=cfg.rollout.max_inflight_groups,
-                   staleness_basis=cfg.run.staleness_basis,
-                   admission_window=cfg.run.window_steps,
-                   max_refreshes=cfg.tail.max_refreshes if cfg.tail.refresh else None)
-
 
 class BufferResults(BufferQueries):
     """The results of attempts and the commands' core (module docstring); not thread-safe:
@@ -107,8 +94,8 @@ class BufferResults(BufferQueries):
         self.ledger, self.config, self.clock, self.run_id = ledger, config, clock, run_id
         self._admission_limit = config.max_inflight_groups
         self._lookahead = config.max_staleness
-        self.stopped: list[tuple[SampleId, str, int]] = []  # see freshroll.stop_at_target
-        self.refreshed: list[SampleId] = []  # see freshroll.refresh
+        self.stopped: list[tuple[SampleId, str, int]] = []  # see freshroll.kernel.stop_at_target
+        self.refreshed: list[SampleId] = []  # see freshroll.kernel.refresh
 
     # == results =====================================================================
     def complete(self, sample: str, *, tokens: int, gen_s: float, payload: bytes | None = None,

@@ -4,17 +4,17 @@
 moves requests, groups, leases and worker epochs from one state to the next,
 with no validation beyond what replay needs, no clock and no I/O. The
 commands that validate input and emit events live in
-:class:`freshroll.buffer.SampleBuffer`, which applies every event it appends
+:class:`freshroll.kernel.buffer.SampleBuffer`, which applies every event it appends
 through the same handlers that replay a ledger after a crash.
 
 Request states: ``queued -> running -> generated -> rewarded -> committed``,
 or ``discarded`` (terminal); a ``fenced`` discard sends a running request back
 to ``queued``, a ``refreshed`` one a generated or rewarded request (a finished member past the
-freshness bound, re-issued: :mod:`freshroll.refresh`): its result leaves the group, and a
+freshness bound, re-issued: :mod:`freshroll.kernel.refresh`): its result leaves the group, and a
 ready group goes back to running. Group states: ``running -> ready -> leased -> done``
 (``ready -> running`` by a refresh). An over-provisioned
 group (``target`` < its members) keeps its first ``target`` members generated: the buffer
-discards the rest ``cancelled`` (:mod:`freshroll.stop_at_target`).
+discards the rest ``cancelled`` (:mod:`freshroll.kernel.stop_at_target`).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class _Request:
     newest: int = -1  # policy step of its newest token (generated.last_version, else step)
     reward: float = math.nan
     started_at: float = math.nan  # ts of its current attempt's start
-    refreshes: int = 0  # attempts discarded ``refreshed`` (freshroll.refresh)
+    refreshes: int = 0  # attempts discarded ``refreshed`` (freshroll.kernel.refresh)
 
 
 @dataclass(slots=True)

@@ -1,7 +1,7 @@
 """Over-provisioning's stop at target, as a buffer command (``tail.overprovision``).
 
 A group admitted with ``size = G + m`` requests and ``target = G``
-(:meth:`~freshroll.buffer.SampleBuffer.admit` with ``extra = m``) keeps the first ``G``
+(:meth:`~freshroll.kernel.buffer.SampleBuffer.admit` with ``extra = m``) keeps the first ``G``
 members that reach an outcome; the others end at once, discarded ``cancelled``::
 
     done = members generated or rewarded (live results, not discarded)
@@ -27,12 +27,12 @@ from typing import Protocol
 
 from freshroll import events as ev
 from freshroll.clock import Clock
+from freshroll.kernel.state import G_RUNNING, GENERATED, QUEUED, REWARDED, RUNNING, _Group
 from freshroll.lineage import SampleId
-from freshroll.state import G_RUNNING, GENERATED, QUEUED, REWARDED, RUNNING, _Group
 
 
 class Emitter(Protocol):
-    """What the rule needs of :class:`~freshroll.buffer.SampleBuffer`."""
+    """What the rule needs of :class:`~freshroll.kernel.buffer.SampleBuffer`."""
 
     clock: Clock
     stopped: list[tuple[SampleId, str, int]]
