@@ -63,13 +63,14 @@ def test_prompt_ids_are_stable_and_unique() -> None:
 def test_registry_defaults_point_at_known_rewards() -> None:
     assert {name: t.reward for name, t in TASKS.items()} == {
         "reverse": "reverse", "sort": "sort", "add": "numeric", "repeat": "repeat",
+        "calc": "numeric",
     }
     assert all(t.reward in REWARDS for t in TASKS.values())
     assert task_params("reverse") == {"min_len": 3, "max_len": 5}
 
 
 def test_unknown_task_names_it_and_lists_known() -> None:
-    with pytest.raises(ConfigError, match=r"'mul'.*add, repeat, reverse, sort"):
+    with pytest.raises(ConfigError, match=r"'mul'.*add, calc, repeat, reverse, sort"):
         make_prompts("mul", 3, seed=0)
 
 

@@ -54,9 +54,9 @@ from freshroll import events as ev
 from freshroll import unsafe
 from freshroll.breaker import quote
 from freshroll.engines.base import SwapsInFlight
-from freshroll.engines.episodes import workflow_for
 from freshroll.engines.seams import AsyncEngine, EngineNotRestartable, SamplingParams
 from freshroll.engines.weights import Weights
+from freshroll.envs.registry import workflow_for
 from freshroll.errors import Interrupted, RunFailed, WorkerLost, WorkerTimeout
 from freshroll.lineage import PolicyVersion, RequestId, SampleId
 from freshroll.pipeline.calls import Call, CallRunner, Worker, generation_seed
@@ -97,7 +97,7 @@ class WorkerPool:
         ro = ctx.cfg.rollout
         self.params = SamplingParams(ro.max_new_tokens, ro.temperature, ro.top_p, ro.top_k,
                                      ro.min_p, ro.repetition_penalty)
-        self.workflow = workflow_for(ro.workflow)  # drives the engine for each call
+        self.workflow = workflow_for(ctx.cfg)  # drives the engine for each call
         self.calls = CallRunner(ctx, inbox, on_stopped, self.params, self.workflow,
                                 self._slot_freed, self.requests_queued)
         self._trusted: Published | None = None  # the newest published version the ledger has

@@ -4,7 +4,8 @@ Prompts from a user's dataset are loaded by :mod:`freshroll.rewards.data`.
 
 Guarantees:
 
-* Built-in tasks (``reverse``, ``sort``, ``add``, ``repeat``: long-tailed lengths) are
+* Built-in tasks (``reverse``, ``sort``, ``add``, ``repeat``: long-tailed lengths; ``calc``:
+  a tool task) are
   generated from a private ``random.Random(seed)``: the same ``(task, n, seed, params)``
   always gives the same prompts, in the same order, and global random state is never
   touched.
@@ -113,6 +114,15 @@ def _repeat(rng: random.Random, *, min_len: int = 2, max_len: int = 48,
     return f"rep {digit}x{n}=", digit * n
 
 
+def _calc(rng: random.Random, *, max_operand: int = 99) -> tuple[str, str]:
+    """A tool task (docs/agents.md): ``"calc 23*41 c:"`` -> ``"943"``. The prompt opens a
+    calculator call (``c:``), which the ``calc_tool`` workflow answers; the answer is scored
+    as ``add``'s (``numeric``)."""
+    _check_range("max_operand", max_operand, 0)
+    a, b = rng.randint(0, max_operand), rng.randint(0, max_operand)
+    return f"calc {a}*{b} c:", str(a * b)
+
+
 def _check_range(
     name: str, value: int, low: int, upper_name: str | None = None, upper: int | None = None
 ) -> None:
@@ -127,6 +137,7 @@ TASKS: dict[str, Task] = {
     "sort": Task(_sort, "sort"),
     "add": Task(_add, "numeric"),
     "repeat": Task(_repeat, "repeat"),
+    "calc": Task(_calc, "numeric"),
 }
 
 

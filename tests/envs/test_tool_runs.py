@@ -1,0 +1,101 @@
+"""Tool-using runs on the embedded model (issue 49): every turn in the ledger, the loss mask
+in each payload, a hanging tool's samples discarded ``tool_error`` by its timeout, and
+``verify`` passing."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from freshroll import events as ev
+from freshroll.config import load_config
+from freshroll.engines import payload as pl
+from freshroll.engines.episodes import WORKFLOWS, WorkflowSetup
+from freshroll.envs.calc import Calculator, ToolResult
+from freshroll.envs.tool_use import ToolUse
+from freshroll.harness.verify import verify_run
+from freshroll.ledger import LEDGER_FILE, Ledger
+
+pytestmark = pytest.mark.slow
+
+SMALL = ["run.progress=false", "task.name=calc", "task.n_prompts=64", "task.params={}",
+         "rollout.group_size=4", "rollout.batch_groups=2", "rollout.max_new_tokens=6",
+         "run.steps=3", "run.runtime=inline", "run.torch_threads=1"]
+
+
+class HangsSometimes:
+    """The calculator, except that every ``every``-th call never answers."""
+
+    name = "calc"
+
+    def __init__(self, every: int) -> None:
+        self.every, self.calls, self.calc = every, 0, Calculator()
+
+    async def __call__(self, arg: str) -> ToolResult:
+        self.calls += 1
+        if self.calls % self.every == 0:
+            await asyncio.sleep(3600)
+        return await self.calc(arg)
+
+
+def _ledger(out: Path) -> tuple[list[Any], dict[str, bytes]]:
+    with Ledger(out / LEDGER_FILE, readonly=True) as ledger:
+        return [e for _, e in ledger.events()], ledger.payloads()
+
+
+def test_a_calc_tool_run_records_every_turn_and_verifies(tmp_path: Path) -> None:
+    from freshroll.runtime.run import run
+
+    out = tmp_path / "run"
+    cfg = load_config(None, [*SMALL, "rollout.workflow=calc_tool"])
+    result = run(cfg, out, stream=io.StringIO(), report=False)
+    assert result.ok and verify_run(out).ok
+    events, payloads = _ledger(out)
+    committed = {s for e in events if isinstance(e, ev.Committed) for s in e.samples}
+    assert len(committed) == 3 * 8
+    for sid in committed:
+        p = pl.decode(payloads[sid])
+        kinds = [t[0] for t in p.turns]
+        assert kinds[:3] == ["model", "env", "model"], kinds
+        assert sum(t[1] for t in p.turns) == len(p.token_ids) == sum(n for _, n in p.mask)
+        assert all(p.logprobs[i] == 0.0 for i in _env_positions(p))
+        assert all(t[3].startswith("calc:") and t[4] in ("ok", "error")
+                   for t in p.turns if t[0] == "env")
+
+
+def _env_positions(p: pl.RolloutPayload) -> list[int]:
+    out, at = [], 0
+    for bit, n in p.mask:
+        if bit == 0:
+            out.extend(range(at, at + n))
+        at += n
+    return out
+
+
+def test_a_hanging_tool_ends_in_its_timeout_with_the_sample_discarded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from freshroll.runtime.run import run
+
+    tool = HangsSometimes(every=11)
+    monkeypatch.setitem(WORKFLOWS, "hanging_calc",
+                        lambda setup: ToolUse(setup, tool=tool))
+    out = tmp_path / "run"
+    cfg = load_config(None, [*SMALL, "rollout.workflow=hanging_calc", "tools.timeout_s=0.2"])
+    assert isinstance(ToolUse(WorkflowSetup()), ToolUse)
+    result = run(cfg, out, stream=io.StringIO(), report=False)
+    assert result.ok, result
+    report = verify_run(out)
+    assert report.ok, report.render()
+    events, _ = _ledger(out)
+    tool_errors = [e for e in events if isinstance(e, ev.Discarded) and e.reason == "tool_error"]
+    assert tool_errors and tool.calls >= 11
+    assert all("did not answer within tools.timeout_s=0.2" in e.detail for e in tool_errors)
+    committed = {s for e in events if isinstance(e, ev.Committed) for s in e.samples}
+    assert not committed & {e.sample for e in tool_errors}  # never trained, never scored
+    rewarded = {e.sample for e in events if isinstance(e, ev.Rewarded)}
+    assert not rewarded & {e.sample for e in tool_errors}
