@@ -99,3 +99,32 @@ def test_a_hanging_tool_ends_in_its_timeout_with_the_sample_discarded(
     assert not committed & {e.sample for e in tool_errors}  # never trained, never scored
     rewarded = {e.sample for e in events if isinstance(e, ev.Rewarded)}
     assert not rewarded & {e.sample for e in tool_errors}
+
+
+def test_a_tool_run_resumes_and_replays_its_multi_turn_batches(tmp_path: Path) -> None:
+    """A tool run resumed keeps every invariant, and ``freshroll replay`` trains every
+    committed multi-turn batch again from its payloads (loss masks included) to the committed
+    weights digests: the mask is part of what a step recorded."""
+    import torch
+
+    from freshroll.runtime.replay_run import replay_run
+    from freshroll.runtime.run import run
+
+    out = tmp_path / "run"
+    base = [*SMALL, "rollout.workflow=calc_tool", "trainer.checkpoint_every=100"]
+    first = run(load_config(None, [*base, "run.steps=2"]), out, stream=io.StringIO(),
+                report=False)
+    assert first.ok
+    again = run(load_config(None, [*base, "run.steps=4"]), out, resume=True,
+                stream=io.StringIO(), report=False)
+    assert again.ok
+    report = verify_run(out)
+    assert report.ok, report.render()
+    events, _ = _ledger(out)
+    assert sum(isinstance(e, ev.Committed) for e in events) == 4
+    threads = torch.get_num_threads()
+    try:
+        replayed = replay_run(out)
+    finally:
+        torch.set_num_threads(threads)
+    assert replayed.ok and replayed.steps == 4, replayed.render()
