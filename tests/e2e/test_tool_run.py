@@ -23,3 +23,5 @@ def test_the_tool_smoke_config_trains_and_verifies(tmp_path: Path) -> None:
     samples = freshroll("export-samples", str(out), "--output", str(tmp_path / "s.jsonl"),
                         check=False)
     assert samples.returncode == 0, samples.stderr
+    config = (out / "config.yaml").read_text()
+    assert "fn: numeric" in config and "workflow: calc_tool" in config
