@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from freshroll.errors import ConfigError
+from freshroll.rewards.reasoning_gym import PREFIX as RG_PREFIX
+from freshroll.rewards.reasoning_gym import rg_prompts
 
 VOCAB: frozenset[str] = frozenset("0123456789+-*=<>|:, " + string.ascii_lowercase)
 
@@ -150,7 +152,11 @@ def task_params(task: str) -> dict[str, int]:
 
 
 def make_prompts(task: str, n: int, seed: int, **params: Any) -> list[Prompt]:
-    """``n`` prompts of built-in ``task``, deterministic in ``seed`` and ``params``."""
+    """``n`` prompts of built-in ``task``, deterministic in ``seed`` and ``params``; a
+    ``rg:<dataset>`` task is reasoning-gym's (:mod:`freshroll.rewards.reasoning_gym`)."""
+    if task.startswith(RG_PREFIX):
+        prompts: list[Prompt] = rg_prompts(task, n, seed, params)
+        return prompts
     generate = _task(task).generate
     _check_params(task, params)
     generate(random.Random(0), **params)  # range checks fire even when n == 0
