@@ -85,6 +85,14 @@ class EpisodeWorkflow(Protocol):
         ...
 
 
+@runtime_checkable
+class HoldsEngines(Protocol):
+    """A workflow that keeps something per engine (a gateway in front of it): the pool calls
+    ``release(engine)`` before it closes that engine (a retired, replaced or last worker's)."""
+
+    async def release(self, engine: AsyncEngine) -> None: ...
+
+
 class SingleTurn:
     """Today's rollout and the default: one ``generate`` call, its completions as they are."""
 
@@ -139,6 +147,6 @@ def _takes_setup(factory: WorkflowFactory) -> bool:
 
 
 __all__ = [
-    "WORKFLOWS", "EpisodeEmit", "EpisodeFailed", "EpisodeWorkflow", "SingleTurn",
+    "WORKFLOWS", "EpisodeEmit", "EpisodeFailed", "EpisodeWorkflow", "HoldsEngines", "SingleTurn",
     "WorkflowFactory", "WorkflowSetup", "register_workflow", "workflow_for",
 ]

@@ -45,6 +45,8 @@ class GatewayCall:
 
     endpoint: str  # "completions" or "chat.completions"
     episode: str | None
+    text: str  # the completion's text (special tokens stripped)
+    finish_reason: str
     policy_version: str
     prompt_ids: tuple[int, ...]
     token_ids: tuple[int, ...]
@@ -77,6 +79,9 @@ class Gateway:
     host: str = "127.0.0.1"
     port: int = 0
     calls: list[GatewayCall] = field(default_factory=list)
+    #: the seed of an episode's ``k``-th call when the client names an episode and no seed
+    #: (a run's workflow derives it from its call's seed: replayable); None: a counter
+    seed_for: Callable[[str, int], int] | None = None
     _runner: Any = None
     _ids: itertools.count[int] = field(default_factory=itertools.count)
 
@@ -93,6 +98,13 @@ class Gateway:
         await site.start()
         self.port = int(self._runner.addresses[0][1])  # the bound port when 0 was asked
         return f"http://{self.host}:{self.port}/v1"
+
+    def take(self, episode: str) -> list[GatewayCall]:
+        """The calls of ``episode``, in the order they were answered, removed from
+        :attr:`calls`."""
+        mine = [c for c in self.calls if c.episode == episode]
+        self.calls[:] = [c for c in self.calls if c.episode != episode]
+        return mine
 
     async def close(self) -> None:
         if self._runner is not None:
@@ -122,6 +134,9 @@ class Gateway:
         except (BadRequest, ValueError) as exc:
             return web.json_response(_error(str(exc), "invalid_request_error"), status=400)
         episode = body.get("episode", request.headers.get("X-Freshroll-Episode"))
+        if episode is not None and self.seed_for is not None and "seed" not in body:
+            seed = self.seed_for(str(episode), sum(c.episode == str(episode)
+                                                   for c in self.calls))
         version = self.version()
         start = time.perf_counter()
         try:
@@ -129,9 +144,9 @@ class Gateway:
         except Exception as exc:  # the engine's failure: this call's, answered as a 500
             return web.json_response(_error(f"{type(exc).__name__}: {exc}", "engine_error"),
                                      status=500)
-        call = GatewayCall(endpoint, None if episode is None else str(episode), version,
-                           comp.prompt_token_ids, comp.token_ids, comp.logprobs,
-                           time.perf_counter() - start)
+        call = GatewayCall(endpoint, None if episode is None else str(episode), comp.text,
+                           comp.finish_reason, version, comp.prompt_token_ids, comp.token_ids,
+                           comp.logprobs, time.perf_counter() - start)
         self.calls.append(call)
         return web.json_response(self._body(endpoint, comp, call))
 

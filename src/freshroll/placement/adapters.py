@@ -183,6 +183,11 @@ class ThreadEngine:
             raise ValueError(f"engine returned {len(comps)} completions for {len(texts)} prompts")
         return comps
 
+    @property
+    def tokenizer(self) -> Any:
+        """The engine's tokenizer where it is in this process (the HF engine), else None."""
+        return getattr(self.engine, "tokenizer", None)
+
     def encode_text(self, text: str) -> tuple[int, ...]:
         """``text`` as token ids with the engine's own tokenizer, no special tokens
         (:class:`~freshroll.engines.seams.Tokenizes`: an environment's output, encoded once);
