@@ -65,6 +65,15 @@ def test_a_calc_tool_run_records_every_turn_and_verifies(tmp_path: Path) -> None
         assert all(p.logprobs[i] == 0.0 for i in _env_positions(p))
         assert all(t[3].startswith("calc:") and t[4] in ("ok", "error")
                    for t in p.turns if t[0] == "env")
+    # freshroll lineage shows an episode's turns, from its stored payload
+    from freshroll.report.provenance import lineage, render
+
+    sid = sorted(committed)[0]
+    info = lineage(out, sid)
+    turns = info["attempts"][-1]["turns"]
+    assert [t["kind"] for t in turns][:3] == ["model", "env", "model"]
+    shown = render(info)
+    assert "turn 2: env," in shown and "calc:" in shown
 
 
 def _env_positions(p: pl.RolloutPayload) -> list[int]:
