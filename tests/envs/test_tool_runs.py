@@ -137,3 +137,23 @@ def test_a_tool_run_resumes_and_replays_its_multi_turn_batches(tmp_path: Path) -
     finally:
         torch.set_num_threads(threads)
     assert replayed.ok and replayed.steps == 4, replayed.render()
+
+
+def test_turns_under_in_flight_updates_carry_each_tokens_version(tmp_path: Path) -> None:
+    """rollout.on_update: continue: weights may change between (and within) an episode's
+    turns; each token's version goes to the ledger (token_versions, env tokens taking the
+    version before them) and verify recomputes them."""
+    from freshroll.runtime.run import run
+
+    out = tmp_path / "run"
+    cfg = load_config(None, [*SMALL, "rollout.workflow=calc_tool", "rollout.on_update=continue",
+                             "run.steps=4", "tools.latency_s=0.02"])
+    result = run(cfg, out, stream=io.StringIO(), report=False)
+    assert result.ok
+    report = verify_run(out)
+    assert report.ok, report.render()
+    events, payloads = _ledger(out)
+    for e in events:
+        if isinstance(e, ev.Generated) and e.token_versions:
+            p = pl.decode(payloads[e.sample])
+            assert sum(n for _, n in e.token_versions) == len(p.token_ids)
