@@ -10,9 +10,9 @@ The runtime's own seams (the engine factory, the scorer, the trainer) are in
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
 
 from freshroll.engines.base import Completion
 from freshroll.engines.weights import Weights
@@ -53,6 +53,9 @@ class GenRequest:
     #: token-in: the context as token ids (a later turn of an episode: the earlier turns'
     #: tokens as they were sampled or written, never re-tokenised); None: encode ``text``
     prompt_ids: tuple[int, ...] | None = None
+    #: the request's dataset row (its prompt's columns: ``answer``, ...), what an environment
+    #: may read and the policy never sees (a game's secret); empty where none was given
+    row: Mapping[str, Any] = field(default_factory=dict)
 
 
 #: ``emit(i, completion)``: request ``i`` of the call finished. Called once per request, in

@@ -7,12 +7,14 @@ from __future__ import annotations
 from freshroll.config import Config
 from freshroll.engines import episodes
 from freshroll.engines.episodes import EpisodeWorkflow, WorkflowSetup, register_workflow
+from freshroll.envs.guess import GuessGame
 from freshroll.envs.tool_use import ToolUse
 
 
 def register_builtins() -> None:
     """Register the built-in workflows (idempotent)."""
     register_workflow("calc_tool", ToolUse)
+    register_workflow("guess_game", GuessGame)
 
 
 def setup_of(cfg: Config) -> WorkflowSetup:

@@ -115,7 +115,8 @@ class CallRunner:
             pid = prompt_of(sid)
             prompt = prompts[pid]
             call.prompts.append(prompt)
-            reqs.append(GenRequest(sid, sid.partition(".")[0], pid, prompt.text, step))
+            reqs.append(GenRequest(sid, sid.partition(".")[0], pid, prompt.text, step,
+                                   row=prompt.columns))
         stage = f"inference worker {w.name!r}"
         seed, emit, episode = call.seed, self._emitter(w, call), self.workflow.run_episode
         waiting = self.ctx.waits.begin(f"{w.name} generate", lim.generate_timeout_s)

@@ -5,7 +5,7 @@ Prompts from a user's dataset are loaded by :mod:`freshroll.rewards.data`.
 Guarantees:
 
 * Built-in tasks (``reverse``, ``sort``, ``add``, ``repeat``: long-tailed lengths; ``calc``:
-  a tool task) are
+  a tool task; ``guess``: a multi-turn game) are
   generated from a private ``random.Random(seed)``: the same ``(task, n, seed, params)``
   always gives the same prompts, in the same order, and global random state is never
   touched.
@@ -125,6 +125,13 @@ def _calc(rng: random.Random, *, max_operand: int = 99) -> tuple[str, str]:
     return f"calc {a}*{b} c:", str(a * b)
 
 
+def _guess(rng: random.Random, *, max_number: int = 9) -> tuple[str, str]:
+    """A multi-turn game (docs/agents.md): ``"guess 0-9:"``; the secret is the answer, which
+    the ``guess_game`` workflow's environment reads and the policy never sees."""
+    _check_range("max_number", max_number, 1)
+    return f"guess 0-{max_number}:", str(rng.randint(0, max_number))
+
+
 def _check_range(
     name: str, value: int, low: int, upper_name: str | None = None, upper: int | None = None
 ) -> None:
@@ -140,6 +147,7 @@ TASKS: dict[str, Task] = {
     "add": Task(_add, "numeric"),
     "repeat": Task(_repeat, "repeat"),
     "calc": Task(_calc, "numeric"),
+    "guess": Task(_guess, "numeric"),
 }
 
 
