@@ -49,6 +49,7 @@ from freshroll.config_ops import RaySection as RaySection
 from freshroll.config_rollout import AUTO_CALL_MAX as AUTO_CALL_MAX
 from freshroll.config_rollout import RolloutSection as RolloutSection
 from freshroll.config_rollout import SimSection as SimSection
+from freshroll.config_rollout import ToolsSection as ToolsSection
 from freshroll.config_rollout import VLLMSection as VLLMSection
 from freshroll.config_run import ControlSection as ControlSection
 from freshroll.config_run import RunSection as RunSection
@@ -93,6 +94,11 @@ class Config(_Section):
     rollout: RolloutSection = Field(
         default_factory=RolloutSection,
         description="Generation: group size, batch, workers, sampling.",
+    )
+    tools: ToolsSection = Field(
+        default_factory=ToolsSection,
+        description="Tool calls of a tool-using episode workflow (rollout.workflow: calc_tool): "
+        "how many, their time limit, a simulated latency.",
     )
     trainer: TrainerSection = Field(
         default_factory=TrainerSection,

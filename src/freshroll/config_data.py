@@ -26,9 +26,11 @@ class TaskSection(_Section):
     (:data:`BUILTIN_TASK`)."""
 
     name: str | None = Field(
-        None, description="built-in task when no task.file: reverse, sort, add or repeat "
-        "(long-tailed completion lengths: configs/longtail.yaml); null (not used) with "
-        "task.file"
+        None, description="built-in task when no task.file: reverse, sort, add, repeat "
+        "(long-tailed completion lengths: configs/longtail.yaml), calc (a calculator tool "
+        "task) or guess (a multi-turn game: docs/agents.md); rg:<dataset>: a reasoning-gym "
+        "dataset (the reasoning-gym extra; its config keys in task.params); null (not used) "
+        "with task.file"
     )
     n_prompts: int | None = Field(
         None, ge=1, le=100_000_000, description="prompts the built-in task generates; null (not "

@@ -78,6 +78,23 @@ class RolloutSection(_Section):
         return max(1, min(AUTO_CALL_MAX, -(-rows // self.workers)))
 
 
+
+class ToolsSection(_Section):
+    """The tools and environments of a tool-using episode workflow (docs/agents.md)."""
+
+    max_calls: int = Field(
+        2, ge=1, le=64, description="tool calls per episode at most; the model turn after the "
+        "last is the answer")
+    timeout_s: float = Field(
+        5.0, gt=0, le=3_600, description="one tool call's time limit: past it the sample is "
+        "discarded tool_error (never scored 0), the worker goes on")
+    latency_s: float = Field(
+        0.0, ge=0, le=600, description="a median latency added to each tool call, lognormal "
+        "with sigma latency_sigma (a slow tool's tail, for benchmarks); 0: none")
+    latency_sigma: float = Field(
+        1.0, ge=0, le=5, description="the lognormal's sigma of tools.latency_s (1.0: p99 about "
+        "10x the median)")
+
 class VLLMSection(_Section):
     """rollout.engine: vllm: each inference worker is one vLLM engine (docs/vllm.md)."""
 

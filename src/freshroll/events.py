@@ -23,6 +23,7 @@ DiscardReason = Literal[
     "fenced",            # attempt of a fenced worker epoch; the request is re-issued
     "reward_error",      # the reward function raised, returned NaN or the wrong length
     "generation_error",  # the engine failed on this request
+    "tool_error",        # a tool or environment of its episode failed or timed out
     "reward_timeout",    # the reward call did not return within limits.reward_timeout_s
     "nonfinite_step",    # its batch gave a non-finite loss or gradients; the step was skipped
     "invalid",           # malformed completion (e.g. empty, over length limits)

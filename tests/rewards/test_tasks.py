@@ -21,7 +21,9 @@ from freshroll.rewards.tasks import (
 def test_same_seed_same_prompts_different_seed_differs(task: str) -> None:
     a = make_prompts(task, 20, seed=1)
     assert a == make_prompts(task, 20, seed=1)
-    assert [p.text for p in a] != [p.text for p in make_prompts(task, 20, seed=2)]
+    # (text, answer): a game's prompts are alike and its secrets differ (guess)
+    assert [(p.text, p.answer) for p in a] != [
+        (p.text, p.answer) for p in make_prompts(task, 20, seed=2)]
 
 
 def test_generation_does_not_touch_global_random_state() -> None:
@@ -63,13 +65,14 @@ def test_prompt_ids_are_stable_and_unique() -> None:
 def test_registry_defaults_point_at_known_rewards() -> None:
     assert {name: t.reward for name, t in TASKS.items()} == {
         "reverse": "reverse", "sort": "sort", "add": "numeric", "repeat": "repeat",
+        "calc": "numeric", "guess": "numeric",
     }
     assert all(t.reward in REWARDS for t in TASKS.values())
     assert task_params("reverse") == {"min_len": 3, "max_len": 5}
 
 
 def test_unknown_task_names_it_and_lists_known() -> None:
-    with pytest.raises(ConfigError, match=r"'mul'.*add, repeat, reverse, sort"):
+    with pytest.raises(ConfigError, match=r"'mul'.*add, calc, guess, repeat, reverse, sort"):
         make_prompts("mul", 3, seed=0)
 
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 from freshroll.bench.figures import Capacities
 from freshroll.engines.base import Completion
-from freshroll.engines.episodes import EpisodeWorkflow, SingleTurn
+from freshroll.engines.episodes import EpisodeEmit, EpisodeFailed, EpisodeWorkflow, SingleTurn
 from freshroll.engines.seams import AsyncEngine, EngineFactory, GenRequest, SamplingParams
 from freshroll.kernel.buffer import SampleBuffer
 from freshroll.ports.seams import AsyncScorer, AsyncTrainer
@@ -101,8 +101,10 @@ async def measure_generation(
     t0 = _now()
     last = [t0]
 
-    def emit_for(batch: Sequence[GenRequest]) -> Callable[[int, Completion], None]:
-        def emit(i: int, c: Completion) -> None:
+    def emit_for(batch: Sequence[GenRequest]) -> EpisodeEmit:
+        def emit(i: int, c: Completion | EpisodeFailed) -> None:
+            if isinstance(c, EpisodeFailed):  # no completion: the slot goes on
+                return
             req = batch[i]
             out.groups.setdefault(req.group, []).append((req, c))
             done[0] += 1

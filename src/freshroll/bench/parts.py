@@ -18,8 +18,8 @@ from freshroll.bench.figures import Capacities
 from freshroll.clock import RealClock, VirtualClock
 from freshroll.config import Config
 from freshroll.engines.base import Completion
-from freshroll.engines.episodes import workflow_for
 from freshroll.engines.seams import SamplingParams
+from freshroll.envs.registry import workflow_for
 from freshroll.kernel.buffer import SampleBuffer
 from freshroll.kernel.results import KernelConfig
 from freshroll.ledger import open_ledger
@@ -76,7 +76,7 @@ def _measure_sim(cfg: Config, tmp: Path, quick: bool) -> Capacities:
             workers=workers, concurrency=conc, params=_params(cfg), seed=cfg.run.seed,
             policy_step=cfg.run.steps // 2, max_steps=cfg.run.steps,
             reward_timeout_s=cfg.limits.reward_timeout_s,
-            workflow=workflow_for(cfg.rollout.workflow),
+            workflow=workflow_for(cfg),
         )
         plan = Plan(gen_samples=n if not quick else max(2 * batch, workers * conc),
                     train_steps=5 if quick else 20)
@@ -121,7 +121,7 @@ def _measure_hf(cfg: Config, tmp: Path, quick: bool) -> Capacities:
             batch_groups=cfg.rollout.batch_groups, workers=cfg.rollout.workers,
             concurrency=cfg.rollout.call_batch, params=_params(cfg), seed=cfg.run.seed,
             max_steps=cfg.run.steps, reward_timeout_s=cfg.limits.reward_timeout_s,
-            workflow=workflow_for(cfg.rollout.workflow),
+            workflow=workflow_for(cfg),
         )
         plan = Plan(gen_samples=w.batch * (1 if quick else 3), train_steps=2 if quick else 4,
                     transfers=2 if quick else 3, train_warmup=1)

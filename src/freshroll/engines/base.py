@@ -46,6 +46,13 @@ class Completion:
     #: it started with). Empty: not reported (every token of the weights the request started
     #: under). An engine that swaps weights under running requests reports it.
     version_spans: tuple[tuple[int, int], ...] = ()
+    #: which tokens the trainer trains on, as run-length ``(trained, tokens)`` ranges
+    #: (1: sampled by the policy, 0: written by a tool or environment); empty: every token
+    #: (a single-turn completion). :mod:`freshroll.engines.trajectory` builds it.
+    loss_mask: tuple[tuple[int, int], ...] = ()
+    #: a multi-turn episode's turns, one ``(kind, tokens, seconds, call, outcome)`` per
+    #: segment (:class:`freshroll.engines.trajectory.Turn`); empty: one model turn
+    turns: tuple[tuple[str, int, float, str, str], ...] = ()
 
     @property
     def tokens(self) -> int:

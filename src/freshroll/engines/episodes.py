@@ -27,15 +27,50 @@ The contract, the engine's own (``AsyncEngine.generate``) widened to the whole e
   ``sample``, and a request whose turn was not emitted (cancelled) gets no further turn.
 * Replay: ``seed`` is the call's sampling seed, recorded on each member's ``started`` event
   with the call's membership (docs/ledger.md); every turn's seed derives from it alone.
+* A multi-turn episode emits a trajectory (:func:`freshroll.engines.trajectory.assemble`:
+  model and environment segments, a loss mask, its turns); a request whose tool or
+  environment failed emits :class:`EpisodeFailed` instead (discarded by its typed reason,
+  counted against the worker's failure budget), never a completion scored 0.
+* A factory gets the run's :class:`WorkflowSetup` (its sections) when it takes an argument;
+  a factory of no argument is called as it is (a workflow that needs no settings).
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
-from typing import Final, Protocol, runtime_checkable
+from dataclasses import dataclass, field
+from typing import Final, Literal, Protocol, runtime_checkable
 
-from freshroll.engines.seams import AsyncEngine, Emit, GenRequest, SamplingParams
+from freshroll.config import RolloutSection, ToolsSection
+from freshroll.engines.base import Completion
+from freshroll.engines.seams import AsyncEngine, GenRequest, SamplingParams
 from freshroll.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class EpisodeFailed:
+    """What a workflow emits for a request whose episode failed outside the model: the
+    sample is discarded with ``reason`` (a typed discard reason of the ledger) and
+    ``detail``. ``seconds``: the episode's time until the failure."""
+
+    reason: Literal["tool_error"]
+    detail: str
+    seconds: float = 0.0
+
+
+#: ``emit(i, outcome)``: request ``i``'s episode ended, in a completion (the sample) or a
+#: failure outside the model (:class:`EpisodeFailed`); the engine's :data:`Emit`, widened
+EpisodeEmit = Callable[[int, Completion | EpisodeFailed], None]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowSetup:
+    """What a workflow factory is given: the run's config sections it may read."""
+
+    rollout: RolloutSection = field(default_factory=RolloutSection)
+    tools: ToolsSection = field(default_factory=ToolsSection)
+    runtime: str = "inline"  # run.runtime as configured
 
 
 @runtime_checkable
@@ -44,10 +79,18 @@ class EpisodeWorkflow(Protocol):
 
     async def run_episode(
         self, engine: AsyncEngine, requests: Sequence[GenRequest], params: SamplingParams,
-        seed: int, emit: Emit,
+        seed: int, emit: EpisodeEmit,
     ) -> None:
         """Run the episodes of ``requests`` on ``engine``; ``emit`` each one's completion."""
         ...
+
+
+@runtime_checkable
+class HoldsEngines(Protocol):
+    """A workflow that keeps something per engine (a gateway in front of it): the pool calls
+    ``release(engine)`` before it closes that engine (a retired, replaced or last worker's)."""
+
+    async def release(self, engine: AsyncEngine) -> None: ...
 
 
 class SingleTurn:
@@ -55,13 +98,14 @@ class SingleTurn:
 
     async def run_episode(
         self, engine: AsyncEngine, requests: Sequence[GenRequest], params: SamplingParams,
-        seed: int, emit: Emit,
+        seed: int, emit: EpisodeEmit,
     ) -> None:
         await engine.generate(requests, params, seed, emit)
 
 
-#: makes the workflow of one worker pool (called once per run, with no arguments)
-WorkflowFactory = Callable[[], EpisodeWorkflow]
+#: makes the workflow of one worker pool (called once per run, with the run's
+#: :class:`WorkflowSetup` when it takes an argument, else with none)
+WorkflowFactory = Callable[..., EpisodeWorkflow]
 
 #: ``rollout.workflow`` name -> factory; :func:`register_workflow` adds one
 WORKFLOWS: Final[dict[str, WorkflowFactory]] = {"single_turn": SingleTurn}
@@ -77,19 +121,32 @@ def register_workflow(name: str, factory: WorkflowFactory) -> None:
     WORKFLOWS[name] = factory
 
 
-def workflow_for(name: str) -> EpisodeWorkflow:
-    """The workflow ``rollout.workflow`` names; a ConfigError naming the key when none is
-    registered under it."""
+def workflow_for(name: str, setup: WorkflowSetup | None = None) -> EpisodeWorkflow:
+    """The workflow ``rollout.workflow`` names, made with ``setup`` (the defaults when None)
+    where its factory takes it; a ConfigError naming the key when none is registered under
+    it (or from the factory, when the setup does not suit it)."""
     factory = WORKFLOWS.get(name)
     if factory is None:
         known = ", ".join(sorted(WORKFLOWS))
         raise ConfigError(f"rollout.workflow: unknown episode workflow {name!r} (registered: "
                           f"{known}; a new one is registered with "
                           f"freshroll.engines.episodes.register_workflow)")
+    if _takes_setup(factory):
+        return factory(setup if setup is not None else WorkflowSetup())
     return factory()
 
 
+def _takes_setup(factory: WorkflowFactory) -> bool:
+    """Whether ``factory`` takes a positional argument (the setup)."""
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: call it bare
+        return False
+    return any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
+               for p in params)
+
+
 __all__ = [
-    "WORKFLOWS", "EpisodeWorkflow", "SingleTurn", "WorkflowFactory", "register_workflow",
-    "workflow_for",
+    "WORKFLOWS", "EpisodeEmit", "EpisodeFailed", "EpisodeWorkflow", "HoldsEngines", "SingleTurn",
+    "WorkflowFactory", "WorkflowSetup", "register_workflow", "workflow_for",
 ]

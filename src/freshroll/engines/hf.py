@@ -153,9 +153,12 @@ class HFEngine:
         top_k: int = 0,
         min_p: float = 0.0,
         repetition_penalty: float = 1.0,
+        prompt_ids: Sequence[Sequence[int]] | None = None,
     ) -> list[Completion]:
         """Sample one completion per prompt, in prompt order (blocking); ``top_k``,
-        ``min_p``, ``repetition_penalty``: :mod:`freshroll.engines.sampling`."""
+        ``min_p``, ``repetition_penalty``: :mod:`freshroll.engines.sampling`.
+        ``prompt_ids``: each prompt's context as token ids (token-in: a later turn of an
+        episode), used as given instead of encoding ``prompts``."""
         _check_settings(max_new_tokens, temperature, top_p)
         cuts = Cuts(top_k, min_p, repetition_penalty)
         if isinstance(prompts, str):
@@ -163,10 +166,15 @@ class HFEngine:
         if not prompts:
             return []
         start = time.perf_counter()
-        encoded: dict[str, list[int]] = {}  # a group's rows share their prompt: encode it once
-        prompt_ids = [encoded[p] if p in encoded else encoded.setdefault(p, self._encode(p))
-                      for p in prompts]
-        self._check_lengths(prompt_ids)
+        if prompt_ids is not None:
+            if len(prompt_ids) != len(prompts) or not all(prompt_ids):
+                raise ValueError("prompt_ids must give a non-empty context for each prompt")
+            ids = [[int(t) for t in row] for row in prompt_ids]
+        else:
+            encoded: dict[str, list[int]] = {}  # a group's rows share a prompt: encode once
+            ids = [encoded[p] if p in encoded else encoded.setdefault(p, self._encode(p))
+                   for p in prompts]
+        self._check_lengths(ids)
         generator = torch.Generator(device=self.device)
         if seed is None:
             generator.seed()
@@ -174,13 +182,13 @@ class HFEngine:
             generator.manual_seed(seed)
         with torch.inference_mode():
             tokens, logprobs, ordinals = self._decode_loop(
-                prompt_ids, max_new_tokens, Draw(temperature, top_p, generator, cuts, prompt_ids)
+                ids, max_new_tokens, Draw(temperature, top_p, generator, cuts, ids)
             )
         self._sync()
         gen_s = time.perf_counter() - start
         return [
             self._completion(p, toks, lps, gen_s, ordinals)
-            for p, toks, lps in zip(prompt_ids, tokens.tolist(), logprobs.tolist(), strict=True)
+            for p, toks, lps in zip(ids, tokens.tolist(), logprobs.tolist(), strict=True)
         ]
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> float:

@@ -10,9 +10,9 @@ The runtime's own seams (the engine factory, the scorer, the trainer) are in
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
 
 from freshroll.engines.base import Completion
 from freshroll.engines.weights import Weights
@@ -50,6 +50,12 @@ class GenRequest:
     prompt_id: str
     text: str  # the prompt as the model sees it (chat template applied)
     policy_step: int  # step of the policy version the worker has loaded (length drift)
+    #: token-in: the context as token ids (a later turn of an episode: the earlier turns'
+    #: tokens as they were sampled or written, never re-tokenised); None: encode ``text``
+    prompt_ids: tuple[int, ...] | None = None
+    #: the request's dataset row (its prompt's columns: ``answer``, ...), what an environment
+    #: may read and the policy never sees (a game's secret); empty where none was given
+    row: Mapping[str, Any] = field(default_factory=dict)
 
 
 #: ``emit(i, completion)``: request ``i`` of the call finished. Called once per request, in
@@ -103,6 +109,17 @@ class EngineStats:
 
 
 @runtime_checkable
+class Tokenizes(Protocol):
+    """An engine whose tokenizer the episode workflow may use (the HF engine's thread
+    adapter): an environment's text becomes token ids once, with the policy's tokenizer, and
+    the engine takes token ids as a request's context (``GenRequest.prompt_ids``)."""
+
+    def encode_text(self, text: str) -> tuple[int, ...]:
+        """``text`` as token ids, no special tokens added."""
+        ...
+
+
+@runtime_checkable
 class ReportsStats(Protocol):
     """An engine that can say how loaded it is (optional: the HF and sim engines need not)."""
 
@@ -124,5 +141,5 @@ class EngineNotRestartable(Exception):
 
 __all__ = [
     "AsyncEngine", "Emit", "EngineFactory", "EngineNotRestartable", "EngineStats", "GenRequest",
-    "ReportsStats", "SamplingParams",
+    "ReportsStats", "SamplingParams", "Tokenizes",
 ]

@@ -31,9 +31,10 @@ from typing import TYPE_CHECKING, Any
 from freshroll import unsafe
 from freshroll.engines import payload as pl
 from freshroll.engines.base import Completion
-from freshroll.engines.episodes import EpisodeWorkflow
-from freshroll.engines.seams import AsyncEngine, Emit, GenRequest, SamplingParams
+from freshroll.engines.episodes import EpisodeEmit, EpisodeFailed, EpisodeWorkflow
+from freshroll.engines.seams import AsyncEngine, GenRequest, SamplingParams
 from freshroll.errors import Interrupted, Superseded, WorkerLost, WorkerTimeout
+from freshroll.events import DiscardReason
 from freshroll.kernel.results import Outcome
 from freshroll.lineage import PolicyVersion, SampleId
 from freshroll.rewards.tasks import Prompt
@@ -114,7 +115,8 @@ class CallRunner:
             pid = prompt_of(sid)
             prompt = prompts[pid]
             call.prompts.append(prompt)
-            reqs.append(GenRequest(sid, sid.partition(".")[0], pid, prompt.text, step))
+            reqs.append(GenRequest(sid, sid.partition(".")[0], pid, prompt.text, step,
+                                   row=prompt.columns))
         stage = f"inference worker {w.name!r}"
         seed, emit, episode = call.seed, self._emitter(w, call), self.workflow.run_episode
         waiting = self.ctx.waits.begin(f"{w.name} generate", lim.generate_timeout_s)
@@ -189,19 +191,22 @@ class CallRunner:
         return WorkerTimeout(f"worker {w.name} generate did not return within "
                              f"{self.ctx.limits.generate_timeout_s:g} s")
 
-    def _emitter(self, w: Worker, call: Call) -> Emit:
+    def _emitter(self, w: Worker, call: Call) -> EpisodeEmit:
         buf, put, worker = self.buf, self.inbox.put, (w.name, call.epoch)
         encode, complete, sids, version = pl.encode, buf.complete, call.sids, call.version
-        slot_freed, stopping = self._slot_freed, self._on_stopped
+        slot_freed, stopping, prompts = self._slot_freed, self._on_stopped, call.prompts
         requests_queued = self._requests_queued
-        prompts = call.prompts
 
         def emit(i: int, comp: Any) -> None:
             if buf.closed:
                 return
+            if isinstance(comp, EpisodeFailed):  # a tool or environment failed: typed discard
+                failed(i, comp.reason, f"{w.name}: {comp.detail}"[:300], f"tools {w.name}")
+                return
             problem = malformed(comp)
             if problem is not None:
-                invalid(i, problem)
+                failed(i, "invalid", f"malformed completion from worker {w.name}: {problem}",
+                       f"inference worker {w.name!r}")
                 return
             ranges, last = None, None
             if comp.version_spans and w.epoch == call.epoch:  # each token's version
@@ -229,23 +234,20 @@ class CallRunner:
             if out is Outcome.ACCEPTED:
                 put(sids[i], comp, prompts[i])
 
-        def invalid(i: int, problem: str) -> None:
-            """A malformed completion: its attempt (if still live) is discarded ``invalid``,
-            counted as a failure of the worker; a late one (a fenced or ended attempt) is
-            dropped: the buffer would reject it anyway."""
+        def failed(i: int, reason: DiscardReason, detail: str, stage: str) -> None:
+            """A malformed completion or a failed episode: a live attempt is discarded by
+            ``reason``, a failure of ``stage``; a late one is dropped (the buffer rejects it)."""
             if call.over or call.emitted[i] or w.epoch != call.epoch or w.fenced \
                     or buf.request_state(sids[i]) != "running":
                 return
-            detail = f"malformed completion from worker {w.name}: {problem}"
-            buf.discard(sids[i], "invalid", detail)
+            buf.discard(sids[i], reason, detail)
             call.emitted[i] = True
             call.pending -= 1
             w.inflight -= 1
             if call.pending:
                 slot_freed(w)
             self.ctx.notify()
-            stage = f"inference worker {w.name!r}"
-            self._budget_ok(w, stage)
+            self._budget_ok(w, f"inference worker {w.name!r}")
             self.ctx.budget.record(stage, self._rule, 1, 1, detail)
 
         return emit

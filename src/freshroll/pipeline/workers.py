@@ -54,9 +54,10 @@ from freshroll import events as ev
 from freshroll import unsafe
 from freshroll.control.breaker import quote
 from freshroll.engines.base import SwapsInFlight
-from freshroll.engines.episodes import workflow_for
+from freshroll.engines.episodes import HoldsEngines
 from freshroll.engines.seams import AsyncEngine, EngineNotRestartable, SamplingParams
 from freshroll.engines.weights import Weights
+from freshroll.envs.registry import workflow_for
 from freshroll.errors import Interrupted, RunFailed, WorkerLost, WorkerTimeout
 from freshroll.lineage import PolicyVersion, RequestId, SampleId
 from freshroll.pipeline.calls import Call, CallRunner, Worker, generation_seed
@@ -97,7 +98,7 @@ class WorkerPool:
         ro = ctx.cfg.rollout
         self.params = SamplingParams(ro.max_new_tokens, ro.temperature, ro.top_p, ro.top_k,
                                      ro.min_p, ro.repetition_penalty)
-        self.workflow = workflow_for(ro.workflow)  # drives the engine for each call
+        self.workflow = workflow_for(ctx.cfg)  # drives the engine for each call
         self.calls = CallRunner(ctx, inbox, on_stopped, self.params, self.workflow,
                                 self._slot_freed, self.requests_queued)
         self._trusted: Published | None = None  # the newest published version the ledger has
@@ -225,7 +226,15 @@ class WorkerPool:
                 del self.active[w.name]
             engine, w.engine = w.engine, None
             if engine is not None:
-                await engine.close()
+                await self._close(engine)
+
+    async def _close(self, engine: AsyncEngine) -> None:
+        """Close a worker's engine, after the workflow released what it holds for it."""
+        try:
+            if isinstance(self.workflow, HoldsEngines):
+                await self.workflow.release(engine)
+        finally:
+            await engine.close()
 
     async def _start(self, w: Worker) -> None:
         buf, lim = self.buf, self.ctx.limits
@@ -270,7 +279,7 @@ class WorkerPool:
             raise RunFailed(f"{what}; it was restarted {MAX_RESTARTS} times already") from exc
         engine, w.engine = w.engine, None
         if engine is not None:
-            await engine.close()
+            await self._close(engine)
         try:
             await self._start(w)
         except EngineNotRestartable:

@@ -137,6 +137,7 @@ class ThreadEngine:
     ) -> None:
         loop = asyncio.get_running_loop()
         texts = [r.text for r in requests]
+        ids = [r.prompt_ids for r in requests]
         samples = [r.sample for r in requests]
         self._inflight.update(samples)
 
@@ -161,7 +162,7 @@ class ThreadEngine:
 
         try:
             comps = await self._run(self.limits.generate_timeout_s, "generate", self._generate,
-                                    texts, params, seed, late=late)
+                                    texts, params, seed, ids, late=late)
         except asyncio.CancelledError:
             raise  # abandoned: ``late`` delivers or releases
         except BaseException:
@@ -169,15 +170,33 @@ class ThreadEngine:
             raise
         deliver(comps)
 
-    def _generate(self, texts: list[str], params: SamplingParams, seed: int) -> list[Completion]:
+    def _generate(self, texts: list[str], params: SamplingParams, seed: int,
+                  ids: list[tuple[int, ...] | None] | None = None) -> list[Completion]:
+        # token-in (a later turn of an episode) where every request brings its context's ids
+        given = {"prompt_ids": ids} if ids and all(i is not None for i in ids) else {}
         with tuned(self.threads, len(texts)):
             comps = self.engine.generate(
                 texts, max_new_tokens=params.max_new_tokens, temperature=params.temperature,
-                top_p=params.top_p, seed=seed, **params.extras(),
+                top_p=params.top_p, seed=seed, **params.extras(), **given,
             )
         if len(comps) != len(texts):
             raise ValueError(f"engine returned {len(comps)} completions for {len(texts)} prompts")
         return comps
+
+    @property
+    def tokenizer(self) -> Any:
+        """The engine's tokenizer where it is in this process (the HF engine), else None."""
+        return getattr(self.engine, "tokenizer", None)
+
+    def encode_text(self, text: str) -> tuple[int, ...]:
+        """``text`` as token ids with the engine's own tokenizer, no special tokens
+        (:class:`~freshroll.engines.seams.Tokenizes`: an environment's output, encoded once);
+        a TypeError for an engine with no tokenizer in this process (a process or Ray proxy)."""
+        tokenizer = getattr(self.engine, "tokenizer", None)
+        if tokenizer is None:
+            raise TypeError(f"engine {type(self.engine).__name__} has no tokenizer in this "
+                            "process: a tool-using episode needs run.runtime: inline")
+        return tuple(int(t) for t in tokenizer.encode(text, add_special_tokens=False))
 
     @property
     def swaps_in_flight(self) -> bool:

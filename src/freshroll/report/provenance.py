@@ -15,7 +15,11 @@ which samples made a policy version, read back from the ledger.
   the checkpoint that holds it (or the one a rebuild would start from, and the steps it
   would replay).
 
-Everything comes from the events (docs/ledger.md); nothing is recomputed. Times are seconds
+A multi-turn sample's attempt also lists its turns (model and tool/environment turns: tokens,
+seconds, the tool call and its outcome) from its stored payload (docs/agents.md).
+
+Everything comes from the events (docs/ledger.md) and the stored payloads; nothing is
+recomputed. Times are seconds
 since the ledger's first event.
 """
 
@@ -119,8 +123,22 @@ def lineage(run_dir: Path, ident: str) -> dict[str, Any]:
     hist = read_history(run_dir)
     ident = ident.strip()
     if _SAMPLE.match(ident) or _REQUEST.match(ident):
-        return _of_sample(hist, ident)
+        return _with_turns(_of_sample(hist, ident), Path(run_dir) / LEDGER_FILE)
     return _of_version(hist, Path(run_dir), ident)
+
+
+def _with_turns(info: dict[str, Any], path: Path) -> dict[str, Any]:
+    """Each attempt of ``info`` whose stored payload has turns gets them (``turns``)."""
+    from freshroll.engines import payload as pl
+
+    with Ledger(path, readonly=True) as ledger:
+        for row in info["attempts"]:
+            data = ledger.payload(row["sample"]) if row.get("tokens") is not None else None
+            turns = pl.decode(data).turns if data is not None else []
+            if turns:
+                row["turns"] = [{"kind": k, "tokens": n, "seconds": sec, "call": call,
+                                 "outcome": outcome} for k, n, sec, call, outcome in turns]
+    return info
 
 
 def _rel(hist: History, ts: float | None) -> float | None:
@@ -258,6 +276,10 @@ def _render_sample(info: dict[str, Any]) -> str:
                          f"{a['generated_s']} s){span}")
             for v, n in a.get("token_versions", ()):
                 lines.append(f"      {n} tokens by {v}")
+            for k, t in enumerate(a.get("turns", ()), 1):
+                call = f" {t['call']} -> {t['outcome']}" if t["call"] else ""
+                lines.append(f"      turn {k}: {t['kind']}, {t['tokens']} tokens, "
+                             f"{t['seconds']:.3f} s{call}")
         if a.get("reward_version") is not None:
             parts = ", ".join(f"{k} {v:g}" for k, v in a["rewards"].items())
             lines.append(f"    reward {a['reward']:g} by {a['reward_version']}"

@@ -136,6 +136,16 @@ def numeric_reward(
     return _per_answer(numeric_score, completions, answer)
 
 
+def reasoning_gym_reward(
+    prompts: list[str], completions: list[Any], rg_entry: list[str], **kwargs: Any
+) -> list[float]:
+    """Reward for a reasoning-gym task (``task.name: rg:<dataset>``): the dataset's own
+    ``score_answer`` of each completion (:mod:`freshroll.rewards.reasoning_gym`)."""
+    from freshroll.rewards.reasoning_gym import score_entries
+
+    return score_entries([completion_text(c) for c in completions], rg_entry)
+
+
 def length_penalty(prompts: list[str], completions: list[Any], **kwargs: Any) -> list[float]:
     """``-0.01 * len(completion)`` (raw text, whitespace included): combine with a weight."""
     return [-LENGTH_PENALTY_PER_CHAR * len(completion_text(c)) for c in completions]
@@ -147,5 +157,6 @@ REWARDS: dict[str, RewardFn] = {
     "repeat": repeat_reward,
     "exact_match": exact_match_reward,
     "numeric": numeric_reward,
+    "reasoning_gym": reasoning_gym_reward,
     "length_penalty": length_penalty,
 }

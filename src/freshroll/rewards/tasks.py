@@ -4,7 +4,8 @@ Prompts from a user's dataset are loaded by :mod:`freshroll.rewards.data`.
 
 Guarantees:
 
-* Built-in tasks (``reverse``, ``sort``, ``add``, ``repeat``: long-tailed lengths) are
+* Built-in tasks (``reverse``, ``sort``, ``add``, ``repeat``: long-tailed lengths; ``calc``:
+  a tool task; ``guess``: a multi-turn game) are
   generated from a private ``random.Random(seed)``: the same ``(task, n, seed, params)``
   always gives the same prompts, in the same order, and global random state is never
   touched.
@@ -26,6 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from freshroll.errors import ConfigError
+from freshroll.rewards.reasoning_gym import PREFIX as RG_PREFIX
+from freshroll.rewards.reasoning_gym import rg_prompts
 
 VOCAB: frozenset[str] = frozenset("0123456789+-*=<>|:, " + string.ascii_lowercase)
 
@@ -113,6 +116,22 @@ def _repeat(rng: random.Random, *, min_len: int = 2, max_len: int = 48,
     return f"rep {digit}x{n}=", digit * n
 
 
+def _calc(rng: random.Random, *, max_operand: int = 99) -> tuple[str, str]:
+    """A tool task (docs/agents.md): ``"calc 23*41 c:"`` -> ``"943"``. The prompt opens a
+    calculator call (``c:``), which the ``calc_tool`` workflow answers; the answer is scored
+    as ``add``'s (``numeric``)."""
+    _check_range("max_operand", max_operand, 0)
+    a, b = rng.randint(0, max_operand), rng.randint(0, max_operand)
+    return f"calc {a}*{b} c:", str(a * b)
+
+
+def _guess(rng: random.Random, *, max_number: int = 9) -> tuple[str, str]:
+    """A multi-turn game (docs/agents.md): ``"guess 0-9:"``; the secret is the answer, which
+    the ``guess_game`` workflow's environment reads and the policy never sees."""
+    _check_range("max_number", max_number, 1)
+    return f"guess 0-{max_number}:", str(rng.randint(0, max_number))
+
+
 def _check_range(
     name: str, value: int, low: int, upper_name: str | None = None, upper: int | None = None
 ) -> None:
@@ -127,6 +146,8 @@ TASKS: dict[str, Task] = {
     "sort": Task(_sort, "sort"),
     "add": Task(_add, "numeric"),
     "repeat": Task(_repeat, "repeat"),
+    "calc": Task(_calc, "numeric"),
+    "guess": Task(_guess, "numeric"),
 }
 
 
@@ -139,7 +160,11 @@ def task_params(task: str) -> dict[str, int]:
 
 
 def make_prompts(task: str, n: int, seed: int, **params: Any) -> list[Prompt]:
-    """``n`` prompts of built-in ``task``, deterministic in ``seed`` and ``params``."""
+    """``n`` prompts of built-in ``task``, deterministic in ``seed`` and ``params``; a
+    ``rg:<dataset>`` task is reasoning-gym's (:mod:`freshroll.rewards.reasoning_gym`)."""
+    if task.startswith(RG_PREFIX):
+        prompts: list[Prompt] = rg_prompts(task, n, seed, params)
+        return prompts
     generate = _task(task).generate
     _check_params(task, params)
     generate(random.Random(0), **params)  # range checks fire even when n == 0

@@ -17,9 +17,9 @@ from typing import Any
 
 from freshroll import crashpoints
 from freshroll.config import Config
-from freshroll.engines.episodes import workflow_for
 from freshroll.engines.model_dir import check_model_dir, quiet_transformers
 from freshroll.engines.names import check_engine
+from freshroll.envs.registry import workflow_for
 from freshroll.errors import ConfigError, LedgerError, ResumeError
 from freshroll.ledger import LEDGER_FILE, Ledger
 from freshroll.lineage import PolicyVersion, input_digests
@@ -195,7 +195,7 @@ def check_inputs(cfg: Config, run_dir: Path | None = None, resume: bool = False)
     rewards = build_reward_set([e.model_dump(exclude_none=True) for e in cfg.rewards],
                                ImportBound(lim.reward_import_timeout_s, lim.heartbeat_s))
     control_config(cfg)  # the controller's bounds (control vs rollout), before any write
-    workflow_for(cfg.rollout.workflow)  # a registered episode workflow, before any write
+    workflow_for(cfg)  # a registered episode workflow that suits the config, before any write
     pending: tuple[Any, Any] | None = None
     digest = None
     if cfg.rollout.engine == "sim":  # no model: the built-in task's prompts as they are

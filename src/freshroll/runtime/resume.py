@@ -79,6 +79,7 @@ RULES: Final[Mapping[str, Rule]] = {
     "rollout.engine": "never",       # the samples of a simulated run are not a model's
     "rollout.on_update": "explicit",  # which weights a continued request's tokens come from
     "rollout.workflow": "explicit",  # what an episode is: the samples from the resume on
+    "tools": "explicit",             # what a tool turn holds and when it fails
     # who sets the live settings, and how: they change speed, never what a sample is
     "control": "free",
     "tail": "explicit",              # a deadline changes which samples a group keeps

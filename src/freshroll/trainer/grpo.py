@@ -49,6 +49,7 @@ from freshroll.config import TrainerSection
 from freshroll.engines.lora_merge import adapter_bytes
 from freshroll.engines.model_dir import takes_logits_to_keep
 from freshroll.engines.prefix import cache_kwarg, disable_dropout, drops_out
+from freshroll.engines.trajectory import expand_mask, trained_tokens
 from freshroll.errors import ConfigError, NonFiniteStep
 from freshroll.trainer.accum import combine_metrics, micro_slices, micro_weight
 from freshroll.trainer.lora import (
@@ -83,6 +84,13 @@ class TrainSample:
     token_lags: tuple[tuple[int, int], ...] = ()
     #: it ended at max_new_tokens without an end token (its payload's finish reason)
     truncated: bool = False
+    #: which completion tokens get loss, run-length ``(trained, tokens)`` (its payload's
+    #: ``mask``: a multi-turn episode's tool/environment tokens are 0); empty: all of them
+    loss_mask: tuple[tuple[int, int], ...] = ()
+
+    def trained(self) -> list[float]:
+        """One loss weight per completion token: 1.0 trained, 0.0 context only."""
+        return expand_mask(self.loss_mask, len(self.token_ids))
 
     def lags(self) -> list[int]:
         """One lag per completion token (a range list short of the tokens: the rest at
@@ -125,7 +133,7 @@ def collate(samples: Sequence[TrainSample], pad_id: int) -> Batch:
         pad, before = width - p - c, p - 1
         ids.append([*s.prompt_ids, *s.token_ids, *[pad_id] * pad])
         attn.append([1] * (p + c) + [0] * pad)
-        mask.append([0.0] * before + [1.0] * c + [0.0] * pad)
+        mask.append([0.0] * before + s.trained() + [0.0] * pad)
         behaviour.append([0.0] * before + list(s.logprobs) + [0.0] * pad)
         lags.append([0] * before + s.lags() + [0] * pad)
     input_ids = torch.tensor(ids, dtype=torch.long)
@@ -289,7 +297,8 @@ class GRPOLearner:
         gradient norm and lr."""
         slices = micro_slices(len(samples), self.cfg.grad_accum)
         rows = loss_rows(samples) if self.cfg.mask_truncated else None
-        loss_tokens = float(sum(len(s.token_ids) for i, s in enumerate(samples)
+        loss_tokens = float(sum(trained_tokens(s.loss_mask, len(s.token_ids))
+                                for i, s in enumerate(samples)
                                 if rows is None or rows[i]))
         self.optimizer.zero_grad(set_to_none=True)
         parts: list[tuple[dict[str, float], float]] = []
@@ -417,7 +426,8 @@ class GRPOLearner:
                                             keep=self._takes_keep)
             assert ref_raw is not None  # the same model class as the policy's
             ref = token_logprobs(ref_raw.float(), batch.targets, self.temperature)
-        mask = batch.mask if rows is None else batch.mask * rows[:, None]
+        mask = batch.mask if batch.trained is None else batch.mask * batch.trained
+        mask = mask if rows is None else mask * rows[:, None]
         loss, metrics = policy_loss(
             logp, batch.behaviour, adv, mask, loss_cfg, ref_logprobs=ref, token_lags=batch.lags,
         )

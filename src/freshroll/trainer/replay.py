@@ -56,6 +56,7 @@ def train_samples(buf: SampleBuffer, samples: Sequence[str], consumer: int) -> l
             p.prompt_ids, p.token_ids, p.logprobs, reward, groups.setdefault(gid, len(groups)),
             consumer - step, tuple((consumer - policy_step(v), n) for v, n in p.versions),
             truncated=p.finish_reason == FINISH_LENGTH,
+            loss_mask=tuple((int(b), int(n)) for b, n in p.mask),
         ))
     return out
 

@@ -42,6 +42,9 @@ class SharedBatch:
     rewards: torch.Tensor      # [B]
     groups: torch.Tensor       # [B]
     lags: torch.Tensor         # [B, T] each completion token's lag
+    #: [B, T] 1.0 at tokens that get loss (a tool's tokens are 0.0; ``mask`` is also the
+    #: completions' attention, so it stays 1.0 there); None: every completion token
+    trained: torch.Tensor | None = None
 
 
 def collate_shared(samples: Sequence[TrainSample], pad_id: int) -> SharedBatch | None:
@@ -51,13 +54,14 @@ def collate_shared(samples: Sequence[TrainSample], pad_id: int) -> SharedBatch |
     width = max(len(s.token_ids) for s in samples)
     if len(unique) == len(samples) or width == 0 or any(not p for p in unique):
         return None
-    targets, mask, behaviour, lags = [], [], [], []
+    targets, mask, behaviour, lags, trained = [], [], [], [], []
     for s in samples:
         pad = width - len(s.token_ids)
         targets.append([*s.token_ids, *[pad_id] * pad])
         mask.append([1.0] * len(s.token_ids) + [0.0] * pad)
         behaviour.append([*s.logprobs, *[0.0] * pad])
         lags.append([*s.lags(), *[0] * pad])
+        trained.append([*s.trained(), *[0.0] * pad])
     ids, attn = left_pad(unique, pad_id)
     return SharedBatch(
         ids, attn, torch.tensor(rows, dtype=torch.long),
@@ -66,6 +70,8 @@ def collate_shared(samples: Sequence[TrainSample], pad_id: int) -> SharedBatch |
         torch.tensor([s.reward for s in samples], dtype=torch.float32),
         torch.tensor([s.group for s in samples], dtype=torch.long),
         torch.tensor(lags, dtype=torch.long),
+        torch.tensor(trained, dtype=torch.float32) if any(s.loss_mask for s in samples)
+        else None,
     )
 
 

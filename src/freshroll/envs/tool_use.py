@@ -1,0 +1,169 @@
+"""A tool-using episode workflow: model turns and tool turns until an answer (docs/agents.md).
+
+``rollout.workflow: calc_tool`` (registered by :mod:`freshroll.envs.registry`). For each
+request of a worker's call:
+
+1. The first model turn writes the argument of the call the prompt opens (a built-in
+   ``calc`` prompt ends in ``c:``); the tool answers, and its text is appended as an
+   environment turn (its token ids from the engine's tokenizer, encoded once; no loss).
+2. Each later model turn is a new call when its text starts with :data:`CALL` and fewer than
+   ``tools.max_calls`` calls were made; otherwise it is the answer, and the episode ends.
+3. The sample is the whole trajectory (:func:`freshroll.engines.trajectory.assemble`): the
+   prompt, every turn's tokens, a loss mask that trains the model's tokens only, and its
+   turns (kind, tokens, seconds, call, outcome) for the ledger; its text, which the rewards
+   score, is the last model turn's.
+
+Token-in / token-out: every turn after the first is generated from the token ids of the turns
+before it (``GenRequest.prompt_ids``), never from re-tokenised text, so the trainer scores
+exactly the tokens that were sampled.
+
+Tools run on the event loop, all of a turn's calls together (``asyncio.gather``), each within
+``tools.timeout_s``; ``tools.latency_s`` adds a seeded lognormal delay per call (a slow tool,
+for benchmarks). A tool that raises or does not answer in time ends its request as
+:class:`~freshroll.engines.episodes.EpisodeFailed` (``tool_error``): discarded by reason,
+never a reward of 0, never a hang; the other requests go on. Engine failures are the
+engine's (the episode contract, :mod:`freshroll.engines.episodes`), and every turn's seed
+derives from the call's seed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Final
+
+from freshroll.engines.base import Completion
+from freshroll.engines.episodes import EpisodeEmit, EpisodeFailed, WorkflowSetup
+from freshroll.engines.seams import AsyncEngine, GenRequest, SamplingParams, Tokenizes
+from freshroll.engines.trajectory import Segment, assemble, env_segment, model_segment
+from freshroll.envs.calc import Calculator, Tool, ToolResult
+from freshroll.errors import ConfigError
+
+#: what opens a tool call in a model turn after the first
+CALL: Final = "c:"
+#: each turn's seed: the call's seed plus this prime times the turn
+TURN_SEED: Final = 7919
+
+
+@dataclass
+class _Episode:
+    """One request's episode so far."""
+
+    prompt: tuple[int, ...] = ()
+    context: list[int] = field(default_factory=list)
+    segments: list[Segment] = field(default_factory=list)
+    calls: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    """A tool call's answer (its text, outcome, seconds) or None with why it failed."""
+
+    result: ToolResult | None
+    seconds: float
+    failure: str = ""
+
+
+class ToolUse:
+    """The workflow of the module docstring, over one :class:`~freshroll.envs.calc.Tool`."""
+
+    def __init__(self, setup: WorkflowSetup, tool: Tool | None = None) -> None:
+        if setup.runtime != "inline":
+            raise ConfigError(f"rollout.workflow: {setup.rollout.workflow} needs run.runtime: "
+                              f"inline (the engine's tokenizer in this process), not "
+                              f"{setup.runtime}")
+        self.tools = setup.tools
+        self.tool: Tool = tool if tool is not None else Calculator()
+
+    async def run_episode(
+        self, engine: AsyncEngine, requests: Sequence[GenRequest], params: SamplingParams,
+        seed: int, emit: EpisodeEmit,
+    ) -> None:
+        if not isinstance(engine, Tokenizes):
+            raise TypeError(f"engine {type(engine).__name__} cannot encode a tool's output: "
+                            "a tool-using episode needs the hf engine, run.runtime: inline")
+        episodes = [_Episode() for _ in requests]
+        live, turn = list(range(len(requests))), 0
+        while live:
+            reqs = [requests[i] if turn == 0 else
+                    replace(requests[i], prompt_ids=tuple(episodes[i].context)) for i in live]
+            got: dict[int, Completion] = {}
+            await engine.generate(reqs, params, seed + TURN_SEED * turn, got.__setitem__)
+            calling: list[tuple[int, str]] = []
+            for j, i in enumerate(live):
+                comp = got.get(j)
+                if comp is None:  # cancelled in this turn: no further turn, no emit
+                    continue
+                call = self._model_turn(episodes[i], comp, turn)
+                if call is None:
+                    ep = episodes[i]
+                    emit(i, assemble(ep.prompt, ep.segments, comp.text, comp.finish_reason))
+                else:
+                    calling.append((i, call))
+            answers = await asyncio.gather(*(
+                self._call(arg, random.Random(seed * 1_000_003 + i * 101 + turn))
+                for i, arg in calling))
+            live = []
+            for (i, arg), answer in zip(calling, answers, strict=True):
+                if self._tool_turn(engine, episodes[i], arg, answer, i, emit):
+                    live.append(i)
+            turn += 1
+
+    def _model_turn(self, ep: _Episode, comp: Completion, turn: int) -> str | None:
+        """Record a model turn; the argument of the call it makes, or None (the answer)."""
+        if turn == 0:
+            ep.prompt = comp.prompt_token_ids
+            ep.context = list(comp.prompt_token_ids)
+        ep.segments.append(model_segment(comp))
+        ep.context.extend(comp.token_ids)
+        if ep.calls >= self.tools.max_calls:
+            return None
+        if turn == 0:  # the prompt opened the call: the whole turn is its argument
+            return comp.text
+        text = comp.text.lstrip()
+        return text[len(CALL):] if text.startswith(CALL) else None
+
+    def _tool_turn(self, engine: Tokenizes, ep: _Episode, arg: str, answer: _Answer, i: int,
+                   emit: EpisodeEmit) -> bool:
+        """Record a tool's answer as an environment turn (True: the episode goes on), or emit
+        the request's failure (False)."""
+        call = f"{self.tool.name}:{arg}"
+        if answer.result is None:
+            model_s = sum(s.seconds for s in ep.segments)
+            emit(i, EpisodeFailed("tool_error", f"{call!r}: {answer.failure}",
+                                  model_s + answer.seconds))
+            return False
+        ids = engine.encode_text(answer.result.text)
+        ep.segments.append(env_segment(ids, answer.seconds, call, answer.result.outcome))
+        ep.context.extend(ids)
+        ep.calls += 1
+        return True
+
+    async def _call(self, arg: str, rng: random.Random) -> _Answer:
+        """One tool call within ``tools.timeout_s`` (after its simulated latency, if any)."""
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        limit = self.tools.timeout_s
+        try:
+            async with asyncio.timeout(limit):
+                if self.tools.latency_s > 0:
+                    await asyncio.sleep(self.tools.latency_s * math.exp(
+                        rng.gauss(0.0, self.tools.latency_sigma)))
+                result = await self.tool(arg)
+        except TimeoutError:
+            return _Answer(None, loop.time() - start,
+                           f"tool {self.tool.name} did not answer within tools.timeout_s={limit:g}")
+        except Exception as exc:  # the tool's own failure: this sample, not the worker
+            return _Answer(None, loop.time() - start,
+                           f"tool {self.tool.name} raised {type(exc).__name__}: {exc}"[:240])
+        if not isinstance(result, ToolResult):
+            return _Answer(None, loop.time() - start,
+                           f"tool {self.tool.name} returned {type(result).__name__}, "
+                           "not a ToolResult")
+        return _Answer(result, loop.time() - start)
+
+
+__all__ = ["CALL", "TURN_SEED", "ToolUse"]
