@@ -21,9 +21,11 @@ from freshroll.engines.model_dir import loading_model
 from freshroll.errors import LineageError, ResumeError, RunDirError
 from freshroll.ports.waits import seconds
 from freshroll.runtime.resume import History, canonical
+from freshroll.runtime.trainer_group import start_group
 from freshroll.trainer.checkpoint import load_checkpoint
 from freshroll.trainer.grpo import GRPOLearner, use_kernel
 from freshroll.trainer.lora import wrap
+from freshroll.trainer.ranks import Gloo
 from freshroll.trainer.replay import CommittedStep, committed_chain, replay
 
 
@@ -88,6 +90,7 @@ def build_learner(
     its settings digest must be the one committed. Afterwards the config in force applies.
     """
     learner, _ = new_learner(cfg, path)
+    start_group(cfg, path, learner, new_learner)  # trainer.parallel's ranks: learner.ranks
     assert buf.version is not None
     target = buf.version.step if to_step is None else to_step
     if target == 0:
@@ -98,6 +101,8 @@ def build_learner(
     ckpt_path, ckpt_step = resume_point(run_dir, chain, target)
     if ckpt_step > 0:
         restore(learner, ckpt_path, ckpt_step)
+    if isinstance(learner.ranks, Gloo):  # every rank at rank 0's state before the replay
+        learner.ranks.sync(learner)
 
     said = Heartbeat(cfg.limits.heartbeat_s, ckpt_step, target)
 

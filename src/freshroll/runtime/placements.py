@@ -264,6 +264,7 @@ def _scorer(b: Build, stack: ExitStack, ray: bool = False) -> ThreadScorer | Ray
 
 def _trainer(b: Build, stack: ExitStack, learner: GRPOLearner,
              publish: Publish) -> ThreadTrainer | RayTrainer:
+    stack.callback(learner.ranks.close)  # trainer.parallel's other ranks, after the trainer
     trainer = build_trainer(b.prep, b.buf, b.out, learner, b.before_commit, publish,
                             b.placement)
     stack.callback(trainer.close)
