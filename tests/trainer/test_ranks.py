@@ -112,3 +112,42 @@ def test_two_gloo_ranks_train_the_weights_one_process_does(tmp_path: Path, accum
 def test_world_size_needs_parallel_ddp() -> None:
     with pytest.raises(ConfigError, match="world_size"):
         load_config(None, ["trainer.world_size=2"])
+
+
+def test_a_lost_rank_fails_the_step_and_a_restarted_group_trains_it_again(
+        tmp_path: Path) -> None:
+    """Rank 1 killed between steps: rank 0's next step raises RankLost having applied
+    nothing (its weights are still the last step's), and a restarted group (rank 0's state
+    sent to a new rank 1) trains the same steps to the very weights of an uninterrupted
+    group: gloo's sum over two ranks is deterministic."""
+    import os
+    import signal
+
+    from freshroll.trainer.ranks import RankLost
+
+    model = save_tiny(tmp_path / "m", seed=4)
+    cfg = load_config(None, ["trainer.lr=0.01", "trainer.world_size=2",
+                             "trainer.parallel=ddp"])
+    batches = _batches()
+    digests = []
+    for kill in (False, True):
+        learner, _ = new_learner(cfg, model)
+        group = start_group(cfg, model, learner, new_learner)
+        assert group is not None
+        try:
+            learner.step(batches[0])
+            if kill:
+                before = weights_digest(learner.model)
+                os.kill(group.procs[0].pid, signal.SIGKILL)
+                group.procs[0].join(30)
+                with pytest.raises(RankLost, match="lost a rank"):
+                    learner.step(batches[1])
+                assert weights_digest(learner.model) == before and learner.steps == 1
+                group.restart()
+                assert group.restarts == 1 and group.procs[0].is_alive()
+            for b in batches[1:]:
+                learner.step(b)
+            digests.append(weights_digest(learner.model))
+        finally:
+            group.close()
+    assert digests[0] == digests[1]

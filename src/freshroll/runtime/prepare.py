@@ -335,6 +335,10 @@ def _check_resume(
     accepted = check(changes, set(allow), known=set(now), step=hist.step, where=str(out))
     model = cfg.model.path or str(out / "model")
     check_model(hist.initial_version, str(PolicyVersion.initial(digest)), model, str(out))
+    if cfg.rollout.engine != "sim":  # a learner to rebuild: at the steps' own world size
+        from freshroll.runtime.learner import check_replay_ranks
+
+        check_replay_ranks(cfg, out, hist)
     return hist, accepted
 
 

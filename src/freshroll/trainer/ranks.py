@@ -37,7 +37,7 @@ import contextlib
 import copy
 import datetime
 import pickle
-from collections.abc import Callable, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -45,11 +45,27 @@ from typing import TYPE_CHECKING, Any, Final
 import torch
 import torch.distributed as dist
 
-from freshroll.errors import NonFiniteStep
+from freshroll.errors import NonFiniteStep, WorkerLost
 from freshroll.trainer.accum import micro_slices
 
 if TYPE_CHECKING:
     from freshroll.trainer.grpo import GRPOLearner, TrainSample
+
+class RankLost(WorkerLost):
+    """A collective of the trainer's group failed: a rank died (or its connection did). The
+    step it was part of applied nothing (every collective of a step comes before the
+    optimizer's), so rank 0 still holds the last step's weights."""
+
+
+@contextlib.contextmanager
+def _collective(world: int, what: str) -> Iterator[None]:
+    """A gloo failure inside as :class:`RankLost`, in one line."""
+    try:
+        yield
+    except RuntimeError as exc:
+        first = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+        raise RankLost(f"the trainer group of {world} ranks lost a rank ({what}: {first})") from exc
+
 
 #: the rule that splits a step's batch across ranks (module docstring)
 RANK_SPLIT: Final = "contiguous"
@@ -144,12 +160,14 @@ class Gloo:
     def __init__(self, pg: Any, rank: int, world: int) -> None:
         #: the gloo process group (``Any``: torch's stubs omit its collectives)
         self.pg, self.rank, self.world = pg, rank, world
-        #: what stops the group's processes (set by whoever started them)
-        self.closer: Callable[[], None] = lambda: None
+        #: rank 0's: what started the group's processes and stops them (its ``close()``;
+        #: runtime.trainer_group.TrainerGroup)
+        self.owner: Any = None
 
     def close(self) -> None:
-        """Stop the group (rank 0): :attr:`closer`."""
-        self.closer()
+        """Stop the group (rank 0): its owner's ``close()``."""
+        if self.owner is not None:
+            self.owner.close()
 
     def slices(self, n: int, k: int) -> list[slice]:
         return rank_slices(n, k, self.world, self.rank)
@@ -178,7 +196,8 @@ class Gloo:
                 for p in params]
         has = torch.tensor([p.grad is not None for p in params], dtype=flat[0].dtype)
         buf = torch.cat([*flat, has])
-        self.pg.allreduce([buf]).wait()
+        with _collective(self.world, "the gradients' all-reduce"):
+            self.pg.allreduce([buf]).wait()
         at = 0
         for i, p in enumerate(params):
             n = p.numel()
@@ -199,22 +218,24 @@ class Gloo:
         """``obj`` pickled from rank 0 to every rank (the others pass None and get it)."""
         data = pickle.dumps(obj) if self.rank == 0 else b""
         size = torch.tensor([len(data)], dtype=torch.long)
-        self.pg.broadcast(size, 0).wait()
-        buf = (torch.frombuffer(bytearray(data), dtype=torch.uint8) if self.rank == 0
-               else torch.empty(int(size), dtype=torch.uint8))
-        self.pg.broadcast(buf, 0).wait()
+        with _collective(self.world, f"a broadcast of {type(obj).__name__}"):
+            self.pg.broadcast(size, 0).wait()
+            buf = (torch.frombuffer(bytearray(data), dtype=torch.uint8) if self.rank == 0
+                   else torch.empty(int(size), dtype=torch.uint8))
+            self.pg.broadcast(buf, 0).wait()
         return obj if self.rank == 0 else pickle.loads(buf.numpy().tobytes())
 
     def all_objects(self, obj: object) -> list[Any]:
         """Every rank's ``obj``, in rank order, on every rank."""
         data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
         sizes = [torch.zeros(1, dtype=torch.long) for _ in range(self.world)]
-        self.pg.allgather([sizes], [torch.tensor([data.numel()])]).wait()
-        top = max(int(s) for s in sizes)
-        padded = torch.zeros(top, dtype=torch.uint8)
-        padded[:data.numel()] = data
-        outs = [torch.zeros(top, dtype=torch.uint8) for _ in range(self.world)]
-        self.pg.allgather([outs], [padded]).wait()
+        with _collective(self.world, "the metrics' all-gather"):
+            self.pg.allgather([sizes], [torch.tensor([data.numel()])]).wait()
+            top = max(int(s) for s in sizes)
+            padded = torch.zeros(top, dtype=torch.uint8)
+            padded[:data.numel()] = data
+            outs = [torch.zeros(top, dtype=torch.uint8) for _ in range(self.world)]
+            self.pg.allgather([outs], [padded]).wait()
         return [pickle.loads(o[:int(n)].numpy().tobytes())
                 for o, n in zip(outs, sizes, strict=True)]
 
@@ -261,5 +282,5 @@ def follow(learner: GRPOLearner, ranks: Gloo) -> int:
             trained += 1
 
 
-__all__ = ["RANK_SPLIT", "SOLO", "Gloo", "LoadOrder", "Solo", "StepOrder", "StopOrder",
+__all__ = ["RANK_SPLIT", "SOLO", "Gloo", "LoadOrder", "RankLost", "Solo", "StepOrder", "StopOrder",
            "connect", "follow", "rank_slices", "ranks_record"]
