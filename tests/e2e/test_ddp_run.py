@@ -109,3 +109,22 @@ def test_a_killed_rank_is_restarted_once_and_the_run_verifies(tmp_path: Path) ->
     res = freshroll("verify", str(out))
     assert res.returncode == 0, res.stdout
     assert replay_run(out).ok  # the restarted group's steps replay to their digests too
+
+
+@pytest.mark.parametrize(("first", "then"), [(2, 1), (1, 2)])
+def test_a_checkpoint_resumes_at_another_world_size(tmp_path: Path, first: int,
+                                                    then: int) -> None:
+    """A checkpoint is rank 0's full state: a run resumes from the one of its last committed
+    step at another world size (an explicit change), and stays verifiable."""
+    def ranks(n: int) -> list[str]:
+        return [f"trainer.parallel={'ddp' if n > 1 else 'none'}", f"trainer.world_size={n}"]
+
+    out = tmp_path / "run"
+    freshroll("run", "configs/smoke.yaml", "run.steps=2", "run.progress=false",
+              "trainer.checkpoint_every=2", *ranks(first), "--out", str(out))
+    res = freshroll("run", "--resume", str(out), "run.steps=4", *ranks(then),
+                    "--allow-change", "trainer.parallel", "--allow-change", "trainer.world_size")
+    assert "verify: ok" in res.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 4
+    assert ("trainer_ranks" in summary["host"]) == (then > 1)

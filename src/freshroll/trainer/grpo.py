@@ -327,7 +327,7 @@ class GRPOLearner:
         if bad is not None:
             self.optimizer.zero_grad(set_to_none=True)
             raise NonFiniteStep(bad)
-        self.ranks.reduce_grads([p for p in self.model.parameters() if p.requires_grad])
+        self.ranks.reduce_grads(self.model)
         total_loss = float(losses[0] if len(losses) == 1 else torch.stack(losses).sum())
         metrics = combine_metrics(parts, loss_tokens)
         grad_norm, lr = self._apply_gradients(number, total_loss)

@@ -109,7 +109,7 @@ class Solo:
     def gather(self, parts: Parts) -> Parts:
         return parts
 
-    def reduce_grads(self, params: Sequence[torch.nn.Parameter]) -> None:
+    def reduce_grads(self, model: torch.nn.Module) -> None:
         """The gradients are this process's."""
 
     def close(self) -> None:
@@ -189,9 +189,10 @@ class Gloo:
             bad = bad or b
         return metrics, losses, entropy, bad
 
-    def reduce_grads(self, params: Sequence[torch.nn.Parameter]) -> None:
+    def reduce_grads(self, model: torch.nn.Module) -> None:
         """Sum every trainable parameter's gradient across ranks in one all-reduce; a
         parameter no rank has a gradient for keeps none (as in one process)."""
+        params = [p for p in model.parameters() if p.requires_grad]
         flat = [p.grad.flatten() if p.grad is not None else torch.zeros(p.numel(), dtype=p.dtype)
                 for p in params]
         has = torch.tensor([p.grad is not None for p in params], dtype=flat[0].dtype)
