@@ -32,7 +32,7 @@ pytestmark = pytest.mark.slow
 DDP = ["trainer.parallel=ddp", "trainer.world_size=2"]
 
 
-def test_a_two_rank_run_verifies_and_replays(tmp_path: Path) -> None:
+def test_a_two_rank_run_verifies_replays_and_resumes(tmp_path: Path) -> None:
     out = tmp_path / "run"
     res = freshroll("run", "configs/smoke.yaml", "run.steps=4", "run.progress=false",
                     "trainer.checkpoint_every=2", *DDP, "--out", str(out))
@@ -45,18 +45,33 @@ def test_a_two_rank_run_verifies_and_replays(tmp_path: Path) -> None:
     assert export_model(out, tmp_path / "m3", step=3).replayed == 1
     replayed = replay_run(out)
     assert replayed.ok and replayed.steps == 4, replayed.render()
-    # --resume without a checkpoint: a new group replays the 4 steps to their digests; in
-    # one process it cannot, and says why before training anything
-    for ckpt in (out / "checkpoints").iterdir():
-        shutil.rmtree(ckpt)
-    res = freshroll("run", "--resume", str(out), "trainer.parallel=none", "trainer.world_size=1",
-                    "--allow-change", "trainer.parallel", "--allow-change", "trainer.world_size",
-                    check=False)
+    # without step 4's checkpoint a resume replays steps 3-4: in one process it cannot, and
+    # says why before anything is written; a new group of 2 replays them to their digests
+    shutil.rmtree(out / "checkpoints" / "step-000004")
+    one = ["trainer.parallel=none", "trainer.world_size=1", "--allow-change",
+           "trainer.parallel", "--allow-change", "trainer.world_size"]
+    res = freshroll("run", "--resume", str(out), *one, check=False)
     assert res.returncode == 2
-    assert "trainer.world_size: 1 rank(s), but committed step 1 was trained by 2" in res.stderr
+    assert "trainer.world_size: 1 rank(s), but committed step 3 was trained by 2" in res.stderr
     assert "world_size: 1" not in (out / "config.yaml").read_text()  # nothing written
-    res = freshroll("run", "--resume", str(out), "run.steps=5")
+    res = freshroll("run", "--resume", str(out), "run.steps=6", "trainer.checkpoint_every=1")
     assert "verify: ok" in res.stdout and "weights digests match" in res.stderr
+    # from the checkpoint of its last step (6), the run goes on in one process (2 -> 1)
+    res = freshroll("run", "--resume", str(out), "run.steps=7", *one)
+    assert "verify: ok" in res.stdout
+    assert "trainer_ranks" not in json.loads((out / "summary.json").read_text())["host"]
+
+
+def test_a_one_process_run_resumes_with_two_ranks(tmp_path: Path) -> None:
+    """A checkpoint is rank 0's full state, the same at any world size: 1 -> 2."""
+    out = tmp_path / "run"
+    freshroll("run", "configs/smoke.yaml", "run.steps=2", "run.progress=false",
+              "trainer.checkpoint_every=2", "--out", str(out))
+    res = freshroll("run", "--resume", str(out), "run.steps=4", *DDP, "--allow-change",
+                    "trainer.parallel", "--allow-change", "trainer.world_size")
+    assert "verify: ok" in res.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 4 and summary["host"]["trainer_ranks"]["world_size"] == 2
 
 
 def test_a_world_size_the_machine_cannot_hold_is_refused_before_any_write(
@@ -109,22 +124,3 @@ def test_a_killed_rank_is_restarted_once_and_the_run_verifies(tmp_path: Path) ->
     res = freshroll("verify", str(out))
     assert res.returncode == 0, res.stdout
     assert replay_run(out).ok  # the restarted group's steps replay to their digests too
-
-
-@pytest.mark.parametrize(("first", "then"), [(2, 1), (1, 2)])
-def test_a_checkpoint_resumes_at_another_world_size(tmp_path: Path, first: int,
-                                                    then: int) -> None:
-    """A checkpoint is rank 0's full state: a run resumes from the one of its last committed
-    step at another world size (an explicit change), and stays verifiable."""
-    def ranks(n: int) -> list[str]:
-        return [f"trainer.parallel={'ddp' if n > 1 else 'none'}", f"trainer.world_size={n}"]
-
-    out = tmp_path / "run"
-    freshroll("run", "configs/smoke.yaml", "run.steps=2", "run.progress=false",
-              "trainer.checkpoint_every=2", *ranks(first), "--out", str(out))
-    res = freshroll("run", "--resume", str(out), "run.steps=4", *ranks(then),
-                    "--allow-change", "trainer.parallel", "--allow-change", "trainer.world_size")
-    assert "verify: ok" in res.stdout
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["steps"] == 4
-    assert ("trainer_ranks" in summary["host"]) == (then > 1)

@@ -81,6 +81,7 @@ def test_rank_slices_cover_the_batch_once_in_order() -> None:
     assert rank_slices(1, 1, 2, 1) == []  # fewer rows than ranks: rank 1 trains none
 
 
+@pytest.mark.slow  # spawns a rank: a fresh interpreter importing torch and transformers
 @pytest.mark.parametrize("accum", [1, 2])
 def test_two_gloo_ranks_train_the_weights_one_process_does(tmp_path: Path, accum: int) -> None:
     """Each step's gradient (rank 0's, after the all-reduce) is one process's within 1e-6;
@@ -114,6 +115,7 @@ def test_world_size_needs_parallel_ddp() -> None:
         load_config(None, ["trainer.world_size=2"])
 
 
+@pytest.mark.slow  # three groups started
 def test_a_lost_rank_fails_the_step_and_a_restarted_group_trains_it_again(
         tmp_path: Path) -> None:
     """Rank 1 killed between steps: rank 0's next step raises RankLost having applied
