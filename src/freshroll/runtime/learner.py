@@ -168,7 +168,7 @@ def step_settings(learner: GRPOLearner, cfg: Config, hist: History | None,
     committed ones (their settings digest differs), or None."""
     config, committed = hist.steps.get(step, (None, "")) if hist else (None, "")
     in_force = recorded[canonical(config)] if config is not None else cfg
-    ranks = in_force.trainer.world_size if in_force.trainer.parallel != "none" else 1
+    ranks = ranks_of(in_force.trainer.model_dump())
     if ranks != learner.ranks.world:  # the same gradient, another float sum: other bits
         return (f"step {step} was trained by {ranks} rank(s) (trainer.world_size), this "
                 f"learner has {learner.ranks.world}: a run's steps are rebuilt at the world "
