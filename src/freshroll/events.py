@@ -254,8 +254,9 @@ class WeightsLoaded(Event, frozen=True, tag="weights_loaded"):
 
 
 class TrainerRestarted(Event, frozen=True, tag="trainer_restarted"):
-    """The trainer (a Ray actor) was lost during a step and rebuilt from the last durable
-    commit; the step of the still-open lease ``lease`` is trained again."""
+    """The trainer (a Ray actor, or a rank of trainer.parallel's group) was lost during a
+    step and rebuilt from the last durable commit; the step of the still-open lease
+    ``lease`` is trained again."""
 
     lease: str  # the lease whose step was retried (still open: nothing was committed)
     version: str  # the durable version the new trainer was rebuilt at

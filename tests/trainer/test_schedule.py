@@ -108,7 +108,7 @@ def test_the_settings_digest() -> None:
             mode="json", exclude={"on_nonfinite", "lr_schedule", "warmup_steps", "grad_accum",
                                   "bf16", "lora", "optim", "warmup_ratio", "scale_rewards",
                                   "ratio_level", "mask_truncated", "num_iterations",
-                                  "gradient_checkpointing"}),
+                                  "gradient_checkpointing", "parallel", "world_size"}),
         "temperature": 1.0,
     })
     assert _learner(optim="adamw_torch").settings_digest == old_style
@@ -116,6 +116,9 @@ def test_the_settings_digest() -> None:
     assert _learner(optim="adamw_torch", gradient_checkpointing=True).settings_digest == (
         old_style)
     assert _learner().settings_digest != old_style  # the fused kernel: its own digest
+    # the same gradient summed over ranks: a policy version means the same at any world size
+    assert _learner(optim="adamw_torch", parallel="ddp", world_size=2).settings_digest == (
+        old_style)
     digests = {
         _learner().settings_digest, _learner(warmup_steps=2).settings_digest,
         _learner(grad_accum=2).settings_digest, _learner(lr_schedule="linear").settings_digest,

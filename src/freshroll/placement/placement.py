@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from freshroll.config import Config
+from freshroll.errors import ConfigError
 from freshroll.ports.threads import ModeGroup, SharedExecutor
 from freshroll.procs import available_cores
 from freshroll.stage_threads import ModeThreads, StageThreads, ThreadCounts
@@ -97,6 +98,30 @@ def ray_trainer(cfg: Config, runtime: Runtime) -> tuple[TrainerPlace, str] | Non
     if runtime != "ray" or cfg.rollout.engine != "hf":
         return None
     return trainer_place(cfg)
+
+
+def check_world_size(cfg: Config, cores: int | None = None) -> None:
+    """``trainer.world_size`` ranks must fit where the trainer is placed: one process and
+    one core each on this machine (gloo on CPU, one intra-op thread per rank), beside a
+    trainer in this process (not a Ray trainer actor, which holds one learner), with a model
+    to train (not the simulated cluster). A :class:`ConfigError` naming the field, before
+    any write."""
+    world = cfg.trainer.world_size
+    if world == 1:
+        return
+    if cfg.rollout.engine == "sim":
+        raise ConfigError(f"trainer.world_size: {world} needs a model to train; the simulated "
+                          "cluster (rollout.engine: sim) trains nothing: set "
+                          "trainer.world_size=1")
+    place = ray_trainer(cfg, resolve_runtime(cfg))
+    if place is not None and place[0] == "actor":
+        raise ConfigError(f"trainer.world_size: {world} ranks run beside the driver; a Ray "
+                          f"trainer actor ({place[1]}) holds one learner: set ray.trainer="
+                          "driver or trainer.world_size=1")
+    cores = available_cores() if cores is None else cores
+    if world > cores:
+        raise ConfigError(f"trainer.world_size: {world} ranks need a core each, and this "
+                          f"process may use {cores}: set trainer.world_size <= {cores}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -367,6 +392,7 @@ __all__ = [
     "ThreadBudget",
     "auto_runtime",
     "available_cores",
+    "check_world_size",
     "follows_mode",
     "one_compute_thread",
     "plan",

@@ -71,6 +71,7 @@ def export_model(run_dir: Path, out: Path, step: int | None = None, *,
     quiet_transformers()
     source = initial_model_dir(cfg, run_dir)
     learner, want, version, replayed = _rebuilt(cfg, run_dir, source, step)
+    learner.ranks.close()  # trainer.parallel's ranks replayed with rank 0; its weights suffice
     tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
     digest = weights_digest(learner.model)
     committed = version.weights_digest

@@ -21,9 +21,11 @@ from freshroll.errors import LineageError, ResumeError, RunDirError
 from freshroll.kernel.buffer import SampleBuffer
 from freshroll.ports.waits import seconds
 from freshroll.runtime.resume import History, canonical
+from freshroll.runtime.trainer_group import start_group
 from freshroll.trainer.checkpoint import load_checkpoint
 from freshroll.trainer.grpo import GRPOLearner, use_kernel
 from freshroll.trainer.lora import wrap
+from freshroll.trainer.ranks import Gloo
 from freshroll.trainer.replay import CommittedStep, committed_chain, replay
 
 
@@ -38,6 +40,37 @@ def resume_point(run_dir: Path, chain: dict[int, CommittedStep], step: int) -> t
         if 0 < s <= step and str(chain[s].version) == meta.get("version"):
             return path, s
     return Path(), 0
+
+
+def ranks_of(trainer: dict[str, Any]) -> int:
+    """The ranks a (recorded) trainer section trained with: ``world_size`` under a
+    ``parallel`` mode, else 1 (a config from before ``trainer.parallel`` included)."""
+    if trainer.get("parallel", "none") == "none":
+        return 1
+    return int(trainer.get("world_size", 1))
+
+
+def check_replay_ranks(cfg: Config, run_dir: Path, hist: History) -> None:
+    """A resume whose learner must replay committed steps trained at another world size
+    than ``cfg``'s is refused before any write (:class:`ResumeError` naming the field): the
+    same gradient summed in another order gives other bits than the committed digests."""
+    from freshroll.ledger import LEDGER_FILE, Ledger
+
+    if hist.step == 0:
+        return
+    want = ranks_of(cfg.trainer.model_dump())
+    with Ledger(run_dir / LEDGER_FILE, readonly=True) as ledger:
+        chain = committed_chain(ledger)
+    _, ckpt = resume_point(run_dir, chain, hist.step)
+    for step in range(ckpt + 1, hist.step + 1):
+        config = hist.steps.get(step, (None, ""))[0]
+        had = ranks_of(config.get("trainer", {})) if config is not None else want
+        if had != want:
+            raise ResumeError(
+                f"trainer.world_size: {want} rank(s), but committed step {step} was trained by "
+                f"{had} and would be replayed (the newest checkpoint on the chain is of step "
+                f"{ckpt}): resume at the world size that trained it, or from a checkpoint of "
+                f"step {hist.step} (docs/parallel.md)")
 
 
 def initial_model_dir(cfg: Config, run_dir: Path) -> Path:
@@ -88,6 +121,7 @@ def build_learner(
     its settings digest must be the one committed. Afterwards the config in force applies.
     """
     learner, _ = new_learner(cfg, path)
+    start_group(cfg, path, learner, new_learner)  # trainer.parallel's ranks: learner.ranks
     assert buf.version is not None
     target = buf.version.step if to_step is None else to_step
     if target == 0:
@@ -98,6 +132,8 @@ def build_learner(
     ckpt_path, ckpt_step = resume_point(run_dir, chain, target)
     if ckpt_step > 0:
         restore(learner, ckpt_path, ckpt_step)
+    if isinstance(learner.ranks, Gloo):  # every rank at rank 0's state before the replay
+        learner.ranks.sync(learner)
 
     said = Heartbeat(cfg.limits.heartbeat_s, ckpt_step, target)
 
@@ -131,7 +167,13 @@ def step_settings(learner: GRPOLearner, cfg: Config, hist: History | None,
     for it, :func:`recorded_configs`; without one, ``cfg``). Returns why they cannot be the
     committed ones (their settings digest differs), or None."""
     config, committed = hist.steps.get(step, (None, "")) if hist else (None, "")
-    apply_settings(learner, recorded[canonical(config)] if config is not None else cfg)
+    in_force = recorded[canonical(config)] if config is not None else cfg
+    ranks = ranks_of(in_force.trainer.model_dump())
+    if ranks != learner.ranks.world:  # the same gradient, another float sum: other bits
+        return (f"step {step} was trained by {ranks} rank(s) (trainer.world_size), this "
+                f"learner has {learner.ranks.world}: a run's steps are rebuilt at the world "
+                "size that trained them (docs/parallel.md)")
+    apply_settings(learner, in_force)
     if config is not None and learner.settings_digest != committed:
         return (f"step {step} was committed under settings {committed}, but the config the "
                 f"ledger recorded for it gives {learner.settings_digest}")

@@ -64,6 +64,7 @@ from freshroll.placement.shm_weights import WeightChannel
 from freshroll.ports.seams import AsyncScorer, AsyncTrainer, TrainerState
 from freshroll.runtime.learner import build_learner
 from freshroll.runtime.prepare import Prepared
+from freshroll.runtime.trainer_group import RestartingTrainer, restarting
 from freshroll.stage_threads import ThreadCounts
 from freshroll.trainer.grpo import GRPOLearner
 
@@ -263,11 +264,12 @@ def _scorer(b: Build, stack: ExitStack, ray: bool = False) -> ThreadScorer | Ray
 
 
 def _trainer(b: Build, stack: ExitStack, learner: GRPOLearner,
-             publish: Publish) -> ThreadTrainer | RayTrainer:
+             publish: Publish) -> ThreadTrainer | RayTrainer | RestartingTrainer:
+    stack.callback(learner.ranks.close)  # trainer.parallel's other ranks, after the trainer
     trainer = build_trainer(b.prep, b.buf, b.out, learner, b.before_commit, publish,
                             b.placement)
     stack.callback(trainer.close)
-    return trainer
+    return restarting(trainer, learner, b.buf)  # a group's lost rank: restarted, bounded
 
 
 def _engines(b: Build, runtime: Runtime, channel: WeightChannel | None) -> ThreadEngineFactory:

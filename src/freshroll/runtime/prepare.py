@@ -191,6 +191,9 @@ def check_inputs(cfg: Config, run_dir: Path | None = None, resume: bool = False)
     check_engine(cfg.rollout.engine)  # built in or registered with a placement
     check_monitors(cfg.monitor)
     check_on_update(cfg)
+    from freshroll.placement.placement import check_world_size
+
+    check_world_size(cfg)  # the trainer's ranks fit their placement
     lim = cfg.limits
     rewards = build_reward_set([e.model_dump(exclude_none=True) for e in cfg.rewards],
                                ImportBound(lim.reward_import_timeout_s, lim.heartbeat_s))
@@ -332,6 +335,10 @@ def _check_resume(
     accepted = check(changes, set(allow), known=set(now), step=hist.step, where=str(out))
     model = cfg.model.path or str(out / "model")
     check_model(hist.initial_version, str(PolicyVersion.initial(digest)), model, str(out))
+    if cfg.rollout.engine != "sim":  # a learner to rebuild: at the steps' own world size
+        from freshroll.runtime.learner import check_replay_ranks
+
+        check_replay_ranks(cfg, out, hist)
     return hist, accepted
 
 

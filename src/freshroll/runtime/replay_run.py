@@ -60,6 +60,8 @@ from freshroll.runtime.learner import (
     with_reference,
 )
 from freshroll.runtime.resume import History, history
+from freshroll.runtime.trainer_group import start_group
+from freshroll.trainer.ranks import Gloo
 from freshroll.trainer.replay import (
     CommittedStep,
     altered_payloads,
@@ -163,23 +165,26 @@ def replay_run(run_dir: Path, from_step: int = 0, to_step: int | None = None,
         if tampered is not None:  # before the model is loaded: a tampered one may not load
             return ReplayResult(start, to, 0, None, None, threads, tampered)
         r = _Replay(cfg, source, buf, chain, history(events), threads, to)
-        r.train_s = {policy_step(e.version): e.train_s for e in events
-                     if isinstance(e, ev.Committed)}
-        r.start = start
-        if r.start > 0:
-            bad = r.restore(ckpt_path, ckpt_path.relative_to(run_dir))
-            if bad is not None:
-                return r.result(bad)
-        altered = {s.split(":")[0] for s in altered_payloads(
-            ledger, [s for k in range(r.start + 1, to + 1) for s in chain[k].samples])}
-        heartbeat = Heartbeat(cfg.limits.heartbeat_s, r.start, to)
-        for step in range(r.start + 1, to + 1):
-            heartbeat.before(step)
-            bad = r.step(step, altered)
-            if bad is not None:
-                return r.result(bad)
-            if say is not None:
-                say(f"step {step}: weights and version {chain[step].version.digest} match")
+        try:  # trainer.parallel: the run's ranks replay it, stopped at the end
+            r.train_s = {policy_step(e.version): e.train_s for e in events
+                         if isinstance(e, ev.Committed)}
+            r.start = start
+            if r.start > 0:
+                bad = r.restore(ckpt_path, ckpt_path.relative_to(run_dir))
+                if bad is not None:
+                    return r.result(bad)
+            altered = {s.split(":")[0] for s in altered_payloads(
+                ledger, [s for k in range(r.start + 1, to + 1) for s in chain[k].samples])}
+            heartbeat = Heartbeat(cfg.limits.heartbeat_s, r.start, to)
+            for step in range(r.start + 1, to + 1):
+                heartbeat.before(step)
+                bad = r.step(step, altered)
+                if bad is not None:
+                    return r.result(bad)
+                if say is not None:
+                    say(f"step {step}: weights and version {chain[step].version.digest} match")
+        finally:
+            r.learner.ranks.close()
     return r.result(None)
 
 
@@ -227,12 +232,17 @@ class _Replay:
         self.threads, self.to, self.start, self.steps, self.spent = threads, to, 0, 0, 0.0
         self.train_s: dict[int, float] = {}
         self.learner, _ = new_learner(cfg, source)
+        start_group(cfg, source, self.learner, new_learner)  # the run's ranks, if it had some
         self.recorded = recorded_configs(hist)
         with_reference(self.learner, self.recorded)
+        if isinstance(self.learner.ranks, Gloo):  # the reference on every rank
+            self.learner.ranks.sync(self.learner)
 
     def restore(self, path: Path, shown: Path) -> Divergence | None:
         """Load the checkpoint at ``path``; a divergence if it lacks its committed weights."""
         restore(self.learner, path, self.start)
+        if isinstance(self.learner.ranks, Gloo):
+            self.learner.ranks.sync(self.learner)
         got = weights_digest(self.learner.model)
         want = self.chain[self.start].version.weights_digest
         if want is None or got == want:

@@ -78,6 +78,7 @@ from freshroll.runtime.prepare import Prepared, prepare_run_dir
 from freshroll.runtime.recording import Recording
 from freshroll.runtime.resume import announce
 from freshroll.runtime.rundir import finished_run, resume_config, write_text_atomic
+from freshroll.trainer.ranks import ranks_record
 
 
 @dataclass
@@ -206,11 +207,11 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
         # a run that stopped still says what it trained and why it stopped (summary.json's
         # verdict, the report's banner); best effort: the error that stopped it comes first
         with contextlib.suppress(Exception):
-            _write_end_files(out, buf, report, placement)
+            _write_end_files(out, buf, report, placement, cfg)
         if stopped is failure:
             raise failure
         raise stopped from failure
-    done = _write_end_files(out, buf, report, placement)
+    done = _write_end_files(out, buf, report, placement, cfg)
     remember_settled(placement, stream)  # the stages' thread counts, for the next such run
     if called_at is not None and done.span is not None and isinstance(clock, RealClock):
         record_fixed_costs(out, done.summary, done.span, called_at, time.time(),
@@ -390,19 +391,25 @@ def _start_line(cfg: Config, out: Path, model: Path, n_prompts: int, buf: Sample
                 f"torch threads {torch.get_num_threads()}")
     else:
         what = f"model {model}, {cfg.rollout.workers} worker(s) ({placement.describe()})"
+        if (group := ranks_record(cfg.trainer.parallel, cfg.trainer.world_size)) is not None:
+            what += (f", trainer {group['world_size']} ranks ({group['parallel']}, "
+                     f"{group['backend']}, batch split {group['split']})")
     return (f"freshroll: {out}: {where}, {mode}, {what}, {n_prompts} prompts, "
             f"{cfg.rollout.batch_groups}x{cfg.rollout.group_size} rollouts per step, "
             f"control {cfg.control.mode}")
 
 
 def _write_end_files(out: Path, buf: SampleBuffer, report: bool = True,
-                     placement: Placement | None = None) -> Finished:
+                     placement: Placement | None = None, cfg: Config | None = None) -> Finished:
     """``counts.json``, then ``summary.json``, the verify report and ``report.html`` of a
     closed run, from one read of its ledger (:mod:`freshroll.runtime.endfiles`)."""
     write_text_atomic(out / "counts.json", json.dumps(dict(buf.counts), sort_keys=True, indent=1))
     host = host_now()
     if placement is not None:
         host["placement"] = placement.as_dict()
+    group = ranks_record(cfg.trainer.parallel, cfg.trainer.world_size) if cfg else None
+    if group is not None:  # trainer.parallel: the ranks and the rule that split each batch
+        host["trainer_ranks"] = group
     return finish_run_dir(out, report=report, host=host)
 
 

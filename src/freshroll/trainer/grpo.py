@@ -51,7 +51,7 @@ from freshroll.engines.model_dir import takes_logits_to_keep
 from freshroll.engines.prefix import cache_kwarg, disable_dropout, drops_out
 from freshroll.engines.trajectory import expand_mask, trained_tokens
 from freshroll.errors import ConfigError, NonFiniteStep
-from freshroll.trainer.accum import combine_metrics, micro_slices, micro_weight
+from freshroll.trainer.accum import combine_metrics, micro_weight
 from freshroll.trainer.lora import (
     adapter_state,
     checkpoint_state,
@@ -65,6 +65,7 @@ from freshroll.trainer.losses import (
     policy_loss,
     token_logprobs,
 )
+from freshroll.trainer.ranks import SOLO, Gloo, Solo
 from freshroll.trainer.schedule import lr_at, warmup_of
 from freshroll.trainer.settings import scale_of as scale_of
 from freshroll.trainer.settings import settings_digest as settings_digest
@@ -246,6 +247,8 @@ class GRPOLearner:
                 gradient_checkpointing_kwargs={"use_reentrant": False})
         # the digest that versions every commit: the training math (on_nonfinite is not)
         self.settings_digest = settings_digest(cfg, temperature, total_steps)
+        #: the ranks a step is split across (trainer/ranks.py): this process alone by default
+        self.ranks: Solo | Gloo = SOLO
         model.train()
 
     def lr(self, step: int) -> float:
@@ -268,6 +271,7 @@ class GRPOLearner:
         """
         t0 = time.perf_counter()
         number = self.steps + 1 if step is None else step
+        self.ranks.begin(self, samples, number)
         rewards, adv, loss_cfg = self._advantages(samples)
         total = self.cfg.num_iterations
         for i in range(total):
@@ -295,7 +299,8 @@ class GRPOLearner:
         """One optimizer update on the batch at step ``number``'s learning rate: its
         micro-batches' gradients accumulated, clipped, applied; the loss metrics, entropy,
         gradient norm and lr."""
-        slices = micro_slices(len(samples), self.cfg.grad_accum)
+        slices = self.ranks.slices(len(samples), self.cfg.grad_accum)
+        whole = self.ranks.world == 1 and len(slices) == 1  # the batch as one micro-batch
         rows = loss_rows(samples) if self.cfg.mask_truncated else None
         loss_tokens = float(sum(trained_tokens(s.loss_mask, len(s.token_ids))
                                 for i, s in enumerate(samples)
@@ -303,30 +308,35 @@ class GRPOLearner:
         self.optimizer.zero_grad(set_to_none=True)
         parts: list[tuple[dict[str, float], float]] = []
         losses: list[torch.Tensor] = []
-        entropy = 0.0
+        entropy, bad = 0.0, None
         for sl in slices:
             part = None if rows is None else rows[sl]
-            micro = self._layout(samples if len(slices) == 1 else samples[sl])
+            micro = self._layout(samples if whole else samples[sl])
             loss, metrics, logits, kept = self._micro_loss(micro, adv[sl], loss_cfg, part)
             if logits is None:  # the model's cache cannot be indexed: the full rows
-                micro = self._layout(samples if len(slices) == 1 else samples[sl])
+                micro = self._layout(samples if whole else samples[sl])
                 loss, metrics, logits, kept = self._micro_loss(micro, adv[sl], loss_cfg, part)
             assert logits is not None
             tokens = float(kept.sum())  # the micro-batch's loss tokens
-            if len(slices) > 1:
+            if not whole:
                 loss = loss * micro_weight(
                     self.cfg.aggregation, len(micro.rewards), tokens, len(samples), loss_tokens
                 )
             if not torch.isfinite(loss.detach()):
-                self.optimizer.zero_grad(set_to_none=True)
-                raise NonFiniteStep(f"loss is {float(loss.detach())} ({_nonfinite_inputs(micro)})")
+                bad = f"loss is {float(loss.detach())} ({_nonfinite_inputs(micro)})"
+                break
             loss.backward()  # type: ignore[no-untyped-call]  # torch: unannotated
             with torch.no_grad():
                 ent = entropy_from_logits(logits, kept, self.temperature)
-            share = 1.0 if len(slices) == 1 else tokens / max(1.0, loss_tokens)
+            share = 1.0 if whole else tokens / max(1.0, loss_tokens)
             entropy += float(ent) * share  # the token mean over the whole batch
             parts.append((metrics, tokens))
             losses.append(loss.detach())
+        parts, losses, entropy, bad = self.ranks.gather((parts, losses, entropy, bad))
+        if bad is not None:
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteStep(bad)
+        self.ranks.reduce_grads(self.model)
         total_loss = float(losses[0] if len(losses) == 1 else torch.stack(losses).sum())
         metrics = combine_metrics(parts, loss_tokens)
         grad_norm, lr = self._apply_gradients(number, total_loss)

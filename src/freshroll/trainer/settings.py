@@ -2,7 +2,9 @@
 (:func:`settings_digest`), and the advantage scaling in force (:func:`scale_of`).
 
 A key that does not change the training math (``on_nonfinite``: what happens to a step never
-applied; ``gradient_checkpointing``: the same gradients, recomputed) is not digested. A key
+applied; ``gradient_checkpointing``: the same gradients, recomputed; ``parallel`` and
+``world_size``: the same gradient summed across ranks, so a policy version means the same
+whatever the world size, docs/parallel.md) is not digested. A key
 added after runs had recorded digests is left out at the value those runs trained with
 (:data:`_OMITTED_AT`), so an earlier run's steps still match on ``--resume`` and replay.
 """
@@ -12,7 +14,7 @@ from __future__ import annotations
 from freshroll.config import TRAINER_BEFORE, TrainerSection
 from freshroll.lineage import digest_json
 
-_NOT_TRAINING_MATH = {"on_nonfinite", "gradient_checkpointing"}
+_NOT_TRAINING_MATH = {"on_nonfinite", "gradient_checkpointing", "parallel", "world_size"}
 #: trainer keys added after runs had recorded settings digests: at the value every earlier
 #: run trained with they are left out of the digest, so the steps of an earlier run still
 #: match theirs on --resume and replay (where that is not the default: TRAINER_BEFORE)
