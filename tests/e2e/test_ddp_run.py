@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from e2e_helpers import freshroll
 
-from freshroll.buffer import SampleBuffer
 from freshroll.config import load_config
 from freshroll.errors import ConfigError
+from freshroll.kernel.buffer import SampleBuffer
 from freshroll.pipeline.hooks import HookContext, Hooks
 from freshroll.placement.placement import check_world_size
 from freshroll.runtime.export import export_model

@@ -33,11 +33,11 @@ import torch
 import torch.multiprocessing as mp
 
 from freshroll import events as ev
-from freshroll.buffer import SampleBuffer
 from freshroll.config import Config
 from freshroll.errors import ConfigError, RunFailed
+from freshroll.kernel.buffer import SampleBuffer
+from freshroll.kernel.state import Lease
 from freshroll.lineage import PolicyVersion
-from freshroll.state import Lease
 from freshroll.trainer.grpo import GRPOLearner
 from freshroll.trainer.ranks import SOLO, Gloo, RankLost, connect, follow
 from freshroll.trainer.replay import weights_digest
