@@ -41,7 +41,7 @@ def build_model(path: Path) -> Path:
 async def engine_figures(path: Path, n_prompts: int, new_tokens: int) -> dict[str, Any]:
     from safetensors.torch import load_file
 
-    from freshroll.config import VLLMSection
+    from freshroll.config.rollout import VLLMSection
     from freshroll.engines.seams import GenRequest, SamplingParams
     from freshroll.engines.vllm_engine import start_vllm_engine
     from freshroll.rewards.tasks import make_prompts

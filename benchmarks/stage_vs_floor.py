@@ -55,7 +55,7 @@ def measure(model_dir: Path, prompts: list[str], new_tokens: int, threads: int,
     from transformers import AutoModelForCausalLM
 
     import floor
-    from freshroll.config import TrainerSection
+    from freshroll.config.train import TrainerSection
     from freshroll.engines.hf import HFEngine
     from freshroll.engines.prefix import unique_rows
     from freshroll.trainer.grpo import GRPOLearner, TrainSample

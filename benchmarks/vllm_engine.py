@@ -82,7 +82,7 @@ def engine_level(model_dir: Path, lengths: list[int], reps: int) -> dict[str, An
     """Generation tokens/s, weight-update seconds and log-prob agreement of both engines."""
     import torch
 
-    from freshroll.config import VLLMSection
+    from freshroll.config.rollout import VLLMSection
     from freshroll.engines.hf import HFEngine
     from freshroll.engines.seams import GenRequest, SamplingParams
     from freshroll.engines.vllm_engine import start_vllm_engine

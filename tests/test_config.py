@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from freshroll.cli import main
 from freshroll.config import load_config
-from freshroll.config_doc import keys, reference
+from freshroll.config.doc import keys, reference
 from freshroll.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -106,7 +106,7 @@ def test_a_duplicate_key_names_the_key_and_the_file(
 
 
 def test_a_key_a_merge_brings_in_may_still_be_overridden() -> None:
-    from freshroll.yamlfile import parse_yaml
+    from freshroll.config.yamlfile import parse_yaml
 
     data = parse_yaml("base: &b {steps: 3, seed: 1}\nrun:\n  <<: *b\n  steps: 5\n", "x")
     assert data["run"] == {"steps": 5, "seed": 1}

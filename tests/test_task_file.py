@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from freshroll.config import BUILTIN_TASK, Config, TaskSection, load_config, validate
+from freshroll.config import Config, load_config, validate
+from freshroll.config.data import BUILTIN_TASK, TaskSection
 from freshroll.errors import ConfigError
 from freshroll.runtime.resume import diff, flatten, with_recorded_defaults
 

@@ -1,5 +1,5 @@
 """TRL's GRPOConfig read as freshroll's keys (:mod:`freshroll.trl_args`), and every TRL name a
-user reaches for answered from one table (:mod:`freshroll.config_trl`) (issue 48, item 6)."""
+user reaches for answered from one table (:mod:`freshroll.config.trl`) (issue 48, item 6)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from freshroll.config import load_config
-from freshroll.config_trl import NOT_SUPPORTED, TRL_NAMES, trl_hint
+from freshroll.config.trl import NOT_SUPPORTED, TRL_NAMES, trl_hint
 from freshroll.errors import ConfigError
 from freshroll.trl_args import CONVERT, DroppedTrlArgs, convert, is_grpo_config, set_fields
 

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from freshroll import trl_args
 from freshroll.atomic import replace_dir
 from freshroll.config import Config, apply_override, read_yaml, resolve_paths, validate
-from freshroll.config_train import ALL_LINEAR
+from freshroll.config.train import ALL_LINEAR
 from freshroll.errors import ConfigError
 from freshroll.rewards import inmemory, reward_model
 
@@ -257,8 +257,8 @@ def _resumes(checkpoint: bool | str | Path | None, out: Path) -> bool:
 
 def _refuse_unsupported(**given: Any) -> None:
     """TRL's GRPOTrainer arguments freshroll has no counterpart for: one ConfigError naming
-    each one given, with the nearest feature (:data:`freshroll.config_trl.NOT_SUPPORTED`)."""
-    from freshroll.config_trl import NOT_SUPPORTED
+    each one given, with the nearest feature (:data:`freshroll.config.trl.NOT_SUPPORTED`)."""
+    from freshroll.config.trl import NOT_SUPPORTED
 
     named = [f"{k} (nearest: {NOT_SUPPORTED[k].nearest})" for k, v in given.items()
              if v is not None and (not isinstance(v, list | tuple) or v)]

@@ -284,7 +284,7 @@ def config() -> None:
 @click.argument("overrides", nargs=-1)
 def config_show(config_file: Path | None, overrides: tuple[str, ...]) -> None:
     """Print CONFIG [key=value ...] resolved, each key with its default and meaning."""
-    from freshroll.config_doc import show
+    from freshroll.config.doc import show
 
     click.echo(show(_load(config_file, overrides)), nl=False)
 
@@ -317,7 +317,7 @@ def config_check(config_file: Path | None, overrides: tuple[str, ...]) -> None:
 @config.command("reference")
 def config_reference() -> None:
     """Print the reference of every config key (docs/config.md) as markdown."""
-    from freshroll.config_doc import reference
+    from freshroll.config.doc import reference
 
     click.echo(reference(), nl=False)
 

@@ -6,7 +6,7 @@ Only the fields set away from TRL's defaults count (each compared with a default
 ``generation_batch_size``, compared with what it would derive from the user's), so TRL's
 defaults never replace freshroll's: a ``GRPOConfig()`` left as it is gives freshroll's
 default run, not TRL's learning rate of 1e-6 or its linear decay. What a set field becomes
-follows :mod:`freshroll.config_trl`'s one table:
+follows :mod:`freshroll.config.trl`'s one table:
 
 * a name with a freshroll key is converted (:data:`CONVERT`; a value freshroll cannot take,
   such as ``loss_type="sapo"``, is a ConfigError naming the field);
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from freshroll.config import set_dotted
-from freshroll.config_trl import GUIDE, NOT_SUPPORTED
+from freshroll.config.trl import GUIDE, NOT_SUPPORTED
 from freshroll.errors import ConfigError
 
 Values = dict[str, Any]  # freshroll dotted key -> value

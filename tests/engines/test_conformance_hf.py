@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 from conformance import Conformance, EngineUnderTest, Reference, engine_under_test, tiny_model_dir
 
-from freshroll.config import LimitsSection
+from freshroll.config.ops import LimitsSection
 from freshroll.engines.hf import HFEngine
 from freshroll.engines.seams import AsyncEngine
 from freshroll.placement.adapters import adapt

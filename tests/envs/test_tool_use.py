@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from freshroll.config import LimitsSection, ToolsSection
+from freshroll.config.ops import LimitsSection
+from freshroll.config.rollout import ToolsSection
 from freshroll.engines.base import Completion
 from freshroll.engines.episodes import EpisodeFailed, WorkflowSetup
 from freshroll.engines.seams import Emit, GenRequest, SamplingParams

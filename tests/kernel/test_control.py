@@ -573,7 +573,7 @@ def test_the_admission_limit_never_goes_below_one_trainer_batch():
 def test_the_control_section_takes_the_controllers_defaults():
     import dataclasses
 
-    from freshroll.config_run import ControlSection
+    from freshroll.config.run import ControlSection
 
     defaults = {f.name: f.default for f in dataclasses.fields(ControlConfig)}
     sec = ControlSection()

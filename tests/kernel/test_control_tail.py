@@ -116,7 +116,7 @@ def test_one_slow_request_no_longer_holds_its_group():
 
 
 def test_the_tail_section_maps_onto_the_policy_in_one_place():
-    from freshroll.config_run import TailSection
+    from freshroll.config.run import TailSection
 
     # the defaults are the rule's own (written once), and every key that sets the rule reaches it
     assert TailPolicy.from_section(TailSection()) == TailPolicy()

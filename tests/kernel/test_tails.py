@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from freshroll.clock import VirtualClock
-from freshroll.config import TailSection
+from freshroll.config.run import TailSection
 from freshroll.errors import ConfigError, StateError
 from freshroll.figures import metrics
 from freshroll.harness.verify import verify_ledger

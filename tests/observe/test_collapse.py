@@ -150,7 +150,7 @@ def test_the_learning_verdict_reads_the_stale_steps_signals() -> None:
 
 
 def test_the_monitor_defaults_are_the_rules() -> None:
-    from freshroll.config import MonitorSection
+    from freshroll.config.ops import MonitorSection
 
     m = MonitorSection()
     assert (m.collapse_steps, m.entropy_floor, m.collapse_drop) == (

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from freshroll.config import LimitsSection
+from freshroll.config.ops import LimitsSection
 from freshroll.engines.weights import SlotHandle, StateDict, Weights, WeightTransfer, state_dict_of
 from freshroll.placement.adapters import CloneTransfer, ThreadEngine
 from freshroll.placement.ray_engine import RayPut

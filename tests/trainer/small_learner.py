@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from freshroll.config import TrainerSection
+from freshroll.config.train import TrainerSection
 from freshroll.trainer.grpo import GRPOLearner
 from freshroll.trainer.replay import TrainSample
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from small_learner import SAMPLES, small_learner
 
-from freshroll.config import TrainerSection
+from freshroll.config.train import TrainerSection
 from freshroll.trainer.grpo import GRPOLearner, settings_digest
 
 _learner = small_learner

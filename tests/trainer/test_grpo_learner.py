@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from freshroll.config import TrainerSection
+from freshroll.config.train import TrainerSection
 from freshroll.engines.hf import HFEngine
 from freshroll.engines.tiny import build_tiny
 from freshroll.trainer.grpo import GRPOLearner, TrainSample, collate

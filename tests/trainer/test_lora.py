@@ -7,7 +7,8 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from freshroll.config import LoraSection, TrainerSection, load_config
+from freshroll.config import load_config
+from freshroll.config.train import LoraSection, TrainerSection
 from freshroll.engines.hf import HFEngine
 from freshroll.engines.lora_merge import SCALE_KEY, adapter_bytes, is_adapter, merge_state
 from freshroll.engines.tiny import build_tiny

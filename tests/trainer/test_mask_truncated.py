@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from freshroll.config import TrainerSection
+from freshroll.config.train import TrainerSection
 from freshroll.engines import payload as pl
 from freshroll.engines.base import Completion
 from freshroll.engines.tiny import build_tiny

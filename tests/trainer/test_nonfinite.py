@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from freshroll.config import TrainerSection
+from freshroll.config.train import TrainerSection
 from freshroll.errors import NonFiniteStep
 from freshroll.trainer.grpo import GRPOLearner, TrainSample
 

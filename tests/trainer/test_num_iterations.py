@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from freshroll.config import TrainerSection
+from freshroll.config.train import TrainerSection
 from freshroll.engines.tiny import build_tiny
 from freshroll.errors import NonFiniteStep
 from freshroll.trainer.grpo import GRPOLearner, TrainSample

@@ -12,7 +12,7 @@ import pytest
 import torch
 from small_learner import SAMPLES, small_learner
 
-from freshroll.config import TrainerSection
+from freshroll.config.train import TrainerSection
 from freshroll.errors import ConfigError
 from freshroll.runtime.learner import apply_settings, restore
 from freshroll.runtime.resume import diff, flatten, history, with_recorded_defaults

@@ -13,7 +13,7 @@ from transformers.optimization import (
     get_linear_schedule_with_warmup,
 )
 
-from freshroll.config import TrainerSection
+from freshroll.config.train import TrainerSection
 from freshroll.lineage import digest_json
 from freshroll.trainer.grpo import GRPOLearner, TrainSample
 from freshroll.trainer.schedule import Schedule, lr_at

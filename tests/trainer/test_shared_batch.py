@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from freshroll.config import LoraSection, TrainerSection
+from freshroll.config.train import LoraSection, TrainerSection
 from freshroll.engines.hf import HFEngine
 from freshroll.engines.prefix import drops_out, unique_rows
 from freshroll.engines.tiny import build_tiny

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from freshroll.config import TrainerSection
+from freshroll.config.train import TrainerSection
 from freshroll.errors import ConfigError
 from freshroll.trainer.grpo import scale_of
 from freshroll.trainer.losses import LossConfig, group_advantages, policy_loss

@@ -34,8 +34,9 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from freshroll.config import Section, parse_mapping
-from freshroll.yamlfile import read_yaml_file
+from freshroll.config import parse_mapping
+from freshroll.config.base import Section
+from freshroll.config.yamlfile import read_yaml_file
 
 #: what each fault kind does (the runbook has a section per kind)
 FAULT_KINDS: dict[str, str] = {

@@ -42,7 +42,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal, Protocol, runtime_checkable
 
-from freshroll.config import RolloutSection, ToolsSection
+from freshroll.config.rollout import RolloutSection, ToolsSection
 from freshroll.engines.base import Completion
 from freshroll.engines.seams import AsyncEngine, GenRequest, SamplingParams
 from freshroll.errors import ConfigError

@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Any
 from freshroll.errors import ConfigError
 
 if TYPE_CHECKING:
-    from freshroll.config import Config, VLLMSection
+    from freshroll.config import Config
+    from freshroll.config.rollout import VLLMSection
     from freshroll.engines.seams import SamplingParams
 
 #: head sizes vLLM's CPU attention backend supports

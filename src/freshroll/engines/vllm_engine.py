@@ -62,7 +62,7 @@ from freshroll.errors import ConfigError, Superseded, WorkerLost
 if TYPE_CHECKING:
     import torch
 
-    from freshroll.config import VLLMSection
+    from freshroll.config.rollout import VLLMSection
 
 # -- the engine ----------------------------------------------------------------------------
 

@@ -44,6 +44,7 @@ from typing import Any
 import yaml
 
 from freshroll import events as ev
+from freshroll.config.yamlfile import load_plain
 from freshroll.engines.payload import decode as decode_payload
 from freshroll.ledger import Ledger
 from freshroll.lineage import (
@@ -53,7 +54,6 @@ from freshroll.lineage import (
     payload_mismatches,
     policy_step,
 )
-from freshroll.yamlfile import load_plain
 
 INVARIANT = "files"
 _STEP_DIR = re.compile(r"^step-(\d+)$")

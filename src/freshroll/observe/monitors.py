@@ -17,7 +17,8 @@ import contextlib
 from pathlib import Path
 from typing import TextIO
 
-from freshroll.config import Config, MonitorSection
+from freshroll.config import Config
+from freshroll.config.ops import MonitorSection
 from freshroll.observe.collapse import collapse_guard
 from freshroll.observe.no_signal import NoSignal
 from freshroll.observe.prometheus import PrometheusExporter, check_port, exposure_warning

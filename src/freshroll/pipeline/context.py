@@ -50,7 +50,7 @@ from freshroll.rewards.tasks import Prompt
 
 if TYPE_CHECKING:
     from freshroll.clock import Clock
-    from freshroll.config_ops import LimitsSection
+    from freshroll.config.ops import LimitsSection
     from freshroll.engines.base import Completion
     from freshroll.pipeline.calls import Worker
 

@@ -40,7 +40,7 @@ from freshroll.rewards.scoring import Score
 
 if TYPE_CHECKING:
     from freshroll.clock import Clock
-    from freshroll.config_ops import LimitsSection
+    from freshroll.config.ops import LimitsSection
     from freshroll.kernel.buffer import SampleBuffer
     from freshroll.pipeline.workers import WorkerPool
 

@@ -28,7 +28,7 @@ import asyncio
 import statistics
 from typing import TYPE_CHECKING
 
-from freshroll.config import TailSection
+from freshroll.config.run import TailSection
 from freshroll.control.tail import TailPolicy, extra_requests, on_time_share
 from freshroll.kernel.buffer import SampleBuffer
 from freshroll.lineage import SampleId

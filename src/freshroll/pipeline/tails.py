@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from freshroll.config import TailSection
+from freshroll.config.run import TailSection
 from freshroll.control.tail import GroupProgress, TailPolicy, tail_action
 from freshroll.errors import ConfigError, StateError
 from freshroll.kernel.buffer import SampleBuffer

@@ -59,7 +59,7 @@ from typing import Any, TypeVar
 import torch
 
 from freshroll import unsafe
-from freshroll.config import LimitsSection
+from freshroll.config.ops import LimitsSection
 from freshroll.engines.base import (
     Completion,
     InferenceEngine,

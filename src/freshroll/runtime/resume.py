@@ -39,7 +39,8 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from freshroll import events as ev
-from freshroll.config import BUILTIN_TASK, TRAINER_BEFORE
+from freshroll.config.data import BUILTIN_TASK
+from freshroll.config.train import TRAINER_BEFORE
 from freshroll.errors import ResumeError
 from freshroll.lineage import digest_of, policy_step
 
@@ -275,7 +276,7 @@ def history(events: Iterable[ev.Event]) -> History:
 
 def with_recorded_defaults(config: dict[str, Any]) -> dict[str, Any]:
     """A recorded config with the trainer keys an earlier freshroll did not record set to what
-    it trained with (:data:`~freshroll.config.TRAINER_BEFORE`): resuming such a run
+    it trained with (:data:`~freshroll.config.train.TRAINER_BEFORE`): resuming such a run
     under today's default is a change of training, and its replay runs the old kernel. A
     dataset's run (``task.file``) recorded by an earlier freshroll with the built-in task's
     keys holds them as null, as the config does now (they never applied)."""

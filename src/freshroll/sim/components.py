@@ -20,7 +20,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from freshroll.clock import Clock
-from freshroll.config import Config, SimSection
+from freshroll.config import Config
+from freshroll.config.rollout import SimSection
 from freshroll.engines.seams import AsyncEngine, EngineFactory
 from freshroll.errors import ConfigError
 from freshroll.kernel.buffer import SampleBuffer

@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from freshroll.config import TrainerSection
+from freshroll.config.train import TrainerSection
 from freshroll.engines.lora_merge import adapter_bytes
 from freshroll.engines.model_dir import takes_logits_to_keep
 from freshroll.engines.prefix import cache_kwarg, disable_dropout, drops_out

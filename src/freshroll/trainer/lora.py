@@ -21,8 +21,7 @@ from typing import Any
 
 import torch
 
-from freshroll.config import LoraSection
-from freshroll.config_train import ALL_LINEAR
+from freshroll.config.train import ALL_LINEAR, LoraSection
 from freshroll.engines.lora_merge import PREFIX, SCALE_KEY
 from freshroll.errors import ConfigError
 

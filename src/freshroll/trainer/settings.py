@@ -11,7 +11,7 @@ added after runs had recorded digests is left out at the value those runs traine
 
 from __future__ import annotations
 
-from freshroll.config import TRAINER_BEFORE, TrainerSection
+from freshroll.config.train import TRAINER_BEFORE, TrainerSection
 from freshroll.lineage import digest_json
 
 _NOT_TRAINING_MATH = {"on_nonfinite", "gradient_checkpointing", "parallel", "world_size"}

@@ -41,18 +41,10 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from freshroll.config import (
-    SEED_MAX,
-    Config,
-    Section,
-    parse_mapping,
-    read_yaml,
-    resolve_paths,
-    set_dotted,
-    validate,
-)
+from freshroll.config import Config, parse_mapping, read_yaml, resolve_paths, set_dotted, validate
+from freshroll.config.base import SEED_MAX, Section
+from freshroll.config.yamlfile import read_yaml_file
 from freshroll.errors import ConfigError
-from freshroll.yamlfile import read_yaml_file
 
 #: a lag threshold may name the config's freshness bound instead of a number
 MAX_STALENESS = "max_staleness"

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from freshroll.config_base import _Section
+from freshroll.config.base import _Section
 
 
 class LimitsSection(_Section):

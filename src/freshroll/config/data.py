@@ -11,7 +11,7 @@ from typing import Any, Final, Literal
 
 from pydantic import Field, model_validator
 
-from freshroll.config_base import _Section
+from freshroll.config.base import _Section
 
 #: the built-in task's keys and their defaults (a run without ``task.file``)
 BUILTIN_TASK: Final[Mapping[str, Any]] = MappingProxyType(

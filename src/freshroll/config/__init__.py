@@ -9,15 +9,15 @@ run directory stores its fully resolved form (``config.yaml``), which is what
 
 Refused with a :class:`~freshroll.errors.ConfigError` naming the file or key: a file that
 is not UTF-8 text or not YAML, a mapping that holds one key twice (both:
-:mod:`freshroll.yamlfile`), and a boolean given for a number (``run.steps: true``;
+:mod:`freshroll.config.yamlfile`), and a boolean given for a number (``run.steps: true``;
 pydantic's lax mode would read it as 1).
 
 The sections live beside this module by group, and are imported from here: the run and its
-live steering (:mod:`freshroll.config_run`: run, control, tail), the prompts and rewards
-(:mod:`freshroll.config_data`: task, eval, rewards), the policy and its training
-(:mod:`freshroll.config_train`: model, trainer), generation (:mod:`freshroll.config_rollout`:
-rollout, vllm, sim), the operational ones (:mod:`freshroll.config_ops`: limits, ray, monitor),
-all on :mod:`freshroll.config_base`. This module joins them into :class:`Config` and reads,
+live steering (:mod:`freshroll.config.run`: run, control, tail), the prompts and rewards
+(:mod:`freshroll.config.data`: task, eval, rewards), the policy and its training
+(:mod:`freshroll.config.train`: model, trainer), generation (:mod:`freshroll.config.rollout`:
+rollout, vllm, sim), the operational ones (:mod:`freshroll.config.ops`: limits, ray, monitor),
+all on :mod:`freshroll.config.base`. This module joins them into :class:`Config` and reads,
 overrides and validates a config.
 """
 
@@ -35,34 +35,15 @@ from pydantic import (
     model_validator,
 )
 
-from freshroll.config_base import SEED_MAX as SEED_MAX
-from freshroll.config_base import Section as Section
-from freshroll.config_base import _Section, key_errors
-from freshroll.config_base import bool_for_number as bool_for_number
-from freshroll.config_data import BUILTIN_TASK as BUILTIN_TASK
-from freshroll.config_data import EvalSection as EvalSection
-from freshroll.config_data import RewardEntry as RewardEntry
-from freshroll.config_data import TaskSection as TaskSection
-from freshroll.config_ops import LimitsSection as LimitsSection
-from freshroll.config_ops import MonitorSection as MonitorSection
-from freshroll.config_ops import RaySection as RaySection
-from freshroll.config_rollout import AUTO_CALL_MAX as AUTO_CALL_MAX
-from freshroll.config_rollout import RolloutSection as RolloutSection
-from freshroll.config_rollout import SimSection as SimSection
-from freshroll.config_rollout import ToolsSection as ToolsSection
-from freshroll.config_rollout import VLLMSection as VLLMSection
-from freshroll.config_run import ControlSection as ControlSection
-from freshroll.config_run import RunSection as RunSection
-from freshroll.config_run import TailSection as TailSection
-from freshroll.config_train import TRAINER_BEFORE as TRAINER_BEFORE
-from freshroll.config_train import LoraSection as LoraSection
-from freshroll.config_train import ModelSection as ModelSection
-from freshroll.config_train import TinySection as TinySection
-from freshroll.config_train import TrainerSection as TrainerSection
-from freshroll.config_trl import TRL_NAMES as TRL_NAMES
-from freshroll.config_trl import trl_hint
+from freshroll.config.base import _Section, key_errors
+from freshroll.config.data import EvalSection, RewardEntry, TaskSection
+from freshroll.config.ops import LimitsSection, MonitorSection, RaySection
+from freshroll.config.rollout import RolloutSection, SimSection, ToolsSection, VLLMSection
+from freshroll.config.run import ControlSection, RunSection, TailSection
+from freshroll.config.train import ModelSection, TrainerSection
+from freshroll.config.trl import trl_hint
+from freshroll.config.yamlfile import dump_plain, parse_yaml, read_yaml_file
 from freshroll.errors import ConfigError
-from freshroll.yamlfile import dump_plain, parse_yaml, read_yaml_file
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -258,7 +239,7 @@ def parse_mapping(model: type[M], data: Any, source: str, what: str) -> M:
 
 def describe_errors(model: type[BaseModel], exc: ValidationError) -> str:
     """Every error of ``model``'s validation as ``where: what`` (``where`` like
-    ``scenarios[3].faults[0].at``; one per key, :func:`~freshroll.config_base.key_errors`),
+    ``scenarios[3].faults[0].at``; one per key, :func:`~freshroll.config.base.key_errors`),
     joined by ``; ``: the message of a file's ConfigError."""
     problems = []
     for loc, kind, msg in key_errors(model, exc):

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import Field, model_validator
 
-from freshroll.config_base import SEED_MAX, _Section
+from freshroll.config.base import SEED_MAX, _Section
 
 
 class TinySection(_Section):

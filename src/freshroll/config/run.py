@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from freshroll.config_base import SEED_MAX, _Section
+from freshroll.config.base import SEED_MAX, _Section
 from freshroll.control.controller import ControlConfig
 from freshroll.control.tail import TailPolicy
 

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from freshroll.config_base import _Section
+from freshroll.config.base import _Section
 
 #: ``rollout.worker_batch: auto`` never asks one generate call for more rows than this
 AUTO_CALL_MAX = 256
