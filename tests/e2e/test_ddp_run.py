@@ -6,7 +6,6 @@ hold is refused before anything is written."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import multiprocessing as mp
 import os
@@ -20,7 +19,8 @@ from e2e_helpers import freshroll
 from freshroll.config import load_config
 from freshroll.errors import ConfigError
 from freshroll.kernel.buffer import SampleBuffer
-from freshroll.pipeline.hooks import HookContext, Hooks
+from freshroll.lineage import PolicyVersion
+from freshroll.pipeline.hooks import Hooks
 from freshroll.placement.placement import check_world_size
 from freshroll.runtime.export import export_model
 from freshroll.runtime.placements import Components
@@ -97,11 +97,16 @@ def test_the_placements_a_group_cannot_use() -> None:
 
 
 class _KillRank1(Hooks):
-    """SIGKILL rank 1 of the trainer's group once step 2 is committed."""
+    """SIGKILL rank 1 of the trainer's group as step 2 is committed (in the commit's own
+    callback, so the kill lands before step 3 whatever the machine's speed)."""
 
-    async def run(self, ctx: HookContext) -> None:
-        while ctx.buffer.step < 2:
-            await asyncio.sleep(0.05)
+    def __init__(self) -> None:
+        self.killed = False
+
+    def committed(self, version: PolicyVersion) -> None:
+        if version.step != 2 or self.killed:
+            return
+        self.killed = True
         ranks = [p for p in mp.active_children() if p.name == "freshroll-rank-1"]
         assert len(ranks) == 1
         os.kill(ranks[0].pid, signal.SIGKILL)

@@ -36,22 +36,19 @@ if TYPE_CHECKING:
     from freshroll.config import Config
 
 #: a row field -> TRL's name for it, where :func:`scalars`' tag is not TRL's already
-_TRL: Final[dict[str, str]] = {"kl_ref": "kl", "clip_frac": "clip_ratio/region_mean"}
+_TRL: Final[dict[str, str]] = {"kl_ref": "kl"}
 
 
 def trl_logs(row: Row) -> dict[str, float]:
     """The row's figures as TRL's ``on_log`` names them (``reward``, ``reward_std``,
     ``rewards/<f>/mean``, ``loss``, ``grad_norm``, ``learning_rate``, ``entropy``, ``kl``,
-    ``clip_ratio/region_mean``, ``frac_reward_zero_std``, ``completions/mean_length``: the
-    row's completion ``tokens`` over its ``samples``), beside freshroll's own figures under
-    their TensorBoard tags (:func:`scalars`)."""
+    ``clip_ratio/region_mean``, ``frac_reward_zero_std``, ``completions/mean_length``; all but
+    ``kl`` are :func:`scalars`' own tags), beside freshroll's own figures under their
+    TensorBoard tags."""
     logs = scalars(row)
     for field, name in _TRL.items():
         if field in logs:
             logs[name] = logs.pop(field)
-    samples = row.get("samples")
-    if isinstance(samples, int | float) and samples > 0 and "tokens" in logs:
-        logs["completions/mean_length"] = logs["tokens"] / float(samples)
     return logs
 
 
