@@ -359,6 +359,3 @@ def _config_and_overrides(config: Path | None, overrides: tuple[str, ...],
     check_overrides(overrides)
     return config, overrides
 
-
-if __name__ == "__main__":
-    main()
