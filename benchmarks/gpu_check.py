@@ -75,7 +75,7 @@ async def engine_figures(path: Path, n_prompts: int, new_tokens: int) -> dict[st
 
 def run_figures(staleness: int, steps: int, work: Path) -> dict[str, Any]:
     out = work / f"run-s{staleness}"
-    cmd = [sys.executable, "-m", "freshroll.cli", "run", str(REPO / "configs" / "vllm.yaml"),
+    cmd = [sys.executable, "-m", "freshroll", "run", str(REPO / "configs" / "vllm.yaml"),
            "vllm.device=cuda", "vllm.dtype=bfloat16", "vllm.gpu_memory_utilization=0.2",
            f"run.max_staleness={staleness}", f"run.steps={steps}", "run.progress=false",
            "--out", str(out)]

@@ -54,8 +54,8 @@ import msgspec
 from freshroll.clock import RealClock
 from freshroll.kernel.buffer import SampleBuffer, replay_ledger
 from freshroll.kernel.results import KernelConfig
-from freshroll.ledger import LEDGER_FILE, Ledger, open_ledger
-from freshroll.lineage import PolicyVersion, RewardVersion
+from freshroll.ledger.lineage import PolicyVersion, RewardVersion
+from freshroll.ledger.store import LEDGER_FILE, Ledger, open_ledger
 
 GOAL_SAMPLES_PER_S = 20_000.0
 GOAL_REBUILD_S = 2.0

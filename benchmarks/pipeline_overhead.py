@@ -34,8 +34,8 @@ from freshroll.engines.base import Completion
 from freshroll.engines.seams import Emit, GenRequest, SamplingParams
 from freshroll.kernel.buffer import SampleBuffer
 from freshroll.kernel.results import KernelConfig
-from freshroll.ledger import open_ledger
-from freshroll.lineage import PolicyVersion, RewardVersion
+from freshroll.ledger.lineage import PolicyVersion, RewardVersion
+from freshroll.ledger.store import open_ledger
 from freshroll.pipeline.pipeline import Pipeline
 from freshroll.rewards.scoring import Score
 from freshroll.rewards.tasks import make_prompts

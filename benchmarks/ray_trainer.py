@@ -29,7 +29,7 @@ from typing import Any
 from freshroll.config import load_config
 from freshroll.kernel.buffer import SampleBuffer
 from freshroll.kernel.state import Lease
-from freshroll.lineage import PolicyVersion
+from freshroll.ledger.lineage import PolicyVersion
 from freshroll.pipeline.hooks import Hooks
 from freshroll.placement.ray_trainer import RayTrainer
 from freshroll.runtime.placements import Components

@@ -161,7 +161,7 @@ def run_one(engine: str, shape: str, staleness: int, seed: int, steps: int,
     """One ``freshroll run`` in a subprocess; its summary's figures and per-step means."""
     out = work / f"{engine}-{shape}-s{staleness}-seed{seed}"
     shutil.rmtree(out, ignore_errors=True)
-    args = [sys.executable, "-m", "freshroll.cli", "run", str(REPO / "configs" / "vllm.yaml"),
+    args = [sys.executable, "-m", "freshroll", "run", str(REPO / "configs" / "vllm.yaml"),
             f"rollout.engine={engine}", f"run.max_staleness={staleness}", f"run.seed={seed}",
             f"run.steps={steps}", "run.progress=false", "--out", str(out)]
     args += [f"model.tiny.{k}={v}" for k, v in SHAPES[shape].items()]
@@ -171,7 +171,7 @@ def run_one(engine: str, shape: str, staleness: int, seed: int, steps: int,
     if proc.returncode != 0:
         return {"engine": engine, "shape": shape, "staleness": staleness, "seed": seed,
                 "error": (proc.stderr or proc.stdout).strip().splitlines()[-1:]}
-    verify = subprocess.run([sys.executable, "-m", "freshroll.cli", "verify", str(out)],
+    verify = subprocess.run([sys.executable, "-m", "freshroll", "verify", str(out)],
                             cwd=REPO, capture_output=True, text=True, check=False)
     summ = json.loads((out / "summary.json").read_text())
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

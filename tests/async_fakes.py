@@ -21,8 +21,8 @@ from freshroll.engines.seams import Emit, GenRequest, SamplingParams
 from freshroll.kernel.buffer import SampleBuffer
 from freshroll.kernel.results import KernelConfig
 from freshroll.kernel.state import Lease
-from freshroll.ledger import Ledger
-from freshroll.lineage import PolicyVersion, RewardVersion
+from freshroll.ledger.lineage import PolicyVersion, RewardVersion
+from freshroll.ledger.store import Ledger
 from freshroll.pipeline.observers import Callbacks, default_observers
 from freshroll.pipeline.pipeline import Pipeline, StepReport
 from freshroll.rewards.calling import RewardState

@@ -23,8 +23,8 @@ from freshroll.engines.base import Completion
 from freshroll.harness.verify import Report, verify_ledger
 from freshroll.kernel.buffer import SampleBuffer
 from freshroll.kernel.results import KernelConfig
-from freshroll.ledger import Ledger
-from freshroll.lineage import PolicyVersion
+from freshroll.ledger.lineage import PolicyVersion
+from freshroll.ledger.store import Ledger
 from freshroll.pipeline.observers import Callbacks, Heartbeats
 from freshroll.pipeline.pipeline import Pipeline, StepReport
 from freshroll.placement.adapters import ThreadEngineFactory, ThreadScorer, ThreadTrainer

@@ -101,11 +101,36 @@ def test_the_check_sees_a_lazy_upward_import(tmp_path: Path) -> None:
     as ``from freshroll import runtime``) is found."""
     src = tmp_path / "freshroll"
     (src / "runtime").mkdir(parents=True)
-    (src / "runtime" / "__init__.py").write_text("from freshroll import events\n")
-    (src / "events.py").write_text("def f():\n    from freshroll.runtime import run\n")
+    (src / "runtime" / "__init__.py").write_text("from freshroll import errors\n")
+    (src / "errors.py").write_text("def f():\n    from freshroll.runtime import run\n")
     (src / "clock.py").write_text("from freshroll import runtime\n")
     top = _layers()["runtime"]  # the runtime's height in the doc's layers
     assert sorted(_upward(src)) == [
         f"freshroll/clock.py:1: clock (0) imports runtime ({top})",
-        f"freshroll/events.py:2: events (0) imports runtime ({top})",
+        f"freshroll/errors.py:2: errors (0) imports runtime ({top})",
     ]
+
+
+def rooms_and_arrows(src: Path = SRC) -> tuple[int, int]:
+    """The house's two numbers (issue 47): rooms, the folders and root modules of the
+    package (``__init__`` and ``__main__`` included), and arrows, the distinct imports
+    between two rooms (one arrow per ordered pair, however many lines make it)."""
+    rooms = {_unit(p, src) for p in src.rglob("*.py")}
+    arrows = sum(len(targets) for targets in _imports(src).values())
+    return len(rooms), arrows
+
+
+def test_the_house_keeps_its_rooms_and_arrows_within_the_goal() -> None:
+    """At most 40 rooms, 200 arrows and 15 modules at the package root (issue 47's goals):
+    a new root module or a new dependency between two rooms is a decision, made here."""
+    rooms, arrows = rooms_and_arrows()
+    root = sorted(p.stem for p in SRC.glob("*.py") if p.stem not in ("__init__", "__main__"))
+    assert len(root) <= 15, f"{len(root)} modules at the package root: {root}"
+    assert rooms <= 40, f"{rooms} rooms"
+    assert arrows <= 200, f"{arrows} arrows between rooms"
+
+
+if __name__ == "__main__":  # python tests/test_layers.py: the two numbers
+    n_rooms, n_arrows = rooms_and_arrows()
+    n_root = len([p for p in SRC.glob("*.py") if p.stem not in ("__init__", "__main__")])
+    print(f"rooms {n_rooms} (root modules {n_root}), arrows {n_arrows}")

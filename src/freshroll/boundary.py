@@ -54,7 +54,7 @@ from freshroll.errors import (
     StorageError,
     exit_status,
 )
-from freshroll.ledger import LEDGER_FILE
+from freshroll.ledger.store import LEDGER_FILE
 
 DEBUG_ENV = "FRESHROLL_DEBUG"
 ERROR_LOG = "error.log"

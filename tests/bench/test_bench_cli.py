@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from freshroll import events as ev
 from freshroll.cli import main
-from freshroll.ledger import LEDGER_FILE, Ledger
+from freshroll.ledger import events as ev
+from freshroll.ledger.store import LEDGER_FILE, Ledger
 
 REPO = Path(__file__).resolve().parents[2]
 SIM_READY = all(importlib.util.find_spec(m) is not None

@@ -16,8 +16,8 @@ from freshroll.engines.seams import Emit, GenRequest, SamplingParams
 from freshroll.kernel.buffer import SampleBuffer
 from freshroll.kernel.results import KernelConfig
 from freshroll.kernel.state import Lease
-from freshroll.ledger import open_ledger
-from freshroll.lineage import PolicyVersion
+from freshroll.ledger.lineage import PolicyVersion
+from freshroll.ledger.store import open_ledger
 from freshroll.rewards.calling import RewardState
 from freshroll.rewards.scoring import Score
 from freshroll.rewards.tasks import Prompt

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from freshroll import events as ev
 from freshroll.bench import figures as f
-from freshroll.ledger import open_ledger
+from freshroll.ledger import events as ev
+from freshroll.ledger.store import open_ledger
 
 # B = 64 samples per step; per-batch stage times: gen 2 s, reward 0.5 s, train 1 s, sync 0.5 s
 CAPS = f.Capacities(batch=64, gen_per_s=32.0, reward_per_s=128.0, train_per_s=64.0,

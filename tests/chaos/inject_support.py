@@ -15,13 +15,13 @@ from typing import Any
 
 import msgspec
 
-from freshroll import events as ev
 from freshroll.chaos.inject import Injector
 from freshroll.chaos.plan import Plan, Scenario, workload_of
 from freshroll.config import validate
 from freshroll.errors import Interrupted
 from freshroll.harness.verify import Report, verify_run
-from freshroll.ledger import open_ledger
+from freshroll.ledger import events as ev
+from freshroll.ledger.store import open_ledger
 from freshroll.runtime.run import run
 
 LIBRARY = Path(__file__).resolve().parents[2] / "chaos" / "library.yaml"

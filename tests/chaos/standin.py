@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from freshroll import events as ev
 from freshroll.chaos.plan import Scenario
 from freshroll.errors import Interrupted
+from freshroll.ledger import events as ev
 from freshroll.pipeline.hooks import Hooks
 
 

@@ -208,8 +208,8 @@ def test_the_digest_is_the_hash_of_every_normalized_event(tmp_path: Path) -> Non
 
     import msgspec
 
-    from freshroll import events as ev
     from freshroll.chaos.digest import normalize
+    from freshroll.ledger import events as ev
     from freshroll.runtime.run import run
 
     out = tmp_path / 'r "q" \\ é'

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from freshroll import events as ev
 from freshroll.chaos import checks
 from freshroll.chaos.plan import BASE_WORKLOAD, parse_plan
 from freshroll.config import validate
-from freshroll.lineage import PolicyVersion
+from freshroll.ledger import events as ev
+from freshroll.ledger.lineage import PolicyVersion
 
 V0 = str(PolicyVersion.initial("m"))
 

@@ -22,10 +22,10 @@ from inject_support import (
     scenario,
 )
 
-from freshroll import events as ev
 from freshroll.chaos.inject import Injector
 from freshroll.chaos.plan import FAULT_KINDS, HANDOFFS, PROCESS_KINDS, load_plan
 from freshroll.errors import ConfigError, Interrupted
+from freshroll.ledger import events as ev
 
 STEP = {"step": 3}
 

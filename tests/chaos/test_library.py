@@ -54,7 +54,7 @@ def test_every_scenario_over_20_seeds_has_zero_violations(tmp_path: Path) -> Non
 
 
 def _named_failures(run_dir: Path) -> int:
-    from freshroll import events as ev
+    from freshroll.ledger import events as ev
 
     return sum(len(re.findall(r"g\d+\.\d+#\d+", e.detail)) for e in runner.read_events(run_dir)
                if isinstance(e, ev.FaultInjected) and e.fault in checks.REWARD_FAILURES)

@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 from inject_support import run_case, scenario
 
-from freshroll import events as ev
 from freshroll.engines.base import Completion
 from freshroll.errors import FailureBudgetExceeded, LedgerError, StateError
+from freshroll.ledger import events as ev
 from freshroll.pipeline import calls, rewarding, workers
 from freshroll.pipeline.calls import malformed
 from freshroll.pipeline.rewarding import MAX_LOST_RETRIES, checked_scores

@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 
-from freshroll import events as ev
 from freshroll.chaos.plan import Plan, Scenario
 from freshroll.chaos.real import real_workload
 from freshroll.config import validate
@@ -25,7 +24,8 @@ from freshroll.engines.hf import HFEngine
 from freshroll.errors import RunFailed, WorkerLost
 from freshroll.harness.verify import verify_run
 from freshroll.kernel.buffer import SampleBuffer
-from freshroll.lineage import PolicyVersion
+from freshroll.ledger import events as ev
+from freshroll.ledger.lineage import PolicyVersion
 from freshroll.pipeline.hooks import Hooks
 from freshroll.placement.adapters import KillableThreadEngine, ThreadEngine, adapt
 from freshroll.runtime.placements import Components

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from freshroll import events as ev
 from freshroll.chaos import recovery as rc
+from freshroll.ledger import events as ev
 
 
 def times(*gaps: float, start: float = 0.0) -> list[float]:

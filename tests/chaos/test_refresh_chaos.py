@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from freshroll import events as ev
 from freshroll.chaos import runner
 from freshroll.chaos.plan import parse_plan
-from freshroll.ledger import LEDGER_FILE, Ledger
+from freshroll.ledger import events as ev
+from freshroll.ledger.store import LEDGER_FILE, Ledger
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))

@@ -303,7 +303,7 @@ def test_disk_full_during_a_ledger_write_closes_the_ledger_and_resumes(
     (``freshroll verify``: exit 1), against the README's promise for exit 3. The run's ledger
     keeps a reserve for its closing write. The disk is simulated by SQLite's page limit (the
     same SQLITE_FULL), full from the third flush on; spending the reserve frees the space."""
-    from freshroll.ledger import LEDGER_FILE, Ledger
+    from freshroll.ledger.store import LEDGER_FILE, Ledger
 
     flush, spend = Ledger.flush, Ledger._spend_reserve
     flushes = [0]

@@ -34,7 +34,7 @@ def freshroll(
     run's own limits. ``check``: a non-zero status fails the test with the output."""
     if subprocess:
         proc = sp.run(
-            [sys.executable, "-m", "freshroll.cli", *args], cwd=REPO,
+            [sys.executable, "-m", "freshroll", *args], cwd=REPO,
             env={**os.environ, **OFFLINE}, text=True, capture_output=True, timeout=timeout,
         )
     else:

@@ -23,7 +23,7 @@ from e2e_helpers import OFFLINE, REPO, freshroll
 
 from freshroll import GRPOTrainer
 from freshroll.errors import ConfigError
-from freshroll.ledger import LEDGER_FILE, Ledger
+from freshroll.ledger.store import LEDGER_FILE, Ledger
 from freshroll.rewards import inmemory
 
 FAST = {"run": {"progress": False, "max_staleness": 1}, "run.runtime": "inline",

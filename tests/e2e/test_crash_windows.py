@@ -21,7 +21,7 @@ from cli_zygote import Zygote
 from e2e_helpers import freshroll, metrics, summary
 
 from freshroll import crashpoints
-from freshroll.ledger import LEDGER_FILE
+from freshroll.ledger.store import LEDGER_FILE
 
 pytestmark = pytest.mark.slow
 

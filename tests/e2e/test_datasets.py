@@ -10,8 +10,8 @@ import pytest
 import yaml
 from e2e_helpers import freshroll, summary
 
-from freshroll import events as ev
-from freshroll.ledger import LEDGER_FILE, Ledger
+from freshroll.ledger import events as ev
+from freshroll.ledger.store import LEDGER_FILE, Ledger
 
 USER_REWARD = textwrap.dedent("""
     def match_target(prompts, completions, completion_ids, target, level, trainer_state,

@@ -19,7 +19,7 @@ from e2e_helpers import freshroll
 from freshroll.config import load_config
 from freshroll.errors import ConfigError
 from freshroll.kernel.buffer import SampleBuffer
-from freshroll.lineage import PolicyVersion
+from freshroll.ledger.lineage import PolicyVersion
 from freshroll.pipeline.hooks import Hooks
 from freshroll.placement.placement import check_world_size
 from freshroll.runtime.export import export_model

@@ -31,7 +31,7 @@ def _last_event(out: Path) -> tuple[str, str | None]:
 _DEFAULT_SIGINT = ("import signal, sys, runpy; "
                    "signal.signal(signal.SIGINT, signal.default_int_handler); "
                    "sys.argv[0] = 'freshroll'; "
-                   "runpy.run_module('freshroll.cli', run_name='__main__')")
+                   "runpy.run_module('freshroll', run_name='__main__')")
 
 
 @pytest.mark.slow

@@ -70,7 +70,7 @@ def test_export_merged_and_adapter_only(run_dir: Path, tmp_path: Path) -> None:
     from freshroll.config import read_yaml, validate
     from freshroll.kernel.buffer import replay_ledger
     from freshroll.kernel.results import KernelConfig
-    from freshroll.ledger import LEDGER_FILE, Ledger
+    from freshroll.ledger.store import LEDGER_FILE, Ledger
     from freshroll.runtime.learner import build_learner
 
     done = export_model(run_dir, tmp_path / "merged")

@@ -17,7 +17,7 @@ from e2e_helpers import freshroll, metrics
 
 from freshroll.figures import metrics as m
 from freshroll.figures.metrics_log import encode_row
-from freshroll.ledger import LEDGER_FILE, Ledger
+from freshroll.ledger.store import LEDGER_FILE, Ledger
 
 pytestmark = pytest.mark.slow
 

@@ -109,7 +109,7 @@ def test_resume_with_max_staleness_zero_does_not_hang(tmp_path: Path):
     out = tmp_path / "run"
     steps = 40
     proc = subprocess.Popen(
-        [sys.executable, "-m", "freshroll.cli", "run", "configs/smoke.yaml", f"run.steps={steps}",
+        [sys.executable, "-m", "freshroll", "run", "configs/smoke.yaml", f"run.steps={steps}",
          "run.progress=false", "run.runtime=inline", "run.torch_threads=1", "--out", str(out)],
         cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"},
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 from e2e_helpers import freshroll, summary
 
-from freshroll import events as ev
 from freshroll.config import Config, validate
 from freshroll.harness.verify import verify_run
 from freshroll.kernel.buffer import SampleBuffer
-from freshroll.lineage import PolicyVersion
+from freshroll.ledger import events as ev
+from freshroll.ledger.lineage import PolicyVersion
 from freshroll.pipeline.hooks import Hooks
 from freshroll.placement.adapters import KillableThreadEngine
 from freshroll.placement.process_engine import ProcessEngine

@@ -27,7 +27,7 @@ from freshroll.config import Config, load_config
 from freshroll.harness.verify import verify_run
 from freshroll.kernel.buffer import SampleBuffer
 from freshroll.kernel.state import Lease
-from freshroll.lineage import PolicyVersion
+from freshroll.ledger.lineage import PolicyVersion
 from freshroll.pipeline.hooks import Hooks
 from freshroll.placement.ray_cluster import ScratchCluster
 from freshroll.placement.ray_trainer import RayTrainer

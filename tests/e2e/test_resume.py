@@ -33,7 +33,7 @@ def test_sigkill_then_resume_keeps_every_invariant(
     # of two threads on a sync run's first steps, and an async run's workers are processes
     # on two cores or more (the fixed rule) instead of wherever the probe settled them
     proc = subprocess.Popen(
-        [sys.executable, "-m", "freshroll.cli", "run", *small, f"run.steps={steps}",
+        [sys.executable, "-m", "freshroll", "run", *small, f"run.steps={steps}",
          f"run.max_staleness={eta}", f"trainer.checkpoint_every={every}",
          "run.torch_threads=1", "--out", str(out)],
         cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"},

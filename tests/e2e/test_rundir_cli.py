@@ -33,7 +33,7 @@ def test_a_second_process_on_a_running_run_dir_fails_at_once(tmp_path: Path, sma
 
     out = tmp_path / "run"
     first = subprocess.Popen(  # long enough to outlast the second's start
-        [sys.executable, "-m", "freshroll.cli", "run", *small, "run.steps=100000", "--out",
+        [sys.executable, "-m", "freshroll", "run", *small, "run.steps=100000", "--out",
          str(out)],
         cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"},
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

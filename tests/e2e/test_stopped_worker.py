@@ -61,7 +61,7 @@ def test_a_stopped_worker_is_said_bounded_and_replaced(tmp_path: Path, small: li
                                                        runtime: str):
     out = tmp_path / "run"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "freshroll.cli", "run", *small, f"run.steps={STEPS}",
+        [sys.executable, "-m", "freshroll", "run", *small, f"run.steps={STEPS}",
          f"run.runtime={runtime}", "rollout.workers=2", f"limits.generate_timeout_s={BOUND_S}",
          f"limits.weights_timeout_s={BOUND_S}", "limits.heartbeat_s=1", "--out", str(out)],
         cwd=REPO, env={**os.environ, **OFFLINE},

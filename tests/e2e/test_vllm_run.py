@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from e2e_helpers import REPO, freshroll, summary
 
-from freshroll import events as ev
 from freshroll.config import load_config
-from freshroll.ledger import LEDGER_FILE, Ledger
+from freshroll.ledger import events as ev
+from freshroll.ledger.store import LEDGER_FILE, Ledger
 from freshroll.pipeline.hooks import HookContext, Hooks
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from freshroll import events as ev
 from freshroll.config import load_config
 from freshroll.engines import payload as pl
 from freshroll.engines.hf import HFEngine
@@ -21,7 +20,8 @@ from freshroll.engines.tiny import build_tiny
 from freshroll.errors import Superseded
 from freshroll.figures.off_policy import LAG_BUCKETS
 from freshroll.harness.verify import verify_run
-from freshroll.ledger import Ledger
+from freshroll.ledger import events as ev
+from freshroll.ledger.store import Ledger
 
 PROMPTS = ["rev 12=", "add 1+2=", "z:", "sort 3 1 2="]
 SWAP_AT = 3  # the load comes between decode steps 3 and 4: tokens 0..3 are the old weights'

@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 
-from freshroll import events as ev
 from freshroll.config import load_config
 from freshroll.engines import payload as pl
 from freshroll.engines.episodes import WORKFLOWS, WorkflowSetup
 from freshroll.envs.calc import Calculator, ToolResult
 from freshroll.envs.tool_use import ToolUse
 from freshroll.harness.verify import verify_run
-from freshroll.ledger import LEDGER_FILE, Ledger
+from freshroll.ledger import events as ev
+from freshroll.ledger.store import LEDGER_FILE, Ledger
 
 pytestmark = pytest.mark.slow
 

@@ -27,8 +27,8 @@ from freshroll.clock import Clock, RealClock, VirtualClock
 from freshroll.errors import StateError
 from freshroll.kernel.buffer import SampleBuffer
 from freshroll.kernel.results import KernelConfig, Outcome
-from freshroll.ledger import open_ledger
-from freshroll.lineage import PolicyVersion, RewardVersion, SampleId
+from freshroll.ledger.lineage import PolicyVersion, RewardVersion, SampleId
+from freshroll.ledger.store import open_ledger
 
 REWARD = str(RewardVersion.of("sim_length", config={"target": 8}))
 SETTINGS = "sim-settings"

@@ -15,7 +15,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from freshroll import events as ev
 from freshroll.chaos import checks
 from freshroll.clock import VirtualClock
 from freshroll.config import load_config
@@ -25,8 +24,9 @@ from freshroll.harness.verify import verify_events, verify_run
 from freshroll.kernel.buffer import SampleBuffer
 from freshroll.kernel.freshness import admission_capacity, window_note, window_steps
 from freshroll.kernel.results import KernelConfig
-from freshroll.ledger import Ledger
-from freshroll.lineage import PolicyVersion
+from freshroll.ledger import events as ev
+from freshroll.ledger.lineage import PolicyVersion
+from freshroll.ledger.store import Ledger
 from freshroll.runtime import run as run_mod
 
 V0 = PolicyVersion.initial("unit-model")

@@ -10,14 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from freshroll import events as ev
 from freshroll.clock import VirtualClock
 from freshroll.errors import ConfigError, LeaseError, StateError, UnknownSampleError
 from freshroll.harness.verify import verify_ledger
 from freshroll.kernel.buffer import SampleBuffer, replay_ledger
 from freshroll.kernel.results import KernelConfig, Outcome
-from freshroll.ledger import Ledger
-from freshroll.lineage import (
+from freshroll.ledger import events as ev
+from freshroll.ledger.lineage import (
     GroupId,
     PolicyVersion,
     RequestId,
@@ -26,6 +25,7 @@ from freshroll.lineage import (
     request_id,
     sample_id,
 )
+from freshroll.ledger.store import Ledger
 
 V0 = PolicyVersion.initial("unit-model")
 REWARD = str(RewardVersion.of("unit", config={"k": 1}))

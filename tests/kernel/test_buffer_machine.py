@@ -29,14 +29,14 @@ from hypothesis.stateful import (
 )
 from kernel_driver import SimConfig, Simulator
 
-from freshroll import events as ev
 from freshroll.clock import VirtualClock
 from freshroll.errors import LeaseError, StateError, UnknownSampleError
 from freshroll.harness.verify import verify_ledger
 from freshroll.kernel.buffer import SampleBuffer, replay_ledger
 from freshroll.kernel.results import KernelConfig, Outcome
-from freshroll.ledger import Ledger
-from freshroll.lineage import PolicyVersion, RewardVersion
+from freshroll.ledger import events as ev
+from freshroll.ledger.lineage import PolicyVersion, RewardVersion
+from freshroll.ledger.store import Ledger
 
 V0 = PolicyVersion.initial("machine-model")
 REWARD = str(RewardVersion.of("machine"))

@@ -15,7 +15,7 @@ from kernel_driver import SimConfig, simulate
 from freshroll.cli import main
 from freshroll.figures.timing import STAGES
 from freshroll.kernel.results import KernelConfig
-from freshroll.ledger import LEDGER_FILE, Ledger
+from freshroll.ledger.store import LEDGER_FILE, Ledger
 
 
 @pytest.fixture(scope="module")

@@ -31,8 +31,8 @@ from freshroll.harness.verify import verify_ledger
 from freshroll.kernel.buffer import SampleBuffer
 from freshroll.kernel.freshness import admission_capacity
 from freshroll.kernel.results import KernelConfig
-from freshroll.ledger import Ledger
-from freshroll.lineage import PolicyVersion, RewardVersion
+from freshroll.ledger.lineage import PolicyVersion, RewardVersion
+from freshroll.ledger.store import Ledger
 
 W = 10.0  # seconds per measuring window (one decision per window)
 

@@ -11,7 +11,6 @@ from dataclasses import replace
 import msgspec
 import pytest
 
-from freshroll import events as ev
 from freshroll.control.controller import (
     ControlConfig,
     ControllerState,
@@ -21,6 +20,7 @@ from freshroll.control.controller import (
     decide,
 )
 from freshroll.errors import ConfigError
+from freshroll.ledger import events as ev
 
 W = 10.0
 

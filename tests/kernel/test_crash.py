@@ -31,14 +31,14 @@ import pytest
 from kernel_driver import SimConfig, Simulator, open_buffer, simulate
 from killed import kill_inside_ledger_creation
 
-from freshroll import events as ev
 from freshroll.clock import VirtualClock
 from freshroll.errors import LedgerError, StateError
 from freshroll.harness.verify import verify_run
 from freshroll.kernel.buffer import SampleBuffer
 from freshroll.kernel.results import KernelConfig
-from freshroll.ledger import LEDGER_FILE, Ledger, decode_event, holds_events
-from freshroll.lineage import PolicyVersion, SampleId, request_of
+from freshroll.ledger import events as ev
+from freshroll.ledger.lineage import PolicyVersion, SampleId, request_of
+from freshroll.ledger.store import LEDGER_FILE, Ledger, decode_event, holds_events
 
 STEPS = 12
 SEEDS = range(20)
@@ -396,8 +396,8 @@ _CREATE = textwrap.dedent("""
         return db
 
     sqlite3.connect = connect
-    from freshroll import events as ev
-    from freshroll.ledger import Ledger
+    from freshroll.ledger import events as ev
+    from freshroll.ledger.store import Ledger
     led = Ledger(path)
     led.append(ev.Closed(ts=1.0))
     led.close()

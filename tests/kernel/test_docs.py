@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from freshroll.events import EVENT_KINDS, EVENT_TYPES
+from freshroll.ledger.events import EVENT_KINDS, EVENT_TYPES
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "ledger.md"
 

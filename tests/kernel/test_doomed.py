@@ -18,8 +18,8 @@ from test_buffer import (
     run_group,
 )
 
-from freshroll import events as ev
 from freshroll.kernel.freshness import doomed
+from freshroll.ledger import events as ev
 
 
 def test_the_rule_counts_only_members_certain_to_be_in_the_group():
@@ -105,7 +105,7 @@ def test_a_simulated_long_tail_run_drops_doomed_groups_and_verifies(tmp_path: Pa
     import io
 
     from freshroll.config import load_config
-    from freshroll.ledger import Ledger
+    from freshroll.ledger.store import Ledger
     from freshroll.runtime.run import run
 
     root = Path(__file__).resolve().parents[2]

@@ -15,7 +15,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 from kernel_driver import SimConfig, simulate
 
-from freshroll import events as ev
 from freshroll.clock import VirtualClock
 from freshroll.figures import metrics as m
 from freshroll.figures.bias import SampleBias
@@ -30,7 +29,8 @@ from freshroll.figures.trained import TrainedFold
 from freshroll.figures.verdict import VerdictFold
 from freshroll.figures.window import WindowFold
 from freshroll.kernel.results import KernelConfig
-from freshroll.ledger import Ledger
+from freshroll.ledger import events as ev
+from freshroll.ledger.store import Ledger
 
 
 def _reference_spans(events: list[ev.Event]) -> tuple[dict[str, list[float]], list[float]]:

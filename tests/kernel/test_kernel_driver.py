@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from kernel_driver import SimConfig, main, simulate
 
-from freshroll import events as ev
 from freshroll.errors import ConfigError
 from freshroll.harness.verify import INVARIANTS, verify_run
 from freshroll.kernel.results import KernelConfig
-from freshroll.ledger import LEDGER_FILE, Ledger
+from freshroll.ledger import events as ev
+from freshroll.ledger.store import LEDGER_FILE, Ledger
 
 
 def test_driver_counts_and_invariants(tmp_path: Path) -> None:

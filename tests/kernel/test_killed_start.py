@@ -15,11 +15,11 @@ from pathlib import Path
 from click.testing import CliRunner, Result
 from killed import kill_inside_ledger_creation
 
-from freshroll import events as ev
 from freshroll.cli import main
 from freshroll.config import load_config
 from freshroll.harness.verify import verify_run
-from freshroll.ledger import LEDGER_FILE, Ledger
+from freshroll.ledger import events as ev
+from freshroll.ledger.store import LEDGER_FILE, Ledger
 from freshroll.runtime.prepare import prepare_run_dir
 
 STEPS = 3

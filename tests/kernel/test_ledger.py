@@ -19,9 +19,9 @@ import msgspec
 import pytest
 from kernel_driver import SimConfig, simulate
 
-from freshroll import events as ev
 from freshroll.errors import LedgerError, StorageError, UnknownEventError
-from freshroll.ledger import APPLICATION_ID, LEDGER_FILE, Ledger, decode_event, open_ledger
+from freshroll.ledger import events as ev
+from freshroll.ledger.store import APPLICATION_ID, LEDGER_FILE, Ledger, decode_event, open_ledger
 
 
 def _events(n: int, start: int = 0) -> list[ev.Event]:
@@ -200,8 +200,8 @@ def test_sigkill_keeps_exactly_the_flushed_prefix(tmp_path: Path) -> None:
     path = tmp_path / "l.sqlite"
     script = textwrap.dedent(f"""
         import os, signal
-        from freshroll import events as ev
-        from freshroll.ledger import Ledger
+        from freshroll.ledger import events as ev
+        from freshroll.ledger.store import Ledger
         led = Ledger({str(path)!r})
         for i in range(10):
             led.append(ev.Closed(ts=float(i)))

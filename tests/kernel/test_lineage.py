@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from freshroll.errors import LineageError
-from freshroll.lineage import (
+from freshroll.ledger.lineage import (
     DIGEST_LEN,
     PolicyVersion,
     RewardVersion,

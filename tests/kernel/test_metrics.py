@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 from kernel_driver import SimConfig, simulate
 
-from freshroll import events as ev
 from freshroll.clock import VirtualClock
 from freshroll.figures import metrics as m
 from freshroll.figures.metrics_log import encode_row, read_rows, reconcile
 from freshroll.figures.summary import summarize_events
 from freshroll.figures.tally import sample_std
 from freshroll.kernel.results import KernelConfig
-from freshroll.ledger import LEDGER_FILE, Ledger
+from freshroll.ledger import events as ev
+from freshroll.ledger.store import LEDGER_FILE, Ledger
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 P0, P1 = "p0-aa", "p1-bb"
@@ -267,7 +267,7 @@ def test_non_finite_values_are_written_as_null() -> None:
 
 def test_commit_records_non_finite_trainer_metrics_as_null(tmp_path: Path) -> None:
     from freshroll.kernel.buffer import SampleBuffer
-    from freshroll.lineage import PolicyVersion
+    from freshroll.ledger.lineage import PolicyVersion
 
     buf = SampleBuffer.open(Ledger(tmp_path / "l.sqlite", sync="off"), KernelConfig(1, 1, 1),
                             VirtualClock(), run_id="r", initial_version=PolicyVersion.initial("m"))

@@ -24,14 +24,14 @@ from test_buffer import (
     run_group,
 )
 
-from freshroll import events as ev
 from freshroll.errors import ConfigError, StateError
 from freshroll.harness.verify import verify_ledger
 from freshroll.kernel.freshness import is_stale, refresh_due
 from freshroll.kernel.results import KernelConfig
 from freshroll.kernel.state import G_READY, G_RUNNING, BufferState
-from freshroll.ledger import Ledger
-from freshroll.lineage import GroupId, PolicyVersion
+from freshroll.ledger import events as ev
+from freshroll.ledger.lineage import GroupId, PolicyVersion
+from freshroll.ledger.store import Ledger
 
 
 # == the rule ========================================================================

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from freshroll import events as ev
 from freshroll.clock import VirtualClock
 from freshroll.errors import ConfigError
 from freshroll.figures import metrics as m
@@ -18,8 +17,9 @@ from freshroll.harness.verify import verify_ledger
 from freshroll.kernel.buffer import SampleBuffer
 from freshroll.kernel.freshness import basis_step, token_lags
 from freshroll.kernel.results import KernelConfig, Outcome
-from freshroll.ledger import Ledger
-from freshroll.lineage import PolicyVersion, RewardVersion, request_id
+from freshroll.ledger import events as ev
+from freshroll.ledger.lineage import PolicyVersion, RewardVersion, request_id
+from freshroll.ledger.store import Ledger
 
 V0 = PolicyVersion.initial("unit-model")
 REWARD = str(RewardVersion.of("unit", config={"k": 1}))

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from freshroll import events as ev
 from freshroll.clock import VirtualClock
 from freshroll.errors import StateError
 from freshroll.figures.bias import SampleBias
 from freshroll.harness.verify import verify_ledger
 from freshroll.kernel.buffer import SampleBuffer
 from freshroll.kernel.results import KernelConfig, Outcome
-from freshroll.ledger import Ledger
-from freshroll.lineage import GroupId, PolicyVersion, RewardVersion, SampleId
+from freshroll.ledger import events as ev
+from freshroll.ledger.lineage import GroupId, PolicyVersion, RewardVersion, SampleId
+from freshroll.ledger.store import Ledger
 
 V0 = PolicyVersion.initial("stop-model")
 REWARD = str(RewardVersion.of("stop", config={}))

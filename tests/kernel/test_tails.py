@@ -17,8 +17,8 @@ from freshroll.harness.verify import verify_ledger
 from freshroll.kernel.buffer import SampleBuffer
 from freshroll.kernel.queries import GroupStatus
 from freshroll.kernel.results import KernelConfig, Outcome
-from freshroll.ledger import Ledger
-from freshroll.lineage import GroupId, PolicyVersion, RewardVersion, SampleId, request_of
+from freshroll.ledger.lineage import GroupId, PolicyVersion, RewardVersion, SampleId, request_of
+from freshroll.ledger.store import Ledger
 from freshroll.pipeline.tails import Cut, TailWatch, apply_cut
 from freshroll.trainer.losses import group_advantages
 

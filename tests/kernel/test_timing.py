@@ -11,7 +11,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 from kernel_driver import SimConfig, simulate
 
-from freshroll import events as ev
 from freshroll.clock import VirtualClock
 from freshroll.errors import LedgerError
 from freshroll.figures.timing import (
@@ -22,7 +21,8 @@ from freshroll.figures.timing import (
     percentile,
 )
 from freshroll.kernel.results import KernelConfig
-from freshroll.ledger import Ledger
+from freshroll.ledger import events as ev
+from freshroll.ledger.store import Ledger
 
 P0, P1, P2 = "p0-aa", "p1-bb", "p2-cc"
 R = "r:len:ab"

@@ -17,14 +17,14 @@ import pytest
 from click.testing import CliRunner
 from kernel_driver import REWARD, SETTINGS, SimConfig, simulate
 
-from freshroll import events as ev
 from freshroll.cli import main
 from freshroll.clock import VirtualClock
 from freshroll.errors import LedgerError
 from freshroll.harness.verify import INVARIANTS, Report, verify_ledger, verify_run
 from freshroll.kernel.results import KernelConfig
-from freshroll.ledger import LEDGER_FILE, Ledger
-from freshroll.lineage import PolicyVersion
+from freshroll.ledger import events as ev
+from freshroll.ledger.lineage import PolicyVersion
+from freshroll.ledger.store import LEDGER_FILE, Ledger
 
 ETA = 1
 
@@ -466,10 +466,10 @@ def test_cli_verify_reads_an_empty_ledger_file_as_a_run_that_never_closed(tmp_pa
 
 def test_result_applied_after_its_attempt_was_discarded_is_unexpected(tmp_path):
     """A `generated` for an attempt already discarded (not fenced) must be flagged."""
-    from freshroll import events as ev
     from freshroll.harness.verify import verify_ledger
-    from freshroll.ledger import Ledger
-    from freshroll.lineage import PolicyVersion
+    from freshroll.ledger import events as ev
+    from freshroll.ledger.lineage import PolicyVersion
+    from freshroll.ledger.store import Ledger
 
     v = str(PolicyVersion.initial("m"))
     with Ledger(tmp_path / "l.sqlite", sync="off") as led:

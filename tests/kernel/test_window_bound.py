@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from freshroll import events as ev
 from freshroll.figures.fold import Fold
 from freshroll.figures.summary import summarize_events
 from freshroll.figures.window import WindowFold, render_window, window_bound
+from freshroll.ledger import events as ev
 
 P0, P1, P2 = "p0-aa", "p1-bb", "p2-cc"
 

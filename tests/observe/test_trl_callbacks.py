@@ -10,7 +10,7 @@ import pytest
 from transformers import TrainerCallback, TrainerControl, TrainerState
 
 from freshroll.errors import ConfigError
-from freshroll.lineage import PolicyVersion
+from freshroll.ledger.lineage import PolicyVersion
 from freshroll.observe.trl_callbacks import TrainerCallbacks, check_callbacks, trl_logs
 from freshroll.pipeline.observers import StepReport
 

@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 
 from async_fakes import BASE, AsyncEngine, AsyncHarness, Factory
-from freshroll import events as ev
 from freshroll.config import load_config
 from freshroll.control.controller import (
     ControlConfig,
@@ -27,7 +26,8 @@ from freshroll.control.controller import (
 from freshroll.engines.seams import EngineStats
 from freshroll.figures import metrics as m
 from freshroll.harness.verify import verify_run
-from freshroll.ledger import Ledger
+from freshroll.ledger import events as ev
+from freshroll.ledger.store import Ledger
 from freshroll.pipeline.steering import Meter, control_config
 from freshroll.runtime import run as run_mod
 

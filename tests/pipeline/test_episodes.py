@@ -15,7 +15,6 @@ import pytest
 from two_turn import TwoTurn
 
 from async_fakes import AsyncHarness
-from freshroll import events as ev
 from freshroll.config import load_config
 from freshroll.engines import payload as pl
 from freshroll.engines.episodes import (
@@ -26,7 +25,8 @@ from freshroll.engines.episodes import (
     workflow_for,
 )
 from freshroll.errors import ConfigError
-from freshroll.ledger import LEDGER_FILE, Ledger
+from freshroll.ledger import events as ev
+from freshroll.ledger.store import LEDGER_FILE, Ledger
 from freshroll.pipeline.calls import generation_seed
 
 

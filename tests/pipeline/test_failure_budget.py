@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from freshroll import events as ev
 from freshroll.control.breaker import Breaker, FailureBudget, Rule
 from freshroll.errors import FailureBudgetExceeded, FreshrollError, Interrupted
+from freshroll.ledger import events as ev
 from freshroll.pipeline.observers import Callbacks
 from pipeline_fakes import FakeEngine, Harness, ok_reward
 

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from freshroll import events as ev
 from freshroll.clock import VirtualClock
 from freshroll.errors import StateError
 from freshroll.figures.overlap import ModeFold, render
 from freshroll.kernel.buffer import SampleBuffer
 from freshroll.kernel.results import KernelConfig
-from freshroll.ledger import Ledger
-from freshroll.lineage import PolicyVersion
+from freshroll.ledger import events as ev
+from freshroll.ledger.lineage import PolicyVersion
+from freshroll.ledger.store import Ledger
 from freshroll.pipeline.fallback import EarlierChoice, FallbackConfig, FallbackProbe, Switch
 
 ROLLOUTS = 16

@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 
 from async_fakes import AsyncHarness
-from freshroll import events as ev
 from freshroll.clock import RealClock
 from freshroll.config import load_config
 from freshroll.harness.verify import verify_run
 from freshroll.kernel.buffer import SampleBuffer
-from freshroll.ledger import LEDGER_FILE, Ledger
+from freshroll.ledger import events as ev
+from freshroll.ledger.store import LEDGER_FILE, Ledger
 from freshroll.pipeline.hooks import BufferView, HookContext, Hooks, WorkerCensus
 from freshroll.pipeline.pipeline import Pipeline
 from freshroll.runtime.placements import Components

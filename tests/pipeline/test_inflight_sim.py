@@ -13,15 +13,15 @@ from typing import Any
 import pytest
 
 from async_fakes import AsyncHarness, Factory, Trainer
-from freshroll import events as ev
 from freshroll.clock import VirtualClock
 from freshroll.config import load_config
 from freshroll.engines.base import Completion
 from freshroll.harness.verify import verify_ledger, verify_run
 from freshroll.kernel.buffer import SampleBuffer
 from freshroll.kernel.results import KernelConfig
-from freshroll.ledger import Ledger
-from freshroll.lineage import PolicyVersion, RewardVersion, request_id
+from freshroll.ledger import events as ev
+from freshroll.ledger.lineage import PolicyVersion, RewardVersion, request_id
+from freshroll.ledger.store import Ledger
 from freshroll.runtime import run as run_mod
 
 SIM = ["rollout.engine=sim", "sim.clock=virtual", "run.progress=false",

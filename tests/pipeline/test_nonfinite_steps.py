@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from freshroll import events as ev
 from freshroll.errors import FailureBudgetExceeded, NonFiniteStep
+from freshroll.ledger import events as ev
 from pipeline_fakes import FakeLearner, Harness, fill_ready
 
 
@@ -73,8 +73,8 @@ def _history_with_a_skipped_step(path: Path) -> list[ev.Event]:
     from freshroll.clock import VirtualClock
     from freshroll.kernel.buffer import SampleBuffer
     from freshroll.kernel.results import KernelConfig
-    from freshroll.ledger import Ledger
-    from freshroll.lineage import PolicyVersion
+    from freshroll.ledger.lineage import PolicyVersion
+    from freshroll.ledger.store import Ledger
 
     buf = SampleBuffer.open(Ledger(path, sync="off"), KernelConfig(1, 2, 2), VirtualClock(),
                             run_id="t", initial_version=PolicyVersion.initial("m"))
@@ -96,8 +96,8 @@ def test_skip_step_survives_a_crash_at_every_point(tmp_path: Path):
     from freshroll.harness.verify import verify_ledger
     from freshroll.kernel.buffer import SampleBuffer
     from freshroll.kernel.results import KernelConfig
-    from freshroll.ledger import Ledger
-    from freshroll.lineage import PolicyVersion
+    from freshroll.ledger.lineage import PolicyVersion
+    from freshroll.ledger.store import Ledger
 
     history = _history_with_a_skipped_step(tmp_path / "full.sqlite")
     for k in range(1, len(history) + 1):

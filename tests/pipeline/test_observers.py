@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from freshroll.config import load_config
-from freshroll.events import CheckpointSaved
 from freshroll.figures.metrics_log import read_rows
-from freshroll.ledger import LEDGER_FILE, Ledger
+from freshroll.ledger.events import CheckpointSaved
+from freshroll.ledger.store import LEDGER_FILE, Ledger
 from freshroll.observe.exporters import JsonLinesExporter
 from freshroll.pipeline.fallback import Switch
 from freshroll.pipeline.observers import (

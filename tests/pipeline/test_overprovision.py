@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from test_tailing import P2_LONG_TAIL, SimRun, committed_group_sizes
 
-from freshroll import events as ev
 from freshroll.chaos.checks import admission_bound
 from freshroll.config.run import TailSection
 from freshroll.figures.bias import sample_bias
 from freshroll.harness.verify import verify_ledger
+from freshroll.ledger import events as ev
 from freshroll.pipeline.overprovision import MIN_LATENCIES, Overprovision
 
 

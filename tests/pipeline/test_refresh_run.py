@@ -9,10 +9,10 @@ import io
 import json
 from pathlib import Path
 
-from freshroll import events as ev
 from freshroll.bench.tails import tail_row
 from freshroll.config import load_config
-from freshroll.ledger import Ledger
+from freshroll.ledger import events as ev
+from freshroll.ledger.store import Ledger
 from freshroll.runtime.run import run
 
 ROOT = Path(__file__).resolve().parents[2]

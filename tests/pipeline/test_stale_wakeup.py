@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from freshroll import events as ev
 from freshroll.clock import RealClock
 from freshroll.kernel.buffer import SampleBuffer
 from freshroll.kernel.results import KernelConfig
-from freshroll.ledger import Ledger
-from freshroll.lineage import PolicyVersion
+from freshroll.ledger import events as ev
+from freshroll.ledger.lineage import PolicyVersion
+from freshroll.ledger.store import Ledger
 from pipeline_fakes import Harness, fill_ready
 
 

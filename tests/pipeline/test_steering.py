@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from async_fakes import AsyncHarness, Factory, Trainer
-from freshroll import events as ev
 from freshroll.control.controller import ControllerState, Decision, Settings, Snapshot
 from freshroll.harness.verify import verify_ledger
+from freshroll.ledger import events as ev
 from freshroll.pipeline.pipeline import Pipeline
 
 

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from async_fakes import AsyncEngine, AsyncHarness, Factory, latency
-from freshroll import events as ev
 from freshroll.engines.base import Completion
 from freshroll.engines.seams import Emit, GenRequest, SamplingParams
 from freshroll.errors import Superseded
+from freshroll.ledger import events as ev
 
 
 class Aborts(AsyncEngine):

@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 
 from async_fakes import AsyncHarness, Scorer, Trainer
-from freshroll import events as ev
 from freshroll.clock import VirtualClock
 from freshroll.config import Config, load_config
 from freshroll.engines.base import Completion
@@ -22,8 +21,9 @@ from freshroll.engines.seams import Emit, GenRequest, SamplingParams
 from freshroll.harness.verify import verify_ledger
 from freshroll.kernel.buffer import SampleBuffer
 from freshroll.kernel.results import KernelConfig
-from freshroll.ledger import Ledger
-from freshroll.lineage import PolicyVersion, request_of
+from freshroll.ledger import events as ev
+from freshroll.ledger.lineage import PolicyVersion, request_of
+from freshroll.ledger.store import Ledger
 from freshroll.pipeline.observers import Callbacks
 from freshroll.pipeline.pipeline import Pipeline, StepReport
 from freshroll.rewards.tasks import make_prompts

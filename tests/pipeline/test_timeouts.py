@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 
-from freshroll import events as ev
 from freshroll.errors import (
     FailureBudgetExceeded,
     Interrupted,
@@ -24,6 +23,7 @@ from freshroll.errors import (
     WorkerTimeout,
     exit_status,
 )
+from freshroll.ledger import events as ev
 from freshroll.pipeline.observers import Callbacks
 from freshroll.pipeline.workers import MAX_RESTARTS
 from freshroll.ports.threads import AbandonableExecutor, CallAborted

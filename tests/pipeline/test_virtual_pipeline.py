@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from async_fakes import AsyncEngine, AsyncHarness, Factory
-from freshroll import events as ev
 from freshroll.engines.base import Completion
 from freshroll.errors import WorkerLost
+from freshroll.ledger import events as ev
 from freshroll.pipeline.pipeline import Pipeline
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from freshroll import events as ev
 from freshroll.figures.trained import StepPicks, Trained, fold_trained
-from freshroll.ledger import Ledger
+from freshroll.ledger import events as ev
+from freshroll.ledger.store import Ledger
 from freshroll.report.completions import completions_section, pick
 from report.test_report import make_run
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from freshroll import events as ev
 from freshroll.figures.history import HistoryFold
+from freshroll.ledger import events as ev
 from freshroll.report.history import MAX_ROWS, history_section
 
 P0, P1 = "p0-aa", "p1-bb"

@@ -21,11 +21,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from freshroll import events as ev
 from freshroll.figures.metrics import rows
 from freshroll.figures.metrics_log import reconcile
 from freshroll.kernel.results import KernelConfig
-from freshroll.ledger import Ledger
+from freshroll.ledger import events as ev
+from freshroll.ledger.store import Ledger
 from freshroll.report import plots
 from freshroll.report.html import SECTIONS, load_run, write_report
 from freshroll.runtime.endfiles import write_summary

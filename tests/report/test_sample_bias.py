@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from freshroll import events as ev
 from freshroll.errors import ConfigError
 from freshroll.figures import bias as b
+from freshroll.ledger import events as ev
 from freshroll.report.bias import sample_bias as bias_html
 from freshroll.validate.acceptance import parse
 from freshroll.validate.gates import Measured, Repeat, evaluate

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import msgspec
 
-from freshroll import events as ev
 from freshroll.figures.metrics import rows
 from freshroll.figures.metrics_log import reconcile
-from freshroll.ledger import LEDGER_FILE, Ledger
+from freshroll.ledger import events as ev
+from freshroll.ledger.store import LEDGER_FILE, Ledger
 from freshroll.report.html import write_report
 from freshroll.report.samples import sample_rows
 from freshroll.report.token_mix import off_policy_by_lag, token_mix

@@ -17,12 +17,12 @@ import pytest
 from click.testing import CliRunner
 
 from e2e.e2e_helpers import freshroll
-from freshroll import events as ev
 from freshroll.chaos import runner
 from freshroll.chaos.plan import load_plan
 from freshroll.cli import main
 from freshroll.errors import ConfigError, RunDirError
-from freshroll.ledger import Ledger
+from freshroll.ledger import events as ev
+from freshroll.ledger.store import Ledger
 from freshroll.report.chrome import Span, lanes
 from freshroll.report.trace import build_trace, parse_steps, write_trace
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from freshroll.errors import ConfigError
-from freshroll.lineage import RewardVersion
+from freshroll.ledger.lineage import RewardVersion
 from freshroll.rewards.calling import RewardState
 from freshroll.rewards.functions import length_penalty, reverse_reward
 from freshroll.rewards.scoring import (

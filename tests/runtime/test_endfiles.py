@@ -16,7 +16,7 @@ from freshroll.config import load_config
 from freshroll.figures.headline import headline
 from freshroll.figures.summary import summarize
 from freshroll.harness.verify import verify_run
-from freshroll.ledger import Ledger
+from freshroll.ledger.store import Ledger
 from freshroll.runtime import run as run_mod
 
 SIM = ["rollout.engine=sim", "sim.clock=virtual", "run.progress=false", "run.steps=4",

@@ -16,7 +16,7 @@ from freshroll.config import Config, load_config
 from freshroll.engines.base import Completion
 from freshroll.errors import ConfigError
 from freshroll.figures.evals import render_eval
-from freshroll.ledger import LEDGER_FILE, Ledger
+from freshroll.ledger.store import LEDGER_FILE, Ledger
 from freshroll.rewards.scoring import Score
 from freshroll.rewards.tasks import Prompt, make_prompts
 from freshroll.runtime.evaluation import (

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from freshroll import events as ev
 from freshroll.figures.overlap import intersection, overlap_with, render, slowdown, union
 from freshroll.figures.summary import fold_events
+from freshroll.ledger import events as ev
 
 B = 2  # completions per step: one group of two, one lock-step call per group
 
@@ -142,7 +142,7 @@ def test_verify_notes_a_run_whose_asynchrony_did_not_pay(tmp_path: Path):
     it was written with (verify does not recompute it, nor flag it), and verify's notes say
     plainly that asynchrony did not pay, with that load."""
     from freshroll.harness.verify import verify_run
-    from freshroll.ledger import open_ledger
+    from freshroll.ledger.store import open_ledger
     from freshroll.runtime.endfiles import write_summary
 
     n = 6

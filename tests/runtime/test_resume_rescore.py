@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from async_fakes import AsyncHarness, Factory
-from freshroll import events as ev
+from freshroll.ledger import events as ev
 
 
 class SlowSecond(Factory):

@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
-from freshroll import events as ev
 from freshroll.config import Config, validate
 from freshroll.errors import ResumeError
+from freshroll.ledger import events as ev
 from freshroll.runtime.resume import (
     RULES,
     Change,

@@ -120,8 +120,8 @@ def test_check_out_dir(tmp_path: Path):
     (tmp_path / "ledger.sqlite").write_bytes(b"")  # a start killed in its ledger's creation
     check_out_dir(tmp_path, resume=False)  # holds no run: a new one may start here
     check_out_dir(tmp_path, resume=True)  # or --resume starts it from step 0
-    from freshroll import events as ev
-    from freshroll.ledger import Ledger
+    from freshroll.ledger import events as ev
+    from freshroll.ledger.store import Ledger
 
     (tmp_path / "ledger.sqlite").unlink()
     with Ledger(tmp_path / "ledger.sqlite") as ledger:

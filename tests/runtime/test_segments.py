@@ -7,9 +7,9 @@ import pytest
 from tests.pipeline.test_fallback import _decided
 from tests.runtime.test_overlap import B, _ledger
 
-from freshroll import events as ev
 from freshroll.figures.segments import render_segments
 from freshroll.figures.summary import fold_events
+from freshroll.ledger import events as ev
 
 
 def _shifted(events: list[ev.Event], dt: float) -> list[ev.Event]:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from freshroll import events as ev
 from freshroll.figures.summary import discard_bias
+from freshroll.ledger import events as ev
 
 
 def test_discard_bias_compares_committed_and_discarded_completions():

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from freshroll import events as ev
 from freshroll.figures.verdict import render, verdict
+from freshroll.ledger import events as ev
 
 
 def _opened() -> ev.Opened:

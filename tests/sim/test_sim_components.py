@@ -15,7 +15,7 @@ from freshroll.engines.base import Completion
 from freshroll.engines.seams import AsyncEngine, GenRequest, SamplingParams
 from freshroll.errors import ConfigError
 from freshroll.kernel.state import Lease
-from freshroll.lineage import RewardVersion
+from freshroll.ledger.lineage import RewardVersion
 from freshroll.ports.seams import AsyncScorer, AsyncTrainer
 from freshroll.rewards.calling import RewardState
 from freshroll.rewards.tasks import Prompt

@@ -84,8 +84,8 @@ def test_replay_puts_the_recorded_kernel_in_force() -> None:
 def test_a_recorded_config_without_optim_trained_with_the_loop() -> None:
     """An earlier freshroll recorded no trainer.optim: it looped. Resuming such a run under
     today's default is an explicit change of training, not a silent one."""
-    from freshroll import events as ev
     from freshroll.config import Config
+    from freshroll.ledger import events as ev
 
     recorded = Config().model_dump(mode="json")
     del recorded["trainer"]["optim"]

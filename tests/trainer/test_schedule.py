@@ -14,7 +14,7 @@ from transformers.optimization import (
 )
 
 from freshroll.config.train import TrainerSection
-from freshroll.lineage import digest_json
+from freshroll.ledger.lineage import digest_json
 from freshroll.trainer.grpo import GRPOLearner, TrainSample
 from freshroll.trainer.schedule import Schedule, lr_at
 

@@ -122,7 +122,7 @@ def test_an_out_that_holds_something_else_is_refused(tmp_path: Path) -> None:
 def test_bad_acceptance_file_exit_2(tmp_path: Path, text: str, msg: str) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text(text)
-    proc = subprocess.run([sys.executable, "-m", "freshroll.cli", "validate", str(path),
+    proc = subprocess.run([sys.executable, "-m", "freshroll", "validate", str(path),
                            "--out", str(tmp_path / "out")], cwd=REPO, text=True,
                           capture_output=True, timeout=120)
     assert proc.returncode == 2, proc.stderr

@@ -43,12 +43,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
-from freshroll import events as ev
 from freshroll.errors import ConfigError
-from freshroll.events import DECODER
 from freshroll.figures import reward_time
 from freshroll.figures.metrics_log import read_rows
-from freshroll.ledger import LEDGER_FILE, Ledger
+from freshroll.ledger import events as ev
+from freshroll.ledger.events import DECODER
+from freshroll.ledger.store import LEDGER_FILE, Ledger
 
 #: the speedup below which the table says asynchrony does not pay on the workload
 PAYS_AT: Final = 1.05

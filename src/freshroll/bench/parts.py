@@ -22,8 +22,8 @@ from freshroll.engines.seams import SamplingParams
 from freshroll.envs.registry import workflow_for
 from freshroll.kernel.buffer import SampleBuffer
 from freshroll.kernel.results import KernelConfig
-from freshroll.ledger import open_ledger
-from freshroll.lineage import PolicyVersion
+from freshroll.ledger.lineage import PolicyVersion
+from freshroll.ledger.store import open_ledger
 from freshroll.placement.placement import thread_budget
 from freshroll.rewards.tasks import Prompt
 

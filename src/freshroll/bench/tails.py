@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from freshroll.bench.figures import mean_sd, worker_events, worker_seconds
-from freshroll.ledger import LEDGER_FILE, Ledger
+from freshroll.ledger.store import LEDGER_FILE, Ledger
 
 REASONS = ("stale", "cancelled", "deadline")
 #: discard reasons that say nothing about a sample (not counted)

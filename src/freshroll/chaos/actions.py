@@ -17,12 +17,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from freshroll import events as ev
 from freshroll.chaos.faulty import FaultyEngine, FaultyFactory, FaultyScorer, FaultyTrainer, Gen
 from freshroll.chaos.plan import Fault, Scenario
 from freshroll.engines.base import Completion
 from freshroll.errors import UnknownSampleError
-from freshroll.lineage import SampleId
+from freshroll.ledger import events as ev
+from freshroll.ledger.lineage import SampleId
 from freshroll.rewards.scoring import Score
 
 if TYPE_CHECKING:

@@ -56,13 +56,13 @@ from freshroll.chaos.recovery import RunRates, case_figures, rates_of
 from freshroll.chaos.result import CaseResult, Violation
 from freshroll.config import Config, validate
 from freshroll.errors import ConfigError, FreshrollError, Interrupted, RunFailed
-from freshroll.events import Event
-from freshroll.ledger import LEDGER_FILE, Ledger
+from freshroll.ledger.events import Event
+from freshroll.ledger.store import LEDGER_FILE, Ledger
 from freshroll.pipeline.hooks import HookContext, Hooks
 
 if TYPE_CHECKING:
     from freshroll.kernel.buffer import SampleBuffer
-    from freshroll.lineage import PolicyVersion, SampleId
+    from freshroll.ledger.lineage import PolicyVersion, SampleId
     from freshroll.rewards.scoring import Score
     from freshroll.runtime.placements import ChaosSession, Components
 

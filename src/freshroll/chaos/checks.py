@@ -43,12 +43,12 @@ import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from freshroll import events as ev
 from freshroll.chaos.plan import Scenario
 from freshroll.chaos.result import Violation
 from freshroll.config import Config
 from freshroll.harness.admission import AdmissionFold
 from freshroll.harness.verify import INVARIANTS, verify_run
+from freshroll.ledger import events as ev
 
 #: chaos checks beyond verify's invariants, in report order
 CHECKS = ("faults_recorded", "prompt_sequence", "admission_bound", "reward_failures",

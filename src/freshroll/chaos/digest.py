@@ -23,8 +23,8 @@ from typing import Any
 
 import msgspec
 
-from freshroll import events as ev
-from freshroll.ledger import LEDGER_FILE, Ledger
+from freshroll.ledger import events as ev
+from freshroll.ledger.store import LEDGER_FILE, Ledger
 
 #: fields measured on the wall clock in a real-time run (dropped with ``timing=False``)
 _WALL_FIELDS = frozenset({"ts", "gen_s", "reward_s", "wait_s", "train_s", "transfer_s",

@@ -48,7 +48,7 @@ from freshroll.engines.seams import AsyncEngine, Emit, EngineFactory, GenRequest
 from freshroll.engines.weights import Weights
 from freshroll.errors import WorkerLost
 from freshroll.kernel.state import Lease
-from freshroll.lineage import PolicyVersion
+from freshroll.ledger.lineage import PolicyVersion
 from freshroll.ports.seams import AsyncScorer, AsyncTrainer
 from freshroll.rewards.calling import RewardState
 from freshroll.rewards.scoring import Score

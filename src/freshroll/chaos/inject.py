@@ -90,12 +90,12 @@ from collections import Counter
 from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
-from freshroll import events as ev
 from freshroll.chaos.actions import FaultActions
 from freshroll.chaos.faulty import FaultyEngine, FaultyFactory, FaultyScorer, FaultyTrainer, Gen
 from freshroll.chaos.plan import Fault, Scenario
 from freshroll.errors import ConfigError, Interrupted, RunFailed
-from freshroll.lineage import PolicyVersion, SampleId
+from freshroll.ledger import events as ev
+from freshroll.ledger.lineage import PolicyVersion, SampleId
 from freshroll.pipeline.hooks import Hooks
 
 if TYPE_CHECKING:

@@ -38,8 +38,8 @@ import bisect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from freshroll import events as ev
 from freshroll.figures import metrics
+from freshroll.ledger import events as ev
 
 #: the share of the fault-free rate that counts as recovered
 RECOVERED = 0.8

@@ -44,7 +44,7 @@ from transformers import (
 
 from freshroll.atomic import replace_dir
 from freshroll.errors import ConfigError
-from freshroll.lineage import digest_of
+from freshroll.ledger.lineage import digest_of
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS: tuple[str, ...] = (PAD, BOS, EOS, UNK)

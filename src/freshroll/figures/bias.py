@@ -50,7 +50,8 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar, Final, NamedTuple
 
-from freshroll.events import (
+from freshroll.figures.tally import UNCOUNTED_DISCARD_REASONS
+from freshroll.ledger.events import (
     Committed,
     Discarded,
     Generated,
@@ -59,8 +60,7 @@ from freshroll.events import (
     RunConfig,
     Started,
 )
-from freshroll.figures.tally import UNCOUNTED_DISCARD_REASONS
-from freshroll.lineage import group_of, policy_step, request_of
+from freshroll.ledger.lineage import group_of, policy_step, request_of
 
 #: the default of ``monitor.bias_threshold`` (a ledger of an older run has none)
 DEFAULT_THRESHOLD: Final = 0.1

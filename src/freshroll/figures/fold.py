@@ -20,7 +20,7 @@ The contract:
 * ``KINDS``: the event types the fold reads; every type its ``feed`` tests for is listed. A
   router (``SummaryFold``) feeds a fold only events of these types (so a fold may take an
   event outside them for one of its own). A fold that reads every event lists
-  :data:`~freshroll.events.EVENT_TYPES`.
+  :data:`~freshroll.ledger.events.EVENT_TYPES`.
 * ``feed(e)``: one event, in ledger order. It never reads the ledger or the clock. Its return
   value, if any, is the fold's own (nothing reads it through this protocol).
 * ``result()``: the figures of the events fed so far; it may be asked for any number of

@@ -18,7 +18,8 @@ from __future__ import annotations
 import json
 from typing import Any, ClassVar, Final, NamedTuple
 
-from freshroll.events import (
+from freshroll.figures.tally import WORKER_LOSS_REASONS
+from freshroll.ledger.events import (
     Closed,
     Committed,
     ControllerDecided,
@@ -30,7 +31,6 @@ from freshroll.events import (
     WorkerFenced,
     WorkerReady,
 )
-from freshroll.figures.tally import WORKER_LOSS_REASONS
 
 LANES: Final = ("segments", "settings", "mode", "workers", "trainer", "controller", "faults")
 

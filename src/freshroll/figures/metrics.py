@@ -43,9 +43,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from freshroll import events as ev
 from freshroll.figures.tally import UNCOUNTED_DISCARD_REASONS, TallyState
 from freshroll.figures.token_lag import lag_percentile
+from freshroll.ledger import events as ev
 
 
 @dataclass

@@ -52,8 +52,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
-from freshroll import events as ev
 from freshroll.figures.metrics import Tally, accepted_rollouts_per_s, trainer_wait_s, wall_s
+from freshroll.ledger import events as ev
 
 #: an async run "paid" when its accepted rollouts/s beats the sync estimate by more than this
 PAY_MARGIN = 0.05

@@ -19,7 +19,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from freshroll import events as ev
 from freshroll.figures.metrics import (
     Tally,
     accepted_rollouts,
@@ -33,6 +32,7 @@ from freshroll.figures.metrics import (
     worker_losses,
 )
 from freshroll.figures.overlap import OverlapFold
+from freshroll.ledger import events as ev
 
 #: the figures of :mod:`freshroll.figures.metrics` each segment reports, by name
 SEGMENT_FIGURES: dict[str, Callable[[Tally], Any]] = {

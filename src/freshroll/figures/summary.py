@@ -19,16 +19,6 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, ClassVar
 
-from freshroll.events import (
-    EVENT_TYPES,
-    Closed,
-    Committed,
-    Discarded,
-    Opened,
-    Requested,
-    Rewarded,
-    RunConfig,
-)
 from freshroll.figures.bias import SampleBias
 from freshroll.figures.history import HistoryFold
 from freshroll.figures.learning import LearningFold
@@ -40,8 +30,18 @@ from freshroll.figures.timing import SpanFold, StageRow, decompose
 from freshroll.figures.trained import TrainedFold
 from freshroll.figures.verdict import VerdictFold
 from freshroll.figures.window import WindowFold
-from freshroll.ledger import LEDGER_FILE, Ledger
-from freshroll.lineage import policy_step
+from freshroll.ledger.events import (
+    EVENT_TYPES,
+    Closed,
+    Committed,
+    Discarded,
+    Opened,
+    Requested,
+    Rewarded,
+    RunConfig,
+)
+from freshroll.ledger.lineage import policy_step
+from freshroll.ledger.store import LEDGER_FILE, Ledger
 
 SUMMARY_FILE = "summary.json"
 #: the tolerant ``metrics.jsonl`` reader (kept here for its callers)

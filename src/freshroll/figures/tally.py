@@ -15,10 +15,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from freshroll import events as ev
 from freshroll.figures.off_policy import OffPolicy
 from freshroll.figures.token_lag import TokenLags
-from freshroll.lineage import policy_step
+from freshroll.ledger import events as ev
+from freshroll.ledger.lineage import policy_step
 
 #: discard reasons left out of the discard rate and the counted discards (see the module doc)
 UNCOUNTED_DISCARD_REASONS: Final = frozenset(ev.RETRY_REASONS | {"shutdown"})

@@ -22,8 +22,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from freshroll import events as ev
 from freshroll.errors import LedgerError
+from freshroll.ledger import events as ev
 
 STAGES = ("queue", "generation", "transfer", "reward", "buffer", "trainer")
 

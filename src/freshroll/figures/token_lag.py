@@ -30,11 +30,11 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Final
 
-from freshroll import events as ev
 from freshroll.figures.off_policy import LAG_BUCKETS, bucket_of
 from freshroll.figures.timing import percentile
 from freshroll.kernel.freshness import token_lags
-from freshroll.lineage import policy_step
+from freshroll.ledger import events as ev
+from freshroll.ledger.lineage import policy_step
 
 #: the token-weighted lag is counted in bins of this width (label: the bin's lower edge)
 WEIGHTED_BIN: Final = 0.25

@@ -13,8 +13,8 @@ from __future__ import annotations
 import random
 from typing import Any, ClassVar, Final, NamedTuple
 
-from freshroll.events import Committed, Discarded, Rewarded, Started
-from freshroll.lineage import policy_step
+from freshroll.ledger.events import Committed, Discarded, Rewarded, Started
+from freshroll.ledger.lineage import policy_step
 
 SEED: Final = 0
 

@@ -26,7 +26,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
-from freshroll import events as ev
+from freshroll.ledger import events as ev
 
 BOOKKEEPING_REASONS = frozenset({"fenced", "shutdown"})
 #: discards an asynchronous run makes by design (freshness enforced): not shown as failures of a

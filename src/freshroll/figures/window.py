@@ -38,10 +38,10 @@ from __future__ import annotations
 import math
 from typing import Any, ClassVar
 
-from freshroll import events as ev
 from freshroll.figures.tally import UNCOUNTED_DISCARD_REASONS
 from freshroll.kernel.freshness import window_steps
-from freshroll.lineage import group_of
+from freshroll.ledger import events as ev
+from freshroll.ledger.lineage import group_of
 
 
 def window_bound(*, window_groups: float, trainer_groups_per_s: float,

@@ -16,9 +16,9 @@ admission (``mode_decided.lookahead`` <= η), so the check holds in either.
 
 from __future__ import annotations
 
-from freshroll import events as ev
 from freshroll.kernel.freshness import window_steps
-from freshroll.lineage import group_of, policy_step, request_of
+from freshroll.ledger import events as ev
+from freshroll.ledger.lineage import group_of, policy_step, request_of
 
 
 class AdmissionFold:

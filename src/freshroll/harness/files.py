@@ -5,7 +5,7 @@ bound to the ledger, so an edit made after the fact is a named violation.
 what            bound by
 ==============  =============================================================================
 payloads        each ``generated`` event records its payload's digest
-                (:func:`~freshroll.lineage.payload_digest`); the ledger's ``payloads`` row of
+                (:func:`~freshroll.ledger.lineage.payload_digest`); the ledger's ``payloads`` row of
                 that sample must exist and have that digest: a payload deleted, altered, or
                 swapped with another sample's (within a batch or across steps) fails; a
                 sample whose tokens span versions keeps the event's ``token_versions``
@@ -43,17 +43,17 @@ from typing import Any
 
 import yaml
 
-from freshroll import events as ev
 from freshroll.config.yamlfile import load_plain
 from freshroll.engines.payload import decode as decode_payload
-from freshroll.ledger import Ledger
-from freshroll.lineage import (
+from freshroll.ledger import events as ev
+from freshroll.ledger.lineage import (
     INPUT_FOLDERS,
     file_digests,
     input_digests,
     payload_mismatches,
     policy_step,
 )
+from freshroll.ledger.store import Ledger
 
 INVARIANT = "files"
 _STEP_DIR = re.compile(r"^step-(\d+)$")

@@ -15,10 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from freshroll import events as ev
 from freshroll.errors import LineageError
 from freshroll.harness.admission import AdmissionFold
-from freshroll.lineage import PolicyVersion, RewardVersion, policy_step
+from freshroll.ledger import events as ev
+from freshroll.ledger.lineage import PolicyVersion, RewardVersion, policy_step
 
 INVARIANTS = (
     "conservation", "duplicates", "loss", "unexpected", "freshness", "fencing", "lineage",

@@ -72,7 +72,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from freshroll import events as ev
 from freshroll.errors import LedgerError
 from freshroll.harness.eval_files import bound, check_eval_file, recorded, summary_block
 from freshroll.harness.files import (
@@ -84,7 +83,8 @@ from freshroll.harness.files import (
     check_report,
 )
 from freshroll.harness.history import INVARIANTS, HistoryChecker, Report
-from freshroll.ledger import LEDGER_FILE, Ledger
+from freshroll.ledger import events as ev
+from freshroll.ledger.store import LEDGER_FILE, Ledger
 
 SUMMARY_FILE = "summary.json"
 METRICS_FILE = "metrics.jsonl"

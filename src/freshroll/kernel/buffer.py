@@ -2,7 +2,7 @@
 
 Every command (``admit``, ``start``, ``complete``, ``reward``, ``discard``,
 ``lease``, ``commit``, ``skip_step``, ``release``, ``fence_worker``, ``shutdown``) validates,
-appends ONE event (sometimes a few) to the :class:`~freshroll.ledger.Ledger`
+appends ONE event (sometimes a few) to the :class:`~freshroll.ledger.store.Ledger`
 and applies it through the same handler that replays the ledger after a crash.
 So the in-memory state is always a pure function of the event history, and
 recovery is replay plus a few recovery events.
@@ -48,7 +48,6 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from freshroll import events as ev
 from freshroll.clock import Clock
 from freshroll.errors import LeaseError, LedgerError, StateError, UnknownSampleError
 from freshroll.kernel.freshness import admission_capacity, is_stale
@@ -64,8 +63,8 @@ from freshroll.kernel.state import (
     Lease,
 )
 from freshroll.kernel.stop_at_target import stop_at_target
-from freshroll.ledger import Ledger
-from freshroll.lineage import (
+from freshroll.ledger import events as ev
+from freshroll.ledger.lineage import (
     GroupId,
     PolicyVersion,
     RequestId,
@@ -74,6 +73,7 @@ from freshroll.lineage import (
     request_of,
     sample_id,
 )
+from freshroll.ledger.store import Ledger
 
 
 class SampleBuffer(BufferResults):

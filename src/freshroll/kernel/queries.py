@@ -24,7 +24,7 @@ from freshroll.kernel.state import (
     BufferState,
     Lease,
 )
-from freshroll.lineage import GroupId, RequestId, SampleId, request_of, sample_id
+from freshroll.ledger.lineage import GroupId, RequestId, SampleId, request_of, sample_id
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ newest token's, on ``run.staleness_basis``) and refreshed ``r`` times already::
 
     v - s > η  and  r < R  ->  discarded ``refreshed``         R = tail.max_refreshes
 
-``refreshed`` is a retry reason (:data:`freshroll.events.RETRY_REASONS`, as ``fenced``): the
+``refreshed`` is a retry reason (:data:`freshroll.ledger.events.RETRY_REASONS`, as ``fenced``): the
 request is queued again and its next attempt is generated with the policy then current. The
 attempt's result leaves its group (a ready group goes back to running,
 :mod:`freshroll.kernel.state`),
@@ -30,11 +30,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol
 
-from freshroll import events as ev
 from freshroll.clock import Clock
 from freshroll.kernel.freshness import basis_step, refresh_due
 from freshroll.kernel.state import G_READY, G_RUNNING, GENERATED, REWARDED, _Group, _Request
-from freshroll.lineage import PolicyVersion, SampleId
+from freshroll.ledger import events as ev
+from freshroll.ledger.lineage import PolicyVersion, SampleId
 
 
 class Settings(Protocol):

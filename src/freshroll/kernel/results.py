@@ -3,7 +3,7 @@
 :class:`BufferResults` is the base of :class:`~freshroll.kernel.buffer.SampleBuffer` (whose module
 docstring draws the state machine): the results of an attempt (``complete``, ``reward``,
 ``discard``) and the one path of every command (``_emit``: append one event to the
-:class:`~freshroll.ledger.Ledger`, then apply it through the handler that also replays it).
+:class:`~freshroll.ledger.store.Ledger`, then apply it through the handler that also replays it).
 
 A result is applied only when it is the live one: the current attempt of its request, in
 the state the result expects (running for a completion, generated for a reward), from the
@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, NoReturn
 
-from freshroll import events as ev
 from freshroll import unsafe
 from freshroll.clock import Clock
 from freshroll.errors import ConfigError, StateError
@@ -43,8 +42,9 @@ from freshroll.kernel.state import (
     _Request,
 )
 from freshroll.kernel.stop_at_target import stop_at_target
-from freshroll.ledger import Ledger
-from freshroll.lineage import PolicyVersion, SampleId, payload_digest, request_of
+from freshroll.ledger import events as ev
+from freshroll.ledger.lineage import PolicyVersion, SampleId, payload_digest, request_of
+from freshroll.ledger.store import Ledger
 
 
 class Outcome(Enum):

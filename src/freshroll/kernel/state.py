@@ -25,9 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from freshroll import events as ev
 from freshroll.errors import StateError, UnknownSampleError
-from freshroll.lineage import (
+from freshroll.ledger import events as ev
+from freshroll.ledger.lineage import (
     GroupId,
     PolicyVersion,
     RequestId,

@@ -25,10 +25,10 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from freshroll import events as ev
 from freshroll.clock import Clock
 from freshroll.kernel.state import G_RUNNING, GENERATED, QUEUED, REWARDED, RUNNING, _Group
-from freshroll.lineage import SampleId
+from freshroll.ledger import events as ev
+from freshroll.ledger.lineage import SampleId
 
 
 class Emitter(Protocol):

@@ -34,9 +34,9 @@ from freshroll.engines.base import Completion
 from freshroll.engines.episodes import EpisodeEmit, EpisodeFailed, EpisodeWorkflow
 from freshroll.engines.seams import AsyncEngine, GenRequest, SamplingParams
 from freshroll.errors import Interrupted, Superseded, WorkerLost, WorkerTimeout
-from freshroll.events import DiscardReason
 from freshroll.kernel.results import Outcome
-from freshroll.lineage import PolicyVersion, SampleId
+from freshroll.ledger.events import DiscardReason
+from freshroll.ledger.lineage import PolicyVersion, SampleId
 from freshroll.rewards.tasks import Prompt
 
 if TYPE_CHECKING:

@@ -44,7 +44,7 @@ from freshroll.config import Config
 from freshroll.control.breaker import FailureBudget, Rule
 from freshroll.engines.weights import Weights
 from freshroll.kernel.buffer import SampleBuffer
-from freshroll.lineage import PolicyVersion, SampleId
+from freshroll.ledger.lineage import PolicyVersion, SampleId
 from freshroll.ports.waits import Waits
 from freshroll.rewards.tasks import Prompt
 

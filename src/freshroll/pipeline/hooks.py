@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
-from freshroll.lineage import PolicyVersion, SampleId
+from freshroll.ledger.lineage import PolicyVersion, SampleId
 from freshroll.rewards.scoring import Score
 
 if TYPE_CHECKING:

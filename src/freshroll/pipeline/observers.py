@@ -55,8 +55,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from freshroll.events import CheckpointSaved, Evaluated
-from freshroll.lineage import PolicyVersion
+from freshroll.ledger.events import CheckpointSaved, Evaluated
+from freshroll.ledger.lineage import PolicyVersion
 from freshroll.pipeline.fallback import Switch
 from freshroll.ports.threads import ModeGroup
 from freshroll.stage_threads import ModeThreads

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from freshroll.config.run import TailSection
 from freshroll.control.tail import TailPolicy, extra_requests, on_time_share
 from freshroll.kernel.buffer import SampleBuffer
-from freshroll.lineage import SampleId
+from freshroll.ledger.lineage import SampleId
 
 if TYPE_CHECKING:
     from freshroll.pipeline.hooks import HookContext

@@ -86,7 +86,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from freshroll import crashpoints, unsafe
-from freshroll import events as ev
 from freshroll.clock import VirtualClock
 from freshroll.config import Config
 from freshroll.control.breaker import FailureBudget, Rule
@@ -95,7 +94,8 @@ from freshroll.engines.seams import EngineFactory
 from freshroll.errors import Interrupted, NonFiniteStep, NoProgress
 from freshroll.kernel.buffer import SampleBuffer
 from freshroll.kernel.state import Lease
-from freshroll.lineage import PolicyVersion
+from freshroll.ledger import events as ev
+from freshroll.ledger.lineage import PolicyVersion
 from freshroll.pipeline.calls import generation_seed
 from freshroll.pipeline.context import Published, RunContext
 from freshroll.pipeline.fallback import EarlierChoice, FallbackProbe, Switch, probe_for

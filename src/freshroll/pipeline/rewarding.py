@@ -44,7 +44,7 @@ from freshroll.control.breaker import Rule
 from freshroll.engines import payload as pl
 from freshroll.engines.base import Completion
 from freshroll.errors import Interrupted, WorkerLost, WorkerTimeout
-from freshroll.lineage import SampleId
+from freshroll.ledger.lineage import SampleId
 from freshroll.ports.threads import CallAborted
 from freshroll.rewards.calling import RewardState
 from freshroll.rewards.scoring import Score

@@ -59,7 +59,6 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any, cast
 
-from freshroll import events as ev
 from freshroll.config import Config
 from freshroll.control.controller import (
     AdaptiveController,
@@ -73,6 +72,7 @@ from freshroll.control.controller import (
 )
 from freshroll.engines.seams import EngineStats, ReportsStats
 from freshroll.kernel.state import Lease
+from freshroll.ledger import events as ev
 
 if TYPE_CHECKING:
     from freshroll.pipeline.calls import Worker

@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from freshroll.lineage import SampleId
+from freshroll.ledger.lineage import SampleId
 from freshroll.pipeline.tails import CutReason, TailWatch, apply_cut
 
 if TYPE_CHECKING:

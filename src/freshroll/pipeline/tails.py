@@ -44,7 +44,7 @@ from freshroll.control.tail import GroupProgress, TailPolicy, tail_action
 from freshroll.errors import ConfigError, StateError
 from freshroll.kernel.buffer import SampleBuffer
 from freshroll.kernel.queries import GroupStatus
-from freshroll.lineage import GroupId, RequestId, SampleId, request_of
+from freshroll.ledger.lineage import GroupId, RequestId, SampleId, request_of
 
 CutReason = Literal["deadline", "cancelled"]
 

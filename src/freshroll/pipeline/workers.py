@@ -50,7 +50,6 @@ import asyncio
 import sys
 from typing import TYPE_CHECKING
 
-from freshroll import events as ev
 from freshroll import unsafe
 from freshroll.control.breaker import quote
 from freshroll.engines.base import SwapsInFlight
@@ -59,7 +58,8 @@ from freshroll.engines.seams import AsyncEngine, EngineNotRestartable, SamplingP
 from freshroll.engines.weights import Weights
 from freshroll.envs.registry import workflow_for
 from freshroll.errors import Interrupted, RunFailed, WorkerLost, WorkerTimeout
-from freshroll.lineage import PolicyVersion, RequestId, SampleId
+from freshroll.ledger import events as ev
+from freshroll.ledger.lineage import PolicyVersion, RequestId, SampleId
 from freshroll.pipeline.calls import Call, CallRunner, Worker, generation_seed
 from freshroll.pipeline.lanes import Lanes
 

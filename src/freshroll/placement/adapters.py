@@ -80,7 +80,7 @@ from freshroll.engines.weights import (
 from freshroll.errors import RunFailed, WorkerTimeout
 from freshroll.kernel.buffer import SampleBuffer
 from freshroll.kernel.state import Lease
-from freshroll.lineage import PolicyVersion
+from freshroll.ledger.lineage import PolicyVersion
 from freshroll.ports.threads import (
     AbandonableExecutor,
     ModeGroup,

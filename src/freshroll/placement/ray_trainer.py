@@ -72,13 +72,13 @@ from typing import Any, TextIO
 
 import torch
 
-from freshroll import events as ev
 from freshroll.config import Config
 from freshroll.engines.weights import RayRef
 from freshroll.errors import LineageError, NonFiniteStep, RunFailed, WorkerLost, WorkerTimeout
 from freshroll.kernel.buffer import SampleBuffer
 from freshroll.kernel.state import Lease
-from freshroll.lineage import PolicyVersion
+from freshroll.ledger import events as ev
+from freshroll.ledger.lineage import PolicyVersion
 from freshroll.placement.placement import thread_budget
 from freshroll.placement.ray_engine import PackedState, pack_state, set_threads
 from freshroll.placement.ray_session import _gate, gated_get

@@ -28,7 +28,7 @@ from typing import Any, Protocol, runtime_checkable
 from freshroll.engines.base import Completion
 from freshroll.engines.weights import Weights
 from freshroll.kernel.state import Lease
-from freshroll.lineage import PolicyVersion
+from freshroll.ledger.lineage import PolicyVersion
 from freshroll.rewards.calling import RewardState
 from freshroll.rewards.scoring import Score
 from freshroll.rewards.tasks import Prompt

@@ -19,8 +19,8 @@ from typing import Final
 
 from freshroll.engines import payload as pl
 from freshroll.figures.trained import StepPicks, Trained
-from freshroll.ledger import LEDGER_FILE, Ledger
-from freshroll.lineage import policy_step
+from freshroll.ledger.lineage import policy_step
+from freshroll.ledger.store import LEDGER_FILE, Ledger
 from freshroll.report.markup import fmt, table
 from freshroll.report.samples import model_dirs
 

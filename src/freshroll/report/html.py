@@ -30,7 +30,6 @@ from typing import Any
 
 import yaml
 
-from freshroll import events as ev
 from freshroll.figures.metrics import discard_rate, discards_by_reason, token_lag
 from freshroll.figures.metrics import off_policy_by_lag as _by_lag
 from freshroll.figures.summary import SummaryFold
@@ -38,7 +37,8 @@ from freshroll.figures.tally import UNCOUNTED_DISCARD_REASONS
 from freshroll.figures.timing import percentiles
 from freshroll.harness.files import REPORT_FILE, seal
 from freshroll.harness.verify import Report
-from freshroll.ledger import LEDGER_FILE
+from freshroll.ledger import events as ev
+from freshroll.ledger.store import LEDGER_FILE
 from freshroll.report import plots
 from freshroll.report.bias import sample_bias
 from freshroll.report.completions import completions_section

@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from freshroll import events as ev
 from freshroll.errors import ConfigError, RunDirError
-from freshroll.ledger import LEDGER_FILE, Ledger
-from freshroll.lineage import parse_sample_id, policy_step
+from freshroll.ledger import events as ev
+from freshroll.ledger.lineage import parse_sample_id, policy_step
+from freshroll.ledger.store import LEDGER_FILE, Ledger
 
 _SAMPLE = re.compile(r"^g\d+\.\d+#\d+$")
 _REQUEST = re.compile(r"^g\d+\.\d+$")

@@ -22,7 +22,7 @@ from freshroll.figures.summary import SummaryFold, fold_events
 from freshroll.figures.timing import Spans, StageRow
 from freshroll.figures.trained import StepPicks
 from freshroll.harness.verify import Report, check_files, check_ledger, read_counts
-from freshroll.ledger import LEDGER_FILE, Ledger
+from freshroll.ledger.store import LEDGER_FILE, Ledger
 
 
 @dataclass

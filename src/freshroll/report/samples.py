@@ -32,10 +32,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from freshroll import events as ev
 from freshroll.errors import ConfigError, RunDirError
-from freshroll.ledger import LEDGER_FILE, Ledger
-from freshroll.lineage import parse_sample_id, policy_step
+from freshroll.ledger import events as ev
+from freshroll.ledger.lineage import parse_sample_id, policy_step
+from freshroll.ledger.store import LEDGER_FILE, Ledger
 
 #: the columns of a row, in order (the module docstring says what each holds)
 COLUMNS = (

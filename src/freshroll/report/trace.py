@@ -38,10 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from freshroll import events as ev
 from freshroll.errors import ConfigError, RunDirError
-from freshroll.ledger import LEDGER_FILE, Ledger
-from freshroll.lineage import (
+from freshroll.ledger import events as ev
+from freshroll.ledger.lineage import (
     GroupId,
     group_of,
     parse_sample_id,
@@ -49,6 +48,7 @@ from freshroll.lineage import (
     request_ids,
     request_of,
 )
+from freshroll.ledger.store import LEDGER_FILE, Ledger
 from freshroll.report.chrome import Mark, Span, Track, chrome_trace
 
 TRACE_FILE = "trace.json"

@@ -50,7 +50,7 @@ from types import ModuleType
 from typing import Any
 
 from freshroll.errors import ConfigError, Interrupted
-from freshroll.lineage import RewardVersion, digest_callable, digest_of
+from freshroll.ledger.lineage import RewardVersion, digest_callable, digest_of
 from freshroll.rewards import inmemory
 from freshroll.rewards.calling import (
     RESERVED,

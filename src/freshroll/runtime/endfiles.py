@@ -32,7 +32,7 @@ from freshroll.figures.metrics import jsonable
 from freshroll.figures.metrics_log import write_atomic
 from freshroll.figures.summary import SUMMARY_FILE, read_host, summarize
 from freshroll.harness.verify import Report, check_files, check_ledger, read_counts
-from freshroll.ledger import LEDGER_FILE
+from freshroll.ledger.store import LEDGER_FILE
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any] | None = None,

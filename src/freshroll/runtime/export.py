@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from freshroll.atomic import replace_dir
 from freshroll.errors import ConfigError, LineageError, RunDirError
-from freshroll.lineage import PolicyVersion
+from freshroll.ledger.lineage import PolicyVersion
 
 if TYPE_CHECKING:
     from freshroll.config import Config
@@ -55,7 +55,7 @@ def export_model(run_dir: Path, out: Path, step: int | None = None, *,
 
     from freshroll.config import read_yaml, validate
     from freshroll.engines.model_dir import quiet_transformers
-    from freshroll.ledger import LEDGER_FILE
+    from freshroll.ledger.store import LEDGER_FILE
     from freshroll.runtime.learner import initial_model_dir
     from freshroll.trainer.lora import is_lora, merged_copy
     from freshroll.trainer.replay import weights_digest
@@ -104,7 +104,7 @@ def _rebuilt(cfg: Config, run_dir: Path, source: Path,
     from freshroll.clock import RealClock
     from freshroll.engines.tiny import model_digest
     from freshroll.kernel.buffer import replay_ledger
-    from freshroll.ledger import LEDGER_FILE, Ledger
+    from freshroll.ledger.store import LEDGER_FILE, Ledger
     from freshroll.runtime.kernel_settings import kernel_config
     from freshroll.runtime.learner import build_learner, resume_point
     from freshroll.runtime.resume import history

@@ -54,7 +54,7 @@ def check_replay_ranks(cfg: Config, run_dir: Path, hist: History) -> None:
     """A resume whose learner must replay committed steps trained at another world size
     than ``cfg``'s is refused before any write (:class:`ResumeError` naming the field): the
     same gradient summed in another order gives other bits than the committed digests."""
-    from freshroll.ledger import LEDGER_FILE, Ledger
+    from freshroll.ledger.store import LEDGER_FILE, Ledger
 
     if hist.step == 0:
         return

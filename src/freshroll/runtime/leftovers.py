@@ -18,7 +18,7 @@ import contextlib
 from pathlib import Path
 from typing import TextIO
 
-from freshroll.ledger import LEDGER_FILE, Ledger
+from freshroll.ledger.store import LEDGER_FILE, Ledger
 from freshroll.placement.ray_reaper import sweep_dead_drivers
 from freshroll.placement.shm_weights import sweep_segments
 

@@ -43,7 +43,7 @@ from freshroll.engines.names import register_engine
 from freshroll.engines.seams import EngineFactory
 from freshroll.errors import ConfigError
 from freshroll.kernel.buffer import SampleBuffer
-from freshroll.lineage import PolicyVersion
+from freshroll.ledger.lineage import PolicyVersion
 from freshroll.pipeline.hooks import Hooks
 from freshroll.placement.adapters import (
     CloneTransfer,

@@ -21,8 +21,8 @@ from freshroll.engines.model_dir import check_model_dir, quiet_transformers
 from freshroll.engines.names import check_engine
 from freshroll.envs.registry import workflow_for
 from freshroll.errors import ConfigError, LedgerError, ResumeError
-from freshroll.ledger import LEDGER_FILE, Ledger
-from freshroll.lineage import PolicyVersion, input_digests
+from freshroll.ledger.lineage import PolicyVersion, input_digests
+from freshroll.ledger.store import LEDGER_FILE, Ledger
 from freshroll.observe.monitors import check_monitors
 from freshroll.pipeline.steering import control_config
 from freshroll.rewards.calling import reward_columns

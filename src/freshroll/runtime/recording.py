@@ -38,11 +38,11 @@ from typing import Any, TextIO
 
 from freshroll.config import Config
 from freshroll.errors import StorageError
-from freshroll.events import CheckpointSaved, Evaluated
 from freshroll.figures.metrics import Tally
 from freshroll.figures.metrics_log import METRICS_FILE, RowLog, reconcile
 from freshroll.kernel.buffer import SampleBuffer
-from freshroll.lineage import PolicyVersion, file_digests
+from freshroll.ledger.events import CheckpointSaved, Evaluated
+from freshroll.ledger.lineage import PolicyVersion, file_digests
 from freshroll.observe.fit import fit, fit_with, width
 from freshroll.observe.pace import Pace
 from freshroll.pipeline.fallback import Switch

@@ -5,7 +5,7 @@ From the newest checkpoint on the committed chain at or before ``A`` (step 0: th
 model), each committed step ``A+1 .. B`` is trained again on its recorded batch, under the
 settings the ledger recorded for it, on the CPU with the run's trainer thread count; after
 each, the weights digest and the policy-version digest (parent, batch, settings digest:
-:meth:`~freshroll.lineage.PolicyVersion.child`) are recomputed and compared with the ledger's
+:meth:`~freshroll.ledger.lineage.PolicyVersion.child`) are recomputed and compared with the ledger's
 ``committed`` event. The first step that differs stops the replay with its cause:
 
 =========  ==============================================================================
@@ -40,14 +40,14 @@ from pathlib import Path
 
 import torch
 
-from freshroll import events as ev
 from freshroll.clock import RealClock
 from freshroll.config import Config, read_yaml, validate
 from freshroll.engines.model_dir import quiet_transformers
 from freshroll.errors import ConfigError, RunDirError
 from freshroll.kernel.buffer import SampleBuffer, replay_ledger
-from freshroll.ledger import LEDGER_FILE, Ledger
-from freshroll.lineage import input_digests, policy_step
+from freshroll.ledger import events as ev
+from freshroll.ledger.lineage import input_digests, policy_step
+from freshroll.ledger.store import LEDGER_FILE, Ledger
 from freshroll.runtime.kernel_settings import kernel_config
 from freshroll.runtime.learner import (
     Heartbeat,

@@ -38,11 +38,11 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-from freshroll import events as ev
 from freshroll.config.data import BUILTIN_TASK
 from freshroll.config.train import TRAINER_BEFORE
 from freshroll.errors import ResumeError
-from freshroll.lineage import digest_of, policy_step
+from freshroll.ledger import events as ev
+from freshroll.ledger.lineage import digest_of, policy_step
 
 Rule = Literal["free", "explicit", "never"]
 

@@ -54,8 +54,8 @@ from freshroll.figures.overlap import render as render_overlap
 from freshroll.kernel.buffer import SampleBuffer
 from freshroll.kernel.freshness import window_note
 from freshroll.kernel.results import KernelConfig
-from freshroll.ledger import RESERVE_BYTES, Ledger, open_ledger
-from freshroll.lineage import PolicyVersion
+from freshroll.ledger.lineage import PolicyVersion
+from freshroll.ledger.store import RESERVE_BYTES, Ledger, open_ledger
 from freshroll.observe.fit import width, wrap
 from freshroll.observe.monitors import build_monitors, start_endpoint
 from freshroll.observe.prometheus import PrometheusExporter

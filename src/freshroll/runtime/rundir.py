@@ -27,11 +27,11 @@ import os
 from pathlib import Path
 from typing import IO, Any
 
-from freshroll import events as ev
 from freshroll.config import Config, load_config
 from freshroll.errors import LedgerError, RunDirError
-from freshroll.ledger import LEDGER_FILE, Ledger, holds_events
-from freshroll.lineage import policy_step
+from freshroll.ledger import events as ev
+from freshroll.ledger.lineage import policy_step
+from freshroll.ledger.store import LEDGER_FILE, Ledger, holds_events
 
 LOCK_FILE = "run.lock"
 

@@ -32,12 +32,12 @@ from typing import Any, TextIO, TypeVar
 import torch
 import torch.multiprocessing as mp
 
-from freshroll import events as ev
 from freshroll.config import Config
 from freshroll.errors import ConfigError, RunFailed
 from freshroll.kernel.buffer import SampleBuffer
 from freshroll.kernel.state import Lease
-from freshroll.lineage import PolicyVersion
+from freshroll.ledger import events as ev
+from freshroll.ledger.lineage import PolicyVersion
 from freshroll.trainer.grpo import GRPOLearner
 from freshroll.trainer.ranks import SOLO, Gloo, RankLost, connect, follow
 from freshroll.trainer.replay import weights_digest

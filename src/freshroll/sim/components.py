@@ -25,7 +25,7 @@ from freshroll.config.rollout import SimSection
 from freshroll.engines.seams import AsyncEngine, EngineFactory
 from freshroll.errors import ConfigError
 from freshroll.kernel.buffer import SampleBuffer
-from freshroll.lineage import digest_json
+from freshroll.ledger.lineage import digest_json
 from freshroll.sim.engine import SimEngine
 from freshroll.sim.keyed import KeyedDraws
 from freshroll.sim.profiles import KV_CAPACITY_DEFAULT, Profile, get_profile, profile_from_dict

@@ -36,7 +36,7 @@ import math
 from dataclasses import dataclass
 from statistics import NormalDist
 
-from freshroll.lineage import group_of
+from freshroll.ledger.lineage import group_of
 from freshroll.sim.draws import (
     latency_of,
     length_cap,

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 
 from freshroll.engines.base import FINISH_LENGTH, Completion
-from freshroll.lineage import RewardVersion
+from freshroll.ledger.lineage import RewardVersion
 from freshroll.rewards.calling import RewardState
 from freshroll.rewards.scoring import Score
 from freshroll.rewards.tasks import Prompt

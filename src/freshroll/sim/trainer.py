@@ -29,7 +29,7 @@ from freshroll.engines.weights import SimWeights
 from freshroll.errors import ConfigError
 from freshroll.kernel.buffer import SampleBuffer
 from freshroll.kernel.state import Lease
-from freshroll.lineage import PolicyVersion, digest_json, digest_of
+from freshroll.ledger.lineage import PolicyVersion, digest_json, digest_of
 from freshroll.sim.draws import trainer_step_s
 from freshroll.sim.keyed import KeyedDraws
 

@@ -20,13 +20,13 @@ from dataclasses import dataclass
 
 import torch
 
-from freshroll import events as ev
 from freshroll.engines import payload as pl
 from freshroll.engines.base import FINISH_LENGTH
 from freshroll.errors import LineageError
 from freshroll.kernel.buffer import SampleBuffer
-from freshroll.ledger import Ledger, decode_event
-from freshroll.lineage import PolicyVersion, payload_mismatches, policy_step
+from freshroll.ledger import events as ev
+from freshroll.ledger.lineage import PolicyVersion, payload_mismatches, policy_step
+from freshroll.ledger.store import Ledger, decode_event
 from freshroll.trainer.grpo import GRPOLearner, TrainSample
 
 

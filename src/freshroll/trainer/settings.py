@@ -12,7 +12,7 @@ added after runs had recorded digests is left out at the value those runs traine
 from __future__ import annotations
 
 from freshroll.config.train import TRAINER_BEFORE, TrainerSection
-from freshroll.lineage import digest_json
+from freshroll.ledger.lineage import digest_json
 
 _NOT_TRAINING_MATH = {"on_nonfinite", "gradient_checkpointing", "parallel", "world_size"}
 #: trainer keys added after runs had recorded settings digests: at the value every earlier

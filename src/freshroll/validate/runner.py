@@ -43,12 +43,12 @@ from freshroll.bench.figures import run_figures
 from freshroll.bench.runner import with_overrides
 from freshroll.config import Config
 from freshroll.errors import ConfigError, FreshrollError, Interrupted, RunDirError
-from freshroll.events import DECODER
 from freshroll.figures import reward_time
 from freshroll.figures.metrics import jsonable
 from freshroll.figures.summary import SUMMARY_FILE, read_metrics
 from freshroll.figures.verdict import render as render_verdict
-from freshroll.ledger import LEDGER_FILE, Ledger
+from freshroll.ledger.events import DECODER
+from freshroll.ledger.store import LEDGER_FILE, Ledger
 from freshroll.validate import record
 from freshroll.validate.acceptance import Loaded, load, seed_list
 from freshroll.validate.gates import FIGURE_KEYS, Case, Measured, Repeat, evaluate

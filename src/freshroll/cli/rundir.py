@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from freshroll.cli_base import EXIT_STATUSES, Guarded, fail
+from freshroll.cli.base import EXIT_STATUSES, Guarded, fail
 from freshroll.errors import FreshrollError
 
 
@@ -61,7 +61,7 @@ def verify(run_dir: Path, as_json: bool, allow_open: bool) -> None:
               help="Output file (default: RUN_DIR/ledger.jsonl; '-' for stdout).")
 def export(run_dir: Path, output: Path | None) -> None:
     """Write the ledger of RUN_DIR as JSON lines (schema: docs/ledger.md)."""
-    from freshroll.ledger import LEDGER_FILE, Ledger
+    from freshroll.ledger.store import LEDGER_FILE, Ledger
 
     try:
         with Ledger(run_dir / LEDGER_FILE, readonly=True) as ledger:
@@ -83,7 +83,7 @@ def timing(run_dir: Path) -> None:
     """Per-stage time decomposition and run rates of RUN_DIR, from its ledger."""
     from freshroll.figures import metrics as m
     from freshroll.figures.timing import collect_spans, decompose, format_table
-    from freshroll.ledger import LEDGER_FILE, Ledger
+    from freshroll.ledger.store import LEDGER_FILE, Ledger
 
     try:
         with Ledger(run_dir / LEDGER_FILE, readonly=True) as ledger:

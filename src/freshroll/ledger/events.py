@@ -7,7 +7,7 @@ from the run's :class:`~freshroll.clock.Clock`). Its JSON form is exactly what
 field of the base class, comes last); docs/ledger.md documents every field. Events
 are decoded as a tagged union: an unknown ``kind`` is an error, never skipped.
 
-Ids inside events are strings in the canonical forms of :mod:`freshroll.lineage`.
+Ids inside events are strings in the canonical forms of :mod:`freshroll.ledger.lineage`.
 """
 
 from __future__ import annotations

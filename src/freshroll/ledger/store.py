@@ -17,10 +17,10 @@ Guarantees:
 - Reading an unreadable, truncated or foreign file, or an event this version
   does not know, raises :class:`~freshroll.errors.LedgerError` naming the file
   (and the sequence number), never a bare sqlite or decode error.
-- Creation is atomic (:func:`~freshroll.ledger_file.create_ledger`): the empty ledger is
+- Creation is atomic (:func:`~freshroll.ledger.file.create_ledger`): the empty ledger is
   built whole beside its path and linked into place, so a kill leaves no ledger or an
   empty one, never a half-made file. Every reader first recovers a hot journal or WAL that
-  a killed writer left (:func:`~freshroll.ledger_file.recover_journal`; a read-only
+  a killed writer left (:func:`~freshroll.ledger.file.recover_journal`; a read-only
   connection cannot), or says in one :class:`~freshroll.errors.LedgerError` what to do
   where it cannot. An uninitialised SQLite file (a creation cut short by an older
   freshroll) is an empty ledger: readers see no events, a writer replaces it with a whole
@@ -46,8 +46,8 @@ from typing import IO, Any, Literal
 import msgspec
 
 from freshroll.errors import FreshrollError, LedgerError, StorageError, UnknownEventError
-from freshroll.events import DECODER, ENCODER, EVENT_KINDS, KIND_OF, AnyEvent, Closed, Event
-from freshroll.ledger_file import (
+from freshroll.ledger.events import DECODER, ENCODER, EVENT_KINDS, KIND_OF, AnyEvent, Closed, Event
+from freshroll.ledger.file import (
     APPLICATION_ID,
     SCHEMA_VERSION,
     connect_writable,

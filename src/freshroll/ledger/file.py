@@ -9,7 +9,7 @@
 - :func:`identity` is what a connection's first read says the file is (mark, schema
   objects); :func:`empty_ledger_db` stands for an uninitialised file (no events).
 
-What is stored in the file, and how it is read and written, is :mod:`freshroll.ledger`'s.
+What is stored in the file, and how it is read and written, is :mod:`freshroll.ledger.store`'s.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What every ``freshroll`` command shares: the error boundary's command class, the exit
 statuses, the directory option type and :func:`fail` (:mod:`freshroll.cli` puts the commands
-together; :mod:`freshroll.cli_rundir` holds the ones that read a run directory)."""
+together; :mod:`freshroll.cli.rundir` holds the ones that read a run directory)."""
 
 from __future__ import annotations
 

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 
 import click
 
-from freshroll import cli_rundir
-from freshroll.cli_base import EXIT_STATUSES, OUT_DIR, Freshroll, fail
+from freshroll.cli import rundir
+from freshroll.cli.base import EXIT_STATUSES, OUT_DIR, Freshroll, fail
 from freshroll.errors import FreshrollError
 
 if TYPE_CHECKING:
@@ -24,7 +24,7 @@ def main() -> None:
     """Fast and trustworthy asynchronous rollouts for RL post-training."""
 
 
-for _command in cli_rundir.COMMANDS:
+for _command in rundir.COMMANDS:
     main.add_command(_command)
 
 
@@ -359,6 +359,3 @@ def _config_and_overrides(config: Path | None, overrides: tuple[str, ...],
     check_overrides(overrides)
     return config, overrides
 
-
-if __name__ == "__main__":
-    main()
