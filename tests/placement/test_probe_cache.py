@@ -54,6 +54,22 @@ def test_a_measurement_is_reused_only_for_the_same_work_soon_and_at_a_like_load(
     assert not probe_cache.store(_key(model_digest="m9"), _fields(), busy=None)
 
 
+def test_every_seed_of_a_task_has_the_key_of_the_first() -> None:
+    """A seed sweep probes once: prompts drawn by other seeds of the same task (5-10 digits,
+    their exact lengths differ) have the first seed's key; a longer prompt or another
+    length range does not."""
+    from freshroll.rewards.tasks import make_prompts
+
+    def batch(seed: int, lo: int = 5, hi: int = 10) -> list[str]:
+        prompts = make_prompts("reverse", 4096, seed=seed, min_len=lo, max_len=hi)
+        return [p.text for p in prompts[:64] for _ in range(8)]
+
+    keys = {_key(batch=batch(seed)) for seed in range(5)}
+    assert len(keys) == 1
+    assert len({sorted(map(len, batch(s))).__repr__() for s in range(5)}) > 1  # not the same
+    assert _key(batch=batch(0, 5, 12)) not in keys and _key(batch=batch(0, 2, 4)) not in keys
+
+
 def test_the_file_keeps_the_newest_entries_one_per_key(cache: Path):
     for i in range(probe_cache.MAX_ENTRIES + 5):
         probe_cache.store(_key(model_digest=f"m{i}"), _fields(), busy=0.0, now=1000.0 + i)

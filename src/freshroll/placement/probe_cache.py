@@ -6,8 +6,9 @@ again when the same work runs again on the same machine (a seed sweep, a re-run 
 reward change). A measurement is kept in one JSON file and reused when, and only when::
 
     key    the initial model's digest (config and weights: what generation stops on),
-           the probe's batch shape (the lengths of the run's first batch of prompts: another
-           seed of the same task draws other prompts of the same shape), max_new_tokens,
+           the probe's batch shape (the run's first batch of prompts: its row count, its
+           shortest and longest prompt, batch_shape: another seed of the same task draws
+           other prompts of the same shape), max_new_tokens,
            the cores tried, torch's version, the machine (architecture, CPU model, CPU count)
            and PROBE_VERSION (the probe's own method)       -- all equal
     age    now - measured_at <= MAX_AGE_S                   (6 hours)
@@ -104,12 +105,22 @@ def _cpu_model() -> str:
 def probe_key(model_digest: str, batch: Sequence[str], *, max_new_tokens: int,
               threads: int) -> str:
     """The key of a probe of ``batch`` on the model of ``model_digest`` (module docstring)."""
-    shape = sorted(len(text) for text in batch)  # the batch's shape, not its words
-    parts = {"v": PROBE_VERSION, "model": model_digest, "prompt_lengths": shape,
+    parts = {"v": PROBE_VERSION, "model": model_digest, "prompt_shape": batch_shape(batch),
              "rows": len(batch), "max_new_tokens": max_new_tokens, "threads": threads,
              "torch": torch.__version__, "machine": platform.machine(), "cpu": _cpu_model(),
              "cpu_count": os.cpu_count()}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def batch_shape(batch: Sequence[str]) -> tuple[int, int]:
+    """The part of a batch's prompts that decides what a probe measures, not their words:
+    the shortest and the longest prompt (the longest sets the padded width a generate call
+    runs at; between the two the rows' mean moves a few percent from one draw to the next,
+    too little to change whether a second thread pays). Another seed of the same task draws
+    prompts of the same shape; keyed by every prompt's length, each seed of a sweep probed
+    again (5-10 digits drawn at random never give the same lengths twice)."""
+    lengths = [len(text) for text in batch] or [0]
+    return min(lengths), max(lengths)
 
 
 def _busy_s() -> float:
@@ -226,5 +237,5 @@ def store(key: str, fields: dict[str, Any], *, busy: float | None, now: float | 
 
 
 __all__ = ["BUSY_TOLERANCE", "FILE_NAME", "MAX_AGE_S", "MAX_ENTRIES", "PROBE_VERSION",
-           "WINDOW_S", "BusyMeter", "cache_path", "enabled", "holds", "lookup", "others_busy",
-           "pinned", "probe_key", "store"]
+           "WINDOW_S", "BusyMeter", "batch_shape", "cache_path", "enabled", "holds", "lookup",
+           "others_busy", "pinned", "probe_key", "store"]
