@@ -276,3 +276,28 @@ def test_a_prestarted_forkserver_is_waited_for_once():
     pe.prestart_workers()
     assert pe.workers_ready(60.0) is True
     assert pe.workers_ready(60.0) is None
+
+
+def test_the_command_line_starts_the_workers_forkserver_before_it_imports_torch(
+        tmp_path: Path) -> None:
+    """The forkserver's imports (torch, transformers) run beside the command's own, not after
+    them: ``freshroll run`` of an async config starts it as soon as the config is checked,
+    with torch not yet imported in the driver (freshroll.placement.forkserver)."""
+    from freshroll.procs import available_cores
+
+    if available_cores() < 2:
+        pytest.skip("one core: the embedded default's workers are not processes")
+    code = (
+        "import sys\n"
+        "import freshroll.placement.forkserver as fs\n"
+        "def start():\n"
+        "    print('forkserver started; torch imported:', 'torch' in sys.modules)\n"
+        "    raise SystemExit(7)\n"
+        "fs.start = start\n"
+        "from freshroll.cli import main\n"
+        f"main(['run', '--out', {str(tmp_path / 'r')!r}])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 7, out.stdout + out.stderr
+    assert "forkserver started; torch imported: False" in out.stdout

@@ -50,7 +50,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import multiprocessing as mp
 import os
 import signal
 import sys
@@ -65,6 +64,7 @@ from typing import Any, NoReturn
 from freshroll.engines.base import Completion
 from freshroll.engines.weights import Weights
 from freshroll.errors import WorkerLost, WorkerTimeout
+from freshroll.placement import forkserver
 from freshroll.placement.shm_weights import Layout, SlotHandle, SlotReader, WeightChannel
 
 #: how long one wait on the child's pipe lasts before it looks whether the child is alive
@@ -95,12 +95,9 @@ def completion_from_json(d: Mapping[str, Any]) -> Completion:
 
 def worker_context() -> Any:
     """The multiprocessing context that starts worker children: ``forkserver`` preloaded
-    with this module (and so torch and transformers), else ``spawn``."""
-    if "forkserver" not in mp.get_all_start_methods():
-        return mp.get_context("spawn")
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload([__name__, "freshroll.engines.hf"])
-    return ctx
+    with this module (and so torch and transformers), else ``spawn``
+    (:func:`freshroll.placement.forkserver.context`)."""
+    return forkserver.context()
 
 
 _MAIN_LOCK = threading.Lock()
@@ -114,13 +111,8 @@ def prestart_workers() -> None:
     processes; the server is the one :func:`worker_context` starts anyway on first use (a
     no-op where it runs, or where there is no ``forkserver``)."""
     global _prestarted
-    ctx = worker_context()
-    if ctx.get_start_method() != "forkserver":
-        return
-    from multiprocessing import forkserver
-
-    forkserver.ensure_running()
-    _prestarted = True
+    if forkserver.start():
+        _prestarted = True
 
 
 def workers_ready(timeout_s: float) -> bool | None:
