@@ -16,7 +16,10 @@ every step is asynchronous, and ``trainer.correction`` set), and ``trl-1t`` / ``
 (TRL's ``GRPOTrainer`` at the same settings, :mod:`vs_trl`'s mapping and runner).
 
 Every run is its own process (``--one``), so no run inherits another's threads, caches or
-allocator; seeds are interleaved (the system order rotates with the seed).
+allocator; seeds are interleaved (the system order rotates with the seed). A freshroll run
+starts as ``freshroll run`` does: the config read first, and an async run's worker
+forkserver started before the process imports torch (:mod:`freshroll.placement.forkserver`);
+TRL's as its own script would (torch, then TRL).
 
 Figures per shape and system, over seeds (mean, standard error):
 
@@ -197,14 +200,11 @@ def run_one(job: dict[str, Any]) -> dict[str, Any]:
     import warnings
 
     warnings.filterwarnings("ignore")
-    import torch
-
     from freshroll.config import load_config
 
-    vs_trl.TORCH_DEFAULT_THREADS = torch.get_num_threads()
     shape, system, seed = SHAPES[job["shape"]], job["system"], job["seed"]
     work = Path(job["work"])
-    model_dir = build_model(shape, work / "models" / job["shape"])
+    model_dir = work / "models" / job["shape"]
     out = work / "runs" / f"{job['shape']}-{system}-s{seed}"
     if out.exists():
         import shutil
@@ -216,6 +216,17 @@ def run_one(job: dict[str, Any]) -> dict[str, Any]:
         *shape.overrides(), *SYSTEMS[system], f"run.steps={shape.steps}", f"run.seed={seed}",
         "run.progress=false", f"model.path={model_dir}", "monitor.on_collapse=warn",
     ])
+    if not system.startswith("trl-"):  # as `freshroll run` starts (freshroll.cli): the
+        # workers' forkserver imports torch beside this process, not after it
+        from freshroll.placement import forkserver
+        from freshroll.placement.placement import may_fork_workers
+
+        if may_fork_workers(cfg):
+            forkserver.start()
+    import torch
+
+    vs_trl.TORCH_DEFAULT_THREADS = torch.get_num_threads()
+    build_model(shape, model_dir)
     startup = time.perf_counter() - t_start
     if system.startswith("trl-"):
         from freshroll.rewards import functions
