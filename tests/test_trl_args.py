@@ -111,9 +111,10 @@ def test_operational_fields_are_dropped_with_one_warning() -> None:
     assert len(caught) == 1
     msg = str(caught[0].message)
     assert "report_to=['tensorboard'] (nearest: monitor.tensorboard: true" in msg
-    assert "log_completions=True (nearest: every completion" in msg and "logging_steps=1" in msg
-    assert set(got.dropped) == {"report_to", "logging_steps", "log_completions"}
-    assert got.data == {"trainer": {"lr": 1e-4}}
+    assert "logging_steps=1" in msg and "log_completions" not in msg
+    assert set(got.dropped) == {"report_to", "logging_steps"}
+    # log_completions prints its table every logging_steps, as TRL's does
+    assert got.data == {"trainer": {"lr": 1e-4}, "monitor": {"log_completions": 1}}
 
 
 def test_a_field_the_table_does_not_know_is_dropped_said_unknown() -> None:
@@ -161,7 +162,7 @@ def test_the_table_and_the_converter_agree() -> None:
     ("trainer.delta=3", "freshroll's key for TRL's delta is trainer.is_cap"),
     ("rollout.num_iterations=2", "TRL's num_iterations is trainer.num_iterations"),
     ("steps_per_generation=2", "TRL's steps_per_generation is not supported"),
-    ("log_completions=true", "nearest: every completion is in the ledger"),
+    ("log_completions=true", "TRL's log_completions is monitor.log_completions"),
     ("report_to=wandb", "nearest: monitor.tensorboard: true, monitor.wandb_project"),
     ("push_to_hub=true", "nearest: freshroll export-model"),
     ("rollout.warmup_ratio=0.1", "freshroll's key for TRL's warmup_ratio is trainer.warmup"),

@@ -213,6 +213,12 @@ CONVERT: Final[dict[str, Convert]] = {
         "task.max_prompt_tokens": value},
     "eval_steps": _eval,
     "eval_strategy": _eval,
+    # TRL prints its completions table at each logging step (logging_steps; a share of the
+    # run is not a step count here: every step)
+    "log_completions": lambda value, args: {"monitor.log_completions": max(
+        1, int(args.logging_steps))} if value else {},
+    "num_completions_to_print": lambda value, args: {} if value is None else {
+        "monitor.completions_to_print": value},
 }
 
 #: fields ``GRPOTrainer`` takes itself, not as keys

@@ -17,6 +17,7 @@ from e2e_helpers import freshroll, metrics
 
 from freshroll.figures import metrics as m
 from freshroll.figures.metrics_log import encode_row
+from freshroll.ledger import events as ev
 from freshroll.ledger.store import LEDGER_FILE, Ledger
 
 pytestmark = pytest.mark.slow
@@ -30,9 +31,28 @@ def _ledger_rows(run: Path) -> list[dict[str, object]]:
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("rows") / "run"
-    freshroll("run", "run.progress=false", "task.n_prompts=64", "rollout.group_size=4",
-              "rollout.batch_groups=2", "run.steps=3", "--out", str(out))
+    proc = freshroll("run", "run.progress=false", "task.n_prompts=64", "rollout.group_size=4",
+                     "rollout.batch_groups=2", "run.steps=3", "monitor.log_completions=3",
+                     "--out", str(out))
+    (out.parent / "stderr.txt").write_text(proc.stderr)
     return out
+
+
+def test_log_completions_prints_what_the_step_trained_on(finished: Path) -> None:
+    """monitor.log_completions=3: step 3's table, its rewards those the ledger recorded for
+    the samples step 3's commit names (the real run's Recording wires it)."""
+    with Ledger(finished / LEDGER_FILE, readonly=True) as ledger:
+        events = [e for _, e in ledger.events()]
+    rewards = {e.sample: e.reward for e in events if isinstance(e, ev.Rewarded)}
+    commits = [e for e in events if isinstance(e, ev.Committed)]
+    err = (finished.parent / "stderr.txt").read_text().splitlines()
+    heads = [i for i, line in enumerate(err) if line.startswith("completions of step")]
+    assert [err[i] for i in heads] == [
+        "completions of step 3 (4 of 8: reward, lag, prompt -> completion)"]
+    shown = [float(line.split()[0]) for line in err[heads[0] + 1:heads[0] + 5]]
+    samples = commits[2].samples
+    assert shown == [round(rewards[samples[i]], 3) for i in (0, 2, 4, 6)]
+    assert all("'rev " in line and " -> " in line for line in err[heads[0] + 1:heads[0] + 5])
 
 
 def test_rows_are_the_ledgers_and_strict_json(finished: Path) -> None:

@@ -50,6 +50,8 @@ TRL_NAMES: Final[dict[str, str]] = {
     "gradient_accumulation_steps": "trainer.grad_accum",
     "bf16": "trainer.bf16",
     "gradient_checkpointing": "trainer.gradient_checkpointing",
+    "log_completions": "monitor.log_completions (every N steps: TRL's logging_steps)",
+    "num_completions_to_print": "monitor.completions_to_print",
     "optim": "trainer.optim (adamw_torch_fused, adamw_torch)",
     "loss_type": "trainer.aggregation",
     "epsilon": "trainer.clip_low",
@@ -138,11 +140,6 @@ NOT_SUPPORTED: Final[dict[str, NotSupported]] = {
     "fp16": NotSupported("trainer.bf16"),
     "label_smoothing_factor": NotSupported("no label smoothing in a policy-gradient loss"),
     "neftune_noise_alpha": NotSupported("no embedding noise"),
-    "log_completions": NotSupported(
-        "every completion is in the ledger: freshroll export-samples RUN_DIR, freshroll "
-        "trace", trains=False),
-    "num_completions_to_print": NotSupported("freshroll export-samples RUN_DIR",
-                                             trains=False),
     "report_to": NotSupported(_REPORT, trains=False),
     "logging_steps": NotSupported("every committed step writes a metrics.jsonl row",
                                   trains=False),

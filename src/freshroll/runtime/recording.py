@@ -43,6 +43,7 @@ from freshroll.figures.metrics_log import METRICS_FILE, RowLog, reconcile
 from freshroll.kernel.buffer import SampleBuffer
 from freshroll.ledger.events import CheckpointSaved, Evaluated
 from freshroll.ledger.lineage import PolicyVersion, file_digests
+from freshroll.observe.completions import CompletionsLog
 from freshroll.observe.fit import fit, fit_with, width
 from freshroll.observe.pace import Pace
 from freshroll.pipeline.fallback import Switch
@@ -55,6 +56,7 @@ from freshroll.pipeline.observers import (
     close_all,
 )
 from freshroll.ports.seams import TrainerState
+from freshroll.report.samples import tokenizer_decode
 from freshroll.runtime.evaluation import Evaluator, evals_by_step, with_eval
 from freshroll.runtime.evaluation import trim as trim_evals
 from freshroll.trainer.checkpoint import checkpoint_dir, save_checkpoint
@@ -249,7 +251,13 @@ class Recording(Observer):
         self.rows = MetricsRows(run_dir, buf, stream, evals, self.observers)
         self.progress = ProgressLine(cfg, stream)
         self.observers += [self.evaluations, self.checkpointer, self.rows, self.progress,
-                           Notes(), *extra]
+                           Notes()]
+        mon = cfg.monitor
+        if mon.log_completions:  # after the progress line: the table under the step's line
+            self.observers.append(CompletionsLog(
+                buf.ledger, mon.log_completions, mon.completions_to_print, stream,
+                lambda: tokenizer_decode(run_dir)))
+        self.observers += extra
 
     def before_commit(self, version: PolicyVersion, state: TrainerState) -> None:
         self.evaluations.before_commit(version, state)
