@@ -76,9 +76,9 @@ def test_a_new_engine_is_one_placement_registration(monkeypatch: pytest.MonkeyPa
     """``rollout.engine`` takes any engine registered with a placement (here the hf inline
     builder under a name of its own); an unknown name is refused before anything is
     written, naming the field."""
-    from freshroll.engines import names
+    from freshroll.engines import specs
 
-    monkeypatch.setattr(names, "ENGINES", set(names.ENGINES))
+    monkeypatch.setattr(specs, "SPECS", dict(specs.SPECS))
     over = ["rollout.engine=toy", "run.progress=false", "task.n_prompts=64", "run.steps=3",
             "rollout.group_size=4", "rollout.batch_groups=2", "run.max_staleness=0"]
     with pytest.raises(ConfigError, match=r"rollout.engine: 'toy' is not an engine .*hf, sim, "
@@ -94,6 +94,7 @@ def test_a_new_engine_is_one_placement_registration(monkeypatch: pytest.MonkeyPa
         built.append(b.cfg.rollout.engine)
         return placements._hf_inline(b, stack)
 
-    assert "toy" in names.ENGINES
+    toy_spec = specs.engine_spec("toy")  # the default spec: inline, its own concurrency
+    assert toy_spec.placements == ("inline",) and toy_spec.trains and not toy_spec.tunes_threads
     result = run(load_config(None, over), tmp_path / "r", stream=io.StringIO(), report=False)
     assert result.ok and result.summary["steps"] == 3 and built == ["toy"]

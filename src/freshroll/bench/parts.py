@@ -19,6 +19,7 @@ from freshroll.clock import RealClock, VirtualClock
 from freshroll.config import Config
 from freshroll.engines.base import Completion
 from freshroll.engines.seams import SamplingParams
+from freshroll.engines.specs import engine_spec
 from freshroll.envs.registry import workflow_for
 from freshroll.kernel.buffer import SampleBuffer
 from freshroll.kernel.results import KernelConfig
@@ -52,7 +53,7 @@ def measure_capacities(cfg: Config, *, quick: bool = False) -> Capacities:
     """The stage capacities of ``cfg``'s workload, in seconds of its model (sim: virtual
     seconds at ``sim.time_scale``; hf: wall seconds)."""
     with tempfile.TemporaryDirectory(prefix="freshroll-bench-") as tmp:
-        if cfg.rollout.engine == "sim":
+        if engine_spec(cfg.rollout.engine).simulated:
             return _measure_sim(cfg, Path(tmp), quick)
         return _measure_hf(cfg, Path(tmp), quick)
 

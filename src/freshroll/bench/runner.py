@@ -56,6 +56,7 @@ from freshroll.bench import figures as f
 from freshroll.bench import tails
 from freshroll.bench.table import make_table, render_json, render_markdown
 from freshroll.config import Config, set_dotted, validate
+from freshroll.engines.specs import engine_spec
 from freshroll.errors import ConfigError
 
 #: --quick: a CI smoke run of seconds
@@ -90,7 +91,7 @@ def quick_overrides(cfg: Config) -> dict[str, Any]:
     """--quick: few steps, small shapes."""
     out: dict[str, Any] = {"run.steps": QUICK_STEPS, "rollout.group_size": 4,
                            "rollout.batch_groups": 2}
-    if cfg.rollout.engine == "sim":
+    if _sim(cfg):
         out["rollout.workers"] = min(cfg.rollout.workers, 4)
         out["rollout.worker_batch"] = min(cfg.rollout.call_batch, 8)
         if cfg.control.max_workers is not None:
@@ -130,14 +131,14 @@ def plan_runs(cfg: Config, caps: f.Capacities) -> list[RunSpec]:
     ctl = {"control.mode": "adaptive", "run.max_staleness": eta,
            "rollout.max_inflight_groups": None, "control.max_workers": pool}
     adaptive = [RunSpec("adaptive", ctl)]
-    if cfg.rollout.engine == "sim" and not cfg.tail.deadline:  # long-tail handling vs none
+    if _sim(cfg) and not cfg.tail.deadline:  # long-tail handling vs none
         adaptive.append(RunSpec("adaptive-deadline", {**ctl, "tail.deadline": True}))
-    if cfg.rollout.engine == "sim" and cfg.tail.overprovision == 0:  # the tail levers
+    if _sim(cfg) and cfg.tail.overprovision == 0:  # the tail levers
         over = {**statics[0].overrides, "tail.overprovision": "auto"}
         statics.append(RunSpec("static-overprov", over))
         statics.append(RunSpec("static-overprov-deadline", {**over, "tail.deadline": True}))
         adaptive.append(RunSpec("adaptive-tails", {**ctl, "tail.overprovision": "auto"}))
-    if cfg.rollout.engine == "sim" and cfg.rollout.on_update in (None, "finish"):
+    if _sim(cfg) and cfg.rollout.on_update in (None, "finish"):
         cont = {**statics[0].overrides, "rollout.on_update": "continue"}  # in-flight updates
         statics.append(RunSpec("static-continue", cont))
         newest = {"rollout.on_update": "continue", "run.staleness_basis": "newest_token"}
@@ -221,7 +222,7 @@ def bench(cfg: Config, out: Path, *, workload: str, quick: bool = False,
     _check_args(seeds, jobs)
     if quick:
         cfg = with_overrides(cfg, quick_overrides(cfg))
-    if cfg.rollout.engine == "hf":
+    if not _sim(cfg):
         clocks = ("real",)  # a real model runs on the real clock only
     out.mkdir(parents=True, exist_ok=True)
     stream.write(f"bench {workload}: measuring stage capacities in isolation ...\n")
@@ -233,7 +234,7 @@ def bench(cfg: Config, out: Path, *, workload: str, quick: bool = False,
     runner = _Runner(stream, jobs)
     try:
         for clock in sorted(clocks, key=lambda c: c != "virtual"):  # virtual first
-            if cfg.rollout.engine != "sim":
+            if not _sim(cfg):
                 tables.append(_table(cfg, caps0, workload, clock, out, runner, seeds)[0])
                 continue
             run_cfg = with_overrides(cfg, {"sim.clock": clock})
@@ -285,11 +286,11 @@ def _table(cfg: Config, caps: f.Capacities, workload: str, clock: str, out: Path
     the runs returned are the first seed's."""
     specs = plan_runs(cfg, caps)
     root = out / clock
-    changes = [step for step, _ in cfg.sim.trainer_speed] if cfg.rollout.engine == "sim" else []
+    changes = [step for step, _ in cfg.sim.trainer_speed] if _sim(cfg) else []
     if seeds is None:
         runs = runner.run_all(cfg, [(spec, root / spec.label) for spec in specs], clock)
         table = make_table(workload, clock, caps, f.table_rows(runs, "sync", caps))
-        if cfg.rollout.engine == "sim":
+        if _sim(cfg):
             table["tails"] = [tails.tail_row(root / s.label, s.label, changes) for s in specs]
     else:
         t0, load0 = time.perf_counter(), _load()
@@ -306,12 +307,12 @@ def _table(cfg: Config, caps: f.Capacities, workload: str, clock: str, out: Path
         table = make_table(workload, clock, caps, f.aggregate_rows(per_seed))
         table.update(seeds=list(seeds), capacity_seed=cfg.run.seed, runs=len(jobs),
                      wall_s=time.perf_counter() - t0, load_start=load0, load_end=_load())
-        if cfg.rollout.engine == "sim":
+        if _sim(cfg):
             table["tails"] = tails.aggregate_tails({
                 seed: [tails.tail_row(root / s.label / f"seed-{seed}", s.label, changes)
                        for s in specs] for seed in seeds})
         runs = by_seed[seeds[0]]
-    if cfg.rollout.engine == "sim":
+    if _sim(cfg):
         table["time_scale"] = cfg.sim.time_scale
     table["steps"] = cfg.run.steps
     return table, runs
@@ -379,6 +380,11 @@ class _Runner:
             self._pool.shutdown(cancel_futures=True)
             self._pool = None
 
+
+
+def _sim(cfg: Config) -> bool:
+    """The simulated cluster (engine spec): its runs, clocks and figures of its own."""
+    return engine_spec(cfg.rollout.engine).simulated
 
 __all__ = ["BenchResult", "RunSpec", "bench", "busy_warning", "plan_runs", "quick_overrides",
            "real_time_scale", "with_overrides"]

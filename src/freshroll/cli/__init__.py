@@ -11,6 +11,7 @@ import click
 
 from freshroll.cli import rundir
 from freshroll.cli.base import EXIT_STATUSES, OUT_DIR, Freshroll, fail
+from freshroll.engines.specs import engine_spec
 from freshroll.errors import FreshrollError
 
 if TYPE_CHECKING:
@@ -305,7 +306,7 @@ def config_check(config_file: Path | None, overrides: tuple[str, ...]) -> None:
 
     cfg = _load(config_file, overrides)
     inputs = check_inputs(cfg)
-    model = ("the simulated cluster" if cfg.rollout.engine == "sim"
+    model = ("the simulated cluster" if engine_spec(cfg.rollout.engine).simulated
              else f"model {cfg.model.path}" if cfg.model.path is not None
              else "the embedded model")
     data = f"task.file {cfg.task.file}" if cfg.task.file is not None else f"task {cfg.task.name!r}"

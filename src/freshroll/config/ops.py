@@ -137,14 +137,14 @@ class MonitorSection(_Section):
         "project (files in RUN_DIR/wandb/); needs pip install 'freshroll[wandb]'; unset: off"
     )
     log_completions: int = Field(
-        0, ge=0, le=1_000_000, description="every N committed steps, print a few of the step's trained "
-        "completions (reward, policy lag, prompt -> completion) on stderr, as TRL's "
+        0, ge=0, le=1_000_000, description="every N committed steps, print a few of the "
+        "step's trained completions (reward, policy lag, prompt -> completion) on stderr, as TRL's "
         "log_completions does; 0: off (every completion is in the ledger whatever this says: "
         "freshroll export-samples RUN_DIR)"
     )
     completions_to_print: int = Field(
-        4, ge=1, le=10_000, description="how many completions monitor.log_completions prints a step, "
-        "spread over the step's groups (TRL's num_completions_to_print)"
+        4, ge=1, le=10_000, description="how many completions monitor.log_completions "
+        "prints a step, spread over the step's groups (TRL's num_completions_to_print)"
     )
     wandb_mode: Literal["offline", "online"] = Field(
         "offline", description="offline: W&B writes to RUN_DIR/wandb/ only (wandb sync "

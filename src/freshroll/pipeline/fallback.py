@@ -66,6 +66,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from freshroll.engines.specs import engine_spec
+
 if TYPE_CHECKING:
     from freshroll.config import Config
 
@@ -303,7 +305,7 @@ def probe_for(cfg: Config) -> FallbackProbe | None:
     ctl, run = cfg.control, cfg.run
     if run.max_staleness < 1 or ctl.fallback is False:
         return None
-    if ctl.fallback == "auto" and cfg.rollout.engine == "sim":
+    if ctl.fallback == "auto" and engine_spec(cfg.rollout.engine).simulated:
         return None
     return FallbackProbe(FallbackConfig(
         max_staleness=run.max_staleness,

@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from freshroll.config import Config
+from freshroll.engines.specs import engine_spec
 from freshroll.errors import ConfigError
 from freshroll.ports.threads import ModeGroup, SharedExecutor
 from freshroll.procs import available_cores
@@ -54,8 +55,9 @@ def auto_runtime(cfg: Config, cores: int | None = None) -> tuple[Runtime, str]:
         inline   otherwise (sim and vLLM engines manage their own concurrency; a sync run
                  never overlaps generation with training; one core has nothing to overlap)
     """
-    if cfg.rollout.engine != "hf":
-        return "inline", f"the {cfg.rollout.engine} engine manages its own concurrency"
+    spec = engine_spec(cfg.rollout.engine)
+    if spec.own_concurrency:
+        return spec.placements[0], f"the {spec.name} engine manages its own concurrency"
     if cfg.run.max_staleness == 0:
         return "inline", "sync: generation and training never overlap"
     cores = available_cores() if cores is None else cores
@@ -95,7 +97,7 @@ def trainer_place(cfg: Config) -> tuple[TrainerPlace, str]:
 def ray_trainer(cfg: Config, runtime: Runtime) -> tuple[TrainerPlace, str] | None:
     """Where the trainer of a run placed on ``runtime`` runs under Ray (:func:`trainer_place`),
     or None: not a Ray run, or a vLLM one (its engines are Ray's; its trainer the driver's)."""
-    if runtime != "ray" or cfg.rollout.engine != "hf":
+    if runtime != "ray" or engine_spec(cfg.rollout.engine).own_concurrency:
         return None
     return trainer_place(cfg)
 
@@ -109,7 +111,7 @@ def check_world_size(cfg: Config, cores: int | None = None) -> None:
     world = cfg.trainer.world_size
     if world == 1:
         return
-    if cfg.rollout.engine == "sim":
+    if not engine_spec(cfg.rollout.engine).trains:
         raise ConfigError(f"trainer.world_size: {world} needs a model to train; the simulated "
                           "cluster (rollout.engine: sim) trains nothing: set "
                           "trainer.world_size=1")
@@ -246,8 +248,8 @@ def may_fork_workers(cfg: Config, *, injected: bool = False, cores: int | None =
     not injected, on two cores or more. Such a run pre-starts the processes' forkserver
     (:func:`~freshroll.placement.process_engine.prestart_workers`)."""
     cores = available_cores() if cores is None else cores
-    return (cfg.run.max_staleness > 0 and cfg.rollout.engine == "hf" and not injected
-            and cfg.run.runtime in ("auto", "process") and cores >= 2)
+    return (cfg.run.max_staleness > 0 and "process" in engine_spec(cfg.rollout.engine).placements
+            and not injected and cfg.run.runtime in ("auto", "process") and cores >= 2)
 
 
 def tunes_stages(cfg: Config, runtime: Runtime, *, injected: bool = False,
@@ -265,7 +267,7 @@ def sync_windows_shared(cfg: Config, runtime: Runtime, threads: int,
     (:class:`~freshroll.ports.threads.ModeGroup`): the hf engine inline, more than one
     intra-op thread (one thread keeps no OpenMP team), the fallback on. Its async windows
     keep a thread each (they overlap)."""
-    return (cfg.run.max_staleness > 0 and runtime == "inline" and cfg.rollout.engine == "hf"
+    return (cfg.run.max_staleness > 0 and runtime == "inline" and _tunes(cfg)
             and not injected and threads > 1 and cfg.control.fallback is not False)
 
 
@@ -273,7 +275,7 @@ def one_compute_thread(cfg: Config, runtime: Runtime, injected: bool = False) ->
     """Whether a run generates and trains on one thread (:class:`SharedExecutor`): a sync
     run of the hf engine inline, whose stages take turns. Each thread that computes keeps an
     OpenMP team, and two teams in one process take the second core's gain from both."""
-    return (cfg.run.max_staleness == 0 and runtime == "inline" and cfg.rollout.engine == "hf"
+    return (cfg.run.max_staleness == 0 and runtime == "inline" and _tunes(cfg)
             and not injected)
 
 
@@ -291,8 +293,13 @@ def follows_mode(cfg: Config, runtime: Runtime, budget: ThreadBudget,
 
 
 def _auto_hf(cfg: Config, injected: bool, cores: int) -> bool:
-    return (cfg.run.torch_threads == "auto" and cfg.rollout.engine == "hf" and not injected
+    return (cfg.run.torch_threads == "auto" and _tunes(cfg) and not injected
             and cores >= 2)
+
+
+def _tunes(cfg: Config) -> bool:
+    """The engine's intra-op threads are freshroll's to settle (engine spec: hf)."""
+    return engine_spec(cfg.rollout.engine).tunes_threads
 
 
 def plan(cfg: Config, probe: ThreadProbe | None = None, *, injected: bool = False,

@@ -70,6 +70,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import torch
 
+from freshroll.engines.specs import engine_spec
 from freshroll.placement import probe_cache
 from freshroll.placement.placement import (
     Placement,
@@ -312,7 +313,7 @@ def settle_placement(cfg: Config, prompts: Sequence[Prompt], model_path: Path, *
     # nothing to reuse for the simulated cluster (no probe, no stages, no fallback by
     # default) or an injected engine: no key, no load counted
     key = (None if model_digest is None or not probe_cache.enabled() or injected
-           or cfg.rollout.engine == "sim" else
+           or not engine_spec(cfg.rollout.engine).tunes_threads else
            probe_cache.probe_key(model_digest, batch, max_new_tokens=r.max_new_tokens,
                                  threads=cores))
     known = key is not None and probe_cache.holds(key)

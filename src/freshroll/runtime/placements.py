@@ -39,8 +39,8 @@ from typing import TYPE_CHECKING, Protocol
 from freshroll.clock import Clock
 from freshroll.config import Config
 from freshroll.engines.base import InferenceEngine, Stoppable
-from freshroll.engines.names import register_engine
 from freshroll.engines.seams import EngineFactory
+from freshroll.engines.specs import engine_spec, register_engine
 from freshroll.errors import ConfigError
 from freshroll.kernel.buffer import SampleBuffer
 from freshroll.ledger.lineage import PolicyVersion
@@ -127,16 +127,18 @@ def register_placement(engine: str, runtime: Runtime) -> Callable[[Builder], Bui
         if (engine, runtime) in PLACEMENTS:
             raise ValueError(f"placement ({engine}, {runtime}) is registered already")
         PLACEMENTS[(engine, runtime)] = builder
-        register_engine(engine)  # rollout.engine may name it
+        register_engine(engine, runtime)  # rollout.engine may name it (its spec)
         return builder
     return register
 
 
 def engine_runtime(cfg: Config, injected: bool = False) -> Runtime:
-    """Where the workers' engines run: :func:`resolve_runtime` for ``hf``, inline for the
-    engines that manage their own concurrency; an injected ``make_engine`` is an in-process
-    engine, so ``auto`` resolves to inline for it and an explicit other placement is refused."""
-    runtime = resolve_runtime(cfg) if cfg.rollout.engine == "hf" else "inline"
+    """Where the workers' engines run: :func:`resolve_runtime` for an engine freshroll places
+    (hf), its one place for the engines that manage their own concurrency (engine spec); an
+    injected ``make_engine`` is an in-process engine, so ``auto`` resolves to inline for it
+    and an explicit other placement is refused."""
+    spec = engine_spec(cfg.rollout.engine)
+    runtime = spec.placements[0] if spec.own_concurrency else resolve_runtime(cfg)
     if injected and runtime != "inline":
         if cfg.run.runtime != "auto":
             raise ConfigError(f"run.runtime: {cfg.run.runtime} places engines itself; an "

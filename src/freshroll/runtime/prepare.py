@@ -18,7 +18,7 @@ from typing import Any
 from freshroll import crashpoints
 from freshroll.config import Config
 from freshroll.engines.model_dir import check_model_dir, quiet_transformers
-from freshroll.engines.names import check_engine
+from freshroll.engines.specs import check_engine, engine_spec
 from freshroll.envs.registry import workflow_for
 from freshroll.errors import ConfigError, LedgerError, ResumeError
 from freshroll.ledger.lineage import PolicyVersion, input_digests
@@ -168,10 +168,11 @@ def check_on_update(cfg: Config) -> None:
     from freshroll.placement.placement import resolve_runtime
 
     mode = cfg.rollout.on_update
-    if cfg.rollout.engine == "hf" and mode in ("continue", "abort") \
-            and (runtime := resolve_runtime(cfg)) != "inline":
+    spec = engine_spec(cfg.rollout.engine)
+    if mode in ("continue", "abort") and not spec.own_concurrency \
+            and (runtime := resolve_runtime(cfg)) not in spec.swap_placements:
         how = " (run.runtime: auto chose it)" if cfg.run.runtime == "auto" else ""
-        raise ConfigError(f"rollout.on_update: {mode} on the hf engine needs run.runtime: "
+        raise ConfigError(f"rollout.on_update: {mode} on the {spec.name} engine needs run.runtime: "
                           f"inline, not {runtime}{how}: its {runtime} workers load weights "
                           "between calls; set run.runtime=inline (or another on_update)")
 
@@ -201,7 +202,7 @@ def check_inputs(cfg: Config, run_dir: Path | None = None, resume: bool = False)
     workflow_for(cfg)  # a registered episode workflow that suits the config, before any write
     pending: tuple[Any, Any] | None = None
     digest = None
-    if cfg.rollout.engine == "sim":  # no model: the built-in task's prompts as they are
+    if not engine_spec(cfg.rollout.engine).trains:  # no model: the built-in task's prompts
         path, digest = Path(), sim_model_digest(cfg)
         name, n, params = cfg.task.builtin()
         prompts = make_prompts(name, n, cfg.run.seed, **params)
@@ -335,7 +336,7 @@ def _check_resume(
     accepted = check(changes, set(allow), known=set(now), step=hist.step, where=str(out))
     model = cfg.model.path or str(out / "model")
     check_model(hist.initial_version, str(PolicyVersion.initial(digest)), model, str(out))
-    if cfg.rollout.engine != "sim":  # a learner to rebuild: at the steps' own world size
+    if engine_spec(cfg.rollout.engine).trains:  # a learner to rebuild: at the steps' world size
         from freshroll.runtime.learner import check_replay_ranks
 
         check_replay_ranks(cfg, out, hist)

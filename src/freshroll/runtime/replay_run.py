@@ -43,6 +43,7 @@ import torch
 from freshroll.clock import RealClock
 from freshroll.config import Config, read_yaml, validate
 from freshroll.engines.model_dir import quiet_transformers
+from freshroll.engines.specs import engine_spec
 from freshroll.errors import ConfigError, RunDirError
 from freshroll.kernel.buffer import SampleBuffer, replay_ledger
 from freshroll.ledger import events as ev
@@ -135,7 +136,7 @@ def _inputs(run_dir: Path) -> tuple[Config, Path]:
     if not (run_dir / LEDGER_FILE).is_file():
         raise RunDirError(f"{run_dir}: not a run directory (no {LEDGER_FILE})")
     cfg = validate(read_yaml(run_dir / "config.yaml"), str(run_dir / "config.yaml"))
-    if cfg.rollout.engine == "sim":
+    if not engine_spec(cfg.rollout.engine).trains:
         raise ConfigError(f"{run_dir}: a simulated run (rollout.engine sim) trains no model: "
                           "there is nothing to replay")
     return cfg, initial_model_dir(cfg, run_dir)

@@ -48,6 +48,7 @@ import torch
 
 from freshroll.clock import Clock, RealClock, VirtualClock
 from freshroll.config import Config
+from freshroll.engines.specs import engine_spec
 from freshroll.errors import ConfigError, Interrupted
 from freshroll.figures.overlap import host_now
 from freshroll.figures.overlap import render as render_overlap
@@ -91,7 +92,7 @@ class RunResult:
 def run_clock(cfg: Config, ledger: Ledger) -> Clock:
     """``sim.clock: virtual`` (with ``rollout.engine: sim``): a virtual clock that starts where
     the ledger ends (time never goes back on resume); otherwise the real clock."""
-    if cfg.rollout.engine != "sim" or cfg.sim.clock == "real":
+    if not engine_spec(cfg.rollout.engine).simulated or cfg.sim.clock == "real":
         return RealClock()
     last = 0.0
     if ledger.last_seq > 0:
@@ -326,7 +327,7 @@ def _continues(cfg: Config) -> bool:
     engine's swap, or vllm's ``vllm.on_update``)?"""
     mode = cfg.rollout.on_update
     if mode is None:
-        return cfg.rollout.engine == "sim" or (
+        return engine_spec(cfg.rollout.engine).swaps_by_default or (
             cfg.rollout.engine == "vllm" and cfg.vllm.on_update == "continue")
     return mode == "continue"
 
@@ -382,7 +383,7 @@ def _start_line(cfg: Config, out: Path, model: Path, n_prompts: int, buf: Sample
     where = f"from step {step} to {cfg.run.steps}" if step else f"{cfg.run.steps} steps"
     eta = cfg.run.max_staleness
     mode = "sync" if eta == 0 else f"async (max_staleness {eta})"
-    if cfg.rollout.engine == "sim":
+    if engine_spec(cfg.rollout.engine).simulated:
         what = (f"simulated cluster {cfg.sim.profile} ({cfg.sim.clock} clock), "
                 f"{cfg.rollout.workers} worker(s)")
     elif cfg.rollout.engine == "vllm":

@@ -42,6 +42,7 @@ from typing import Any, TextIO
 from freshroll.bench.figures import run_figures
 from freshroll.bench.runner import with_overrides
 from freshroll.config import Config
+from freshroll.engines.specs import engine_spec
 from freshroll.errors import ConfigError, FreshrollError, Interrupted, RunDirError
 from freshroll.figures import reward_time
 from freshroll.figures.metrics import jsonable
@@ -138,7 +139,8 @@ def skipped(mode: str, seed: int, out: Path, first: str) -> Repeat:
 
 def _clock(cfg: Config) -> str:
     """The repeats' clock: virtual (a simulated cluster) or real (wall time)."""
-    return "virtual" if cfg.rollout.engine == "sim" and cfg.sim.clock == "virtual" else "real"
+    simulated = engine_spec(cfg.rollout.engine).simulated
+    return "virtual" if simulated and cfg.sim.clock == "virtual" else "real"
 
 
 def _loadavg() -> float | None:
