@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import shutil
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -38,6 +37,7 @@ from freshroll.kernel.buffer import SampleBuffer
 from freshroll.kernel.state import Lease
 from freshroll.ledger import events as ev
 from freshroll.ledger.lineage import PolicyVersion
+from freshroll.runtime.leftovers import rank_store_dir
 from freshroll.trainer.grpo import GRPOLearner
 from freshroll.trainer.ranks import SOLO, Gloo, RankLost, connect, follow
 from freshroll.trainer.replay import weights_digest
@@ -72,7 +72,7 @@ class TrainerGroup:
 
     def start(self) -> None:
         """Spawn ranks 1..W-1, meet them, and send them rank 0's full state."""
-        self.store = Path(tempfile.mkdtemp(prefix="freshroll-ranks-")) / "store"
+        self.store = rank_store_dir() / "store"  # swept by the next start if we are killed
         timeout_s = self.cfg.limits.train_timeout_s
         ctx = mp.get_context("spawn")
         self.procs = [ctx.Process(target=_rank_main, name=f"freshroll-rank-{r}", daemon=True,
