@@ -94,7 +94,10 @@ def test_a_100k_sample_simulation_at_256_workers_runs_and_verifies(tmp_path: Pat
     summary, verify, report); then ``freshroll verify`` of the run directory on its own."""
     run = tmp_path / "scale"
     s = _simulate(run, "sim-scale.yaml", "run.steps=160", "run.progress=false")
-    assert s["steps"] == 160 and s["accepted_rollouts"] == 160 * 512
+    accepted = s["accepted_rollouts"]
+    # a group may train short of 16: members lost to a hung reward call (P2: 0.1% of calls)
+    assert s["steps"] == 160 and isinstance(accepted, int)
+    assert 0.95 * 160 * 512 <= accepted <= 160 * 512
     generated = s["generated_rollouts"]
     assert isinstance(generated, int) and generated >= 100_000
     rows = (run / "metrics.jsonl").read_text().splitlines()
