@@ -19,7 +19,7 @@ class RolloutSection(_Section):
         16, ge=1, le=4_096, description="completions per prompt (the GRPO group); >= 2"
     )
     batch_groups: int = Field(8, ge=1, le=4_096, description="groups per trainer step")
-    workers: int = Field(1, ge=1, le=256, description="inference workers (engines)")
+    workers: int = Field(1, ge=1, le=4_096, description="inference workers (engines)")
     worker_batch: Annotated[int, Field(ge=1, le=65_536)] | Literal["auto"] = Field(
         "auto", description="max requests per generate call (a continuous engine's requests in "
         "flight per worker); auto: the step's rollouts shared among the workers, at most "

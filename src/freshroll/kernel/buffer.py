@@ -265,12 +265,25 @@ class SampleBuffer(BufferResults):
 
         Every ready group whose lag now exceeds ``max_staleness`` is discarded
         first (reason ``stale``), so a lease only ever holds fresh groups.
+
+        A call that leased nothing is not repeated while neither the ready groups nor the
+        version moved (:attr:`~freshroll.kernel.state.BufferState.ready_changes`): it would
+        find the same nothing, so a trainer that asks at every completion costs O(1) until a
+        group is ready.
         """
         n = self.config.batch_groups if n_groups is None else n_groups
         if n < 1:
             raise StateError(f"a lease holds at least one group, not {n}")
         if self._leases:
             raise LeaseError(f"lease {next(iter(self._leases))} is still open")
+        if self._nothing_to_lease == (self.ready_changes, n):
+            return None
+        lease = self._lease(n, wait_s)
+        if lease is None:
+            self._nothing_to_lease = (self.ready_changes, n)
+        return lease
+
+    def _lease(self, n: int, wait_s: float) -> Lease | None:
         step, eta = self._require_version().step, self.config.max_staleness
         if self.config.max_refreshes is not None:  # stale members first, not whole groups
             refresh_groups(self, [g for g in self._ready

@@ -91,6 +91,7 @@ class BufferResults(BufferQueries):
 
     def __init__(self, ledger: Ledger, config: KernelConfig, clock: Clock, run_id: str) -> None:
         super().__init__()
+        self._nothing_to_lease: tuple[int, int] | None = None  # (ready_changes, n): lease
         self.ledger, self.config, self.clock, self.run_id = ledger, config, clock, run_id
         self._admission_limit = config.max_inflight_groups
         self._lookahead = config.max_staleness

@@ -92,6 +92,9 @@ class BufferState:
         self._requests: dict[RequestId, _Request] = {}
         self._queue: deque[_Request] = deque()
         self._ready: deque[_Group] = deque()
+        #: bumped whenever the ready groups or the version change (a lease that found
+        #: nothing to do finds nothing again until it moves: SampleBuffer.lease)
+        self.ready_changes = 0
         self._leases: dict[str, Lease] = {}
         self._n_leases = 0
         self._epochs: dict[str, int] = {}  # worker -> latest epoch
@@ -160,6 +163,7 @@ class BufferState:
     def _on_published(self, e: ev.PolicyPublished) -> None:
         self.version = PolicyVersion.parse(e.version)
         self._version_str = e.version
+        self.ready_changes += 1
         self._published[e.version] = self.version.step
 
     def _on_requested(self, e: ev.Requested) -> None:
@@ -251,6 +255,7 @@ class BufferState:
         group = self._groups[GroupId(e.group)]
         group.state = G_READY
         self._ready.append(group)
+        self.ready_changes += 1
         self._live.pop(group.id, None)
         self.running -= 1
         self.accepted += 1
@@ -260,6 +265,7 @@ class BufferState:
         for group in groups:
             self._ready.remove(group)
             group.state = G_LEASED
+        self.ready_changes += 1
         samples = tuple(s for g in groups for s in g.samples)
         gids = tuple(g.id for g in groups)
         self._leases[e.lease] = Lease(e.lease, policy_step(e.version), gids, samples)
@@ -267,6 +273,7 @@ class BufferState:
 
     def _on_released(self, e: ev.LeaseReleased) -> None:
         lease = self._leases.pop(e.lease)
+        self.ready_changes += 1
         for gid in reversed(lease.groups):
             group = self._groups[gid]
             group.state = G_READY
@@ -283,6 +290,7 @@ class BufferState:
         self._counts["steps"] += 1
         self.version = PolicyVersion.parse(e.version)
         self._version_str = e.version
+        self.ready_changes += 1
         self._published[e.version] = self.version.step
 
     def _on_discarded(self, e: ev.Discarded) -> None:
@@ -303,6 +311,7 @@ class BufferState:
             return
         req.state = DISCARDED
         if was == REWARDED:  # a whole ready group discarded (stale / shutdown)
+            self.ready_changes += 1
             group.dropping = e.reason
             group.samples.remove(req.sample)  # type: ignore[arg-type]  # rewarded: its sample is set
             if not group.samples:
@@ -331,6 +340,7 @@ class BufferState:
         group.oldest = min((r.step for r in kept), default=2**62)
         group.newest = min((r.newest for r in kept), default=2**62)
         if group.state == G_READY:
+            self.ready_changes += 1
             self._ready.remove(group)
             group.state = G_RUNNING
             self._live[group.id] = group

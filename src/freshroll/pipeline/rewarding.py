@@ -5,7 +5,9 @@ an engine's ``emit``; the queue holds only admitted, generated requests, so the 
 window bounds it). They are scored in calls of up to ``scorer.max_batch`` completions, with up
 to ``scorer.concurrency`` calls in flight (parallel reward workers; the thread adapter of a
 RewardSet has one), through the run's :class:`~freshroll.ports.seams.AsyncScorer`, each under
-``limits.reward_timeout_s``:
+``limits.reward_timeout_s``. Calls start once per turn of the event loop (a pump the first
+completion queued in the turn, or a call that ends, schedules with ``call_soon``): what
+arrives in one turn goes out together, and no task wakes per completion. Then:
 
 * a batch that times out is discarded ``reward_timeout`` (a thread adapter abandons the stuck
   call; the next one runs on a fresh thread); timeouts in a row are budgeted
@@ -65,7 +67,8 @@ class RewardStage:
     def __init__(self, ctx: RunContext, scorer: AsyncScorer, hooks: Hooks) -> None:
         self.ctx, self.buf, self.scorer, self.hooks = ctx, ctx.buf, scorer, hooks
         self._queue: deque[tuple[SampleId, Completion, Prompt]] = deque()
-        self._wake = asyncio.Event()
+        self._group: asyncio.TaskGroup | None = None  # the calls' task group, while run runs
+        self._due = False  # a pump is scheduled for this turn of the loop
         self.scoring = 0  # completions in the reward calls under way
         self._calls = 0  # reward calls under way (at most scorer.concurrency)
         self._lost: dict[SampleId, int] = {}  # times a sample's reward worker died
@@ -75,7 +78,34 @@ class RewardStage:
 
     def put(self, sid: SampleId, comp: Completion, prompt: Prompt) -> None:
         self._queue.append((sid, comp, prompt))
-        self._wake.set()
+        self._schedule()
+
+    def _schedule(self) -> None:
+        """Start calls at the next turn of the loop: what is queued during one turn goes out
+        together (one pump a turn, however many completions arrive in it)."""
+        if not self._due and self._group is not None:
+            self._due = True
+            asyncio.get_running_loop().call_soon(self._pump)
+
+    def _pump(self) -> None:
+        """Start reward calls while completions are queued and a reward worker is free."""
+        self._due = False
+        group, queue = self._group, self._queue
+        if group is None:
+            return
+        limit, size = max(1, self.scorer.concurrency), max(1, self.scorer.max_batch)
+        while queue and self._calls < limit:
+            items = [queue.popleft() for _ in range(min(len(queue), size))]
+            call = self._call(items)
+            try:
+                group.create_task(call)
+            except RuntimeError:  # the task group is shutting down: the run is ending
+                call.close()
+                queue.extendleft(reversed(items))
+                self._group = None
+                return
+            self._calls += 1
+            self.scoring += len(items)
 
     @property
     def pending(self) -> int:
@@ -83,7 +113,7 @@ class RewardStage:
         return len(self._queue) + self.scoring
 
     async def run(self) -> None:
-        buf, ctx, scorer = self.buf, self.ctx, self.scorer
+        buf, ctx = self.buf, self.ctx
         for sid in self._recovered:  # recovered: generated before a crash, never scored
             if buf.attempt_state(sid) != "generated":
                 continue  # ended meanwhile (its group was dropped) or re-issued (refreshed)
@@ -95,18 +125,13 @@ class RewardStage:
             comp = Completion(tuple(p.prompt_ids), tuple(p.token_ids), tuple(p.logprobs), p.text,
                               p.finish_reason, 0.0)
             self.put(sid, comp, ctx.prompts[buf.prompt_of(sid)])
-        queue = self._queue
-        limit, size = max(1, scorer.concurrency), max(1, scorer.max_batch)
-        async with asyncio.TaskGroup() as calls:
-            while True:
-                self._wake.clear()
-                while queue and self._calls < limit:
-                    n = min(len(queue), size)
-                    items = [queue.popleft() for _ in range(n)]
-                    self._calls += 1
-                    self.scoring += n
-                    calls.create_task(self._call(items))
-                await self._wake.wait()
+        try:
+            async with asyncio.TaskGroup() as calls:
+                self._group = calls
+                self._pump()
+                await asyncio.get_running_loop().create_future()  # until cancelled
+        finally:
+            self._group = None
 
     async def _call(self, items: list[tuple[SampleId, Completion, Prompt]]) -> None:
         """One reward call: its samples rewarded or discarded, its outcome budgeted."""
@@ -117,7 +142,7 @@ class RewardStage:
         finally:
             self._calls -= 1
             self.scoring -= n
-            self._wake.set()
+            self._schedule()
         if isinstance(scores, WorkerLost):  # its reward worker died: scored again
             self._lost_call(items, scores)
             return
@@ -164,7 +189,7 @@ class RewardStage:
             else:
                 again.append(item)
         self._queue.extendleft(reversed(again))
-        self._wake.set()
+        self._schedule()
         ctx.notify()
         ctx.budget.record(self._label() + " (lost workers)", self._lost_rule(), 1, 1, error)
 
