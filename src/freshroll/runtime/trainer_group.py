@@ -1,16 +1,16 @@
 """The trainer group of ``trainer.parallel: ddp``: ranks 1..W-1 as processes of this machine.
 
 Rank 0 is the run's learner, in the run's process, trained where it always is (the
-trainer thread, or a replay); :func:`start_group` starts the other ``W - 1`` ranks with
-the worker children's forkserver (:func:`freshroll.placement.process_engine.start_child`: a
-fork of a server that imported torch and transformers and did no work, so no forked threads
-or driver state, and no interpreter importing torch afresh for every group a run, a resume,
-a replay or a restart starts), each building a
-learner on the run's initial model with one intra-op thread, and meets them on a gloo
-process group (a file store in a fresh temporary directory: two groups never meet). Rank 0
-then sends its full state (:meth:`~freshroll.trainer.ranks.Gloo.sync`), and from then on
-every step it trains is trained by the whole group (:mod:`freshroll.trainer.ranks`: the
-split rule, the all-reduce, what is exchanged).
+trainer thread, or a replay); :func:`start_group` starts the other ``W - 1`` ranks as forks
+of the worker children's forkserver (:func:`freshroll.placement.process_engine.start_child`:
+a server that imported torch and transformers and did no work, so no forked threads or
+driver state, and no interpreter importing torch afresh for each group that a run, a resume,
+a replay or a restart starts), each building a learner on the run's initial model with one
+intra-op thread, and meets them on a gloo process group (a file store in a fresh temporary
+directory: two groups never meet). Rank 0 then sends its full state
+(:meth:`~freshroll.trainer.ranks.Gloo.sync`), and from then on every step it trains is
+trained by the whole group (:mod:`freshroll.trainer.ranks`: the split rule, the all-reduce,
+what is exchanged).
 
 Every collective waits ``limits.train_timeout_s`` at most. A rank that dies before the group
 forms fails the start with its exit code; one that dies later fails rank 0's next collective
