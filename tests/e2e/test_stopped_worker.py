@@ -13,18 +13,16 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import signal
 import sqlite3
-import subprocess
-import sys
+import threading
 import time
 from pathlib import Path
 
 import psutil
 import pytest
-from e2e_helpers import OFFLINE, REPO, freshroll, metrics
+from e2e_helpers import freshroll, metrics
 
 BOUND_S = 6
 #: enough steps after the first that the stop lands while the run trains, not as it closes
@@ -55,43 +53,55 @@ def _fenced(out: Path) -> list[tuple[str, str]]:
         db.close()
 
 
+def _stop_when_training(out: Path, runtime: str, stopped: list[psutil.Process],
+                       done: threading.Event) -> None:
+    """SIGSTOP the run's two workers the moment its first step commits. They are found
+    once they are up: a step of this run takes a fraction of a second, so a search for them
+    after the first step (slow under load) could find the run already closing."""
+    found: list[psutil.Process] = []
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and not done.is_set():
+        if len(found) < 2:
+            found = _workers(psutil.Process(), runtime)
+        elif (out / "metrics.jsonl").is_file() and _committed(out):
+            for p in found:  # every worker: the run waits on them, bounded
+                p.send_signal(signal.SIGSTOP)  # as `kill -STOP`
+            stopped.extend(found)
+            return
+        time.sleep(0.02)
+
+
+def _committed(out: Path) -> bool:
+    with contextlib.suppress(ValueError):  # a line half written
+        return bool(metrics(out))
+    return False
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("runtime", ["process", pytest.param("ray", marks=pytest.mark.ray)])
 def test_a_stopped_worker_is_said_bounded_and_replaced(tmp_path: Path, small: list[str],
                                                        runtime: str):
+    """The run in this process (its workers are its children, as in ``freshroll run``'s:
+    the forkserver's, or the actors under its Ray instance's raylet), stopped from a thread."""
     out = tmp_path / "run"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "freshroll", "run", *small, f"run.steps={STEPS}",
-         f"run.runtime={runtime}", "rollout.workers=2", f"limits.generate_timeout_s={BOUND_S}",
-         f"limits.weights_timeout_s={BOUND_S}", "limits.heartbeat_s=1", "--out", str(out)],
-        cwd=REPO, env={**os.environ, **OFFLINE},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )
     stopped: list[psutil.Process] = []
+    done = threading.Event()
+    watch = threading.Thread(target=_stop_when_training, args=(out, runtime, stopped, done),
+                             daemon=True)
+    watch.start()
     try:
-        deadline = time.monotonic() + 180
-        # the workers are found once they are up, then stopped the moment the first step
-        # commits: a step of this run takes a fraction of a second, so a search for them
-        # after the first step (slow under load) could find the run already closing
-        found: list[psutil.Process] = []
-        while time.monotonic() < deadline and proc.poll() is None:
-            if len(found) < 2:
-                found = _workers(psutil.Process(proc.pid), runtime)
-            elif (out / "metrics.jsonl").is_file() and metrics(out):
-                stopped = found  # every worker: the run waits on them, bounded
-                for p in stopped:
-                    p.send_signal(signal.SIGSTOP)  # as `kill -STOP`
-                break
-            time.sleep(0.02)
-        assert len(stopped) == 2, f"not two worker processes while training: {stopped}"
-        _, err = proc.communicate(timeout=240)
+        proc = freshroll("run", *small, f"run.steps={STEPS}", f"run.runtime={runtime}",
+                         "rollout.workers=2", f"limits.generate_timeout_s={BOUND_S}",
+                         f"limits.weights_timeout_s={BOUND_S}", "limits.heartbeat_s=1",
+                         "--out", str(out), check=False)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        done.set()
+        watch.join()
         for p in stopped:
             with contextlib.suppress(psutil.Error):
                 p.kill()
+    err = proc.stderr
+    assert len(stopped) == 2, f"not two worker processes while training: {stopped}\n{err}"
     assert proc.returncode == 0, err
     said = re.findall(rf"waiting [\d.]+ s on (w\d+) (generate|load weights), limit {BOUND_S} s",
                       err)

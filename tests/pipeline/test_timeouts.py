@@ -238,8 +238,11 @@ def test_a_stalled_generate_stops_the_run_and_its_engine_waits_for_it_out_loud(
     """The guard names the worker; closing its engine waits for the stuck call until the
     call's own bound (its thread may hold the model), saying so past the heartbeat."""
     gate, behaviour = blocker()
+    # the guard (0.9 s from the run's start) leaves the wait (from the call's start, later)
+    # 0.6 s past its heartbeat to be said in: with 0.4, a loaded machine (load 9) started the
+    # call or ran a watch tick late enough that the guard fired first and nothing was said
     h = Harness(tmp_path, engines=[FakeEngine(behaviour)], overrides=[
-        "limits.generate_timeout_s=1.2", "limits.max_no_progress_s=0.4", "limits.heartbeat_s=0.3"])
+        "limits.generate_timeout_s=1.2", "limits.max_no_progress_s=0.9", "limits.heartbeat_s=0.3"])
     lines: list[str] = []
     h.pipe.observers.append(Callbacks(on_wait=lines.append))
     try:

@@ -1,6 +1,6 @@
 """trainer.parallel: ddp (issue 50): the rank split, and 2 gloo ranks train as 1 does.
 
-The group is real: rank 1 is a spawned process on a gloo process group, each rank one
+The group is real: rank 1 is a forked process on a gloo process group, each rank one
 intra-op thread. The weights after three steps (grad_accum 1 and 2, an odd batch cut
 through a group) match one process's within float tolerance (the gradient is the same
 sum in another order), and the step's metrics are the whole batch's."""
@@ -81,7 +81,7 @@ def test_rank_slices_cover_the_batch_once_in_order() -> None:
     assert rank_slices(1, 1, 2, 1) == []  # fewer rows than ranks: rank 1 trains none
 
 
-@pytest.mark.slow  # spawns a rank: a fresh interpreter importing torch and transformers
+@pytest.mark.slow  # starts a group: a rank process on a gloo process group
 @pytest.mark.parametrize("accum", [1, 2])
 def test_two_gloo_ranks_train_the_weights_one_process_does(tmp_path: Path, accum: int) -> None:
     """Each step's gradient (rank 0's, after the all-reduce) is one process's within 1e-6;

@@ -55,7 +55,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -100,6 +100,15 @@ def worker_context() -> Any:
     return forkserver.context()
 
 
+def start_child(target: Callable[..., None], name: str, args: tuple[Any, ...]) -> Any:
+    """A daemon child of :func:`worker_context` running ``target(*args)``, started (a fork of
+    the preloaded server: no import of torch afresh), ``__main__`` not re-run in it."""
+    proc = worker_context().Process(target=target, name=name, daemon=True, args=args)
+    with _main_not_rerun():
+        proc.start()
+    return proc
+
+
 _MAIN_LOCK = threading.Lock()
 _prestarted = False  # prestart_workers() started the forkserver; workers_ready() not yet
 
@@ -125,10 +134,7 @@ def workers_ready(timeout_s: float) -> bool | None:
     if not _prestarted:
         return None
     _prestarted = False
-    ctx = worker_context()
-    with _main_not_rerun():
-        child = ctx.Process(target=_nothing, name="freshroll-forkserver-ready", daemon=True)
-        child.start()
+    child = start_child(_nothing, "freshroll-forkserver-ready", ())
     child.join(timeout_s)
     return bool(child.exitcode == 0)
 

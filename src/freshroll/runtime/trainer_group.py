@@ -1,13 +1,16 @@
 """The trainer group of ``trainer.parallel: ddp``: ranks 1..W-1 as processes of this machine.
 
 Rank 0 is the run's learner, in the run's process, trained where it always is (the
-trainer thread, or a replay); :func:`start_group` starts the other ``W - 1`` ranks with
-``torch.multiprocessing`` (spawn: a fresh interpreter, no forked threads), each building a
-learner on the run's initial model with one intra-op thread, and meets them on a gloo
-process group (a file store in a fresh temporary directory: two groups never meet). Rank 0
-then sends its full state (:meth:`~freshroll.trainer.ranks.Gloo.sync`), and from then on
-every step it trains is trained by the whole group (:mod:`freshroll.trainer.ranks`: the
-split rule, the all-reduce, what is exchanged).
+trainer thread, or a replay); :func:`start_group` starts the other ``W - 1`` ranks as forks
+of the worker children's forkserver (:func:`freshroll.placement.process_engine.start_child`:
+a server that imported torch and transformers and did no work, so no forked threads or
+driver state, and no interpreter importing torch afresh for each group that a run, a resume,
+a replay or a restart starts), each building a learner on the run's initial model with one
+intra-op thread, and meets them on a gloo process group (a file store in a fresh temporary
+directory: two groups never meet). Rank 0 then sends its full state
+(:meth:`~freshroll.trainer.ranks.Gloo.sync`), and from then on every step it trains is
+trained by the whole group (:mod:`freshroll.trainer.ranks`: the split rule, the all-reduce,
+what is exchanged).
 
 Every collective waits ``limits.train_timeout_s`` at most. A rank that dies before the group
 forms fails the start with its exit code; one that dies later fails rank 0's next collective
@@ -29,7 +32,6 @@ from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
 import torch
-import torch.multiprocessing as mp
 
 from freshroll.config import Config
 from freshroll.errors import ConfigError, RunFailed
@@ -37,6 +39,7 @@ from freshroll.kernel.buffer import SampleBuffer
 from freshroll.kernel.state import Lease
 from freshroll.ledger import events as ev
 from freshroll.ledger.lineage import PolicyVersion
+from freshroll.placement.process_engine import start_child
 from freshroll.runtime.leftovers import rank_store_dir
 from freshroll.trainer.grpo import GRPOLearner
 from freshroll.trainer.ranks import SOLO, Gloo, RankLost, connect, follow
@@ -74,13 +77,10 @@ class TrainerGroup:
         """Spawn ranks 1..W-1, meet them, and send them rank 0's full state."""
         self.store = rank_store_dir() / "store"  # swept by the next start if we are killed
         timeout_s = self.cfg.limits.train_timeout_s
-        ctx = mp.get_context("spawn")
-        self.procs = [ctx.Process(target=_rank_main, name=f"freshroll-rank-{r}", daemon=True,
-                                  args=(self.make, self.cfg, str(self.path), str(self.store), r,
-                                        self.world, timeout_s))
+        self.procs = [start_child(_rank_main, f"freshroll-rank-{r}",
+                                  (self.make, self.cfg, str(self.path), str(self.store), r,
+                                   self.world, timeout_s))
                       for r in range(1, self.world)]
-        for p in self.procs:
-            p.start()
         try:
             pg = _meet(self.store, self.world, timeout_s, self.procs)
         except BaseException:
