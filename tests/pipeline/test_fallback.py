@@ -86,6 +86,8 @@ def test_async_that_pays_but_costs_learning_falls_back_to_sync():
     assert [s.mode for s in chose] == ["sync"] and probe.mode == "sync"
     assert chose[0].reason.startswith("learning: async 2.00x the sync window pays, but the "
                                       "last 4 stale steps' mismatch KL 0.0600 is above 0.04")
+    # the next run of the same work starts from the speed answer, not this run's late KL
+    assert probe.last_choice is not None and probe.last_choice.mode == "async"
     calm = _probe(every_s=1e9, kl_risk=0.04)  # the same rates under the bound: async kept
     kept = _drive_kl(calm, {"async": 0.05, "sync": 0.10}, 40, {"async": 0.02, "sync": 0.0})
     assert [s.mode for s in kept if s.phase == "chose"] == ["async"]
@@ -113,6 +115,8 @@ def test_async_held_falls_back_at_once_when_its_stale_steps_go_past_the_risk():
     after = [s for s in switches if s.step > learned[0].step]
     assert after and after[0].phase == "probe"  # the next probe, every_s later
     assert all(s.mode == "sync" for s in switches if s.phase == "chose" and s.step > 34)
+    # kept for the next run: the last probe's speed answer (async pays 2x), not the fallback
+    assert probe.last_choice is not None and probe.last_choice.mode == "async"
 
 
 def test_fallback_kl_risk_is_the_runs_own_at_risk_bound():

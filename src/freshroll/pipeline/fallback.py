@@ -54,7 +54,9 @@ does.
 its end): the run starts in that mode, recorded as a choice at step 0 whose reason says so,
 and holds it as a choice made at its first commit (the next probe ``every_s`` later); no
 warm-up, no first probe. A probe later in the run measures afresh, and its choice is the one
-kept for the next run.
+kept for the next run: the speed answer (async where it pays), never a fallback for learning,
+which is the late state of one run (its stale steps' KL), not a property of the work (kept, a
+seed sweep ran every seed after the first sync from its first step).
 """
 
 from __future__ import annotations
@@ -248,7 +250,9 @@ class FallbackProbe:
         self.mode = "async" if pays and not risky else "sync"
         self.phase, self._mark = "hold", (step, t)
         self._next_probe = t + max(cfg.every_s, cfg.hold_factor * (t - self._probe_t0))
-        self.last_choice = EarlierChoice(self.mode, ra, rs, time.time())
+        # the next run of the same work starts from the speed answer: a fallback for
+        # learning is this run's late state (its stale steps' KL), not the work's
+        self.last_choice = EarlierChoice("async" if pays else "sync", ra, rs, time.time())
         if self.mode == "async":
             why = f"async {ra / rs:.2f}x the sync window: asynchrony pays"
         elif pays:
@@ -286,9 +290,8 @@ class FallbackProbe:
         self.mode, self._mark = "sync", (step, t)
         self._next_probe = t + self.config.every_s
         self._kl.clear()  # the next async window is judged on its own steps
-        rates = self._rates
-        self.last_choice = EarlierChoice("sync", rates.get("async"), rates.get("sync"),
-                                         time.time())
+        # last_choice stays the last probe's speed answer (_choose): the next run of the same
+        # work starts from it, its own KL guard acting again where its stale steps need it
         return self._switch(step, "chose", why)
 
     def _switch(self, step: int, phase: Literal["probe", "chose"], reason: str,
