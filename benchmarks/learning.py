@@ -219,10 +219,8 @@ def run_one(job: dict[str, Any]) -> dict[str, Any]:
     if not system.startswith("trl-"):  # as `freshroll run` starts (freshroll.cli): the
         # workers' forkserver imports torch beside this process, not after it
         from freshroll.placement import forkserver
-        from freshroll.placement.placement import may_fork_workers
 
-        if may_fork_workers(cfg):
-            forkserver.start()
+        forkserver.start_for(cfg)
     import torch
 
     vs_trl.TORCH_DEFAULT_THREADS = torch.get_num_threads()

@@ -53,7 +53,6 @@ def run(config: Path | None, overrides: tuple[str, ...], out: Path | None,
     from freshroll.config import load_config
     from freshroll.errors import ConfigError
     from freshroll.placement import forkserver
-    from freshroll.placement.placement import may_fork_workers
     from freshroll.runtime.precheck import precheck
     from freshroll.runtime.rundir import finished_run, resume_config
 
@@ -75,8 +74,8 @@ def run(config: Path | None, overrides: tuple[str, ...], out: Path | None,
         finished = resume_dir is not None and finished_run(resume_dir, cfg, allow_change)
         if cfg.run.progress and not finished:  # the imports and checks below take seconds
             click.echo("freshroll: config ok; loading the model, data and rewards ...", err=True)
-        if not finished and may_fork_workers(cfg):
-            forkserver.start()  # its imports of torch and transformers beside ours, not after
+        if not finished:  # the workers' server imports torch beside us, not after us
+            forkserver.start_for(cfg)
         from freshroll.api import GRPOTrainer
         from freshroll.runtime.baseline import run_baseline
 

@@ -12,7 +12,10 @@ the command line can call :func:`start` first.
 from __future__ import annotations
 
 import multiprocessing as mp
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from freshroll.config import Config
 
 #: what the server imports before it forks any child: the worker's module (torch with it)
 #: and the engine it runs (transformers)
@@ -39,4 +42,13 @@ def start() -> bool:
     return True
 
 
-__all__ = ["PRELOAD", "context", "start"]
+def start_for(cfg: Config) -> bool:
+    """:func:`start` when ``cfg``'s workers may be processes
+    (:func:`~freshroll.placement.placement.may_fork_workers`): what ``freshroll run`` does as
+    soon as its config is checked, before it imports torch."""
+    from freshroll.placement.placement import may_fork_workers
+
+    return may_fork_workers(cfg) and start()
+
+
+__all__ = ["PRELOAD", "context", "start", "start_for"]
