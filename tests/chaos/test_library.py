@@ -1,4 +1,5 @@
-"""The shipped chaos library in CI: every scenario over 20 seeds with zero violations, and the
+"""The shipped chaos library in CI: every scenario over 5 seeds with zero violations (`make
+chaos` runs the 20 seeds of docs/chaos.md's table: 4x the suite's ~280 s of two cores), and the
 broken builds: each protection's scenario reports a violation on a build without it."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from freshroll.chaos.plan import FAULT_KINDS, load_plan
 from freshroll.chaos.table import write_tables
 
 LIBRARY = Path(__file__).parents[2] / "chaos" / "library.yaml"
-SEEDS = range(20)
+SEEDS = range(5)
 
 
 def test_the_library_loads_and_covers_every_fault_kind() -> None:
@@ -28,7 +29,7 @@ def test_the_library_loads_and_covers_every_fault_kind() -> None:
 
 
 @pytest.mark.slow
-def test_every_scenario_over_20_seeds_has_zero_violations(tmp_path: Path) -> None:
+def test_every_scenario_over_5_seeds_has_zero_violations(tmp_path: Path) -> None:
     plan = load_plan(LIBRARY)
     t0 = time.perf_counter()
     jobs = min(4, os.cpu_count() or 1)  # the seeds shared out among worker processes

@@ -26,7 +26,7 @@ from freshroll.ledger.lineage import PolicyVersion
 from freshroll.pipeline.hooks import Hooks
 from freshroll.placement.adapters import KillableThreadEngine
 from freshroll.placement.process_engine import ProcessEngine
-from freshroll.placement.shm_weights import PREFIX, segment_owner, shm_dir
+from freshroll.placement.shm_segments import PREFIX, segment_owner, shm_dir
 from freshroll.runtime.placements import Components
 from freshroll.runtime.run import run
 

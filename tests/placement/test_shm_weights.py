@@ -15,19 +15,21 @@ import pytest
 import torch
 
 from freshroll.errors import WorkerTimeout
-from freshroll.placement.shm_weights import (
+from freshroll.placement.shm_segments import (
     PREFIX,
+    run_key,
+    segment_name,
+    segment_owner,
+    shm_dir,
+    sweep_segments,
+)
+from freshroll.placement.shm_weights import (
     Layout,
     SlotBusy,
     SlotHandle,
     SlotReader,
     StaleHandle,
     WeightChannel,
-    run_key,
-    segment_name,
-    segment_owner,
-    shm_dir,
-    sweep_segments,
 )
 
 

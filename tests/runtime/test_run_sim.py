@@ -127,3 +127,25 @@ def test_the_start_line_fits_a_terminal_and_is_whole_in_a_log(
         assert all(len(x) <= 59 for x in drawn if x.startswith("step ")), drawn
     else:
         assert len(start) == 1 and len(start[0]) > 60
+
+
+def test_a_simulated_run_imports_neither_torch_nor_transformers(tmp_path: Path):
+    """``freshroll simulate`` in a fresh process: the run, its verify and report, and no torch
+    (3-4 s of a short simulation's start were torch's import; chaos cases and what-if sweeps
+    start many)."""
+    import os
+    import subprocess
+
+    code = ("import sys, runpy\n"
+            f"sys.argv = ['freshroll', 'simulate', 'configs/sim-p1.yaml', '--out', "
+            f"{str(tmp_path / 'sim')!r}, 'run.steps=1', 'run.progress=false']\n"
+            "try:\n    runpy.run_module('freshroll', run_name='__main__')\n"
+            "except SystemExit as e:\n    assert not e.code, e.code\n"
+            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n")
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=root, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(root / "src")})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout[-2000:]
+    assert verify_run(tmp_path / "sim").ok

@@ -51,8 +51,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-import torch
-
 #: bump when the probe's method changes: an older measurement is then never reused
 #: 2: both stages timed on one thread, the advantage decides (thread_probe); 3: a group's
 #: rows share their prompt's positions (engines/prefix.py), in the probe as in the run
@@ -105,6 +103,8 @@ def _cpu_model() -> str:
 def probe_key(model_digest: str, batch: Sequence[str], *, max_new_tokens: int,
               threads: int) -> str:
     """The key of a probe of ``batch`` on the model of ``model_digest`` (module docstring)."""
+    import torch  # a probe's key is a real run's: a simulated one never asks (no torch)
+
     parts = {"v": PROBE_VERSION, "model": model_digest, "prompt_shape": batch_shape(batch),
              "rows": len(batch), "max_new_tokens": max_new_tokens, "threads": threads,
              "torch": torch.__version__, "machine": platform.machine(), "cpu": _cpu_model(),

@@ -252,7 +252,7 @@ def _calling_threads() -> int:
 
 def _orphaned(shm: str | None) -> None:
     if shm:
-        from freshroll.placement.shm_weights import unlink_quietly
+        from freshroll.placement.shm_segments import unlink_quietly
 
         unlink_quietly(shm)
 

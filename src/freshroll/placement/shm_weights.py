@@ -25,18 +25,17 @@ its copy.
 
 Lifetime: the segment is created by :meth:`WeightChannel.create` and unlinked by
 :meth:`WeightChannel.close` (the run's end, failure included); a worker process whose driver
-died (its pipe hit EOF) unlinks it too (:func:`unlink_quietly`), so a SIGKILLed driver leaves
-nothing in ``/dev/shm`` once its workers are gone. A kill of the whole process group leaves
-it, so a segment names its owner: ``freshroll-w-<run key>-<pid>-<random>``, the run key
-being 12 hex digits of the resolved run directory's path (:func:`run_key`) and the pid the
-driver's. Every start and resume of any run on the machine calls :func:`sweep_segments`,
-which removes the segments whose owner is dead (every run's), never a live process's.
+died (its pipe hit EOF) unlinks it too, so a SIGKILLed driver leaves nothing in ``/dev/shm``
+once its workers are gone. A kill of the whole process group leaves it, so a segment names its
+owner (its run directory and its driver's pid), and every start and resume of any run on the
+machine removes the segments whose owner is dead, never a live process's: the names and that
+sweep are :mod:`freshroll.placement.shm_segments` (no torch: a simulated run's start sweeps
+too).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import mmap
 import os
 import secrets
@@ -51,12 +50,11 @@ import torch
 
 from freshroll.engines.weights import Publishing, SlotHandle
 from freshroll.errors import WorkerTimeout
-from freshroll.procs import pid_alive
+from freshroll.placement.shm_segments import segment_name, shm_dir, unlink_quietly
 
 K = 2  # slots: a worker may read version n while version n+1 is written
 ALIGN = 64
 HEADER = ALIGN  # K int64 sequence numbers, padded
-PREFIX = "freshroll-w-"
 
 
 class SlotBusy(WorkerTimeout):
@@ -105,61 +103,6 @@ class Layout:
 
     def total_bytes(self) -> int:
         return HEADER + K * self.slot_bytes
-
-
-def shm_dir() -> Path:
-    return Path("/dev/shm") if Path("/dev/shm").is_dir() else Path("/tmp")
-
-
-def unlink_quietly(path: str | os.PathLike[str]) -> None:
-    with contextlib.suppress(OSError):
-        os.unlink(path)
-
-
-def run_key(run_dir: Path | None) -> str:
-    """12 hex digits of ``run_dir``'s resolved path (``run_dir`` None: no run, all zeros)."""
-    if run_dir is None:
-        return "0" * 12
-    return hashlib.sha256(str(Path(run_dir).resolve()).encode()).hexdigest()[:12]
-
-
-def segment_name(run_dir: Path | None, pid: int, tag: str) -> str:
-    """The segment file name of run ``run_dir`` owned by process ``pid``."""
-    return f"{PREFIX}{run_key(run_dir)}-{pid}-{tag}"
-
-
-def segment_owner(name: str) -> tuple[str, int] | None:
-    """``(run key, owner pid)`` of a segment name; None for a name of another form."""
-    parts = name.removeprefix(PREFIX).split("-") if name.startswith(PREFIX) else []
-    if len(parts) != 3 or len(parts[0]) != 12 or not parts[1].isdigit():
-        return None
-    return parts[0], int(parts[1])
-
-
-#: a dead owner's segment of another run directory is swept once it is this old (seconds
-#: since its last write): a start on a shared machine leaves alone what a run killed a
-#: moment ago, or a test, has just laid (its own directory's go at once)
-GRACE_S = 60.0
-
-
-def sweep_segments(run_dir: Path | None = None, *, grace_s: float = GRACE_S) -> list[Path]:
-    """Remove the segments whose owner process is dead (a kill of the whole process group
-    leaves them): ``run_dir``'s, or (None) every run's on the machine last written more
-    than ``grace_s`` ago, so a run that is never resumed does not keep its segment until a
-    reboot. Returns the removed paths. A segment of a live owner, of another run directory
-    (given one), or of another name form is kept."""
-    key = run_key(run_dir) if run_dir is not None else None
-    removed, now = [], time.time()
-    for path in sorted(shm_dir().glob(f"{PREFIX}{key or ''}*")):
-        owner = segment_owner(path.name)
-        if owner is None or key not in (None, owner[0]) or pid_alive(owner[1]):
-            continue
-        with contextlib.suppress(OSError):  # gone meanwhile: nothing to remove
-            if key is None and now - path.stat().st_mtime < grace_s:
-                continue
-            unlink_quietly(path)
-            removed.append(path)
-    return removed
 
 
 class _Mapped:
@@ -299,5 +242,4 @@ class SlotReader:
 
 
 __all__ = ["K", "Layout", "SlotBusy", "SlotHandle", "SlotReader", "StaleHandle",
-           "WeightChannel", "run_key", "segment_name", "segment_owner", "sweep_segments",
-           "unlink_quietly"]
+           "WeightChannel"]

@@ -68,8 +68,6 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-import torch
-
 from freshroll.engines.specs import engine_spec
 from freshroll.placement import probe_cache
 from freshroll.placement.placement import (
@@ -79,7 +77,6 @@ from freshroll.placement.placement import (
     trainer_place,
     wants_probe,
 )
-from freshroll.placement.process_engine import workers_ready
 from freshroll.stage_threads import StageThreads
 
 if TYPE_CHECKING:
@@ -164,6 +161,8 @@ def _timed(pool: ThreadPoolExecutor, fn: Callable[[], None], threads: int) -> fl
     """Seconds of ``fn`` on ``pool``'s thread at ``threads`` intra-op threads (set there:
     each thread that computes has its own OpenMP team)."""
 
+    import torch
+
     def call() -> float:
         torch.set_num_threads(threads)
         t0 = time.perf_counter()
@@ -181,6 +180,8 @@ def probe_threads(model_path: Path, prompts: Sequence[str], *, max_new_tokens: i
     pipeline's fill in the advantage; 0: left out). Restores the process's RNG state; leaves
     ``torch.get_num_threads()`` at ``threads`` (the caller sets its budget).
     """
+    import torch
+
     from freshroll.engines.base import encode_prompt
     from freshroll.engines.hf import HFEngine
     from freshroll.engines.prefix import cache_kwarg
@@ -232,6 +233,7 @@ def probe_threads(model_path: Path, prompts: Sequence[str], *, max_new_tokens: i
 def _shape(model_path: Path) -> tuple[Any, int]:
     """The model's transformers config and its parameter count, from a shell of it on the
     meta device (no weight is read)."""
+    import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from freshroll.engines.model_dir import loading_model
@@ -319,6 +321,8 @@ def settle_placement(cfg: Config, prompts: Sequence[Prompt], model_path: Path, *
     known = key is not None and probe_cache.holds(key)
     probe, busy = None, None
     if key is not None and known:  # a measurement to compare with: count the load now
+        from freshroll.placement.process_engine import workers_ready
+
         workers_ready(cfg.limits.worker_start_timeout_s)  # its imports are not "others"
         busy = probe_cache.others_busy()
     if wants_probe(cfg, injected=injected, cores=cores):
@@ -433,6 +437,8 @@ def _measured(cfg: Config, model_path: Path, batch: list[str], cores: int, key: 
         stream.write("freshroll: measuring whether intra-op threads pay for this model "
                      f"({cores} cores)...\n")
         stream.flush()
+    from freshroll.placement.process_engine import workers_ready
+
     workers_ready(cfg.limits.worker_start_timeout_s)  # the forkserver's imports done first
     meter = probe_cache.BusyMeter().start()
     try:

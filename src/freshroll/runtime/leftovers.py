@@ -4,7 +4,7 @@ own start left when a config error stopped it before it ran.
 * :func:`sweep_leftovers` (every ``run`` and ``--resume``, before anything else): the
   shared-memory weight segments and the Ray instances and ``ray.json`` credentials of dead
   drivers, this run directory's at once, other runs' once a minute old
-  (:func:`~freshroll.placement.shm_weights.sweep_segments`,
+  (:func:`~freshroll.placement.shm_segments.sweep_segments`,
   :func:`~freshroll.placement.ray_reaper.sweep_dead_drivers`). A run killed with its process
   group and never resumed leaves nothing behind past the next start on the machine.
 * :func:`undo_start`: a new run's ledger, removed when a config error is found after it was
@@ -23,7 +23,7 @@ from typing import TextIO
 
 from freshroll.ledger.store import LEDGER_FILE, Ledger
 from freshroll.placement.ray_reaper import sweep_dead_drivers
-from freshroll.placement.shm_weights import sweep_segments
+from freshroll.placement.shm_segments import sweep_segments
 from freshroll.procs import pid_alive
 
 #: a trainer group's rendezvous directory, in the temp dir: ``<prefix><driver pid>-<random>``
@@ -32,7 +32,7 @@ RANKS_PREFIX = "freshroll-ranks-"
 
 def sweep_leftovers(out: Path, stream: TextIO) -> None:
     """Remove what killed runs on this machine left behind, and say so: the weight segments
-    in shared memory of dead drivers (:func:`~freshroll.placement.shm_weights.sweep_segments`:
+    in shared memory of dead drivers (:func:`~freshroll.placement.shm_segments.sweep_segments`:
     a killed process group's, this run's at once, any other's once a minute old) and the Ray
     instances and ``ray.json`` credentials of dead drivers
     (:func:`~freshroll.placement.ray_reaper.sweep_dead_drivers`, on the same terms) and the

@@ -45,13 +45,6 @@ from freshroll.errors import ConfigError
 from freshroll.kernel.buffer import SampleBuffer
 from freshroll.ledger.lineage import PolicyVersion
 from freshroll.pipeline.hooks import Hooks
-from freshroll.placement.adapters import (
-    CloneTransfer,
-    Publish,
-    ThreadEngineFactory,
-    ThreadScorer,
-    ThreadTrainer,
-)
 from freshroll.placement.placement import (
     Placement,
     Runtime,
@@ -59,17 +52,22 @@ from freshroll.placement.placement import (
     resolve_runtime,
     thread_budget,
 )
-from freshroll.placement.ray_trainer import RayTrainer
-from freshroll.placement.shm_weights import WeightChannel
 from freshroll.ports.seams import AsyncScorer, AsyncTrainer, TrainerState
-from freshroll.runtime.learner import build_learner
 from freshroll.runtime.prepare import Prepared
-from freshroll.runtime.trainer_group import RestartingTrainer, restarting
 from freshroll.stage_threads import ThreadCounts
-from freshroll.trainer.grpo import GRPOLearner
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # imported where a model's placement is built: a simulated run has no torch
+    from freshroll.placement.adapters import (
+        Publish,
+        ThreadEngineFactory,
+        ThreadScorer,
+        ThreadTrainer,
+    )
     from freshroll.placement.ray_scorer import RayScorer
+    from freshroll.placement.ray_trainer import RayTrainer
+    from freshroll.placement.shm_weights import WeightChannel
+    from freshroll.runtime.trainer_group import RestartingTrainer
+    from freshroll.trainer.grpo import GRPOLearner
 
 
 @dataclass
@@ -183,6 +181,9 @@ def _sim(b: Build, stack: ExitStack) -> tuple[EngineFactory, AsyncScorer, AsyncT
 
 @register_placement("hf", "inline")
 def _hf_inline(b: Build, stack: ExitStack) -> tuple[EngineFactory, AsyncScorer, AsyncTrainer]:
+    from freshroll.placement.adapters import CloneTransfer
+    from freshroll.runtime.learner import build_learner
+
     learner = build_learner(b.cfg, b.prep.model_path, b.buf, b.out, b.prep.history)
     scorer = _scorer(b, stack)
     trainer = _trainer(b, stack, learner, CloneTransfer())
@@ -191,6 +192,9 @@ def _hf_inline(b: Build, stack: ExitStack) -> tuple[EngineFactory, AsyncScorer, 
 
 @register_placement("hf", "process")
 def _hf_process(b: Build, stack: ExitStack) -> tuple[EngineFactory, AsyncScorer, AsyncTrainer]:
+    from freshroll.placement.shm_weights import WeightChannel
+    from freshroll.runtime.learner import build_learner
+
     learner = build_learner(b.cfg, b.prep.model_path, b.buf, b.out, b.prep.history)
     # weights once per version into shared memory (unlinked at close)
     channel = WeightChannel.create(learner.published_state(),
@@ -214,6 +218,7 @@ def _hf_process(b: Build, stack: ExitStack) -> tuple[EngineFactory, AsyncScorer,
 def _hf_ray(b: Build, stack: ExitStack) -> tuple[EngineFactory, AsyncScorer, AsyncTrainer]:
     from freshroll.placement.ray_engine import RayPut
     from freshroll.placement.ray_session import start_ray, stop_ray
+    from freshroll.runtime.learner import build_learner
 
     learner = build_learner(b.cfg, b.prep.model_path, b.buf, b.out, b.prep.history)
     # private: in RUN_DIR/ray.json
@@ -240,6 +245,8 @@ def _say_ray_costs(factory: ThreadEngineFactory, trainer: object) -> None:
 def _vllm(b: Build, stack: ExitStack) -> tuple[EngineFactory, AsyncScorer, AsyncTrainer]:
     from freshroll.engines.vllm_args import in_force
     from freshroll.engines.vllm_engine import VLLMEngineFactory
+    from freshroll.placement.adapters import CloneTransfer
+    from freshroll.runtime.learner import build_learner
 
     learner = build_learner(b.cfg, b.prep.model_path, b.buf, b.out, b.prep.history)
     scorer = _scorer(b, stack)
@@ -260,6 +267,8 @@ def _scorer(b: Build, stack: ExitStack, ray: bool = False) -> ThreadScorer | Ray
         actors = RayScorer(b.cfg, b.prep.rewards)
         stack.callback(actors.close)
         return actors
+    from freshroll.placement.adapters import ThreadScorer
+
     inline = ThreadScorer(b.prep.rewards)
     stack.callback(inline.close)
     return inline
@@ -267,6 +276,8 @@ def _scorer(b: Build, stack: ExitStack, ray: bool = False) -> ThreadScorer | Ray
 
 def _trainer(b: Build, stack: ExitStack, learner: GRPOLearner,
              publish: Publish) -> ThreadTrainer | RayTrainer | RestartingTrainer:
+    from freshroll.runtime.trainer_group import restarting
+
     stack.callback(learner.ranks.close)  # trainer.parallel's other ranks, after the trainer
     trainer = build_trainer(b.prep, b.buf, b.out, learner, b.before_commit, publish,
                             b.placement)
@@ -277,6 +288,8 @@ def _trainer(b: Build, stack: ExitStack, learner: GRPOLearner,
 def _engines(b: Build, runtime: Runtime, channel: WeightChannel | None) -> ThreadEngineFactory:
     """The hf workers' engine factory: ``make_engine`` (injected) or :func:`build_engine`,
     with the placement's thread counts, compute thread and modes."""
+    from freshroll.placement.adapters import ThreadEngineFactory
+
     cfg, path, p = b.cfg, b.prep.model_path, b.placement
 
     def default_make(c: Config, mp: Path, n: str) -> InferenceEngine:  # looked up at call time
@@ -359,6 +372,10 @@ def build_trainer(
     ThreadTrainer publishing each version once into Ray's object store; else a
     ThreadTrainer publishing with the placement's ``publish`` (a copy inline, a shared-memory
     slot for process workers)."""
+    from freshroll.placement.adapters import ThreadTrainer
+    from freshroll.placement.ray_trainer import RayTrainer
+    from freshroll.runtime.learner import build_learner
+
     cfg = prep.cfg
     place = ray_trainer(cfg, resolve_runtime(cfg))
     if place is not None and place[0] == "actor":

@@ -59,7 +59,6 @@ from freshroll.ports.seams import TrainerState
 from freshroll.report.samples import tokenizer_decode
 from freshroll.runtime.evaluation import Evaluator, evals_by_step, with_eval
 from freshroll.runtime.evaluation import trim as trim_evals
-from freshroll.trainer.checkpoint import checkpoint_dir, save_checkpoint
 
 Evals = dict[int, list[dict[str, Any]]]  # step -> its eval.jsonl records
 
@@ -210,6 +209,8 @@ class Checkpointer(Observer):
         every = self.cfg.trainer.checkpoint_every
         if version.step % every and version.step < self.cfg.run.steps:
             return
+        from freshroll.trainer.checkpoint import checkpoint_dir, save_checkpoint
+
         root = self.run_dir / "checkpoints"
         target = checkpoint_dir(root, version.step)
         model_state, optimizer_state = state()

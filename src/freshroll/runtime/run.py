@@ -44,8 +44,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
-import torch
-
 from freshroll.clock import Clock, RealClock, VirtualClock
 from freshroll.config import Config
 from freshroll.engines.specs import engine_spec
@@ -64,7 +62,6 @@ from freshroll.pipeline.fallback import EarlierChoice
 from freshroll.pipeline.observers import FollowMode, RunObserver
 from freshroll.pipeline.pipeline import Pipeline, run_pipeline
 from freshroll.placement.placement import Placement, may_fork_workers, settled
-from freshroll.placement.process_engine import prestart_workers
 from freshroll.placement.thread_probe import (
     remember_choice,
     remember_settled,
@@ -79,7 +76,6 @@ from freshroll.runtime.prepare import Prepared, prepare_run_dir
 from freshroll.runtime.recording import Recording
 from freshroll.runtime.resume import announce
 from freshroll.runtime.rundir import finished_run, resume_config, write_text_atomic
-from freshroll.trainer.ranks import ranks_record
 
 
 @dataclass
@@ -135,6 +131,8 @@ def run(
         if done is not None:
             return done
     if cfg is not None and may_fork_workers(cfg, injected=make_engine is not None):
+        from freshroll.placement.process_engine import prestart_workers
+
         prestart_workers()  # its imports beside the run's start, not after it
     prep = prepare_run_dir(cfg, out, resume, allow_change)
     prom = None
@@ -182,8 +180,11 @@ def _run(prep: Prepared, out: Path, stream: TextIO, make_engine: MakeEngine | No
                                  injected=make_engine is not None, stream=stream)
     prep = replace(prep, cfg=settled(asked, placement))
     cfg = prep.cfg  # run.runtime and run.torch_threads explicit; the ledger records `asked`
-    torch.set_num_threads(placement.budget.trainer)
-    torch.manual_seed(cfg.run.seed)
+    if engine_spec(cfg.rollout.engine).trains:  # a simulated run never imports torch
+        import torch
+
+        torch.set_num_threads(placement.budget.trainer)
+        torch.manual_seed(cfg.run.seed)
     random.seed(cfg.run.seed)
     kernel = kernel_config(cfg)
     if note := window_note(
@@ -389,15 +390,31 @@ def _start_line(cfg: Config, out: Path, model: Path, n_prompts: int, buf: Sample
     elif cfg.rollout.engine == "vllm":
         what = (f"model {model}, {cfg.rollout.workers} vLLM engine(s) ({cfg.vllm.device}, "
                 f"{cfg.vllm.dtype}, on_update {cfg.rollout.on_update or cfg.vllm.on_update}), "
-                f"torch threads {torch.get_num_threads()}")
+                f"torch threads {_torch_threads()}")
     else:
         what = f"model {model}, {cfg.rollout.workers} worker(s) ({placement.describe()})"
-        if (group := ranks_record(cfg.trainer.parallel, cfg.trainer.world_size)) is not None:
+        if (group := _ranks(cfg)) is not None:
             what += (f", trainer {group['world_size']} ranks ({group['parallel']}, "
                      f"{group['backend']}, batch split {group['split']})")
     return (f"freshroll: {out}: {where}, {mode}, {what}, {n_prompts} prompts, "
             f"{cfg.rollout.batch_groups}x{cfg.rollout.group_size} rollouts per step, "
             f"control {cfg.control.mode}")
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def _ranks(cfg: Config) -> dict[str, object] | None:
+    """:func:`~freshroll.trainer.ranks.ranks_record` of ``cfg``'s trainer; imported only for a
+    trainer group (the ranks' module is torch's)."""
+    if cfg.trainer.parallel == "none":
+        return None
+    from freshroll.trainer.ranks import ranks_record
+
+    return ranks_record(cfg.trainer.parallel, cfg.trainer.world_size)
 
 
 def _write_end_files(out: Path, buf: SampleBuffer, report: bool = True,
@@ -408,7 +425,7 @@ def _write_end_files(out: Path, buf: SampleBuffer, report: bool = True,
     host = host_now()
     if placement is not None:
         host["placement"] = placement.as_dict()
-    group = ranks_record(cfg.trainer.parallel, cfg.trainer.world_size) if cfg else None
+    group = _ranks(cfg) if cfg else None
     if group is not None:  # trainer.parallel: the ranks and the rule that split each batch
         host["trainer_ranks"] = group
     return finish_run_dir(out, report=report, host=host)
