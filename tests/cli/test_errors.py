@@ -30,7 +30,6 @@ from freshroll.errors import (
 from freshroll.harness.verify import verify_run
 from freshroll.runtime import learner as learner_mod
 from freshroll.runtime import placements
-from freshroll.runtime import recording as recording_mod
 from freshroll.runtime import run as run_mod
 
 SMALL = ["run.progress=false", "task.n_prompts=64", "rollout.group_size=4",
@@ -251,7 +250,9 @@ def test_disk_full_during_a_checkpoint(monkeypatch: pytest.MonkeyPatch, tmp_path
     def full(path: Path, **kw: Any) -> None:
         raise OSError(errno.ENOSPC, "No space left on device", str(path) + ".tmp/model.safetensors")
 
-    monkeypatch.setattr(recording_mod, "save_checkpoint", full)
+    from freshroll.trainer import checkpoint as checkpoint_mod  # imported by the writer's call
+
+    monkeypatch.setattr(checkpoint_mod, "save_checkpoint", full)
     out = tmp_path / "r"
     result = _cli("run", *SMALL, "run.steps=2", "trainer.checkpoint_every=1", "--out", str(out))
     assert result.exit_code == 3

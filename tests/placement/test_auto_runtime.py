@@ -114,7 +114,9 @@ def test_settle_placement_gives_the_probe_the_runs_length(monkeypatch: pytest.Mo
 
     monkeypatch.setattr(thread_probe, "probe_threads", fake_probe)
     monkeypatch.setattr(thread_probe, "available_cores", lambda: 2)
-    monkeypatch.setattr(thread_probe, "workers_ready", lambda *a: None)
+    from freshroll.placement import process_engine  # imported by the probe's call
+
+    monkeypatch.setattr(process_engine, "workers_ready", lambda *a: None)
     monkeypatch.setattr(thread_probe.probe_cache, "enabled", lambda: False)
     cfg = _cfg(runtime="auto", torch_threads="auto", steps=7, max_staleness=1, progress=False)
     prompts = make_prompts("reverse", 64, 0, min_len=3, max_len=3)
