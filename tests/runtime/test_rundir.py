@@ -185,8 +185,8 @@ def test_a_prompt_longer_than_the_context_is_refused_before_anything_is_written(
     out = tmp_path / "run"
     with pytest.raises(ConfigError, match=named) as err:
         prepare_run_dir(cfg, out, resume=False)
-    assert "more than 16 tokens, the max_position_embeddings of the embedded model" in str(
-        err.value)
+    assert ("more than 12 tokens, the max_position_embeddings of the embedded model "
+            "(model.tiny) less rollout.max_new_tokens (4)") in str(err.value)
     assert not out.exists()
 
 

@@ -301,9 +301,12 @@ def config_check(config_file: Path | None, overrides: tuple[str, ...]) -> None:
     model directory, the data file and its columns, the reward functions (imported and
     their signatures read) and the engine's settings; no weights are loaded and nothing is
     written (exit 2 on the first error, naming the key or file)."""
+    cfg = _load(config_file, overrides)
+    from freshroll.runtime.precheck import precheck
+
+    precheck(cfg)  # a wrong path in a second, before torch and transformers load
     from freshroll.runtime.prepare import check_inputs
 
-    cfg = _load(config_file, overrides)
     inputs = check_inputs(cfg)
     model = ("the simulated cluster" if engine_spec(cfg.rollout.engine).simulated
              else f"model {cfg.model.path}" if cfg.model.path is not None

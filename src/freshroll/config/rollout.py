@@ -27,7 +27,8 @@ class RolloutSection(_Section):
         "than two of 64, docs/benchmarks.md)"
     )
     max_new_tokens: int = Field(
-        4, ge=1, le=131_072, description="longest completion in tokens"
+        4, ge=1, le=131_072, description="longest completion in tokens; a prompt and its "
+        "completion must fit the model's positions (checked before the run)"
     )
     temperature: float = Field(1.0, ge=0.0, le=100.0, description="0: greedy")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling mass; 1: off")

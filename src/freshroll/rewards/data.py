@@ -272,8 +272,8 @@ def _unknown_chars(tokenizer: Any, text: str, unk: int) -> list[str]:
 def missing_column(path: Path, column: str, columns: Sequence[str]) -> ConfigError:
     """The one error of a prompt file without ``column`` (also said before the heavy imports:
     :mod:`freshroll.runtime.precheck`)."""
-    return ConfigError(f"prompt file {path}: missing column {column!r}; columns: "
-                       f"{sorted(columns)}")
+    return ConfigError(f"prompt file {path}: missing column {column!r} (task.prompt_field "
+                       f"names the prompt's column); columns: {sorted(columns)}")
 
 
 # --- reading -------------------------------------------------------------------------------

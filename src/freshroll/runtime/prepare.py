@@ -128,25 +128,7 @@ def _eval_prompts(cfg: Config, path: Path, pending: tuple[Any, Any] | None,
     from freshroll.runtime.evaluation import prepare_eval
 
     return prepare_eval(cfg, path, pending[1] if pending is not None else None, rewards,
-                        eval_context(cfg, context_limit(cfg, path, pending)))
-
-
-def eval_context(cfg: Config, context: tuple[int | None, str]) -> tuple[int | None, str]:
-    """The most tokens an eval prompt may have: the model's positions less the tokens an
-    evaluation generates (``eval.max_new_tokens``, else ``rollout.max_new_tokens``). A count
-    that leaves no position for a prompt is refused, naming the key: it can never finish a
-    completion (with a rotary model it would generate past the positions it was trained on,
-    holding the trainer for the whole ``eval.budget_s``)."""
-    limit, name = context
-    key = "eval.max_new_tokens" if cfg.eval.max_new_tokens else "rollout.max_new_tokens"
-    new = cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
-    if limit is None:
-        return context
-    if new >= limit:
-        raise ConfigError(f"{key} ({new}): the model has {limit} positions ({name}); an "
-                          f"evaluation's prompt and completion must fit them: at most "
-                          f"{limit - 1}")
-    return limit - new, f"{name} less {key} ({new})"
+                        context_limit(cfg, path, pending, evaluation=True))
 
 
 @dataclass
@@ -344,11 +326,26 @@ def _check_resume(
 
 
 def context_limit(
-    cfg: Config, path: Path, pending: tuple[Any, Any] | None
+    cfg: Config, path: Path, pending: tuple[Any, Any] | None, *, evaluation: bool = False
 ) -> tuple[int | None, str]:
     """The most tokens a prompt may have, and its name in an error: ``task.max_prompt_tokens``
-    where it is the tighter bound, else the model's (:func:`_model_limit`)."""
+    where it is the tighter bound, else the model's positions (:func:`_model_limit`) less the
+    tokens a call generates after it (``rollout.max_new_tokens``; for an ``evaluation``,
+    ``eval.max_new_tokens``, else the rollouts'), as vLLM refuses a prompt whose completion
+    cannot fit ``max_model_len``. A count that leaves no position for a prompt is refused,
+    naming its key: it can never finish a completion (with a rotary model it would generate
+    past the positions it was trained on, silently; with learned positions it fails mid-run;
+    an evaluation held the trainer for the whole ``eval.budget_s``)."""
     limit, name = _model_limit(cfg, path, pending)
+    key, new = "rollout.max_new_tokens", cfg.rollout.max_new_tokens
+    if evaluation and cfg.eval.max_new_tokens:
+        key, new = "eval.max_new_tokens", cfg.eval.max_new_tokens
+    if limit is not None:
+        if new >= limit:
+            what = "an evaluation's" if key.startswith("eval") else "a rollout's"
+            raise ConfigError(f"{key} ({new}): the model has {limit} positions ({name}); {what} "
+                              f"prompt and completion must fit them: at most {limit - 1}")
+        limit, name = limit - new, f"{name} less {key} ({new})"
     most = cfg.task.max_prompt_tokens
     if most is not None and (limit is None or most < limit):
         return most, f"task.max_prompt_tokens ({most})"
