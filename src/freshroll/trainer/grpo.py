@@ -44,6 +44,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from freshroll.config.train import TrainerSection
 from freshroll.engines.lora_merge import adapter_bytes
@@ -283,6 +284,7 @@ class GRPOLearner:
                 raise NonFiniteStep(f"{exc} (update {i + 1} of trainer.num_iterations={total}; "
                                     "the earlier ones were applied)", recoverable=False) from exc
         self.steps = number
+        gather_s = self.ranks.finished(self)  # trainer.parallel: fsdp: the full state gathered
         lags = [s.lag for s in samples]
         metrics.update(
             reward_mean=float(rewards.mean()), reward_std=float(rewards.std()),
@@ -292,6 +294,7 @@ class GRPOLearner:
             train_s=time.perf_counter() - t0,
             weights_bytes=float(adapter_bytes(self.published_state())),
         )
+        metrics.update({"gather_s": gather_s} if gather_s else {})  # fsdp: the full state's
         return metrics
 
     def _update(self, samples: Sequence[TrainSample], number: int, adv: torch.Tensor,
@@ -305,11 +308,15 @@ class GRPOLearner:
         loss_tokens = float(sum(trained_tokens(s.loss_mask, len(s.token_ids))
                                 for i, s in enumerate(samples)
                                 if rows is None or rows[i]))
-        self.optimizer.zero_grad(set_to_none=True)
+        model, optimizer = self.ranks.net(self)
+        optimizer.zero_grad(set_to_none=True)
         parts: list[tuple[dict[str, float], float]] = []
         losses: list[torch.Tensor] = []
         entropy, bad = 0.0, None
         for sl in slices:
+            if sl.start == sl.stop:  # a filler (trainer/fsdp.py): a zero gradient
+                self.ranks.filler(self, samples, adv, loss_cfg)
+                continue
             part = None if rows is None else rows[sl]
             micro = self._layout(samples if whole else samples[sl])
             loss, metrics, logits, kept = self._micro_loss(micro, adv[sl], loss_cfg, part)
@@ -334,9 +341,9 @@ class GRPOLearner:
             losses.append(loss.detach())
         parts, losses, entropy, bad = self.ranks.gather((parts, losses, entropy, bad))
         if bad is not None:
-            self.optimizer.zero_grad(set_to_none=True)
+            optimizer.zero_grad(set_to_none=True)
             raise NonFiniteStep(bad)
-        self.ranks.reduce_grads(self.model)
+        self.ranks.reduce_grads(model)
         total_loss = float(losses[0] if len(losses) == 1 else torch.stack(losses).sum())
         metrics = combine_metrics(parts, loss_tokens)
         grad_norm, lr = self._apply_gradients(number, total_loss)
@@ -362,17 +369,19 @@ class GRPOLearner:
         learning rate; returns the gradient norm (before clipping) and that rate. A
         non-finite norm raises NonFiniteStep before any change; non-finite weights after
         the step raise it as not recoverable."""
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
+        model, optimizer = self.ranks.net(self)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), self.cfg.max_grad_norm)
+        grad_norm = grad_norm.full_tensor() if isinstance(grad_norm, DTensor) else grad_norm
         if not torch.isfinite(grad_norm):
-            self.optimizer.zero_grad(set_to_none=True)
+            optimizer.zero_grad(set_to_none=True)
             raise NonFiniteStep(
                 f"gradient norm is {float(grad_norm)} (loss {total_loss:.4g})"
             )
         lr = self.lr(number)
-        for group in self.optimizer.param_groups:
+        for group in optimizer.param_groups:
             group["lr"] = lr
-        self.optimizer.step()
-        if not all_finite(list(self.model.parameters())):
+        optimizer.step()
+        if not all_finite(list(model.parameters())):
             raise NonFiniteStep(
                 "weights are not finite after an optimizer step on finite gradients "
                 f"(trainer.lr={self.cfg.lr}, lr {lr:.4g} at step {number}?); the learner cannot "
@@ -406,8 +415,8 @@ class GRPOLearner:
         view = batch.from_target(first)
         keep = batch.input_ids.shape[1] - first  # positions first .. L-1 (L-1 predicts nothing)
         with self._autocast():
-            out = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                             **self._keep(keep))
+            out = self.ranks.net(self)[0](input_ids=batch.input_ids,
+                                          attention_mask=batch.attention_mask, **self._keep(keep))
         logits = out.logits[:, -keep:][:, :-1].float()
         logp = token_logprobs(logits, view.targets, self.temperature)
         ref = self._ref_logprobs(batch, keep) if self.ref is not None else None
@@ -422,7 +431,7 @@ class GRPOLearner:
         rows: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor | None, torch.Tensor]:
         with self._autocast():
-            raw = completion_logits(self.model, batch, cache_name=self._cache_name,
+            raw = completion_logits(self.ranks.net(self)[0], batch, cache_name=self._cache_name,
                                     keep=self._takes_keep)
         if raw is None:
             self.share_prompts = False

@@ -50,6 +50,7 @@ from freshroll.trainer.accum import micro_slices
 
 if TYPE_CHECKING:
     from freshroll.trainer.grpo import GRPOLearner, TrainSample
+    from freshroll.trainer.losses import LossConfig
 
 class RankLost(WorkerLost):
     """A collective of the trainer's group failed: a rank died (or its connection did). The
@@ -112,6 +113,19 @@ class Solo:
     def reduce_grads(self, model: torch.nn.Module) -> None:
         """The gradients are this process's."""
 
+    def net(self, learner: GRPOLearner) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        """The module a step runs and the optimizer that updates it: the learner's own."""
+        return learner.model, learner.optimizer
+
+    def filler(self, learner: GRPOLearner, samples: Sequence[TrainSample], adv: torch.Tensor,
+               loss_cfg: LossConfig) -> None:
+        """A filler micro-batch: never here (every slice of :meth:`slices` has rows)."""
+        raise AssertionError("one process has no filler micro-batches")
+
+    def finished(self, learner: GRPOLearner) -> float:
+        """After a step: nothing to gather (the learner's model is the full state)."""
+        return 0.0
+
     def close(self) -> None:
         """Nothing to stop."""
 
@@ -168,6 +182,27 @@ class Gloo:
         """Stop the group (rank 0): its owner's ``close()``."""
         if self.owner is not None:
             self.owner.close()
+
+    def net(self, learner: GRPOLearner) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        """The module a step runs and the optimizer that updates it: the learner's own (every
+        rank holds the whole model)."""
+        return learner.model, learner.optimizer
+
+    def loaded(self, learner: GRPOLearner) -> None:
+        """After a full state is loaded on every rank: nothing more (trainer/fsdp.py shards it)."""
+
+    def filler(self, learner: GRPOLearner, samples: Sequence[TrainSample], adv: torch.Tensor,
+               loss_cfg: LossConfig) -> None:
+        """A filler micro-batch: none under ddp (a rank past a short batch's rows runs no
+        micro-batch); trainer/fsdp.py's ranks run them."""
+        raise AssertionError("ddp's ranks have no filler micro-batches")
+
+    def finished(self, learner: GRPOLearner) -> float:
+        """After a step: nothing to gather (rank 0's model is the full state)."""
+        return 0.0
+
+    def end(self) -> None:
+        """After the group stopped: nothing to release (trainer/fsdp.py: its default group)."""
 
     def slices(self, n: int, k: int) -> list[slice]:
         return rank_slices(n, k, self.world, self.rank)
@@ -277,6 +312,8 @@ def follow(learner: GRPOLearner, ranks: Gloo) -> int:
             return trained
         assert isinstance(order, (StepOrder, LoadOrder)), f"unknown order {order!r}"
         _apply(learner, order)
+        if isinstance(order, LoadOrder):
+            ranks.loaded(learner)
         if isinstance(order, StepOrder):
             with contextlib.suppress(NonFiniteStep):  # rank 0 raised it too, and decides
                 learner.step(order.samples, order.number)
