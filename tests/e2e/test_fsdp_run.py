@@ -26,9 +26,13 @@ def test_a_sharded_run_verifies_replays_and_resumes_in_one_process(tmp_path: Pat
     summary = json.loads((out / "summary.json").read_text())
     assert summary["host"]["trainer_ranks"] == {
         "parallel": "fsdp", "world_size": 2, "backend": "gloo", "split": "contiguous"}
+    # weights out of a sharded trainer: each version's full state gathered, then published
+    assert summary["weights_gather_s_mean"] > 0 and summary["weight_loads"] >= 1
     replayed = replay_run(out)
     assert replayed.ok and replayed.steps == 3, replayed.render()
     one = ["trainer.parallel=none", "trainer.world_size=1", "--allow-change",
            "trainer.parallel", "--allow-change", "trainer.world_size"]
     res = freshroll("run", "--resume", str(out), "run.steps=4", *one)
     assert "verify: ok" in res.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 4 and "trainer_ranks" not in summary["host"]
