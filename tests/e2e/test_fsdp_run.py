@@ -1,7 +1,7 @@
 """trainer.parallel: fsdp end to end (issue 50): a run whose trainer is 2 sharded gloo ranks
-passes verify, records its ranks, and its committed digests (over the full state gathered
-to rank 0 once per version) are rebuilt by the same group (freshroll replay) and by a resume
-in one process from its checkpoint (2 -> 1)."""
+passes verify, records its ranks, writes sharded checkpoints with a manifest, and its
+committed digests (over the full state gathered to rank 0 once per version) are rebuilt by
+the same group (freshroll replay) and by resumes from a sharded checkpoint (2 -> 2, 2 -> 1)."""
 
 from __future__ import annotations
 
@@ -30,9 +30,14 @@ def test_a_sharded_run_verifies_replays_and_resumes_in_one_process(tmp_path: Pat
     assert summary["weights_gather_s_mean"] > 0 and summary["weight_loads"] >= 1
     replayed = replay_run(out)
     assert replayed.ok and replayed.steps == 3, replayed.render()
+    manifest = json.loads((out / "checkpoints" / "step-000003" / "manifest.json").read_text())
+    assert manifest["sharded"]["world_size"] == 2 and "__1_0.distcp" in manifest["files"]
+    # from the sharded checkpoint: 2 -> 2 (its digest checked), then 2 -> 1
+    res = freshroll("run", "--resume", str(out), "run.steps=4", "trainer.checkpoint_every=1")
+    assert "verify: ok" in res.stdout
     one = ["trainer.parallel=none", "trainer.world_size=1", "--allow-change",
            "trainer.parallel", "--allow-change", "trainer.world_size"]
-    res = freshroll("run", "--resume", str(out), "run.steps=4", *one)
+    res = freshroll("run", "--resume", str(out), "run.steps=5", *one)
     assert "verify: ok" in res.stdout
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["steps"] == 4 and "trainer_ranks" not in summary["host"]
+    assert summary["steps"] == 5 and "trainer_ranks" not in summary["host"]

@@ -7,9 +7,11 @@ is taken over it as at any world size."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -132,3 +134,69 @@ def test_fsdp_lost_rank_restarts_to_the_same_weights(tmp_path: Path) -> None:
 def _initial(model: Path) -> dict[str, torch.Tensor]:
     learner, _ = new_learner(load_config(None, []), model)
     return {k: v.clone() for k, v in learner.model.state_dict().items()}
+
+
+@pytest.mark.slow  # three groups
+def test_a_sharded_checkpoint_round_trips_at_two_world_sizes(tmp_path: Path) -> None:
+    """2 fsdp ranks train 2 steps and write a sharded checkpoint (each rank its shard, a
+    manifest naming the mode, world size, version and digest). Loaded by a new group of 2 it
+    is the same full state: step 3 commits the uninterrupted group's very digest. Loaded in
+    one process (2 -> 1) it is the same weights digest; and a whole checkpoint of one
+    process loads into a group of 2 (1 -> 2) to that process's digest."""
+    from freshroll.runtime.learner import restore
+    from freshroll.runtime.placements import LearnerState
+    from freshroll.trainer.checkpoint import load_checkpoint, save_checkpoint
+
+    model = save_tiny(tmp_path / "m", seed=4)
+    batches = _batches()
+    fsdp = load_config(None, ["trainer.lr=0.01", "trainer.world_size=2", "trainer.parallel=fsdp"])
+    solo = load_config(None, ["trainer.lr=0.01"])
+
+    def group_of(cfg: Any, ckpt: Path | None) -> tuple[Any, Any]:
+        learner, _ = new_learner(cfg, model)
+        group = start_group(cfg, model, learner, new_learner)
+        if ckpt is not None:
+            restore(learner, ckpt, 2)
+            if group is not None:
+                learner.ranks.sync(learner)
+        return learner, group
+
+    learner, group = group_of(fsdp, None)
+    try:
+        for b in batches[:2]:
+            learner.step(b)
+        two = weights_digest(learner.model)
+        state = LearnerState(learner)
+        model_state, optim = state()
+        save_checkpoint(tmp_path / "c2", model_state=model_state, optimizer=optim,
+                        meta={"step": 2, "version": "p2-x"}, shards=state.shards)
+        learner.step(batches[2])
+        three = weights_digest(learner.model)
+    finally:
+        group.close()
+    manifest = json.loads((tmp_path / "c2" / "manifest.json").read_text())
+    assert manifest["sharded"] == {"parallel": "fsdp", "world_size": 2, "digest": two,
+                                   "step": 2, "version": "p2-x"}
+    assert {"__0_0.distcp", "__1_0.distcp", ".metadata"} <= set(manifest["files"])
+    assert not (tmp_path / "c2" / "model.safetensors").exists()
+    learner, group = group_of(fsdp, tmp_path / "c2")  # 2 -> 2
+    try:
+        assert weights_digest(learner.model) == two
+        learner.step(batches[2])
+        assert weights_digest(learner.model) == three
+    finally:
+        group.close()
+    learner, _ = group_of(solo, tmp_path / "c2")  # 2 -> 1
+    assert weights_digest(learner.model) == two
+    assert load_checkpoint(tmp_path / "c2").sharded is not None
+    save_checkpoint(tmp_path / "c1", model_state=learner.model_state(),
+                    optimizer=learner.optimizer, meta={"step": 2})
+    learner.step(batches[2])
+    solo_three = {k: v.clone() for k, v in learner.model.state_dict().items()}
+    learner, group = group_of(fsdp, tmp_path / "c1")  # 1 -> 2
+    try:
+        assert weights_digest(learner.model) == two
+        learner.step(batches[2])
+        assert _max_diff(learner.model.state_dict(), solo_three) < 1e-3
+    finally:
+        group.close()

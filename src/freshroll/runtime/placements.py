@@ -34,7 +34,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from freshroll.clock import Clock
 from freshroll.config import Config
@@ -66,6 +66,8 @@ from freshroll.runtime.learner import build_learner
 from freshroll.runtime.prepare import Prepared
 from freshroll.runtime.trainer_group import RestartingTrainer, restarting
 from freshroll.stage_threads import ThreadCounts
+from freshroll.trainer.checkpoint import WriteShards
+from freshroll.trainer.fsdp import Sharded
 from freshroll.trainer.grpo import GRPOLearner
 
 if TYPE_CHECKING:
@@ -342,9 +344,28 @@ def ray_cpus(cfg: Config) -> int:
     return max(2, math.ceil(need))
 
 
+class LearnerState:
+    """The checkpoint state of a learner in this process (a :data:`TrainerState`); its
+    ``shards``: under ``trainer.parallel: fsdp`` what writes every rank's shard of a sharded
+    checkpoint (trainer/fsdp.py), else None (a whole checkpoint from the state)."""
+
+    def __init__(self, learner: GRPOLearner) -> None:
+        self.learner = learner
+
+    def __call__(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        return self.learner.model_state(), self.learner.optimizer.state_dict()
+
+    @property
+    def shards(self) -> WriteShards | None:
+        learner, ranks = self.learner, self.learner.ranks
+        if not isinstance(ranks, Sharded):
+            return None
+        return lambda path: ranks.write_shards(learner, path)
+
+
 def learner_state(learner: GRPOLearner) -> TrainerState:
-    """The checkpoint state of a learner in this process."""
-    return lambda: (learner.model_state(), learner.optimizer.state_dict())
+    """The checkpoint state of a learner in this process (:class:`LearnerState`)."""
+    return LearnerState(learner)
 
 
 def build_trainer(

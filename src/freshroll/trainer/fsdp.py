@@ -46,12 +46,14 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.checkpoint.state_dict_saver import save
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from freshroll.trainer.grpo import GRPOLearner, TrainSample, collate, use_kernel
 from freshroll.trainer.losses import LossConfig
-from freshroll.trainer.ranks import Gloo, _collective, rank_slices
+from freshroll.trainer.ranks import Gloo, SaveOrder, _collective, rank_slices
+from freshroll.trainer.replay import weights_digest
 
 #: a micro-batch slice that is a filler (module docstring): no rows of this rank's
 FILLER = slice(0, 0)
@@ -174,6 +176,20 @@ class Sharded(Gloo):
             learner.optimizer.load_state_dict(by_index(learner.model, osd))
             use_kernel(learner.optimizer, learner.cfg.optim)
         return time.perf_counter() - t0
+
+    def write_shards(self, learner: GRPOLearner, path: Path) -> dict[str, Any]:
+        """Every rank's shard of the model and optimizer written into ``path`` with
+        ``torch.distributed.checkpoint`` (rank 0 orders the others); returns the checkpoint
+        manifest's entry: the mode, the world size and the full weights' digest."""
+        if self.rank == 0:
+            self.broadcast(SaveOrder(str(path)))
+        module, optim = self.net(learner)
+        with _collective(self.world, "the sharded checkpoint's write"):
+            state = {"model": get_model_state_dict(module),
+                     "optim": get_optimizer_state_dict(module, optim)}
+            save(state, checkpoint_id=str(path))
+        return {"parallel": "fsdp", "world_size": self.world,
+                "digest": weights_digest(learner.model) if self.rank == 0 else None}
 
     def end(self) -> None:
         """This process's default group destroyed (the group is over)."""

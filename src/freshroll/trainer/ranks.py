@@ -155,6 +155,13 @@ class LoadOrder:
 
 
 @dataclass(frozen=True)
+class SaveOrder:
+    """Every rank writes its shard of a sharded checkpoint into ``path`` (trainer/fsdp.py)."""
+
+    path: str
+
+
+@dataclass(frozen=True)
 class StopOrder:
     """The group ends: ranks 1.. return from :func:`follow`."""
 
@@ -203,6 +210,10 @@ class Gloo:
 
     def end(self) -> None:
         """After the group stopped: nothing to release (trainer/fsdp.py: its default group)."""
+
+    def write_shards(self, learner: GRPOLearner, path: Path) -> dict[str, Any]:
+        """A sharded checkpoint: none under ddp (rank 0's whole state is the checkpoint)."""
+        raise AssertionError("ddp's ranks write no shards")
 
     def slices(self, n: int, k: int) -> list[slice]:
         return rank_slices(n, k, self.world, self.rank)
@@ -310,6 +321,9 @@ def follow(learner: GRPOLearner, ranks: Gloo) -> int:
         order = ranks.broadcast(None)
         if isinstance(order, StopOrder):
             return trained
+        if isinstance(order, SaveOrder):
+            ranks.write_shards(learner, Path(order.path))
+            continue
         assert isinstance(order, (StepOrder, LoadOrder)), f"unknown order {order!r}"
         _apply(learner, order)
         if isinstance(order, LoadOrder):
@@ -320,5 +334,6 @@ def follow(learner: GRPOLearner, ranks: Gloo) -> int:
             trained += 1
 
 
-__all__ = ["RANK_SPLIT", "SOLO", "Gloo", "LoadOrder", "RankLost", "Solo", "StepOrder", "StopOrder",
+__all__ = ["RANK_SPLIT", "SOLO", "Gloo", "LoadOrder", "RankLost", "SaveOrder", "Solo", "StepOrder",
+           "StopOrder",
            "connect", "follow", "rank_slices", "ranks_record"]
