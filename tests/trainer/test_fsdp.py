@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -198,5 +199,30 @@ def test_a_sharded_checkpoint_round_trips_at_two_world_sizes(tmp_path: Path) -> 
         assert weights_digest(learner.model) == two
         learner.step(batches[2])
         assert _max_diff(learner.model.state_dict(), solo_three) < 1e-3
+    finally:
+        group.close()
+
+
+@pytest.mark.slow  # one group
+def test_a_non_finite_loss_on_one_rank_fails_the_step_on_every_rank(tmp_path: Path) -> None:
+    """A NaN reward in rank 1's first micro-batch (grad_accum 2): rank 1 still runs its
+    second micro-batch (rank 0 waits in its collectives), every rank refuses the step with
+    nothing applied, and the group trains the next batch."""
+    from freshroll.errors import NonFiniteStep
+
+    model = save_tiny(tmp_path / "m", seed=4)
+    cfg = load_config(None, ["trainer.lr=0.01", "trainer.world_size=2", "trainer.grad_accum=2",
+                             "trainer.parallel=fsdp", "limits.train_timeout_s=30"])
+    good, other = _batches(2)
+    bad = [*good[:4], replace(good[4], reward=float("nan")), *good[5:]]
+    learner, _ = new_learner(cfg, model)
+    group = start_group(cfg, model, learner, new_learner)
+    try:
+        before = weights_digest(learner.model)
+        with pytest.raises(NonFiniteStep, match="rewards not finite"):
+            learner.step(bad)
+        assert weights_digest(learner.model) == before and learner.steps == 0
+        learner.step(other)
+        assert weights_digest(learner.model) != before and learner.steps == 1
     finally:
         group.close()

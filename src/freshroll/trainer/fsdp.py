@@ -12,8 +12,9 @@ group (gloo), with an AdamW over the shards. What differs from ``ddp``:
 - every rank runs the same number of micro-batches (FSDP's all-gathers and
   reduce-scatters are collectives of every forward and backward): a rank with fewer than
   the most any rank has runs *fillers*, its batch's first row with its loss times 0
-  (a zero gradient, no metrics); rows never share their prompt's positions (one forward a
-  micro-batch on every rank, whatever the batch's layout);
+  (a zero gradient, no metrics), and a non-finite loss does not end a rank's micro-batches
+  early (the step fails on every rank after them, as under ddp); rows never share their
+  prompt's positions (one forward a micro-batch on every rank, whatever the layout);
 - the learner's ``model`` and ``optimizer`` are the *full* state, a mirror, never trained
   directly: at the end of every step (once per version) every rank takes part in gathering
   the full model and optimizer state (``get_model_state_dict`` / ``get_optimizer_state_dict``
@@ -112,6 +113,10 @@ def by_index(model: torch.nn.Module, osd: dict[str, Any]) -> dict[str, Any]:
 
 class Sharded(Gloo):
     """Rank ``rank`` of a ``trainer.parallel: fsdp`` group (module docstring)."""
+
+    #: a non-finite micro-batch does not end this rank's micro-batches early (the step
+    #: still fails on every rank, after them): the others wait in its collectives
+    lockstep = True
 
     def __init__(self, pg: Any, rank: int, world: int) -> None:
         super().__init__(pg, rank, world)

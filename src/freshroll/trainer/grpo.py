@@ -66,6 +66,8 @@ from freshroll.trainer.losses import (
     policy_loss,
     token_logprobs,
 )
+from freshroll.trainer.optim import all_finite as all_finite
+from freshroll.trainer.optim import use_kernel as use_kernel
 from freshroll.trainer.ranks import SOLO, Gloo, Solo
 from freshroll.trainer.schedule import lr_at, warmup_of
 from freshroll.trainer.settings import scale_of as scale_of
@@ -154,35 +156,10 @@ def loss_rows(samples: Sequence[TrainSample]) -> torch.Tensor:
     return torch.tensor([0.0 if s.truncated else 1.0 for s in samples])
 
 
-def use_kernel(optimizer: torch.optim.Optimizer, optim: str) -> None:
-    """Run ``optimizer``'s next steps on ``optim``'s kernel (``trainer.optim``): fused, or
-    torch's per-parameter loop. A loaded optimizer state brings the kernel of the run that
-    saved it in its param groups: a learner sets its own again after loading one."""
-    for group in optimizer.param_groups:
-        group["fused"] = True if optim == "adamw_torch_fused" else None
-
-
 def _first_target(mask: torch.Tensor) -> int:
     """The first target index any row has a completion token at (0 if none has one)."""
     cols = mask.any(dim=0).nonzero()
     return int(cols[0, 0]) if cols.numel() else 0
-
-
-def all_finite(tensors: Sequence[torch.Tensor]) -> bool:
-    """Whether every element of every tensor is finite, in one pass and one host sync.
-
-    The L2 norm of each tensor (``torch._foreach_norm``: one fused kernel, where the max-abs
-    norm has none on CPU: CHANGELOG.md, 2026-12-06, fifth session) is NaN or inf when any
-    element is; a finite norm proves its tensor finite. A non-finite norm can also be the
-    overflow of a sum of large finite squares, so those tensors alone are then checked element
-    by element: the answer is exact either way."""
-    ts = [t.detach() for t in tensors if t.numel()]
-    if not ts:
-        return True
-    finite = torch.isfinite(torch.stack(torch._foreach_norm(ts)))
-    if bool(finite.all()):
-        return True
-    return all(bool(torch.isfinite(ts[i]).all()) for i in (~finite).nonzero().flatten().tolist())
 
 
 def _nonfinite_inputs(batch: Batch | SharedBatch) -> str:
@@ -330,8 +307,9 @@ class GRPOLearner:
                     self.cfg.aggregation, len(micro.rewards), tokens, len(samples), loss_tokens
                 )
             if not torch.isfinite(loss.detach()):
-                bad = f"loss is {float(loss.detach())} ({_nonfinite_inputs(micro)})"
-                break
+                bad = bad or f"loss is {float(loss.detach())} ({_nonfinite_inputs(micro)})"
+                if not self.ranks.lockstep:  # fsdp's ranks take part in every micro-batch
+                    break
             loss.backward()  # type: ignore[no-untyped-call]  # torch: unannotated
             with torch.no_grad():
                 ent = entropy_from_logits(logits, kept, self.temperature)

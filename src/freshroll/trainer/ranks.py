@@ -100,6 +100,8 @@ class Solo:
     exchange (the learner's behaviour before ranks existed, unchanged)."""
 
     world, rank = 1, 0
+    #: every rank must run every micro-batch's forward and backward (trainer/fsdp.py)
+    lockstep = False
 
     def slices(self, n: int, k: int) -> list[slice]:
         return micro_slices(n, k)
@@ -177,6 +179,9 @@ def connect(store: Path, rank: int, world: int, timeout_s: float) -> Any:
 
 class Gloo:
     """Rank ``rank`` of a group of ``world`` ranks on a gloo process group (module docstring)."""
+
+    #: every rank must run every micro-batch's forward and backward (trainer/fsdp.py)
+    lockstep = False
 
     def __init__(self, pg: Any, rank: int, world: int) -> None:
         #: the gloo process group (``Any``: torch's stubs omit its collectives)
