@@ -11,12 +11,16 @@ near its epsilon, so a difference up to lr is float noise, not a wrong gradient)
 seconds of the sharded step and gather.
 
     PYTHONPATH=src .venv/bin/python benchmarks/fsdp_probe.py
+    PYTHONPATH=src .venv/bin/python benchmarks/fsdp_probe.py --cuda   # 2 GPUs, NCCL
 
-Not wired into the learner (docs/parallel.md, "Not done yet").
+``--cuda``: the same on two CUDA devices (rank r on ``cuda:r``, NCCL, a CUDA mesh), the
+reference on ``cuda:0``: the 2-GPU case of ``benchmarks/gpu_check.sh``. The learner's
+``trainer.parallel: fsdp`` (trainer/fsdp.py) is this on gloo and CPU.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import tempfile
 import time
@@ -27,7 +31,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-def _rank(rank: int, store: str, out: Any) -> None:
+def _rank(rank: int, store: str, out: Any, cuda: bool) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -35,15 +39,20 @@ def _rank(rank: int, store: str, out: Any) -> None:
     from freshroll.engines.tiny import build_tiny
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"file://{store}",
+                            rank=rank, world_size=2)
     try:
-        mesh = init_device_mesh("cpu", (2,))
+        mesh = init_device_mesh(device.type, (2,))
         model, _ = build_tiny(seed=1)
+        model.to(device)
         for layer in model.model.layers:
             fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        ids = torch.randint(4, 30, (4, 8), generator=torch.Generator().manual_seed(0))
+        ids = torch.randint(4, 30, (4, 8), generator=torch.Generator().manual_seed(0)).to(device)
         t0 = time.perf_counter()
         loss = model(input_ids=ids[2 * rank:2 * rank + 2]).logits.float().logsumexp(-1).mean()
         (loss / 2).backward()
@@ -51,13 +60,16 @@ def _rank(rank: int, store: str, out: Any) -> None:
         opt.step()
         full = get_model_state_dict(
             model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if cuda:
+            torch.cuda.synchronize()
         took = time.perf_counter() - t0
         if rank == 0:
             ref, _ = build_tiny(seed=1)
+            ref.to(device)
             ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
             ref(input_ids=ids).logits.float().logsumexp(-1).mean().backward()
             ref_opt.step()
-            want = ref.state_dict()
+            want = {k: v.cpu() for k, v in ref.state_dict().items()}
             diff = max(float((full[k] - want[k]).abs().max()) for k in want if k in full)
             out.put((type(norm).__name__, len(full), len(want), diff, took))
     finally:
@@ -65,16 +77,20 @@ def _rank(rank: int, store: str, out: Any) -> None:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cuda", action="store_true", help="2 CUDA devices and NCCL")
+    cuda = ap.parse_args().cuda
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     store = os.path.join(tempfile.mkdtemp(prefix="freshroll-fsdp-"), "store")
-    procs = [ctx.Process(target=_rank, args=(r, store, out)) for r in range(2)]
+    procs = [ctx.Process(target=_rank, args=(r, store, out, cuda)) for r in range(2)]
     for p in procs:
         p.start()
     kind, gathered, tensors, diff, took = out.get(timeout=300)
     for p in procs:
         p.join(60)
-    print(f"fully_shard on gloo/CPU, 2 ranks: ran (exit codes {[p.exitcode for p in procs]}); "
+    where = "NCCL/2 GPUs" if cuda else "gloo/CPU"
+    print(f"fully_shard on {where}, 2 ranks: ran (exit codes {[p.exitcode for p in procs]}); "
           f"grad norm a {kind}; {gathered} of {tensors} tensors gathered; weights max |diff| "
           f"against one process {diff:.3g} (lr 1e-2); sharded step + gather {took:.2f} s; "
           f"load average {os.getloadavg()[0]:.2f}")

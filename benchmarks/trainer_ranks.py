@@ -1,15 +1,19 @@
-"""trainer.parallel: ddp on this machine (issue 50): step time and equivalence, world size
-1 against 2, on the same batches.
+"""trainer.parallel on this machine (issue 50): step time and equivalence, none at world
+size 1 against ddp and fsdp at world size 2, on the same batches.
 
 The learner of a run (``runtime.learner.new_learner`` on a locally built tiny Llama, the
 smoke config's shape unless ``--hidden`` / ``--layers`` say otherwise), one intra-op thread
-per rank, gloo on CPU. Each world size trains the same ``--steps`` batches of ``--rows``
-off-policy samples; the first ``--warmup`` steps are not timed. Printed: the median and
-mean step time per world size, the publication time (rank 0's ``weights()``, the copy every
+per rank, gloo on CPU. Each mode trains the same ``--steps`` batches of ``--rows``
+off-policy samples; the first ``--warmup`` steps are not timed. Printed per mode: the median
+and mean step wall time, the CPU seconds a step of every rank together (rank 0's process
+time and the other ranks' ``/proc`` utime + stime), the full state's gather (fsdp's
+``gather_s``, once a version), the publication time (rank 0's ``weights()``, the copy every
 placement's WeightTransfer starts from), and the largest difference of the committed
-weights and of the last step's gradients between the two.
+weights from world size 1. (``ddp`` and ``fsdp`` at world size 1 are ``none``'s path:
+``start_group`` starts no group and the learner trains alone.)
 
     PYTHONPATH=src .venv/bin/python benchmarks/trainer_ranks.py --steps 12 --rows 16
+    PYTHONPATH=src .venv/bin/python benchmarks/trainer_ranks.py --modes none,fsdp
 
 The machine is shared: the load average is printed beside the figures (``uptime``'s).
 """
@@ -48,29 +52,42 @@ def batches(steps: int, rows: int, seed: int = 7) -> list[list[TrainSample]]:
     return out
 
 
-def train(model: Path, world: int, data: list[list[TrainSample]], warmup: int,
+def cpu_s(pids: list[int]) -> float:
+    """This process's CPU seconds and those of ``pids`` (utime + stime from /proc)."""
+    total = time.process_time()
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def train(model: Path, mode: str, data: list[list[TrainSample]], warmup: int,
           accum: int) -> dict[str, Any]:
+    world = 1 if mode == "none" else 2
     cfg = load_config(None, [f"trainer.world_size={world}", f"trainer.grad_accum={accum}",
-                             f"trainer.parallel={'ddp' if world > 1 else 'none'}"])
+                             f"trainer.parallel={mode}"])
     learner, _ = new_learner(cfg, model)
     group = start_group(cfg, model, learner, new_learner)
-    times, publish = [], []
+    pids = [p.pid for p in group.procs] if group is not None else []
+    times, publish, gathers, cpu = [], [], [], 0.0
     try:
         for i, b in enumerate(data):
-            t0 = time.perf_counter()
-            learner.step(b)
+            c0, t0 = cpu_s(pids), time.perf_counter()
+            metrics = learner.step(b)
             if i >= warmup:
                 times.append(time.perf_counter() - t0)
+                cpu += cpu_s(pids) - c0
+                gathers.append(metrics.get("gather_s", 0.0))
                 t1 = time.perf_counter()
                 learner.weights()
                 publish.append(time.perf_counter() - t1)
-        grads = {n: p.grad.clone() for n, p in learner.model.named_parameters()
-                 if p.grad is not None}
         state = {k: v.clone() for k, v in learner.model.state_dict().items()}
     finally:
         if group is not None:
             group.close()
-    return {"times": times, "publish": publish, "grads": grads, "state": state}
+    return {"times": times, "publish": publish, "gathers": gathers, "state": state,
+            "cpu_per_step": cpu / max(1, len(times))}
 
 
 def main() -> None:
@@ -81,6 +98,7 @@ def main() -> None:
     ap.add_argument("--accum", type=int, default=1)
     ap.add_argument("--hidden", type=int, default=None)
     ap.add_argument("--layers", type=int, default=None)
+    ap.add_argument("--modes", default="none,ddp,fsdp", help="none is world size 1, else 2")
     a = ap.parse_args()
     torch.set_num_threads(1)
     shape = {k: v for k, v in (("hidden_size", a.hidden), ("intermediate_size",
@@ -91,16 +109,19 @@ def main() -> None:
     print(f"load average before: {os.getloadavg()[0]:.2f} (cores: {os.cpu_count()}); "
           f"model {n_params / 1e6:.3f}M parameters, {a.rows} rows a step, "
           f"grad_accum {a.accum}, {a.steps - a.warmup} timed steps")
-    runs = {w: train(model, w, data, a.warmup, a.accum) for w in (1, 2)}
-    for w, r in runs.items():
-        print(f"world size {w}: step median {statistics.median(r['times']) * 1e3:.1f} ms, "
-              f"mean {statistics.fmean(r['times']) * 1e3:.1f} ms; publication (weights()) "
-              f"median {statistics.median(r['publish']) * 1e3:.2f} ms")
-    one, two = runs[1], runs[2]
-    dw = max(float((one["state"][k] - two["state"][k]).abs().max()) for k in one["state"])
-    dg = max(float((one["grads"][k] - two["grads"][k]).abs().max()) for k in one["grads"])
-    print(f"after {a.steps} steps: committed weights max |diff| {dw:.3g}, last step's "
-          f"gradient max |diff| {dg:.3g}")
+    runs = {m: train(model, m, data, a.warmup, a.accum) for m in a.modes.split(",")}
+    for m, r in runs.items():
+        diff = ""
+        if "none" in runs and m != "none":
+            one = runs["none"]["state"]
+            dw = max(float((one[k] - r["state"][k]).abs().max()) for k in one)
+            diff = f"; weights max |diff| from world size 1 after {a.steps} steps {dw:.3g}"
+        print(f"{m} world size {1 if m == 'none' else 2}: step median "
+              f"{statistics.median(r['times']) * 1e3:.1f} ms, mean "
+              f"{statistics.fmean(r['times']) * 1e3:.1f} ms, CPU {r['cpu_per_step']:.3f} s a "
+              f"step (all ranks); gather median {statistics.median(r['gathers']) * 1e3:.1f} ms; "
+              f"publication (weights()) median {statistics.median(r['publish']) * 1e3:.2f} ms"
+              f"{diff}")
     print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 

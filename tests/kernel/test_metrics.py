@@ -212,6 +212,18 @@ def test_reward_window_is_the_first_and_last_three_steps() -> None:
     assert m.reward_first(t) == 1.0 and m.reward_last(t) == 8.0
 
 
+
+def test_weights_gather_is_the_mean_over_the_commits_that_gathered() -> None:
+    """trainer.parallel: fsdp records each version's gather_s; none without shards."""
+    def commit(i: int, metrics: dict[str, float]) -> ev.Committed:
+        return ev.Committed(ts=float(i), lease=f"l{i}", version=P1, parent=P0,
+                            settings_digest="s", samples=[], metrics=metrics)
+    assert m.weights_gather_s_mean(m.tally([commit(0, {"reward_mean": 0.0})])) is None
+    t = m.tally([commit(0, {"gather_s": 0.25}), commit(1, {"gather_s": 0.75}),
+                 commit(2, {"gather_s": math.nan})])
+    assert m.weights_gather_s_mean(t) == 0.5
+
+
 # -- rows -------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def sim_run(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -185,15 +185,16 @@ class TrainerSection(_Section):
         None, description="LoRA adapters instead of full fine-tuning (peft); unset: every "
         "weight is trained; {} : the defaults below"
     )
-    parallel: Literal["none", "ddp"] = Field(
-        "none", description="the trainer's ranks (docs/parallel.md): none (one process) or ddp "
+    parallel: Literal["none", "ddp", "fsdp"] = Field(
+        "none", description="the trainer's ranks (docs/parallel.md): none (one process), ddp "
         "(trainer.world_size ranks on torch.distributed, gloo on CPU: each step's batch split "
         "into contiguous shards, gradients all-reduced, the weights the same up to float "
-        "summation order)"
+        "summation order) or fsdp (the same split, each rank holding a shard of the model: "
+        "FSDP2's fully_shard; the full state gathered to rank 0 once per version)"
     )
     world_size: int = Field(
-        1, ge=1, le=1_024, description="ranks of the trainer group (trainer.parallel: ddp); "
-        "rank 0 is the run's learner, the others are processes of this machine"
+        1, ge=1, le=1_024, description="ranks of the trainer group (trainer.parallel: ddp or "
+        "fsdp); rank 0 is the run's learner, the others are processes of this machine"
     )
 
     @model_validator(mode="after")
@@ -206,8 +207,11 @@ class TrainerSection(_Section):
             raise ValueError(f"warmup_ratio {self.warmup_ratio} and warmup_steps "
                              f"{self.warmup_steps} both set: give one")
         if self.world_size > 1 and self.parallel == "none":
-            raise ValueError(f"world_size {self.world_size} needs parallel: ddp (parallel none "
-                             "trains in one process)")
+            raise ValueError(f"world_size {self.world_size} needs parallel: ddp or fsdp "
+                             "(parallel none trains in one process)")
+        if self.parallel == "fsdp" and self.world_size > 1 and self.lora is not None:
+            raise ValueError("lora with parallel: fsdp is not supported (the adapters are a "
+                             "few MB: use parallel: ddp, which replicates them)")
         if self.correction == "dual_clip" and self.is_cap <= 1.0 + self.clip_high:
             raise ValueError(f"is_cap {self.is_cap} must exceed 1 + clip_high = "
                              f"{1.0 + self.clip_high:g} with correction dual_clip (the cap "

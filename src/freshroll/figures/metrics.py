@@ -6,9 +6,9 @@ timing`` — is one of the figures below, computed by its function here and nowh
 docs/metrics.md defines each figure once; a test holds it and :data:`FIGURES` together.
 
 The ledger is folded once by a :class:`Tally` (``feed(event)``, one event at a time; the
-state it keeps and how each event changes it: :mod:`freshroll.figures.tally`), and each figure is a
-function of a tally. Folding is incremental, so a live run (which feeds the events it reads
-back from its ledger after each commit) and any later reader compute the same numbers.
+state it keeps and how each event changes it: :mod:`freshroll.figures.tally`), and each
+figure is a function of a tally. Folding is incremental, so a live run (which feeds the
+events it reads back after each commit) and any later reader compute the same numbers.
 
 Rules used by several figures, stated once:
 
@@ -30,10 +30,9 @@ Rules used by several figures, stated once:
   the sum of every decision's window). With no such decision (the HF engine) they are
   ``None`` and a row leaves their columns out.
 
-A ``metrics.jsonl`` row (:func:`row`) is built when the fold reaches a ``committed``
-event: the step's trainer metrics as the event records them, plus the run figures of
-the ledger up to and including that event. So row ``k`` is a pure function of the ledger
-up to commit ``k``, and the file can be rebuilt from the ledger at any time.
+A ``metrics.jsonl`` row (:func:`row`) is built when the fold reaches a ``committed`` event:
+the step's trainer metrics as recorded plus the run figures of the ledger up to that event,
+so row ``k`` is a pure function of the ledger up to commit ``k`` (rebuilt at any time).
 """
 
 from __future__ import annotations
@@ -273,6 +272,11 @@ def weights_bytes_mean(t: Tally) -> float | None:
 
 
 @figure
+def weights_gather_s_mean(t: Tally) -> float | None:
+    return sum(t.gathers) / len(t.gathers) if t.gathers else None
+
+
+@figure
 def mismatch_kl_mean(t: Tally) -> float | None:
     kls = t.off_policy.mismatch_kls
     return sum(kls) / len(kls) if kls else None
@@ -475,7 +479,7 @@ def summary_figures(t: Tally) -> dict[str, Any]:
         "trainer_idle_ratio": trainer_idle_ratio(t), "trainer_wait_s": trainer_wait_s(t),
         "weight_loads": weight_loads(t), "weight_transfer_s_mean": weight_transfer_s_mean(t),
         "weights_bytes_mean": weights_bytes_mean(t),
-        "trainer_restarts": trainer_restarts(t),
+        "weights_gather_s_mean": weights_gather_s_mean(t), "trainer_restarts": trainer_restarts(t),
         "worker_losses": worker_losses(t), "worker_losses_by_reason": worker_losses_by_reason(t),
         "worker_loss_first": worker_loss_first(t), "reissued_attempts": reissued_attempts(t),
         "refreshed": {"attempts": refreshed_attempts(t), "share": refreshed_share(t),

@@ -49,6 +49,8 @@ class TallyState:
     transfers: list[float] = field(default_factory=list)
     #: each commit's ``weights_bytes`` (what its version published to the workers)
     published_bytes: list[float] = field(default_factory=list)
+    #: each commit's ``gather_s`` (trainer.parallel: fsdp: the full state gathered to rank 0)
+    gathers: list[float] = field(default_factory=list)
     rewards_first: list[float] = field(default_factory=list)
     #: the learner's mismatch KL and importance weights, per step and per token-lag bucket
     off_policy: OffPolicy = field(default_factory=OffPolicy)
@@ -191,6 +193,8 @@ class TallyState:
         sent = e.metrics.get("weights_bytes")
         if sent is not None and math.isfinite(sent):
             self.published_bytes.append(sent)
+        if (gather := e.metrics.get("gather_s")) is not None and math.isfinite(gather):
+            self.gathers.append(gather)
         self.off_policy.committed(e.metrics)
         reward = e.metrics.get("reward_mean")
         if reward is not None and math.isfinite(reward):

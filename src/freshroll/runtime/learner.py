@@ -23,6 +23,7 @@ from freshroll.ports.waits import seconds
 from freshroll.runtime.resume import History, canonical
 from freshroll.runtime.trainer_group import start_group
 from freshroll.trainer.checkpoint import load_checkpoint
+from freshroll.trainer.fsdp import by_index
 from freshroll.trainer.grpo import GRPOLearner, use_kernel
 from freshroll.trainer.lora import wrap
 from freshroll.trainer.ranks import Gloo
@@ -87,7 +88,9 @@ def restore(learner: GRPOLearner, path: Path, step: int) -> None:
     ckpt = load_checkpoint(path)
     learner.load_model_state(ckpt.model_state)
     if ckpt.optimizer_state is not None:
-        learner.optimizer.load_state_dict(ckpt.optimizer_state)
+        learner.optimizer.load_state_dict(  # a sharded checkpoint's is keyed by name
+            ckpt.optimizer_state if ckpt.sharded is None
+            else by_index(learner.model, ckpt.optimizer_state))
         use_kernel(learner.optimizer, learner.cfg.optim)
     learner.steps = step
 

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from freshroll.clock import Clock
 from freshroll.config import Config
@@ -67,6 +67,7 @@ if TYPE_CHECKING:  # imported where a model's placement is built: a simulated ru
     from freshroll.placement.ray_trainer import RayTrainer
     from freshroll.placement.shm_weights import WeightChannel
     from freshroll.runtime.trainer_group import RestartingTrainer
+    from freshroll.trainer.checkpoint import WriteShards
     from freshroll.trainer.grpo import GRPOLearner
 
 
@@ -355,9 +356,30 @@ def ray_cpus(cfg: Config) -> int:
     return max(2, math.ceil(need))
 
 
+class LearnerState:
+    """The checkpoint state of a learner in this process (a :data:`TrainerState`); its
+    ``shards``: under ``trainer.parallel: fsdp`` what writes every rank's shard of a sharded
+    checkpoint (trainer/fsdp.py), else None (a whole checkpoint from the state)."""
+
+    def __init__(self, learner: GRPOLearner) -> None:
+        self.learner = learner
+
+    def __call__(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        return self.learner.model_state(), self.learner.optimizer.state_dict()
+
+    @property
+    def shards(self) -> WriteShards | None:
+        from freshroll.trainer.fsdp import Sharded
+
+        learner, ranks = self.learner, self.learner.ranks
+        if not isinstance(ranks, Sharded):
+            return None
+        return lambda path: ranks.write_shards(learner, path)
+
+
 def learner_state(learner: GRPOLearner) -> TrainerState:
-    """The checkpoint state of a learner in this process."""
-    return lambda: (learner.model_state(), learner.optimizer.state_dict())
+    """The checkpoint state of a learner in this process (:class:`LearnerState`)."""
+    return LearnerState(learner)
 
 
 def build_trainer(

@@ -215,9 +215,10 @@ class Checkpointer(Observer):
         target = checkpoint_dir(root, version.step)
         model_state, optimizer_state = state()
         try:
-            save_checkpoint(
+            save_checkpoint(  # shards: trainer.parallel: fsdp's ranks each write theirs
                 target, model_state=model_state, optimizer=optimizer_state,
                 meta={"step": version.step, "version": str(version)},
+                shards=getattr(state, "shards", None),
             )
         except OSError as exc:  # disk full, read-only, ...: the step is not committed
             raise checkpoint_error(target, exc) from exc

@@ -1,4 +1,4 @@
-"""The trainer group of ``trainer.parallel: ddp``: ranks 1..W-1 as processes of this machine.
+"""The trainer group of ``trainer.parallel: ddp | fsdp``: ranks 1..W-1 as processes of this machine.
 
 Rank 0 is the run's learner, in the run's process, trained where it always is (the
 trainer thread, or a replay); :func:`start_group` starts the other ``W - 1`` ranks as forks
@@ -10,7 +10,9 @@ intra-op thread, and meets them on a gloo process group (a file store in a fresh
 directory: two groups never meet). Rank 0 then sends its full state
 (:meth:`~freshroll.trainer.ranks.Gloo.sync`), and from then on every step it trains is
 trained by the whole group (:mod:`freshroll.trainer.ranks`: the split rule, the all-reduce,
-what is exchanged).
+what is exchanged; under ``fsdp`` :mod:`freshroll.trainer.fsdp`: the group is each process's
+default one, each rank trains its shard, and rank 0's model is the full state gathered after
+each step).
 
 Every collective waits ``limits.train_timeout_s`` at most. A rank that dies before the group
 forms fails the start with its exit code; one that dies later fails rank 0's next collective
@@ -41,6 +43,7 @@ from freshroll.ledger import events as ev
 from freshroll.ledger.lineage import PolicyVersion
 from freshroll.placement.process_engine import start_child
 from freshroll.runtime.leftovers import rank_store_dir
+from freshroll.trainer.fsdp import Sharded, connect_default
 from freshroll.trainer.grpo import GRPOLearner
 from freshroll.trainer.ranks import SOLO, Gloo, RankLost, connect, follow
 from freshroll.trainer.replay import weights_digest
@@ -58,9 +61,20 @@ def _rank_main(make: NewLearner, cfg: Config, path: str, store: str, rank: int, 
     """A rank process: its learner on the initial model, then rank 0's orders until stop."""
     torch.set_num_threads(1)
     learner, _ = make(cfg, Path(path))
-    ranks = Gloo(connect(Path(store), rank, world, timeout_s), rank, world)
+    ranks = _group(cfg.trainer.parallel, Path(store), rank, world, timeout_s)
     learner.ranks = ranks
-    follow(learner, ranks)
+    try:
+        follow(learner, ranks)
+    finally:
+        ranks.end()
+
+
+def _group(parallel: str, store: Path, rank: int, world: int, timeout_s: float) -> Gloo:
+    """Rank ``rank``'s ranks object: a gloo group of its own (ddp), or this process's default
+    group with the model sharded (fsdp)."""
+    if parallel == "fsdp":
+        return Sharded(connect_default(store, rank, world, timeout_s), rank, world)
+    return Gloo(connect(store, rank, world, timeout_s), rank, world)
 
 
 class TrainerGroup:
@@ -82,11 +96,11 @@ class TrainerGroup:
                                    self.world, timeout_s))
                       for r in range(1, self.world)]
         try:
-            pg = _meet(self.store, self.world, timeout_s, self.procs)
+            self.ranks = _meet(self.cfg.trainer.parallel, self.store, self.world, timeout_s,
+                               self.procs)
         except BaseException:
             self._end_procs(0.0)
             raise
-        self.ranks = Gloo(pg, 0, self.world)
         self.ranks.owner = self
         self.learner.ranks = self.ranks
         self.ranks.sync(self.learner)
@@ -96,6 +110,8 @@ class TrainerGroup:
         the failed step applied nothing): the old ranks terminated, new ones started."""
         self.learner.ranks = SOLO
         self._end_procs(0.0)
+        if self.ranks is not None:
+            self.ranks.end()
         self.restarts += 1
         self.start()
 
@@ -110,6 +126,7 @@ class TrainerGroup:
             threading.Thread(target=_stop, args=(ranks,), name="freshroll-rank-0-stop",
                              daemon=True).start()
         self._end_procs(_JOIN_S)
+        ranks.end()
 
     def _end_procs(self, wait_s: float) -> None:
         deadline = time.monotonic() + wait_s
@@ -202,15 +219,15 @@ def restarting(trainer: T, learner: GRPOLearner, buf: SampleBuffer) -> T | Resta
     return RestartingTrainer(trainer, owner, buf) if isinstance(owner, TrainerGroup) else trainer
 
 
-def _meet(store: Path, world: int, timeout_s: float, procs: list[Any]) -> Any:
-    """Rank 0's process group, formed once every rank has joined; a rank that exits first
+def _meet(parallel: str, store: Path, world: int, timeout_s: float, procs: list[Any]) -> Gloo:
+    """Rank 0's ranks object, formed once every rank has joined; a rank that exits first
     fails it at once with its exit code (rather than at the timeout)."""
     got: list[Any] = []
     err: list[BaseException] = []
 
     def join() -> None:
         try:
-            got.append(connect(store, 0, world, timeout_s))
+            got.append(_group(parallel, store, 0, world, timeout_s))
         except BaseException as exc:  # handed to the caller below
             err.append(exc)
 
@@ -224,7 +241,8 @@ def _meet(store: Path, world: int, timeout_s: float, procs: list[Any]) -> Any:
                               f"with code {dead[0].exitcode} before the group formed")
     if err:
         raise err[0]
-    return got[0]
+    ranks: Gloo = got[0]
+    return ranks
 
 
 __all__ = ["MAX_RESTARTS", "RestartingTrainer", "TrainerGroup", "restarting", "start_group"]

@@ -12,6 +12,16 @@ Layout of one checkpoint directory (``root/step-000123``)::
 The two ``optimizer.*`` files exist only when an optimizer was given. Tuples in the optimizer
 state (e.g. Adam's ``betas``) are stored as ``{"__tuple__": [...]}`` and restored as tuples.
 
+A *sharded* checkpoint (``trainer.parallel: fsdp``: ``save_checkpoint(shards=...)``) holds,
+instead of the model and optimizer files, what each rank wrote of its shard with
+``torch.distributed.checkpoint`` (``__<rank>_0.distcp`` and the plan, ``.metadata``: the
+model and the optimizer keyed by parameter name), and its manifest says so:
+``"sharded": {"parallel", "world_size", "step", "version", "digest"}`` (the digest of the
+full weights). :func:`load_checkpoint` reads it in one process into the full state (torch's
+planner reassembles the shards), so it resumes at any world size; its ``optimizer_state``
+is then keyed by parameter name (``Checkpoint.by_name``). The non-tensor entries of that
+format (the param groups) are torch-serialised, not JSON.
+
 Atomicity: everything is written into ``<dir>.tmp`` (a stale one is removed first), each file
 and the tmp directory are fsynced, then ``os.replace(<dir>.tmp, <dir>)``. An existing
 ``<dir>`` is first renamed to ``<dir>.old`` and deleted after the swap, so a reader sees
@@ -29,7 +39,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,6 +77,12 @@ class Checkpoint:
     model_state: dict[str, Tensor]
     optimizer_state: dict[str, Any] | None
     meta: dict[str, Any]
+    #: a sharded checkpoint's manifest entry (module docstring); None: a whole one
+    sharded: dict[str, Any] | None = None
+
+
+#: ``(directory) -> manifest entry``: every rank's shard written into ``directory``
+WriteShards = Callable[[Path], dict[str, Any]]
 
 
 def checkpoint_dir(root: Path, step: int) -> Path:
@@ -179,8 +195,19 @@ def _write_all(
     model_state: Mapping[str, Tensor],
     optimizer: torch.optim.Optimizer | Mapping[str, Any] | None,
     meta: Mapping[str, Any],
+    shards: WriteShards | None = None,
 ) -> None:
     """Write every checkpoint file into ``tmp`` (manifest last) and fsync them."""
+    if shards is not None:
+        entry = {**shards(tmp), "step": meta.get("step"), "version": meta.get("version")}
+        _write_json(tmp / META_FILE, _to_json(dict(meta)))
+        files = sorted(p.name for p in tmp.iterdir() if p.is_file())
+        for name in files:
+            fsync_path(tmp / name)
+        _write_json(tmp / MANIFEST_FILE, {"format": FORMAT_VERSION, "files": files,
+                                          "sharded": entry})
+        fsync_path(tmp)
+        return
     files = [MODEL_FILE, META_FILE]
     save_tensors(_plain_tensors(model_state), tmp / MODEL_FILE)
     fsync_path(tmp / MODEL_FILE)
@@ -202,16 +229,18 @@ def save_checkpoint(
     model_state: Mapping[str, Tensor],
     optimizer: torch.optim.Optimizer | Mapping[str, Any] | None,
     meta: Mapping[str, Any],
+    shards: WriteShards | None = None,
 ) -> Path:
     """Atomically write a checkpoint to ``directory`` (layout in the module docstring).
 
     ``optimizer``: the optimizer, or its ``state_dict()`` (fetched from a trainer elsewhere).
+    ``shards``: a sharded checkpoint, written by it (``model_state`` and ``optimizer`` unused).
 
     ``meta`` must be JSON-serialisable (tuples are tagged and restored). Returns
     ``directory``. An existing checkpoint at ``directory`` is replaced.
     """
     return replace_dir(
-        Path(directory), lambda tmp: _write_all(tmp, model_state, optimizer, meta),
+        Path(directory), lambda tmp: _write_all(tmp, model_state, optimizer, meta, shards),
         crash_point="checkpoint",
     )
 
@@ -232,8 +261,9 @@ def _read_tensors(path: Path) -> dict[str, Tensor]:
         raise ConfigError(f"checkpoint file {path} is unreadable: {exc}") from exc
 
 
-def _required_files(directory: Path) -> list[str]:
-    """Files the manifest lists; raise ``ConfigError`` naming the first one missing."""
+def _required_files(directory: Path) -> tuple[list[str], dict[str, Any] | None]:
+    """Files the manifest lists, and its sharded entry; raise ``ConfigError`` naming the
+    first one missing."""
     if not directory.is_dir():
         raise ConfigError(f"checkpoint directory {directory} does not exist")
     manifest_path = directory / MANIFEST_FILE
@@ -243,10 +273,11 @@ def _required_files(directory: Path) -> list[str]:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_VERSION:
         raise ConfigError(f"checkpoint {manifest_path}: unsupported format {manifest!r}")
     files = [str(f) for f in manifest.get("files", [])]
-    for name in [MODEL_FILE, META_FILE, *files]:
+    sharded = manifest.get("sharded")
+    for name in [*([] if sharded else [MODEL_FILE]), META_FILE, *files]:
         if not (directory / name).is_file():
             raise ConfigError(f"checkpoint {directory} is incomplete: missing {name}")
-    return files
+    return files, sharded
 
 
 def load_checkpoint(directory: Path) -> Checkpoint:
@@ -255,11 +286,15 @@ def load_checkpoint(directory: Path) -> Checkpoint:
     Raises ``ConfigError`` naming the path and the missing or unreadable file.
     """
     directory = Path(directory)
-    files = _required_files(directory)
-    model_state = _read_tensors(directory / MODEL_FILE)
+    files, sharded = _required_files(directory)
     meta = _read_json(directory / META_FILE)
     if not isinstance(meta, dict):
         raise ConfigError(f"checkpoint file {directory / META_FILE} is not a JSON object")
+    if sharded is not None:
+        state = read_shards(directory)
+        return Checkpoint(model_state=state["model"], optimizer_state=state.get("optim"),
+                          meta=_from_json(meta), sharded=sharded)
+    model_state = _read_tensors(directory / MODEL_FILE)
     optimizer_state = None
     if OPTIM_JSON_FILE in files or OPTIM_TENSORS_FILE in files:
         tensors = _read_tensors(directory / OPTIM_TENSORS_FILE)
@@ -268,6 +303,24 @@ def load_checkpoint(directory: Path) -> Checkpoint:
     return Checkpoint(
         model_state=model_state, optimizer_state=optimizer_state, meta=_from_json(meta)
     )
+
+
+def read_shards(directory: Path) -> dict[str, Any]:
+    """A sharded checkpoint's full state, read in this process whatever process group it
+    is in (torch's public ``_load_state_dict_from_keys`` coordinates over an initialised
+    default group, which the trainer's other ranks are not reading with)."""
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    state: dict[str, Any] = {}
+    try:
+        _load_state_dict(state, FileSystemReader(str(directory)), no_dist=True,
+                         planner=_EmptyStateDictLoadPlanner())  # type: ignore[no-untyped-call]  # torch: unannotated
+    except Exception as exc:  # torch's CheckpointException and the OS errors under it
+        raise ConfigError(f"sharded checkpoint {directory} is unreadable: "
+                          f"{str(exc).splitlines()[0][:300] if str(exc) else exc!r}") from exc
+    return state
 
 
 def latest_checkpoint(root: Path) -> Path | None:

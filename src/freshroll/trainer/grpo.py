@@ -44,6 +44,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from freshroll.config.train import TrainerSection
 from freshroll.engines.lora_merge import adapter_bytes
@@ -65,6 +66,8 @@ from freshroll.trainer.losses import (
     policy_loss,
     token_logprobs,
 )
+from freshroll.trainer.optim import all_finite as all_finite
+from freshroll.trainer.optim import use_kernel as use_kernel
 from freshroll.trainer.ranks import SOLO, Gloo, Solo
 from freshroll.trainer.schedule import lr_at, warmup_of
 from freshroll.trainer.settings import scale_of as scale_of
@@ -153,35 +156,10 @@ def loss_rows(samples: Sequence[TrainSample]) -> torch.Tensor:
     return torch.tensor([0.0 if s.truncated else 1.0 for s in samples])
 
 
-def use_kernel(optimizer: torch.optim.Optimizer, optim: str) -> None:
-    """Run ``optimizer``'s next steps on ``optim``'s kernel (``trainer.optim``): fused, or
-    torch's per-parameter loop. A loaded optimizer state brings the kernel of the run that
-    saved it in its param groups: a learner sets its own again after loading one."""
-    for group in optimizer.param_groups:
-        group["fused"] = True if optim == "adamw_torch_fused" else None
-
-
 def _first_target(mask: torch.Tensor) -> int:
     """The first target index any row has a completion token at (0 if none has one)."""
     cols = mask.any(dim=0).nonzero()
     return int(cols[0, 0]) if cols.numel() else 0
-
-
-def all_finite(tensors: Sequence[torch.Tensor]) -> bool:
-    """Whether every element of every tensor is finite, in one pass and one host sync.
-
-    The L2 norm of each tensor (``torch._foreach_norm``: one fused kernel, where the max-abs
-    norm has none on CPU: CHANGELOG.md, 2026-12-06, fifth session) is NaN or inf when any
-    element is; a finite norm proves its tensor finite. A non-finite norm can also be the
-    overflow of a sum of large finite squares, so those tensors alone are then checked element
-    by element: the answer is exact either way."""
-    ts = [t.detach() for t in tensors if t.numel()]
-    if not ts:
-        return True
-    finite = torch.isfinite(torch.stack(torch._foreach_norm(ts)))
-    if bool(finite.all()):
-        return True
-    return all(bool(torch.isfinite(ts[i]).all()) for i in (~finite).nonzero().flatten().tolist())
 
 
 def _nonfinite_inputs(batch: Batch | SharedBatch) -> str:
@@ -283,6 +261,7 @@ class GRPOLearner:
                 raise NonFiniteStep(f"{exc} (update {i + 1} of trainer.num_iterations={total}; "
                                     "the earlier ones were applied)", recoverable=False) from exc
         self.steps = number
+        gather_s = self.ranks.finished(self)  # trainer.parallel: fsdp: the full state gathered
         lags = [s.lag for s in samples]
         metrics.update(
             reward_mean=float(rewards.mean()), reward_std=float(rewards.std()),
@@ -292,6 +271,7 @@ class GRPOLearner:
             train_s=time.perf_counter() - t0,
             weights_bytes=float(adapter_bytes(self.published_state())),
         )
+        metrics.update({"gather_s": gather_s} if gather_s else {})  # fsdp: the full state's
         return metrics
 
     def _update(self, samples: Sequence[TrainSample], number: int, adv: torch.Tensor,
@@ -305,11 +285,15 @@ class GRPOLearner:
         loss_tokens = float(sum(trained_tokens(s.loss_mask, len(s.token_ids))
                                 for i, s in enumerate(samples)
                                 if rows is None or rows[i]))
-        self.optimizer.zero_grad(set_to_none=True)
+        model, optimizer = self.ranks.net(self)
+        optimizer.zero_grad(set_to_none=True)
         parts: list[tuple[dict[str, float], float]] = []
         losses: list[torch.Tensor] = []
         entropy, bad = 0.0, None
         for sl in slices:
+            if sl.start == sl.stop:  # a filler (trainer/fsdp.py): a zero gradient
+                self.ranks.filler(self, samples, adv, loss_cfg)
+                continue
             part = None if rows is None else rows[sl]
             micro = self._layout(samples if whole else samples[sl])
             loss, metrics, logits, kept = self._micro_loss(micro, adv[sl], loss_cfg, part)
@@ -323,8 +307,9 @@ class GRPOLearner:
                     self.cfg.aggregation, len(micro.rewards), tokens, len(samples), loss_tokens
                 )
             if not torch.isfinite(loss.detach()):
-                bad = f"loss is {float(loss.detach())} ({_nonfinite_inputs(micro)})"
-                break
+                bad = bad or f"loss is {float(loss.detach())} ({_nonfinite_inputs(micro)})"
+                if not self.ranks.lockstep:  # fsdp's ranks take part in every micro-batch
+                    break
             loss.backward()  # type: ignore[no-untyped-call]  # torch: unannotated
             with torch.no_grad():
                 ent = entropy_from_logits(logits, kept, self.temperature)
@@ -334,9 +319,9 @@ class GRPOLearner:
             losses.append(loss.detach())
         parts, losses, entropy, bad = self.ranks.gather((parts, losses, entropy, bad))
         if bad is not None:
-            self.optimizer.zero_grad(set_to_none=True)
+            optimizer.zero_grad(set_to_none=True)
             raise NonFiniteStep(bad)
-        self.ranks.reduce_grads(self.model)
+        self.ranks.reduce_grads(model)
         total_loss = float(losses[0] if len(losses) == 1 else torch.stack(losses).sum())
         metrics = combine_metrics(parts, loss_tokens)
         grad_norm, lr = self._apply_gradients(number, total_loss)
@@ -362,17 +347,19 @@ class GRPOLearner:
         learning rate; returns the gradient norm (before clipping) and that rate. A
         non-finite norm raises NonFiniteStep before any change; non-finite weights after
         the step raise it as not recoverable."""
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
+        model, optimizer = self.ranks.net(self)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), self.cfg.max_grad_norm)
+        grad_norm = grad_norm.full_tensor() if isinstance(grad_norm, DTensor) else grad_norm
         if not torch.isfinite(grad_norm):
-            self.optimizer.zero_grad(set_to_none=True)
+            optimizer.zero_grad(set_to_none=True)
             raise NonFiniteStep(
                 f"gradient norm is {float(grad_norm)} (loss {total_loss:.4g})"
             )
         lr = self.lr(number)
-        for group in self.optimizer.param_groups:
+        for group in optimizer.param_groups:
             group["lr"] = lr
-        self.optimizer.step()
-        if not all_finite(list(self.model.parameters())):
+        optimizer.step()
+        if not all_finite(list(model.parameters())):
             raise NonFiniteStep(
                 "weights are not finite after an optimizer step on finite gradients "
                 f"(trainer.lr={self.cfg.lr}, lr {lr:.4g} at step {number}?); the learner cannot "
@@ -406,8 +393,8 @@ class GRPOLearner:
         view = batch.from_target(first)
         keep = batch.input_ids.shape[1] - first  # positions first .. L-1 (L-1 predicts nothing)
         with self._autocast():
-            out = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                             **self._keep(keep))
+            out = self.ranks.net(self)[0](input_ids=batch.input_ids,
+                                          attention_mask=batch.attention_mask, **self._keep(keep))
         logits = out.logits[:, -keep:][:, :-1].float()
         logp = token_logprobs(logits, view.targets, self.temperature)
         ref = self._ref_logprobs(batch, keep) if self.ref is not None else None
@@ -422,7 +409,7 @@ class GRPOLearner:
         rows: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor | None, torch.Tensor]:
         with self._autocast():
-            raw = completion_logits(self.model, batch, cache_name=self._cache_name,
+            raw = completion_logits(self.ranks.net(self)[0], batch, cache_name=self._cache_name,
                                     keep=self._takes_keep)
         if raw is None:
             self.share_prompts = False

@@ -50,6 +50,7 @@ from freshroll.trainer.accum import micro_slices
 
 if TYPE_CHECKING:
     from freshroll.trainer.grpo import GRPOLearner, TrainSample
+    from freshroll.trainer.losses import LossConfig
 
 class RankLost(WorkerLost):
     """A collective of the trainer's group failed: a rank died (or its connection did). The
@@ -99,6 +100,8 @@ class Solo:
     exchange (the learner's behaviour before ranks existed, unchanged)."""
 
     world, rank = 1, 0
+    #: every rank must run every micro-batch's forward and backward (trainer/fsdp.py)
+    lockstep = False
 
     def slices(self, n: int, k: int) -> list[slice]:
         return micro_slices(n, k)
@@ -111,6 +114,19 @@ class Solo:
 
     def reduce_grads(self, model: torch.nn.Module) -> None:
         """The gradients are this process's."""
+
+    def net(self, learner: GRPOLearner) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        """The module a step runs and the optimizer that updates it: the learner's own."""
+        return learner.model, learner.optimizer
+
+    def filler(self, learner: GRPOLearner, samples: Sequence[TrainSample], adv: torch.Tensor,
+               loss_cfg: LossConfig) -> None:
+        """A filler micro-batch: never here (every slice of :meth:`slices` has rows)."""
+        raise AssertionError("one process has no filler micro-batches")
+
+    def finished(self, learner: GRPOLearner) -> float:
+        """After a step: nothing to gather (the learner's model is the full state)."""
+        return 0.0
 
     def close(self) -> None:
         """Nothing to stop."""
@@ -141,6 +157,13 @@ class LoadOrder:
 
 
 @dataclass(frozen=True)
+class SaveOrder:
+    """Every rank writes its shard of a sharded checkpoint into ``path`` (trainer/fsdp.py)."""
+
+    path: str
+
+
+@dataclass(frozen=True)
 class StopOrder:
     """The group ends: ranks 1.. return from :func:`follow`."""
 
@@ -157,6 +180,9 @@ def connect(store: Path, rank: int, world: int, timeout_s: float) -> Any:
 class Gloo:
     """Rank ``rank`` of a group of ``world`` ranks on a gloo process group (module docstring)."""
 
+    #: every rank must run every micro-batch's forward and backward (trainer/fsdp.py)
+    lockstep = False
+
     def __init__(self, pg: Any, rank: int, world: int) -> None:
         #: the gloo process group (``Any``: torch's stubs omit its collectives)
         self.pg, self.rank, self.world = pg, rank, world
@@ -168,6 +194,31 @@ class Gloo:
         """Stop the group (rank 0): its owner's ``close()``."""
         if self.owner is not None:
             self.owner.close()
+
+    def net(self, learner: GRPOLearner) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        """The module a step runs and the optimizer that updates it: the learner's own (every
+        rank holds the whole model)."""
+        return learner.model, learner.optimizer
+
+    def loaded(self, learner: GRPOLearner) -> None:
+        """After a full state is loaded on every rank: nothing more (trainer/fsdp.py shards it)."""
+
+    def filler(self, learner: GRPOLearner, samples: Sequence[TrainSample], adv: torch.Tensor,
+               loss_cfg: LossConfig) -> None:
+        """A filler micro-batch: none under ddp (a rank past a short batch's rows runs no
+        micro-batch); trainer/fsdp.py's ranks run them."""
+        raise AssertionError("ddp's ranks have no filler micro-batches")
+
+    def finished(self, learner: GRPOLearner) -> float:
+        """After a step: nothing to gather (rank 0's model is the full state)."""
+        return 0.0
+
+    def end(self) -> None:
+        """After the group stopped: nothing to release (trainer/fsdp.py: its default group)."""
+
+    def write_shards(self, learner: GRPOLearner, path: Path) -> dict[str, Any]:
+        """A sharded checkpoint: none under ddp (rank 0's whole state is the checkpoint)."""
+        raise AssertionError("ddp's ranks write no shards")
 
     def slices(self, n: int, k: int) -> list[slice]:
         return rank_slices(n, k, self.world, self.rank)
@@ -275,13 +326,19 @@ def follow(learner: GRPOLearner, ranks: Gloo) -> int:
         order = ranks.broadcast(None)
         if isinstance(order, StopOrder):
             return trained
+        if isinstance(order, SaveOrder):
+            ranks.write_shards(learner, Path(order.path))
+            continue
         assert isinstance(order, (StepOrder, LoadOrder)), f"unknown order {order!r}"
         _apply(learner, order)
+        if isinstance(order, LoadOrder):
+            ranks.loaded(learner)
         if isinstance(order, StepOrder):
             with contextlib.suppress(NonFiniteStep):  # rank 0 raised it too, and decides
                 learner.step(order.samples, order.number)
             trained += 1
 
 
-__all__ = ["RANK_SPLIT", "SOLO", "Gloo", "LoadOrder", "RankLost", "Solo", "StepOrder", "StopOrder",
+__all__ = ["RANK_SPLIT", "SOLO", "Gloo", "LoadOrder", "RankLost", "SaveOrder", "Solo", "StepOrder",
+           "StopOrder",
            "connect", "follow", "rank_slices", "ranks_record"]
