@@ -18,8 +18,10 @@ before it (``GenRequest.prompt_ids``), never from re-tokenised text, so the trai
 exactly the tokens that were sampled.
 
 Tools run on the event loop, all of a turn's calls together (``asyncio.gather``), each within
-``tools.timeout_s``; ``tools.latency_s`` adds a seeded lognormal delay per call (a slow tool,
-for benchmarks). A tool that raises or does not answer in time ends its request as
+``tools.timeout_s``; ``tools.latency`` adds a delay per call drawn from a distribution
+(:mod:`freshroll.envs.latency`: lognormal by its median and 99th percentile, seeded by the
+request's sample id and turn; a slow tool, for benchmarks), an asyncio sleep. A tool that
+raises or does not answer in time ends its request as
 :class:`~freshroll.engines.episodes.EpisodeFailed` (``tool_error``): discarded by reason,
 never a reward of 0, never a hang; the other requests go on. Engine failures are the
 engine's (the episode contract, :mod:`freshroll.engines.episodes`), and every turn's seed
@@ -29,7 +31,6 @@ derives from the call's seed.
 from __future__ import annotations
 
 import asyncio
-import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -40,6 +41,7 @@ from freshroll.engines.episodes import EpisodeEmit, EpisodeFailed, WorkflowSetup
 from freshroll.engines.seams import AsyncEngine, GenRequest, SamplingParams, Tokenizes
 from freshroll.engines.trajectory import Segment, assemble, env_segment, model_segment
 from freshroll.envs.calc import Calculator, Tool, ToolResult
+from freshroll.envs.latency import call_rng, latency_of
 from freshroll.errors import ConfigError
 
 #: what opens a tool call in a model turn after the first
@@ -76,6 +78,7 @@ class ToolUse:
                               f"inline (the engine's tokenizer in this process), not "
                               f"{setup.runtime}")
         self.tools = setup.tools
+        self.latency = latency_of(setup.tools)
         self.tool: Tool = tool if tool is not None else Calculator()
 
     async def run_episode(
@@ -104,7 +107,7 @@ class ToolUse:
                 else:
                     calling.append((i, call))
             answers = await asyncio.gather(*(
-                self._call(arg, random.Random(seed * 1_000_003 + i * 101 + turn))
+                self._call(arg, call_rng(seed, requests[i].sample, turn))
                 for i, arg in calling))
             live = []
             for (i, arg), answer in zip(calling, answers, strict=True):
@@ -149,9 +152,9 @@ class ToolUse:
         limit = self.tools.timeout_s
         try:
             async with asyncio.timeout(limit):
-                if self.tools.latency_s > 0:
-                    await asyncio.sleep(self.tools.latency_s * math.exp(
-                        rng.gauss(0.0, self.tools.latency_sigma)))
+                delay = self.latency.draw(rng)
+                if delay > 0:
+                    await asyncio.sleep(delay)
                 result = await self.tool(arg)
         except TimeoutError:
             return _Answer(None, loop.time() - start,
