@@ -53,6 +53,10 @@ from freshroll.errors import ConfigError
 CALL: Final = "c:"
 #: each turn's seed: the call's seed plus this prime times the turn
 TURN_SEED: Final = 7919
+#: the runtimes whose workers a multi-turn workflow can drive: the tokenizer in the run's
+#: process (inline: the engine's; process: loaded beside the worker's proxy), token ids sent
+#: to the engine as a later turn's context (auto resolves to one of the two for hf)
+TOKENIZER_RUNTIMES: Final = ("inline", "process", "auto")
 
 
 @dataclass
@@ -80,10 +84,10 @@ class ToolUse:
     batches_turns = True  # the pool may overlap its calls (BatchesTurns)
 
     def __init__(self, setup: WorkflowSetup, tool: Tool | None = None) -> None:
-        if setup.runtime != "inline":
+        if setup.runtime not in TOKENIZER_RUNTIMES:
             raise ConfigError(f"rollout.workflow: {setup.rollout.workflow} needs run.runtime: "
-                              f"inline (the engine's tokenizer in this process), not "
-                              f"{setup.runtime}")
+                              f"inline or process (the model's tokenizer in the run's "
+                              f"process, token ids to the worker), not {setup.runtime}")
         self.tools = setup.tools
         self.latency = latency_of(setup.tools)
         self._batchers: dict[int, TurnBatcher] = {}  # by id(engine), one per worker's engine
@@ -95,7 +99,8 @@ class ToolUse:
     ) -> None:
         if not isinstance(engine, Tokenizes):
             raise TypeError(f"engine {type(engine).__name__} cannot encode a tool's output: "
-                            "a tool-using episode needs the hf engine, run.runtime: inline")
+                            "a tool-using episode needs the hf engine, run.runtime: inline "
+                            "or process")
         batcher = self._batcher(engine)
         try:
             async with asyncio.TaskGroup() as tg:
@@ -189,4 +194,4 @@ class ToolUse:
         return _Answer(result, loop.time() - start)
 
 
-__all__ = ["CALL", "TURN_SEED", "ToolUse"]
+__all__ = ["CALL", "TOKENIZER_RUNTIMES", "TURN_SEED", "ToolUse"]
