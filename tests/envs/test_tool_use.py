@@ -139,9 +139,10 @@ def test_a_tool_that_hangs_or_crashes_ends_its_request_as_a_tool_error(
     assert len(engine.asked) == 1  # no further turn: never a hang, never a reward of 0
 
 
-def test_it_needs_the_inline_runtime() -> None:
-    with pytest.raises(ConfigError, match=r"run\.runtime: inline"):
-        ToolUse(WorkflowSetup(runtime="process"))
+def test_it_needs_the_inline_or_process_runtime() -> None:
+    with pytest.raises(ConfigError, match=r"run\.runtime: inline or process"):
+        ToolUse(WorkflowSetup(runtime="ray"))
+    ToolUse(WorkflowSetup(runtime="process"))  # the tokenizer beside the worker's proxy
 
 
 def test_on_the_real_hf_engine_every_turn_is_token_in() -> None:

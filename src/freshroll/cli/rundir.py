@@ -88,7 +88,7 @@ def timing(run_dir: Path) -> None:
     try:
         with Ledger(run_dir / LEDGER_FILE, readonly=True) as ledger:
             events = [e for _, e in ledger.events()]
-        table = format_table(decompose(collect_spans(events)))
+            table = format_table(decompose(collect_spans(events, ledger.payload)))
     except FreshrollError as exc:
         fail(exc)
         return

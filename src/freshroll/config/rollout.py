@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from freshroll.config.base import _Section
 
@@ -80,6 +80,28 @@ class RolloutSection(_Section):
 
 
 
+class ToolLatency(_Section):
+    """A tool call's added latency, drawn per call from a distribution seeded by the request
+    (its sample id and turn: a run's draws do not depend on how turns were batched); the
+    tool waits on the event loop (an asyncio sleep), never blocking it (docs/agents.md)."""
+
+    dist: Literal["none", "fixed", "lognormal"] = Field(
+        "none", description="none: no added latency; fixed: median_s on every call; "
+        "lognormal: median median_s, 99th percentile p99_s (a slow tool's tail)")
+    median_s: float = Field(
+        0.05, ge=0, le=600, description="the median latency of a call in seconds")
+    p99_s: float = Field(
+        1.0, ge=0, le=3_600, description="lognormal: the 99th percentile in seconds (>= "
+        "median_s; equal: every call takes median_s)")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ToolLatency:
+        if self.dist == "lognormal" and self.p99_s < self.median_s:
+            raise ValueError(f"tools.latency.p99_s ({self.p99_s:g}) is below median_s "
+                             f"({self.median_s:g})")
+        return self
+
+
 class ToolsSection(_Section):
     """The tools and environments of a tool-using episode workflow (docs/agents.md)."""
 
@@ -89,12 +111,23 @@ class ToolsSection(_Section):
     timeout_s: float = Field(
         5.0, gt=0, le=3_600, description="one tool call's time limit: past it the sample is "
         "discarded tool_error (never scored 0), the worker goes on")
+    latency: ToolLatency = Field(
+        default_factory=ToolLatency, description="the latency added to each tool call, a "
+        "distribution (e.g. {dist: lognormal, median_s: 0.05, p99_s: 1.0}; a slow tool for "
+        "benchmarks)")
     latency_s: float = Field(
-        0.0, ge=0, le=600, description="a median latency added to each tool call, lognormal "
-        "with sigma latency_sigma (a slow tool's tail, for benchmarks); 0: none")
+        0.0, ge=0, le=600, description="older form of tools.latency (not both): a median "
+        "latency added to each tool call, lognormal with sigma latency_sigma; 0: none")
     latency_sigma: float = Field(
         1.0, ge=0, le=5, description="the lognormal's sigma of tools.latency_s (1.0: p99 about "
         "10x the median)")
+
+    @model_validator(mode="after")
+    def _one_latency(self) -> ToolsSection:
+        if self.latency_s > 0 and self.latency.dist != "none":
+            raise ValueError("tools.latency and tools.latency_s both set: use tools.latency")
+        return self
+
 
 class VLLMSection(_Section):
     """rollout.engine: vllm: each inference worker is one vLLM engine (docs/vllm.md)."""

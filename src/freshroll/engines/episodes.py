@@ -93,6 +93,22 @@ class HoldsEngines(Protocol):
     async def release(self, engine: AsyncEngine) -> None: ...
 
 
+@runtime_checkable
+class BatchesTurns(Protocol):
+    """A workflow whose episodes are independent tasks whose model turns it batches itself,
+    across calls (:class:`~freshroll.engines.turns.TurnBatcher`): with ``batches_turns``
+    true the pool runs several of its calls at once on a lock-step engine too (the worker's
+    lanes), so a finished episode's slot is refilled at once; a new policy version loads when
+    the live calls have finished (or beside them, on an engine that swaps in flight)."""
+
+    batches_turns: bool
+
+
+def overlaps_calls(workflow: object) -> bool:
+    """Whether the pool may overlap ``workflow``'s calls on a lock-step engine."""
+    return isinstance(workflow, BatchesTurns) and workflow.batches_turns is True
+
+
 class SingleTurn:
     """Today's rollout and the default: one ``generate`` call, its completions as they are."""
 
@@ -147,6 +163,7 @@ def _takes_setup(factory: WorkflowFactory) -> bool:
 
 
 __all__ = [
-    "WORKFLOWS", "EpisodeEmit", "EpisodeFailed", "EpisodeWorkflow", "HoldsEngines", "SingleTurn",
-    "WorkflowFactory", "WorkflowSetup", "register_workflow", "workflow_for",
+    "WORKFLOWS", "BatchesTurns", "EpisodeEmit", "EpisodeFailed", "EpisodeWorkflow",
+    "HoldsEngines", "SingleTurn", "WorkflowFactory", "WorkflowSetup", "overlaps_calls",
+    "register_workflow", "workflow_for",
 ]

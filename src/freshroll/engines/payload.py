@@ -65,3 +65,16 @@ def encode(c: Completion, versions: list[tuple[str, int]] | None = None) -> byte
 
 def decode(data: bytes) -> RolloutPayload:
     return _DEC.decode(data)
+
+
+#: the first byte of a multi-turn payload (a MessagePack array of RolloutPayload's 8 fields);
+#: a single-turn payload is an array of 5 or 6
+_MULTI_TURN = 0x98
+
+
+def env_seconds(data: bytes | None) -> float:
+    """The seconds of a payload's environment (tool) turns: 0.0 for no payload and for a
+    single-turn one, which is told by its first byte and never decoded."""
+    if not data or data[0] != _MULTI_TURN:
+        return 0.0
+    return sum(t[2] for t in decode(data).turns if t[0] == "env")

@@ -24,6 +24,7 @@ from freshroll.engines.base import Completion
 from freshroll.engines.episodes import EpisodeEmit, WorkflowSetup
 from freshroll.engines.seams import AsyncEngine, GenRequest, SamplingParams, Tokenizes
 from freshroll.engines.trajectory import Segment, assemble, env_segment, model_segment
+from freshroll.envs.tool_use import TOKENIZER_RUNTIMES
 from freshroll.errors import ConfigError
 
 TURN_SEED: Final = 7919
@@ -43,10 +44,10 @@ class GuessGame:
     """The game of the module docstring."""
 
     def __init__(self, setup: WorkflowSetup) -> None:
-        if setup.runtime != "inline":
+        if setup.runtime not in TOKENIZER_RUNTIMES:
             raise ConfigError(f"rollout.workflow: {setup.rollout.workflow} needs run.runtime: "
-                              f"inline (the engine's tokenizer in this process), not "
-                              f"{setup.runtime}")
+                              f"inline or process (the model's tokenizer in the run's "
+                              f"process, token ids to the worker), not {setup.runtime}")
         self.max_answers = setup.tools.max_calls
 
     async def run_episode(

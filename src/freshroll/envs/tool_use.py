@@ -17,9 +17,15 @@ Token-in / token-out: every turn after the first is generated from the token ids
 before it (``GenRequest.prompt_ids``), never from re-tokenised text, so the trainer scores
 exactly the tokens that were sampled.
 
-Tools run on the event loop, all of a turn's calls together (``asyncio.gather``), each within
-``tools.timeout_s``; ``tools.latency_s`` adds a seeded lognormal delay per call (a slow tool,
-for benchmarks). A tool that raises or does not answer in time ends its request as
+Each request's episode is a task of its own: its model turns go to the engine through a
+:class:`~freshroll.engines.turns.TurnBatcher` (one per engine, shared by the calls running on
+it: the turns of whichever episodes are ready are generated together), and its tool call
+starts as soon as its turn is back, so an episode waiting on a slow tool holds no other
+episode up and a finished one is emitted (its slot freed) at once. Tools run on the event
+loop, each call within ``tools.timeout_s``; ``tools.latency`` adds a delay per call drawn
+from a distribution (:mod:`freshroll.envs.latency`: lognormal by its median and 99th
+percentile, seeded by the request's sample id and turn; a slow tool, for benchmarks), an
+asyncio sleep. A tool that raises or does not answer in time ends its request as
 :class:`~freshroll.engines.episodes.EpisodeFailed` (``tool_error``): discarded by reason,
 never a reward of 0, never a hang; the other requests go on. Engine failures are the
 engine's (the episode contract, :mod:`freshroll.engines.episodes`), and every turn's seed
@@ -29,7 +35,6 @@ derives from the call's seed.
 from __future__ import annotations
 
 import asyncio
-import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -39,13 +44,19 @@ from freshroll.engines.base import Completion
 from freshroll.engines.episodes import EpisodeEmit, EpisodeFailed, WorkflowSetup
 from freshroll.engines.seams import AsyncEngine, GenRequest, SamplingParams, Tokenizes
 from freshroll.engines.trajectory import Segment, assemble, env_segment, model_segment
+from freshroll.engines.turns import TurnBatcher, first_error
 from freshroll.envs.calc import Calculator, Tool, ToolResult
+from freshroll.envs.latency import call_rng, latency_of
 from freshroll.errors import ConfigError
 
 #: what opens a tool call in a model turn after the first
 CALL: Final = "c:"
 #: each turn's seed: the call's seed plus this prime times the turn
 TURN_SEED: Final = 7919
+#: the runtimes whose workers a multi-turn workflow can drive: the tokenizer in the run's
+#: process (inline: the engine's; process: loaded beside the worker's proxy), token ids sent
+#: to the engine as a later turn's context (auto resolves to one of the two for hf)
+TOKENIZER_RUNTIMES: Final = ("inline", "process", "auto")
 
 
 @dataclass
@@ -70,12 +81,16 @@ class _Answer:
 class ToolUse:
     """The workflow of the module docstring, over one :class:`~freshroll.envs.calc.Tool`."""
 
+    batches_turns = True  # the pool may overlap its calls (BatchesTurns)
+
     def __init__(self, setup: WorkflowSetup, tool: Tool | None = None) -> None:
-        if setup.runtime != "inline":
+        if setup.runtime not in TOKENIZER_RUNTIMES:
             raise ConfigError(f"rollout.workflow: {setup.rollout.workflow} needs run.runtime: "
-                              f"inline (the engine's tokenizer in this process), not "
-                              f"{setup.runtime}")
+                              f"inline or process (the model's tokenizer in the run's "
+                              f"process, token ids to the worker), not {setup.runtime}")
         self.tools = setup.tools
+        self.latency = latency_of(setup.tools)
+        self._batchers: dict[int, TurnBatcher] = {}  # by id(engine), one per worker's engine
         self.tool: Tool = tool if tool is not None else Calculator()
 
     async def run_episode(
@@ -84,32 +99,45 @@ class ToolUse:
     ) -> None:
         if not isinstance(engine, Tokenizes):
             raise TypeError(f"engine {type(engine).__name__} cannot encode a tool's output: "
-                            "a tool-using episode needs the hf engine, run.runtime: inline")
-        episodes = [_Episode() for _ in requests]
-        live, turn = list(range(len(requests))), 0
-        while live:
-            reqs = [requests[i] if turn == 0 else
-                    replace(requests[i], prompt_ids=tuple(episodes[i].context)) for i in live]
-            got: dict[int, Completion] = {}
-            await engine.generate(reqs, params, seed + TURN_SEED * turn, got.__setitem__)
-            calling: list[tuple[int, str]] = []
-            for j, i in enumerate(live):
-                comp = got.get(j)
-                if comp is None:  # cancelled in this turn: no further turn, no emit
-                    continue
-                call = self._model_turn(episodes[i], comp, turn)
-                if call is None:
-                    ep = episodes[i]
-                    emit(i, assemble(ep.prompt, ep.segments, comp.text, comp.finish_reason))
-                else:
-                    calling.append((i, call))
-            answers = await asyncio.gather(*(
-                self._call(arg, random.Random(seed * 1_000_003 + i * 101 + turn))
-                for i, arg in calling))
-            live = []
-            for (i, arg), answer in zip(calling, answers, strict=True):
-                if self._tool_turn(engine, episodes[i], arg, answer, i, emit):
-                    live.append(i)
+                            "a tool-using episode needs the hf engine, run.runtime: inline "
+                            "or process")
+        batcher = self._batcher(engine)
+        try:
+            async with asyncio.TaskGroup() as tg:
+                for i, req in enumerate(requests):
+                    tg.create_task(self._episode(batcher, engine, req, i, params, seed, emit))
+        except BaseExceptionGroup as group:  # the engine's failure, as the pool expects it
+            raise first_error(group) from None
+
+    async def release(self, engine: AsyncEngine) -> None:
+        """Forget ``engine``'s batcher (the pool closes the engine: HoldsEngines)."""
+        held = self._batchers.get(id(engine))
+        if held is not None and held.engine is engine:
+            del self._batchers[id(engine)]
+
+    def _batcher(self, engine: AsyncEngine) -> TurnBatcher:
+        held = self._batchers.get(id(engine))
+        if held is None or held.engine is not engine:
+            held = self._batchers[id(engine)] = TurnBatcher(engine)
+        return held
+
+    async def _episode(self, batcher: TurnBatcher, engine: Tokenizes, req: GenRequest, i: int,
+                       params: SamplingParams, seed: int, emit: EpisodeEmit) -> None:
+        """Request ``i``'s episode, a task of its own: model turns through the batcher, each
+        tool call as soon as its turn is back."""
+        ep, turn = _Episode(), 0
+        while True:
+            asked = req if turn == 0 else replace(req, prompt_ids=tuple(ep.context))
+            comp = await batcher.turn(asked, params, seed + TURN_SEED * turn)
+            if comp is None:  # cancelled in this turn: no further turn, no emit
+                return
+            arg = self._model_turn(ep, comp, turn)
+            if arg is None:
+                emit(i, assemble(ep.prompt, ep.segments, comp.text, comp.finish_reason))
+                return
+            answer = await self._call(arg, call_rng(seed, req.sample, turn))
+            if not self._tool_turn(engine, ep, arg, answer, i, emit):
+                return
             turn += 1
 
     def _model_turn(self, ep: _Episode, comp: Completion, turn: int) -> str | None:
@@ -149,9 +177,9 @@ class ToolUse:
         limit = self.tools.timeout_s
         try:
             async with asyncio.timeout(limit):
-                if self.tools.latency_s > 0:
-                    await asyncio.sleep(self.tools.latency_s * math.exp(
-                        rng.gauss(0.0, self.tools.latency_sigma)))
+                delay = self.latency.draw(rng)
+                if delay > 0:
+                    await asyncio.sleep(delay)
                 result = await self.tool(arg)
         except TimeoutError:
             return _Answer(None, loop.time() - start,
@@ -166,4 +194,4 @@ class ToolUse:
         return _Answer(result, loop.time() - start)
 
 
-__all__ = ["CALL", "TURN_SEED", "ToolUse"]
+__all__ = ["CALL", "TOKENIZER_RUNTIMES", "TURN_SEED", "ToolUse"]

@@ -26,7 +26,7 @@ from freshroll.figures.metrics import Tally, jsonable, summary_figures
 from freshroll.figures.metrics_log import read_rows
 from freshroll.figures.overlap import OverlapFold
 from freshroll.figures.segments import SegmentFold
-from freshroll.figures.timing import SpanFold, StageRow, decompose
+from freshroll.figures.timing import PayloadOf, SpanFold, StageRow, decompose
 from freshroll.figures.trained import TrainedFold
 from freshroll.figures.verdict import VerdictFold
 from freshroll.figures.window import WindowFold
@@ -125,13 +125,13 @@ class SummaryFold:
 
     KINDS: ClassVar = EVENT_TYPES
 
-    def __init__(self) -> None:
+    def __init__(self, payload_of: PayloadOf | None = None) -> None:
         self.tally = Tally()
         self._rows: list[dict[str, Any]] = []
         self.bias = SampleBias()  # discard_bias and sample_bias
         self.history = HistoryFold()  # the report's timeline (not in summary.json)
         self.trained = TrainedFold()  # the report's sample completions (not in summary.json)
-        self.spans = SpanFold()
+        self.spans = SpanFold(payload_of)  # payload_of: the tool stage's seconds
         self.verdict = VerdictFold()
         self.reward_versions = RewardVersions()
         self.window = WindowFold()  # the freshness window's bound on the trainer
@@ -248,22 +248,24 @@ class SummaryFold:
         return summary
 
 
-def fold_events(events: Iterable[Any]) -> SummaryFold:
-    """The :class:`SummaryFold` of a whole event history."""
-    fold = SummaryFold()
+def fold_events(events: Iterable[Any], payload_of: PayloadOf | None = None) -> SummaryFold:
+    """The :class:`SummaryFold` of a whole event history (``payload_of``: its payloads, for
+    the tool stage)."""
+    fold = SummaryFold(payload_of)
     for e in events:
         fold.feed(e)
     return fold
 
 
-def summarize_events(events: Iterable[Any]) -> dict[str, Any]:
+def summarize_events(events: Iterable[Any],
+                     payload_of: PayloadOf | None = None) -> dict[str, Any]:
     """The summary of an event history (JSON-ready: non-finite floats are ``None``)."""
-    return fold_events(events).summary()
+    return fold_events(events, payload_of).summary()
 
 
 def summarize(run_dir: Path) -> dict[str, Any]:
     with Ledger(run_dir / LEDGER_FILE, readonly=True) as ledger:
-        return summarize_events(e for _, e in ledger.events())
+        return summarize_events((e for _, e in ledger.events()), ledger.payload)
 
 
 def read_host(run_dir: Path) -> dict[str, Any] | None:

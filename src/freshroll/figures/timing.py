@@ -3,14 +3,20 @@
 For every *accepted* (committed) sample, with ``t(x)`` the timestamp of event x::
 
     queue      = t(started of the committed attempt) - t(requested)   # incl. failed attempts
-    generation = min(gen_s, t(generated) - t(started))                # measured on the worker
+    episode    = min(gen_s, t(generated) - t(started))                # measured on the worker
+    tool       = min(env_s, episode)                                  # its tool/environment turns
+    generation = episode - tool                                       # its model turns
     transfer   = max(0, t(generated) - t(started) - gen_s)            # dispatch + result transfer
     reward     = t(rewarded) - t(generated)                           # reward queue + scoring
     buffer     = t(leased) - t(rewarded)                              # waiting for the trainer
     trainer    = t(committed) - t(leased)                             # inside the trainer step
 
-The six stages add up to ``t(committed) - t(requested)``. :func:`decompose`
-gives p50/p95/p99, the mean and each stage's share of the summed total.
+``env_s`` is the seconds of the sample's environment turns (a multi-turn episode's tool calls:
+the ``env`` turns of its payload, :func:`freshroll.engines.payload.env_seconds`; 0 for a
+single-turn sample, and where the fold is given no payloads). The stages add up to
+``t(committed) - t(requested)``. :func:`decompose` gives p50/p95/p99, the mean and each
+stage's share of the summed total; the ``tool`` row is there only when some sample had tool
+time (a single-turn run's table and ``summary.json`` are as they were).
 
 Run-level figures (accepted rollouts/s, trainer idle ratio, discard rate, ...) are
 not computed here: each has its one function in :mod:`freshroll.figures.metrics`.
@@ -18,14 +24,19 @@ not computed here: each has its one function in :mod:`freshroll.figures.metrics`
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from freshroll.engines.payload import env_seconds
 from freshroll.errors import LedgerError
 from freshroll.ledger import events as ev
 
 STAGES = ("queue", "generation", "transfer", "reward", "buffer", "trainer")
+#: every row :func:`decompose` may give: the stages with ``tool`` after generation
+TOOL_STAGES = ("queue", "generation", "tool", "transfer", "reward", "buffer", "trainer")
+#: a sample id's payload (bytes, or None: none stored), e.g. ``Ledger.payload``
+PayloadOf = Callable[[str], bytes | None]
 
 
 @dataclass
@@ -34,6 +45,8 @@ class Spans:
 
     stages: dict[str, list[float]] = field(default_factory=lambda: {s: [] for s in STAGES})
     total: list[float] = field(default_factory=list)
+    #: each sample's tool stage (taken out of its generation stage), in the same order
+    tool: list[float] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -61,7 +74,8 @@ class SpanFold:
     KINDS: ClassVar = (ev.Requested, ev.Started, ev.Generated, ev.Rewarded, ev.Leased,
                        ev.Committed, ev.Discarded, ev.LeaseReleased)
 
-    def __init__(self) -> None:
+    def __init__(self, payload_of: PayloadOf | None = None) -> None:
+        self.payload_of = payload_of  # where a sample's tool seconds are read (None: none)
         self.requested: dict[str, float] = {}
         self.started: dict[str, float] = {}
         self.generated: dict[str, tuple[float, float]] = {}
@@ -96,6 +110,7 @@ class SpanFold:
         stages, total = self.spans.stages, self.spans.total
         queue, generation, transfer = stages["queue"], stages["generation"], stages["transfer"]
         reward, buffer, trainer = stages["reward"], stages["buffer"], stages["trainer"]
+        tool, payload_of = self.spans.tool, self.payload_of
         try:
             t_lease = self.lease_ts.pop(e.lease)
             for sid in e.samples:
@@ -106,8 +121,10 @@ class SpanFold:
                 # the worker's own measure is capped at the span it was measured in, so
                 # the six stages always add up to the end-to-end time
                 gen = min(gen_s, max(0.0, t_gen - t_start))
+                env = min(gen, env_seconds(payload_of(sid))) if payload_of is not None else 0.0
                 queue.append(t_start - t_req)
-                generation.append(gen)
+                generation.append(gen - env)
+                tool.append(env)
                 transfer.append(max(0.0, t_gen - t_start - gen_s))
                 reward.append(t_rew - t_gen)
                 buffer.append(t_lease - t_rew)
@@ -127,9 +144,10 @@ class SpanFold:
         return self.spans
 
 
-def collect_spans(events: Iterable[ev.Event]) -> Spans:
-    """One pass over the events; only committed samples get spans."""
-    fold = SpanFold()
+def collect_spans(events: Iterable[ev.Event], payload_of: PayloadOf | None = None) -> Spans:
+    """One pass over the events; only committed samples get spans (tool time read from
+    ``payload_of``, where given)."""
+    fold = SpanFold(payload_of)
     for e in events:
         fold.feed(e)
         if fold.error is not None:
@@ -157,10 +175,12 @@ def percentiles(values: Sequence[float], qs: Sequence[float]) -> list[float]:
 
 
 def decompose(spans: Spans) -> list[StageRow]:
+    """A row per stage (``tool`` only where some sample had tool time)."""
     total = sum(spans.total) or 1.0
     rows = []
-    for name in STAGES:
-        vals = spans.stages[name]
+    tooled = any(spans.tool)
+    for name in TOOL_STAGES if tooled else STAGES:
+        vals = spans.tool if name == "tool" else spans.stages[name]
         p50, p95, p99 = percentiles(vals, (50, 95, 99))
         rows.append(StageRow(
             name, p50, p95, p99, sum(vals) / len(vals) if vals else 0.0, sum(vals) / total,

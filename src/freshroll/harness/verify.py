@@ -148,13 +148,14 @@ def check_ledger(run_dir: str | Path, *, allow_open: bool = False) -> LedgerPass
     """Read ``run_dir``'s ledger once: check its invariants and fold its figures."""
     from freshroll.figures.summary import SummaryFold
 
-    fold, files = SummaryFold(), FileBindings()
-
-    def also(e: ev.Event) -> None:
-        fold.feed(e)
-        files.feed(e)
-
+    files = FileBindings()
     with Ledger(Path(run_dir) / LEDGER_FILE, readonly=True) as ledger:
+        fold = SummaryFold(ledger.payload)  # the tool stage: each sample's env turns
+
+        def also(e: ev.Event) -> None:
+            fold.feed(e)
+            files.feed(e)
+
         report, recount = verify_events(ledger.events(), allow_open=allow_open, also=also)
         check_payloads(files, ledger, report.add)
     return LedgerPass(report, recount, fold, files)

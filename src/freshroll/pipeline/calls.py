@@ -6,16 +6,17 @@ pool started together on one worker epoch, under one sampling seed
 (:func:`generation_seed`, recorded on each member's ``started``).
 
 :meth:`CallRunner.generate` runs one call: the run's episode workflow drives the engine, each
-completion it emits is checked (:func:`malformed`: an ``invalid`` discard, counted against
-the worker's failure budget), handed to ``buf.complete`` and, if accepted, to the reward
-stage. A lock-step call is timed here (``limits.generate_timeout_s``), a continuous one by
-its worker's watchdog (:mod:`freshroll.pipeline.lanes`). It returns the worker's failure
-(WorkerLost / WorkerTimeout: the pool replaces the worker) or None; ``Superseded`` re-issues
-the call's unfinished attempts; any other engine failure ends them ``generation_error``,
-counted against the budget, and the run goes on. The runner gets the run's
-:class:`~freshroll.pipeline.context.RunContext` and the reward stage's inbox (accepted
-completions go there), never the pipeline; the pool's own bookkeeping is reached through
-three ports: a slot freed mid-call, requests queued again, and a stop at target's wake-up.
+completion it emits is checked (:func:`malformed`: an ``invalid`` discard, counted against the
+worker's failure budget), handed to ``buf.complete`` and, if accepted, to the reward stage. A
+lock-step call is timed here (``limits.generate_timeout_s``), a call in lanes (a continuous
+engine's, or a turn-batching workflow's) by its worker's watchdog
+(:mod:`freshroll.pipeline.lanes`). It returns the worker's failure (WorkerLost / WorkerTimeout:
+the pool replaces the worker) or None; ``Superseded`` re-issues the call's unfinished attempts;
+any other engine failure ends them ``generation_error``, counted against the budget, and the
+run goes on. The runner gets the run's :class:`~freshroll.pipeline.context.RunContext` and the
+reward stage's inbox (accepted completions go there), never the pipeline; the pool's own
+bookkeeping is reached through three ports: a slot freed mid-call, requests queued again, and a
+stop at target's wake-up.
 """
 
 from __future__ import annotations
@@ -117,11 +118,11 @@ class CallRunner:
             call.prompts.append(prompt)
             reqs.append(GenRequest(sid, sid.partition(".")[0], pid, prompt.text, step,
                                    row=prompt.columns))
-        stage = f"inference worker {w.name!r}"
+        stage, laned = f"inference worker {w.name!r}", w.live is not None
         seed, emit, episode = call.seed, self._emitter(w, call), self.workflow.run_episode
         waiting = self.ctx.waits.begin(f"{w.name} generate", lim.generate_timeout_s)
         try:
-            if engine.continuous:  # the worker's watchdog times it
+            if laned:  # in the worker's lanes: its watchdog times the call
                 await episode(engine, reqs, self.params, seed, emit)
             else:
                 async with asyncio.timeout(unsafe.timeout(lim.generate_timeout_s)) as cm:
@@ -134,7 +135,7 @@ class CallRunner:
                 task.uncancel()
             return self._timed_out(w)
         except TimeoutError:
-            if engine.continuous or not cm.expired():
+            if laned or not cm.expired():
                 raise
             return self._timed_out(w)
         except (WorkerLost, WorkerTimeout) as exc:

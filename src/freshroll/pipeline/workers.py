@@ -22,7 +22,9 @@ one completion per request (``single_turn``: one generate call); the pool never 
 an episode is. An engine with ``continuous = True`` keeps up to
 ``concurrency`` requests in flight, a new generate call starting as soon as slots free
 (several calls overlap: the worker's lanes, :mod:`freshroll.pipeline.lanes`); with
-``continuous = False`` one call at a time of at most ``concurrency`` requests. One call,
+``continuous = False`` one call at a time of at most ``concurrency`` requests (unless the
+workflow batches its episodes' turns itself, ``BatchesTurns``: then in lanes too, a new
+version loading once the live calls ended). One call,
 from its start to its end, is :mod:`freshroll.pipeline.calls`'s. Each
 completion the engine emits goes to ``buf.complete`` (payload only when it has token ids)
 and, if accepted, to the reward stage. A generate call that does not return within
@@ -53,7 +55,7 @@ from typing import TYPE_CHECKING
 from freshroll import unsafe
 from freshroll.control.breaker import quote
 from freshroll.engines.base import SwapsInFlight
-from freshroll.engines.episodes import HoldsEngines
+from freshroll.engines.episodes import HoldsEngines, overlaps_calls
 from freshroll.engines.seams import AsyncEngine, EngineNotRestartable, SamplingParams
 from freshroll.engines.weights import Weights
 from freshroll.envs.registry import workflow_for
@@ -293,7 +295,7 @@ class WorkerPool:
     async def _serve(self, w: Worker) -> BaseException | None:
         """Serve until retired (None) or lost/timed out (the error, to replace it)."""
         assert w.engine is not None
-        if not w.engine.continuous:
+        if not (w.engine.continuous or overlaps_calls(self.workflow)):
             return await self._dispatch(w, w.engine, None)
         timeout_s = unsafe.timeout(self.ctx.limits.generate_timeout_s)
         lanes = Lanes(w, w.engine, timeout_s, self.calls.generate, self._refill)
@@ -335,6 +337,9 @@ class WorkerPool:
                 elif w.loads == [None]:  # the engine's own weights are this version
                     w.loads[0] = pub.version
                 w.loaded = pub.version
+                continue
+            if w.loaded is not pub.version and lanes is not None:  # a lock-step engine's
+                await w.wake.wait()  # overlapping calls end on the old weights, then it loads
                 continue
             free = self.concurrency - w.inflight
             rids = buf.take_requests(free) if free > 0 else []

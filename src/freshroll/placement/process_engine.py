@@ -48,6 +48,7 @@ the driver, which owns the interrupt, stops its workers itself.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
@@ -226,9 +227,11 @@ def _serve(engine: Any, reader: SlotReader | None, op: str | None,
 
             if torch.get_num_threads() != int(msg["threads"]):
                 torch.set_num_threads(int(msg["threads"]))
+        ids = msg.get("prompt_ids")  # token-in: a later turn's context as token ids
+        given = {"prompt_ids": [tuple(int(t) for t in x) for x in ids]} if ids else {}
         comps = engine.generate(msg["prompts"], max_new_tokens=msg["max_new_tokens"],
                                 temperature=msg["temperature"], top_p=msg["top_p"],
-                                seed=msg["seed"], **msg.get("sampling", {}))
+                                seed=msg["seed"], **msg.get("sampling", {}), **given)
         return [completion_to_json(c) for c in comps]
     if op == "load":
         if reader is None:
@@ -375,19 +378,31 @@ class ProcessEngine:
 
     def generate(
         self, prompts: Sequence[str], *, max_new_tokens: int, temperature: float = 1.0,
-        top_p: float = 1.0, seed: int | None = None, **sampling: float,
+        top_p: float = 1.0, seed: int | None = None,
+        prompt_ids: Sequence[Sequence[int]] | None = None, **sampling: float,
     ) -> list[Completion]:
         """``sampling``: TRL's knobs where set (``top_k``, ``min_p``,
-        ``repetition_penalty``), passed on to the child's engine."""
+        ``repetition_penalty``), passed on to the child's engine; ``prompt_ids``: each
+        prompt's context as token ids (token-in: a later turn of an episode), used as given."""
         if isinstance(prompts, str):
             raise TypeError("prompts must be a sequence of strings, not a single string")
         threads = _calling_threads() if self.follow_threads else None
-        extra = {"sampling": sampling} if sampling else {}
+        extra: dict[str, Any] = {"sampling": sampling} if sampling else {}
+        if prompt_ids is not None:
+            extra["prompt_ids"] = [[int(t) for t in ids] for ids in prompt_ids]
         result = self._call("generate", self.generate_timeout_s, "generate",
                             prompts=list(prompts), max_new_tokens=max_new_tokens,
                             temperature=temperature, top_p=top_p, seed=seed, threads=threads,
                             **extra)
         return [completion_from_json(d) for d in result]
+
+    @functools.cached_property
+    def tokenizer(self) -> Any:
+        """The model's tokenizer, loaded in this process on first use (a tool-using episode
+        encodes a tool's output once, here; the child generates from the token ids)."""
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(self._path, local_files_only=True)
 
     def load_weights(self, handle: Weights) -> float:
         """Load a published slot (the channel counts this worker as its reader until the

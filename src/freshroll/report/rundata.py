@@ -118,7 +118,7 @@ def _read_ledger(run_dir: Path, notes: list[str], verify: bool) -> tuple[
             fold = passed.fold
         else:
             with Ledger(path, readonly=True) as ledger:
-                fold = fold_events(e for _, e in ledger.events())
+                fold = fold_events((e for _, e in ledger.events()), ledger.payload)
     except Exception as exc:  # any unreadable ledger: the report still renders
         if path.is_file():
             notes.append(f"{path.name} is unreadable: {exc}")
