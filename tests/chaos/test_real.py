@@ -8,7 +8,10 @@ what makes each one real:
 * ``kill_worker``: the actor was killed with ``ray.kill`` (the fault's record says so), its
   epoch fenced ``lost`` and a new epoch started for it;
 * ``stall_worker``: the stuck call's epoch was fenced ``timeout`` after
-  ``limits.generate_timeout_s`` of real time, and its late results were rejected;
+  ``limits.generate_timeout_s`` of real time, and its late results were rejected (a stall's
+  run has ONE worker and 8 steps, ``chaos.real.STALL_WORKLOAD``: it cannot finish before the
+  replacement worker started, so the late results land while it runs; it had two workers and
+  100 steps, twice with its twin: ~40 CPU-s of the module's, see CHANGELOG 2026-12-07);
 * every Ray instance the cases started is gone when they end.
 
 Slow: each run starts a Ray instance and two actors (tens of seconds on a loaded CPU).
@@ -59,10 +62,14 @@ def test_the_ray_worker_kill_really_killed_an_actor(cases: dict[str, CaseResult]
 
 
 def test_the_ray_stall_is_fenced_and_its_late_results_rejected(cases: dict[str, CaseResult]):
+    """The one worker's stalled epoch is fenced ``timeout``, a new actor started for it (the
+    run needs it: no other worker), and the zombie's late results rejected ``fenced``."""
     run_dir: Path = cases["worker-stall"].run_dir
     (target,), = events(run_dir, "fault_injected", "target")
     assert (target, 0, "timeout") in events(run_dir, "worker_fenced", "worker", "epoch",
                                             "reason")
+    assert {w for (w,) in events(run_dir, "worker_started", "worker")} == {target}
+    assert (target, 1) in events(run_dir, "worker_started", "worker", "epoch")
     rejected = [s for (s, why) in events(run_dir, "rejected", "sample", "reason")
                 if why == "fenced"]
     assert rejected, "the zombie's late results never reached the buffer"

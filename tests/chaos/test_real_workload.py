@@ -33,7 +33,8 @@ def test_only_the_scenario_keys_that_mean_the_same_on_a_real_model_apply():
     cfg = validate(data, "t")
     assert cfg.run.max_staleness == 3 and cfg.trainer.lr == 0.01
     own = REAL_WORKLOAD
-    assert cfg.run.steps == STALL_STEPS and cfg.rollout.workers == 2  # its own size
+    # its own size: one worker, so the run waits for the stalled one's replacement (real.py)
+    assert cfg.run.steps == STALL_STEPS and cfg.rollout.workers == 1
     assert cfg.limits.generate_timeout_s == own["limits"]["generate_timeout_s"]
     assert "sim" not in data
 

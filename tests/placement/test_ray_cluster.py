@@ -361,7 +361,9 @@ class TestOnTheModulesCluster:
     @pytest.mark.slow
     def test_reward_actors_must_build_the_drivers_reward_version(self):
         """Each reward actor builds the RewardSet from the config; a driver whose set differs
-        (here: another weight) is refused before any sample is scored, naming both digests."""
+        (here: another weight) is refused before any sample is scored, naming both digests.
+        (The refused scorer has one actor, not two: one actor's version is what is compared,
+        and each actor is a Ray worker process's start-up.)"""
         from freshroll.errors import RunFailed
         from freshroll.placement.ray_scorer import RayScorer
         from freshroll.rewards.scoring import build_reward_set
@@ -373,7 +375,7 @@ class TestOnTheModulesCluster:
         assert scorer.concurrency == 2 and len(set(scorer.actor_ids())) == 2
         scorer.close()
         with pytest.raises(RunFailed, match=f"driver {other.version}"):
-            RayScorer(cfg, other)
+            RayScorer(load_config(None, ["ray.reward_actors=1"]), other)
 
     @pytest.mark.slow
     def test_load_weights_takes_a_ref_or_a_dict_and_a_lost_ref_is_worker_lost(

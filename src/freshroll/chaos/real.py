@@ -5,14 +5,15 @@ A plan's scenarios marked ``real: true`` also run on the tiny local model
 real time, in two placements:
 
 * ``inline``: one HF engine on a thread of the run's process;
-* ``ray``: two HF engines, each in a Ray actor (a process of its own).
+* ``ray``: two HF engines (one for a stall: :data:`STALL_WORKLOAD`), each in a Ray actor
+  (a process of its own).
 
 The config of one real run (:func:`real_workload`), each layer over the last::
 
     REAL_WORKLOAD  ->  the placement's keys (PLACEMENTS)  ->  the scenario's keys that mean
     the same on a real model (REAL_KEYS: run.max_staleness, trainer, tail, rewards)
     ->  the plan's ``real_workload``  ->  run.seed, and run.steps raised to 3 past the
-    latest step trigger (a stall's run: :data:`STALL_STEPS` unless the plan sets them)
+    latest step trigger (a stall's run: :data:`STALL_WORKLOAD` under the scenario's keys)
 
 What is real and what is injected (docs/chaos-real.md):
 
@@ -59,10 +60,16 @@ REAL_WORKLOAD: dict[str, Any] = {
 #: fault kinds that hold a call past its timeout: the run must outlast the timeout after them
 #: (the fence, then the late results' rejection, happen while it still runs)
 STALL_KINDS = frozenset({"stall_worker", "stall_weights"})
-#: the steps of a stall scenario's run, unless the plan sets them: a stall at step 2 is fenced
-#: after ``generate_timeout_s`` (4 s) and its results arrive ``delay_s`` later (on a quiet
-#: 2-core machine 40 steps took 3.6 s after it; a loaded one is slower)
-STALL_STEPS = 100
+#: the steps of a stall scenario's run, unless the plan sets them (raised to 3 past the stall)
+STALL_STEPS = 8
+#: a stall scenario's keys, over the placement's: ONE inference worker, so the run cannot
+#: finish without the worker that replaces the stalled one (its epoch fenced after
+#: ``generate_timeout_s``, then a new engine started: seconds of process start-up and model
+#: load), while the held results arrive ``delay_s`` (1 s in the library) after the fence: the
+#: late results are rejected while the run still waits, however fast or loaded the machine.
+#: (With two workers the other one went on alone, and only a long run (100 steps, twice with
+#: its twin, ~40 CPU-s on 2 cores) outlasted the fence on a quiet machine.)
+STALL_WORKLOAD: dict[str, Any] = {"run": {"steps": STALL_STEPS}, "rollout": {"workers": 1}}
 
 #: the keys of each real placement
 PLACEMENTS: dict[str, dict[str, Any]] = {
@@ -107,7 +114,7 @@ def real_workload(plan: Plan, scenario: Scenario, seed: int, placement: str) -> 
         raise ValueError(f"placement {placement!r}: one of sim, {', '.join(PLACEMENTS)}")
     data = merge(REAL_WORKLOAD, PLACEMENTS[placement])
     if any(f.kind in STALL_KINDS for f in scenario.faults):
-        data = merge(data, {"run": {"steps": STALL_STEPS}})
+        data = merge(data, STALL_WORKLOAD)
     data = merge(data, applicable(scenario.workload))
     data = merge(data, plan.real_workload)
     steps = [f.at.step for f in scenario.faults if f.at.step is not None]
@@ -132,4 +139,4 @@ def skip_reason(scenario: Scenario, placement: str) -> str | None:
 
 
 __all__ = ["PLACEMENTS", "REAL_KEYS", "REAL_WORKLOAD", "RESTARTING_KINDS", "STALL_KINDS",
-           "STALL_STEPS", "applicable", "real_workload", "skip_reason"]
+           "STALL_STEPS", "STALL_WORKLOAD", "applicable", "real_workload", "skip_reason"]
