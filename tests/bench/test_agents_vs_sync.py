@@ -3,32 +3,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import re
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from bench_scripts import load_script
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _script() -> ModuleType:
-    name = "agents_vs_sync"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-av = _script()
+av = load_script("agents_vs_sync")
 
 
 def _write_run(out: Path, rate: float, rewards: list[float], tool: float | None) -> Path:
