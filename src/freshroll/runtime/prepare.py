@@ -355,12 +355,13 @@ def context_limit(
 def _model_limit(
     cfg: Config, path: Path, pending: tuple[Any, Any] | None
 ) -> tuple[int | None, str]:
-    """The most tokens the engine takes in a prompt: it refuses a longer one mid-run (hf:
-    more than ``max_position_embeddings``; vllm: ``max_model_len`` or more). ``(None, "")``
-    when the model's config names no limit."""
+    """The positions a prompt and its completion share (hf: ``max_position_embeddings``;
+    vllm: ``vllm.max_model_len`` where set), and their name in an error; ``(None, "")`` when
+    the model's config names no limit. :func:`context_limit` leaves the completion's tokens
+    out of it, so a prompt never fills the whole context (vLLM's rule too)."""
     if cfg.rollout.engine == "vllm" and cfg.vllm.max_model_len is not None:
         mml = cfg.vllm.max_model_len
-        return mml - 1, f"the most a prompt may have under vllm.max_model_len {mml}"
+        return mml, f"vllm.max_model_len {mml}"
     if pending is not None:
         config = pending[0].config.to_dict()
         where = "the embedded model (model.tiny)"
@@ -373,9 +374,6 @@ def _model_limit(
     limit = config.get("max_position_embeddings") if isinstance(config, dict) else None
     if not isinstance(limit, int) or isinstance(limit, bool):
         return None, ""
-    if cfg.rollout.engine == "vllm":  # vLLM refuses a prompt that fills the whole context
-        return limit - 1, (f"the most a prompt may have under the max_position_embeddings "
-                           f"({limit}) of {where}")
     return limit, f"the max_position_embeddings of {where}"
 
 
