@@ -204,7 +204,7 @@ def run_one(job: dict[str, Any]) -> dict[str, Any]:
 
     shape, system, seed = SHAPES[job["shape"]], job["system"], job["seed"]
     work = Path(job["work"])
-    model_dir = work / "models" / job["shape"]
+    model_dir = work / "models" / job["shape"].partition("@")[0]  # one model per shape
     out = work / "runs" / f"{job['shape']}-{system}-s{seed}"
     if out.exists():
         import shutil
@@ -395,6 +395,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--systems", nargs="+", default=DEFAULT_SYSTEMS, choices=list(SYSTEMS))
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     ap.add_argument("--steps", type=int, help="override every shape's steps")
+    ap.add_argument("--lr", type=float, help="override every shape's learning rate (every "
+                    "system, TRL included); the shape is then named <shape>@lr<lr>")
     ap.add_argument("--quick", action="store_true", help="the smoke shape, sync and "
                     "async-tis, seed 0 (seconds)")
     ap.add_argument("--json", type=Path, help="write every run's figures to this file")
@@ -405,12 +407,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.one:
         job = json.loads(args.one)
-        if job.get("steps"):
-            SHAPES[job["shape"]] = _with_steps(SHAPES[job["shape"]], job["steps"])
+        _derive(job["shape"], job.get("steps"))
         Path(job["result"]).write_text(json.dumps(run_one(job)))
         return 0
     if args.quick:
         args.shapes, args.systems, args.seeds = ["smoke"], ["sync", "async-tis"], [0]
+    if args.lr is not None:
+        args.shapes = [f"{name}@lr{args.lr:g}" for name in args.shapes]
     work = args.workdir or Path(tempfile.mkdtemp(prefix="freshroll-learning-"))
     work.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "FRESHROLL_CACHE_DIR": str(work / "probe-cache")}
@@ -423,6 +426,7 @@ def main(argv: list[str] | None = None) -> int:
     done = {(r["shape"], r["system"], r["seed"]) for r in runs}
     t0 = time.perf_counter()
     for shape in args.shapes:
+        _derive(shape, None)
         for i, seed in enumerate(args.seeds):
             rot = i % len(args.systems)
             for system in args.systems[rot:] + args.systems[:rot]:
@@ -462,6 +466,18 @@ def main(argv: list[str] | None = None) -> int:
 
 def _with_steps(shape: Shape, steps: int) -> Shape:
     return Shape(**{**asdict(shape), "steps": steps, "extra": tuple(shape.extra)})
+
+
+def _derive(name: str, steps: int | None) -> None:
+    """Put ``name`` in :data:`SHAPES`: a shape's name, or ``<shape>@lr<lr>`` (that shape at
+    another learning rate); ``steps`` overrides its steps."""
+    base, _, lr = name.partition("@lr")
+    shape = SHAPES[base]
+    if lr:
+        shape = Shape(**{**asdict(shape), "lr": float(lr), "extra": tuple(shape.extra)})
+    if steps:
+        shape = _with_steps(shape, steps)
+    SHAPES[name] = shape
 
 
 if __name__ == "__main__":

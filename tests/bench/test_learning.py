@@ -77,3 +77,12 @@ def test_quick_run_prints_the_table(tmp_path: Path) -> None:
     saved = json.loads(out.read_text())
     assert {r["system"] for r in saved["runs"]} == {"sync", "async-tis"}
     assert all(len(r["rewards"]) == 4 == len(r["times"]) for r in saved["runs"])
+
+
+def test_a_shape_at_another_learning_rate_keeps_everything_else() -> None:
+    lb._derive("llama-sort-8@lr0.002", 40)
+    base, derived = lb.SHAPES["llama-sort-8"], lb.SHAPES["llama-sort-8@lr0.002"]
+    assert derived.lr == 0.002 and derived.steps == 40
+    assert (derived.arch, derived.size, derived.task, derived.new_tokens) == (
+        base.arch, base.size, base.task, base.new_tokens)
+    assert "trainer.lr=0.002" in derived.overrides()
