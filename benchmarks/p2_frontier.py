@@ -21,6 +21,9 @@ the machine's load; only the wall seconds do). Systems, each at every η (the ke
 - ``refresh``: ``continue-newest`` with ``tail.refresh=true`` (a finished member past the
   bound re-issued instead of its group ending stale: freshroll.kernel.refresh); ``all-refresh``:
   ``all`` with ``tail.refresh=true``;
+- ``pace-static``, ``pace-deadlines``, ``pace-all``: ``static``, ``deadlines`` and ``all``
+  with ``run.staleness_policy=pace`` (the trainer consumes in admission order, waiting for a
+  group still running ahead: none is discarded stale; freshroll.kernel.freshness.paced_lease);
 - ``wide-static``, ``wide-continue-newest``, ``wide-all``, ``wide-all-doomed``,
   ``wide-refresh``, ``wide-all-refresh``: ``static``, ``continue-newest``, ``all``,
   ``all-doomed``, ``refresh`` and ``all-refresh`` with an admission window :data:`WIDE` times
@@ -101,6 +104,9 @@ SYSTEMS: dict[str, list[str]] = {
     "all-refresh": ["control.mode=adaptive", "control.max_workers=32",
                     "tail.overprovision=auto", *NEWEST, "tail.refresh=true"],
 }
+PACE = ["run.staleness_policy=pace"]
+for _name in ("static", "deadlines", "all"):
+    SYSTEMS[f"pace-{_name}"] = [*SYSTEMS[_name], *PACE]
 #: the wide rows' admission window, in freshness windows (η + 1 trainer steps each)
 WIDE = 3
 for _name in ("static", "continue-newest", "all", "all-doomed", "refresh", "all-refresh"):

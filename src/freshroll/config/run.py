@@ -38,6 +38,13 @@ class RunSection(_Section):
         "keeps taking new weights; otherwise a line at start says the extra groups mostly end "
         "stale). Measured on P2, 3 x (eta + 1) cut trainer idle ~10 points for ~35 points "
         "more stale discards (docs/tails.md)")
+    staleness_policy: Literal["discard", "pace"] = Field(
+        "discard", description="which ready groups a trainer step takes. discard: those ready "
+        "first, a group past max_staleness discarded stale at lease (a long group is "
+        "overtaken and may age out); pace: those nearest their deadline (oldest step + "
+        "max_staleness), waiting for a running group that would otherwise miss its own: with "
+        "the auto admission_window none is discarded stale and short completions are not "
+        "favoured, at the cost of trainer waits behind long groups (docs/tails.md, Pacing)")
     torch_threads: Annotated[int, Field(ge=1, le=1_024)] | Literal["auto"] = Field(
         "auto", description="intra-op threads per compute thread; auto: an async run measures "
         "at start (a thread probe: all the cores where they make a step's work >= 1.15x "

@@ -50,7 +50,7 @@ from typing import Any
 
 from freshroll.clock import Clock
 from freshroll.errors import LeaseError, LedgerError, StateError, UnknownSampleError
-from freshroll.kernel.freshness import admission_capacity, is_stale
+from freshroll.kernel.freshness import admission_capacity, is_stale, paced_lease
 from freshroll.kernel.refresh import refresh_groups
 from freshroll.kernel.results import BufferResults, KernelConfig
 from freshroll.kernel.state import (
@@ -61,6 +61,7 @@ from freshroll.kernel.state import (
     QUEUED,
     RUNNING,
     Lease,
+    _Group,
 )
 from freshroll.kernel.stop_at_target import stop_at_target
 from freshroll.ledger import events as ev
@@ -261,7 +262,9 @@ class SampleBuffer(BufferResults):
 
     # == trainer =====================================================================
     def lease(self, n_groups: int | None = None, *, wait_s: float = 0.0) -> Lease | None:
-        """Lease the ``n_groups`` oldest ready groups, or None if there are fewer.
+        """Lease the ``n_groups`` oldest ready groups, or None if there are fewer (under
+        ``staleness_policy`` ``pace``: the oldest admitted, or None while one of them is still
+        running: :func:`~freshroll.kernel.freshness.paced_lease`).
 
         Every ready group whose lag now exceeds ``max_staleness`` is discarded
         first (reason ``stale``), so a lease only ever holds fresh groups.
@@ -292,13 +295,31 @@ class SampleBuffer(BufferResults):
             self._discard_group(group, "stale", f"lag {step - self._oldest_step(group)} > {eta}")
         if len(self._ready) < n:
             return None
-        fresh = list(itertools.islice(self._ready, n))
+        if self.config.staleness_policy == "pace":
+            ready = list(self._ready)
+            picked = paced_lease([(self._oldest_step(g), g.seq) for g in ready],
+                                 [s for g in self._live.values()
+                                  if (s := self._started_step(g)) is not None],
+                                 n, version=step, max_staleness=eta)
+            if picked is None:
+                return None
+            fresh = [ready[i] for i in picked]
+        else:
+            fresh = list(itertools.islice(self._ready, n))
         lid = f"l{self._n_leases}"
         self._emit(ev.Leased(
             ts=self.clock.now(), lease=lid, version=str(self.version),
             groups=[g.id for g in fresh], wait_s=wait_s,
         ))
         return self._leases[lid]
+
+    def _started_step(self, group: _Group) -> int | None:
+        """The oldest policy step among a running group's started members (its rewarded ones
+        on the basis in force; a running or generated one's oldest token), None if none."""
+        steps = [r.step for r in group.members if r.state in (RUNNING, GENERATED)]
+        if group.samples:
+            steps.append(self._oldest_step(group))
+        return min(steps, default=None)
 
     def commit(
         self,

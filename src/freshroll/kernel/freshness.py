@@ -88,6 +88,44 @@ from typing import Final, Literal
 
 StalenessBasis = Literal["oldest_token", "newest_token"]
 STALENESS_BASES: Final = ("oldest_token", "newest_token")
+#: run.staleness_policy (:func:`paced_lease`)
+STALENESS_POLICIES: Final = ("discard", "pace")
+
+
+def paced_lease(ready: Sequence[tuple[int, int]], running: Sequence[int], n: int, *,
+                version: int, max_staleness: int) -> list[int] | None:
+    """Under ``run.staleness_policy: pace``, which ready groups a lease of ``n`` takes at
+    trainer version ``version``: their positions in ``ready``, or None to wait.
+
+    ``ready``: ``(oldest step, admission number)`` of each ready group; ``running``: the
+    oldest policy step among the started members of each running group (a member not yet
+    started will start on a newer policy). A group whose oldest step is ``s`` must be leased
+    at version ``s + η`` at the latest (its *deadline*). The lease takes the ``n`` ready
+    groups of earliest deadline (then admission order), and the trainer then stands at
+    ``version + 1``: the groups left can all still be leased in time only if, in deadline
+    order, the ``k``-th of them (from 0) meets
+
+        version + 1 + k // n  <=  its deadline            (one lease of n a version)
+
+    If they cannot and a group is still running, the lease waits for it (waiting moves no
+    version, so it ages nothing); if only ready groups are short of time, waiting cannot help
+    and the lease goes ahead (the lease's stale check discards what cannot be saved: with the
+    ``W = η + 1`` window that does not happen, as the tests check). The ``discard`` policy
+    never waits: it takes the ``n`` groups that became ready first, and a long group may be
+    overtaken past its deadline.
+    """
+    if len(ready) < n:
+        return None
+    order = sorted(range(len(ready)), key=ready.__getitem__)
+    picked, left = order[:n], [ready[i][0] + max_staleness for i in order[n:]]
+
+    def in_time(deadlines: list[int]) -> bool:
+        return all(version + 1 + k // n <= d for k, d in enumerate(sorted(deadlines)))
+
+    if running and in_time(left) and not in_time(
+            [*left, *(s + max_staleness for s in running)]):
+        return None
+    return picked
 
 
 def window_steps(max_staleness: int, admission_window: int | None = None) -> int:

@@ -25,7 +25,7 @@ from typing import Any, NoReturn
 from freshroll import unsafe
 from freshroll.clock import Clock
 from freshroll.errors import ConfigError, StateError
-from freshroll.kernel.freshness import STALENESS_BASES, basis_step
+from freshroll.kernel.freshness import STALENESS_BASES, STALENESS_POLICIES, basis_step
 from freshroll.kernel.queries import BufferQueries
 from freshroll.kernel.refresh import refresh_member
 from freshroll.kernel.state import (
@@ -63,6 +63,9 @@ class KernelConfig:
     admission_window: int | None = None
     #: tail.max_refreshes where tail.refresh is on (freshroll.kernel.refresh); None: off
     max_refreshes: int | None = None
+    #: run.staleness_policy: lease the oldest ready groups (discard) or the oldest admitted
+    #: ones, waiting for those still running (pace)
+    staleness_policy: str = "discard"
 
     def __post_init__(self) -> None:
         for name in ("max_staleness", "batch_groups", "group_size"):
@@ -79,6 +82,9 @@ class KernelConfig:
                                    or window < self.max_staleness + 1):
             raise ConfigError(f"admission_window must be an integer >= max_staleness + 1 = "
                               f"{self.max_staleness + 1} or None, got {window!r}")
+        if self.staleness_policy not in STALENESS_POLICIES:
+            raise ConfigError(f"staleness_policy must be one of {STALENESS_POLICIES}, "
+                              f"got {self.staleness_policy!r}")
         limit = self.max_refreshes
         if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool)
                                   or limit < 1):

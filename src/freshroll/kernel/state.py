@@ -70,6 +70,7 @@ class _Group:
     newest: int = 2**62  # least newest-token step among them (newest_token basis)
     started_at: float | None = None  # ts of the first attempt of any member
     target: int = 0  # members it keeps (over-provisioned: fewer than its members; stop at target)
+    seq: int = 0  # its place in admission order (run.staleness_policy: pace leases by it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +169,7 @@ class BufferState:
 
     def _on_requested(self, e: ev.Requested) -> None:
         group = _Group(GroupId(e.group), e.prompt_id, open=e.size,
-                       target=e.size if e.target is None else e.target)
+                       target=e.size if e.target is None else e.target, seq=len(self._groups))
         if group.id in self._groups:
             raise StateError(f"group {group.id} admitted twice")
         self._groups[group.id] = group
@@ -304,6 +305,7 @@ class BufferState:
             self._payloads.pop(req.sample, None)
         self._counts[f"discarded_{e.reason}"] += 1
         if e.reason in ev.RETRY_REASONS:
+            self.ready_changes += 1  # its group's oldest started step may move (pace)
             if was in (GENERATED, REWARDED):  # refreshed: its result leaves the group
                 self._unfinish(req, was)
             req.state = QUEUED
@@ -324,6 +326,7 @@ class BufferState:
             group.state = G_DONE
             self._live.pop(group.id, None)
             self.running -= 1
+            self.ready_changes += 1  # a group ahead of the ready ones ended (pace may lease)
 
     def _unfinish(self, req: _Request, was: int) -> None:
         """A finished member is re-issued (``refreshed``): a rewarded one's sample leaves the

@@ -15,7 +15,8 @@ def kernel_config(cfg: Config) -> KernelConfig:
                         max_inflight_groups=cfg.rollout.max_inflight_groups,
                         staleness_basis=cfg.run.staleness_basis,
                         admission_window=cfg.run.window_steps,
-                        max_refreshes=cfg.tail.max_refreshes if cfg.tail.refresh else None)
+                        max_refreshes=cfg.tail.max_refreshes if cfg.tail.refresh else None,
+                        staleness_policy=cfg.run.staleness_policy)
 
 
 __all__ = ["kernel_config"]

@@ -54,6 +54,7 @@ RULES: Final[Mapping[str, Rule]] = {
     "run.max_staleness": "explicit",  # eta: which samples the trainer may consume
     "run.staleness_basis": "explicit",  # the lag eta bounds: which samples may be consumed
     "run.admission_window": "free",  # groups in flight: speed and discards, eta holds at lease
+    "run.staleness_policy": "free",  # which ready groups a step takes: eta holds at lease
     "run.torch_threads": "free",
     "run.runtime": "free",           # where workers run, not what they compute
     "run.progress": "free",
