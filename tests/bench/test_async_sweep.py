@@ -5,17 +5,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from bench_scripts import load_script
-
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "benchmarks" / "async_sweep.py"
-
+from bench_scripts import load_script, run_main
 
 sweep = load_script("async_sweep")
 
@@ -183,19 +176,17 @@ def test_table_has_a_row_per_shape_and_load():
 
 
 @pytest.mark.slow
-def test_quick_sweep_prints_its_table(tmp_path: Path):
+def test_quick_sweep_prints_its_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     out = tmp_path / "sweep.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    done = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--json", str(out)],
-                          capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "| tiny (0.085M) | 4 | quiet | 3 |" in done.stdout
+    status, stdout = run_main("async_sweep", ["--quick", "--json", str(out)], capsys)
+    assert status == 0
+    assert "| tiny (0.085M) | 4 | quiet | 3 |" in stdout
     data = json.loads(out.read_text())
     (cell,) = data["cells"]
     assert set(cell["rates"]) == {"sync", "async-auto", "trl-1t", "trl-default", "floor"}
     assert all(r > 0 for r in cell["rates"].values())
     assert set(cell["floor"]) == {"1", str(data["trl_default_threads"])} or len(cell["floor"]) == 1
-    assert "best TRL" in done.stdout and "sync / floor" in done.stdout
+    assert "best TRL" in stdout and "sync / floor" in stdout
     assert cell["t_alone"] > 0 and cell["t_concurrent"] > 0
     # a quiet cell checks every goal of issue 25 (sync vs TRL, the floor, the fixed costs)
     assert set(cell["goals"]) == {"not_slower", "A", "trl", "sync_trl", "floor", "floor_median",

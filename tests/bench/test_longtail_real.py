@@ -5,18 +5,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from bench_scripts import load_script
-
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "benchmarks" / "longtail_real.py"
+from bench_scripts import load_script, run_main
 
 lt = load_script("longtail_real")
 SYSTEMS = ("sync", "finish", "continue")
@@ -60,15 +54,13 @@ def test_the_table_has_one_row_per_system_with_mean_and_sd_over_seeds(tmp_path: 
 
 
 @pytest.mark.slow
-def test_quick_run_prints_every_system_with_finite_figures(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    done = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--work",
-                           str(tmp_path)],
-                          capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert re.search(r"load average before: [\d.]+ [\d.]+ [\d.]+", done.stdout)
+def test_quick_run_prints_every_system_with_finite_figures(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    status, stdout = run_main("longtail_real", ["--quick", "--work", str(tmp_path)], capsys)
+    assert status == 0
+    assert re.search(r"load average before: [\d.]+ [\d.]+ [\d.]+", stdout)
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
-            for line in done.stdout.splitlines() if line.startswith("| ")
+            for line in stdout.splitlines() if line.startswith("| ")
             and not line.startswith("| system")}
     assert set(rows) == set(SYSTEMS)
     for system, cells in rows.items():

@@ -6,17 +6,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from bench_scripts import load_script
-
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "benchmarks" / "vs_trl.py"
-
+from bench_scripts import load_script, run_main
 
 vs = load_script("vs_trl")
 
@@ -89,13 +82,12 @@ def test_the_headline_is_time_to_90pct_of_syncs_reward_beside_the_rate(capsys):
 
 
 @pytest.mark.slow
-def test_quick_run_compares_with_trl_at_both_thread_counts(tmp_path: Path):
+def test_quick_run_compares_with_trl_at_both_thread_counts(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     out = tmp_path / "vs.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    done = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--warmup", "0",
-                           "--json", str(out)],
-                          capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
-    assert done.returncode == 0, done.stderr[-3000:]
+    status, stdout = run_main("vs_trl", ["--quick", "--warmup", "0", "--json", str(out),
+                                         "--workdir", str(tmp_path / "work")], capsys)
+    assert status == 0
     data = json.loads(out.read_text())
     assert data["systems"] == ["trl-1t", "trl-default", "freshroll-sync", "freshroll-default"]
     assert {r["system"] for r in data["results"]} == set(data["systems"])
@@ -103,6 +95,6 @@ def test_quick_run_compares_with_trl_at_both_thread_counts(tmp_path: Path):
                for r in data["results"])
     assert data["goals"]["best_trl"] in ("trl-1t", "trl-default")
     assert data["goals"]["sync_vs_best_trl"]["verdict"] in ("PASS", "MISS")
-    assert "against the best TRL" in done.stdout
+    assert "against the best TRL" in stdout
     assert data["headline"]["best_trl"] == data["goals"]["best_trl"]
-    assert done.stdout.index("time to 90% of freshroll-sync") < done.stdout.index("means over")
+    assert stdout.index("time to 90% of freshroll-sync") < stdout.index("means over")

@@ -200,15 +200,27 @@ def test_example_configs_validate():
         load_config(path)
 
 
+@pytest.fixture(scope="module")
+def ray_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, str]:
+    """One private Ray run read by the two tests below (each Ray run costs its instance and
+    a Python start-up per actor, ~10 CPU-s each): two inference actors (small batches: both
+    work), auto threads, the sync fallback's windows. (out, stdout, stderr)"""
+    out = tmp_path_factory.mktemp("ray-run") / "ray"
+    proc = freshroll("run", "run.progress=false", "task.n_prompts=256", "rollout.group_size=4",
+                     "rollout.batch_groups=4", "run.steps=16", "run.runtime=ray",
+                     "rollout.workers=2", "rollout.worker_batch=4", "run.max_staleness=1",
+                     "control.fallback=true", "control.fallback_window_steps=2",
+                     "control.fallback_window_s=0.01", "--out", str(out), check=False)
+    return out, proc.stdout, proc.stderr
+
+
 @pytest.mark.ray
-def test_ray_runtime_runs_workers_as_actors(tmp_path: Path, small: list[str]):
+def test_ray_runtime_runs_workers_as_actors(ray_run: tuple[Path, str, str]):
     """runtime: ray places each inference engine in a Ray actor; the invariants still hold."""
-    out = tmp_path / "ray"
-    proc = freshroll("run", *small, "run.steps=4", "run.runtime=ray", "rollout.workers=2",
-                     "rollout.worker_batch=4", "--out", str(out))  # small batches: both work
-    assert "verify: ok" in proc.stdout
+    out, stdout, stderr = ray_run
+    assert "verify: ok" in stdout, stderr[-2000:]
     s = summary(out)
-    assert s["steps"] == 4 and s["lag"]["max"] <= 1
+    assert s["steps"] == 16 and s["lag"]["max"] <= 1
     db = sqlite3.connect(out / "ledger.sqlite")
     workers = {r[0] for r in db.execute(
         "SELECT json_extract(body, '$.worker') FROM events WHERE kind='started'")}
@@ -218,25 +230,22 @@ def test_ray_runtime_runs_workers_as_actors(tmp_path: Path, small: list[str]):
 
 
 @pytest.mark.ray
-def test_a_ray_runs_actors_take_every_core_in_the_sync_windows(tmp_path: Path,
-                                                               small: list[str]):
+def test_a_ray_runs_actors_take_every_core_in_the_sync_windows(
+        ray_run: tuple[Path, str, str]):
     """A private Ray run with auto threads: its actors' calls follow the sync fallback's mode
     (issue 25): in the sync windows both stages try one and every core on their own calls
     (the trainer's timed where it runs), a core each while async; the run verifies."""
     from freshroll.placement.placement import available_cores
 
-    out = tmp_path / "ray"
-    proc = freshroll("run", *small, "run.steps=16", "run.runtime=ray", "run.max_staleness=1",
-                     "control.fallback=true", "control.fallback_window_steps=2",
-                     "control.fallback_window_s=0.01", "--out", str(out))
-    assert "verify: ok" in proc.stdout, proc.stderr[-2000:]
+    out, stdout, stderr = ray_run
+    assert "verify: ok" in stdout, stderr[-2000:]
     s = summary(out)
     placed = s["host"]["placement"]
     assert placed["runtime"] == "ray" and placed["worker_threads"] == 1
     assert placed["trainer"] == "driver"  # ray.trainer auto on a private instance
     fixed = s["fixed_costs"]  # Ray's own start and stop, inside the seconds outside the wall
     assert 0 < fixed["ray_start_s"] < fixed["start_s"] and fixed["ray_stop_s"] > 0
-    assert "Ray's own start" in proc.stderr
+    assert "Ray's own start" in stderr
     if available_cores() < 2:
         return  # one core: nothing to follow
     windows = placed["sync_window_stages"]

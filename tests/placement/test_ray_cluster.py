@@ -114,21 +114,19 @@ def _wait_cpus(ray: Any, want: float, timeout_s: float = 30.0) -> float:
 
 
 @pytest.mark.slow
-def test_a_run_joins_a_running_cluster_and_leaves_it_running(tmp_path: Path,
+def test_a_run_joins_a_running_cluster_and_leaves_it_running(reward_run: _RewardRun,
                                                              cluster: ScratchCluster):
     """``ray start --head`` (2 CPUs), a short real run against it (one inference actor,
-    one reward actor), verify passes; afterwards the cluster still runs, freshroll's actors
-    are gone (all its CPUs free again) and this process is disconnected. (The cluster is
-    the module's, stopped and checked gone when the module ends.)"""
+    one reward actor: ``reward_run``'s, whose faults leave the cluster as any run does),
+    verify passes; afterwards the cluster still runs, freshroll's actors are gone (all its
+    CPUs free again) and this process is disconnected. (The cluster is the module's,
+    stopped and checked gone when the module ends.)"""
     import ray
 
-    cfg = load_config(None, [*SMALL, "run.steps=3", "rollout.workers=1", joining(cluster)])
-    out = tmp_path / "joined"
-    daemons = cluster.daemon_pids()
+    out, daemons = reward_run.out, reward_run.daemons
     assert len(daemons) == 2, daemons  # gcs_server and raylet
-    result = run_mod.run(cfg, out)
-    assert result.ok, verify_run(out).render()
-    assert not ray.is_initialized()  # disconnected
+    assert reward_run.result.ok, verify_run(out).render()
+    assert not reward_run.connected_after  # disconnected
     assert not (out / "ray.json").exists()  # no reaper record: not our cluster
     pids = cluster.pids()
     assert pids, "the cluster's processes must outlive the run"
@@ -269,13 +267,15 @@ class _RewardRun:
     session: _Session
     killed: list[str]  # the reward actor killed after the first commit
     marker: Path  # written by the reward's one hanging call
+    daemons: list[int]  # the cluster's daemons before the run
+    connected_after: bool  # ray.is_initialized() as the run returned
 
 
 @pytest.fixture(scope="module")
 def reward_run(tmp_path_factory: pytest.TempPathFactory, cluster: ScratchCluster,
                marker: Path) -> _RewardRun:
-    """One real run with one reward actor, shared by the two tests below (a Ray run costs
-    ~15 CPU-s before its first step): its first reward call hangs past
+    """One real run with one reward actor, shared by the three tests that read it (a Ray
+    run costs ~15 CPU-s before its first step): its first reward call hangs past
     limits.reward_timeout_s (the actor is abandoned and replaced), then, after the first
     commit, its actor is killed (the call fails WorkerLost and is retried on a fresh one)."""
     from freshroll.placement.ray_scorer import RayScorer
@@ -304,10 +304,13 @@ def reward_run(tmp_path_factory: pytest.TempPathFactory, cluster: ScratchCluster
         "limits": {"reward_timeout_s": 10},
         "rewards": [{"fn": f"{reward}:hangs_once"}]}, "test")
     out = tmp / "run"
+    daemons = cluster.daemon_pids()
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("FRESHROLL_TEST_MARKER", str(marker))  # the cluster's actors have it too
         result = run_mod.run(cfg, out, chaos=session)
-    return _RewardRun(out, result, session, killed, marker)
+    import ray
+
+    return _RewardRun(out, result, session, killed, marker, daemons, ray.is_initialized())
 
 
 @pytest.mark.slow
