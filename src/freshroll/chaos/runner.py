@@ -246,7 +246,7 @@ def chaos(plan_path: Path, *, seeds: Sequence[int], out: Path, only: Sequence[st
     unknown = sorted(set(broken) - set(unsafe.SWITCHES))
     if unknown:
         raise ConfigError(f"--break: unknown switch(es) {', '.join(unknown)}")
-    placements = ("sim", "inline", "ray") if real else ("sim",)
+    placements = ("sim", "tool", "inline", "ray") if real else ("sim", "tool")
     t0 = time.perf_counter()
     results = run_plan(plan, seeds, out, only=only, placements=placements, progress=progress,
                        broken=broken, injector=injector or INJECTOR, jobs=jobs)
