@@ -1,6 +1,7 @@
 """Environment faults in the chaos library (issue 49, item 6): a tool that hangs past
 ``tools.timeout_s``, raises, returns malformed output, or whose environment process dies, on a
-multi-turn tool task (calc_tool on the embedded tiny model). Each failed call's sample is
+multi-turn tool task (calc_tool on the embedded tiny model), and a harness client that
+disconnects from the gateway mid-call (calc_harness). Each failed call's sample is
 discarded ``tool_error`` (never committed, never a reward of 0, never a hang), and the run keeps
 every invariant of ``verify`` (`make chaos` / ``freshroll chaos`` run them at 20 seeds)."""
 
@@ -21,7 +22,8 @@ from freshroll.envs.tool_use import ToolUse, malformed
 from freshroll.ledger import events as ev
 
 LIBRARY = Path(__file__).parents[2] / "chaos" / "library.yaml"
-ENV_SCENARIOS = ("tool-hang", "tool-crash", "tool-malformed", "env-killed")
+ENV_SCENARIOS = ("tool-hang", "tool-crash", "tool-malformed", "env-killed",
+                 "gateway-disconnect")
 
 
 def test_env_scenarios_run_on_the_tool_placement_only() -> None:
@@ -51,8 +53,10 @@ def _check_cases(tmp_path: Path, names: tuple[str, ...], seeds: range) -> None:
         assert reasons == dict.fromkeys(hit, "tool_error"), r.scenario
 
 
-def test_a_crashing_and_a_malformed_tool_keep_every_invariant(tmp_path: Path) -> None:
-    _check_cases(tmp_path, ("tool-crash", "tool-malformed"), range(1))
+def test_a_crashing_tool_a_malformed_one_and_a_client_gone_keep_every_invariant(
+    tmp_path: Path,
+) -> None:
+    _check_cases(tmp_path, ("tool-crash", "tool-malformed", "gateway-disconnect"), range(1))
 
 
 @pytest.mark.slow

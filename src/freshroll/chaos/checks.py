@@ -27,7 +27,8 @@ reward_failures      every sample the injector failed (``fail_reward``,
                      ``malformed_reward``: the sample ids its records name) is never
                      committed, and is discarded ``reward_error``
 tool_failures        every sample whose tool call the injector failed (``hang_tool``,
-                     ``fail_tool``, ``malformed_tool``, ``kill_env``:
+                     ``fail_tool``, ``malformed_tool``, ``kill_env``,
+                     ``disconnect_gateway``:
                      :mod:`freshroll.chaos.envfaults`) is never committed, and is discarded
                      ``tool_error`` (never a reward of 0, never a hang)
 expected_outcome     ``expect: recovers``: the run finished with all its steps and the
@@ -60,7 +61,8 @@ CHECKS = ("faults_recorded", "prompt_sequence", "admission_bound", "reward_failu
 ALL_INVARIANTS = (*INVARIANTS, *CHECKS)
 #: fault kinds whose records name the samples they failed
 REWARD_FAILURES = frozenset({"fail_reward", "malformed_reward"})
-TOOL_FAILURES = frozenset({"hang_tool", "fail_tool", "malformed_tool", "kill_env"})
+TOOL_FAILURES = frozenset({"hang_tool", "fail_tool", "malformed_tool", "kill_env",
+                           "disconnect_gateway"})
 #: violations kept per invariant (the count is kept whole)
 LIMIT = 20
 

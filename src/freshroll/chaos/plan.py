@@ -73,6 +73,8 @@ FAULT_KINDS: dict[str, str] = {
                       "text not a string, an unknown outcome)",
     "kill_env": "the environment's process dies: every tool call for `duration_s` fails with "
                 "a lost connection",
+    "disconnect_gateway": "the next `count` episodes' harness clients disconnect from the "
+                          "gateway mid-call",
 }
 FaultKind = Literal[
     "stall_worker", "kill_worker", "kill_all_workers", "kill_reward_worker", "slow_rewards",
@@ -80,7 +82,7 @@ FaultKind = Literal[
     "trainer_crash", "version_bump", "version_burst", "delay_weights", "fail_weights",
     "stall_weights", "hold_group", "delay_messages", "reorder_messages", "duplicate_messages",
     "malformed_completion", "stall_trainer", "hang_tool", "fail_tool", "malformed_tool",
-    "kill_env",
+    "kill_env", "disconnect_gateway",
 ]
 #: named hand-offs a trigger can wait for (where the pipeline hands work between stages)
 HANDOFFS = ("start_worker", "load_weights", "generate", "emit", "score", "reward", "step",
@@ -92,7 +94,8 @@ PROCESS_KINDS = frozenset({"kill_process", "trainer_crash", "interrupt"})
 
 #: environment faults: they run on the tool placement (a multi-turn tool task on the tiny model,
 #: :data:`freshroll.chaos.real.TOOL_WORKLOAD`), not on the simulated cluster
-ENV_KINDS = frozenset({"hang_tool", "fail_tool", "malformed_tool", "kill_env"})
+ENV_KINDS = frozenset({"hang_tool", "fail_tool", "malformed_tool", "kill_env",
+                       "disconnect_gateway"})
 
 #: the built-in workload of a plan: a small simulated cluster in virtual time (P1 lengths,
 #: three continuous workers, two reward workers) that runs in well under a second

@@ -133,7 +133,8 @@ def applicable(workload: Mapping[str, Any]) -> dict[str, Any]:
 def real_workload(plan: Plan, scenario: Scenario, seed: int, placement: str) -> dict[str, Any]:
     """The config (as a mapping) of one real run of ``scenario`` on ``placement``."""
     if placement == "tool":
-        data = merge(merge(TOOL_WORKLOAD, applicable(scenario.workload)), plan.real_workload)
+        # the scenario's keys whole: a scenario with an environment fault runs only here
+        data = merge(merge(TOOL_WORKLOAD, scenario.workload), plan.real_workload)
         steps = [f.at.step for f in scenario.faults if f.at.step is not None]
         need = max(int(data["run"].get("steps", 1)), max(steps, default=0) + 2)
         return merge(data, {"run": {"seed": seed, "steps": need}})
