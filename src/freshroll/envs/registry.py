@@ -9,6 +9,7 @@ from freshroll.engines import episodes
 from freshroll.engines.episodes import EpisodeWorkflow, WorkflowSetup, register_workflow
 from freshroll.envs.calc_harness import CalcHarness
 from freshroll.envs.guess import GuessGame
+from freshroll.envs.openenv import OpenEnvGuess
 from freshroll.envs.tool_use import ToolUse
 
 
@@ -17,6 +18,7 @@ def register_builtins() -> None:
     register_workflow("calc_tool", ToolUse)
     register_workflow("guess_game", GuessGame)
     register_workflow("calc_harness", CalcHarness)
+    register_workflow("openenv_guess", OpenEnvGuess)
 
 
 def setup_of(cfg: Config) -> WorkflowSetup:
