@@ -328,7 +328,8 @@ def test_the_library_loads_with_at_least_16_scenarios_of_known_kinds():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [s.name for s in load_plan(LIBRARY).scenarios])
+@pytest.mark.parametrize("name", [s.name for s in load_plan(LIBRARY).scenarios
+                                  if not s.env_faults])  # those: tests/chaos/test_env_faults.py
 def test_library_scenario_leaves_its_evidence(name: str, tmp_path: Path):
     """Each library scenario's fault leaves what its kind must leave in the ledger (the
     evidence of inject_support), on three seeds; the zero-violation sweep over 20 seeds is

@@ -84,7 +84,7 @@ def run_plan(
             for scenario in scenarios:
                 why = skip_reason(scenario, placement)
                 if why is not None:
-                    if progress is not None and scenario.real:
+                    if progress is not None and scenario.real and placement != "tool":
                         progress.write(f"chaos {scenario.name} [{placement}]: skipped: {why}\n")
                     continue
                 for seed in seeds:
