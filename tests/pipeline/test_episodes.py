@@ -68,7 +68,8 @@ def test_the_registry_names_the_default_and_rejects_unknown_names() -> None:
     # (the built-in environments' workflows are there once freshroll.envs.registry ran)
     with pytest.raises(ConfigError, match=r"rollout\.workflow: unknown episode workflow "
                                           r"'three_turn' \(registered: "
-                                          r"(calc_tool, guess_game, )?single_turn"):
+                                          r"(calc_harness, calc_tool, guess_game, openenv_guess, )?"
+                                          r"single_turn"):
         workflow_for("three_turn")
     register_workflow("single_turn", SingleTurn)  # the same factory again: a no-op
     with pytest.raises(ValueError, match="already registered"):

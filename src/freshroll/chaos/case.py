@@ -61,6 +61,7 @@ from freshroll.ledger.store import LEDGER_FILE, Ledger
 from freshroll.pipeline.hooks import HookContext, Hooks
 
 if TYPE_CHECKING:
+    from freshroll.engines.episodes import EpisodeWorkflow
     from freshroll.kernel.buffer import SampleBuffer
     from freshroll.ledger.lineage import PolicyVersion, SampleId
     from freshroll.rewards.scoring import Score
@@ -79,7 +80,7 @@ BASELINE_HORIZON_S = 1e6
 CHILD_TIMEOUT_S = 300.0
 #: the Injector a case uses (module:attribute), in this process and in children
 INJECTOR = "freshroll.chaos.inject:Injector"
-PLACEMENTS = ("sim", "inline", "ray")
+PLACEMENTS = ("sim", "tool", "inline", "ray")
 
 
 class LivenessTimeout(RunFailed):
@@ -117,6 +118,9 @@ class _GuardHooks(Hooks):
     def committed(self, version: PolicyVersion) -> None:
         self.inner.committed(version)
 
+    def workflow(self, workflow: EpisodeWorkflow) -> EpisodeWorkflow:
+        return self.inner.workflow(workflow)
+
 
 class Guard:
     """A :class:`~freshroll.runtime.placements.ChaosSession`: ``inner`` (None: no faults) with
@@ -136,7 +140,8 @@ def workload_for(plan: Plan, scenario: Scenario, seed: int, placement: str) -> d
     """The config (a mapping) of one case. ``sim``: :func:`~freshroll.chaos.plan.workload_of`
     (the simulated cluster in virtual time); ``inline``/``ray``: the tiny real model
     (:func:`freshroll.chaos.real.real_workload`, with ``plan.real_workload``), for
-    ``real: true`` scenarios."""
+    ``real: true`` scenarios; ``tool``: a multi-turn tool task on the tiny model
+    (:data:`freshroll.chaos.real.TOOL_WORKLOAD`), for scenarios with environment faults."""
     if placement == "sim":
         return workload_of(plan, scenario, seed)
     if placement not in PLACEMENTS:

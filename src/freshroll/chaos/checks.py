@@ -26,6 +26,11 @@ admission_bound      at every admission, before and after a resume, the groups i
 reward_failures      every sample the injector failed (``fail_reward``,
                      ``malformed_reward``: the sample ids its records name) is never
                      committed, and is discarded ``reward_error``
+tool_failures        every sample whose tool call the injector failed (``hang_tool``,
+                     ``fail_tool``, ``malformed_tool``, ``kill_env``,
+                     ``disconnect_gateway``:
+                     :mod:`freshroll.chaos.envfaults`) is never committed, and is discarded
+                     ``tool_error`` (never a reward of 0, never a hang)
 expected_outcome     ``expect: recovers``: the run finished with all its steps and the
                      ledger closed ``done``; ``expect: stops``: it stopped with an error
                      containing the scenario's ``error``
@@ -52,10 +57,12 @@ from freshroll.ledger import events as ev
 
 #: chaos checks beyond verify's invariants, in report order
 CHECKS = ("faults_recorded", "prompt_sequence", "admission_bound", "reward_failures",
-          "expected_outcome", "liveness")
+          "tool_failures", "expected_outcome", "liveness")
 ALL_INVARIANTS = (*INVARIANTS, *CHECKS)
 #: fault kinds whose records name the samples they failed
 REWARD_FAILURES = frozenset({"fail_reward", "malformed_reward"})
+TOOL_FAILURES = frozenset({"hang_tool", "fail_tool", "malformed_tool", "kill_env",
+                           "disconnect_gateway"})
 #: violations kept per invariant (the count is kept whole)
 LIMIT = 20
 
@@ -168,13 +175,24 @@ def admission_bound(events: Iterable[ev.Event]) -> list[Violation]:
     return out
 
 
-# -- reward_failures ----------------------------------------------------------------------
+# -- reward_failures, tool_failures -------------------------------------------------------
 def reward_failures(events: Iterable[ev.Event]) -> list[Violation]:
+    return failed_samples(events, REWARD_FAILURES, "reward_error", "reward_failures")
+
+
+def tool_failures(events: Iterable[ev.Event]) -> list[Violation]:
+    return failed_samples(events, TOOL_FAILURES, "tool_error", "tool_failures")
+
+
+def failed_samples(events: Iterable[ev.Event], kinds: frozenset[str], reason: str,
+                   name: str) -> list[Violation]:
+    """Every sample a ``kinds`` fault record names is never committed and is discarded
+    ``reason``."""
     failed: dict[str, str] = {}  # sample -> the fault record naming it
     committed: set[str] = set()
     discarded: dict[str, str] = {}  # sample -> reason
     for e in events:
-        if isinstance(e, ev.FaultInjected) and e.fault in REWARD_FAILURES:
+        if isinstance(e, ev.FaultInjected) and e.fault in kinds:
             for s in _SAMPLE.findall(e.detail):
                 failed.setdefault(s, f"{e.fault} {e.detail.split(' ', 1)[0]}")
         elif isinstance(e, ev.Committed):
@@ -184,12 +202,12 @@ def reward_failures(events: Iterable[ev.Event]) -> list[Violation]:
     out = []
     for s, why in failed.items():
         if s in committed:
-            out.append(Violation("reward_failures", f"{s} was failed by {why} but committed"))
-        elif discarded.get(s) != "reward_error":
+            out.append(Violation(name, f"{s} was failed by {why} but committed"))
+        elif discarded.get(s) != reason:
             got = discarded.get(s)
-            out.append(Violation("reward_failures", f"{s} was failed by {why} but "
+            out.append(Violation(name, f"{s} was failed by {why} but "
                                  + (f"discarded {got}" if got else "never discarded")
-                                 + ", not reward_error"))
+                                 + f", not {reason}"))
     return out
 
 
@@ -232,6 +250,7 @@ def check_case(scenario: Scenario, run_dir: Path, events: Sequence[ev.Event], *,
         *prompt_sequence(events, order),
         *admission_bound(events),
         *reward_failures(events),
+        *tool_failures(events),
         *expected_outcome(scenario, events, steps, error),
     ]
     return capped(found)
@@ -251,6 +270,20 @@ def capped(found: Sequence[Violation], limit: int = LIMIT) -> list[Violation]:
     return out
 
 
-__all__ = ["ALL_INVARIANTS", "CHECKS", "admission_bound", "capped", "check_case",
-           "expected_outcome", "fault_index", "faults_recorded", "fired_indexes",
-           "planned_order", "prompt_sequence", "reward_failures", "verify_violations"]
+__all__ = [
+    "ALL_INVARIANTS",
+    "CHECKS",
+    "admission_bound",
+    "capped",
+    "check_case",
+    "expected_outcome",
+    "failed_samples",
+    "fault_index",
+    "faults_recorded",
+    "fired_indexes",
+    "planned_order",
+    "prompt_sequence",
+    "reward_failures",
+    "tool_failures",
+    "verify_violations",
+]

@@ -73,6 +73,9 @@ duplicate_messages    the target's next ``count`` completions are delivered twic
 malformed_completion  the target's next ``count`` completions are malformed: a negative
                       token count, text None, NaN gen_s, not a Completion, in turn
 stall_trainer         the next trainer step sleeps ``duration_s`` first
+hang_tool, fail_tool, environment faults, at the tool seam of a tool-using workflow: the
+malformed_tool,       Injector's ``workflow`` hook wraps its tool
+kill_env              (:mod:`freshroll.chaos.envfaults`, its table)
 ===================== ===================================================================
 
 Detached work (zombie calls, delayed completions, deferred engine closes) is owned by the
@@ -91,6 +94,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 from freshroll.chaos.actions import FaultActions
+from freshroll.chaos.envfaults import EnvFaults
 from freshroll.chaos.faulty import FaultyEngine, FaultyFactory, FaultyScorer, FaultyTrainer, Gen
 from freshroll.chaos.plan import Fault, Scenario
 from freshroll.errors import ConfigError, Interrupted, RunFailed
@@ -110,7 +114,7 @@ KILL_KINDS = frozenset({"kill_process", "trainer_crash"})
 WORKER_HANDOFFS = frozenset({"load_weights", "generate", "emit"})
 
 
-class Injector(FaultActions, Hooks):
+class Injector(EnvFaults, FaultActions, Hooks):
     """Fires ``scenario``'s faults (those not in ``skip``) in one run; see the module doc.
     It is its own :class:`~freshroll.pipeline.hooks.Hooks` (``hooks`` is itself).
 

@@ -67,13 +67,22 @@ FAULT_KINDS: dict[str, str] = {
     "malformed_completion": "`count` completions are malformed (negative token count, no text, "
                             "NaN timing)",
     "stall_trainer": "the trainer stops consuming for `duration_s`: the buffer fills up",
+    "hang_tool": "the next `count` tool calls never answer (past tools.timeout_s)",
+    "fail_tool": "the next `count` tool calls raise",
+    "malformed_tool": "the next `count` tool calls return malformed output (not a ToolResult, "
+                      "text not a string, an unknown outcome)",
+    "kill_env": "the environment's process dies: every tool call for `duration_s` fails with "
+                "a lost connection",
+    "disconnect_gateway": "the next `count` episodes' harness clients disconnect from the "
+                          "gateway mid-call",
 }
 FaultKind = Literal[
     "stall_worker", "kill_worker", "kill_all_workers", "kill_reward_worker", "slow_rewards",
     "duplicate_reward", "fail_reward", "malformed_reward", "kill_process", "interrupt",
     "trainer_crash", "version_bump", "version_burst", "delay_weights", "fail_weights",
     "stall_weights", "hold_group", "delay_messages", "reorder_messages", "duplicate_messages",
-    "malformed_completion", "stall_trainer",
+    "malformed_completion", "stall_trainer", "hang_tool", "fail_tool", "malformed_tool",
+    "kill_env", "disconnect_gateway",
 ]
 #: named hand-offs a trigger can wait for (where the pipeline hands work between stages)
 HANDOFFS = ("start_worker", "load_weights", "generate", "emit", "score", "reward", "step",
@@ -82,6 +91,11 @@ Handoff = Literal["start_worker", "load_weights", "generate", "emit", "score", "
                   "commit"]
 #: kinds that end the process: the harness runs them in a child process and resumes
 PROCESS_KINDS = frozenset({"kill_process", "trainer_crash", "interrupt"})
+
+#: environment faults: they run on the tool placement (a multi-turn tool task on the tiny model,
+#: :data:`freshroll.chaos.real.TOOL_WORKLOAD`), not on the simulated cluster
+ENV_KINDS = frozenset({"hang_tool", "fail_tool", "malformed_tool", "kill_env",
+                       "disconnect_gateway"})
 
 #: the built-in workload of a plan: a small simulated cluster in virtual time (P1 lengths,
 #: three continuous workers, two reward workers) that runs in well under a second
@@ -159,6 +173,11 @@ class Scenario(_Strict):
         return self
 
     @property
+    def env_faults(self) -> bool:
+        """True: an environment fault (:data:`ENV_KINDS`): the case runs on the tool placement."""
+        return any(f.kind in ENV_KINDS for f in self.faults)
+
+    @property
     def process_fault(self) -> bool:
         """True: a fault ends the process (run in a child, then resumed)."""
         return any(f.kind in PROCESS_KINDS for f in self.faults)
@@ -209,6 +228,7 @@ def load_plan(path: str | Path) -> Plan:
 
 
 __all__ = [
-    "BASE_WORKLOAD", "FAULT_KINDS", "HANDOFFS", "PROCESS_KINDS", "Fault", "FaultKind", "Handoff",
-    "Plan", "Scenario", "Trigger", "load_plan", "merge", "parse_plan", "workload_of",
+    "BASE_WORKLOAD", "ENV_KINDS", "FAULT_KINDS", "HANDOFFS", "PROCESS_KINDS", "Fault",
+    "FaultKind", "Handoff", "Plan", "Scenario", "Trigger", "load_plan", "merge", "parse_plan",
+    "workload_of",
 ]

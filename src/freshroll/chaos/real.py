@@ -29,6 +29,13 @@ What is real and what is injected (docs/chaos-real.md):
   a real trainer and real rewards in real time (a stall really holds a thread past
   ``limits.generate_timeout_s``; the adapter abandons it).
 
+The ``tool`` placement runs the scenarios with environment faults
+(:data:`~freshroll.chaos.plan.ENV_KINDS`, and only those: they need a tool, the simulated
+cluster has none): :data:`TOOL_WORKLOAD`, a multi-turn tool task (``calc`` with the
+``calc_tool`` workflow) on the tiny model inline, in real time, with a short
+``tools.timeout_s``; the faults are injected at the tool seam
+(:mod:`freshroll.chaos.envfaults`). It is one of ``freshroll chaos``'s default placements.
+
 Where a fault does not apply (:func:`skip_reason`): on ``inline`` every fault whose recovery
 needs a new engine for a worker (a lost or timed-out worker): an inline HF engine lives in
 the run's process and cannot be restarted, so such a run ends at once with ``RunFailed``
@@ -54,6 +61,21 @@ REAL_WORKLOAD: dict[str, Any] = {
     "trainer": {"checkpoint_every": 2},
     # real seconds: short enough that a stall costs seconds, long enough for a loaded CPU
     "limits": {"generate_timeout_s": 4.0, "weights_timeout_s": 30.0,
+               "worker_start_timeout_s": 180.0, "reward_timeout_s": 20.0},
+}
+
+#: the tool placement's workload: calc_tool on the tiny model, inline (configs/tool-smoke.yaml's
+#: shape, smaller); real seconds, a tool timeout short enough that a hung call costs ~1 s
+TOOL_WORKLOAD: dict[str, Any] = {
+    "run": {"steps": 4, "max_staleness": 1, "progress": False, "torch_threads": 1,
+            "runtime": "inline"},
+    "task": {"name": "calc", "n_prompts": 64, "params": {"max_operand": 99}},
+    "rollout": {"engine": "hf", "group_size": 4, "batch_groups": 2, "max_new_tokens": 6,
+                "workers": 1, "worker_batch": 8, "workflow": "calc_tool"},
+    "control": {"mode": "static"},
+    "tools": {"max_calls": 2, "timeout_s": 1.0},
+    "rewards": [{"fn": "numeric"}],
+    "limits": {"generate_timeout_s": 20.0, "weights_timeout_s": 30.0,
                "worker_start_timeout_s": 180.0, "reward_timeout_s": 20.0},
 }
 
@@ -110,6 +132,12 @@ def applicable(workload: Mapping[str, Any]) -> dict[str, Any]:
 
 def real_workload(plan: Plan, scenario: Scenario, seed: int, placement: str) -> dict[str, Any]:
     """The config (as a mapping) of one real run of ``scenario`` on ``placement``."""
+    if placement == "tool":
+        # the scenario's keys whole: a scenario with an environment fault runs only here
+        data = merge(merge(TOOL_WORKLOAD, scenario.workload), plan.real_workload)
+        steps = [f.at.step for f in scenario.faults if f.at.step is not None]
+        need = max(int(data["run"].get("steps", 1)), max(steps, default=0) + 2)
+        return merge(data, {"run": {"seed": seed, "steps": need}})
     if placement not in PLACEMENTS:
         raise ValueError(f"placement {placement!r}: one of sim, {', '.join(PLACEMENTS)}")
     data = merge(REAL_WORKLOAD, PLACEMENTS[placement])
@@ -126,6 +154,10 @@ def real_workload(plan: Plan, scenario: Scenario, seed: int, placement: str) -> 
 
 def skip_reason(scenario: Scenario, placement: str) -> str | None:
     """Why ``scenario`` does not run on ``placement`` (None: it runs)."""
+    if placement == "tool":
+        return None if scenario.env_faults else "no environment fault"
+    if scenario.env_faults:
+        return "environment faults run on the tool placement"
     if placement == "sim":
         return None
     if not scenario.real:
@@ -139,4 +171,5 @@ def skip_reason(scenario: Scenario, placement: str) -> str | None:
 
 
 __all__ = ["PLACEMENTS", "REAL_KEYS", "REAL_WORKLOAD", "RESTARTING_KINDS", "STALL_KINDS",
-           "STALL_STEPS", "STALL_WORKLOAD", "applicable", "real_workload", "skip_reason"]
+           "STALL_STEPS", "STALL_WORKLOAD", "TOOL_WORKLOAD", "applicable", "real_workload",
+           "skip_reason"]

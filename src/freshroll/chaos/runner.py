@@ -84,7 +84,7 @@ def run_plan(
             for scenario in scenarios:
                 why = skip_reason(scenario, placement)
                 if why is not None:
-                    if progress is not None and scenario.real:
+                    if progress is not None and scenario.real and placement != "tool":
                         progress.write(f"chaos {scenario.name} [{placement}]: skipped: {why}\n")
                     continue
                 for seed in seeds:
@@ -246,7 +246,7 @@ def chaos(plan_path: Path, *, seeds: Sequence[int], out: Path, only: Sequence[st
     unknown = sorted(set(broken) - set(unsafe.SWITCHES))
     if unknown:
         raise ConfigError(f"--break: unknown switch(es) {', '.join(unknown)}")
-    placements = ("sim", "inline", "ray") if real else ("sim",)
+    placements = ("sim", "tool", "inline", "ray") if real else ("sim", "tool")
     t0 = time.perf_counter()
     results = run_plan(plan, seeds, out, only=only, placements=placements, progress=progress,
                        broken=broken, injector=injector or INJECTOR, jobs=jobs)

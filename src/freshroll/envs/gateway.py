@@ -79,6 +79,12 @@ class Gateway:
     host: str = "127.0.0.1"
     port: int = 0
     calls: list[GatewayCall] = field(default_factory=list)
+    #: the episodes whose calls are kept (a workflow opens each before its harness runs and
+    #: :meth:`take` closes it): a call of an episode not open, such as the late call of a
+    #: client that disconnected mid-call after its episode ended, is answered (to nobody) and
+    #: counted in :attr:`dropped`, never kept. None: every call is kept (a bare gateway)
+    open_episodes: set[str] | None = None
+    dropped: int = 0
     #: the seed of an episode's ``k``-th call when the client names an episode and no seed
     #: (a run's workflow derives it from its call's seed: replayable); None: a counter
     seed_for: Callable[[str, int], int] | None = None
@@ -104,6 +110,8 @@ class Gateway:
         :attr:`calls`."""
         mine = [c for c in self.calls if c.episode == episode]
         self.calls[:] = [c for c in self.calls if c.episode != episode]
+        if self.open_episodes is not None:
+            self.open_episodes.discard(episode)
         return mine
 
     async def close(self) -> None:
@@ -147,7 +155,11 @@ class Gateway:
         call = GatewayCall(endpoint, None if episode is None else str(episode), comp.text,
                            comp.finish_reason, version, comp.prompt_token_ids, comp.token_ids,
                            comp.logprobs, time.perf_counter() - start)
-        self.calls.append(call)
+        if (self.open_episodes is not None and call.episode is not None
+                and call.episode not in self.open_episodes):
+            self.dropped += 1  # its episode ended (its client went away): nobody takes it
+        else:
+            self.calls.append(call)
         return web.json_response(self._body(endpoint, comp, call))
 
     # -- pieces ---------------------------------------------------------------------------

@@ -20,7 +20,10 @@ text (what the rewards score) is the last call's.
 
 Each worker's engine gets one gateway (127.0.0.1, an OS-chosen port), started on its first
 call; every call of an episode is seeded from the workflow call's seed, the request and the
-call's index, so a harness that makes the same calls gets the same tokens.
+call's index, so a harness that makes the same calls gets the same tokens. The gateway keeps
+the calls of open episodes only: a call that lands after its episode ended (a client that
+disconnected mid-call, its harness failed) is answered to nobody and dropped, never left
+behind (``Gateway.dropped`` counts them).
 """
 
 from __future__ import annotations
@@ -78,7 +81,8 @@ class Harnessed:
                 raise TypeError(f"engine {type(engine).__name__} has no tokenizer here: a "
                                 "harness's episodes need the hf engine, run.runtime: inline")
             gw = Gateway(engine, tokenizer, version=lambda: "", params=params,
-                         seed_for=lambda ep, k: self._seeds.get(ep, 0) + 7919 * k)
+                         seed_for=lambda ep, k: self._seeds.get(ep, 0) + 7919 * k,
+                         open_episodes=set())
             await gw.start()
             self.gateways[id(engine)] = gw
         return gw
@@ -97,6 +101,8 @@ class Harnessed:
                    emit: EpisodeEmit) -> None:
         episode = req.sample
         self._seeds[episode] = seed ^ zlib.crc32(episode.encode())
+        if gw.open_episodes is not None:
+            gw.open_episodes.add(episode)  # take() closes it: a late call is not kept
         loop = asyncio.get_running_loop()
         start = loop.time()
         try:

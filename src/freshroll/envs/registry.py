@@ -7,7 +7,9 @@ from __future__ import annotations
 from freshroll.config import Config
 from freshroll.engines import episodes
 from freshroll.engines.episodes import EpisodeWorkflow, WorkflowSetup, register_workflow
+from freshroll.envs.calc_harness import CalcHarness
 from freshroll.envs.guess import GuessGame
+from freshroll.envs.openenv import OpenEnvGuess
 from freshroll.envs.tool_use import ToolUse
 
 
@@ -15,6 +17,8 @@ def register_builtins() -> None:
     """Register the built-in workflows (idempotent)."""
     register_workflow("calc_tool", ToolUse)
     register_workflow("guess_game", GuessGame)
+    register_workflow("calc_harness", CalcHarness)
+    register_workflow("openenv_guess", OpenEnvGuess)
 
 
 def setup_of(cfg: Config) -> WorkflowSetup:

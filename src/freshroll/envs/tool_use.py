@@ -27,7 +27,9 @@ from a distribution (:mod:`freshroll.envs.latency`: lognormal by its median and 
 percentile, seeded by the request's sample id and turn; a slow tool, for benchmarks), an
 asyncio sleep. A tool that raises or does not answer in time ends its request as
 :class:`~freshroll.engines.episodes.EpisodeFailed` (``tool_error``): discarded by reason,
-never a reward of 0, never a hang; the other requests go on. Engine failures are the
+never a reward of 0, never a hang; the other requests go on. So does an answer that is not a
+well-formed :class:`~freshroll.envs.calc.ToolResult` (:func:`malformed`: its text not a
+string, an unknown outcome), checked before it is encoded. Engine failures are the
 engine's (the episode contract, :mod:`freshroll.engines.episodes`), and every turn's seed
 derives from the call's seed.
 """
@@ -35,6 +37,7 @@ derives from the call's seed.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -53,6 +56,11 @@ from freshroll.errors import ConfigError
 CALL: Final = "c:"
 #: each turn's seed: the call's seed plus this prime times the turn
 TURN_SEED: Final = 7919
+#: the request whose episode the current task runs: what a tool wrapper reads to name the
+#: sample a call belongs to (tracing, the chaos library's tool faults); unset outside an episode
+EPISODE_REQUEST: contextvars.ContextVar[GenRequest] = contextvars.ContextVar("episode_request")
+#: the outcomes a tool's result may carry (:data:`~freshroll.engines.trajectory.ToolOutcome`)
+OUTCOMES: Final = ("ok", "error")
 #: the runtimes whose workers a multi-turn workflow can drive: the tokenizer in the run's
 #: process (inline: the engine's; process: loaded beside the worker's proxy), token ids sent
 #: to the engine as a later turn's context (auto resolves to one of the two for hf)
@@ -126,6 +134,7 @@ class ToolUse:
         """Request ``i``'s episode, a task of its own: model turns through the batcher, each
         tool call as soon as its turn is back."""
         ep, turn = _Episode(), 0
+        EPISODE_REQUEST.set(req)  # this task's own context (one task per episode)
         while True:
             asked = req if turn == 0 else replace(req, prompt_ids=tuple(ep.context))
             comp = await batcher.turn(asked, params, seed + TURN_SEED * turn)
@@ -187,11 +196,25 @@ class ToolUse:
         except Exception as exc:  # the tool's own failure: this sample, not the worker
             return _Answer(None, loop.time() - start,
                            f"tool {self.tool.name} raised {type(exc).__name__}: {exc}"[:240])
-        if not isinstance(result, ToolResult):
-            return _Answer(None, loop.time() - start,
-                           f"tool {self.tool.name} returned {type(result).__name__}, "
-                           "not a ToolResult")
+        why = malformed(result)
+        if why is not None:
+            return _Answer(None, loop.time() - start, f"tool {self.tool.name} returned {why}")
         return _Answer(result, loop.time() - start)
 
 
-__all__ = ["CALL", "TOKENIZER_RUNTIMES", "TURN_SEED", "ToolUse"]
+def malformed(result: object) -> str | None:
+    """Why ``result`` is not a tool's answer the episode can append (None: it is one): a
+    :class:`ToolResult` whose text is a string and whose outcome is one of :data:`OUTCOMES`.
+    Checked before the text is encoded, so a malformed answer fails its own sample
+    (``tool_error``), never the worker's call (an encoder's TypeError would)."""
+    if not isinstance(result, ToolResult):
+        return f"{type(result).__name__}, not a ToolResult"
+    if not isinstance(result.text, str):
+        return f"a ToolResult whose text is {type(result.text).__name__}, not str"
+    if result.outcome not in OUTCOMES:
+        return f"a ToolResult with outcome {result.outcome!r}, not one of {', '.join(OUTCOMES)}"
+    return None
+
+
+__all__ = ["CALL", "EPISODE_REQUEST", "OUTCOMES", "TOKENIZER_RUNTIMES", "TURN_SEED", "ToolUse",
+           "malformed"]

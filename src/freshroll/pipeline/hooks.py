@@ -41,6 +41,7 @@ from freshroll.rewards.scoring import Score
 if TYPE_CHECKING:
     from freshroll.clock import Clock
     from freshroll.config.ops import LimitsSection
+    from freshroll.engines.episodes import EpisodeWorkflow
     from freshroll.kernel.buffer import SampleBuffer
     from freshroll.pipeline.workers import WorkerPool
 
@@ -152,6 +153,11 @@ class Hooks:
 
     def committed(self, version: PolicyVersion) -> None:
         """A trainer step was committed (durably) and its version published."""
+
+    def workflow(self, workflow: EpisodeWorkflow) -> EpisodeWorkflow:
+        """The run's episode workflow, once, before any worker starts; returns the one the
+        worker pool drives (a chaos session wraps its tools here)."""
+        return workflow
 
 
 __all__ = ["BufferView", "HookContext", "Hooks", "WorkerCensus"]

@@ -91,6 +91,7 @@ from freshroll.config import Config
 from freshroll.control.breaker import FailureBudget, Rule
 from freshroll.control.controller import Controller, Settings
 from freshroll.engines.seams import EngineFactory
+from freshroll.envs.registry import workflow_for
 from freshroll.errors import Interrupted, NonFiniteStep, NoProgress
 from freshroll.kernel.buffer import SampleBuffer
 from freshroll.kernel.state import Lease
@@ -194,7 +195,8 @@ class Pipeline:
         ports it uses (:mod:`freshroll.pipeline.context`); returns the settings to start
         from."""
         self.pool = WorkerPool(self.ctx, self.rewarder, self.engine_factory,
-                               self._published_now, self.overprov.wake)
+                               self._published_now, self.overprov.wake,
+                               self.hooks.workflow(workflow_for(self.cfg)))
         levers = tail_levers_on(self.cfg)  # the controller may turn deadlines on
         self.tailing = Tailing(self.ctx, self.pool) if self.cfg.tail.deadline or levers else None
         self.steering = Steering(self.ctx, self.pool, self.rewarder, self.overprov,

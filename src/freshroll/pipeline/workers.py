@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING
 from freshroll import unsafe
 from freshroll.control.breaker import quote
 from freshroll.engines.base import SwapsInFlight
-from freshroll.engines.episodes import HoldsEngines, overlaps_calls
+from freshroll.engines.episodes import EpisodeWorkflow, HoldsEngines, overlaps_calls
 from freshroll.engines.seams import AsyncEngine, EngineNotRestartable, SamplingParams
 from freshroll.engines.weights import Weights
 from freshroll.envs.registry import workflow_for
@@ -79,10 +79,12 @@ class WorkerPool:
 
     Ports: the run's context, the reward stage's inbox (accepted completions), the engine
     factory, the version to load (``published_now``) and ``on_stopped`` (a stop at target
-    ended running attempts: the over-provisioning task cancels them)."""
+    ended running attempts: the over-provisioning task cancels them), and the episode
+    ``workflow`` to drive (None: the one ``rollout.workflow`` names)."""
 
     def __init__(self, ctx: RunContext, inbox: RewardInbox, engine_factory: EngineFactory,
-                 published_now: PublishedNow, on_stopped: Callable[[], None]) -> None:
+                 published_now: PublishedNow, on_stopped: Callable[[], None],
+                 workflow: EpisodeWorkflow | None = None) -> None:
         self.ctx, self.buf, self.engine_factory = ctx, ctx.buf, engine_factory
         self.published_now = published_now
         self._tg: asyncio.TaskGroup | None = None  # the pipeline's (attach)
@@ -100,7 +102,8 @@ class WorkerPool:
         ro = ctx.cfg.rollout
         self.params = SamplingParams(ro.max_new_tokens, ro.temperature, ro.top_p, ro.top_k,
                                      ro.min_p, ro.repetition_penalty)
-        self.workflow = workflow_for(ctx.cfg)  # drives the engine for each call
+        #: drives the engine for each call (``workflow``: as the pipeline's hooks returned it)
+        self.workflow = workflow if workflow is not None else workflow_for(ctx.cfg)
         self.calls = CallRunner(ctx, inbox, on_stopped, self.params, self.workflow,
                                 self._slot_freed, self.requests_queued)
         self._trusted: Published | None = None  # the newest published version the ledger has
