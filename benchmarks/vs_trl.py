@@ -229,7 +229,12 @@ def trl_args(cfg, out_dir: Path):
 def run_trl(cfg, model_dir: Path, out_dir: Path, threads: int | None,
             reward: Any = None) -> Result:
     """One TRL run at ``threads`` intra-op threads (None: torch's default, all the cores);
-    ``reward``: its reward function (default: the embedded task's, digit reversal)."""
+    ``reward``: its reward function (default: the embedded task's, digit reversal).
+
+    ``outer_s`` counts from before TRL's imports (datasets, transformers, trl), as freshroll's
+    counts its own (transformers is imported inside ``run``): a run's start-up is the whole
+    of it, for both."""
+    t_outer = time.perf_counter()
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -252,7 +257,6 @@ def run_trl(cfg, model_dir: Path, out_dir: Path, threads: int | None,
             self.times.append(self.end - self.begin)
             self.threads.add(torch.get_num_threads())
 
-    t_outer = time.perf_counter()
     torch.manual_seed(cfg.run.seed)
     model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True)
     tok = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
@@ -301,9 +305,9 @@ def run_trl(cfg, model_dir: Path, out_dir: Path, threads: int | None,
 def run_freshroll(cfg, out_dir: Path, name: str | None = None) -> Result:
     """One freshroll run through ``run()``; ``name``: its system label (default: the
     :data:`FRESHROLL_SYSTEMS` entry of its max_staleness and runtime)."""
+    c0, t0 = time.process_time(), time.perf_counter()
     from freshroll.runtime.run import run
 
-    c0, t0 = time.process_time(), time.perf_counter()
     result = run(cfg, out_dir, stream=sys.stderr)
     outer = time.perf_counter() - t0
     cpu = time.process_time() - c0
