@@ -134,12 +134,12 @@ def test_a_harness_run_trains_and_verifies(tmp_path: Path, monkeypatch: pytest.M
         made.append(Harnessed(setup, token_in_agent(tok)))
         return made[-1]
 
-    monkeypatch.setitem(WORKFLOWS, "calc_harness", factory)
+    monkeypatch.setitem(WORKFLOWS, "calc_harness_unit", factory)  # not the built-in's name
     cfg = load_config(None, [
         "run.progress=false", "task.name=calc", "task.n_prompts=32", "task.params={}",
         "rewards.0.fn=numeric", "rollout.group_size=4", "rollout.batch_groups=2",
         "rollout.max_new_tokens=5", "run.steps=2", "run.runtime=inline", "run.torch_threads=1",
-        "rollout.workflow=calc_harness", "tools.timeout_s=60"])
+        "rollout.workflow=calc_harness_unit", "tools.timeout_s=60"])
     out = tmp_path / "run"
     result = run(cfg, out, stream=io.StringIO(), report=False)
     assert result.ok
