@@ -108,3 +108,15 @@ def _sigint_left_ignored(request: pytest.FixtureRequest) -> Iterator[None]:
     if _sigint_ignored() and not before:
         warnings.warn(f"{request.node.nodeid} left SIGINT ignored in this process "
                       "(its children inherit it)", stacklevel=1)
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """One intra-op thread for the test (exact, repeatable float sums; the same reduction
+    order as a one-thread child process), restored after."""
+    import torch  # here, not at the top: most of the suite never loads torch in this file
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)

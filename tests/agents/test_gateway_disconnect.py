@@ -9,9 +9,6 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-import pytest
-import torch
-
 from freshroll.chaos.envfaults import disconnect_mid_call
 from freshroll.config.ops import LimitsSection
 from freshroll.config.rollout import RolloutSection, ToolsSection
@@ -21,14 +18,6 @@ from freshroll.engines.seams import GenRequest, SamplingParams
 from freshroll.engines.tiny import build_tiny
 from freshroll.envs.calc_harness import CalcHarness
 from freshroll.envs.harnessed import Harnessed
-
-
-@pytest.fixture
-def one_thread() -> Any:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _run(make: Any, n: int = 2) -> tuple[dict[int, object], Any]:

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from freshroll.config import load_config
 from freshroll.config.ops import LimitsSection
@@ -71,13 +70,6 @@ def text_agent(url_unused: Any = None) -> Any:
             return "x"
     return agent
 
-
-@pytest.fixture
-def one_thread() -> Any:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _episodes(agent_of: Any, n: int = 2) -> dict[int, object]:

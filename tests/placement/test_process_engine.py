@@ -50,14 +50,6 @@ def channel(model_dir: Path) -> Iterator[WeightChannel]:
     ch.close()
 
 
-@pytest.fixture
-def one_thread() -> Iterator[None]:
-    """The reference in this process on the child's one thread (the same reduction order)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 @pytest.fixture(scope="module")
 def engine(model_dir: Path, channel: WeightChannel) -> Iterator[ProcessEngine]:

@@ -97,7 +97,8 @@ class EnvFaults:
         return workflow
 
     # -- the actions -------------------------------------------------------------------------
-    def _tool(self, i: int, f: Fault) -> tuple[str, str]:
+    def _tool(self, i: int, f: Fault, ctx: FaultyEngine | None = None,
+              gen: Gen | None = None) -> tuple[str, str]:
         kind = _ARMS[f.kind]
         if kind == "lost":
             self._tool_faults.append(_ToolFault(i, kind, until=self._clock() + f.duration_s))
@@ -111,25 +112,9 @@ class EnvFaults:
                 "malformed": "return malformed output"}[kind]
         return "tool", f"the next {f.count} tool call(s) {what}"
 
-    def _do_hang_tool(self, i: int, f: Fault, ctx: FaultyEngine | None,
-                      gen: Gen | None) -> tuple[str, str]:
-        return self._tool(i, f)
-
-    def _do_fail_tool(self, i: int, f: Fault, ctx: FaultyEngine | None,
-                      gen: Gen | None) -> tuple[str, str]:
-        return self._tool(i, f)
-
-    def _do_malformed_tool(self, i: int, f: Fault, ctx: FaultyEngine | None,
-                           gen: Gen | None) -> tuple[str, str]:
-        return self._tool(i, f)
-
-    def _do_kill_env(self, i: int, f: Fault, ctx: FaultyEngine | None,
-                     gen: Gen | None) -> tuple[str, str]:
-        return self._tool(i, f)
-
-    def _do_disconnect_gateway(self, i: int, f: Fault, ctx: FaultyEngine | None,
-                               gen: Gen | None) -> tuple[str, str]:
-        return self._tool(i, f)
+    # every environment fault is armed the same way (``_ARMS`` says which)
+    _do_hang_tool = _do_fail_tool = _do_malformed_tool = _do_kill_env = _tool
+    _do_disconnect_gateway = _tool
 
     # -- the tool's queries ------------------------------------------------------------------
     def _clock(self) -> float:
